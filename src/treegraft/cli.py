@@ -1,0 +1,182 @@
+"""The `treegraft` command line: generate, validate, plugins (and the zoo tools)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    help="Lossless tree-based speculative decoding with several drafters sharing one draft tree.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True)
+out = Console()
+
+DEFAULT_PIPELINE = Path(__file__).parent / "pipelines" / "default.yaml"
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str | None, typer.Option("--prompt", "-p", help="prompt text")] = None,
+    prompt_file: Annotated[
+        Path | None, typer.Option("--prompt-file", help="read the prompt from a file")
+    ] = None,
+    pipeline: Annotated[
+        Path, typer.Option("--pipeline", help="pipeline YAML file")
+    ] = DEFAULT_PIPELINE,
+    max_new_tokens: Annotated[
+        int | None, typer.Option(help="override decoding.max_new_tokens")
+    ] = None,
+    trace: Annotated[
+        Path | None, typer.Option("--trace", help="write each step's tree as JSON here")
+    ] = None,
+) -> None:
+    """Decode a prompt with a pipeline, streaming the text, then print a stats line."""
+    from treegraft.core.config import ConfigError
+    from treegraft.core.pipeline import load_pipeline
+
+    text = _read_prompt(prompt, prompt_file)
+    if max_new_tokens is not None and max_new_tokens < 1:
+        _fail(f"--max-new-tokens: expected int >= 1, got {max_new_tokens}")
+    try:
+        pipe = load_pipeline(pipeline)
+    except (ConfigError, ValueError) as exc:
+        _fail(str(exc))
+    _run_generation(pipe, text, max_new_tokens, trace)
+
+
+def _run_generation(pipe, text: str, max_new_tokens: int | None, trace: Path | None) -> None:
+    import time
+
+    import torch
+
+    from treegraft.core.metrics import summarize
+    from treegraft.core.trace import TraceWriter
+
+    writer = TraceWriter.create(trace, pipe) if trace else None
+    events = []
+    ids: list[int] = []
+    shown = ""
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for event in pipe.steps(text, max_new_tokens=max_new_tokens):
+            events.append(event)
+            ids.extend(event.tokens)
+            if writer:
+                writer.write(event)
+            current = pipe.text_of(ids) if event.finished else pipe.decode_text(ids)
+            if event.finished or not current.endswith("\ufffd"):
+                out.print(
+                    current[len(shown) :], end="", markup=False, highlight=False, soft_wrap=True
+                )
+                shown = current
+    seconds = time.perf_counter() - start
+    out.print()
+    s = summarize(events, seconds)
+    console.print(
+        f"[dim]{s.new_tokens} new tokens · tau {s.tau:.2f} · {s.tokens_per_second:.1f} tokens/s · "
+        f"{s.steps} target forwards · finish: {events[-1].finish_reason}[/]"
+    )
+
+
+def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    if (prompt is None) == (prompt_file is None):
+        _fail("give exactly one of --prompt or --prompt-file")
+    if prompt_file is not None:
+        if not prompt_file.is_file():
+            _fail(f"--prompt-file: {prompt_file} not found")
+        prompt = prompt_file.read_text()
+    if not prompt:
+        _fail("the prompt is empty")
+    return prompt
+
+
+@app.command()
+def validate(
+    files: Annotated[list[Path], typer.Argument(help="pipeline YAML files")],
+) -> None:
+    """Check pipeline files (structure, components, configs, model references) without loading models."""
+    from treegraft.core.config import ConfigError, load_pipeline_spec
+    from treegraft.core.pipeline import check_vocabularies
+    from treegraft.core.resources import Resources
+
+    failed = 0
+    for path in files:
+        try:
+            spec = load_pipeline_spec(path)
+            check_vocabularies(spec, Resources())
+        except ConfigError as exc:
+            failed += 1
+            console.print(f"[red]✗[/] {exc}", highlight=False)
+        else:
+            names = ", ".join(c.name for _, c in spec.drafters)
+            out.print(
+                f"[green]✓[/] {path}: target {spec.target}; drafters {names}; builder {spec.builder.name}"
+            )
+    if failed:
+        raise typer.Exit(code=1)
+
+
+@app.command()
+def plugins() -> None:
+    """List every registered component with its kind, name, distribution and config fields."""
+    import attrs
+
+    from treegraft.core.registry import default_registry
+
+    table = Table(title="treegraft components")
+    for col in ("kind", "name", "distribution", "config fields"):
+        table.add_column(col)
+    for reg in default_registry().all():
+        attrs.resolve_types(reg.factory.Config)
+        fields = ", ".join(_describe_field(f) for f in attrs.fields(reg.factory.Config)) or "-"
+        table.add_row(reg.kind, reg.name, reg.distribution, fields)
+    out.print(table)
+
+
+def _describe_field(f) -> str:
+    import attrs
+
+    from treegraft.core.config import expected
+
+    default = "" if f.default is attrs.NOTHING else f"={_default_repr(f.default)}"
+    return f"{f.name}: {expected(f)}{default}"
+
+
+def _default_repr(default) -> str:
+    import attrs
+
+    if isinstance(default, attrs.Factory):
+        return repr(default.factory())
+    return repr(default)
+
+
+def _mount_subcommands() -> None:
+    for module, name, help_text in (
+        ("treegraft.zoo.cli", "zoo", "Build the corpus, suites and models of the embedded zoo."),
+    ):
+        try:
+            sub = __import__(module, fromlist=["app"]).app
+        except (ImportError, AttributeError):
+            continue
+        app.add_typer(sub, name=name, help=help_text)
+
+
+_mount_subcommands()
+
+
+def main() -> None:
+    """Entry point of the `treegraft` script."""
+    sys.exit(app())

@@ -1,0 +1,348 @@
+"""YAML pipeline files -> validated attrs configs, with path-addressed errors.
+
+A pipeline file names every component by its registered name; the remaining keys of a component's
+mapping are structured (with cattrs, extra keys forbidden) into that component's attrs `Config`.
+Every error names the path, the value, what was expected, and a hint where one helps:
+
+    pipeline.builder.budget: expected int >= 1, got -3 (draft nodes verified per step)
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+import yaml
+
+from treegraft.core.registry import (
+    Registry,
+    UnknownComponentError,
+    default_registry,
+    unknown_name_message,
+)
+
+ROOT = "pipeline"
+
+
+class ConfigError(ValueError):
+    """A pipeline file is malformed; the message names the path of the offending value."""
+
+
+# ---------------------------------------------------------------------------- field constraints
+
+
+@attrs.frozen
+class Check:
+    """An attrs validator that also describes itself (`>= 1`, `one of ...`)."""
+
+    describe: str
+    test: Callable[[Any], bool]
+
+    def __call__(self, instance: object, attribute: attrs.Attribute, value: Any) -> None:
+        if not self.test(value):
+            raise ValueError(f"{attribute.name}: expected {self.describe}, got {value!r}")
+
+
+def at_least(low: float) -> Check:
+    """Value >= `low`."""
+    return Check(f">= {low}", lambda v: v >= low)
+
+
+def between(low: float, high: float, *, open_low: bool = False) -> Check:
+    """`low <= value <= high` (or `low < value` with `open_low`)."""
+    op = "<" if open_low else "<="
+    return Check(
+        f"with {low} {op} value <= {high}",
+        lambda v: (v > low if open_low else v >= low) and v <= high,
+    )
+
+
+def one_of(*choices: Any) -> Check:
+    """Value among `choices`."""
+    return Check(f"one of {', '.join(repr(c) for c in choices)}", lambda v: v in choices)
+
+
+def each(check: Check) -> Check:
+    """Every element of a sequence passes `check`."""
+    return Check(f"each {check.describe}", lambda vs: all(check.test(v) for v in vs))
+
+
+def field(
+    default: Any = attrs.NOTHING, *, check: Check | None = None, doc: str = "", **kw: Any
+) -> Any:
+    """An attrs field for component configs: a constraint and a one-line doc (shown in errors)."""
+    return attrs.field(default=default, validator=check, metadata={"doc": doc}, **kw)
+
+
+@attrs.frozen
+class NoConfig:
+    """This component has no hyper-parameters."""
+
+
+# ---------------------------------------------------------------------------- strict structuring
+
+
+def _strict_converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=True)
+
+    def strict(kind: type, accept: tuple[type, ...]) -> Callable[[Any, type], Any]:
+        def hook(value: Any, _: type) -> Any:
+            if (isinstance(value, bool) and kind is not bool) or not isinstance(value, accept):
+                raise TypeError(f"expected {kind.__name__}")
+            return kind(value)
+
+        return hook
+
+    conv.register_structure_hook(int, strict(int, (int,)))
+    conv.register_structure_hook(float, strict(float, (int, float)))
+    conv.register_structure_hook(str, strict(str, (str,)))
+    conv.register_structure_hook(bool, strict(bool, (bool,)))
+    return conv
+
+
+CONVERTER = _strict_converter()
+
+
+def type_name(tp: Any) -> str:
+    """Human name of a field type: `int`, `list of str`, `float or null`."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (list, tuple) or origin is typing.Sequence:
+        return f"list of {type_name(args[0])}" if args else "list"
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return " or ".join("null" if a is type(None) else type_name(a) for a in args)
+    if origin is dict:
+        return "mapping"
+    return getattr(tp, "__name__", str(tp))
+
+
+def expected(f: attrs.Attribute) -> str:
+    """`int >= 1` for a field of type int with an `at_least(1)` check."""
+    desc = type_name(f.type)
+    if isinstance(f.validator, Check):
+        desc += f" {f.validator.describe}" if not f.validator.describe.startswith("one of") else ""
+        if f.validator.describe.startswith("one of"):
+            desc = f.validator.describe
+    return desc
+
+
+def _hint(f: attrs.Attribute) -> str:
+    doc = f.metadata.get("doc", "")
+    return f" ({doc})" if doc else ""
+
+
+def structure_config(cls: type, data: Any, path: str) -> Any:
+    """Structure `data` into the attrs class `cls`, strictly, with errors naming `path`."""
+    attrs.resolve_types(cls)
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: expected a mapping of {cls.__qualname__} fields, got {data!r}")
+    fields = {f.name: f for f in attrs.fields(cls)}
+    for key in data:
+        if key not in fields:
+            raise ConfigError(_unknown_key(path, key, list(fields)))
+    for f in fields.values():
+        if f.default is attrs.NOTHING and f.name not in data:
+            raise ConfigError(
+                f"{path}.{f.name}: missing required key (expected {expected(f)}){_hint(f)}"
+            )
+    values = {
+        name: _structure_field(fields[name], value, f"{path}.{name}")
+        for name, value in data.items()
+    }
+    return cls(**values)
+
+
+def _structure_field(f: attrs.Attribute, value: Any, path: str) -> Any:
+    try:
+        out = CONVERTER.structure(value, f.type)
+    except Exception:
+        raise ConfigError(f"{path}: expected {expected(f)}, got {value!r}{_hint(f)}") from None
+    if f.validator is not None:
+        try:
+            f.validator(None, f, out)
+        except (ValueError, TypeError):
+            raise ConfigError(f"{path}: expected {expected(f)}, got {value!r}{_hint(f)}") from None
+    return out
+
+
+def _unknown_key(path: str, key: object, known: list[str]) -> str:
+    close = difflib.get_close_matches(str(key), known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{path}.{key}: unknown key{hint} expected keys: {', '.join(known) or '(none)'}"
+
+
+# ---------------------------------------------------------------------------- pipeline spec
+
+
+@attrs.frozen
+class DecodingConfig:
+    """How long to decode, where, and in which precision."""
+
+    max_new_tokens: int = field(128, check=at_least(1), doc="tokens to generate at most")
+    stop: list[str] = field(
+        attrs.Factory(list), doc="stop strings; output ends before the first one"
+    )
+    stop_at_eos: bool = field(True, doc="end when the target emits its EOS token")
+    dtype: str = field(
+        "float32", check=one_of("float32", "float64", "bfloat16", "float16"), doc="model precision"
+    )
+    device: str = field("auto", doc="'auto' (CUDA when present), 'cpu', 'cuda' or 'cuda:N'")
+    seed: int = field(0, doc="seed of the verifier's random numbers (sampling)")
+
+
+@attrs.frozen
+class ComponentSpec:
+    """One component of a pipeline: its kind, registered name, structured config and YAML path."""
+
+    kind: str
+    name: str
+    config: Any
+    path: str
+
+
+@attrs.frozen
+class PipelineSpec:
+    """A validated pipeline: what to build, before any model is loaded."""
+
+    target: str
+    drafters: tuple[tuple[str, ComponentSpec], ...]
+    builder: ComponentSpec
+    scheduler: ComponentSpec
+    verifier: ComponentSpec
+    rescorer: ComponentSpec | None
+    grafter: ComponentSpec | None
+    decoding: DecodingConfig
+    source: str = "<dict>"
+
+
+TOP_KEYS = (
+    "target",
+    "drafters",
+    "builder",
+    "scheduler",
+    "verifier",
+    "rescorer",
+    "grafter",
+    "decoding",
+)
+DEFAULTS = {"scheduler": {"name": "never"}, "verifier": {"name": "greedy"}}
+
+
+def parse_yaml(text: str, source: str = "<string>") -> Any:
+    """Parse YAML text; a syntax error becomes a `ConfigError` with the line and column."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{source}: malformed YAML{where}: {problem}") from None
+
+
+def load_pipeline_spec(path: str | Path, registry: Registry | None = None) -> PipelineSpec:
+    """Read and validate a pipeline YAML file (no model is loaded)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: pipeline file not found")
+    return pipeline_spec_from_dict(
+        parse_yaml(path.read_text(), str(path)), registry, source=str(path)
+    )
+
+
+def pipeline_spec_from_dict(
+    data: Any, registry: Registry | None = None, *, source: str = "<dict>"
+) -> PipelineSpec:
+    """Validate an already-parsed pipeline mapping."""
+    registry = registry or default_registry()
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"{ROOT}: expected a mapping with keys {', '.join(TOP_KEYS)}, got {data!r}"
+        )
+    for key in data:
+        if key not in TOP_KEYS:
+            raise ConfigError(_unknown_key(ROOT, key, list(TOP_KEYS)))
+    for key in ("target", "drafters", "builder"):
+        if key not in data:
+            raise ConfigError(f"{ROOT}.{key}: missing required key")
+    target = data["target"]
+    if not isinstance(target, str) or not target:
+        raise ConfigError(
+            f"{ROOT}.target: expected a model reference string (zoo:NAME or a path), got {target!r}"
+        )
+    merged = {**DEFAULTS, **{k: v for k, v in data.items() if v is not None}}
+    return PipelineSpec(
+        target=target,
+        drafters=_drafter_specs(data["drafters"], registry),
+        builder=component_spec("builder", merged["builder"], f"{ROOT}.builder", registry),
+        scheduler=component_spec("scheduler", merged["scheduler"], f"{ROOT}.scheduler", registry),
+        verifier=component_spec("verifier", merged["verifier"], f"{ROOT}.verifier", registry),
+        rescorer=_optional("rescorer", merged, registry),
+        grafter=_optional("grafter", merged, registry),
+        decoding=structure_config(DecodingConfig, data.get("decoding"), f"{ROOT}.decoding"),
+        source=source,
+    )
+
+
+def _optional(kind: str, data: Mapping, registry: Registry) -> ComponentSpec | None:
+    if kind not in data:
+        return None
+    return component_spec(kind, data[kind], f"{ROOT}.{kind}", registry)
+
+
+def _drafter_specs(raw: Any, registry: Registry) -> tuple[tuple[str, ComponentSpec], ...]:
+    path = f"{ROOT}.drafters"
+    if isinstance(raw, Mapping):
+        items = [(str(role), value, f"{path}.{role}") for role, value in raw.items()]
+    elif isinstance(raw, list):
+        items = [(f"drafter{i}", value, f"{path}[{i}]") for i, value in enumerate(raw)]
+    else:
+        raise ConfigError(
+            f"{path}: expected a mapping of role -> drafter (cheapest first), got {raw!r}"
+        )
+    if not items:
+        raise ConfigError(f"{path}: expected at least one drafter, got none")
+    return tuple((role, component_spec("drafter", value, p, registry)) for role, value, p in items)
+
+
+def component_spec(kind: str, raw: Any, path: str, registry: Registry) -> ComponentSpec:
+    """Validate one `{name: ..., **config}` mapping against the registered component."""
+    if isinstance(raw, str):
+        raw = {"name": raw}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            f"{path}: expected a mapping with a 'name' key naming a {kind}, got {raw!r}"
+        )
+    if "name" not in raw:
+        raise ConfigError(f"{path}.name: missing required key (the registered {kind} name)")
+    name = raw["name"]
+    if not isinstance(name, str):
+        raise ConfigError(f"{path}.name: expected str naming a registered {kind}, got {name!r}")
+    try:
+        reg = registry.get(kind, name)
+    except UnknownComponentError:
+        raise ConfigError(
+            f"{path}.name: {unknown_name_message(kind, name, registry.names(kind))}"
+        ) from None
+    body = {k: v for k, v in raw.items() if k != "name"}
+    return ComponentSpec(kind, name, structure_config(reg.factory.Config, body, path), path)
+
+
+def override(data: Mapping, dotted: str, value: Any) -> dict:
+    """A copy of a raw pipeline mapping with one key replaced (`"scheduler"`, `"builder.budget"`)."""
+    out = dict(data)
+    head, _, rest = dotted.partition(".")
+    if not rest:
+        out[head] = value
+        return out
+    inner = out.get(head)
+    if not isinstance(inner, Mapping):
+        raise ConfigError(f"{ROOT}.{head}: cannot override {dotted!r}: not a mapping")
+    out[head] = override(inner, rest, value)
+    return out

@@ -1,0 +1,198 @@
+"""The decode loop: one generator yielding a `StepEvent` per target forward.
+
+Everything else (generate, streaming, benchmarks, traces, metrics) wraps this loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+import attrs
+import torch
+from torch import Tensor
+
+from treegraft.core.interfaces import (
+    BuildResult,
+    Drafter,
+    Grafter,
+    Rescorer,
+    Scheduler,
+    StepContext,
+    StepOutcome,
+    TreeBuilder,
+    Verdict,
+    Verifier,
+)
+from treegraft.core.metrics import Clock, ForwardTimes
+from treegraft.core.runner import CausalLMRunner
+
+
+@attrs.frozen(eq=False)
+class StepEvent:
+    """One decoding step (one target forward).
+
+    Attributes:
+        step: 0-based step index.
+        tokens: tokens emitted by this step (accepted drafts then the bonus, cut at a stop).
+        accepted: draft tokens accepted by the verifier (bonus excluded, before any cut).
+        tree_size: draft nodes verified (root excluded).
+        calls: drafter index that acted at each layer of the tree build.
+        times: wall seconds per stage (`build`, `drafter<i>`, `target`, `verify`, `commit`).
+        finish_reason: None while decoding goes on, else `eos`, `stop` or `length`.
+        build: the builder's result (trees, for traces).
+        verdict: the verifier's result (accepted path in `build.tree`).
+    """
+
+    step: int
+    tokens: tuple[int, ...]
+    accepted: int
+    tree_size: int
+    calls: tuple[int, ...]
+    times: Mapping[str, float]
+    finish_reason: str | None
+    build: BuildResult
+    verdict: Verdict
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+#: Given all tokens generated so far, how many to keep because a stop string ends there (or None).
+StopCheck = Callable[[Sequence[int]], int | None]
+
+
+@attrs.frozen
+class StopRule:
+    """When generation ends: at most `max_new_tokens`, at an EOS id, or where `check` says."""
+
+    max_new_tokens: int
+    eos_ids: frozenset[int] = frozenset()
+    check: StopCheck | None = None
+
+    def cut(self, generated: Sequence[int], new: Sequence[int]) -> tuple[int, str | None]:
+        """How many of `new` to emit after `generated`, and the finish reason if generation ends."""
+        room = self.max_new_tokens - len(generated)
+        keep, reason = (room, "length") if len(new) >= room else (len(new), None)
+        for i, tok in enumerate(new[:keep]):
+            if tok in self.eos_ids:
+                keep, reason = i + 1, "eos"
+                break
+        if self.check is not None:
+            total = self.check([*generated, *new[:keep]])
+            if total is not None:
+                return max(0, total - len(generated)), "stop"
+        return keep, reason
+
+
+@attrs.define
+class Decoder:
+    """The components of a pipeline, wired for decoding."""
+
+    target: CausalLMRunner
+    drafters: tuple[Drafter, ...]
+    builder: TreeBuilder
+    scheduler: Scheduler
+    verifier: Verifier
+    rescorer: Rescorer | None = None
+    grafter: Grafter | None = None
+    seed: int = 0
+    sync_clock: bool = False
+    times: ForwardTimes = attrs.field(factory=ForwardTimes)
+
+    def steps(self, prompt: Tensor, stop: StopRule) -> Iterator[StepEvent]:
+        """Decode from `prompt` (`[T]` int64), yielding one event per target forward."""
+        max_len = prompt.numel() + stop.max_new_tokens + self.builder.max_nodes() + 2
+        self.target.begin(prompt, max_len=max_len)
+        for drafter in self.drafters:
+            drafter.begin(prompt, max_len=max_len)
+        self.verifier.begin(self.seed)
+        generated: list[int] = []
+        clock = Clock(sync=self.sync_clock)
+        step = 0
+        while True:
+            event = self._step(step, prompt.numel(), generated, stop, clock)
+            generated.extend(event.tokens)
+            yield event
+            if event.finished:
+                return
+            step += 1
+
+    def _step(
+        self, step: int, prompt_len: int, generated: list[int], stop: StopRule, clock: Clock
+    ) -> StepEvent:
+        root = self.target.committed_ids()[-1]
+        ctx = StepContext(
+            root=root,
+            drafters=self.drafters,
+            scheduler=self.scheduler,
+            rescorer=self.rescorer,
+            grafter=self.grafter,
+            prompt_len=prompt_len,
+            committed_len=self.target.n_committed,
+            clock=clock,
+            timings=self.times,
+            dtype=torch.float32,
+        )
+        with clock.time("build"):
+            built = self.builder.build(ctx)
+        with clock.time("target"):
+            logits = self.target.forward_tree(built.tree)  # [n, V]
+        with clock.time("verify"):
+            verdict = self.verifier.verify(built.tree, logits)
+            path, tokens = accepted_tokens(built, verdict)
+        keep, reason = stop.cut(generated, tokens)
+        if reason is None:
+            with clock.time("commit"):
+                self._commit(built, path, tokens)
+        times = clock.reset()
+        self._observe(step, built, len(tokens) - 1, times)
+        return StepEvent(
+            step=step,
+            tokens=tuple(tokens[:keep]),
+            accepted=len(tokens) - 1,
+            tree_size=built.tree.n_nodes - 1,
+            calls=built.calls,
+            times=times,
+            finish_reason=reason,
+            build=built,
+            verdict=verdict,
+        )
+
+    def _commit(self, built: BuildResult, path: Tensor, tokens: list[int]) -> None:
+        new = torch.tensor(tokens, dtype=torch.long)
+        self.target.commit(path, new)
+        unpruned_path = built.kept[path]
+        for drafter in self.drafters:
+            drafter.commit(unpruned_path, new)
+
+    def _observe(
+        self, step: int, built: BuildResult, accepted: int, times: Mapping[str, float]
+    ) -> None:
+        self.times.record_target(times.get("target", 0.0))
+        n = len(self.drafters)
+        for i in range(n):
+            label = f"drafter{i}"
+            if label in times:
+                self.times.record_drafter(i, times[label] / max(1, built.calls.count(i)))
+        self.scheduler.observe(
+            StepOutcome(
+                step=step,
+                calls=built.calls,
+                n_nodes=built.tree.n_nodes,
+                accepted=accepted,
+                target_time=self.times.target_time(),
+                drafter_times=self.times.drafter_times(n),
+            )
+        )
+
+
+def accepted_tokens(built: BuildResult, verdict: Verdict) -> tuple[Tensor, list[int]]:
+    """The accepted path (`[a]` node indices) and the committed tokens (drafts + bonus).
+
+    Synchronises with the device once (the step's only host read of the verdict).
+    """
+    length = int(verdict.length)
+    path = verdict.path[:length]
+    tokens = torch.cat([built.tree.tokens[path[1:]], verdict.bonus.reshape(1)])
+    return path, tokens.tolist()

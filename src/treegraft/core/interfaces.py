@@ -1,0 +1,271 @@
+"""The six component interfaces and the value objects they exchange.
+
+Each interface is a small abstract class with one main verb. Concrete components are attrs
+classes registered through the plugin hooks (`treegraft.core.hookspecs`); their hyper-parameters
+live in a nested attrs `Config` class and heavy resources (models) arrive through the named
+constructor `from_config(config, resources)`.
+
+Shapes use `n` for the number of tree nodes (root included), `V` for the vocabulary size, `m` for
+proposal rows and `c` for chain length.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+from torch import Tensor
+
+from treegraft.core.tree import DraftTree, Proposal
+
+if TYPE_CHECKING:
+    from treegraft.core.resources import Resources
+
+
+class Component(ABC):
+    """Base of every component: a `Config` attrs class and a named constructor."""
+
+    #: attrs class holding the component's hyper-parameters (the YAML keys besides `name`).
+    Config: ClassVar[type]
+
+    @classmethod
+    def from_config(cls, config: Any, resources: Resources) -> Component:
+        """Build the component from its validated config; heavy resources come from `resources`."""
+        return cls(config)  # type: ignore[call-arg]
+
+
+# ---------------------------------------------------------------------------- value objects
+
+
+@attrs.frozen(eq=False)
+class Verdict:
+    """What the verifier accepted in one step.
+
+    Attributes:
+        path: `[n]` int64 node indices of the accepted path from the root (path[0] == 0), in
+            depth order, padded with -1.
+        length: 0-d int64, number of nodes on the path including the root (>= 1).
+        bonus: 0-d int64, the target's token after the last accepted node.
+    """
+
+    path: Tensor
+    length: Tensor
+    bonus: Tensor
+
+
+@attrs.frozen
+class LayerState:
+    """Cheap features a scheduler sees before each layer of tree growth (all host floats).
+
+    Attributes:
+        layer: index of the layer about to be grown (0-based).
+        n_layers: total layers of the builder (its `depth`).
+        calls: drafter index that acted at each earlier layer of this step.
+        n_drafters: number of drafters in the pipeline (cheapest first).
+        strong_calls: layers of this step at which a drafter other than drafter 0 acted.
+        max_strong_calls: cap on such calls per step.
+        n_nodes: current number of tree nodes (root included).
+        frontier_size: nodes about to be expanded (0 when the weak drafter has collapsed).
+        frontier_mean_depth: mean depth of the frontier nodes.
+        leaf_ratio: fraction of tree nodes without children.
+        frontier_mean_score: mean cumulative log-prob of the frontier nodes.
+        reselect_shift: fraction of the current frontier that a reselection with lookback would
+            replace (the "collapse debt"; 0 when unknown).
+        prompt_len: prompt length in tokens.
+        committed_len: committed tokens so far (prompt included).
+        target_time: measured seconds of one target tree forward (running median; 0 if unknown).
+        drafter_times: measured seconds of one tree forward per drafter (0 if unknown).
+    """
+
+    layer: int
+    n_layers: int
+    calls: tuple[int, ...]
+    n_drafters: int
+    strong_calls: int
+    max_strong_calls: int
+    n_nodes: int
+    frontier_size: int
+    frontier_mean_depth: float
+    leaf_ratio: float
+    frontier_mean_score: float
+    reselect_shift: float
+    prompt_len: int
+    committed_len: int
+    target_time: float
+    drafter_times: tuple[float, ...]
+
+
+@attrs.frozen
+class StepOutcome:
+    """What a scheduler learns after verification: how the step went."""
+
+    step: int
+    calls: tuple[int, ...]
+    n_nodes: int
+    accepted: int  # draft nodes accepted (bonus excluded)
+    target_time: float
+    drafter_times: tuple[float, ...]
+
+
+@attrs.frozen(eq=False)
+class Rescoring:
+    """New edge log-probs and cumulative scores for every node (`[n]` each)."""
+
+    edge_logp: Tensor
+    score: Tensor
+
+
+@attrs.frozen(eq=False)
+class Graft:
+    """A tree after a strong call, and the frontier to expand next (`[f]` node indices)."""
+
+    tree: DraftTree
+    frontier: Tensor
+
+
+@attrs.frozen(eq=False)
+class BuildResult:
+    """The verified tree and where its nodes came from.
+
+    Attributes:
+        tree: the pruned draft tree sent to the target.
+        kept: `[n]` int64, for each node of `tree` its index in the unpruned tree the drafters saw.
+        calls: drafter index that acted at each layer.
+        unpruned: the tree before the final budget prune (for traces).
+    """
+
+    tree: DraftTree
+    kept: Tensor
+    calls: tuple[int, ...]
+    unpruned: DraftTree
+
+
+# ---------------------------------------------------------------------------- interfaces
+
+
+class Drafter(Component):
+    """Proposes draft tokens and keeps its own view of the committed sequence.
+
+    A drafter sees a growing tree during one step; node indices refer to that (unpruned) tree.
+    """
+
+    #: Whether `score_tree` is available (language-model drafters).
+    can_score: ClassVar[bool] = False
+
+    @abstractmethod
+    def begin(self, prompt: Tensor, *, max_len: int) -> None:
+        """Start a new generation from `prompt` (`[T]` int64; its last token is the first root).
+
+        `max_len` estimates the committed length the generation can reach (prompt + new tokens +
+        one tree), for preallocating caches.
+        """
+
+    @abstractmethod
+    def expand(self, tree: DraftTree, nodes: Tensor, k: int) -> Proposal:
+        """Propose up to `k` distinct children (or chains) under each of `nodes` (`[f]` int64)."""
+
+    def score_tree(self, tree: DraftTree) -> Tensor:
+        """Next-token log-probs after every node, `[n, V]`, from one forward over the tree."""
+        raise NotImplementedError(f"{type(self).__name__} cannot score a tree")
+
+    @abstractmethod
+    def commit(self, accepted: Tensor, tokens: Tensor) -> None:
+        """Record a step's outcome.
+
+        Args:
+            accepted: `[a]` int64 node indices (of the unpruned tree) of the accepted path,
+                root first.
+            tokens: `[a]` int64 newly committed tokens: the accepted drafts, then the bonus.
+        """
+
+
+class Scheduler(Component):
+    """Decides, per layer, which drafter acts (0 = the cheapest)."""
+
+    @abstractmethod
+    def decide(self, state: LayerState) -> int:
+        """Index of the drafter that grows the tree at this layer."""
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Learn from a finished step (default: nothing)."""
+
+
+class Rescorer(Component):
+    """Turns a strong drafter's distributions into new node scores."""
+
+    @abstractmethod
+    def rescore(self, tree: DraftTree, strong_logp: Tensor) -> Rescoring:
+        """New scores from `strong_logp` (`[n, V]` next-token log-probs after each node)."""
+
+
+class Grafter(Component):
+    """Chooses graft positions and merges a strong drafter's children into the tree."""
+
+    @abstractmethod
+    def graft(
+        self,
+        tree: DraftTree,
+        strong_logp: Tensor,
+        rescoring: Rescoring,
+        *,
+        frontier: Tensor,
+        k: int,
+        drafter: int,
+    ) -> Graft:
+        """Merge the strong drafter's top-`k` children at re-selected graft positions."""
+
+
+class TreeBuilder(Component):
+    """Owns the layer loop and the final budget prune."""
+
+    @abstractmethod
+    def build(self, step: StepContext) -> BuildResult:
+        """Grow a draft tree under `step.root` with the pipeline's drafters."""
+
+    @abstractmethod
+    def max_nodes(self) -> int:
+        """Most nodes (root included) of a verified tree: sizes the target's cache."""
+
+
+class Verifier(Component):
+    """Accepts a path of the tree given the target's logits."""
+
+    def begin(self, seed: int) -> None:
+        """Start a new generation (reseed any random state)."""
+
+    @abstractmethod
+    def verify(self, tree: DraftTree, target_logits: Tensor) -> Verdict:
+        """Accepted path and bonus token from `target_logits` (`[n, V]`, one row per node)."""
+
+
+# ---------------------------------------------------------------------------- step context
+
+
+@attrs.frozen(eq=False)
+class StepContext:
+    """Everything a tree builder needs for one step.
+
+    Attributes:
+        root: 0-d int64, the last committed token.
+        drafters: drafters, cheapest first.
+        scheduler: decides which drafter acts at each layer.
+        rescorer: applies a strong drafter's scores (None: strong drafters just expand).
+        grafter: merges a strong drafter's children (None: strong drafters just expand).
+        prompt_len: prompt length in tokens.
+        committed_len: tokens committed so far.
+        clock: records per-drafter wall time (`clock.time(label)` context manager).
+        timings: measured forward times (target and per drafter) for the scheduler.
+        dtype: floating dtype of scores.
+    """
+
+    root: Tensor
+    drafters: tuple[Drafter, ...]
+    scheduler: Scheduler
+    rescorer: Rescorer | None
+    grafter: Grafter | None
+    prompt_len: int
+    committed_len: int
+    clock: Any
+    timings: Any
+    dtype: Any

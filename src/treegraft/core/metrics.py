@@ -1,0 +1,112 @@
+"""Per-stage timing and step events -> summary metrics (tau, acceptance per depth, time split)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from statistics import median
+
+import attrs
+import torch
+
+
+@attrs.define
+class Clock:
+    """Accumulates wall time per label for one step.
+
+    With `sync=True` (CUDA), the device is synchronised at both ends of each timed block so the
+    time belongs to the stage that launched the work.
+    """
+
+    sync: bool = False
+    totals: dict[str, float] = attrs.field(factory=dict)
+    counts: dict[str, int] = attrs.field(factory=dict)
+
+    @contextmanager
+    def time(self, label: str) -> Iterator[None]:
+        if self.sync:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync:
+                torch.cuda.synchronize()
+            self.totals[label] = self.totals.get(label, 0.0) + time.perf_counter() - start
+            self.counts[label] = self.counts.get(label, 0) + 1
+
+    def reset(self) -> dict[str, float]:
+        """Return the totals so far and start from zero."""
+        out, self.totals, self.counts = self.totals, {}, {}
+        return out
+
+
+@attrs.define
+class ForwardTimes:
+    """Running medians of one forward per model (target and each drafter), for schedulers."""
+
+    window: int = 32
+    target: list[float] = attrs.field(factory=list)
+    drafters: dict[int, list[float]] = attrs.field(factory=dict)
+
+    def record_target(self, seconds: float) -> None:
+        _push(self.target, seconds, self.window)
+
+    def record_drafter(self, index: int, seconds: float) -> None:
+        _push(self.drafters.setdefault(index, []), seconds, self.window)
+
+    def target_time(self) -> float:
+        return median(self.target) if self.target else 0.0
+
+    def drafter_times(self, n: int) -> tuple[float, ...]:
+        return tuple(median(self.drafters[i]) if self.drafters.get(i) else 0.0 for i in range(n))
+
+
+def _push(values: list[float], value: float, window: int) -> None:
+    values.append(value)
+    if len(values) > window:
+        del values[0]
+
+
+@attrs.frozen
+class Summary:
+    """Aggregate metrics of one generation."""
+
+    new_tokens: int
+    steps: int
+    tau: float
+    seconds: float
+    tokens_per_second: float
+    acceptance_per_depth: tuple[float, ...]
+    time_split: Mapping[str, float]
+
+
+def summarize(events: Iterable[object], seconds: float) -> Summary:
+    """Summary of a generation from its step events (`StepEvent`) and its wall time."""
+    events = list(events)
+    new_tokens = sum(len(e.tokens) for e in events)
+    steps = len(events)
+    committed = sum(e.accepted + 1 for e in events)
+    split: dict[str, float] = {}
+    for e in events:
+        for label, value in e.times.items():
+            split[label] = split.get(label, 0.0) + value
+    return Summary(
+        new_tokens=new_tokens,
+        steps=steps,
+        tau=committed / steps if steps else 0.0,
+        seconds=seconds,
+        tokens_per_second=new_tokens / seconds if seconds > 0 else 0.0,
+        acceptance_per_depth=acceptance_per_depth(e.accepted for e in events),
+        time_split=split,
+    )
+
+
+def acceptance_per_depth(accepted: Iterable[int]) -> tuple[float, ...]:
+    """Fraction of steps that accepted at least d draft tokens, for d = 1, 2, ..."""
+    accepted = list(accepted)
+    if not accepted:
+        return ()
+    deepest = max(accepted)
+    return tuple(sum(a >= d for a in accepted) / len(accepted) for d in range(1, deepest + 1))

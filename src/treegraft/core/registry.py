@@ -1,0 +1,192 @@
+"""The plugin manager: loads plugins and looks components up by (kind, name).
+
+Built-in components live in `treegraft.plugins.builtin` and are registered through the same hooks
+as third-party plugins. Third-party plugins are discovered through the entry-point group
+`treegraft` unless `TREEGRAFT_DISABLE_PLUGIN_AUTOLOAD=1` is set.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable
+
+import attrs
+import pluggy
+
+from treegraft.core import hookspecs
+from treegraft.core.interfaces import (
+    Drafter,
+    Grafter,
+    Rescorer,
+    Scheduler,
+    TreeBuilder,
+    Verifier,
+)
+
+ENTRY_POINT_GROUP = "treegraft"
+AUTOLOAD_ENV = "TREEGRAFT_DISABLE_PLUGIN_AUTOLOAD"
+BUILTIN_PLUGIN = "builtins"
+BUILTIN_DISTRIBUTION = "treegraft"
+
+
+@attrs.frozen
+class Kind:
+    """A component kind: its YAML key, its registration hook and its interface."""
+
+    name: str
+    hook: str
+    interface: type
+
+
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind("drafter", "treegraft_register_drafters", Drafter),
+        Kind("builder", "treegraft_register_builders", TreeBuilder),
+        Kind("rescorer", "treegraft_register_rescorers", Rescorer),
+        Kind("grafter", "treegraft_register_grafters", Grafter),
+        Kind("scheduler", "treegraft_register_schedulers", Scheduler),
+        Kind("verifier", "treegraft_register_verifiers", Verifier),
+    )
+}
+
+
+class PluginError(RuntimeError):
+    """A plugin is broken or two plugins clash."""
+
+
+class UnknownComponentError(LookupError):
+    """No component of this kind has this name."""
+
+
+@attrs.frozen
+class Registration:
+    """One registered component."""
+
+    kind: str
+    name: str
+    factory: type
+    distribution: str
+
+    def config_fields(self) -> list[attrs.Attribute]:
+        """The attrs fields of the component's `Config` (its YAML keys besides `name`)."""
+        return list(attrs.fields(self.factory.Config))
+
+
+@attrs.define
+class Registry:
+    """Registered components by kind and name, built from a pluggy plugin manager."""
+
+    pm: pluggy.PluginManager
+    entries: dict[tuple[str, str], Registration] = attrs.field(factory=dict)
+
+    @classmethod
+    def create(cls, *, autoload: bool | None = None, plugins: Iterable[object] = ()) -> Registry:
+        """Load the built-ins, the entry-point plugins (unless disabled) and `plugins`."""
+        from treegraft.plugins import builtin
+
+        pm = pluggy.PluginManager(hookspecs.PROJECT)
+        pm.add_hookspecs(hookspecs)
+        pm.register(builtin, name=BUILTIN_PLUGIN)
+        if autoload is None:
+            autoload = os.environ.get(AUTOLOAD_ENV, "") not in ("1", "true", "yes")
+        if autoload:
+            pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        for plugin in plugins:
+            pm.register(plugin)
+        pm.check_pending()
+        registry = cls(pm)
+        registry._collect()
+        return registry
+
+    def _collect(self) -> None:
+        dists = {id(plugin): dist.project_name for plugin, dist in self.pm.list_plugin_distinfo()}
+        for kind in KINDS.values():
+            for impl in getattr(self.pm.hook, kind.hook).get_hookimpls():
+                dist = _distribution_of(impl.plugin_name, dists.get(id(impl.plugin)))
+                impl.function(register=self._registrar(kind, dist, impl.plugin_name))
+
+    def _registrar(self, kind: Kind, dist: str, plugin_name: str):
+        def register(name: str, factory: type) -> None:
+            _check_factory(kind, name, factory, plugin_name)
+            key = (kind.name, name)
+            if key in self.entries:
+                other = self.entries[key].distribution
+                raise PluginError(
+                    f"{kind.name} {name!r} is registered twice: by distribution {other!r} and by "
+                    f"distribution {dist!r}. Uninstall one of them or rename the component."
+                )
+            self.entries[key] = Registration(kind.name, name, factory, dist)
+
+        return register
+
+    def names(self, kind: str) -> list[str]:
+        """Registered names of one kind, sorted."""
+        return sorted(name for k, name in self.entries if k == kind)
+
+    def get(self, kind: str, name: str) -> Registration:
+        """The registration of `name`; raises `UnknownComponentError` listing the known names."""
+        if kind not in KINDS:
+            raise UnknownComponentError(
+                f"unknown component kind {kind!r}; expected one of {sorted(KINDS)}"
+            )
+        try:
+            return self.entries[(kind, name)]
+        except KeyError:
+            raise UnknownComponentError(
+                unknown_name_message(kind, name, self.names(kind))
+            ) from None
+
+    def all(self) -> list[Registration]:
+        """Every registration, sorted by kind then name."""
+        order = list(KINDS)
+        return sorted(self.entries.values(), key=lambda r: (order.index(r.kind), r.name))
+
+
+def unknown_name_message(kind: str, name: object, known: list[str]) -> str:
+    """`unknown drafter 'ngarm'; did you mean 'ngram'? known: ...`"""
+    close = difflib.get_close_matches(str(name), known, n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return f"unknown {kind} {name!r}{hint} known {kind}s: {', '.join(known) or '(none)'}"
+
+
+def _distribution_of(plugin_name: str, dist: str | None) -> str:
+    if plugin_name == BUILTIN_PLUGIN:
+        return BUILTIN_DISTRIBUTION
+    return dist or f"<plugin {plugin_name}>"
+
+
+def _check_factory(kind: Kind, name: str, factory: type, plugin_name: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise PluginError(
+            f"plugin {plugin_name!r} registered a {kind.name} with an invalid name {name!r}"
+        )
+    if not (isinstance(factory, type) and issubclass(factory, kind.interface)):
+        raise PluginError(
+            f"plugin {plugin_name!r} registered {kind.name} {name!r} as {factory!r}, "
+            f"which is not a subclass of {kind.interface.__name__}"
+        )
+    config = getattr(factory, "Config", None)
+    if config is None or not attrs.has(config):
+        raise PluginError(
+            f"plugin {plugin_name!r}: {kind.name} {name!r} ({factory.__name__}) needs a nested attrs "
+            "class `Config` holding its hyper-parameters"
+        )
+
+
+_DEFAULT: Registry | None = None
+
+
+def default_registry() -> Registry:
+    """The process-wide registry (created on first use)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = Registry.create()
+    return _DEFAULT
+
+
+def reset_default_registry() -> None:
+    """Forget the process-wide registry (tests, or after installing a plugin at run time)."""
+    global _DEFAULT
+    _DEFAULT = None

@@ -1,0 +1,236 @@
+"""Causal-LM runner: prefill, tree forwards and KV commit for any Hugging Face causal LM.
+
+The same runner serves the target and the language-model drafters. Its key/value cache is one
+tensor preallocated per generation, `[n_layers, 2, n_kv_heads, max_len, head_dim]`, laid out as
+
+    [ committed prefix | pending committed tokens | tree nodes seen this step | free ]
+      0 .. n_cached      (processed lazily)         slot n_cached + n_pending + node
+
+A forward processes, in one call, the committed tokens the model has not seen yet (a chain) and
+the tree nodes it has not seen yet (with the ancestor mask, positions = root position + depth).
+`commit` keeps the pending chain and the seen part of the accepted path by compaction (a gather
+into contiguous slots); nothing is ever recomputed.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import attrs
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache
+
+from treegraft.core.tree import DraftTree
+from treegraft.kernels import kv_compact
+
+
+class TreeKVCache(Cache):
+    """A Hugging Face `Cache` that writes into the runner's preallocated tensor.
+
+    Each `update` stores the new keys/values at slots `[write_start, write_start + q)` and returns
+    the cache up to the end of the written block (prefix + region), so attention costs O(prefix).
+    """
+
+    def __init__(self, kv: Tensor) -> None:
+        super().__init__(layers=[])
+        self.kv = kv  # [n_layers, 2, n_kv_heads, max_len, head_dim]
+        self.write_start = 0
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
+        end = self.write_start + key_states.shape[-2]
+        layer = self.kv[layer_idx]  # [2, H, max_len, D]
+        layer[0, :, self.write_start : end] = key_states[0]
+        layer[1, :, self.write_start : end] = value_states[0]
+        return layer[0, :, :end].unsqueeze(0), layer[1, :, :end].unsqueeze(0)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.write_start
+
+    def get_max_length(self) -> int:
+        return int(self.kv.shape[3])
+
+    def __len__(self) -> int:
+        return int(self.kv.shape[0])
+
+
+def cache_geometry(model: PreTrainedModel) -> tuple[int, int, int]:
+    """(n_layers, n_kv_heads, head_dim) of a decoder-only model's attention."""
+    cfg = (
+        model.config.get_text_config(decoder=True)
+        if hasattr(model.config, "get_text_config")
+        else model.config
+    )
+    n_heads = cfg.num_attention_heads
+    n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+    return cfg.num_hidden_layers, n_kv, head_dim
+
+
+def _cache_kwarg(model: PreTrainedModel) -> str:
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+@attrs.define
+class CausalLMRunner:
+    """Runs one causal LM over committed tokens and draft trees with a preallocated KV cache.
+
+    Attributes:
+        model: any `AutoModelForCausalLM` decoder (eval mode).
+        committed: `[max_len]` int64 buffer of committed tokens; the first `n_committed` are valid.
+        n_cached: committed tokens whose keys/values sit contiguously at the start of the cache.
+        n_pending: committed tokens processed in this step's region (before the tree nodes).
+        n_seen: tree nodes of this step with keys/values in the region.
+    """
+
+    model: PreTrainedModel
+    cache: TreeKVCache | None = None
+    committed: Tensor | None = None
+    n_committed: int = 0
+    n_cached: int = 0
+    n_pending: int = 0
+    n_seen: int = 0
+    forwards: int = 0
+    _cache_kwarg: str = attrs.field(init=False, default="")
+
+    def __attrs_post_init__(self) -> None:
+        self._cache_kwarg = _cache_kwarg(self.model)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    def begin(self, prompt: Tensor, *, max_len: int) -> None:
+        """Start a generation: reserve `max_len` cache slots (reusing the last allocation if large enough)."""
+        if prompt.ndim != 1 or prompt.numel() == 0:
+            raise ValueError(
+                f"prompt must be a non-empty [T] tensor of token ids, got shape {tuple(prompt.shape)}"
+            )
+        if prompt.numel() >= max_len:
+            raise ValueError(f"prompt of {prompt.numel()} tokens does not fit max_len={max_len}")
+        if self.cache is None or self.cache.get_max_length() < max_len:
+            n_layers, n_kv, head_dim = cache_geometry(self.model)
+            shape = (n_layers, 2, n_kv, max_len, head_dim)
+            self.cache = TreeKVCache(torch.zeros(shape, dtype=self.dtype, device=self.device))
+            self.committed = torch.zeros(max_len, dtype=torch.long, device=self.device)
+        self.committed[: prompt.numel()] = prompt.to(self.device)
+        self.n_committed = prompt.numel()
+        self.n_cached = self.n_pending = self.n_seen = 0
+
+    def _ensure_capacity(self, needed: int) -> None:
+        """Grow the cache (doubling) when a step needs more slots than reserved; rare by design."""
+        if needed <= self.capacity:
+            return
+        old = self.cache.kv
+        shape = list(old.shape)
+        shape[3] = max(needed, 2 * shape[3])
+        kv = torch.zeros(shape, dtype=old.dtype, device=old.device)
+        kv[:, :, :, : old.shape[3]] = old
+        committed = torch.zeros(shape[3], dtype=torch.long, device=old.device)
+        committed[: self.n_committed] = self.committed[: self.n_committed]
+        self.cache, self.committed = TreeKVCache(kv), committed
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.get_max_length() if self.cache is not None else 0
+
+    def forward_tree(self, tree: DraftTree) -> Tensor:
+        """Forward the nodes of `tree` not seen yet in this step (and any pending committed tokens).
+
+        The tree's root must be the last committed token. Returns logits `[n_new, V]` for tree
+        nodes `n_seen_before .. n` (the pending chain's logits are not computed).
+        """
+        n = tree.n_nodes
+        if self.n_seen == 0:
+            self.n_pending = self.n_committed - 1 - self.n_cached
+        start = self.n_seen
+        pending = self.n_pending if start == 0 else 0
+        region = self.n_pending + n
+        self._ensure_capacity(self.n_cached + region)
+        ids, positions, mask = self._block(tree, start, pending)
+        logits = self._run(ids, positions, mask, n_logits=n - start)
+        self.n_seen = n
+        return logits
+
+    def _block(self, tree: DraftTree, start: int, pending: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Token ids `[q]`, positions `[q]` and visibility `[q, kv_len]` of one forward block."""
+        dev = self.device
+        n = tree.n_nodes
+        base = self.n_cached
+        root_pos = self.n_committed - 1
+        pend_ids = self.committed[base : base + pending]
+        ids = torch.cat([pend_ids, tree.tokens[start:n].to(dev)])
+        positions = torch.cat(
+            [
+                torch.arange(base, base + pending, device=dev),
+                tree.positions(root_pos)[start:n].to(dev),
+            ]
+        )
+        kv_len = base + self.n_pending + n
+        mask = torch.zeros(pending + n - start, kv_len, dtype=torch.bool, device=dev)
+        mask[:, :base] = True
+        p_end = base + self.n_pending
+        mask[:pending, base : base + pending] = torch.ones(
+            pending, pending, dtype=torch.bool, device=dev
+        ).tril()
+        mask[pending:, base:p_end] = True
+        mask[pending:, p_end:] = tree.ancestor_mask()[start:n].to(dev)
+        return ids, positions, mask
+
+    def _run(self, ids: Tensor, positions: Tensor, visible: Tensor, *, n_logits: int) -> Tensor:
+        """One model forward writing keys/values at the end of the current region."""
+        cache = self.cache
+        cache.write_start = visible.shape[1] - ids.shape[0]
+        neg = torch.finfo(self.dtype).min
+        additive = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(
+            ~visible, neg
+        )
+        out = self.model(
+            input_ids=ids[None, :],
+            position_ids=positions[None, :],
+            attention_mask=additive[None, None],
+            use_cache=True,
+            logits_to_keep=n_logits,
+            **{self._cache_kwarg: cache},
+        )
+        self.forwards += 1
+        return out.logits[0, -n_logits:] if n_logits else out.logits[0, :0]
+
+    def commit(self, accepted: Tensor, tokens: Tensor) -> None:
+        """Append `tokens` to the committed sequence and keep the seen accepted nodes' keys/values.
+
+        Args:
+            accepted: `[a]` int64 node indices (this step's tree, root first) of the accepted path.
+            tokens: `[a]` int64 newly committed tokens (accepted drafts, then the bonus).
+
+        Synchronises with the device (reads how much of the accepted path was seen).
+        """
+        n_new = int(tokens.shape[0])
+        self._ensure_capacity(self.n_committed + n_new)
+        seen = accepted[accepted < self.n_seen] if self.n_seen else accepted[:0]
+        keep = torch.cat(
+            [
+                torch.arange(self.n_pending, device=self.device),
+                self.n_pending + seen.to(self.device),
+            ]
+        )
+        if keep.numel():
+            kv_compact(self.cache.kv, keep + self.n_cached, self.n_cached)
+        self.n_cached += int(keep.shape[0])
+        self.committed[self.n_committed : self.n_committed + n_new] = tokens.to(self.device)
+        self.n_committed += n_new
+        self.n_pending = self.n_seen = 0
+
+    def committed_ids(self) -> Tensor:
+        """`[n_committed]` int64 view of the committed tokens."""
+        return self.committed[: self.n_committed]

@@ -1,0 +1,90 @@
+"""Decoding traces: each step's draft tree as JSON, for researchers to inspect and render.
+
+One file per step, `step-00000.json`, holding the unpruned tree the drafters built (every node,
+with its parent, token id and text, depth, score, edge log-prob, which drafter proposed it and
+which scored it last), which nodes survived the budget prune, and the accepted path.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from treegraft.core.decoder import StepEvent
+
+TRACE_VERSION = 1
+
+
+@attrs.define
+class TraceWriter:
+    """Writes one JSON file per decoding step into a directory."""
+
+    directory: Path
+    drafter_names: tuple[str, ...]
+    decode: Any = None
+
+    @classmethod
+    def create(cls, directory: Path, pipeline: Any) -> TraceWriter:
+        directory.mkdir(parents=True, exist_ok=True)
+        names = tuple(f"{role}:{c.name}" for role, c in pipeline.spec.drafters)
+        return cls(
+            directory, names, pipeline.decode_text if pipeline.tokenizer is not None else None
+        )
+
+    def write(self, event: StepEvent) -> Path:
+        path = self.directory / f"step-{event.step:05d}.json"
+        path.write_text(json.dumps(step_record(event, self.drafter_names, self.decode), indent=1))
+        return path
+
+
+def step_record(event: StepEvent, drafter_names: tuple[str, ...], decode: Any = None) -> dict:
+    """A JSON-ready description of one step's tree and verdict."""
+    built = event.build
+    tree = built.unpruned
+    kept = built.kept.tolist()
+    length = int(event.verdict.length)
+    accepted = {kept[i] for i in event.verdict.path[:length].tolist()}
+    cols = {
+        name: getattr(tree, name).tolist()
+        for name in ("tokens", "parents", "depth", "score", "edge_logp", "proposer", "scorer")
+    }
+    kept_set = set(kept)
+    nodes = [
+        {
+            "id": i,
+            "parent": cols["parents"][i],
+            "token": cols["tokens"][i],
+            "text": decode([cols["tokens"][i]]) if decode else None,
+            "depth": cols["depth"][i],
+            "score": cols["score"][i],
+            "edge_logp": cols["edge_logp"][i],
+            "proposer": cols["proposer"][i],
+            "scorer": cols["scorer"][i],
+            "kept": i in kept_set,
+            "accepted": i in accepted,
+        }
+        for i in range(tree.n_nodes)
+    ]
+    return {
+        "version": TRACE_VERSION,
+        "step": event.step,
+        "drafters": list(drafter_names),
+        "calls": list(built.calls),
+        "accepted_tokens": list(event.tokens),
+        "bonus": int(event.verdict.bonus),
+        "times": dict(event.times),
+        "nodes": nodes,
+    }
+
+
+def load_step(path: Path) -> dict:
+    """Read one step file, checking its version."""
+    record = json.loads(Path(path).read_text())
+    if record.get("version") != TRACE_VERSION:
+        raise ValueError(
+            f"{path}: trace version {record.get('version')!r}, expected {TRACE_VERSION}"
+        )
+    return record

@@ -1,0 +1,288 @@
+"""The draft tree: a flat, tensor-backed tree stored as a parent array.
+
+Node 0 is the **root**: the last committed token, whose key/value entries are not yet in the
+target's cache. Every other node is a draft token. Nodes are stored parents-first
+(`parents[i] < i`), so any prefix of the node list is itself a tree, and no two children of one
+parent carry the same token.
+
+Every tensor is one-dimensional with one entry per node (`[n]`); the tree is immutable, and each
+growing operation returns a new tree plus the indices of the nodes it touched.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+from torch import Tensor
+
+from treegraft.kernels import ancestor_mask, tree_depth
+
+#: Drafter index stored for the root (it was committed, nobody proposed it).
+NO_DRAFTER = -1
+
+
+@attrs.frozen(eq=False)
+class Proposal:
+    """Chains of draft tokens a drafter wants to hang under existing tree nodes.
+
+    Row `r` is a chain: `tokens[r, 0]` is a child of node `parents[r]`, `tokens[r, t]` is a child
+    of `tokens[r, t - 1]`. Rows end early with `-1` padding. A language-model drafter proposes
+    chains of length 1; the n-gram drafter proposes longer ones.
+    """
+
+    parents: Tensor  # [m] int64, existing tree nodes
+    tokens: Tensor  # [m, c] int64, -1 = padding
+    logp: Tensor  # [m, c] float, edge log-probs log q(token | path to its parent)
+
+    @classmethod
+    def empty(
+        cls, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    ) -> Proposal:
+        """A proposal with no rows."""
+        return cls(
+            parents=torch.zeros(0, dtype=torch.long, device=device),
+            tokens=torch.zeros(0, 1, dtype=torch.long, device=device),
+            logp=torch.zeros(0, 1, dtype=dtype, device=device),
+        )
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.parents.shape[0])
+
+
+@attrs.frozen(eq=False)
+class DraftTree:
+    """A draft tree as flat tensors (one entry per node, root first, parents before children).
+
+    Attributes:
+        tokens: `[n]` int64 token ids; `tokens[0]` is the root (last committed token).
+        parents: `[n]` int64; `parents[0] == -1`, `parents[i] < i`.
+        depth: `[n]` int64; root depth 0.
+        edge_logp: `[n]` float, `log q(token | path to parent)` from the drafter that scored the
+            node last (0 for the root).
+        score: `[n]` float, cumulative path log-prob; never increases from parent to child.
+        proposer: `[n]` int64, index of the drafter that proposed the node (-1 for the root).
+        scorer: `[n]` int64, index of the drafter that scored the node last (-1 for the root).
+    """
+
+    tokens: Tensor
+    parents: Tensor
+    depth: Tensor
+    edge_logp: Tensor
+    score: Tensor
+    proposer: Tensor
+    scorer: Tensor
+
+    @classmethod
+    def from_root(
+        cls,
+        token: int | Tensor,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> DraftTree:
+        """A tree holding only the root `token`."""
+        tok = torch.as_tensor(token, dtype=torch.long, device=device).reshape(1)
+        zeros_f = torch.zeros(1, dtype=dtype, device=device)
+        return cls(
+            tokens=tok,
+            parents=torch.full((1,), -1, dtype=torch.long, device=device),
+            depth=torch.zeros(1, dtype=torch.long, device=device),
+            edge_logp=zeros_f,
+            score=zeros_f.clone(),
+            proposer=torch.full((1,), NO_DRAFTER, dtype=torch.long, device=device),
+            scorer=torch.full((1,), NO_DRAFTER, dtype=torch.long, device=device),
+        )
+
+    @classmethod
+    def from_parents(
+        cls,
+        tokens: Tensor,
+        parents: Tensor,
+        *,
+        edge_logp: Tensor | None = None,
+        proposer: Tensor | None = None,
+    ) -> DraftTree:
+        """Build a tree from raw arrays, validating the parents-first and unique-sibling rules."""
+        check_parent_array(tokens, parents)
+        dtype = edge_logp.dtype if edge_logp is not None else torch.float32
+        if edge_logp is None:
+            edge_logp = torch.zeros(tokens.shape[0], dtype=dtype, device=tokens.device)
+        edge_logp = edge_logp.clone()
+        edge_logp[0] = 0
+        anc = ancestor_mask(parents)
+        score = (anc.to(edge_logp.dtype) * edge_logp[None, :]).sum(-1)  # [n]
+        if proposer is None:
+            proposer = torch.zeros_like(tokens)
+            proposer[0] = NO_DRAFTER
+        return cls(
+            tokens=tokens,
+            parents=parents,
+            depth=tree_depth(parents),
+            edge_logp=edge_logp,
+            score=score,
+            proposer=proposer,
+            scorer=proposer.clone(),
+        )
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def n_nodes(self) -> int:
+        """Number of nodes, root included (known on the host without a device sync)."""
+        return int(self.tokens.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    def ancestor_mask(self) -> Tensor:
+        """`[n, n]` bool: `mask[i, j]` iff node j is node i or one of its ancestors."""
+        return ancestor_mask(self.parents)
+
+    def positions(self, root_position: int) -> Tensor:
+        """`[n]` int64 sequence positions: the root sits at `root_position`, a node at root + depth."""
+        return self.depth + root_position
+
+    def is_leaf(self) -> Tensor:
+        """`[n]` bool, True for nodes without children."""
+        leaf = torch.ones(self.n_nodes, dtype=torch.bool, device=self.device)
+        leaf[self.parents[1:]] = False
+        return leaf
+
+    def children_mask(self, nodes: Tensor) -> Tensor:
+        """`[len(nodes), n]` bool: `out[r, i]` iff node i is a child of `nodes[r]`."""
+        return self.parents[None, :] == nodes[:, None]
+
+    def paths(self) -> Tensor:
+        """Root-to-leaf paths, `[n_leaves, max_depth + 1]` int64 node indices padded with -1."""
+        leaves = torch.nonzero(self.is_leaf()).flatten()  # [L]
+        anc = self.ancestor_mask()[leaves]  # [L, n]
+        width = int(self.depth.max()) + 1 if self.n_nodes else 1
+        out = torch.full((leaves.shape[0], width), -1, dtype=torch.long, device=self.device)
+        rows, cols = torch.nonzero(anc, as_tuple=True)
+        out[rows, self.depth[cols]] = cols
+        return out
+
+    def path_to(self, node: int) -> Tensor:
+        """Node indices from the root to `node`, `[depth(node) + 1]` int64."""
+        anc = self.ancestor_mask()[node]
+        nodes = torch.nonzero(anc).flatten()
+        return nodes[torch.argsort(self.depth[nodes])]
+
+    # ------------------------------------------------------------------ growth
+
+    def extend(self, proposal: Proposal, drafter: int) -> tuple[DraftTree, Tensor]:
+        """Hang the proposal's chains under their parents, merging duplicates.
+
+        A proposed token that already exists as a child of the same parent (or that an earlier row
+        of the same proposal already added) is not added again: its existing node is reused and
+        keeps its score. Returns the new tree and `[m, c]` int64 node indices for every proposal
+        entry (-1 where the row was padded).
+        """
+        tree = self
+        m, c = proposal.tokens.shape
+        node_of = torch.full((m, c), -1, dtype=torch.long, device=self.device)
+        if m == 0:
+            return tree, node_of
+        parent = proposal.parents
+        for col in range(c):
+            tok = proposal.tokens[:, col]
+            live = (tok >= 0) & (parent >= 0)
+            tree, idx = tree._add_level(parent, tok, proposal.logp[:, col], live, drafter)
+            node_of[:, col] = idx
+            parent = idx
+        return tree, node_of
+
+    def _add_level(
+        self, parent: Tensor, tok: Tensor, logp: Tensor, live: Tensor, drafter: int
+    ) -> tuple[DraftTree, Tensor]:
+        """Add one child per live row (deduplicated); return `[m]` node indices (-1 if not live)."""
+        n = self.n_nodes
+        existing = _find_children(self, parent, tok) & live[:, None]  # [m, n]
+        has_existing = existing.any(-1)
+        existing_idx = torch.where(has_existing, existing.long().argmax(-1), -1)
+        fresh = live & ~has_existing
+        first = _first_occurrence(parent, tok, fresh)  # [m] row index of the first equal fresh row
+        is_new = fresh & (first == torch.arange(parent.shape[0], device=self.device))
+        new_rows = torch.nonzero(is_new).flatten()
+        new_index = torch.full_like(parent, -1)
+        new_index[new_rows] = torch.arange(n, n + new_rows.shape[0], device=self.device)
+        idx = torch.where(has_existing, existing_idx, torch.where(fresh, new_index[first], -1))
+        grown = self._append(parent[new_rows], tok[new_rows], logp[new_rows], drafter)
+        return grown, idx
+
+    def _append(self, parent: Tensor, tok: Tensor, logp: Tensor, drafter: int) -> DraftTree:
+        """Append nodes whose parents already exist (no deduplication)."""
+        logp = logp.to(self.score.dtype)
+        who = torch.full_like(tok, drafter)
+        return attrs.evolve(
+            self,
+            tokens=torch.cat([self.tokens, tok]),
+            parents=torch.cat([self.parents, parent]),
+            depth=torch.cat([self.depth, self.depth[parent] + 1]),
+            edge_logp=torch.cat([self.edge_logp, logp]),
+            score=torch.cat([self.score, self.score[parent] + logp]),
+            proposer=torch.cat([self.proposer, who]),
+            scorer=torch.cat([self.scorer, who]),
+        )
+
+    def with_scores(self, edge_logp: Tensor, score: Tensor, scorer: Tensor) -> DraftTree:
+        """The same nodes with new edge log-probs, scores and scorer ids (all `[n]`)."""
+        return attrs.evolve(self, edge_logp=edge_logp, score=score, scorer=scorer)
+
+    def select(self, keep: Tensor) -> DraftTree:
+        """The subtree of the nodes `keep` (`[m]` ascending, ancestor-closed, containing the root)."""
+        remap = torch.full((self.n_nodes,), -1, dtype=torch.long, device=self.device)
+        remap[keep] = torch.arange(keep.shape[0], device=self.device)
+        parents = self.parents[keep]
+        new_parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], -1)
+        return DraftTree(
+            tokens=self.tokens[keep],
+            parents=new_parents,
+            depth=self.depth[keep],
+            edge_logp=self.edge_logp[keep],
+            score=self.score[keep],
+            proposer=self.proposer[keep],
+            scorer=self.scorer[keep],
+        )
+
+
+def _find_children(tree: DraftTree, parent: Tensor, tok: Tensor) -> Tensor:
+    """`[m, n]` bool: node j is a child of `parent[r]` carrying token `tok[r]`."""
+    return (tree.parents[None, :] == parent[:, None]) & (tree.tokens[None, :] == tok[:, None])
+
+
+def _first_occurrence(parent: Tensor, tok: Tensor, live: Tensor) -> Tensor:
+    """`[m]` index of the first live row with the same (parent, token) as each row."""
+    m = parent.shape[0]
+    same = (parent[:, None] == parent[None, :]) & (tok[:, None] == tok[None, :])
+    same &= live[None, :] & live[:, None]
+    same |= torch.eye(m, dtype=torch.bool, device=parent.device)
+    return same.long().argmax(-1)
+
+
+def check_parent_array(tokens: Tensor, parents: Tensor) -> None:
+    """Raise `ValueError` unless `parents` is a parents-first tree with unique tokens among siblings.
+
+    Synchronises with the device (validation only; not called on the per-step path).
+    """
+    if tokens.ndim != 1 or parents.shape != tokens.shape:
+        raise ValueError(
+            f"tokens and parents must be [n] tensors of equal length, got {tuple(tokens.shape)} and {tuple(parents.shape)}"
+        )
+    if tokens.shape[0] == 0 or int(parents[0]) != -1:
+        raise ValueError("parents[0] must be -1 (node 0 is the root)")
+    idx = torch.arange(tokens.shape[0], device=tokens.device)
+    bad = torch.nonzero((parents[1:] < 0) | (parents[1:] >= idx[1:])).flatten()
+    if bad.numel():
+        i = int(bad[0]) + 1
+        raise ValueError(
+            f"parents[{i}] = {int(parents[i])}: expected 0 <= parent < {i} (parents before children)"
+        )
+    dup = _first_occurrence(parents, tokens, torch.ones_like(tokens, dtype=torch.bool)) != idx
+    if bool(dup[1:].any()):
+        i = int(torch.nonzero(dup).flatten()[0])
+        raise ValueError(
+            f"node {i} repeats token {int(tokens[i])} under parent {int(parents[i])}: siblings must be unique"
+        )

@@ -1,0 +1,80 @@
+"""Choose between the pure-torch reference and the Triton launcher of an op.
+
+Rules, in order:
+
+1. ``TREEGRAFT_KERNELS=reference`` always selects the reference.
+2. ``TREEGRAFT_KERNELS=triton`` always selects Triton. On CPU tensors this only works under the
+   Triton interpreter (``TRITON_INTERPRET=1``); otherwise a clear ``RuntimeError`` is raised.
+3. Unset or ``auto``: Triton when every tensor argument lives on CUDA and ``triton`` is
+   importable, the reference otherwise.
+
+Triton stays optional: nothing here imports it unless the Triton path is selected.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from types import ModuleType
+from typing import Literal
+
+from torch import Tensor
+
+ENV_VAR = "TREEGRAFT_KERNELS"
+Backend = Literal["reference", "triton"]
+_CHOICES = ("auto", "reference", "triton")
+
+
+@functools.cache
+def triton_available() -> bool:
+    """True when ``triton`` imports (tried only once a Triton launch is in question)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def interpreter_enabled() -> bool:
+    """True when Triton kernels launched now would run in the CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def requested_backend() -> str:
+    """The value of ``TREEGRAFT_KERNELS`` (``auto`` when unset), validated."""
+    value = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    if value not in _CHOICES:
+        raise ValueError(
+            f"{ENV_VAR}={value!r} is not one of {', '.join(_CHOICES)}; "
+            f"unset it to pick Triton on CUDA and the reference elsewhere"
+        )
+    return value
+
+
+def choose_backend(op: str, *tensors: Tensor) -> Backend:
+    """Pick the backend for ``op`` given its tensor arguments (see the module docstring)."""
+    requested = requested_backend()
+    if requested == "reference":
+        return "reference"
+    on_cuda = all(t.is_cuda for t in tensors)
+    if requested == "auto":
+        return "triton" if on_cuda and triton_available() else "reference"
+    if not triton_available():
+        raise RuntimeError(f"{ENV_VAR}=triton but triton is not installed (needed by {op})")
+    if not on_cuda and not interpreter_enabled():
+        raise RuntimeError(
+            f"{ENV_VAR}=triton was forced for {op} on CPU tensors; Triton kernels run on CPU only "
+            f"in the interpreter: set TRITON_INTERPRET=1 or use {ENV_VAR}=reference"
+        )
+    return "triton"
+
+
+def load_backend(package: str, backend: Backend) -> ModuleType:
+    """Import ``<package>.reference`` or ``<package>.triton`` (lazily, cached by Python)."""
+    return importlib.import_module(f"{package}.{backend}")
+
+
+def implementation(package: str, op: str, *tensors: Tensor) -> ModuleType:
+    """The module (reference or Triton) that should run ``op`` on these tensors."""
+    return load_backend(package, choose_backend(op, *tensors))

@@ -1,0 +1,48 @@
+"""Helpers shared by the Triton launchers (imported only from ``<op>/triton.py``).
+
+Triton decides between compiling and interpreting a kernel when ``@triton.jit`` runs, i.e. when a
+``triton.py`` module is first imported. :func:`launchable` re-reads ``TRITON_INTERPRET`` at launch
+time instead, so a kernel module imported before the variable was set (or after it was unset)
+still runs in the mode the caller asks for now.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import triton
+from triton.runtime.interpreter import InterpretedFunction
+
+from treegraft.kernels._dispatch import interpreter_enabled
+
+
+@functools.cache
+def _rejit(fn: Any, interpret: bool) -> Any:
+    """Wrap the raw Python function ``fn`` as a kernel in the requested mode (cached)."""
+    if interpret:
+        return InterpretedFunction(fn)
+    return triton.runtime.jit.JITFunction(fn)
+
+
+def launchable(kernel: Any) -> Any:
+    """Return ``kernel`` (a ``@triton.jit`` object) in the mode ``TRITON_INTERPRET`` asks for now."""
+    interpret = interpreter_enabled()
+    if isinstance(kernel, InterpretedFunction) == interpret:
+        return kernel
+    return _rejit(kernel.fn, interpret)
+
+
+def next_power_of_2(n: int, minimum: int = 1) -> int:
+    """Smallest power of two that is >= ``max(n, minimum)``."""
+    return max(triton.next_power_of_2(max(n, 1)), minimum)
+
+
+def check_device(*tensors: torch.Tensor) -> None:
+    """Raise a clear error when CPU tensors reach a compiled (non-interpreted) kernel."""
+    if not interpreter_enabled() and not all(t.is_cuda for t in tensors):
+        raise RuntimeError(
+            "Triton kernels need CUDA tensors; on CPU set TRITON_INTERPRET=1 to use the "
+            "Triton interpreter, or call the reference implementation"
+        )

@@ -1,0 +1,156 @@
+"""Layered builder: grow the tree one layer at a time, a scheduler choosing the drafter per layer.
+
+Per layer the scheduler picks a drafter (0 = cheapest). A drafter that cannot score trees, or any
+drafter when the pipeline has no grafter, expands the best `top_k` frontier nodes with `top_k`
+children each (EAGLE-2-style dynamic tree). A scoring drafter with a grafter makes a *strong
+call*: one forward over the whole tree, rescoring, and a non-destructive graft. At the end the
+tree is pruned to the best `budget` nodes (ancestor-closed, parents first).
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+from torch import Tensor
+
+from treegraft.core.config import at_least, field
+from treegraft.core.interfaces import BuildResult, LayerState, StepContext, TreeBuilder
+from treegraft.core.tree import DraftTree
+from treegraft.kernels import prune_to_budget
+
+
+@attrs.frozen
+class LayeredConfig:
+    """Hyper-parameters of the layered builder."""
+
+    depth: int = field(5, check=at_least(1), doc="layers of tree growth per step")
+    top_k: int = field(
+        8, check=at_least(1), doc="frontier nodes expanded per layer and children per node"
+    )
+    budget: int = field(48, check=at_least(1), doc="draft nodes verified per step (root excluded)")
+    max_strong_calls: int | None = field(
+        None,
+        check=None,
+        doc="cap on strong calls per step (default: floor(T_target / T_strong), measured)",
+    )
+
+
+@attrs.define
+class LayeredBuilder(TreeBuilder):
+    """Dynamic draft tree grown layer by layer, then pruned to a node budget."""
+
+    Config = LayeredConfig
+    config: LayeredConfig
+
+    def max_nodes(self) -> int:
+        return self.config.budget + 1
+
+    def build(self, step: StepContext) -> BuildResult:
+        tree = DraftTree.from_root(step.root, device=step.root.device, dtype=step.dtype)
+        frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
+        calls: list[int] = []
+        for layer in range(self.config.depth):
+            who = self._choose(step, layer, tree, frontier, calls)
+            if who == 0 and frontier.numel() == 0:
+                break  # the cheapest drafter has nothing left to expand
+            with step.clock.time(f"drafter{who}"):
+                tree, frontier = self._grow(step, who, tree, frontier)
+            calls.append(who)
+        keep = prune_to_budget(tree.parents, tree.score, tree.depth, self.config.budget)
+        return BuildResult(tree=tree.select(keep), kept=keep, calls=tuple(calls), unpruned=tree)
+
+    def _grow(
+        self, step: StepContext, who: int, tree: DraftTree, frontier: Tensor
+    ) -> tuple[DraftTree, Tensor]:
+        drafter = step.drafters[who]
+        k = self.config.top_k
+        if who > 0 and drafter.can_score and step.grafter is not None:
+            strong_logp = drafter.score_tree(tree)  # [n, V]
+            rescoring = step.rescorer.rescore(tree, strong_logp) if step.rescorer else None
+            graft = step.grafter.graft(
+                tree, strong_logp, rescoring, frontier=frontier, k=k, drafter=who
+            )
+            return graft.tree, graft.frontier
+        if frontier.numel() == 0:
+            return tree, frontier
+        tree, node_of = tree.extend(drafter.expand(tree, frontier, k), who)
+        return tree, best_frontier(tree, chain_tails(node_of), k)
+
+    def _choose(
+        self, step: StepContext, layer: int, tree: DraftTree, frontier: Tensor, calls: list[int]
+    ) -> int:
+        n_drafters = len(step.drafters)
+        if n_drafters == 1:
+            return 0
+        state = layer_state(step, layer, self.config.depth, tree, frontier, calls, self._cap(step))
+        who = int(step.scheduler.decide(state))
+        if not 0 <= who < n_drafters:
+            raise ValueError(f"scheduler chose drafter {who}; expected 0 <= index < {n_drafters}")
+        if who > 0 and state.strong_calls >= state.max_strong_calls:
+            return 0
+        return who
+
+    def _cap(self, step: StepContext) -> int:
+        if self.config.max_strong_calls is not None:
+            return self.config.max_strong_calls
+        t_target = step.timings.target_time()
+        t_strong = max(step.timings.drafter_times(len(step.drafters))[1:], default=0.0)
+        if t_target <= 0 or t_strong <= 0:
+            return self.config.depth
+        return max(1, int(t_target // t_strong))
+
+
+def chain_tails(node_of: Tensor) -> Tensor:
+    """`[m]` node index of the last valid entry of each proposal row (-1 for empty rows)."""
+    valid = node_of >= 0  # [m, c]
+    last = valid.long().cumsum(-1).argmax(-1)  # index of the last valid column
+    tails = node_of.gather(1, last[:, None]).squeeze(1)
+    return torch.where(valid.any(-1), tails, -1)
+
+
+def best_frontier(tree: DraftTree, candidates: Tensor, k: int) -> Tensor:
+    """The `k` best-scoring distinct candidate nodes (ties: shallower, then older)."""
+    nodes = torch.unique(candidates[candidates >= 0])
+    if nodes.numel() <= k:
+        return nodes
+    order = torch.argsort(tree.score[nodes], descending=True, stable=True)
+    return torch.sort(nodes[order[:k]]).values
+
+
+def layer_state(
+    step: StepContext,
+    layer: int,
+    n_layers: int,
+    tree: DraftTree,
+    frontier: Tensor,
+    calls: list[int],
+    cap: int,
+) -> LayerState:
+    """Cheap frontier statistics for the scheduler (one host read)."""
+    n = tree.n_nodes
+    f = int(frontier.numel())
+    stats = torch.stack(
+        [
+            tree.depth[frontier].float().mean() if f else torch.zeros(()),
+            tree.is_leaf().float().mean(),
+            tree.score[frontier].float().mean() if f else torch.zeros(()),
+        ]
+    ).tolist()
+    return LayerState(
+        layer=layer,
+        n_layers=n_layers,
+        calls=tuple(calls),
+        n_drafters=len(step.drafters),
+        strong_calls=sum(1 for c in calls if c > 0),
+        max_strong_calls=cap,
+        n_nodes=n,
+        frontier_size=f,
+        frontier_mean_depth=stats[0],
+        leaf_ratio=stats[1],
+        frontier_mean_score=stats[2],
+        reselect_shift=0.0,
+        prompt_len=step.prompt_len,
+        committed_len=step.committed_len,
+        target_time=step.timings.target_time(),
+        drafter_times=step.timings.drafter_times(len(step.drafters)),
+    )

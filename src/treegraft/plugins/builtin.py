@@ -1,0 +1,43 @@
+"""The built-in components, registered through the same hooks as third-party plugins."""
+
+from __future__ import annotations
+
+from treegraft.core.hookspecs import Register, hookimpl
+from treegraft.plugins.builders.layered import LayeredBuilder
+from treegraft.plugins.drafters.hf_lm import HFLMDrafter
+from treegraft.plugins.drafters.ngram import NgramDrafter
+from treegraft.plugins.schedulers.basic import AlwaysScheduler, LayersScheduler, NeverScheduler
+from treegraft.plugins.verifiers.greedy import GreedyVerifier
+
+
+@hookimpl
+def treegraft_register_drafters(register: Register) -> None:
+    register("ngram", NgramDrafter)
+    register("hf_lm", HFLMDrafter)
+
+
+@hookimpl
+def treegraft_register_builders(register: Register) -> None:
+    register("layered", LayeredBuilder)
+
+
+@hookimpl
+def treegraft_register_rescorers(register: Register) -> None:
+    """No built-in rescorer yet."""
+
+
+@hookimpl
+def treegraft_register_grafters(register: Register) -> None:
+    """No built-in grafter yet."""
+
+
+@hookimpl
+def treegraft_register_schedulers(register: Register) -> None:
+    register("never", NeverScheduler)
+    register("always", AlwaysScheduler)
+    register("layers", LayersScheduler)
+
+
+@hookimpl
+def treegraft_register_verifiers(register: Register) -> None:
+    register("greedy", GreedyVerifier)

@@ -1,0 +1,53 @@
+"""Fixed schedulers: never call a stronger drafter, always call the strongest, or at fixed layers."""
+
+from __future__ import annotations
+
+import attrs
+
+from treegraft.core.config import NoConfig, at_least, each, field
+from treegraft.core.interfaces import LayerState, Scheduler
+
+
+@attrs.define
+class NeverScheduler(Scheduler):
+    """The cheapest drafter (index 0) grows every layer: the weak-only endpoint."""
+
+    Config = NoConfig
+    config: NoConfig
+
+    def decide(self, state: LayerState) -> int:
+        return 0
+
+
+@attrs.define
+class AlwaysScheduler(Scheduler):
+    """The strongest drafter (the last one) acts at every layer: the strong-every-layer endpoint."""
+
+    Config = NoConfig
+    config: NoConfig
+
+    def decide(self, state: LayerState) -> int:
+        return state.n_drafters - 1
+
+
+@attrs.frozen
+class LayersConfig:
+    """Hyper-parameters of the fixed-layers scheduler."""
+
+    layers: list[int] = field(
+        check=each(at_least(0)), doc="0-based layers at which the strong drafter acts"
+    )
+    drafter: int = field(-1, doc="drafter index that acts at those layers (-1: the strongest)")
+
+
+@attrs.define
+class LayersScheduler(Scheduler):
+    """A stronger drafter acts at a fixed list of layers; the cheapest one elsewhere."""
+
+    Config = LayersConfig
+    config: LayersConfig
+
+    def decide(self, state: LayerState) -> int:
+        if state.layer not in self.config.layers:
+            return 0
+        return self.config.drafter % state.n_drafters
