@@ -155,6 +155,8 @@ class CausalLMRunner:
             self.n_pending = self.n_committed - 1 - self.n_cached
         start = self.n_seen
         pending = self.n_pending if start == 0 else 0
+        if pending + n - start == 0:
+            return self.cache.kv.new_zeros(0, self.vocab_size)
         region = self.n_pending + n
         self._ensure_capacity(self.n_cached + region)
         ids, positions, mask = self._block(tree, start, pending)

@@ -1,0 +1,237 @@
+"""Lossless greedy decoding: every pipeline equals plain greedy decoding of the target."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import greedy_reference, memory_resources, tiny_llama
+from treegraft.core.pipeline import load_pipeline
+
+VOCAB = 48
+
+
+def pipeline(
+    resources, drafters, *, depth=3, top_k=2, budget=8, scheduler="never", max_new=24, **decoding
+):
+    spec = {
+        "target": "mem:target",
+        "drafters": drafters,
+        "builder": {"name": "layered", "depth": depth, "top_k": top_k, "budget": budget},
+        "scheduler": scheduler,
+        "decoding": {"max_new_tokens": max_new, "dtype": "float64", **decoding},
+    }
+    return load_pipeline(spec, resources=resources)
+
+
+def repetitive_prompt(seed: int, length: int) -> torch.Tensor:
+    """A prompt with repeated spans so the n-gram drafter finds matches."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randint(0, VOCAB, (max(2, length // 2),), generator=g)
+    return torch.cat([base, base[: length - base.numel()]])[:length]
+
+
+DRAFTER_SETS = {
+    "ngram": {"w": {"name": "ngram", "max_ngram": 3, "chain_len": 2}},
+    "lm": {"s": {"name": "hf_lm", "model": "mem:draft"}},
+    "ngram+lm": {"w": {"name": "ngram"}, "s": {"name": "hf_lm", "model": "mem:draft"}},
+    "cascade": {
+        "w": {"name": "ngram"},
+        "m": {"name": "hf_lm", "model": "mem:draft"},
+        "s": {"name": "hf_lm", "model": "mem:target"},
+    },
+}
+
+
+@settings(max_examples=max(4, settings().max_examples // 2))
+@given(
+    seed=st.integers(0, 1000),
+    prompt_len=st.integers(2, 24),
+    drafters=st.sampled_from(sorted(DRAFTER_SETS)),
+    scheduler=st.sampled_from(["never", "always", {"name": "layers", "layers": [1]}]),
+    depth=st.integers(1, 5),
+    top_k=st.integers(1, 4),
+    budget=st.integers(1, 20),
+    kv_heads=st.sampled_from([1, 2, 4]),
+)
+def test_every_pipeline_equals_plain_greedy(
+    seed, prompt_len, drafters, scheduler, depth, top_k, budget, kv_heads
+):
+    target = tiny_llama(seed=seed, vocab=VOCAB, kv_heads=kv_heads)
+    draft = tiny_llama(seed=seed + 1, vocab=VOCAB, hidden=16, layers=1, heads=2, kv_heads=1)
+    res = memory_resources(target=target, draft=draft)
+    prompt = repetitive_prompt(seed, prompt_len)
+    pipe = pipeline(
+        res,
+        DRAFTER_SETS[drafters],
+        depth=depth,
+        top_k=top_k,
+        budget=budget,
+        scheduler=scheduler,
+        max_new=16,
+    )
+    out = pipe.generate(prompt)
+    assert list(out.token_ids) == greedy_reference(target, prompt, 16)
+    assert out.finish_reason == "length"
+
+
+def test_equals_hugging_face_generate(tiny_target, tiny_drafter):
+    res = memory_resources(target=tiny_target, draft=tiny_drafter)
+    prompt = repetitive_prompt(3, 16)
+    hf = tiny_target.generate(
+        prompt[None],
+        attention_mask=torch.ones_like(prompt)[None],
+        max_new_tokens=30,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    for drafters in DRAFTER_SETS.values():
+        out = pipeline(res, drafters, max_new=30, scheduler="always").generate(prompt)
+        assert list(out.token_ids) == hf[0, prompt.numel() :].tolist()
+
+
+@pytest.mark.parametrize("depth", [1, 3, 5])
+def test_self_draft_chain_commits_full_path_plus_bonus(tiny_target, depth):
+    res = memory_resources(target=tiny_target)
+    pipe = pipeline(
+        res,
+        {"s": {"name": "hf_lm", "model": "mem:target"}},
+        depth=depth,
+        top_k=1,
+        budget=depth,
+        max_new=40,
+    )
+    out = pipe.generate(repetitive_prompt(0, 10))
+    assert [e.accepted for e in out.events[:-1]] == [depth] * (len(out.events) - 1)
+    assert out.summary.tau > depth  # the last step may be cut short
+
+
+def test_self_draft_tree_always_accepts_down_to_a_leaf(tiny_target):
+    """With the target as drafter and nothing pruned, every step accepts a full root-to-leaf path.
+
+    A node that was expanded got the target's own top-k children, its argmax among them, so the
+    accepted path only ends where the tree ends.
+    """
+    res = memory_resources(target=tiny_target)
+    pipe = pipeline(
+        res,
+        {"s": {"name": "hf_lm", "model": "mem:target"}},
+        depth=3,
+        top_k=3,
+        budget=39,
+        max_new=40,
+    )
+    out = pipe.generate(repetitive_prompt(1, 10))
+    for e in out.events[:-1]:
+        last = int(e.verdict.path[int(e.verdict.length) - 1])
+        assert bool(e.build.tree.is_leaf()[last])
+        assert e.build.tree.n_nodes == e.build.unpruned.n_nodes  # the budget kept everything
+    assert out.summary.tau > 2.5
+
+
+def test_random_drafter_is_still_exact_with_tau_near_one(tiny_target):
+    noise = tiny_llama(seed=99, vocab=64)
+    res = memory_resources(target=tiny_target, noise=noise)
+    pipe = pipeline(
+        res, {"s": {"name": "hf_lm", "model": "mem:noise"}}, depth=3, top_k=2, budget=8, max_new=40
+    )
+    prompt = repetitive_prompt(5, 12)
+    out = pipe.generate(prompt)
+    assert list(out.token_ids) == greedy_reference(tiny_target, prompt, 40)
+    assert 1.0 <= out.summary.tau < 1.5
+
+
+def eos_case(position: int):
+    """A target whose EOS token first appears at `position` of its greedy continuation."""
+    base = tiny_llama(seed=1)
+    prompt = repetitive_prompt(2, 10)
+    ref = greedy_reference(base, prompt, 40)
+    eos = ref[position]
+    first = ref.index(eos)
+    target = tiny_llama(seed=1, eos=eos)
+    return target, prompt, ref[: first + 1]
+
+
+@pytest.mark.parametrize("position", [0, 5, 13])
+def test_eos_inside_an_accepted_block(position):
+    target, prompt, expected = eos_case(position)
+    res = memory_resources(target=target)
+    pipe = pipeline(
+        res, {"s": {"name": "hf_lm", "model": "mem:target"}}, depth=4, top_k=1, budget=4, max_new=40
+    )
+    out = pipe.generate(prompt)
+    assert list(out.token_ids) == expected
+    assert out.finish_reason == "eos"
+
+
+@pytest.mark.parametrize("max_new", [1, 3, 7, 10])
+def test_max_new_tokens_inside_an_accepted_block(tiny_target, max_new):
+    res = memory_resources(target=tiny_target)
+    pipe = pipeline(
+        res,
+        {"s": {"name": "hf_lm", "model": "mem:target"}},
+        depth=4,
+        top_k=1,
+        budget=4,
+        max_new=max_new,
+    )
+    prompt = repetitive_prompt(4, 10)
+    out = pipe.generate(prompt)
+    assert list(out.token_ids) == greedy_reference(tiny_target, prompt, max_new)
+    assert out.finish_reason == "length"
+
+
+class LetterTokenizer:
+    """Token i decodes to letter chr(97 + i % 26): enough to test stop strings."""
+
+    eos_token_id = None
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+def test_stop_string_inside_an_accepted_block(tiny_target):
+    prompt = repetitive_prompt(6, 10)
+    ref = greedy_reference(tiny_target, prompt, 30)
+    text = LetterTokenizer().decode(ref)
+    stop = text[9:11]  # a two-letter string completed at token 10 (or earlier)
+    end = text.index(stop) + len(stop)
+    res = memory_resources(target=tiny_target)
+    pipe = pipeline(
+        res,
+        {"s": {"name": "hf_lm", "model": "mem:target"}},
+        depth=4,
+        top_k=1,
+        budget=4,
+        max_new=30,
+        stop=[stop],
+    )
+    pipe.tokenizer = LetterTokenizer()
+    out = pipe.generate(prompt)
+    assert list(out.token_ids) == ref[:end]
+    assert out.finish_reason == "stop"
+    assert out.text == text[: text.index(stop)]
+    assert "".join(pipe.stream(prompt)) == out.text
+
+
+def test_streaming_yields_the_generated_text(tiny_target):
+    res = memory_resources(target=tiny_target)
+    pipe = pipeline(res, {"w": {"name": "ngram"}}, max_new=20)
+    pipe.tokenizer = LetterTokenizer()
+    prompt = repetitive_prompt(7, 12)
+    assert "".join(pipe.stream(prompt)) == pipe.generate(prompt).text
+
+
+def test_step_events_report_stage_times_and_sizes(tiny_target, tiny_drafter):
+    res = memory_resources(target=tiny_target, draft=tiny_drafter)
+    pipe = pipeline(
+        res, DRAFTER_SETS["ngram+lm"], scheduler={"name": "layers", "layers": [0]}, max_new=12
+    )
+    events = list(pipe.steps(repetitive_prompt(8, 12)))
+    for e in events:
+        assert {"build", "target", "verify"} <= set(e.times)
+        assert e.calls[0] == 1 and all(c == 0 for c in e.calls[1:])
+        assert 1 <= e.tree_size + 1 == e.build.tree.n_nodes
+    assert sum(len(e.tokens) for e in events) == 12

@@ -1,0 +1,105 @@
+"""The causal-LM runner: tree forwards equal plain forwards; commit compacts the cache correctly."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.conftest import tiny_llama
+from treegraft.core.runner import CausalLMRunner
+from treegraft.core.tree import DraftTree
+
+
+def plain_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1]
+
+
+def random_tree(rng: torch.Generator, root: int, n: int, vocab: int) -> DraftTree:
+    parents, tokens = [-1], [root]
+    for i in range(1, n):
+        p = int(torch.randint(0, i, (1,), generator=rng))
+        siblings = {t for q, t in zip(parents, tokens, strict=True) if q == p}
+        free = [t for t in range(vocab) if t not in siblings]
+        parents.append(p)
+        tokens.append(free[int(torch.randint(0, len(free), (1,), generator=rng))])
+    return DraftTree.from_parents(torch.tensor(tokens), torch.tensor(parents))
+
+
+def path_ids(tree: DraftTree, node: int) -> list[int]:
+    return tree.tokens[tree.path_to(node)].tolist()
+
+
+@given(st.integers(0, 10_000), st.integers(1, 12), st.integers(1, 20))
+def test_tree_forward_matches_plain_forward_of_every_path(
+    seed: int, n_nodes: int, prompt_len: int
+) -> None:
+    model = tiny_llama(seed=seed % 7, vocab=32)
+    rng = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, 32, (prompt_len,), generator=rng)
+    runner = CausalLMRunner(model)
+    runner.begin(prompt, max_len=64)
+    tree = random_tree(rng, int(prompt[-1]), n_nodes, 32)
+    with torch.no_grad():
+        logits = runner.forward_tree(tree)
+    for i in range(n_nodes):
+        ids = prompt.tolist() + path_ids(tree, i)[1:]
+        torch.testing.assert_close(logits[i], plain_logits(model, ids), rtol=1e-9, atol=1e-9)
+
+
+@given(st.integers(0, 10_000), st.integers(2, 10))
+def test_incremental_forwards_and_commit_match_plain_forwards(seed: int, steps: int) -> None:
+    """Trees forwarded in two parts, commits of random accepted paths, lazy catch-up after skipped steps."""
+    model = tiny_llama(seed=seed % 5, vocab=24)
+    rng = torch.Generator().manual_seed(seed)
+    seq = torch.randint(0, 24, (5,), generator=rng).tolist()
+    runner = CausalLMRunner(model)
+    runner.begin(torch.tensor(seq), max_len=16)  # small on purpose: the cache must grow
+    for _ in range(steps):
+        tree = random_tree(rng, seq[-1], int(torch.randint(1, 9, (1,), generator=rng)), 24)
+        skip = bool(torch.randint(0, 3, (1,), generator=rng) == 0)  # a drafter not called this step
+        if not skip:
+            half = max(1, tree.n_nodes // 2)
+            with torch.no_grad():
+                first = runner.forward_tree(tree.select(torch.arange(half)))
+                rest = runner.forward_tree(tree)
+            logits = torch.cat([first, rest])
+            leaf = int(torch.randint(0, tree.n_nodes, (1,), generator=rng))
+            torch.testing.assert_close(
+                logits[leaf],
+                plain_logits(model, seq + path_ids(tree, leaf)[1:]),
+                rtol=1e-9,
+                atol=1e-9,
+            )
+        leaf = int(torch.randint(0, tree.n_nodes, (1,), generator=rng))
+        path = tree.path_to(leaf)
+        bonus = int(torch.randint(0, 24, (1,), generator=rng))
+        new = tree.tokens[path[1:]].tolist() + [bonus]
+        runner.commit(path, torch.tensor(new))
+        seq += new
+    assert runner.committed_ids().tolist() == seq
+    with torch.no_grad():
+        final = runner.forward_tree(DraftTree.from_root(seq[-1]))
+    torch.testing.assert_close(final[0], plain_logits(model, seq), rtol=1e-9, atol=1e-9)
+    assert runner.n_cached + runner.n_pending == len(seq) - 1
+
+
+def test_prefill_is_lazy_and_counts_one_forward() -> None:
+    model = tiny_llama(seed=0, vocab=16)
+    runner = CausalLMRunner(model)
+    runner.begin(torch.tensor([1, 2, 3, 4]), max_len=32)
+    assert runner.forwards == 0 and runner.n_cached == 0
+    with torch.no_grad():
+        runner.forward_tree(DraftTree.from_root(4))
+    assert runner.forwards == 1
+
+
+def test_begin_rejects_bad_prompts() -> None:
+    import pytest
+
+    runner = CausalLMRunner(tiny_llama(seed=0, vocab=16))
+    with pytest.raises(ValueError, match="non-empty"):
+        runner.begin(torch.tensor([], dtype=torch.long), max_len=8)
+    with pytest.raises(ValueError, match="does not fit"):
+        runner.begin(torch.arange(8), max_len=8)

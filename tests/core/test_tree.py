@@ -1,0 +1,169 @@
+"""Invariants of the draft tree (DESIGN.md section 4), as hypothesis properties."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from treegraft.core.tree import DraftTree, Proposal, check_parent_array
+
+
+@st.composite
+def trees(draw, max_nodes: int = 24, vocab: int = 6) -> DraftTree:
+    """Random valid trees: parents first, unique tokens among siblings, non-positive edge log-probs."""
+    n = draw(st.integers(1, max_nodes))
+    parents, tokens = [-1], [draw(st.integers(0, vocab - 1))]
+    used: dict[int, set[int]] = {}
+    for _ in range(1, n):
+        p = draw(st.integers(0, len(parents) - 1))
+        free = [t for t in range(vocab) if t not in used.get(p, set())]
+        if not free:
+            continue
+        t = draw(st.sampled_from(free))
+        used.setdefault(p, set()).add(t)
+        parents.append(p)
+        tokens.append(t)
+    logp = draw(st.lists(st.floats(-5, 0), min_size=len(tokens), max_size=len(tokens)))
+    return DraftTree.from_parents(
+        torch.tensor(tokens),
+        torch.tensor(parents),
+        edge_logp=torch.tensor(logp, dtype=torch.float64),
+    )
+
+
+def brute_ancestors(parents: list[int], i: int) -> set[int]:
+    out = {i}
+    while parents[i] >= 0:
+        i = parents[i]
+        out.add(i)
+    return out
+
+
+def assert_valid(tree: DraftTree) -> None:
+    check_parent_array(tree.tokens, tree.parents)
+    parents = tree.parents.tolist()
+    depth = tree.depth.tolist()
+    for i in range(1, tree.n_nodes):
+        assert depth[i] == depth[parents[i]] + 1
+
+
+@given(trees())
+def test_parents_first_and_unique_siblings(tree: DraftTree) -> None:
+    assert_valid(tree)
+    assert int(tree.parents[0]) == -1
+
+
+@given(trees())
+def test_ancestor_mask_is_reflexive_transitive_closure(tree: DraftTree) -> None:
+    mask = tree.ancestor_mask()
+    parents = tree.parents.tolist()
+    for i in range(tree.n_nodes):
+        assert set(torch.nonzero(mask[i]).flatten().tolist()) == brute_ancestors(parents, i)
+
+
+@given(trees(), st.integers(0, 100))
+def test_positions_are_prefix_plus_depth(tree: DraftTree, root_pos: int) -> None:
+    pos = tree.positions(root_pos)
+    anc_count = tree.ancestor_mask().sum(-1) - 1
+    assert torch.equal(pos, anc_count + root_pos)
+
+
+@given(trees())
+def test_scores_never_increase_along_paths(tree: DraftTree) -> None:
+    assert bool((tree.score[1:] <= tree.score[tree.parents[1:]] + 1e-12).all())
+
+
+@given(trees())
+def test_paths_are_root_to_leaf(tree: DraftTree) -> None:
+    paths = tree.paths()
+    leaves = set(torch.nonzero(tree.is_leaf()).flatten().tolist())
+    assert paths.shape[0] == len(leaves)
+    parents = tree.parents.tolist()
+    for row in paths.tolist():
+        nodes = [x for x in row if x >= 0]
+        assert nodes[0] == 0 and nodes[-1] in leaves
+        assert all(parents[b] == a for a, b in zip(nodes, nodes[1:], strict=False))
+
+
+@given(trees(), st.data())
+def test_select_keeps_an_ancestor_closed_valid_subtree(tree: DraftTree, data) -> None:
+    picks = data.draw(st.sets(st.integers(0, tree.n_nodes - 1)))
+    parents = tree.parents.tolist()
+    closed = set().union({0}, *(brute_ancestors(parents, i) for i in picks))
+    keep = torch.tensor(sorted(closed))
+    sub = tree.select(keep)
+    assert_valid(sub)
+    assert sub.tokens.tolist() == tree.tokens[keep].tolist()
+    for new_i, old_i in enumerate(keep.tolist()):
+        if new_i:
+            assert keep[int(sub.parents[new_i])] == parents[old_i]
+
+
+@st.composite
+def proposals(draw, tree: DraftTree, vocab: int = 6) -> Proposal:
+    m = draw(st.integers(0, 6))
+    c = draw(st.integers(1, 3))
+    parents = [draw(st.integers(0, tree.n_nodes - 1)) for _ in range(m)]
+    tokens = [[draw(st.integers(-1, vocab - 1)) for _ in range(c)] for _ in range(m)]
+    for row in tokens:  # padding only at the end of a row
+        if -1 in row:
+            cut = row.index(-1)
+            row[cut:] = [-1] * (c - cut)
+    logp = [[draw(st.floats(-4, 0)) for _ in range(c)] for _ in range(m)]
+    return Proposal(
+        parents=torch.tensor(parents, dtype=torch.long),
+        tokens=torch.tensor(tokens, dtype=torch.long).reshape(m, c),
+        logp=torch.tensor(logp, dtype=torch.float32).reshape(m, c),
+    )
+
+
+@given(trees(), st.data())
+def test_extend_never_removes_and_keeps_siblings_unique(tree: DraftTree, data) -> None:
+    prop = data.draw(proposals(tree))
+    grown, node_of = tree.extend(prop, drafter=1)
+    assert_valid(grown)
+    n = tree.n_nodes
+    assert grown.n_nodes >= n
+    for name in ("tokens", "parents", "depth", "score", "proposer"):
+        assert torch.equal(getattr(grown, name)[:n], getattr(tree, name))
+    # every proposed token is in the tree, under the right parent
+    for r in range(prop.n_rows):
+        parent = int(prop.parents[r])
+        for col in range(prop.tokens.shape[1]):
+            tok = int(prop.tokens[r, col])
+            node = int(node_of[r, col])
+            if tok < 0:
+                assert node == -1
+                break
+            assert int(grown.tokens[node]) == tok and int(grown.parents[node]) == parent
+            parent = node
+    assert bool((grown.proposer[n:] == 1).all())
+
+
+def test_extend_reuses_existing_child_and_keeps_its_score() -> None:
+    tree = DraftTree.from_root(7)
+    tree, _ = tree.extend(
+        Proposal(torch.tensor([0]), torch.tensor([[3]]), torch.tensor([[-0.5]])), 0
+    )
+    grown, node_of = tree.extend(
+        Proposal(torch.tensor([0, 0]), torch.tensor([[3], [4]]), torch.tensor([[-2.0], [-1.0]])), 1
+    )
+    assert node_of[:, 0].tolist() == [1, 2]
+    assert grown.score.tolist() == pytest.approx([0.0, -0.5, -1.0])
+    assert grown.proposer.tolist() == [-1, 0, 1]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "parents", "message"),
+    [
+        ([1, 2], [0, 0], "parents\\[0\\] must be -1"),
+        ([1, 2, 3], [-1, 2, 0], "parents\\[1\\] = 2"),
+        ([1, 2, 2], [-1, 0, 0], "repeats token 2 under parent 0"),
+        ([1, 2], [-1], "equal length"),
+    ],
+)
+def test_invalid_parent_arrays_are_rejected(tokens, parents, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_parent_array(torch.tensor(tokens), torch.tensor(parents))
