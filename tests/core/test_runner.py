@@ -75,7 +75,7 @@ def test_incremental_forwards_and_commit_match_plain_forwards(seed: int, steps: 
         leaf = int(torch.randint(0, tree.n_nodes, (1,), generator=rng))
         path = tree.path_to(leaf)
         bonus = int(torch.randint(0, 24, (1,), generator=rng))
-        new = tree.tokens[path[1:]].tolist() + [bonus]
+        new = [*tree.tokens[path[1:]].tolist(), bonus]
         runner.commit(path, torch.tensor(new))
         seq += new
     assert runner.committed_ids().tolist() == seq

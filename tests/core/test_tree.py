@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import given
@@ -84,7 +86,7 @@ def test_paths_are_root_to_leaf(tree: DraftTree) -> None:
     for row in paths.tolist():
         nodes = [x for x in row if x >= 0]
         assert nodes[0] == 0 and nodes[-1] in leaves
-        assert all(parents[b] == a for a, b in zip(nodes, nodes[1:], strict=False))
+        assert all(parents[b] == a for a, b in itertools.pairwise(nodes))
 
 
 @given(trees(), st.data())

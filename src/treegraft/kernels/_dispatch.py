@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import sys
 from types import ModuleType
 from typing import Literal
 
@@ -37,8 +38,17 @@ def triton_available() -> bool:
 
 
 def interpreter_enabled() -> bool:
-    """True when Triton kernels launched now would run in the CPU interpreter."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+    """True when Triton kernels run in its CPU interpreter.
+
+    Triton fixes the mode when ``triton.language`` is first imported, from ``TRITON_INTERPRET``;
+    before that import the variable decides, afterwards the imported library does.
+    """
+    language = sys.modules.get("triton.language")
+    if language is None:
+        return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(language.max, InterpretedFunction)
 
 
 def requested_backend() -> str:
@@ -65,7 +75,8 @@ def choose_backend(op: str, *tensors: Tensor) -> Backend:
     if not on_cuda and not interpreter_enabled():
         raise RuntimeError(
             f"{ENV_VAR}=triton was forced for {op} on CPU tensors; Triton kernels run on CPU only "
-            f"in the interpreter: set TRITON_INTERPRET=1 or use {ENV_VAR}=reference"
+            f"in the interpreter: set TRITON_INTERPRET=1 before triton is first imported (it is read "
+            f"once, at import), or use {ENV_VAR}=reference"
         )
     return "triton"
 

@@ -1,9 +1,9 @@
 """Helpers shared by the Triton launchers (imported only from ``<op>/triton.py``).
 
-Triton decides between compiling and interpreting a kernel when ``@triton.jit`` runs, i.e. when a
-``triton.py`` module is first imported. :func:`launchable` re-reads ``TRITON_INTERPRET`` at launch
-time instead, so a kernel module imported before the variable was set (or after it was unset)
-still runs in the mode the caller asks for now.
+Triton decides between compiling and interpreting a kernel when ``@triton.jit`` runs, reading
+``TRITON_INTERPRET`` at that moment; its own ``triton.language`` helpers are fixed when triton is
+first imported. :func:`launchable` makes our kernels follow the library's mode, so a kernel module
+imported while the variable said otherwise still launches consistently.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _rejit(fn: Any, interpret: bool) -> Any:
 
 
 def launchable(kernel: Any) -> Any:
-    """Return ``kernel`` (a ``@triton.jit`` object) in the mode ``TRITON_INTERPRET`` asks for now."""
+    """Return ``kernel`` (a ``@triton.jit`` object) in the mode the imported triton runs in."""
     interpret = interpreter_enabled()
     if isinstance(kernel, InterpretedFunction) == interpret:
         return kernel
@@ -43,6 +43,6 @@ def check_device(*tensors: torch.Tensor) -> None:
     """Raise a clear error when CPU tensors reach a compiled (non-interpreted) kernel."""
     if not interpreter_enabled() and not all(t.is_cuda for t in tensors):
         raise RuntimeError(
-            "Triton kernels need CUDA tensors; on CPU set TRITON_INTERPRET=1 to use the "
-            "Triton interpreter, or call the reference implementation"
+            "Triton kernels need CUDA tensors; on CPU set TRITON_INTERPRET=1 before triton is "
+            "first imported to use the Triton interpreter, or call the reference implementation"
         )

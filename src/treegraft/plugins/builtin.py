@@ -8,6 +8,7 @@ from treegraft.plugins.drafters.hf_lm import HFLMDrafter
 from treegraft.plugins.drafters.ngram import NgramDrafter
 from treegraft.plugins.schedulers.basic import AlwaysScheduler, LayersScheduler, NeverScheduler
 from treegraft.plugins.verifiers.greedy import GreedyVerifier
+from treegraft.plugins.verifiers.pointmass import PointMassVerifier
 
 
 @hookimpl
@@ -41,3 +42,4 @@ def treegraft_register_schedulers(register: Register) -> None:
 @hookimpl
 def treegraft_register_verifiers(register: Register) -> None:
     register("greedy", GreedyVerifier)
+    register("pointmass", PointMassVerifier)
