@@ -19,7 +19,7 @@ app = typer.Typer(
 console = Console(stderr=True)
 out = Console()
 
-DEFAULT_PIPELINE = Path(__file__).parent / "pipelines" / "default.yaml"
+DEFAULT_PIPELINE = "treegraft"
 
 
 def _fail(message: str) -> None:

@@ -277,6 +277,8 @@ def pipeline_spec_from_dict(
             f"{ROOT}.target: expected a model reference string (zoo:NAME or a path), got {target!r}"
         )
     merged = {**DEFAULTS, **{k: v for k, v in data.items() if v is not None}}
+    if "grafter" in merged and "rescorer" not in merged:
+        merged["rescorer"] = {"name": "overwrite"}  # a graft needs new scores; the paper's rule
     return PipelineSpec(
         target=target,
         drafters=_drafter_specs(data["drafters"], registry),

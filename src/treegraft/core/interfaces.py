@@ -203,6 +203,10 @@ class Grafter(Component):
     """Chooses graft positions and merges a strong drafter's children into the tree."""
 
     @abstractmethod
+    def positions(self, tree: DraftTree, frontier: Tensor, k: int) -> Tensor:
+        """Graft positions (`[g]` node indices, g <= k) a strong call would choose now."""
+
+    @abstractmethod
     def graft(
         self,
         tree: DraftTree,

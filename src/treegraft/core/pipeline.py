@@ -24,6 +24,28 @@ from treegraft.core.registry import Registry, default_registry
 from treegraft.core.resources import ModelRefError, Resources
 from treegraft.core.runner import CausalLMRunner
 
+#: Pipelines shipped with the package (`pipelines/` in the repository).
+PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
+
+
+def builtin_pipelines() -> list[str]:
+    """Names of the shipped pipelines (`treegraft`, `chain`, ...)."""
+    return sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml"))
+
+
+def resolve_pipeline(name_or_path: str | Path) -> Path:
+    """A pipeline file path, or the shipped pipeline of that name."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    shipped = PIPELINES_DIR / f"{name_or_path}.yaml"
+    if shipped.is_file():
+        return shipped
+    raise ConfigError(
+        f"pipeline {str(name_or_path)!r} not found: expected a YAML file or one of the shipped "
+        f"pipelines: {', '.join(builtin_pipelines())}"
+    )
+
 
 @attrs.frozen
 class Generation:
@@ -246,9 +268,9 @@ def load_pipeline(
     resources: Resources | None = None,
     registry: Registry | None = None,
 ) -> Pipeline:
-    """Build a pipeline from a YAML file path or an already-parsed mapping."""
+    """Build a pipeline from a YAML file path, a shipped pipeline's name, or a parsed mapping."""
     if isinstance(source, Mapping):
         spec = pipeline_spec_from_dict(source, registry)
     else:
-        spec = load_pipeline_spec(source, registry)
+        spec = load_pipeline_spec(resolve_pipeline(source), registry)
     return Pipeline.from_spec(spec, resources=resources, registry=registry)

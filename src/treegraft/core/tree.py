@@ -227,6 +227,20 @@ class DraftTree:
             scorer=torch.cat([self.scorer, who]),
         )
 
+    def best(self, nodes: Tensor, k: int) -> Tensor:
+        """The best `k` live nodes among `nodes` by score (ties: shallower, then older), ascending.
+
+        Nodes with score -inf are dead (logically deleted) and never chosen.
+        """
+        nodes = torch.unique(nodes[nodes >= 0])
+        nodes = nodes[torch.isfinite(self.score[nodes])]
+        if nodes.numel() <= k:
+            return nodes
+        # lexicographic (score desc, depth asc, index asc): stable sorts, least significant first
+        order = torch.argsort(self.depth[nodes], stable=True)
+        order = order[torch.argsort(self.score[nodes][order], descending=True, stable=True)]
+        return torch.sort(nodes[order[:k]]).values
+
     def with_scores(self, edge_logp: Tensor, score: Tensor, scorer: Tensor) -> DraftTree:
         """The same nodes with new edge log-probs, scores and scorer ids (all `[n]`)."""
         return attrs.evolve(self, edge_logp=edge_logp, score=score, scorer=scorer)

@@ -6,7 +6,15 @@ from treegraft.core.hookspecs import Register, hookimpl
 from treegraft.plugins.builders.layered import LayeredBuilder
 from treegraft.plugins.drafters.hf_lm import HFLMDrafter
 from treegraft.plugins.drafters.ngram import NgramDrafter
+from treegraft.plugins.grafters.reselect import ReplaceGrafter, ReselectGrafter
+from treegraft.plugins.rescorers.basic import InterpolateRescorer, OverwriteRescorer
 from treegraft.plugins.schedulers.basic import AlwaysScheduler, LayersScheduler, NeverScheduler
+from treegraft.plugins.schedulers.heuristic import (
+    BudgetedScheduler,
+    EveryKScheduler,
+    PlanScheduler,
+    ThresholdScheduler,
+)
 from treegraft.plugins.verifiers.greedy import GreedyVerifier
 from treegraft.plugins.verifiers.pointmass import PointMassVerifier
 
@@ -24,12 +32,14 @@ def treegraft_register_builders(register: Register) -> None:
 
 @hookimpl
 def treegraft_register_rescorers(register: Register) -> None:
-    """No built-in rescorer yet."""
+    register("overwrite", OverwriteRescorer)
+    register("interpolate", InterpolateRescorer)
 
 
 @hookimpl
 def treegraft_register_grafters(register: Register) -> None:
-    """No built-in grafter yet."""
+    register("reselect", ReselectGrafter)
+    register("replace", ReplaceGrafter)
 
 
 @hookimpl
@@ -37,6 +47,10 @@ def treegraft_register_schedulers(register: Register) -> None:
     register("never", NeverScheduler)
     register("always", AlwaysScheduler)
     register("layers", LayersScheduler)
+    register("every_k", EveryKScheduler)
+    register("threshold", ThresholdScheduler)
+    register("budgeted", BudgetedScheduler)
+    register("plan", PlanScheduler)
 
 
 @hookimpl

@@ -57,6 +57,7 @@ class LayeredBuilder(TreeBuilder):
                 tree, frontier = self._grow(step, who, tree, frontier)
             calls.append(who)
         keep = prune_to_budget(tree.parents, tree.score, tree.depth, self.config.budget)
+        keep = keep[torch.isfinite(tree.score[keep])]  # never verify logically deleted nodes
         return BuildResult(tree=tree.select(keep), kept=keep, calls=tuple(calls), unpruned=tree)
 
     def _grow(
@@ -74,7 +75,7 @@ class LayeredBuilder(TreeBuilder):
         if frontier.numel() == 0:
             return tree, frontier
         tree, node_of = tree.extend(drafter.expand(tree, frontier, k), who)
-        return tree, best_frontier(tree, chain_tails(node_of), k)
+        return tree, tree.best(chain_tails(node_of), k)
 
     def _choose(
         self, step: StepContext, layer: int, tree: DraftTree, frontier: Tensor, calls: list[int]
@@ -82,7 +83,16 @@ class LayeredBuilder(TreeBuilder):
         n_drafters = len(step.drafters)
         if n_drafters == 1:
             return 0
-        state = layer_state(step, layer, self.config.depth, tree, frontier, calls, self._cap(step))
+        state = layer_state(
+            step,
+            layer,
+            self.config.depth,
+            tree,
+            frontier,
+            calls,
+            self._cap(step),
+            self.config.top_k,
+        )
         who = int(step.scheduler.decide(state))
         if not 0 <= who < n_drafters:
             raise ValueError(f"scheduler chose drafter {who}; expected 0 <= index < {n_drafters}")
@@ -108,15 +118,6 @@ def chain_tails(node_of: Tensor) -> Tensor:
     return torch.where(valid.any(-1), tails, -1)
 
 
-def best_frontier(tree: DraftTree, candidates: Tensor, k: int) -> Tensor:
-    """The `k` best-scoring distinct candidate nodes (ties: shallower, then older)."""
-    nodes = torch.unique(candidates[candidates >= 0])
-    if nodes.numel() <= k:
-        return nodes
-    order = torch.argsort(tree.score[nodes], descending=True, stable=True)
-    return torch.sort(nodes[order[:k]]).values
-
-
 def layer_state(
     step: StepContext,
     layer: int,
@@ -125,6 +126,7 @@ def layer_state(
     frontier: Tensor,
     calls: list[int],
     cap: int,
+    k: int,
 ) -> LayerState:
     """Cheap frontier statistics for the scheduler (one host read)."""
     n = tree.n_nodes
@@ -148,9 +150,18 @@ def layer_state(
         frontier_mean_depth=stats[0],
         leaf_ratio=stats[1],
         frontier_mean_score=stats[2],
-        reselect_shift=0.0,
+        reselect_shift=reselect_shift(step, tree, frontier, k),
         prompt_len=step.prompt_len,
         committed_len=step.committed_len,
         target_time=step.timings.target_time(),
         drafter_times=step.timings.drafter_times(len(step.drafters)),
     )
+
+
+def reselect_shift(step: StepContext, tree: DraftTree, frontier: Tensor, k: int) -> float:
+    """Fraction of the frontier that re-selecting graft positions now would replace (0 without a grafter)."""
+    if step.grafter is None or frontier.numel() == 0:
+        return 0.0 if step.grafter is None else 1.0
+    chosen = step.grafter.positions(tree, frontier, k)
+    stay = torch.isin(frontier, chosen).float().mean()
+    return float(1.0 - stay)
