@@ -16,7 +16,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 out = Console()
 
 DEFAULT_PIPELINE = "treegraft"
@@ -161,6 +161,51 @@ def _default_repr(default) -> str:
     if isinstance(default, attrs.Factory):
         return repr(default.factory())
     return repr(default)
+
+
+trace_app = typer.Typer(
+    help="Inspect decoding traces written by `treegraft generate --trace DIR`.",
+    no_args_is_help=True,
+)
+app.add_typer(trace_app, name="trace")
+
+
+@trace_app.command("render")
+def trace_render(
+    source: Annotated[Path, typer.Argument(help="trace directory or one step-NNNNN.json file")],
+    step: Annotated[
+        int | None, typer.Option(help="step to draw (default: the step that accepted most)")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="PNG path (default: beside the JSON)")
+    ] = None,
+    hide_pruned: Annotated[
+        bool, typer.Option(help="draw only the nodes that were verified")
+    ] = False,
+) -> None:
+    """Draw one step's draft tree: colours per drafter, accepted path in black, pruned nodes hollow."""
+    from treegraft.core.trace import load_step
+    from treegraft.core.trace_render import render_step
+
+    files = [source] if source.is_file() else sorted(source.glob("step-*.json"))
+    if not files:
+        _fail(f"{source}: no trace step files (step-NNNNN.json) found")
+    try:
+        records = [load_step(f) for f in files]
+    except ValueError as exc:
+        _fail(str(exc))
+    if step is not None:
+        chosen = [r for r in records if r["step"] == step]
+        if not chosen:
+            _fail(
+                f"--step: no step {step} in {source}; steps run from {records[0]['step']} to {records[-1]['step']}"
+            )
+        record = chosen[0]
+    else:
+        record = max(records, key=lambda r: (len(r["accepted_tokens"]), -r["step"]))
+    target = out or (files[0].parent / f"step-{record['step']:05d}.png")
+    path = render_step(record, target, show_pruned=not hide_pruned)
+    console.print(f"wrote {path}")
 
 
 def _mount_subcommands() -> None:

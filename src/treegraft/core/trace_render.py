@@ -1,0 +1,159 @@
+"""Draw one traced decoding step: the draft tree, coloured by drafter, accepted path highlighted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: One colour per drafter index (cheapest first); the root is grey.
+PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860")
+ROOT_COLOUR = "#9E9E9E"
+
+
+def layout(nodes: list[dict]) -> dict[int, tuple[float, float]]:
+    """(x = depth, y = row) for every node: leaves get consecutive rows, parents sit at their children's mean."""
+    children: dict[int, list[int]] = {n["id"]: [] for n in nodes}
+    for n in nodes:
+        if n["parent"] >= 0:
+            children[n["parent"]].append(n["id"])
+    pos: dict[int, tuple[float, float]] = {}
+    depth = {n["id"]: n["depth"] for n in nodes}
+    next_row = [0.0]
+
+    def place(node: int) -> float:
+        kids = sorted(children[node], key=lambda c: -_score(nodes, c))
+        if not kids:
+            y = next_row[0]
+            next_row[0] += 1.0
+        else:
+            y = sum(place(c) for c in kids) / len(kids)
+        pos[node] = (float(depth[node]), y)
+        return y
+
+    place(0)
+    return pos
+
+
+def _score(nodes: list[dict], i: int) -> float:
+    s = nodes[i]["score"]
+    return s if s == s and s != float("-inf") else -1e30
+
+
+def label(node: dict) -> str:
+    """Token text if known (whitespace made visible), else the token id."""
+    text = node.get("text")
+    if text is None:
+        return str(node["token"])
+    return repr(text)[1:-1].replace(" ", "\u2423")[:12] or "\u2205"
+
+
+def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
+    """Write a PNG of one step record (as written by `TraceWriter`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    nodes = [n for n in record["nodes"] if show_pruned or n["kept"]]
+    keep_ids = {n["id"] for n in nodes}
+    pos = layout(record["nodes"])
+    rows = max((y for _, y in pos.values()), default=0) + 1
+    fig, ax = plt.subplots(figsize=(2.2 + 1.9 * max(n["depth"] for n in nodes), 0.8 + 0.42 * rows))
+    for n in nodes:
+        if n["parent"] >= 0 and n["parent"] in keep_ids:
+            (x0, y0), (x1, y1) = pos[n["parent"]], pos[n["id"]]
+            accepted = n["accepted"]
+            ax.plot(
+                [x0, x1],
+                [y0, y1],
+                color="black" if accepted else "#BBBBBB",
+                lw=2.6 if accepted else 0.9,
+                zorder=1,
+            )
+    for n in nodes:
+        _draw_node(ax, n, pos[n["id"]])
+    ax.set_xlabel("depth")
+    ax.set_xticks(range(max(n["depth"] for n in nodes) + 1))
+    ax.margins(x=0.08, y=0.15)
+    ax.set_yticks([])
+    ax.invert_yaxis()
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    names = record.get("drafters") or []
+    handles = [
+        Line2D([], [], marker="o", ls="", color=PALETTE[i % len(PALETTE)], label=f"{i}: {name}")
+        for i, name in enumerate(names)
+    ]
+    handles.append(
+        Line2D(
+            [],
+            [],
+            marker="D",
+            ls="",
+            color="#777777",
+            markersize=5,
+            label="rescored (diamond: by that drafter)",
+        )
+    )
+    handles.append(Line2D([], [], color="black", lw=2.6, label="accepted path"))
+    handles.append(
+        Line2D(
+            [],
+            [],
+            marker="o",
+            ls="",
+            mfc="white",
+            mec="#999999",
+            label="pruned before verification",
+        )
+    )
+    ax.legend(
+        handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8
+    )
+    calls = ", ".join(str(c) for c in record.get("calls", []))
+    ax.set_title(
+        f"step {record['step']} · drafter per layer [{calls}] · accepted {len(record['accepted_tokens']) - 1}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
+    return out
+
+
+def _draw_node(ax, n: dict, xy: tuple[float, float]) -> None:
+    x, y = xy
+    colour = ROOT_COLOUR if n["parent"] < 0 else PALETTE[n["proposer"] % len(PALETTE)]
+    rescored = n["scorer"] != n["proposer"] and n["parent"] >= 0
+    face = colour if n["kept"] else "white"
+    ax.scatter(
+        [x],
+        [y],
+        s=160,
+        color=face,
+        edgecolors="black" if n["accepted"] else colour,
+        linewidths=2.2 if n["accepted"] else 1.2,
+        zorder=3,
+    )
+    if rescored:
+        ax.scatter([x], [y], s=30, color=PALETTE[n["scorer"] % len(PALETTE)], zorder=4, marker="D")
+    ax.annotate(
+        label(n),
+        (x, y),
+        xytext=(9, 0),
+        textcoords="offset points",
+        va="center",
+        fontsize=7.5,
+        family="monospace",
+    )
+    if n["parent"] >= 0 and n["score"] != float("-inf"):
+        ax.annotate(
+            f"{n['score']:.2f}",
+            (x, y),
+            xytext=(9, -8),
+            textcoords="offset points",
+            va="center",
+            fontsize=6,
+            color="#666666",
+        )

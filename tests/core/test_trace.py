@@ -1,0 +1,74 @@
+"""Traces: `generate --trace` writes each step's tree; `trace render` draws it."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from tests.conftest import memory_resources, tiny_llama
+from tests.core.test_decoder import repetitive_prompt
+from treegraft.cli import app
+from treegraft.core.pipeline import load_pipeline
+from treegraft.core.trace import TraceWriter, load_step
+
+SPEC = {
+    "target": "mem:target",
+    "drafters": {"weak": {"name": "ngram"}, "strong": {"name": "hf_lm", "model": "mem:draft"}},
+    "builder": {"name": "layered", "depth": 3, "top_k": 2, "budget": 6},
+    "grafter": {"name": "reselect", "lookback": 1},
+    "scheduler": {"name": "layers", "layers": [1]},
+    "decoding": {"max_new_tokens": 12, "dtype": "float64"},
+}
+
+
+def traced_run(tmp_path):
+    res = memory_resources(
+        target=tiny_llama(seed=1),
+        draft=tiny_llama(seed=2, hidden=16, layers=1, heads=2, kv_heads=1),
+    )
+    pipe = load_pipeline(SPEC, resources=res)
+    writer = TraceWriter.create(tmp_path / "trace", pipe)
+    events = [e for e in pipe.steps(repetitive_prompt(3, 12)) if writer.write(e)]
+    return events, sorted((tmp_path / "trace").glob("step-*.json"))
+
+
+def test_trace_records_every_node_and_the_accepted_path(tmp_path):
+    events, files = traced_run(tmp_path)
+    assert len(files) == len(events)
+    for event, f in zip(events, files, strict=True):
+        record = load_step(f)
+        nodes = record["nodes"]
+        assert len(nodes) == event.build.unpruned.n_nodes
+        assert sum(n["kept"] for n in nodes) == event.build.tree.n_nodes
+        accepted = [n for n in nodes if n["accepted"]]
+        assert len(accepted) == event.accepted + 1 and accepted[0]["id"] == 0
+        assert [n["token"] for n in accepted[1:]] == list(event.tokens[: event.accepted])
+        assert record["calls"] == list(event.calls)
+        assert {n["proposer"] for n in nodes[1:]} <= {0, 1}
+        assert record["drafters"] == ["weak:ngram", "strong:hf_lm"]
+    # layer 1 called the LM, which rescored: some node was proposed by one drafter, scored by the other
+    assert any(n["scorer"] != n["proposer"] for f in files for n in load_step(f)["nodes"][1:])
+
+
+def test_trace_render_draws_a_png(tmp_path):
+    _, files = traced_run(tmp_path)
+    result = CliRunner().invoke(
+        app, ["trace", "render", str(tmp_path / "trace"), "--out", str(tmp_path / "t.png")]
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result = CliRunner().invoke(app, ["trace", "render", str(files[0]), "--hide-pruned"])
+    assert result.exit_code == 0, result.output
+
+
+def test_trace_render_errors(tmp_path):
+    result = CliRunner().invoke(app, ["trace", "render", str(tmp_path)])
+    assert result.exit_code == 2 and "no trace step files" in result.output
+    _, files = traced_run(tmp_path)
+    result = CliRunner().invoke(app, ["trace", "render", str(tmp_path / "trace"), "--step", "999"])
+    assert result.exit_code == 2 and "no step 999" in result.output
+    bad = tmp_path / "step-00000.json"
+    bad.write_text(json.dumps({"version": 99}))
+    result = CliRunner().invoke(app, ["trace", "render", str(bad)])
+    assert result.exit_code == 2 and "trace version" in result.output
