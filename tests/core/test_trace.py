@@ -65,7 +65,7 @@ def test_trace_render_draws_a_png(tmp_path):
 def test_trace_render_errors(tmp_path):
     result = CliRunner().invoke(app, ["trace", "render", str(tmp_path)])
     assert result.exit_code == 2 and "no trace step files" in result.output
-    _, files = traced_run(tmp_path)
+    traced_run(tmp_path)
     result = CliRunner().invoke(app, ["trace", "render", str(tmp_path / "trace"), "--step", "999"])
     assert result.exit_code == 2 and "no step 999" in result.output
     bad = tmp_path / "step-00000.json"
