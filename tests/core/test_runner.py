@@ -103,3 +103,31 @@ def test_begin_rejects_bad_prompts() -> None:
         runner.begin(torch.tensor([], dtype=torch.long), max_len=8)
     with pytest.raises(ValueError, match="does not fit"):
         runner.begin(torch.arange(8), max_len=8)
+
+
+def test_tree_attention_kernel_path_matches_sdpa():
+    """With attn_implementation='treegraft_tree' the runner passes the compact mask to the kernel."""
+    from treegraft.kernels.tree_attention.hf import IMPLEMENTATION, register
+
+    register()
+    sdpa = tiny_llama(seed=3, vocab=32)
+    fused = tiny_llama(seed=3, vocab=32)
+    fused.set_attn_implementation(IMPLEMENTATION)
+    assert fused.config._attn_implementation == IMPLEMENTATION
+    rng = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 32, (9,), generator=rng)
+    tree = random_tree(rng, int(prompt[-1]), 10, 32)
+    outs = []
+    for model in (sdpa, fused):
+        runner = CausalLMRunner(model)
+        runner.begin(prompt, max_len=40)
+        with torch.no_grad():
+            first = runner.forward_tree(tree)
+            runner.commit(tree.path_to(tree.n_nodes - 1), torch.tensor([*tree.tokens[tree.path_to(tree.n_nodes - 1)[1:]].tolist(), 5]))
+            second = runner.forward_tree(random_tree(rng, 5, 6, 32))
+        outs.append(torch.cat([first, second]))
+        rng = torch.Generator().manual_seed(0)
+        torch.randint(0, 32, (9,), generator=rng)
+        random_tree(rng, int(prompt[-1]), 10, 32)
+    assert runner._tree_kernel
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-9, atol=1e-9)

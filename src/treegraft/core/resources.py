@@ -8,6 +8,7 @@ loaded once per `Resources`, so a target used as its own drafter is not loaded t
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,22 @@ def resolve_device(name: str) -> torch.device:
             f"device {name!r} requested but CUDA is not available; use 'cpu' or 'auto'"
         )
     return torch.device(name)
+
+
+def attention_implementation(device: torch.device) -> str:
+    """`treegraft_tree` (the fused tree-attention kernel) on CUDA, `sdpa` elsewhere.
+
+    `TREEGRAFT_ATTENTION=tree|sdpa` overrides (on CPU, `tree` runs the kernel's reference path, or
+    the Triton kernel under `TRITON_INTERPRET=1` with `TREEGRAFT_KERNELS=triton`).
+    """
+    choice = os.environ.get("TREEGRAFT_ATTENTION", "")
+    if choice not in ("", "tree", "sdpa"):
+        raise ValueError(f"TREEGRAFT_ATTENTION: expected 'tree' or 'sdpa', got {choice!r}")
+    if choice == "tree" or (not choice and device.type == "cuda"):
+        from treegraft.kernels.tree_attention.hf import register
+
+        return register()
+    return "sdpa"
 
 
 def resolve_model_path(ref: str) -> Path:

@@ -24,6 +24,7 @@ from transformers.cache_utils import Cache
 
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import kv_compact
+from treegraft.kernels.tree_attention.hf import IMPLEMENTATION, PREFIX_LEN_KWARG, TREE_MASK_KWARG
 
 
 class TreeKVCache(Cache):
@@ -94,9 +95,11 @@ class CausalLMRunner:
     n_seen: int = 0
     forwards: int = 0
     _cache_kwarg: str = attrs.field(init=False, default="")
+    _tree_kernel: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
         self._cache_kwarg = _cache_kwarg(self.model)
+        self._tree_kernel = getattr(self.model.config, "_attn_implementation", None) == IMPLEMENTATION
 
     @property
     def device(self) -> torch.device:
@@ -197,13 +200,16 @@ class CausalLMRunner:
         additive = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(
             ~visible, neg
         )
+        extra = {self._cache_kwarg: cache}
+        if self._tree_kernel:  # the fused kernel takes the compact mask: prefix length + tree block
+            extra |= {PREFIX_LEN_KWARG: self.n_cached, TREE_MASK_KWARG: visible[:, self.n_cached :]}
         out = self.model(
             input_ids=ids[None, :],
             position_ids=positions[None, :],
             attention_mask=additive[None, None],
             use_cache=True,
             logits_to_keep=n_logits,
-            **{self._cache_kwarg: cache},
+            **extra,
         )
         self.forwards += 1
         return out.logits[0, -n_logits:] if n_logits else out.logits[0, :0]

@@ -1,0 +1,81 @@
+"""ancestor_mask, ancestor_mask_packed, unpack_mask and tree_depth: reference and Triton."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from tests.kernels.kernel_strategies import (
+    INTERPRETED,
+    REFERENCE,
+    ancestors,
+    brute_force_mask,
+    parent_arrays,
+)
+from treegraft.kernels import ancestor_mask, ancestor_mask_packed, tree_depth, unpack_mask
+from treegraft.kernels.ancestor_mask import reference
+
+
+@REFERENCE
+@given(parents=parent_arrays(max_nodes=80))
+def test_reference_mask_matches_walking_up(parents: torch.Tensor) -> None:
+    assert torch.equal(reference.ancestor_mask(parents=parents), brute_force_mask(parents))
+
+
+@REFERENCE
+@given(parents=parent_arrays(max_nodes=80))
+def test_reference_depth_is_number_of_ancestors(parents: torch.Tensor) -> None:
+    plist = parents.tolist()
+    expected = torch.tensor([len(ancestors(plist, i)) - 1 for i in range(len(plist))])
+    assert torch.equal(reference.tree_depth(parents=parents), expected)
+
+
+@settings(max_examples=15)
+@given(parents=parent_arrays(max_nodes=300))
+def test_reference_packed_round_trips(parents: torch.Tensor) -> None:
+    n = parents.shape[0]
+    packed = reference.ancestor_mask_packed(parents=parents)
+    assert packed.shape == (n, -(-n // 64))
+    assert packed.dtype == torch.int64
+    assert torch.equal(unpack_mask(packed, n), reference.ancestor_mask(parents=parents))
+
+
+def test_packed_bit_layout_including_sign_bit() -> None:
+    chain = torch.arange(-1, 64)  # [65]: node i's parent is i - 1
+    packed = reference.ancestor_mask_packed(parents=chain)
+    assert packed[63, 0] == -1  # bits 0..63 all set; bit 63 is the sign bit
+    assert packed[64].tolist() == [-1, 1]
+    assert packed[2].tolist() == [0b111, 0]
+
+
+def test_dispatch_on_cpu_uses_reference() -> None:
+    parents = torch.tensor([-1, 0, 0, 1])
+    assert torch.equal(ancestor_mask(parents), reference.ancestor_mask(parents=parents))
+    assert torch.equal(tree_depth(parents), torch.tensor([0, 1, 1, 2]))
+    assert torch.equal(ancestor_mask_packed(parents), torch.tensor([[1], [3], [5], [11]]))
+
+
+class TestTriton:
+    @INTERPRETED
+    @given(parents=parent_arrays(max_nodes=64))
+    def test_mask_depth_packed_match_reference(
+        self, triton_device: str, parents: torch.Tensor
+    ) -> None:
+        from treegraft.kernels.ancestor_mask import triton
+
+        parents = parents.to(triton_device)
+        for op in ("ancestor_mask", "tree_depth", "ancestor_mask_packed"):
+            got = getattr(triton, op)(parents=parents)
+            assert torch.equal(got.cpu(), getattr(reference, op)(parents=parents.cpu())), op
+
+    @pytest.mark.parametrize("shape", ["chain65", "heap300"])
+    def test_packed_mask_beyond_one_word(self, triton_device: str, shape: str) -> None:
+        from treegraft.kernels.ancestor_mask import triton
+
+        if shape == "chain65":  # row 64 spans two words and sets bit 63 of the first
+            parents = torch.arange(-1, 64)
+        else:  # binary heap: 300 nodes, 5 words per row, depth 8
+            parents = torch.cat([torch.tensor([-1]), torch.arange(299) // 2])
+        got = triton.ancestor_mask_packed(parents=parents.to(triton_device))
+        assert torch.equal(got.cpu(), reference.ancestor_mask_packed(parents=parents))

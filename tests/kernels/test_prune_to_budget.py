@@ -1,0 +1,102 @@
+"""prune_to_budget: size, root, ancestor closure, ascending order, greedy choice; Triton = reference."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.kernels.kernel_strategies import INTERPRETED, REFERENCE, parent_arrays
+from treegraft.kernels import prune_to_budget
+from treegraft.kernels.ancestor_mask.reference import tree_depth
+from treegraft.kernels.prune_to_budget import reference
+
+
+@st.composite
+def prune_cases(draw: st.DrawFn, max_nodes: int = 64, monotone: bool = True) -> dict[str, object]:
+    """A tree with path scores (cumulative log-probs; ties and -inf likely) and a budget.
+
+    With ``monotone=False`` each node's score is drawn independently, violating the contract.
+    """
+    parents = draw(parent_arrays(max_nodes=max_nodes))
+    n = parents.shape[0]
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    edge = -torch.randint(0, 3, (n,), generator=generator).to(torch.float64) / 2  # [n]
+    edge[0] = 0.0
+    if draw(st.booleans()):  # logically deleted nodes carry -inf (and so do their subtrees)
+        edge[1:][torch.rand(n - 1, generator=generator) < 0.2] = -torch.inf
+    score = edge if not monotone else _cumulative(parents, edge)
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    budget = draw(st.integers(0, n + 1))
+    depth = tree_depth(parents)
+    return {"parents": parents, "score": score.to(dtype), "depth": depth, "budget": budget}
+
+
+def _cumulative(parents: torch.Tensor, edge: torch.Tensor) -> torch.Tensor:
+    score = edge.clone()
+    for i, p in enumerate(parents.tolist()):
+        if p >= 0:
+            score[i] += score[p]
+    return score
+
+
+def check_contract(kept: torch.Tensor, case: dict[str, object]) -> None:
+    parents, budget = case["parents"], case["budget"]
+    n = parents.shape[0]
+    kept_list = kept.tolist()
+    assert kept.dtype == torch.int64
+    assert len(kept_list) == min(budget + 1, n)
+    assert kept_list == sorted(set(kept_list)) and kept_list[0] == 0
+    kept_set = set(kept_list)
+    assert all(parents[i].item() in kept_set for i in kept_list[1:]), "not ancestor-closed"
+
+
+def greedy_by_brute_force(case: dict[str, object]) -> list[int]:
+    """Sort non-root nodes by (score desc, depth asc, index asc) and keep the first ``budget``."""
+    score, depth = case["score"].tolist(), case["depth"].tolist()
+    order = sorted(range(1, len(score)), key=lambda i: (-score[i], depth[i], i))
+    return sorted([0, *order[: case["budget"]]])
+
+
+@REFERENCE
+@given(case=prune_cases())
+def test_reference_is_greedy_and_closed(case: dict[str, object]) -> None:
+    kept = reference.prune_to_budget(**case)
+    check_contract(kept, case)
+    assert kept.tolist() == greedy_by_brute_force(case)
+
+
+@REFERENCE
+@given(case=prune_cases(monotone=False))
+def test_reference_stays_closed_when_scores_increase_along_a_path(case: dict[str, object]) -> None:
+    check_contract(reference.prune_to_budget(**case), case)
+
+
+def test_budget_covering_the_tree_keeps_all() -> None:
+    parents = torch.tensor([-1, 0, 0, 1])
+    score = torch.tensor([0.0, -1.0, -2.0, -3.0])
+    kept = prune_to_budget(parents, score, tree_depth(parents), budget=3)
+    assert kept.tolist() == [0, 1, 2, 3]
+    assert prune_to_budget(parents, score, tree_depth(parents), budget=0).tolist() == [0]
+
+
+def test_ties_prefer_shallow_then_small_index() -> None:
+    parents = torch.tensor([-1, 0, 1, 0, 0])
+    score = torch.tensor([0.0, -1.0, -1.0, -1.0, -1.0])
+    kept = prune_to_budget(parents, score, tree_depth(parents), budget=2)
+    assert kept.tolist() == [0, 1, 3]
+
+
+class TestTriton:
+    @INTERPRETED
+    @given(case=prune_cases(), monotone=st.booleans())
+    def test_matches_reference(
+        self, triton_device: str, case: dict[str, object], monotone: bool
+    ) -> None:
+        from treegraft.kernels.prune_to_budget import triton
+
+        if not monotone:
+            case["score"] = case["score"][torch.randperm(case["score"].shape[0])]
+        moved = {k: v.to(triton_device) if torch.is_tensor(v) else v for k, v in case.items()}
+        got = triton.prune_to_budget(**moved)
+        assert torch.equal(got.cpu(), reference.prune_to_budget(**case))
