@@ -112,9 +112,11 @@ class NgramDrafter(Drafter):
         """Rows for the longest suffix that occurred before (with a continuation)."""
         last = len(self.context) - 1
         for n in range(min(self.config.max_ngram, len(suffix)), self.config.min_ngram - 1, -1):
-            ends = [p for p in self.index.get(tuple(suffix[-n:]), ()) if p < last]
+            # positions are appended in order, so only the newest can lack a continuation
+            recent = self.index.get(tuple(suffix[-n:]), [])[-self.config.max_matches - 1 :]
+            ends = [p for p in recent if p < last][-self.config.max_matches :]
             if ends:
-                return self._vote(node, ends[-self.config.max_matches :], n, k)
+                return self._vote(node, ends, n, k)
         return []
 
     def _vote(self, node: int, ends: list[int], n: int, k: int) -> list[_Row]:

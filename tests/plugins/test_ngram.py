@@ -1,0 +1,71 @@
+"""The n-gram drafter: longest-suffix lookup, voted first tokens, chains, learned calibration."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from treegraft.core.tree import DraftTree
+from treegraft.plugins.drafters.ngram import NgramConfig, NgramDrafter
+
+
+def drafter(context: list[int], **cfg) -> NgramDrafter:
+    d = NgramDrafter(NgramConfig(**cfg))
+    d.begin(torch.tensor(context), max_len=256)
+    return d
+
+
+def test_proposes_the_continuation_of_the_longest_matching_suffix():
+    #            0  1  2  3  4  5  6  7  8  9
+    context = [5, 1, 2, 3, 9, 7, 1, 2, 3, 4, 8, 1, 2]
+    d = drafter(context, max_ngram=3, chain_len=3)
+    prop = d.expand(DraftTree.from_root(2), torch.tensor([0]), k=4)
+    # suffix (1, 2) occurs at 1-2 and 6-7 -> continuations 3 (twice, via both), chains from the newest
+    assert prop.parents.tolist() == [0]
+    assert prop.tokens.tolist() == [[3, 4, 8]]
+    assert prop.logp[0, 0] == math.log(1.0) + math.log(0.5)  # vote share 1, Beta(1,1) prior 0.5
+
+
+def test_votes_rank_distinct_first_tokens_and_stay_unique_per_parent():
+    context = [1, 7, 1, 7, 1, 8, 1, 7, 1, 9, 1]
+    d = drafter(context, max_ngram=1, chain_len=1)
+    prop = d.expand(DraftTree.from_root(1), torch.tensor([0]), k=3)
+    assert prop.tokens[:, 0].tolist() == [7, 9, 8]  # 7 voted three times; ties: the newest first
+    shares = prop.logp[:, 0] - math.log(0.5)
+    torch.testing.assert_close(shares.exp(), torch.tensor([3 / 5, 1 / 5, 1 / 5]))
+
+
+def test_context_includes_the_draft_path():
+    context = [4, 5, 6, 4, 5, 6, 4]
+    d = drafter(context, max_ngram=2, chain_len=2)
+    tree = DraftTree.from_parents(torch.tensor([4, 5]), torch.tensor([-1, 0]))
+    prop = d.expand(tree, torch.tensor([1]), k=2)  # context ... 4 | 5 -> suffix (4, 5) -> 6, 4
+    assert prop.tokens.tolist() == [[6, 4]]
+
+
+def test_collapse_gives_no_rows():
+    d = drafter([1, 2, 3], max_ngram=2, min_ngram=2)
+    assert d.expand(DraftTree.from_root(3), torch.tensor([0]), k=4).n_rows == 0
+
+
+def test_calibration_learns_from_verification_outcomes():
+    d = drafter([1, 2, 3, 1, 2, 3, 1, 2], max_ngram=2, chain_len=3)
+    tree = DraftTree.from_root(2)
+    prop = d.expand(tree, torch.tensor([0]), k=1)  # (1, 2) -> chain 3, 1, 2
+    assert prop.tokens.tolist() == [[3, 1, 2]]
+    grown, node_of = tree.extend(prop, 0)
+    # the target accepted 3 and 1, then its bonus was 7 (not 2)
+    d.commit(torch.tensor([0, int(node_of[0, 0]), int(node_of[0, 1])]), torch.tensor([3, 1, 7]))
+    cal = d.calibration
+    assert cal.trials[2].tolist() == [1, 1, 1] and cal.hits[2].tolist() == [1, 1, 0]
+    assert cal.log_rate(2, 0) == math.log(2 / 3) and cal.log_rate(2, 2) == math.log(1 / 3)
+    assert d.context[-3:] == [3, 1, 7]
+
+
+def test_index_follows_committed_tokens():
+    d = drafter([1, 2], max_ngram=2)
+    d.commit(torch.tensor([0]), torch.tensor([1]))
+    d.commit(torch.tensor([0]), torch.tensor([2]))
+    prop = d.expand(DraftTree.from_root(2), torch.tensor([0]), k=2)
+    assert prop.tokens[:, 0].tolist() == [1]
