@@ -54,7 +54,7 @@ def test_calibration_learns_from_verification_outcomes():
     tree = DraftTree.from_root(2)
     prop = d.expand(tree, torch.tensor([0]), k=1)  # (1, 2) -> chain 3, 1, 2
     assert prop.tokens.tolist() == [[3, 1, 2]]
-    grown, node_of = tree.extend(prop, 0)
+    _, node_of = tree.extend(prop, 0)
     # the target accepted 3 and 1, then its bonus was 7 (not 2)
     d.commit(torch.tensor([0, int(node_of[0, 0]), int(node_of[0, 1])]), torch.tensor([3, 1, 7]))
     cal = d.calibration
