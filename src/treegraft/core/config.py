@@ -102,6 +102,18 @@ def _strict_converter() -> cattrs.Converter:
     conv.register_structure_hook(float, strict(float, (int, float)))
     conv.register_structure_hook(str, strict(str, (str,)))
     conv.register_structure_hook(bool, strict(bool, (bool,)))
+
+    def is_list(tp: Any) -> bool:
+        return typing.get_origin(tp) in (list, tuple)
+
+    def strict_list(value: Any, tp: Any) -> Any:
+        if not isinstance(value, (list, tuple)):  # a string or mapping is not a list of items
+            raise TypeError("expected a list")
+        item = typing.get_args(tp)[0] if typing.get_args(tp) else Any
+        items = [conv.structure(v, item) for v in value]
+        return tuple(items) if typing.get_origin(tp) is tuple else items
+
+    conv.register_structure_hook_func(is_list, strict_list)
     return conv
 
 

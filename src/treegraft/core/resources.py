@@ -91,6 +91,7 @@ class Resources:
     models: dict[str, PreTrainedModel] = attrs.field(factory=dict)
     tokenizer: Any = None
     target_ref: str = ""
+    in_memory: set[str] = attrs.field(factory=set)
 
     @classmethod
     def create(cls, *, device: str = "auto", dtype: str = "float32") -> Resources:
@@ -101,6 +102,7 @@ class Resources:
     def add_model(self, ref: str, model: PreTrainedModel) -> None:
         """Make an in-memory model available under `ref` (moved to this device and dtype)."""
         self.models[ref] = model.to(device=self.device, dtype=self.dtype).eval()
+        self.in_memory.add(ref)
 
     def model(self, ref: str) -> PreTrainedModel:
         """The model behind `ref`, loaded on first use with `AutoModelForCausalLM.from_pretrained`."""
@@ -117,6 +119,6 @@ class Resources:
 
     def load_tokenizer(self, ref: str) -> Any:
         """The tokenizer stored beside the model `ref` (None for in-memory models without one)."""
-        if self.tokenizer is None and ref not in self.models:
+        if self.tokenizer is None and ref not in self.in_memory:
             self.tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(ref))
         return self.tokenizer

@@ -1,0 +1,337 @@
+"""Pipeline files -> validated specs: every malformed input is reported with its path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import yaml
+
+from tests.conftest import tiny_llama
+from treegraft.core.config import (
+    ConfigError,
+    DecodingConfig,
+    PipelineSpec,
+    load_pipeline_spec,
+    override,
+    parse_yaml,
+    pipeline_spec_from_dict,
+)
+from treegraft.core.pipeline import check_vocabularies, load_pipeline
+from treegraft.core.registry import Registry
+from treegraft.core.resources import Resources
+
+BASE: dict[str, Any] = {
+    "target": "mem:target",
+    "drafters": {"weak": {"name": "ngram", "max_ngram": 3}},
+    "builder": {"name": "layered", "depth": 4, "top_k": 2, "budget": 16},
+}
+
+
+@pytest.fixture(scope="module")
+def registry() -> Registry:
+    """Built-ins only, so the lists of known names do not depend on installed plugins."""
+    return Registry.create(autoload=False)
+
+
+def error_of(data: Any, registry: Registry) -> str:
+    """The message of the `ConfigError` that validating `data` raises."""
+    with pytest.raises(ConfigError) as info:
+        pipeline_spec_from_dict(data, registry)
+    return str(info.value)
+
+
+def write(tmp_path: Path, text: str, name: str = "pipeline.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# ---------------------------------------------------------------------------- malformed files
+
+
+def test_malformed_yaml_names_line_and_column(tmp_path: Path, registry: Registry) -> None:
+    path = write(tmp_path, "target: zoo:target\ndrafters: [ngram\nbuilder: layered\n")
+    with pytest.raises(ConfigError) as info:
+        load_pipeline_spec(path, registry)
+    message = str(info.value)
+    assert message.startswith(f"{path}: malformed YAML at line 3, column 8:")
+
+
+def test_yaml_syntax_error_in_a_mapping() -> None:
+    with pytest.raises(ConfigError, match=r"^p\.yaml: malformed YAML at line 1, column 14: "):
+        parse_yaml("builder: name: layered\n", "p.yaml")
+
+
+def test_missing_file(tmp_path: Path, registry: Registry) -> None:
+    with pytest.raises(ConfigError, match="pipeline file not found"):
+        load_pipeline_spec(tmp_path / "nope.yaml", registry)
+
+
+def test_top_level_must_be_a_mapping(registry: Registry) -> None:
+    assert error_of([BASE], registry).startswith("pipeline: expected a mapping with keys target")
+
+
+# ---------------------------------------------------------------------------- path-addressed errors
+
+
+BAD_INPUTS = {
+    "unknown-component": (
+        override(BASE, "drafters.weak.name", "ngarm"),
+        "pipeline.drafters.weak.name: unknown drafter 'ngarm'; did you mean 'ngram'? "
+        "known drafters: ",
+    ),
+    "wrong-type": (
+        override(BASE, "builder.budget", "five"),
+        "pipeline.builder.budget: expected int >= 1, got 'five'",
+    ),
+    "negative-budget": (
+        override(BASE, "builder.budget", -3),
+        "pipeline.builder.budget: expected int >= 1, got -3",
+    ),
+    "bool-for-int": (
+        override(BASE, "builder.depth", True),
+        "pipeline.builder.depth: expected int >= 1, got True",
+    ),
+    "float-for-int": (
+        override(BASE, "builder.top_k", 2.5),
+        "pipeline.builder.top_k: expected int >= 1, got 2.5",
+    ),
+    "missing-required-key": (
+        override(BASE, "drafters.strong", {"name": "hf_lm"}),
+        "pipeline.drafters.strong.model: missing required key (expected str)",
+    ),
+    "extra-key": (
+        override(BASE, "builder.bugdet", 8),
+        "pipeline.builder.bugdet: unknown key; did you mean 'budget'? expected keys: depth, ",
+    ),
+    "extra-key-no-config": (
+        override(BASE, "verifier", {"name": "greedy", "temperature": 0.5}),
+        "pipeline.verifier.temperature: unknown key",
+    ),
+    "unknown-top-level-key": (
+        {**BASE, "verifer": {"name": "greedy"}},
+        "pipeline.verifer: unknown key; did you mean 'verifier'? expected keys: target, drafters",
+    ),
+    "missing-top-level-key": (
+        {k: v for k, v in BASE.items() if k != "builder"},
+        "pipeline.builder: missing required key",
+    ),
+    "component-without-name": (
+        override(BASE, "builder", {"depth": 3}),
+        "pipeline.builder.name: missing required key (the registered builder name)",
+    ),
+    "component-not-a-mapping": (
+        override(BASE, "builder", 5),
+        "pipeline.builder: expected a mapping with a 'name' key naming a builder, got 5",
+    ),
+    "target-not-a-string": (
+        override(BASE, "target", 3),
+        "pipeline.target: expected a model reference string (zoo:NAME or a path), got 3",
+    ),
+    "drafters-scalar": (
+        override(BASE, "drafters", "ngram"),
+        "pipeline.drafters: expected a mapping of role -> drafter (cheapest first), got 'ngram'",
+    ),
+    "drafters-empty": (
+        override(BASE, "drafters", {}),
+        "pipeline.drafters: expected at least one drafter, got none",
+    ),
+    "drafter-config-check": (
+        override(BASE, "drafters.weak.max_ngram", 0),
+        "pipeline.drafters.weak.max_ngram: expected int >= 1, got 0",
+    ),
+    "list-element-check": (
+        override(BASE, "scheduler", {"name": "layers", "layers": [0, -1]}),
+        "pipeline.scheduler.layers: expected list of int each >= 0, got [0, -1]",
+    ),
+    "choice": (
+        override(BASE, "decoding", {"dtype": "float8"}),
+        "pipeline.decoding.dtype: expected one of 'float32', 'float64', 'bfloat16', 'float16', "
+        "got 'float8'",
+    ),
+    "decoding-extra-key": (
+        override(BASE, "decoding", {"max_tokens": 5}),
+        "pipeline.decoding.max_tokens: unknown key; did you mean 'max_new_tokens'?",
+    ),
+    "optional-wrong-type": (
+        override(BASE, "builder.max_strong_calls", "x"),
+        "pipeline.builder.max_strong_calls: expected int or null, got 'x'",
+    ),
+}
+
+
+@pytest.mark.parametrize(("data", "message"), BAD_INPUTS.values(), ids=BAD_INPUTS.keys())
+def test_bad_input_is_reported_with_its_path(data: Any, message: str, registry: Registry) -> None:
+    assert error_of(data, registry).startswith(message)
+
+
+def test_unknown_component_lists_every_known_name(registry: Registry) -> None:
+    message = error_of(override(BASE, "drafters.weak.name", "ngarm"), registry)
+    assert message.endswith(f"known drafters: {', '.join(registry.names('drafter'))}")
+    assert {"hf_lm", "ngram"} <= set(registry.names("drafter"))
+
+
+def test_errors_carry_the_field_doc_as_hint(registry: Registry) -> None:
+    message = error_of(override(BASE, "builder.budget", -3), registry)
+    assert message.endswith("(draft nodes verified per step (root excluded))")
+
+
+def test_drafters_as_a_list_get_indexed_roles_and_paths(registry: Registry) -> None:
+    data = override(BASE, "drafters", [{"name": "ngram"}, {"name": "hf_lm", "model": "mem:d"}])
+    spec = pipeline_spec_from_dict(data, registry)
+    assert [role for role, _ in spec.drafters] == ["drafter0", "drafter1"]
+    bad = override(BASE, "drafters", [{"name": "ngram"}, {"name": "hf_lmm"}])
+    assert error_of(bad, registry).startswith(
+        "pipeline.drafters[1].name: unknown drafter 'hf_lmm'; did you mean 'hf_lm'?"
+    )
+
+
+def test_string_where_a_list_is_expected_is_rejected(registry: Registry) -> None:
+    assert error_of(override(BASE, "decoding", {"stop": "###"}), registry).startswith(
+        "pipeline.decoding.stop: expected list of str, got '###'"
+    )
+
+
+# ---------------------------------------------------------------------------- vocabularies
+
+
+@pytest.fixture
+def model_dirs(tmp_path: Path) -> dict[str, Path]:
+    """Three tiny random models saved in Hugging Face format: vocab 64, 64 and 48."""
+    dirs = {}
+    for name, vocab in (("target", 64), ("same", 64), ("other", 48)):
+        dirs[name] = tmp_path / name
+        tiny_llama(vocab=vocab, hidden=16, layers=1, heads=2, kv_heads=1).save_pretrained(
+            dirs[name]
+        )
+    return dirs
+
+
+def _two_model_pipeline(dirs: dict[str, Path], drafter: str) -> dict[str, Any]:
+    data = override(BASE, "target", str(dirs["target"]))
+    return override(data, "drafters.strong", {"name": "hf_lm", "model": str(dirs[drafter])})
+
+
+def test_vocabulary_mismatch_names_the_drafter_path(
+    model_dirs: dict[str, Path], registry: Registry
+) -> None:
+    spec = pipeline_spec_from_dict(_two_model_pipeline(model_dirs, "other"), registry)
+    with pytest.raises(ConfigError) as info:
+        check_vocabularies(spec, Resources())
+    message = str(info.value)
+    assert message.startswith("pipeline.drafters.strong.model: vocabulary mismatch:")
+    assert "has 48 tokens but the target" in message and "has 64" in message
+
+
+def test_vocabulary_mismatch_stops_load_pipeline_before_loading_models(
+    model_dirs: dict[str, Path], registry: Registry, tmp_path: Path
+) -> None:
+    path = write(
+        tmp_path, yaml.safe_dump(_two_model_pipeline(model_dirs, "other"), sort_keys=False)
+    )
+    with pytest.raises(ConfigError, match="vocabulary mismatch"):
+        load_pipeline(path, registry=registry, resources=Resources())
+
+
+def test_matching_vocabularies_pass(model_dirs: dict[str, Path], registry: Registry) -> None:
+    spec = pipeline_spec_from_dict(_two_model_pipeline(model_dirs, "same"), registry)
+    check_vocabularies(spec, Resources())
+
+
+def test_missing_model_directory_is_a_config_error(tmp_path: Path, registry: Registry) -> None:
+    spec = pipeline_spec_from_dict(override(BASE, "target", str(tmp_path / "none")), registry)
+    with pytest.raises(ConfigError, match=r"^pipeline\.target: model .* not found"):
+        check_vocabularies(spec, Resources())
+
+
+# ---------------------------------------------------------------------------- valid files
+
+
+VALID = """\
+target: zoo:target
+drafters:
+  weak:   {name: ngram, max_ngram: 5}
+  strong: {name: hf_lm, model: zoo:middle-m, temperature: 0.7}
+builder:   {name: layered, depth: 5, top_k: 10, budget: 63}
+scheduler: {name: layers, layers: [0, 2]}
+verifier:  greedy
+decoding:  {max_new_tokens: 64, stop: ["\\n\\n"], dtype: float64, device: cpu}
+"""
+
+
+def test_valid_file_is_structured(tmp_path: Path, registry: Registry) -> None:
+    spec = load_pipeline_spec(write(tmp_path, VALID), registry)
+    assert spec.target == "zoo:target"
+    roles = {role: c for role, c in spec.drafters}
+    assert list(roles) == ["weak", "strong"]
+    assert roles["weak"].config.max_ngram == 5 and roles["weak"].config.chain_len == 3
+    assert roles["strong"].config.temperature == 0.7
+    assert roles["strong"].path == "pipeline.drafters.strong"
+    assert (spec.builder.config.budget, spec.builder.config.max_strong_calls) == (63, None)
+    assert spec.scheduler.config.layers == [0, 2]
+    assert spec.verifier.name == "greedy"
+    assert spec.rescorer is None and spec.grafter is None
+    assert spec.decoding == DecodingConfig(
+        max_new_tokens=64, stop=["\n\n"], dtype="float64", device="cpu"
+    )
+
+
+def _to_mapping(spec: PipelineSpec) -> dict[str, Any]:
+    """The raw pipeline mapping that describes `spec` (the inverse of validation)."""
+
+    def component(c) -> dict[str, Any]:
+        return {"name": c.name, **attrs.asdict(c.config)}
+
+    return {
+        "target": spec.target,
+        "drafters": {role: component(c) for role, c in spec.drafters},
+        "builder": component(spec.builder),
+        "scheduler": component(spec.scheduler),
+        "verifier": component(spec.verifier),
+        "decoding": attrs.asdict(spec.decoding),
+    }
+
+
+def test_valid_file_round_trips(tmp_path: Path, registry: Registry) -> None:
+    spec = load_pipeline_spec(write(tmp_path, VALID), registry)
+    again_path = write(tmp_path, yaml.safe_dump(_to_mapping(spec), sort_keys=False), "again.yaml")
+    again = load_pipeline_spec(again_path, registry)
+    assert attrs.evolve(again, source=spec.source) == spec
+
+
+def test_defaults_fill_scheduler_verifier_and_decoding(registry: Registry) -> None:
+    spec = pipeline_spec_from_dict({**BASE, "verifier": None}, registry)
+    assert (spec.scheduler.name, spec.verifier.name) == ("never", "greedy")
+    assert spec.decoding == DecodingConfig()
+    assert spec.source == "<dict>"
+
+
+# ---------------------------------------------------------------------------- override
+
+
+def test_override_replaces_a_nested_key_without_mutating(registry: Registry) -> None:
+    changed = override(BASE, "builder.budget", 8)
+    assert changed["builder"] == {"name": "layered", "depth": 4, "top_k": 2, "budget": 8}
+    assert BASE["builder"]["budget"] == 16
+    assert pipeline_spec_from_dict(changed, registry).builder.config.budget == 8
+
+
+def test_override_replaces_a_whole_component() -> None:
+    changed = override(BASE, "scheduler", {"name": "always"})
+    assert changed["scheduler"] == {"name": "always"}
+    assert "scheduler" not in BASE
+
+
+def test_override_creates_missing_leaf_keys() -> None:
+    assert override(BASE, "decoding", {"seed": 3})["decoding"] == {"seed": 3}
+    assert override(BASE, "drafters.weak.chain_len", 2)["drafters"]["weak"]["chain_len"] == 2
+
+
+def test_override_through_a_non_mapping_fails() -> None:
+    with pytest.raises(ConfigError, match=r"^pipeline\.target: cannot override 'target\.x'"):
+        override(BASE, "target.x", 1)
+    with pytest.raises(ConfigError, match=r"^pipeline\.decoding: cannot override"):
+        override(BASE, "decoding.seed", 1)

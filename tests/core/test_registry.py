@@ -1,0 +1,249 @@
+"""The plugin registry: entry-point discovery (with faked distributions), clashes, lookups."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import attrs
+import pluggy
+import pytest
+
+from treegraft.core import registry as registry_module
+from treegraft.core.config import NoConfig
+from treegraft.core.hookspecs import Register, hookimpl
+from treegraft.core.interfaces import LayerState, Scheduler
+from treegraft.core.registry import (
+    AUTOLOAD_ENV,
+    ENTRY_POINT_GROUP,
+    PluginError,
+    Registry,
+    UnknownComponentError,
+)
+
+# ---------------------------------------------------------------------------- fakes
+
+
+class FakeDistribution(importlib.metadata.Distribution):
+    """An installed distribution that exists only in memory: metadata and entry points."""
+
+    def __init__(
+        self, name: str, entry_points: dict[str, str], group: str = ENTRY_POINT_GROUP
+    ) -> None:
+        lines = "".join(f"{ep} = {module}\n" for ep, module in entry_points.items())
+        self._files = {
+            "METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+            "entry_points.txt": f"[{group}]\n{lines}",
+        }
+
+    def read_text(self, filename: str) -> str | None:
+        return self._files.get(filename)
+
+    def locate_file(self, path: str) -> Path:
+        return Path(path)
+
+
+@attrs.define
+class CoinScheduler(Scheduler):
+    """A scheduler for tests: always the cheapest drafter."""
+
+    Config = NoConfig
+    config: NoConfig
+
+    def decide(self, state: LayerState) -> int:
+        return 0
+
+
+def plugin_module(name: str, hook: str, body: Callable[[Register], None]) -> ModuleType:
+    """A module named `name` whose hook implementation `hook` runs `body(register)`."""
+    module = ModuleType(name)
+
+    def impl(register: Register) -> None:
+        body(register)
+
+    impl.__name__ = hook
+    setattr(module, hook, hookimpl(impl))
+    return module
+
+
+def scheduler_plugin(module_name: str, component: str, factory: type = CoinScheduler) -> ModuleType:
+    """A plugin module registering one scheduler."""
+    return plugin_module(
+        module_name,
+        "treegraft_register_schedulers",
+        lambda register: register(component, factory),
+    )
+
+
+@pytest.fixture
+def installed(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """Install fake distributions: `installed(dist_name, {entry_point: module}, *modules)`."""
+    dists: list[FakeDistribution] = []
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda **kw: iter(list(dists)))
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+
+    def install(name: str, entry_points: dict[str, str], *modules: ModuleType) -> None:
+        for module in modules:
+            monkeypatch.setitem(sys.modules, module.__name__, module)
+        dists.append(FakeDistribution(name, entry_points))
+
+    return install
+
+
+# ---------------------------------------------------------------------------- discovery
+
+
+def test_entry_point_plugin_is_discovered_with_its_distribution(installed) -> None:
+    installed("treegraft-coin", {"coin": "fake_coin"}, scheduler_plugin("fake_coin", "coin"))
+    registry = Registry.create()
+    reg = registry.get("scheduler", "coin")
+    assert reg.factory is CoinScheduler
+    assert reg.distribution == "treegraft-coin"
+    assert registry.get("drafter", "ngram").distribution == "treegraft"  # built-ins stay
+
+
+def test_entry_points_of_other_groups_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    dist = FakeDistribution("other-tool", {"coin": "fake_not_imported"}, group="other_tool")
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda **kw: iter([dist]))
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    assert "coin" not in Registry.create().names("scheduler")
+
+
+def test_name_clash_between_plugins_names_both_distributions(installed) -> None:
+    installed("dist-one", {"one": "fake_one"}, scheduler_plugin("fake_one", "coin"))
+    installed("dist-two", {"two": "fake_two"}, scheduler_plugin("fake_two", "coin"))
+    with pytest.raises(PluginError, match="registered twice") as info:
+        Registry.create()
+    assert "'dist-one'" in str(info.value) and "'dist-two'" in str(info.value)
+    assert "scheduler 'coin'" in str(info.value)
+
+
+def test_name_clash_with_a_builtin_names_treegraft(installed) -> None:
+    installed("treegraft-never", {"nv": "fake_never"}, scheduler_plugin("fake_never", "never"))
+    with pytest.raises(PluginError) as info:
+        Registry.create()
+    assert "'treegraft'" in str(info.value) and "'treegraft-never'" in str(info.value)
+
+
+def test_disable_autoload_env_skips_entry_points_but_keeps_builtins(
+    installed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installed("treegraft-coin", {"coin": "fake_coin"}, scheduler_plugin("fake_coin", "coin"))
+    monkeypatch.setenv(AUTOLOAD_ENV, "1")
+    registry = Registry.create()
+    assert "coin" not in registry.names("scheduler")
+    assert registry.entries.keys() == Registry.create(autoload=False).entries.keys()
+    assert {r.distribution for r in registry.all()} == {"treegraft"}
+    assert {"ngram", "hf_lm"} <= set(registry.names("drafter"))
+
+
+def test_explicit_autoload_overrides_the_env(installed, monkeypatch: pytest.MonkeyPatch) -> None:
+    installed("treegraft-coin", {"coin": "fake_coin"}, scheduler_plugin("fake_coin", "coin"))
+    monkeypatch.setenv(AUTOLOAD_ENV, "1")
+    assert "coin" in Registry.create(autoload=True).names("scheduler")
+    monkeypatch.delenv(AUTOLOAD_ENV)
+    assert "coin" not in Registry.create(autoload=False).names("scheduler")
+
+
+def test_plugins_passed_directly_get_a_placeholder_distribution(installed) -> None:
+    registry = Registry.create(plugins=[scheduler_plugin("fake_direct", "coin")])
+    assert registry.get("scheduler", "coin").distribution == "<plugin fake_direct>"
+
+
+# ---------------------------------------------------------------------------- broken plugins
+
+
+def test_misspelled_hook_fails_check_pending(installed) -> None:
+    typo = plugin_module("fake_typo", "treegraft_register_drafter", lambda register: None)
+    installed("treegraft-typo", {"typo": "fake_typo"}, typo)
+    with pytest.raises(pluggy.PluginValidationError, match="treegraft_register_drafter"):
+        Registry.create()
+
+
+def test_class_that_is_not_the_interface_is_rejected(installed) -> None:
+    @attrs.define
+    class NotAScheduler:
+        Config = NoConfig
+
+    installed(
+        "treegraft-bad", {"bad": "fake_bad"}, scheduler_plugin("fake_bad", "bad", NotAScheduler)
+    )
+    with pytest.raises(PluginError, match="not a subclass of Scheduler"):
+        Registry.create()
+
+
+@pytest.mark.parametrize("config", [None, dict], ids=["missing", "not-attrs"])
+def test_component_without_attrs_config_is_rejected(installed, config: type | None) -> None:
+    @attrs.define
+    class Bare(Scheduler):
+        def decide(self, state: LayerState) -> int:
+            return 0
+
+    if config is not None:
+        Bare.Config = config
+    installed("treegraft-bare", {"bare": "fake_bare"}, scheduler_plugin("fake_bare", "bare", Bare))
+    with pytest.raises(PluginError, match="needs a nested attrs class `Config`"):
+        Registry.create()
+
+
+def test_empty_component_name_is_rejected(installed) -> None:
+    installed("treegraft-empty", {"empty": "fake_empty"}, scheduler_plugin("fake_empty", ""))
+    with pytest.raises(PluginError, match="invalid name"):
+        Registry.create()
+
+
+# ---------------------------------------------------------------------------- lookups
+
+
+@pytest.fixture
+def builtins_only() -> Registry:
+    return Registry.create(autoload=False)
+
+
+def test_unknown_name_lists_known_names_and_close_matches(builtins_only: Registry) -> None:
+    with pytest.raises(UnknownComponentError) as info:
+        builtins_only.get("drafter", "ngarm")
+    message = str(info.value)
+    assert "unknown drafter 'ngarm'" in message
+    assert "did you mean 'ngram'?" in message
+    assert f"known drafters: {', '.join(builtins_only.names('drafter'))}" in message
+
+
+def test_unknown_name_without_close_match_has_no_hint(builtins_only: Registry) -> None:
+    with pytest.raises(UnknownComponentError) as info:
+        builtins_only.get("verifier", "zzz")
+    assert "did you mean" not in str(info.value)
+    assert f"known verifiers: {', '.join(builtins_only.names('verifier'))}" in str(info.value)
+
+
+def test_unknown_kind_lists_the_kinds(builtins_only: Registry) -> None:
+    with pytest.raises(UnknownComponentError, match="unknown component kind 'drafters'"):
+        builtins_only.get("drafters", "ngram")
+
+
+def test_all_is_sorted_by_kind_then_name(builtins_only: Registry) -> None:
+    rows = [(r.kind, r.name) for r in builtins_only.all()]
+    kinds = list(registry_module.KINDS)
+    assert rows == sorted(rows, key=lambda r: (kinds.index(r[0]), r[1]))
+    assert ("builder", "layered") in rows and ("verifier", "greedy") in rows
+
+
+def test_config_fields_are_the_attrs_fields(builtins_only: Registry) -> None:
+    fields = builtins_only.get("builder", "layered").config_fields()
+    assert [f.name for f in fields] == ["depth", "top_k", "budget", "max_strong_calls"]
+    assert builtins_only.get("verifier", "greedy").config_fields() == []
+
+
+def test_default_registry_is_cached_until_reset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(AUTOLOAD_ENV, "1")
+    registry_module.reset_default_registry()
+    try:
+        first = registry_module.default_registry()
+        assert registry_module.default_registry() is first
+        registry_module.reset_default_registry()
+        assert registry_module.default_registry() is not first
+    finally:
+        registry_module.reset_default_registry()

@@ -1,0 +1,190 @@
+"""The `treegraft` command line: plugins, validate, generate."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from click.testing import Result
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from typer.testing import CliRunner
+
+from tests.conftest import greedy_reference, tiny_llama
+from treegraft import cli
+from treegraft.cli import _describe_field, app
+from treegraft.core.registry import default_registry
+
+VOCAB = 64
+
+
+@pytest.fixture(autouse=True)
+def wide_consoles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rich wraps at the terminal width (80 when none): one line per message and table row."""
+    for console in (cli.out, cli.console):
+        monkeypatch.setattr(console, "_width", 1000)
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(app, list(args))
+
+
+def word_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over `t0 .. t62` plus `[UNK]` (id 63), split on whitespace."""
+    vocab = {f"t{i}": i for i in range(VOCAB - 1)} | {"[UNK]": VOCAB - 1}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random model and its tokenizer saved in Hugging Face format."""
+    path = tmp_path_factory.mktemp("tiny-model")
+    tiny_llama(seed=5, vocab=VOCAB).save_pretrained(path)
+    word_tokenizer().save_pretrained(path)
+    return path
+
+
+def pipeline_file(tmp_path: Path, target: str, **overrides: Any) -> Path:
+    data = {
+        "target": target,
+        "drafters": {"weak": {"name": "ngram", "max_ngram": 3}},
+        "builder": {"name": "layered", "depth": 3, "top_k": 2, "budget": 8},
+        "decoding": {"max_new_tokens": 12, "dtype": "float64", "device": "cpu"},
+        **overrides,
+    }
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+# ---------------------------------------------------------------------------- plugins
+
+
+def test_plugins_lists_every_component_with_its_config_fields() -> None:
+    result = invoke("plugins")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    for reg in default_registry().all():
+        row = [line for line in lines if re.search(rf"\b{reg.kind}\b.*\b{reg.name}\b", line)]
+        assert row, f"no row for {reg.kind} {reg.name}"
+        assert reg.distribution in row[0]
+        for field in reg.config_fields():
+            assert _describe_field(field) in row[0]
+
+
+def test_plugins_shows_builtin_defaults() -> None:
+    stdout = invoke("plugins").stdout
+    assert "budget: int >= 1=" in stdout
+    assert "model: str," in stdout  # a required field has no default
+    builtin = {(r.kind, r.name) for r in default_registry().all() if r.distribution == "treegraft"}
+    assert {("drafter", "ngram"), ("drafter", "hf_lm"), ("builder", "layered")} <= builtin
+    assert {("scheduler", "never"), ("verifier", "greedy")} <= builtin
+
+
+# ---------------------------------------------------------------------------- validate
+
+
+def test_validate_accepts_a_good_file(tmp_path: Path, model_dir: Path) -> None:
+    path = pipeline_file(tmp_path, str(model_dir))
+    result = invoke("validate", str(path))
+    assert result.exit_code == 0, result.output
+    assert f"✓ {path}: target {model_dir}; drafters ngram; builder layered" in result.stdout
+
+
+def test_validate_reports_each_bad_file_and_exits_1(tmp_path: Path, model_dir: Path) -> None:
+    good = pipeline_file(tmp_path, str(model_dir))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("budget: 8", "budget: -3"))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("target: [unclosed\n")
+    result = invoke("validate", str(good), str(bad), str(broken))
+    assert result.exit_code == 1
+    assert "✓" in result.stdout
+    assert "pipeline.builder.budget: expected int >= 1, got -3" in result.stderr
+    assert f"{broken}: malformed YAML at line 2" in result.stderr
+
+
+def test_validate_checks_model_references(tmp_path: Path) -> None:
+    result = invoke("validate", str(pipeline_file(tmp_path, str(tmp_path / "missing"))))
+    assert result.exit_code == 1
+    assert "pipeline.target: model" in result.stderr and "not found" in result.stderr
+
+
+def test_validate_missing_file(tmp_path: Path) -> None:
+    result = invoke("validate", str(tmp_path / "nope.yaml"))
+    assert result.exit_code == 1
+    assert "pipeline file not found" in result.stderr
+
+
+# ---------------------------------------------------------------------------- generate
+
+def test_generate_streams_greedy_text_and_a_stats_line(tmp_path: Path, model_dir: Path) -> None:
+    prompt = "t1 t2 t3 t4 t1 t2 t3 t4 t1 t2"
+    pipeline = pipeline_file(tmp_path, str(model_dir))
+    result = invoke("generate", "--pipeline", str(pipeline), "--prompt", prompt)
+    assert result.exit_code == 0, result.output
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
+    ids = torch.tensor(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    expected = tokenizer.decode(greedy_reference(model, ids, 12))
+    assert result.stdout.strip() == expected
+    stats = re.search(
+        r"(\d+) new tokens · tau ([\d.]+) · .* · (\d+) target forwards", result.stderr
+    )
+    assert stats, result.stderr
+    assert int(stats.group(1)) == 12
+    assert float(stats.group(2)) >= 1.0
+    assert "finish: length" in result.stderr
+
+
+def test_generate_reads_the_prompt_from_a_file(tmp_path: Path, model_dir: Path) -> None:
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text("t5 t6 t7")
+    pipeline = pipeline_file(tmp_path, str(model_dir))
+    args = ["--prompt-file", str(prompt_file), "--max-new-tokens", "3"]
+    result = invoke("generate", "--pipeline", str(pipeline), *args)
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.split()) == 3
+    assert "3 new tokens" in result.stderr
+
+
+GENERATE_ERRORS = {
+    "no-prompt": ([], "give exactly one of --prompt or --prompt-file"),
+    "both-prompts": (["--prompt", "t1", "--prompt-file", "p.txt"], "give exactly one of"),
+    "empty-prompt": (["--prompt", ""], "the prompt is empty"),
+    "missing-prompt-file": (["--prompt-file", "nope.txt"], "--prompt-file: nope.txt not found"),
+    "bad-max-new-tokens": (
+        ["--prompt", "t1", "--max-new-tokens", "0"],
+        "--max-new-tokens: expected int >= 1, got 0",
+    ),
+}
+
+
+@pytest.mark.parametrize(("args", "message"), GENERATE_ERRORS.values(), ids=GENERATE_ERRORS.keys())
+def test_generate_argument_errors(
+    tmp_path: Path, model_dir: Path, args: list[str], message: str
+) -> None:
+    result = invoke("generate", "--pipeline", str(pipeline_file(tmp_path, str(model_dir))), *args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+
+
+def test_generate_missing_pipeline_file(tmp_path: Path) -> None:
+    result = invoke("generate", "--pipeline", str(tmp_path / "nope.yaml"), "--prompt", "t1")
+    assert result.exit_code == 2
+    assert "nope.yaml" in result.stderr and "not found" in result.stderr
+
+
+def test_generate_bad_pipeline_names_the_path(tmp_path: Path, model_dir: Path) -> None:
+    path = pipeline_file(tmp_path, str(model_dir), builder={"name": "layerd"})
+    result = invoke("generate", "--pipeline", str(path), "--prompt", "t1")
+    assert result.exit_code == 2
+    assert "pipeline.builder.name: unknown builder 'layerd'; did you mean 'layered'?" in (
+        result.stderr
+    )
