@@ -4,7 +4,7 @@
     python3 scripts/dev.py run [-- extra `treegraft generate` arguments]
     python3 scripts/dev.py test [-- extra pytest arguments]
 
-`run` decodes a prompt with `pipelines/default.yaml`; `test` runs the test suite, then builds the
+`run` decodes a prompt with `pipelines/treegraft.yaml`; `test` runs the test suite, then builds the
 documentation with `mkdocs build --strict`. Both first make sure the virtual environment exists and
 holds the package (and, for `test`, the `dev` and `docs` extras and the example plugin). The
 environment lives in `.venv` unless `TREEGRAFT_VENV` names another folder. A stamp file keyed on a
@@ -30,8 +30,11 @@ VENV_ENV = "TREEGRAFT_VENV"
 DEFAULT_VENV = ".venv"
 STAMP_NAME = ".treegraft-dev-stamp.json"
 EXAMPLE_PLUGIN = Path("docs") / "examples" / "treegraft-example-plugin"
-DEFAULT_PIPELINE = Path("pipelines") / "default.yaml"
-DEFAULT_PROMPT = "def fibonacci(n):\n    "
+DEFAULT_PIPELINE = Path("pipelines") / "treegraft.yaml"
+DEFAULT_PROMPT = (
+    "def count_words(path):\n"
+    '    """Return a dict mapping each word in the file at `path` to its number of occurrences."""\n'
+)
 
 TORCH_SPEC = "torch>=2.4,<3"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
