@@ -131,3 +131,19 @@ def test_tree_attention_kernel_path_matches_sdpa():
         random_tree(rng, int(prompt[-1]), 10, 32)
     assert runner._tree_kernel
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-9, atol=1e-9)
+
+
+def test_rewind_lets_a_step_be_rebuilt_with_another_tree():
+    model = tiny_llama(seed=6, vocab=24)
+    rng = torch.Generator().manual_seed(6)
+    prompt = torch.randint(0, 24, (7,), generator=rng)
+    runner = CausalLMRunner(model)
+    runner.begin(prompt, max_len=40)
+    with torch.no_grad():
+        runner.forward_tree(random_tree(rng, int(prompt[-1]), 9, 24))
+        runner.rewind()
+        other = random_tree(rng, int(prompt[-1]), 5, 24)
+        logits = runner.forward_tree(other)
+    for i in range(other.n_nodes):
+        ids = prompt.tolist() + path_ids(other, i)[1:]
+        torch.testing.assert_close(logits[i], plain_logits(model, ids), rtol=1e-9, atol=1e-9)

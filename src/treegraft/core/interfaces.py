@@ -169,6 +169,13 @@ class Drafter(Component):
         """Next-token log-probs after every node, `[n, V]`, from one forward over the tree."""
         raise NotImplementedError(f"{type(self).__name__} cannot score a tree")
 
+    def rewind(self) -> None:  # noqa: B027 - optional hook
+        """Forget the tree seen in this step, as if the step had not begun.
+
+        Lets offline tools (the scheduler's value system) build several counterfactual trees for
+        the same committed state. Drafters without per-step state need not override it.
+        """
+
     @abstractmethod
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
         """Record a step's outcome.

@@ -214,6 +214,10 @@ class CausalLMRunner:
         self.forwards += 1
         return out.logits[0, -n_logits:] if n_logits else out.logits[0, :0]
 
+    def rewind(self) -> None:
+        """Drop this step's region (pending chain and tree nodes); the next forward redoes it."""
+        self.n_pending = self.n_seen = 0
+
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
         """Append `tokens` to the committed sequence and keep the seen accepted nodes' keys/values.
 

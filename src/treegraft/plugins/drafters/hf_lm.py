@@ -68,6 +68,10 @@ class HFLMDrafter(Drafter):
     def score_tree(self, tree: DraftTree) -> Tensor:
         return self._score(tree)
 
+    def rewind(self) -> None:
+        self.runner.rewind()
+        self.node_logp = None
+
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
         self.runner.commit(accepted, tokens)
         self.node_logp = None

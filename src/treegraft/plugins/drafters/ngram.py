@@ -153,6 +153,9 @@ class NgramDrafter(Drafter):
         first = row.log_share + cal.log_rate(row.match_len, 0)
         return [first] + [cal.log_rate(row.match_len, t) for t in range(1, len(row.chain))]
 
+    def rewind(self) -> None:
+        self.rows = []
+
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
         new = tokens.tolist()
         self._learn(accepted.tolist(), new)
