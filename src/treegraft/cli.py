@@ -151,7 +151,7 @@ def _describe_field(f) -> str:
 
     from treegraft.core.config import expected
 
-    default = "" if f.default is attrs.NOTHING else f"={_default_repr(f.default)}"
+    default = " (required)" if f.default is attrs.NOTHING else f" (default {_default_repr(f.default)})"
     return f"{f.name}: {expected(f)}{default}"
 
 
