@@ -26,6 +26,14 @@ def pipeline(
     return load_pipeline(spec, resources=resources)
 
 
+SELF_DRAFT = {"s": {"name": "hf_lm", "model": "mem:target"}}
+
+
+def self_draft(target, **kw):
+    """A pipeline whose LM drafter is the target itself."""
+    return pipeline(memory_resources(target=target), SELF_DRAFT, **kw)
+
+
 def repetitive_prompt(seed: int, length: int) -> torch.Tensor:
     """A prompt with repeated spans so the n-gram drafter finds matches."""
     g = torch.Generator().manual_seed(seed)
@@ -94,15 +102,7 @@ def test_equals_hugging_face_generate(tiny_target, tiny_drafter):
 
 @pytest.mark.parametrize("depth", [1, 3, 5])
 def test_self_draft_chain_commits_full_path_plus_bonus(tiny_target, depth):
-    res = memory_resources(target=tiny_target)
-    pipe = pipeline(
-        res,
-        {"s": {"name": "hf_lm", "model": "mem:target"}},
-        depth=depth,
-        top_k=1,
-        budget=depth,
-        max_new=40,
-    )
+    pipe = self_draft(tiny_target, depth=depth, top_k=1, budget=depth, max_new=40)
     out = pipe.generate(repetitive_prompt(0, 10))
     assert [e.accepted for e in out.events[:-1]] == [depth] * (len(out.events) - 1)
     assert out.summary.tau > depth  # the last step may be cut short
@@ -114,15 +114,7 @@ def test_self_draft_tree_always_accepts_down_to_a_leaf(tiny_target):
     A node that was expanded got the target's own top-k children, its argmax among them, so the
     accepted path only ends where the tree ends.
     """
-    res = memory_resources(target=tiny_target)
-    pipe = pipeline(
-        res,
-        {"s": {"name": "hf_lm", "model": "mem:target"}},
-        depth=3,
-        top_k=3,
-        budget=39,
-        max_new=40,
-    )
+    pipe = self_draft(tiny_target, depth=3, top_k=3, budget=39, max_new=40)
     out = pipe.generate(repetitive_prompt(1, 10))
     for e in out.events[:-1]:
         last = int(e.verdict.path[int(e.verdict.length) - 1])
@@ -157,10 +149,7 @@ def eos_case(position: int):
 @pytest.mark.parametrize("position", [0, 5, 13])
 def test_eos_inside_an_accepted_block(position):
     target, prompt, expected = eos_case(position)
-    res = memory_resources(target=target)
-    pipe = pipeline(
-        res, {"s": {"name": "hf_lm", "model": "mem:target"}}, depth=4, top_k=1, budget=4, max_new=40
-    )
+    pipe = self_draft(target, depth=4, top_k=1, budget=4, max_new=40)
     out = pipe.generate(prompt)
     assert list(out.token_ids) == expected
     assert out.finish_reason == "eos"
@@ -168,15 +157,7 @@ def test_eos_inside_an_accepted_block(position):
 
 @pytest.mark.parametrize("max_new", [1, 3, 7, 10])
 def test_max_new_tokens_inside_an_accepted_block(tiny_target, max_new):
-    res = memory_resources(target=tiny_target)
-    pipe = pipeline(
-        res,
-        {"s": {"name": "hf_lm", "model": "mem:target"}},
-        depth=4,
-        top_k=1,
-        budget=4,
-        max_new=max_new,
-    )
+    pipe = self_draft(tiny_target, depth=4, top_k=1, budget=4, max_new=max_new)
     prompt = repetitive_prompt(4, 10)
     out = pipe.generate(prompt)
     assert list(out.token_ids) == greedy_reference(tiny_target, prompt, max_new)
@@ -198,16 +179,7 @@ def test_stop_string_inside_an_accepted_block(tiny_target):
     text = LetterTokenizer().decode(ref)
     stop = text[9:11]  # a two-letter string completed at token 10 (or earlier)
     end = text.index(stop) + len(stop)
-    res = memory_resources(target=tiny_target)
-    pipe = pipeline(
-        res,
-        {"s": {"name": "hf_lm", "model": "mem:target"}},
-        depth=4,
-        top_k=1,
-        budget=4,
-        max_new=30,
-        stop=[stop],
-    )
+    pipe = self_draft(tiny_target, depth=4, top_k=1, budget=4, max_new=30, stop=[stop])
     pipe.tokenizer = LetterTokenizer()
     out = pipe.generate(prompt)
     assert list(out.token_ids) == ref[:end]
