@@ -211,6 +211,12 @@ def trace_render(
 def _mount_subcommands() -> None:
     for module, name, help_text in (
         ("treegraft.zoo.cli", "zoo", "Build the corpus, suites and models of the embedded zoo."),
+        (
+            "treegraft.bench.cli",
+            "bench",
+            "Benchmark pipelines against plain decoding and other baselines (greedy, batch 1). "
+            "`treegraft bench CONFIG.yaml` is short for `treegraft bench run CONFIG.yaml`.",
+        ),
     ):
         try:
             sub = __import__(module, fromlist=["app"]).app

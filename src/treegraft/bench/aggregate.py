@@ -1,0 +1,176 @@
+"""Per-request records -> summary rows per pair, per suite and overall.
+
+Definitions (every method is paired with plain decoding `ar` of the same prompt, pair and
+repetition, always measured):
+
+- tokens/s: median over requests of `new_tokens / wall_s`.
+- speedup (ratio of medians): median tokens/s of the method / median tokens/s of `ar`.
+- speedup_mean (mean of ratios): mean over requests of `tokens/s(method) / tokens/s(ar)`.
+- tau: total tokens committed by target forwards (bonus included) / total target forwards.
+- acceptance per depth d: fraction of steps that accepted at least d draft tokens (pooled).
+- strong calls per step: total strong-drafter calls / total steps.
+- time split: each part's total seconds / total wall seconds.
+- with several repetitions, every number is the mean over repetitions and `*_std` the spread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from statistics import mean, median, stdev
+
+import attrs
+
+from treegraft.bench.config import AR
+from treegraft.bench.records import MEASURED, SPLIT_KEYS, Request
+from treegraft.core.metrics import acceptance_per_depth
+
+ALL = "all"
+#: Numbers reported with a spread over repetitions.
+SPREAD = ("tokens_per_s", "speedup", "speedup_mean", "tau")
+
+
+@attrs.frozen
+class Row:
+    """Aggregated metrics of one method on one group of requests (see the module docstring)."""
+
+    pair: str
+    suite: str
+    method: str
+    mode: str
+    requests: int
+    new_tokens: int
+    tokens_per_s: float
+    speedup: float
+    speedup_mean: float
+    tau: float
+    acceptance: tuple[float, ...]
+    strong_calls_per_step: float | None
+    split: dict[str, float]
+    peak_mem_mib: float
+    exact_rate: float
+    spread: dict[str, float] = attrs.field(factory=dict)
+
+
+def ar_index(requests: Iterable[Request]) -> dict[tuple[str, str, str, int], Request]:
+    """Measured plain-decoding requests by (pair, suite, prompt, repetition)."""
+    return {r.key: r for r in requests if r.method == AR and r.mode == MEASURED}
+
+
+def speedup_of(request: Request, ar: dict[tuple[str, str, str, int], Request]) -> float | None:
+    """Per-prompt speedup: tokens/s of the request over tokens/s of `ar` on the same prompt."""
+    base = ar.get(request.key)
+    if base is None or base.tokens_per_s <= 0:
+        return None
+    return request.tokens_per_s / base.tokens_per_s
+
+
+def group_row(
+    requests: Sequence[Request],
+    ar: dict[tuple[str, str, str, int], Request],
+    *,
+    pair: str,
+    suite: str,
+) -> Row:
+    """The metrics of one method and mode over `requests` (one repetition)."""
+    first = requests[0]
+    base = [ar[r.key] for r in requests]
+    steps = sum(r.steps for r in requests)
+    wall = sum(r.wall_s for r in requests)
+    detailed = [r for r in requests if r.accept_lengths]
+    return Row(
+        pair=pair,
+        suite=suite,
+        method=first.method,
+        mode=first.mode,
+        requests=len(requests),
+        new_tokens=sum(r.new_tokens for r in requests),
+        tokens_per_s=median(r.tokens_per_s for r in requests),
+        speedup=_ratio(
+            median(r.tokens_per_s for r in requests), median(a.tokens_per_s for a in base)
+        ),
+        speedup_mean=mean(
+            _ratio(r.tokens_per_s, a.tokens_per_s) for r, a in zip(requests, base, strict=True)
+        ),
+        tau=sum(r.committed for r in requests) / steps if steps else 0.0,
+        acceptance=acceptance_per_depth(a - 1 for r in detailed for a in r.accept_lengths),
+        strong_calls_per_step=(
+            sum(sum(r.strong_calls) for r in detailed) / sum(r.steps for r in detailed)
+            if detailed
+            else None
+        ),
+        split={
+            k: sum(r.split.get(k, 0.0) for r in requests) / wall if wall else 0.0
+            for k in SPLIT_KEYS
+        },
+        peak_mem_mib=max(r.peak_mem_mib for r in requests),
+        exact_rate=mean(1.0 if r.exact else 0.0 for r in requests),
+    )
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else 0.0
+
+
+def combine_repeats(rows: Sequence[Row]) -> Row:
+    """Mean of each number over repetitions, with the spread (sample std) of the main ones."""
+    if len(rows) == 1:
+        return attrs.evolve(rows[0], spread=dict.fromkeys(SPREAD, 0.0))
+
+    def avg(get: Callable[[Row], float]) -> float:
+        return mean(get(r) for r in rows)
+
+    depth = min(len(r.acceptance) for r in rows)
+    strong = [r.strong_calls_per_step for r in rows]
+    return attrs.evolve(
+        rows[0],
+        requests=sum(r.requests for r in rows),
+        new_tokens=sum(r.new_tokens for r in rows),
+        tokens_per_s=avg(lambda r: r.tokens_per_s),
+        speedup=avg(lambda r: r.speedup),
+        speedup_mean=avg(lambda r: r.speedup_mean),
+        tau=avg(lambda r: r.tau),
+        acceptance=tuple(avg(lambda r, d=d: r.acceptance[d]) for d in range(depth)),
+        strong_calls_per_step=None if None in strong else mean(strong),
+        split={k: avg(lambda r, k=k: r.split[k]) for k in SPLIT_KEYS},
+        peak_mem_mib=max(r.peak_mem_mib for r in rows),
+        exact_rate=avg(lambda r: r.exact_rate),
+        spread={name: stdev(getattr(r, name) for r in rows) for name in SPREAD},
+    )
+
+
+def aggregate(requests: Sequence[Request]) -> list[Row]:
+    """Rows for every (pair | all) x (suite | all) x method x mode, repetitions combined."""
+    ok = [r for r in requests if r.error is None]
+    ar = ar_index(ok)
+    ok = [r for r in ok if r.key in ar]
+    pairs = [*_ordered(r.pair for r in ok), ALL]
+    suites = [*_ordered(r.suite for r in ok), ALL]
+    methods = _ordered((r.method, r.mode) for r in ok)
+    rows = []
+    for pair in pairs:
+        for suite in suites:
+            for method, mode in methods:
+                chosen = [
+                    r
+                    for r in ok
+                    if pair in (ALL, r.pair)
+                    and suite in (ALL, r.suite)
+                    and (r.method, r.mode) == (method, mode)
+                ]
+                if chosen:
+                    rows.append(_over_repeats(chosen, ar, pair, suite))
+    return rows
+
+
+def _over_repeats(requests: list[Request], ar: dict, pair: str, suite: str) -> Row:
+    repeats = _ordered(r.repeat for r in requests)
+    per_repeat = [
+        group_row([r for r in requests if r.repeat == k], ar, pair=pair, suite=suite)
+        for k in repeats
+    ]
+    return combine_repeats(per_repeat)
+
+
+def _ordered(items: Iterable) -> list:
+    """Distinct items in first-seen order."""
+    return list(dict.fromkeys(items))

@@ -1,0 +1,123 @@
+"""`treegraft bench CONFIG.yaml` (run a sweep) and `treegraft bench compare A B`.
+
+Mount with `app.add_typer(bench_app, name="bench")`: a first argument that is not a sub-command
+name is taken as `run`'s, so `treegraft bench CONFIG.yaml --quick` runs the sweep.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from typer.core import TyperGroup
+
+
+class DefaultToRun(TyperGroup):
+    """A group whose default sub-command is `run`: `bench X.yaml` means `bench run X.yaml`."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(
+    cls=DefaultToRun,
+    help=(
+        "Benchmark pipelines against plain decoding and other baselines (greedy, batch 1). "
+        "`treegraft bench CONFIG.yaml` is short for `treegraft bench run CONFIG.yaml`."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True, soft_wrap=True)
+out = Console()
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code=2)
+
+
+@app.command("run")
+def run(
+    config: Annotated[
+        Path, typer.Argument(help="benchmark sweep YAML (see benchmarks/paper.yaml)")
+    ],
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="results directory (default: runs/bench-NAME-TIME)"),
+    ] = None,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="smoke run: 2 prompts per suite, at most 32 tokens")
+    ] = False,
+    repeat: Annotated[
+        int | None, typer.Option("--repeat", help="repeat the sweep N times (mean and spread)")
+    ] = None,
+    replay: Annotated[
+        bool,
+        typer.Option("--replay", help="also predict every pipeline without running the target"),
+    ] = False,
+    progress: Annotated[bool, typer.Option(help="show a progress bar with an ETA")] = True,
+) -> None:
+    """Run a sweep: pairs x suites x (plain decoding, baselines, pipelines); write the reports."""
+    from treegraft.bench.config import load_bench_config
+    from treegraft.bench.sweep import run_bench
+    from treegraft.core.config import ConfigError
+
+    try:
+        cfg = load_bench_config(config)
+    except ConfigError as exc:
+        _fail(str(exc))
+    if repeat is not None and repeat < 1:
+        _fail(f"--repeat: expected int >= 1, got {repeat}")
+    cfg = cfg.quick() if quick else cfg
+    cfg = cfg.with_settings(repeat=repeat) if repeat is not None else cfg
+    cfg = cfg.with_settings(replay=True) if replay else cfg
+    target = out_dir or Path("runs") / f"bench-{config.stem}-{datetime.now():%Y%m%d-%H%M%S}"
+    options = {"quick": quick, "repeat": repeat, "replay": replay, "config": str(config)}
+    try:
+        result = run_bench(cfg, target, progress=progress, options=options)
+    except (ConfigError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    out.print((result.out_dir / "summary.md").read_text(), markup=False, highlight=False)
+    console.print(f"results in {result.out_dir}")
+
+
+@app.command("compare")
+def compare(
+    a: Annotated[Path, typer.Argument(help="first result directory")],
+    b: Annotated[Path, typer.Argument(help="second result directory")],
+    suite: Annotated[str, typer.Option(help="suite to compare ('all': every suite)")] = "all",
+    markdown: Annotated[
+        Path | None, typer.Option("--markdown", help="also write the table as markdown here")
+    ] = None,
+) -> None:
+    """Side-by-side table of two result directories (speedup, tau, tokens/s, exactness)."""
+    from treegraft.bench.compare import COMPACT_HEADERS
+    from treegraft.bench.compare import compare as compare_dirs
+
+    try:
+        result = compare_dirs(a, b, suite=suite)
+    except FileNotFoundError as exc:
+        _fail(str(exc))
+    rows = result.compact()
+    pairs = list(dict.fromkeys(r[0] for r in rows))
+    skip = 1 if len(pairs) == 1 else 0  # one pair: name it above the table
+    heading = f"A: {a}\nB: {b}\nsuite: {suite}" + (f" · pair: {pairs[0]}" if skip else "")
+    out.print(heading, highlight=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for i, header in enumerate(COMPACT_HEADERS[skip:], start=skip):
+        table.add_column(header, no_wrap=i >= 2, justify="left" if i < 2 else "right")
+    for row in rows:
+        table.add_row(*row[skip:])
+    out.print(table)
+    if markdown is not None:
+        markdown.write_text(result.markdown(str(a), str(b)) + "\n")
+        console.print(f"wrote {markdown}")

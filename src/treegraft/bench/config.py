@@ -1,0 +1,260 @@
+"""The benchmark sweep file: model pairs x suites x pipelines, validated with path-addressed errors.
+
+```yaml
+pairs:
+  - {target: zoo:target, drafter: zoo:draft-m}
+suites: [humaneval, gsm8k]          # zoo suite names or JSONL files (relative to this file)
+prompts_per_suite: 10
+max_new_tokens: 128
+pipelines:
+  - treegraft
+  - {pipeline: treegraft, label: treegraft-every2, override: {scheduler: {name: every_k, k: 2}}}
+baselines: [hf-assisted, chain, ngram-only]
+```
+
+Errors read like the pipeline file's: `bench.pipelines[1].label: expected str, got 3`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from treegraft.core.config import (
+    ConfigError,
+    at_least,
+    each,
+    field,
+    one_of,
+    parse_yaml,
+    structure_config,
+)
+from treegraft.zoo import SUITES
+
+ROOT = "bench"
+
+#: Every baseline the harness knows, besides plain decoding (`ar`), which always runs.
+BASELINES = (
+    "hf-assisted",
+    "hf-prompt-lookup",
+    "chain",
+    "ngram-only",
+    "lm-only",
+    "treegraft-never",
+    "treegraft-always",
+    "treegraft-layers",
+    "treegraft-every_k",
+    "treegraft-threshold",
+    "treegraft-budgeted",
+)
+#: The plain autoregressive reference every other method is compared with.
+AR = "ar"
+
+
+@attrs.frozen
+class Pair:
+    """A target model and the LM drafter substituted into every pipeline."""
+
+    target: str = field(doc="target model reference: zoo:NAME, a directory or mem:NAME")
+    drafter: str = field(doc="LM drafter reference substituted into the pipelines' LM drafters")
+    label: str | None = field(None, doc="name in the reports (default: target+drafter)")
+
+    @property
+    def name(self) -> str:
+        return self.label or f"{short_ref(self.target)}+{short_ref(self.drafter)}"
+
+
+def short_ref(ref: str) -> str:
+    """`zoo:draft-m` -> `draft-m`; `/models/x/` -> `x`."""
+    for prefix in ("zoo:", "mem:"):
+        if ref.startswith(prefix):
+            return ref[len(prefix) :]
+    return Path(ref).name or ref
+
+
+@attrs.frozen
+class PipelineEntry:
+    """One pipeline of the sweep: a shipped name or YAML file, with optional overrides."""
+
+    pipeline: str = field(doc="a shipped pipeline name or a pipeline YAML file")
+    label: str | None = field(None, doc="name in the reports (default: the pipeline's name)")
+    override: dict[str, Any] = field(
+        attrs.Factory(dict),
+        doc="component -> replacement mapping (or dotted key -> value), e.g. {scheduler: {name: never}}",
+    )
+    substitute: str = field(
+        "strongest",
+        check=one_of("strongest", "all", "none"),
+        doc="which LM drafters get the pair's drafter: the strongest one, all, or none",
+    )
+
+    @property
+    def name(self) -> str:
+        return self.label or Path(self.pipeline).stem
+
+
+@attrs.frozen
+class BenchSettings:
+    """The protocol: which suites, how many prompts, how long, in which precision, how often."""
+
+    suites: list[str] = field(
+        attrs.Factory(lambda: list(SUITES)), doc="zoo suite names or JSONL suite files"
+    )
+    prompts_per_suite: int = field(10, check=at_least(1), doc="first N prompts of each suite")
+    max_new_tokens: int = field(128, check=at_least(1), doc="tokens generated per prompt at most")
+    baselines: list[str] = field(
+        attrs.Factory(lambda: list(BASELINES)),
+        check=each(one_of(*BASELINES)),
+        doc=f"baselines to run besides '{AR}': {', '.join(BASELINES)}",
+    )
+    dtype: str = field(
+        "float32", check=one_of("float32", "float64", "bfloat16", "float16"), doc="model precision"
+    )
+    device: str = field("auto", doc="'auto' (CUDA when present), 'cpu' or 'cuda:N'")
+    repeat: int = field(
+        1, check=at_least(1), doc="repetitions of the whole sweep (mean and spread)"
+    )
+    replay: bool = field(False, doc="also evaluate every pipeline in replay mode (no target runs)")
+    warmup_tokens: int = field(8, check=at_least(0), doc="tokens of one untimed warm-up per method")
+    latency_repeats: int = field(5, check=at_least(1), doc="timed forwards per latency-curve point")
+    hf_assistant_tokens: int | None = field(
+        None, doc="num_assistant_tokens of HF assisted generation (None: the HF default)"
+    )
+    hf_prompt_lookup_tokens: int = field(
+        10, check=at_least(1), doc="prompt_lookup_num_tokens of HF prompt-lookup decoding"
+    )
+    hf_max_ngram: int | None = field(
+        None, doc="max_matching_ngram_size of HF prompt-lookup decoding (None: the HF default)"
+    )
+
+
+@attrs.frozen
+class BenchConfig:
+    """A validated sweep: pairs x suites x (baselines + pipelines)."""
+
+    pairs: tuple[Pair, ...]
+    pipelines: tuple[PipelineEntry, ...]
+    settings: BenchSettings
+    base_dir: Path = Path(".")
+    source: str = "<dict>"
+
+    def quick(self) -> BenchConfig:
+        """The smoke-run version: 2 prompts per suite, at most 32 new tokens, one repetition."""
+        s = self.settings
+        return attrs.evolve(
+            self,
+            settings=attrs.evolve(
+                s,
+                prompts_per_suite=min(2, s.prompts_per_suite),
+                max_new_tokens=min(32, s.max_new_tokens),
+                repeat=1,
+                latency_repeats=min(2, s.latency_repeats),
+            ),
+        )
+
+    def with_settings(self, **changes: Any) -> BenchConfig:
+        """A copy with some settings replaced (command-line overrides)."""
+        return attrs.evolve(self, settings=attrs.evolve(self.settings, **changes))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The config as plain data (for the run manifest)."""
+        return {
+            "pairs": [attrs.asdict(p) for p in self.pairs],
+            "pipelines": [attrs.asdict(p) for p in self.pipelines],
+            **attrs.asdict(self.settings),
+            "source": self.source,
+        }
+
+
+NESTED = ("pairs", "pipelines")
+
+
+def bench_config_from_dict(
+    data: Any, *, base_dir: Path | str = ".", source: str = "<dict>"
+) -> BenchConfig:
+    """Validate a parsed sweep mapping; relative suite and pipeline paths resolve from `base_dir`."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{ROOT}: expected a mapping with keys pairs, suites, ..., got {data!r}")
+    known = [*NESTED, *(f.name for f in attrs.fields(BenchSettings))]
+    for key in data:
+        if key not in known:
+            raise ConfigError(
+                f"{ROOT}.{key}: unknown key{_hint(key, known)} expected keys: {', '.join(known)}"
+            )
+    _check_baselines(data.get("baselines"))
+    if "pairs" not in data:
+        raise ConfigError(f"{ROOT}.pairs: missing required key (list of {{target, drafter}})")
+    settings = structure_config(
+        BenchSettings, {k: v for k, v in data.items() if k not in NESTED}, ROOT
+    )
+    pipelines = _entries(data.get("pipelines") or [])
+    _check_labels(pipelines, settings)
+    return BenchConfig(
+        pairs=_pairs(data["pairs"]),
+        pipelines=pipelines,
+        settings=settings,
+        base_dir=Path(base_dir),
+        source=source,
+    )
+
+
+def load_bench_config(path: str | Path) -> BenchConfig:
+    """Read and validate a sweep YAML file (no model is loaded)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: benchmark config file not found")
+    data = parse_yaml(path.read_text(), str(path))
+    return bench_config_from_dict(data, base_dir=path.parent, source=str(path))
+
+
+def _hint(name: object, known: list[str]) -> str:
+    close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _check_baselines(raw: Any) -> None:
+    """Name the first unknown baseline (the field check only says the list is wrong)."""
+    for i, name in enumerate(raw if isinstance(raw, list) else []):
+        if name not in BASELINES:
+            raise ConfigError(
+                f"{ROOT}.baselines[{i}]: unknown baseline {name!r}{_hint(name, list(BASELINES))} "
+                f"known: {', '.join(BASELINES)}"
+            )
+
+
+def _pairs(raw: Any) -> tuple[Pair, ...]:
+    path = f"{ROOT}.pairs"
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{path}: expected a non-empty list of {{target, drafter}}, got {raw!r}")
+    pairs = tuple(structure_config(Pair, item, f"{path}[{i}]") for i, item in enumerate(raw))
+    names = [p.name for p in pairs]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ConfigError(f"{path}[{i}]: duplicate pair {name!r}; give it a distinct label")
+    return pairs
+
+
+def _entries(raw: Any) -> tuple[PipelineEntry, ...]:
+    path = f"{ROOT}.pipelines"
+    if not isinstance(raw, list):
+        raise ConfigError(f"{path}: expected a list of pipeline names or entries, got {raw!r}")
+    entries = []
+    for i, item in enumerate(raw):
+        item = {"pipeline": item} if isinstance(item, str) else item
+        entries.append(structure_config(PipelineEntry, item, f"{path}[{i}]"))
+    return tuple(entries)
+
+
+def _check_labels(entries: tuple[PipelineEntry, ...], settings: BenchSettings) -> None:
+    seen = {AR, *settings.baselines}
+    for i, entry in enumerate(entries):
+        if entry.name in seen:
+            raise ConfigError(
+                f"{ROOT}.pipelines[{i}].label: the name {entry.name!r} is already taken "
+                "(by a baseline or an earlier entry); give this entry a distinct label"
+            )
+        seen.add(entry.name)

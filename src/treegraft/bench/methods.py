@@ -1,0 +1,345 @@
+"""The decoding methods of a sweep: plain decoding, Hugging Face baselines, and pipelines.
+
+Every method answers `run(prompt_ids, max_new_tokens) -> Run`. Hugging Face methods call
+`generate` (greedy, default dynamic cache, an explicit all-ones attention mask) and measure their
+forwards with hooks; pipeline methods iterate the one decode loop (`Pipeline.steps`).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import attrs
+import torch
+from torch import Tensor
+
+from treegraft.bench.config import (
+    BASELINES,
+    BenchConfig,
+    BenchSettings,
+    Pair,
+    PipelineEntry,
+)
+from treegraft.bench.measure import ForwardMeter, synchronize
+from treegraft.core.config import ConfigError, override, parse_yaml, pipeline_spec_from_dict
+from treegraft.core.decoder import StepEvent
+from treegraft.core.pipeline import Pipeline, eos_ids_of, resolve_pipeline
+from treegraft.core.registry import Registry
+from treegraft.core.resources import ModelRefError, Resources
+
+HF_ASSISTED = "hf-assisted"
+HF_PROMPT_LOOKUP = "hf-prompt-lookup"
+
+#: The scheduler swapped into the shipped `treegraft` pipeline for each `treegraft-<name>` baseline.
+SCHEDULER_BASELINES: dict[str, dict[str, Any]] = {
+    "never": {"name": "never"},
+    "always": {"name": "always"},
+    "layers": {"name": "layers", "layers": [0, 2]},
+    "every_k": {"name": "every_k", "k": 2},
+    "threshold": {"name": "threshold"},
+    "budgeted": {"name": "budgeted"},
+}
+
+
+@attrs.frozen
+class Run:
+    """What one method did on one prompt (before exactness and memory are added).
+
+    Attributes:
+        output_ids: generated tokens.
+        wall_s: wall seconds of the generation.
+        steps: target forwards.
+        committed: tokens committed by those forwards (bonus included).
+        split: seconds of `target`, `strong`, `weak` forwards and `framework` (the rest).
+        accept_lengths, strong_calls, step_times: per step (pipelines only).
+    """
+
+    output_ids: tuple[int, ...]
+    wall_s: float
+    steps: int
+    committed: int
+    split: dict[str, float]
+    accept_lengths: tuple[int, ...] = ()
+    strong_calls: tuple[int, ...] = ()
+    step_times: tuple[dict[str, float], ...] = ()
+
+
+class Method(Protocol):
+    """A way to decode a prompt."""
+
+    label: str
+
+    def run(self, prompt_ids: Tensor, max_new_tokens: int) -> Run: ...
+
+
+def time_split(wall: float, target: float, strong: float, weak: float) -> dict[str, float]:
+    """The four-way split of a request's wall time; framework is what the models did not use."""
+    return {
+        "target": target,
+        "strong": strong,
+        "weak": weak,
+        "framework": max(0.0, wall - target - strong - weak),
+    }
+
+
+# ---------------------------------------------------------------------------- Hugging Face
+
+
+@attrs.define
+class HFMethod:
+    """`model.generate` greedy, optionally with an assistant model or prompt lookup."""
+
+    label: str
+    model: Any
+    eos_ids: tuple[int, ...]
+    pad_id: int | None
+    assistant: Any = None
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+
+    def run(self, prompt_ids: Tensor, max_new_tokens: int) -> Run:
+        ids = prompt_ids.to(self.model.device)[None, :]  # [1, T]
+        sync = ids.device.type == "cuda"
+        with (
+            ForwardMeter(self.model, sync) as target,
+            ForwardMeter(self.assistant, sync) as strong,
+            torch.inference_mode(),
+        ):
+            synchronize(ids.device)
+            start = time.perf_counter()
+            out = self.model.generate(ids, **self._kwargs(ids, max_new_tokens))
+            synchronize(ids.device)
+            wall = time.perf_counter() - start
+        new = tuple(out[0, ids.shape[1] :].tolist())
+        return Run(
+            output_ids=new,
+            wall_s=wall,
+            steps=target.calls,
+            committed=len(new),
+            split=time_split(wall, target.seconds, strong.seconds, 0.0),
+        )
+
+    def _kwargs(self, ids: Tensor, max_new_tokens: int) -> dict[str, Any]:
+        kwargs = {
+            "attention_mask": torch.ones_like(ids),
+            "do_sample": False,
+            "num_beams": 1,
+            "max_new_tokens": max_new_tokens,
+            "eos_token_id": list(self.eos_ids) or None,
+            "pad_token_id": self.pad_id,
+            "use_cache": True,
+            **self.options,
+        }
+        if self.assistant is not None:
+            kwargs["assistant_model"] = self.assistant
+        return kwargs
+
+    def continuation(self, prompt_ids: Tensor, generated: Iterable[int], extra: int) -> list[int]:
+        """`extra` more greedy tokens after `generated`, ignoring EOS (for replay)."""
+        ids = torch.cat([prompt_ids.cpu(), torch.tensor(list(generated), dtype=torch.long)])
+        ids = ids.to(self.model.device)[None, :]
+        with torch.inference_mode():
+            out = self.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=extra,
+                eos_token_id=None,
+                pad_token_id=self.pad_id,
+            )
+        return [*generated, *out[0, ids.shape[1] :].tolist()]
+
+
+def hf_methods(pair: Pair, settings: BenchSettings, resources: Resources) -> dict[str, HFMethod]:
+    """Plain decoding of the pair's target, and the HF baselines the settings ask for."""
+    model = load_model(resources, pair.target, f"pair {pair.name}: target")
+    tokenizer = resources.load_tokenizer(pair.target)
+    eos = tuple(sorted(eos_ids_of(model, tokenizer)))
+    pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+    pad = pad if pad is not None else (eos[0] if eos else 0)
+    methods = {"ar": HFMethod("ar", model, eos, pad)}
+    if HF_ASSISTED in settings.baselines:
+        assistant = load_model(resources, pair.drafter, f"pair {pair.name}: drafter")
+        if settings.hf_assistant_tokens is not None:
+            # HF reads the draft length from the assistant's own generation config.
+            assistant.generation_config = copy.deepcopy(assistant.generation_config)
+            assistant.generation_config.num_assistant_tokens = settings.hf_assistant_tokens
+        methods[HF_ASSISTED] = HFMethod(HF_ASSISTED, model, eos, pad, assistant=assistant)
+    if HF_PROMPT_LOOKUP in settings.baselines:
+        options: dict[str, Any] = {"prompt_lookup_num_tokens": settings.hf_prompt_lookup_tokens}
+        if settings.hf_max_ngram is not None:
+            options["max_matching_ngram_size"] = settings.hf_max_ngram
+        methods[HF_PROMPT_LOOKUP] = HFMethod(HF_PROMPT_LOOKUP, model, eos, pad, options=options)
+    return methods
+
+
+def load_model(resources: Resources, ref: str, where: str) -> Any:
+    """`resources.model(ref)`, with a missing model reported as a `ConfigError` naming `where`."""
+    try:
+        return resources.model(ref)
+    except ModelRefError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------- pipelines
+
+
+@attrs.define
+class PipelineMethod:
+    """A treegraft pipeline, run through its decode loop."""
+
+    label: str
+    pipeline: Pipeline
+    strong: frozenset[int]
+
+    @classmethod
+    def create(cls, label: str, pipeline: Pipeline) -> PipelineMethod:
+        return cls(label, pipeline, strong_drafters(pipeline))
+
+    def run(self, prompt_ids: Tensor, max_new_tokens: int) -> Run:
+        device = self.pipeline.resources.device
+        synchronize(device)
+        start = time.perf_counter()
+        events = list(self.pipeline.steps(prompt_ids, max_new_tokens=max_new_tokens))
+        synchronize(device)
+        return run_of_events(events, time.perf_counter() - start, self.strong)
+
+
+def strong_drafters(pipeline: Pipeline) -> frozenset[int]:
+    """Indices of the drafters counted as strong: all but drafter 0, or a lone scoring drafter."""
+    drafters = pipeline.decoder.drafters
+    if len(drafters) == 1:
+        return frozenset({0}) if drafters[0].can_score else frozenset()
+    return frozenset(range(1, len(drafters)))
+
+
+def run_of_events(events: list[StepEvent], wall: float, strong: frozenset[int]) -> Run:
+    """A `Run` from a generation's step events and its wall time."""
+    seconds: dict[str, float] = {}
+    for event in events:
+        for label, value in event.times.items():
+            seconds[label] = seconds.get(label, 0.0) + value
+    drafter_s = {
+        int(k.removeprefix("drafter")): v for k, v in seconds.items() if k.startswith("drafter")
+    }
+    return Run(
+        output_ids=tuple(t for e in events for t in e.tokens),
+        wall_s=wall,
+        steps=len(events),
+        committed=sum(e.accepted + 1 for e in events),
+        split=time_split(
+            wall,
+            seconds.get("target", 0.0),
+            sum(v for i, v in drafter_s.items() if i in strong),
+            sum(v for i, v in drafter_s.items() if i not in strong),
+        ),
+        accept_lengths=tuple(e.accepted + 1 for e in events),
+        strong_calls=tuple(sum(c in strong for c in e.calls) for e in events),
+        step_times=tuple(dict(e.times) for e in events),
+    )
+
+
+@attrs.frozen
+class PipelinePlan:
+    """A pipeline to build for one pair: its label, its validated mapping and where it came from."""
+
+    label: str
+    raw: dict[str, Any]
+    where: str
+
+
+def baseline_entries(settings: BenchSettings) -> list[tuple[str, PipelineEntry]]:
+    """The pipeline baselines the settings ask for, as entries (HF baselines excluded)."""
+    entries = {
+        "chain": PipelineEntry("chain"),
+        "ngram-only": PipelineEntry("ngram-only"),
+        "lm-only": PipelineEntry("lm-only"),
+        **{
+            f"treegraft-{name}": PipelineEntry(
+                "treegraft", label=f"treegraft-{name}", override={"scheduler": scheduler}
+            )
+            for name, scheduler in SCHEDULER_BASELINES.items()
+        },
+    }
+    return [
+        (name, entries[name])
+        for name in BASELINES
+        if name in settings.baselines and name in entries
+    ]
+
+
+def pipeline_plans(
+    config: BenchConfig, pair: Pair, registry: Registry | None = None
+) -> list[PipelinePlan]:
+    """Every pipeline (baselines first, then the config's entries) for `pair`, validated."""
+    s = config.settings
+    located = [(f"bench.baselines ({name})", e) for name, e in baseline_entries(s)]
+    located += [(f"bench.pipelines[{i}]", e) for i, e in enumerate(config.pipelines)]
+    plans = []
+    for where, entry in located:
+        raw = pipeline_mapping(entry, pair, s, config.base_dir, where)
+        try:
+            pipeline_spec_from_dict(raw, registry, source=where)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        plans.append(PipelinePlan(entry.name, raw, where))
+    return plans
+
+
+def pipeline_mapping(
+    entry: PipelineEntry, pair: Pair, settings: BenchSettings, base_dir: Path, where: str
+) -> dict[str, Any]:
+    """The entry's pipeline mapping with the pair's models, its overrides and the bench decoding."""
+    local = (
+        Path(entry.pipeline) if Path(entry.pipeline).is_absolute() else base_dir / entry.pipeline
+    )
+    try:
+        path = local if local.is_file() else resolve_pipeline(entry.pipeline)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}.pipeline: {exc}") from None
+    raw = parse_yaml(path.read_text(), str(path))
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}.pipeline: {path} does not hold a pipeline mapping")
+    raw = substitute_models(dict(raw), pair, entry.substitute)
+    for key, value in entry.override.items():
+        try:
+            raw = override(raw, key, value)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}.override.{key}: {exc}") from None
+    raw["decoding"] = {
+        **(raw.get("decoding") or {}),
+        "max_new_tokens": settings.max_new_tokens,
+        "stop": [],
+        "stop_at_eos": True,
+        "dtype": settings.dtype,
+        "device": settings.device,
+    }
+    return raw
+
+
+def substitute_models(raw: dict[str, Any], pair: Pair, which: str) -> dict[str, Any]:
+    """Put the pair's target in, and its drafter into the strongest (or every, or no) LM drafter."""
+    raw = copy.deepcopy(raw)
+    raw["target"] = pair.target
+    drafters = raw.get("drafters")
+    specs = list(drafters.values()) if isinstance(drafters, Mapping) else list(drafters or [])
+    lm = [d for d in specs if isinstance(d, dict) and "model" in d]
+    chosen = {"strongest": lm[-1:], "all": lm, "none": []}[which]
+    for spec in chosen:
+        spec["model"] = pair.drafter
+    return raw
+
+
+def build_pipelines(
+    plans: list[PipelinePlan], resources: Resources, registry: Registry | None = None
+) -> list[PipelineMethod]:
+    """Load every planned pipeline on shared resources (each model is loaded once)."""
+    methods = []
+    for plan in plans:
+        spec = pipeline_spec_from_dict(plan.raw, registry, source=plan.where)
+        pipe = Pipeline.from_spec(spec, resources=resources, registry=registry)
+        methods.append(PipelineMethod.create(plan.label, pipe))
+    return methods

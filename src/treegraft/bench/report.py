@@ -1,0 +1,364 @@
+"""Writing results: per-request JSONL, summary CSV, a markdown report and the run manifest."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from treegraft.bench.aggregate import ALL, Row, ar_index, speedup_of
+from treegraft.bench.records import MEASURED, REPLAY, SPLIT_KEYS, Request, request_to_json
+
+REQUESTS = "requests.jsonl"
+SUMMARY_CSV = "summary.csv"
+SUMMARY_MD = "summary.md"
+MANIFEST = "manifest.json"
+LATENCY = "latency.json"
+
+CSV_COLUMNS = (
+    "pair",
+    "suite",
+    "method",
+    "mode",
+    "requests",
+    "new_tokens",
+    "tokens_per_s",
+    "tokens_per_s_std",
+    "speedup",
+    "speedup_std",
+    "speedup_mean",
+    "speedup_mean_std",
+    "tau",
+    "tau_std",
+    "strong_calls_per_step",
+    "acceptance_per_depth",
+    *(f"split_{k}" for k in SPLIT_KEYS),
+    "peak_mem_mib",
+    "exact_rate",
+)
+
+#: Markdown placeholder the lead replaces with the headline table of a real zoo run.
+HEADLINE_PLACEHOLDER = "<!-- headline table: filled in from a full zoo run -->"
+
+
+# ---------------------------------------------------------------------------- JSONL
+
+
+@attrs.define
+class RequestLog:
+    """Appends each request to `requests.jsonl` as soon as it is measured (with its speedup)."""
+
+    path: Path
+    requests: list[Request] = attrs.field(factory=list)
+    ar: dict[tuple[str, str, str, int], Request] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        self.path.write_text("")
+
+    def add(self, request: Request) -> None:
+        self.requests.append(request)
+        self.ar.update(ar_index([request]))
+        speedup = speedup_of(request, self.ar)
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(request_to_json(request, speedup)) + "\n")
+
+
+def read_requests(path: Path) -> list[Request]:
+    """Requests back from a `requests.jsonl` file."""
+    from treegraft.bench.records import request_from_json
+
+    with path.open(encoding="utf-8") as fh:
+        return [request_from_json(json.loads(line)) for line in fh if line.strip()]
+
+
+# ---------------------------------------------------------------------------- CSV
+
+
+def row_to_csv(row: Row) -> dict[str, Any]:
+    """One CSV row: numbers rounded, acceptance per depth joined with ';'."""
+    out: dict[str, Any] = {
+        "pair": row.pair,
+        "suite": row.suite,
+        "method": row.method,
+        "mode": row.mode,
+        "requests": row.requests,
+        "new_tokens": row.new_tokens,
+        "strong_calls_per_step": _num(row.strong_calls_per_step),
+        "acceptance_per_depth": ";".join(f"{a:.4f}" for a in row.acceptance),
+        "peak_mem_mib": _num(row.peak_mem_mib),
+        "exact_rate": _num(row.exact_rate),
+    }
+    for name in ("tokens_per_s", "speedup", "speedup_mean", "tau"):
+        out[name] = _num(getattr(row, name))
+        out[f"{name}_std"] = _num(row.spread.get(name, 0.0))
+    out.update({f"split_{k}": _num(row.split[k]) for k in SPLIT_KEYS})
+    return out
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else f"{value:.6g}"
+
+
+def write_csv(rows: Iterable[Row], path: Path) -> None:
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(row_to_csv(row))
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+# ---------------------------------------------------------------------------- markdown
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub-flavoured markdown table."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _x(value: float, spread: float | None = None) -> str:
+    text = f"{value:.2f}"
+    return f"{text} ± {spread:.2f}" if spread else text
+
+
+def _method_rows(rows: Sequence[Row]) -> list[list[str]]:
+    return [
+        [
+            r.method,
+            r.mode,
+            _x(r.speedup, r.spread.get("speedup")),
+            _x(r.speedup_mean, r.spread.get("speedup_mean")),
+            _x(r.tau, r.spread.get("tau")),
+            _x(r.tokens_per_s, r.spread.get("tokens_per_s")),
+            "-" if r.strong_calls_per_step is None else f"{r.strong_calls_per_step:.2f}",
+            f"{100 * r.exact_rate:.0f}%",
+        ]
+        for r in rows
+    ]
+
+
+METHOD_HEADERS = (
+    "method",
+    "mode",
+    "speedup (ratio of medians)",
+    "speedup (mean of ratios)",
+    "tau",
+    "tokens/s",
+    "strong calls/step",
+    "exact",
+)
+
+
+def overall_table(rows: Sequence[Row]) -> str:
+    """Every method over all pairs and suites."""
+    chosen = [r for r in rows if r.pair == ALL and r.suite == ALL]
+    return markdown_table(METHOD_HEADERS, _method_rows(chosen))
+
+
+def pair_tables(rows: Sequence[Row]) -> list[str]:
+    """Per pair: every method over all suites (unless it is the only pair), then per suite."""
+    out = []
+    pairs = list(dict.fromkeys(r.pair for r in rows if r.pair != ALL))
+    for pair in pairs:
+        mine = [r for r in rows if r.pair == pair]
+        out.append(f"### {pair}")
+        if len(pairs) > 1:
+            overall = [r for r in mine if r.suite == ALL]
+            out.append(markdown_table(METHOD_HEADERS, _method_rows(overall)))
+        out.append(suite_table(mine))
+    return out
+
+
+def acceptance_table(rows: Sequence[Row], depth: int = 8) -> str:
+    """Fraction of steps accepting at least d draft tokens, overall, for d = 1 .. `depth`."""
+    # Rows with per-step detail (pipelines): HF baselines report no accepted lengths.
+    chosen = [
+        r for r in rows if r.pair == ALL and r.suite == ALL and r.strong_calls_per_step is not None
+    ]
+    shown = min(depth, max((len(r.acceptance) for r in chosen), default=0))
+    body = [
+        [r.method, r.mode, *(f"{a:.2f}" for a in (*r.acceptance, *(0.0,) * shown)[:shown])]
+        for r in chosen
+    ]
+    return markdown_table(["method", "mode", *(f"d≥{d}" for d in range(1, shown + 1))], body)
+
+
+def suite_table(rows: Sequence[Row]) -> str:
+    """Speedup (ratio of medians) per method (rows) and suite (columns)."""
+    suites = list(dict.fromkeys(r.suite for r in rows))
+    cell = {(r.method, r.mode, r.suite): r.speedup for r in rows}
+    methods = list(dict.fromkeys((r.method, r.mode) for r in rows))
+    body = [
+        [m if mode == MEASURED else f"{m} ({mode})"]
+        + [f"{cell[(m, mode, s)]:.2f}" if (m, mode, s) in cell else "-" for s in suites]
+        for m, mode in methods
+    ]
+    return markdown_table(["speedup", *suites], body)
+
+
+def split_table(rows: Sequence[Row]) -> str:
+    """Where the time goes, overall, in percent of wall time."""
+    chosen = [r for r in rows if r.pair == ALL and r.suite == ALL]
+    body = [[r.method, r.mode, *(f"{100 * r.split[k]:.1f}" for k in SPLIT_KEYS)] for r in chosen]
+    return markdown_table(["method", "mode", *(f"{k} %" for k in SPLIT_KEYS)], body)
+
+
+def replay_table(rows: Sequence[Row]) -> str | None:
+    """Replay-predicted vs measured speedup and tau, per pipeline (overall)."""
+    overall = {(r.method, r.mode): r for r in rows if r.pair == ALL and r.suite == ALL}
+    body = []
+    for (method, mode), replay in overall.items():
+        measured = overall.get((method, MEASURED))
+        if mode != REPLAY or measured is None:
+            continue
+        error = (replay.speedup - measured.speedup) / measured.speedup if measured.speedup else 0.0
+        body.append(
+            [
+                method,
+                f"{measured.speedup:.2f}",
+                f"{replay.speedup:.2f}",
+                f"{100 * error:+.1f}%",
+                f"{measured.tau:.3f}",
+                f"{replay.tau:.3f}",
+            ]
+        )
+    if not body:
+        return None
+    headers = [
+        "pipeline",
+        "measured speedup",
+        "replay speedup",
+        "error",
+        "measured tau",
+        "replay tau",
+    ]
+    return markdown_table(headers, body)
+
+
+def exactness_section(requests: Sequence[Request]) -> str:
+    """A sentence when every output equals plain decoding, else the list of first mismatches."""
+    bad = [r for r in requests if not r.exact]
+    errors = [r for r in requests if r.error]
+    checked = sum(1 for r in requests if r.method != "ar")
+    text = (
+        f"All {checked} outputs equal plain decoding token for token."
+        if not bad
+        else f"{len(bad)} of {checked} outputs differ from plain decoding:\n\n"
+        + markdown_table(
+            ["pair", "suite", "prompt", "method", "mode", "position", "ar token", "got", "margin"],
+            [
+                [
+                    r.pair,
+                    r.suite,
+                    r.prompt_id,
+                    r.method,
+                    r.mode,
+                    r.mismatch.position,
+                    r.mismatch.expected,
+                    r.mismatch.got,
+                    "-" if r.mismatch.margin is None else f"{r.mismatch.margin:.4g}",
+                ]
+                for r in bad
+            ],
+        )
+    )
+    if errors:
+        text += "\n\nReplay could not follow the recorded continuation:\n\n" + "\n".join(
+            f"- {r.pair} / {r.suite} / {r.prompt_id} / {r.method}: {r.error}" for r in errors
+        )
+    return text
+
+
+def markdown_report(rows: Sequence[Row], requests: Sequence[Request], header: str) -> str:
+    """The whole `summary.md`."""
+    parts = [
+        "# treegraft benchmark",
+        header,
+        "## Overall (all pairs, all suites)",
+        overall_table(rows),
+        "## Per pair (speedup per suite)",
+        *pair_tables(rows),
+        "## Acceptance per depth (overall: fraction of steps accepting at least d drafts)",
+        acceptance_table(rows),
+        "## Time split (overall, % of wall time)",
+        split_table(rows),
+    ]
+    replay = replay_table(rows)
+    if replay:
+        parts += ["## Replay-predicted vs measured", replay]
+    parts += ["## Exactness", exactness_section(requests)]
+    return "\n\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------------------- manifest
+
+
+def environment() -> dict[str, Any]:
+    """Versions, machine and git state, for the run manifest."""
+    import torch
+    import transformers
+
+    import treegraft
+
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "treegraft": getattr(treegraft, "__version__", _dist_version("treegraft")),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "git": _git_state(Path(treegraft.__file__).resolve().parent),
+    }
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _git_state(where: Path) -> dict[str, Any] | None:
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=where, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def write_json(data: Mapping[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")

@@ -1,0 +1,139 @@
+"""Aggregation arithmetic on a hand-computed example."""
+
+from __future__ import annotations
+
+import pytest
+
+from treegraft.bench.aggregate import ALL, aggregate, ar_index, speedup_of
+from treegraft.bench.records import (
+    MEASURED,
+    Mismatch,
+    Request,
+    request_from_json,
+    request_to_json,
+)
+
+
+def req(
+    method: str, prompt: str, wall: float, new: int = 10, *, suite="s", repeat=0, **kw
+) -> Request:
+    values = {
+        "pair": "p",
+        "suite": suite,
+        "prompt_id": prompt,
+        "method": method,
+        "mode": MEASURED,
+        "repeat": repeat,
+        "prompt_tokens": 5,
+        "new_tokens": new,
+        "wall_s": wall,
+        "steps": new,
+        "committed": new,
+        "split": {"target": wall, "strong": 0.0, "weak": 0.0, "framework": 0.0},
+        "peak_mem_mib": 100.0,
+        "output_ids": tuple(range(new)),
+        **kw,
+    }
+    return Request(**values)
+
+
+def example(repeat: int = 0, scale: float = 1.0) -> list[Request]:
+    """Plain decoding at 10 and 5 tokens/s; the method at 20 and 4 tokens/s (x `scale`)."""
+    return [
+        req("ar", "a", 1.0, repeat=repeat),
+        req("ar", "b", 2.0, repeat=repeat),
+        req(
+            "m",
+            "a",
+            0.5 / scale,
+            repeat=repeat,
+            steps=5,
+            committed=12,
+            accept_lengths=(3, 1, 4, 2, 2),
+            strong_calls=(1, 1, 0, 0, 1),
+            split={"target": 0.2, "strong": 0.1, "weak": 0.1, "framework": 0.1},
+            peak_mem_mib=120.0,
+        ),
+        req(
+            "m",
+            "b",
+            2.5 / scale,
+            repeat=repeat,
+            steps=7,
+            committed=14,
+            accept_lengths=(2,) * 7,
+            strong_calls=(1,) * 7,
+            split={"target": 1.0, "strong": 0.5, "weak": 0.5, "framework": 0.5},
+            peak_mem_mib=150.0,
+            exact=False,
+            mismatch=Mismatch(position=3, expected=1, got=2, margin=0.01),
+        ),
+    ]
+
+
+def row(rows, method, pair=ALL, suite=ALL):
+    (found,) = [r for r in rows if (r.method, r.pair, r.suite) == (method, pair, suite)]
+    return found
+
+
+def test_hand_computed_example():
+    m = row(aggregate(example()), "m")
+    assert m.requests == 2 and m.new_tokens == 20
+    assert m.tokens_per_s == pytest.approx(12.0)  # median of 20 and 4
+    assert m.speedup == pytest.approx(12.0 / 7.5)  # ratio of medians: 12 / median(10, 5)
+    assert m.speedup_mean == pytest.approx((2.0 + 0.8) / 2)  # mean of 20/10 and 4/5
+    assert m.tau == pytest.approx(26 / 12)  # committed / target forwards, pooled
+    # accepted drafts per step: 2 0 3 1 1 | 1 1 1 1 1 1 1 -> >=1: 11, >=2: 2, >=3: 1 of 12
+    assert m.acceptance == pytest.approx((11 / 12, 2 / 12, 1 / 12))
+    assert m.strong_calls_per_step == pytest.approx(10 / 12)
+    assert m.split == pytest.approx(
+        {"target": 0.4, "strong": 0.2, "weak": 0.2, "framework": 0.2}
+    )  # 1.2 / 3.0 s, 0.6 / 3.0 s, ...
+    assert m.peak_mem_mib == 150.0
+    assert m.exact_rate == 0.5
+    ar = row(aggregate(example()), "ar")
+    assert (ar.speedup, ar.speedup_mean, ar.tau, ar.strong_calls_per_step) == (1.0, 1.0, 1.0, None)
+
+
+def test_per_prompt_speedup():
+    reqs = example()
+    index = ar_index(reqs)
+    assert [speedup_of(r, index) for r in reqs] == pytest.approx([1.0, 1.0, 2.0, 0.8])
+
+
+def test_repeats_give_mean_and_spread():
+    rows = aggregate(example(0, 1.0) + example(1, 2.0))  # the method twice as fast the 2nd time
+    m = row(rows, "m")
+    assert m.requests == 4
+    assert m.speedup == pytest.approx((1.6 + 3.2) / 2)
+    assert m.spread["speedup"] == pytest.approx(((1.6 - 2.4) ** 2 * 2) ** 0.5)  # sample std
+    assert m.spread["tau"] == 0.0
+    assert m.tau == pytest.approx(26 / 12)
+
+
+def test_groups_per_pair_suite_and_overall():
+    a = example()
+    b = [req(r.method, r.prompt_id, r.wall_s, suite="t") for r in example()[:2]]
+    b += [req("m", "a", 1.0, suite="t"), req("m", "b", 1.0, suite="t")]  # 10 tok/s each
+    rows = aggregate(a + b)
+    assert {(r.pair, r.suite) for r in rows} == {
+        (x, y) for x in ("p", ALL) for y in ("s", "t", ALL)
+    }
+    assert row(rows, "m", "p", "t").speedup == pytest.approx(10 / 7.5)
+    # overall: method tokens/s 20, 4, 10, 10 -> median 10; ar 10, 5, 10, 5 -> median 7.5
+    assert row(rows, "m").speedup == pytest.approx(10 / 7.5)
+    assert row(rows, "m").speedup_mean == pytest.approx((2.0 + 0.8 + 1.0 + 2.0) / 4)
+
+
+def test_requests_without_plain_decoding_or_with_errors_are_left_out():
+    reqs = [*example(), req("m", "zzz", 1.0), req("m", "a", 1.0, mode="replay", error="diverged")]
+    rows = aggregate(reqs)
+    assert row(rows, "m").requests == 2
+    assert [r for r in rows if r.mode == "replay"] == []
+
+
+def test_json_round_trip():
+    r = example()[3]
+    data = request_to_json(r, speedup=0.8)
+    assert data["tau"] == pytest.approx(2.0) and data["speedup"] == 0.8
+    assert request_from_json(data) == r

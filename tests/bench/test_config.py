@@ -1,0 +1,167 @@
+"""The sweep file: defaults, strictness and path-addressed errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from treegraft.bench.config import BASELINES, bench_config_from_dict, load_bench_config
+from treegraft.bench.methods import pipeline_mapping, pipeline_plans, substitute_models
+from treegraft.core.config import ConfigError
+from treegraft.zoo import SUITES
+
+PAIR = {"target": "zoo:target", "drafter": "zoo:draft-s"}
+
+
+def test_defaults_cover_every_suite_and_baseline():
+    cfg = bench_config_from_dict({"pairs": [PAIR]})
+    assert cfg.settings.suites == list(SUITES)
+    assert cfg.settings.baselines == list(BASELINES)
+    assert cfg.settings.dtype == "float32"
+    assert cfg.pairs[0].name == "target+draft-s"
+    assert cfg.pipelines == ()
+
+
+def test_entries_accept_names_and_mappings():
+    cfg = bench_config_from_dict(
+        {
+            "pairs": [PAIR],
+            "pipelines": [
+                "treegraft",
+                {
+                    "pipeline": "treegraft",
+                    "label": "tg-every2",
+                    "override": {"scheduler": {"name": "every_k", "k": 2}},
+                },
+            ],
+        }
+    )
+    assert [e.name for e in cfg.pipelines] == ["treegraft", "tg-every2"]
+    assert cfg.pipelines[1].override == {"scheduler": {"name": "every_k", "k": 2}}
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {"pairs": [PAIR], "prompts": 3},
+            "bench.prompts: unknown key; did you mean 'prompts_per_suite'?",
+        ),
+        ({"suites": ["qa"]}, "bench.pairs: missing required key"),
+        (
+            {"pairs": [PAIR, {"target": "zoo:target"}]},
+            "bench.pairs[1].drafter: missing required key",
+        ),
+        ({"pairs": [PAIR], "max_new_tokens": 0}, "bench.max_new_tokens: expected int >= 1, got 0"),
+        (
+            {"pairs": [PAIR], "baselines": ["hf-assisted", "medusa"]},
+            "bench.baselines[1]: unknown baseline 'medusa'",
+        ),
+        (
+            {"pairs": [PAIR], "pipelines": [{"pipeline": "treegraft", "substitute": "some"}]},
+            "bench.pipelines[0].substitute: expected one of 'strongest', 'all', 'none', got 'some'",
+        ),
+        (
+            {"pairs": [PAIR], "pipelines": [{"pipeline": "treegraft", "label": 3}]},
+            "bench.pipelines[0].label: expected str or null, got 3",
+        ),
+        (
+            {"pairs": [PAIR], "pipelines": ["chain"]},
+            "bench.pipelines[0].label: the name 'chain' is already taken",
+        ),
+        ({"pairs": [PAIR, PAIR]}, "bench.pairs[1]: duplicate pair 'target+draft-s'"),
+    ],
+)
+def test_errors_name_the_path(data, message):
+    with pytest.raises(ConfigError) as exc:
+        bench_config_from_dict(data)
+    assert message in str(exc.value)
+
+
+def test_quick_shrinks_the_protocol():
+    cfg = bench_config_from_dict({"pairs": [PAIR], "prompts_per_suite": 30, "repeat": 3}).quick()
+    assert (cfg.settings.prompts_per_suite, cfg.settings.max_new_tokens, cfg.settings.repeat) == (
+        2,
+        32,
+        1,
+    )
+
+
+def test_pair_models_are_substituted_into_the_strongest_lm_drafter():
+    raw = {
+        "target": "zoo:target",
+        "drafters": {
+            "weak": {"name": "ngram"},
+            "mid": {"name": "hf_lm", "model": "zoo:draft-s"},
+            "strong": {"name": "hf_lm", "model": "zoo:draft-l"},
+        },
+    }
+    pair = bench_config_from_dict({"pairs": [{"target": "mem:t", "drafter": "mem:d"}]}).pairs[0]
+    out = substitute_models(raw, pair, "strongest")
+    assert out["target"] == "mem:t"
+    assert [d.get("model") for d in out["drafters"].values()] == [None, "zoo:draft-s", "mem:d"]
+    assert [d.get("model") for d in substitute_models(raw, pair, "all")["drafters"].values()] == [
+        None,
+        "mem:d",
+        "mem:d",
+    ]
+    assert raw["drafters"]["strong"]["model"] == "zoo:draft-l"  # the input is not modified
+
+
+def test_overrides_apply_after_substitution_and_decoding_is_the_bench_s():
+    cfg = bench_config_from_dict(
+        {
+            "pairs": [PAIR],
+            "max_new_tokens": 17,
+            "pipelines": [
+                {"pipeline": "treegraft", "label": "x", "override": {"builder.budget": 7}}
+            ],
+        }
+    )
+    raw = pipeline_mapping(cfg.pipelines[0], cfg.pairs[0], cfg.settings, cfg.base_dir, "here")
+    assert raw["builder"]["budget"] == 7
+    assert raw["drafters"]["strong"]["model"] == "zoo:draft-s"
+    assert raw["decoding"]["max_new_tokens"] == 17 and raw["decoding"]["stop"] == []
+
+
+def test_a_bad_override_is_reported_with_the_entry_path():
+    cfg = bench_config_from_dict(
+        {
+            "pairs": [PAIR],
+            "baselines": [],
+            "pipelines": [
+                {
+                    "pipeline": "treegraft",
+                    "label": "x",
+                    "override": {"scheduler": {"name": "sometimes"}},
+                }
+            ],
+        }
+    )
+    with pytest.raises(
+        ConfigError, match=r"bench.pipelines\[0\]: pipeline.scheduler.name: unknown scheduler"
+    ):
+        pipeline_plans(cfg, cfg.pairs[0])
+
+
+def test_the_shipped_paper_config_is_valid():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "paper.yaml"
+    cfg = load_bench_config(path)
+    assert [p.drafter for p in cfg.pairs] == ["zoo:draft-s", "zoo:draft-m", "zoo:draft-l"]
+    assert cfg.settings.suites == list(SUITES)
+    assert cfg.settings.baselines == list(BASELINES)
+    assert cfg.settings.max_new_tokens == 128
+    for pair in cfg.pairs:
+        assert len(pipeline_plans(cfg, pair)) >= len(BASELINES) - 2
+
+
+def test_the_tutorial_config_is_valid():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "schedulers.yaml"
+    cfg = load_bench_config(path)
+    plans = pipeline_plans(cfg, cfg.pairs[0])
+    assert [p.label for p in plans] == ["ngram-only", "lm-only", "threshold", "every2"]
+    assert plans[-1].raw["scheduler"] == {"name": "every_k", "k": 2}
+    assert plans[-1].raw["builder"]["max_strong_calls"] == 3

@@ -1,0 +1,277 @@
+"""End to end: `treegraft bench CONFIG --quick`, exactness reports, replay and `compare`."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from tests.bench.conftest import char_tokenizer, pair_resources, tiny_pair_models, write_suites
+from tests.conftest import greedy_reference
+from treegraft.bench import bench_config_from_dict, run_bench
+from treegraft.bench.cli import app as bench_app
+from treegraft.bench.measure import first_difference, logit_margin
+from treegraft.bench.report import CSV_COLUMNS
+from treegraft.core.hookspecs import hookimpl
+from treegraft.core.interfaces import Verdict
+from treegraft.core.registry import Registry
+from treegraft.plugins.verifiers.greedy import GreedyVerifier
+
+MAX_NEW = 12
+
+
+def cli() -> typer.Typer:
+    """The bench sub-app mounted the way the main command line mounts it."""
+    root = typer.Typer()
+
+    @root.command()
+    def version() -> None:
+        """A sibling command, so that `bench` is a sub-group."""
+
+    root.add_typer(bench_app, name="bench", help="Benchmark pipelines against plain decoding.")
+    return root
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory) -> Path:
+    """A `--quick` run from the command line on tiny models saved to disk."""
+    tmp = tmp_path_factory.mktemp("quick")
+    for name, model in zip(("target", "draft"), tiny_pair_models(), strict=True):
+        model.save_pretrained(tmp / name)
+        char_tokenizer().save_pretrained(tmp / name)
+    config = {
+        "pairs": [{"target": str(tmp / "target"), "drafter": str(tmp / "draft")}],
+        "suites": [Path(p).name for p in write_suites(tmp)],
+        "prompts_per_suite": 5,
+        "max_new_tokens": MAX_NEW,
+        "dtype": "float64",
+        "device": "cpu",
+        "baselines": ["hf-assisted", "hf-prompt-lookup", "chain", "ngram-only"],
+        "pipelines": [
+            {
+                "pipeline": "treegraft",
+                "label": "treegraft-every2",
+                "override": {"scheduler": {"name": "every_k", "k": 2}},
+            }
+        ],
+        "warmup_tokens": 2,
+    }
+    (tmp / "sweep.yaml").write_text(yaml.safe_dump(config))
+    out = tmp / "results"
+    result = CliRunner().invoke(
+        cli(), ["bench", str(tmp / "sweep.yaml"), "--quick", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    return out
+
+
+METHODS = ["ar", "hf-assisted", "hf-prompt-lookup", "chain", "ngram-only", "treegraft-every2"]
+
+
+def test_quick_run_writes_every_output(quick_run: Path):
+    names = {p.name for p in quick_run.iterdir()}
+    assert {"requests.jsonl", "summary.csv", "summary.md", "manifest.json"} <= names
+    assert {"speedup.png", "tau.png", "time_split.png"} <= names
+    for png in ("speedup.png", "tau.png", "time_split.png"):
+        assert (quick_run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_quick_run_requests(quick_run: Path):
+    lines = [json.loads(x) for x in (quick_run / "requests.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 * 2 * len(METHODS)  # --quick: 2 prompts per suite, 2 suites
+    assert [x["method"] for x in lines[: len(METHODS)]] == METHODS
+    for x in lines:
+        assert x["new_tokens"] == MAX_NEW and x["exact"] and x["mismatch"] is None
+        assert x["wall_s"] > 0 and x["tokens_per_s"] > 0 and x["peak_mem_mib"] > 0
+        assert set(x["split"]) == {"target", "strong", "weak", "framework"}
+        assert sum(x["split"].values()) == pytest.approx(x["wall_s"], rel=1e-6)
+    ar = lines[0]
+    assert ar["steps"] == MAX_NEW and ar["tau"] == 1.0 and ar["speedup"] == 1.0
+    tree = next(x for x in lines if x["method"] == "treegraft-every2")
+    assert len(tree["accept_lengths"]) == tree["steps"] == len(tree["step_times"])
+    assert sum(tree["accept_lengths"]) == tree["committed"]
+    assert {"build", "target", "verify"} <= set(tree["step_times"][0])
+    assert tree["split"]["strong"] > 0 and tree["split"]["weak"] > 0
+
+
+def test_quick_run_summary(quick_run: Path):
+    with (quick_run / "summary.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert tuple(rows[0]) == CSV_COLUMNS
+    suites = {r["suite"] for r in rows}
+    assert suites == {"code", "chat", "all"}
+    overall = {r["method"]: r for r in rows if r["pair"] == "all" and r["suite"] == "all"}
+    assert list(overall) == METHODS
+    assert float(overall["ar"]["speedup"]) == 1.0
+    assert all(float(r["exact_rate"]) == 1.0 for r in rows)
+    md = (quick_run / "summary.md").read_text()
+    for heading in (
+        "## Overall",
+        "## Per pair",
+        "## Acceptance per depth",
+        "## Time split",
+        "## Exactness",
+    ):
+        assert heading in md
+    assert "All 20 outputs equal plain decoding token for token." in md
+    manifest = json.loads((quick_run / "manifest.json").read_text())
+    env = manifest["environment"]
+    assert {"python", "torch", "transformers", "treegraft", "cpu", "git"} <= set(env)
+    assert manifest["options"]["quick"] is True
+    assert manifest["config"]["max_new_tokens"] == MAX_NEW
+
+
+# ---------------------------------------------------------------------------- exactness
+
+
+@attrs.define
+class OffByOneVerifier(GreedyVerifier):
+    """Greedy, except that the second step's bonus token is replaced by the next token id."""
+
+    calls: int = 0
+
+    def begin(self, seed: int) -> None:
+        self.calls = 0
+
+    def verify(self, tree, target_logits) -> Verdict:
+        verdict = super().verify(tree, target_logits)
+        self.calls += 1
+        if self.calls != 2:
+            return verdict
+        wrong = (verdict.bonus + 1) % target_logits.shape[-1]
+        return Verdict(path=verdict.path, length=verdict.length, bonus=wrong)
+
+
+class BrokenPlugin:
+    @hookimpl
+    def treegraft_register_verifiers(self, register) -> None:
+        register("off_by_one", OffByOneVerifier)
+
+
+def test_an_inexact_pipeline_is_reported_at_its_first_wrong_token(tmp_path):
+    config = bench_config_from_dict(
+        {
+            "pairs": [{"target": "mem:target", "drafter": "mem:draft"}],
+            "suites": write_suites(tmp_path),
+            "prompts_per_suite": 1,
+            "max_new_tokens": MAX_NEW,
+            "baselines": ["ngram-only"],
+            "pipelines": [
+                {
+                    "pipeline": "ngram-only",
+                    "label": "broken",
+                    "override": {"verifier": {"name": "off_by_one"}},
+                }
+            ],
+            "warmup_tokens": 0,
+        }
+    )
+    res = pair_resources()
+    registry = Registry.create(autoload=False, plugins=[BrokenPlugin()])
+    result = run_bench(config, tmp_path / "out", resources=res, registry=registry, progress=False)
+    target = res.models["mem:target"]
+    broken = [r for r in result.requests if r.method == "broken"]
+    assert len(broken) == 2
+    for r in broken:
+        prompt = torch.tensor(
+            char_tokenizer()(_prompt_text(r), add_special_tokens=False)["input_ids"]
+        )
+        reference = greedy_reference(target, prompt, MAX_NEW)
+        pos = first_difference(reference, r.output_ids)
+        assert not r.exact and r.mismatch.position == pos
+        assert pos == r.accept_lengths[0] + r.accept_lengths[1] - 1  # the 2nd step's bonus
+        assert (r.mismatch.expected, r.mismatch.got) == (reference[pos], r.output_ids[pos])
+        margin = logit_margin(target, torch.cat([prompt, torch.tensor(reference[:pos])]))
+        assert r.mismatch.margin == pytest.approx(margin)
+    assert all(r.exact for r in result.requests if r.method != "broken")
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "2 of 4 outputs differ from plain decoding" in md
+    rows = {(r.method, r.pair, r.suite): r for r in result.rows}
+    assert rows[("broken", "all", "all")].exact_rate == 0.0
+    assert rows[("ngram-only", "all", "all")].exact_rate == 1.0
+
+
+def _prompt_text(request) -> str:
+    from tests.bench.conftest import PROMPTS
+
+    return PROMPTS[request.suite][int(request.prompt_id.rsplit("-", 1)[1])]
+
+
+# ---------------------------------------------------------------------------- replay
+
+
+def test_replay_tau_equals_measured_tau(tmp_path):
+    pipelines = [
+        {
+            "pipeline": "treegraft",
+            "label": "treegraft-fixed",
+            "override": {"scheduler": {"name": "every_k", "k": 2}, "builder.max_strong_calls": 2},
+        }
+    ]
+    config = bench_config_from_dict(
+        {
+            "pairs": [{"target": "mem:target", "drafter": "mem:draft"}],
+            "suites": write_suites(tmp_path),
+            "prompts_per_suite": 2,
+            "max_new_tokens": 20,
+            "baselines": ["chain", "ngram-only", "lm-only"],
+            "pipelines": pipelines,
+            "replay": True,
+            "latency_repeats": 1,
+            "warmup_tokens": 0,
+        }
+    )
+    result = run_bench(config, tmp_path / "out", resources=pair_resources(), progress=False)
+    measured = {(r.method, r.key): r for r in result.requests if r.mode == "measured"}
+    replayed = [r for r in result.requests if r.mode == "replay"]
+    assert {r.method for r in replayed} == {"chain", "ngram-only", "lm-only", "treegraft-fixed"}
+    assert len(replayed) == 4 * 4
+    for r in replayed:
+        m = measured[(r.method, r.key)]
+        assert r.error is None and r.exact
+        assert r.accept_lengths == m.accept_lengths and r.committed == m.committed
+        assert r.tau == m.tau and r.output_ids == m.output_ids
+        assert r.split["target"] == pytest.approx(sum(t["target"] for t in r.step_times))
+    rows = {(r.method, r.mode): r for r in result.rows if r.pair == "all" and r.suite == "all"}
+    for method in ("chain", "ngram-only", "lm-only", "treegraft-fixed"):
+        assert rows[(method, "replay")].tau == rows[(method, "measured")].tau
+    out = tmp_path / "out"
+    assert (out / "replay.png").is_file()
+    assert set(json.loads((out / "latency.json").read_text())["target+draft"]) == {
+        "mem:target",
+        "mem:draft",
+    }
+    assert "## Replay-predicted vs measured" in (out / "summary.md").read_text()
+
+
+# ---------------------------------------------------------------------------- compare
+
+
+def test_compare_two_result_directories(quick_run: Path, tmp_path):
+    md = tmp_path / "cmp.md"
+    result = CliRunner().invoke(
+        cli(), ["bench", "compare", str(quick_run), str(quick_run), "--markdown", str(md)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "treegraft-every2" in result.output and "0.00" in result.output
+    text = md.read_text()
+    assert "| target+draft | treegraft-every2 | measured |" in text
+    assert "| pair | method | mode | speedup A | speedup B | Δ speedup |" in text
+    assert "| target+draft | ar | measured | 1.00 | 1.00 | +0.00 |" in text
+
+
+def test_cli_errors_are_short(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pairs: [{target: zoo:target}]\n")
+    result = CliRunner().invoke(cli(), ["bench", str(bad)])
+    assert result.exit_code == 2
+    assert "bench.pairs[0].drafter: missing required key" in result.output
+    result = CliRunner().invoke(cli(), ["bench", "compare", str(tmp_path), str(tmp_path)])
+    assert result.exit_code == 2 and "no summary.csv" in result.output
