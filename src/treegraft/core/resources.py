@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.utils import logging as hf_logging
 
 DTYPES = {
     "float32": torch.float32,
@@ -108,6 +109,7 @@ class Resources:
         """The model behind `ref`, loaded on first use with `AutoModelForCausalLM.from_pretrained`."""
         if ref not in self.models:
             path = resolve_model_path(ref)
+            hf_logging.disable_progress_bar()  # our CLI streams text on stdout; keep stderr quiet
             model = AutoModelForCausalLM.from_pretrained(
                 path, dtype=self.dtype, attn_implementation="sdpa"
             )
