@@ -71,7 +71,7 @@ def test_plugins_lists_every_component_with_its_config_fields() -> None:
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     for reg in default_registry().all():
-        row = [line for line in lines if re.search(rf"\b{reg.kind}\b.*\b{reg.name}\b", line)]
+        row = [line for line in lines if re.search(rf"│ {reg.kind} +│ {reg.name} +│", line)]
         assert row, f"no row for {reg.kind} {reg.name}"
         assert reg.distribution in row[0]
         for field in reg.config_fields():

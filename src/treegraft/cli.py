@@ -212,6 +212,11 @@ def _mount_subcommands() -> None:
     for module, name, help_text in (
         ("treegraft.zoo.cli", "zoo", "Build the corpus, suites and models of the embedded zoo."),
         (
+            "treegraft.bench.scheduler_cli",
+            "scheduler",
+            "Collect value labels, fit, explain and evaluate the distilled scheduler.",
+        ),
+        (
             "treegraft.bench.cli",
             "bench",
             "Benchmark pipelines against plain decoding and other baselines (greedy, batch 1). "

@@ -169,7 +169,7 @@ class Drafter(Component):
         """Next-token log-probs after every node, `[n, V]`, from one forward over the tree."""
         raise NotImplementedError(f"{type(self).__name__} cannot score a tree")
 
-    def rewind(self) -> None:  # noqa: B027 - optional hook
+    def rewind(self) -> None:
         """Forget the tree seen in this step, as if the step had not begun.
 
         Lets offline tools (the scheduler's value system) build several counterfactual trees for

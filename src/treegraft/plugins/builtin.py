@@ -9,12 +9,14 @@ from treegraft.plugins.drafters.ngram import NgramDrafter
 from treegraft.plugins.grafters.reselect import ReplaceGrafter, ReselectGrafter
 from treegraft.plugins.rescorers.basic import InterpolateRescorer, OverwriteRescorer
 from treegraft.plugins.schedulers.basic import AlwaysScheduler, LayersScheduler, NeverScheduler
+from treegraft.plugins.schedulers.distilled import DistilledScheduler
 from treegraft.plugins.schedulers.heuristic import (
     BudgetedScheduler,
     EveryKScheduler,
     PlanScheduler,
     ThresholdScheduler,
 )
+from treegraft.plugins.schedulers.oracle import OracleScheduler
 from treegraft.plugins.verifiers.greedy import GreedyVerifier
 from treegraft.plugins.verifiers.pointmass import PointMassVerifier
 
@@ -51,6 +53,8 @@ def treegraft_register_schedulers(register: Register) -> None:
     register("threshold", ThresholdScheduler)
     register("budgeted", BudgetedScheduler)
     register("plan", PlanScheduler)
+    register("distilled", DistilledScheduler)
+    register("oracle", OracleScheduler)
 
 
 @hookimpl

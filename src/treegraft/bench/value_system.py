@@ -1,0 +1,1060 @@
+"""The scheduler's offline value system: every schedule of every step, valued without the target.
+
+Under greedy decoding the target's continuation of a prompt is fixed. Once it is known (one plain
+decode), the accepted length of ANY draft tree is the longest tree path matching it, so the tree
+of every schedule of strong calls can be valued exactly without running the target:
+
+    value(schedule) = committed tokens (accepted + bonus, cut like the decoder cuts them)
+                      / modelled step time (`CostModel`, from latency curves measured here)
+
+At each step the value system builds the tree under all `2^depth` schedules (drafters rewound
+between builds), records the `LayerState` each layer's scheduler saw, and labels each decision:
+
+    label(state) = value(best schedule through state that calls here)
+                 - value(best schedule through state that skips here)
+
+then advances the committed state along the best schedule (the *oracle*). `collect` returns a
+`Dataset` (safetensors + JSON) that `scheduler_fit` distils into the `distilled` scheduler.
+
+Depth > 5 (more than 32 builds per step) is refused: see `all_plans` and docs/scheduler.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from treegraft.bench.replay import LatencyCurve, measure_latency, query_grid, replay_pipeline
+from treegraft.core.decoder import Decoder, StopRule
+from treegraft.core.interfaces import BuildResult, LayerState, Scheduler, StepContext
+from treegraft.core.metrics import Clock, ForwardTimes
+from treegraft.core.pipeline import Pipeline
+from treegraft.core.runner import CausalLMRunner
+from treegraft.core.tree import DraftTree
+from treegraft.kernels import greedy_accept
+from treegraft.plugins.schedulers.distilled import FEATURE_NAMES, layer_features, strong_index
+from treegraft.plugins.schedulers.heuristic import PlanConfig, PlanScheduler
+from treegraft.plugins.schedulers.oracle import (
+    PLANS_FILE,
+    OracleStep,
+    Trajectory,
+    read_plans,
+    write_plans,
+)
+
+MAX_EXHAUSTIVE_DEPTH = 5
+DATA_FORMAT = "treegraft-scheduler-data/1"
+DATA_FILE = "data.safetensors"
+META_FILE = "meta.json"
+
+
+class ValueSystemError(ValueError):
+    """The pipeline or the data cannot be used by the value system (the message says why)."""
+
+
+# ---------------------------------------------------------------------------- costs
+
+
+@attrs.frozen
+class CostModel:
+    """Modelled seconds of one decoding step, from curves and constants measured on a machine.
+
+    Attributes:
+        target: seconds of one target forward vs tokens in it (pending tokens + tree nodes).
+        strong: seconds of one strong-drafter forward vs tokens in it.
+        weak_layer_s: seconds of one weak (n-gram) layer.
+        strong_extra_s: seconds of one strong call besides its forward (rescore, graft).
+        step_overhead_s: seconds of a step outside the models (glue, verify, commit).
+    """
+
+    target: LatencyCurve
+    strong: LatencyCurve
+    weak_layer_s: float = 0.0
+    strong_extra_s: float = 0.0
+    step_overhead_s: float = 0.0
+
+    def step_seconds(
+        self,
+        *,
+        target_queries: int,
+        strong_queries: Sequence[int],
+        strong_calls: int,
+        weak_layers: int,
+    ) -> float:
+        """Modelled seconds of a step with these forwards and layers."""
+        return (
+            self.target(target_queries)
+            + sum(self.strong(q) for q in strong_queries)
+            + strong_calls * self.strong_extra_s
+            + weak_layers * self.weak_layer_s
+            + self.step_overhead_s
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> CostModel:
+        def curve(c: Mapping[str, Any]) -> LatencyCurve:
+            return LatencyCurve(c["model"], c["context"], tuple(c["queries"]), tuple(c["seconds"]))
+
+        scalars = {k: float(v) for k, v in raw.items() if k not in ("target", "strong")}
+        return cls(target=curve(raw["target"]), strong=curve(raw["strong"]), **scalars)
+
+
+@attrs.define
+class QueryCounter:
+    """Records the number of tokens of every forward of one model (a forward pre-hook)."""
+
+    module: Any
+    queries: list[int] = attrs.field(factory=list)
+    _handle: Any = None
+
+    def __enter__(self) -> QueryCounter:
+        self._handle = self.module.register_forward_pre_hook(self._record, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def _record(self, module: Any, args: tuple, kwargs: dict) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self.queries.append(int(ids.shape[-1]))
+
+    def take(self) -> tuple[int, ...]:
+        """The forwards recorded since the last `take`."""
+        out, self.queries = tuple(self.queries), []
+        return out
+
+
+# ---------------------------------------------------------------------------- schedules
+
+
+def all_plans(depth: int, strong: int) -> list[tuple[int, ...]]:
+    """Every schedule of strong calls over `depth` layers (`2^depth` plans, drafter per layer).
+
+    Raises `ValueSystemError` beyond `MAX_EXHAUSTIVE_DEPTH`: 2^depth builds per step grow too
+    fast; a search over prefixes (beam over the best partial schedules, each completed greedily)
+    would be needed and is not implemented (docs/scheduler.md).
+    """
+    if depth > MAX_EXHAUSTIVE_DEPTH:
+        raise ValueSystemError(
+            f"builder.depth is {depth}: the value system enumerates all 2^depth schedules per step "
+            f"and stops at depth {MAX_EXHAUSTIVE_DEPTH} (32 builds per step); collect with a "
+            f"pipeline of depth <= {MAX_EXHAUSTIVE_DEPTH} (the fitted scheduler generalises by "
+            "layer fraction and layers left) or see docs/scheduler.md for a prefix search"
+        )
+    plans = []
+    for bits in range(2**depth):
+        plans.append(tuple(strong if bits >> (depth - 1 - i) & 1 else 0 for i in range(depth)))
+    return plans
+
+
+@attrs.define
+class PlanRecorder(Scheduler):
+    """Follows a fixed plan and records the `LayerState` of every layer it is asked about."""
+
+    plan: tuple[int, ...]
+    states: list[LayerState] = attrs.field(factory=list)
+
+    def decide(self, state: LayerState) -> int:
+        self.states.append(state)
+        return self.plan[state.layer] if state.layer < len(self.plan) else 0
+
+
+# ---------------------------------------------------------------------------- outcomes and labels
+
+
+@attrs.frozen
+class Outcome:
+    """One schedule's tree at one committed state, valued without the target.
+
+    Attributes:
+        plan: drafter asked for at each layer.
+        calls: drafter that acted at each grown layer (the cap or a weak collapse may differ).
+        states: what the scheduler saw at each consulted layer (`states[i].calls == calls[:i]`).
+        tree_nodes: verified nodes, root included.
+        target_queries: tokens of the (modelled) target forward: pending tokens + tree nodes.
+        strong_queries: tokens of each strong-drafter forward.
+        accepted: draft tokens accepted (longest path matching the continuation).
+        committed: tokens the decoder would emit (accepted + bonus, cut by the stop rule).
+        seconds: modelled step time.
+    """
+
+    plan: tuple[int, ...]
+    calls: tuple[int, ...]
+    states: tuple[LayerState, ...]
+    tree_nodes: int
+    target_queries: int
+    strong_queries: tuple[int, ...]
+    accepted: int
+    committed: int
+    seconds: float
+
+    @property
+    def value(self) -> float:
+        """Committed tokens per modelled second."""
+        return self.committed / self.seconds
+
+    @property
+    def strong_calls(self) -> int:
+        return sum(c > 0 for c in self.calls)
+
+
+def best_outcome(outcomes: Sequence[Outcome]) -> Outcome:
+    """The highest value; ties go to fewer strong calls, then to the earlier plan."""
+    return max(outcomes, key=lambda o: (o.value, -o.strong_calls))
+
+
+@attrs.frozen
+class Decision:
+    """One labelled layer decision: the state and the best values of calling and of skipping.
+
+    Attributes:
+        state: the scheduler's view before the layer.
+        value_call: best value among schedules through `state` that call here (NaN: none can,
+            the strong-call cap forbids it).
+        value_skip: best value among schedules through `state` that skip here.
+        best_value: the step's best value (normalises the label across pairs and machines).
+        on_best: whether the step's best schedule passes through `state`.
+    """
+
+    state: LayerState
+    value_call: float
+    value_skip: float
+    best_value: float
+    on_best: bool
+
+    @property
+    def capped(self) -> bool:
+        return math.isnan(self.value_call)
+
+    @property
+    def label(self) -> float:
+        """value(call) - value(skip) in tokens per second (0 when capped)."""
+        return 0.0 if self.capped else self.value_call - self.value_skip
+
+    @property
+    def label_rel(self) -> float:
+        """The label relative to the step's best value (what the MLP is fitted on)."""
+        return self.label / self.best_value
+
+
+def through(outcome: Outcome, prefix: tuple[int, ...]) -> bool:
+    """Whether `outcome` passes through the state reached by the effective calls `prefix`."""
+    return outcome.calls[: len(prefix)] == prefix and len(outcome.calls) >= len(prefix)
+
+
+def calls_at(outcome: Outcome, layer: int) -> bool:
+    """Whether the strong drafter acted at `layer` (a build that ended there skipped it)."""
+    return layer < len(outcome.calls) and outcome.calls[layer] > 0
+
+
+def label_decisions(outcomes: Sequence[Outcome]) -> list[Decision]:
+    """Label every distinct state reached by the schedules (keyed by its effective call prefix)."""
+    best = best_outcome(outcomes)
+    states: dict[tuple[int, ...], LayerState] = {}
+    for o in outcomes:
+        for s in o.states:
+            states.setdefault(s.calls, s)
+    out = []
+    for prefix, state in states.items():
+        here = [o for o in outcomes if through(o, prefix)]
+        layer = len(prefix)
+        call = [o.value for o in here if calls_at(o, layer)]
+        skip = [o.value for o in here if not calls_at(o, layer)]
+        out.append(
+            Decision(
+                state=state,
+                value_call=max(call) if call else math.nan,
+                value_skip=max(skip),
+                best_value=best.value,
+                on_best=through(best, prefix),
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------- one generation
+
+
+def accept_against(tree: DraftTree, continuation: Tensor, done: int) -> tuple[int, Tensor]:
+    """Accepted draft tokens and accepted path (`[a]` node indices) of `tree` under greedy
+    decoding whose continuation (`[C]` ids after the prompt) is known; `done` tokens generated.
+
+    Nodes deeper than the continuation never match. One host read (the length).
+    """
+    idx = done + tree.depth  # [n] position in the continuation of each node's next token
+    padded = torch.cat([continuation, continuation.new_full((1,), -1)])
+    argmax = padded[idx.clamp(max=continuation.numel())]  # [n]
+    acc = greedy_accept(tree.tokens, tree.parents, argmax.to(tree.device))
+    length = int(acc.length)
+    return length - 1, acc.path[:length]
+
+
+@attrs.define
+class StepSearcher:
+    """Builds counterfactual trees for the committed state of one greedy generation.
+
+    Holds the pipeline's drafters and builder, the known continuation and the committed tokens;
+    the target never runs. `search` values every plan; `advance` commits the chosen outcome.
+    """
+
+    decoder: Decoder
+    cost: CostModel
+    strong: int
+    counter: QueryCounter
+    stop: StopRule
+    prompt_len: int
+    continuation: Tensor  # [C] int64 greedy tokens after the prompt
+    committed: list[int]
+    times: ForwardTimes = attrs.field(factory=ForwardTimes)
+    target_pending: int = 0
+
+    @classmethod
+    def begin(
+        cls,
+        decoder: Decoder,
+        cost: CostModel,
+        counter: QueryCounter,
+        *,
+        prompt: Tensor,
+        continuation: Sequence[int],
+        stop: StopRule,
+        strong: int,
+        times: ForwardTimes | None = None,
+    ) -> StepSearcher:
+        """Start a generation of `prompt` (`[T]`) whose greedy continuation is `continuation`.
+
+        `times` carries the forward times over from earlier generations, as a decoder's do.
+        """
+        device = _device_of(decoder)
+        prompt = prompt.to(device)
+        max_len = prompt.numel() + stop.max_new_tokens + decoder.builder.max_nodes() + 2
+        for drafter in decoder.drafters:
+            drafter.begin(prompt, max_len=max_len)
+        counter.take()
+        return cls(
+            decoder=decoder,
+            cost=cost,
+            strong=strong,
+            counter=counter,
+            stop=stop,
+            prompt_len=prompt.numel(),
+            continuation=torch.tensor(list(continuation), dtype=torch.long, device=device),
+            committed=prompt.tolist(),
+            times=times if times is not None else ForwardTimes(),
+            target_pending=prompt.numel() - 1,
+        )
+
+    @property
+    def generated(self) -> list[int]:
+        return self.committed[self.prompt_len :]
+
+    def context(self, scheduler: Scheduler, clock: Clock | None = None) -> StepContext:
+        d = self.decoder
+        return StepContext(
+            root=torch.tensor(self.committed[-1], dtype=torch.long, device=_device_of(d)),
+            drafters=d.drafters,
+            scheduler=scheduler,
+            rescorer=d.rescorer,
+            grafter=d.grafter,
+            prompt_len=self.prompt_len,
+            committed_len=len(self.committed),
+            clock=clock or Clock(),
+            timings=self.times,
+            dtype=torch.float32,
+        )
+
+    def build(
+        self, plan: tuple[int, ...], clock: Clock | None = None
+    ) -> tuple[Outcome, BuildResult, Tensor]:
+        """Rewind the drafters and build the tree of `plan`; its outcome, the build, the path.
+
+        `clock` (optional) times the drafters' layers, as in decoding.
+        """
+        for drafter in self.decoder.drafters:
+            drafter.rewind()
+        self.counter.take()
+        recorder = PlanRecorder(plan)
+        built = self.decoder.builder.build(self.context(recorder, clock))
+        queries = self.counter.take()
+        done = len(self.generated)
+        accepted, path = accept_against(built.tree, self.continuation, done)
+        new = self.continuation[done : done + accepted + 1].tolist()
+        keep, _ = self.stop.cut(self.generated, new)
+        strong_calls = sum(c > 0 for c in built.calls)
+        target_queries = self.target_pending + built.tree.n_nodes
+        seconds = self.cost.step_seconds(
+            target_queries=target_queries,
+            strong_queries=queries,
+            strong_calls=strong_calls,
+            weak_layers=len(built.calls) - strong_calls,
+        )
+        outcome = Outcome(
+            plan=plan,
+            calls=built.calls,
+            states=tuple(recorder.states),
+            tree_nodes=built.tree.n_nodes,
+            target_queries=target_queries,
+            strong_queries=queries,
+            accepted=accepted,
+            committed=keep,
+            seconds=seconds,
+        )
+        return outcome, built, path
+
+    def search(self, plans: Iterable[tuple[int, ...]]) -> list[Outcome]:
+        """The outcome of every plan at the current committed state."""
+        return [self.build(plan)[0] for plan in plans]
+
+    def advance(self, outcome: Outcome) -> tuple[list[int], bool]:
+        """Commit `outcome`'s tokens (rebuilding its tree so the drafters learn from it).
+
+        Returns the emitted tokens and whether the generation has ended.
+        """
+        clock = Clock(sync=_device_of(self.decoder).type == "cuda")
+        again, built, path = self.build(outcome.plan, clock)
+        done = len(self.generated)
+        new = self.continuation[done : done + again.accepted + 1].tolist()
+        keep, reason = self.stop.cut(self.generated, new)
+        if reason is None:
+            tokens = torch.tensor(new, dtype=torch.long, device=built.tree.device)
+            for drafter in self.decoder.drafters:
+                drafter.commit(built.kept[path], tokens)
+        self._observe(again, clock.reset())
+        self.committed.extend(new[:keep])
+        self.target_pending = 0
+        return new[:keep], reason is not None
+
+    def _observe(self, outcome: Outcome, measured: Mapping[str, float]) -> None:
+        """Record forward times exactly as `Decoder._observe` does, in replay fashion.
+
+        The target's time is modelled (it never runs here, like `bench.replay.ReplayTimes`); the
+        drafters' are the wall times `measured` while rebuilding the chosen tree, so the features
+        match what a scheduler sees in decoding on this machine.
+        """
+        self.times.record_target(self.cost.target(outcome.target_queries))
+        for i in range(len(self.decoder.drafters)):
+            label = f"drafter{i}"
+            if label in measured:
+                self.times.record_drafter(i, measured[label] / max(1, outcome.calls.count(i)))
+
+
+def _device_of(decoder: Decoder) -> torch.device:
+    return torch.device(decoder.target.device)
+
+
+# ---------------------------------------------------------------------------- collection
+
+
+@attrs.frozen
+class PromptIds:
+    """A collection prompt: an id (for reports and the oracle) and its token ids."""
+
+    id: str
+    ids: Tensor  # [T] int64
+    continuation: tuple[int, ...] = ()
+
+
+@attrs.frozen
+class StepRecord:
+    """One collected step: the oracle's plan and value, and the endpoints' values at the same state."""
+
+    committed_len: int
+    plan: tuple[int, ...]
+    committed: int
+    seconds: float
+    never_value: float
+    always_value: float
+
+
+@attrs.frozen
+class PromptRecord:
+    """What one prompt contributed: its decisions (with step indices) and its oracle trajectory."""
+
+    prompt: PromptIds
+    decisions: tuple[tuple[int, Decision], ...]
+    steps: tuple[StepRecord, ...]
+
+    def trajectory(self) -> Trajectory:
+        steps = tuple(OracleStep(s.committed_len, s.plan) for s in self.steps)
+        return Trajectory(self.prompt.id, int(self.prompt.ids.numel()), steps)
+
+
+#: Called after every collected step with (prompt index, steps so far, tokens generated so far,
+#: whether the prompt's generation has ended).
+Progress = Callable[[int, int, int, bool], None]
+
+
+def collect_prompt(
+    searcher: StepSearcher,
+    prompt: PromptIds,
+    plans: Sequence[tuple[int, ...]],
+    *,
+    index: int = 0,
+    progress: Progress | None = None,
+) -> PromptRecord:
+    """Search, label and advance along the oracle until the generation ends."""
+    decisions: list[tuple[int, Decision]] = []
+    steps: list[StepRecord] = []
+    while True:
+        committed_len = len(searcher.committed)
+        outcomes = searcher.search(plans)
+        decisions.extend((len(steps), d) for d in label_decisions(outcomes))
+        best = best_outcome(outcomes)
+        steps.append(
+            StepRecord(
+                committed_len=committed_len,
+                plan=best.plan,
+                committed=best.committed,
+                seconds=best.seconds,
+                never_value=outcomes[0].value,
+                always_value=outcomes[-1].value,
+            )
+        )
+        _, finished = searcher.advance(best)
+        if progress is not None:
+            progress(index, len(steps), len(searcher.generated), finished)
+        if finished:
+            return PromptRecord(prompt, tuple(decisions), tuple(steps))
+
+
+def strong_model_ref(pipe: Pipeline, strong: int) -> str:
+    """Model reference of the pipeline's strong drafter (it must be a language model)."""
+    _, spec = pipe.spec.drafters[strong]
+    ref = getattr(spec.config, "model", None)
+    if not isinstance(ref, str):
+        raise ValueSystemError(
+            f"{spec.path}: the strong drafter ({spec.name!r}) has no `model`; the value system "
+            "measures the strong drafter's latency curve and needs a language-model drafter"
+        )
+    return ref
+
+
+def check_pipeline(pipe: Pipeline, strong: int) -> int:
+    """Resolve and validate the strong drafter index; return it."""
+    d = pipe.decoder
+    if len(d.drafters) < 2:
+        raise ValueSystemError("the value system needs a pipeline with at least two drafters")
+    s = strong_index(strong, len(d.drafters))
+    if s == 0 or not d.drafters[s].can_score or d.grafter is None:
+        raise ValueSystemError(
+            f"drafter {s} must be a scoring (LM) drafter other than drafter 0, and the pipeline "
+            "needs a grafter: the value system labels strong calls"
+        )
+    if pipe.spec.builder.name != "layered":
+        raise ValueSystemError(f"builder {pipe.spec.builder.name!r}: only 'layered' is supported")
+    if pipe.spec.verifier.name != "greedy":
+        raise ValueSystemError(
+            f"verifier {pipe.spec.verifier.name!r}: the value system needs greedy verification "
+            "(the continuation is the target's greedy one)"
+        )
+    strong_model_ref(pipe, s)
+    return s
+
+
+def greedy_continuation(model: Any, prompt: Tensor, n: int) -> list[int]:
+    """The target's `n` greedy tokens after `prompt` (`[T]`), EOS ignored, with the runner.
+
+    One forward per token through the same `CausalLMRunner` as decoding; synchronises each step.
+    """
+    runner = CausalLMRunner(model)
+    runner.begin(prompt.to(runner.device), max_len=prompt.numel() + n + 2)
+    out: list[int] = []
+    with torch.inference_mode():
+        for _ in range(n):
+            root = runner.committed_ids()[-1]
+            logits = runner.forward_tree(DraftTree.from_root(root, device=runner.device))
+            token = logits[-1].argmax().reshape(1)
+            runner.commit(torch.zeros(1, dtype=torch.long, device=runner.device), token)
+            out.append(int(token))
+    return out
+
+
+def with_continuations(
+    pipe: Pipeline, prompts: Sequence[PromptIds], max_new: int
+) -> list[PromptIds]:
+    """Prompts with their greedy continuations (`max_new` + one tree of extra tokens)."""
+    extra = pipe.decoder.builder.max_nodes() + 1
+    model = pipe.decoder.target.model
+    return [
+        p
+        if len(p.continuation) >= max_new + extra
+        else attrs.evolve(p, continuation=tuple(greedy_continuation(model, p.ids, max_new + extra)))
+        for p in prompts
+    ]
+
+
+def collect(
+    pipe: Pipeline,
+    prompts: Sequence[PromptIds],
+    cost: CostModel,
+    *,
+    max_new_tokens: int,
+    strong: int = -1,
+    progress: Progress | None = None,
+    extra_meta: Mapping[str, Any] | None = None,
+) -> Dataset:
+    """Collect labelled decisions on `prompts` (their continuations are computed if missing).
+
+    `extra_meta` (e.g. the pipeline mapping, how the prompts were chosen) goes into `meta.json`.
+    """
+    s = check_pipeline(pipe, strong)
+    plans = all_plans(pipe.decoder.builder.config.depth, s)
+    prompts = with_continuations(pipe, prompts, max_new_tokens)
+    stop = pipe.stop_rule(max_new_tokens, stop=[])
+    model = pipe.resources.model(strong_model_ref(pipe, s))
+    records = []
+    times = ForwardTimes()  # shared by the generations, like a decoder's
+    start = time.perf_counter()
+    with torch.inference_mode(), QueryCounter(model) as counter:
+        for i, p in enumerate(prompts):
+            searcher = StepSearcher.begin(
+                pipe.decoder, cost, counter,
+                prompt=p.ids, continuation=p.continuation, stop=stop, strong=s, times=times,
+            )  # fmt: skip
+            records.append(collect_prompt(searcher, p, plans, index=i, progress=progress))
+    meta = {
+        "pipeline": pipe.spec.source,
+        "target": pipe.spec.target,
+        "strong_model": strong_model_ref(pipe, s),
+        "strong": s,
+        "depth": pipe.decoder.builder.config.depth,
+        "max_new_tokens": max_new_tokens,
+        "collect_seconds": time.perf_counter() - start,
+        "machine": machine(pipe.resources.device),
+        **(extra_meta or {}),
+    }
+    return Dataset.from_records(records, cost, meta)
+
+
+def machine(device: torch.device) -> dict[str, Any]:
+    """Where the costs were measured: device name, CPU, threads, torch version."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    return {
+        "device": str(device),
+        "device_name": name,
+        "cpu_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "platform": platform.platform(terse=True),
+    }
+
+
+def cpu_name() -> str:
+    """The CPU model (from /proc/cpuinfo where readable), else the platform's machine name."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# ---------------------------------------------------------------------------- the dataset
+
+
+@attrs.frozen(eq=False)
+class Dataset:
+    """Labelled layer decisions, one row per distinct state of each collected step.
+
+    Arrays (`N` rows): `features [N, F]` float32 (`FEATURE_NAMES`), `label`, `label_rel`,
+    `value_call`, `value_skip` float64, `layer`, `prompt`, `step` int64, `capped`, `on_best` bool.
+    `meta` holds the feature names, cost model, prompts, machine and summary statistics;
+    `trajectories` the oracle's per-step best plans (written as `plans.json`).
+    """
+
+    arrays: Mapping[str, np.ndarray]
+    meta: Mapping[str, Any]
+    trajectories: tuple[Trajectory, ...] = ()
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.arrays["label"].shape[0])
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.arrays[key]
+
+    @classmethod
+    def from_records(
+        cls, records: Sequence[PromptRecord], cost: CostModel, meta: Mapping[str, Any]
+    ) -> Dataset:
+        rows = [(i, step, d) for i, r in enumerate(records) for step, d in r.decisions]
+        strong = int(meta.get("strong", -1))
+        arrays = {
+            "features": np.array(
+                [layer_features(d.state, strong) for _, _, d in rows], dtype=np.float32
+            ).reshape(len(rows), len(FEATURE_NAMES)),
+            "label": np.array([d.label for _, _, d in rows], dtype=np.float64),
+            "label_rel": np.array([d.label_rel for _, _, d in rows], dtype=np.float64),
+            "value_call": np.array([d.value_call for _, _, d in rows], dtype=np.float64),
+            "value_skip": np.array([d.value_skip for _, _, d in rows], dtype=np.float64),
+            "layer": np.array([d.state.layer for _, _, d in rows], dtype=np.int64),
+            "prompt": np.array([i for i, _, _ in rows], dtype=np.int64),
+            "step": np.array([s for _, s, _ in rows], dtype=np.int64),
+            "capped": np.array([d.capped for _, _, d in rows], dtype=bool),
+            "on_best": np.array([d.on_best for _, _, d in rows], dtype=bool),
+        }
+        full = {
+            "format": DATA_FORMAT,
+            "feature_names": list(FEATURE_NAMES),
+            **meta,
+            "cost": cost.as_dict(),
+            "prompts": [prompt_meta(r) for r in records],
+            "summary": summarize(records, arrays),
+        }
+        return cls(arrays, full, tuple(r.trajectory() for r in records))
+
+    def save(self, directory: Path | str) -> Path:
+        """Write `data.safetensors`, `meta.json` and `plans.json` into `directory`."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.arrays.items()}
+        save_file(tensors, str(out / DATA_FILE))
+        (out / META_FILE).write_text(json.dumps(self.meta, indent=1) + "\n")
+        write_plans(self.trajectories, out / PLANS_FILE)
+        return out
+
+    @classmethod
+    def load(cls, directory: Path | str) -> Dataset:
+        """Read a dataset directory written by `save`."""
+        path = Path(directory)
+        if not (path / DATA_FILE).is_file() or not (path / META_FILE).is_file():
+            raise ValueSystemError(
+                f"{path}: not a scheduler dataset (expected {DATA_FILE} and {META_FILE}, written "
+                "by `treegraft scheduler collect`)"
+            )
+        meta = json.loads((path / META_FILE).read_text())
+        if meta.get("format") != DATA_FORMAT:
+            raise ValueSystemError(
+                f"{path / META_FILE}: expected format {DATA_FORMAT!r}, got {meta.get('format')!r}"
+            )
+        arrays = {k: v.numpy() for k, v in load_file(str(path / DATA_FILE)).items()}
+        plans = path / PLANS_FILE
+        return cls(arrays, meta, read_plans(plans) if plans.is_file() else ())
+
+    def prompts(self) -> list[PromptIds]:
+        """The collected prompts with their continuations (for `evaluate` and the oracle)."""
+        return [
+            PromptIds(p["id"], torch.tensor(p["ids"], dtype=torch.long), tuple(p["continuation"]))
+            for p in self.meta["prompts"]
+        ]
+
+
+def prompt_meta(record: PromptRecord) -> dict[str, Any]:
+    """A prompt's ids, continuation and oracle totals, as JSON."""
+    steps = record.steps
+    return {
+        "id": record.prompt.id,
+        "ids": record.prompt.ids.tolist(),
+        "continuation": list(record.prompt.continuation),
+        "steps": len(steps),
+        "tokens": sum(s.committed for s in steps),
+        "oracle_seconds": sum(s.seconds for s in steps),
+    }
+
+
+def summarize(records: Sequence[PromptRecord], arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Label statistics and the oracle's modelled speed (with the endpoints at the same states)."""
+    live = ~arrays["capped"]
+    label = arrays["label_rel"][live]
+    layers = arrays["layer"][live]
+    steps = [s for r in records for s in r.steps]
+    tokens = sum(s.committed for s in steps)
+    seconds = sum(s.seconds for s in steps)
+    return {
+        "prompts": len(records),
+        "steps": len(steps),
+        "rows": int(live.size),
+        "capped_rows": int((~live).sum()),
+        "label_rel_mean": float(label.mean()) if label.size else 0.0,
+        "label_rel_std": float(label.std()) if label.size else 0.0,
+        "positive": float((label > 1e-9).mean()) if label.size else 0.0,
+        "zero": float((np.abs(label) <= 1e-9).mean()) if label.size else 0.0,
+        "positive_by_layer": {
+            int(layer): float((label[layers == layer] > 1e-9).mean()) for layer in np.unique(layers)
+        },
+        "oracle_tokens_per_s": tokens / seconds if seconds else 0.0,
+        "oracle_tau": tokens / max(1, len(steps)),
+        "mean_step_value": {
+            "oracle": float(np.mean([s.committed / s.seconds for s in steps])) if steps else 0.0,
+            "never": float(np.mean([s.never_value for s in steps])) if steps else 0.0,
+            "always": float(np.mean([s.always_value for s in steps])) if steps else 0.0,
+        },
+    }
+
+
+# ---------------------------------------------------------------------------- measuring costs
+
+
+def measure_costs(
+    pipe: Pipeline,
+    prompts: Sequence[Tensor],
+    *,
+    strong: int = -1,
+    repeats: int = 3,
+    overhead_tokens: int = 32,
+) -> CostModel:
+    """Latency curves of target and strong drafter, and the per-layer and per-step constants.
+
+    Curves come from `bench.replay.measure_latency` (runner forwards of 1 .. longest prompt +
+    one tree tokens). Constants come from one real generation of `prompts[0]` with strong calls
+    at every other layer: medians of the weak time per layer, the strong call's time beyond its
+    forward, and the step time outside the models.
+    """
+    s = check_pipeline(pipe, strong)
+    lengths = [int(p.numel()) for p in prompts]
+    max_nodes = pipe.decoder.builder.max_nodes()
+    grid = query_grid(max(lengths) + max_nodes, marks=[max_nodes])
+    context = int(median(lengths))
+    ref = strong_model_ref(pipe, s)
+    target = measure_latency(
+        pipe.decoder.target.model, pipe.spec.target, context=context, queries=grid, repeats=repeats
+    )
+    strong_curve = measure_latency(
+        pipe.resources.model(ref), ref, context=context, queries=grid, repeats=repeats
+    )
+    weak, extra, overhead = measure_constants(pipe, prompts[0], s, strong_curve, overhead_tokens)
+    return CostModel(target, strong_curve, weak, extra, overhead)
+
+
+def measure_constants(
+    pipe: Pipeline, prompt: Tensor, strong: int, curve: LatencyCurve, tokens: int
+) -> tuple[float, float, float]:
+    """(weak seconds per layer, strong seconds per call beyond the forward, step overhead).
+
+    Assumes the strong drafter's model is not the target's (its forwards are counted by a hook).
+    """
+    depth = pipe.decoder.builder.config.depth
+    plan = [strong if i % 2 == 0 else 0 for i in range(depth)]
+    decoder = attrs.evolve(pipe.decoder, scheduler=PlanScheduler(PlanConfig(plan=plan)))
+    alternating = attrs.evolve(pipe, decoder=decoder)
+    weak, extra, overhead = [], [], []
+    model = pipe.resources.model(strong_model_ref(pipe, strong))
+    with QueryCounter(model) as counter:
+        for event in alternating.steps(prompt, max_new_tokens=tokens):
+            queries = counter.take()
+            t = event.times
+            n_strong = sum(c > 0 for c in event.calls)
+            n_weak = len(event.calls) - n_strong
+            if event.step == 0:
+                continue  # warm-up and prefill
+            if n_weak:
+                weak.append(t.get("drafter0", 0.0) / n_weak)
+            if n_strong:
+                forward = sum(curve(q) for q in queries)
+                extra.append((t.get(f"drafter{strong}", 0.0) - forward) / n_strong)
+            models = t.get("drafter0", 0.0) + t.get(f"drafter{strong}", 0.0)
+            overhead.append(
+                t.get("build", 0.0) - models + t.get("verify", 0.0) + t.get("commit", 0.0)
+            )
+    return tuple(max(0.0, median(v)) if v else 0.0 for v in (weak, extra, overhead))
+
+
+# ---------------------------------------------------------------------------- evaluation (replay)
+
+
+@attrs.frozen
+class Evaluation:
+    """Modelled speed of one scheduler over prompts, decoded against a replay target."""
+
+    name: str
+    tokens: int
+    steps: int
+    seconds: float
+    strong_calls: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def tau(self) -> float:
+        return self.tokens / max(1, self.steps)
+
+
+def evaluate(
+    pipe: Pipeline,
+    schedulers: Mapping[str, Scheduler],
+    prompts: Sequence[PromptIds],
+    cost: CostModel,
+    *,
+    max_new_tokens: int,
+    strong: int = -1,
+) -> list[Evaluation]:
+    """Decode every prompt with each scheduler in the one decode loop, against a `ReplayTarget`.
+
+    Step time is modelled with `cost` exactly as in collection (tree nodes, strong forwards,
+    layers), so the numbers compare directly with the oracle of a dataset. Prompts need their
+    continuations (`with_continuations`).
+    """
+    s = check_pipeline(pipe, strong)
+    model = pipe.resources.model(strong_model_ref(pipe, s))
+    out = []
+    with QueryCounter(model) as counter:
+        for name, scheduler in schedulers.items():
+            replay, target = replay_pipeline(pipe, cost.target)
+            replay = attrs.evolve(replay, decoder=attrs.evolve(replay.decoder, scheduler=scheduler))
+            totals = np.zeros(4)
+            for p in prompts:
+                target.expect(p.continuation)
+                counter.take()
+                for event in replay.steps(p.ids, max_new_tokens=max_new_tokens):
+                    totals += _event_cost(event, target.queries[-1], counter.take(), cost)
+            out.append(Evaluation(name, int(totals[0]), int(totals[1]), totals[2], int(totals[3])))
+    return out
+
+
+def _event_cost(
+    event: Any, target_queries: int, queries: tuple[int, ...], cost: CostModel
+) -> np.ndarray:
+    """(tokens, 1 step, modelled seconds, strong calls) of one decode-loop step."""
+    n_strong = sum(c > 0 for c in event.calls)
+    seconds = cost.step_seconds(
+        target_queries=target_queries,
+        strong_queries=queries,
+        strong_calls=n_strong,
+        weak_layers=len(event.calls) - n_strong,
+    )
+    return np.array([len(event.tokens), 1, seconds, n_strong], dtype=np.float64)
+
+
+# ---------------------------------------------------------------------------- training prompts
+
+
+@attrs.frozen
+class TextPrompt:
+    """A training prompt: id, kind, text and the source unit it came from (training side)."""
+
+    id: str
+    kind: str
+    text: str
+    source: str
+
+
+def training_units(seed: int, files: int, pages: int) -> list[Any]:
+    """A seeded sample of TRAINING-side source units: stdlib files and documentation pages."""
+    from treegraft.zoo.sources import (
+        DEFAULT_DOCS_DIR,
+        DOC_SECTIONS,
+        Source,
+        html_to_text,
+        iter_stdlib,
+        stdlib_dir,
+    )
+    from treegraft.zoo.split import is_heldout
+
+    rng = random.Random(f"scheduler:{seed}:sources")
+    code = [u for u in iter_stdlib(stdlib_dir()) if not is_heldout(u.key)]
+    units = rng.sample(code, min(files, len(code)))
+    if not DEFAULT_DOCS_DIR.is_dir():
+        return units
+    html = [
+        path
+        for section in DOC_SECTIONS
+        for path in sorted((DEFAULT_DOCS_DIR / section).rglob("*.html"))
+        if not is_heldout(f"docs/{path.relative_to(DEFAULT_DOCS_DIR).as_posix()}")
+    ]
+    for path in rng.sample(html, min(pages, len(html))):
+        key = f"docs/{path.relative_to(DEFAULT_DOCS_DIR).as_posix()}"
+        units.append(Source(key, "docs", html_to_text(path.read_text(errors="replace"))))
+    return units
+
+
+def training_prompts(
+    n: int, *, seed: int = 0, files: int = 60, pages: int = 15
+) -> list[TextPrompt]:
+    """`n` prompts from the TRAINING side of the zoo split, never from the benchmark suites.
+
+    Mirrors the six suite kinds (code completion, summary, word problem, instruction, question,
+    two-turn chat) round-robin, but draws from `files` stdlib files and `pages` documentation
+    pages whose keys are NOT held out (`zoo.split.is_heldout`), keeps synthetic items whose key
+    and source are not held out, seeds its generators apart from the suites'
+    (`scheduler:{seed}:{kind}`), and drops any text equal to a suite prompt.
+    """
+    from treegraft import zoo
+    from treegraft.zoo.corpus import make_pool
+
+    pool = make_pool(training_units(seed, files, pages))
+    banned = {r["prompt"] for name in zoo.SUITES for r in zoo.load_suite(name)}
+    streams = {
+        kind: make(random.Random(f"scheduler:{seed}:{kind}"))
+        for kind, make in prompt_makers(pool, 1000 * n).items()
+    }
+    out: list[TextPrompt] = []
+    seen: set[str] = set()
+    while len(out) < n and streams:
+        for kind in list(streams):
+            item = next(streams[kind], None)
+            if item is None:
+                del streams[kind]
+            elif item[0] not in seen and item[0] not in banned and len(out) < n:
+                seen.add(item[0])
+                out.append(TextPrompt(f"{kind}-{len(out):03d}", kind, item[0], item[1]))
+    return out
+
+
+PromptStream = Callable[[random.Random], Iterator[tuple[str, str]]]
+
+
+def prompt_makers(pool: Any, tries: int) -> dict[str, PromptStream]:
+    """Per prompt kind, a seeded stream of (prompt text, source key) from a training pool."""
+    from treegraft.zoo import synthetic
+    from treegraft.zoo.corpus import summary_items
+    from treegraft.zoo.formats import chat_prompt
+    from treegraft.zoo.split import is_heldout
+
+    def train_side(make: Callable[[random.Random], synthetic.TaskItem]) -> PromptStream:
+        def generate(r: random.Random) -> Iterator[tuple[str, str]]:
+            for _ in range(tries):
+                item = make(r)
+                if not is_heldout(item.key) and not is_heldout(item.source):
+                    yield chat_prompt(list(item.turns)), item.source
+
+        return generate
+
+    def code(r: random.Random) -> Iterator[tuple[str, str]]:
+        return ((f.prompt, f.source) for f in r.sample(pool.functions, len(pool.functions)))
+
+    def summary(r: random.Random) -> Iterator[tuple[str, str]]:
+        return ((chat_prompt(list(i.turns)), i.source) for i in summary_items(pool))
+
+    return {
+        "code": code,
+        "summary": summary,
+        "word_problem": train_side(synthetic.word_problem),
+        "instruction": train_side(lambda r: synthetic.instruction(r, pool.module_docs)),
+        "question": train_side(lambda r: synthetic.stdlib_question(r, pool.functions)),
+        "chat": train_side(lambda r: synthetic.two_turn_chat(r, pool.functions)),
+    }
+
+
+def read_prompt_file(path: Path) -> list[TextPrompt]:
+    """Prompts from a JSONL file of `{"prompt": str, "id"?: str}` records (your own data)."""
+    out = []
+    for i, line in enumerate(x for x in path.read_text().splitlines() if x.strip()):
+        record = json.loads(line)
+        if not isinstance(record.get("prompt"), str) or not record["prompt"]:
+            raise ValueSystemError(f"{path}: record {i} has no non-empty 'prompt' string")
+        out.append(
+            TextPrompt(
+                str(record.get("id", f"{path.stem}-{i:03d}")), "file", record["prompt"], str(path)
+            )
+        )
+    return out

@@ -1,0 +1,375 @@
+"""The distilled scheduler: a small MLP predicts the value of a strong call from cheap features.
+
+The MLP is distilled offline from the scheduler's value system (`treegraft scheduler collect` and
+`treegraft scheduler fit`, see `docs/scheduler.md`): for every layer decision of many decoding
+steps, the label is value(best schedule that calls here) - value(best schedule that skips here),
+where value = committed tokens / modelled step time, relative to the step's best value. At decode
+time the scheduler calls the strong drafter iff the predicted value exceeds `threshold`.
+
+This module owns the two contracts shared by collection, fitting and decoding:
+
+- the feature vector of a `LayerState` (`FEATURE_NAMES`, `layer_features`): host floats only,
+  so computing it never touches the device;
+- the artifact (`SchedulerArtifact`): `scheduler.safetensors` (normalisation and MLP weights)
+  beside `scheduler.json` (feature names, architecture, metadata), in one directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from treegraft.core.config import ConfigError, field
+from treegraft.core.interfaces import LayerState, Scheduler
+from treegraft.core.resources import Resources
+
+ARTIFACT_FORMAT = "treegraft-scheduler/1"
+WEIGHTS_FILE = "scheduler.safetensors"
+META_FILE = "scheduler.json"
+ZOO_ARTIFACT = "zoo:scheduler"
+ACTIVATIONS = ("relu", "tanh")
+
+#: Names of the features, in the order of `layer_features`. An artifact must list exactly these.
+FEATURE_NAMES: tuple[str, ...] = (
+    "layer",
+    "layer_frac",
+    "layers_left",
+    "strong_calls",
+    "calls_left",
+    "called_last",
+    "layers_since_call",
+    "log_nodes",
+    "frontier_size",
+    "frontier_empty",
+    "frontier_mean_depth",
+    "leaf_ratio",
+    "frontier_mean_score",
+    "score_per_depth",
+    "reselect_shift",
+    "log_prompt_len",
+    "log_generated",
+    "log_target_ms",
+    "log_strong_ms",
+    "log_weak_ms",
+    "strong_over_target",
+    "times_known",
+)
+
+
+class ArtifactError(ValueError):
+    """A scheduler artifact is missing, unreadable or does not match this scheduler's features."""
+
+
+# ---------------------------------------------------------------------------- features
+
+
+def strong_index(drafter: int, n_drafters: int) -> int:
+    """Resolve a configured strong drafter index (negative counts from the strongest)."""
+    return drafter % n_drafters
+
+
+def layer_features(state: LayerState, strong: int = -1) -> list[float]:
+    """The feature vector of one layer decision, `[len(FEATURE_NAMES)]` host floats.
+
+    `strong` is the drafter whose call is being valued (-1: the strongest). Pure Python on the
+    host floats of `state`; never synchronises a device.
+    """
+    s = strong_index(strong, state.n_drafters)
+    strong_layers = [i for i, c in enumerate(state.calls) if c > 0]
+    since = state.layer - strong_layers[-1] if strong_layers else state.layer + 1
+    t_target = state.target_time
+    t_strong = state.drafter_times[s] if s < len(state.drafter_times) else 0.0
+    t_weak = state.drafter_times[0] if state.drafter_times else 0.0
+    known = t_target > 0 and t_strong > 0
+    return [
+        float(state.layer),
+        state.layer / max(1, state.n_layers),
+        float(state.n_layers - state.layer),
+        float(state.strong_calls),
+        float(min(state.max_strong_calls, state.n_layers) - state.strong_calls),
+        float(bool(state.calls) and state.calls[-1] > 0),
+        float(since),
+        math.log(max(1, state.n_nodes)),
+        float(state.frontier_size),
+        float(state.frontier_size == 0),
+        state.frontier_mean_depth,
+        state.leaf_ratio,
+        state.frontier_mean_score,
+        state.frontier_mean_score / max(1.0, state.frontier_mean_depth),
+        state.reselect_shift,
+        math.log(max(1, state.prompt_len)),
+        math.log1p(max(0, state.committed_len - state.prompt_len)),
+        math.log1p(1e3 * t_target),
+        math.log1p(1e3 * t_strong),
+        math.log1p(1e3 * t_weak),
+        t_strong / t_target if known else 0.0,
+        float(known),
+    ]
+
+
+# ---------------------------------------------------------------------------- the artifact
+
+
+@attrs.frozen(eq=False)
+class SchedulerArtifact:
+    """A fitted value model: z-scoring, an MLP, the feature names it expects and metadata.
+
+    Attributes:
+        feature_names: names of the input features, in order (`[F]`).
+        mean, std: `[F]` float64 normalisation: `z = (x - mean) / std`.
+        weights: per linear layer, `[out, in]` float64 (the last has `out == 1`).
+        biases: per linear layer, `[out]` float64.
+        activation: hidden activation, one of `ACTIVATIONS`.
+        metadata: JSON-able facts (pairs, machine, data size, validation metrics, ...).
+    """
+
+    feature_names: tuple[str, ...]
+    mean: np.ndarray
+    std: np.ndarray
+    weights: tuple[np.ndarray, ...]
+    biases: tuple[np.ndarray, ...]
+    activation: str = "relu"
+    metadata: Mapping[str, Any] = attrs.field(factory=dict)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Predicted relative values `[N]` of feature rows `x` (`[N, F]`); host numpy only."""
+        h = (np.asarray(x, dtype=np.float64) - self.mean) / self.std
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            h = h @ w.T + b
+            if i < last:
+                h = np.maximum(h, 0.0) if self.activation == "relu" else np.tanh(h)
+        return h[:, 0]
+
+    def predict_one(self, x: Sequence[float]) -> float:
+        """Predicted relative value of one feature vector (`[F]`)."""
+        return float(self.predict(np.asarray(x, dtype=np.float64)[None, :])[0])
+
+    def save(self, directory: Path | str) -> Path:
+        """Write `scheduler.safetensors` and `scheduler.json` into `directory`; return it."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        tensors = {"mean": self.mean, "std": self.std}
+        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            tensors[f"layers.{i}.weight"], tensors[f"layers.{i}.bias"] = w, b
+        save_file(
+            {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()},
+            str(out / WEIGHTS_FILE),
+        )
+        meta = {
+            "format": ARTIFACT_FORMAT,
+            "feature_names": list(self.feature_names),
+            "layers": len(self.weights),
+            "hidden": [int(w.shape[0]) for w in self.weights[:-1]],
+            "activation": self.activation,
+            "metadata": dict(self.metadata),
+        }
+        (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        return out
+
+    @classmethod
+    def load(cls, ref: Path | str) -> SchedulerArtifact:
+        """Read an artifact from `zoo:scheduler`, its directory, or either of its two files."""
+        directory = artifact_dir(ref)
+        meta = _read_meta(directory)
+        tensors = _read_tensors(directory, meta["layers"])
+        names = tuple(meta["feature_names"])
+        if tensors["mean"].shape != (len(names),):
+            raise ArtifactError(
+                f"{directory}: {len(names)} feature names but normalisation of shape "
+                f"{tensors['mean'].shape}"
+            )
+        n = meta["layers"]
+        return cls(
+            feature_names=names,
+            mean=tensors["mean"],
+            std=tensors["std"],
+            weights=tuple(tensors[f"layers.{i}.weight"] for i in range(n)),
+            biases=tuple(tensors[f"layers.{i}.bias"] for i in range(n)),
+            activation=meta.get("activation", "relu"),
+            metadata=meta.get("metadata", {}),
+        )
+
+
+@attrs.frozen(eq=False)
+class FoldedMLP:
+    """The artifact's MLP for one feature vector at a time, with as few numpy calls as possible.
+
+    The z-scoring and the first bias are folded into one `[h1, F + 1]` matrix applied to the
+    features with a trailing 1 (`W1' = W1 / std`, `b1' = b1 - W1' @ mean`); the last layer is a
+    dot product plus a Python float. Host only.
+    """
+
+    first: np.ndarray  # [h1, F + 1]
+    middle: tuple[tuple[np.ndarray, np.ndarray], ...]  # ([h_i, h_{i-1}], [h_i]) per hidden layer
+    last: np.ndarray | None  # [h_last]; None when the MLP is one linear layer
+    last_bias: float
+    relu: bool
+
+    @classmethod
+    def from_artifact(cls, artifact: SchedulerArtifact) -> FoldedMLP:
+        w0 = artifact.weights[0] / artifact.std[None, :]
+        b0 = artifact.biases[0] - w0 @ artifact.mean
+        first = np.ascontiguousarray(np.concatenate([w0, b0[:, None]], axis=1))
+        relu = artifact.activation == "relu"
+        if len(artifact.weights) == 1:
+            return cls(first, (), None, 0.0, relu)
+        middle = tuple(zip(artifact.weights[1:-1], artifact.biases[1:-1], strict=True))
+        last = np.ascontiguousarray(artifact.weights[-1][0])
+        return cls(first, middle, last, float(artifact.biases[-1][0]), relu)
+
+    def __call__(self, features: Sequence[float]) -> float:
+        h = np.dot(self.first, [*features, 1.0])  # [h1]
+        if self.last is None:
+            return float(h[0])
+        self._activate(h)
+        for w, b in self.middle:
+            h = np.dot(w, h)
+            h += b
+            self._activate(h)
+        return float(np.dot(self.last, h)) + self.last_bias
+
+    def _activate(self, h: np.ndarray) -> None:
+        if self.relu:
+            np.maximum(h, 0.0, out=h)
+        else:
+            np.tanh(h, out=h)
+
+
+def artifact_dir(ref: Path | str) -> Path:
+    """The directory of an artifact reference (`zoo:scheduler`, a directory, or one of its files)."""
+    if str(ref) == ZOO_ARTIFACT:
+        from treegraft import zoo
+
+        path = zoo.ZOO_DIR / "scheduler"
+        if not (path / META_FILE).is_file():
+            raise ArtifactError(
+                f"{ZOO_ARTIFACT}: no scheduler artifact is shipped in {path} yet; fit one with "
+                "`treegraft scheduler collect` + `treegraft scheduler fit` (docs/scheduler.md) "
+                "and pass its directory as `artifact`"
+            )
+        return path
+    path = Path(ref).expanduser()
+    if path.is_file() and path.name in (WEIGHTS_FILE, META_FILE):
+        path = path.parent
+    if not path.is_dir():
+        raise ArtifactError(
+            f"scheduler artifact {str(ref)!r} not found: expected {ZOO_ARTIFACT!r} or a directory "
+            f"holding {WEIGHTS_FILE} and {META_FILE} (written by `treegraft scheduler fit`)"
+        )
+    for name in (WEIGHTS_FILE, META_FILE):
+        if not (path / name).is_file():
+            raise ArtifactError(
+                f"scheduler artifact {str(ref)!r}: {name} is missing in {path} (an artifact "
+                f"directory holds {WEIGHTS_FILE} and {META_FILE})"
+            )
+    return path
+
+
+def _read_meta(directory: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((directory / META_FILE).read_text())
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{directory / META_FILE}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != ARTIFACT_FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ArtifactError(
+            f"{directory / META_FILE}: expected format {ARTIFACT_FORMAT!r}, got {got!r}"
+        )
+    if meta.get("activation", "relu") not in ACTIVATIONS:
+        raise ArtifactError(
+            f"{directory / META_FILE}: activation must be one of {ACTIVATIONS}, "
+            f"got {meta.get('activation')!r}"
+        )
+    return meta
+
+
+def _read_tensors(directory: Path, n_layers: int) -> dict[str, np.ndarray]:
+    try:
+        raw = load_file(str(directory / WEIGHTS_FILE))
+    except (SafetensorError, OSError) as exc:
+        raise ArtifactError(f"{directory / WEIGHTS_FILE}: unreadable ({exc})") from None
+    needed = ["mean", "std"] + [
+        f"layers.{i}.{p}" for i in range(n_layers) for p in ("weight", "bias")
+    ]
+    missing = [k for k in needed if k not in raw]
+    if missing:
+        raise ArtifactError(f"{directory / WEIGHTS_FILE}: missing tensors {', '.join(missing)}")
+    return {k: raw[k].double().numpy() for k in needed}
+
+
+def check_feature_names(artifact: SchedulerArtifact, source: str) -> None:
+    """Raise `ArtifactError` unless `artifact` expects exactly `FEATURE_NAMES`, in order."""
+    got, want = list(artifact.feature_names), list(FEATURE_NAMES)
+    if got == want:
+        return
+    extra = [n for n in got if n not in want]
+    missing = [n for n in want if n not in got]
+    detail = (f"unknown {extra}; " if extra else "") + (
+        f"missing {missing}" if missing else "same names in another order"
+    )
+    raise ArtifactError(
+        f"{source}: the artifact's features do not match this scheduler's ({detail}); refit it "
+        "with `treegraft scheduler fit` on data collected by this version"
+    )
+
+
+# ---------------------------------------------------------------------------- the scheduler
+
+
+@attrs.frozen
+class DistilledConfig:
+    """Hyper-parameters of the distilled scheduler."""
+
+    artifact: str = field(
+        ZOO_ARTIFACT, doc="'zoo:scheduler' or a directory written by `treegraft scheduler fit`"
+    )
+    threshold: float = field(
+        0.0, doc="call the strong drafter when the predicted relative value exceeds this"
+    )
+    drafter: int = field(-1, doc="drafter index called (-1: the strongest)")
+
+
+@attrs.define
+class DistilledScheduler(Scheduler):
+    """Calls the strong drafter iff a distilled MLP predicts the call beats skipping it.
+
+    The prediction is the relative value `(V_call - V_skip) / V_best` of the layer decision
+    (see the module docstring); one call costs tens of microseconds on the host, no device work.
+    """
+
+    Config = DistilledConfig
+    config: DistilledConfig
+    artifact: SchedulerArtifact
+    mlp: FoldedMLP = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.mlp = FoldedMLP.from_artifact(self.artifact)
+
+    @classmethod
+    def from_config(cls, config: DistilledConfig, resources: Resources) -> DistilledScheduler:
+        try:
+            artifact = SchedulerArtifact.load(config.artifact)
+            check_feature_names(artifact, repr(config.artifact))
+        except ArtifactError as exc:
+            raise ConfigError(f"pipeline.scheduler.artifact: {exc}") from None
+        return cls(config, artifact)
+
+    def value(self, state: LayerState) -> float:
+        """Predicted relative value of a strong call at this layer (host only)."""
+        return self.mlp(layer_features(state, self.config.drafter))
+
+    def decide(self, state: LayerState) -> int:
+        if state.strong_calls >= state.max_strong_calls:
+            return 0
+        call = self.value(state) > self.config.threshold
+        return strong_index(self.config.drafter, state.n_drafters) if call else 0

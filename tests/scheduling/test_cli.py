@@ -1,0 +1,71 @@
+"""`treegraft scheduler fit | explain` on a small collected dataset; cost measurement."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.core.test_decoder import repetitive_prompt
+from tests.scheduling.helpers import COST, VOCAB, pipeline_raw, stand_in_pair
+from treegraft.bench.scheduler_cli import app
+from treegraft.bench.value_system import (
+    PromptIds,
+    ValueSystemError,
+    check_pipeline,
+    collect,
+    measure_costs,
+)
+from treegraft.core.pipeline import load_pipeline
+from treegraft.plugins.schedulers.distilled import SchedulerArtifact
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory):
+    res = stand_in_pair(2)
+    pipe = load_pipeline(pipeline_raw(depth=2, strong="mem:target"), resources=res)
+    prompts = [PromptIds(f"p{i}", repetitive_prompt(40 + i, 12) % VOCAB) for i in range(3)]
+    return collect(pipe, prompts, COST, max_new_tokens=8).save(tmp_path_factory.mktemp("data"))
+
+
+def test_fit_then_explain(dataset_dir, tmp_path):
+    art = tmp_path / "art"
+    result = runner.invoke(
+        app, ["fit", str(dataset_dir), "--out", str(art), "--epochs", "30", "--hidden", "8"]
+    )
+    assert result.exit_code == 0, result.output
+    assert SchedulerArtifact.load(art).metadata["pairs"][0]["target"] == "mem:target"
+    result = runner.invoke(app, ["explain", str(art), str(dataset_dir)])
+    assert result.exit_code == 0, result.output
+    assert "strong-call rate per layer: 0:" in result.output
+    result = runner.invoke(app, ["explain", str(art)])
+    assert result.exit_code == 0 and "fit-time validation data" in result.output
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    result = runner.invoke(app, ["explain", str(tmp_path / "missing")])
+    assert result.exit_code == 2 and "not found" in result.output
+    result = runner.invoke(app, ["fit", str(tmp_path), "--out", str(tmp_path / "a")])
+    assert result.exit_code == 2 and "not a scheduler dataset" in result.output
+
+
+def test_measured_costs_are_positive_and_grow_with_tokens():
+    res = stand_in_pair(0)
+    pipe = load_pipeline(pipeline_raw(depth=2), resources=res)
+    cost = measure_costs(pipe, [repetitive_prompt(1, 10) % VOCAB], repeats=1, overhead_tokens=6)
+    assert cost.target(1) > 0 and cost.strong(1) > 0
+    assert cost.target.queries[-1] >= pipe.decoder.builder.max_nodes()
+    assert min(cost.weak_layer_s, cost.strong_extra_s, cost.step_overhead_s) >= 0
+
+
+def test_pipelines_the_value_system_cannot_label_are_refused():
+    res = stand_in_pair(0)
+    raw = pipeline_raw()
+    raw["drafters"] = {"weak": raw["drafters"]["weak"]}
+    with pytest.raises(ValueSystemError, match="at least two drafters"):
+        check_pipeline(load_pipeline(raw, resources=res), -1)
+    raw = pipeline_raw()
+    del raw["grafter"]
+    with pytest.raises(ValueSystemError, match="needs a grafter"):
+        check_pipeline(load_pipeline(raw, resources=res), -1)

@@ -1,0 +1,117 @@
+"""The `distilled` scheduler in pipelines: lossless end to end, and clear artifact errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.conftest import greedy_reference
+from tests.core.test_decoder import repetitive_prompt
+from tests.scheduling.helpers import VOCAB, pipeline_raw, stand_in_pair
+from treegraft.core.config import ConfigError
+from treegraft.core.pipeline import load_pipeline
+from treegraft.core.registry import default_registry
+from treegraft.plugins.schedulers.distilled import (
+    FEATURE_NAMES,
+    META_FILE,
+    WEIGHTS_FILE,
+    SchedulerArtifact,
+)
+
+F = len(FEATURE_NAMES)
+
+
+def layer_rule_artifact(calls_below: float = 1.5) -> SchedulerArtifact:
+    """A hand-set MLP predicting `calls_below - layer`: strong calls at layers 0 and 1."""
+    w1 = np.zeros((2, F))
+    w1[0, FEATURE_NAMES.index("layer")] = 1.0
+    return SchedulerArtifact(
+        feature_names=FEATURE_NAMES,
+        mean=np.zeros(F),
+        std=np.ones(F),
+        weights=(w1, np.array([[-1.0, 0.0]])),
+        biases=(np.zeros(2), np.array([calls_below])),
+        metadata={"note": "hand-set for tests"},
+    )
+
+
+def distilled(path, **kw) -> dict:
+    return pipeline_raw(
+        depth=4,
+        scheduler={"name": "distilled", "artifact": str(path), **kw},
+        max_new_tokens=20,
+        max_strong_calls=4,
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_distilled_runs_in_a_pipeline_and_stays_lossless(tmp_path, seed):
+    layer_rule_artifact().save(tmp_path)
+    res = stand_in_pair(seed)
+    prompt = repetitive_prompt(seed, 16) % VOCAB
+    out = load_pipeline(distilled(tmp_path), resources=res).generate(prompt)
+    assert list(out.token_ids) == greedy_reference(res.models["mem:target"], prompt, 20)
+    assert all(e.calls[:2] == (1, 1) for e in out.events)  # the rule calls at layers 0 and 1
+    assert all(1 not in e.calls[2:] for e in out.events)
+
+
+def test_threshold_moves_the_decision(tmp_path):
+    layer_rule_artifact().save(tmp_path)
+    res = stand_in_pair(0)
+    prompt = repetitive_prompt(0, 16) % VOCAB
+    out = load_pipeline(distilled(tmp_path, threshold=1.0), resources=res).generate(prompt)
+    assert all(e.calls[:2] == (1, 0) for e in out.events)  # only layer 0 predicts > 1.0
+
+
+def test_both_schedulers_are_registered():
+    names = default_registry().names("scheduler")
+    assert {"distilled", "oracle"} <= set(names)
+
+
+def test_missing_artifact_is_a_clear_config_error(tmp_path):
+    res = stand_in_pair(0)
+    with pytest.raises(
+        ConfigError, match=r"pipeline.scheduler.artifact: .*'/nowhere/art' not found"
+    ):
+        load_pipeline(distilled("/nowhere/art"), resources=res)
+    (tmp_path / META_FILE).write_text("{}")
+    with pytest.raises(ConfigError, match=f"{WEIGHTS_FILE} is missing"):
+        load_pipeline(distilled(tmp_path), resources=res)
+
+
+def test_corrupt_artifact_files_are_clear_errors(tmp_path):
+    res = stand_in_pair(0)
+    layer_rule_artifact().save(tmp_path)
+    (tmp_path / WEIGHTS_FILE).write_bytes(b"not a safetensors file")
+    with pytest.raises(ConfigError, match=f"{WEIGHTS_FILE}: unreadable"):
+        load_pipeline(distilled(tmp_path), resources=res)
+    (tmp_path / META_FILE).write_text(json.dumps({"format": "something-else/9"}))
+    with pytest.raises(ConfigError, match="expected format 'treegraft-scheduler/1'"):
+        load_pipeline(distilled(tmp_path), resources=res)
+
+
+def test_mismatched_feature_names_are_a_clear_error(tmp_path):
+    layer_rule_artifact().save(tmp_path)
+    meta = json.loads((tmp_path / META_FILE).read_text())
+    meta["feature_names"][3] = "moon_phase"
+    (tmp_path / META_FILE).write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match=r"unknown \['moon_phase'\]; missing \['strong_calls'\]"):
+        load_pipeline(distilled(tmp_path), resources=stand_in_pair(0))
+    meta["feature_names"] = meta["feature_names"][:-1]
+    (tmp_path / META_FILE).write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="feature names but normalisation of shape"):
+        load_pipeline(distilled(tmp_path), resources=stand_in_pair(0))
+
+
+def test_zoo_artifact_reference(tmp_path):
+    res = stand_in_pair(0)
+    try:
+        SchedulerArtifact.load("zoo:scheduler")
+    except ValueError as exc:  # not shipped yet: the error says how to make one
+        assert "treegraft scheduler fit" in str(exc)
+        with pytest.raises(ConfigError, match="no scheduler artifact is shipped"):
+            load_pipeline(distilled("zoo:scheduler"), resources=res)
+    else:
+        load_pipeline(distilled("zoo:scheduler"), resources=res)

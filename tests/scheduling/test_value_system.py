@@ -1,0 +1,176 @@
+"""The value system: labels of a hand-built step against brute force, collection, the oracle."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from tests.conftest import greedy_reference
+from tests.core.test_decoder import repetitive_prompt
+from tests.scheduling.helpers import COST, VOCAB, pipeline_raw, stand_in_pair
+from treegraft.bench.value_system import (
+    Dataset,
+    PromptIds,
+    QueryCounter,
+    StepSearcher,
+    ValueSystemError,
+    accept_against,
+    all_plans,
+    collect,
+    evaluate,
+    label_decisions,
+)
+from treegraft.core.config import ConfigError
+from treegraft.core.decoder import StopRule
+from treegraft.core.pipeline import load_pipeline
+from treegraft.core.tree import DraftTree
+from treegraft.plugins.schedulers.distilled import FEATURE_NAMES
+from treegraft.plugins.schedulers.oracle import OracleMismatch, OracleScheduler
+
+DEPTH = 4
+MAX_NEW = 40
+
+
+def brute_force_labels(res, prompt: torch.Tensor) -> tuple[dict, dict]:
+    """Labels keyed by the effective-call prefix, from one real step per plan (fresh pipelines).
+
+    Each plan runs in its own pipeline with the `plan` scheduler; the real target verifies the
+    tree, so the accepted length does not come from the value system's continuation matching.
+    """
+    runs = {}
+    for plan in itertools.product([0, 1], repeat=DEPTH):
+        raw = pipeline_raw(
+            depth=DEPTH, strong="mem:target", scheduler={"name": "plan", "plan": list(plan)}
+        )
+        event = next(load_pipeline(raw, resources=res).steps(prompt, max_new_tokens=MAX_NEW))
+        strong = sum(event.calls)
+        seconds = (
+            COST.target(prompt.numel() - 1 + event.tree_size + 1)
+            + strong * COST.strong_extra_s
+            + (len(event.calls) - strong) * COST.weak_layer_s
+            + COST.step_overhead_s
+        )
+        runs[plan] = (event.calls, event.accepted, (event.accepted + 1) / seconds)
+    labels = {}
+    for calls, _, _ in runs.values():
+        for layer in range(min(len(calls) + 1, DEPTH)):  # layers at which the scheduler was asked
+            prefix = calls[:layer]
+            here = [r for r in runs.values() if r[0][:layer] == prefix]
+            call = [v for c, _, v in here if len(c) > layer and c[layer] == 1]
+            skip = [v for c, _, v in here if len(c) == layer or c[layer] == 0]
+            labels[prefix] = max(call) - max(skip)
+    return labels, runs
+
+
+def test_labels_of_a_hand_built_step_match_brute_force():
+    res = stand_in_pair(0)
+    prompt = repetitive_prompt(7, 14) % VOCAB
+    continuation = greedy_reference(res.models["mem:target"], prompt, MAX_NEW)
+    pipe = load_pipeline(pipeline_raw(depth=DEPTH, strong="mem:target"), resources=res)
+    with torch.inference_mode(), QueryCounter(res.models["mem:target"]) as counter:
+        searcher = StepSearcher.begin(
+            pipe.decoder, COST, counter, prompt=prompt, continuation=continuation,
+            stop=StopRule(MAX_NEW), strong=1,
+        )  # fmt: skip
+        outcomes = searcher.search(all_plans(DEPTH, 1))
+    decisions = label_decisions(outcomes)
+    expected, runs = brute_force_labels(res, prompt)
+
+    for o in outcomes:  # every counterfactual tree is the one a fresh pipeline builds
+        calls, accepted, value = runs[o.plan]
+        assert (o.calls, o.accepted) == (calls, accepted)
+        assert o.value == pytest.approx(value, rel=1e-12)
+    got = {d.state.calls: d.label for d in decisions}
+    assert got.keys() == expected.keys()
+    for prefix, label in expected.items():
+        assert got[prefix] == pytest.approx(label, rel=1e-9, abs=1e-9), prefix
+    assert min(got.values()) < 0 < max(got.values())  # the step has both kinds of decision
+    assert all(d.state.layer == len(d.state.calls) for d in decisions)
+
+
+def test_accepted_length_is_the_longest_path_matching_the_continuation():
+    #      0 ─ 1(5) ─ 2(6) ─ 4(9)
+    #        └ 3(7) ─ 5(8)
+    tokens = torch.tensor([0, 5, 6, 7, 9, 8])
+    parents = torch.tensor([-1, 0, 1, 0, 2, 3])
+    tree = DraftTree.from_parents(tokens, parents)
+    assert accept_against(tree, torch.tensor([5, 6, 1, 2]), 0)[0] == 2
+    assert accept_against(tree, torch.tensor([7, 8, 1]), 0)[0] == 2
+    assert accept_against(tree, torch.tensor([3, 5, 6, 9, 4]), 1)[0] == 3
+    assert accept_against(tree, torch.tensor([5, 6]), 0)[0] == 2  # nothing known past the end
+    assert accept_against(tree, torch.tensor([4]), 0)[0] == 0
+    assert accept_against(tree, torch.tensor([5, 6, 9]), 0)[1].tolist() == [0, 1, 2, 4]
+
+
+def test_depth_beyond_exhaustive_search_is_refused():
+    assert len(all_plans(5, 1)) == 32
+    with pytest.raises(ValueSystemError, match="stops at depth 5"):
+        all_plans(6, 1)
+
+
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory):
+    res = stand_in_pair(1)
+    raw = pipeline_raw(depth=3, strong="mem:target", max_strong_calls=3)
+    pipe = load_pipeline(raw, resources=res)
+    prompts = [PromptIds(f"p{i}", repetitive_prompt(20 + i, 12) % VOCAB) for i in range(2)]
+    data = collect(pipe, prompts, COST, max_new_tokens=12)
+    path = data.save(tmp_path_factory.mktemp("data"))
+    return res, raw, prompts, data, path
+
+
+def test_collection_follows_the_greedy_continuation_and_round_trips(collected):
+    res, _, prompts, data, path = collected
+    target = res.models["mem:target"]
+    for p, meta in zip(prompts, data.meta["prompts"], strict=True):
+        assert meta["continuation"][:12] == greedy_reference(target, p.ids, 12)
+        assert meta["tokens"] >= 12
+    assert data["features"].shape == (data.n_rows, len(FEATURE_NAMES))
+    assert data["on_best"].any() and (data["layer"] == 0).sum() == data.meta["summary"]["steps"]
+    loaded = Dataset.load(path)
+    for key, value in data.arrays.items():
+        assert (loaded[key] == value).all() or key in ("value_call",)  # NaN where capped
+    assert loaded.trajectories == data.trajectories
+    assert [list(p.continuation) for p in loaded.prompts()] == [
+        p["continuation"] for p in data.meta["prompts"]
+    ]
+
+
+def test_the_oracle_replays_the_collected_best_schedules_losslessly(collected):
+    res, raw, prompts, data, _ = collected
+    pipe = load_pipeline(raw, resources=res)
+    pipe.decoder.scheduler = OracleScheduler.from_trajectories(data.trajectories)
+    for p, traj in zip(prompts, data.trajectories, strict=True):
+        out = pipe.generate(p.ids, max_new_tokens=12)
+        assert list(out.token_ids) == greedy_reference(res.models["mem:target"], p.ids, 12)
+        assert [e.calls for e in out.events] == [
+            s.plan[: len(e.calls)] for s, e in zip(traj.steps, out.events, strict=True)
+        ]
+    with pytest.raises(OracleMismatch, match="no collected trajectory has a prompt of 14"):
+        pipe.generate(repetitive_prompt(99, 14) % VOCAB, max_new_tokens=12)
+    with pytest.raises(OracleMismatch, match="decode at most the collected number of tokens"):
+        pipe.generate(prompts[0].ids, max_new_tokens=40)
+
+
+def test_the_oracle_from_a_pipeline_file_reads_the_dataset_plans(collected):
+    res, raw, prompts, _, path = collected
+    pipe = load_pipeline(
+        {**raw, "scheduler": {"name": "oracle", "plans": str(path)}}, resources=res
+    )
+    out = pipe.generate(prompts[0].ids, max_new_tokens=12)
+    assert list(out.token_ids) == greedy_reference(res.models["mem:target"], prompts[0].ids, 12)
+    with pytest.raises(ConfigError, match=r"pipeline\.scheduler\.plans: .* not found"):
+        load_pipeline({**raw, "scheduler": {"name": "oracle", "plans": "/no/plans"}}, resources=res)
+
+
+def test_replay_evaluation_of_the_oracle_matches_the_collection(collected):
+    res, raw, _, data, _ = collected
+    pipe = load_pipeline(raw, resources=res)
+    oracle = OracleScheduler.from_trajectories(data.trajectories)
+    results = evaluate(pipe, {"oracle": oracle}, data.prompts(), COST, max_new_tokens=12)
+    tokens = sum(p["tokens"] for p in data.meta["prompts"])
+    seconds = sum(p["oracle_seconds"] for p in data.meta["prompts"])
+    assert results[0].tokens == tokens
+    assert results[0].seconds == pytest.approx(seconds, rel=1e-9)
