@@ -1,0 +1,75 @@
+"""The embedded model zoo: a shared tokenizer, small Llama-architecture models and task suites.
+
+Light on purpose: importing this module does not import torch or transformers.
+
+>>> from treegraft import zoo
+>>> zoo.resolve("zoo:target")          # doctest: +SKIP
+PosixPath('.../treegraft/zoo/models/target')
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+
+ZOO_DIR = Path(__file__).resolve().parent
+MODELS_DIR = ZOO_DIR / "models"
+SUITES_DIR = ZOO_DIR / "suites"
+PREFIX = "zoo:"
+SUITES = ("humaneval", "cnndm", "gsm8k", "qa", "alpaca", "mt_bench")
+
+__all__ = [
+    "MODELS_DIR",
+    "SUITES",
+    "SUITES_DIR",
+    "ZOO_DIR",
+    "UnknownZooModelError",
+    "available",
+    "load_suite",
+    "resolve",
+    "suite_path",
+    "tokenizer_path",
+]
+
+
+class UnknownZooModelError(LookupError):
+    """A zoo reference names no shipped model."""
+
+
+def available() -> list[str]:
+    """Names of the zoo models present (directories with a ``config.json``), sorted."""
+    if not MODELS_DIR.is_dir():
+        return []
+    return sorted(p.name for p in MODELS_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def resolve(ref: str) -> Path:
+    """Directory of the zoo model ``ref`` (``"zoo:NAME"`` or ``"NAME"``), ready for ``from_pretrained``."""
+    name = ref.removeprefix(PREFIX)
+    names = available()
+    if name in names:
+        return MODELS_DIR / name
+    close = difflib.get_close_matches(name, names, n=3)
+    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+    raise UnknownZooModelError(
+        f"unknown zoo model {ref!r}; available: {', '.join(names) or '(none)'}.{hint}"
+    )
+
+
+def tokenizer_path() -> Path:
+    """Directory of the tokenizer shared by every zoo model."""
+    return ZOO_DIR / "tokenizer"
+
+
+def suite_path(name: str) -> Path:
+    """Path of the JSONL file of suite ``name`` (one of :data:`SUITES`)."""
+    if name not in SUITES:
+        raise KeyError(f"unknown suite {name!r}; suites: {', '.join(SUITES)}")
+    return SUITES_DIR / f"{name}.jsonl"
+
+
+def load_suite(name: str) -> list[dict]:
+    """The prompts of suite ``name``: dicts with ``id``, ``suite``, ``prompt``, ``reference``."""
+    with suite_path(name).open(encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]

@@ -1,0 +1,126 @@
+"""``treegraft zoo``: build the corpus and suites, train and export the zoo models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Build, train and export the embedded model zoo.", no_args_is_help=True)
+
+RecipeOpt = Annotated[
+    Path, typer.Option("--recipe", exists=True, dir_okay=False, help="Recipe YAML file.")
+]
+
+
+@app.command("build-corpus")
+def build_corpus_cmd(
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path(
+        "~/.cache/treegraft/corpus"
+    ),
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic data.")] = 0,
+    stdlib: Annotated[
+        Path | None, typer.Option(help="Standard-library directory (default: this Python's).")
+    ] = None,
+    docs: Annotated[Path | None, typer.Option(help="python3-doc HTML directory.")] = None,
+    no_docs: Annotated[
+        bool, typer.Option("--no-docs", help="Leave the documentation out.")
+    ] = False,
+) -> None:
+    """Build the training corpus (stdlib code, docs text, synthetic tasks) under OUT."""
+    from treegraft.zoo.corpus import CorpusConfig, build_corpus
+    from treegraft.zoo.sources import DEFAULT_DOCS_DIR, MissingSourceError, stdlib_dir
+
+    cfg = CorpusConfig(
+        seed=seed,
+        stdlib=stdlib or stdlib_dir(),
+        docs=None if no_docs else (docs or DEFAULT_DOCS_DIR),
+    )
+    try:
+        manifest = build_corpus(cfg, out.expanduser())
+    except MissingSourceError as err:
+        raise typer.BadParameter(str(err), param_hint="--docs") from err
+    typer.echo(f"{manifest['documents']} documents, {manifest['characters']:,} characters -> {out}")
+
+
+@app.command("build-tokenizer")
+def build_tokenizer_cmd(
+    corpus: Annotated[Path, typer.Option(help="Corpus directory.")] = Path(
+        "~/.cache/treegraft/corpus"
+    ),
+    out: Annotated[
+        Path | None, typer.Option(help="Output directory (default: the packaged tokenizer).")
+    ] = None,
+) -> None:
+    """Train the shared byte-level BPE tokenizer on the corpus."""
+    from treegraft.zoo import tokenizer_path
+    from treegraft.zoo.corpus import read_corpus
+    from treegraft.zoo.tokenizer import train_tokenizer
+
+    dest = train_tokenizer(
+        (d.text for d in read_corpus(corpus.expanduser())), out or tokenizer_path()
+    )
+    typer.echo(f"tokenizer -> {dest}")
+
+
+@app.command("build-suites")
+def build_suites_cmd(
+    out: Annotated[
+        Path | None, typer.Option(help="Output directory (default: the packaged suites).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic suites.")] = 0,
+    docs: Annotated[Path | None, typer.Option(help="python3-doc HTML directory.")] = None,
+    corpus: Annotated[
+        Path | None, typer.Option(help="Corpus directory whose fingerprint to ship.")
+    ] = None,
+) -> None:
+    """Build the six held-out task suites (30 prompts each)."""
+    from treegraft.zoo.suites import build_suites
+
+    paths = build_suites(
+        out=out, seed=seed, docs=docs, corpus=corpus.expanduser() if corpus else None
+    )
+    typer.echo("\n".join(str(p) for p in paths))
+
+
+@app.command("train")
+def train_cmd(
+    recipe: RecipeOpt,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the run's checkpoint.")
+    ] = False,
+    max_steps: Annotated[
+        int | None, typer.Option(help="Stop after this many steps (stays resumable).")
+    ] = None,
+    runs: Annotated[Path, typer.Option(help="Directory of run folders.")] = Path(
+        "~/.cache/treegraft/zoo-runs"
+    ),
+) -> None:
+    """Train (or resume) a recipe; exports to RUNS/NAME/export when it finishes."""
+    from treegraft.zoo.train import load_recipe, train
+
+    state = train(load_recipe(recipe), resume=resume, runs=runs.expanduser(), max_steps=max_steps)
+    typer.echo(f"step {state.step}, last losses {state.last_losses}")
+
+
+@app.command("export")
+def export_cmd(
+    recipe: RecipeOpt,
+    dest: Annotated[
+        Path | None, typer.Option(help="Destination (default: the packaged models dir).")
+    ] = None,
+    runs: Annotated[Path, typer.Option(help="Directory of run folders.")] = Path(
+        "~/.cache/treegraft/zoo-runs"
+    ),
+) -> None:
+    """Export a run's latest checkpoint in Hugging Face format (bf16 weights + tokenizer)."""
+    from treegraft.zoo import MODELS_DIR
+    from treegraft.zoo.train import export_run, load_recipe
+
+    for path in export_run(load_recipe(recipe), dest or MODELS_DIR, runs=runs.expanduser()):
+        typer.echo(str(path))
+
+
+if __name__ == "__main__":
+    app()

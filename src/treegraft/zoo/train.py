@@ -1,0 +1,554 @@
+"""Seeded, resumable CPU trainer for the zoo models (pre-training and distillation).
+
+A recipe (YAML, see ``recipes/``) names one or more models that are trained side by side on the
+same batches. With a ``teacher`` every model is distilled from it (KL to the teacher's
+distribution, mixed with the usual next-token loss), sharing one teacher forward per batch.
+The batch at step ``s`` depends only on ``(seed, s)``, so a resumed run sees the same data as an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+import numpy as np
+import torch
+import torch.nn.functional as F
+import yaml
+
+from treegraft.zoo import formats
+from treegraft.zoo.corpus import DEFAULT_CORPUS_DIR, read_corpus
+from treegraft.zoo.tokenizer import batched
+
+log = logging.getLogger("treegraft.zoo.train")
+
+DEFAULT_RUNS_DIR = Path("~/.cache/treegraft/zoo-runs").expanduser()
+CHECKPOINT_FILE = "checkpoint.pt"
+TRAINING_FILE = "training.json"
+VALID_SEED = 2**32 - 1  # seed of the fixed validation windows
+VALID_BATCH_SIZE = 16
+
+
+@attrs.frozen(kw_only=True)
+class ModelSpec:
+    """Shape of one Llama-architecture model."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    max_positions: int = 1024
+
+
+@attrs.frozen(kw_only=True)
+class Recipe:
+    """Everything that determines a training run."""
+
+    name: str
+    models: dict[str, ModelSpec]
+    tokens: int
+    seed: int = 0
+    corpus: str = str(DEFAULT_CORPUS_DIR)
+    tokenizer: str | None = None
+    teacher: str | None = None
+    kd_weight: float = 0.0
+    kd_temperature: float = 1.0
+    seq_len: int = 512
+    batch_size: int = 16
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    decay_fraction: float = 0.25
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    valid_fraction: float = 0.005
+    valid_batches: int = 4
+    eval_every: int = 200
+    checkpoint_every: int = 50
+    log_every: int = 10
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Training tokens per optimiser step."""
+        return self.batch_size * self.seq_len
+
+    @property
+    def steps(self) -> int:
+        """Number of optimiser steps to reach ``tokens``."""
+        return math.ceil(self.tokens / self.tokens_per_step)
+
+
+_converter = cattrs.Converter(forbid_extra_keys=True)
+
+
+class RecipeError(ValueError):
+    """A recipe file does not describe a valid :class:`Recipe`."""
+
+
+def load_recipe(path: Path) -> Recipe:
+    """Read a recipe YAML file; unknown keys and wrong types raise :class:`RecipeError`."""
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    try:
+        return _converter.structure(data, Recipe)
+    except (cattrs.BaseValidationError, TypeError) as err:
+        details = (
+            cattrs.transform_error(err, path="recipe")
+            if isinstance(err, cattrs.BaseValidationError)
+            else [str(err)]
+        )
+        raise RecipeError(f"{path}: " + "; ".join(details)) from None
+
+
+@attrs.define
+class TrainState:
+    """The mutable state of a run: models, optimisers and counters."""
+
+    models: dict[str, torch.nn.Module]
+    optimizers: dict[str, torch.optim.Optimizer]
+    step: int = 0
+    cpu_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    last_losses: dict[str, float] = attrs.Factory(dict)
+    valid_losses: dict[str, float] = attrs.Factory(dict)
+
+
+# ---------------------------------------------------------------- data
+
+
+def tokenizer_dir(recipe: Recipe) -> Path:
+    """The tokenizer a recipe trains with (default: the packaged zoo tokenizer)."""
+    from treegraft.zoo import tokenizer_path
+
+    return Path(recipe.tokenizer).expanduser() if recipe.tokenizer else tokenizer_path()
+
+
+def load_tokens(corpus: Path, tok_dir: Path) -> np.ndarray:
+    """The corpus as one uint16 token stream (documents joined by EOS), cached next to it."""
+    from transformers import AutoTokenizer
+
+    digest = hashlib.sha256((tok_dir / "tokenizer.json").read_bytes()).hexdigest()[:12]
+    cache = corpus / f"tokens-{digest}.npy"
+    if cache.exists():
+        return np.load(cache, mmap_mode="r")
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    eos = tok.convert_tokens_to_ids(formats.EOS)
+    parts = []
+    for texts in batched(d.text for d in read_corpus(corpus)):
+        for ids in tok(texts, add_special_tokens=False)["input_ids"]:
+            parts.append(np.asarray([*ids, eos], dtype=np.uint16))
+    tokens = np.concatenate(parts)
+    np.save(cache, tokens)
+    return tokens
+
+
+def split_tokens(tokens: np.ndarray, valid_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(train, valid) token streams; the validation stream is the tail of the corpus."""
+    cut = int(len(tokens) * (1.0 - valid_fraction))
+    return tokens[:cut], tokens[cut:]
+
+
+def batch_at(
+    tokens: np.ndarray, step: int, *, seed: int, batch_size: int, seq_len: int
+) -> torch.Tensor:
+    """The batch of step ``step``: ``batch_size`` random windows of ``seq_len + 1`` tokens."""
+    rng = np.random.default_rng([seed, step])
+    starts = rng.integers(0, len(tokens) - seq_len - 1, size=batch_size)
+    rows = np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int64)
+    return torch.from_numpy(rows)  # [batch, seq_len + 1]
+
+
+# ---------------------------------------------------------------- models
+
+
+def build_model(spec: ModelSpec, tok_dir: Path, seed: int) -> torch.nn.Module:
+    """A freshly initialised ``LlamaForCausalLM`` of shape ``spec`` for the zoo tokenizer."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    eos = tok.convert_tokens_to_ids(formats.EOS)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=tok.convert_tokens_to_ids(formats.PAD),
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.config._attn_implementation = "sdpa"
+    return model
+
+
+def load_teacher(ref: str) -> torch.nn.Module:
+    """The frozen teacher: a zoo reference (``zoo:NAME``) or a model directory."""
+    from transformers import AutoModelForCausalLM
+
+    from treegraft.zoo import resolve
+
+    path = resolve(ref) if ref.startswith("zoo:") else Path(ref).expanduser()
+    teacher = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    teacher.config._attn_implementation = "sdpa"
+    return teacher.eval().requires_grad_(False)
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """Number of distinct parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def make_optimizer(model: torch.nn.Module, recipe: Recipe) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices only."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]
+    groups = [
+        {"params": decay, "weight_decay": recipe.weight_decay},
+        {"params": rest, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=recipe.lr, betas=(0.9, 0.95))
+
+
+def lr_at(step: int, recipe: Recipe) -> float:
+    """Warm-up, stable, decay ("WSD"): linear warm-up, constant ``lr``, then a linear decay to
+    ``min_lr_ratio * lr`` over the last ``decay_fraction`` of the steps.
+
+    Until the decay starts the schedule does not depend on the run length, so ``tokens`` can be
+    changed while a run is in its stable phase and the run resumed.
+    """
+    if step < recipe.warmup_steps:
+        return recipe.lr * (step + 1) / recipe.warmup_steps
+    decay_start = int(recipe.steps * (1.0 - recipe.decay_fraction))
+    if step < decay_start:
+        return recipe.lr
+    progress = min(1.0, (step - decay_start) / max(1, recipe.steps - decay_start))
+    return recipe.lr * (1.0 - (1.0 - recipe.min_lr_ratio) * progress)
+
+
+# ---------------------------------------------------------------- losses and steps
+
+
+def logits_of(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """Next-token logits under bf16 autocast.  # [batch, seq, vocab]"""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return model(input_ids=inputs).logits
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in float32."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def teacher_log_probs(
+    teacher: torch.nn.Module, inputs: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """The teacher's log-distribution at ``temperature``, computed once per batch.  # [tokens, vocab]"""
+    with torch.no_grad():
+        return F.log_softmax(logits_of(teacher, inputs).float().flatten(0, 1) / temperature, dim=-1)
+
+
+def kd_loss(student: torch.Tensor, teacher_logp: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KL(teacher || student) at ``temperature``, scaled by ``temperature**2``, mean per token."""
+    s = F.log_softmax(student.float().flatten(0, 1) / temperature, dim=-1)
+    return F.kl_div(s, teacher_logp, log_target=True, reduction="batchmean") * temperature**2
+
+
+def train_step(
+    state: TrainState, batch: torch.Tensor, recipe: Recipe, teacher: torch.nn.Module | None
+) -> dict[str, float]:
+    """One optimiser step for every model on ``batch``; returns the next-token loss per model."""
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    teacher_logp = (
+        None if teacher is None else teacher_log_probs(teacher, inputs, recipe.kd_temperature)
+    )
+    lr = lr_at(state.step, recipe)
+    losses = {}
+    for name, model in state.models.items():
+        logits = logits_of(model, inputs)
+        loss = lm_loss(logits, targets)
+        total = loss
+        if teacher_logp is not None:
+            kd = kd_loss(logits, teacher_logp, recipe.kd_temperature)
+            total = recipe.kd_weight * kd + (1 - recipe.kd_weight) * loss
+        _apply(state.optimizers[name], model, total, lr, recipe.grad_clip)
+        losses[name] = float(loss.detach())
+    return losses
+
+
+def _apply(
+    opt: torch.optim.Optimizer, model: torch.nn.Module, loss: torch.Tensor, lr: float, clip: float
+) -> float:
+    """Backward, clip, step and zero the gradients; returns the loss value (synchronises)."""
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+@torch.no_grad()
+def evaluate(
+    models: dict[str, torch.nn.Module], valid: np.ndarray, recipe: Recipe
+) -> dict[str, float]:
+    """Mean next-token loss of each model on fixed validation windows.
+
+    The windows depend only on ``valid_batches`` and ``seq_len`` (batches of
+    :data:`VALID_BATCH_SIZE`), so runs with different training batch sizes stay comparable.
+    """
+    out = {}
+    for name, model in models.items():
+        model.eval()
+        total = 0.0
+        for i in range(recipe.valid_batches):
+            batch = batch_at(
+                valid, i, seed=VALID_SEED, batch_size=VALID_BATCH_SIZE, seq_len=recipe.seq_len
+            )
+            total += float(lm_loss(logits_of(model, batch[:, :-1]), batch[:, 1:]))
+        out[name] = total / recipe.valid_batches
+        model.train()
+    return out
+
+
+# ---------------------------------------------------------------- checkpoints and export
+
+
+def run_dir(recipe: Recipe, runs: Path = DEFAULT_RUNS_DIR) -> Path:
+    """Where a recipe's checkpoints, logs and exports live."""
+    return runs / recipe.name
+
+
+def save_checkpoint(state: TrainState, path: Path) -> None:
+    """Atomically write models, optimisers and counters to ``path``."""
+    payload = {
+        "models": {k: m.state_dict() for k, m in state.models.items()},
+        "optimizers": {k: o.state_dict() for k, o in state.optimizers.items()},
+        "counters": {
+            "step": state.step,
+            "cpu_seconds": state.cpu_seconds,
+            "wall_seconds": state.wall_seconds,
+        },
+        "valid_losses": state.valid_losses,
+    }
+    tmp = path.with_suffix(".tmp")
+    torch.save(payload, tmp)
+    tmp.replace(path)
+
+
+def load_checkpoint(state: TrainState, path: Path) -> None:
+    """Restore ``state`` in place from a checkpoint written by :func:`save_checkpoint`."""
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    for name, model in state.models.items():
+        model.load_state_dict(payload["models"][name])
+        state.optimizers[name].load_state_dict(payload["optimizers"][name])
+    counters = payload["counters"]
+    state.step = int(counters["step"])
+    state.cpu_seconds = float(counters["cpu_seconds"])
+    state.wall_seconds = float(counters["wall_seconds"])
+    state.valid_losses = dict(payload.get("valid_losses", {}))
+
+
+def export_models(state: TrainState, recipe: Recipe, out: Path) -> list[Path]:
+    """Save every model in Hugging Face format (bf16 safetensors + tokenizer + training.json)."""
+    tok_dir = tokenizer_dir(recipe)
+    paths = []
+    for name, model in state.models.items():
+        dest = out / name
+        dest.mkdir(parents=True, exist_ok=True)
+        model.to(torch.bfloat16).save_pretrained(dest)
+        model.to(torch.float32)
+        for f in tok_dir.iterdir():
+            if f.is_file():
+                shutil.copy2(f, dest / f.name)
+        (dest / TRAINING_FILE).write_text(
+            json.dumps(_training_record(state, recipe, name), indent=2) + "\n"
+        )
+        paths.append(dest)
+    return paths
+
+
+def _training_record(state: TrainState, recipe: Recipe, name: str) -> dict[str, Any]:
+    """What the zoo card reports about how a model was trained."""
+    return {
+        "recipe": recipe.name,
+        "parameters": parameter_count(state.models[name]),
+        "steps": state.step,
+        "tokens": state.step * recipe.tokens_per_step,
+        "planned_tokens": recipe.steps * recipe.tokens_per_step,
+        "seq_len": recipe.seq_len,
+        "teacher": recipe.teacher,
+        "cpu_seconds": round(state.cpu_seconds, 1),
+        "wall_seconds": round(state.wall_seconds, 1),
+        "valid_loss": state.valid_losses.get(name),
+        "spec": attrs.asdict(recipe.models[name]),
+    }
+
+
+# ---------------------------------------------------------------- the run
+
+
+def prepare(recipe: Recipe) -> tuple[TrainState, np.ndarray, np.ndarray]:
+    """Fresh models and optimisers plus the (train, valid) token streams of a recipe."""
+    tok_dir = tokenizer_dir(recipe)
+    tokens = load_tokens(Path(recipe.corpus).expanduser(), tok_dir)
+    train, valid = split_tokens(tokens, recipe.valid_fraction)
+    models = {
+        name: build_model(spec, tok_dir, recipe.seed + i)
+        for i, (name, spec) in enumerate(recipe.models.items())
+    }
+    optimizers = {name: make_optimizer(m, recipe) for name, m in models.items()}
+    return TrainState(models, optimizers), train, valid
+
+
+def _setup_logging(path: Path) -> None:
+    """Send this module's log records to ``path`` (appending, so resumed runs keep history)."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    log.handlers = [handler]
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def _progress():
+    """A Rich progress bar with loss and tokens/s fields."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[tps]:,.0f} tok/s"),
+        TimeRemainingColumn(),
+    )
+
+
+def train(
+    recipe: Recipe,
+    *,
+    resume: bool = False,
+    runs: Path = DEFAULT_RUNS_DIR,
+    max_steps: int | None = None,
+) -> TrainState:
+    """Run (or resume) a recipe to its end, checkpointing along the way, then export it.
+
+    ``max_steps`` stops early after that many steps of this call (for tests and time budgets);
+    the run stays resumable and is exported only when it reaches ``recipe.steps``.
+    """
+    out = run_dir(recipe, runs)
+    out.mkdir(parents=True, exist_ok=True)
+    _setup_logging(out / "train.log")
+    torch.manual_seed(recipe.seed)
+    state, train_tokens, valid_tokens = prepare(recipe)
+    ckpt = out / CHECKPOINT_FILE
+    if resume and ckpt.exists():
+        load_checkpoint(state, ckpt)
+        log.info("resumed %s at step %d", recipe.name, state.step)
+    teacher = load_teacher(recipe.teacher) if recipe.teacher else None
+    params = {k: parameter_count(m) for k, m in state.models.items()}
+    log.info(
+        "recipe %s: %d steps of %d tokens, params %s",
+        recipe.name,
+        recipe.steps,
+        recipe.tokens_per_step,
+        params,
+    )
+    try:
+        _loop(state, recipe, train_tokens, valid_tokens, teacher, ckpt, max_steps)
+    finally:
+        save_checkpoint(state, ckpt)  # also on Ctrl-C: the run stays resumable
+    if state.step >= recipe.steps:
+        state.valid_losses = evaluate(state.models, valid_tokens, recipe)
+        save_checkpoint(state, ckpt)
+        paths = export_models(state, recipe, out / "export")
+        log.info("done: valid %s, exported %s", state.valid_losses, [str(p) for p in paths])
+    return state
+
+
+def _loop(
+    state: TrainState,
+    recipe: Recipe,
+    train_tokens: np.ndarray,
+    valid_tokens: np.ndarray,
+    teacher: torch.nn.Module | None,
+    ckpt: Path,
+    max_steps: int | None,
+) -> None:
+    """The step loop with progress bar, periodic logging, evaluation and checkpoints."""
+    stop = recipe.steps if max_steps is None else min(recipe.steps, state.step + max_steps)
+    with _progress() as bar:
+        task = bar.add_task(
+            recipe.name, total=recipe.steps, completed=state.step, loss="-", tps=0.0
+        )
+        while state.step < stop:
+            wall, cpu = time.perf_counter(), time.process_time()
+            batch = batch_at(
+                train_tokens,
+                state.step,
+                seed=recipe.seed,
+                batch_size=recipe.batch_size,
+                seq_len=recipe.seq_len,
+            )
+            state.last_losses = train_step(state, batch, recipe, teacher)
+            state.step += 1
+            dt = time.perf_counter() - wall
+            state.wall_seconds += dt
+            state.cpu_seconds += time.process_time() - cpu
+            loss_text = " ".join(f"{v:.3f}" for v in state.last_losses.values())
+            bar.update(task, completed=state.step, loss=loss_text, tps=recipe.tokens_per_step / dt)
+            _periodic(state, recipe, valid_tokens, ckpt, dt)
+
+
+def _periodic(
+    state: TrainState, recipe: Recipe, valid_tokens: np.ndarray, ckpt: Path, dt: float
+) -> None:
+    """Log, evaluate and checkpoint at their configured intervals."""
+    if state.step % recipe.log_every == 0:
+        log.info(
+            "step %d/%d tokens %d loss %s lr %.2e tok/s %.0f",
+            state.step, recipe.steps, state.step * recipe.tokens_per_step,
+            {k: round(v, 4) for k, v in state.last_losses.items()}, lr_at(state.step - 1, recipe),
+            recipe.tokens_per_step / dt,
+        )  # fmt: skip
+    if state.step % recipe.eval_every == 0:
+        state.valid_losses = evaluate(state.models, valid_tokens, recipe)
+        log.info(
+            "step %d valid %s", state.step, {k: round(v, 4) for k, v in state.valid_losses.items()}
+        )
+    if state.step % recipe.checkpoint_every == 0 or state.step == recipe.steps:
+        save_checkpoint(state, ckpt)
+
+
+def export_run(recipe: Recipe, dest: Path, *, runs: Path = DEFAULT_RUNS_DIR) -> list[Path]:
+    """Export a run's latest checkpoint (finished or not) to ``dest`` in Hugging Face format."""
+    ckpt = run_dir(recipe, runs) / CHECKPOINT_FILE
+    if not ckpt.exists():
+        raise FileNotFoundError(
+            f"no checkpoint for recipe {recipe.name!r} at {ckpt}; train it first"
+        )
+    state, _, valid = prepare(recipe)
+    load_checkpoint(state, ckpt)
+    if not state.valid_losses:
+        state.valid_losses = evaluate(state.models, valid, recipe)
+    return export_models(state, recipe, dest)
