@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
+
+from treegraft.console import console, out
+from treegraft.console import fail as _fail
 
 app = typer.Typer(
     help="Lossless tree-based speculative decoding with several drafters sharing one draft tree.",
@@ -16,15 +18,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console(stderr=True, soft_wrap=True)
-out = Console()
 
 DEFAULT_PIPELINE = "treegraft"
-
-
-def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(code=2)
 
 
 @app.command()
@@ -151,7 +146,9 @@ def _describe_field(f) -> str:
 
     from treegraft.core.config import expected
 
-    default = " (required)" if f.default is attrs.NOTHING else f" (default {_default_repr(f.default)})"
+    default = (
+        " (required)" if f.default is attrs.NOTHING else f" (default {_default_repr(f.default)})"
+    )
     return f"{f.name}: {expected(f)}{default}"
 
 

@@ -12,9 +12,11 @@ from typing import Annotated, Any
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
+
+from treegraft.console import console, out
+from treegraft.console import fail as _fail
 
 
 class DefaultToRun(TyperGroup):
@@ -36,13 +38,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console(stderr=True, soft_wrap=True)
-out = Console()
-
-
-def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(code=2)
 
 
 @app.command("run")

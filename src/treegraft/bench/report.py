@@ -321,7 +321,7 @@ def environment() -> dict[str, Any]:
         "treegraft": getattr(treegraft, "__version__", _dist_version("treegraft")),
         "platform": platform.platform(),
         "machine": platform.machine(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
@@ -338,14 +338,15 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU model (from /proc/cpuinfo where readable), else the platform's machine name."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor()
+    return platform.processor() or platform.machine()
 
 
 def _git_state(where: Path) -> dict[str, Any] | None:

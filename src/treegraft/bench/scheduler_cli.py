@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
+
+from treegraft.console import console, out
+from treegraft.console import fail as _fail
 
 app = typer.Typer(
     help="Collect value labels, fit the distilled scheduler, explain and evaluate it.",
@@ -19,13 +21,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console(stderr=True, soft_wrap=True)
-out = Console()
-
-
-def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(code=2)
 
 
 def set_threads(threads: int | None) -> None:

@@ -38,6 +38,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from treegraft.bench.replay import LatencyCurve, measure_latency, query_grid, replay_pipeline
+from treegraft.bench.report import cpu_model
 from treegraft.core.decoder import Decoder, StopRule
 from treegraft.core.interfaces import BuildResult, LayerState, Scheduler, StepContext
 from treegraft.core.metrics import Clock, ForwardTimes
@@ -646,7 +647,7 @@ def collect(
 
 def machine(device: torch.device) -> dict[str, Any]:
     """Where the costs were measured: device name, CPU, threads, torch version."""
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
     return {
         "device": str(device),
         "device_name": name,
@@ -654,17 +655,6 @@ def machine(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "platform": platform.platform(terse=True),
     }
-
-
-def cpu_name() -> str:
-    """The CPU model (from /proc/cpuinfo where readable), else the platform's machine name."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # ---------------------------------------------------------------------------- the dataset
