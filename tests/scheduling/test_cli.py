@@ -8,12 +8,12 @@ from typer.testing import CliRunner
 from tests.core.test_decoder import repetitive_prompt
 from tests.scheduling.helpers import COST, VOCAB, pipeline_raw, stand_in_pair
 from treegraft.bench.scheduler_cli import app
+from treegraft.bench.value_eval import measure_costs
 from treegraft.bench.value_system import (
     PromptIds,
     ValueSystemError,
     check_pipeline,
     collect,
-    measure_costs,
 )
 from treegraft.core.pipeline import load_pipeline
 from treegraft.plugins.schedulers.distilled import SchedulerArtifact

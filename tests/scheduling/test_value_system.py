@@ -10,6 +10,7 @@ import torch
 from tests.conftest import greedy_reference
 from tests.core.test_decoder import repetitive_prompt
 from tests.scheduling.helpers import COST, VOCAB, pipeline_raw, stand_in_pair
+from treegraft.bench.value_eval import evaluate
 from treegraft.bench.value_system import (
     Dataset,
     PromptIds,
@@ -19,7 +20,6 @@ from treegraft.bench.value_system import (
     accept_against,
     all_plans,
     collect,
-    evaluate,
     label_decisions,
 )
 from treegraft.core.config import ConfigError

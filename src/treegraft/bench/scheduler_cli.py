@@ -68,7 +68,7 @@ def text_prompts(
 ) -> tuple[list[Any], dict[str, Any]]:
     """The prompts to collect on and how they were chosen (for the dataset's metadata)."""
     from treegraft import zoo
-    from treegraft.bench.value_system import TextPrompt, read_prompt_file, training_prompts
+    from treegraft.bench.training_prompts import TextPrompt, read_prompt_file, training_prompts
 
     if suite is not None:
         if suite not in zoo.SUITES:
@@ -121,13 +121,8 @@ def collect(
 
     set_threads(threads)
 
-    from treegraft.bench.value_system import (
-        CostModel,
-        Dataset,
-        PromptIds,
-        ValueSystemError,
-        measure_costs,
-    )
+    from treegraft.bench.value_eval import measure_costs
+    from treegraft.bench.value_system import CostModel, Dataset, PromptIds, ValueSystemError
     from treegraft.bench.value_system import (
         collect as run_collect,
     )
@@ -269,8 +264,8 @@ def evaluate(
     Replay mode: the one decode loop against a target-free `ReplayTarget`, step time modelled with
     the dataset's cost model, the oracle following the dataset's plans.json.
     """
+    from treegraft.bench.value_eval import evaluate as run_evaluate
     from treegraft.bench.value_system import Dataset, ValueSystemError
-    from treegraft.bench.value_system import evaluate as run_evaluate
 
     set_threads(threads)
     from treegraft.core.config import ConfigError

@@ -1,0 +1,156 @@
+"""Costs and replay evaluation for the scheduler's value system.
+
+`measure_costs` measures, on this machine, what the value system's `CostModel` needs (latency
+curves of the target and the strong drafter, per-layer weak time, per-call and per-step
+overheads); `evaluate` replays schedulers on collected prompts with step times modelled exactly as
+collection models them, so tokens/s of `distilled`, the endpoints and the `oracle` compare fairly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from statistics import median
+from typing import Any
+
+import attrs
+import numpy as np
+from torch import Tensor
+
+from treegraft.bench.replay import LatencyCurve, measure_latency, query_grid, replay_pipeline
+from treegraft.bench.value_costs import CostModel, QueryCounter
+from treegraft.bench.value_system import PromptIds, check_pipeline, strong_model_ref
+from treegraft.core.interfaces import Scheduler
+from treegraft.core.pipeline import Pipeline
+from treegraft.plugins.schedulers.heuristic import PlanConfig, PlanScheduler
+
+
+def measure_costs(
+    pipe: Pipeline,
+    prompts: Sequence[Tensor],
+    *,
+    strong: int = -1,
+    repeats: int = 3,
+    overhead_tokens: int = 32,
+) -> CostModel:
+    """Latency curves of target and strong drafter, and the per-layer and per-step constants.
+
+    Curves come from `bench.replay.measure_latency` (runner forwards of 1 .. longest prompt +
+    one tree tokens). Constants come from one real generation of `prompts[0]` with strong calls
+    at every other layer: medians of the weak time per layer, the strong call's time beyond its
+    forward, and the step time outside the models.
+    """
+    s = check_pipeline(pipe, strong)
+    lengths = [int(p.numel()) for p in prompts]
+    max_nodes = pipe.decoder.builder.max_nodes()
+    grid = query_grid(max(lengths) + max_nodes, marks=[max_nodes])
+    context = int(median(lengths))
+    ref = strong_model_ref(pipe, s)
+    target = measure_latency(
+        pipe.decoder.target.model, pipe.spec.target, context=context, queries=grid, repeats=repeats
+    )
+    strong_curve = measure_latency(
+        pipe.resources.model(ref), ref, context=context, queries=grid, repeats=repeats
+    )
+    weak, extra, overhead = measure_constants(pipe, prompts[0], s, strong_curve, overhead_tokens)
+    return CostModel(target, strong_curve, weak, extra, overhead)
+
+
+def measure_constants(
+    pipe: Pipeline, prompt: Tensor, strong: int, curve: LatencyCurve, tokens: int
+) -> tuple[float, float, float]:
+    """(weak seconds per layer, strong seconds per call beyond the forward, step overhead).
+
+    Assumes the strong drafter's model is not the target's (its forwards are counted by a hook).
+    """
+    depth = pipe.decoder.builder.config.depth
+    plan = [strong if i % 2 == 0 else 0 for i in range(depth)]
+    decoder = attrs.evolve(pipe.decoder, scheduler=PlanScheduler(PlanConfig(plan=plan)))
+    alternating = attrs.evolve(pipe, decoder=decoder)
+    weak, extra, overhead = [], [], []
+    model = pipe.resources.model(strong_model_ref(pipe, strong))
+    with QueryCounter(model) as counter:
+        for event in alternating.steps(prompt, max_new_tokens=tokens):
+            queries = counter.take()
+            t = event.times
+            n_strong = sum(c > 0 for c in event.calls)
+            n_weak = len(event.calls) - n_strong
+            if event.step == 0:
+                continue  # warm-up and prefill
+            if n_weak:
+                weak.append(t.get("drafter0", 0.0) / n_weak)
+            if n_strong:
+                forward = sum(curve(q) for q in queries)
+                extra.append((t.get(f"drafter{strong}", 0.0) - forward) / n_strong)
+            models = t.get("drafter0", 0.0) + t.get(f"drafter{strong}", 0.0)
+            overhead.append(
+                t.get("build", 0.0) - models + t.get("verify", 0.0) + t.get("commit", 0.0)
+            )
+    return tuple(max(0.0, median(v)) if v else 0.0 for v in (weak, extra, overhead))
+
+
+# ---------------------------------------------------------------------------- evaluation (replay)
+
+
+@attrs.frozen
+class Evaluation:
+    """Modelled speed of one scheduler over prompts, decoded against a replay target."""
+
+    name: str
+    tokens: int
+    steps: int
+    seconds: float
+    strong_calls: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def tau(self) -> float:
+        return self.tokens / max(1, self.steps)
+
+
+def evaluate(
+    pipe: Pipeline,
+    schedulers: Mapping[str, Scheduler],
+    prompts: Sequence[PromptIds],
+    cost: CostModel,
+    *,
+    max_new_tokens: int,
+    strong: int = -1,
+) -> list[Evaluation]:
+    """Decode every prompt with each scheduler in the one decode loop, against a `ReplayTarget`.
+
+    Step time is modelled with `cost` exactly as in collection (tree nodes, strong forwards,
+    layers), so the numbers compare directly with the oracle of a dataset. Prompts need their
+    continuations (`with_continuations`).
+    """
+    s = check_pipeline(pipe, strong)
+    model = pipe.resources.model(strong_model_ref(pipe, s))
+    out = []
+    with QueryCounter(model) as counter:
+        for name, scheduler in schedulers.items():
+            replay, target = replay_pipeline(pipe, cost.target)
+            replay = attrs.evolve(replay, decoder=attrs.evolve(replay.decoder, scheduler=scheduler))
+            totals = np.zeros(4)
+            for p in prompts:
+                target.expect(p.continuation)
+                counter.take()
+                for event in replay.steps(p.ids, max_new_tokens=max_new_tokens):
+                    totals += _event_cost(event, target.queries[-1], counter.take(), cost)
+            out.append(Evaluation(name, int(totals[0]), int(totals[1]), totals[2], int(totals[3])))
+    return out
+
+
+def _event_cost(
+    event: Any, target_queries: int, queries: tuple[int, ...], cost: CostModel
+) -> np.ndarray:
+    """(tokens, 1 step, modelled seconds, strong calls) of one decode-loop step."""
+    n_strong = sum(c > 0 for c in event.calls)
+    seconds = cost.step_seconds(
+        target_queries=target_queries,
+        strong_queries=queries,
+        strong_calls=n_strong,
+        weak_layers=len(event.calls) - n_strong,
+    )
+    return np.array([len(event.tokens), 1, seconds, n_strong], dtype=np.float64)
