@@ -13,6 +13,7 @@ from treegraft.zoo.cli import app
 from treegraft.zoo.corpus import (
     CORPUS_FILE,
     FINGERPRINT_FILE,
+    FUNCTION_REPEATS,
     MANIFEST_FILE,
     CorpusConfig,
     build_corpus,
@@ -51,10 +52,24 @@ def test_another_seed_changes_only_synthetic_data(
 def test_corpus_has_every_kind_and_skips_site_packages(built: Path) -> None:
     docs = list(read_corpus(built))
     kinds = {d.kind for d in docs}
-    assert kinds == {"code", "docs", "task"}
+    assert kinds == {"code", "docs", "task", "function"}
     assert not any("site-packages" in d.key for d in docs)
     prefixes = {d.key.split(":")[0] for d in docs if d.kind == "task"}
     assert {"gsm", "alpaca", "qa", "mt", "cnndm"} <= prefixes
+
+
+def test_functions_stand_alone_as_completion_documents(built: Path) -> None:
+    docs = list(read_corpus(built))
+    code = {d.key: d.text for d in docs if d.kind == "code"}
+    fns = [d for d in docs if d.kind == "function"]
+    # two qualifying functions per training-side module, each repeated
+    assert len(fns) == 2 * len(code) * FUNCTION_REPEATS
+    assert len({d.key for d in fns}) == len(fns)
+    for doc in fns:
+        assert doc.text.startswith("def ") and '"""' in doc.text
+        source = doc.key.split(":")[1]
+        assert doc.text in code[source]  # signature, docstring and the whole body, verbatim
+        assert doc.text.rstrip().endswith(("return out", "+ " + source.split("_")[1][:-3]))
 
 
 def test_heldout_sources_stay_out(built: Path) -> None:
@@ -115,4 +130,4 @@ def test_cli_build_corpus_without_docs(tiny_sources: tuple[Path, Path], tmp_path
         app, ["build-corpus", "--out", str(tmp_path), "--stdlib", str(stdlib), "--no-docs"]
     )
     assert result.exit_code == 0, result.output
-    assert {d.kind for d in read_corpus(tmp_path)} == {"code", "task"}
+    assert {d.kind for d in read_corpus(tmp_path)} == {"code", "task", "function"}

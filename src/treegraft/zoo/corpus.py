@@ -37,6 +37,7 @@ DEFAULT_CORPUS_DIR = Path("~/.cache/treegraft/corpus").expanduser()
 CORPUS_FILE = "corpus.jsonl"
 FINGERPRINT_FILE = "fingerprint.npz"
 MANIFEST_FILE = "manifest.json"
+FUNCTION_REPEATS = 3
 
 
 @attrs.frozen(kw_only=True)
@@ -129,12 +130,28 @@ def documents(cfg: CorpusConfig, pool: SourcePool) -> list[Document]:
     """Every training document, shuffled deterministically."""
     rng = random.Random(cfg.seed)
     docs = [Document(u.key, u.kind, u.text) for u in pool.units]
+    docs.extend(function_documents(pool))
     items = list(task_items(pool, rng, cfg, heldout=False)) + list(summary_items(pool))
     docs.extend(
         Document(i.key, "task", formats.chat_example(list(i.turns), i.answer)) for i in items
     )
     rng.shuffle(docs)
     return docs
+
+
+def function_documents(pool: SourcePool) -> list[Document]:
+    """Each qualifying function of ``pool`` on its own (signature, docstring, body).
+
+    Inside a stdlib file a function never starts a document, while a completion prompt does; these
+    documents teach the model that a signature and docstring at the start of a text are followed by
+    the body (the chats that quote a signature and docstring end right after it instead). They
+    are few (about 1.3k), so each appears ``FUNCTION_REPEATS`` times.
+    """
+    return [
+        Document(f"function:{fn.source}:{fn.name}:{i}", "function", fn.prompt + fn.body)
+        for fn in pool.functions
+        for i in range(FUNCTION_REPEATS)
+    ]
 
 
 def fingerprint(docs: Iterable[Document]) -> Fingerprint:
