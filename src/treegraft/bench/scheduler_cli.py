@@ -1,4 +1,4 @@
-"""`treegraft scheduler collect | fit | explain | evaluate`: the distilled scheduler's tools.
+"""`treegraft scheduler collect | fit | explain | evaluate | loo`: the distilled scheduler's tools.
 
 Mount with `app.add_typer(scheduler_app, name="scheduler")`. See docs/scheduler.md.
 """
@@ -173,33 +173,58 @@ def _cost_line(cost: Any) -> str:
 # ---------------------------------------------------------------------------- fit
 
 
+FIT_HELP = {
+    "hidden": "hidden widths, comma-separated",
+    "epochs": "full-batch Adam steps",
+    "val_fraction": "fraction of prompts held out",
+    "seed": "split, init and permutation seed",
+    "threads": "torch CPU threads",
+}
+
+
 @app.command()
 def fit(
     datasets: Annotated[list[Path], typer.Argument(help="dataset directories (any pairs)")],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="artifact directory")] = Path(
         "runs/scheduler"
     ),
-    hidden: Annotated[str, typer.Option(help="hidden widths, comma-separated")] = "32,32",
-    epochs: Annotated[int, typer.Option(help="full-batch Adam steps")] = 600,
-    val_fraction: Annotated[float, typer.Option(help="fraction of prompts held out")] = 0.2,
-    seed: Annotated[int, typer.Option(help="split, init and permutation seed")] = 0,
-    threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = 1,
+    hidden: Annotated[str, typer.Option(help=FIT_HELP["hidden"])] = "32,32",
+    epochs: Annotated[int, typer.Option(help=FIT_HELP["epochs"])] = 600,
+    val_fraction: Annotated[float, typer.Option(help=FIT_HELP["val_fraction"])] = 0.2,
+    seed: Annotated[int, typer.Option(help=FIT_HELP["seed"])] = 0,
+    threads: Annotated[int | None, typer.Option(help=FIT_HELP["threads"])] = 1,
 ) -> None:
     """Fit the MLP on the labels of one or more datasets; write the artifact."""
     set_threads(threads)
-    from treegraft.bench.scheduler_fit import FitConfig
-    from treegraft.bench.scheduler_fit import fit as run_fit
     from treegraft.bench.value_system import Dataset, ValueSystemError
 
     try:
-        widths = tuple(int(w) for w in hidden.split(",") if w.strip())
-        cfg = FitConfig(hidden=widths, epochs=epochs, val_fraction=val_fraction, seed=seed)
-        result = run_fit([Dataset.load(d) for d in datasets], cfg)
+        cfg = fit_config(hidden, epochs, val_fraction, seed)
+        result = fit_artifact([Dataset.load(d) for d in datasets], cfg, out_dir)
     except (ValueError, ValueSystemError) as exc:
         _fail(str(exc))
-    result.artifact.save(out_dir)
     out.print(json.dumps(result.metrics, indent=1))
     console.print(f"wrote the artifact to {out_dir}")
+
+
+def fit_config(hidden: str, epochs: int, val_fraction: float, seed: int) -> Any:
+    """The `FitConfig` of the fit options (ValueError on a bad value)."""
+    from treegraft.bench.scheduler_fit import FitConfig
+
+    try:
+        widths = tuple(int(w) for w in hidden.split(",") if w.strip())
+    except ValueError:
+        raise ValueError(f"--hidden: expected comma-separated ints, got {hidden!r}") from None
+    return FitConfig(hidden=widths, epochs=epochs, val_fraction=val_fraction, seed=seed)
+
+
+def fit_artifact(datasets: list[Any], cfg: Any, out_dir: Path) -> Any:
+    """Fit on `datasets` and save the artifact in `out_dir`; returns the `FitResult`."""
+    from treegraft.bench.scheduler_fit import fit as run_fit
+
+    result = run_fit(datasets, cfg)
+    result.artifact.save(out_dir)
+    return result
 
 
 # ---------------------------------------------------------------------------- explain
@@ -248,6 +273,9 @@ def explain(
 
 # ---------------------------------------------------------------------------- evaluate
 
+BASELINES = ("never", "always", "threshold", "budgeted")
+SHARE_NOTE = "oracle share = (x - best endpoint) / (oracle - best endpoint)"
+
 
 @app.command()
 def evaluate(
@@ -258,47 +286,94 @@ def evaluate(
     threshold: Annotated[float, typer.Option(help="distilled threshold")] = 0.0,
     prompts: Annotated[int | None, typer.Option(help="use only the first N prompts")] = None,
     threads: Annotated[int | None, typer.Option(help=THREADS_HELP)] = None,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="also write the rows to this JSON file (a list)")
+    ] = None,
 ) -> None:
     """Modelled tokens/s of never / always / threshold / distilled / oracle on the dataset's prompts.
 
     Replay mode: the one decode loop against a target-free `ReplayTarget`, step time modelled with
-    the dataset's cost model, the oracle following the dataset's plans.json.
+    the dataset's cost model, the oracle following the dataset's plans.json. Each row is also
+    compared with the better endpoint (`never` or `always`) and placed between it and the oracle.
     """
-    from treegraft.bench.value_eval import evaluate as run_evaluate
+    from treegraft.bench.value_eval import summary_rows
     from treegraft.bench.value_system import Dataset, ValueSystemError
 
     set_threads(threads)
     from treegraft.core.config import ConfigError
-    from treegraft.core.pipeline import load_pipeline
 
+    artifacts = {"distilled": artifact} if artifact is not None else {}
     try:
         data = Dataset.load(dataset)
-        raw = data.meta.get("pipeline_raw")
-        if raw is None:
-            _fail(f"{dataset}: meta.json has no pipeline_raw (collected without the CLI)")
-        pipe = load_pipeline(raw)
-        schedulers = baseline_schedulers(pipe, data, artifact, threshold, prompts)
-        chosen = data.prompts()[:prompts] if prompts else data.prompts()
-        results = run_evaluate(
-            pipe,
-            schedulers,
-            chosen,
-            _cost(data),
-            max_new_tokens=int(data.meta["max_new_tokens"]),
-            strong=int(data.meta.get("strong", -1)),
-        )
+        results = replay_dataset(
+            dataset, data, names=BASELINES, artifacts=artifacts, threshold=threshold,
+            prompts=prompts,
+        )  # fmt: skip
     except (ConfigError, ValueSystemError) as exc:
         _fail(str(exc))
-    table = Table(title=f"replay on {len(chosen)} prompt(s) of {dataset} (modelled time)")
-    for col in ("scheduler", "tokens/s", "vs never", "tau", "strong calls/step"):
+    rows = summary_rows(results)
+    n = len(data.prompts()[:prompts] if prompts else data.prompts())
+    table = Table(
+        title=f"replay on {n} prompt(s) of {dataset} (modelled time)",
+        caption=f"best endpoint: {rows[0]['best_endpoint'] or 'n/a'}; {SHARE_NOTE}",
+    )
+    columns = ("scheduler", "tokens/s", "vs never", "vs best endpoint", "oracle share", "tau",
+               "strong calls/step")  # fmt: skip
+    for col in columns:
         table.add_column(col, justify="right")
-    base = next((r.tokens_per_s for r in results if r.name == "never"), 0.0) or 1.0
-    for r in results:
+    for r in rows:
         table.add_row(
-            r.name, f"{r.tokens_per_s:.1f}", f"{r.tokens_per_s / base:.3f}", f"{r.tau:.2f}",
-            f"{r.strong_calls / max(1, r.steps):.2f}",
+            r["scheduler"], f"{r['tokens_per_s']:.1f}", _ratio(r["vs_never"]),
+            _ratio(r["vs_best_endpoint"]), _ratio(r["oracle_share"]), f"{r['tau']:.2f}",
+            f"{r['strong_calls_per_step']:.2f}",
         )  # fmt: skip
     out.print(table)
+    if json_path is not None:
+        _write_json(json_path, rows)
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=1) + "\n")
+    console.print(f"wrote {path}")
+
+
+def replay_dataset(
+    path: Path,
+    data: Any,
+    *,
+    names: tuple[str, ...],
+    artifacts: dict[str, Any],
+    threshold: float = 0.0,
+    prompts: int | None = None,
+) -> list[Any]:
+    """Replay the dataset's prompts with the named schedulers, one `distilled` per artifact, and
+    the oracle (when the dataset has plans); the pipeline is the dataset's `pipeline_raw`.
+    """
+    from treegraft.bench.value_eval import evaluate as run_evaluate
+    from treegraft.bench.value_system import ValueSystemError
+    from treegraft.core.pipeline import load_pipeline
+
+    raw = data.meta.get("pipeline_raw")
+    if raw is None:
+        raise ValueSystemError(f"{path}: meta.json has no pipeline_raw (collected without the CLI)")
+    pipe = load_pipeline(raw)
+    schedulers = scheduler_set(
+        pipe, data, names=names, artifacts=artifacts, threshold=threshold, prompts=prompts
+    )
+    chosen = data.prompts()[:prompts] if prompts else data.prompts()
+    return run_evaluate(
+        pipe,
+        schedulers,
+        chosen,
+        _cost(data),
+        max_new_tokens=int(data.meta["max_new_tokens"]),
+        strong=int(data.meta.get("strong", -1)),
+    )
 
 
 def _cost(data: Any) -> Any:
@@ -307,10 +382,18 @@ def _cost(data: Any) -> Any:
     return CostModel.from_dict(data.meta["cost"])
 
 
-def baseline_schedulers(
-    pipe: Any, data: Any, artifact: str | None, threshold: float, prompts: int | None
+def scheduler_set(
+    pipe: Any,
+    data: Any,
+    *,
+    names: tuple[str, ...],
+    artifacts: dict[str, Any],
+    threshold: float,
+    prompts: int | None,
 ) -> dict[str, Any]:
-    """The schedulers compared by `evaluate`, built from their registered configs."""
+    """Schedulers by row name, built from their registered configs: `names` (default configs),
+    a `distilled` per artifact (keyed by its row name), then `oracle` if the dataset has plans.
+    """
     from treegraft.core.config import structure_config
     from treegraft.core.registry import default_registry
     from treegraft.plugins.schedulers.oracle import OracleScheduler
@@ -322,10 +405,248 @@ def baseline_schedulers(
         cfg = structure_config(factory.Config, config, f"pipeline.scheduler ({name})")
         return factory.from_config(cfg, pipe.resources)
 
-    out = {name: build(name) for name in ("never", "always", "threshold", "budgeted")}
-    if artifact is not None:
-        out["distilled"] = build("distilled", artifact=artifact, threshold=threshold)
+    out = {name: build(name) for name in names}
+    for row, artifact in artifacts.items():
+        out[row] = build("distilled", artifact=str(artifact), threshold=threshold)
     if data.trajectories:
         trajectories = data.trajectories[:prompts] if prompts else data.trajectories
         out["oracle"] = OracleScheduler.from_trajectories(trajectories)
     return out
+
+
+def baseline_schedulers(
+    pipe: Any, data: Any, artifact: str | None, threshold: float, prompts: int | None
+) -> dict[str, Any]:
+    """The schedulers compared by `evaluate`, built from their registered configs."""
+    artifacts = {"distilled": artifact} if artifact is not None else {}
+    return scheduler_set(
+        pipe, data, names=BASELINES, artifacts=artifacts, threshold=threshold, prompts=prompts
+    )
+
+
+# ---------------------------------------------------------------------------- leave one pair out
+
+LOO_NAMES = ("never", "always")
+
+
+@app.command()
+def loo(
+    datasets: Annotated[
+        list[Path],
+        typer.Argument(
+            metavar="DATASETS", help="training dataset of each (target, strong) pair, >= 2"
+        ),
+    ],
+    evals: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--eval",
+            help="disjoint evaluation dataset of each pair (collected with --skip and --costs); "
+            "once per training dataset, in the same order",
+        ),
+    ] = None,
+    out_dir: Annotated[
+        Path, typer.Option("--out", "-o", help="artifacts and loo.json go here")
+    ] = Path("runs/scheduler-loo"),
+    hidden: Annotated[str, typer.Option(help=FIT_HELP["hidden"])] = "32,32",
+    epochs: Annotated[int, typer.Option(help=FIT_HELP["epochs"])] = 600,
+    val_fraction: Annotated[float, typer.Option(help=FIT_HELP["val_fraction"])] = 0.2,
+    seed: Annotated[int, typer.Option(help=FIT_HELP["seed"])] = 0,
+    threads: Annotated[int | None, typer.Option(help=FIT_HELP["threads"])] = 1,
+    threshold: Annotated[float, typer.Option(help="distilled threshold")] = 0.0,
+    prompts: Annotated[
+        int | None, typer.Option(help="replay only the first N prompts of each --eval")
+    ] = None,
+) -> None:
+    """Leave one pair out: for each pair, fit on the other pairs and replay on its --eval set.
+
+    Also fits once on every training dataset (`distilled-all`, the in-pair fit) for comparison.
+    Writes OUT/all, OUT/without-<i>-<name> (the artifacts) and OUT/loo.json.
+    """
+    from treegraft.bench.value_system import ValueSystemError
+    from treegraft.core.config import ConfigError
+
+    set_threads(threads)
+    evals = list(evals or [])
+    try:
+        train, held = load_loo_inputs(list(datasets), evals)
+        cfg = fit_config(hidden, epochs, val_fraction, seed)
+        report = leave_one_pair_out(
+            list(datasets), train, evals, held, cfg, out_dir, threshold=threshold, prompts=prompts
+        )
+    except (ValueError, ConfigError, ValueSystemError) as exc:
+        _fail(str(exc))
+    _write_json(out_dir / "loo.json", report)
+    out.print(loo_table(report))
+    mean = report["mean"]
+    out.print(
+        "mean over pairs: distilled-loo vs best endpoint "
+        f"{_ratio(mean['distilled-loo']['vs_best_endpoint'])}, oracle share "
+        f"{_ratio(mean['distilled-loo']['oracle_share'])} (distilled-all "
+        f"{_ratio(mean['distilled-all']['oracle_share'])})"
+    )
+
+
+def pair_of(data: Any) -> tuple[Any, Any]:
+    """(target, strong model) recorded in a dataset's meta (None where missing)."""
+    return data.meta.get("target"), data.meta.get("strong_model")
+
+
+def pair_name(data: Any, path: Path) -> str:
+    """`target + strong` from the dataset's meta (a model directory by its name, `zoo:NAME` as
+    is), else the dataset directory's name."""
+    target, strong = pair_of(data)
+    if not (target and strong):
+        return path.name
+    return " + ".join(r if r.startswith("zoo:") else Path(r).name for r in (target, strong))
+
+
+def load_loo_inputs(train: list[Path], evals: list[Path]) -> tuple[list[Any], list[Any]]:
+    """Load and check the training and --eval datasets; ValueSystemError naming the option."""
+    from treegraft.bench.value_system import Dataset, ValueSystemError
+
+    if len(train) < 2:
+        raise ValueSystemError(
+            f"DATASETS: expected at least 2 training datasets (one per pair), got {len(train)}"
+        )
+    if len(evals) != len(train):
+        raise ValueSystemError(
+            f"--eval: expected one per training dataset ({len(train)}, in the same order), "
+            f"got {len(evals)}"
+        )
+
+    def load(path: Path, option: str) -> Any:
+        if not path.is_dir():
+            raise ValueSystemError(f"{option} {path}: not found")
+        try:
+            return Dataset.load(path)
+        except ValueSystemError as exc:
+            raise ValueSystemError(f"{option} {exc}") from None  # the message starts with the path
+
+    train_data = [load(p, "DATASETS") for p in train]
+    eval_data = [load(p, "--eval") for p in evals]
+    seen = {
+        tuple(p.ids.tolist()): path for path, d in zip(train, train_data, strict=True)
+        for p in d.prompts()
+    }  # fmt: skip
+    for t_path, t, e_path, e in zip(train, train_data, evals, eval_data, strict=True):
+        if t.meta.get("purpose") == "evaluation":
+            raise ValueSystemError(f"DATASETS {t_path}: collected for evaluation, not fitted on")
+        if None not in pair_of(t) + pair_of(e) and pair_of(t) != pair_of(e):
+            raise ValueSystemError(
+                f"--eval {e_path}: pair {pair_name(e, e_path)!r} differs from that of training "
+                f"dataset {t_path} ({pair_name(t, t_path)!r}); give them in the same order"
+            )
+        if e.meta.get("pipeline_raw") is None:
+            raise ValueSystemError(
+                f"--eval {e_path}: meta.json has no pipeline_raw (collected without the CLI)"
+            )
+        shared = [seen[k] for k in (tuple(p.ids.tolist()) for p in e.prompts()) if k in seen]
+        if shared:
+            raise ValueSystemError(
+                f"--eval {e_path}: {len(shared)} prompt(s) also in training dataset {shared[0]}; "
+                "collect it with --skip"
+            )
+    return train_data, eval_data
+
+
+def leave_one_pair_out(
+    train_paths: list[Path],
+    train: list[Any],
+    eval_paths: list[Path],
+    evals: list[Any],
+    cfg: Any,
+    out_dir: Path,
+    *,
+    threshold: float = 0.0,
+    prompts: int | None = None,
+) -> dict[str, Any]:
+    """Fit on all pairs and on all-but-each pair; replay each pair's eval set; the report."""
+    from treegraft.bench.value_eval import summary_rows
+
+    all_dir = out_dir / "all"
+    console.print(f"fitting on all {len(train)} training datasets -> {all_dir}")
+    all_fit = fit_artifact(train, cfg, all_dir)
+    pairs, pair_keys = [], [pair_of(d) for d in train]
+    for i, (t_path, e_path, data) in enumerate(zip(train_paths, eval_paths, evals, strict=True)):
+        name = pair_name(train[i], t_path)
+        loo_dir = out_dir / f"without-{i}-{_slug(t_path.name)}"
+        console.print(f"pair {i} ({name}): fitting without it -> {loo_dir}")
+        loo_fit = fit_artifact(train[:i] + train[i + 1 :], cfg, loo_dir)
+        console.print(f"pair {i} ({name}): replaying {e_path}")
+        results = replay_dataset(
+            e_path, data, names=LOO_NAMES,
+            artifacts={"distilled-loo": loo_dir, "distilled-all": all_dir},
+            threshold=threshold, prompts=prompts,
+        )  # fmt: skip
+        leaked = None not in pair_keys[i] and pair_keys[i] in pair_keys[:i] + pair_keys[i + 1 :]
+        if leaked:
+            console.print(f"warning: pair {name} also has another training dataset: not held out")
+        pairs.append(
+            {
+                "index": i,
+                "pair": name,
+                "target": pair_keys[i][0],
+                "strong_model": pair_keys[i][1],
+                "train": str(t_path),
+                "eval": str(e_path),
+                "artifact": str(loo_dir),
+                "held_out": not leaked,
+                "fit_metrics": loo_fit.metrics,
+                "rows": {r["scheduler"]: r for r in summary_rows(results)},
+            }
+        )
+    return {
+        "fit": {**_asdict(cfg), "threshold": threshold, "prompts": prompts},
+        "all_artifact": str(all_dir),
+        "all_fit_metrics": all_fit.metrics,
+        "pairs": pairs,
+        "mean": {
+            row: {
+                key: _mean(p["rows"][row][key] for p in pairs)
+                for key in ("vs_best_endpoint", "oracle_share")
+            }
+            for row in ("distilled-loo", "distilled-all")
+        },
+    }
+
+
+def loo_table(report: dict[str, Any]) -> Table:
+    """One row per pair: tokens/s of the endpoints, oracle and both fits; their gains."""
+    table = Table(title="leave one pair out (modelled tokens/s on each pair's --eval set)",
+                  caption=SHARE_NOTE)  # fmt: skip
+    columns = ("pair", "never", "always", "oracle", "distilled-loo", "distilled-all",
+               "loo vs best", "loo share", "all share")  # fmt: skip
+    for col in columns:
+        table.add_column(col, justify="left" if col == "pair" else "right")
+    for p in report["pairs"]:
+        rows = p["rows"]
+
+        def speed(name: str, rows: dict[str, Any] = rows) -> str:
+            return f"{rows[name]['tokens_per_s']:.1f}" if name in rows else "n/a"
+
+        table.add_row(
+            p["pair"] + ("" if p["held_out"] else " (not held out)"),
+            *(speed(n) for n in ("never", "always", "oracle", "distilled-loo", "distilled-all")),
+            _ratio(rows["distilled-loo"]["vs_best_endpoint"]),
+            _ratio(rows["distilled-loo"]["oracle_share"]),
+            _ratio(rows["distilled-all"]["oracle_share"]),
+        )
+    return table
+
+
+def _slug(name: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "pair"
+
+
+def _mean(values: Any) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+def _asdict(cfg: Any) -> dict[str, Any]:
+    import attrs
+
+    return {**attrs.asdict(cfg), "hidden": list(cfg.hidden)}

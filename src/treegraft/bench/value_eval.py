@@ -154,3 +154,70 @@ def _event_cost(
         weak_layers=len(event.calls) - n_strong,
     )
     return np.array([len(event.tokens), 1, seconds, n_strong], dtype=np.float64)
+
+
+# ---------------------------------------------------------------------------- gains over endpoints
+
+#: The endpoint schedulers: the weak drafter only, and the strong drafter at every layer.
+ENDPOINTS = ("never", "always")
+
+
+@attrs.frozen
+class Gains:
+    """How far each scheduler gets beyond the better endpoint, towards the oracle.
+
+    Attributes:
+        best_endpoint: the endpoint (`never` or `always`) with more tokens/s; None when neither
+            was evaluated.
+        vs_best_endpoint: per scheduler, its tokens/s over the best endpoint's (None: no
+            endpoint, or one at 0 tokens/s).
+        oracle_share: per scheduler, `(x - best endpoint) / (oracle - best endpoint)`: 0 at the
+            better endpoint, 1 at the oracle (None: no oracle, no endpoint or an oracle gain <= 0).
+    """
+
+    best_endpoint: str | None
+    vs_best_endpoint: Mapping[str, float | None]
+    oracle_share: Mapping[str, float | None]
+
+
+def gains(tokens_per_s: Mapping[str, float]) -> Gains:
+    """Speed-ups over the better endpoint and shares of the oracle's gain, from tokens/s by name.
+
+    The better endpoint is whichever of `never` and `always` is present and faster (`never` on a
+    tie); the oracle is the row named `oracle`.
+    """
+    ends = [(tokens_per_s[n], n) for n in ENDPOINTS if n in tokens_per_s]
+    best_name = max(ends, key=lambda e: e[0])[1] if ends else None
+    best = tokens_per_s[best_name] if best_name else None
+    oracle = tokens_per_s.get("oracle")
+    gain = oracle - best if oracle is not None and best is not None else None
+    vs = {n: x / best if best else None for n, x in tokens_per_s.items()}
+    share = {
+        n: (x - best) / gain if gain is not None and gain > 0 and best is not None else None
+        for n, x in tokens_per_s.items()
+    }
+    return Gains(best_name, vs, share)
+
+
+def summary_rows(results: Sequence[Evaluation]) -> list[dict[str, Any]]:
+    """One JSON-ready row per scheduler: totals, tokens/s, tau, and its gains (see `gains`)."""
+    speeds = {r.name: r.tokens_per_s for r in results}
+    g = gains(speeds)
+    never = speeds.get("never") or None
+    return [
+        {
+            "scheduler": r.name,
+            "tokens": r.tokens,
+            "steps": r.steps,
+            "seconds": r.seconds,
+            "strong_calls": r.strong_calls,
+            "tokens_per_s": r.tokens_per_s,
+            "tau": r.tau,
+            "strong_calls_per_step": r.strong_calls / max(1, r.steps),
+            "vs_never": r.tokens_per_s / never if never else None,
+            "best_endpoint": g.best_endpoint,
+            "vs_best_endpoint": g.vs_best_endpoint[r.name],
+            "oracle_share": g.oracle_share[r.name],
+        }
+        for r in results
+    ]
