@@ -128,14 +128,17 @@ def layer_state(
     cap: int,
     k: int,
 ) -> LayerState:
-    """Cheap frontier statistics for the scheduler (one host read)."""
+    """Cheap frontier statistics for the scheduler, computed on the tree's device and read to
+    the host together: one device-to-host transfer per layer, the one the decision needs anyway."""
     n = tree.n_nodes
     f = int(frontier.numel())
+    zero = torch.zeros((), device=tree.device)
     stats = torch.stack(
         [
-            tree.depth[frontier].float().mean() if f else torch.zeros(()),
+            tree.depth[frontier].float().mean() if f else zero,
             tree.is_leaf().float().mean(),
-            tree.score[frontier].float().mean() if f else torch.zeros(()),
+            tree.score[frontier].float().mean() if f else zero,
+            reselect_shift(step, tree, frontier, k),
         ]
     ).tolist()
     return LayerState(
@@ -150,7 +153,7 @@ def layer_state(
         frontier_mean_depth=stats[0],
         leaf_ratio=stats[1],
         frontier_mean_score=stats[2],
-        reselect_shift=reselect_shift(step, tree, frontier, k),
+        reselect_shift=stats[3],
         prompt_len=step.prompt_len,
         committed_len=step.committed_len,
         target_time=step.timings.target_time(),
@@ -158,10 +161,10 @@ def layer_state(
     )
 
 
-def reselect_shift(step: StepContext, tree: DraftTree, frontier: Tensor, k: int) -> float:
-    """Fraction of the frontier that re-selecting graft positions now would replace (0 without a grafter)."""
+def reselect_shift(step: StepContext, tree: DraftTree, frontier: Tensor, k: int) -> Tensor:
+    """Fraction of the frontier that re-selecting graft positions now would replace (0 without a
+    grafter), as a 0-d tensor on the tree's device."""
     if step.grafter is None or frontier.numel() == 0:
-        return 0.0 if step.grafter is None else 1.0
+        return torch.full((), 0.0 if step.grafter is None else 1.0, device=tree.device)
     chosen = step.grafter.positions(tree, frontier, k)
-    stay = torch.isin(frontier, chosen).float().mean()
-    return float(1.0 - stay)
+    return 1.0 - torch.isin(frontier, chosen).float().mean()
