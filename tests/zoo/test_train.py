@@ -6,6 +6,7 @@ import itertools
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from safetensors.torch import load_file
@@ -146,3 +147,19 @@ def test_cli_train_then_export(tmp_path: Path, corpus: Path) -> None:
     result = runner.invoke(app, ["export", *args, "--dest", str(tmp_path / "models")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "models" / "m" / "model.safetensors").is_file()
+
+
+def test_token_cache_follows_the_corpus(tmp_path: Path, tiny_config: CorpusConfig) -> None:
+    from treegraft.zoo.corpus import CORPUS_FILE
+    from treegraft.zoo.train import load_tokens
+
+    tok_dir = ZOO_DIR / "tokenizer"
+    build_corpus(tiny_config, tmp_path)
+    first = np.asarray(load_tokens(tmp_path, tok_dir))
+    assert np.array_equal(np.asarray(load_tokens(tmp_path, tok_dir)), first)  # cached
+    # a rebuilt corpus with other content must be tokenized again, not read from the old cache
+    corpus = tmp_path / CORPUS_FILE
+    corpus.write_text(corpus.read_text().replace("multiplied", "divided"))
+    second = np.asarray(load_tokens(tmp_path, tok_dir))
+    assert len(list(tmp_path.glob("tokens-*.npy"))) == 2
+    assert not np.array_equal(second, first)

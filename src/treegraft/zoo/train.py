@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import yaml
 
 from treegraft.zoo import formats
-from treegraft.zoo.corpus import DEFAULT_CORPUS_DIR, read_corpus
+from treegraft.zoo.corpus import CORPUS_FILE, DEFAULT_CORPUS_DIR, read_corpus
 from treegraft.zoo.tokenizer import batched
 
 log = logging.getLogger("treegraft.zoo.train")
@@ -133,11 +133,19 @@ def tokenizer_dir(recipe: Recipe) -> Path:
 
 
 def load_tokens(corpus: Path, tok_dir: Path) -> np.ndarray:
-    """The corpus as one uint16 token stream (documents joined by EOS), cached next to it."""
+    """The corpus as one uint16 token stream (documents joined by EOS), cached next to it.
+
+    The cache is keyed by both the tokenizer and the corpus file, so a rebuilt corpus is
+    tokenized again.
+    """
     from transformers import AutoTokenizer
 
-    digest = hashlib.sha256((tok_dir / "tokenizer.json").read_bytes()).hexdigest()[:12]
-    cache = corpus / f"tokens-{digest}.npy"
+    digest = hashlib.sha256()
+    digest.update((tok_dir / "tokenizer.json").read_bytes())
+    with (corpus / CORPUS_FILE).open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    cache = corpus / f"tokens-{digest.hexdigest()[:12]}.npy"
     if cache.exists():
         return np.load(cache, mmap_mode="r")
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
