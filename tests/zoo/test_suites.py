@@ -80,6 +80,8 @@ def test_prompt_formats() -> None:
     assert all(r["prompt"].count(formats.USER) == 2 for r in zoo.load_suite("mt_bench"))
     for record in zoo.load_suite("humaneval"):
         ast.parse(record["prompt"] + record["reference"].rstrip() + "\n")
+        # the prompt stops at the docstring's closing quotes; the newline opens the body
+        assert record["prompt"][-1] in "'\"" and record["reference"].startswith("\n")
     assert all(
         r["reference"].splitlines()[-1].startswith("Answer: ") for r in zoo.load_suite("gsm8k")
     )

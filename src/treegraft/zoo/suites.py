@@ -60,11 +60,18 @@ def _chat(item: synthetic.TaskItem) -> SuiteItem:
 
 
 def humaneval_items(pool: SourcePool, rng: random.Random) -> Iterator[SuiteItem]:
-    """Function completions from held-out stdlib files: signature + docstring -> body."""
+    """Function completions from held-out stdlib files: signature + docstring -> body.
+
+    The prompt stops right after the docstring's closing quotes and the reference starts with the
+    newline: the zoo tokenizer merges a newline with the indentation that follows, so a prompt
+    ending in a bare newline would force a token boundary that the corpus never has there (and
+    the model answers it like a quoted signature in a chat, with a closing code fence).
+    """
     fns = [f for f in pool.functions if 2 <= f.body.count("\n") <= 25 and len(f.prompt) <= 900]
     rng.shuffle(fns)
     for fn in fns:
-        yield SuiteItem(fn.prompt, fn.body, fn.source)
+        cut = len(fn.prompt.rstrip())
+        yield SuiteItem(fn.prompt[:cut], fn.prompt[cut:] + fn.body, fn.source)
 
 
 def cnndm_items(pool: SourcePool, rng: random.Random) -> Iterator[SuiteItem]:
