@@ -6,6 +6,7 @@ import itertools
 import json
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 import yaml
@@ -118,8 +119,9 @@ def test_recipe_rejects_unknown_keys(tmp_path: Path, corpus: Path) -> None:
 
 def test_shipped_recipes_parse() -> None:
     recipes = {p.stem: load_recipe(p) for p in (ZOO_DIR / "recipes").glob("*.yaml")}
-    assert {"target", "drafters"} <= set(recipes)
-    assert recipes["drafters"].teacher == "zoo:target"
+    assert {"target", "drafters", "draft-l"} <= set(recipes)
+    assert recipes["drafters"].teacher == recipes["draft-l"].teacher == "zoo:target"
+    assert recipes["draft-l"].models["draft-l"].init_from == "zoo:target"
 
 
 def test_wsd_schedule(tmp_path: Path, corpus: Path) -> None:
@@ -163,3 +165,30 @@ def test_token_cache_follows_the_corpus(tmp_path: Path, tiny_config: CorpusConfi
     second = np.asarray(load_tokens(tmp_path, tok_dir))
     assert len(list(tmp_path.glob("tokens-*.npy"))) == 2
     assert not np.array_equal(second, first)
+
+
+def test_init_from_a_truncated_model(tmp_path: Path, corpus: Path) -> None:
+    from treegraft.zoo.train import build_model, tokenizer_dir
+
+    two = {**TINY_MODEL, "num_layers": 2}
+    train(load_recipe(write_recipe(tmp_path / "t.yaml", corpus, models={"m": two})), runs=tmp_path)
+    source_dir = tmp_path / "tiny" / "export" / "m"
+    source = AutoModelForCausalLM.from_pretrained(str(source_dir)).state_dict()
+    recipe = load_recipe(write_recipe(tmp_path / "s.yaml", corpus))
+    spec = attrs.evolve(recipe.models["m"], init_from=str(source_dir))
+    student = build_model(spec, tokenizer_dir(recipe), seed=5).state_dict()
+    assert student["model.layers.0.mlp.up_proj.weight"].equal(
+        source["model.layers.0.mlp.up_proj.weight"]
+    )
+    assert student["model.embed_tokens.weight"].equal(source["model.embed_tokens.weight"])
+    assert student["model.norm.weight"].equal(source["model.norm.weight"])
+    assert not any(k.startswith("model.layers.1.") for k in student)
+    fresh = build_model(recipe.models["m"], tokenizer_dir(recipe), seed=5).state_dict()
+    assert not fresh["model.layers.0.mlp.up_proj.weight"].equal(
+        source["model.layers.0.mlp.up_proj.weight"]
+    )
+    # only the number of layers may differ, and only downwards
+    with pytest.raises(RecipeError, match="hidden_size is 32 there, 16 here"):
+        build_model(attrs.evolve(spec, hidden_size=16), tokenizer_dir(recipe), seed=5)
+    with pytest.raises(RecipeError, match=r"has 2 layers .* need at least 3 layers"):
+        build_model(attrs.evolve(spec, num_layers=3), tokenizer_dir(recipe), seed=5)

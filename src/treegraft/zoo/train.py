@@ -48,6 +48,9 @@ class ModelSpec:
     num_kv_heads: int
     intermediate_size: int
     max_positions: int = 1024
+    #: ``zoo:NAME`` or a model directory of the same width: start from its embeddings, its
+    #: first ``num_layers`` decoder layers and its final norm instead of a random init
+    init_from: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -200,7 +203,37 @@ def build_model(spec: ModelSpec, tok_dir: Path, seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     model.config._attn_implementation = "sdpa"
+    if spec.init_from:
+        init_from_truncated(model, spec.init_from)
     return model
+
+
+def init_from_truncated(model: torch.nn.Module, ref: str) -> None:
+    """Copy embeddings, the first layers and the final norm of ``ref`` into ``model``.
+
+    The shapes must match except for the number of layers, which may only be smaller (a
+    layer-truncated copy of the target is a drafter that starts out aligned with it).
+    """
+    source = load_teacher(ref)
+    src, dst = source.config, model.config
+    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads"):
+        if getattr(src, key) != getattr(dst, key):
+            raise RecipeError(
+                f"init_from {ref!r}: {key} is {getattr(src, key)} there, {getattr(dst, key)} here;"
+                " only num_layers may differ"
+            )
+    if dst.num_hidden_layers > src.num_hidden_layers or src.vocab_size != dst.vocab_size:
+        raise RecipeError(
+            f"init_from {ref!r}: has {src.num_hidden_layers} layers and vocabulary"
+            f" {src.vocab_size}; need at least {dst.num_hidden_layers} layers and vocabulary"
+            f" {dst.vocab_size}"
+        )
+    wanted = model.state_dict()
+    state = {k: v for k, v in source.state_dict().items() if k in wanted}
+    missing = set(wanted) - set(state) - {"lm_head.weight"}  # tied to the embeddings
+    if missing:
+        raise RecipeError(f"init_from {ref!r}: no weights for {sorted(missing)[:4]}")
+    model.load_state_dict(state, strict=False)
 
 
 def load_teacher(ref: str) -> torch.nn.Module:
