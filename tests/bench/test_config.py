@@ -143,17 +143,19 @@ def test_a_bad_override_is_reported_with_the_entry_path():
         pipeline_plans(cfg, cfg.pairs[0])
 
 
-def test_the_shipped_paper_config_is_valid():
+@pytest.mark.parametrize(("name", "max_new"), [("paper.yaml", 128), ("paper-cpu.yaml", 64)])
+def test_the_shipped_paper_configs_are_valid(name: str, max_new: int):
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "paper.yaml"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / name
     cfg = load_bench_config(path)
     assert [p.drafter for p in cfg.pairs] == ["zoo:draft-s", "zoo:draft-m", "zoo:draft-l"]
     assert cfg.settings.suites == list(SUITES)
     assert cfg.settings.baselines == list(BASELINES)
-    assert cfg.settings.max_new_tokens == 128
+    assert cfg.settings.max_new_tokens == max_new
     for pair in cfg.pairs:
-        assert len(pipeline_plans(cfg, pair)) >= len(BASELINES) - 2
+        labels = [p.label for p in pipeline_plans(cfg, pair)]
+        assert len(labels) >= len(BASELINES) - 2 and "treegraft-distilled" in labels
 
 
 def test_the_tutorial_config_is_valid():
