@@ -91,3 +91,15 @@ def tiny_target() -> LlamaForCausalLM:
 @pytest.fixture
 def tiny_drafter() -> LlamaForCausalLM:
     return tiny_llama(seed=2, hidden=16, layers=1, heads=2, kv_heads=1)
+
+
+def word_tokenizer(vocab: int):
+    """A word-level tokenizer over `t0 .. t{vocab-2}` plus `[UNK]` (id vocab-1), split on
+    whitespace: tiny models saved with it load through `AutoTokenizer`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"t{i}": i for i in range(vocab - 1)} | {"[UNK]": vocab - 1}
+    tok = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")

@@ -10,11 +10,10 @@ import pytest
 import torch
 import yaml
 from click.testing import Result
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
-from tests.conftest import greedy_reference, tiny_llama
+from tests.conftest import greedy_reference, tiny_llama, word_tokenizer
 from treegraft import cli
 from treegraft.cli import _describe_field, app
 from treegraft.core.registry import default_registry
@@ -33,20 +32,12 @@ def invoke(*args: str) -> Result:
     return CliRunner().invoke(app, list(args))
 
 
-def word_tokenizer() -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over `t0 .. t62` plus `[UNK]` (id 63), split on whitespace."""
-    vocab = {f"t{i}": i for i in range(VOCAB - 1)} | {"[UNK]": VOCAB - 1}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random model and its tokenizer saved in Hugging Face format."""
     path = tmp_path_factory.mktemp("tiny-model")
     tiny_llama(seed=5, vocab=VOCAB).save_pretrained(path)
-    word_tokenizer().save_pretrained(path)
+    word_tokenizer(VOCAB).save_pretrained(path)
     return path
 
 
@@ -123,6 +114,7 @@ def test_validate_missing_file(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- generate
+
 
 def test_generate_streams_greedy_text_and_a_stats_line(tmp_path: Path, model_dir: Path) -> None:
     prompt = "t1 t2 t3 t4 t1 t2 t3 t4 t1 t2"

@@ -6,11 +6,9 @@ import json
 from typing import Any
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
-from tests.conftest import tiny_llama
+from tests.conftest import tiny_llama, word_tokenizer
 from tests.core.test_decoder import repetitive_prompt
 from tests.scheduling.helpers import COST, VOCAB, pipeline_raw
 from treegraft import console as consoles
@@ -84,13 +82,6 @@ def test_summary_rows():
 # ---------------------------------------------------------------------------- tiny datasets
 
 
-def word_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {f"t{i}": i for i in range(VOCAB - 1)} | {"[UNK]": VOCAB - 1}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
-
-
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Two pairs saved on disk (the CLI loads `pipeline_raw`): a training and a disjoint
@@ -99,7 +90,7 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("loo")
     target = root / "target"
     tiny_llama(seed=3, vocab=VOCAB).save_pretrained(target)
-    word_tokenizer().save_pretrained(target)
+    word_tokenizer(VOCAB).save_pretrained(target)
     draft = root / "draft"
     tiny_llama(seed=4, vocab=VOCAB, hidden=16, layers=1, heads=2, kv_heads=1).save_pretrained(draft)
     out: dict[str, Any] = {"root": root, "target": str(target)}

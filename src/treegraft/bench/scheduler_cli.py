@@ -426,8 +426,6 @@ def baseline_schedulers(
 
 # ---------------------------------------------------------------------------- leave one pair out
 
-LOO_NAMES = ("never", "always")
-
 
 @app.command()
 def loo(
@@ -463,6 +461,7 @@ def loo(
     Also fits once on every training dataset (`distilled-all`, the in-pair fit) for comparison.
     Writes OUT/all, OUT/without-<i>-<name> (the artifacts) and OUT/loo.json.
     """
+    from treegraft.bench.scheduler_loo import leave_one_pair_out, load_loo_inputs, loo_table
     from treegraft.bench.value_system import ValueSystemError
     from treegraft.core.config import ConfigError
 
@@ -485,168 +484,3 @@ def loo(
         f"{_ratio(mean['distilled-loo']['oracle_share'])} (distilled-all "
         f"{_ratio(mean['distilled-all']['oracle_share'])})"
     )
-
-
-def pair_of(data: Any) -> tuple[Any, Any]:
-    """(target, strong model) recorded in a dataset's meta (None where missing)."""
-    return data.meta.get("target"), data.meta.get("strong_model")
-
-
-def pair_name(data: Any, path: Path) -> str:
-    """`target + strong` from the dataset's meta (a model directory by its name, `zoo:NAME` as
-    is), else the dataset directory's name."""
-    target, strong = pair_of(data)
-    if not (target and strong):
-        return path.name
-    return " + ".join(r if r.startswith("zoo:") else Path(r).name for r in (target, strong))
-
-
-def load_loo_inputs(train: list[Path], evals: list[Path]) -> tuple[list[Any], list[Any]]:
-    """Load and check the training and --eval datasets; ValueSystemError naming the option."""
-    from treegraft.bench.value_system import Dataset, ValueSystemError
-
-    if len(train) < 2:
-        raise ValueSystemError(
-            f"DATASETS: expected at least 2 training datasets (one per pair), got {len(train)}"
-        )
-    if len(evals) != len(train):
-        raise ValueSystemError(
-            f"--eval: expected one per training dataset ({len(train)}, in the same order), "
-            f"got {len(evals)}"
-        )
-
-    def load(path: Path, option: str) -> Any:
-        if not path.is_dir():
-            raise ValueSystemError(f"{option} {path}: not found")
-        try:
-            return Dataset.load(path)
-        except ValueSystemError as exc:
-            raise ValueSystemError(f"{option} {exc}") from None  # the message starts with the path
-
-    train_data = [load(p, "DATASETS") for p in train]
-    eval_data = [load(p, "--eval") for p in evals]
-    seen = {
-        tuple(p.ids.tolist()): path for path, d in zip(train, train_data, strict=True)
-        for p in d.prompts()
-    }  # fmt: skip
-    for t_path, t, e_path, e in zip(train, train_data, evals, eval_data, strict=True):
-        if t.meta.get("purpose") == "evaluation":
-            raise ValueSystemError(f"DATASETS {t_path}: collected for evaluation, not fitted on")
-        if None not in pair_of(t) + pair_of(e) and pair_of(t) != pair_of(e):
-            raise ValueSystemError(
-                f"--eval {e_path}: pair {pair_name(e, e_path)!r} differs from that of training "
-                f"dataset {t_path} ({pair_name(t, t_path)!r}); give them in the same order"
-            )
-        if e.meta.get("pipeline_raw") is None:
-            raise ValueSystemError(
-                f"--eval {e_path}: meta.json has no pipeline_raw (collected without the CLI)"
-            )
-        shared = [seen[k] for k in (tuple(p.ids.tolist()) for p in e.prompts()) if k in seen]
-        if shared:
-            raise ValueSystemError(
-                f"--eval {e_path}: {len(shared)} prompt(s) also in training dataset {shared[0]}; "
-                "collect it with --skip"
-            )
-    return train_data, eval_data
-
-
-def leave_one_pair_out(
-    train_paths: list[Path],
-    train: list[Any],
-    eval_paths: list[Path],
-    evals: list[Any],
-    cfg: Any,
-    out_dir: Path,
-    *,
-    threshold: float = 0.0,
-    prompts: int | None = None,
-) -> dict[str, Any]:
-    """Fit on all pairs and on all-but-each pair; replay each pair's eval set; the report."""
-    from treegraft.bench.value_eval import summary_rows
-
-    all_dir = out_dir / "all"
-    console.print(f"fitting on all {len(train)} training datasets -> {all_dir}")
-    all_fit = fit_artifact(train, cfg, all_dir)
-    pairs, pair_keys = [], [pair_of(d) for d in train]
-    for i, (t_path, e_path, data) in enumerate(zip(train_paths, eval_paths, evals, strict=True)):
-        name = pair_name(train[i], t_path)
-        loo_dir = out_dir / f"without-{i}-{_slug(t_path.name)}"
-        console.print(f"pair {i} ({name}): fitting without it -> {loo_dir}")
-        loo_fit = fit_artifact(train[:i] + train[i + 1 :], cfg, loo_dir)
-        console.print(f"pair {i} ({name}): replaying {e_path}")
-        results = replay_dataset(
-            e_path, data, names=LOO_NAMES,
-            artifacts={"distilled-loo": loo_dir, "distilled-all": all_dir},
-            threshold=threshold, prompts=prompts,
-        )  # fmt: skip
-        leaked = None not in pair_keys[i] and pair_keys[i] in pair_keys[:i] + pair_keys[i + 1 :]
-        if leaked:
-            console.print(f"warning: pair {name} also has another training dataset: not held out")
-        pairs.append(
-            {
-                "index": i,
-                "pair": name,
-                "target": pair_keys[i][0],
-                "strong_model": pair_keys[i][1],
-                "train": str(t_path),
-                "eval": str(e_path),
-                "artifact": str(loo_dir),
-                "held_out": not leaked,
-                "fit_metrics": loo_fit.metrics,
-                "rows": {r["scheduler"]: r for r in summary_rows(results)},
-            }
-        )
-    return {
-        "fit": {**_asdict(cfg), "threshold": threshold, "prompts": prompts},
-        "all_artifact": str(all_dir),
-        "all_fit_metrics": all_fit.metrics,
-        "pairs": pairs,
-        "mean": {
-            row: {
-                key: _mean(p["rows"][row][key] for p in pairs)
-                for key in ("vs_best_endpoint", "oracle_share")
-            }
-            for row in ("distilled-loo", "distilled-all")
-        },
-    }
-
-
-def loo_table(report: dict[str, Any]) -> Table:
-    """One row per pair: tokens/s of the endpoints, oracle and both fits; their gains."""
-    table = Table(title="leave one pair out (modelled tokens/s on each pair's --eval set)",
-                  caption=SHARE_NOTE)  # fmt: skip
-    columns = ("pair", "never", "always", "oracle", "distilled-loo", "distilled-all",
-               "loo vs best", "loo share", "all share")  # fmt: skip
-    for col in columns:
-        table.add_column(col, justify="left" if col == "pair" else "right")
-    for p in report["pairs"]:
-        rows = p["rows"]
-
-        def speed(name: str, rows: dict[str, Any] = rows) -> str:
-            return f"{rows[name]['tokens_per_s']:.1f}" if name in rows else "n/a"
-
-        table.add_row(
-            p["pair"] + ("" if p["held_out"] else " (not held out)"),
-            *(speed(n) for n in ("never", "always", "oracle", "distilled-loo", "distilled-all")),
-            _ratio(rows["distilled-loo"]["vs_best_endpoint"]),
-            _ratio(rows["distilled-loo"]["oracle_share"]),
-            _ratio(rows["distilled-all"]["oracle_share"]),
-        )
-    return table
-
-
-def _slug(name: str) -> str:
-    import re
-
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "pair"
-
-
-def _mean(values: Any) -> float | None:
-    kept = [v for v in values if v is not None]
-    return sum(kept) / len(kept) if kept else None
-
-
-def _asdict(cfg: Any) -> dict[str, Any]:
-    import attrs
-
-    return {**attrs.asdict(cfg), "hidden": list(cfg.hidden)}
