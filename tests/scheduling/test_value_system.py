@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+import attrs
+import numpy as np
 import pytest
 import torch
 
@@ -26,8 +28,8 @@ from treegraft.core.config import ConfigError
 from treegraft.core.decoder import StopRule
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.tree import DraftTree
-from treegraft.plugins.schedulers.distilled import FEATURE_NAMES
-from treegraft.plugins.schedulers.oracle import OracleMismatch, OracleScheduler
+from treegraft.plugins.schedulers.distilled import FEATURE_NAMES, layer_features
+from treegraft.plugins.schedulers.oracle import OracleConfig, OracleMismatch, OracleScheduler
 
 DEPTH = 4
 MAX_NEW = 40
@@ -174,3 +176,42 @@ def test_replay_evaluation_of_the_oracle_matches_the_collection(collected):
     seconds = sum(p["oracle_seconds"] for p in data.meta["prompts"])
     assert results[0].tokens == tokens
     assert results[0].seconds == pytest.approx(seconds, rel=1e-9)
+
+
+#: Strong calls cost 6 ms against a 10-16 ms target forward: the builder's default cap,
+#: floor(T_target / T_strong), binds at 1 or 2 calls per step.
+CAPPING_COST = attrs.evolve(COST, strong_extra_s=0.006)
+
+
+@attrs.define
+class RecordingOracle(OracleScheduler):
+    """The oracle, keeping every state it was asked about."""
+
+    seen: list = attrs.field(factory=list)
+
+    def decide(self, state):
+        self.seen.append(state)
+        return super().decide(state)
+
+
+def test_with_the_default_cap_the_oracle_replay_sees_the_collected_scheduler_inputs():
+    """Collection and replay both record modelled forward times, so time-reading inputs (the
+    default cap on strong calls, the distilled features) are identical and the oracle replays
+    its collected trees exactly; with measured wall times they would differ run to run."""
+    res = stand_in_pair(1)
+    raw = pipeline_raw(depth=3, strong="mem:target")  # max_strong_calls: the measured default
+    pipe = load_pipeline(raw, resources=res)
+    prompts = [PromptIds(f"p{i}", repetitive_prompt(30 + i, 12) % VOCAB) for i in range(2)]
+    data = collect(pipe, prompts, CAPPING_COST, max_new_tokens=12)
+    oracle = RecordingOracle(OracleConfig(plans="<memory>"), data.trajectories)
+    pipe = load_pipeline(raw, resources=res)
+    results = evaluate(pipe, {"oracle": oracle}, data.prompts(), CAPPING_COST, max_new_tokens=12)
+    assert results[0].tokens == sum(p["tokens"] for p in data.meta["prompts"])
+    seconds = sum(p["oracle_seconds"] for p in data.meta["prompts"])
+    assert results[0].seconds == pytest.approx(seconds, rel=1e-9)
+    caps = {s.max_strong_calls for s in oracle.seen}
+    assert min(caps) < 3, caps  # after the first step the modelled times cap the strong calls
+    strong = data.meta["strong"]
+    replayed = np.array([layer_features(s, strong) for s in oracle.seen], dtype=np.float32)
+    on_best = data["features"][data["on_best"]]
+    assert sorted(map(tuple, replayed.tolist())) == sorted(map(tuple, on_best.tolist()))

@@ -50,6 +50,20 @@ class CostModel:
             + self.step_overhead_s
         )
 
+    def call_seconds(
+        self, index: int, strong: int, strong_queries: Sequence[int], calls: Sequence[int]
+    ) -> float | None:
+        """Modelled seconds of one call of drafter `index` in a step with these strong forwards
+        and per-layer `calls`: a weak layer for drafter 0, the step's strong forwards plus the
+        per-call extra, split over its calls, for the strong drafter; None for any other drafter
+        (the value system does not model it)."""
+        if index == 0:
+            return self.weak_layer_s
+        if index != strong:
+            return None
+        n = max(1, list(calls).count(strong))
+        return sum(self.strong(q) for q in strong_queries) / n + self.strong_extra_s
+
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
 
@@ -60,6 +74,28 @@ class CostModel:
 
         scalars = {k: float(v) for k, v in raw.items() if k not in ("target", "strong")}
         return cls(target=curve(raw["target"]), strong=curve(raw["strong"]), **scalars)
+
+
+def record_modelled_drafters(
+    times: Any,
+    cost: CostModel,
+    *,
+    strong: int,
+    strong_queries: Sequence[int],
+    calls: Sequence[int],
+    measured: Mapping[str, float],
+    n_drafters: int,
+) -> None:
+    """Record one step's drafter times into `times` (a `ForwardTimes`) as the value system sees
+    them: modelled by `cost.call_seconds` for the weak and strong drafters, measured (wall time
+    per call) for any other; only drafters that ran (a `drafter<i>` key in `measured`)."""
+    for i in range(n_drafters):
+        label = f"drafter{i}"
+        if label not in measured:
+            continue
+        modelled = cost.call_seconds(i, strong, strong_queries, calls)
+        per_call = measured[label] / max(1, list(calls).count(i))
+        times.record_drafter(i, per_call if modelled is None else modelled)
 
 
 @attrs.define

@@ -16,8 +16,14 @@ import attrs
 import numpy as np
 from torch import Tensor
 
-from treegraft.bench.replay import LatencyCurve, measure_latency, query_grid, replay_pipeline
-from treegraft.bench.value_costs import CostModel, QueryCounter
+from treegraft.bench.replay import (
+    LatencyCurve,
+    ReplayTimes,
+    measure_latency,
+    query_grid,
+    replay_pipeline,
+)
+from treegraft.bench.value_costs import CostModel, QueryCounter, record_modelled_drafters
 from treegraft.bench.value_system import PromptIds, check_pipeline, strong_model_ref
 from treegraft.core.interfaces import Scheduler
 from treegraft.core.pipeline import Pipeline
@@ -91,6 +97,30 @@ def measure_constants(
 # ---------------------------------------------------------------------------- evaluation (replay)
 
 
+@attrs.define
+class ModelledTimes(ReplayTimes):
+    """Forward times as the value system records them: the target's from its curve, the drafters'
+    from the cost model (`CostModel.call_seconds`), the strong drafter's from the forwards that
+    `counter` saw in this step (it must not have been `take`n yet). Time-reading decisions (the
+    builder's default cap, `distilled` features) then match collection exactly."""
+
+    cost: CostModel | None = None
+    counter: QueryCounter | None = None
+    strong: int = -1
+
+    def record_step(
+        self, calls: Sequence[int], times: Mapping[str, float], n_drafters: int
+    ) -> None:
+        if self.cost is None or self.counter is None:
+            super().record_step(calls, times, n_drafters)
+            return
+        self.record_target(times.get("target", 0.0))
+        record_modelled_drafters(
+            self, self.cost, strong=self.strong, strong_queries=tuple(self.counter.queries),
+            calls=calls, measured=times, n_drafters=n_drafters,
+        )  # fmt: skip
+
+
 @attrs.frozen
 class Evaluation:
     """Modelled speed of one scheduler over prompts, decoded against a replay target."""
@@ -131,7 +161,9 @@ def evaluate(
     with QueryCounter(model) as counter:
         for name, scheduler in schedulers.items():
             replay, target = replay_pipeline(pipe, cost.target)
-            replay = attrs.evolve(replay, decoder=attrs.evolve(replay.decoder, scheduler=scheduler))
+            times = ModelledTimes(source=target, cost=cost, counter=counter, strong=s)
+            decoder = attrs.evolve(replay.decoder, scheduler=scheduler, times=times)
+            replay = attrs.evolve(replay, decoder=decoder)
             totals = np.zeros(4)
             for p in prompts:
                 target.expect(p.continuation)

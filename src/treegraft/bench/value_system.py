@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from treegraft.bench.report import cpu_model
-from treegraft.bench.value_costs import CostModel, QueryCounter
+from treegraft.bench.value_costs import CostModel, QueryCounter, record_modelled_drafters
 from treegraft.bench.value_labels import (  # noqa: F401 - part of this module's API
     MAX_EXHAUSTIVE_DEPTH,
     Decision,
@@ -222,17 +222,20 @@ class StepSearcher:
         return new[:keep], reason is not None
 
     def _observe(self, outcome: Outcome, measured: Mapping[str, float]) -> None:
-        """Record forward times exactly as `Decoder._observe` does, in replay fashion.
+        """Record forward times as `Decoder._observe` does, but modelled, not measured.
 
-        The target's time is modelled (it never runs here, like `bench.replay.ReplayTimes`); the
-        drafters' are the wall times `measured` while rebuilding the chosen tree, so the features
-        match what a scheduler sees in decoding on this machine.
+        The target never runs here; the drafters do, but their wall times are noisy, and the
+        builder's default cap on strong calls and the `distilled` features read these times: with
+        measured times the same plan could build another tree when replayed (the oracle would
+        diverge). The times come from the cost model instead (`CostModel.call_seconds`), exactly
+        as `bench.value_eval.evaluate` records them, so collection and replay see the same
+        scheduler inputs. `measured` tells which drafters ran (as in decoding).
         """
         self.times.record_target(self.cost.target(outcome.target_queries))
-        for i in range(len(self.decoder.drafters)):
-            label = f"drafter{i}"
-            if label in measured:
-                self.times.record_drafter(i, measured[label] / max(1, outcome.calls.count(i)))
+        record_modelled_drafters(
+            self.times, self.cost, strong=self.strong, strong_queries=outcome.strong_queries,
+            calls=outcome.calls, measured=measured, n_drafters=len(self.decoder.drafters),
+        )  # fmt: skip
 
 
 def _device_of(decoder: Decoder) -> torch.device:

@@ -169,12 +169,8 @@ class Decoder:
     def _observe(
         self, step: int, built: BuildResult, accepted: int, times: Mapping[str, float]
     ) -> None:
-        self.times.record_target(times.get("target", 0.0))
         n = len(self.drafters)
-        for i in range(n):
-            label = f"drafter{i}"
-            if label in times:
-                self.times.record_drafter(i, times[label] / max(1, built.calls.count(i)))
+        self.times.record_step(built.calls, times, n)
         self.scheduler.observe(
             StepOutcome(
                 step=step,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from statistics import median
 
@@ -55,6 +55,18 @@ class ForwardTimes:
 
     def record_drafter(self, index: int, seconds: float) -> None:
         _push(self.drafters.setdefault(index, []), seconds, self.window)
+
+    def record_step(
+        self, calls: Sequence[int], times: Mapping[str, float], n_drafters: int
+    ) -> None:
+        """Record one decoding step from its wall `times` (`target`, `drafter<i>`) and the
+        drafter chosen at each layer (`calls`): one target forward, and per timed drafter its
+        time divided by its number of calls. Subclasses may substitute modelled times."""
+        self.record_target(times.get("target", 0.0))
+        for i in range(n_drafters):
+            label = f"drafter{i}"
+            if label in times:
+                self.record_drafter(i, times[label] / max(1, list(calls).count(i)))
 
     def target_time(self) -> float:
         return median(self.target) if self.target else 0.0
