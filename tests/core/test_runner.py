@@ -123,7 +123,10 @@ def test_tree_attention_kernel_path_matches_sdpa():
         runner.begin(prompt, max_len=40)
         with torch.no_grad():
             first = runner.forward_tree(tree)
-            runner.commit(tree.path_to(tree.n_nodes - 1), torch.tensor([*tree.tokens[tree.path_to(tree.n_nodes - 1)[1:]].tolist(), 5]))
+            runner.commit(
+                tree.path_to(tree.n_nodes - 1),
+                torch.tensor([*tree.tokens[tree.path_to(tree.n_nodes - 1)[1:]].tolist(), 5]),
+            )
             second = runner.forward_tree(random_tree(rng, 5, 6, 32))
         outs.append(torch.cat([first, second]))
         rng = torch.Generator().manual_seed(0)

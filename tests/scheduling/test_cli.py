@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from typer.testing import CliRunner
 
@@ -56,7 +57,20 @@ def test_measured_costs_are_positive_and_grow_with_tokens():
     cost = measure_costs(pipe, [repetitive_prompt(1, 10) % VOCAB], repeats=1, overhead_tokens=6)
     assert cost.target(1) > 0 and cost.strong(1) > 0
     assert cost.target.queries[-1] >= pipe.decoder.builder.max_nodes()
-    assert min(cost.weak_layer_s, cost.strong_extra_s, cost.step_overhead_s) >= 0
+    assert min(cost.weak_layer_s, cost.strong_extra_s, cost.step_overhead_s) > 0
+
+
+def test_cost_constants_ignore_eos_and_refuse_to_be_silently_zero():
+    """A target that ends every prompt at once (every id an EOS here) still yields timed steps:
+    the constants decode past EOS. Without any timed step the measurement fails loudly."""
+    res = stand_in_pair(0)
+    pipe = load_pipeline(pipeline_raw(depth=2), resources=res)
+    pipe = attrs.evolve(pipe, eos_ids=frozenset(range(VOCAB)))
+    assert len(list(pipe.steps(repetitive_prompt(1, 10) % VOCAB, max_new_tokens=6))) == 1
+    cost = measure_costs(pipe, [repetitive_prompt(1, 10) % VOCAB], repeats=1, overhead_tokens=6)
+    assert min(cost.weak_layer_s, cost.step_overhead_s) > 0
+    with pytest.raises(ValueSystemError, match="cost constants: no weak, strong, step timing"):
+        measure_costs(pipe, [repetitive_prompt(1, 10) % VOCAB], repeats=1, overhead_tokens=1)
 
 
 def test_pipelines_the_value_system_cannot_label_are_refused():

@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+import torch
 from torch import Tensor
 
 from treegraft.bench.replay import (
@@ -24,7 +25,13 @@ from treegraft.bench.replay import (
     replay_pipeline,
 )
 from treegraft.bench.value_costs import CostModel, QueryCounter, record_modelled_drafters
-from treegraft.bench.value_system import PromptIds, check_pipeline, strong_model_ref
+from treegraft.bench.value_system import (
+    PromptIds,
+    ValueSystemError,
+    check_pipeline,
+    strong_model_ref,
+)
+from treegraft.core.decoder import StopRule
 from treegraft.core.interfaces import Scheduler
 from treegraft.core.pipeline import Pipeline
 from treegraft.plugins.schedulers.heuristic import PlanConfig, PlanScheduler
@@ -41,9 +48,9 @@ def measure_costs(
     """Latency curves of target and strong drafter, and the per-layer and per-step constants.
 
     Curves come from `bench.replay.measure_latency` (runner forwards of 1 .. longest prompt +
-    one tree tokens). Constants come from one real generation of `prompts[0]` with strong calls
-    at every other layer: medians of the weak time per layer, the strong call's time beyond its
-    forward, and the step time outside the models.
+    one tree tokens). Constants come from real generations (`measure_constants`) with strong
+    calls at every other layer: medians of the weak time per layer, the strong call's time beyond
+    its forward, and the step time outside the models.
     """
     s = check_pipeline(pipe, strong)
     lengths = [int(p.numel()) for p in prompts]
@@ -57,41 +64,67 @@ def measure_costs(
     strong_curve = measure_latency(
         pipe.resources.model(ref), ref, context=context, queries=grid, repeats=repeats
     )
-    weak, extra, overhead = measure_constants(pipe, prompts[0], s, strong_curve, overhead_tokens)
+    weak, extra, overhead = measure_constants(pipe, prompts, s, strong_curve, overhead_tokens)
     return CostModel(target, strong_curve, weak, extra, overhead)
 
 
+#: Timed steps (beyond each generation's first) that `measure_constants` wants before it stops.
+CONSTANT_STEPS = 12
+
+
 def measure_constants(
-    pipe: Pipeline, prompt: Tensor, strong: int, curve: LatencyCurve, tokens: int
+    pipe: Pipeline,
+    prompts: Sequence[Tensor],
+    strong: int,
+    curve: LatencyCurve,
+    tokens: int,
+    *,
+    min_steps: int = CONSTANT_STEPS,
 ) -> tuple[float, float, float]:
     """(weak seconds per layer, strong seconds per call beyond the forward, step overhead).
 
+    Decodes `tokens` tokens of one prompt after another (EOS ignored, so a prompt the target
+    answers with EOS still yields steps) until `min_steps` steps past each generation's first
+    (warm-up and prefill) were timed, or the prompts run out. Raises `ValueSystemError` when no
+    step could be timed: zero constants would silently make strong calls and layers look free.
     Assumes the strong drafter's model is not the target's (its forwards are counted by a hook).
     """
     depth = pipe.decoder.builder.config.depth
     plan = [strong if i % 2 == 0 else 0 for i in range(depth)]
     decoder = attrs.evolve(pipe.decoder, scheduler=PlanScheduler(PlanConfig(plan=plan)))
-    alternating = attrs.evolve(pipe, decoder=decoder)
-    weak, extra, overhead = [], [], []
+    weak: list[float] = []
+    extra: list[float] = []
+    overhead: list[float] = []
     model = pipe.resources.model(strong_model_ref(pipe, strong))
-    with QueryCounter(model) as counter:
-        for event in alternating.steps(prompt, max_new_tokens=tokens):
-            queries = counter.take()
-            t = event.times
-            n_strong = sum(c > 0 for c in event.calls)
-            n_weak = len(event.calls) - n_strong
-            if event.step == 0:
-                continue  # warm-up and prefill
-            if n_weak:
-                weak.append(t.get("drafter0", 0.0) / n_weak)
-            if n_strong:
-                forward = sum(curve(q) for q in queries)
-                extra.append((t.get(f"drafter{strong}", 0.0) - forward) / n_strong)
-            models = t.get("drafter0", 0.0) + t.get(f"drafter{strong}", 0.0)
-            overhead.append(
-                t.get("build", 0.0) - models + t.get("verify", 0.0) + t.get("commit", 0.0)
-            )
-    return tuple(max(0.0, median(v)) if v else 0.0 for v in (weak, extra, overhead))
+    with QueryCounter(model) as counter, torch.inference_mode():
+        for prompt in prompts:
+            if len(overhead) >= min_steps:
+                break
+            counter.take()
+            ids = prompt.to(pipe.resources.device)
+            for event in decoder.steps(ids, StopRule(max_new_tokens=tokens)):
+                queries = counter.take()
+                if event.step == 0:
+                    continue  # warm-up and prefill
+                t = event.times
+                n_strong = sum(c > 0 for c in event.calls)
+                n_weak = len(event.calls) - n_strong
+                if n_weak:
+                    weak.append(t.get("drafter0", 0.0) / n_weak)
+                if n_strong:
+                    forward = sum(curve(q) for q in queries)
+                    extra.append((t.get(f"drafter{strong}", 0.0) - forward) / n_strong)
+                models = t.get("drafter0", 0.0) + t.get(f"drafter{strong}", 0.0)
+                overhead.append(
+                    t.get("build", 0.0) - models + t.get("verify", 0.0) + t.get("commit", 0.0)
+                )
+    missing = [n for n, v in (("weak", weak), ("strong", extra), ("step", overhead)) if not v]
+    if missing:
+        raise ValueSystemError(
+            f"cost constants: no {', '.join(missing)} timing from {len(prompts)} prompt(s) of "
+            f"{tokens} tokens; give more or longer prompts"
+        )
+    return tuple(max(0.0, median(v)) for v in (weak, extra, overhead))
 
 
 # ---------------------------------------------------------------------------- evaluation (replay)

@@ -99,7 +99,9 @@ class CausalLMRunner:
 
     def __attrs_post_init__(self) -> None:
         self._cache_kwarg = _cache_kwarg(self.model)
-        self._tree_kernel = getattr(self.model.config, "_attn_implementation", None) == IMPLEMENTATION
+        self._tree_kernel = (
+            getattr(self.model.config, "_attn_implementation", None) == IMPLEMENTATION
+        )
 
     @property
     def device(self) -> torch.device:
