@@ -110,7 +110,10 @@ def prompt_makers(pool: Any, tries: int) -> dict[str, PromptStream]:
         return generate
 
     def code(r: random.Random) -> Iterator[tuple[str, str]]:
-        return ((f.prompt, f.source) for f in r.sample(pool.functions, len(pool.functions)))
+        # cut after the docstring's closing quotes, as the humaneval suite does (a prompt ending
+        # in a bare newline forces a token boundary the corpus never has there)
+        fns = r.sample(pool.functions, len(pool.functions))
+        return ((f.prompt.rstrip(), f.source) for f in fns)
 
     def summary(r: random.Random) -> Iterator[tuple[str, str]]:
         return ((chat_prompt(list(i.turns)), i.source) for i in summary_items(pool))
