@@ -60,6 +60,13 @@ def test_latency_curve_interpolates_and_extrapolates():
     assert CURVE(2) == pytest.approx(1 + 1 / 3)
     assert CURVE(16) == pytest.approx(8.0)  # the last segment's slope, 0.5 s per query
     assert query_grid(40, marks=[33]) == (1, 2, 4, 8, 16, 32, 33, 40)
+    queries = [1, 2, 3, 5, 8, 9, 16, 40]
+    assert CURVE.many(queries).tolist() == pytest.approx([CURVE(q) for q in queries])
+
+
+def test_the_replay_target_answers_its_curve_instead_of_measuring():
+    target = ReplayTarget(vocab_size=8, curve=CURVE, device=torch.device("cpu"))
+    assert target.latency_curve((1, 2, 4), context=5) is CURVE
 
 
 def test_measure_latency_times_every_point():

@@ -14,12 +14,24 @@ VOCAB = 48
 
 
 def pipeline(
-    resources, drafters, *, depth=3, top_k=2, budget=8, scheduler="never", max_new=24, **decoding
+    resources,
+    drafters,
+    *,
+    depth=3,
+    top_k=2,
+    budget=8,
+    scheduler="never",
+    max_new=24,
+    adaptive=None,
+    **decoding,
 ):
+    builder = {"name": "layered", "depth": depth, "top_k": top_k, "budget": budget}
+    if adaptive is not None:
+        builder["adaptive"] = adaptive
     spec = {
         "target": "mem:target",
         "drafters": drafters,
-        "builder": {"name": "layered", "depth": depth, "top_k": top_k, "budget": budget},
+        "builder": builder,
         "scheduler": scheduler,
         "decoding": {"max_new_tokens": max_new, "dtype": "float64", **decoding},
     }

@@ -137,7 +137,7 @@ class StepSearcher:
             prompt_len=prompt.numel(),
             continuation=torch.tensor(list(continuation), dtype=torch.long, device=device),
             committed=prompt.tolist(),
-            times=times if times is not None else ForwardTimes(),
+            times=times if times is not None else ForwardTimes(target_curve=cost.target),
             target_pending=prompt.numel() - 1,
         )
 
@@ -403,7 +403,8 @@ def collect(
     stop = pipe.stop_rule(max_new_tokens, stop=[])
     model = pipe.resources.model(strong_model_ref(pipe, s))
     records = []
-    times = ForwardTimes()  # shared by the generations, like a decoder's
+    # shared by the generations, like a decoder's; an adaptive builder reads the target's curve
+    times = ForwardTimes(target_curve=cost.target)
     start = time.perf_counter()
     with torch.inference_mode(), QueryCounter(model) as counter:
         for i, p in enumerate(prompts):

@@ -23,6 +23,7 @@ from treegraft.core.interfaces import (
     Verdict,
     Verifier,
 )
+from treegraft.core.latency import query_grid
 from treegraft.core.metrics import Clock, ForwardTimes
 from treegraft.core.runner import CausalLMRunner
 
@@ -103,6 +104,10 @@ class Decoder:
     def steps(self, prompt: Tensor, stop: StopRule) -> Iterator[StepEvent]:
         """Decode from `prompt` (`[T]` int64), yielding one event per target forward."""
         max_len = prompt.numel() + stop.max_new_tokens + self.builder.max_nodes() + 2
+        if self.times.target_curve is None and self.builder.wants_target_curve():
+            self.times.target_curve = self.target.latency_curve(
+                query_grid(self.builder.max_nodes()), context=prompt.numel()
+            )
         self.target.begin(prompt, max_len=max_len)
         for drafter in self.drafters:
             drafter.begin(prompt, max_len=max_len)

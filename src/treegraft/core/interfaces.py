@@ -238,6 +238,11 @@ class TreeBuilder(Component):
     def max_nodes(self) -> int:
         """Most nodes (root included) of a verified tree: sizes the target's cache."""
 
+    def wants_target_curve(self) -> bool:
+        """Whether `build` reads the target's latency curve (`StepContext.timings.target_curve`);
+        the decoder then measures it once, before its first generation."""
+        return False
+
 
 class Verifier(Component):
     """Accepts a path of the tree given the target's logits."""

@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from statistics import median
+from typing import Any
 
 import attrs
 import torch
@@ -49,6 +50,8 @@ class ForwardTimes:
     window: int = 32
     target: list[float] = attrs.field(factory=list)
     drafters: dict[int, list[float]] = attrs.field(factory=dict)
+    #: seconds of one target forward vs tokens in it (a `LatencyCurve`), when a builder wants it
+    target_curve: Any = None
 
     def record_target(self, seconds: float) -> None:
         _push(self.target, seconds, self.window)

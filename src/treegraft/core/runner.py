@@ -15,6 +15,8 @@ into contiguous slots); nothing is ever recomputed.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -248,3 +250,11 @@ class CausalLMRunner:
     def committed_ids(self) -> Tensor:
         """`[n_committed]` int64 view of the committed tokens."""
         return self.committed[: self.n_committed]
+
+    def latency_curve(self, queries: Sequence[int], *, context: int, repeats: int = 2) -> Any:
+        """Measure this model's `LatencyCurve` (forwards of `queries` tokens after `context`
+        cached ones; median of `repeats`), with a separate runner: this one's state is untouched."""
+        from treegraft.core.latency import measure_latency  # latency imports this module
+
+        ref = getattr(self.model, "name_or_path", "") or "target"
+        return measure_latency(self.model, ref, context=context, queries=queries, repeats=repeats)

@@ -9,7 +9,10 @@ tree is pruned to the best `budget` nodes (ancestor-closed, parents first).
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -33,6 +36,11 @@ class LayeredConfig:
         check=None,
         doc="cap on strong calls per step (default: floor(T_target / T_strong), measured)",
     )
+    adaptive: bool = field(
+        False,
+        doc="verify only as many of the best `budget` nodes as maximise expected tokens per "
+        "second under the target's latency curve (measured once per decoder)",
+    )
 
 
 @attrs.define
@@ -45,6 +53,9 @@ class LayeredBuilder(TreeBuilder):
     def max_nodes(self) -> int:
         return self.config.budget + 1
 
+    def wants_target_curve(self) -> bool:
+        return self.config.adaptive
+
     def build(self, step: StepContext) -> BuildResult:
         tree = DraftTree.from_root(step.root, device=step.root.device, dtype=step.dtype)
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
@@ -56,7 +67,12 @@ class LayeredBuilder(TreeBuilder):
             with step.clock.time(f"drafter{who}"):
                 tree, frontier = self._grow(step, who, tree, frontier)
             calls.append(who)
-        keep = prune_to_budget(tree.parents, tree.score, tree.depth, self.config.budget)
+        budget = self.config.budget
+        curve = getattr(step.timings, "target_curve", None)
+        if self.config.adaptive and curve is not None:
+            times = step.timings.drafter_times(len(step.drafters))
+            budget = verify_size(tree, budget, curve, sum(times[c] for c in calls))
+        keep = prune_to_budget(tree.parents, tree.score, tree.depth, budget)
         keep = keep[torch.isfinite(tree.score[keep])]  # never verify logically deleted nodes
         return BuildResult(tree=tree.select(keep), kept=keep, calls=tuple(calls), unpruned=tree)
 
@@ -108,6 +124,29 @@ class LayeredBuilder(TreeBuilder):
         if t_target <= 0 or t_strong <= 0:
             return self.config.depth
         return max(1, int(t_target // t_strong))
+
+
+def verify_size(tree: DraftTree, budget: int, curve: Any, drafting_s: float) -> int:
+    """How many of the tree's best `budget` nodes to verify (0 .. budget).
+
+    A node's score is its path's log-probability under the drafters, so `exp(score)` estimates
+    the chance that the target accepts it, and the best `n` nodes (ancestor-closed, as
+    `prune_to_budget` keeps them) are expected to commit `1 + sum of their exp(score)` tokens
+    (the bonus included). Verifying them costs one target forward of `1 + n` tokens, `curve(1 + n)`
+    seconds, on top of the step's drafting, `drafting_s`. The size maximising expected tokens per
+    second of the step wins. On hardware where a forward of many tokens costs about as much as
+    one (a GPU), that is nearly the whole budget; on a CPU, where each token adds to the forward,
+    the tree is cut to its likely nodes. One device-to-host read of the `budget` best scores.
+    """
+    scores = tree.score[1:]
+    scores = scores[torch.isfinite(scores)]
+    m = min(budget, int(scores.numel()))
+    if m == 0:
+        return 0
+    p = scores.topk(m).values.double().exp().clamp(max=1.0).cpu().numpy()  # [m] descending
+    expected = 1.0 + np.concatenate([[0.0], np.cumsum(p)])  # [m + 1] for n = 0 .. m
+    seconds = drafting_s + curve.many(np.arange(1, m + 2))  # [m + 1] forwards of 1 + n tokens
+    return int(np.argmax(expected / seconds))
 
 
 def chain_tails(node_of: Tensor) -> Tensor:
