@@ -10,12 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from rich import box
 from rich.table import Table
 
 from treegraft.bench.scheduler_cli import SHARE_NOTE, _ratio, fit_artifact, replay_dataset
 from treegraft.console import console
 
 LOO_NAMES = ("never", "always")
+LOO_NOTE = (
+    "loo: distilled fitted without the pair; all: fitted on every pair; loo/best: loo over the "
+    f"better endpoint; sh.: {SHARE_NOTE}"
+)
 
 
 def pair_of(data: Any) -> tuple[Any, Any]:
@@ -29,7 +34,7 @@ def pair_name(data: Any, path: Path) -> str:
     target, strong = pair_of(data)
     if not (target and strong):
         return path.name
-    return " + ".join(r if r.startswith("zoo:") else Path(r).name for r in (target, strong))
+    return " + ".join(_short(r) for r in (target, strong))
 
 
 def load_loo_inputs(train: list[Path], evals: list[Path]) -> tuple[list[Any], list[Any]]:
@@ -145,25 +150,37 @@ def leave_one_pair_out(
 def loo_table(report: dict[str, Any]) -> Table:
     """One row per pair: tokens/s of the endpoints, oracle and both fits; their gains."""
     table = Table(title="leave one pair out (modelled tokens/s on each pair's --eval set)",
-                  caption=SHARE_NOTE)  # fmt: skip
-    columns = ("pair", "never", "always", "oracle", "distilled-loo", "distilled-all",
-               "loo vs best", "loo share", "all share")  # fmt: skip
+                  caption=LOO_NOTE, box=box.SIMPLE_HEAD, pad_edge=False)  # fmt: skip
+    # loo / all: the distilled scheduler fitted without the pair / on every pair (see caption)
+    columns = ("pair", "never", "always", "oracle", "loo", "all", "loo/best", "loo sh.", "all sh.")
     for col in columns:
-        table.add_column(col, justify="left" if col == "pair" else "right")
+        table.add_column(col, justify="left" if col == "pair" else "right", no_wrap=True)
+    one_target = len({p["target"] for p in report["pairs"]}) == 1
     for p in report["pairs"]:
         rows = p["rows"]
+        # with one target for all pairs, its strong drafter names the pair (keeps the table narrow)
+        name = (
+            _short(p["strong_model"]).removeprefix("zoo:")
+            if one_target and p["strong_model"]
+            else p["pair"]
+        )
 
         def speed(name: str, rows: dict[str, Any] = rows) -> str:
             return f"{rows[name]['tokens_per_s']:.1f}" if name in rows else "n/a"
 
         table.add_row(
-            p["pair"] + ("" if p["held_out"] else " (not held out)"),
+            name + ("" if p["held_out"] else " (not held out)"),
             *(speed(n) for n in ("never", "always", "oracle", "distilled-loo", "distilled-all")),
             _ratio(rows["distilled-loo"]["vs_best_endpoint"]),
             _ratio(rows["distilled-loo"]["oracle_share"]),
             _ratio(rows["distilled-all"]["oracle_share"]),
         )
     return table
+
+
+def _short(ref: str) -> str:
+    """`zoo:NAME` as is, a model directory by its name."""
+    return ref if ref.startswith("zoo:") else Path(ref).name
 
 
 def _slug(name: str) -> str:
