@@ -7,6 +7,7 @@ import pytest
 from treegraft import zoo
 from treegraft.bench.training_prompts import read_prompt_file, training_prompts
 from treegraft.bench.value_system import ValueSystemError
+from treegraft.zoo.sources import DEFAULT_DOCS_DIR
 from treegraft.zoo.split import is_heldout
 
 
@@ -23,6 +24,17 @@ def test_prompts_come_from_the_training_side_and_never_equal_a_suite_prompt(prom
         assert p.text not in suite_prompts, p.id
         assert not is_heldout(p.source), (p.id, p.source)
     assert {"code", "word_problem", "question", "chat"} <= {p.kind for p in prompts}
+    if DEFAULT_DOCS_DIR.is_dir():  # the Python documentation (python3-doc) gives the summaries
+        assert "summary" in {p.kind for p in prompts}
+
+
+def test_missing_documentation_is_said_not_silently_skipped(monkeypatch):
+    import treegraft.zoo.sources as sources
+
+    monkeypatch.setattr(sources, "DEFAULT_DOCS_DIR", sources.DEFAULT_DOCS_DIR / "no-such-dir")
+    with pytest.warns(UserWarning, match=r"no-such-dir: not found.*no 'summary' kind.*python3-doc"):
+        got = training_prompts(6, seed=0, files=30, pages=3)
+    assert "summary" not in {p.kind for p in got}
 
 
 def test_code_prompts_stop_at_the_docstring_closing_quotes(prompts):

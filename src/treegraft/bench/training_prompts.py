@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ def training_units(seed: int, files: int, pages: int) -> list[Any]:
     from treegraft.zoo.sources import (
         DEFAULT_DOCS_DIR,
         DOC_SECTIONS,
+        DOCS_PACKAGE,
         Source,
         html_to_text,
         iter_stdlib,
@@ -44,6 +46,13 @@ def training_units(seed: int, files: int, pages: int) -> list[Any]:
     code = [u for u in iter_stdlib(stdlib_dir()) if not is_heldout(u.key)]
     units = rng.sample(code, min(files, len(code)))
     if not DEFAULT_DOCS_DIR.is_dir():
+        warnings.warn(
+            f"{DEFAULT_DOCS_DIR}: not found, so the training prompts have no 'summary' kind (the "
+            f"copy-heavy one, like the cnndm suite); install the Debian package {DOCS_PACKAGE} "
+            "to include it",
+            UserWarning,
+            stacklevel=3,
+        )
         return units
     html = [
         path
