@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from treegraft.bench.scheduler_cli import app
 from treegraft.bench.value_eval import Evaluation, gains, summary_rows
 from treegraft.bench.value_system import Dataset, PromptIds, collect
 from treegraft.core.pipeline import load_pipeline
+from treegraft.plugins.schedulers.basic import AlwaysScheduler
 from treegraft.plugins.schedulers.distilled import SchedulerArtifact
 
 runner = CliRunner()
@@ -101,6 +103,13 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             prompts = [PromptIds(f"p{i}", repetitive_prompt(40 + i, 12) % VOCAB) for i in seeds]
             data = collect(pipe, prompts, COST, max_new_tokens=8, extra_meta={"pipeline_raw": raw})
             out[f"{name}-{split}"] = data.save(root / f"{name}-{split}")
+        if name == "a":  # DAgger-style extra rows of pair a, along `always`
+            prompts = [PromptIds(f"p{i}", repetitive_prompt(40 + i, 12) % VOCAB) for i in (5, 6)]
+            data = collect(
+                pipe, prompts, COST, max_new_tokens=8, extra_meta={"pipeline_raw": raw},
+                follow=AlwaysScheduler(None),
+            )  # fmt: skip
+            out["a-follow"] = data.save(root / "a-follow")
     return out
 
 
@@ -138,6 +147,31 @@ def test_loo_fits_without_each_pair_and_reports_its_gains(pairs, tmp_path):
     assert report["fit"]["epochs"] == 20 and report["fit"]["hidden"] == [8]
     assert set(report["mean"]) == {"distilled-loo", "distilled-all"}
     assert "loo sh." in result.output and "mean over pairs" in result.output
+
+
+def test_loo_extra_datasets_join_their_pair_and_are_held_out_with_it(pairs, tmp_path):
+    out_dir = tmp_path / "loo"
+    result = runner.invoke(
+        app,
+        ["loo", str(pairs["a-train"]), str(pairs["b-train"]), "--eval", str(pairs["a-eval"]),
+         "--eval", str(pairs["b-eval"]), "--extra", str(pairs["a-follow"]), "--out", str(out_dir),
+         *FAST_FIT],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads((out_dir / "loo.json").read_text())
+    assert report["extra_datasets"] == 1
+    draft, target = str(pairs["root"] / "draft"), pairs["target"]
+
+    def fitted(path: str) -> list[tuple[str, str]]:
+        meta = SchedulerArtifact.load(path).metadata["pairs"]
+        return [(f["strong_model"], f["followed"]) for f in meta]
+
+    a, b = report["pairs"]
+    assert fitted(a["artifact"]) == [(target, "oracle")]  # pair a and its extra rows left out
+    assert fitted(b["artifact"]) == [(draft, "oracle"), (draft, "scheduler")]
+    assert fitted(report["all_artifact"]) == [
+        (draft, "oracle"), (target, "oracle"), (draft, "scheduler")
+    ]  # fmt: skip
 
 
 def test_evaluate_writes_its_rows_with_gains_as_json(pairs, tmp_path):
@@ -182,4 +216,12 @@ def test_loo_refuses_bad_inputs_naming_the_option(pairs, tmp_path):
     )
     assert f"--eval {be}: pair" in loo_error(a, b, "--eval", be, "--eval", ae, *out)
     assert "collect it with --skip" in loo_error(a, b, "--eval", a, "--eval", be, *out)
+    stranger = tmp_path / "stranger"
+    shutil.copytree(pairs["a-follow"], stranger)
+    meta = json.loads((stranger / "meta.json").read_text())
+    (stranger / "meta.json").write_text(json.dumps({**meta, "strong_model": "zoo:other"}))
+    msg = loo_error(a, b, "--eval", ae, "--eval", be, "--extra", stranger, *out)
+    assert f"--extra {stranger}: pair" in msg and "not the pair of any training dataset" in msg
+    msg = loo_error(a, b, "--eval", ae, "--eval", be, "--extra", ae, *out)
+    assert f"--eval {ae}:" in msg and "also in training dataset" in msg  # extra shares prompts
     assert not (tmp_path / "o").exists()  # nothing fitted

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import attrs
 import pytest
 import torch
 from hypothesis import given
@@ -169,3 +170,43 @@ def test_extend_reuses_existing_child_and_keeps_its_score() -> None:
 def test_invalid_parent_arrays_are_rejected(tokens, parents, message) -> None:
     with pytest.raises(ValueError, match=message):
         check_parent_array(torch.tensor(tokens), torch.tensor(parents))
+
+
+def brute_best(tree: DraftTree, nodes: list[int], k: int) -> list[int]:
+    """The best `k` live nodes among `nodes` (score desc, depth asc, index asc), ascending."""
+    live = {i for i in nodes if i >= 0 and tree.score[i] > float("-inf")}
+    ranked = sorted(live, key=lambda i: (-float(tree.score[i]), int(tree.depth[i]), i))
+    return sorted(ranked[:k])
+
+
+@given(trees(), st.data())
+def test_best_on_the_host_and_on_the_device_agree_with_brute_force(tree: DraftTree, data) -> None:
+    """`best` runs in numpy on CPU trees and in torch elsewhere: same nodes, same tie-breaking
+    (scores are rounded so ties occur, and some nodes are dead)."""
+    n = tree.n_nodes
+    score = (tree.score * 2).round() / 2  # ties
+    dead = data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=3)) if n > 1 else []
+    score[dead] = float("-inf")
+    tree = attrs.evolve(tree, score=score)
+    nodes = data.draw(st.lists(st.integers(-1, n - 1), max_size=2 * n))
+    k = data.draw(st.integers(1, 6))
+    want = brute_best(tree, nodes, k)
+    idx = torch.tensor(nodes, dtype=torch.long)
+    assert tree.best(idx, k).tolist() == want
+    assert tree.best_on_device(idx, k).tolist() == want
+    assert tree.best(idx, k).dtype == torch.long
+
+
+@given(trees(), st.data())
+def test_best_near_takes_the_best_of_the_lookback_window(tree: DraftTree, data) -> None:
+    n = tree.n_nodes
+    frontier = data.draw(st.lists(st.integers(0, n - 1), max_size=4, unique=True))
+    lookback = data.draw(st.integers(0, 3))
+    k = data.draw(st.integers(1, 5))
+    depth = tree.depth.tolist()
+    d = max(depth[i] for i in frontier) if frontier else max(depth)
+    window = [i for i in range(n) if d - lookback <= depth[i] <= d]
+    front = torch.tensor(frontier, dtype=torch.long)
+    want = brute_best(tree, window, k)
+    assert tree.best_near(front, lookback, k).tolist() == want
+    assert tree.best_near_on_device(front, lookback, k).tolist() == want

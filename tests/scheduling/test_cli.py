@@ -49,6 +49,12 @@ def test_cli_errors_are_one_line(tmp_path):
     assert result.exit_code == 2 and "not found" in result.output
     result = runner.invoke(app, ["fit", str(tmp_path), "--out", str(tmp_path / "a")])
     assert result.exit_code == 2 and "not a scheduler dataset" in result.output
+    result = runner.invoke(app, ["fit", str(tmp_path), "--loss", "hinge"])
+    assert result.exit_code == 2 and "--loss: expected one of mse, logistic" in result.output
+    missing = str(tmp_path / "no-artifact")
+    result = runner.invoke(app, ["collect", "--follow", missing, "--prompts", "1"])
+    assert result.exit_code == 2 and "--follow" in result.output, result.output
+    assert "no-artifact" in result.output
 
 
 def test_measured_costs_are_positive_and_grow_with_tokens():

@@ -12,7 +12,9 @@ from treegraft.bench.scheduler_fit import (
     Rows,
     explain,
     fit_rows,
+    merge_members,
     sign_metrics,
+    to_artifact,
     validation_mask,
 )
 from treegraft.plugins.schedulers.distilled import (
@@ -41,14 +43,66 @@ def separable(n: int = 600, seed: int = 0) -> Rows:
     )
 
 
-def test_the_fitted_mlp_reproduces_label_signs_above_chance():
+@pytest.mark.parametrize("loss", ["mse", "logistic"])
+def test_the_fitted_mlp_reproduces_label_signs_above_chance(loss):
     rows = separable()
-    result = fit_rows(rows, FAST)
+    result = fit_rows(rows, attrs.evolve(FAST, loss=loss))
+    assert result.artifact.metadata["fit"]["loss"] == loss
     m = result.metrics
     assert m["train"]["accuracy"] > max(0.9, m["train"]["majority"] + 0.2)
     assert m["val"]["accuracy"] > max(0.85, m["val"]["majority"] + 0.2)
     importance = list(result.artifact.metadata["explain"]["importance"])
     assert FEATURE_NAMES[5] in importance[:3]  # the strongest term of the rule
+
+
+@pytest.mark.parametrize("loss", ["mse", "logistic"])
+def test_the_fit_decides_by_the_value_at_stake_not_the_majority(loss):
+    """Two kinds of state. In kind A one row in five gains 0.8 and four lose 0.05: calling pays
+    on average. In kind B one gains 0.05 and four lose 0.3. Most rows of both kinds say skip;
+    the fit must call in A and skip in B."""
+    n = 400
+    kind_a = np.arange(n) < n // 2
+    x = np.zeros((n, F))
+    x[:, 3] = np.where(kind_a, 1.0, -1.0)
+    gain = np.arange(n) % 5 == 0
+    y = np.where(kind_a, np.where(gain, 0.8, -0.05), np.where(gain, 0.05, -0.3))
+    rows = Rows(x, y, np.zeros(n, dtype=int), np.arange(n) % 40)
+    pred = fit_rows(rows, attrs.evolve(FAST, loss=loss, val_fraction=0.0)).artifact.predict(x)
+    assert (pred[kind_a] > 0).mean() > 0.9 and (pred[~kind_a] > 0).mean() < 0.1
+
+
+def test_unknown_loss_and_empty_ensembles_are_refused():
+    with pytest.raises(ValueError, match="loss: expected one of"):
+        FitConfig(loss="hinge")
+    with pytest.raises(ValueError, match="ensemble: expected at least 1 member, got 0"):
+        FitConfig(ensemble=0)
+
+
+def test_merged_members_compute_the_mean_of_their_outputs():
+    rng = np.random.default_rng(3)
+    shapes = [(8, F), (5, 8), (1, 5)]
+    members = [
+        ([rng.normal(size=s) for s in shapes], [rng.normal(size=s[0]) for s in shapes])
+        for _ in range(3)
+    ]
+    x = rng.normal(size=(20, F))
+    mean, std = x.mean(0), x.std(0)
+
+    def out(layers):
+        return to_artifact(layers, mean, std, 2.0, FAST, {}).predict(x)
+
+    merged = out(merge_members(members))
+    assert merged == pytest.approx(np.mean([out(m) for m in members], axis=0), rel=1e-9)
+    assert [w.shape for w in merge_members(members)[0]] == [(24, F), (15, 24), (1, 15)]
+
+
+def test_an_ensemble_fit_is_one_wider_mlp_and_still_separates():
+    rows = separable()
+    result = fit_rows(rows, attrs.evolve(FAST, ensemble=3))
+    art = result.artifact
+    assert [w.shape[0] for w in art.weights] == [48, 1]  # hidden (16,) x 3 members
+    assert result.metrics["val"]["accuracy"] > 0.85
+    assert art.metadata["fit"]["ensemble"] == 3
 
 
 def test_validation_holds_out_whole_prompts():

@@ -28,6 +28,7 @@ from treegraft.core.config import ConfigError
 from treegraft.core.decoder import StopRule
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.tree import DraftTree
+from treegraft.plugins.schedulers.basic import AlwaysScheduler
 from treegraft.plugins.schedulers.distilled import FEATURE_NAMES, layer_features
 from treegraft.plugins.schedulers.oracle import OracleConfig, OracleMismatch, OracleScheduler
 
@@ -215,3 +216,32 @@ def test_with_the_default_cap_the_oracle_replay_sees_the_collected_scheduler_inp
     replayed = np.array([layer_features(s, strong) for s in oracle.seen], dtype=np.float32)
     on_best = data["features"][data["on_best"]]
     assert sorted(map(tuple, replayed.tolist())) == sorted(map(tuple, on_best.tolist()))
+
+
+def test_collection_can_follow_a_fitted_scheduler_instead_of_the_oracle(tmp_path):
+    """DAgger-style data: the generation advances along the followed scheduler's plans (here
+    `always`), so its steps are those of decoding with that scheduler, every state is still
+    labelled from all schedules, and no oracle plans are written."""
+    res = stand_in_pair(1)
+    raw = pipeline_raw(depth=3, strong="mem:target", max_strong_calls=3)
+    pipe = load_pipeline(raw, resources=res)
+    prompts = [PromptIds(f"p{i}", repetitive_prompt(20 + i, 12) % VOCAB) for i in range(2)]
+    data = collect(pipe, prompts, COST, max_new_tokens=12, follow=AlwaysScheduler(None))
+    assert data.meta["followed"] == "scheduler" and data.trajectories == ()
+    path = data.save(tmp_path / "followed")
+    assert not (path / "plans.json").exists()
+    oracle = collect(pipe, prompts, COST, max_new_tokens=12)
+    assert oracle.meta["followed"] == "oracle"
+    decoded = load_pipeline({**raw, "scheduler": {"name": "always"}}, resources=res)
+    for p, meta in zip(prompts, data.meta["prompts"], strict=True):
+        out = decoded.generate(p.ids, max_new_tokens=12)
+        assert meta["steps"] == len(out.events)
+    summary = data.meta["summary"]
+    assert summary["followed_mean_step_value"] == pytest.approx(
+        summary["mean_step_value"]["always"]
+    )
+    assert oracle.meta["summary"]["followed_mean_step_value"] == pytest.approx(
+        oracle.meta["summary"]["mean_step_value"]["oracle"]
+    )
+    # every reached state is labelled: one layer-0 row per step
+    assert (data["layer"] == 0).sum() == summary["steps"]

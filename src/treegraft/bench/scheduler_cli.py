@@ -114,6 +114,13 @@ def collect(
     costs: Annotated[
         Path | None, typer.Option(help="reuse the cost model of this dataset (skip measuring)")
     ] = None,
+    follow: Annotated[
+        str | None,
+        typer.Option(
+            help="advance along this scheduler artifact's plans instead of the oracle's "
+            "(DAgger-style data on the states it reaches; no plans.json)"
+        ),
+    ] = None,
     threads: Annotated[int | None, typer.Option(help=THREADS_HELP)] = None,
 ) -> None:
     """Label every layer decision of every step by valuing all 2^depth schedules (no target runs)."""
@@ -132,6 +139,7 @@ def collect(
     try:
         raw = pipeline_mapping(pipeline, target=target, strong=strong, device=device, dtype=dtype)
         pipe = load_pipeline(raw)
+        policy = None if follow is None else follow_scheduler(follow, pipe)
         texts, how = text_prompts(prompts, seed, skip, prompt_file, suite)
         ids = [PromptIds(p.id, pipe.encode(p.text)) for p in texts]
         start = time.perf_counter()
@@ -150,14 +158,30 @@ def collect(
                 )
 
         meta = {"pipeline_raw": raw, **how, "kinds": [p.kind for p in texts]}
+        if follow is not None:
+            meta["follow_artifact"] = follow
         data = run_collect(
-            pipe, ids, cost, max_new_tokens=max_new_tokens, progress=progress, extra_meta=meta
-        )
+            pipe, ids, cost, max_new_tokens=max_new_tokens, progress=progress, extra_meta=meta,
+            follow=policy,
+        )  # fmt: skip
     except (ConfigError, ValueSystemError, FileNotFoundError) as exc:
         _fail(str(exc))
     data.save(out_dir)
     out.print(json.dumps(data.meta["summary"], indent=1))
     console.print(f"wrote {data.n_rows} decisions to {out_dir}")
+
+
+def follow_scheduler(artifact: str, pipe: Any) -> Any:
+    """The `distilled` scheduler of `artifact` for `pipe`'s strongest drafter (ConfigError if the
+    artifact is missing or expects other features)."""
+    from treegraft.core.config import ConfigError
+    from treegraft.plugins.schedulers.distilled import DistilledConfig, DistilledScheduler
+
+    config = DistilledConfig(artifact=artifact, drafter=-1)
+    try:
+        return DistilledScheduler.from_config(config, pipe.resources)
+    except ConfigError as exc:
+        raise ConfigError(f"--follow: {exc}") from None
 
 
 def _cost_line(cost: Any) -> str:
@@ -179,6 +203,8 @@ FIT_HELP = {
     "val_fraction": "fraction of prompts held out",
     "seed": "split, init and permutation seed",
     "threads": "torch CPU threads",
+    "loss": "mse (regress the relative value) or logistic (its sign, weighted by |value|)",
+    "ensemble": "MLPs fitted on bootstrap resamples of the prompts, averaged into one artifact",
 }
 
 
@@ -192,6 +218,8 @@ def fit(
     epochs: Annotated[int, typer.Option(help=FIT_HELP["epochs"])] = 600,
     val_fraction: Annotated[float, typer.Option(help=FIT_HELP["val_fraction"])] = 0.2,
     seed: Annotated[int, typer.Option(help=FIT_HELP["seed"])] = 0,
+    loss: Annotated[str, typer.Option(help=FIT_HELP["loss"])] = "mse",
+    ensemble: Annotated[int, typer.Option(help=FIT_HELP["ensemble"])] = 1,
     threads: Annotated[int | None, typer.Option(help=FIT_HELP["threads"])] = 1,
 ) -> None:
     """Fit the MLP on the labels of one or more datasets; write the artifact."""
@@ -199,7 +227,7 @@ def fit(
     from treegraft.bench.value_system import Dataset, ValueSystemError
 
     try:
-        cfg = fit_config(hidden, epochs, val_fraction, seed)
+        cfg = fit_config(hidden, epochs, val_fraction, seed, loss, ensemble)
         result = fit_artifact([Dataset.load(d) for d in datasets], cfg, out_dir)
     except (ValueError, ValueSystemError) as exc:
         _fail(str(exc))
@@ -207,15 +235,25 @@ def fit(
     console.print(f"wrote the artifact to {out_dir}")
 
 
-def fit_config(hidden: str, epochs: int, val_fraction: float, seed: int) -> Any:
+def fit_config(
+    hidden: str, epochs: int, val_fraction: float, seed: int, loss: str = "mse", ensemble: int = 1
+) -> Any:
     """The `FitConfig` of the fit options (ValueError on a bad value)."""
-    from treegraft.bench.scheduler_fit import FitConfig
+    from treegraft.bench.scheduler_fit import LOSSES, FitConfig
+
+    if loss not in LOSSES:
+        raise ValueError(f"--loss: expected one of {', '.join(LOSSES)}, got {loss!r}")
+    if ensemble < 1:
+        raise ValueError(f"--ensemble: expected at least 1 member, got {ensemble}")
 
     try:
         widths = tuple(int(w) for w in hidden.split(",") if w.strip())
     except ValueError:
         raise ValueError(f"--hidden: expected comma-separated ints, got {hidden!r}") from None
-    return FitConfig(hidden=widths, epochs=epochs, val_fraction=val_fraction, seed=seed)
+    return FitConfig(
+        hidden=widths, epochs=epochs, val_fraction=val_fraction, seed=seed, loss=loss,
+        ensemble=ensemble,
+    )  # fmt: skip
 
 
 def fit_artifact(datasets: list[Any], cfg: Any, out_dir: Path) -> Any:
@@ -443,6 +481,13 @@ def loo(
             "once per training dataset, in the same order",
         ),
     ] = None,
+    extra: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--extra",
+            help="more training data of a pair (e.g. collected with --follow), held out with it",
+        ),
+    ] = None,
     out_dir: Annotated[
         Path, typer.Option("--out", "-o", help="artifacts and loo.json go here")
     ] = Path("runs/scheduler-loo"),
@@ -450,6 +495,8 @@ def loo(
     epochs: Annotated[int, typer.Option(help=FIT_HELP["epochs"])] = 600,
     val_fraction: Annotated[float, typer.Option(help=FIT_HELP["val_fraction"])] = 0.2,
     seed: Annotated[int, typer.Option(help=FIT_HELP["seed"])] = 0,
+    loss: Annotated[str, typer.Option(help=FIT_HELP["loss"])] = "mse",
+    ensemble: Annotated[int, typer.Option(help=FIT_HELP["ensemble"])] = 1,
     threads: Annotated[int | None, typer.Option(help=FIT_HELP["threads"])] = 1,
     threshold: Annotated[float, typer.Option(help="distilled threshold")] = 0.0,
     prompts: Annotated[
@@ -468,11 +515,12 @@ def loo(
     set_threads(threads)
     evals = list(evals or [])
     try:
-        train, held = load_loo_inputs(list(datasets), evals)
-        cfg = fit_config(hidden, epochs, val_fraction, seed)
+        train, held, more = load_loo_inputs(list(datasets), evals, list(extra or []))
+        cfg = fit_config(hidden, epochs, val_fraction, seed, loss, ensemble)
         report = leave_one_pair_out(
-            list(datasets), train, evals, held, cfg, out_dir, threshold=threshold, prompts=prompts
-        )
+            list(datasets), train, evals, held, cfg, out_dir,
+            threshold=threshold, prompts=prompts, extra=more,
+        )  # fmt: skip
     except (ValueError, ConfigError, ValueSystemError) as exc:
         _fail(str(exc))
     _write_json(out_dir / "loo.json", report)

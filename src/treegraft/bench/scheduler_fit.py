@@ -23,6 +23,27 @@ from treegraft.bench.value_system import Dataset, ValueSystemError
 from treegraft.plugins.schedulers.distilled import ACTIVATIONS, FEATURE_NAMES, SchedulerArtifact
 
 ZERO = 1e-9
+LOSSES = ("mse", "logistic")
+LABELS = {
+    "mse": "relative value (V_call - V_skip) / V_best of the step, clipped",
+    "logistic": "sign of the relative value, each row weighted by |value| (logit output)",
+}
+
+
+def objective(
+    loss: str, pred: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mean loss of predictions `pred` against relative labels `y` (both `[N]`), each row
+    counted `weight` times (`[N]`, default once)."""
+    w = torch.ones_like(y) if weight is None else weight
+    if loss == "mse":
+        per_row = (pred - y) ** 2
+    else:
+        w = w * y.abs()
+        per_row = nn.functional.binary_cross_entropy_with_logits(
+            pred, (y > 0).to(pred.dtype), reduction="none"
+        )
+    return (w * per_row).sum() / w.sum().clamp_min(ZERO)
 
 
 @attrs.frozen
@@ -37,6 +58,13 @@ class FitConfig:
         seed: seeds the split, the initialisation and the permutations.
         activation: hidden activation (`relu` or `tanh`).
         clip: relative labels are clipped to `[-clip, clip]` before fitting.
+        loss: `mse` regresses the relative value; `logistic` classifies its sign with each row
+            weighted by |value| (cost-sensitive: a wrong decision costs what it loses). Either
+            way the scheduler calls iff the output exceeds its threshold (0 by default).
+        ensemble: members averaged (bagging): each is fitted on a bootstrap resample of the
+            training prompts with its own seed; they are merged into one wider MLP (stacked
+            first layer, block-diagonal hidden layers, averaged output), so the artifact and the
+            scheduler are unchanged.
     """
 
     hidden: tuple[int, ...] = (32, 32)
@@ -47,10 +75,16 @@ class FitConfig:
     seed: int = 0
     activation: str = "relu"
     clip: float = 1.0
+    loss: str = "mse"
+    ensemble: int = 1
 
     def __attrs_post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss: expected one of {LOSSES}, got {self.loss!r}")
+        if self.ensemble < 1:
+            raise ValueError(f"ensemble: expected at least 1 member, got {self.ensemble}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction: expected 0 <= value < 1, got {self.val_fraction}")
 
@@ -133,6 +167,16 @@ def validation_mask(group: np.ndarray, fraction: float, seed: int) -> np.ndarray
     return np.isin(group, ranked[:n_val])
 
 
+def bootstrap_weights(group: np.ndarray, val: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """`[N]` counts of a bootstrap resample of the training prompts (validation rows: 1)."""
+    groups = np.unique(group[~val])
+    drawn = rng.choice(groups, size=groups.size, replace=True)
+    counts = dict(zip(*np.unique(drawn, return_counts=True), strict=True))
+    weight = np.array([counts.get(g, 0) for g in group.tolist()], dtype=np.float64)
+    weight[val] = 1.0
+    return weight
+
+
 def normalisation(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-feature mean and std (`[F]` each); constant features get std 1."""
     mean = x.mean(0)
@@ -156,27 +200,35 @@ def mlp(n_in: int, hidden: Sequence[int], activation: str) -> nn.Sequential:
 
 
 def train(
-    z: np.ndarray, y: np.ndarray, val: np.ndarray, cfg: FitConfig
+    z: np.ndarray,
+    y: np.ndarray,
+    val: np.ndarray,
+    cfg: FitConfig,
+    weight: np.ndarray | None = None,
+    seed: int | None = None,
 ) -> tuple[nn.Sequential, list[float]]:
     """Fit an MLP to `y` (`[N]`) from z-scored `z` (`[N, F]`); keep the best validation epoch.
 
-    Returns the model and the loss curve (validation loss, or training loss without validation).
+    `weight` (`[N]`) counts each training row (a bootstrap resample); `seed` overrides
+    `cfg.seed` for the initialisation. Returns the model and the loss curve (validation loss,
+    or training loss without validation).
     """
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed if seed is None else seed)
     model = mlp(z.shape[1], cfg.hidden, cfg.activation)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     x_t, y_t = torch.from_numpy(z), torch.from_numpy(y)
+    w_t = torch.from_numpy(np.ones_like(y) if weight is None else weight.astype(np.float64))
     train_rows, val_rows = torch.from_numpy(~val), torch.from_numpy(val)
     watch = val_rows if bool(val_rows.any()) else train_rows
     best, best_state, curve = float("inf"), None, []
     for _ in range(cfg.epochs):
         opt.zero_grad()
         pred = model(x_t).squeeze(-1)
-        loss = ((pred - y_t)[train_rows] ** 2).mean()
+        loss = objective(cfg.loss, pred[train_rows], y_t[train_rows], w_t[train_rows])
         loss.backward()
         opt.step()
         with torch.no_grad():
-            watched = float(((model(x_t).squeeze(-1) - y_t)[watch] ** 2).mean())
+            watched = float(objective(cfg.loss, model(x_t).squeeze(-1)[watch], y_t[watch]))
         curve.append(watched)
         if watched < best:
             best, best_state = watched, {k: v.clone() for k, v in model.state_dict().items()}
@@ -184,20 +236,55 @@ def train(
     return model, curve
 
 
+def layers_of(model: nn.Sequential) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The weights (`[out, in]`) and biases (`[out]`) of a torch MLP's linear layers."""
+    linears = [m for m in model if isinstance(m, nn.Linear)]
+    weights = [m.weight.detach().double().numpy().copy() for m in linears]
+    biases = [m.bias.detach().double().numpy().copy() for m in linears]
+    return weights, biases
+
+
+def merge_members(
+    members: Sequence[tuple[list[np.ndarray], list[np.ndarray]]],
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """One MLP computing the mean output of several of the same shape: the first layers stacked,
+    the hidden layers block-diagonal, the output layers side by side and divided by their
+    number (its biases averaged)."""
+    if len(members) == 1:
+        return members[0]
+    n_layers = len(members[0][0])
+    weights, biases = [], []
+    for i in range(n_layers):
+        ws = [m[0][i] for m in members]
+        bs = [m[1][i] for m in members]
+        if i == 0:
+            w, b = np.concatenate(ws, axis=0), np.concatenate(bs)
+        elif i < n_layers - 1:
+            w = np.zeros((sum(x.shape[0] for x in ws), sum(x.shape[1] for x in ws)))
+            r = c = 0
+            for x in ws:
+                w[r : r + x.shape[0], c : c + x.shape[1]] = x
+                r, c = r + x.shape[0], c + x.shape[1]
+            b = np.concatenate(bs)
+        else:
+            w, b = np.concatenate(ws, axis=1) / len(ws), np.mean(bs, axis=0)
+        weights.append(w)
+        biases.append(b)
+    return weights, biases
+
+
 def to_artifact(
-    model: nn.Sequential,
+    layers: tuple[list[np.ndarray], list[np.ndarray]],
     mean: np.ndarray,
     std: np.ndarray,
     scale: float,
     cfg: FitConfig,
     metadata: Mapping[str, Any],
 ) -> SchedulerArtifact:
-    """The fitted torch model as an artifact; the label `scale` is folded into the last layer."""
-    linears = [m for m in model if isinstance(m, nn.Linear)]
-    weights = [m.weight.detach().double().numpy().copy() for m in linears]
-    biases = [m.bias.detach().double().numpy().copy() for m in linears]
-    weights[-1] *= scale
-    biases[-1] *= scale
+    """An MLP's (weights, biases) as an artifact; the label `scale` is folded into the last layer."""
+    weights, biases = (list(x) for x in layers)
+    weights[-1] = weights[-1] * scale
+    biases[-1] = biases[-1] * scale
     return SchedulerArtifact(
         feature_names=FEATURE_NAMES,
         mean=mean,
@@ -239,20 +326,28 @@ def decision_rates(pred: np.ndarray, layer: np.ndarray, threshold: float = 0.0) 
     return {str(int(k)): float((pred[layer == k] > threshold).mean()) for k in np.unique(layer)}
 
 
+LOSS_NAMES = {"mse": "squared error", "logistic": "value-weighted logistic loss"}
+
+
 def permutation_importance(
-    artifact: SchedulerArtifact, x: np.ndarray, y: np.ndarray, seed: int = 0
+    artifact: SchedulerArtifact, x: np.ndarray, y: np.ndarray, seed: int = 0, loss: str = "mse"
 ) -> dict[str, float]:
-    """Per feature: the rise of the mean squared error when that feature's column is shuffled.
+    """Per feature: the rise of the fit's loss (`loss`) when that feature's column is shuffled.
 
     Sorted from most to least important.
     """
     rng = np.random.default_rng(seed)
-    base = float(((artifact.predict(x) - y) ** 2).mean())
+    y_t = torch.from_numpy(np.asarray(y, dtype=np.float64))
+
+    def score(features: np.ndarray) -> float:
+        return float(objective(loss, torch.from_numpy(artifact.predict(features)), y_t))
+
+    base = score(x)
     out = {}
     for j, name in enumerate(artifact.feature_names):
         shuffled = x.copy()
         shuffled[:, j] = rng.permutation(shuffled[:, j])
-        out[name] = float(((artifact.predict(shuffled) - y) ** 2).mean()) - base
+        out[name] = score(shuffled) - base
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
@@ -275,10 +370,11 @@ def explain(artifact: SchedulerArtifact, rows: Rows | None, seed: int = 0) -> di
             "decision_rate": stored.get("decision_rate", {}),
         }
     pred = artifact.predict(rows.x)
+    loss = artifact.metadata.get("fit", {}).get("loss", "mse")
     return {
         "source": f"dataset ({rows.n} rows)",
-        "importance": permutation_importance(artifact, rows.x, rows.y, seed),
-        "importance_kind": "permutation: rise in squared error",
+        "importance": permutation_importance(artifact, rows.x, rows.y, seed, loss),
+        "importance_kind": f"permutation: rise in {LOSS_NAMES[loss]}",
         "decision_rate": decision_rates(pred, rows.layer),
         "signs": sign_metrics(pred, rows.y),
     }
@@ -298,6 +394,7 @@ def pairs_of(datasets: Sequence[Dataset]) -> list[dict[str, Any]]:
             "rows": ds.n_rows,
             "prompts": ds.meta.get("summary", {}).get("prompts"),
             "oracle_tokens_per_s": ds.meta.get("summary", {}).get("oracle_tokens_per_s"),
+            "followed": ds.meta.get("followed", "oracle"),
         }
         for ds in datasets
     ]
@@ -320,9 +417,17 @@ def fit_rows(rows: Rows, cfg: FitConfig, extra: Mapping[str, Any] | None = None)
     y = np.clip(rows.y, -cfg.clip, cfg.clip)
     val = validation_mask(rows.group, cfg.val_fraction, cfg.seed)
     mean, std = normalisation(rows.x[~val])
-    scale = float(y[~val].std()) or 1.0
-    model, curve = train((rows.x - mean) / std, y / scale, val, cfg)
-    artifact = to_artifact(model, mean, std, scale, cfg, {})
+    # MSE fits labels in units of their spread, folded back into the last layer; a logit stays
+    scale = (float(y[~val].std()) or 1.0) if cfg.loss == "mse" else 1.0
+    z = (rows.x - mean) / std
+    members, curve = [], []
+    rng = np.random.default_rng(cfg.seed)
+    for i in range(cfg.ensemble):
+        weight = None if cfg.ensemble == 1 else bootstrap_weights(rows.group, val, rng)
+        model, member_curve = train(z, y / scale, val, cfg, weight, seed=cfg.seed + i)
+        members.append(layers_of(model))
+        curve = curve or member_curve  # the first member's curve is reported
+    artifact = to_artifact(merge_members(members), mean, std, scale, cfg, {})
     pred = artifact.predict(rows.x)
     held = rows.take(val) if val.any() else rows.take(~val)
     metrics = {
@@ -339,13 +444,13 @@ def fit_rows(rows: Rows, cfg: FitConfig, extra: Mapping[str, Any] | None = None)
     metadata = {
         **(extra or {}),
         "fit": {**attrs.asdict(cfg), "hidden": list(cfg.hidden)},
-        "label": "relative value (V_call - V_skip) / V_best of the step, clipped",
+        "label": LABELS[cfg.loss],
         "metrics": metrics,
         "explain": {
             "importance": permutation_importance(
-                artifact, held.x, np.clip(held.y, -cfg.clip, cfg.clip), cfg.seed
+                artifact, held.x, np.clip(held.y, -cfg.clip, cfg.clip), cfg.seed, cfg.loss
             ),
-            "importance_kind": "permutation on validation rows: rise in squared error",
+            "importance_kind": f"permutation on validation rows: rise in {LOSS_NAMES[cfg.loss]}",
             "decision_rate": decision_rates(pred, rows.layer),
         },
     }

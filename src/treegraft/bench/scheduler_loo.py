@@ -37,8 +37,11 @@ def pair_name(data: Any, path: Path) -> str:
     return " + ".join(_short(r) for r in (target, strong))
 
 
-def load_loo_inputs(train: list[Path], evals: list[Path]) -> tuple[list[Any], list[Any]]:
-    """Load and check the training and --eval datasets; ValueSystemError naming the option."""
+def load_loo_inputs(
+    train: list[Path], evals: list[Path], extra: list[Path] | None = None
+) -> tuple[list[Any], list[Any], list[Any]]:
+    """Load and check the training, --eval and --extra datasets; ValueSystemError naming the
+    option. Each --extra dataset must belong to the pair of a training dataset (by its meta)."""
     from treegraft.bench.value_system import Dataset, ValueSystemError
 
     if len(train) < 2:
@@ -59,12 +62,24 @@ def load_loo_inputs(train: list[Path], evals: list[Path]) -> tuple[list[Any], li
         except ValueSystemError as exc:
             raise ValueSystemError(f"{option} {exc}") from None  # the message starts with the path
 
+    extra = list(extra or [])
     train_data = [load(p, "DATASETS") for p in train]
     eval_data = [load(p, "--eval") for p in evals]
+    extra_data = [load(p, "--extra") for p in extra]
+    keys = [pair_of(d) for d in train_data]
+    for x_path, x in zip(extra, extra_data, strict=True):
+        if None in pair_of(x) or pair_of(x) not in keys:
+            raise ValueSystemError(
+                f"--extra {x_path}: pair {pair_name(x, x_path)!r} is not the pair of any training "
+                "dataset (an extra dataset adds rows to a pair, and is held out with it)"
+            )
+        if x.meta.get("purpose") == "evaluation":
+            raise ValueSystemError(f"--extra {x_path}: collected for evaluation, not fitted on")
     seen = {
-        tuple(p.ids.tolist()): path for path, d in zip(train, train_data, strict=True)
+        tuple(p.ids.tolist()): path
+        for path, d in zip(train + extra, train_data + extra_data, strict=True)
         for p in d.prompts()
-    }  # fmt: skip
+    }
     for t_path, t, e_path, e in zip(train, train_data, evals, eval_data, strict=True):
         if t.meta.get("purpose") == "evaluation":
             raise ValueSystemError(f"DATASETS {t_path}: collected for evaluation, not fitted on")
@@ -83,7 +98,7 @@ def load_loo_inputs(train: list[Path], evals: list[Path]) -> tuple[list[Any], li
                 f"--eval {e_path}: {len(shared)} prompt(s) also in training dataset {shared[0]}; "
                 "collect it with --skip"
             )
-    return train_data, eval_data
+    return train_data, eval_data, extra_data
 
 
 def leave_one_pair_out(
@@ -96,19 +111,26 @@ def leave_one_pair_out(
     *,
     threshold: float = 0.0,
     prompts: int | None = None,
+    extra: list[Any] | None = None,
 ) -> dict[str, Any]:
-    """Fit on all pairs and on all-but-each pair; replay each pair's eval set; the report."""
+    """Fit on all pairs and on all-but-each pair; replay each pair's eval set; the report.
+
+    `extra` datasets (e.g. collected along a fitted scheduler, `collect --follow`) add rows to
+    the pair recorded in their meta and are left out with it.
+    """
     from treegraft.bench.value_eval import summary_rows
 
+    extra = list(extra or [])
     all_dir = out_dir / "all"
-    console.print(f"fitting on all {len(train)} training datasets -> {all_dir}")
-    all_fit = fit_artifact(train, cfg, all_dir)
+    console.print(f"fitting on all {len(train) + len(extra)} training datasets -> {all_dir}")
+    all_fit = fit_artifact(train + extra, cfg, all_dir)
     pairs, pair_keys = [], [pair_of(d) for d in train]
     for i, (t_path, e_path, data) in enumerate(zip(train_paths, eval_paths, evals, strict=True)):
         name = pair_name(train[i], t_path)
         loo_dir = out_dir / f"without-{i}-{_slug(t_path.name)}"
         console.print(f"pair {i} ({name}): fitting without it -> {loo_dir}")
-        loo_fit = fit_artifact(train[:i] + train[i + 1 :], cfg, loo_dir)
+        others = [x for x in extra if pair_of(x) != pair_keys[i]]
+        loo_fit = fit_artifact(train[:i] + train[i + 1 :] + others, cfg, loo_dir)
         console.print(f"pair {i} ({name}): replaying {e_path}")
         results = replay_dataset(
             e_path, data, names=LOO_NAMES,
@@ -134,6 +156,7 @@ def leave_one_pair_out(
         )
     return {
         "fit": {**_asdict(cfg), "threshold": threshold, "prompts": prompts},
+        "extra_datasets": len(extra),
         "all_artifact": str(all_dir),
         "all_fit_metrics": all_fit.metrics,
         "pairs": pairs,

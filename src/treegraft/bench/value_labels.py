@@ -57,6 +57,19 @@ class PlanRecorder(Scheduler):
         return self.plan[state.layer] if state.layer < len(self.plan) else 0
 
 
+@attrs.define
+class PolicyRecorder(Scheduler):
+    """Asks another scheduler at every layer and records what it decided."""
+
+    policy: Scheduler
+    decided: list[int] = attrs.field(factory=list)
+
+    def decide(self, state: LayerState) -> int:
+        choice = self.policy.decide(state)
+        self.decided.append(choice)
+        return choice
+
+
 # ---------------------------------------------------------------------------- outcomes and labels
 
 

@@ -41,6 +41,7 @@ from treegraft.bench.value_labels import (  # noqa: F401 - part of this module's
     Decision,
     Outcome,
     PlanRecorder,
+    PolicyRecorder,
     ValueSystemError,
     all_plans,
     best_outcome,
@@ -50,7 +51,7 @@ from treegraft.bench.value_labels import (  # noqa: F401 - part of this module's
 )
 from treegraft.core.decoder import Decoder, StopRule
 from treegraft.core.interfaces import BuildResult, Scheduler, StepContext
-from treegraft.core.metrics import Clock, ForwardTimes
+from treegraft.core.metrics import AcceptHistory, Clock, ForwardTimes
 from treegraft.core.pipeline import Pipeline
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree
@@ -104,6 +105,7 @@ class StepSearcher:
     committed: list[int]
     times: ForwardTimes = attrs.field(factory=ForwardTimes)
     target_pending: int = 0
+    history: AcceptHistory = attrs.field(factory=AcceptHistory)
 
     @classmethod
     def begin(
@@ -158,7 +160,23 @@ class StepSearcher:
             clock=clock or Clock(),
             timings=self.times,
             dtype=torch.float32,
+            history=self.history,
         )
+
+    def policy_plan(self, scheduler: Scheduler) -> tuple[int, ...]:
+        """The plan `scheduler` would follow at the current state (one build, drafters rewound).
+
+        Its decisions, padded with skips to the builder's depth; `build` of that plan grows the
+        same tree (the drafters and the states are deterministic).
+        """
+        for drafter in self.decoder.drafters:
+            drafter.rewind()
+        self.counter.take()
+        recorder = PolicyRecorder(scheduler)
+        self.decoder.builder.build(self.context(recorder))
+        self.counter.take()
+        depth = self.decoder.builder.config.depth
+        return tuple(recorder.decided) + (0,) * (depth - len(recorder.decided))
 
     def build(
         self, plan: tuple[int, ...], clock: Clock | None = None
@@ -217,6 +235,9 @@ class StepSearcher:
             for drafter in self.decoder.drafters:
                 drafter.commit(built.kept[path], tokens)
         self._observe(again, clock.reset())
+        strong_accepted = int((built.tree.proposer[path[1:]] > 0).sum())
+        called = any(c > 0 for c in again.calls)
+        self.history = self.history.record(again.accepted, strong_accepted, called)
         self.committed.extend(new[:keep])
         self.target_pending = 0
         return new[:keep], reason is not None
@@ -256,7 +277,8 @@ class PromptIds:
 
 @attrs.frozen
 class StepRecord:
-    """One collected step: the oracle's plan and value, and the endpoints' values at the same state."""
+    """One collected step: the oracle's plan and value, and the values of the endpoints and of
+    the plan followed at the same state."""
 
     committed_len: int
     plan: tuple[int, ...]
@@ -264,6 +286,7 @@ class StepRecord:
     seconds: float
     never_value: float
     always_value: float
+    chosen_value: float = float("nan")  # the plan followed (the oracle's unless following)
 
 
 @attrs.frozen
@@ -291,8 +314,10 @@ def collect_prompt(
     *,
     index: int = 0,
     progress: Progress | None = None,
+    follow: Scheduler | None = None,
 ) -> PromptRecord:
-    """Search, label and advance along the oracle until the generation ends."""
+    """Search, label and advance until the generation ends: along the oracle (each step's best
+    plan), or along the plans of `follow` (a fitted scheduler: the states it reaches itself)."""
     decisions: list[tuple[int, Decision]] = []
     steps: list[StepRecord] = []
     while True:
@@ -300,6 +325,10 @@ def collect_prompt(
         outcomes = searcher.search(plans)
         decisions.extend((len(steps), d) for d in label_decisions(outcomes))
         best = best_outcome(outcomes)
+        chosen = best
+        if follow is not None:
+            plan = searcher.policy_plan(follow)
+            chosen = next(o for o in outcomes if o.plan == plan)
         steps.append(
             StepRecord(
                 committed_len=committed_len,
@@ -308,9 +337,10 @@ def collect_prompt(
                 seconds=best.seconds,
                 never_value=outcomes[0].value,
                 always_value=outcomes[-1].value,
+                chosen_value=chosen.value,
             )
         )
-        _, finished = searcher.advance(best)
+        _, finished = searcher.advance(chosen)
         if progress is not None:
             progress(index, len(steps), len(searcher.generated), finished)
         if finished:
@@ -392,10 +422,13 @@ def collect(
     strong: int = -1,
     progress: Progress | None = None,
     extra_meta: Mapping[str, Any] | None = None,
+    follow: Scheduler | None = None,
 ) -> Dataset:
     """Collect labelled decisions on `prompts` (their continuations are computed if missing).
 
     `extra_meta` (e.g. the pipeline mapping, how the prompts were chosen) goes into `meta.json`.
+    `follow`: advance along this scheduler's plans instead of the oracle's (DAgger-style data on
+    the states a fitted scheduler reaches; the dataset then has no oracle `plans.json`).
     """
     s = check_pipeline(pipe, strong)
     plans = all_plans(pipe.decoder.builder.config.depth, s)
@@ -412,7 +445,9 @@ def collect(
                 pipe.decoder, cost, counter,
                 prompt=p.ids, continuation=p.continuation, stop=stop, strong=s, times=times,
             )  # fmt: skip
-            records.append(collect_prompt(searcher, p, plans, index=i, progress=progress))
+            records.append(
+                collect_prompt(searcher, p, plans, index=i, progress=progress, follow=follow)
+            )
     meta = {
         "pipeline": pipe.spec.source,
         "target": pipe.spec.target,
@@ -421,6 +456,7 @@ def collect(
         "depth": pipe.decoder.builder.config.depth,
         "max_new_tokens": max_new_tokens,
         "collect_seconds": time.perf_counter() - start,
+        "followed": "oracle" if follow is None else "scheduler",
         "machine": machine(pipe.resources.device),
         **(extra_meta or {}),
     }
@@ -491,16 +527,21 @@ class Dataset:
             "prompts": [prompt_meta(r) for r in records],
             "summary": summarize(records, arrays),
         }
-        return cls(arrays, full, tuple(r.trajectory() for r in records))
+        oracle = full.get("followed", "oracle") == "oracle"
+        return cls(arrays, full, tuple(r.trajectory() for r in records) if oracle else ())
 
     def save(self, directory: Path | str) -> Path:
-        """Write `data.safetensors`, `meta.json` and `plans.json` into `directory`."""
+        """Write `data.safetensors`, `meta.json` and (collected along the oracle) `plans.json`
+        into `directory`; a stale `plans.json` there is removed otherwise."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.arrays.items()}
         save_file(tensors, str(out / DATA_FILE))
         (out / META_FILE).write_text(json.dumps(self.meta, indent=1) + "\n")
-        write_plans(self.trajectories, out / PLANS_FILE)
+        if self.trajectories:
+            write_plans(self.trajectories, out / PLANS_FILE)
+        else:
+            (out / PLANS_FILE).unlink(missing_ok=True)
         return out
 
     @classmethod
@@ -563,6 +604,9 @@ def summarize(records: Sequence[PromptRecord], arrays: Mapping[str, np.ndarray])
             int(layer): float((label[layers == layer] > 1e-9).mean()) for layer in np.unique(layers)
         },
         "oracle_tokens_per_s": tokens / seconds if seconds else 0.0,
+        "followed_mean_step_value": float(np.mean([s.chosen_value for s in steps]))
+        if steps
+        else 0.0,
         "oracle_tau": tokens / max(1, len(steps)),
         "mean_step_value": {
             "oracle": float(np.mean([s.committed / s.seconds for s in steps])) if steps else 0.0,

@@ -24,7 +24,7 @@ from treegraft.core.interfaces import (
     Verifier,
 )
 from treegraft.core.latency import query_grid
-from treegraft.core.metrics import Clock, ForwardTimes
+from treegraft.core.metrics import AcceptHistory, Clock, ForwardTimes
 from treegraft.core.runner import CausalLMRunner
 
 
@@ -100,6 +100,8 @@ class Decoder:
     seed: int = 0
     sync_clock: bool = False
     times: ForwardTimes = attrs.field(factory=ForwardTimes)
+    #: acceptance of the current generation's steps so far (reset by `steps`)
+    history: AcceptHistory = attrs.field(factory=AcceptHistory)
 
     def steps(self, prompt: Tensor, stop: StopRule) -> Iterator[StepEvent]:
         """Decode from `prompt` (`[T]` int64), yielding one event per target forward."""
@@ -112,6 +114,7 @@ class Decoder:
         for drafter in self.drafters:
             drafter.begin(prompt, max_len=max_len)
         self.verifier.begin(self.seed)
+        self.history = AcceptHistory()
         generated: list[int] = []
         clock = Clock(sync=self.sync_clock)
         step = 0
@@ -138,6 +141,7 @@ class Decoder:
             clock=clock,
             timings=self.times,
             dtype=torch.float32,
+            history=self.history,
         )
         with clock.time("build"):
             built = self.builder.build(ctx)
@@ -145,13 +149,13 @@ class Decoder:
             logits = self.target.forward_tree(built.tree)  # [n, V]
         with clock.time("verify"):
             verdict = self.verifier.verify(built.tree, logits)
-            path, tokens = accepted_tokens(built, verdict)
+            path, tokens, strong_accepted = accepted_tokens(built, verdict)
         keep, reason = stop.cut(generated, tokens)
         if reason is None:
             with clock.time("commit"):
                 self._commit(built, path, tokens)
         times = clock.reset()
-        self._observe(step, built, len(tokens) - 1, times)
+        self._observe(step, built, len(tokens) - 1, strong_accepted, times)
         return StepEvent(
             step=step,
             tokens=tuple(tokens[:keep]),
@@ -172,10 +176,17 @@ class Decoder:
             drafter.commit(unpruned_path, new)
 
     def _observe(
-        self, step: int, built: BuildResult, accepted: int, times: Mapping[str, float]
+        self,
+        step: int,
+        built: BuildResult,
+        accepted: int,
+        strong_accepted: int,
+        times: Mapping[str, float],
     ) -> None:
         n = len(self.drafters)
         self.times.record_step(built.calls, times, n)
+        called = any(c > 0 for c in built.calls)
+        self.history = self.history.record(accepted, strong_accepted, called)
         self.scheduler.observe(
             StepOutcome(
                 step=step,
@@ -188,12 +199,15 @@ class Decoder:
         )
 
 
-def accepted_tokens(built: BuildResult, verdict: Verdict) -> tuple[Tensor, list[int]]:
-    """The accepted path (`[a]` node indices) and the committed tokens (drafts + bonus).
+def accepted_tokens(built: BuildResult, verdict: Verdict) -> tuple[Tensor, list[int], int]:
+    """The accepted path (`[a]` node indices), the committed tokens (drafts + bonus) and how many
+    of the accepted drafts a drafter other than drafter 0 proposed.
 
-    Synchronises with the device once (the step's only host read of the verdict).
+    One host read for the path length, one for the tokens and the count together.
     """
     length = int(verdict.length)
     path = verdict.path[:length]
-    tokens = torch.cat([built.tree.tokens[path[1:]], verdict.bonus.reshape(1)])
-    return path, tokens.tolist()
+    drafted = path[1:]
+    strong = (built.tree.proposer[drafted] > 0).sum().reshape(1)
+    out = torch.cat([built.tree.tokens[drafted], verdict.bonus.reshape(1), strong]).tolist()
+    return path, out[:-1], out[-1]

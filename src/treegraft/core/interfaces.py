@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 from torch import Tensor
 
+from treegraft.core.metrics import AcceptHistory
 from treegraft.core.tree import DraftTree, Proposal
 
 if TYPE_CHECKING:
@@ -76,6 +77,10 @@ class LayerState:
         committed_len: committed tokens so far (prompt included).
         target_time: measured seconds of one target tree forward (running median; 0 if unknown).
         drafter_times: measured seconds of one tree forward per drafter (0 if unknown).
+        tree_expected: expected accepted draft tokens of the tree so far, the sum of
+            `exp(score)` over its nodes (scores are path log-probs under the drafters).
+        frontier_max_score: best cumulative log-prob among the frontier nodes (0 when empty).
+        history: how earlier steps of this generation went (`AcceptHistory`; None if unknown).
     """
 
     layer: int
@@ -94,6 +99,9 @@ class LayerState:
     committed_len: int
     target_time: float
     drafter_times: tuple[float, ...]
+    tree_expected: float = 0.0
+    frontier_max_score: float = 0.0
+    history: AcceptHistory | None = None
 
 
 @attrs.frozen
@@ -273,6 +281,7 @@ class StepContext:
         clock: records per-drafter wall time (`clock.time(label)` context manager).
         timings: measured forward times (target and per drafter) for the scheduler.
         dtype: floating dtype of scores.
+        history: acceptance of the generation's earlier steps (`AcceptHistory`) for the scheduler.
     """
 
     root: Tensor
@@ -285,3 +294,4 @@ class StepContext:
     clock: Any
     timings: Any
     dtype: Any
+    history: AcceptHistory = attrs.field(factory=AcceptHistory)

@@ -78,6 +78,52 @@ class ForwardTimes:
         return tuple(median(self.drafters[i]) if self.drafters.get(i) else 0.0 for i in range(n))
 
 
+@attrs.frozen
+class AcceptHistory:
+    """How the steps of the current generation went: what a scheduler can learn about the text.
+
+    Exponential moving averages (weight `alpha` on the newest step; the first step sets each
+    average) of draft tokens accepted per step: over all steps, over steps with a strong call,
+    over steps without one, and of the accepted tokens that a strong drafter proposed (steps with
+    a strong call). Immutable: `record` returns the history one step later, so a `LayerState`
+    holding it is a snapshot. A decoder starts every generation from an empty one.
+    """
+
+    alpha: float = 0.3
+    steps: int = 0
+    called_steps: int = 0
+    last_accepted: int = 0
+    accepted: float = 0.0
+    accepted_called: float = 0.0
+    accepted_skipped: float = 0.0
+    strong_accepted: float = 0.0
+
+    def record(self, accepted: int, strong_accepted: int, called: bool) -> AcceptHistory:
+        """The history after one more step: draft tokens accepted (bonus excluded), how many of
+        them a strong drafter proposed, and whether a strong drafter was called."""
+        ema = self._ema
+        if called:
+            n = self.called_steps
+            changes = {
+                "accepted_called": ema(self.accepted_called, accepted, n),
+                "strong_accepted": ema(self.strong_accepted, strong_accepted, n),
+                "called_steps": n + 1,
+            }
+        else:
+            n = self.steps - self.called_steps
+            changes = {"accepted_skipped": ema(self.accepted_skipped, accepted, n)}
+        return attrs.evolve(
+            self,
+            steps=self.steps + 1,
+            last_accepted=accepted,
+            accepted=ema(self.accepted, accepted, self.steps),
+            **changes,
+        )
+
+    def _ema(self, old: float, new: float, seen: int) -> float:
+        return float(new) if seen == 0 else old + self.alpha * (new - old)
+
+
 def _push(values: list[float], value: float, window: int) -> None:
     values.append(value)
     if len(values) > window:

@@ -98,8 +98,13 @@ class CausalLMRunner:
     forwards: int = 0
     _cache_kwarg: str = attrs.field(init=False, default="")
     _tree_kernel: bool = attrs.field(init=False, default=False)
+    # the model's device and dtype, read at construction and at `begin` (Hugging Face's
+    # `model.device` walks the parameters: tens of microseconds, several times a step)
+    _device: torch.device = attrs.field(init=False, default=None)
+    _dtype: torch.dtype = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
+        self._device, self._dtype = self.model.device, self.model.dtype
         self._cache_kwarg = _cache_kwarg(self.model)
         self._tree_kernel = (
             getattr(self.model.config, "_attn_implementation", None) == IMPLEMENTATION
@@ -107,11 +112,11 @@ class CausalLMRunner:
 
     @property
     def device(self) -> torch.device:
-        return self.model.device
+        return self._device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.dtype
+        return self._dtype
 
     @property
     def vocab_size(self) -> int:
@@ -125,6 +130,9 @@ class CausalLMRunner:
             )
         if prompt.numel() >= max_len:
             raise ValueError(f"prompt of {prompt.numel()} tokens does not fit max_len={max_len}")
+        if (self.model.device, self.model.dtype) != (self._device, self._dtype):  # model moved
+            self._device, self._dtype = self.model.device, self.model.dtype
+            self.cache = None
         if self.cache is None or self.cache.get_max_length() < max_len:
             n_layers, n_kv, head_dim = cache_geometry(self.model)
             shape = (n_layers, 2, n_kv, max_len, head_dim)

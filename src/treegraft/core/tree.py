@@ -12,6 +12,7 @@ growing operation returns a new tree plus the indices of the nodes it touched.
 from __future__ import annotations
 
 import attrs
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -230,8 +231,34 @@ class DraftTree:
     def best(self, nodes: Tensor, k: int) -> Tensor:
         """The best `k` live nodes among `nodes` by score (ties: shallower, then older), ascending.
 
-        Nodes with score -inf are dead (logically deleted) and never chosen.
+        Nodes with score -inf are dead (logically deleted) and never chosen; entries < 0 are
+        ignored. On CPU it runs in numpy (`best_host`): a few microseconds where a dozen small
+        torch ops cost over a hundred, several times per layer; elsewhere on the device.
         """
+        if self.device.type == "cpu":
+            found = best_host(self.score.numpy(), self.depth.numpy(), nodes.numpy(), k)
+            return torch.from_numpy(found)
+        return self.best_on_device(nodes, k)
+
+    def best_near(self, frontier: Tensor, lookback: int, k: int) -> Tensor:
+        """The best `k` live nodes (as `best`) at depths `[d - lookback, d]`, `d` the deepest
+        frontier node's depth (the tree's deepest when the frontier is empty), ascending."""
+        if self.device.type == "cpu":
+            depth = self.depth.numpy()
+            front = frontier.numpy()
+            d = depth[front].max() if front.size else depth.max()
+            window = np.flatnonzero((depth >= d - lookback) & (depth <= d))
+            return torch.from_numpy(best_host(self.score.numpy(), depth, window, k))
+        return self.best_near_on_device(frontier, lookback, k)
+
+    def best_near_on_device(self, frontier: Tensor, lookback: int, k: int) -> Tensor:
+        """`best_near` with torch ops on the tree's device."""
+        d = self.depth[frontier].max() if frontier.numel() else self.depth.max()
+        window = (self.depth >= d - lookback) & (self.depth <= d)
+        return self.best_on_device(torch.nonzero(window).flatten(), k)
+
+    def best_on_device(self, nodes: Tensor, k: int) -> Tensor:
+        """`best` with torch ops on the tree's device (any device; `best` uses it off the CPU)."""
         nodes = torch.unique(nodes[nodes >= 0])
         nodes = nodes[torch.isfinite(self.score[nodes])]
         if nodes.numel() <= k:
@@ -300,3 +327,15 @@ def check_parent_array(tokens: Tensor, parents: Tensor) -> None:
         raise ValueError(
             f"node {i} repeats token {int(tokens[i])} under parent {int(parents[i])}: siblings must be unique"
         )
+
+
+def best_host(score: np.ndarray, depth: np.ndarray, nodes: np.ndarray, k: int) -> np.ndarray:
+    """`DraftTree.best` in numpy: the best `k` live entries of `nodes` (`[m]` int64 indices into
+    `score` and `depth`, `[n]` each; entries < 0 ignored) by score, ties to the shallower, then the
+    older node; ascending int64."""
+    nodes = np.unique(nodes[nodes >= 0])
+    nodes = nodes[np.isfinite(score[nodes])]
+    if nodes.size <= k:
+        return nodes.astype(np.int64, copy=False)
+    order = np.lexsort((nodes, depth[nodes], -score[nodes]))[:k]  # last key is the primary one
+    return np.sort(nodes[order]).astype(np.int64, copy=False)

@@ -81,8 +81,10 @@ def choose_backend(op: str, *tensors: Tensor) -> Backend:
     return "triton"
 
 
+@functools.cache
 def load_backend(package: str, backend: Backend) -> ModuleType:
-    """Import ``<package>.reference`` or ``<package>.triton`` (lazily, cached by Python)."""
+    """Import ``<package>.reference`` or ``<package>.triton`` (lazily, once: a kernel is picked
+    several times per decoding step, and ``importlib`` costs tens of microseconds a call)."""
     return importlib.import_module(f"{package}.{backend}")
 
 

@@ -167,19 +167,15 @@ def layer_state(
     cap: int,
     k: int,
 ) -> LayerState:
-    """Cheap frontier statistics for the scheduler, computed on the tree's device and read to
-    the host together: one device-to-host transfer per layer, the one the decision needs anyway."""
+    """Cheap frontier statistics for the scheduler: in numpy on CPU, else computed on the tree's
+    device and read to the host together (one transfer per layer, the one the decision needs)."""
     n = tree.n_nodes
     f = int(frontier.numel())
-    zero = torch.zeros((), device=tree.device)
-    stats = torch.stack(
-        [
-            tree.depth[frontier].float().mean() if f else zero,
-            tree.is_leaf().float().mean(),
-            tree.score[frontier].float().mean() if f else zero,
-            reselect_shift(step, tree, frontier, k),
-        ]
-    ).tolist()
+    if tree.device.type == "cpu":
+        stats = [*tree_stats_host(tree, frontier), reselect_shift(step, tree, frontier, k)]
+    else:
+        shift = reselect_shift_on_device(step, tree, frontier, k)
+        stats = tree_stats_device(tree, frontier, shift)
     return LayerState(
         layer=layer,
         n_layers=n_layers,
@@ -192,17 +188,68 @@ def layer_state(
         frontier_mean_depth=stats[0],
         leaf_ratio=stats[1],
         frontier_mean_score=stats[2],
-        reselect_shift=stats[3],
+        reselect_shift=stats[5],
         prompt_len=step.prompt_len,
         committed_len=step.committed_len,
         target_time=step.timings.target_time(),
         drafter_times=step.timings.drafter_times(len(step.drafters)),
+        tree_expected=stats[3],
+        frontier_max_score=stats[4],
+        history=step.history,
     )
 
 
-def reselect_shift(step: StepContext, tree: DraftTree, frontier: Tensor, k: int) -> Tensor:
+def tree_stats_host(tree: DraftTree, frontier: Tensor) -> list[float]:
+    """Frontier mean depth, leaf ratio, frontier mean score, expected acceptance (sum of
+    `exp(score)` over the non-root nodes) and frontier max score, in numpy (CPU trees)."""
+    depth, score, parents = tree.depth.numpy(), tree.score.numpy(), tree.parents.numpy()
+    front = frontier.numpy()
+    leaf = np.ones(score.shape[0], dtype=bool)
+    leaf[parents[1:]] = False
+    fs = score[front].astype(np.float64)
+    return [
+        float(depth[front].mean()) if front.size else 0.0,
+        float(leaf.mean()),
+        float(fs.mean()) if front.size else 0.0,
+        float(np.exp(score[1:].astype(np.float64)).sum()),
+        float(fs.max()) if front.size else 0.0,
+    ]
+
+
+def tree_stats_device(tree: DraftTree, frontier: Tensor, *extra: Tensor) -> list[float]:
+    """`tree_stats_host` with torch ops on the tree's device, then the 0-d `extra` tensors, read
+    to the host at once."""
+    f = int(frontier.numel())
+    zero = torch.zeros((), device=tree.device)
+    fs = tree.score[frontier].float()  # [f]
+    return torch.stack(
+        [
+            tree.depth[frontier].float().mean() if f else zero,
+            tree.is_leaf().float().mean(),
+            fs.mean() if f else zero,
+            tree.score[1:].float().exp().sum(),
+            fs.max() if f else zero,
+            *(e.float() for e in extra),
+        ]
+    ).tolist()
+
+
+def reselect_shift(step: StepContext, tree: DraftTree, frontier: Tensor, k: int) -> float:
     """Fraction of the frontier that re-selecting graft positions now would replace (0 without a
-    grafter), as a 0-d tensor on the tree's device."""
+    grafter, 1 when the frontier is empty); in numpy (CPU trees)."""
+    if step.grafter is None:
+        return 0.0
+    if frontier.numel() == 0:
+        return 1.0
+    chosen = set(step.grafter.positions(tree, frontier, k).tolist())
+    front = frontier.tolist()
+    return sum(node not in chosen for node in front) / len(front)
+
+
+def reselect_shift_on_device(
+    step: StepContext, tree: DraftTree, frontier: Tensor, k: int
+) -> Tensor:
+    """`reselect_shift` as a 0-d tensor on the tree's device (no host read)."""
     if step.grafter is None or frontier.numel() == 0:
         return torch.full((), 0.0 if step.grafter is None else 1.0, device=tree.device)
     chosen = step.grafter.positions(tree, frontier, k)

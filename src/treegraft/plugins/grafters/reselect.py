@@ -40,13 +40,7 @@ class ReselectGrafter(Grafter):
 
     def positions(self, tree: DraftTree, frontier: Tensor, k: int) -> Tensor:
         """The best `k` live nodes by score among depths `[d - lookback, d]`, ascending."""
-        d = tree.depth[frontier].max() if frontier.numel() else tree.depth.max()
-        window = (
-            (tree.depth >= d - self.config.lookback)
-            & (tree.depth <= d)
-            & torch.isfinite(tree.score)
-        )
-        return tree.best(torch.nonzero(window).flatten(), k)
+        return tree.best_near(frontier, self.config.lookback, k)
 
     def graft(
         self,

@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from treegraft.core.config import ConfigError, field
 from treegraft.core.interfaces import LayerState, Scheduler
+from treegraft.core.metrics import AcceptHistory
 from treegraft.core.resources import Resources
 
 ARTIFACT_FORMAT = "treegraft-scheduler/1"
@@ -62,6 +63,15 @@ FEATURE_NAMES: tuple[str, ...] = (
     "log_weak_ms",
     "strong_over_target",
     "times_known",
+    "tree_expected",
+    "frontier_max_score",
+    "history_steps",
+    "called_share",
+    "last_accepted",
+    "ema_accepted",
+    "ema_accepted_called",
+    "ema_accepted_skipped",
+    "ema_strong_accepted",
 )
 
 
@@ -113,6 +123,25 @@ def layer_features(state: LayerState, strong: int = -1) -> list[float]:
         math.log1p(1e3 * t_weak),
         t_strong / t_target if known else 0.0,
         float(known),
+        math.log1p(state.tree_expected),
+        state.frontier_max_score,
+        *history_features(state.history or NO_HISTORY),
+    ]
+
+
+NO_HISTORY = AcceptHistory()
+
+
+def history_features(h: AcceptHistory) -> list[float]:
+    """The features of a generation's acceptance history (unseen averages read 0)."""
+    return [
+        math.log1p(h.steps),
+        h.called_steps / h.steps if h.steps else 0.0,
+        float(h.last_accepted),
+        h.accepted,
+        h.accepted_called,
+        h.accepted_skipped,
+        h.strong_accepted,
     ]
 
 
