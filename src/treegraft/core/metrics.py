@@ -52,12 +52,16 @@ class ForwardTimes:
     drafters: dict[int, list[float]] = attrs.field(factory=dict)
     #: seconds of one target forward vs tokens in it (a `LatencyCurve`), when a builder wants it
     target_curve: Any = None
+    # medians are read at every layer and change once a step: cached until the next record
+    _medians: dict[int, float] = attrs.field(factory=dict, init=False, repr=False, eq=False)
 
     def record_target(self, seconds: float) -> None:
         _push(self.target, seconds, self.window)
+        self._medians.pop(-1, None)
 
     def record_drafter(self, index: int, seconds: float) -> None:
         _push(self.drafters.setdefault(index, []), seconds, self.window)
+        self._medians.pop(index, None)
 
     def record_step(
         self, calls: Sequence[int], times: Mapping[str, float], n_drafters: int
@@ -72,10 +76,15 @@ class ForwardTimes:
                 self.record_drafter(i, times[label] / max(1, list(calls).count(i)))
 
     def target_time(self) -> float:
-        return median(self.target) if self.target else 0.0
+        return self._median(-1, self.target)
 
     def drafter_times(self, n: int) -> tuple[float, ...]:
-        return tuple(median(self.drafters[i]) if self.drafters.get(i) else 0.0 for i in range(n))
+        return tuple(self._median(i, self.drafters.get(i, [])) for i in range(n))
+
+    def _median(self, key: int, values: list[float]) -> float:
+        if key not in self._medians:
+            self._medians[key] = median(values) if values else 0.0
+        return self._medians[key]
 
 
 @attrs.frozen

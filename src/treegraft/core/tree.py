@@ -247,8 +247,8 @@ class DraftTree:
             depth = self.depth.numpy()
             front = frontier.numpy()
             d = depth[front].max() if front.size else depth.max()
-            window = np.flatnonzero((depth >= d - lookback) & (depth <= d))
-            return torch.from_numpy(best_host(self.score.numpy(), depth, window, k))
+            window = np.flatnonzero((depth >= d - lookback) & (depth <= d))  # sorted, unique
+            return torch.from_numpy(best_host(self.score.numpy(), depth, window, k, unique=True))
         return self.best_near_on_device(frontier, lookback, k)
 
     def best_near_on_device(self, frontier: Tensor, lookback: int, k: int) -> Tensor:
@@ -329,11 +329,15 @@ def check_parent_array(tokens: Tensor, parents: Tensor) -> None:
         )
 
 
-def best_host(score: np.ndarray, depth: np.ndarray, nodes: np.ndarray, k: int) -> np.ndarray:
+def best_host(
+    score: np.ndarray, depth: np.ndarray, nodes: np.ndarray, k: int, *, unique: bool = False
+) -> np.ndarray:
     """`DraftTree.best` in numpy: the best `k` live entries of `nodes` (`[m]` int64 indices into
     `score` and `depth`, `[n]` each; entries < 0 ignored) by score, ties to the shallower, then the
-    older node; ascending int64."""
-    nodes = np.unique(nodes[nodes >= 0])
+    older node; ascending int64. `unique=True` promises `nodes` are already distinct, ascending
+    and >= 0 (skips the sort)."""
+    if not unique:
+        nodes = np.unique(nodes[nodes >= 0])
     nodes = nodes[np.isfinite(score[nodes])]
     if nodes.size <= k:
         return nodes.astype(np.int64, copy=False)

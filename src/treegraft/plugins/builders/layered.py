@@ -201,18 +201,26 @@ def layer_state(
 
 def tree_stats_host(tree: DraftTree, frontier: Tensor) -> list[float]:
     """Frontier mean depth, leaf ratio, frontier mean score, expected acceptance (sum of
-    `exp(score)` over the non-root nodes) and frontier max score, in numpy (CPU trees)."""
-    depth, score, parents = tree.depth.numpy(), tree.score.numpy(), tree.parents.numpy()
+    `exp(score)` over the non-root nodes) and frontier max score, in numpy (CPU trees; sums, not
+    `mean`, whose Python wrapper costs more than the arithmetic on arrays this small)."""
+    score = tree.score.numpy()
     front = frontier.numpy()
-    leaf = np.ones(score.shape[0], dtype=bool)
-    leaf[parents[1:]] = False
-    fs = score[front].astype(np.float64)
+    n = score.shape[0]
+    has_child = np.zeros(n, dtype=bool)
+    has_child[tree.parents.numpy()[1:]] = True
+    leaf_ratio = 1.0 - np.count_nonzero(has_child) / n
+    expected = float(np.exp(score[1:]).sum(dtype=np.float64))
+    f = front.size
+    if not f:
+        return [0.0, leaf_ratio, 0.0, expected, 0.0]
+    fs = score[front]
+    depth_sum = int(tree.depth.numpy()[front].sum())
     return [
-        float(depth[front].mean()) if front.size else 0.0,
-        float(leaf.mean()),
-        float(fs.mean()) if front.size else 0.0,
-        float(np.exp(score[1:].astype(np.float64)).sum()),
-        float(fs.max()) if front.size else 0.0,
+        depth_sum / f,
+        leaf_ratio,
+        float(fs.sum(dtype=np.float64)) / f,
+        expected,
+        float(fs.max()),
     ]
 
 
