@@ -23,9 +23,11 @@ from treegraft.bench.value_system import (
     all_plans,
     collect,
     label_decisions,
+    label_decisions_for,
 )
 from treegraft.core.config import ConfigError
 from treegraft.core.decoder import StopRule
+from treegraft.core.interfaces import Scheduler
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.tree import DraftTree
 from treegraft.plugins.schedulers.basic import AlwaysScheduler
@@ -245,3 +247,65 @@ def test_collection_can_follow_a_fitted_scheduler_instead_of_the_oracle(tmp_path
     )
     # every reached state is labelled: one layer-0 row per step
     assert (data["layer"] == 0).sum() == summary["steps"]
+
+
+@attrs.define
+class ByLayer(Scheduler):
+    """Calls at the layers listed (a fixed policy whose decisions depend on the state)."""
+
+    layers: frozenset[int]
+
+    def decide(self, state):
+        return 1 if state.layer in self.layers else 0
+
+
+@pytest.mark.parametrize("layers", [frozenset(), frozenset({0, 1, 2, 3}), frozenset({1, 3})])
+def test_policy_labels_value_a_switch_given_the_policys_later_decisions(layers):
+    """Q of a policy, by brute force over the same step's plans: from each state, call (or skip)
+    there, then the policy's choice at every later layer."""
+    res = stand_in_pair(0)
+    prompt = repetitive_prompt(7, 14) % VOCAB
+    continuation = greedy_reference(res.models["mem:target"], prompt, MAX_NEW)
+    pipe = load_pipeline(pipeline_raw(depth=DEPTH, strong="mem:target"), resources=res)
+    with torch.inference_mode(), QueryCounter(res.models["mem:target"]) as counter:
+        searcher = StepSearcher.begin(
+            pipe.decoder, COST, counter, prompt=prompt, continuation=continuation,
+            stop=StopRule(MAX_NEW), strong=1,
+        )  # fmt: skip
+        outcomes = searcher.search(all_plans(DEPTH, 1))
+    policy = ByLayer(layers)
+    by_plan = {o.plan: o for o in outcomes}
+    decisions = label_decisions_for(outcomes, policy)
+    assert len(decisions) == len(label_decisions(outcomes))
+    checked = 0
+    for d in decisions:
+        prefix, layer = d.state.calls, d.state.layer
+        later = tuple(1 if i in layers else 0 for i in range(layer + 1, DEPTH))
+        for first, value in ((1, d.value_call), (0, d.value_skip)):
+            plan = (*prefix, first, *later)
+            want = by_plan[plan]
+            if want.calls[: layer + 1] == (*prefix, first):  # not capped, not collapsed
+                assert value == pytest.approx(want.value, rel=1e-12), (prefix, first)
+                checked += 1
+    assert checked >= len(decisions)  # about one check per decision and action
+    # Q* labels are never below the policy's (the best completion dominates any completion)
+    for star, mine in zip(label_decisions(outcomes), decisions, strict=True):
+        assert star.value_skip >= mine.value_skip - 1e-12
+        if not star.capped:
+            assert star.value_call >= mine.value_call - 1e-12
+
+
+def test_policy_labels_need_a_policy():
+    res = stand_in_pair(1)
+    pipe = load_pipeline(pipeline_raw(depth=2, strong="mem:target"), resources=res)
+    prompts = [PromptIds("p", repetitive_prompt(20, 12) % VOCAB)]
+    with pytest.raises(ValueSystemError, match="policy labels need a scheduler to follow"):
+        collect(pipe, prompts, COST, max_new_tokens=4, policy_labels=True)
+    data = collect(
+        pipe, prompts, COST, max_new_tokens=8, follow=AlwaysScheduler(None), policy_labels=True
+    )
+    assert data.meta["labels"] == "policy" and data.meta["followed"] == "scheduler"
+    best = collect(pipe, prompts, COST, max_new_tokens=8, follow=AlwaysScheduler(None))
+    assert best.meta["labels"] == "best"
+    assert (data["layer"] == best["layer"]).all()  # the same states, labelled differently
+    assert np.all(data["value_skip"] <= best["value_skip"] + 1e-12)

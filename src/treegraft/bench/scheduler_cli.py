@@ -121,6 +121,13 @@ def collect(
             "(DAgger-style data on the states it reaches; no plans.json)"
         ),
     ] = None,
+    policy_labels: Annotated[
+        bool,
+        typer.Option(
+            help="with --follow: label each decision for the followed scheduler's later "
+            "decisions (policy iteration) instead of the best ones"
+        ),
+    ] = False,
     threads: Annotated[int | None, typer.Option(help=THREADS_HELP)] = None,
 ) -> None:
     """Label every layer decision of every step by valuing all 2^depth schedules (no target runs)."""
@@ -139,6 +146,8 @@ def collect(
     try:
         raw = pipeline_mapping(pipeline, target=target, strong=strong, device=device, dtype=dtype)
         pipe = load_pipeline(raw)
+        if policy_labels and follow is None:
+            raise ValueSystemError("--policy-labels: needs --follow ARTIFACT (the policy)")
         policy = None if follow is None else follow_scheduler(follow, pipe)
         texts, how = text_prompts(prompts, seed, skip, prompt_file, suite)
         ids = [PromptIds(p.id, pipe.encode(p.text)) for p in texts]
@@ -162,7 +171,7 @@ def collect(
             meta["follow_artifact"] = follow
         data = run_collect(
             pipe, ids, cost, max_new_tokens=max_new_tokens, progress=progress, extra_meta=meta,
-            follow=policy,
+            follow=policy, policy_labels=policy_labels,
         )  # fmt: skip
     except (ConfigError, ValueSystemError, FileNotFoundError) as exc:
         _fail(str(exc))

@@ -181,3 +181,38 @@ def label_decisions(outcomes: Sequence[Outcome]) -> list[Decision]:
             )
         )
     return out
+
+
+def follow_policy(
+    outcomes: Sequence[Outcome], prefix: tuple[int, ...], first: bool, policy: Scheduler
+) -> Outcome:
+    """The outcome reached from the state at `prefix` by calling (`first=True`) or skipping at
+    its layer, then letting `policy` decide every later layer (on the recorded states: no build).
+
+    A call the cap forbids becomes a skip, as in the builder.
+    """
+    here = [o for o in outcomes if through(o, prefix)]
+    layer, want = len(prefix), first
+    while True:
+        nxt = [o for o in here if calls_at(o, layer) == want] or [
+            o for o in here if not calls_at(o, layer)
+        ]
+        here, layer = nxt, layer + 1
+        state = next((o.states[layer] for o in here if len(o.states) > layer), None)
+        if state is None:  # the build ends here: every remaining plan grew the same tree
+            return best_outcome(here)
+        want = policy.decide(state) > 0
+
+
+def label_decisions_for(outcomes: Sequence[Outcome], policy: Scheduler) -> list[Decision]:
+    """Like `label_decisions`, but valued for `policy` (Q^pi, not Q*): calling or skipping at the
+    state, then `policy` at every later layer, instead of the best completion. Labels what a
+    switch of the fitted scheduler's decision at one layer would gain, given its own later
+    decisions (a policy-iteration step)."""
+    out = []
+    for d in label_decisions(outcomes):
+        prefix = d.state.calls
+        skip = follow_policy(outcomes, prefix, False, policy).value
+        call = math.nan if d.capped else follow_policy(outcomes, prefix, True, policy).value
+        out.append(attrs.evolve(d, value_call=call, value_skip=skip))
+    return out

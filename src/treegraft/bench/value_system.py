@@ -47,6 +47,7 @@ from treegraft.bench.value_labels import (  # noqa: F401 - part of this module's
     best_outcome,
     calls_at,
     label_decisions,
+    label_decisions_for,
     through,
 )
 from treegraft.core.decoder import Decoder, StopRule
@@ -315,15 +316,23 @@ def collect_prompt(
     index: int = 0,
     progress: Progress | None = None,
     follow: Scheduler | None = None,
+    policy_labels: bool = False,
 ) -> PromptRecord:
     """Search, label and advance until the generation ends: along the oracle (each step's best
-    plan), or along the plans of `follow` (a fitted scheduler: the states it reaches itself)."""
+    plan), or along the plans of `follow` (a fitted scheduler: the states it reaches itself).
+    `policy_labels`: value each decision for `follow`'s later decisions instead of the best ones
+    (`label_decisions_for`)."""
     decisions: list[tuple[int, Decision]] = []
     steps: list[StepRecord] = []
     while True:
         committed_len = len(searcher.committed)
         outcomes = searcher.search(plans)
-        decisions.extend((len(steps), d) for d in label_decisions(outcomes))
+        labelled = (
+            label_decisions_for(outcomes, follow)
+            if policy_labels and follow is not None
+            else label_decisions(outcomes)
+        )
+        decisions.extend((len(steps), d) for d in labelled)
         best = best_outcome(outcomes)
         chosen = best
         if follow is not None:
@@ -423,13 +432,18 @@ def collect(
     progress: Progress | None = None,
     extra_meta: Mapping[str, Any] | None = None,
     follow: Scheduler | None = None,
+    policy_labels: bool = False,
 ) -> Dataset:
     """Collect labelled decisions on `prompts` (their continuations are computed if missing).
 
     `extra_meta` (e.g. the pipeline mapping, how the prompts were chosen) goes into `meta.json`.
     `follow`: advance along this scheduler's plans instead of the oracle's (DAgger-style data on
     the states a fitted scheduler reaches; the dataset then has no oracle `plans.json`).
+    `policy_labels` (with `follow`): label each decision by the value of switching it given
+    `follow`'s later decisions (Q of the policy) instead of the best later decisions (Q*).
     """
+    if policy_labels and follow is None:
+        raise ValueSystemError("policy labels need a scheduler to follow (--follow)")
     s = check_pipeline(pipe, strong)
     plans = all_plans(pipe.decoder.builder.config.depth, s)
     prompts = with_continuations(pipe, prompts, max_new_tokens)
@@ -446,7 +460,15 @@ def collect(
                 prompt=p.ids, continuation=p.continuation, stop=stop, strong=s, times=times,
             )  # fmt: skip
             records.append(
-                collect_prompt(searcher, p, plans, index=i, progress=progress, follow=follow)
+                collect_prompt(
+                    searcher,
+                    p,
+                    plans,
+                    index=i,
+                    progress=progress,
+                    follow=follow,
+                    policy_labels=policy_labels,
+                )
             )
     meta = {
         "pipeline": pipe.spec.source,
@@ -457,6 +479,7 @@ def collect(
         "max_new_tokens": max_new_tokens,
         "collect_seconds": time.perf_counter() - start,
         "followed": "oracle" if follow is None else "scheduler",
+        "labels": "policy" if policy_labels else "best",
         "machine": machine(pipe.resources.device),
         **(extra_meta or {}),
     }
