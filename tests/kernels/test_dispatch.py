@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 
-from treegraft.kernels import _dispatch, ancestor_mask, tree_depth
+from treegraft.kernels import _dispatch, ancestor_mask, greedy_accept, tree_depth
 
 
 def test_cpu_tensors_take_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -18,6 +18,19 @@ def test_cpu_tensors_take_the_reference(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(_dispatch, "load_backend", lambda p, b: loaded.append(b) or load(p, b))
     tree_depth(torch.tensor([-1, 0]))
     assert loaded == ["reference"]
+
+
+def test_cpu_tensors_take_the_host_implementation_where_an_op_has_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loaded: list[str] = []
+    load = _dispatch.load_backend
+    monkeypatch.setattr(_dispatch, "load_backend", lambda p, b: loaded.append(b) or load(p, b))
+    parents = torch.tensor([-1, 0, 0])
+    assert greedy_accept(parents, parents, parents).length.item() >= 1
+    monkeypatch.setenv("TREEGRAFT_KERNELS", "reference")
+    greedy_accept(parents, parents, parents)
+    assert loaded == ["host", "reference"]
 
 
 def test_unknown_override_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from tests.kernels.kernel_strategies import INTERPRETED, REFERENCE, parent_arrays, sibling_ranks
 from treegraft.kernels import GreedyAcceptance, greedy_accept
-from treegraft.kernels.greedy_accept import reference
+from treegraft.kernels.greedy_accept import host, reference
 
 
 @st.composite
@@ -47,6 +47,14 @@ def assert_matches_walk(result: GreedyAcceptance, case: dict[str, torch.Tensor])
 @given(case=verification_cases(max_nodes=80))
 def test_reference_matches_walking_down(case: dict[str, torch.Tensor]) -> None:
     assert_matches_walk(reference.greedy_accept(**case), case)
+
+
+@given(case=verification_cases(max_nodes=80))
+def test_host_implementation_equals_the_reference(case: dict[str, torch.Tensor]) -> None:
+    got, want = host.greedy_accept(**case), reference.greedy_accept(**case)
+    for field in ("path", "length", "bonus"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+    assert_matches_walk(got, case)
 
 
 def test_root_only_and_full_chain() -> None:

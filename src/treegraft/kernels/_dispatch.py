@@ -6,7 +6,8 @@ Rules, in order:
 2. ``TREEGRAFT_KERNELS=triton`` always selects Triton. On CPU tensors this only works under the
    Triton interpreter (``TRITON_INTERPRET=1``); otherwise a clear ``RuntimeError`` is raised.
 3. Unset or ``auto``: Triton when every tensor argument lives on CUDA and ``triton`` is
-   importable, the reference otherwise.
+   importable; on CPU tensors the op's numpy ``host`` implementation where it has one (a few
+   microseconds where small torch ops cost tens), the reference otherwise.
 
 Triton stays optional: nothing here imports it unless the Triton path is selected.
 """
@@ -23,7 +24,9 @@ from typing import Literal
 from torch import Tensor
 
 ENV_VAR = "TREEGRAFT_KERNELS"
-Backend = Literal["reference", "triton"]
+#: ops with a numpy implementation (``<op>/host.py``) that ``auto`` picks for CPU tensors
+HOST_OPS = frozenset({"greedy_accept"})
+Backend = Literal["reference", "triton", "host"]
 _CHOICES = ("auto", "reference", "triton")
 
 
@@ -57,7 +60,7 @@ def requested_backend() -> str:
     if value not in _CHOICES:
         raise ValueError(
             f"{ENV_VAR}={value!r} is not one of {', '.join(_CHOICES)}; "
-            f"unset it to pick Triton on CUDA and the reference elsewhere"
+            f"unset it to pick Triton on CUDA and the numpy host or torch reference elsewhere"
         )
     return value
 
@@ -69,7 +72,10 @@ def choose_backend(op: str, *tensors: Tensor) -> Backend:
         return "reference"
     on_cuda = all(t.is_cuda for t in tensors)
     if requested == "auto":
-        return "triton" if on_cuda and triton_available() else "reference"
+        if on_cuda and triton_available():
+            return "triton"
+        on_cpu = all(t.device.type == "cpu" for t in tensors)
+        return "host" if on_cpu and op in HOST_OPS else "reference"
     if not triton_available():
         raise RuntimeError(f"{ENV_VAR}=triton but triton is not installed (needed by {op})")
     if not on_cuda and not interpreter_enabled():
@@ -83,7 +89,7 @@ def choose_backend(op: str, *tensors: Tensor) -> Backend:
 
 @functools.cache
 def load_backend(package: str, backend: Backend) -> ModuleType:
-    """Import ``<package>.reference`` or ``<package>.triton`` (lazily, once: a kernel is picked
+    """Import ``<package>.reference``, ``.triton`` or ``.host`` (lazily, once: a kernel is picked
     several times per decoding step, and ``importlib`` costs tens of microseconds a call)."""
     return importlib.import_module(f"{package}.{backend}")
 
