@@ -69,7 +69,8 @@ def brute_force_labels(res, prompt: torch.Tensor) -> tuple[dict, dict]:
     return labels, runs
 
 
-def test_labels_of_a_hand_built_step_match_brute_force():
+def first_step_outcomes():
+    """The stand-in pair, a prompt, and the outcomes of every plan of its first step."""
     res = stand_in_pair(0)
     prompt = repetitive_prompt(7, 14) % VOCAB
     continuation = greedy_reference(res.models["mem:target"], prompt, MAX_NEW)
@@ -79,7 +80,11 @@ def test_labels_of_a_hand_built_step_match_brute_force():
             pipe.decoder, COST, counter, prompt=prompt, continuation=continuation,
             stop=StopRule(MAX_NEW), strong=1,
         )  # fmt: skip
-        outcomes = searcher.search(all_plans(DEPTH, 1))
+        return res, prompt, searcher.search(all_plans(DEPTH, 1))
+
+
+def test_labels_of_a_hand_built_step_match_brute_force():
+    res, prompt, outcomes = first_step_outcomes()
     decisions = label_decisions(outcomes)
     expected, runs = brute_force_labels(res, prompt)
 
@@ -263,16 +268,7 @@ class ByLayer(Scheduler):
 def test_policy_labels_value_a_switch_given_the_policys_later_decisions(layers):
     """Q of a policy, by brute force over the same step's plans: from each state, call (or skip)
     there, then the policy's choice at every later layer."""
-    res = stand_in_pair(0)
-    prompt = repetitive_prompt(7, 14) % VOCAB
-    continuation = greedy_reference(res.models["mem:target"], prompt, MAX_NEW)
-    pipe = load_pipeline(pipeline_raw(depth=DEPTH, strong="mem:target"), resources=res)
-    with torch.inference_mode(), QueryCounter(res.models["mem:target"]) as counter:
-        searcher = StepSearcher.begin(
-            pipe.decoder, COST, counter, prompt=prompt, continuation=continuation,
-            stop=StopRule(MAX_NEW), strong=1,
-        )  # fmt: skip
-        outcomes = searcher.search(all_plans(DEPTH, 1))
+    _, _, outcomes = first_step_outcomes()
     policy = ByLayer(layers)
     by_plan = {o.plan: o for o in outcomes}
     decisions = label_decisions_for(outcomes, policy)
