@@ -22,12 +22,14 @@ from treegraft.core.interfaces import (
     Verdict,
     Verifier,
 )
+from treegraft.core.metrics import AcceptHistory
 from treegraft.core.pipeline import Generation, Pipeline, load_pipeline
 from treegraft.core.tree import DraftTree, Proposal
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AcceptHistory",
     "BuildResult",
     "DraftTree",
     "Drafter",
