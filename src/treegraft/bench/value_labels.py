@@ -57,19 +57,6 @@ class PlanRecorder(Scheduler):
         return self.plan[state.layer] if state.layer < len(self.plan) else 0
 
 
-@attrs.define
-class PolicyRecorder(Scheduler):
-    """Asks another scheduler at every layer and records what it decided."""
-
-    policy: Scheduler
-    decided: list[int] = attrs.field(factory=list)
-
-    def decide(self, state: LayerState) -> int:
-        choice = self.policy.decide(state)
-        self.decided.append(choice)
-        return choice
-
-
 # ---------------------------------------------------------------------------- outcomes and labels
 
 
@@ -202,6 +189,13 @@ def follow_policy(
         if state is None:  # the build ends here: every remaining plan grew the same tree
             return best_outcome(here)
         want = policy.decide(state) > 0
+
+
+def policy_outcome(outcomes: Sequence[Outcome], policy: Scheduler) -> Outcome:
+    """The outcome `policy` reaches from the step's first state, deciding on the recorded states
+    (the same states a build would show it: no extra build)."""
+    first = outcomes[0].states[0]
+    return follow_policy(outcomes, (), policy.decide(first) > 0, policy)
 
 
 def label_decisions_for(outcomes: Sequence[Outcome], policy: Scheduler) -> list[Decision]:

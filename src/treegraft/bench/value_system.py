@@ -41,13 +41,13 @@ from treegraft.bench.value_labels import (  # noqa: F401 - part of this module's
     Decision,
     Outcome,
     PlanRecorder,
-    PolicyRecorder,
     ValueSystemError,
     all_plans,
     best_outcome,
     calls_at,
     label_decisions,
     label_decisions_for,
+    policy_outcome,
     through,
 )
 from treegraft.core.decoder import Decoder, StopRule
@@ -163,21 +163,6 @@ class StepSearcher:
             dtype=torch.float32,
             history=self.history,
         )
-
-    def policy_plan(self, scheduler: Scheduler) -> tuple[int, ...]:
-        """The plan `scheduler` would follow at the current state (one build, drafters rewound).
-
-        Its decisions, padded with skips to the builder's depth; `build` of that plan grows the
-        same tree (the drafters and the states are deterministic).
-        """
-        for drafter in self.decoder.drafters:
-            drafter.rewind()
-        self.counter.take()
-        recorder = PolicyRecorder(scheduler)
-        self.decoder.builder.build(self.context(recorder))
-        self.counter.take()
-        depth = self.decoder.builder.config.depth
-        return tuple(recorder.decided) + (0,) * (depth - len(recorder.decided))
 
     def build(
         self, plan: tuple[int, ...], clock: Clock | None = None
@@ -334,10 +319,7 @@ def collect_prompt(
         )
         decisions.extend((len(steps), d) for d in labelled)
         best = best_outcome(outcomes)
-        chosen = best
-        if follow is not None:
-            plan = searcher.policy_plan(follow)
-            chosen = next(o for o in outcomes if o.plan == plan)
+        chosen = best if follow is None else policy_outcome(outcomes, follow)
         steps.append(
             StepRecord(
                 committed_len=committed_len,
