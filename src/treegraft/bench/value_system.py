@@ -50,7 +50,7 @@ from treegraft.bench.value_labels import (  # noqa: F401 - part of this module's
     policy_outcome,
     through,
 )
-from treegraft.core.decoder import Decoder, StopRule
+from treegraft.core.decoder import Decoder, StopRule, strong_drafts
 from treegraft.core.interfaces import BuildResult, Scheduler, StepContext
 from treegraft.core.metrics import AcceptHistory, Clock, ForwardTimes
 from treegraft.core.pipeline import Pipeline
@@ -221,7 +221,7 @@ class StepSearcher:
             for drafter in self.decoder.drafters:
                 drafter.commit(built.kept[path], tokens)
         self._observe(again, clock.reset())
-        strong_accepted = int((built.tree.proposer[path[1:]] > 0).sum())
+        strong_accepted = int(strong_drafts(built.tree, path[1:]))
         called = any(c > 0 for c in again.calls)
         self.history = self.history.record(again.accepted, strong_accepted, called)
         self.committed.extend(new[:keep])

@@ -26,6 +26,7 @@ from treegraft.core.interfaces import (
 from treegraft.core.latency import query_grid
 from treegraft.core.metrics import AcceptHistory, Clock, ForwardTimes
 from treegraft.core.runner import CausalLMRunner
+from treegraft.core.tree import DraftTree
 
 
 @attrs.frozen(eq=False)
@@ -208,6 +209,12 @@ def accepted_tokens(built: BuildResult, verdict: Verdict) -> tuple[Tensor, list[
     length = int(verdict.length)
     path = verdict.path[:length]
     drafted = path[1:]
-    strong = (built.tree.proposer[drafted] > 0).sum().reshape(1)
+    strong = strong_drafts(built.tree, drafted).reshape(1)
     out = torch.cat([built.tree.tokens[drafted], verdict.bonus.reshape(1), strong]).tolist()
     return path, out[:-1], out[-1]
+
+
+def strong_drafts(tree: DraftTree, drafted: Tensor) -> Tensor:
+    """0-d int64: how many of the nodes `drafted` (`[a]`) a drafter other than drafter 0
+    proposed (what `AcceptHistory.record` takes as `strong_accepted`)."""
+    return (tree.proposer[drafted] > 0).sum()

@@ -17,9 +17,8 @@ def greedy_accept(tokens: Tensor, parents: Tensor, target_argmax: Tensor) -> Gre
     """See ``reference.greedy_accept``; CPU tensors only (their numpy views are read)."""
     tok, par, arg = tokens.numpy(), parents.numpy(), target_argmax.numpy()
     n = par.shape[0]
-    matched = (
-        np.flatnonzero(tok[1:] == arg[par[1:]]) + 1
-    )  # [m] ascending nodes the target agrees with
+    # [m] the nodes whose token is the target's argmax after their parent, ascending
+    matched = np.flatnonzero(tok[1:] == arg[par[1:]]) + 1
     child = {}
     for node, parent in zip(matched.tolist(), par[matched].tolist(), strict=True):
         child.setdefault(parent, node)  # siblings are distinct: at most one per parent

@@ -9,7 +9,7 @@ tree is pruned to the best `budget` nodes (ancestor-closed, parents first).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import numpy as np
@@ -172,10 +172,10 @@ def layer_state(
     n = tree.n_nodes
     f = int(frontier.numel())
     if tree.device.type == "cpu":
-        stats = [*tree_stats_host(tree, frontier), reselect_shift(step, tree, frontier, k)]
+        stats = TreeStats(*tree_stats_host(tree, frontier), reselect_shift(step, tree, frontier, k))
     else:
         shift = reselect_shift_on_device(step, tree, frontier, k)
-        stats = tree_stats_device(tree, frontier, shift)
+        stats = TreeStats(*tree_stats_device(tree, frontier, shift))
     return LayerState(
         layer=layer,
         n_layers=n_layers,
@@ -185,18 +185,29 @@ def layer_state(
         max_strong_calls=cap,
         n_nodes=n,
         frontier_size=f,
-        frontier_mean_depth=stats[0],
-        leaf_ratio=stats[1],
-        frontier_mean_score=stats[2],
-        reselect_shift=stats[5],
+        frontier_mean_depth=stats.mean_depth,
+        leaf_ratio=stats.leaf_ratio,
+        frontier_mean_score=stats.mean_score,
+        reselect_shift=stats.shift,
         prompt_len=step.prompt_len,
         committed_len=step.committed_len,
         target_time=step.timings.target_time(),
         drafter_times=step.timings.drafter_times(len(step.drafters)),
-        tree_expected=stats[3],
-        frontier_max_score=stats[4],
+        tree_expected=stats.expected,
+        frontier_max_score=stats.max_score,
         history=step.history,
     )
+
+
+class TreeStats(NamedTuple):
+    """The per-layer tree statistics of a `LayerState`, in the order both paths compute them."""
+
+    mean_depth: float  # of the frontier
+    leaf_ratio: float
+    mean_score: float  # of the frontier
+    expected: float  # sum of exp(score) over the non-root nodes
+    max_score: float  # of the frontier
+    shift: float  # reselect_shift
 
 
 def tree_stats_host(tree: DraftTree, frontier: Tensor) -> list[float]:
