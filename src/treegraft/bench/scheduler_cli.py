@@ -247,22 +247,21 @@ def fit(
 def fit_config(
     hidden: str, epochs: int, val_fraction: float, seed: int, loss: str = "mse", ensemble: int = 1
 ) -> Any:
-    """The `FitConfig` of the fit options (ValueError on a bad value)."""
-    from treegraft.bench.scheduler_fit import LOSSES, FitConfig
-
-    if loss not in LOSSES:
-        raise ValueError(f"--loss: expected one of {', '.join(LOSSES)}, got {loss!r}")
-    if ensemble < 1:
-        raise ValueError(f"--ensemble: expected at least 1 member, got {ensemble}")
+    """The `FitConfig` of the fit options (ValueError naming the option on a bad value)."""
+    from treegraft.bench.scheduler_fit import FitConfig
 
     try:
         widths = tuple(int(w) for w in hidden.split(",") if w.strip())
     except ValueError:
         raise ValueError(f"--hidden: expected comma-separated ints, got {hidden!r}") from None
-    return FitConfig(
-        hidden=widths, epochs=epochs, val_fraction=val_fraction, seed=seed, loss=loss,
-        ensemble=ensemble,
-    )  # fmt: skip
+    try:
+        return FitConfig(
+            hidden=widths, epochs=epochs, val_fraction=val_fraction, seed=seed, loss=loss,
+            ensemble=ensemble,
+        )  # fmt: skip
+    except ValueError as exc:  # FitConfig's messages start with the field name
+        field, _, rest = str(exc).partition(":")
+        raise ValueError(f"--{field.replace('_', '-')}:{rest}") from None
 
 
 def fit_artifact(datasets: list[Any], cfg: Any, out_dir: Path) -> Any:

@@ -82,7 +82,7 @@ class FitConfig:
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {self.activation!r}")
         if self.loss not in LOSSES:
-            raise ValueError(f"loss: expected one of {LOSSES}, got {self.loss!r}")
+            raise ValueError(f"loss: expected one of {', '.join(LOSSES)}, got {self.loss!r}")
         if self.ensemble < 1:
             raise ValueError(f"ensemble: expected at least 1 member, got {self.ensemble}")
         if not 0.0 <= self.val_fraction < 1.0:
