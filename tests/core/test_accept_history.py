@@ -12,12 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.core.test_decoder import repetitive_prompt
+from tests.core.test_tree import trees
 from tests.scheduling.helpers import VOCAB, pipeline_raw, stand_in_pair
 from treegraft.core.interfaces import LayerState, Scheduler, StepContext
 from treegraft.core.metrics import AcceptHistory, Clock, ForwardTimes
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.tree import DraftTree
-from treegraft.plugins.builders.layered import layer_state
+from treegraft.plugins.builders.layered import layer_state, tree_stats_device, tree_stats_host
 
 
 def ema(values: list[float], alpha: float) -> float:
@@ -116,3 +117,22 @@ def test_layer_state_of_a_hand_built_tree():
     assert state.frontier_max_score == pytest.approx(-0.75)
     assert state.frontier_mean_score == pytest.approx(-1.125)
     assert state.history is history and state.strong_calls == 1
+
+
+@given(trees(), st.data())
+def test_tree_statistics_on_the_host_and_on_the_device_agree(tree: DraftTree, data) -> None:
+    """CPU trees take the Python-list statistics, others the torch ones: the same numbers (up to
+    float32 rounding of the device path's exp and sums), dead nodes and empty frontiers included."""
+    n = tree.n_nodes
+    dead = data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=2)) if n > 1 else []
+    if dead:
+        score = tree.score.clone()
+        score[dead] = float("-inf")
+        tree = attrs.evolve(tree, score=score)
+    front = data.draw(st.lists(st.integers(0, n - 1), max_size=4, unique=True))
+    live_front = [i for i in front if i not in dead]  # a frontier never holds dead nodes
+    frontier = torch.tensor(live_front, dtype=torch.long)
+    host = tree_stats_host(tree, frontier)
+    device = tree_stats_device(tree, frontier)
+    assert host == pytest.approx(device, rel=1e-5, abs=1e-6)
+    assert host[1] == 1 - len(set(tree.parents[1:].tolist())) / n  # leaf ratio

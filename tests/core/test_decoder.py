@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import greedy_reference, memory_resources, tiny_llama
+from tests.core.test_tree import trees
+from treegraft.core.decoder import accepted_tokens, accepted_tokens_on_device
+from treegraft.core.interfaces import BuildResult
 from treegraft.core.pipeline import load_pipeline
+from treegraft.plugins.verifiers.greedy import GreedyVerifier
 
 VOCAB = 48
 
@@ -219,3 +224,27 @@ def test_step_events_report_stage_times_and_sizes(tiny_target, tiny_drafter):
         assert e.calls[0] == 1 and all(c == 0 for c in e.calls[1:])
         assert 1 <= e.tree_size + 1 == e.build.tree.n_nodes
     assert sum(len(e.tokens) for e in events) == 12
+
+
+@given(st.data())
+def test_accepted_tokens_on_the_host_and_on_the_device_agree(data):
+    """The committed tokens and the strong-drafter count of an accepted path, read as lists
+    (CPU) or with torch ops (other devices), from a random tree's greedy verdict."""
+    tree = data.draw(trees())
+    n = tree.n_nodes
+    proposer = torch.tensor(
+        [-1, *data.draw(st.lists(st.integers(0, 2), min_size=n - 1, max_size=n - 1))]
+    )
+    tree = attrs.evolve(tree, proposer=proposer)
+    logits = torch.randn(
+        n, 6, generator=torch.Generator().manual_seed(data.draw(st.integers(0, 99)))
+    )
+    logits[torch.arange(n), data.draw(st.lists(st.integers(0, 5), min_size=n, max_size=n))] += 10
+    verdict = GreedyVerifier(None).verify(tree, logits)
+    built = BuildResult(tree=tree, kept=torch.arange(n), calls=(0,), unpruned=tree)
+    path, tokens, strong = accepted_tokens(built, verdict)
+    want_path, want_tokens, want_strong = accepted_tokens_on_device(built, verdict)
+    assert torch.equal(path, want_path) and tokens == want_tokens and strong == want_strong
+    drafted = path.tolist()[1:]
+    assert tokens == [int(tree.tokens[i]) for i in drafted] + [int(verdict.bonus)]
+    assert strong == sum(int(proposer[i]) > 0 for i in drafted)

@@ -98,6 +98,9 @@ def test_select_keeps_an_ancestor_closed_valid_subtree(tree: DraftTree, data) ->
     keep = torch.tensor(sorted(closed))
     sub = tree.select(keep)
     assert_valid(sub)
+    on_device = tree.select_on_device(keep)  # the torch path (non-CPU trees) builds the same tree
+    for name in ("tokens", "parents", "depth", "edge_logp", "score", "proposer", "scorer"):
+        assert torch.equal(getattr(sub, name), getattr(on_device, name)), name
     assert sub.tokens.tolist() == tree.tokens[keep].tolist()
     for new_i, old_i in enumerate(keep.tolist()):
         if new_i:
@@ -143,6 +146,29 @@ def test_extend_never_removes_and_keeps_siblings_unique(tree: DraftTree, data) -
             assert int(grown.tokens[node]) == tok and int(grown.parents[node]) == parent
             parent = node
     assert bool((grown.proposer[n:] == 1).all())
+
+
+@given(trees(), st.data(), st.sampled_from([torch.float32, torch.float64]))
+def test_extend_on_the_host_and_on_the_device_build_the_same_tree(
+    tree: DraftTree, data, dtype: torch.dtype
+) -> None:
+    """CPU trees grow in Python (`extend_host`), others with torch ops: identical nodes, order,
+    scores (bit for bit, in the tree's dtype), proposers and node indices; dead parents stay dead
+    and duplicate rows merge (the small vocabulary makes both frequent)."""
+    tree = attrs.evolve(tree, score=tree.score.to(dtype), edge_logp=tree.edge_logp.to(dtype))
+    dead = data.draw(st.lists(st.integers(1, max(1, tree.n_nodes - 1)), max_size=2))
+    if tree.n_nodes > 1 and dead:
+        score = tree.score.clone()
+        score[dead] = float("-inf")
+        tree = attrs.evolve(tree, score=score)
+    prop = data.draw(proposals(tree))
+    host, host_of = tree.extend(prop, drafter=2)
+    ref, ref_of = tree.extend_on_device(prop, drafter=2)
+    assert torch.equal(host_of, ref_of)
+    for name in ("tokens", "parents", "depth", "edge_logp", "score", "proposer", "scorer"):
+        got, want = getattr(host, name), getattr(ref, name)
+        assert got.dtype == want.dtype, name
+        assert torch.equal(got, want), name
 
 
 def test_extend_reuses_existing_child_and_keeps_its_score() -> None:

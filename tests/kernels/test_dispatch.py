@@ -12,25 +12,28 @@ import torch
 from treegraft.kernels import _dispatch, ancestor_mask, greedy_accept, tree_depth
 
 
-def test_cpu_tensors_take_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
-    loaded: list[str] = []
-    load = _dispatch.load_backend
-    monkeypatch.setattr(_dispatch, "load_backend", lambda p, b: loaded.append(b) or load(p, b))
-    tree_depth(torch.tensor([-1, 0]))
-    assert loaded == ["reference"]
+def test_cpu_tensors_take_the_reference() -> None:
+    impl = _dispatch.implementation("treegraft.kernels.ancestor_mask", "tree_depth", torch.ones(2))
+    assert impl.__name__ == "treegraft.kernels.ancestor_mask.reference"
+    assert tree_depth(torch.tensor([-1, 0])).tolist() == [0, 1]
 
 
 def test_cpu_tensors_take_the_host_implementation_where_an_op_has_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    loaded: list[str] = []
-    load = _dispatch.load_backend
-    monkeypatch.setattr(_dispatch, "load_backend", lambda p, b: loaded.append(b) or load(p, b))
     parents = torch.tensor([-1, 0, 0])
+    package = "treegraft.kernels.greedy_accept"
+    impl = _dispatch.implementation(package, "greedy_accept", parents, parents, parents)
+    assert impl.__name__ == f"{package}.host"
     assert greedy_accept(parents, parents, parents).length.item() >= 1
-    monkeypatch.setenv("TREEGRAFT_KERNELS", "reference")
-    greedy_accept(parents, parents, parents)
-    assert loaded == ["host", "reference"]
+    monkeypatch.setenv(
+        "TREEGRAFT_KERNELS", "reference"
+    )  # the remembered choice follows the variable
+    impl = _dispatch.implementation(package, "greedy_accept", parents, parents, parents)
+    assert impl.__name__ == f"{package}.reference"
+    monkeypatch.setenv("TREEGRAFT_KERNELS", " Auto ")  # spelled loosely: validated, not remembered
+    impl = _dispatch.implementation(package, "greedy_accept", parents, parents, parents)
+    assert impl.__name__ == f"{package}.host"
 
 
 def test_unknown_override_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from tests.kernels.kernel_strategies import INTERPRETED, REFERENCE, parent_arrays
 from treegraft.kernels import prune_to_budget
 from treegraft.kernels.ancestor_mask.reference import tree_depth
-from treegraft.kernels.prune_to_budget import reference
+from treegraft.kernels.prune_to_budget import host, reference
 
 
 @st.composite
@@ -70,6 +70,26 @@ def test_reference_is_greedy_and_closed(case: dict[str, object]) -> None:
 @given(case=prune_cases(monotone=False))
 def test_reference_stays_closed_when_scores_increase_along_a_path(case: dict[str, object]) -> None:
     check_contract(reference.prune_to_budget(**case), case)
+
+
+@given(case=prune_cases(), monotone=st.booleans())
+def test_host_implementation_equals_the_reference(case: dict[str, object], monotone: bool) -> None:
+    """The host path (CPU tensors under auto dispatch) keeps the same nodes, contract-violating
+    scores included."""
+    if not monotone:
+        case["score"] = case["score"][torch.randperm(case["score"].shape[0])]
+    got = host.prune_to_budget(**case)
+    assert got.dtype == torch.int64
+    assert torch.equal(got, reference.prune_to_budget(**case))
+
+
+def test_host_implementation_hands_non_parents_first_arrays_to_the_reference() -> None:
+    parents = torch.tensor([-1, 2, 0, 0])  # node 1 hangs under the later node 2
+    score = torch.tensor([0.0, -3.0, -1.0, -2.0])
+    depth = torch.tensor([0, 2, 1, 1])
+    want = reference.prune_to_budget(parents, score, depth, 2)
+    assert torch.equal(host.prune_to_budget(parents, score, depth, 2), want)
+    assert want.tolist() == [0, 2, 3]
 
 
 def test_budget_covering_the_tree_keeps_all() -> None:

@@ -16,7 +16,7 @@ from treegraft.core.config import ConfigError
 from treegraft.core.latency import LatencyCurve
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import prune_to_budget
-from treegraft.plugins.builders.layered import verify_size
+from treegraft.plugins.builders.layered import best_scores, best_scores_on_device, verify_size
 
 
 def affine(base: float, per_token: float, largest: int = 64) -> LatencyCurve:
@@ -63,6 +63,22 @@ def test_the_chosen_size_maximises_expected_tokens_per_second(
     expected = 1 + tree.score[kept[1:]].exp().sum().item()
     rate = expected / (drafting + curve(1 + size))
     assert rate == pytest.approx(brute_force(tree, budget, curve, drafting), rel=1e-9)
+
+
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 30), m=st.integers(0, 40), dead=st.booleans())
+def test_best_scores_on_the_host_and_on_the_device_agree(seed, n, m, dead):
+    tree = random_tree(seed, n)
+    if dead and n > 1:  # logically deleted nodes are never counted
+        score = tree.score.clone()
+        score[n // 2 + 1 :] = float("-inf")
+        tree = DraftTree(**{**{k: getattr(tree, k) for k in TREE_FIELDS}, "score": score})
+    host = best_scores(tree, m)
+    assert host == best_scores_on_device(tree, m)
+    finite = [x for x in tree.score[1:].tolist() if math.isfinite(x)]
+    assert host == sorted(finite, reverse=True)[:m]
+
+
+TREE_FIELDS = ("tokens", "parents", "depth", "edge_logp", "score", "proposer", "scorer")
 
 
 def test_a_flat_curve_keeps_the_budget_and_a_steep_one_keeps_only_likely_nodes():

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from tests.core.test_tree import assert_valid
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.kernels import prune_to_budget
-from treegraft.plugins.builders.layered import chain_tails
+from treegraft.plugins.builders.layered import chain_tails, chain_tails_on_device
 from treegraft.plugins.grafters.reselect import (
     ReplaceGrafter,
     ReselectConfig,
@@ -88,6 +88,15 @@ def test_grafting_invariants(data, ops, k, lookback, destructive, interpolate, b
         check_scores_monotone(tree)
         assert frontier.numel() <= k
     check_prune(tree, budget)
+
+
+@given(st.lists(st.lists(st.integers(-1, 40), min_size=3, max_size=3), max_size=8))
+def test_chain_tails_takes_the_last_valid_entry_of_each_row(rows):
+    """The numpy path (CPU) and the torch path agree with the definition, holes included."""
+    node_of = torch.tensor(rows, dtype=torch.long).reshape(len(rows), 3)
+    want = [next((x for x in reversed(row) if x >= 0), -1) for row in rows]
+    assert chain_tails(node_of).tolist() == want
+    assert chain_tails_on_device(node_of).tolist() == want
 
 
 def check_never_removes(before: DraftTree, after: DraftTree) -> None:

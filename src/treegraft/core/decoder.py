@@ -204,8 +204,23 @@ def accepted_tokens(built: BuildResult, verdict: Verdict) -> tuple[Tensor, list[
     """The accepted path (`[a]` node indices), the committed tokens (drafts + bonus) and how many
     of the accepted drafts a drafter other than drafter 0 proposed.
 
-    One host read for the path length, one for the tokens and the count together.
+    On CPU, read as Python lists; elsewhere one host read for the path length, one for the
+    tokens and the count together.
     """
+    tree = built.tree
+    if tree.device.type != "cpu":
+        return accepted_tokens_on_device(built, verdict)
+    path = verdict.path[: int(verdict.length)]
+    drafted = path.tolist()[1:]
+    tokens, proposer = tree.tokens.tolist(), tree.proposer.tolist()
+    out = [tokens[i] for i in drafted] + [int(verdict.bonus)]
+    return path, out, sum(proposer[i] > 0 for i in drafted)
+
+
+def accepted_tokens_on_device(
+    built: BuildResult, verdict: Verdict
+) -> tuple[Tensor, list[int], int]:
+    """`accepted_tokens` with torch ops on the tree's device and two host reads."""
     length = int(verdict.length)
     path = verdict.path[:length]
     drafted = path[1:]

@@ -11,6 +11,9 @@ growing operation returns a new tree plus the indices of the nodes it touched.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import attrs
 import numpy as np
 import torch
@@ -178,9 +181,18 @@ class DraftTree:
 
         A proposed token that already exists as a child of the same parent (or that an earlier row
         of the same proposal already added) is not added again: its existing node is reused and
-        keeps its score. Returns the new tree and `[m, c]` int64 node indices for every proposal
-        entry (-1 where the row was padded).
+        keeps its score. New nodes are numbered column by column, rows in order. Returns the new
+        tree and `[m, c]` int64 node indices for every proposal entry (-1 where the row was padded
+        or its parent was). On CPU it runs on the host (`extend_host`: one dictionary lookup per
+        entry where the tensor version costs some twenty small torch ops per column); elsewhere
+        on the device (`extend_on_device`); both give identical trees.
         """
+        if self.device.type == "cpu":
+            return extend_host(self, proposal, drafter)
+        return self.extend_on_device(proposal, drafter)
+
+    def extend_on_device(self, proposal: Proposal, drafter: int) -> tuple[DraftTree, Tensor]:
+        """`extend` with torch ops on the tree's device (one pass per proposal column)."""
         tree = self
         m, c = proposal.tokens.shape
         node_of = torch.full((m, c), -1, dtype=torch.long, device=self.device)
@@ -232,23 +244,25 @@ class DraftTree:
         """The best `k` live nodes among `nodes` by score (ties: shallower, then older), ascending.
 
         Nodes with score -inf are dead (logically deleted) and never chosen; entries < 0 are
-        ignored. On CPU it runs in numpy (`best_host`): a few microseconds where a dozen small
-        torch ops cost over a hundred, several times per layer; elsewhere on the device.
+        ignored. On CPU it runs on the host (`best_host`, a Python sort of the candidates: a few
+        microseconds where a dozen small torch ops cost over a hundred, several times per
+        layer); elsewhere on the device.
         """
         if self.device.type == "cpu":
-            found = best_host(self.score.numpy(), self.depth.numpy(), nodes.numpy(), k)
-            return torch.from_numpy(found)
+            cand = sorted({i for i in nodes.tolist() if i >= 0})
+            found = best_host(self.score.tolist(), self.depth.tolist(), cand, k)
+            return torch.tensor(found, dtype=torch.long)
         return self.best_on_device(nodes, k)
 
     def best_near(self, frontier: Tensor, lookback: int, k: int) -> Tensor:
         """The best `k` live nodes (as `best`) at depths `[d - lookback, d]`, `d` the deepest
         frontier node's depth (the tree's deepest when the frontier is empty), ascending."""
         if self.device.type == "cpu":
-            depth = self.depth.numpy()
-            front = frontier.numpy()
-            d = depth[front].max() if front.size else depth.max()
-            window = np.flatnonzero((depth >= d - lookback) & (depth <= d))  # sorted, unique
-            return torch.from_numpy(best_host(self.score.numpy(), depth, window, k, unique=True))
+            depth = self.depth.tolist()
+            front = frontier.tolist()
+            d = max(depth[i] for i in front) if front else max(depth)
+            window = [i for i, x in enumerate(depth) if d - lookback <= x <= d]
+            return torch.tensor(best_host(self.score.tolist(), depth, window, k), dtype=torch.long)
         return self.best_near_on_device(frontier, lookback, k)
 
     def best_near_on_device(self, frontier: Tensor, lookback: int, k: int) -> Tensor:
@@ -274,19 +288,29 @@ class DraftTree:
 
     def select(self, keep: Tensor) -> DraftTree:
         """The subtree of the nodes `keep` (`[m]` ascending, ancestor-closed, containing the root)."""
+        if self.device.type == "cpu":  # numpy indexing: a fraction of torch's per-call cost
+            k = keep.numpy()
+            remap = np.full(self.n_nodes, -1, dtype=np.int64)
+            remap[k] = np.arange(k.shape[0])
+            parents = self.parents.numpy()[k]
+            new_parents = np.where(parents >= 0, remap[np.maximum(parents, 0)], -1)
+            return DraftTree(
+                parents=torch.from_numpy(new_parents),
+                **{f: torch.from_numpy(getattr(self, f).numpy()[k]) for f in _NODE_FIELDS},
+            )
+        return self.select_on_device(keep)
+
+    def select_on_device(self, keep: Tensor) -> DraftTree:
+        """`select` with torch ops on the tree's device."""
         remap = torch.full((self.n_nodes,), -1, dtype=torch.long, device=self.device)
         remap[keep] = torch.arange(keep.shape[0], device=self.device)
         parents = self.parents[keep]
         new_parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], -1)
-        return DraftTree(
-            tokens=self.tokens[keep],
-            parents=new_parents,
-            depth=self.depth[keep],
-            edge_logp=self.edge_logp[keep],
-            score=self.score[keep],
-            proposer=self.proposer[keep],
-            scorer=self.scorer[keep],
-        )
+        return DraftTree(parents=new_parents, **{f: getattr(self, f)[keep] for f in _NODE_FIELDS})
+
+
+#: the per-node fields `select` takes as they are (parents are renumbered)
+_NODE_FIELDS = ("tokens", "depth", "edge_logp", "score", "proposer", "scorer")
 
 
 def _find_children(tree: DraftTree, parent: Tensor, tok: Tensor) -> Tensor:
@@ -329,17 +353,70 @@ def check_parent_array(tokens: Tensor, parents: Tensor) -> None:
         )
 
 
-def best_host(
-    score: np.ndarray, depth: np.ndarray, nodes: np.ndarray, k: int, *, unique: bool = False
-) -> np.ndarray:
-    """`DraftTree.best` in numpy: the best `k` live entries of `nodes` (`[m]` int64 indices into
-    `score` and `depth`, `[n]` each; entries < 0 ignored) by score, ties to the shallower, then the
-    older node; ascending int64. `unique=True` promises `nodes` are already distinct, ascending
-    and >= 0 (skips the sort)."""
-    if not unique:
-        nodes = np.unique(nodes[nodes >= 0])
-    nodes = nodes[np.isfinite(score[nodes])]
-    if nodes.size <= k:
-        return nodes.astype(np.int64, copy=False)
-    order = np.lexsort((nodes, depth[nodes], -score[nodes]))[:k]  # last key is the primary one
-    return np.sort(nodes[order]).astype(np.int64, copy=False)
+def best_host(score: list[float], depth: list[int], nodes: list[int], k: int) -> list[int]:
+    """`DraftTree.best` on the host: the best `k` live entries of `nodes` (distinct indices into
+    the per-node `score` and `depth` lists) by score, ties to the shallower, then the older node;
+    ascending. A Python sort of the few dozen candidates costs less than any array call."""
+    live = [i for i in nodes if math.isfinite(score[i])]
+    if len(live) > k:
+        live = sorted(live, key=lambda i: (-score[i], depth[i], i))[:k]
+    return sorted(live)
+
+
+def extend_host(tree: DraftTree, proposal: Proposal, drafter: int) -> tuple[DraftTree, Tensor]:
+    """`DraftTree.extend` for CPU trees, in Python and numpy: the children of every node sit in a
+    dictionary keyed by (parent, token), the proposal is walked column by column, rows in order,
+    and the new nodes are appended with one concatenation per field. A new node's score is its
+    parent's plus its edge log-prob, added in the score's dtype as the tensor version adds it."""
+    m, c = proposal.tokens.shape
+    node_of = np.full((m, c), -1, dtype=np.int64)
+    if m == 0:
+        return tree, torch.from_numpy(node_of)
+    score_np = tree.score.numpy()
+    real = score_np.dtype.type  # float32 + float32 rounds as torch's float32 add does
+    toks, logps = proposal.tokens.tolist(), proposal.logp.numpy().astype(score_np.dtype).tolist()
+    parent_of_row = proposal.parents.tolist()
+    n = tree.n_nodes
+    pairs = zip(tree.parents.tolist(), tree.tokens.tolist(), strict=True)
+    child = dict(zip(pairs, range(n), strict=True))
+    depth = tree.depth.tolist()
+    score = score_np.tolist()
+    new_parent: list[int] = []
+    new_tok: list[int] = []
+    new_logp: list[float] = []
+    for col in range(c):
+        for r in range(m):
+            parent, tok = parent_of_row[r], toks[r][col]
+            if parent < 0 or tok < 0:
+                parent_of_row[r] = -1
+                continue
+            node = child.get((parent, tok))
+            if node is None:
+                node = n + len(new_parent)
+                child[(parent, tok)] = node
+                new_parent.append(parent)
+                new_tok.append(tok)
+                new_logp.append(logps[r][col])
+                depth.append(depth[parent] + 1)
+                score.append(float(real(score[parent]) + real(logps[r][col])))
+            node_of[r, col] = node
+            parent_of_row[r] = node
+    if not new_parent:
+        return tree, torch.from_numpy(node_of)
+    k = len(new_parent)
+    real_dtype = score_np.dtype
+    who = np.full(k, drafter, dtype=np.int64)
+
+    def grown(field: str, new: Any, dtype: Any) -> Tensor:  # numpy: a fraction of torch.cat's cost
+        old = getattr(tree, field).numpy()
+        return torch.from_numpy(np.concatenate([old, np.asarray(new, dtype=dtype)]))
+
+    return DraftTree(
+        tokens=grown("tokens", new_tok, np.int64),
+        parents=grown("parents", new_parent, np.int64),
+        depth=torch.from_numpy(np.asarray(depth, dtype=np.int64)),
+        edge_logp=grown("edge_logp", new_logp, real_dtype),
+        score=torch.from_numpy(np.asarray(score, dtype=real_dtype)),
+        proposer=grown("proposer", who, np.int64),
+        scorer=grown("scorer", who, np.int64),
+    ), torch.from_numpy(node_of)

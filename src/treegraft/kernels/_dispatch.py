@@ -25,7 +25,7 @@ from torch import Tensor
 
 ENV_VAR = "TREEGRAFT_KERNELS"
 #: ops with a numpy implementation (``<op>/host.py``) that ``auto`` picks for CPU tensors
-HOST_OPS = frozenset({"greedy_accept"})
+HOST_OPS = frozenset({"greedy_accept", "prune_to_budget"})
 Backend = Literal["reference", "triton", "host"]
 _CHOICES = ("auto", "reference", "triton")
 
@@ -95,5 +95,30 @@ def load_backend(package: str, backend: Backend) -> ModuleType:
 
 
 def implementation(package: str, op: str, *tensors: Tensor) -> ModuleType:
-    """The module (reference or Triton) that should run ``op`` on these tensors."""
+    """The module (reference, host or Triton) that should run ``op`` on these tensors.
+
+    Under ``auto`` or ``reference`` the choice depends only on the variable's value and the
+    tensors' device types, and is remembered per combination (it is made several times per
+    decoding step); a forced ``triton`` is checked afresh every time.
+    """
+    requested = os.environ.get(ENV_VAR)
+    if requested is None or requested in _CACHED_REQUESTS:
+        devices = tuple(t.device.type for t in tensors)
+        return _implementation(package, op, requested, devices)
     return load_backend(package, choose_backend(op, *tensors))
+
+
+#: ``TREEGRAFT_KERNELS`` values whose choice `implementation` may remember
+_CACHED_REQUESTS = frozenset({"", "auto", "reference"})
+
+
+@functools.cache
+def _implementation(
+    package: str, op: str, requested: str | None, devices: tuple[str, ...]
+) -> ModuleType:
+    if requested == "reference":
+        return load_backend(package, "reference")
+    if all(d == "cuda" for d in devices) and triton_available():
+        return load_backend(package, "triton")
+    on_cpu = all(d == "cpu" for d in devices)
+    return load_backend(package, "host" if on_cpu and op in HOST_OPS else "reference")

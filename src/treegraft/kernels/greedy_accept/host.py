@@ -6,7 +6,6 @@ than the work; this walks down from the root through a map of matching children 
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -14,21 +13,20 @@ from treegraft.kernels.types import GreedyAcceptance
 
 
 def greedy_accept(tokens: Tensor, parents: Tensor, target_argmax: Tensor) -> GreedyAcceptance:
-    """See ``reference.greedy_accept``; CPU tensors only (their numpy views are read)."""
-    tok, par, arg = tokens.numpy(), parents.numpy(), target_argmax.numpy()
-    n = par.shape[0]
-    # [m] the nodes whose token is the target's argmax after their parent, ascending
-    matched = np.flatnonzero(tok[1:] == arg[par[1:]]) + 1
-    child = {}
-    for node, parent in zip(matched.tolist(), par[matched].tolist(), strict=True):
-        child.setdefault(parent, node)  # siblings are distinct: at most one per parent
+    """See ``reference.greedy_accept``; CPU tensors only (read as Python lists: for trees of a
+    few dozen nodes a list walk costs less than any array operation)."""
+    tok, par, arg = tokens.tolist(), parents.tolist(), target_argmax.tolist()
+    n = len(par)
+    child: dict[int, int] = {}  # parent -> its child carrying the target's argmax (siblings differ)
+    for node in range(1, n):
+        parent = par[node]
+        if tok[node] == arg[parent] and parent not in child:
+            child[parent] = node
     walk = [0]
     while walk[-1] in child:
         walk.append(child[walk[-1]])
-    path = np.full(n, -1, dtype=np.int64)
-    path[: len(walk)] = walk
     return GreedyAcceptance(
-        path=torch.from_numpy(path),
+        path=torch.tensor(walk + [-1] * (n - len(walk)), dtype=torch.int64),
         length=torch.tensor(len(walk), dtype=torch.int64),
-        bonus=torch.tensor(int(arg[walk[-1]]), dtype=torch.int64),
+        bonus=torch.tensor(arg[walk[-1]], dtype=torch.int64),
     )

@@ -9,6 +9,8 @@ tree is pruned to the best `budget` nodes (ancestor-closed, parents first).
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any, NamedTuple
 
 import attrs
@@ -138,19 +140,55 @@ def verify_size(tree: DraftTree, budget: int, curve: Any, drafting_s: float) -> 
     one (a GPU), that is nearly the whole budget; on a CPU, where each token adds to the forward,
     the tree is cut to its likely nodes. One device-to-host read of the `budget` best scores.
     """
+    top = best_scores(tree, budget)  # descending
+    if not top:
+        return 0
+    seconds = curve_table(curve, len(top) + 1)  # forwards of 1 .. 1 + m tokens
+    best, best_rate, expected = 0, -math.inf, 1.0
+    for n in range(len(top) + 1):
+        if n:
+            expected += min(1.0, math.exp(top[n - 1]))
+        rate = expected / (drafting_s + seconds[n])
+        if rate > best_rate:  # the smallest size among equals
+            best, best_rate = n, rate
+    return best
+
+
+def best_scores(tree: DraftTree, m: int) -> list[float]:
+    """The `m` highest finite scores of the non-root nodes, descending (fewer if the tree has
+    fewer): a Python sort on CPU, a top-k and one read elsewhere."""
+    if tree.device.type == "cpu":
+        finite = [x for x in tree.score.tolist()[1:] if math.isfinite(x)]
+        return sorted(finite, reverse=True)[:m]
+    return best_scores_on_device(tree, m)
+
+
+def best_scores_on_device(tree: DraftTree, m: int) -> list[float]:
+    """`best_scores` with a top-k on the tree's device."""
     scores = tree.score[1:]
     scores = scores[torch.isfinite(scores)]
-    m = min(budget, int(scores.numel()))
-    if m == 0:
-        return 0
-    p = scores.topk(m).values.double().exp().clamp(max=1.0).cpu().numpy()  # [m] descending
-    expected = 1.0 + np.concatenate([[0.0], np.cumsum(p)])  # [m + 1] for n = 0 .. m
-    seconds = drafting_s + curve.many(np.arange(1, m + 2))  # [m + 1] forwards of 1 + n tokens
-    return int(np.argmax(expected / seconds))
+    return scores.topk(min(m, int(scores.numel()))).values.tolist()
+
+
+@functools.lru_cache(maxsize=64)
+def curve_table(curve: Any, m: int) -> tuple[float, ...]:
+    """`curve` at 1 .. m tokens (the adaptive size reads it every step; curves are immutable)."""
+    return tuple(curve.many(np.arange(1, m + 1)).tolist())
 
 
 def chain_tails(node_of: Tensor) -> Tensor:
-    """`[m]` node index of the last valid entry of each proposal row (-1 for empty rows)."""
+    """`[m]` node index of the last valid entry of each proposal row (-1 for empty rows); on the
+    host for CPU tensors."""
+    if node_of.device.type != "cpu":
+        return chain_tails_on_device(node_of)
+    rows = node_of.tolist()
+    return torch.tensor(
+        [next((x for x in reversed(r) if x >= 0), -1) for r in rows], dtype=torch.long
+    )
+
+
+def chain_tails_on_device(node_of: Tensor) -> Tensor:
+    """`chain_tails` with torch ops on the tensor's device."""
     valid = node_of >= 0  # [m, c]
     last = valid.long().cumsum(-1).argmax(-1)  # index of the last valid column
     tails = node_of.gather(1, last[:, None]).squeeze(1)
@@ -212,27 +250,19 @@ class TreeStats(NamedTuple):
 
 def tree_stats_host(tree: DraftTree, frontier: Tensor) -> list[float]:
     """Frontier mean depth, leaf ratio, frontier mean score, expected acceptance (sum of
-    `exp(score)` over the non-root nodes) and frontier max score, in numpy (CPU trees; sums, not
-    `mean`, whose Python wrapper costs more than the arithmetic on arrays this small)."""
-    score = tree.score.numpy()
-    front = frontier.numpy()
-    n = score.shape[0]
-    has_child = np.zeros(n, dtype=bool)
-    has_child[tree.parents.numpy()[1:]] = True
-    leaf_ratio = 1.0 - np.count_nonzero(has_child) / n
-    expected = float(np.exp(score[1:]).sum(dtype=np.float64))
-    f = front.size
+    `exp(score)` over the non-root nodes) and frontier max score, over Python lists (CPU trees of
+    a few dozen nodes: cheaper than array calls)."""
+    score = tree.score.tolist()
+    parents = tree.parents.tolist()
+    leaf_ratio = 1.0 - len(set(parents[1:])) / len(parents)
+    expected = sum(map(math.exp, score[1:]))
+    front = frontier.tolist()
+    f = len(front)
     if not f:
         return [0.0, leaf_ratio, 0.0, expected, 0.0]
-    fs = score[front]
-    depth_sum = int(tree.depth.numpy()[front].sum())
-    return [
-        depth_sum / f,
-        leaf_ratio,
-        float(fs.sum(dtype=np.float64)) / f,
-        expected,
-        float(fs.max()),
-    ]
+    depth = tree.depth.tolist()
+    fs = [score[i] for i in front]
+    return [sum(depth[i] for i in front) / f, leaf_ratio, sum(fs) / f, expected, max(fs)]
 
 
 def tree_stats_device(tree: DraftTree, frontier: Tensor, *extra: Tensor) -> list[float]:

@@ -18,6 +18,7 @@ import math
 from collections import Counter, defaultdict
 
 import attrs
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -40,13 +41,14 @@ class NgramConfig:
 class Calibration:
     """Beta(1, 1) estimates of how often n-gram proposals are right, by match length and chain position."""
 
-    hits: Tensor  # [max_ngram + 1, chain_len] float64
-    trials: Tensor  # [max_ngram + 1, chain_len] float64
+    # numpy, not torch: read and written one entry at a time, several times per proposal row
+    hits: np.ndarray  # [max_ngram + 1, chain_len] float64
+    trials: np.ndarray  # [max_ngram + 1, chain_len] float64
 
     @classmethod
     def empty(cls, max_ngram: int, chain_len: int) -> Calibration:
         shape = (max_ngram + 1, chain_len)
-        return cls(torch.zeros(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.float64))
+        return cls(np.zeros(shape), np.zeros(shape))
 
     def log_rate(self, n: int, t: int) -> float:
         return math.log((float(self.hits[n, t]) + 1.0) / (float(self.trials[n, t]) + 2.0))
@@ -140,13 +142,13 @@ class NgramDrafter(Drafter):
         if not rows:
             return Proposal.empty(device)
         cl = self.config.chain_len
-        tokens = torch.full((len(rows), cl), -1, dtype=torch.long)
-        logp = torch.zeros(len(rows), cl, dtype=torch.float32)
-        for r, row in enumerate(rows):
-            tokens[r, : len(row.chain)] = torch.tensor(row.chain)
-            logp[r, : len(row.chain)] = torch.tensor(self._row_logp(row))
-        parents = torch.tensor([row.parent for row in rows], dtype=torch.long)
-        return Proposal(parents=parents.to(device), tokens=tokens.to(device), logp=logp.to(device))
+        tokens = [list(row.chain) + [-1] * (cl - len(row.chain)) for row in rows]
+        logp = [self._row_logp(row) + [0.0] * (cl - len(row.chain)) for row in rows]
+        return Proposal(
+            parents=torch.tensor([row.parent for row in rows], dtype=torch.long, device=device),
+            tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+            logp=torch.tensor(logp, dtype=torch.float32, device=device),
+        )
 
     def _row_logp(self, row: _Row) -> list[float]:
         cal = self.calibration
