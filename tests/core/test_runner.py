@@ -85,6 +85,39 @@ def test_incremental_forwards_and_commit_match_plain_forwards(seed: int, steps: 
     assert runner.n_cached + runner.n_pending == len(seq) - 1
 
 
+def test_host_and_device_blocks_agree(monkeypatch) -> None:
+    """A CPU runner builds its forward blocks (ids, positions, visibility) in numpy; the torch
+    version other devices use gives the same tensors, with pending tokens and partly seen trees."""
+    block = CausalLMRunner._block
+    checked: list[int] = []
+
+    def both(self, tree, start, pending):
+        got = block(self, tree, start, pending)
+        want = self._block_on_device(tree, start, pending)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and torch.equal(g, w)
+        checked.append(pending)
+        return got
+
+    monkeypatch.setattr(CausalLMRunner, "_block", both)
+    model = tiny_llama(seed=1, vocab=24)
+    rng = torch.Generator().manual_seed(3)
+    seq = torch.randint(0, 24, (6,), generator=rng).tolist()
+    runner = CausalLMRunner(model)
+    runner.begin(torch.tensor(seq), max_len=64)
+    for step in range(6):
+        tree = random_tree(rng, seq[-1], 3 + step, 24)
+        if step != 2:  # step 2 forwards nothing: the next forward carries pending tokens
+            with torch.no_grad():
+                runner.forward_tree(tree.select(torch.arange(2)))
+                runner.forward_tree(tree)
+        path = tree.path_to(tree.n_nodes - 1)
+        new = [*tree.tokens[path[1:]].tolist(), 5]
+        runner.commit(path, torch.tensor(new))
+        seq += new
+    assert len(checked) == 10 and max(checked) > 1
+
+
 def test_prefill_is_lazy_and_counts_one_forward() -> None:
     model = tiny_llama(seed=0, vocab=16)
     runner = CausalLMRunner(model)

@@ -14,13 +14,27 @@ from tests.kernels.kernel_strategies import (
     parent_arrays,
 )
 from treegraft.kernels import ancestor_mask, ancestor_mask_packed, tree_depth, unpack_mask
-from treegraft.kernels.ancestor_mask import reference
+from treegraft.kernels.ancestor_mask import host, reference
 
 
 @REFERENCE
 @given(parents=parent_arrays(max_nodes=80))
 def test_reference_mask_matches_walking_up(parents: torch.Tensor) -> None:
     assert torch.equal(reference.ancestor_mask(parents=parents), brute_force_mask(parents))
+
+
+@given(parents=parent_arrays(max_nodes=150))
+def test_host_mask_matches_walking_up(parents: torch.Tensor) -> None:
+    """The bit-set implementation CPU tensors take, across the 64-node word boundary."""
+    got = host.ancestor_mask(parents=parents)
+    assert got.dtype == torch.bool and got.shape == (parents.shape[0],) * 2
+    assert torch.equal(got, brute_force_mask(parents))
+
+
+def test_host_mask_hands_non_parents_first_arrays_to_the_reference() -> None:
+    parents = torch.tensor([-1, 2, 0])  # node 1 hangs under the later node 2
+    want = torch.tensor([[1, 0, 0], [1, 1, 1], [1, 0, 1]], dtype=torch.bool)
+    assert torch.equal(host.ancestor_mask(parents=parents), want)
 
 
 @REFERENCE

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
+import numpy as np
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel
@@ -180,7 +181,30 @@ class CausalLMRunner:
         return logits
 
     def _block(self, tree: DraftTree, start: int, pending: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Token ids `[q]`, positions `[q]` and visibility `[q, kv_len]` of one forward block."""
+        """Token ids `[q]`, positions `[q]` and visibility `[q, kv_len]` of one forward block:
+        in numpy for a CPU model and tree (a few array calls where torch's cost tens of
+        microseconds each), else with torch ops on the model's device (`_block_on_device`)."""
+        if self.device.type != "cpu" or tree.device.type != "cpu":
+            return self._block_on_device(tree, start, pending)
+        n = tree.n_nodes
+        base = self.n_cached
+        p_end = base + self.n_pending
+        ids = torch.cat([self.committed[base : base + pending], tree.tokens[start:n]])
+        depth = tree.depth.numpy()[start:n]
+        positions = np.concatenate(
+            [np.arange(base, base + pending), depth + (self.n_committed - 1)]
+        )
+        mask = np.zeros((pending + n - start, p_end + n), dtype=np.bool_)
+        mask[:, :base] = True
+        mask[:pending, base : base + pending] = np.tri(pending, dtype=np.bool_)
+        mask[pending:, base:p_end] = True
+        mask[pending:, p_end:] = tree.ancestor_mask().numpy()[start:n]
+        return ids, torch.from_numpy(positions), torch.from_numpy(mask)
+
+    def _block_on_device(
+        self, tree: DraftTree, start: int, pending: int
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """`_block` with torch ops on the model's device."""
         dev = self.device
         n = tree.n_nodes
         base = self.n_cached
@@ -241,16 +265,12 @@ class CausalLMRunner:
         """
         n_new = int(tokens.shape[0])
         self._ensure_capacity(self.n_committed + n_new)
-        seen = accepted[accepted < self.n_seen] if self.n_seen else accepted[:0]
-        keep = torch.cat(
-            [
-                torch.arange(self.n_pending, device=self.device),
-                self.n_pending + seen.to(self.device),
-            ]
-        )
-        if keep.numel():
-            kv_compact(self.cache.kv, keep + self.n_cached, self.n_cached)
-        self.n_cached += int(keep.shape[0])
+        seen = [a for a in accepted.tolist() if a < self.n_seen]
+        keep = [*range(self.n_pending), *(self.n_pending + a for a in seen)]
+        if keep != list(range(len(keep))):  # else the kept slots already sit in place
+            src = torch.tensor(keep, dtype=torch.long, device=self.device) + self.n_cached
+            kv_compact(self.cache.kv, src, self.n_cached)
+        self.n_cached += len(keep)
         self.committed[self.n_committed : self.n_committed + n_new] = tokens.to(self.device)
         self.n_committed += n_new
         self.n_pending = self.n_seen = 0

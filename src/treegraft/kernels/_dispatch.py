@@ -25,7 +25,7 @@ from torch import Tensor
 
 ENV_VAR = "TREEGRAFT_KERNELS"
 #: ops with a numpy implementation (``<op>/host.py``) that ``auto`` picks for CPU tensors
-HOST_OPS = frozenset({"greedy_accept", "prune_to_budget"})
+HOST_OPS = frozenset({"ancestor_mask", "greedy_accept", "prune_to_budget"})
 Backend = Literal["reference", "triton", "host"]
 _CHOICES = ("auto", "reference", "triton")
 
