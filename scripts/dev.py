@@ -31,9 +31,11 @@ DEFAULT_VENV = ".venv"
 STAMP_NAME = ".treegraft-dev-stamp.json"
 EXAMPLE_PLUGIN = Path("docs") / "examples" / "treegraft-example-plugin"
 DEFAULT_PIPELINE = Path("pipelines") / "treegraft.yaml"
+# In the format of the zoo's code suite (a signature and docstring, no trailing newline): with a
+# trailing newline the zoo target ends the function at once (two tokens).
 DEFAULT_PROMPT = (
     "def count_words(path):\n"
-    '    """Return a dict mapping each word in the file at `path` to its number of occurrences."""\n'
+    "    '''Return a dict mapping each word in the file at `path` to its number of occurrences.'''"
 )
 
 TORCH_SPEC = "torch>=2.4,<3"

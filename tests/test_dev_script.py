@@ -235,3 +235,23 @@ def test_script_runs_under_the_system_python() -> None:
     )
     assert result.returncode == 0
     assert "run" in result.stdout and "test" in result.stdout
+
+
+def test_the_main_job_decodes_a_real_continuation_equal_to_plain_decoding() -> None:
+    """The quickstart's default prompt, with the shipped pipeline and the zoo: more than a few
+    tokens (a prompt ending in a newline once made the zoo target stop after two), token for token
+    what the target's own greedy `generate` gives."""
+    import torch
+
+    from treegraft.core.pipeline import load_pipeline
+
+    pipe = load_pipeline(SCRIPT.parents[1] / dev.DEFAULT_PIPELINE)
+    out = pipe.generate(dev.DEFAULT_PROMPT, max_new_tokens=48)
+    assert len(out.token_ids) >= 10 and out.text.strip()
+    ids = pipe.encode(dev.DEFAULT_PROMPT)[None]
+    model = pipe.decoder.target.model
+    with torch.inference_mode():
+        plain = model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=48
+        )
+    assert list(out.token_ids) == plain[0, ids.shape[1] :].tolist()
