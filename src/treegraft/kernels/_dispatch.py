@@ -68,23 +68,30 @@ def requested_backend() -> str:
 def choose_backend(op: str, *tensors: Tensor) -> Backend:
     """Pick the backend for ``op`` given its tensor arguments (see the module docstring)."""
     requested = requested_backend()
-    if requested == "reference":
-        return "reference"
-    on_cuda = all(t.is_cuda for t in tensors)
-    if requested == "auto":
-        if on_cuda and triton_available():
-            return "triton"
-        on_cpu = all(t.device.type == "cpu" for t in tensors)
-        return "host" if on_cpu and op in HOST_OPS else "reference"
+    devices = tuple(t.device.type for t in tensors)
+    if requested != "triton":
+        return _unforced_backend(op, requested, devices)
     if not triton_available():
         raise RuntimeError(f"{ENV_VAR}=triton but triton is not installed (needed by {op})")
-    if not on_cuda and not interpreter_enabled():
+    if not all(d == "cuda" for d in devices) and not interpreter_enabled():
         raise RuntimeError(
             f"{ENV_VAR}=triton was forced for {op} on CPU tensors; Triton kernels run on CPU only "
             f"in the interpreter: set TRITON_INTERPRET=1 before triton is first imported (it is read "
             f"once, at import), or use {ENV_VAR}=reference"
         )
     return "triton"
+
+
+@functools.cache
+def _unforced_backend(op: str, requested: str, devices: tuple[str, ...]) -> Backend:
+    """The choice under ``auto`` or ``reference``: it depends only on these arguments, so it is
+    remembered (a kernel is picked several times per decoding step)."""
+    if requested == "reference":
+        return "reference"
+    if all(d == "cuda" for d in devices) and triton_available():
+        return "triton"
+    on_cpu = all(d == "cpu" for d in devices)
+    return "host" if on_cpu and op in HOST_OPS else "reference"
 
 
 @functools.cache
@@ -95,30 +102,5 @@ def load_backend(package: str, backend: Backend) -> ModuleType:
 
 
 def implementation(package: str, op: str, *tensors: Tensor) -> ModuleType:
-    """The module (reference, host or Triton) that should run ``op`` on these tensors.
-
-    Under ``auto`` or ``reference`` the choice depends only on the variable's value and the
-    tensors' device types, and is remembered per combination (it is made several times per
-    decoding step); a forced ``triton`` is checked afresh every time.
-    """
-    requested = os.environ.get(ENV_VAR)
-    if requested is None or requested in _CACHED_REQUESTS:
-        devices = tuple(t.device.type for t in tensors)
-        return _implementation(package, op, requested, devices)
+    """The module (reference, host or Triton) that should run ``op`` on these tensors."""
     return load_backend(package, choose_backend(op, *tensors))
-
-
-#: ``TREEGRAFT_KERNELS`` values whose choice `implementation` may remember
-_CACHED_REQUESTS = frozenset({"", "auto", "reference"})
-
-
-@functools.cache
-def _implementation(
-    package: str, op: str, requested: str | None, devices: tuple[str, ...]
-) -> ModuleType:
-    if requested == "reference":
-        return load_backend(package, "reference")
-    if all(d == "cuda" for d in devices) and triton_available():
-        return load_backend(package, "triton")
-    on_cpu = all(d == "cpu" for d in devices)
-    return load_backend(package, "host" if on_cpu and op in HOST_OPS else "reference")
