@@ -255,7 +255,12 @@ def latency_curves(
     context = int(median(prompt_lengths))
     return {
         ref: measure_latency(
-            resources.model(ref), ref, context=context, queries=grid, repeats=repeats
+            resources.model(ref),
+            ref,
+            context=context,
+            queries=grid,
+            repeats=repeats,
+            forward=resources.forward,
         )
         for ref in dict.fromkeys(refs)
     }

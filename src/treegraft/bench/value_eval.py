@@ -58,11 +58,22 @@ def measure_costs(
     grid = query_grid(max(lengths) + max_nodes, marks=[max_nodes])
     context = int(median(lengths))
     ref = strong_model_ref(pipe, s)
+    forward = pipe.spec.decoding.forward
     target = measure_latency(
-        pipe.decoder.target.model, pipe.spec.target, context=context, queries=grid, repeats=repeats
+        pipe.decoder.target.model,
+        pipe.spec.target,
+        context=context,
+        queries=grid,
+        repeats=repeats,
+        forward=forward,
     )
     strong_curve = measure_latency(
-        pipe.resources.model(ref), ref, context=context, queries=grid, repeats=repeats
+        pipe.resources.model(ref),
+        ref,
+        context=context,
+        queries=grid,
+        repeats=repeats,
+        forward=forward,
     )
     weak, extra, overhead = measure_constants(pipe, prompts, s, strong_curve, overhead_tokens)
     return CostModel(target, strong_curve, weak, extra, overhead)

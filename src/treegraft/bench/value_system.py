@@ -332,12 +332,12 @@ def check_pipeline(pipe: Pipeline, strong: int) -> int:
     return s
 
 
-def greedy_continuation(model: Any, prompt: Tensor, n: int) -> list[int]:
+def greedy_continuation(model: Any, prompt: Tensor, n: int, *, forward: str = "auto") -> list[int]:
     """The target's `n` greedy tokens after `prompt` (`[T]`), EOS ignored, with the runner.
 
     One forward per token through the same `CausalLMRunner` as decoding; synchronises each step.
     """
-    runner = CausalLMRunner(model)
+    runner = CausalLMRunner(model, forward=forward)
     runner.begin(prompt.to(runner.device), max_len=prompt.numel() + n + 2)
     out: list[int] = []
     with torch.inference_mode():
@@ -355,11 +355,14 @@ def with_continuations(
 ) -> list[PromptIds]:
     """Prompts with their greedy continuations (`max_new` + one tree of extra tokens)."""
     extra = pipe.decoder.builder.max_nodes() + 1
-    model = pipe.decoder.target.model
+    model, forward = pipe.decoder.target.model, pipe.spec.decoding.forward
     return [
         p
         if len(p.continuation) >= max_new + extra
-        else attrs.evolve(p, continuation=tuple(greedy_continuation(model, p.ids, max_new + extra)))
+        else attrs.evolve(
+            p,
+            continuation=tuple(greedy_continuation(model, p.ids, max_new + extra, forward=forward)),
+        )
         for p in prompts
     ]
 

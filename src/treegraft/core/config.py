@@ -206,6 +206,12 @@ class DecodingConfig:
         "float32", check=one_of("float32", "float64", "bfloat16", "float16"), doc="model precision"
     )
     device: str = field("auto", doc="'auto' (CUDA when present), 'cpu', 'cuda' or 'cuda:N'")
+    forward: str = field(
+        "auto",
+        check=one_of("auto", "lean", "transformers"),
+        doc="model forward: 'lean' (same operations, bitwise equal logits, no module overhead; "
+        "Llama models), 'transformers', or 'auto' (lean where supported)",
+    )
     seed: int = field(0, doc="seed of the verifier's random numbers (sampling)")
 
 

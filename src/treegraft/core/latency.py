@@ -71,14 +71,20 @@ def chain_tree(root: Tensor, n_nodes: int, vocab: int, generator: torch.Generato
 
 
 def measure_latency(
-    model: Any, ref: str, *, context: int, queries: Sequence[int], repeats: int
+    model: Any,
+    ref: str,
+    *,
+    context: int,
+    queries: Sequence[int],
+    repeats: int,
+    forward: str = "auto",
 ) -> LatencyCurve:
     """Median seconds of one runner forward over `q` new tokens, for each `q` in `queries`.
 
     Uses the same `CausalLMRunner` as decoding; one untimed forward per point warms up.
     Synchronises the device around every timed forward.
     """
-    runner = CausalLMRunner(model)
+    runner = CausalLMRunner(model, forward=forward)
     gen = torch.Generator().manual_seed(0)
     vocab = runner.vocab_size
     samples = len(queries) * (repeats + 1)

@@ -82,8 +82,11 @@ class Pipeline:
             device=spec.decoding.device, dtype=spec.decoding.dtype
         )
         resources.target_ref = spec.target
+        resources.forward = spec.decoding.forward
         check_vocabularies(spec, resources)
-        target = CausalLMRunner(_load(resources, spec.target, "pipeline.target"))
+        target = CausalLMRunner(
+            _load(resources, spec.target, "pipeline.target"), forward=spec.decoding.forward
+        )
 
         def build(c: ComponentSpec | None) -> Any:
             return (

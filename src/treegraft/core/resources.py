@@ -17,6 +17,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from treegraft.core.runner import CausalLMRunner
+
 DTYPES = {
     "float32": torch.float32,
     "float64": torch.float64,
@@ -93,6 +95,7 @@ class Resources:
     tokenizer: Any = None
     target_ref: str = ""
     in_memory: set[str] = attrs.field(factory=set)
+    forward: str = "auto"  # how runners forward models (`decoding.forward`); set per pipeline
 
     @classmethod
     def create(cls, *, device: str = "auto", dtype: str = "float32") -> Resources:
@@ -115,6 +118,10 @@ class Resources:
             )
             self.models[ref] = model.to(self.device).eval()
         return self.models[ref]
+
+    def runner(self, ref: str) -> CausalLMRunner:
+        """A fresh `CausalLMRunner` over the model `ref`, forwarding as `self.forward` says."""
+        return CausalLMRunner(self.model(ref), forward=self.forward)
 
     def vocab_size(self, ref: str) -> int:
         return model_vocab_size(ref, self.models)

@@ -25,6 +25,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
+from treegraft.core.lean import FORWARDS, LeanForward, lean_support
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import kv_compact
 from treegraft.kernels.tree_attention.hf import IMPLEMENTATION, PREFIX_LEN_KWARG, TREE_MASK_KWARG
@@ -87,9 +88,13 @@ class CausalLMRunner:
         n_cached: committed tokens whose keys/values sit contiguously at the start of the cache.
         n_pending: committed tokens processed in this step's region (before the tree nodes).
         n_seen: tree nodes of this step with keys/values in the region.
+        forward: `auto` runs the lean forward (`treegraft.core.lean`, bitwise equal logits) when
+            the model supports it and `transformers`' forward otherwise; `lean` requires it;
+            `transformers` never uses it.
     """
 
     model: PreTrainedModel
+    forward: str = attrs.field(default="auto", kw_only=True)
     cache: TreeKVCache | None = None
     committed: Tensor | None = None
     n_committed: int = 0
@@ -99,6 +104,7 @@ class CausalLMRunner:
     forwards: int = 0
     _cache_kwarg: str = attrs.field(init=False, default="")
     _tree_kernel: bool = attrs.field(init=False, default=False)
+    _lean: LeanForward | None = attrs.field(init=False, default=None)
     # the model's device and dtype, read at construction and at `begin` (Hugging Face's
     # `model.device` walks the parameters: tens of microseconds, several times a step)
     _device: torch.device = attrs.field(init=False, default=None)
@@ -110,6 +116,27 @@ class CausalLMRunner:
         self._tree_kernel = (
             getattr(self.model.config, "_attn_implementation", None) == IMPLEMENTATION
         )
+        self._lean = self._lean_forward()
+
+    def _lean_forward(self) -> LeanForward | None:
+        """The lean forward this runner uses, per `forward` and what the model supports."""
+        if self.forward not in FORWARDS:
+            raise ValueError(
+                f"forward: expected one of {', '.join(FORWARDS)}, got {self.forward!r}"
+            )
+        if self.forward == "transformers":
+            return None
+        why = lean_support(self.model)
+        if why is None:
+            return LeanForward(self.model)
+        if self.forward == "lean":
+            raise ValueError(f"forward 'lean' is not available for this model: {why}")
+        return None
+
+    @property
+    def lean(self) -> bool:
+        """Whether forwards run the lean path (else `transformers`' model forward)."""
+        return self._lean is not None
 
     @property
     def device(self) -> torch.device:
@@ -134,6 +161,7 @@ class CausalLMRunner:
         if (self.model.device, self.model.dtype) != (self._device, self._dtype):  # model moved
             self._device, self._dtype = self.model.device, self.model.dtype
             self.cache = None
+            self._lean = self._lean_forward()  # rebind the moved weights
         if self.cache is None or self.cache.get_max_length() < max_len:
             n_layers, n_kv, head_dim = cache_geometry(self.model)
             shape = (n_layers, 2, n_kv, max_len, head_dim)
@@ -236,6 +264,9 @@ class CausalLMRunner:
         additive = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(
             ~visible, neg
         )
+        if self._lean is not None:
+            self.forwards += 1
+            return self._lean(ids, positions, additive, cache.kv, cache.write_start, n_logits)
         extra = {self._cache_kwarg: cache}
         if self._tree_kernel:  # the fused kernel takes the compact mask: prefix length + tree block
             extra |= {PREFIX_LEN_KWARG: self.n_cached, TREE_MASK_KWARG: visible[:, self.n_cached :]}
@@ -285,4 +316,6 @@ class CausalLMRunner:
         from treegraft.core.latency import measure_latency  # latency imports this module
 
         ref = getattr(self.model, "name_or_path", "") or "target"
-        return measure_latency(self.model, ref, context=context, queries=queries, repeats=repeats)
+        return measure_latency(
+            self.model, ref, context=context, queries=queries, repeats=repeats, forward=self.forward
+        )

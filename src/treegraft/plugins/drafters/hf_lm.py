@@ -42,7 +42,7 @@ class HFLMDrafter(Drafter):
 
     @classmethod
     def from_config(cls, config: HFLMConfig, resources: Resources) -> HFLMDrafter:
-        return cls(config, CausalLMRunner(resources.model(config.model)))
+        return cls(config, resources.runner(config.model))
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         self.runner.begin(prompt, max_len=max_len)
@@ -52,7 +52,10 @@ class HFLMDrafter(Drafter):
         """`[n, V]` log-probs for every node of `tree`, forwarding only the unseen ones."""
         if tree.n_nodes > self.runner.n_seen:
             logits = self.runner.forward_tree(tree)  # [n_new, V]
-            logp = torch.log_softmax(logits.float() / self.config.temperature, dim=-1)
+            logits = logits.float()
+            if self.config.temperature != 1.0:  # dividing by 1 changes nothing but costs a pass
+                logits = logits / self.config.temperature
+            logp = torch.log_softmax(logits, dim=-1)
             self.node_logp = logp if self.node_logp is None else torch.cat([self.node_logp, logp])
         return self.node_logp[: tree.n_nodes]
 

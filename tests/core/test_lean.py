@@ -1,0 +1,205 @@
+"""The lean forward: bitwise the same logits and cache as `transformers`' forward, or not used."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tests.conftest import greedy_reference, memory_resources, tiny_llama
+from tests.core.test_runner import random_tree
+from tests.test_pipelines import VOCAB, in_memory, zoo_stand_ins
+from treegraft.core.config import ConfigError, pipeline_spec_from_dict
+from treegraft.core.lean import LeanForward, lean_support
+from treegraft.core.pipeline import load_pipeline
+from treegraft.core.resources import Resources
+from treegraft.core.runner import CausalLMRunner
+from treegraft.core.tree import DraftTree
+
+
+def llama(seed: int, *, heads: int, kv_heads: int, bias: bool, dtype: torch.dtype, **extra):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=48,
+        hidden_size=8 * heads,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        attention_bias=bias,
+        mlp_bias=bias,
+        max_position_embeddings=256,
+        attn_implementation="sdpa",
+        **extra,
+    )
+    return LlamaForCausalLM(cfg).to(dtype).eval()
+
+
+def run_both(model, seq: list[int], trees: list[tuple[DraftTree, int]]) -> None:
+    """Forward the same trees (each in two parts, then commit a path) through a lean and a
+    `transformers` runner; logits and caches must be bitwise equal after every forward."""
+    lean, plain = (
+        CausalLMRunner(model, forward="lean"),
+        CausalLMRunner(model, forward="transformers"),
+    )
+    assert lean.lean and not plain.lean
+    for r in (lean, plain):
+        r.begin(torch.tensor(seq), max_len=128)
+    with torch.inference_mode():
+        for tree, leaf in trees:
+            for part in (tree.select(torch.arange(max(1, tree.n_nodes // 2))), tree):
+                got, want = lean.forward_tree(part), plain.forward_tree(part)
+                assert got.dtype == want.dtype and torch.equal(got, want)
+                assert torch.equal(lean.cache.kv, plain.cache.kv)
+            path = tree.path_to(leaf)
+            new = torch.tensor([*tree.tokens[path[1:]].tolist(), 7])
+            for r in (lean, plain):
+                r.commit(path, new)
+    assert lean.forwards == plain.forwards
+
+
+@given(
+    seed=st.integers(0, 10_000),
+    groups=st.sampled_from([(2, 2), (4, 2), (4, 1), (3, 1)]),
+    bias=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    sizes=st.lists(st.integers(1, 9), min_size=1, max_size=5),
+)
+def test_lean_forward_is_bitwise_equal_to_transformers(seed, groups, bias, dtype, sizes):
+    """Any head grouping (one query token packs grouped heads, longer blocks repeat keys),
+    biases or not, float32 and float64, pending chains and partly seen trees."""
+    heads, kv_heads = groups
+    model = llama(seed % 13, heads=heads, kv_heads=kv_heads, bias=bias, dtype=dtype)
+    rng = torch.Generator().manual_seed(seed)
+    seq = torch.randint(0, 48, (3 + seed % 9,), generator=rng).tolist()
+    trees, root = [], seq[-1]
+    for n in sizes:
+        tree = random_tree(rng, root, n, 48)
+        leaf = int(torch.randint(0, n, (1,), generator=rng))
+        trees.append((tree, leaf))
+        root = 7  # the bonus token `run_both` commits
+    run_both(model, seq, trees)
+
+
+@pytest.mark.parametrize("name", ["target", "draft-s", "draft-m"])
+def test_zoo_models_run_lean_with_bitwise_equal_logits(name):
+    res = Resources.create(device="cpu", dtype="float32")
+    model = res.model(f"zoo:{name}")
+    assert lean_support(model) is None
+    rng = torch.Generator().manual_seed(5)
+    seq = torch.randint(0, 8192, (40,), generator=rng).tolist()
+    trees = [(random_tree(rng, seq[-1], 33, 8192), 4), (random_tree(rng, 7, 1, 8192), 0)]
+    run_both(model, seq, trees)
+
+
+def test_lean_forward_stays_bitwise_equal_after_the_model_moves_to_another_dtype():
+    model = tiny_llama(seed=3, dtype=torch.float32)
+    runner = CausalLMRunner(model)
+    runner.begin(torch.tensor([1, 2, 3]), max_len=16)
+    model.to(torch.float64)
+    runner.begin(torch.tensor([1, 2, 3]), max_len=16)
+    plain = CausalLMRunner(model, forward="transformers")
+    plain.begin(torch.tensor([1, 2, 3]), max_len=16)
+    with torch.no_grad():
+        got = runner.forward_tree(DraftTree.from_root(3))
+        want = plain.forward_tree(DraftTree.from_root(3))
+    assert runner.lean and got.dtype == torch.float64 and torch.equal(got, want)
+
+
+def eager() -> LlamaForCausalLM:
+    model = tiny_llama(seed=0)
+    model.set_attn_implementation("eager")
+    return model
+
+
+def hooked() -> LlamaForCausalLM:
+    model = tiny_llama(seed=0)
+    model.model.layers[0].mlp.register_forward_hook(lambda *a: None)
+    return model
+
+
+UNSUPPORTED = {
+    "eager attention": (eager, "attention implementation 'eager' is not 'sdpa'"),
+    "linear rope": (
+        lambda: llama(
+            0,
+            heads=2,
+            kv_heads=1,
+            bias=False,
+            dtype=torch.float64,
+            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+        ),
+        "RoPE type 'linear' is not 'default'",
+    ),
+    "gelu": (
+        lambda: llama(0, heads=2, kv_heads=1, bias=False, dtype=torch.float64, hidden_act="gelu"),
+        "activation 'gelu' is not 'silu'",
+    ),
+    "training": (lambda: tiny_llama(seed=0).train(), "the model is in training mode"),
+    "hooks": (hooked, "the model has forward hooks"),
+}
+
+
+@pytest.mark.parametrize("case", UNSUPPORTED)
+def test_unsupported_models_fall_back_under_auto_and_are_refused_under_lean(case):
+    make, reason = UNSUPPORTED[case]
+    model = make()
+    assert lean_support(model) == reason
+    runner = CausalLMRunner(model)  # auto
+    assert not runner.lean
+    runner.begin(torch.tensor([1, 2, 3]), max_len=16)
+    with torch.no_grad():
+        got = runner.forward_tree(DraftTree.from_root(3))
+        want = model(torch.tensor([[1, 2, 3]])).logits[0, -1]
+    torch.testing.assert_close(got[0], want, rtol=1e-9, atol=1e-9)
+    with pytest.raises(
+        ValueError, match=f"forward 'lean' is not available for this model: {reason}"
+    ):
+        CausalLMRunner(model, forward="lean")
+    with pytest.raises(ValueError, match="does not support this model"):
+        LeanForward(model)
+
+
+def test_non_llama_models_are_not_lean():
+    class Other(LlamaForCausalLM):
+        pass
+
+    model = Other(tiny_llama(seed=0).config).eval()
+    assert lean_support(model) == "Other is not LlamaForCausalLM"
+
+
+def test_runner_rejects_an_unknown_forward():
+    with pytest.raises(
+        ValueError, match="forward: expected one of auto, lean, transformers, got 'jit'"
+    ):
+        CausalLMRunner(tiny_llama(seed=0), forward="jit")
+
+
+def test_decoding_forward_is_validated_and_reaches_every_runner():
+    raw = in_memory("treegraft")
+    raw["decoding"]["forward"] = "fast"
+    with pytest.raises(ConfigError, match=r"pipeline\.decoding\.forward: expected one of 'auto', "):
+        pipeline_spec_from_dict(raw)
+    prompt = torch.arange(3, 21) % VOCAB
+    outputs = []
+    for forward in ("transformers", "lean", "auto"):
+        raw["decoding"]["forward"] = forward
+        res = zoo_stand_ins(4)
+        pipe = load_pipeline(raw, resources=res)
+        runners = [pipe.decoder.target] + [
+            d.runner for d in pipe.decoder.drafters if hasattr(d, "runner")
+        ]
+        assert len(runners) == 2
+        assert all(r.lean == (forward != "transformers") for r in runners)
+        outputs.append(list(pipe.generate(prompt).token_ids))
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert outputs[0] == greedy_reference(res.models["mem:target"], prompt, 20)
+
+
+def test_memory_resources_runner_follows_the_forward_setting():
+    res = memory_resources(m=tiny_llama(seed=0))
+    assert res.runner("mem:m").lean
+    res.forward = "transformers"
+    assert not res.runner("mem:m").lean
