@@ -29,6 +29,7 @@ from treegraft.core.config import ConfigError
 from treegraft.core.decoder import StopRule
 from treegraft.core.interfaces import Scheduler
 from treegraft.core.pipeline import load_pipeline
+from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree
 from treegraft.plugins.schedulers.basic import AlwaysScheduler
 from treegraft.plugins.schedulers.distilled import FEATURE_NAMES, layer_features
@@ -98,6 +99,42 @@ def test_labels_of_a_hand_built_step_match_brute_force():
         assert got[prefix] == pytest.approx(label, rel=1e-9, abs=1e-9), prefix
     assert min(got.values()) < 0 < max(got.values())  # the step has both kinds of decision
     assert all(d.state.layer == len(d.state.calls) for d in decisions)
+
+
+def test_strong_forwards_are_counted_and_modelled():
+    """The searcher counts the strong drafter's forwards (its runner runs the lean path, which
+    model hooks never see): every schedule with a strong call forwards tree nodes, and its
+    modelled time holds them."""
+    _, _, outcomes = first_step_outcomes()
+    for o in outcomes:
+        strong_calls = sum(c > 0 for c in o.calls)
+        assert bool(o.strong_queries) == (strong_calls > 0), o.plan
+        assert all(q >= 1 for q in o.strong_queries)
+        expected = COST.step_seconds(
+            target_queries=o.target_queries,
+            strong_queries=o.strong_queries,
+            strong_calls=strong_calls,
+            weak_layers=len(o.calls) - strong_calls,
+        )
+        assert o.seconds == pytest.approx(expected, rel=1e-12)
+
+
+def test_query_counter_sees_lean_and_transformers_forwards_of_its_model_only():
+    res = stand_in_pair(2)
+    watched, other = res.models["mem:draft"], res.models["mem:target"]
+    runners = [
+        CausalLMRunner(m, forward=f) for m in (watched, other) for f in ("lean", "transformers")
+    ]
+    for r in runners:
+        r.begin(torch.tensor([1, 2, 3]), max_len=32)
+    chain = DraftTree.from_parents(torch.tensor([3, 4, 5]), torch.tensor([-1, 0, 1]))
+    with torch.inference_mode():
+        with QueryCounter(watched) as counter:
+            for r in runners:
+                r.forward_tree(chain)  # 2 pending prompt tokens + 3 nodes
+        runners[0].rewind()
+        runners[0].forward_tree(chain)  # after the block: not counted
+    assert counter.take() == (5, 5) and counter.take() == ()
 
 
 def test_accepted_length_is_the_longest_path_matching_the_continuation():

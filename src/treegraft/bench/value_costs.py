@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from treegraft.bench.replay import LatencyCurve
+from treegraft.core.runner import watch_forwards
 
 
 @attrs.frozen
@@ -100,24 +101,25 @@ def record_modelled_drafters(
 
 @attrs.define
 class QueryCounter:
-    """Records the number of tokens of every forward of one model (a forward pre-hook)."""
+    """Records the number of tokens of every `CausalLMRunner` forward of one model (lean or
+    `transformers`; `watch_forwards`). A drafter that forwards its model without a runner is not
+    counted: its forwards would be modelled as free."""
 
     module: Any
     queries: list[int] = attrs.field(factory=list)
-    _handle: Any = None
+    _stop: Any = None
 
     def __enter__(self) -> QueryCounter:
-        self._handle = self.module.register_forward_pre_hook(self._record, with_kwargs=True)
+        self._stop = watch_forwards(self.module, self._record)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        if self._stop is not None:
+            self._stop()
+            self._stop = None
 
-    def _record(self, module: Any, args: tuple, kwargs: dict) -> None:
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        self.queries.append(int(ids.shape[-1]))
+    def _record(self, q: int) -> None:
+        self.queries.append(q)
 
     def take(self) -> tuple[int, ...]:
         """The forwards recorded since the last `take`."""

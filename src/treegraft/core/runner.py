@@ -15,7 +15,8 @@ into contiguous slots); nothing is ever recomputed.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -58,6 +59,27 @@ class TreeKVCache(Cache):
 
     def __len__(self) -> int:
         return int(self.kv.shape[0])
+
+
+#: callbacks per model, told the token count of every runner forward of it (`watch_forwards`)
+_WATCHERS: weakref.WeakKeyDictionary[Any, list[Callable[[int], None]]] = weakref.WeakKeyDictionary()
+
+
+def watch_forwards(model: Any, callback: Callable[[int], None]) -> Callable[[], None]:
+    """Call `callback(q)` after every `CausalLMRunner` forward of `model` (`q` tokens), whether
+    it ran the lean path or `transformers`' forward; returns the function that stops it.
+
+    Model hooks see only `transformers`' forwards (and a model hooked before its runner is built
+    takes that slower path), so instruments that count a model's forwards watch the runner.
+    """
+    _WATCHERS.setdefault(model, []).append(callback)
+
+    def stop() -> None:
+        watchers = _WATCHERS.get(model, [])
+        if callback in watchers:
+            watchers.remove(callback)
+
+    return stop
 
 
 def cache_geometry(model: PreTrainedModel) -> tuple[int, int, int]:
@@ -264,6 +286,8 @@ class CausalLMRunner:
         additive = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(
             ~visible, neg
         )
+        for watcher in _WATCHERS.get(self.model, ()):
+            watcher(int(ids.shape[0]))
         if self._lean is not None:
             self.forwards += 1
             return self._lean(ids, positions, additive, cache.kv, cache.write_start, n_logits)
