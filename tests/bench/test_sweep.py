@@ -14,11 +14,12 @@ import yaml
 from typer.testing import CliRunner
 
 from tests.bench.conftest import char_tokenizer, pair_resources, tiny_pair_models, write_suites
-from tests.conftest import greedy_reference
+from tests.conftest import greedy_reference, memory_resources
 from treegraft.bench import bench_config_from_dict, run_bench
 from treegraft.bench.cli import app as bench_app
 from treegraft.bench.measure import first_difference, logit_margin
-from treegraft.bench.report import CSV_COLUMNS
+from treegraft.bench.report import CSV_COLUMNS, read_requests
+from treegraft.core.config import ConfigError
 from treegraft.core.hookspecs import hookimpl
 from treegraft.core.interfaces import Verdict
 from treegraft.core.registry import Registry
@@ -275,3 +276,81 @@ def test_cli_errors_are_short(tmp_path):
     assert "bench.pairs[0].drafter: missing required key" in result.output
     result = CliRunner().invoke(cli(), ["bench", "compare", str(tmp_path), str(tmp_path)])
     assert result.exit_code == 2 and "no summary.csv" in result.output
+
+
+# ---------------------------------------------------------------------------- resume
+
+
+def resumable_config(tmp_path, **settings):
+    return bench_config_from_dict(
+        {
+            "pairs": [{"target": "mem:target", "drafter": "mem:draft"}],
+            "suites": write_suites(tmp_path),
+            "prompts_per_suite": 2,
+            "max_new_tokens": MAX_NEW,
+            "baselines": ["ngram-only"],
+            "pipelines": [{"pipeline": "treegraft", "label": "tg"}],
+            "replay": True,
+            "latency_repeats": 1,
+            "warmup_tokens": 0,
+            **settings,
+        }
+    )
+
+
+def test_resume_keeps_finished_prompts_and_reruns_the_one_cut_short(tmp_path):
+    config = resumable_config(tmp_path)
+    out = tmp_path / "out"
+    full = run_bench(config, out, resources=pair_resources(), progress=False)
+    per_prompt = 1 + 2 + 2  # ar, two pipelines measured and replayed
+    assert len(full.requests) == 4 * per_prompt
+    lines = (out / "requests.jsonl").read_text().splitlines()
+    (out / "requests.jsonl").write_text(
+        "\n".join(lines[: per_prompt + 2]) + "\n"
+    )  # cut in prompt 2
+    (out / "summary.csv").unlink()
+    curves = (out / "latency.json").read_text()
+
+    result = run_bench(config, out, resources=pair_resources(), progress=False, resume=True)
+    keys = [(r.key, r.method, r.mode) for r in result.requests]
+    assert len(keys) == len(set(keys)) == 4 * per_prompt
+    assert set(keys) == {(r.key, r.method, r.mode) for r in full.requests}
+    first = full.requests[:per_prompt]
+    assert list(result.requests[:per_prompt]) == list(first)  # kept as recorded, not rerun
+    rerun = [r for r in result.requests if r.key == full.requests[per_prompt].key]
+    assert all(
+        r.wall_s != f.wall_s for r, f in zip(rerun, full.requests[per_prompt:], strict=False)
+    )
+    assert (out / "latency.json").read_text() == curves  # the replays kept the first curves
+    assert len(read_requests(out / "requests.jsonl")) == 4 * per_prompt
+    assert (out / "summary.csv").is_file()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["segments"]) == 2
+    assert all("finished" in s for s in manifest["segments"])
+    assert manifest["seconds"] == pytest.approx(sum(s["seconds"] for s in manifest["segments"]))
+    assert all(r.exact for r in result.requests)
+
+
+def test_resuming_a_finished_sweep_loads_no_model(tmp_path):
+    config = resumable_config(tmp_path, replay=False)
+    out = tmp_path / "out"
+    full = run_bench(config, out, resources=pair_resources(), progress=False)
+    empty = memory_resources()  # no models: loading any would fail
+    result = run_bench(config, out, resources=empty, progress=False, resume=True)
+    assert result.requests == full.requests and result.rows == full.rows
+
+
+def test_resume_refuses_another_sweep_or_no_sweep(tmp_path):
+    out = tmp_path / "out"
+    run_bench(resumable_config(tmp_path), out, resources=pair_resources(), progress=False)
+    other = resumable_config(tmp_path, max_new_tokens=MAX_NEW + 1, prompts_per_suite=1)
+    with pytest.raises(
+        ConfigError, match=r"its sweep differs from this one in max_new_tokens, prompts_per_suite$"
+    ):
+        run_bench(other, out, resources=pair_resources(), progress=False, resume=True)
+    with pytest.raises(ConfigError, match=r"no manifest\.json there"):
+        run_bench(
+            other, tmp_path / "empty", resources=pair_resources(), progress=False, resume=True
+        )
+    result = CliRunner().invoke(cli(), ["bench", "benchmarks/paper.yaml", "--resume"])
+    assert result.exit_code == 2 and "--resume: give the results directory" in result.output

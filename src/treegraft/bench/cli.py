@@ -60,6 +60,14 @@ def run(
         typer.Option("--replay", help="also predict every pipeline without running the target"),
     ] = False,
     progress: Annotated[bool, typer.Option(help="show a progress bar with an ETA")] = True,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="continue the interrupted sweep in --out (same config and options): finished "
+            "prompts are kept, the rest run",
+        ),
+    ] = False,
 ) -> None:
     """Run a sweep: pairs x suites x (plain decoding, baselines, pipelines); write the reports."""
     from treegraft.bench.config import load_bench_config
@@ -72,13 +80,15 @@ def run(
         _fail(str(exc))
     if repeat is not None and repeat < 1:
         _fail(f"--repeat: expected int >= 1, got {repeat}")
+    if resume and out_dir is None:
+        _fail("--resume: give the results directory to continue with --out DIR")
     cfg = cfg.quick() if quick else cfg
     cfg = cfg.with_settings(repeat=repeat) if repeat is not None else cfg
     cfg = cfg.with_settings(replay=True) if replay else cfg
     target = out_dir or Path("runs") / f"bench-{config.stem}-{datetime.now():%Y%m%d-%H%M%S}"
     options = {"quick": quick, "repeat": repeat, "replay": replay, "config": str(config)}
     try:
-        result = run_bench(cfg, target, progress=progress, options=options)
+        result = run_bench(cfg, target, progress=progress, options=options, resume=resume)
     except (ConfigError, FileNotFoundError) as exc:
         _fail(str(exc))
     out.print((result.out_dir / "summary.md").read_text(), markup=False, highlight=False)

@@ -61,7 +61,11 @@ class RequestLog:
     ar: dict[tuple[str, str, str, int], Request] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
+        """Start the file with the requests given (a resumed sweep's), or empty."""
+        kept, self.requests = list(self.requests), []
         self.path.write_text("")
+        for request in kept:
+            self.add(request)
 
     def add(self, request: Request) -> None:
         self.requests.append(request)

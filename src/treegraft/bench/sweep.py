@@ -10,6 +10,7 @@ continuation, with the target's time predicted from latency curves measured at t
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
@@ -23,9 +24,11 @@ import transformers
 
 from treegraft.bench import plots, report
 from treegraft.bench.aggregate import Row, aggregate
-from treegraft.bench.config import BenchConfig, BenchSettings, Pair
+from treegraft.bench.config import AR, BenchConfig, BenchSettings, Pair
 from treegraft.bench.measure import PeakMemory, exactness
 from treegraft.bench.methods import (
+    HF_ASSISTED,
+    HF_PROMPT_LOOKUP,
     HFMethod,
     Method,
     PipelineMethod,
@@ -214,17 +217,22 @@ def open_session(
     resources: Resources,
     prompt_lengths: list[int],
     registry: Registry | None,
+    curves: dict[str, LatencyCurve] | None = None,
 ) -> PairSession:
-    """Load the pair's models and methods; with replay, measure the latency curves."""
+    """Load the pair's models and methods; with replay, measure the latency curves (unless
+    `curves` brings them, as a resumed sweep does: its replays keep the first segment's)."""
     s = config.settings
     hf = hf_methods(pair, s, resources)
     pipelines = build_pipelines(plans, resources, registry)
     max_nodes = max((p.pipeline.decoder.builder.max_nodes() for p in pipelines), default=1)
-    curves, replays = {}, []
-    if s.replay and pipelines:
+    replays = []
+    if not (s.replay and pipelines):
+        curves = {}
+    elif not curves:
         curves = latency_curves(
             resources, pair, plans, prompt_lengths, max_nodes, s.latency_repeats
         )
+    if curves:
         for p in pipelines:
             pipe, target = replay_pipeline(p.pipeline, curves[pair.target])
             replays.append(Replay(PipelineMethod(p.label, pipe, p.strong), target))
@@ -286,6 +294,7 @@ def run_bench(
     registry: Registry | None = None,
     progress: bool = True,
     options: dict[str, Any] | None = None,
+    resume: bool = False,
 ) -> BenchResult:
     """Run the sweep and write every output file into `out_dir`.
 
@@ -297,6 +306,11 @@ def run_bench(
         registry: component registry (default: the installed plugins).
         progress: show a Rich progress bar with an ETA.
         options: command-line options recorded in the manifest.
+        resume: continue an interrupted sweep of the same config in `out_dir`: every prompt whose
+            requests are all recorded is kept, a prompt cut short is run again from plain
+            decoding on, pairs with nothing left load no model, and the replays reuse the latency
+            curves the sweep measured first. Raises `ConfigError` when `out_dir` holds another
+            sweep (or none).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -305,42 +319,106 @@ def run_bench(
         p for suite in s.suites for p in load_prompts(suite, s.prompts_per_suite, config.base_dir)
     ]
     plans = {pair.name: pipeline_plans(config, pair, registry) for pair in config.pairs}
-    manifest = {
-        "started": _now(),
-        "options": options or {},
-        "config": config.as_dict(),
-        "environment": report.environment(),
-    }
+    segment = {"started": _now(), "options": options or {}, "environment": report.environment()}
+    if resume:
+        manifest, kept, curves = resumed_state(out, config, plans)
+        manifest["segments"].append(segment)
+    else:
+        manifest, kept, curves = (
+            {**segment, "config": config.as_dict(), "segments": [segment]},
+            [],
+            {},
+        )
     report.write_json(manifest, out / report.MANIFEST)
-    log = report.RequestLog(out / report.REQUESTS)
-    curves: dict[str, dict[str, Any]] = {}
+    log = report.RequestLog(out / report.REQUESTS, kept)
+    done = {(r.pair, r.suite, r.prompt_id, r.repeat) for r in kept}
     start = time.perf_counter()
     loaded: dict[str, Resources] = {}
     with _quiet_transformers(), _progress_bar(progress) as bar:
         for pair in config.pairs:
+            todo = [
+                (repeat, prompt)
+                for repeat in range(s.repeat)
+                for prompt in prompts
+                if (pair.name, prompt.suite, prompt.id, repeat) not in done
+            ]
+            if not todo:
+                continue
             res = resources or loaded.setdefault(
                 pair.target, Resources.create(device=s.device, dtype=s.dtype)
             )
             lengths = [int(encode_prompt(res, pair, p.text).numel()) for p in prompts]
-            session = open_session(config, pair, plans[pair.name], res, lengths, registry)
+            stored = {r: LatencyCurve.from_dict(c) for r, c in curves.get(pair.name, {}).items()}
+            session = open_session(config, pair, plans[pair.name], res, lengths, registry, stored)
             curves[pair.name] = {ref: attrs.asdict(c) for ref, c in session.curves.items()}
-            task = bar.add_task(
-                pair.name, total=s.repeat * len(prompts) * session.n_requests_per_prompt
-            )
+            if s.replay:  # now, so that a resumed sweep replays with the same curves
+                report.write_json(curves, out / report.LATENCY)
+            task = bar.add_task(pair.name, total=len(todo) * session.n_requests_per_prompt)
             session.warm_up(session.encode(prompts[0].text))
-            for repeat in range(s.repeat):
-                for prompt in prompts:
-                    advance = _advancer(bar, task)
-                    for request in session.requests(prompt, repeat, advance):
-                        log.add(request)
-                    bar.advance(task)
+            for repeat, prompt in todo:
+                advance = _advancer(bar, task)
+                for request in session.requests(prompt, repeat, advance):
+                    log.add(request)
+                bar.advance(task)
     rows = aggregate(log.requests)
     files = write_reports(out, rows, log.requests, config, curves)
+    seconds = time.perf_counter() - start
+    segment.update(finished=_now(), seconds=seconds)
     manifest.update(
-        finished=_now(), seconds=time.perf_counter() - start, files=[f.name for f in files]
+        finished=segment["finished"],
+        seconds=sum(g.get("seconds", 0.0) for g in manifest["segments"]),
+        files=[f.name for f in files],
     )
     report.write_json(manifest, out / report.MANIFEST)
     return BenchResult(out, tuple(log.requests), tuple(rows), (out / report.MANIFEST, *files))
+
+
+def expected_methods(settings: BenchSettings, plans: list[PipelinePlan]) -> set[tuple[str, str]]:
+    """(method, mode) of every request one prompt of one pair gets."""
+    hf = [b for b in (HF_ASSISTED, HF_PROMPT_LOOKUP) if b in settings.baselines]
+    out = {(AR, MEASURED), *((m, MEASURED) for m in hf), *((p.label, MEASURED) for p in plans)}
+    if settings.replay and plans:
+        out |= {(p.label, REPLAY) for p in plans}
+    return out
+
+
+def resumed_state(
+    out: Path, config: BenchConfig, plans: dict[str, list[PipelinePlan]]
+) -> tuple[dict[str, Any], list[Request], dict[str, dict[str, Any]]]:
+    """(manifest, requests of the prompts finished, stored latency curves) of a sweep in `out`."""
+    path = out / report.MANIFEST
+    if not path.is_file():
+        raise ConfigError(
+            f"cannot resume {out}: no {report.MANIFEST} there (not a results directory)"
+        )
+    manifest = json.loads(path.read_text())
+    wanted = json.loads(json.dumps(config.as_dict()))
+    had = manifest.get("config", {})
+    differ = sorted(k for k in wanted.keys() | had.keys() if wanted.get(k) != had.get(k))
+    if differ:
+        raise ConfigError(
+            f"cannot resume {out}: its sweep differs from this one in {', '.join(differ)}"
+        )
+    manifest.setdefault(
+        "segments",
+        [{k: manifest[k] for k in ("started", "options", "environment") if k in manifest}],
+    )
+    requests = (
+        report.read_requests(out / report.REQUESTS) if (out / report.REQUESTS).is_file() else []
+    )
+    groups: dict[tuple[str, str, str, int], list[Request]] = {}
+    for r in requests:
+        groups.setdefault((r.pair, r.suite, r.prompt_id, r.repeat), []).append(r)
+    expected = {name: expected_methods(config.settings, p) for name, p in plans.items()}
+    kept = [
+        r
+        for key, group in groups.items()
+        if key[0] in expected and expected[key[0]] <= {(r.method, r.mode) for r in group}
+        for r in group
+    ]
+    latency = out / report.LATENCY
+    curves = json.loads(latency.read_text()) if latency.is_file() else {}
+    return manifest, kept, curves
 
 
 def write_reports(

@@ -70,11 +70,12 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> CostModel:
-        def curve(c: Mapping[str, Any]) -> LatencyCurve:
-            return LatencyCurve(c["model"], c["context"], tuple(c["queries"]), tuple(c["seconds"]))
-
         scalars = {k: float(v) for k, v in raw.items() if k not in ("target", "strong")}
-        return cls(target=curve(raw["target"]), strong=curve(raw["strong"]), **scalars)
+        return cls(
+            target=LatencyCurve.from_dict(raw["target"]),
+            strong=LatencyCurve.from_dict(raw["strong"]),
+            **scalars,
+        )
 
 
 def record_modelled_drafters(

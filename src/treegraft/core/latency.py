@@ -8,7 +8,7 @@ is predicted from its curve) and by the scheduler's value system (its cost model
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -32,6 +32,16 @@ class LatencyCurve:
     context: int
     queries: tuple[int, ...]
     seconds: tuple[float, ...]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LatencyCurve:
+        """A curve back from `attrs.asdict` output (e.g. read from JSON)."""
+        return cls(
+            str(data["model"]),
+            int(data["context"]),
+            tuple(int(q) for q in data["queries"]),
+            tuple(float(s) for s in data["seconds"]),
+        )
 
     def many(self, queries: np.ndarray) -> np.ndarray:
         """Seconds for each entry of `queries` (vectorised `__call__`), float64."""
