@@ -64,12 +64,12 @@ def run_both(model, seq: list[int], trees: list[tuple[DraftTree, int]]) -> None:
     seed=st.integers(0, 10_000),
     groups=st.sampled_from([(2, 2), (4, 2), (4, 1), (3, 1)]),
     bias=st.booleans(),
-    dtype=st.sampled_from([torch.float32, torch.float64]),
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
     sizes=st.lists(st.integers(1, 9), min_size=1, max_size=5),
 )
 def test_lean_forward_is_bitwise_equal_to_transformers(seed, groups, bias, dtype, sizes):
     """Any head grouping (one query token packs grouped heads, longer blocks repeat keys),
-    biases or not, float32 and float64, pending chains and partly seen trees."""
+    biases or not, float32, float64 and bfloat16, pending chains and partly seen trees."""
     heads, kv_heads = groups
     model = llama(seed % 13, heads=heads, kv_heads=kv_heads, bias=bias, dtype=dtype)
     rng = torch.Generator().manual_seed(seed)
