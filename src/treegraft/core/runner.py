@@ -61,13 +61,13 @@ class TreeKVCache(Cache):
         return int(self.kv.shape[0])
 
 
-#: callbacks per model, told the token count of every runner forward of it (`watch_forwards`)
+#: callbacks per model, told the token count of each runner forward of it (`watch_forwards`)
 _WATCHERS: weakref.WeakKeyDictionary[Any, list[Callable[[int], None]]] = weakref.WeakKeyDictionary()
 
 
 def watch_forwards(model: Any, callback: Callable[[int], None]) -> Callable[[], None]:
-    """Call `callback(q)` after every `CausalLMRunner` forward of `model` (`q` tokens), whether
-    it ran the lean path or `transformers`' forward; returns the function that stops it.
+    """Call `callback(q)` as every `CausalLMRunner` forward of `model` starts (`q` tokens),
+    lean or `transformers`; returns the function that stops it.
 
     Model hooks see only `transformers`' forwards (and a model hooked before its runner is built
     takes that slower path), so instruments that count a model's forwards watch the runner.
