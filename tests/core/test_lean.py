@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from hypothesis import given
@@ -120,6 +122,25 @@ def hooked() -> LlamaForCausalLM:
     return model
 
 
+class Wrapped(torch.nn.Linear):
+    """A linear layer subclass, as adapters and quantisation libraries install."""
+
+
+def adapted() -> LlamaForCausalLM:
+    model = tiny_llama(seed=0)
+    old = model.model.layers[1].self_attn.q_proj
+    new = Wrapped(old.in_features, old.out_features, bias=False, dtype=old.weight.dtype)
+    new.load_state_dict(old.state_dict())
+    model.model.layers[1].self_attn.q_proj = new
+    return model
+
+
+def offloaded() -> LlamaForCausalLM:
+    model = tiny_llama(seed=0)
+    model.model.layers[0]._hf_hook = object()  # what accelerate's add_hook_to_module leaves
+    return model
+
+
 UNSUPPORTED = {
     "eager attention": (eager, "attention implementation 'eager' is not 'sdpa'"),
     "linear rope": (
@@ -139,6 +160,8 @@ UNSUPPORTED = {
     ),
     "training": (lambda: tiny_llama(seed=0).train(), "the model is in training mode"),
     "hooks": (hooked, "the model has forward hooks"),
+    "adapter": (adapted, "layers.1.self_attn.q_proj is Wrapped, not Linear"),
+    "accelerate": (offloaded, "the model has accelerate hooks (offloading or a device map)"),
 }
 
 
@@ -155,11 +178,17 @@ def test_unsupported_models_fall_back_under_auto_and_are_refused_under_lean(case
         want = model(torch.tensor([[1, 2, 3]])).logits[0, -1]
     torch.testing.assert_close(got[0], want, rtol=1e-9, atol=1e-9)
     with pytest.raises(
-        ValueError, match=f"forward 'lean' is not available for this model: {reason}"
+        ValueError, match=f"forward 'lean' is not available for this model: {re.escape(reason)}"
     ):
         CausalLMRunner(model, forward="lean")
     with pytest.raises(ValueError, match="does not support this model"):
         LeanForward(model)
+
+
+def test_models_on_the_meta_device_are_not_lean():
+    with torch.device("meta"):
+        model = LlamaForCausalLM(tiny_llama(seed=0).config).eval()
+    assert lean_support(model) == "the model has parameters on the meta device"
 
 
 def test_non_llama_models_are_not_lean():

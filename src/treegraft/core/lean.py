@@ -9,8 +9,9 @@ are bitwise equal to the Hugging Face forward's (tested on every zoo model, floa
 so a target that runs it still decodes exactly what `generate` does.
 
 `lean_support(model)` says why a model cannot take this path (None when it can): only plain
-Llama causal LMs with default RoPE, SiLU MLPs, `sdpa` attention, no hooks and eval mode qualify;
-everything else runs through `transformers` unchanged.
+Llama causal LMs qualify (default RoPE, SiLU MLPs, `sdpa` attention, eval mode, no hooks, no
+accelerate offloading, every linear layer a plain `torch.nn.Linear`: not quantised or wrapped by
+an adapter); everything else runs through `transformers` unchanged.
 """
 
 from __future__ import annotations
@@ -48,8 +49,43 @@ def lean_support(model: Any) -> str | None:
         return "pretraining_tp != 1"
     if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
         return "the model has forward hooks"
-    if model.model.rotary_emb.attention_scaling != 1.0:
-        return "RoPE attention scaling != 1"
+    if any(hasattr(m, "_hf_hook") for m in model.modules()):
+        return "the model has accelerate hooks (offloading or a device map)"
+    if any(p.device.type == "meta" for p in model.parameters()):
+        return "the model has parameters on the meta device"
+    rotary = model.model.rotary_emb
+    if getattr(rotary, "rope_type", "default") != "default" or rotary.attention_scaling != 1.0:
+        return "the rotary embedding is not the default one"
+    return _module_types(model)
+
+
+def _module_types(model: Any) -> str | None:
+    """Why the model's submodules are not the plain ones the lean forward reads, or None."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    base = model.model
+    expected: list[tuple[str, Any, type]] = [
+        ("embed_tokens", base.embed_tokens, torch.nn.Embedding),
+        ("norm", base.norm, LlamaRMSNorm),
+        ("lm_head", model.lm_head, torch.nn.Linear),
+    ]
+    for i, layer in enumerate(base.layers):
+        att, mlp = layer.self_attn, layer.mlp
+        expected += [
+            (f"layers.{i}.input_layernorm", layer.input_layernorm, LlamaRMSNorm),
+            (f"layers.{i}.post_attention_layernorm", layer.post_attention_layernorm, LlamaRMSNorm),
+            *(
+                (f"layers.{i}.self_attn.{n}", getattr(att, n), torch.nn.Linear)
+                for n in ("q_proj", "k_proj", "v_proj", "o_proj")
+            ),
+            *(
+                (f"layers.{i}.mlp.{n}", getattr(mlp, n), torch.nn.Linear)
+                for n in ("gate_proj", "up_proj", "down_proj")
+            ),
+        ]
+    for name, module, kind in expected:
+        if type(module) is not kind:
+            return f"{name} is {type(module).__name__}, not {kind.__name__}"
     return None
 
 
