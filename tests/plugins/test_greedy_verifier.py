@@ -1,4 +1,4 @@
-"""The greedy verifier's row argmax: numpy on CPU floats, torch elsewhere, same indices."""
+"""The greedy verifier on the host: numpy row argmax and the lazy walk equal the torch path."""
 
 from __future__ import annotations
 
@@ -6,7 +6,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from treegraft.plugins.verifiers.greedy import row_argmax
+from tests.kernels.kernel_strategies import parent_arrays, sibling_ranks
+from treegraft.core.config import NoConfig
+from treegraft.core.tree import DraftTree
+from treegraft.kernels import greedy_accept
+from treegraft.plugins.verifiers.greedy import GreedyVerifier, row_argmax, walk_host
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
@@ -34,3 +38,44 @@ def test_row_argmax_on_a_vocabulary_sized_block():
     got = row_argmax(logits)
     assert torch.equal(got, logits.argmax(-1))
     assert int(got[5]) == 17
+
+
+@given(
+    parents=parent_arrays(max_nodes=48),
+    vocab=st.integers(1, 5),
+    dtype=st.sampled_from([torch.float16, torch.float32, torch.float64]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_host_walk_gives_the_kernel_verdict(parents, vocab, dtype, seed):
+    """The CPU verifier reads only the accepted rows; its verdict equals the kernel's over every
+    row's argmax. Tokens are sibling ranks and logits small integers over a tiny vocabulary, so
+    long accepted paths and tied maxima both occur."""
+    tokens = sibling_ranks(parents)
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randint(-2, 3, (parents.shape[0], vocab), generator=gen).to(dtype)
+    tree = DraftTree.from_parents(tokens, parents)
+    got = GreedyVerifier(NoConfig()).verify(tree, logits)
+    assert got is not None
+    want = greedy_accept(tokens, parents, logits.argmax(-1))
+    for name in ("path", "length", "bonus"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
+def test_host_walk_follows_a_long_path_and_stops_at_a_mismatch():
+    """A chain 0 -> 1 -> 2 -> 3 whose target argmax matches the first two drafts only."""
+    parents = torch.tensor([-1, 0, 1, 2])
+    tokens = torch.tensor([9, 4, 5, 6])
+    logits = torch.full((4, 10), -1.0)
+    logits[0, 4] = logits[1, 5] = logits[2, 7] = logits[3, 6] = 1.0  # row 2 wants 7, not 6
+    verdict = walk_host(tokens, parents, logits)
+    assert verdict.path.tolist() == [0, 1, 2, -1]
+    assert int(verdict.length) == 3 and int(verdict.bonus) == 7
+
+
+def test_bfloat16_logits_take_the_kernel_path():
+    """numpy cannot read bfloat16: the verifier falls back to the argmax + kernel path."""
+    parents, tokens = torch.tensor([-1, 0, 0]), torch.tensor([3, 1, 2])
+    logits = torch.zeros(3, 4, dtype=torch.bfloat16)
+    logits[0, 2] = 1.0
+    verdict = GreedyVerifier(NoConfig()).verify(DraftTree.from_parents(tokens, parents), logits)
+    assert verdict.path.tolist() == [0, 2, -1] and int(verdict.bonus) == 0

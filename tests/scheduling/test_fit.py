@@ -17,6 +17,7 @@ from treegraft.bench.scheduler_fit import (
     to_artifact,
     validation_mask,
 )
+from treegraft.core.metrics import AcceptHistory
 from treegraft.plugins.schedulers.distilled import (
     FEATURE_NAMES,
     DistilledConfig,
@@ -151,6 +152,34 @@ def test_artifact_round_trip_keeps_predictions_and_decisions(tmp_path):
         np.testing.assert_array_equal(again.predict(rows.x), artifact.predict(rows.x))
 
 
+def test_the_per_step_share_is_recomputed_whenever_a_step_feature_changes():
+    """The scheduler caches the first layer's share of the per-step features; a value read
+    after any of them changes (same history object, or a new one) must still equal the
+    artifact's prediction on the full vector."""
+    rng = np.random.default_rng(4)
+    artifact = fit_rows(separable(seed=5), FAST).artifact
+    artifact = attrs.evolve(
+        artifact, weights=tuple(rng.normal(size=w.shape) for w in artifact.weights)
+    )
+    scheduler = DistilledScheduler(DistilledConfig(), artifact)
+    history = AcceptHistory().record(3, 1, True)
+    state = attrs.evolve(next(iter(states())), history=history, prompt_len=40, committed_len=50)
+    changes = [
+        {},
+        {"committed_len": 53},
+        {"prompt_len": 12},
+        {"target_time": 0.02},
+        {"drafter_times": (0.0005, 0.004)},
+        {"history": history.record(0, 0, False)},
+        {"history": AcceptHistory().record(3, 1, True)},  # equal, another object
+        {"layer": 2, "calls": (1, 0), "strong_calls": 1},  # a per-layer change only
+    ]
+    for change in changes:
+        state = attrs.evolve(state, **change)
+        want = artifact.predict_one(layer_features(state))
+        assert scheduler.value(state) == pytest.approx(want, abs=1e-9), change
+
+
 def test_explain_with_and_without_data():
     rows = separable(seed=2)
     artifact = fit_rows(rows, FAST).artifact
@@ -182,3 +211,21 @@ def test_the_folded_decision_mlp_equals_the_artifact(hidden, activation):
     folded = FoldedMLP.from_artifact(artifact)
     for x in rows.x[:20]:
         assert folded(list(x)) == pytest.approx(artifact.predict_one(x), abs=1e-12)
+
+
+def test_an_ensembles_block_diagonal_layers_are_folded_to_their_blocks():
+    rows = separable(n=200, seed=6)
+    artifact = fit_rows(rows, attrs.evolve(FAST, hidden=(8, 6), ensemble=3, epochs=5)).artifact
+    folded = FoldedMLP.from_artifact(artifact)
+    assert [blocks.shape for blocks, _ in folded.middle] == [(3, 6, 8)]
+    for x in rows.x[:20]:
+        assert folded(list(x)) == pytest.approx(artifact.predict_one(x), abs=1e-12)
+    # one weight off the diagonal blocks: the layer is kept dense, and still exact
+    weights = list(artifact.weights)
+    weights[1] = weights[1].copy()
+    weights[1][0, -1] = 0.5
+    dense = attrs.evolve(artifact, weights=tuple(weights))
+    folded = FoldedMLP.from_artifact(dense)
+    assert [blocks.shape for blocks, _ in folded.middle] == [(1, 18, 24)]
+    for x in rows.x[:20]:
+        assert folded(list(x)) == pytest.approx(dense.predict_one(x), abs=1e-12)

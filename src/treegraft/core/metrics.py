@@ -110,23 +110,29 @@ class AcceptHistory:
     def record(self, accepted: int, strong_accepted: int, called: bool) -> AcceptHistory:
         """The history after one more step: draft tokens accepted (bonus excluded), how many of
         them a strong drafter proposed, and whether a strong drafter was called."""
-        ema = self._ema
-        if called:
+        ema, steps = self._ema, self.steps
+        mean = ema(self.accepted, accepted, steps)
+        if called:  # the constructor, not attrs.evolve: this runs once per decoding step
             n = self.called_steps
-            changes = {
-                "accepted_called": ema(self.accepted_called, accepted, n),
-                "strong_accepted": ema(self.strong_accepted, strong_accepted, n),
-                "called_steps": n + 1,
-            }
-        else:
-            n = self.steps - self.called_steps
-            changes = {"accepted_skipped": ema(self.accepted_skipped, accepted, n)}
-        return attrs.evolve(
-            self,
-            steps=self.steps + 1,
+            return AcceptHistory(
+                alpha=self.alpha,
+                steps=steps + 1,
+                called_steps=n + 1,
+                last_accepted=accepted,
+                accepted=mean,
+                accepted_called=ema(self.accepted_called, accepted, n),
+                accepted_skipped=self.accepted_skipped,
+                strong_accepted=ema(self.strong_accepted, strong_accepted, n),
+            )
+        return AcceptHistory(
+            alpha=self.alpha,
+            steps=steps + 1,
+            called_steps=self.called_steps,
             last_accepted=accepted,
-            accepted=ema(self.accepted, accepted, self.steps),
-            **changes,
+            accepted=mean,
+            accepted_called=self.accepted_called,
+            accepted_skipped=ema(self.accepted_skipped, accepted, steps - self.called_steps),
+            strong_accepted=self.strong_accepted,
         )
 
     def _ema(self, old: float, new: float, seen: int) -> float:

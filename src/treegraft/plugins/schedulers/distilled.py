@@ -87,19 +87,49 @@ def strong_index(drafter: int, n_drafters: int) -> int:
     return drafter % n_drafters
 
 
+#: Features that stay the same at every layer of one decoding step (the scheduler computes
+#: their share of the first MLP layer once per step).
+STEP_FEATURES: frozenset[str] = frozenset(
+    {
+        "log_prompt_len",
+        "log_generated",
+        "log_target_ms",
+        "log_strong_ms",
+        "log_weak_ms",
+        "strong_over_target",
+        "times_known",
+        "history_steps",
+        "called_share",
+        "last_accepted",
+        "ema_accepted",
+        "ema_accepted_called",
+        "ema_accepted_skipped",
+        "ema_strong_accepted",
+    }
+)
+#: positions in `FEATURE_NAMES` of the per-layer and of the per-step features
+LAYER_INDEX = tuple(i for i, name in enumerate(FEATURE_NAMES) if name not in STEP_FEATURES)
+STEP_INDEX = tuple(i for i, name in enumerate(FEATURE_NAMES) if name in STEP_FEATURES)
+
+
 def layer_features(state: LayerState, strong: int = -1) -> list[float]:
     """The feature vector of one layer decision, `[len(FEATURE_NAMES)]` host floats.
 
     `strong` is the drafter whose call is being valued (-1: the strongest). Pure Python on the
     host floats of `state`; never synchronises a device.
     """
-    s = strong_index(strong, state.n_drafters)
+    out = [0.0] * len(FEATURE_NAMES)
+    for i, value in zip(LAYER_INDEX, per_layer_features(state), strict=True):
+        out[i] = value
+    for i, value in zip(STEP_INDEX, per_step_features(state, strong), strict=True):
+        out[i] = value
+    return out
+
+
+def per_layer_features(state: LayerState) -> list[float]:
+    """The features that change from layer to layer, in `LAYER_INDEX` order."""
     strong_layers = [i for i, c in enumerate(state.calls) if c > 0]
     since = state.layer - strong_layers[-1] if strong_layers else state.layer + 1
-    t_target = state.target_time
-    t_strong = state.drafter_times[s] if s < len(state.drafter_times) else 0.0
-    t_weak = state.drafter_times[0] if state.drafter_times else 0.0
-    known = t_target > 0 and t_strong > 0
     return [
         float(state.layer),
         state.layer / max(1, state.n_layers),
@@ -116,6 +146,20 @@ def layer_features(state: LayerState, strong: int = -1) -> list[float]:
         state.frontier_mean_score,
         state.frontier_mean_score / max(1.0, state.frontier_mean_depth),
         state.reselect_shift,
+        math.log1p(state.tree_expected),
+        state.frontier_max_score,
+    ]
+
+
+def per_step_features(state: LayerState, strong: int = -1) -> list[float]:
+    """The features constant within a decoding step (context, forward times, history), in
+    `STEP_INDEX` order."""
+    s = strong_index(strong, state.n_drafters)
+    t_target = state.target_time
+    t_strong = state.drafter_times[s] if s < len(state.drafter_times) else 0.0
+    t_weak = state.drafter_times[0] if state.drafter_times else 0.0
+    known = t_target > 0 and t_strong > 0
+    return [
         math.log(max(1, state.prompt_len)),
         math.log1p(max(0, state.committed_len - state.prompt_len)),
         math.log1p(1e3 * t_target),
@@ -123,8 +167,6 @@ def layer_features(state: LayerState, strong: int = -1) -> list[float]:
         math.log1p(1e3 * t_weak),
         t_strong / t_target if known else 0.0,
         float(known),
-        math.log1p(state.tree_expected),
-        state.frontier_max_score,
         *history_features(state.history or NO_HISTORY),
     ]
 
@@ -235,11 +277,15 @@ class FoldedMLP:
 
     The z-scoring and the first bias are folded into one `[h1, F + 1]` matrix applied to the
     features with a trailing 1 (`W1' = W1 / std`, `b1' = b1 - W1' @ mean`); the last layer is a
-    dot product plus a Python float. Host only.
+    dot product plus a Python float. A hidden layer that is block diagonal (an ensemble merged
+    into one MLP, `treegraft scheduler fit --ensemble E`) is stored as its `E` blocks and applied
+    as one batched product: a fifth of the weights to read per decision for five members. Host
+    only.
     """
 
     first: np.ndarray  # [h1, F + 1]
-    middle: tuple[tuple[np.ndarray, np.ndarray], ...]  # ([h_i, h_{i-1}], [h_i]) per hidden layer
+    # per hidden layer: ([E, h_i / E, h_{i-1} / E] diagonal blocks, [h_i] bias); E = 1 if dense
+    middle: tuple[tuple[np.ndarray, np.ndarray], ...]
     last: np.ndarray | None  # [h_last]; None when the MLP is one linear layer
     last_bias: float
     relu: bool
@@ -252,17 +298,25 @@ class FoldedMLP:
         relu = artifact.activation == "relu"
         if len(artifact.weights) == 1:
             return cls(first, (), None, 0.0, relu)
-        middle = tuple(zip(artifact.weights[1:-1], artifact.biases[1:-1], strict=True))
+        members = int(artifact.metadata.get("fit", {}).get("ensemble", 1) or 1)
+        middle = tuple(
+            (diagonal_blocks(w, members), b)
+            for w, b in zip(artifact.weights[1:-1], artifact.biases[1:-1], strict=True)
+        )
         last = np.ascontiguousarray(artifact.weights[-1][0])
         return cls(first, middle, last, float(artifact.biases[-1][0]), relu)
 
     def __call__(self, features: Sequence[float]) -> float:
-        h = np.dot(self.first, [*features, 1.0])  # [h1]
+        return self.head(np.dot(self.first, [*features, 1.0]))
+
+    def head(self, h: np.ndarray) -> float:
+        """The MLP's output from its first layer's pre-activation `h` (`[h1]`, changed in place)."""
         if self.last is None:
             return float(h[0])
         self._activate(h)
-        for w, b in self.middle:
-            h = np.dot(w, h)
+        for blocks, b in self.middle:
+            e, _, cols = blocks.shape
+            h = np.matmul(blocks, h.reshape(e, cols, 1)).reshape(-1)
             h += b
             self._activate(h)
         return float(np.dot(self.last, h)) + self.last_bias
@@ -272,6 +326,21 @@ class FoldedMLP:
             np.maximum(h, 0.0, out=h)
         else:
             np.tanh(h, out=h)
+
+
+def diagonal_blocks(w: np.ndarray, members: int) -> np.ndarray:
+    """`w` (`[o, i]`) as `[members, o / members, i / members]` diagonal blocks when every entry
+    off those blocks is zero, else as one block `[1, o, i]`."""
+    rows, cols = w.shape
+    if members > 1 and rows % members == 0 and cols % members == 0:
+        r, c = rows // members, cols // members
+        blocks = np.stack([w[j * r : (j + 1) * r, j * c : (j + 1) * c] for j in range(members)])
+        off = w.copy()
+        for j in range(members):
+            off[j * r : (j + 1) * r, j * c : (j + 1) * c] = 0.0
+        if not off.any():
+            return np.ascontiguousarray(blocks)
+    return np.ascontiguousarray(w[None])
 
 
 def artifact_dir(ref: Path | str) -> Path:
@@ -380,9 +449,18 @@ class DistilledScheduler(Scheduler):
     config: DistilledConfig
     artifact: SchedulerArtifact
     mlp: FoldedMLP = attrs.field(init=False)
+    # the first layer's columns for the per-layer features, and for the per-step ones + bias
+    _first_layer: np.ndarray = attrs.field(init=False, repr=False)
+    _first_step: np.ndarray = attrs.field(init=False, repr=False)
+    # the step-constant share of the first layer, and what it was computed from
+    _step_key: tuple[Any, ...] | None = attrs.field(default=None, init=False, repr=False)
+    _step_part: np.ndarray | None = attrs.field(default=None, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         self.mlp = FoldedMLP.from_artifact(self.artifact)
+        first = self.mlp.first
+        self._first_layer = np.ascontiguousarray(first[:, LAYER_INDEX])
+        self._first_step = np.ascontiguousarray(first[:, [*STEP_INDEX, first.shape[1] - 1]])
 
     @classmethod
     def from_config(cls, config: DistilledConfig, resources: Resources) -> DistilledScheduler:
@@ -394,8 +472,24 @@ class DistilledScheduler(Scheduler):
         return cls(config, artifact)
 
     def value(self, state: LayerState) -> float:
-        """Predicted relative value of a strong call at this layer (host only)."""
-        return self.mlp(layer_features(state, self.config.drafter))
+        """Predicted relative value of a strong call at this layer (host only).
+
+        The first layer is split: the per-step features' share (context, forward times,
+        history) is computed at a step's first decision and reused while they stay the same.
+        """
+        key = (
+            state.history,
+            state.prompt_len,
+            state.committed_len,
+            state.target_time,
+            state.drafter_times,
+        )
+        if key != self._step_key:
+            step = [*per_step_features(state, self.config.drafter), 1.0]
+            self._step_key, self._step_part = key, np.dot(self._first_step, step)
+        h = np.dot(self._first_layer, per_layer_features(state))
+        h += self._step_part
+        return self.mlp.head(h)
 
     def decide(self, state: LayerState) -> int:
         if state.strong_calls >= state.max_strong_calls:
