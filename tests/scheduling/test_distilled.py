@@ -105,13 +105,16 @@ def test_mismatched_feature_names_are_a_clear_error(tmp_path):
         load_pipeline(distilled(tmp_path), resources=stand_in_pair(0))
 
 
-def test_zoo_artifact_reference(tmp_path):
-    res = stand_in_pair(0)
-    try:
-        SchedulerArtifact.load("zoo:scheduler")
-    except ValueError as exc:  # not shipped yet: the error says how to make one
-        assert "treegraft scheduler fit" in str(exc)
-        with pytest.raises(ConfigError, match="no scheduler artifact is shipped"):
-            load_pipeline(distilled("zoo:scheduler"), resources=res)
-    else:
-        load_pipeline(distilled("zoo:scheduler"), resources=res)
+def test_zoo_artifact_reference():
+    """The shipped artifact loads, expects this version's features and serves a pipeline."""
+    artifact = SchedulerArtifact.load("zoo:scheduler")
+    assert artifact.feature_names == FEATURE_NAMES
+    assert artifact.metadata["pairs"]  # fitted on recorded data, its pairs named in the artifact
+    load_pipeline(distilled("zoo:scheduler"), resources=stand_in_pair(0))
+
+
+def test_unknown_zoo_artifact_names_the_shipped_ones():
+    with pytest.raises(
+        ConfigError, match=r"unknown zoo scheduler artifact 'zoo:sched'.*'zoo:scheduler'"
+    ):
+        load_pipeline(distilled("zoo:sched"), resources=stand_in_pair(0))

@@ -37,6 +37,8 @@ ARTIFACT_FORMAT = "treegraft-scheduler/1"
 WEIGHTS_FILE = "scheduler.safetensors"
 META_FILE = "scheduler.json"
 ZOO_ARTIFACT = "zoo:scheduler"
+#: the artifacts shipped in the zoo: reference -> directory under `treegraft/zoo/`
+ZOO_ARTIFACTS = {ZOO_ARTIFACT: "scheduler"}
 ACTIVATIONS = ("relu", "tanh")
 
 #: Names of the features, in the order of `layer_features`. An artifact must list exactly these.
@@ -345,13 +347,18 @@ def diagonal_blocks(w: np.ndarray, members: int) -> np.ndarray:
 
 def artifact_dir(ref: Path | str) -> Path:
     """The directory of an artifact reference (`zoo:scheduler`, a directory, or one of its files)."""
-    if str(ref) == ZOO_ARTIFACT:
+    if str(ref).startswith("zoo:"):
         from treegraft import zoo
 
-        path = zoo.ZOO_DIR / "scheduler"
+        if str(ref) not in ZOO_ARTIFACTS:
+            raise ArtifactError(
+                f"unknown zoo scheduler artifact {str(ref)!r}: expected one of "
+                f"{', '.join(map(repr, ZOO_ARTIFACTS))} or a directory"
+            )
+        path = zoo.ZOO_DIR / ZOO_ARTIFACTS[str(ref)]
         if not (path / META_FILE).is_file():
             raise ArtifactError(
-                f"{ZOO_ARTIFACT}: no scheduler artifact is shipped in {path} yet; fit one with "
+                f"{ref}: no scheduler artifact is shipped in {path} yet; fit one with "
                 "`treegraft scheduler collect` + `treegraft scheduler fit` (docs/scheduler.md) "
                 "and pass its directory as `artifact`"
             )
