@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from statistics import median
 from typing import Any
 
@@ -24,23 +23,39 @@ class Clock:
     totals: dict[str, float] = attrs.field(factory=dict)
     counts: dict[str, int] = attrs.field(factory=dict)
 
-    @contextmanager
-    def time(self, label: str) -> Iterator[None]:
-        if self.sync:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            if self.sync:
-                torch.cuda.synchronize()
-            self.totals[label] = self.totals.get(label, 0.0) + time.perf_counter() - start
-            self.counts[label] = self.counts.get(label, 0) + 1
+    def time(self, label: str) -> Timer:
+        """A context manager adding the wall time of its block to `totals[label]`."""
+        return Timer(self, label)
+
+    def add(self, label: str, seconds: float) -> None:
+        self.totals[label] = self.totals.get(label, 0.0) + seconds
+        self.counts[label] = self.counts.get(label, 0) + 1
 
     def reset(self) -> dict[str, float]:
         """Return the totals so far and start from zero."""
         out, self.totals, self.counts = self.totals, {}, {}
         return out
+
+
+class Timer:
+    """One timed block of a `Clock` (a plain class: entered several times per decoding step, where
+    a generator-based context manager costs several times as much)."""
+
+    __slots__ = ("clock", "label", "start")
+
+    def __init__(self, clock: Clock, label: str) -> None:
+        self.clock, self.label, self.start = clock, label, 0.0
+
+    def __enter__(self) -> Timer:
+        if self.clock.sync:
+            torch.cuda.synchronize()
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.clock.sync:
+            torch.cuda.synchronize()
+        self.clock.add(self.label, time.perf_counter() - self.start)
 
 
 @attrs.define

@@ -62,8 +62,12 @@ class LayeredBuilder(TreeBuilder):
         tree = DraftTree.from_root(step.root, device=step.root.device, dtype=step.dtype)
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         calls: list[int] = []
+        # the measured times change between steps, not within one: read them once
+        times = StepTimes(
+            step.timings.target_time(), step.timings.drafter_times(len(step.drafters))
+        )
         for layer in range(self.config.depth):
-            who = self._choose(step, layer, tree, frontier, calls)
+            who = self._choose(step, layer, tree, frontier, calls, times)
             if who == 0 and frontier.numel() == 0:
                 break  # the cheapest drafter has nothing left to expand
             with step.clock.time(f"drafter{who}"):
@@ -72,8 +76,7 @@ class LayeredBuilder(TreeBuilder):
         budget = self.config.budget
         curve = getattr(step.timings, "target_curve", None)
         if self.config.adaptive and curve is not None:
-            times = step.timings.drafter_times(len(step.drafters))
-            budget = verify_size(tree, budget, curve, sum(times[c] for c in calls))
+            budget = verify_size(tree, budget, curve, sum(times.drafters[c] for c in calls))
         keep = prune_to_budget(tree.parents, tree.score, tree.depth, budget)
         keep = keep[torch.isfinite(tree.score[keep])]  # never verify logically deleted nodes
         return BuildResult(tree=tree.select(keep), kept=keep, calls=tuple(calls), unpruned=tree)
@@ -96,7 +99,13 @@ class LayeredBuilder(TreeBuilder):
         return tree, tree.best(chain_tails(node_of), k)
 
     def _choose(
-        self, step: StepContext, layer: int, tree: DraftTree, frontier: Tensor, calls: list[int]
+        self,
+        step: StepContext,
+        layer: int,
+        tree: DraftTree,
+        frontier: Tensor,
+        calls: list[int],
+        times: StepTimes,
     ) -> int:
         n_drafters = len(step.drafters)
         if n_drafters == 1:
@@ -108,8 +117,9 @@ class LayeredBuilder(TreeBuilder):
             tree,
             frontier,
             calls,
-            self._cap(step),
+            self._cap(times),
             self.config.top_k,
+            times=times,
         )
         who = int(step.scheduler.decide(state))
         if not 0 <= who < n_drafters:
@@ -118,14 +128,21 @@ class LayeredBuilder(TreeBuilder):
             return 0
         return who
 
-    def _cap(self, step: StepContext) -> int:
+    def _cap(self, times: StepTimes) -> int:
         if self.config.max_strong_calls is not None:
             return self.config.max_strong_calls
-        t_target = step.timings.target_time()
-        t_strong = max(step.timings.drafter_times(len(step.drafters))[1:], default=0.0)
+        t_target = times.target
+        t_strong = max(times.drafters[1:], default=0.0)
         if t_target <= 0 or t_strong <= 0:
             return self.config.depth
         return max(1, int(t_target // t_strong))
+
+
+class StepTimes(NamedTuple):
+    """The measured forward times a step's decisions read (running medians; 0 while unknown)."""
+
+    target: float  # seconds of one target forward
+    drafters: tuple[float, ...]  # seconds of one forward (or layer) per drafter
 
 
 def verify_size(tree: DraftTree, budget: int, curve: Any, drafting_s: float) -> int:
@@ -204,9 +221,16 @@ def layer_state(
     calls: list[int],
     cap: int,
     k: int,
+    *,
+    times: StepTimes | None = None,
 ) -> LayerState:
     """Cheap frontier statistics for the scheduler: in numpy on CPU, else computed on the tree's
-    device and read to the host together (one transfer per layer, the one the decision needs)."""
+    device and read to the host together (one transfer per layer, the one the decision needs).
+    `times`: the step's measured forward times if already read (else read from `step.timings`)."""
+    if times is None:
+        times = StepTimes(
+            step.timings.target_time(), step.timings.drafter_times(len(step.drafters))
+        )
     n = tree.n_nodes
     f = int(frontier.numel())
     if tree.device.type == "cpu":
@@ -229,8 +253,8 @@ def layer_state(
         reselect_shift=stats.shift,
         prompt_len=step.prompt_len,
         committed_len=step.committed_len,
-        target_time=step.timings.target_time(),
-        drafter_times=step.timings.drafter_times(len(step.drafters)),
+        target_time=times.target,
+        drafter_times=times.drafters,
         tree_expected=stats.expected,
         frontier_max_score=stats.max_score,
         history=step.history,
