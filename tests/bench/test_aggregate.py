@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from treegraft.bench.aggregate import ALL, aggregate, ar_index, speedup_of
+from treegraft.bench.aggregate import ALL, Row, aggregate, ar_index, speedup_of
 from treegraft.bench.records import (
     MEASURED,
     Mismatch,
@@ -12,6 +12,7 @@ from treegraft.bench.records import (
     request_from_json,
     request_to_json,
 )
+from treegraft.bench.report import standing_table
 
 
 def req(
@@ -137,3 +138,41 @@ def test_json_round_trip():
     data = request_to_json(r, speedup=0.8)
     assert data["tau"] == pytest.approx(2.0) and data["speedup"] == 0.8
     assert request_from_json(data) == r
+
+
+def cell(pair: str, suite: str, method: str, tps: float, mean: float | None = None) -> Row:
+    """A measured row of one pair x suite cell (only the fields the standing reads matter)."""
+    return Row(
+        pair=pair, suite=suite, method=method, mode=MEASURED, requests=1, new_tokens=10,
+        tokens_per_s=tps, speedup=tps / 100, speedup_mean=tps / 100 if mean is None else mean,
+        tau=1.0, acceptance=(), strong_calls_per_step=None, split={}, peak_mem_mib=0.0,
+        exact_rate=1.0,
+    )  # fmt: skip
+
+
+def test_standing_is_the_mean_of_per_cell_ratios_to_the_better_endpoint_and_hf_assisted():
+    rows = [
+        # pair a, suite s1: better endpoint ngram-only (100); pair a, s2: lm-only (60)
+        cell("a", "s1", "ngram-only", 100), cell("a", "s1", "lm-only", 80),
+        cell("a", "s1", "hf-assisted", 40), cell("a", "s1", "x", 120, mean=2.4),
+        cell("a", "s2", "ngram-only", 50), cell("a", "s2", "lm-only", 60),
+        cell("a", "s2", "hf-assisted", 50), cell("a", "s2", "x", 66),
+        # pair b: one suite, the method below its better endpoint
+        cell("b", "s1", "ngram-only", 90), cell("b", "s1", "lm-only", 30),
+        cell("b", "s1", "hf-assisted", 45), cell("b", "s1", "x", 81),
+        cell(ALL, ALL, "x", 1000),  # aggregate rows are not cells
+    ]  # fmt: skip
+    table = standing_table(rows)
+    line = next(r for r in table.splitlines() if r.startswith("| x |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    # per cell: 120/100 = 1.2, 66/60 = 1.1, 81/90 = 0.9 -> 1.067; vs HF: 3.0, 1.32, 1.8 -> 2.04
+    # mean of ratios: 2.4/1.0, 0.66/0.6, 0.81/0.9 -> 1.467; vs HF 2.4/0.4, 0.66/0.5, 0.81/0.45 -> 3.04
+    assert cells == ["x", "1.067x", "1.467x", "2.040x", "3.040x", "1.150x", "0.900x"]
+    assert "vs better endpoint, a" in table and "vs better endpoint, b" in table
+    assert not any(
+        r.startswith(("| ngram-only", "| lm-only", "| hf-assisted")) for r in table.splitlines()
+    )
+
+
+def test_no_standing_without_endpoints_or_hf_assisted():
+    assert standing_table([cell("a", "s1", "x", 10), cell("a", "s1", "y", 20)]) is None

@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from treegraft.bench.aggregate import ALL, Row, ar_index, speedup_of
+from treegraft.bench.config import AR
 from treegraft.bench.records import MEASURED, REPLAY, SPLIT_KEYS, Request, request_to_json
 
 REQUESTS = "requests.jsonl"
@@ -253,6 +254,67 @@ def replay_table(rows: Sequence[Row]) -> str | None:
     return markdown_table(headers, body)
 
 
+#: the two endpoint strategies and the peer baseline the standing compares against
+ENDPOINTS = ("ngram-only", "lm-only")
+ASSISTED = "hf-assisted"
+
+
+def standing_table(rows: Sequence[Row]) -> str | None:
+    """Where each pipeline stands: per pair x suite cell, its tokens/s over the better endpoint's
+    (the faster of `ngram-only` and `lm-only` in that cell) and over HF assisted generation's,
+    then the mean over the cells; the same with the mean of per-prompt speedups; and the first
+    ratio per pair. None when the sweep ran neither endpoints nor HF assisted generation."""
+    cells = {
+        (r.pair, r.suite, r.method): r
+        for r in rows
+        if r.mode == MEASURED and r.pair != ALL and r.suite != ALL
+    }
+    keys = list(dict.fromkeys((p, s) for p, s, _ in cells))
+    pairs = list(dict.fromkeys(p for p, _ in keys))
+    others = {AR, ASSISTED, *ENDPOINTS}
+    methods = [m for m in dict.fromkeys(m for _, _, m in cells) if m not in others]
+    if not methods or not any(m in others - {AR} for _, _, m in cells):
+        return None
+
+    def mean(values: list[float]) -> str:
+        return f"{sum(values) / len(values):.3f}x" if values else "-"
+
+    body = []
+    for method in methods:
+        end, end_mean, hf, hf_mean = [], [], [], []
+        by_pair: dict[str, list[float]] = {p: [] for p in pairs}
+        for pair, suite in keys:
+            x = cells.get((pair, suite, method))
+            if x is None:
+                continue
+            ends = [cells[(pair, suite, e)] for e in ENDPOINTS if (pair, suite, e) in cells]
+            best = max((e.tokens_per_s for e in ends), default=0.0)
+            best_mean = max((e.speedup_mean for e in ends), default=0.0)
+            if best > 0:
+                end.append(x.tokens_per_s / best)
+                by_pair[pair].append(x.tokens_per_s / best)
+            if best_mean > 0:
+                end_mean.append(x.speedup_mean / best_mean)
+            peer = cells.get((pair, suite, ASSISTED))
+            if peer is not None and peer.tokens_per_s > 0:
+                hf.append(x.tokens_per_s / peer.tokens_per_s)
+            if peer is not None and peer.speedup_mean > 0:
+                hf_mean.append(x.speedup_mean / peer.speedup_mean)
+        body.append(
+            [method, mean(end), mean(end_mean), mean(hf), mean(hf_mean)]
+            + [mean(by_pair[p]) for p in pairs]
+        )
+    headers = [
+        "method",
+        "vs better endpoint",
+        "(mean of ratios)",
+        "vs HF assisted",
+        "(mean of ratios)",
+        *(f"vs better endpoint, {p}" for p in pairs),
+    ]
+    return markdown_table(headers, body)
+
+
 def exactness_section(requests: Sequence[Request]) -> str:
     """A sentence when every output equals plain decoding, else the list of first mismatches."""
     bad = [r for r in requests if not r.exact]
@@ -301,6 +363,12 @@ def markdown_report(rows: Sequence[Row], requests: Sequence[Request], header: st
         "## Time split (overall, % of wall time)",
         split_table(rows),
     ]
+    standing = standing_table(rows)
+    if standing:
+        parts += [
+            "## Standing (mean over pair x suite cells of the per-cell ratio of tokens/s)",
+            standing,
+        ]
     replay = replay_table(rows)
     if replay:
         parts += ["## Replay-predicted vs measured", replay]

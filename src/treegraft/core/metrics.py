@@ -28,6 +28,7 @@ class Clock:
         return Timer(self, label)
 
     def add(self, label: str, seconds: float) -> None:
+        """Count one block of `seconds` under `label`."""
         self.totals[label] = self.totals.get(label, 0.0) + seconds
         self.counts[label] = self.counts.get(label, 0) + 1
 
