@@ -171,6 +171,31 @@ def test_extend_on_the_host_and_on_the_device_build_the_same_tree(
         assert torch.equal(got, want), name
 
 
+def fresh_lists(tree: DraftTree) -> tuple[list, ...]:
+    return tuple(getattr(tree, f).tolist() for f in ("tokens", "parents", "depth", "score"))
+
+
+@given(trees(), st.data(), st.sampled_from([torch.float32, torch.float64]))
+def test_host_lists_equal_the_tensors_through_growth_and_rescoring(
+    tree: DraftTree, data, dtype: torch.dtype
+) -> None:
+    """`host()` is read once per tree; a tree grown on the host carries the lists `extend_host`
+    built (scores rounded to the tree's dtype), and they must equal the tensors exactly. New
+    scores (`with_scores`) or a `select` give a tree that reads its own lists again."""
+    tree = attrs.evolve(tree, score=tree.score.to(dtype), edge_logp=tree.edge_logp.to(dtype))
+    assert tuple(tree.host()) == fresh_lists(tree)
+    assert tree.host() is tree.host()  # kept after the first read
+    for _ in range(data.draw(st.integers(1, 3))):  # a few layers, each grown from the last
+        grown, _ = tree.extend(data.draw(proposals(tree)), drafter=1)
+        assert tuple(grown.host()) == fresh_lists(grown)
+        assert tuple(tree.host()) == fresh_lists(tree)  # the parent's lists are untouched
+        tree = grown
+    rescored = tree.with_scores(tree.edge_logp, tree.score - 1.0, tree.scorer)
+    assert rescored.host().score == (tree.score - 1.0).tolist()
+    picked = tree.select(torch.arange(min(tree.n_nodes, 3)))  # a prefix is ancestor-closed
+    assert tuple(picked.host()) == fresh_lists(picked)
+
+
 def test_extend_reuses_existing_child_and_keeps_its_score() -> None:
     tree = DraftTree.from_root(7)
     tree, _ = tree.extend(

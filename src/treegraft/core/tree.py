@@ -12,7 +12,7 @@ growing operation returns a new tree plus the indices of the nodes it touched.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import numpy as np
@@ -54,6 +54,15 @@ class Proposal:
         return int(self.parents.shape[0])
 
 
+class HostTree(NamedTuple):
+    """A tree's per-node lists on the host (`DraftTree.host`); shared, never to be changed."""
+
+    tokens: list[int]
+    parents: list[int]
+    depth: list[int]
+    score: list[float]
+
+
 @attrs.frozen(eq=False)
 class DraftTree:
     """A draft tree as flat tensors (one entry per node, root first, parents before children).
@@ -76,6 +85,8 @@ class DraftTree:
     score: Tensor
     proposer: Tensor
     scorer: Tensor
+    # the host lists of `host()`, filled on first use (or by `extend_host`, which has them)
+    _host: HostTree | None = attrs.field(default=None, init=False, repr=False)
 
     @classmethod
     def from_root(
@@ -139,6 +150,24 @@ class DraftTree:
     @property
     def device(self) -> torch.device:
         return self.tokens.device
+
+    def host(self) -> HostTree:
+        """`tokens`, `parents`, `depth` and `score` as Python lists, read once per tree.
+
+        CPU bookkeeping (the n-gram drafter, `extend`, `best`, the builder's layer statistics)
+        reads them several times per layer; the tree is immutable, so the first read is kept.
+        The lists are shared: read them, never change them. Reads the device on GPU trees.
+        """
+        if self._host is None:
+            lists = HostTree(
+                self.tokens.tolist(),
+                self.parents.tolist(),
+                self.depth.tolist(),
+                self.score.tolist(),
+            )
+            object.__setattr__(self, "_host", lists)
+            return lists
+        return self._host
 
     def ancestor_mask(self) -> Tensor:
         """`[n, n]` bool: `mask[i, j]` iff node j is node i or one of its ancestors."""
@@ -250,19 +279,19 @@ class DraftTree:
         """
         if self.device.type == "cpu":
             cand = sorted({i for i in nodes.tolist() if i >= 0})
-            found = best_host(self.score.tolist(), self.depth.tolist(), cand, k)
-            return torch.tensor(found, dtype=torch.long)
+            host = self.host()
+            return torch.tensor(best_host(host.score, host.depth, cand, k), dtype=torch.long)
         return self.best_on_device(nodes, k)
 
     def best_near(self, frontier: Tensor, lookback: int, k: int) -> Tensor:
         """The best `k` live nodes (as `best`) at depths `[d - lookback, d]`, `d` the deepest
         frontier node's depth (the tree's deepest when the frontier is empty), ascending."""
         if self.device.type == "cpu":
-            depth = self.depth.tolist()
-            front = frontier.tolist()
+            host = self.host()
+            depth, front = host.depth, frontier.tolist()
             d = max(depth[i] for i in front) if front else max(depth)
             window = [i for i, x in enumerate(depth) if d - lookback <= x <= d]
-            return torch.tensor(best_host(self.score.tolist(), depth, window, k), dtype=torch.long)
+            return torch.tensor(best_host(host.score, depth, window, k), dtype=torch.long)
         return self.best_near_on_device(frontier, lookback, k)
 
     def best_near_on_device(self, frontier: Tensor, lookback: int, k: int) -> Tensor:
@@ -377,10 +406,9 @@ def extend_host(tree: DraftTree, proposal: Proposal, drafter: int) -> tuple[Draf
     toks, logps = proposal.tokens.tolist(), proposal.logp.numpy().astype(score_np.dtype).tolist()
     parent_of_row = proposal.parents.tolist()
     n = tree.n_nodes
-    pairs = zip(tree.parents.tolist(), tree.tokens.tolist(), strict=True)
-    child = dict(zip(pairs, range(n), strict=True))
-    depth = tree.depth.tolist()
-    score = score_np.tolist()
+    host = tree.host()
+    child = dict(zip(zip(host.parents, host.tokens, strict=True), range(n), strict=True))
+    depth, score = list(host.depth), list(host.score)  # copies: the new tree's lists
     new_parent: list[int] = []
     new_tok: list[int] = []
     new_logp: list[float] = []
@@ -411,7 +439,7 @@ def extend_host(tree: DraftTree, proposal: Proposal, drafter: int) -> tuple[Draf
         old = getattr(tree, field).numpy()
         return torch.from_numpy(np.concatenate([old, np.asarray(new, dtype=dtype)]))
 
-    return DraftTree(
+    out = DraftTree(
         tokens=grown("tokens", new_tok, np.int64),
         parents=grown("parents", new_parent, np.int64),
         depth=torch.from_numpy(np.asarray(depth, dtype=np.int64)),
@@ -419,4 +447,8 @@ def extend_host(tree: DraftTree, proposal: Proposal, drafter: int) -> tuple[Draf
         score=torch.from_numpy(np.asarray(score, dtype=real_dtype)),
         proposer=grown("proposer", who, np.int64),
         scorer=grown("scorer", who, np.int64),
-    ), torch.from_numpy(node_of)
+    )
+    # the new tree's host lists are at hand (each score was rounded to the score dtype above)
+    lists = HostTree(host.tokens + new_tok, host.parents + new_parent, depth, score)
+    object.__setattr__(out, "_host", lists)
+    return out, torch.from_numpy(node_of)

@@ -175,7 +175,7 @@ def best_scores(tree: DraftTree, m: int) -> list[float]:
     """The `m` highest finite scores of the non-root nodes, descending (fewer if the tree has
     fewer): a Python sort on CPU, a top-k and one read elsewhere."""
     if tree.device.type == "cpu":
-        finite = [x for x in tree.score.tolist()[1:] if math.isfinite(x)]
+        finite = [x for x in tree.host().score[1:] if math.isfinite(x)]
         return sorted(finite, reverse=True)[:m]
     return best_scores_on_device(tree, m)
 
@@ -276,15 +276,15 @@ def tree_stats_host(tree: DraftTree, frontier: Tensor) -> list[float]:
     """Frontier mean depth, leaf ratio, frontier mean score, expected acceptance (sum of
     `exp(score)` over the non-root nodes) and frontier max score, over Python lists (CPU trees of
     a few dozen nodes: cheaper than array calls)."""
-    score = tree.score.tolist()
-    parents = tree.parents.tolist()
+    host = tree.host()
+    score, parents = host.score, host.parents
     leaf_ratio = 1.0 - len(set(parents[1:])) / len(parents)
     expected = sum(map(math.exp, score[1:]))
     front = frontier.tolist()
     f = len(front)
     if not f:
         return [0.0, leaf_ratio, 0.0, expected, 0.0]
-    depth = tree.depth.tolist()
+    depth = host.depth
     fs = [score[i] for i in front]
     return [sum(depth[i] for i in front) / f, leaf_ratio, sum(fs) / f, expected, max(fs)]
 

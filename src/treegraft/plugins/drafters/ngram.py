@@ -92,7 +92,8 @@ class NgramDrafter(Drafter):
                 self.index[tuple(self.context[end - n : end])].append(end - 1)
 
     def expand(self, tree: DraftTree, nodes: Tensor, k: int) -> Proposal:
-        tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+        host = tree.host()
+        tokens, parents = host.tokens, host.parents
         rows: list[_Row] = []
         for node in nodes.tolist():
             suffix = self._suffix(node, tokens, parents)

@@ -456,17 +456,18 @@ class DistilledScheduler(Scheduler):
     config: DistilledConfig
     artifact: SchedulerArtifact
     mlp: FoldedMLP = attrs.field(init=False)
-    # the first layer's columns for the per-layer features, and for the per-step ones + bias
+    # the first layer's columns for the per-layer features, then one column holding the
+    # step-constant share (the per-step features' columns and the bias, applied to their values)
     _first_layer: np.ndarray = attrs.field(init=False, repr=False)
     _first_step: np.ndarray = attrs.field(init=False, repr=False)
-    # the step-constant share of the first layer, and what it was computed from
+    # what the step-constant column was computed from
     _step_key: tuple[Any, ...] | None = attrs.field(default=None, init=False, repr=False)
-    _step_part: np.ndarray | None = attrs.field(default=None, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         self.mlp = FoldedMLP.from_artifact(self.artifact)
         first = self.mlp.first
-        self._first_layer = np.ascontiguousarray(first[:, LAYER_INDEX])
+        layer = first[:, LAYER_INDEX]
+        self._first_layer = np.ascontiguousarray(np.hstack([layer, np.zeros((len(layer), 1))]))
         self._first_step = np.ascontiguousarray(first[:, [*STEP_INDEX, first.shape[1] - 1]])
 
     @classmethod
@@ -493,10 +494,9 @@ class DistilledScheduler(Scheduler):
         )
         if key != self._step_key:
             step = [*per_step_features(state, self.config.drafter), 1.0]
-            self._step_key, self._step_part = key, np.dot(self._first_step, step)
-        h = np.dot(self._first_layer, per_layer_features(state))
-        h += self._step_part
-        return self.mlp.head(h)
+            self._first_layer[:, -1] = np.dot(self._first_step, step)
+            self._step_key = key
+        return self.mlp.head(np.dot(self._first_layer, [*per_layer_features(state), 1.0]))
 
     def decide(self, state: LayerState) -> int:
         if state.strong_calls >= state.max_strong_calls:
