@@ -135,6 +135,24 @@ def test_generate_streams_greedy_text_and_a_stats_line(tmp_path: Path, model_dir
     assert "finish: length" in result.stderr
 
 
+def test_generate_with_an_adaptive_builder_reports_the_curve_measurement_apart(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """The latency curve is measured before the timed generation and reported on its own line;
+    without an adaptive builder there is no such line."""
+    prompt = "t1 t2 t3 t4 t1 t2 t3 t4 t1 t2"
+    builder = {"name": "layered", "depth": 3, "top_k": 2, "budget": 8, "adaptive": True}
+    adaptive = pipeline_file(tmp_path, str(model_dir), builder=builder)
+    result = invoke("generate", "--pipeline", str(adaptive), "--prompt", prompt)
+    assert result.exit_code == 0, result.output
+    assert re.search(r"measured the target's latency curve first \([\d.]+ s", result.stderr)
+    assert "12 new tokens" in result.stderr
+    plain = invoke(
+        "generate", "--pipeline", str(pipeline_file(tmp_path, str(model_dir))), "--prompt", prompt
+    )
+    assert plain.exit_code == 0 and "latency curve" not in plain.stderr
+
+
 def test_generate_reads_the_prompt_from_a_file(tmp_path: Path, model_dir: Path) -> None:
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text("t5 t6 t7")

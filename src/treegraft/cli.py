@@ -64,6 +64,7 @@ def _run_generation(pipe, text: str, max_new_tokens: int | None, trace: Path | N
     events = []
     ids: list[int] = []
     shown = ""
+    prepared = pipe.prepare(text)
     start = time.perf_counter()
     with torch.inference_mode():
         for event in pipe.steps(text, max_new_tokens=max_new_tokens):
@@ -84,6 +85,11 @@ def _run_generation(pipe, text: str, max_new_tokens: int | None, trace: Path | N
         f"[dim]{s.new_tokens} new tokens · tau {s.tau:.2f} · {s.tokens_per_second:.1f} tokens/s · "
         f"{s.steps} target forwards · finish: {events[-1].finish_reason}[/]"
     )
+    if prepared:
+        console.print(
+            f"[dim]measured the target's latency curve first ({prepared:.2f} s, once per "
+            "pipeline; not in the stats)[/]"
+        )
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:

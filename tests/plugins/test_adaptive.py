@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from tests.conftest import greedy_reference, memory_resources, tiny_llama
 from tests.core.test_decoder import DRAFTER_SETS, VOCAB, pipeline, repetitive_prompt
 from treegraft.core.config import ConfigError
 from treegraft.core.latency import LatencyCurve
+from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import prune_to_budget
 from treegraft.plugins.builders.layered import best_scores, best_scores_on_device, verify_size
@@ -131,6 +133,32 @@ def test_the_decoder_measures_the_target_curve_once():
     plain = pipeline(res, DRAFTER_SETS["lm"], budget=12)
     plain.generate(repetitive_prompt(1, 10))
     assert plain.decoder.times.target_curve is None  # not adaptive: nothing measured
+
+
+def test_prepare_measures_before_the_timed_generation(monkeypatch):
+    """`Pipeline.prepare` measures the curve once; `generate` prepares before starting its clock,
+    so a slow measurement (0.5 s here) is not in the generation's seconds."""
+    target = tiny_llama(seed=5, vocab=VOCAB)
+    res = memory_resources(target=target, draft=tiny_llama(seed=6, vocab=VOCAB))
+    measured = []
+    measure = CausalLMRunner.latency_curve
+
+    def slow(self, *args, **kwargs):
+        measured.append(self)
+        time.sleep(0.5)
+        return measure(self, *args, **kwargs)
+
+    monkeypatch.setattr(CausalLMRunner, "latency_curve", slow)
+    pipe = pipeline(res, DRAFTER_SETS["lm"], budget=12, adaptive=True)
+    assert pipe.prepare(repetitive_prompt(1, 10)) >= 0.5 and len(measured) == 1
+    assert pipe.prepare(repetitive_prompt(2, 10)) == 0.0 and len(measured) == 1
+    fresh = pipeline(res, DRAFTER_SETS["lm"], budget=12, adaptive=True)
+    start = time.perf_counter()
+    out = fresh.generate(repetitive_prompt(1, 10))
+    total = time.perf_counter() - start
+    assert len(measured) == 2 and out.summary.seconds < total - 0.4
+    plain = pipeline(res, DRAFTER_SETS["lm"], budget=12)
+    assert plain.prepare(repetitive_prompt(1, 10)) == 0.0 and len(measured) == 2
 
 
 def test_a_steep_curve_verifies_smaller_trees():

