@@ -90,24 +90,12 @@ def strong_index(drafter: int, n_drafters: int) -> int:
 
 
 #: Features that stay the same at every layer of one decoding step (the scheduler computes
-#: their share of the first MLP layer once per step).
+#: their share of the first MLP layer once per step): context and forward times
+#: (`log_prompt_len` .. `times_known`) and the acceptance history (`history_steps` .. the end).
+_NAMES = list(FEATURE_NAMES)
 STEP_FEATURES: frozenset[str] = frozenset(
-    {
-        "log_prompt_len",
-        "log_generated",
-        "log_target_ms",
-        "log_strong_ms",
-        "log_weak_ms",
-        "strong_over_target",
-        "times_known",
-        "history_steps",
-        "called_share",
-        "last_accepted",
-        "ema_accepted",
-        "ema_accepted_called",
-        "ema_accepted_skipped",
-        "ema_strong_accepted",
-    }
+    _NAMES[_NAMES.index("log_prompt_len") : _NAMES.index("tree_expected")]
+    + _NAMES[_NAMES.index("history_steps") :]
 )
 #: positions in `FEATURE_NAMES` of the per-layer and of the per-step features
 LAYER_INDEX = tuple(i for i, name in enumerate(FEATURE_NAMES) if name not in STEP_FEATURES)
