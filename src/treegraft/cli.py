@@ -64,10 +64,11 @@ def _run_generation(pipe, text: str, max_new_tokens: int | None, trace: Path | N
     events = []
     ids: list[int] = []
     shown = ""
-    prepared = pipe.prepare(text)
+    prompt = pipe.encode(text)
+    prepared = pipe.prepare(prompt)
     start = time.perf_counter()
     with torch.inference_mode():
-        for event in pipe.steps(text, max_new_tokens=max_new_tokens):
+        for event in pipe.steps(prompt, max_new_tokens=max_new_tokens):
             events.append(event)
             ids.extend(event.tokens)
             if writer:

@@ -53,6 +53,10 @@ BASELINES = (
 )
 #: The plain autoregressive reference every other method is compared with.
 AR = "ar"
+#: HF assisted generation, the peer baseline with the same LM drafter.
+HF_ASSISTED = "hf-assisted"
+#: The two endpoint strategies: weak-only and strong-every-layer trees.
+ENDPOINTS = ("ngram-only", "lm-only")
 
 
 @attrs.frozen

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from treegraft.bench.config import (
     BASELINES,
+    HF_ASSISTED,
     BenchConfig,
     BenchSettings,
     Pair,
@@ -31,7 +32,6 @@ from treegraft.core.pipeline import Pipeline, eos_ids_of, resolve_pipeline
 from treegraft.core.registry import Registry
 from treegraft.core.resources import ModelRefError, Resources
 
-HF_ASSISTED = "hf-assisted"
 HF_PROMPT_LOOKUP = "hf-prompt-lookup"
 
 #: The scheduler swapped into the shipped `treegraft` pipeline for each `treegraft-<name>` baseline.

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from treegraft.bench.aggregate import ALL, Row, ar_index, speedup_of
-from treegraft.bench.config import AR
+from treegraft.bench.config import AR, ENDPOINTS, HF_ASSISTED
 from treegraft.bench.records import MEASURED, REPLAY, SPLIT_KEYS, Request, request_to_json
 
 REQUESTS = "requests.jsonl"
@@ -254,11 +254,6 @@ def replay_table(rows: Sequence[Row]) -> str | None:
     return markdown_table(headers, body)
 
 
-#: the two endpoint strategies and the peer baseline the standing compares against
-ENDPOINTS = ("ngram-only", "lm-only")
-ASSISTED = "hf-assisted"
-
-
 def standing_table(rows: Sequence[Row]) -> str | None:
     """Where each pipeline stands: per pair x suite cell, its tokens/s over the better endpoint's
     (the faster of `ngram-only` and `lm-only` in that cell) and over HF assisted generation's,
@@ -271,7 +266,7 @@ def standing_table(rows: Sequence[Row]) -> str | None:
     }
     keys = list(dict.fromkeys((p, s) for p, s, _ in cells))
     pairs = list(dict.fromkeys(p for p, _ in keys))
-    others = {AR, ASSISTED, *ENDPOINTS}
+    others = {AR, HF_ASSISTED, *ENDPOINTS}
     methods = [m for m in dict.fromkeys(m for _, _, m in cells) if m not in others]
     if not methods or not any(m in others - {AR} for _, _, m in cells):
         return None
@@ -295,7 +290,7 @@ def standing_table(rows: Sequence[Row]) -> str | None:
                 by_pair[pair].append(x.tokens_per_s / best)
             if best_mean > 0:
                 end_mean.append(x.speedup_mean / best_mean)
-            peer = cells.get((pair, suite, ASSISTED))
+            peer = cells.get((pair, suite, HF_ASSISTED))
             if peer is not None and peer.tokens_per_s > 0:
                 hf.append(x.tokens_per_s / peer.tokens_per_s)
             if peer is not None and peer.speedup_mean > 0:

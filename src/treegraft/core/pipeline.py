@@ -178,9 +178,10 @@ class Pipeline:
     ) -> Generation:
         """Decode to the end and return the text, the token ids and the metrics (the decoder's
         one-time measurements, see `prepare`, are not in the timed generation)."""
-        self.prepare(prompt)
+        ids = self.encode(prompt)
+        self.prepare(ids)
         start = time.perf_counter()
-        events = tuple(self.steps(prompt, max_new_tokens=max_new_tokens, stop=stop))
+        events = tuple(self.steps(ids, max_new_tokens=max_new_tokens, stop=stop))
         seconds = time.perf_counter() - start
         ids = tuple(t for e in events for t in e.tokens)
         return Generation(

@@ -6,6 +6,8 @@ than the work; this walks down from the root through a map of matching children 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -15,18 +17,24 @@ from treegraft.kernels.types import GreedyAcceptance
 def greedy_accept(tokens: Tensor, parents: Tensor, target_argmax: Tensor) -> GreedyAcceptance:
     """See ``reference.greedy_accept``; CPU tensors only (read as Python lists: for trees of a
     few dozen nodes a list walk costs less than any array operation)."""
-    tok, par, arg = tokens.tolist(), parents.tolist(), target_argmax.tolist()
-    n = len(par)
-    child: dict[int, int] = {}  # parent -> its child carrying the target's argmax (siblings differ)
-    for node in range(1, n):
-        parent = par[node]
-        if tok[node] == arg[parent] and parent not in child:
-            child[parent] = node
-    walk = [0]
-    while walk[-1] in child:
-        walk.append(child[walk[-1]])
+    return walk(tokens.tolist(), parents.tolist(), target_argmax.tolist().__getitem__)
+
+
+def walk(tok: list[int], par: list[int], argmax_of: Callable[[int], int]) -> GreedyAcceptance:
+    """Walk down from the root to the child carrying the target's argmax token after each node;
+    `argmax_of(node)` gives that token and is asked only for the nodes the walk reaches (the
+    greedy verifier takes those rows' argmax lazily). Siblings carry distinct tokens; were two
+    equal, the first would win."""
+    child: dict[tuple[int, int], int] = {}
+    for node in range(1, len(par)):
+        child.setdefault((par[node], tok[node]), node)
+    path = [0]
+    best = argmax_of(0)
+    while (nxt := child.get((path[-1], best))) is not None:
+        path.append(nxt)
+        best = argmax_of(nxt)
     return GreedyAcceptance(
-        path=torch.tensor(walk + [-1] * (n - len(walk)), dtype=torch.int64),
-        length=torch.tensor(len(walk), dtype=torch.int64),
-        bonus=torch.tensor(arg[walk[-1]], dtype=torch.int64),
+        path=torch.tensor(path + [-1] * (len(par) - len(path)), dtype=torch.int64),
+        length=torch.tensor(len(path), dtype=torch.int64),
+        bonus=torch.tensor(best, dtype=torch.int64),
     )

@@ -62,10 +62,7 @@ class LayeredBuilder(TreeBuilder):
         tree = DraftTree.from_root(step.root, device=step.root.device, dtype=step.dtype)
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         calls: list[int] = []
-        # the measured times change between steps, not within one: read them once
-        times = StepTimes(
-            step.timings.target_time(), step.timings.drafter_times(len(step.drafters))
-        )
+        times = StepTimes.read(step)  # they change between steps, not within one
         for layer in range(self.config.depth):
             who = self._choose(step, layer, tree, frontier, calls, times)
             if who == 0 and frontier.numel() == 0:
@@ -143,6 +140,10 @@ class StepTimes(NamedTuple):
 
     target: float  # seconds of one target forward
     drafters: tuple[float, ...]  # seconds of one forward (or layer) per drafter
+
+    @classmethod
+    def read(cls, step: StepContext) -> StepTimes:
+        return cls(step.timings.target_time(), step.timings.drafter_times(len(step.drafters)))
 
 
 def verify_size(tree: DraftTree, budget: int, curve: Any, drafting_s: float) -> int:
@@ -228,9 +229,7 @@ def layer_state(
     device and read to the host together (one transfer per layer, the one the decision needs).
     `times`: the step's measured forward times if already read (else read from `step.timings`)."""
     if times is None:
-        times = StepTimes(
-            step.timings.target_time(), step.timings.drafter_times(len(step.drafters))
-        )
+        times = StepTimes.read(step)
     n = tree.n_nodes
     f = int(frontier.numel())
     if tree.device.type == "cpu":

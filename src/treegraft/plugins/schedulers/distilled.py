@@ -92,10 +92,9 @@ def strong_index(drafter: int, n_drafters: int) -> int:
 #: Features that stay the same at every layer of one decoding step (the scheduler computes
 #: their share of the first MLP layer once per step): context and forward times
 #: (`log_prompt_len` .. `times_known`) and the acceptance history (`history_steps` .. the end).
-_NAMES = list(FEATURE_NAMES)
 STEP_FEATURES: frozenset[str] = frozenset(
-    _NAMES[_NAMES.index("log_prompt_len") : _NAMES.index("tree_expected")]
-    + _NAMES[_NAMES.index("history_steps") :]
+    FEATURE_NAMES[FEATURE_NAMES.index("log_prompt_len") : FEATURE_NAMES.index("tree_expected")]
+    + FEATURE_NAMES[FEATURE_NAMES.index("history_steps") :]
 )
 #: positions in `FEATURE_NAMES` of the per-layer and of the per-step features
 LAYER_INDEX = tuple(i for i, name in enumerate(FEATURE_NAMES) if name not in STEP_FEATURES)
@@ -324,12 +323,9 @@ def diagonal_blocks(w: np.ndarray, members: int) -> np.ndarray:
     rows, cols = w.shape
     if members > 1 and rows % members == 0 and cols % members == 0:
         r, c = rows // members, cols // members
-        blocks = np.stack([w[j * r : (j + 1) * r, j * c : (j + 1) * c] for j in range(members)])
-        off = w.copy()
-        for j in range(members):
-            off[j * r : (j + 1) * r, j * c : (j + 1) * c] = 0.0
-        if not off.any():
-            return np.ascontiguousarray(blocks)
+        on_blocks = np.kron(np.eye(members), np.ones((r, c))) > 0
+        if not w[~on_blocks].any():
+            return np.stack([w[j * r : (j + 1) * r, j * c : (j + 1) * c] for j in range(members)])
     return np.ascontiguousarray(w[None])
 
 

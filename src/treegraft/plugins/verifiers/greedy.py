@@ -10,6 +10,7 @@ from treegraft.core.config import NoConfig
 from treegraft.core.interfaces import Verdict, Verifier
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import greedy_accept
+from treegraft.kernels.greedy_accept.host import walk as host_walk
 
 
 @attrs.define
@@ -44,21 +45,8 @@ def walk_host(tokens: Tensor, parents: Tensor, logits: Tensor) -> Verdict:
     instead of `n`, and no kernel dispatch.
     """
     rows = logits.numpy()
-    tok, par = tokens.tolist(), parents.tolist()
-    child: dict[tuple[int, int], int] = {}
-    for node in range(1, len(par)):
-        child.setdefault((par[node], tok[node]), node)  # siblings differ; the first one wins
-    walk = [0]
-    best = int(rows[0].argmax())
-    while (nxt := child.get((walk[-1], best))) is not None:
-        walk.append(nxt)
-        best = int(rows[nxt].argmax())
-    n = len(par)
-    return Verdict(
-        path=torch.tensor(walk + [-1] * (n - len(walk)), dtype=torch.int64),
-        length=torch.tensor(len(walk), dtype=torch.int64),
-        bonus=torch.tensor(best, dtype=torch.int64),
-    )
+    acc = host_walk(tokens.tolist(), parents.tolist(), lambda node: int(rows[node].argmax()))
+    return Verdict(path=acc.path, length=acc.length, bonus=acc.bonus)
 
 
 def row_argmax(logits: Tensor) -> Tensor:
