@@ -28,6 +28,7 @@ from treegraft.core.latency import query_grid
 from treegraft.core.metrics import AcceptHistory, Clock, ForwardTimes
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree
+from treegraft.kernels.host_tensor import host_tensor
 
 
 @attrs.frozen(eq=False)
@@ -184,7 +185,7 @@ class Decoder:
         )
 
     def _commit(self, built: BuildResult, path: Tensor, tokens: list[int]) -> None:
-        new = torch.tensor(tokens, dtype=torch.long)
+        new = host_tensor(tokens)
         self.target.commit(path, new)
         unpruned_path = built.kept[path]
         for drafter in self.drafters:

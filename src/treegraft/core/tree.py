@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from treegraft.kernels import ancestor_mask, tree_depth
+from treegraft.kernels.host_tensor import host_tensor
 
 #: Drafter index stored for the root (it was committed, nobody proposed it).
 NO_DRAFTER = -1
@@ -97,6 +98,8 @@ class DraftTree:
         dtype: torch.dtype = torch.float32,
     ) -> DraftTree:
         """A tree holding only the root `token`."""
+        if torch.device(device).type == "cpu" and dtype in _NUMPY_REALS:
+            return cls._root_host(token, _NUMPY_REALS[dtype])
         tok = torch.as_tensor(token, dtype=torch.long, device=device).reshape(1)
         zeros_f = torch.zeros(1, dtype=dtype, device=device)
         return cls(
@@ -108,6 +111,18 @@ class DraftTree:
             proposer=torch.full((1,), NO_DRAFTER, dtype=torch.long, device=device),
             scorer=torch.full((1,), NO_DRAFTER, dtype=torch.long, device=device),
         )
+
+    @classmethod
+    def _root_host(cls, token: int | Tensor, real: type) -> DraftTree:
+        """`from_root` on the CPU from numpy arrays (a fraction of seven torch constructors),
+        with its host lists."""
+        root = int(token)
+        ints = np.array([[root], [-1], [0], [NO_DRAFTER], [NO_DRAFTER]], dtype=np.int64)
+        tokens, parents, depth, proposer, scorer = (torch.from_numpy(row) for row in ints)
+        edge_logp, score = (torch.from_numpy(row) for row in np.zeros((2, 1), dtype=real))
+        out = cls(tokens, parents, depth, edge_logp, score, proposer, scorer)
+        object.__setattr__(out, "_host", HostTree([root], [-1], [0], [0.0]))
+        return out
 
     @classmethod
     def from_parents(
@@ -280,7 +295,7 @@ class DraftTree:
         if self.device.type == "cpu":
             cand = sorted({i for i in nodes.tolist() if i >= 0})
             host = self.host()
-            return torch.tensor(best_host(host.score, host.depth, cand, k), dtype=torch.long)
+            return host_tensor(best_host(host.score, host.depth, cand, k))
         return self.best_on_device(nodes, k)
 
     def best_near(self, frontier: Tensor, lookback: int, k: int) -> Tensor:
@@ -291,7 +306,7 @@ class DraftTree:
             depth, front = host.depth, frontier.tolist()
             d = max(depth[i] for i in front) if front else max(depth)
             window = [i for i, x in enumerate(depth) if d - lookback <= x <= d]
-            return torch.tensor(best_host(host.score, depth, window, k), dtype=torch.long)
+            return host_tensor(best_host(host.score, depth, window, k))
         return self.best_near_on_device(frontier, lookback, k)
 
     def best_near_on_device(self, frontier: Tensor, lookback: int, k: int) -> Tensor:
@@ -337,6 +352,9 @@ class DraftTree:
         new_parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], -1)
         return DraftTree(parents=new_parents, **{f: getattr(self, f)[keep] for f in _NODE_FIELDS})
 
+
+#: torch float dtypes numpy holds (`from_root` builds CPU roots from numpy)
+_NUMPY_REALS = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
 
 #: the per-node fields `select` takes as they are (parents are renumbered)
 _NODE_FIELDS = ("tokens", "depth", "edge_logp", "score", "proposer", "scorer")

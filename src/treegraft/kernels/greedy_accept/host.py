@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 from torch import Tensor
 
+from treegraft.kernels.host_tensor import host_tensor
 from treegraft.kernels.types import GreedyAcceptance
 
 
@@ -34,7 +34,7 @@ def walk(tok: list[int], par: list[int], argmax_of: Callable[[int], int]) -> Gre
         path.append(nxt)
         best = argmax_of(nxt)
     return GreedyAcceptance(
-        path=torch.tensor(path + [-1] * (len(par) - len(path)), dtype=torch.int64),
-        length=torch.tensor(len(path), dtype=torch.int64),
-        bonus=torch.tensor(best, dtype=torch.int64),
+        path=host_tensor(path + [-1] * (len(par) - len(path))),
+        length=host_tensor(len(path)),
+        bonus=host_tensor(best),
     )

@@ -12,6 +12,7 @@ import math
 import torch
 from torch import Tensor
 
+from treegraft.kernels.host_tensor import host_tensor
 from treegraft.kernels.prune_to_budget import reference
 
 
@@ -19,15 +20,25 @@ def prune_to_budget(parents: Tensor, score: Tensor, depth: Tensor, budget: int) 
     """See ``reference.prune_to_budget``; CPU tensors only. A parent array that is not
     parents-first (`parents[i] < i`) is handed to the reference, which does not need it."""
     par = parents.tolist()
+    if budget >= len(par) - 1:
+        return torch.arange(len(par), dtype=torch.int64)
+    keep = kept_nodes(par, score.tolist(), depth.tolist(), budget)
+    if keep is None:
+        return reference.prune_to_budget(parents, score, depth, budget)
+    return host_tensor(keep)
+
+
+def kept_nodes(par: list[int], s: list[float], d: list[int], budget: int) -> list[int] | None:
+    """The kept node indices as a list, from the parents, scores and depths as lists (a draft
+    tree's `host()` lists); None when the parents are not parents-first."""
     n = len(par)
     if budget >= n - 1:
-        return torch.arange(n, dtype=torch.int64)
-    s, d = score.tolist(), depth.tolist()
+        return list(range(n))
     eff = [math.inf] * n  # score clamped to the minimum over the non-root ancestors
     for i in range(1, n):
         p = par[i]
         if not 0 <= p < i:
-            return reference.prune_to_budget(parents, score, depth, budget)
+            return None
         eff[i] = min(s[i], eff[p])
     ranked = sorted(range(1, n), key=lambda i: (-eff[i], d[i], i))[: max(budget, 0)]
-    return torch.tensor(sorted([0, *ranked]), dtype=torch.int64)
+    return sorted([0, *ranked])

@@ -22,6 +22,9 @@ from treegraft.core.config import at_least, field
 from treegraft.core.interfaces import BuildResult, LayerState, StepContext, TreeBuilder
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import prune_to_budget
+from treegraft.kernels._dispatch import choose_backend
+from treegraft.kernels.host_tensor import host_tensor
+from treegraft.kernels.prune_to_budget.host import kept_nodes
 
 
 @attrs.frozen
@@ -74,8 +77,7 @@ class LayeredBuilder(TreeBuilder):
         curve = getattr(step.timings, "target_curve", None)
         if self.config.adaptive and curve is not None:
             budget = verify_size(tree, budget, curve, sum(times.drafters[c] for c in calls))
-        keep = prune_to_budget(tree.parents, tree.score, tree.depth, budget)
-        keep = keep[torch.isfinite(tree.score[keep])]  # never verify logically deleted nodes
+        keep = kept(tree, budget)
         return BuildResult(tree=tree.select(keep), kept=keep, calls=tuple(calls), unpruned=tree)
 
     def _grow(
@@ -146,6 +148,21 @@ class StepTimes(NamedTuple):
         return cls(step.timings.target_time(), step.timings.drafter_times(len(step.drafters)))
 
 
+def kept(tree: DraftTree, budget: int) -> Tensor:
+    """The nodes to verify, ascending: `prune_to_budget`'s best `budget` non-root nodes, less
+    the logically deleted ones (score -inf), which are never verified. On the host prune's
+    devices (the CPU), from the tree's host lists: no tensor reads, no kernel dispatch."""
+    if choose_backend("prune_to_budget", tree.parents) == "host":
+        host = tree.host()
+        keep = kept_nodes(host.parents, host.score, host.depth, budget)
+        if keep is not None:  # always, for a tree built by `DraftTree` (parents first)
+            score = host.score
+            live = [i for i in keep if math.isfinite(score[i])]
+            return host_tensor(live)
+    keep = prune_to_budget(tree.parents, tree.score, tree.depth, budget)
+    return keep[torch.isfinite(tree.score[keep])]
+
+
 def verify_size(tree: DraftTree, budget: int, curve: Any, drafting_s: float) -> int:
     """How many of the tree's best `budget` nodes to verify (0 .. budget).
 
@@ -199,10 +216,7 @@ def chain_tails(node_of: Tensor) -> Tensor:
     host for CPU tensors."""
     if node_of.device.type != "cpu":
         return chain_tails_on_device(node_of)
-    rows = node_of.tolist()
-    return torch.tensor(
-        [next((x for x in reversed(r) if x >= 0), -1) for r in rows], dtype=torch.long
-    )
+    return host_tensor([next((x for x in reversed(r) if x >= 0), -1) for r in node_of.tolist()])
 
 
 def chain_tails_on_device(node_of: Tensor) -> Tensor:

@@ -25,6 +25,7 @@ from torch import Tensor
 from treegraft.core.config import at_least, field
 from treegraft.core.interfaces import Drafter
 from treegraft.core.tree import DraftTree, Proposal
+from treegraft.kernels.host_tensor import host_tensor
 
 
 @attrs.frozen
@@ -145,8 +146,15 @@ class NgramDrafter(Drafter):
         cl = self.config.chain_len
         tokens = [list(row.chain) + [-1] * (cl - len(row.chain)) for row in rows]
         logp = [self._row_logp(row) + [0.0] * (cl - len(row.chain)) for row in rows]
+        parents = [row.parent for row in rows]
+        if device.type == "cpu":
+            return Proposal(
+                parents=host_tensor(parents),
+                tokens=host_tensor(tokens),
+                logp=host_tensor(logp, np.float32),
+            )
         return Proposal(
-            parents=torch.tensor([row.parent for row in rows], dtype=torch.long, device=device),
+            parents=torch.tensor(parents, dtype=torch.long, device=device),
             tokens=torch.tensor(tokens, dtype=torch.long, device=device),
             logp=torch.tensor(logp, dtype=torch.float32, device=device),
         )
