@@ -167,3 +167,21 @@ def test_the_tutorial_config_is_valid():
     assert [p.label for p in plans] == ["ngram-only", "lm-only", "threshold", "every2"]
     assert plans[-1].raw["scheduler"] == {"name": "every_k", "k": 2}
     assert plans[-1].raw["builder"]["max_strong_calls"] == 3
+
+
+def test_the_standing_config_is_the_full_protocol_with_the_standing_methods():
+    from pathlib import Path
+
+    from treegraft.bench.config import ENDPOINTS, HF_ASSISTED
+
+    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
+    cfg = load_bench_config(benchmarks / "standing.yaml")
+    full = load_bench_config(benchmarks / "paper.yaml")
+    assert cfg.pairs == full.pairs
+    for key in ("suites", "prompts_per_suite", "max_new_tokens", "dtype"):
+        assert getattr(cfg.settings, key) == getattr(full.settings, key), key
+    assert set(cfg.settings.baselines) == {HF_ASSISTED, *ENDPOINTS}
+    plans = {p.label: p for p in pipeline_plans(cfg, cfg.pairs[0])}
+    learned = plans["treegraft-distilled-adaptive"].raw
+    assert learned["scheduler"]["name"] == "distilled" and learned["builder"]["adaptive"] is True
+    assert plans["ngram-only-adaptive"].raw["builder"]["adaptive"] is True

@@ -248,3 +248,30 @@ def test_accepted_tokens_on_the_host_and_on_the_device_agree(data):
     drafted = path.tolist()[1:]
     assert tokens == [int(tree.tokens[i]) for i in drafted] + [int(verdict.bonus)]
     assert strong == sum(int(proposer[i]) > 0 for i in drafted)
+
+
+def test_a_learning_scheduler_observes_every_step(tiny_target, tiny_drafter):
+    """A scheduler that overrides `observe` gets one outcome per step, in order, matching the
+    step's event (the decoder skips building outcomes only for the default, which ignores them)."""
+    from treegraft.plugins.schedulers.basic import AlwaysScheduler
+
+    seen = []
+
+    class Learning(AlwaysScheduler):
+        def observe(self, outcome):
+            seen.append(outcome)
+
+    pipe = pipeline(
+        memory_resources(target=tiny_target, draft=tiny_drafter),
+        DRAFTER_SETS["ngram+lm"],
+        scheduler="always",
+        max_new=20,
+    )
+    pipe.decoder.scheduler = Learning(pipe.decoder.scheduler.config)
+    out = pipe.generate(repetitive_prompt(2, 12))
+    assert [o.step for o in seen] == list(range(len(out.events)))
+    for outcome, event in zip(seen, out.events, strict=True):
+        assert outcome.calls == event.calls and outcome.accepted == event.accepted
+        assert outcome.n_nodes == event.tree_size + 1
+        assert outcome.target_time > 0 and len(outcome.drafter_times) == 2
+    assert any(c > 0 for o in seen for c in o.calls)

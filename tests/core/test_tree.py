@@ -261,3 +261,22 @@ def test_best_near_takes_the_best_of_the_lookback_window(tree: DraftTree, data) 
     want = brute_best(tree, window, k)
     assert tree.best_near(front, lookback, k).tolist() == want
     assert tree.best_near_on_device(front, lookback, k).tolist() == want
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("token", [7, torch.tensor(7), torch.tensor([3, 7])[-1]])
+def test_a_root_tree_holds_the_root_and_nothing_else(token, dtype) -> None:
+    """CPU roots of numpy dtypes are built from numpy (with their host lists), others with torch:
+    both give the same tensors, each its own storage."""
+    tree = DraftTree.from_root(token, dtype=dtype)
+    ints = {"tokens": 7, "parents": -1, "depth": 0, "proposer": -1, "scorer": -1}
+    for name, value in ints.items():
+        assert getattr(tree, name).dtype == torch.int64, name
+        assert getattr(tree, name).tolist() == [value], name
+    for name in ("edge_logp", "score"):
+        assert getattr(tree, name).dtype == dtype and getattr(tree, name).tolist() == [0.0]
+    assert tuple(tree.host()) == fresh_lists(tree)
+    tree.edge_logp[0] = -1.0  # no field shares memory with another
+    tree.proposer[0] = 3
+    assert tree.score.tolist() == [0.0] and tree.scorer.tolist() == [-1]
+    assert tree.parents.tolist() == [-1] and tree.depth.tolist() == [0]

@@ -120,3 +120,12 @@ class TestTriton:
         moved = {k: v.to(triton_device) if torch.is_tensor(v) else v for k, v in case.items()}
         got = triton.prune_to_budget(**moved)
         assert torch.equal(got.cpu(), reference.prune_to_budget(**case))
+
+
+@given(case=prune_cases())
+def test_kept_nodes_on_lists_is_the_host_kernel(case: dict[str, object]) -> None:
+    """`kept_nodes` (what the layered builder runs on a tree's host lists) keeps the kernel's
+    nodes, and hands back None where the kernel falls back to the reference."""
+    lists = [case[k].tolist() for k in ("parents", "score", "depth")]
+    assert host.kept_nodes(*lists, case["budget"]) == host.prune_to_budget(**case).tolist()
+    assert host.kept_nodes([-1, 2, 0, 0], [0.0, -3.0, -1.0, -2.0], [0, 2, 1, 1], 2) is None

@@ -203,6 +203,8 @@ class Decoder:
         self.times.record_step(built.calls, times, n)
         called = any(c > 0 for c in built.calls)
         self.history = self.history.record(accepted, strong_accepted, called)
+        if type(self.scheduler).observe is Scheduler.observe:
+            return  # the scheduler keeps the default (learns nothing): no outcome to build
         self.scheduler.observe(
             StepOutcome(
                 step=step,

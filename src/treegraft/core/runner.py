@@ -29,6 +29,7 @@ from transformers.cache_utils import Cache
 from treegraft.core.lean import FORWARDS, LeanForward, lean_support
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import kv_compact
+from treegraft.kernels.host_tensor import host_tensor
 from treegraft.kernels.tree_attention.hf import IMPLEMENTATION, PREFIX_LEN_KWARG, TREE_MASK_KWARG
 
 
@@ -322,9 +323,16 @@ class CausalLMRunner:
         self._ensure_capacity(self.n_committed + n_new)
         seen = [a for a in accepted.tolist() if a < self.n_seen]
         keep = [*range(self.n_pending), *(self.n_pending + a for a in seen)]
-        if keep != list(range(len(keep))):  # else the kept slots already sit in place
-            src = torch.tensor(keep, dtype=torch.long, device=self.device) + self.n_cached
-            kv_compact(self.cache.kv, src, self.n_cached)
+        # slots before the first one out of place already sit where they belong
+        first = next((i for i, slot in enumerate(keep) if slot != i), len(keep))
+        if first < len(keep):
+            moved = [self.n_cached + slot for slot in keep[first:]]
+            src = (
+                host_tensor(moved)
+                if self.device.type == "cpu"
+                else torch.tensor(moved, dtype=torch.long, device=self.device)
+            )
+            kv_compact(self.cache.kv, src, self.n_cached + first)
         self.n_cached += len(keep)
         self.committed[self.n_committed : self.n_committed + n_new] = tokens.to(self.device)
         self.n_committed += n_new
