@@ -23,15 +23,16 @@ from treegraft.plugins.schedulers.distilled import (
 F = len(FEATURE_NAMES)
 
 
-def layer_rule_artifact(calls_below: float = 1.5) -> SchedulerArtifact:
-    """A hand-set MLP predicting `calls_below - layer`: strong calls at layers 0 and 1."""
+def layer_rule_artifact(calls_below: float = 1.5, slope: float = -1.0) -> SchedulerArtifact:
+    """A hand-set MLP predicting `calls_below + slope * layer` (by default strong calls at
+    layers 0 and 1)."""
     w1 = np.zeros((2, F))
     w1[0, FEATURE_NAMES.index("layer")] = 1.0
     return SchedulerArtifact(
         feature_names=FEATURE_NAMES,
         mean=np.zeros(F),
         std=np.ones(F),
-        weights=(w1, np.array([[-1.0, 0.0]])),
+        weights=(w1, np.array([[slope, 0.0]])),
         biases=(np.zeros(2), np.array([calls_below])),
         metadata={"note": "hand-set for tests"},
     )
@@ -63,6 +64,36 @@ def test_threshold_moves_the_decision(tmp_path):
     prompt = repetitive_prompt(0, 16) % VOCAB
     out = load_pipeline(distilled(tmp_path, threshold=1.0), resources=res).generate(prompt)
     assert all(e.calls[:2] == (1, 0) for e in out.events)  # only layer 0 predicts > 1.0
+
+
+@pytest.mark.parametrize(("gate", "gated"), [(0.2, True), (1.0, False), (None, False)])
+def test_the_step_gate_ends_a_step_predicted_far_below_the_threshold(tmp_path, gate, gated):
+    """Predicted value `layer - 0.5`: -0.5 at layer 0, +0.5 at layer 1. A gate of 0.2 closes at
+    layer 0 (no call, the later layers are neither evaluated nor called); a gate of 1.0 or none
+    leaves layer 1's call. Lossless either way."""
+    layer_rule_artifact(calls_below=-0.5, slope=1.0).save(tmp_path)
+    res = stand_in_pair(0)
+    prompt = repetitive_prompt(0, 16) % VOCAB
+    pipe = load_pipeline(distilled(tmp_path, step_gate=gate), resources=res)
+    scheduler = pipe.decoder.scheduler
+    asked = []
+    decide = scheduler.decide
+    scheduler.decide = lambda state: asked.append(state.layer) or decide(state)
+    out = pipe.generate(prompt)
+    assert list(out.token_ids) == greedy_reference(res.models["mem:target"], prompt, 20)
+    assert asked.count(0) == len(out.events)
+    if gated:
+        assert asked == [0] * len(out.events)
+        assert all(1 not in e.calls for e in out.events)
+    else:
+        assert all(e.calls[:2] == (0, 1) for e in out.events)
+        assert len(asked) > len(out.events)
+
+
+def test_a_negative_step_gate_is_refused(tmp_path):
+    layer_rule_artifact().save(tmp_path)
+    with pytest.raises(ConfigError, match=r"scheduler\.step_gate: expected .*>= 0, got -0\.1"):
+        load_pipeline(distilled(tmp_path, step_gate=-0.1), resources=stand_in_pair(0))
 
 
 def test_both_schedulers_are_registered():

@@ -328,6 +328,34 @@ def test_policy_labels_value_a_switch_given_the_policys_later_decisions(layers):
             assert star.value_call >= mine.value_call - 1e-12
 
 
+@attrs.define
+class GatedByLayer(ByLayer):
+    """`ByLayer`, but its step gate closes on the step's first state: no later layer calls."""
+
+    def done_for_step(self):
+        return True
+
+
+def test_policy_labels_follow_a_closed_step_gate():
+    """A policy whose gate closed at the step's first state skips every later layer in the
+    labels' completions, as the builder skips them, whatever it would decide there."""
+    _, _, outcomes = first_step_outcomes()
+    by_plan = {o.plan: o for o in outcomes}
+    decisions = label_decisions_for(outcomes, GatedByLayer(frozenset({0, 1, 2, 3})))
+    checked = 0
+    for d in decisions:
+        prefix, layer = d.state.calls, d.state.layer
+        later = (0,) * (DEPTH - layer - 1)  # the gate: no call after the state's layer
+        for first, value in ((1, d.value_call), (0, d.value_skip)):
+            want = by_plan[(*prefix, first, *later)]
+            if want.calls[: layer + 1] == (*prefix, first):
+                assert value == pytest.approx(want.value, rel=1e-12), (prefix, first)
+                checked += 1
+    assert checked >= len(decisions)
+    ungated = label_decisions_for(outcomes, ByLayer(frozenset({0, 1, 2, 3})))
+    assert [d.value_skip for d in decisions] != [d.value_skip for d in ungated]
+
+
 def test_policy_labels_need_a_policy():
     res = stand_in_pair(1)
     pipe = load_pipeline(pipeline_raw(depth=2, strong="mem:target"), resources=res)

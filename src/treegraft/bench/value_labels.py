@@ -176,8 +176,11 @@ def follow_policy(
     """The outcome reached from the state at `prefix` by calling (`first=True`) or skipping at
     its layer, then letting `policy` decide every later layer (on the recorded states: no build).
 
-    A call the cap forbids becomes a skip, as in the builder.
+    A call the cap forbids becomes a skip, as in the builder. A policy whose step gate closes on
+    the step's first state (`Scheduler.done_for_step`) skips every later layer, as in the builder.
     """
+    policy.decide(outcomes[0].states[0])  # the step's first decision sets the policy's gate
+    gated = policy.done_for_step()
     here = [o for o in outcomes if through(o, prefix)]
     layer, want = len(prefix), first
     while True:
@@ -188,7 +191,7 @@ def follow_policy(
         state = next((o.states[layer] for o in here if len(o.states) > layer), None)
         if state is None:  # the build ends here: every remaining plan grew the same tree
             return best_outcome(here)
-        want = policy.decide(state) > 0
+        want = not gated and policy.decide(state) > 0
 
 
 def policy_outcome(outcomes: Sequence[Outcome], policy: Scheduler) -> Outcome:

@@ -205,6 +205,12 @@ class Scheduler(Component):
     def observe(self, outcome: StepOutcome) -> None:
         """Learn from a finished step (default: nothing)."""
 
+    def done_for_step(self) -> bool:
+        """After a decision: True when every remaining layer of this step goes to the cheapest
+        drafter whatever the tree looks like, so the builder may skip their statistics and
+        decisions. Default: False (asked at every layer)."""
+        return False
+
 
 class Rescorer(Component):
     """Turns a strong drafter's distributions into new node scores."""

@@ -107,7 +107,7 @@ class LayeredBuilder(TreeBuilder):
         times: StepTimes,
     ) -> int:
         n_drafters = len(step.drafters)
-        if n_drafters == 1:
+        if n_drafters == 1 or (layer > 0 and step.scheduler.done_for_step()):
             return 0
         state = layer_state(
             step,

@@ -28,7 +28,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from treegraft.core.config import ConfigError, field
+from treegraft.core.config import Check, ConfigError, field
 from treegraft.core.interfaces import LayerState, Scheduler
 from treegraft.core.metrics import AcceptHistory
 from treegraft.core.resources import Resources
@@ -426,6 +426,12 @@ class DistilledConfig:
         0.0, doc="call the strong drafter when the predicted relative value exceeds this"
     )
     drafter: int = field(-1, doc="drafter index called (-1: the strongest)")
+    step_gate: float | None = field(
+        0.2,
+        check=Check(">= 0", lambda v: v is None or v >= 0),
+        doc="a step whose first layer is predicted more than this below the threshold calls at "
+        "no layer (the later layers are not evaluated); null: evaluate every layer",
+    )
 
 
 @attrs.define
@@ -446,6 +452,8 @@ class DistilledScheduler(Scheduler):
     _first_step: np.ndarray = attrs.field(init=False, repr=False)
     # what the step-constant column was computed from
     _step_key: tuple[Any, ...] | None = attrs.field(default=None, init=False, repr=False)
+    # the step gate closed at this step's first layer (see `DistilledConfig.step_gate`)
+    _gated: bool = attrs.field(default=False, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         self.mlp = FoldedMLP.from_artifact(self.artifact)
@@ -483,7 +491,19 @@ class DistilledScheduler(Scheduler):
         return self.mlp.head(np.dot(self._first_layer, [*per_layer_features(state), 1.0]))
 
     def decide(self, state: LayerState) -> int:
+        if state.layer == 0:
+            self._gated = False
         if state.strong_calls >= state.max_strong_calls:
             return 0
-        call = self.value(state) > self.config.threshold
+        value = self.value(state)
+        gate = self.config.step_gate
+        if state.layer == 0 and gate is not None and value < self.config.threshold - gate:
+            self._gated = True
+        call = value > self.config.threshold
         return strong_index(self.config.drafter, state.n_drafters) if call else 0
+
+    def done_for_step(self) -> bool:
+        """True after a step's first layer was predicted more than `step_gate` below the
+        threshold: on the training prompts, no later layer of such a step was predicted to pay
+        (docs/scheduler.md, 'The step gate')."""
+        return self._gated
