@@ -39,3 +39,11 @@ def test_rows_of_floats_round_as_torch_rounds_them(rows, cols, data):
 def test_ragged_rows_are_refused():
     with pytest.raises(ValueError):
         host_tensor([[1, 2], [3]])
+
+
+def test_a_device_gets_a_copy_there():
+    meta = torch.device("meta")
+    out = host_tensor([[1, 2], [3, 4]], device=meta)
+    assert out.device == meta and out.shape == (2, 2) and out.dtype == torch.int64
+    cpu = host_tensor([1.5], np.float32, torch.device("cpu"))
+    assert cpu.device.type == "cpu" and cpu.tolist() == [1.5]

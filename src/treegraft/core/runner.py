@@ -327,12 +327,7 @@ class CausalLMRunner:
         first = next((i for i, slot in enumerate(keep) if slot != i), len(keep))
         if first < len(keep):
             moved = [self.n_cached + slot for slot in keep[first:]]
-            src = (
-                host_tensor(moved)
-                if self.device.type == "cpu"
-                else torch.tensor(moved, dtype=torch.long, device=self.device)
-            )
-            kv_compact(self.cache.kv, src, self.n_cached + first)
+            kv_compact(self.cache.kv, host_tensor(moved, device=self.device), self.n_cached + first)
         self.n_cached += len(keep)
         self.committed[self.n_committed : self.n_committed + n_new] = tokens.to(self.device)
         self.n_committed += n_new

@@ -146,17 +146,10 @@ class NgramDrafter(Drafter):
         cl = self.config.chain_len
         tokens = [list(row.chain) + [-1] * (cl - len(row.chain)) for row in rows]
         logp = [self._row_logp(row) + [0.0] * (cl - len(row.chain)) for row in rows]
-        parents = [row.parent for row in rows]
-        if device.type == "cpu":
-            return Proposal(
-                parents=host_tensor(parents),
-                tokens=host_tensor(tokens),
-                logp=host_tensor(logp, np.float32),
-            )
         return Proposal(
-            parents=torch.tensor(parents, dtype=torch.long, device=device),
-            tokens=torch.tensor(tokens, dtype=torch.long, device=device),
-            logp=torch.tensor(logp, dtype=torch.float32, device=device),
+            parents=host_tensor([row.parent for row in rows], device=device),
+            tokens=host_tensor(tokens, device=device),
+            logp=host_tensor(logp, np.float32, device),
         )
 
     def _row_logp(self, row: _Row) -> list[float]:
