@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from hypothesis import given, settings
@@ -19,9 +21,13 @@ from treegraft.core.pipeline import (
     load_pipeline,
     resolve_pipeline,
 )
+from treegraft.zoo.token_counts import save_counts
 
 VOCAB = 40
 SHIPPED = builtin_pipelines()
+#: counts ranking the tiny models' vocabulary for the shipped pipelines' restricted heads
+COUNTS = Path(tempfile.mkdtemp(prefix="treegraft-counts-")) / "counts.json"
+save_counts(COUNTS, np.random.default_rng(0).integers(0, 1000, VOCAB), source="tests")
 
 
 def in_memory(name: str) -> dict:
@@ -31,6 +37,8 @@ def in_memory(name: str) -> dict:
     for spec in raw["drafters"].values():
         if "model" in spec:
             spec["model"] = "mem:" + spec["model"].removeprefix("zoo:")
+        if spec.get("head") is not None:  # a restricted head, ranked over the tiny vocabulary
+            spec["head"], spec["token_counts"] = 12, str(COUNTS)
     raw["verifier"] = {"name": "greedy"}
     raw["decoding"] = {"max_new_tokens": 20, "dtype": "float64"}
     return raw

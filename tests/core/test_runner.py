@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -183,3 +184,30 @@ def test_rewind_lets_a_step_be_rebuilt_with_another_tree():
     for i in range(other.n_nodes):
         ids = prompt.tolist() + path_ids(other, i)[1:]
         torch.testing.assert_close(logits[i], plain_logits(model, ids), rtol=1e-9, atol=1e-9)
+
+
+def test_restrict_output_picks_columns_and_checks_its_rows() -> None:
+    model = tiny_llama(seed=3, vocab=32)
+    prompt = torch.tensor([4, 9, 1])
+    tree = DraftTree.from_parents(torch.tensor([1, 7, 8]), torch.tensor([-1, 0, 1]))
+    full = CausalLMRunner(model)
+    full.begin(prompt, max_len=16)
+    with torch.no_grad():
+        expected = full.forward_tree(tree)
+    runner = CausalLMRunner(model)
+    runner.restrict_output(torch.tensor([30, 2, 5]))
+    runner.begin(prompt, max_len=16)
+    assert runner.n_outputs == 3
+    with torch.no_grad():
+        got = runner.forward_tree(tree)
+    torch.testing.assert_close(got, expected[:, [30, 2, 5]], rtol=1e-12, atol=1e-12)
+    runner.restrict_output(None)
+    assert runner.n_outputs == 32 and runner.output_rows is None
+    for rows, message in [
+        (torch.tensor([0, 32]), r"token ids in \[0, 32\), got 32"),
+        (torch.tensor([-1, 3]), r"token ids in \[0, 32\), got -1"),
+        (torch.tensor([3, 3]), "distinct"),
+        (torch.zeros(0, dtype=torch.long), "non-empty"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            runner.restrict_output(rows)

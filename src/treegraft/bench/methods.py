@@ -31,6 +31,7 @@ from treegraft.core.decoder import StepEvent
 from treegraft.core.pipeline import Pipeline, eos_ids_of, resolve_pipeline
 from treegraft.core.registry import Registry
 from treegraft.core.resources import ModelRefError, Resources
+from treegraft.plugins.drafters.hf_lm import swap_model
 
 HF_PROMPT_LOOKUP = "hf-prompt-lookup"
 
@@ -322,7 +323,8 @@ def pipeline_mapping(
 
 
 def substitute_models(raw: dict[str, Any], pair: Pair, which: str) -> dict[str, Any]:
-    """Put the pair's target in, and its drafter into the strongest (or every, or no) LM drafter."""
+    """Put the pair's target in, and its drafter into the strongest (or every, or no) LM drafter
+    (`hf_lm.swap_model`: a non-zoo drafter drops a head ranked by the zoo's token counts)."""
     raw = copy.deepcopy(raw)
     raw["target"] = pair.target
     drafters = raw.get("drafters")
@@ -330,7 +332,7 @@ def substitute_models(raw: dict[str, Any], pair: Pair, which: str) -> dict[str, 
     lm = [d for d in specs if isinstance(d, dict) and "model" in d]
     chosen = {"strongest": lm[-1:], "all": lm, "none": []}[which]
     for spec in chosen:
-        spec["model"] = pair.drafter
+        swap_model(spec, pair.drafter)
     return raw
 
 

@@ -47,6 +47,7 @@ def pipeline_mapping(
     """
     from treegraft.core.config import ConfigError, parse_yaml
     from treegraft.core.pipeline import resolve_pipeline
+    from treegraft.plugins.drafters.hf_lm import swap_model
 
     path = resolve_pipeline(pipeline)
     raw = dict(parse_yaml(path.read_text(), str(path)))
@@ -57,7 +58,7 @@ def pipeline_mapping(
         lms = [d for d in specs if isinstance(d, dict) and "model" in d]
         if not lms:
             raise ConfigError(f"--strong: pipeline {pipeline!r} has no LM drafter")
-        lms[-1]["model"] = strong
+        swap_model(lms[-1], strong)
     raw["verifier"] = {"name": "greedy"}
     raw["decoding"] = {**(raw.get("decoding") or {}), "device": device, "dtype": dtype, "stop": []}
     return raw

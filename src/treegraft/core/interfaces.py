@@ -174,7 +174,10 @@ class Drafter(Component):
         """Propose up to `k` distinct children (or chains) under each of `nodes` (`[f]` int64)."""
 
     def score_tree(self, tree: DraftTree) -> Tensor:
-        """Next-token log-probs after every node, `[n, V]`, from one forward over the tree."""
+        """Next-token log-probs after every node, `[n, V]`, from one forward over the tree.
+
+        A drafter that scores only some tokens (a restricted head) gives the others -inf:
+        rescorers keep the current edge log-prob of a node carrying such a token."""
         raise NotImplementedError(f"{type(self).__name__} cannot score a tree")
 
     def rewind(self) -> None:
@@ -217,7 +220,8 @@ class Rescorer(Component):
 
     @abstractmethod
     def rescore(self, tree: DraftTree, strong_logp: Tensor) -> Rescoring:
-        """New scores from `strong_logp` (`[n, V]` next-token log-probs after each node)."""
+        """New scores from `strong_logp` (`[n, V]` next-token log-probs after each node; -inf
+        where the strong drafter did not score a token, whose edges keep their log-prob)."""
 
 
 class Grafter(Component):

@@ -95,7 +95,9 @@ class LeanForward:
     Call with `(ids [q], positions [q], additive [q, kv_len], kv, write_start, n_logits)`, where
     `kv` is the runner's cache `[n_layers, 2, n_kv_heads, max_len, head_dim]` and the block's keys
     and values are written at slots `[write_start, write_start + q)`; returns logits
-    `[n_logits, V]` of the block's last `n_logits` tokens.
+    `[n_logits, V]` of the block's last `n_logits` tokens. `head`: other output rows (weight
+    `[K, hidden]`, bias or None) to project onto instead of the model's `lm_head`, giving
+    `[n_logits, K]` logits (a runner restricted to some tokens: `CausalLMRunner.restrict_output`).
     """
 
     def __init__(self, model: Any) -> None:
@@ -141,6 +143,7 @@ class LeanForward:
         kv: Tensor,
         write_start: int,
         n_logits: int,
+        head: tuple[Tensor, Tensor | None] | None = None,
     ) -> Tensor:
         q_len = int(ids.shape[0])
         end = write_start + q_len
@@ -173,9 +176,10 @@ class LeanForward:
             x = _rms_norm(h, *n2)
             h = residual + F.linear(F.silu(F.linear(x, *wg)) * F.linear(x, *wu), *wd)
         h = _rms_norm(h, *self.norm)
+        weight, bias = head if head is not None else self.lm_head
         if not n_logits:
-            return h.new_zeros(0, self.lm_head[0].shape[0])
-        return F.linear(h[:, -n_logits:, :], *self.lm_head)[0]
+            return h.new_zeros(0, weight.shape[0])
+        return F.linear(h[:, -n_logits:, :], weight, bias)[0]
 
     def _attention(
         self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, q_len: int

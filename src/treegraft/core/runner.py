@@ -114,6 +114,8 @@ class CausalLMRunner:
         forward: `auto` runs the lean forward (`treegraft.core.lean`, bitwise equal logits) when
             the model supports it and `transformers`' forward otherwise; `lean` requires it;
             `transformers` never uses it.
+        output_rows: `[K]` int64 token ids the logits are computed for, in that order (None: the
+            whole vocabulary); set by `restrict_output`.
     """
 
     model: PreTrainedModel
@@ -132,6 +134,9 @@ class CausalLMRunner:
     # `model.device` walks the parameters: tens of microseconds, several times a step)
     _device: torch.device = attrs.field(init=False, default=None)
     _dtype: torch.dtype = attrs.field(init=False, default=None)
+    output_rows: Tensor | None = attrs.field(init=False, default=None)
+    # the output embedding's `output_rows` rows (weight, bias), gathered once for the lean forward
+    _head: tuple[Tensor, Tensor | None] | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self._device, self._dtype = self.model.device, self.model.dtype
@@ -173,6 +178,45 @@ class CausalLMRunner:
     def vocab_size(self) -> int:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
+    @property
+    def n_outputs(self) -> int:
+        """Columns of the logits a forward returns: `len(output_rows)`, else the vocabulary."""
+        return self.vocab_size if self.output_rows is None else int(self.output_rows.shape[0])
+
+    def restrict_output(self, rows: Tensor | None) -> None:
+        """Compute logits only for the token ids `rows` (`[K]` int64, distinct, each below the
+        vocabulary size; logits come in that order), or again for the whole vocabulary (None).
+
+        On the lean forward the output embedding's rows are gathered here, once, so a forward
+        reads `K` rows of it instead of all: in a small model the output projection is most of
+        the weights a forward reads (the zoo drafters: 50-90%). `transformers`' forward still
+        computes every logit and the columns are picked from them.
+        """
+        if rows is None:
+            self.output_rows = self._head = None
+            return
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        vocab = self.vocab_size
+        if rows.ndim != 1 or rows.numel() == 0:
+            raise ValueError(
+                f"output rows must be a non-empty [K] tensor, got shape {tuple(rows.shape)}"
+            )
+        low, high = int(rows.min()), int(rows.max())
+        if low < 0 or high >= vocab:
+            raise ValueError(
+                f"output rows must be token ids in [0, {vocab}), got {low if low < 0 else high}"
+            )
+        if torch.unique(rows).numel() != rows.numel():
+            raise ValueError("output rows must be distinct token ids")
+        self.output_rows = rows.to(self.device)
+        self._gather_head()
+
+    def _gather_head(self) -> None:
+        out = self.model.get_output_embeddings()
+        rows = self.output_rows
+        bias = None if out.bias is None else out.bias.detach()[rows].contiguous()
+        self._head = (out.weight.detach()[rows].contiguous(), bias)
+
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         """Start a generation: reserve `max_len` cache slots (reusing the last allocation if large enough)."""
         if prompt.ndim != 1 or prompt.numel() == 0:
@@ -185,6 +229,9 @@ class CausalLMRunner:
             self._device, self._dtype = self.model.device, self.model.dtype
             self.cache = None
             self._lean = self._lean_forward()  # rebind the moved weights
+            if self.output_rows is not None:
+                self.output_rows = self.output_rows.to(self._device)
+                self._gather_head()
         if self.cache is None or self.cache.get_max_length() < max_len:
             n_layers, n_kv, head_dim = cache_geometry(self.model)
             shape = (n_layers, 2, n_kv, max_len, head_dim)
@@ -215,7 +262,8 @@ class CausalLMRunner:
         """Forward the nodes of `tree` not seen yet in this step (and any pending committed tokens).
 
         The tree's root must be the last committed token. Returns logits `[n_new, V]` for tree
-        nodes `n_seen_before .. n` (the pending chain's logits are not computed).
+        nodes `n_seen_before .. n` (the pending chain's logits are not computed); `[n_new, K]`,
+        columns in `output_rows` order, when `restrict_output` restricted them.
         """
         n = tree.n_nodes
         if self.n_seen == 0:
@@ -223,7 +271,7 @@ class CausalLMRunner:
         start = self.n_seen
         pending = self.n_pending if start == 0 else 0
         if pending + n - start == 0:
-            return self.cache.kv.new_zeros(0, self.vocab_size)
+            return self.cache.kv.new_zeros(0, self.n_outputs)
         region = self.n_pending + n
         self._ensure_capacity(self.n_cached + region)
         ids, positions, mask = self._block(tree, start, pending)
@@ -291,7 +339,9 @@ class CausalLMRunner:
             watcher(int(ids.shape[0]))
         if self._lean is not None:
             self.forwards += 1
-            return self._lean(ids, positions, additive, cache.kv, cache.write_start, n_logits)
+            return self._lean(
+                ids, positions, additive, cache.kv, cache.write_start, n_logits, head=self._head
+            )
         extra = {self._cache_kwarg: cache}
         if self._tree_kernel:  # the fused kernel takes the compact mask: prefix length + tree block
             extra |= {PREFIX_LEN_KWARG: self.n_cached, TREE_MASK_KWARG: visible[:, self.n_cached :]}
@@ -304,7 +354,8 @@ class CausalLMRunner:
             **extra,
         )
         self.forwards += 1
-        return out.logits[0, -n_logits:] if n_logits else out.logits[0, :0]
+        logits = out.logits[0, -n_logits:] if n_logits else out.logits[0, :0]
+        return logits if self.output_rows is None else logits[:, self.output_rows]
 
     def rewind(self) -> None:
         """Drop this step's region (pending chain and tree nodes); the next forward redoes it."""

@@ -64,6 +64,28 @@ def build_tokenizer_cmd(
     typer.echo(f"tokenizer -> {dest}")
 
 
+@app.command("token-counts")
+def token_counts_cmd(
+    corpus: Annotated[Path, typer.Option(help="Corpus directory.")] = Path(
+        "~/.cache/treegraft/corpus"
+    ),
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Output JSON file (default: the packaged zoo:token-counts)."),
+    ] = None,
+) -> None:
+    """Count the zoo tokenizer's tokens on the corpus (ranks the vocabulary for `hf_lm`'s `head`)."""
+    from treegraft.zoo.corpus import read_corpus
+    from treegraft.zoo.token_counts import count_tokens, save_counts, zoo_counts_path
+    from treegraft.zoo.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    counts = count_tokens((d.text for d in read_corpus(corpus.expanduser())), tok, len(tok))
+    dest = out or zoo_counts_path()
+    save_counts(dest, counts, source="the zoo training corpus (treegraft zoo build-corpus)")
+    typer.echo(f"{int(counts.sum()):,} tokens, {int((counts > 0).sum())} ids seen -> {dest}")
+
+
 @app.command("build-suites")
 def build_suites_cmd(
     out: Annotated[

@@ -1,7 +1,9 @@
 """Rescorers: turn a strong drafter's next-token distributions into new node scores.
 
 Both keep scores non-increasing along paths: every edge log-prob stays <= 0, and a node's score
-is the sum of the edge log-probs on its path.
+is the sum of the edge log-probs on its path. A strong drafter that did not score a node's token
+(log-prob -inf: a drafter with a restricted `head`) abstains on that edge: it keeps its current
+log-prob.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from treegraft.core.tree import DraftTree
 
 
 def strong_edge_logp(tree: DraftTree, strong_logp: Tensor) -> Tensor:
-    """`[n]` log q_strong(token_v | path to parent_v); 0 for the root."""
+    """`[n]` log q_strong(token_v | path to parent_v); 0 for the root; the current edge log-prob
+    where the strong drafter left the token unscored (-inf)."""
     parents = tree.parents.clamp(min=0)
     edge = strong_logp[parents, tree.tokens].to(tree.score.dtype)  # [n]
+    edge = torch.where(edge == float("-inf"), tree.edge_logp.to(edge.dtype), edge)
     edge[0] = 0
     return edge
 

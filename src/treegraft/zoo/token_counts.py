@@ -1,0 +1,98 @@
+"""Token counts: how often each token id of a tokenizer occurs in a corpus.
+
+They rank the vocabulary for a drafter that scores only its most frequent tokens (`hf_lm`'s
+`head`). The zoo ships the counts of its tokenizer on its own training corpus
+(`zoo:token-counts`, written by `treegraft zoo token-counts`); any other JSON file of the same
+format serves another tokenizer.
+
+Format (JSON): `{"format": "treegraft-token-counts/1", "vocab_size": V, "tokens": N,
+"source": "...", "counts": [c_0, ..., c_{V-1}]}`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "treegraft-token-counts/1"
+ZOO_REF = "zoo:token-counts"
+
+
+def zoo_counts_path() -> Path:
+    """Where the zoo tokenizer's counts live."""
+    from treegraft.zoo import tokenizer_path
+
+    return tokenizer_path() / "token_counts.json"
+
+
+def count_tokens(
+    texts: Iterable[str], tokenizer: Any, vocab_size: int, *, batch: int = 512
+) -> np.ndarray:
+    """`[vocab_size]` int64 occurrences of every token id in `texts` (a Hugging Face
+    tokenizer; no special tokens added, no length limit)."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    chunk: list[str] = []
+    fast = getattr(tokenizer, "backend_tokenizer", None)  # `tokenizers`: batched, no length warning
+
+    def flush() -> None:
+        if fast is not None:
+            rows = [e.ids for e in fast.encode_batch(chunk, add_special_tokens=False)]
+        else:
+            rows = tokenizer(chunk, add_special_tokens=False)["input_ids"]
+        for ids in rows:
+            counts[:] += np.bincount(np.asarray(ids, dtype=np.int64), minlength=vocab_size)[
+                :vocab_size
+            ]
+        chunk.clear()
+
+    for text in texts:
+        chunk.append(text)
+        if len(chunk) >= batch:
+            flush()
+    if chunk:
+        flush()
+    return counts
+
+
+def save_counts(path: Path, counts: np.ndarray, *, source: str) -> None:
+    """Write `counts` in the format above."""
+    data = {
+        "format": FORMAT,
+        "vocab_size": int(counts.shape[0]),
+        "tokens": int(counts.sum()),
+        "source": source,
+        "counts": [int(c) for c in counts],
+    }
+    path.write_text(json.dumps(data) + "\n", encoding="utf-8")
+
+
+def load_counts(ref: str) -> np.ndarray:
+    """`[V]` int64 counts from `zoo:token-counts` or a JSON file path; a clear error otherwise."""
+    path = zoo_counts_path() if ref == ZOO_REF else Path(ref).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"token counts {ref!r}: no such file ({path}); expected {ZOO_REF!r} or a JSON file "
+            "written by `treegraft zoo token-counts`"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"token counts {ref!r}: not JSON ({err})") from err
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        got = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"token counts {ref!r}: expected format {FORMAT!r}, got {got!r}")
+    counts = np.asarray(data.get("counts", []))
+    if counts.ndim != 1 or counts.size == 0 or not np.issubdtype(counts.dtype, np.integer):
+        raise ValueError(f"token counts {ref!r}: 'counts' must be a non-empty list of integers")
+    if (counts < 0).any():
+        raise ValueError(f"token counts {ref!r}: counts must be >= 0")
+    return counts.astype(np.int64)
+
+
+def most_frequent(counts: np.ndarray, k: int) -> np.ndarray:
+    """The `k` most frequent token ids (ties: the lower id first), ascending by frequency rank."""
+    return np.argsort(-counts, kind="stable")[:k]

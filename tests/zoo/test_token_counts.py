@@ -1,0 +1,39 @@
+"""Token counts: counted on a corpus, written and read back in their format, by the zoo CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from typer.testing import CliRunner
+
+from tests.conftest import word_tokenizer
+from treegraft.zoo.cli import app
+from treegraft.zoo.token_counts import count_tokens, load_counts, save_counts
+
+
+def test_count_tokens_counts_every_occurrence(tmp_path: Path) -> None:
+    tok = word_tokenizer(8)
+    counts = count_tokens(["t1 t2 t2", "t2 t6", "t0"], tok, 8, batch=2)  # two batches
+    assert counts.tolist() == [1, 1, 3, 0, 0, 0, 1, 0]
+    save_counts(tmp_path / "c.json", counts, source="three lines")
+    assert load_counts(str(tmp_path / "c.json")).tolist() == counts.tolist()
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert (data["vocab_size"], data["tokens"], data["source"]) == (8, 6, "three lines")
+
+
+def test_the_cli_counts_the_zoo_tokenizer_on_a_corpus(tmp_path: Path) -> None:
+    docs = [
+        {"key": f"k{i}", "kind": "task", "text": "def add(a, b):\n    return a + b\n"}
+        for i in range(3)
+    ]
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    out = tmp_path / "counts.json"
+    result = CliRunner().invoke(app, ["token-counts", "--corpus", str(tmp_path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    counts = load_counts(str(out))
+    assert counts.shape == (8192,)
+    assert counts.sum() % 3 == 0 and (counts % 3 == 0).all()  # three equal documents
+    assert int(counts.sum()) > 0 and str(out) in result.output
+    assert np.count_nonzero(counts) < 30
