@@ -34,27 +34,19 @@ def count_tokens(
 ) -> np.ndarray:
     """`[vocab_size]` int64 occurrences of every token id in `texts` (a Hugging Face
     tokenizer; no special tokens added, no length limit)."""
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    chunk: list[str] = []
-    fast = getattr(tokenizer, "backend_tokenizer", None)  # `tokenizers`: batched, no length warning
+    from treegraft.zoo.tokenizer import batched
 
-    def flush() -> None:
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    fast = getattr(tokenizer, "backend_tokenizer", None)  # `tokenizers`: batched, no length warning
+    for chunk in batched(texts, batch):
         if fast is not None:
             rows = [e.ids for e in fast.encode_batch(chunk, add_special_tokens=False)]
         else:
             rows = tokenizer(chunk, add_special_tokens=False)["input_ids"]
         for ids in rows:
-            counts[:] += np.bincount(np.asarray(ids, dtype=np.int64), minlength=vocab_size)[
+            counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=vocab_size)[
                 :vocab_size
             ]
-        chunk.clear()
-
-    for text in texts:
-        chunk.append(text)
-        if len(chunk) >= batch:
-            flush()
-    if chunk:
-        flush()
     return counts
 
 

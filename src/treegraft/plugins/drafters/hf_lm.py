@@ -24,6 +24,9 @@ from treegraft.core.interfaces import Drafter
 from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree, Proposal
+from treegraft.zoo import PREFIX as ZOO_PREFIX
+from treegraft.zoo.token_counts import ZOO_REF as ZOO_COUNTS
+from treegraft.zoo.token_counts import load_counts, most_frequent
 
 
 @attrs.frozen
@@ -41,7 +44,7 @@ class HFLMConfig:
         "prompt's tokens; null: the whole vocabulary",
     )
     token_counts: str = field(
-        "zoo:token-counts",
+        ZOO_COUNTS,
         doc="per-token counts ranking the vocabulary for `head`: 'zoo:token-counts' (the zoo "
         "tokenizer's) or a JSON file written by `treegraft zoo token-counts`",
     )
@@ -113,8 +116,6 @@ def frequent_tokens(config: HFLMConfig, vocab_size: int) -> Tensor | None:
     errors name the field when the counts do not fit the model's vocabulary."""
     if config.head is None:
         return None
-    from treegraft.zoo.token_counts import load_counts, most_frequent
-
     try:
         counts = load_counts(config.token_counts)
     except (OSError, ValueError) as err:
@@ -137,6 +138,6 @@ def swap_model(spec: dict, model: str) -> None:
     `head` ranked by them (the shipped pipelines') is dropped when a non-zoo model comes in:
     that drafter scores its whole vocabulary. A `head` with counts of its own stays."""
     spec["model"] = model
-    zoo_counts = spec.get("token_counts") in (None, "zoo:token-counts")
-    if zoo_counts and spec.get("head") is not None and not str(model).startswith("zoo:"):
+    zoo_counts = spec.get("token_counts") in (None, ZOO_COUNTS)
+    if zoo_counts and spec.get("head") is not None and not str(model).startswith(ZOO_PREFIX):
         spec.pop("head")
