@@ -201,7 +201,7 @@ def test_non_llama_models_are_not_lean():
 
 def test_runner_rejects_an_unknown_forward():
     with pytest.raises(
-        ValueError, match="forward: expected one of auto, lean, transformers, got 'jit'"
+        ValueError, match="forward: expected one of auto, lean, fused, transformers, got 'jit'"
     ):
         CausalLMRunner(tiny_llama(seed=0), forward="jit")
 

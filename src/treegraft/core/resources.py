@@ -119,9 +119,10 @@ class Resources:
             self.models[ref] = model.to(self.device).eval()
         return self.models[ref]
 
-    def runner(self, ref: str) -> CausalLMRunner:
-        """A fresh `CausalLMRunner` over the model `ref`, forwarding as `self.forward` says."""
-        return CausalLMRunner(self.model(ref), forward=self.forward)
+    def runner(self, ref: str, *, forward: str | None = None) -> CausalLMRunner:
+        """A fresh `CausalLMRunner` over the model `ref`, forwarding as `forward` says (default:
+        `self.forward`, the pipeline's `decoding.forward`)."""
+        return CausalLMRunner(self.model(ref), forward=forward or self.forward)
 
     def vocab_size(self, ref: str) -> int:
         return model_vocab_size(ref, self.models)

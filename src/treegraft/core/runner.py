@@ -26,7 +26,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
-from treegraft.core.lean import FORWARDS, LeanForward, lean_support
+from treegraft.core.lean import FORWARDS, FusedForward, LeanForward, lean_support
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import kv_compact
 from treegraft.kernels.host_tensor import host_tensor
@@ -113,7 +113,9 @@ class CausalLMRunner:
         n_seen: tree nodes of this step with keys/values in the region.
         forward: `auto` runs the lean forward (`treegraft.core.lean`, bitwise equal logits) when
             the model supports it and `transformers`' forward otherwise; `lean` requires it;
-            `transformers` never uses it.
+            `fused` runs the fused lean forward (`FusedForward`: faster, logits close to but not
+            bitwise equal to `transformers`'; for drafters only) where supported, else
+            `transformers`'; `transformers` never uses either.
         output_rows: `[K]` int64 token ids the logits are computed for, in that order (None: the
             whole vocabulary); set by `restrict_output`.
     """
@@ -156,7 +158,7 @@ class CausalLMRunner:
             return None
         why = lean_support(self.model)
         if why is None:
-            return LeanForward(self.model)
+            return FusedForward(self.model) if self.forward == "fused" else LeanForward(self.model)
         if self.forward == "lean":
             raise ValueError(f"forward 'lean' is not available for this model: {why}")
         return None

@@ -19,7 +19,7 @@ import attrs
 import torch
 from torch import Tensor
 
-from treegraft.core.config import Check, between, field
+from treegraft.core.config import Check, between, field, one_of
 from treegraft.core.interfaces import Drafter
 from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner
@@ -43,6 +43,13 @@ class HFLMConfig:
         doc="score only this many of the most frequent tokens (by `token_counts`) plus the "
         "prompt's tokens; null: the whole vocabulary",
     )
+    forward: str = field(
+        "fused",
+        check=one_of("fused", "pipeline"),
+        doc="'fused': the fused lean forward (faster, logits equal to the last bits or so; "
+        "drafts only steer what the target verifies) unless `decoding.forward` is "
+        "'transformers'; 'pipeline': exactly as `decoding.forward` says",
+    )
     token_counts: str = field(
         ZOO_COUNTS,
         doc="per-token counts ranking the vocabulary for `head`: 'zoo:token-counts' (the zoo "
@@ -65,7 +72,7 @@ class HFLMDrafter(Drafter):
 
     @classmethod
     def from_config(cls, config: HFLMConfig, resources: Resources) -> HFLMDrafter:
-        runner = resources.runner(config.model)
+        runner = resources.runner(config.model, forward=drafter_forward(config, resources.forward))
         return cls(config, runner, frequent=frequent_tokens(config, runner.vocab_size))
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
@@ -109,6 +116,14 @@ class HFLMDrafter(Drafter):
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
         self.runner.commit(accepted, tokens)
         self.node_logp = None
+
+
+def drafter_forward(config: HFLMConfig, pipeline_forward: str) -> str:
+    """The runner forward of an `hf_lm` drafter: `fused` where the pipeline's `decoding.forward`
+    allows the lean forward (`auto`, `lean`) and the drafter asks for it, else the pipeline's."""
+    if config.forward == "fused" and pipeline_forward in ("auto", "lean"):
+        return "fused"
+    return pipeline_forward
 
 
 def frequent_tokens(config: HFLMConfig, vocab_size: int) -> Tensor | None:
