@@ -63,6 +63,9 @@ def main(
             runner.begin(prompt, max_len=CONTEXT + 64)
             if head is not None:
                 runner.restrict_output(head)
+            with torch.inference_mode():  # prefill the context: commit one token after it
+                runner.forward_tree(chain_tree(prompt[-1], 1, 8192, torch.Generator()))
+                runner.commit(torch.zeros(1, dtype=torch.long), torch.tensor([5]))
             runners[mode] = runner
         seconds: dict[tuple[str, int], list[float]] = {}
         with torch.inference_mode():
