@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from tests.core.test_decoder import repetitive_prompt
 from tests.scheduling.helpers import COST, VOCAB, pipeline_raw, stand_in_pair
 from treegraft.bench.scheduler_cli import app
-from treegraft.bench.value_eval import measure_costs
+from treegraft.bench.value_eval import measure_costs, runner_forward
 from treegraft.bench.value_system import (
     PromptIds,
     ValueSystemError,
@@ -64,6 +64,30 @@ def test_measured_costs_are_positive_and_grow_with_tokens():
     assert cost.target(1) > 0 and cost.strong(1) > 0
     assert cost.target.queries[-1] >= pipe.decoder.builder.max_nodes()
     assert min(cost.weak_layer_s, cost.strong_extra_s, cost.step_overhead_s) > 0
+
+
+@pytest.mark.parametrize(("drafter_forward", "expected"), [("fused", "fused"), ("pipeline", "auto")])
+def test_the_strong_curve_is_measured_with_the_drafters_own_forward(
+    monkeypatch, drafter_forward, expected
+):
+    """The LM drafter runs the fused forward by default: its cost curve must be measured so."""
+    import treegraft.bench.value_eval as value_eval
+
+    res = stand_in_pair(0)
+    raw = pipeline_raw(depth=2)
+    raw["drafters"]["strong"]["forward"] = drafter_forward
+    pipe = load_pipeline(raw, resources=res)
+    assert runner_forward(pipe.decoder.drafters[0], "auto") == "auto"  # the n-gram drafter
+    seen = []
+    real = value_eval.measure_latency
+
+    def spy(model, ref, **kw):
+        seen.append((ref, kw["forward"]))
+        return real(model, ref, **kw)
+
+    monkeypatch.setattr(value_eval, "measure_latency", spy)
+    measure_costs(pipe, [repetitive_prompt(1, 10) % VOCAB], repeats=1, overhead_tokens=6)
+    assert seen == [(raw["target"], "auto"), (raw["drafters"]["strong"]["model"], expected)]
 
 
 def test_cost_constants_ignore_eos_and_refuse_to_be_silently_zero():

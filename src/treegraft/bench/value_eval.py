@@ -37,6 +37,13 @@ from treegraft.core.pipeline import Pipeline
 from treegraft.plugins.schedulers.heuristic import PlanConfig, PlanScheduler
 
 
+def runner_forward(drafter: Any, default: str) -> str:
+    """How `drafter`'s model forwards in decoding (an `hf_lm` drafter's runner runs the fused
+    forward by default), so its curve is measured the same way; `default` for other drafters."""
+    runner = getattr(drafter, "runner", None)
+    return getattr(runner, "forward", default) if runner is not None else default
+
+
 def measure_costs(
     pipe: Pipeline,
     prompts: Sequence[Tensor],
@@ -73,7 +80,7 @@ def measure_costs(
         context=context,
         queries=grid,
         repeats=repeats,
-        forward=forward,
+        forward=runner_forward(pipe.decoder.drafters[s], forward),
     )
     weak, extra, overhead = measure_constants(pipe, prompts, s, strong_curve, overhead_tokens)
     return CostModel(target, strong_curve, weak, extra, overhead)
