@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The zoo:scheduler refit protocol (docs/scheduler.md, "The shipped artifact"): oracle data and
+# evaluation prompts per zoo pair, fit1, a DAgger round along fit1, fit2, then replay of the
+# shipped artifact, fit1 and fit2 on the evaluation prompts. About 30 minutes on 2 CPU cores;
+# needs Debian's python3-doc (the copy-heavy training prompts).
+#
+#   bash benchmarks/scheduler_refit.sh runs/sched      # output folder (default runs/sched)
+set -euo pipefail
+T=${TREEGRAFT:-.venv/bin/treegraft}
+O=${1:-runs/sched}
+date
+for d in draft-s draft-m draft-l; do
+  $T scheduler collect treegraft --strong zoo:$d --out $O/$d --prompts 48 --max-new-tokens 48 --threads 2
+  $T scheduler collect treegraft --strong zoo:$d --out $O/eval-$d --prompts 24 --skip 152 --costs $O/$d --max-new-tokens 48 --threads 2
+done
+date
+$T scheduler fit $O/draft-{s,m,l} --ensemble 5 --out $O/fit1
+for d in draft-s draft-m draft-l; do
+  $T scheduler collect treegraft --strong zoo:$d --out $O/follow-$d --prompts 48 --skip 56 --costs $O/$d --follow $O/fit1 --max-new-tokens 48 --threads 2
+done
+$T scheduler fit $O/draft-{s,m,l} $O/follow-draft-{s,m,l} --ensemble 5 --out $O/fit2
+date
+for d in draft-s draft-m draft-l; do
+  for a in zoo:scheduler $O/fit1 $O/fit2; do
+    echo "== $d $a"; $T scheduler evaluate $O/eval-$d --artifact $a 2>&1 | tail -12
+  done
+done
+date
