@@ -66,7 +66,9 @@ def test_measured_costs_are_positive_and_grow_with_tokens():
     assert min(cost.weak_layer_s, cost.strong_extra_s, cost.step_overhead_s) > 0
 
 
-@pytest.mark.parametrize(("drafter_forward", "expected"), [("fused", "fused"), ("pipeline", "auto")])
+@pytest.mark.parametrize(
+    ("drafter_forward", "expected"), [("fused", "fused"), ("pipeline", "auto")]
+)
 def test_the_strong_curve_is_measured_with_the_drafters_own_forward(
     monkeypatch, drafter_forward, expected
 ):

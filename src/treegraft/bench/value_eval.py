@@ -40,8 +40,7 @@ from treegraft.plugins.schedulers.heuristic import PlanConfig, PlanScheduler
 def runner_forward(drafter: Any, default: str) -> str:
     """How `drafter`'s model forwards in decoding (an `hf_lm` drafter's runner runs the fused
     forward by default), so its curve is measured the same way; `default` for other drafters."""
-    runner = getattr(drafter, "runner", None)
-    return getattr(runner, "forward", default) if runner is not None else default
+    return getattr(getattr(drafter, "runner", None), "forward", default)
 
 
 def measure_costs(

@@ -177,7 +177,13 @@ class LeanForward:
             residual = h
             x = _rms_norm(h, *n2)
             h = residual + F.linear(F.silu(F.linear(x, *wg)) * F.linear(x, *wu), *wd)
-        h = _rms_norm(h, *self.norm)
+        return self._logits(_rms_norm(h, *self.norm), n_logits, head)
+
+    def _logits(
+        self, h: Tensor, n_logits: int, head: tuple[Tensor, Tensor | None] | None
+    ) -> Tensor:
+        """`[n_logits, K]` logits of the last `n_logits` rows of the normed hidden states `h`
+        (`[1, q, hidden]`), projected on `head` or the model's `lm_head`."""
         weight, bias = head if head is not None else self.lm_head
         if not n_logits:
             return h.new_zeros(0, weight.shape[0])
@@ -225,8 +231,8 @@ class FusedForward(LeanForward):
     linear layer (their weights stacked once, here), gate and up projections as one, RoPE rotating
     queries and keys together with cosines and sines read from a table of every cache position,
     `torch.nn.functional.rms_norm`, and grouped key/value heads handed to SDPA as they are (torch
-    2.5 and newer). A small drafter's forward is mostly per-operation overhead, so this roughly
-    halves it; the sums run in another order, so the last bits of the logits can differ. Drafts
+    2.5 and newer). A small drafter's forward is mostly per-operation overhead, so this saves 10-40%
+    of it on a CPU (`benchmarks/drafter_forward_cost.py`); the sums run in another order, so the last bits of the logits can differ. Drafts
     only steer what the target verifies, so a drafter may run it (the `hf_lm` drafter's default);
     the target never does: its logits decide the output.
     """
@@ -237,18 +243,10 @@ class FusedForward(LeanForward):
         self.hidden = int(cfg.hidden_size)
         self.n_heads = int(cfg.num_attention_heads)
         self.n_kv = int(cfg.num_key_value_heads)
-        self.fused = []
-        for n1, wq, wk, wv, wo, n2, wg, wu, wd in self.layers:
-            self.fused.append(
-                (
-                    n1,
-                    _stack(wq, wk, wv),
-                    wo,
-                    n2,
-                    _stack(wg, wu),
-                    wd,
-                )
-            )
+        self.fused = [
+            (n1, _stack(wq, wk, wv), wo, n2, _stack(wg, wu), wd)
+            for n1, wq, wk, wv, wo, n2, wg, wu, wd in self.layers
+        ]
         self._rope: tuple[Tensor, Tensor] | None = None  # cos, signed sin: [positions, D]
 
     def _rope_table(self, n_positions: int, like: Tensor) -> tuple[Tensor, Tensor]:
@@ -313,11 +311,7 @@ class FusedForward(LeanForward):
             x = F.rms_norm(h, shape, n2[0], n2[1])
             gate, up = F.linear(x, *wgu).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, *wd)
-        h = F.rms_norm(h, shape, *self.norm)
-        weight, bias = head if head is not None else self.lm_head
-        if not n_logits:
-            return h.new_zeros(0, weight.shape[0])
-        return F.linear(h[:, -n_logits:, :], weight, bias)[0]
+        return self._logits(F.rms_norm(h, shape, *self.norm), n_logits, head)
 
 
 def _stack(*linears: tuple[Tensor, Tensor | None]) -> tuple[Tensor, Tensor | None]:

@@ -46,7 +46,7 @@ class HFLMConfig:
     forward: str = field(
         "fused",
         check=one_of("fused", "pipeline"),
-        doc="'fused': the fused lean forward (faster, logits equal to the last bits or so; "
+        doc="'fused': the fused lean forward (faster, logits equal up to rounding; "
         "drafts only steer what the target verifies) unless `decoding.forward` is "
         "'transformers'; 'pipeline': exactly as `decoding.forward` says",
     )
