@@ -17,7 +17,7 @@ from treegraft.bench.value_system import (
     collect,
 )
 from treegraft.core.pipeline import load_pipeline
-from treegraft.plugins.schedulers.distilled import SchedulerArtifact
+from treegraft.plugins.schedulers.distilled import FEATURE_NAMES, SchedulerArtifact
 
 runner = CliRunner()
 
@@ -36,12 +36,20 @@ def test_fit_then_explain(dataset_dir, tmp_path):
         app, ["fit", str(dataset_dir), "--out", str(art), "--epochs", "30", "--hidden", "8"]
     )
     assert result.exit_code == 0, result.output
-    assert SchedulerArtifact.load(art).metadata["pairs"][0]["target"] == "mem:target"
+    fitted = SchedulerArtifact.load(art)
+    assert fitted.metadata["pairs"][0]["target"] == "mem:target"
+    assert fitted.feature_names == FEATURE_NAMES  # every feature by default
     result = runner.invoke(app, ["explain", str(art), str(dataset_dir)])
     assert result.exit_code == 0, result.output
     assert "strong-call rate per layer: 0:" in result.output
     result = runner.invoke(app, ["explain", str(art)])
     assert result.exit_code == 0 and "fit-time validation data" in result.output
+    fewer = tmp_path / "fewer"
+    args = ["fit", str(dataset_dir), "--out", str(fewer), "--epochs", "5", "--hidden", "8"]
+    result = runner.invoke(app, [*args, "--drop", "layer, log_nodes"])
+    assert result.exit_code == 0, result.output
+    kept = SchedulerArtifact.load(fewer).feature_names
+    assert len(kept) == len(FEATURE_NAMES) - 2 and {"layer", "log_nodes"}.isdisjoint(kept)
 
 
 def test_cli_errors_are_one_line(tmp_path):
@@ -51,6 +59,8 @@ def test_cli_errors_are_one_line(tmp_path):
     assert result.exit_code == 2 and "not a scheduler dataset" in result.output
     result = runner.invoke(app, ["fit", str(tmp_path), "--loss", "hinge"])
     assert result.exit_code == 2 and "--loss: expected one of mse, logistic" in result.output
+    result = runner.invoke(app, ["fit", str(tmp_path), "--drop", "log_draft_ms"])
+    assert result.exit_code == 2 and "--drop: unknown features ['log_draft_ms']" in result.output
     missing = str(tmp_path / "no-artifact")
     result = runner.invoke(app, ["collect", "--follow", missing, "--prompts", "1"])
     assert result.exit_code == 2 and "--follow" in result.output, result.output

@@ -13,17 +13,22 @@ from treegraft.bench.scheduler_fit import (
     explain,
     fit_rows,
     merge_members,
+    rows_of,
     sign_metrics,
     to_artifact,
     validation_mask,
 )
+from treegraft.bench.value_data import Dataset
+from treegraft.bench.value_labels import ValueSystemError
 from treegraft.core.metrics import AcceptHistory
 from treegraft.plugins.schedulers.distilled import (
     FEATURE_NAMES,
+    ArtifactError,
     DistilledConfig,
     DistilledScheduler,
     FoldedMLP,
     SchedulerArtifact,
+    check_feature_names,
     layer_features,
 )
 
@@ -72,11 +77,88 @@ def test_the_fit_decides_by_the_value_at_stake_not_the_majority(loss):
     assert (pred[kind_a] > 0).mean() > 0.9 and (pred[~kind_a] > 0).mean() < 0.1
 
 
+def dataset_with(names: list[str], features: np.ndarray) -> Dataset:
+    n = features.shape[0]
+    arrays = {
+        "features": features.astype(np.float32),
+        "label_rel": np.linspace(-0.5, 0.5, n),
+        "layer": np.arange(n) % 5,
+        "prompt": np.arange(n) // 4,
+        "capped": np.arange(n) % 7 == 6,
+    }
+    return Dataset(arrays, {"feature_names": names})
+
+
+def test_rows_take_the_wanted_features_by_name():
+    """A dataset with a column this version does not know, its columns in another order, yields
+    exactly the wanted features' columns, row for row (all of them, or a fit's subset)."""
+    rng = np.random.default_rng(0)
+    want = rng.normal(size=(12, F))
+    names = ["retired_feature", *reversed(FEATURE_NAMES)]
+    data = dataset_with(names, np.concatenate([np.full((12, 1), 7.0), want[:, ::-1]], axis=1))
+    live = np.arange(12) % 7 != 6
+    rows = rows_of([data])
+    np.testing.assert_allclose(rows.x, want[live].astype(np.float32))
+    assert rows.n == live.sum()
+    subset = FitConfig().features
+    picked = [FEATURE_NAMES.index(n) for n in subset]
+    np.testing.assert_allclose(rows_of([data], subset).x, want[live][:, picked].astype(np.float32))
+
+
+def test_a_dataset_missing_a_feature_is_refused_by_name():
+    names = [n for n in FEATURE_NAMES if n != "ema_accepted"]
+    data = dataset_with(names, np.zeros((4, F - 1)))
+    with pytest.raises(ValueSystemError, match=r"dataset 0: .*\['ema_accepted'\].*collect"):
+        rows_of([data])
+
+
 def test_unknown_loss_and_empty_ensembles_are_refused():
     with pytest.raises(ValueError, match="loss: expected one of"):
         FitConfig(loss="hinge")
     with pytest.raises(ValueError, match="ensemble: expected at least 1 member, got 0"):
         FitConfig(ensemble=0)
+    with pytest.raises(ValueError, match=r"drop: unknown features \['log_draft_ms'\]"):
+        FitConfig(drop=("log_draft_ms",))
+    with pytest.raises(ValueError, match="drop: every feature is dropped"):
+        FitConfig(drop=FEATURE_NAMES)
+    with pytest.raises(ValueSystemError, match=f"rows have {F} feature columns, the fit expects"):
+        fit_rows(separable(n=50), attrs.evolve(FAST, drop=("log_weak_ms",)))
+
+
+def test_a_fit_without_a_feature_decodes_without_it():
+    """A fit that drops `log_weak_ms` names every other feature; the scheduler reads their
+    columns from the full feature vector, so its value equals the artifact's prediction on them
+    and does not move with the weak drafter's measured time."""
+    assert FitConfig().features == FEATURE_NAMES  # nothing is dropped by default
+    kept = [n for n in FEATURE_NAMES if n != "log_weak_ms"]
+    full = separable(seed=7)
+    rows = attrs.evolve(full, x=full.x[:, [FEATURE_NAMES.index(n) for n in kept]])
+    artifact = fit_rows(rows, attrs.evolve(FAST, drop=("log_weak_ms",))).artifact
+    assert list(artifact.feature_names) == kept and artifact.weights[0].shape[1] == F - 1
+    assert artifact.metadata["fit"]["drop"] == ["log_weak_ms"]
+    scheduler = DistilledScheduler(DistilledConfig(), artifact)
+    columns = artifact.columns()
+    values = []
+    for s in states():
+        x = np.asarray(layer_features(s))
+        assert scheduler.value(s) == pytest.approx(artifact.predict_one(x[columns]), abs=1e-12)
+        slower_weak = attrs.evolve(s, drafter_times=(0.004, *s.drafter_times[1:]))
+        assert layer_features(slower_weak) != list(x)  # the feature moves ...
+        assert scheduler.value(slower_weak) == pytest.approx(scheduler.value(s), abs=1e-12)
+        values.append(scheduler.value(s))
+    assert len(set(np.round(values, 9))) > 1  # ... the value does not; other features do move it
+
+
+def test_artifacts_with_unknown_or_repeated_features_are_refused():
+    artifact = fit_rows(separable(n=100), attrs.evolve(FAST, epochs=2)).artifact
+    names = list(FEATURE_NAMES)
+    check_feature_names(artifact, "ok")  # the full set, in order
+    for bad, detail in (
+        ([*names[:-1], "log_draft_ms"], r"unknown \['log_draft_ms'\]"),
+        ([*names[:-1], names[0]], r"repeated \['layer'\]"),
+    ):
+        with pytest.raises(ArtifactError, match=f"'art': .*{detail}.*refit it"):
+            check_feature_names(attrs.evolve(artifact, feature_names=tuple(bad)), "'art'")
 
 
 def test_merged_members_compute_the_mean_of_their_outputs():

@@ -215,6 +215,7 @@ FIT_HELP = {
     "threads": "torch CPU threads",
     "loss": "mse (regress the relative value) or logistic (its sign, weighted by |value|)",
     "ensemble": "MLPs fitted on bootstrap resamples of the prompts, averaged into one artifact",
+    "drop": "features left out of the fit, comma-separated (an ablation; default: none)",
 }
 
 
@@ -230,6 +231,7 @@ def fit(
     seed: Annotated[int, typer.Option(help=FIT_HELP["seed"])] = 0,
     loss: Annotated[str, typer.Option(help=FIT_HELP["loss"])] = "mse",
     ensemble: Annotated[int, typer.Option(help=FIT_HELP["ensemble"])] = 1,
+    drop: Annotated[str, typer.Option(help=FIT_HELP["drop"])] = "",
     threads: Annotated[int | None, typer.Option(help=FIT_HELP["threads"])] = 1,
 ) -> None:
     """Fit the MLP on the labels of one or more datasets; write the artifact."""
@@ -237,7 +239,7 @@ def fit(
     from treegraft.bench.value_system import Dataset, ValueSystemError
 
     try:
-        cfg = fit_config(hidden, epochs, val_fraction, seed, loss, ensemble)
+        cfg = fit_config(hidden, epochs, val_fraction, seed, loss, ensemble, drop)
         result = fit_artifact([Dataset.load(d) for d in datasets], cfg, out_dir)
     except (ValueError, ValueSystemError) as exc:
         _fail(str(exc))
@@ -246,7 +248,13 @@ def fit(
 
 
 def fit_config(
-    hidden: str, epochs: int, val_fraction: float, seed: int, loss: str = "mse", ensemble: int = 1
+    hidden: str,
+    epochs: int,
+    val_fraction: float,
+    seed: int,
+    loss: str = "mse",
+    ensemble: int = 1,
+    drop: str = "",
 ) -> Any:
     """The `FitConfig` of the fit options (ValueError naming the option on a bad value)."""
     from treegraft.bench.scheduler_fit import FitConfig
@@ -258,7 +266,7 @@ def fit_config(
     try:
         return FitConfig(
             hidden=widths, epochs=epochs, val_fraction=val_fraction, seed=seed, loss=loss,
-            ensemble=ensemble,
+            ensemble=ensemble, drop=tuple(n.strip() for n in drop.split(",") if n.strip()),
         )  # fmt: skip
     except ValueError as exc:  # FitConfig's messages start with the field name
         field, _, rest = str(exc).partition(":")
@@ -296,7 +304,7 @@ def explain(
     try:
         art = SchedulerArtifact.load(artifact)
         check_feature_names(art, artifact)
-        rows = rows_of([Dataset.load(dataset)]) if dataset else None
+        rows = rows_of([Dataset.load(dataset)], art.feature_names) if dataset else None
     except (ArtifactError, ValueSystemError) as exc:
         _fail(str(exc))
     report = run_explain(art, rows)
@@ -506,6 +514,7 @@ def loo(
     seed: Annotated[int, typer.Option(help=FIT_HELP["seed"])] = 0,
     loss: Annotated[str, typer.Option(help=FIT_HELP["loss"])] = "mse",
     ensemble: Annotated[int, typer.Option(help=FIT_HELP["ensemble"])] = 1,
+    drop: Annotated[str, typer.Option(help=FIT_HELP["drop"])] = "",
     threads: Annotated[int | None, typer.Option(help=FIT_HELP["threads"])] = 1,
     threshold: Annotated[float, typer.Option(help="distilled threshold")] = 0.0,
     prompts: Annotated[
@@ -525,7 +534,7 @@ def loo(
     evals = list(evals or [])
     try:
         train, held, more = load_loo_inputs(list(datasets), evals, list(extra or []))
-        cfg = fit_config(hidden, epochs, val_fraction, seed, loss, ensemble)
+        cfg = fit_config(hidden, epochs, val_fraction, seed, loss, ensemble, drop)
         report = leave_one_pair_out(
             list(datasets), train, evals, held, cfg, out_dir,
             threshold=threshold, prompts=prompts, extra=more,

@@ -20,7 +20,11 @@ import torch
 from torch import nn
 
 from treegraft.bench.value_system import Dataset, ValueSystemError
-from treegraft.plugins.schedulers.distilled import ACTIVATIONS, FEATURE_NAMES, SchedulerArtifact
+from treegraft.plugins.schedulers.distilled import (
+    ACTIVATIONS,
+    FEATURE_NAMES,
+    SchedulerArtifact,
+)
 
 ZERO = 1e-9
 LOSSES = ("mse", "logistic")
@@ -65,6 +69,8 @@ class FitConfig:
             training prompts with its own seed; they are merged into one wider MLP (stacked
             first layer, block-diagonal hidden layers, averaged output), so the artifact and the
             scheduler are unchanged.
+        drop: features of `FEATURE_NAMES` left out of the fit (an ablation; the artifact then
+            names the others, and the scheduler gives the dropped ones no weight).
     """
 
     hidden: tuple[int, ...] = (32, 32)
@@ -77,6 +83,12 @@ class FitConfig:
     clip: float = 1.0
     loss: str = "mse"
     ensemble: int = 1
+    drop: tuple[str, ...] = ()
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The features fitted on: `FEATURE_NAMES` less `drop`, in order."""
+        return tuple(n for n in FEATURE_NAMES if n not in self.drop)
 
     def __attrs_post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:
@@ -87,6 +99,13 @@ class FitConfig:
             raise ValueError(f"ensemble: expected at least 1 member, got {self.ensemble}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction: expected 0 <= value < 1, got {self.val_fraction}")
+        unknown = [n for n in self.drop if n not in FEATURE_NAMES]
+        if unknown:
+            raise ValueError(
+                f"drop: unknown features {unknown}; expected names of {', '.join(FEATURE_NAMES)}"
+            )
+        if not self.features:
+            raise ValueError("drop: every feature is dropped; keep at least one")
 
 
 @attrs.frozen(eq=False)
@@ -117,28 +136,34 @@ class FitResult:
 # ---------------------------------------------------------------------------- data
 
 
-def check_features(dataset: Dataset, where: str) -> None:
-    """The dataset's feature names must be this version's `FEATURE_NAMES`."""
+def feature_columns(
+    dataset: Dataset, where: str, wanted: Sequence[str] = FEATURE_NAMES
+) -> list[int]:
+    """The columns of the `wanted` features in the dataset's `features`, found by name.
+
+    A dataset with more features (another version's, or a fit that drops some) yields just the
+    wanted ones; a missing feature cannot be made up: collect the data again."""
     names = list(dataset.meta.get("feature_names", []))
-    if names != list(FEATURE_NAMES):
-        missing = [n for n in FEATURE_NAMES if n not in names]
-        extra = [n for n in names if n not in FEATURE_NAMES]
+    missing = [n for n in wanted if n not in names]
+    if missing:
         raise ValueSystemError(
-            f"{where}: feature names differ from this version's (missing {missing}, unknown "
-            f"{extra}); collect the data again"
+            f"{where}: the dataset lacks features of this version ({missing}); collect the data "
+            "again"
         )
+    return [names.index(n) for n in wanted]
 
 
-def rows_of(datasets: Sequence[Dataset]) -> Rows:
-    """Uncapped rows of every dataset; groups are (dataset, prompt) pairs."""
+def rows_of(datasets: Sequence[Dataset], features: Sequence[str] = FEATURE_NAMES) -> Rows:
+    """Uncapped rows of every dataset, with the columns of `features`; groups are (dataset,
+    prompt) pairs."""
     parts = []
     for i, ds in enumerate(datasets):
-        check_features(ds, f"dataset {i}")
+        columns = feature_columns(ds, f"dataset {i}", features)
         live = ~ds["capped"].astype(bool)
         group = ds["prompt"][live].astype(np.int64) + (i << 32)
         parts.append(
             Rows(
-                ds["features"][live].astype(np.float64),
+                ds["features"][live][:, columns].astype(np.float64),
                 ds["label_rel"][live],
                 ds["layer"][live],
                 group,
@@ -286,7 +311,7 @@ def to_artifact(
     weights[-1] = weights[-1] * scale
     biases[-1] = biases[-1] * scale
     return SchedulerArtifact(
-        feature_names=FEATURE_NAMES,
+        feature_names=cfg.features,
         mean=mean,
         std=std,
         weights=tuple(weights),
@@ -408,12 +433,18 @@ def fit(datasets: Sequence[Dataset], cfg: FitConfig | None = None) -> FitResult:
             raise ValueSystemError(
                 "a dataset collected for evaluation (on benchmark prompts) must not be fitted on"
             )
-    rows = rows_of(datasets)
+    rows = rows_of(datasets, cfg.features)
     return fit_rows(rows, cfg, {"pairs": pairs_of(datasets)})
 
 
 def fit_rows(rows: Rows, cfg: FitConfig, extra: Mapping[str, Any] | None = None) -> FitResult:
-    """Fit on prepared rows (see `fit`); `extra` goes into the artifact metadata."""
+    """Fit on prepared rows (see `fit`), whose columns are `cfg.features`; `extra` goes into
+    the artifact metadata."""
+    if rows.x.shape[1] != len(cfg.features):
+        raise ValueSystemError(
+            f"rows have {rows.x.shape[1]} feature columns, the fit expects {len(cfg.features)} "
+            f"({', '.join(cfg.features)})"
+        )
     y = np.clip(rows.y, -cfg.clip, cfg.clip)
     val = validation_mask(rows.group, cfg.val_fraction, cfg.seed)
     mean, std = normalisation(rows.x[~val])
@@ -443,7 +474,7 @@ def fit_rows(rows: Rows, cfg: FitConfig, extra: Mapping[str, Any] | None = None)
     }
     metadata = {
         **(extra or {}),
-        "fit": {**attrs.asdict(cfg), "hidden": list(cfg.hidden)},
+        "fit": {**attrs.asdict(cfg), "hidden": list(cfg.hidden), "drop": list(cfg.drop)},
         "label": LABELS[cfg.loss],
         "metrics": metrics,
         "explain": {

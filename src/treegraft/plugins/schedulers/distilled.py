@@ -184,7 +184,8 @@ class SchedulerArtifact:
     """A fitted value model: z-scoring, an MLP, the feature names it expects and metadata.
 
     Attributes:
-        feature_names: names of the input features, in order (`[F]`).
+        feature_names: names of the input features, in order (`[F]`): distinct names of
+            `FEATURE_NAMES`, all of them or a subset (`columns` maps them).
         mean, std: `[F]` float64 normalisation: `z = (x - mean) / std`.
         weights: per linear layer, `[out, in]` float64 (the last has `out == 1`).
         biases: per linear layer, `[out]` float64.
@@ -200,8 +201,13 @@ class SchedulerArtifact:
     activation: str = "relu"
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
 
+    def columns(self, names: Sequence[str] = FEATURE_NAMES) -> list[int]:
+        """Where each of this artifact's features sits in rows laid out by `names`."""
+        return [list(names).index(n) for n in self.feature_names]
+
     def predict(self, x: np.ndarray) -> np.ndarray:
-        """Predicted relative values `[N]` of feature rows `x` (`[N, F]`); host numpy only."""
+        """Predicted relative values `[N]` of feature rows `x` (`[N, F]`, this artifact's
+        features in its order); host numpy only."""
         h = (np.asarray(x, dtype=np.float64) - self.mean) / self.std
         last = len(self.weights) - 1
         for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
@@ -265,11 +271,12 @@ class FoldedMLP:
     """The artifact's MLP for one feature vector at a time, with as few numpy calls as possible.
 
     The z-scoring and the first bias are folded into one `[h1, F + 1]` matrix applied to the
-    features with a trailing 1 (`W1' = W1 / std`, `b1' = b1 - W1' @ mean`); the last layer is a
-    dot product plus a Python float. A hidden layer that is block diagonal (an ensemble merged
-    into one MLP, `treegraft scheduler fit --ensemble E`) is stored as its `E` blocks and applied
-    as one batched product: a fifth of the weights to read per decision for five members. Host
-    only.
+    features with a trailing 1 (`W1' = W1 / std`, `b1' = b1 - W1' @ mean`), its columns laid out
+    as `FEATURE_NAMES` (`layer_features`; zero for a feature the artifact does not use); the last
+    layer is a dot product plus a Python float. A hidden layer that is block diagonal (an
+    ensemble merged into one MLP, `treegraft scheduler fit --ensemble E`) is stored as its `E`
+    blocks and applied as one batched product: a fifth of the weights to read per decision for
+    five members. Host only.
     """
 
     first: np.ndarray  # [h1, F + 1]
@@ -281,8 +288,10 @@ class FoldedMLP:
 
     @classmethod
     def from_artifact(cls, artifact: SchedulerArtifact) -> FoldedMLP:
-        w0 = artifact.weights[0] / artifact.std[None, :]
-        b0 = artifact.biases[0] - w0 @ artifact.mean
+        used = artifact.weights[0] / artifact.std[None, :]
+        w0 = np.zeros((used.shape[0], len(FEATURE_NAMES)))
+        w0[:, artifact.columns()] = used
+        b0 = artifact.biases[0] - used @ artifact.mean
         first = np.ascontiguousarray(np.concatenate([w0, b0[:, None]], axis=1))
         relu = artifact.activation == "relu"
         if len(artifact.weights) == 1:
@@ -397,14 +406,15 @@ def _read_tensors(directory: Path, n_layers: int) -> dict[str, np.ndarray]:
 
 
 def check_feature_names(artifact: SchedulerArtifact, source: str) -> None:
-    """Raise `ArtifactError` unless `artifact` expects exactly `FEATURE_NAMES`, in order."""
-    got, want = list(artifact.feature_names), list(FEATURE_NAMES)
-    if got == want:
+    """Raise `ArtifactError` unless `artifact` expects distinct features of `FEATURE_NAMES` (all
+    of them or a subset, in any order)."""
+    got = list(artifact.feature_names)
+    unknown = [n for n in got if n not in FEATURE_NAMES]
+    twice = sorted({n for n in got if got.count(n) > 1})
+    if not unknown and not twice:
         return
-    extra = [n for n in got if n not in want]
-    missing = [n for n in want if n not in got]
-    detail = (f"unknown {extra}; " if extra else "") + (
-        f"missing {missing}" if missing else "same names in another order"
+    detail = (f"unknown {unknown}" if unknown else "") + (
+        f"{'; ' if unknown else ''}repeated {twice}" if twice else ""
     )
     raise ArtifactError(
         f"{source}: the artifact's features do not match this scheduler's ({detail}); refit it "
