@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from tests.core.test_decoder import repetitive_prompt
 from tests.scheduling.helpers import COST, VOCAB, pipeline_raw, stand_in_pair
 from treegraft.bench.scheduler_cli import app
-from treegraft.bench.value_eval import measure_costs, runner_forward
+from treegraft.bench.value_eval import head_rows, measure_costs, runner_forward
 from treegraft.bench.value_system import (
     PromptIds,
     ValueSystemError,
@@ -100,6 +100,47 @@ def test_the_strong_curve_is_measured_with_the_drafters_own_forward(
     monkeypatch.setattr(value_eval, "measure_latency", spy)
     measure_costs(pipe, [repetitive_prompt(1, 10) % VOCAB], repeats=1, overhead_tokens=6)
     assert seen == [(raw["target"], "auto"), (raw["drafters"]["strong"]["model"], expected)]
+
+
+def test_the_strong_curve_is_measured_with_the_drafters_restricted_head(monkeypatch, tmp_path):
+    """A drafter with `head: K` scores K token ids in decoding: its cost curve must time
+    forwards that compute just those logits (the runner of the measurement restricts them)."""
+    import numpy as np
+
+    import treegraft.core.latency as latency
+    from treegraft.zoo.token_counts import save_counts
+
+    save_counts(tmp_path / "counts.json", np.arange(VOCAB)[::-1].copy(), source="test")
+    raw = pipeline_raw(depth=2)
+    raw["drafters"]["strong"].update(head=5, token_counts=str(tmp_path / "counts.json"))
+    pipe = load_pipeline(raw, resources=stand_in_pair(0))
+    strong = pipe.decoder.drafters[1]
+    assert head_rows(strong).tolist() == [0, 1, 2, 3, 4]  # the most frequent ids
+    assert head_rows(pipe.decoder.drafters[0]) is None  # the n-gram drafter
+    import treegraft.bench.value_eval as value_eval
+
+    widths: dict[str, set[int]] = {}
+    phase = ["constants"]  # the curves are measured first; then the real generations
+    real_forward = latency.CausalLMRunner.forward_tree
+    real_measure = value_eval.measure_latency
+
+    def forward_spy(self, tree):
+        logits = real_forward(self, tree)
+        widths.setdefault(phase[0], set()).add(logits.shape[-1])
+        return logits
+
+    def measure_spy(model, ref, **kw):
+        phase[0] = f"curve of {ref}"
+        try:
+            return real_measure(model, ref, **kw)
+        finally:
+            phase[0] = "constants"
+
+    monkeypatch.setattr(latency.CausalLMRunner, "forward_tree", forward_spy)
+    monkeypatch.setattr(value_eval, "measure_latency", measure_spy)
+    measure_costs(pipe, [repetitive_prompt(1, 10) % VOCAB], repeats=1, overhead_tokens=6)
+    assert widths[f"curve of {raw['drafters']['strong']['model']}"] == {5}  # the 5 ids only
+    assert widths[f"curve of {raw['target']}"] == {VOCAB}  # the target: every logit
 
 
 def test_cost_constants_ignore_eos_and_refuse_to_be_silently_zero():

@@ -43,6 +43,12 @@ def runner_forward(drafter: Any, default: str) -> str:
     return getattr(getattr(drafter, "runner", None), "forward", default)
 
 
+def head_rows(drafter: Any) -> Any:
+    """The token ids an `hf_lm` drafter with a restricted head (`head: K`) scores in decoding,
+    before a prompt's own tokens join them (None: the whole vocabulary, or not an LM drafter)."""
+    return getattr(drafter, "frequent", None)
+
+
 def measure_costs(
     pipe: Pipeline,
     prompts: Sequence[Tensor],
@@ -54,7 +60,7 @@ def measure_costs(
     """Latency curves of target and strong drafter, and the per-layer and per-step constants.
 
     Curves come from `bench.replay.measure_latency` (runner forwards of 1 .. longest prompt +
-    one tree tokens). Constants come from real generations (`measure_constants`) with strong
+    one tree tokens); the strong drafter's with its own forward and head, as decoding runs it. Constants come from real generations (`measure_constants`) with strong
     calls at every other layer: medians of the weak time per layer, the strong call's time beyond
     its forward, and the step time outside the models.
     """
@@ -80,6 +86,7 @@ def measure_costs(
         queries=grid,
         repeats=repeats,
         forward=runner_forward(pipe.decoder.drafters[s], forward),
+        rows=head_rows(pipe.decoder.drafters[s]),
     )
     weak, extra, overhead = measure_constants(pipe, prompts, s, strong_curve, overhead_tokens)
     return CostModel(target, strong_curve, weak, extra, overhead)

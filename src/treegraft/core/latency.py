@@ -88,11 +88,14 @@ def measure_latency(
     queries: Sequence[int],
     repeats: int,
     forward: str = "auto",
+    rows: Any = None,
 ) -> LatencyCurve:
     """Median seconds of one runner forward over `q` new tokens, for each `q` in `queries`.
 
-    Uses the same `CausalLMRunner` as decoding; one untimed forward per point warms up.
-    Synchronises the device around every timed forward.
+    Uses the same `CausalLMRunner` as decoding, with the same `forward` and, for a drafter with
+    a restricted head, its output `rows` (`CausalLMRunner.restrict_output`; None: the whole
+    vocabulary); one untimed forward per point warms up. Synchronises the device around every
+    timed forward.
     """
     runner = CausalLMRunner(model, forward=forward)
     gen = torch.Generator().manual_seed(0)
@@ -100,6 +103,8 @@ def measure_latency(
     samples = len(queries) * (repeats + 1)
     prompt = torch.randint(vocab, (max(2, context),), generator=gen)
     runner.begin(prompt.to(runner.device), max_len=prompt.numel() + samples + max(queries) + 8)
+    if rows is not None:
+        runner.restrict_output(rows)
     seconds = []
     with torch.inference_mode():
         _forward_and_commit(runner, 1, vocab, gen)  # prefill the context
