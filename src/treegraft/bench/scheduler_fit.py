@@ -20,11 +20,7 @@ import torch
 from torch import nn
 
 from treegraft.bench.value_system import Dataset, ValueSystemError
-from treegraft.plugins.schedulers.distilled import (
-    ACTIVATIONS,
-    FEATURE_NAMES,
-    SchedulerArtifact,
-)
+from treegraft.plugins.schedulers.distilled import ACTIVATIONS, FEATURE_NAMES, SchedulerArtifact
 
 ZERO = 1e-9
 LOSSES = ("mse", "logistic")

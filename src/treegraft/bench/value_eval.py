@@ -60,9 +60,10 @@ def measure_costs(
     """Latency curves of target and strong drafter, and the per-layer and per-step constants.
 
     Curves come from `bench.replay.measure_latency` (runner forwards of 1 .. longest prompt +
-    one tree tokens); the strong drafter's with its own forward and head, as decoding runs it. Constants come from real generations (`measure_constants`) with strong
-    calls at every other layer: medians of the weak time per layer, the strong call's time beyond
-    its forward, and the step time outside the models.
+    one tree tokens), the strong drafter's with its own forward and head, as decoding runs it.
+    Constants come from real generations (`measure_constants`) with strong calls at every other
+    layer: medians of the weak time per layer, the strong call's time beyond its forward, and
+    the step time outside the models.
     """
     s = check_pipeline(pipe, strong)
     lengths = [int(p.numel()) for p in prompts]
