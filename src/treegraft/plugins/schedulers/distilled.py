@@ -413,8 +413,8 @@ def check_feature_names(artifact: SchedulerArtifact, source: str) -> None:
     twice = sorted({n for n in got if got.count(n) > 1})
     if not unknown and not twice:
         return
-    detail = (f"unknown {unknown}" if unknown else "") + (
-        f"{'; ' if unknown else ''}repeated {twice}" if twice else ""
+    detail = "; ".join(
+        f"{what} {names}" for what, names in (("unknown", unknown), ("repeated", twice)) if names
     )
     raise ArtifactError(
         f"{source}: the artifact's features do not match this scheduler's ({detail}); refit it "
