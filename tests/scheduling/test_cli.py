@@ -65,6 +65,10 @@ def test_cli_errors_are_one_line(tmp_path):
     result = runner.invoke(app, ["collect", "--follow", missing, "--prompts", "1"])
     assert result.exit_code == 2 and "--follow" in result.output, result.output
     assert "no-artifact" in result.output
+    result = runner.invoke(app, ["collect", "--cost-jitter", "2", "--jitter-spread", "0.8"])
+    assert result.exit_code == 2 and "spread: 0.8 is below 1" in result.output, result.output
+    result = runner.invoke(app, ["collect", "--cost-jitter", "-3"])
+    assert result.exit_code == 2 and "--cost-jitter: -3 draws" in result.output, result.output
 
 
 def test_measured_costs_are_positive_and_grow_with_tokens():

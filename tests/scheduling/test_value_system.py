@@ -12,6 +12,7 @@ import torch
 from tests.conftest import greedy_reference
 from tests.core.test_decoder import repetitive_prompt
 from tests.scheduling.helpers import COST, VOCAB, pipeline_raw, stand_in_pair
+from treegraft.bench.value_costs import CostScale, revalue, scale_state
 from treegraft.bench.value_eval import evaluate
 from treegraft.bench.value_system import (
     Dataset,
@@ -370,3 +371,103 @@ def test_policy_labels_need_a_policy():
     assert best.meta["labels"] == "best"
     assert (data["layer"] == best["layer"]).all()  # the same states, labelled differently
     assert np.all(data["value_skip"] <= best["value_skip"] + 1e-12)
+
+
+# ---------------------------------------------------------------------------- cost jitter
+
+SCALE = CostScale(target=1.3, strong=0.5, weak=2.0)
+
+
+def test_a_revalued_step_is_the_step_searched_on_the_scaled_machine():
+    """Revaluing the outcomes under a cost scale gives what a search with the scaled cost model
+    gives (same trees, scaled seconds, hence the same labels), and each part of the modelled
+    time is scaled by its own factor."""
+    res, prompt, outcomes = first_step_outcomes()
+    scaled = COST.scaled(SCALE)
+    again = [revalue(o, scaled, SCALE, 1) for o in outcomes]
+    for o, r in zip(outcomes, again, strict=True):
+        calls = o.strong_calls
+        expected = (
+            1.3 * COST.target(o.target_queries)
+            + 0.5 * (sum(COST.strong(q) for q in o.strong_queries) + calls * COST.strong_extra_s)
+            + 2.0 * ((len(o.calls) - calls) * COST.weak_layer_s + COST.step_overhead_s)
+        )
+        assert r.seconds == pytest.approx(expected, rel=1e-12)
+        assert (r.plan, r.calls, r.committed) == (o.plan, o.calls, o.committed)
+
+    continuation = greedy_reference(res.models["mem:target"], prompt, MAX_NEW)
+    pipe = load_pipeline(pipeline_raw(depth=DEPTH, strong="mem:target"), resources=res)
+    with torch.inference_mode(), QueryCounter(res.models["mem:target"]) as counter:
+        searcher = StepSearcher.begin(
+            pipe.decoder, scaled, counter, prompt=prompt, continuation=continuation,
+            stop=StopRule(MAX_NEW), strong=1,
+        )  # fmt: skip
+        fresh = searcher.search(all_plans(DEPTH, 1))
+    assert [o.seconds for o in fresh] == pytest.approx([r.seconds for r in again], rel=1e-12)
+    got = {d.state.calls: d.label for d in label_decisions(again)}
+    want = {d.state.calls: d.label for d in label_decisions(fresh)}
+    assert got.keys() == want.keys()
+    assert all(got[k] == pytest.approx(want[k], rel=1e-9, abs=1e-9) for k in want)
+    base = {d.state.calls: d.label for d in label_decisions(outcomes)}
+    assert any(abs(base[k] - got[k]) > 1e-6 for k in base)  # the scale moved the labels
+
+
+def test_scaled_states_scale_the_time_features_only():
+    _, _, outcomes = first_step_outcomes()
+    state = attrs.evolve(outcomes[0].states[0], target_time=0.012, drafter_times=(2e-4, 3e-3))
+    scaled = scale_state(state, SCALE, 1)
+    assert scaled.target_time == pytest.approx(0.0156)
+    assert scaled.drafter_times == pytest.approx((4e-4, 1.5e-3))
+    assert attrs.evolve(scaled, target_time=0.012, drafter_times=(2e-4, 3e-3)) == state
+    before, after = layer_features(state), layer_features(scaled)
+    changed = {FEATURE_NAMES[i] for i in range(len(FEATURE_NAMES)) if before[i] != after[i]}
+    assert changed == {"log_target_ms", "log_strong_ms", "log_weak_ms", "strong_over_target"}
+
+
+def test_collection_with_cost_jitter_adds_relabelled_copies_of_every_step(tmp_path):
+    res = stand_in_pair(1)
+    raw = pipeline_raw(depth=3, strong="mem:target", max_strong_calls=3)
+    pipe = load_pipeline(raw, resources=res)
+    prompts = [PromptIds(f"p{i}", repetitive_prompt(20 + i, 12) % VOCAB) for i in range(2)]
+    plain = collect(pipe, prompts, COST, max_new_tokens=12)
+    data = collect(pipe, prompts, COST, max_new_tokens=12, jitter=2, jitter_spread=2.0)
+    n = plain.n_rows
+    assert data.n_rows == 3 * n
+    for key, value in plain.arrays.items():  # the measured costs' rows come first, unchanged
+        same = np.array_equal(data[key][:n], value, equal_nan=value.dtype.kind == "f")
+        assert same or key == "cost_scale", key
+    assert (data["cost_scale"][:n] == 1).all()
+    scales = data["cost_scale"][n:]
+    assert ((scales >= 0.5) & (scales <= 2.0) & (scales != 1)).all()
+    assert data.meta["summary"] == {**plain.meta["summary"], "jittered_rows": 2 * n}
+    assert data.meta["cost_jitter"] == {"draws": 2, "spread": 2.0, "seed": 0}
+    assert data.trajectories == plain.trajectories  # the oracle's path is the measured costs'
+
+    # each jittered copy of a step holds the same states with scaled time features
+    names = list(FEATURE_NAMES)
+    t = names.index("log_target_ms")
+    rest = [i for i, name in enumerate(names) if "_ms" not in name and "over" not in name]
+    prompt, step = data["prompt"][:n], data["step"][:n]
+    for row in range(n, data.n_rows, 7):
+        base = data["features"][:n][(prompt == data["prompt"][row]) & (step == data["step"][row])]
+        hit = (base[:, rest] == data["features"][row, rest]).all(axis=1)
+        assert hit.any(), row
+        want = np.expm1(base[hit][0, t]) * data["cost_scale"][row, 0]
+        assert np.expm1(data["features"][row, t]) == pytest.approx(want, rel=1e-5, abs=1e-6)
+    assert not np.allclose(data["label_rel"][n : 2 * n], plain["label_rel"])
+    loaded = Dataset.load(data.save(tmp_path / "jittered"))
+    assert (loaded["cost_scale"] == data["cost_scale"]).all()
+
+
+def test_cost_jitter_arguments_are_checked():
+    res = stand_in_pair(1)
+    pipe = load_pipeline(pipeline_raw(depth=2, strong="mem:target"), resources=res)
+    prompts = [PromptIds("p", repetitive_prompt(20, 12) % VOCAB)]
+    with pytest.raises(ValueSystemError, match="--cost-jitter: -1 draws per step"):
+        collect(pipe, prompts, COST, max_new_tokens=4, jitter=-1)
+    with pytest.raises(ValueSystemError, match=r"spread: 0\.5 is below 1"):
+        collect(pipe, prompts, COST, max_new_tokens=4, jitter=1, jitter_spread=0.5)
+    with pytest.raises(ValueSystemError, match=r"cost scale strong: 0\.0 is not a positive"):
+        CostScale(strong=0.0)
+    with pytest.raises(ValueSystemError, match="cost scale target: nan"):
+        CostScale(target=float("nan"))

@@ -95,7 +95,9 @@ def collect(
         "runs/scheduler-data"
     ),
     prompts: Annotated[int, typer.Option(help="number of prompts")] = 48,
-    seed: Annotated[int, typer.Option(help="seed of the training-prompt generators")] = 0,
+    seed: Annotated[
+        int, typer.Option(help="seed of the training-prompt generators and the cost jitter")
+    ] = 0,
     skip: Annotated[int, typer.Option(help="skip this many prompts first (disjoint sets)")] = 0,
     prompt_file: Annotated[
         Path | None, typer.Option(help="JSONL of {prompt, id} records instead of the zoo's")
@@ -129,6 +131,16 @@ def collect(
             "decisions (policy iteration) instead of the best ones"
         ),
     ] = False,
+    cost_jitter: Annotated[
+        int,
+        typer.Option(
+            help="label every step again under this many random cost scales (same trees, "
+            "scaled times): data for a scheduler that follows drifting measured times"
+        ),
+    ] = 0,
+    jitter_spread: Annotated[
+        float, typer.Option(help="each cost-jitter factor lies in [1/SPREAD, SPREAD]")
+    ] = 1.6,
     threads: Annotated[int | None, typer.Option(help=THREADS_HELP)] = None,
 ) -> None:
     """Label every layer decision of every step by valuing all 2^depth schedules (no target runs)."""
@@ -136,6 +148,7 @@ def collect(
 
     set_threads(threads)
 
+    from treegraft.bench.value_costs import check_jitter
     from treegraft.bench.value_eval import measure_costs
     from treegraft.bench.value_system import CostModel, Dataset, PromptIds, ValueSystemError
     from treegraft.bench.value_system import (
@@ -145,6 +158,7 @@ def collect(
     from treegraft.core.pipeline import load_pipeline
 
     try:
+        check_jitter(cost_jitter, jitter_spread)
         raw = pipeline_mapping(pipeline, target=target, strong=strong, device=device, dtype=dtype)
         pipe = load_pipeline(raw)
         if policy_labels and follow is None:
@@ -173,6 +187,7 @@ def collect(
         data = run_collect(
             pipe, ids, cost, max_new_tokens=max_new_tokens, progress=progress, extra_meta=meta,
             follow=policy, policy_labels=policy_labels,
+            jitter=cost_jitter, jitter_spread=jitter_spread, jitter_seed=seed,
         )  # fmt: skip
     except (ConfigError, ValueSystemError, FileNotFoundError) as exc:
         _fail(str(exc))

@@ -7,12 +7,16 @@ constants measured on this machine (see `treegraft.bench.value_eval.measure_cost
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+import numpy as np
 
 from treegraft.bench.replay import LatencyCurve
+from treegraft.bench.value_labels import Outcome, ValueSystemError
+from treegraft.core.interfaces import LayerState
 from treegraft.core.runner import watch_forwards
 
 
@@ -65,6 +69,16 @@ class CostModel:
         n = max(1, list(calls).count(strong))
         return sum(self.strong(q) for q in strong_queries) / n + self.strong_extra_s
 
+    def scaled(self, scale: CostScale) -> CostModel:
+        """This model on a machine where each part runs `scale` times as long."""
+        return CostModel(
+            target=_scaled_curve(self.target, scale.target),
+            strong=_scaled_curve(self.strong, scale.strong),
+            weak_layer_s=self.weak_layer_s * scale.weak,
+            strong_extra_s=self.strong_extra_s * scale.strong,
+            step_overhead_s=self.step_overhead_s * scale.weak,
+        )
+
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
 
@@ -76,6 +90,73 @@ class CostModel:
             strong=LatencyCurve.from_dict(raw["strong"]),
             **scalars,
         )
+
+
+def _scaled_curve(curve: LatencyCurve, factor: float) -> LatencyCurve:
+    return attrs.evolve(curve, seconds=tuple(factor * x for x in curve.seconds))
+
+
+def _positive(_: Any, attribute: attrs.Attribute, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueSystemError(f"cost scale {attribute.name}: {value} is not a positive factor")
+
+
+@attrs.frozen
+class CostScale:
+    """Factors on the parts of a `CostModel`: the target's forwards, the strong drafter's
+    (forwards and per-call extra) and the host-side rest (weak layers, step overhead)."""
+
+    target: float = attrs.field(default=1.0, validator=_positive)
+    strong: float = attrs.field(default=1.0, validator=_positive)
+    weak: float = attrs.field(default=1.0, validator=_positive)
+
+    def as_tuple(self) -> tuple[float, float, float]:
+        return (self.target, self.strong, self.weak)
+
+
+def check_jitter(draws: int, spread: float) -> None:
+    """Refuse a negative number of cost-jitter draws or a spread below 1 (`ValueSystemError`)."""
+    if draws < 0:
+        raise ValueSystemError(f"--cost-jitter: {draws} draws per step (expected 0 or more)")
+    if not spread >= 1.0:
+        raise ValueSystemError(
+            f"--jitter-spread: {spread} is below 1 (the upper bound of a cost factor)"
+        )
+
+
+def draw_scales(rng: np.random.Generator, n: int, spread: float) -> list[CostScale]:
+    """`n` cost scales, each factor drawn log-uniformly from [1/spread, spread], independently
+    (a common shift of all three, as under machine load, is one of the draws' directions)."""
+    check_jitter(n, spread)
+    f = np.exp(rng.uniform(-math.log(spread), math.log(spread), size=(n, 3)))
+    return [CostScale(*map(float, row)) for row in f]
+
+
+def scale_state(state: LayerState, scale: CostScale, strong: int) -> LayerState:
+    """`state` as the scheduler would see it under `scale`: the target's time, the weak
+    drafter's (drafter 0) and the strong drafter's (`strong`) scaled, any other kept."""
+    times = list(state.drafter_times)
+    if times:
+        times[0] *= scale.weak
+    if 0 < strong < len(times):
+        times[strong] *= scale.strong
+    return attrs.evolve(
+        state, target_time=state.target_time * scale.target, drafter_times=tuple(times)
+    )
+
+
+def revalue(outcome: Outcome, cost: CostModel, scale: CostScale, strong: int) -> Outcome:
+    """`outcome` valued by `cost` (already scaled by `scale`), with the states the scheduler
+    would have seen under `scale`: the same tree, its modelled time on another machine."""
+    calls = outcome.strong_calls
+    seconds = cost.step_seconds(
+        target_queries=outcome.target_queries,
+        strong_queries=outcome.strong_queries,
+        strong_calls=calls,
+        weak_layers=len(outcome.calls) - calls,
+    )
+    states = tuple(scale_state(s, scale, strong) for s in outcome.states)
+    return attrs.evolve(outcome, seconds=seconds, states=states)
 
 
 def record_modelled_drafters(

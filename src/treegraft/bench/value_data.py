@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from treegraft.bench.value_costs import CostModel
+from treegraft.bench.value_costs import CostModel, CostScale
 from treegraft.bench.value_labels import Decision, ValueSystemError
 from treegraft.plugins.schedulers.distilled import FEATURE_NAMES, layer_features
 from treegraft.plugins.schedulers.oracle import (
@@ -62,11 +62,13 @@ class StepRecord:
 
 @attrs.frozen
 class PromptRecord:
-    """What one prompt contributed: its decisions (with step indices) and its oracle trajectory."""
+    """What one prompt contributed: its decisions (with step indices), its oracle trajectory and
+    the same steps' decisions labelled again under other cost scales (step, scale, decision)."""
 
     prompt: PromptIds
     decisions: tuple[tuple[int, Decision], ...]
     steps: tuple[StepRecord, ...]
+    jittered: tuple[tuple[int, CostScale, Decision], ...] = ()
 
     def trajectory(self) -> Trajectory:
         steps = tuple(OracleStep(s.committed_len, s.plan) for s in self.steps)
@@ -81,7 +83,9 @@ class Dataset:
     """Labelled layer decisions, one row per distinct state of each collected step.
 
     Arrays (`N` rows): `features [N, F]` float32 (`FEATURE_NAMES`), `label`, `label_rel`,
-    `value_call`, `value_skip` float64, `layer`, `prompt`, `step` int64, `capped`, `on_best` bool.
+    `value_call`, `value_skip` float64, `layer`, `prompt`, `step` int64, `capped`, `on_best` bool,
+    `cost_scale [N, 3]` float32 (target, strong, weak factors: 1 on the measured costs' rows,
+    which come first; the rest are relabelled copies, `collect --cost-jitter`).
     `meta` holds the feature names, cost model, prompts, machine and summary statistics;
     `trajectories` the oracle's per-step best plans (written as `plans.json`).
     """
@@ -101,7 +105,12 @@ class Dataset:
     def from_records(
         cls, records: Sequence[PromptRecord], cost: CostModel, meta: Mapping[str, Any]
     ) -> Dataset:
+        one = CostScale()
         rows = [(i, step, d) for i, r in enumerate(records) for step, d in r.decisions]
+        scales = [one] * len(rows)
+        for i, r in enumerate(records):
+            rows.extend((i, step, d) for step, _, d in r.jittered)
+            scales.extend(scale for _, scale, _ in r.jittered)
         strong = int(meta.get("strong", -1))
         arrays = {
             "features": np.array(
@@ -116,6 +125,9 @@ class Dataset:
             "step": np.array([s for _, s, _ in rows], dtype=np.int64),
             "capped": np.array([d.capped for _, _, d in rows], dtype=bool),
             "on_best": np.array([d.on_best for _, _, d in rows], dtype=bool),
+            "cost_scale": np.array([c.as_tuple() for c in scales], dtype=np.float32).reshape(
+                len(rows), 3
+            ),
         }
         full = {
             "format": DATA_FORMAT,
@@ -182,10 +194,12 @@ def prompt_meta(record: PromptRecord) -> dict[str, Any]:
 
 
 def summarize(records: Sequence[PromptRecord], arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    """Label statistics and the oracle's modelled speed (with the endpoints at the same states)."""
-    live = ~arrays["capped"]
-    label = arrays["label_rel"][live]
-    layers = arrays["layer"][live]
+    """Label statistics (of the measured costs' rows) and the oracle's modelled speed (with the
+    endpoints at the same states)."""
+    base = sum(len(r.decisions) for r in records)
+    live = ~arrays["capped"][:base]
+    label = arrays["label_rel"][:base][live]
+    layers = arrays["layer"][:base][live]
     steps = [s for r in records for s in r.steps]
     tokens = sum(s.committed for s in steps)
     seconds = sum(s.seconds for s in steps)
@@ -193,6 +207,7 @@ def summarize(records: Sequence[PromptRecord], arrays: Mapping[str, np.ndarray])
         "prompts": len(records),
         "steps": len(steps),
         "rows": int(live.size),
+        "jittered_rows": int(arrays["label"].size - base),
         "capped_rows": int((~live).sum()),
         "label_rel_mean": float(label.mean()) if label.size else 0.0,
         "label_rel_std": float(label.std()) if label.size else 0.0,

@@ -28,11 +28,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import numpy as np
 import torch
 from torch import Tensor
 
 from treegraft.bench.report import cpu_model
-from treegraft.bench.value_costs import CostModel, QueryCounter, record_modelled_drafters
+from treegraft.bench.value_costs import (
+    CostModel,
+    CostScale,
+    QueryCounter,
+    check_jitter,
+    draw_scales,
+    record_modelled_drafters,
+    revalue,
+)
 from treegraft.bench.value_data import (  # noqa: F401 - part of this module's API
     DATA_FILE,
     DATA_FORMAT,
@@ -262,22 +271,31 @@ def collect_prompt(
     progress: Progress | None = None,
     follow: Scheduler | None = None,
     policy_labels: bool = False,
+    jitter: Callable[[], Sequence[CostScale]] | None = None,
 ) -> PromptRecord:
     """Search, label and advance until the generation ends: along the oracle (each step's best
     plan), or along the plans of `follow` (a fitted scheduler: the states it reaches itself).
     `policy_labels`: value each decision for `follow`'s later decisions instead of the best ones
-    (`label_decisions_for`)."""
+    (`label_decisions_for`). `jitter`: cost scales drawn per step; each step's decisions are
+    labelled again under each (`revalue`: same trees, scaled times and time features), so a
+    fitted scheduler sees how the best decision moves with the machine's speed."""
     decisions: list[tuple[int, Decision]] = []
+    jittered: list[tuple[int, CostScale, Decision]] = []
     steps: list[StepRecord] = []
+
+    def label(outcomes: Sequence[Outcome]) -> list[Decision]:
+        if policy_labels and follow is not None:
+            return label_decisions_for(outcomes, follow)
+        return label_decisions(outcomes)
+
     while True:
         committed_len = len(searcher.committed)
         outcomes = searcher.search(plans)
-        labelled = (
-            label_decisions_for(outcomes, follow)
-            if policy_labels and follow is not None
-            else label_decisions(outcomes)
-        )
-        decisions.extend((len(steps), d) for d in labelled)
+        decisions.extend((len(steps), d) for d in label(outcomes))
+        for scale in jitter() if jitter is not None else ():
+            cost = searcher.cost.scaled(scale)
+            again = [revalue(o, cost, scale, searcher.strong) for o in outcomes]
+            jittered.extend((len(steps), scale, d) for d in label(again))
         best = best_outcome(outcomes)
         chosen = best if follow is None else policy_outcome(outcomes, follow)
         steps.append(
@@ -295,7 +313,7 @@ def collect_prompt(
         if progress is not None:
             progress(index, len(steps), len(searcher.generated), finished)
         if finished:
-            return PromptRecord(prompt, tuple(decisions), tuple(steps))
+            return PromptRecord(prompt, tuple(decisions), tuple(steps), tuple(jittered))
 
 
 def strong_model_ref(pipe: Pipeline, strong: int) -> str:
@@ -378,6 +396,9 @@ def collect(
     extra_meta: Mapping[str, Any] | None = None,
     follow: Scheduler | None = None,
     policy_labels: bool = False,
+    jitter: int = 0,
+    jitter_spread: float = 1.6,
+    jitter_seed: int = 0,
 ) -> Dataset:
     """Collect labelled decisions on `prompts` (their continuations are computed if missing).
 
@@ -386,9 +407,18 @@ def collect(
     the states a fitted scheduler reaches; the dataset then has no oracle `plans.json`).
     `policy_labels` (with `follow`): label each decision by the value of switching it given
     `follow`'s later decisions (Q of the policy) instead of the best later decisions (Q*).
+    `jitter`: label every step again under this many cost scales (`draw_scales` with
+    `jitter_spread`, seeded by `jitter_seed`): rows for a scheduler that must follow the
+    measured times when they drift from the collection's.
     """
     if policy_labels and follow is None:
         raise ValueSystemError("policy labels need a scheduler to follow (--follow)")
+    check_jitter(jitter, jitter_spread)
+    rng = np.random.default_rng(jitter_seed)
+
+    def draws() -> list[CostScale]:
+        return draw_scales(rng, jitter, jitter_spread)
+
     s = check_pipeline(pipe, strong)
     plans = all_plans(pipe.decoder.builder.config.depth, s)
     prompts = with_continuations(pipe, prompts, max_new_tokens)
@@ -413,6 +443,7 @@ def collect(
                     progress=progress,
                     follow=follow,
                     policy_labels=policy_labels,
+                    jitter=draws if jitter else None,
                 )
             )
     meta = {
@@ -425,6 +456,7 @@ def collect(
         "collect_seconds": time.perf_counter() - start,
         "followed": "oracle" if follow is None else "scheduler",
         "labels": "policy" if policy_labels else "best",
+        "cost_jitter": {"draws": jitter, "spread": jitter_spread, "seed": jitter_seed},
         "machine": machine(pipe.resources.device),
         **(extra_meta or {}),
     }
