@@ -208,6 +208,49 @@ def _prompt_text(request) -> str:
 # ---------------------------------------------------------------------------- replay
 
 
+def test_replay_curves_time_each_lm_drafter_as_its_pipeline_runs_it(tmp_path, monkeypatch):
+    """The sweep's latency curves (`latency.json`) time a drafter with `head: K` over its K
+    token ids and with its runner's forward, the target over the whole vocabulary."""
+    import numpy as np
+
+    import treegraft.bench.sweep as sweep
+    from tests.bench.conftest import VOCAB
+    from treegraft.zoo.token_counts import save_counts
+
+    save_counts(tmp_path / "counts.json", np.arange(VOCAB)[::-1].copy(), source="test")
+    head = {
+        "drafters.strong.head": 6,
+        "drafters.strong.token_counts": str(tmp_path / "counts.json"),
+    }
+    config = bench_config_from_dict(
+        {
+            "pairs": [{"target": "mem:target", "drafter": "mem:draft"}],
+            "suites": write_suites(tmp_path),
+            "prompts_per_suite": 1,
+            "max_new_tokens": 6,
+            "baselines": [],
+            "pipelines": [{"pipeline": "treegraft", "label": "headed", "override": head}],
+            "replay": True,
+            "latency_repeats": 1,
+            "warmup_tokens": 0,
+        }
+    )
+    seen = {}
+    real = sweep.measure_latency
+
+    def spy(model, ref, **kw):
+        rows = kw.get("rows")
+        seen[ref] = (kw["forward"], None if rows is None else sorted(rows.tolist()))
+        return real(model, ref, **kw)
+
+    monkeypatch.setattr(sweep, "measure_latency", spy)
+    result = run_bench(config, tmp_path / "out", resources=pair_resources(), progress=False)
+    assert all(r.exact for r in result.requests if r.method == "headed")
+    assert seen == {"mem:target": ("auto", None), "mem:draft": ("fused", [0, 1, 2, 3, 4, 5])}
+    stored = json.loads((tmp_path / "out" / "latency.json").read_text())
+    assert [set(curves) for curves in stored.values()] == [{"mem:target", "mem:draft"}]
+
+
 def test_replay_tau_equals_measured_tau(tmp_path):
     pipelines = [
         {

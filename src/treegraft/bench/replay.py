@@ -30,6 +30,18 @@ from treegraft.core.metrics import ForwardTimes
 from treegraft.core.tree import DraftTree
 
 
+def runner_forward(drafter: Any, default: str) -> str:
+    """How `drafter`'s model forwards in decoding (an `hf_lm` drafter's runner runs the fused
+    forward by default), so its curve is measured the same way; `default` for other drafters."""
+    return getattr(getattr(drafter, "runner", None), "forward", default)
+
+
+def head_rows(drafter: Any) -> Any:
+    """The token ids an `hf_lm` drafter with a restricted head (`head: K`) scores in decoding,
+    before a prompt's own tokens join them (None: the whole vocabulary, or not an LM drafter)."""
+    return getattr(drafter, "frequent", None)
+
+
 class ReplayDiverged(RuntimeError):
     """The pipeline committed a token that differs from the recorded continuation."""
 

@@ -44,9 +44,11 @@ from treegraft.bench.replay import (
     LatencyCurve,
     ReplayDiverged,
     ReplayTarget,
+    head_rows,
     measure_latency,
     query_grid,
     replay_pipeline,
+    runner_forward,
 )
 from treegraft.bench.suites import Prompt, load_prompts
 from treegraft.core.config import ConfigError
@@ -230,7 +232,7 @@ def open_session(
         curves = {}
     elif not curves:
         curves = latency_curves(
-            resources, pair, plans, prompt_lengths, max_nodes, s.latency_repeats
+            resources, pair, pipelines, prompt_lengths, max_nodes, s.latency_repeats
         )
     if curves:
         for p in pipelines:
@@ -252,13 +254,23 @@ def open_session(
 def latency_curves(
     resources: Resources,
     pair: Pair,
-    plans: list[PipelinePlan],
+    pipelines: list[PipelineMethod],
     prompt_lengths: list[int],
     max_nodes: int,
     repeats: int,
 ) -> dict[str, LatencyCurve]:
-    """Forward time vs tokens per forward, for the target and every LM drafter of the pair."""
-    refs = [pair.target, *dict.fromkeys(lm_refs(plans))]
+    """Forward time vs tokens per forward, for the target and every LM drafter of the pair's
+    pipelines, each timed as decoding runs it: a drafter with its runner's forward (fused by
+    default) and its restricted head (`head: K`); a model that several pipelines run in
+    different ways is timed the way the first of them runs it."""
+    how = {pair.target: (resources.forward, None)}
+    for method in pipelines:
+        for drafter in method.pipeline.decoder.drafters:
+            ref = getattr(getattr(drafter, "config", None), "model", None)
+            if isinstance(ref, str):
+                how.setdefault(
+                    ref, (runner_forward(drafter, resources.forward), head_rows(drafter))
+                )
     grid = query_grid(max(prompt_lengths) + max_nodes, marks=[max_nodes])
     context = int(median(prompt_lengths))
     return {
@@ -268,19 +280,11 @@ def latency_curves(
             context=context,
             queries=grid,
             repeats=repeats,
-            forward=resources.forward,
+            forward=forward,
+            rows=rows,
         )
-        for ref in dict.fromkeys(refs)
+        for ref, (forward, rows) in how.items()
     }
-
-
-def lm_refs(plans: list[PipelinePlan]) -> Iterator[str]:
-    """Model references of the planned pipelines' LM drafters."""
-    for plan in plans:
-        drafters = plan.raw["drafters"]
-        for spec in drafters.values() if isinstance(drafters, dict) else drafters:
-            if isinstance(spec, dict) and isinstance(spec.get("model"), str):
-                yield spec["model"]
 
 
 # ---------------------------------------------------------------------------- the sweep

@@ -20,9 +20,11 @@ from torch import Tensor
 from treegraft.bench.replay import (
     LatencyCurve,
     ReplayTimes,
+    head_rows,
     measure_latency,
     query_grid,
     replay_pipeline,
+    runner_forward,
 )
 from treegraft.bench.value_costs import CostModel, QueryCounter, record_modelled_drafters
 from treegraft.bench.value_system import (
@@ -35,18 +37,6 @@ from treegraft.core.decoder import StopRule
 from treegraft.core.interfaces import Scheduler
 from treegraft.core.pipeline import Pipeline
 from treegraft.plugins.schedulers.heuristic import PlanConfig, PlanScheduler
-
-
-def runner_forward(drafter: Any, default: str) -> str:
-    """How `drafter`'s model forwards in decoding (an `hf_lm` drafter's runner runs the fused
-    forward by default), so its curve is measured the same way; `default` for other drafters."""
-    return getattr(getattr(drafter, "runner", None), "forward", default)
-
-
-def head_rows(drafter: Any) -> Any:
-    """The token ids an `hf_lm` drafter with a restricted head (`head: K`) scores in decoding,
-    before a prompt's own tokens join them (None: the whole vocabulary, or not an LM drafter)."""
-    return getattr(drafter, "frequent", None)
 
 
 def measure_costs(
