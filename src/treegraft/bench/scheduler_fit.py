@@ -237,19 +237,19 @@ def train(
     torch.manual_seed(cfg.seed if seed is None else seed)
     model = mlp(z.shape[1], cfg.hidden, cfg.activation)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    x_t, y_t = torch.from_numpy(z), torch.from_numpy(y)
-    w_t = torch.from_numpy(np.ones_like(y) if weight is None else weight.astype(np.float64))
-    train_rows, val_rows = torch.from_numpy(~val), torch.from_numpy(val)
-    watch = val_rows if bool(val_rows.any()) else train_rows
+    w = np.ones_like(y) if weight is None else weight.astype(np.float64)
+    watch = val if val.any() else ~val
+    # the rows each epoch reads, taken once: training rows forward and back, watched rows forward
+    x_fit, y_fit, w_fit = (torch.from_numpy(a[~val]) for a in (z, y, w))
+    x_watch, y_watch = torch.from_numpy(z[watch]), torch.from_numpy(y[watch])
     best, best_state, curve = float("inf"), None, []
     for _ in range(cfg.epochs):
         opt.zero_grad()
-        pred = model(x_t).squeeze(-1)
-        loss = objective(cfg.loss, pred[train_rows], y_t[train_rows], w_t[train_rows])
+        loss = objective(cfg.loss, model(x_fit).squeeze(-1), y_fit, w_fit)
         loss.backward()
         opt.step()
         with torch.no_grad():
-            watched = float(objective(cfg.loss, model(x_t).squeeze(-1)[watch], y_t[watch]))
+            watched = float(objective(cfg.loss, model(x_watch).squeeze(-1), y_watch))
         curve.append(watched)
         if watched < best:
             best, best_state = watched, {k: v.clone() for k, v in model.state_dict().items()}
