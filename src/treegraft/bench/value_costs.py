@@ -146,10 +146,11 @@ def scale_state(state: LayerState, scale: CostScale, strong: int) -> LayerState:
 
 
 def revalue(outcome: Outcome, cost: CostModel, scale: CostScale, strong: int) -> Outcome:
-    """`outcome` valued by `cost` (already scaled by `scale`), with the states the scheduler
-    would have seen under `scale`: the same tree, its modelled time on another machine."""
+    """`outcome` (valued by `cost`) on a machine where `cost`'s parts take `scale` times as long:
+    the same tree, its modelled time there, and the states the scheduler would have seen there
+    (`strong`: the strong drafter's index)."""
     calls = outcome.strong_calls
-    seconds = cost.step_seconds(
+    seconds = cost.scaled(scale).step_seconds(
         target_queries=outcome.target_queries,
         strong_queries=outcome.strong_queries,
         strong_calls=calls,
