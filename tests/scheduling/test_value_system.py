@@ -71,15 +71,16 @@ def brute_force_labels(res, prompt: torch.Tensor) -> tuple[dict, dict]:
     return labels, runs
 
 
-def first_step_outcomes():
-    """The stand-in pair, a prompt, and the outcomes of every plan of its first step."""
+def first_step_outcomes(cost=COST):
+    """The stand-in pair, a prompt, and the outcomes of every plan of its first step (valued by
+    `cost`)."""
     res = stand_in_pair(0)
     prompt = repetitive_prompt(7, 14) % VOCAB
     continuation = greedy_reference(res.models["mem:target"], prompt, MAX_NEW)
     pipe = load_pipeline(pipeline_raw(depth=DEPTH, strong="mem:target"), resources=res)
     with torch.inference_mode(), QueryCounter(res.models["mem:target"]) as counter:
         searcher = StepSearcher.begin(
-            pipe.decoder, COST, counter, prompt=prompt, continuation=continuation,
+            pipe.decoder, cost, counter, prompt=prompt, continuation=continuation,
             stop=StopRule(MAX_NEW), strong=1,
         )  # fmt: skip
         return res, prompt, searcher.search(all_plans(DEPTH, 1))
@@ -382,7 +383,7 @@ def test_a_revalued_step_is_the_step_searched_on_the_scaled_machine():
     """Revaluing the outcomes under a cost scale gives what a search with the scaled cost model
     gives (same trees, scaled seconds, hence the same labels), and each part of the modelled
     time is scaled by its own factor."""
-    res, prompt, outcomes = first_step_outcomes()
+    _, _, outcomes = first_step_outcomes()
     scaled = COST.scaled(SCALE)
     again = [revalue(o, COST, SCALE, 1) for o in outcomes]
     for o, r in zip(outcomes, again, strict=True):
@@ -395,14 +396,7 @@ def test_a_revalued_step_is_the_step_searched_on_the_scaled_machine():
         assert r.seconds == pytest.approx(expected, rel=1e-12)
         assert (r.plan, r.calls, r.committed) == (o.plan, o.calls, o.committed)
 
-    continuation = greedy_reference(res.models["mem:target"], prompt, MAX_NEW)
-    pipe = load_pipeline(pipeline_raw(depth=DEPTH, strong="mem:target"), resources=res)
-    with torch.inference_mode(), QueryCounter(res.models["mem:target"]) as counter:
-        searcher = StepSearcher.begin(
-            pipe.decoder, scaled, counter, prompt=prompt, continuation=continuation,
-            stop=StopRule(MAX_NEW), strong=1,
-        )  # fmt: skip
-        fresh = searcher.search(all_plans(DEPTH, 1))
+    _, _, fresh = first_step_outcomes(scaled)  # searched with the scaled costs
     assert [o.seconds for o in fresh] == pytest.approx([r.seconds for r in again], rel=1e-12)
     got = {d.state.calls: d.label for d in label_decisions(again)}
     want = {d.state.calls: d.label for d in label_decisions(fresh)}
@@ -424,12 +418,9 @@ def test_scaled_states_scale_the_time_features_only():
     assert changed == {"log_target_ms", "log_strong_ms", "log_weak_ms", "strong_over_target"}
 
 
-def test_collection_with_cost_jitter_adds_relabelled_copies_of_every_step(tmp_path):
-    res = stand_in_pair(1)
-    raw = pipeline_raw(depth=3, strong="mem:target", max_strong_calls=3)
+def test_collection_with_cost_jitter_adds_relabelled_copies_of_every_step(collected, tmp_path):
+    res, raw, prompts, plain, _ = collected
     pipe = load_pipeline(raw, resources=res)
-    prompts = [PromptIds(f"p{i}", repetitive_prompt(20 + i, 12) % VOCAB) for i in range(2)]
-    plain = collect(pipe, prompts, COST, max_new_tokens=12)
     data = collect(pipe, prompts, COST, max_new_tokens=12, jitter=2, jitter_spread=2.0)
     n = plain.n_rows
     assert data.n_rows == 3 * n
