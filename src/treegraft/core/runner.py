@@ -132,21 +132,27 @@ class CausalLMRunner:
     _cache_kwarg: str = attrs.field(init=False, default="")
     _tree_kernel: bool = attrs.field(init=False, default=False)
     _lean: LeanForward | None = attrs.field(init=False, default=None)
-    # the model's device and dtype, read at construction and at `begin` (Hugging Face's
-    # `model.device` walks the parameters: tens of microseconds, several times a step)
+    # the model's device, dtype and vocabulary size, read at construction and at `begin`
+    # (Hugging Face's `model.device` walks the parameters, `get_output_embeddings` resolves the
+    # head: tens of microseconds each, several times a step)
     _device: torch.device = attrs.field(init=False, default=None)
     _dtype: torch.dtype = attrs.field(init=False, default=None)
+    _vocab: int = attrs.field(init=False, default=0)
     output_rows: Tensor | None = attrs.field(init=False, default=None)
     # the output embedding's `output_rows` rows (weight, bias), gathered once for the lean forward
     _head: tuple[Tensor, Tensor | None] | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
-        self._device, self._dtype = self.model.device, self.model.dtype
+        self._read_model()
         self._cache_kwarg = _cache_kwarg(self.model)
         self._tree_kernel = (
             getattr(self.model.config, "_attn_implementation", None) == IMPLEMENTATION
         )
         self._lean = self._lean_forward()
+
+    def _read_model(self) -> None:
+        self._device, self._dtype = self.model.device, self.model.dtype
+        self._vocab = int(self.model.get_output_embeddings().weight.shape[0])
 
     def _lean_forward(self) -> LeanForward | None:
         """The lean forward this runner uses, per `forward` and what the model supports."""
@@ -178,7 +184,7 @@ class CausalLMRunner:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])
+        return self._vocab
 
     @property
     def n_outputs(self) -> int:
@@ -228,7 +234,7 @@ class CausalLMRunner:
         if prompt.numel() >= max_len:
             raise ValueError(f"prompt of {prompt.numel()} tokens does not fit max_len={max_len}")
         if (self.model.device, self.model.dtype) != (self._device, self._dtype):  # model moved
-            self._device, self._dtype = self.model.device, self.model.dtype
+            self._read_model()
             self.cache = None
             self._lean = self._lean_forward()  # rebind the moved weights
             if self.output_rows is not None:
