@@ -385,7 +385,7 @@ def test_a_revalued_step_is_the_step_searched_on_the_scaled_machine():
     time is scaled by its own factor."""
     _, _, outcomes = first_step_outcomes()
     scaled = COST.scaled(SCALE)
-    again = [revalue(o, COST, SCALE, 1) for o in outcomes]
+    again = revalue(outcomes, COST, SCALE, 1)
     for o, r in zip(outcomes, again, strict=True):
         calls = o.strong_calls
         expected = (

@@ -145,19 +145,25 @@ def scale_state(state: LayerState, scale: CostScale, strong: int) -> LayerState:
     )
 
 
-def revalue(outcome: Outcome, cost: CostModel, scale: CostScale, strong: int) -> Outcome:
-    """`outcome` (valued by `cost`) on a machine where `cost`'s parts take `scale` times as long:
-    the same tree, its modelled time there, and the states the scheduler would have seen there
-    (`strong`: the strong drafter's index)."""
-    calls = outcome.strong_calls
-    seconds = cost.scaled(scale).step_seconds(
-        target_queries=outcome.target_queries,
-        strong_queries=outcome.strong_queries,
-        strong_calls=calls,
-        weak_layers=len(outcome.calls) - calls,
-    )
-    states = tuple(scale_state(s, scale, strong) for s in outcome.states)
-    return attrs.evolve(outcome, seconds=seconds, states=states)
+def revalue(
+    outcomes: Sequence[Outcome], cost: CostModel, scale: CostScale, strong: int
+) -> list[Outcome]:
+    """A step's `outcomes` (valued by `cost`) on a machine where `cost`'s parts take `scale` times
+    as long: the same trees, their modelled times there, and the states the scheduler would have
+    seen there (`strong`: the strong drafter's index)."""
+    scaled = cost.scaled(scale)
+    out = []
+    for o in outcomes:
+        calls = o.strong_calls
+        seconds = scaled.step_seconds(
+            target_queries=o.target_queries,
+            strong_queries=o.strong_queries,
+            strong_calls=calls,
+            weak_layers=len(o.calls) - calls,
+        )
+        states = tuple(scale_state(s, scale, strong) for s in o.states)
+        out.append(attrs.evolve(o, seconds=seconds, states=states))
+    return out
 
 
 def record_modelled_drafters(

@@ -293,7 +293,7 @@ def collect_prompt(
         outcomes = searcher.search(plans)
         decisions.extend((len(steps), d) for d in label(outcomes))
         for scale in jitter() if jitter is not None else ():
-            again = [revalue(o, searcher.cost, scale, searcher.strong) for o in outcomes]
+            again = revalue(outcomes, searcher.cost, scale, searcher.strong)
             jittered.extend((len(steps), scale, d) for d in label(again))
         best = best_outcome(outcomes)
         chosen = best if follow is None else policy_outcome(outcomes, follow)
