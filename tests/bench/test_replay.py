@@ -10,10 +10,12 @@ from treegraft.bench.replay import (
     LatencyCurve,
     ReplayDiverged,
     ReplayTarget,
+    ReplayTimes,
     measure_latency,
     query_grid,
 )
 from treegraft.core.config import NoConfig
+from treegraft.core.metrics import ForwardTimes
 from treegraft.core.tree import DraftTree
 from treegraft.plugins.verifiers.greedy import GreedyVerifier
 
@@ -62,6 +64,21 @@ def test_latency_curve_interpolates_and_extrapolates():
     assert query_grid(40, marks=[33]) == (1, 2, 4, 8, 16, 32, 33, 40)
     queries = [1, 2, 3, 5, 8, 9, 16, 40]
     assert CURVE.many(queries).tolist() == pytest.approx([CURVE(q) for q in queries])
+
+
+def test_replay_times_give_schedulers_the_curve_s_target_time():
+    """Forward times and a step's seconds (what a call guard learns from) carry the curve's
+    prediction of the target forward, not the stand-in's own (near zero) time."""
+    target = ReplayTarget(vocab_size=16, curve=CURVE, device=torch.device("cpu"))
+    target.expect([5, 6, 7])
+    target.begin(torch.tensor([1, 2, 3]), max_len=64)
+    target.forward_tree(tree([3, 5], [-1, 0]))  # 2 pending + 2 nodes: CURVE(4) = 2.0 s
+    times = ReplayTimes(source=target)
+    stages = {"build": 0.25, "drafter0": 0.125, "target": 0.001, "verify": 0.5, "commit": 0.0625}
+    times.record_step((0,), stages, 1)
+    assert times.target_time() == 2.0
+    assert times.step_seconds(stages) == 0.25 + 2.0 + 0.5 + 0.0625
+    assert ForwardTimes().step_seconds(stages) == 0.25 + 0.001 + 0.5 + 0.0625
 
 
 def test_the_replay_target_answers_its_curve_instead_of_measuring():

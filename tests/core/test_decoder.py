@@ -274,4 +274,11 @@ def test_a_learning_scheduler_observes_every_step(tiny_target, tiny_drafter):
         assert outcome.calls == event.calls and outcome.accepted == event.accepted
         assert outcome.n_nodes == event.tree_size + 1
         assert outcome.target_time > 0 and len(outcome.drafter_times) == 2
+        stages = ("build", "target", "verify", "commit")  # the drafters run inside `build`
+        assert outcome.seconds == sum(event.times.get(s, 0.0) for s in stages)
+        assert outcome.seconds > event.times["target"] > 0
+        path = event.verdict.path[1 : int(event.verdict.length)].tolist()
+        proposer = event.build.tree.proposer.tolist()
+        assert outcome.strong_accepted == sum(proposer[i] > 0 for i in path)
+    assert any(o.strong_accepted > 0 for o in seen)
     assert any(c > 0 for o in seen for c in o.calls)

@@ -13,7 +13,7 @@ building, verification, commits) runs for real and is measured.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -152,6 +152,13 @@ class ReplayTimes(ForwardTimes):
         if self.source is not None and self.source.predicted:
             seconds = self.source.predicted[-1]
         super().record_target(seconds)
+
+    def step_seconds(self, times: Mapping[str, float]) -> float:
+        """The step's measured seconds with the target's forward replaced by the curve's."""
+        seconds = super().step_seconds(times)
+        if self.source is not None and self.source.predicted:
+            seconds += self.source.predicted[-1] - times.get("target", 0.0)
+        return seconds
 
 
 def replay_pipeline(pipe: Any, curve: LatencyCurve) -> tuple[Any, ReplayTarget]:

@@ -213,6 +213,8 @@ class Decoder:
                 accepted=accepted,
                 target_time=self.times.target_time(),
                 drafter_times=self.times.drafter_times(n),
+                seconds=self.times.step_seconds(times),
+                strong_accepted=strong_accepted,
             )
         )
 

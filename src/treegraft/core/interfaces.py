@@ -114,6 +114,10 @@ class StepOutcome:
     accepted: int  # draft nodes accepted (bonus excluded)
     target_time: float
     drafter_times: tuple[float, ...]
+    #: wall seconds of the step as the decoder timed it (build, target, verify, commit)
+    seconds: float = 0.0
+    #: accepted draft nodes that a drafter other than drafter 0 proposed
+    strong_accepted: int = 0
 
 
 @attrs.frozen(eq=False)

@@ -59,6 +59,10 @@ class Timer:
         self.clock.add(self.label, time.perf_counter() - self.start)
 
 
+#: the stages that make up a step's wall time (the drafters' layers run inside `build`)
+STEP_STAGES = ("build", "target", "verify", "commit")
+
+
 @attrs.define
 class ForwardTimes:
     """Running medians of one forward per model (target and each drafter), for schedulers."""
@@ -90,6 +94,11 @@ class ForwardTimes:
             label = f"drafter{i}"
             if label in times:
                 self.record_drafter(i, times[label] / max(1, list(calls).count(i)))
+
+    def step_seconds(self, times: Mapping[str, float]) -> float:
+        """Wall seconds of one step from its per-stage `times` (`StepEvent.times`): the sum of
+        `STEP_STAGES`. Subclasses may substitute modelled times."""
+        return sum(times.get(stage, 0.0) for stage in STEP_STAGES)
 
     def target_time(self) -> float:
         return self._median(-1, self.target)

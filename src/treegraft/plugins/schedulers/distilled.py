@@ -28,10 +28,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from treegraft.core.config import Check, ConfigError, field
-from treegraft.core.interfaces import LayerState, Scheduler
+from treegraft.core.config import Check, ConfigError, at_least, field
+from treegraft.core.interfaces import LayerState, Scheduler, StepOutcome
 from treegraft.core.metrics import AcceptHistory
 from treegraft.core.resources import Resources
+from treegraft.plugins.schedulers.guard import SKIP, CallGuard
 
 ARTIFACT_FORMAT = "treegraft-scheduler/1"
 WEIGHTS_FILE = "scheduler.safetensors"
@@ -442,6 +443,18 @@ class DistilledConfig:
         doc="a step whose first layer is predicted more than this below the threshold calls at "
         "no layer (the later layers are not evaluated); null: evaluate every layer",
     )
+    guard: float | None = field(
+        None,
+        check=Check("with 0 <= value < 1", lambda v: v is None or 0 <= v < 1),
+        doc="the call guard's exploration probability: per step, run the MLP's decisions or no "
+        "strong call, whichever measured more tokens per second lately, and the other arm with "
+        "this probability (docs/scheduler.md, 'The call guard'); null: no guard",
+    )
+    guard_memory: int = field(
+        10,
+        check=at_least(1),
+        doc="steps over which the call guard's averages forget (weight 1/memory on the newest)",
+    )
 
 
 @attrs.define
@@ -464,8 +477,18 @@ class DistilledScheduler(Scheduler):
     _step_key: tuple[Any, ...] | None = attrs.field(default=None, init=False, repr=False)
     # the step gate closed at this step's first layer (see `DistilledConfig.step_gate`)
     _gated: bool = attrs.field(default=False, init=False, repr=False)
+    #: the call guard (`DistilledConfig.guard`; None without one)
+    guard: CallGuard | None = attrs.field(default=None, init=False)
+    # the guard chose no strong call for this step
+    _skipped: bool = attrs.field(default=False, init=False, repr=False)
+    # with a guard: the generation's history over the steps the MLP decided (what it was
+    # trained on), and whether the strong drafter ran yet in this generation
+    _history: AcceptHistory = attrs.field(factory=AcceptHistory, init=False, repr=False)
+    _called: bool = attrs.field(default=False, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        if self.config.guard is not None:
+            self.guard = CallGuard(explore=self.config.guard, memory=self.config.guard_memory)
         self.mlp = FoldedMLP.from_artifact(self.artifact)
         first = self.mlp.first
         layer = first[:, LAYER_INDEX]
@@ -503,8 +526,13 @@ class DistilledScheduler(Scheduler):
     def decide(self, state: LayerState) -> int:
         if state.layer == 0:
             self._gated = False
-        if state.strong_calls >= state.max_strong_calls:
+            self._skipped = self.guard is not None and self.guard.choose() == SKIP
+            if self.guard is not None and (state.history is None or state.history.steps == 0):
+                self._history, self._called = AcceptHistory(), False  # a new generation
+        if self._skipped or state.strong_calls >= state.max_strong_calls:
             return 0
+        if self.guard is not None:
+            state = attrs.evolve(state, history=self._history)
         value = self.value(state)
         gate = self.config.step_gate
         if state.layer == 0 and gate is not None and value < self.config.threshold - gate:
@@ -515,5 +543,25 @@ class DistilledScheduler(Scheduler):
     def done_for_step(self) -> bool:
         """True after a step's first layer was predicted more than `step_gate` below the
         threshold: on the training prompts, no later layer of such a step was predicted to pay
-        (docs/scheduler.md, 'The step gate')."""
-        return self._gated
+        (docs/scheduler.md, 'The step gate'); and in a step the call guard skips."""
+        return self._gated or self._skipped
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Give the call guard the step's committed tokens and wall seconds (no guard: nothing).
+
+        Two things stay out of what the guard and the MLP see. The step of a generation's first
+        strong call is not recorded: that forward also reads the whole prompt into the strong
+        drafter's cache, a cost of the generation rather than of the step's decisions. And the
+        steps the guard skipped are left out of the history the MLP's features read: it was
+        trained on histories of its own decisions (else a run of skipped steps reads as the
+        MLP's choice and can talk it out of calling).
+        """
+        if self.guard is None:
+            return
+        called = any(c > 0 for c in outcome.calls)
+        if not self._skipped:
+            self._history = self._history.record(outcome.accepted, outcome.strong_accepted, called)
+        if called and not self._called:
+            self._called = True
+            return
+        self.guard.record(outcome.accepted + 1, outcome.seconds)
