@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from treegraft.bench.config import BASELINES, bench_config_from_dict, load_bench_config
 from treegraft.bench.methods import pipeline_mapping, pipeline_plans, substitute_models
 from treegraft.core.config import ConfigError
+from treegraft.core.pipeline import resolve_pipeline
 from treegraft.zoo import SUITES
 
 PAIR = {"target": "zoo:target", "drafter": "zoo:draft-s"}
@@ -184,4 +186,6 @@ def test_the_standing_config_is_the_full_protocol_with_the_standing_methods():
     plans = {p.label: p for p in pipeline_plans(cfg, cfg.pairs[0])}
     learned = plans["treegraft-distilled-adaptive"].raw
     assert learned["scheduler"]["name"] == "distilled" and learned["builder"]["adaptive"] is True
+    shipped = yaml.safe_load(resolve_pipeline("treegraft-learned").read_text())
+    assert {**learned["scheduler"], "artifact": "zoo:scheduler"} == shipped["scheduler"]
     assert plans["ngram-only-adaptive"].raw["builder"]["adaptive"] is True

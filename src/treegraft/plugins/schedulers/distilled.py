@@ -451,7 +451,7 @@ class DistilledConfig:
         "this probability (docs/scheduler.md, 'The call guard'); null: no guard",
     )
     guard_memory: int = field(
-        10,
+        30,
         check=at_least(1),
         doc="steps over which the call guard's averages forget (weight 1/memory on the newest)",
     )
