@@ -192,6 +192,21 @@ def test_evaluate_writes_its_rows_with_gains_as_json(pairs, tmp_path):
     assert "vs best endpoint" in result.output and "oracle share" in result.output
 
 
+def test_evaluate_replays_the_distilled_row_with_a_call_guard(pairs, tmp_path):
+    art = tmp_path / "art"
+    result = runner.invoke(app, ["fit", str(pairs["b-train"]), "--out", str(art), *FAST_FIT])
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "rows.json"
+    args = ["evaluate", str(pairs["b-eval"]), "--artifact", str(art), "--json", str(path)]
+    result = runner.invoke(app, [*args, "--guard", "0.2"])
+    assert result.exit_code == 0, result.output
+    rows = {r["scheduler"]: r for r in json.loads(path.read_text())}
+    assert rows["distilled"]["tokens_per_s"] > 0 and "oracle" in rows
+    result = runner.invoke(app, [*args, "--guard", "1.5"])
+    assert result.exit_code == 2
+    assert "guard: expected float or null with 0 <= value < 1, got 1.5" in result.output
+
+
 # ---------------------------------------------------------------------------- bad input
 
 

@@ -225,6 +225,28 @@ def test_replay_evaluation_of_the_oracle_matches_the_collection(collected):
     assert results[0].seconds == pytest.approx(seconds, rel=1e-9)
 
 
+@attrs.define
+class ObservingOracle(OracleScheduler):
+    """The oracle, keeping every step outcome the decode loop gives it."""
+
+    outcomes: list = attrs.field(factory=list)
+
+    def observe(self, outcome):
+        self.outcomes.append(outcome)
+
+
+def test_in_replay_evaluation_step_outcomes_carry_the_modelled_seconds(collected):
+    """A scheduler that learns from outcomes (the call guard) reads each step in the cost
+    model's seconds, the ones the evaluation sums, not the stand-in target's wall time."""
+    res, raw, _, data, _ = collected
+    pipe = load_pipeline(raw, resources=res)
+    oracle = ObservingOracle(OracleConfig(plans="<memory>"), data.trajectories)
+    results = evaluate(pipe, {"oracle": oracle}, data.prompts(), COST, max_new_tokens=12)
+    assert len(oracle.outcomes) == results[0].steps
+    assert sum(o.seconds for o in oracle.outcomes) == pytest.approx(results[0].seconds, rel=1e-9)
+    assert len({round(o.seconds, 9) for o in oracle.outcomes}) > 1
+
+
 #: Strong calls cost 6 ms against a 10-16 ms target forward: the builder's default cap,
 #: floor(T_target / T_strong), binds at 1 or 2 calls per step.
 CAPPING_COST = attrs.evolve(COST, strong_extra_s=0.006)

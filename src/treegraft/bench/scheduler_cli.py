@@ -354,6 +354,12 @@ def evaluate(
         str | None, typer.Option(help="artifact for the `distilled` row (default: none)")
     ] = None,
     threshold: Annotated[float, typer.Option(help="distilled threshold")] = 0.0,
+    guard: Annotated[
+        float | None,
+        typer.Option(
+            help="the distilled row's call guard: exploration probability (default: none)"
+        ),
+    ] = None,
     prompts: Annotated[int | None, typer.Option(help="use only the first N prompts")] = None,
     threads: Annotated[int | None, typer.Option(help=THREADS_HELP)] = None,
     json_path: Annotated[
@@ -377,7 +383,7 @@ def evaluate(
         data = Dataset.load(dataset)
         results = replay_dataset(
             dataset, data, names=BASELINES, artifacts=artifacts, threshold=threshold,
-            prompts=prompts,
+            prompts=prompts, guard=guard,
         )  # fmt: skip
     except (ConfigError, ValueSystemError) as exc:
         _fail(str(exc))
@@ -420,9 +426,11 @@ def replay_dataset(
     artifacts: dict[str, Any],
     threshold: float = 0.0,
     prompts: int | None = None,
+    guard: float | None = None,
 ) -> list[Any]:
-    """Replay the dataset's prompts with the named schedulers, one `distilled` per artifact, and
-    the oracle (when the dataset has plans); the pipeline is the dataset's `pipeline_raw`.
+    """Replay the dataset's prompts with the named schedulers, one `distilled` per artifact (with
+    a call guard of exploration `guard`, if given), and the oracle (when the dataset has plans);
+    the pipeline is the dataset's `pipeline_raw`.
     """
     from treegraft.bench.value_eval import evaluate as run_evaluate
     from treegraft.bench.value_system import ValueSystemError
@@ -433,8 +441,9 @@ def replay_dataset(
         raise ValueSystemError(f"{path}: meta.json has no pipeline_raw (collected without the CLI)")
     pipe = load_pipeline(raw)
     schedulers = scheduler_set(
-        pipe, data, names=names, artifacts=artifacts, threshold=threshold, prompts=prompts
-    )
+        pipe, data, names=names, artifacts=artifacts, threshold=threshold, prompts=prompts,
+        guard=guard,
+    )  # fmt: skip
     chosen = data.prompts()[:prompts] if prompts else data.prompts()
     return run_evaluate(
         pipe,
@@ -460,9 +469,11 @@ def scheduler_set(
     artifacts: dict[str, Any],
     threshold: float,
     prompts: int | None,
+    guard: float | None = None,
 ) -> dict[str, Any]:
     """Schedulers by row name, built from their registered configs: `names` (default configs),
-    a `distilled` per artifact (keyed by its row name), then `oracle` if the dataset has plans.
+    a `distilled` per artifact (keyed by its row name; with a call guard of exploration `guard`
+    if given), then `oracle` if the dataset has plans.
     """
     from treegraft.core.config import structure_config
     from treegraft.core.registry import default_registry
@@ -477,7 +488,8 @@ def scheduler_set(
 
     out = {name: build(name) for name in names}
     for row, artifact in artifacts.items():
-        out[row] = build("distilled", artifact=str(artifact), threshold=threshold)
+        extra = {} if guard is None else {"guard": guard}
+        out[row] = build("distilled", artifact=str(artifact), threshold=threshold, **extra)
     if data.trajectories:
         trajectories = data.trajectories[:prompts] if prompts else data.trajectories
         out["oracle"] = OracleScheduler.from_trajectories(trajectories)

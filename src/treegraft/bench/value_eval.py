@@ -155,10 +155,23 @@ class ModelledTimes(ReplayTimes):
     cost: CostModel | None = None
     counter: QueryCounter | None = None
     strong: int = -1
+    # the drafter of each layer of the step last recorded
+    _calls: tuple[int, ...] = attrs.field(default=(), init=False, repr=False)
+
+    def step_seconds(self, times: Mapping[str, float]) -> float:
+        """The step last recorded, in the cost model's seconds (what `evaluate` sums), for a
+        scheduler that learns from step outcomes (the `distilled` scheduler's call guard)."""
+        source = self.source
+        if self.cost is None or self.counter is None or source is None or not source.queries:
+            return super().step_seconds(times)
+        return modelled_step_seconds(
+            self.cost, self._calls, source.queries[-1], tuple(self.counter.queries)
+        )
 
     def record_step(
         self, calls: Sequence[int], times: Mapping[str, float], n_drafters: int
     ) -> None:
+        self._calls = tuple(calls)
         if self.cost is None or self.counter is None:
             super().record_step(calls, times, n_drafters)
             return
@@ -226,14 +239,22 @@ def _event_cost(
     event: Any, target_queries: int, queries: tuple[int, ...], cost: CostModel
 ) -> np.ndarray:
     """(tokens, 1 step, modelled seconds, strong calls) of one decode-loop step."""
+    seconds = modelled_step_seconds(cost, event.calls, target_queries, queries)
     n_strong = sum(c > 0 for c in event.calls)
-    seconds = cost.step_seconds(
-        target_queries=target_queries,
-        strong_queries=queries,
-        strong_calls=n_strong,
-        weak_layers=len(event.calls) - n_strong,
-    )
     return np.array([len(event.tokens), 1, seconds, n_strong], dtype=np.float64)
+
+
+def modelled_step_seconds(
+    cost: CostModel, calls: Sequence[int], target_queries: int, strong_queries: tuple[int, ...]
+) -> float:
+    """Modelled seconds of a step with these per-layer `calls` and forwards."""
+    n_strong = sum(c > 0 for c in calls)
+    return cost.step_seconds(
+        target_queries=target_queries,
+        strong_queries=strong_queries,
+        strong_calls=n_strong,
+        weak_layers=len(calls) - n_strong,
+    )
 
 
 # ---------------------------------------------------------------------------- gains over endpoints

@@ -17,8 +17,11 @@ the same decoder, forgetting at the pace of `memory`.
 
 What it cannot see: a strong drafter catches up lazily on tokens committed while it was not
 called, so the first call after skipped steps forwards them too, and that cost lands on the
-scheduler's arm. A guard that never receives an outcome (the value system and replay, which model
-steps without calling `observe`) stays on the scheduler's arm: it changes nothing there.
+scheduler's arm; and the arms run at different moments of the text. A guard that never receives
+an outcome (the value system's collection builds steps outside the decode loop, without
+`observe`) stays on the scheduler's arm: it changes nothing there. In replay (`treegraft bench
+--replay`, `treegraft scheduler evaluate`) it receives each step's seconds with the target's
+forward taken from the latency curve (`ReplayTimes.step_seconds`).
 """
 
 from __future__ import annotations
