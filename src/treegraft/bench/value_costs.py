@@ -55,6 +55,19 @@ class CostModel:
             + self.step_overhead_s
         )
 
+    def calls_seconds(
+        self, calls: Sequence[int], *, target_queries: int, strong_queries: Sequence[int]
+    ) -> float:
+        """`step_seconds` of a step whose layers went to the drafters `calls` (0: a weak layer,
+        else a strong call)."""
+        strong_calls = sum(c > 0 for c in calls)
+        return self.step_seconds(
+            target_queries=target_queries,
+            strong_queries=strong_queries,
+            strong_calls=strong_calls,
+            weak_layers=len(calls) - strong_calls,
+        )
+
     def call_seconds(
         self, index: int, strong: int, strong_queries: Sequence[int], calls: Sequence[int]
     ) -> float | None:
@@ -154,12 +167,8 @@ def revalue(
     scaled = cost.scaled(scale)
     out = []
     for o in outcomes:
-        calls = o.strong_calls
-        seconds = scaled.step_seconds(
-            target_queries=o.target_queries,
-            strong_queries=o.strong_queries,
-            strong_calls=calls,
-            weak_layers=len(o.calls) - calls,
+        seconds = scaled.calls_seconds(
+            o.calls, target_queries=o.target_queries, strong_queries=o.strong_queries
         )
         states = tuple(scale_state(s, scale, strong) for s in o.states)
         out.append(attrs.evolve(o, seconds=seconds, states=states))

@@ -164,8 +164,10 @@ class ModelledTimes(ReplayTimes):
         source = self.source
         if self.cost is None or self.counter is None or source is None or not source.queries:
             return super().step_seconds(times)
-        return modelled_step_seconds(
-            self.cost, self._calls, source.queries[-1], tuple(self.counter.queries)
+        return self.cost.calls_seconds(
+            self._calls,
+            target_queries=source.queries[-1],
+            strong_queries=tuple(self.counter.queries),
         )
 
     def record_step(
@@ -239,22 +241,9 @@ def _event_cost(
     event: Any, target_queries: int, queries: tuple[int, ...], cost: CostModel
 ) -> np.ndarray:
     """(tokens, 1 step, modelled seconds, strong calls) of one decode-loop step."""
-    seconds = modelled_step_seconds(cost, event.calls, target_queries, queries)
+    seconds = cost.calls_seconds(event.calls, target_queries=target_queries, strong_queries=queries)
     n_strong = sum(c > 0 for c in event.calls)
     return np.array([len(event.tokens), 1, seconds, n_strong], dtype=np.float64)
-
-
-def modelled_step_seconds(
-    cost: CostModel, calls: Sequence[int], target_queries: int, strong_queries: tuple[int, ...]
-) -> float:
-    """Modelled seconds of a step with these per-layer `calls` and forwards."""
-    n_strong = sum(c > 0 for c in calls)
-    return cost.step_seconds(
-        target_queries=target_queries,
-        strong_queries=strong_queries,
-        strong_calls=n_strong,
-        weak_layers=len(calls) - n_strong,
-    )
 
 
 # ---------------------------------------------------------------------------- gains over endpoints

@@ -186,13 +186,9 @@ class StepSearcher:
         accepted, path = accept_against(built.tree, self.continuation, done)
         new = self.continuation[done : done + accepted + 1].tolist()
         keep, _ = self.stop.cut(self.generated, new)
-        strong_calls = sum(c > 0 for c in built.calls)
         target_queries = self.target_pending + built.tree.n_nodes
-        seconds = self.cost.step_seconds(
-            target_queries=target_queries,
-            strong_queries=queries,
-            strong_calls=strong_calls,
-            weak_layers=len(built.calls) - strong_calls,
+        seconds = self.cost.calls_seconds(
+            built.calls, target_queries=target_queries, strong_queries=queries
         )
         outcome = Outcome(
             plan=plan,
