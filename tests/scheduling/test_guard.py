@@ -126,17 +126,70 @@ def test_a_guarded_distilled_pipeline_is_lossless_and_skips_whole_steps(tmp_path
     assert len(out.events) >= 5
 
 
-def test_the_warm_up_skips_recording_the_first_strong_call(tmp_path):
+def test_the_guard_leaves_out_the_first_and_last_steps_and_the_first_strong_call(tmp_path):
+    """Step 0 (it also reads the prompt) and the step of the first strong call (it also reads
+    the prompt into the strong drafter; step 0 here) are not recorded, nor the last step (cut
+    at the end, nothing committed): the warm-up starts on the step after."""
     layer_rule_artifact().save(tmp_path)
     res = stand_in_pair(0)
     pipe = load_pipeline(distilled(tmp_path, guard=0.3, guard_memory=3), resources=res)
     guard = pipe.decoder.scheduler.guard = Recording(explore=0.3, memory=3)
     out = pipe.generate(repetitive_prompt(0, 16) % VOCAB)
-    assert len(out.events) >= 5
+    assert len(out.events) >= 5 and out.finish_reason == "length"
     assert guard.chosen[:5] == [SCHEDULER, SCHEDULER, SKIP, SCHEDULER, SKIP]
-    assert sum(guard.steps) == len(out.events) - 1
-    assert guard.steps == [guard.chosen.count(SKIP), guard.chosen.count(SCHEDULER) - 1]
+    assert sum(guard.steps) == len(out.events) - 2
+    last = guard.chosen[-1]
+    assert guard.steps == [
+        guard.chosen.count(SKIP) - (last == SKIP),
+        guard.chosen.count(SCHEDULER) - 1 - (last == SCHEDULER),
+    ]
     assert all(s > 0 for s in guard.seconds)
+
+
+def test_step_zero_is_not_recorded_when_it_makes_no_strong_call(tmp_path):
+    """A rule that never calls: every step but the first and the last reaches the guard."""
+    layer_rule_artifact(calls_below=-1.0).save(tmp_path)
+    pipe = load_pipeline(distilled(tmp_path, guard=0.3, guard_memory=3), resources=stand_in_pair(1))
+    guard = pipe.decoder.scheduler.guard = Recording(explore=0.3, memory=3)
+    out = pipe.generate(repetitive_prompt(1, 16) % VOCAB)
+    assert all(1 not in e.calls for e in out.events) and len(out.events) >= 4
+    assert sum(guard.steps) == len(out.events) - 2
+
+
+def test_a_replay_learns_apart_from_the_measured_pipeline(tmp_path):
+    """The sweep alternates a measured pipeline and its replay: each has its own guard."""
+    from treegraft.bench.replay import LatencyCurve, replay_pipeline
+
+    layer_rule_artifact().save(tmp_path)
+    res = stand_in_pair(2)
+    pipe = load_pipeline(distilled(tmp_path, guard=0.3, guard_memory=3), resources=res)
+    replay, target = replay_pipeline(pipe, LatencyCurve("t", 8, (1, 64), (1e-3, 2e-3)))
+    assert replay.decoder.scheduler is not pipe.decoder.scheduler
+    prompt = repetitive_prompt(2, 16) % VOCAB
+    target.expect(greedy_reference(res.models["mem:target"], prompt, 20 + 8))  # + tree depth
+    out = replay.generate(prompt)
+    assert sum(replay.decoder.scheduler.guard.steps) == len(out.events) - 2
+    assert pipe.decoder.scheduler.guard.steps == [0, 0]
+    measured = pipe.generate(prompt)
+    assert measured.token_ids == out.token_ids
+    assert sum(pipe.decoder.scheduler.guard.steps) == len(measured.events) - 2
+    assert sum(replay.decoder.scheduler.guard.steps) == len(out.events) - 2
+
+
+def test_a_scheduler_that_cannot_be_copied_is_shared_with_a_warning():
+    import threading
+
+    from treegraft.bench.replay import own_copy
+
+    class Locked:
+        lock = None
+
+    scheduler = Locked()
+    scheduler.lock = threading.Lock()
+    with pytest.warns(UserWarning, match="replay shares the scheduler Locked"):
+        assert own_copy(scheduler) is scheduler
+    plain = Locked()
+    assert own_copy(plain) is not plain
 
 
 def test_no_guard_by_default(tmp_path):
@@ -157,3 +210,24 @@ def test_bad_guard_settings_are_refused(tmp_path, key, value, expected):
     layer_rule_artifact().save(tmp_path)
     with pytest.raises(ConfigError, match=expected):
         load_pipeline(distilled(tmp_path, **{key: value}), resources=stand_in_pair(0))
+
+
+def test_without_outcomes_the_mlp_reads_the_state_s_history(tmp_path):
+    """Decisions on recorded states (no `observe`: following a scheduler in collection) read
+    the history the state carries; once outcomes arrive, the scheduler's own."""
+    from tests.plugins.test_schedulers import at
+    from treegraft.core.interfaces import StepOutcome
+    from treegraft.core.metrics import AcceptHistory
+
+    layer_rule_artifact().save(tmp_path)
+    pipe = load_pipeline(distilled(tmp_path, guard=0.3), resources=stand_in_pair(0))
+    scheduler = pipe.decoder.scheduler
+    seen = []
+    value = scheduler.value
+    scheduler.value = lambda state: seen.append(state.history) or value(state)
+    recorded = AcceptHistory().record(3, 0, False).record(1, 1, True)
+    assert scheduler.decide(at(0, committed_len=14, history=recorded)) == 1
+    assert seen[-1] is recorded
+    scheduler.observe(StepOutcome(1, (1, 0), 5, 2, 0.01, (0.0, 0.0), seconds=0.02))
+    scheduler.decide(at(0, committed_len=17, history=recorded))
+    assert seen[-1] is not recorded and seen[-1].steps == 1

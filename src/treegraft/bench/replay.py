@@ -13,6 +13,8 @@ building, verification, commits) runs for real and is measured.
 
 from __future__ import annotations
 
+import copy
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -161,10 +163,33 @@ class ReplayTimes(ForwardTimes):
         return seconds
 
 
+def own_copy(scheduler: Any) -> Any:
+    """A deep copy of `scheduler`, or (with a warning) the scheduler itself if it cannot be
+    copied: the replay then shares what it learns with the measured pipeline."""
+    try:
+        return copy.deepcopy(scheduler)
+    except Exception as exc:  # a plugin's scheduler holding something uncopyable
+        warnings.warn(
+            f"replay shares the scheduler {type(scheduler).__name__} with the measured pipeline "
+            f"(copy.deepcopy failed: {exc}); what it learns from outcomes mixes the two",
+            stacklevel=2,
+        )
+        return scheduler
+
+
 def replay_pipeline(pipe: Any, curve: LatencyCurve) -> tuple[Any, ReplayTarget]:
-    """A copy of `pipe` whose decoder runs against a `ReplayTarget` (same drafters and builder)."""
+    """A copy of `pipe` whose decoder runs against a `ReplayTarget` (same drafters and builder).
+
+    The scheduler is a copy of its own: a scheduler that learns from outcomes (the call guard)
+    would otherwise mix the replay's modelled steps into the measured pipeline's estimates, and
+    the other way round, when a sweep alternates the two."""
     target = ReplayTarget(
         vocab_size=pipe.decoder.target.vocab_size, curve=curve, device=pipe.resources.device
     )
-    decoder = attrs.evolve(pipe.decoder, target=target, times=ReplayTimes(source=target))
+    decoder = attrs.evolve(
+        pipe.decoder,
+        target=target,
+        times=ReplayTimes(source=target),
+        scheduler=own_copy(pipe.decoder.scheduler),
+    )
     return attrs.evolve(pipe, decoder=decoder), target

@@ -171,7 +171,7 @@ class Decoder:
             with clock.time("commit"):
                 self._commit(built, path, tokens)
         times = clock.reset()
-        self._observe(step, built, len(tokens) - 1, strong_accepted, times)
+        self._observe(step, built, len(tokens) - 1, strong_accepted, times, reason is not None)
         return StepEvent(
             step=step,
             tokens=tuple(tokens[:keep]),
@@ -198,6 +198,7 @@ class Decoder:
         accepted: int,
         strong_accepted: int,
         times: Mapping[str, float],
+        final: bool = False,
     ) -> None:
         n = len(self.drafters)
         self.times.record_step(built.calls, times, n)
@@ -215,6 +216,7 @@ class Decoder:
                 drafter_times=self.times.drafter_times(n),
                 seconds=self.times.step_seconds(times),
                 strong_accepted=strong_accepted,
+                final=final,
             )
         )
 

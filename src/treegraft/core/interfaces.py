@@ -118,6 +118,8 @@ class StepOutcome:
     seconds: float = 0.0
     #: accepted draft nodes that a drafter other than drafter 0 proposed
     strong_accepted: int = 0
+    #: the step ended the generation (its tokens may be cut at the end, nothing was committed)
+    final: bool = False
 
 
 @attrs.frozen(eq=False)

@@ -485,6 +485,8 @@ class DistilledScheduler(Scheduler):
     # trained on), and whether the strong drafter ran yet in this generation
     _history: AcceptHistory = attrs.field(factory=AcceptHistory, init=False, repr=False)
     _called: bool = attrs.field(default=False, init=False, repr=False)
+    # outcomes reach `observe` in this generation (the MLP then reads `_history`)
+    _fed: bool = attrs.field(default=False, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.config.guard is not None:
@@ -529,9 +531,10 @@ class DistilledScheduler(Scheduler):
             self._skipped = self.guard is not None and self.guard.choose() == SKIP
             if self.guard is not None and (state.history is None or state.history.steps == 0):
                 self._history, self._called = AcceptHistory(), False  # a new generation
+                self._fed = False
         if self._skipped or state.strong_calls >= state.max_strong_calls:
             return 0
-        if self.guard is not None:
+        if self._fed:  # outcomes arrive (else, e.g. replaying recorded states: the state's own)
             state = attrs.evolve(state, history=self._history)
         value = self.value(state)
         gate = self.config.step_gate
@@ -549,19 +552,22 @@ class DistilledScheduler(Scheduler):
     def observe(self, outcome: StepOutcome) -> None:
         """Give the call guard the step's committed tokens and wall seconds (no guard: nothing).
 
-        Two things stay out of what the guard and the MLP see. The step of a generation's first
-        strong call is not recorded: that forward also reads the whole prompt into the strong
-        drafter's cache, a cost of the generation rather than of the step's decisions. And the
-        steps the guard skipped are left out of the history the MLP's features read: it was
-        trained on histories of its own decisions (else a run of skipped steps reads as the
+        Some steps stay out of what the guard sees, their costs being the generation's rather
+        than the step's decisions': a generation's first step (the target's forward also reads
+        the whole prompt), the step of its first strong call (that forward also reads the prompt
+        into the strong drafter's cache) and its last step (cut at the end, nothing committed).
+        And the steps the guard skipped are left out of the history the MLP's features read: it
+        was trained on histories of its own decisions (else a run of skipped steps reads as the
         MLP's choice and can talk it out of calling).
         """
         if self.guard is None:
             return
         called = any(c > 0 for c in outcome.calls)
+        self._fed = True
         if not self._skipped:
             self._history = self._history.record(outcome.accepted, outcome.strong_accepted, called)
-        if called and not self._called:
-            self._called = True
+        first_call = called and not self._called
+        self._called = self._called or called
+        if first_call or outcome.step == 0 or outcome.final:
             return
         self.guard.record(outcome.accepted + 1, outcome.seconds)
