@@ -231,3 +231,16 @@ def test_without_outcomes_the_mlp_reads_the_state_s_history(tmp_path):
     scheduler.observe(StepOutcome(1, (1, 0), 5, 2, 0.01, (0.0, 0.0), seconds=0.02))
     scheduler.decide(at(0, committed_len=17, history=recorded))
     assert seen[-1] is not recorded and seen[-1].steps == 1
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"explore": 1.0, "memory": 3}, r"explore: expected 0 <= explore < 1, got 1\.0"),
+        ({"explore": -0.5, "memory": 3}, r"explore: expected 0 <= explore < 1, got -0\.5"),
+        ({"explore": 0.1, "memory": 0}, "memory: expected at least 1 step, got 0"),
+    ],
+)
+def test_a_guard_built_directly_checks_its_settings(kw, message):
+    with pytest.raises(ValueError, match=message):
+        CallGuard(**kw)

@@ -57,6 +57,10 @@ class CallGuard:
     _rng: random.Random = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
+        if not 0.0 <= self.explore < 1.0:
+            raise ValueError(f"explore: expected 0 <= explore < 1, got {self.explore}")
+        if self.memory < 1:
+            raise ValueError(f"memory: expected at least 1 step, got {self.memory}")
         self._rng = random.Random(self.seed)
 
     def rate(self, arm: int) -> float:
