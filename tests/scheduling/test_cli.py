@@ -77,7 +77,10 @@ def test_measured_costs_are_positive_and_grow_with_tokens():
     cost = measure_costs(pipe, [repetitive_prompt(1, 10) % VOCAB], repeats=1, overhead_tokens=6)
     assert cost.target(1) > 0 and cost.strong(1) > 0
     assert cost.target.queries[-1] >= pipe.decoder.builder.max_nodes()
-    assert min(cost.weak_layer_s, cost.strong_extra_s, cost.step_overhead_s) > 0
+    assert min(cost.weak_layer_s, cost.step_overhead_s) > 0
+    # a call's time beyond its forward is a difference of two timings, floored at 0: on a loaded
+    # machine it can measure 0 (CI once did), so only its sign is checked
+    assert cost.strong_extra_s >= 0
 
 
 @pytest.mark.parametrize(
