@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import threading
+
 import attrs
 import pytest
 
 from tests.conftest import greedy_reference
 from tests.core.test_decoder import repetitive_prompt
+from tests.plugins.test_schedulers import at
 from tests.scheduling.helpers import VOCAB, stand_in_pair
 from tests.scheduling.test_distilled import distilled, layer_rule_artifact
+from treegraft.bench.replay import LatencyCurve, own_copy, replay_pipeline
 from treegraft.core.config import ConfigError
+from treegraft.core.interfaces import StepOutcome
+from treegraft.core.metrics import AcceptHistory
 from treegraft.core.pipeline import load_pipeline
 from treegraft.plugins.schedulers.guard import SCHEDULER, SKIP, WARMUP, CallGuard
 
@@ -158,8 +164,6 @@ def test_step_zero_is_not_recorded_when_it_makes_no_strong_call(tmp_path):
 
 def test_a_replay_learns_apart_from_the_measured_pipeline(tmp_path):
     """The sweep alternates a measured pipeline and its replay: each has its own guard."""
-    from treegraft.bench.replay import LatencyCurve, replay_pipeline
-
     layer_rule_artifact().save(tmp_path)
     res = stand_in_pair(2)
     pipe = load_pipeline(distilled(tmp_path, guard=0.3, guard_memory=3), resources=res)
@@ -177,10 +181,6 @@ def test_a_replay_learns_apart_from_the_measured_pipeline(tmp_path):
 
 
 def test_a_scheduler_that_cannot_be_copied_is_shared_with_a_warning():
-    import threading
-
-    from treegraft.bench.replay import own_copy
-
     class Locked:
         lock = None
 
@@ -215,10 +215,6 @@ def test_bad_guard_settings_are_refused(tmp_path, key, value, expected):
 def test_without_outcomes_the_mlp_reads_the_state_s_history(tmp_path):
     """Decisions on recorded states (no `observe`: following a scheduler in collection) read
     the history the state carries; once outcomes arrive, the scheduler's own."""
-    from tests.plugins.test_schedulers import at
-    from treegraft.core.interfaces import StepOutcome
-    from treegraft.core.metrics import AcceptHistory
-
     layer_rule_artifact().save(tmp_path)
     pipe = load_pipeline(distilled(tmp_path, guard=0.3), resources=stand_in_pair(0))
     scheduler = pipe.decoder.scheduler

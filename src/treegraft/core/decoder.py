@@ -198,7 +198,7 @@ class Decoder:
         accepted: int,
         strong_accepted: int,
         times: Mapping[str, float],
-        final: bool = False,
+        final: bool,
     ) -> None:
         n = len(self.drafters)
         self.times.record_step(built.calls, times, n)
