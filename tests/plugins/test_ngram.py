@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from treegraft.core.tree import DraftTree
@@ -69,3 +70,19 @@ def test_index_follows_committed_tokens():
     d.commit(torch.tensor([0]), torch.tensor([2]))
     prop = d.expand(DraftTree.from_root(2), torch.tensor([0]), k=2)
     assert prop.tokens[:, 0].tolist() == [1]
+
+
+def test_peek_values_the_chain_expand_ranks_first_without_changing_state():
+    d = drafter([5, 1, 2, 3, 9, 7, 1, 2, 3, 4, 8, 1, 2], max_ngram=3, chain_len=3)
+    d.calibration.record(2, 0, True)  # first-token rate of 2-token matches: 2/3
+    peek = d.peek(DraftTree.from_root(2))
+    assert d.rows == [] and d.calibration.trials.sum() == 1
+    prop = d.expand(DraftTree.from_root(2), torch.tensor([0]), k=4)
+    p = prop.logp[0].double().exp().tolist()  # the chain [3, 4, 8]: 2/3, then 1/2, 1/2
+    assert peek.first == pytest.approx(p[0]) == pytest.approx(2 / 3)
+    assert peek.expected == pytest.approx(p[0] + p[0] * p[1] + p[0] * p[1] * p[2])
+
+
+def test_peek_without_a_match_expects_nothing():
+    d = drafter([1, 2, 3], max_ngram=2, min_ngram=2)
+    assert tuple(d.peek(DraftTree.from_root(3))) == (0.0, 0.0)

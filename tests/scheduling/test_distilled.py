@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 
+import attrs
 import numpy as np
 import pytest
 
@@ -13,10 +15,13 @@ from tests.scheduling.helpers import VOCAB, pipeline_raw, stand_in_pair
 from treegraft.core.config import ConfigError
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.registry import default_registry
+from treegraft.plugins.drafters.ngram import NgramDrafter
 from treegraft.plugins.schedulers.distilled import (
     FEATURE_NAMES,
     META_FILE,
+    PEEK_FEATURES,
     WEIGHTS_FILE,
+    DistilledScheduler,
     SchedulerArtifact,
 )
 
@@ -136,12 +141,87 @@ def test_mismatched_feature_names_are_a_clear_error(tmp_path):
         load_pipeline(distilled(tmp_path), resources=stand_in_pair(0))
 
 
+def peek_rule_artifact(below: float = 0.5) -> SchedulerArtifact:
+    """A hand-set MLP predicting `relu(below - peek_expected) - 0.01`: a call at every layer of
+    a step where the n-gram drafter expects little of its own best chain (no step gate: the
+    prediction never falls below -0.01)."""
+    w1 = np.zeros((2, F))
+    w1[0, FEATURE_NAMES.index("peek_expected")] = -1.0
+    return SchedulerArtifact(
+        feature_names=FEATURE_NAMES,
+        mean=np.zeros(F),
+        std=np.ones(F),
+        weights=(w1, np.array([[1.0, 0.0]])),
+        biases=(np.array([below, 0.0]), np.array([-0.01])),
+        metadata={"note": "hand-set for tests"},
+    )
+
+
+def test_a_peek_reading_scheduler_calls_where_the_weak_drafter_expects_little(
+    tmp_path, monkeypatch
+):
+    """The builder asks the n-gram drafter's peek once per step for a scheduler whose artifact
+    reads it; every layer of the step sees the same peek, the decisions follow it, and decoding
+    stays lossless."""
+    peek_rule_artifact().save(tmp_path)
+    seen = []
+    decide = DistilledScheduler.decide
+
+    def recording(self, state):
+        who = decide(self, state)
+        seen.append((state, who))
+        return who
+
+    monkeypatch.setattr(DistilledScheduler, "decide", recording)
+    res = stand_in_pair(0)
+    prompt = repetitive_prompt(0, 16) % VOCAB
+    pipe = load_pipeline(distilled(tmp_path), resources=res)
+    assert pipe.decoder.scheduler.wants_peek()
+    out = pipe.generate(prompt)
+    assert list(out.token_ids) == greedy_reference(res.models["mem:target"], prompt, 20)
+    firsts = [(s, who) for s, who in seen if s.layer == 0]
+    assert len(firsts) == len(out.events)
+    assert all(s.peek is not None for s, _ in seen)
+    calls = [who > 0 for s, who in firsts]
+    assert calls == [math.log1p(s.peek.expected) < 0.49 for s, _ in firsts]
+    assert any(calls) and not all(calls), calls  # both kinds of steps in this generation
+    step = 0
+    for s, _ in seen:  # the same peek at every layer of a step
+        step += s.layer == 0
+        assert s.peek == firsts[step - 1][0].peek
+
+
+def test_a_scheduler_that_reads_no_peek_never_asks_for_one(tmp_path, monkeypatch):
+    def refuse(self, tree):
+        raise AssertionError("peek asked for")
+
+    monkeypatch.setattr(NgramDrafter, "peek", refuse)
+    layer_rule_artifact().save(tmp_path)  # names the peek features with zero weights
+    artifact = SchedulerArtifact.load(tmp_path)
+    names = tuple(n for n in FEATURE_NAMES if n not in PEEK_FEATURES)
+    keep = [FEATURE_NAMES.index(n) for n in names]
+    attrs.evolve(
+        artifact,
+        feature_names=names,
+        mean=artifact.mean[keep],
+        std=artifact.std[keep],
+        weights=(artifact.weights[0][:, keep], *artifact.weights[1:]),
+    ).save(tmp_path)
+    res = stand_in_pair(0)
+    prompt = repetitive_prompt(0, 16) % VOCAB
+    pipe = load_pipeline(distilled(tmp_path), resources=res)
+    assert not pipe.decoder.scheduler.wants_peek()
+    out = pipe.generate(prompt)
+    assert list(out.token_ids) == greedy_reference(res.models["mem:target"], prompt, 20)
+
+
 def test_zoo_artifact_reference():
     """The shipped artifact loads, expects this version's features and serves a pipeline."""
     artifact = SchedulerArtifact.load("zoo:scheduler")
     assert artifact.feature_names == FEATURE_NAMES
     assert artifact.metadata["pairs"]  # fitted on recorded data, its pairs named in the artifact
-    load_pipeline(distilled("zoo:scheduler"), resources=stand_in_pair(0))
+    pipe = load_pipeline(distilled("zoo:scheduler"), resources=stand_in_pair(0))
+    assert pipe.decoder.scheduler.wants_peek()  # fitted with the n-gram drafter's peek
 
 
 def test_unknown_zoo_artifact_names_the_shipped_ones():

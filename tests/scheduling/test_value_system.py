@@ -254,9 +254,13 @@ CAPPING_COST = attrs.evolve(COST, strong_extra_s=0.006)
 
 @attrs.define
 class RecordingOracle(OracleScheduler):
-    """The oracle, keeping every state it was asked about."""
+    """The oracle, keeping every state it was asked about (with the peek a fitted scheduler
+    that reads it gets)."""
 
     seen: list = attrs.field(factory=list)
+
+    def wants_peek(self):
+        return True
 
     def decide(self, state):
         self.seen.append(state)

@@ -52,6 +52,9 @@ class PlanRecorder(Scheduler):
     plan: tuple[int, ...]
     states: list[LayerState] = attrs.field(factory=list)
 
+    def wants_peek(self) -> bool:
+        return True  # datasets record every feature a fitted scheduler may read
+
     def decide(self, state: LayerState) -> int:
         self.states.append(state)
         return self.plan[state.layer] if state.layer < len(self.plan) else 0

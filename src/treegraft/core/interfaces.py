@@ -12,7 +12,7 @@ proposal rows and `c` for chain length.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import attrs
 from torch import Tensor
@@ -55,6 +55,17 @@ class Verdict:
     bonus: Tensor
 
 
+class Peek(NamedTuple):
+    """What a drafter expects of its own best proposal under a step's root, before it proposes
+    (`Drafter.peek`): the scheduler's look at the step's text before its first decision."""
+
+    #: expected accepted tokens of the best proposal (sum over its tokens of the probability
+    #: that the chain is right up to there, from the drafter's own calibrated scores)
+    expected: float
+    #: probability of that proposal's first token (0 when the drafter has nothing to propose)
+    first: float
+
+
 @attrs.frozen
 class LayerState:
     """Cheap features a scheduler sees before each layer of tree growth (all host floats).
@@ -81,6 +92,8 @@ class LayerState:
             `exp(score)` over its nodes (scores are path log-probs under the drafters).
         frontier_max_score: best cumulative log-prob among the frontier nodes (0 when empty).
         history: how earlier steps of this generation went (`AcceptHistory`; None if unknown).
+        peek: what the cheapest drafter expects of its best proposal under this step's root
+            (`Drafter.peek`, the same at every layer of the step; None if it cannot tell).
     """
 
     layer: int
@@ -102,6 +115,7 @@ class LayerState:
     tree_expected: float = 0.0
     frontier_max_score: float = 0.0
     history: AcceptHistory | None = None
+    peek: Peek | None = None
 
 
 @attrs.frozen
@@ -186,6 +200,16 @@ class Drafter(Component):
         rescorers keep the current edge log-prob of a node carrying such a token."""
         raise NotImplementedError(f"{type(self).__name__} cannot score a tree")
 
+    def peek(self, tree: DraftTree) -> Peek | None:
+        """What this drafter expects of its best proposal under the root of `tree` (a step's
+        tree before any layer grew), without proposing and without changing its state.
+
+        Cheap drafters answer so that a scheduler can read the step's text before its first
+        decision (the n-gram drafter: a lookup of the context's suffix). None: cannot tell
+        cheaply (the default).
+        """
+        return None
+
     def rewind(self) -> None:
         """Forget the tree seen in this step, as if the step had not begun.
 
@@ -213,6 +237,11 @@ class Scheduler(Component):
 
     def observe(self, outcome: StepOutcome) -> None:
         """Learn from a finished step (default: nothing)."""
+
+    def wants_peek(self) -> bool:
+        """Whether its decisions read `LayerState.peek`: the builder asks the cheapest drafter
+        (`Drafter.peek`) once per step only for a scheduler that does. Default: False."""
+        return False
 
     def done_for_step(self) -> bool:
         """After a decision: True when every remaining layer of this step goes to the cheapest

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from treegraft.core.config import at_least, field
-from treegraft.core.interfaces import BuildResult, LayerState, StepContext, TreeBuilder
+from treegraft.core.interfaces import BuildResult, LayerState, Peek, StepContext, TreeBuilder
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import prune_to_budget
 from treegraft.kernels._dispatch import choose_backend
@@ -66,8 +66,11 @@ class LayeredBuilder(TreeBuilder):
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         calls: list[int] = []
         times = StepTimes.read(step)  # they change between steps, not within one
+        peek = None
+        if len(step.drafters) > 1 and step.scheduler.wants_peek():
+            peek = step.drafters[0].peek(tree)
         for layer in range(self.config.depth):
-            who = self._choose(step, layer, tree, frontier, calls, times)
+            who = self._choose(step, layer, tree, frontier, calls, times, peek)
             if who == 0 and frontier.numel() == 0:
                 break  # the cheapest drafter has nothing left to expand
             with step.clock.time(f"drafter{who}"):
@@ -105,6 +108,7 @@ class LayeredBuilder(TreeBuilder):
         frontier: Tensor,
         calls: list[int],
         times: StepTimes,
+        peek: Peek | None,
     ) -> int:
         n_drafters = len(step.drafters)
         if n_drafters == 1 or (layer > 0 and step.scheduler.done_for_step()):
@@ -119,6 +123,7 @@ class LayeredBuilder(TreeBuilder):
             self._cap(times),
             self.config.top_k,
             times=times,
+            peek=peek,
         )
         who = int(step.scheduler.decide(state))
         if not 0 <= who < n_drafters:
@@ -238,10 +243,12 @@ def layer_state(
     k: int,
     *,
     times: StepTimes | None = None,
+    peek: Peek | None = None,
 ) -> LayerState:
     """Cheap frontier statistics for the scheduler: in numpy on CPU, else computed on the tree's
     device and read to the host together (one transfer per layer, the one the decision needs).
-    `times`: the step's measured forward times if already read (else read from `step.timings`)."""
+    `times`: the step's measured forward times if already read (else read from `step.timings`);
+    `peek`: the cheapest drafter's `Drafter.peek` at the step's root, if the scheduler wants it."""
     if times is None:
         times = StepTimes.read(step)
     n = tree.n_nodes
@@ -271,6 +278,7 @@ def layer_state(
         tree_expected=stats.expected,
         frontier_max_score=stats.max_score,
         history=step.history,
+        peek=peek,
     )
 
 

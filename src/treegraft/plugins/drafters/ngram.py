@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from treegraft.core.config import at_least, field
-from treegraft.core.interfaces import Drafter
+from treegraft.core.interfaces import Drafter, Peek
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.kernels.host_tensor import host_tensor
 
@@ -101,6 +101,19 @@ class NgramDrafter(Drafter):
             rows.extend(self._lookup(node, suffix, k))
         self.rows.extend(rows)
         return self._proposal(rows, tree.device)
+
+    def peek(self, tree: DraftTree) -> Peek:
+        """The best chain under the root from the committed context's suffix (the one `expand`
+        would rank first), valued with its calibrated scores; (0, 0) without a match."""
+        rows = self._lookup(0, self._suffix(0, [], []), 1)
+        if not rows:
+            return Peek(0.0, 0.0)
+        probs = [min(1.0, math.exp(logp)) for logp in self._row_logp(rows[0])]
+        expected, p = 0.0, 1.0
+        for q in probs:
+            p *= q
+            expected += p
+        return Peek(expected, probs[0])
 
     def _suffix(self, node: int, tokens: list[int], parents: list[int]) -> list[int]:
         """The last `max_ngram` tokens of committed context + draft path to `node`."""

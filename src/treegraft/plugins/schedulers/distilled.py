@@ -29,7 +29,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from treegraft.core.config import Check, ConfigError, at_least, field
-from treegraft.core.interfaces import LayerState, Scheduler, StepOutcome
+from treegraft.core.interfaces import LayerState, Peek, Scheduler, StepOutcome
 from treegraft.core.metrics import AcceptHistory
 from treegraft.core.resources import Resources
 from treegraft.plugins.schedulers.guard import SKIP, CallGuard
@@ -75,6 +75,9 @@ FEATURE_NAMES: tuple[str, ...] = (
     "ema_accepted_called",
     "ema_accepted_skipped",
     "ema_strong_accepted",
+    "peek_known",
+    "peek_expected",
+    "peek_first",
 )
 
 
@@ -92,7 +95,8 @@ def strong_index(drafter: int, n_drafters: int) -> int:
 
 #: Features that stay the same at every layer of one decoding step (the scheduler computes
 #: their share of the first MLP layer once per step): context and forward times
-#: (`log_prompt_len` .. `times_known`) and the acceptance history (`history_steps` .. the end).
+#: (`log_prompt_len` .. `times_known`), then the acceptance history and the peek
+#: (`history_steps` .. the end).
 STEP_FEATURES: frozenset[str] = frozenset(
     FEATURE_NAMES[FEATURE_NAMES.index("log_prompt_len") : FEATURE_NAMES.index("tree_expected")]
     + FEATURE_NAMES[FEATURE_NAMES.index("history_steps") :]
@@ -158,6 +162,7 @@ def per_step_features(state: LayerState, strong: int = -1) -> list[float]:
         t_strong / t_target if known else 0.0,
         float(known),
         *history_features(state.history or NO_HISTORY),
+        *peek_features(state.peek),
     ]
 
 
@@ -175,6 +180,18 @@ def history_features(h: AcceptHistory) -> list[float]:
         h.accepted_skipped,
         h.strong_accepted,
     ]
+
+
+def peek_features(peek: Peek | None) -> list[float]:
+    """What the cheapest drafter expects under the step's root (`Drafter.peek`): whether it
+    answered, log(1 + expected tokens) and its first token's probability (0 when unknown)."""
+    if peek is None:
+        return [0.0, 0.0, 0.0]
+    return [1.0, math.log1p(peek.expected), peek.first]
+
+
+#: The features read from `LayerState.peek` (a scheduler naming none needs no peek).
+PEEK_FEATURES: frozenset[str] = frozenset({"peek_known", "peek_expected", "peek_first"})
 
 
 # ---------------------------------------------------------------------------- the artifact
@@ -518,12 +535,16 @@ class DistilledScheduler(Scheduler):
             state.committed_len,
             state.target_time,
             state.drafter_times,
+            state.peek,
         )
         if key != self._step_key:
             step = [*per_step_features(state, self.config.drafter), 1.0]
             self._first_layer[:, -1] = np.dot(self._first_step, step)
             self._step_key = key
         return self.mlp.head(np.dot(self._first_layer, [*per_layer_features(state), 1.0]))
+
+    def wants_peek(self) -> bool:
+        return not PEEK_FEATURES.isdisjoint(self.artifact.feature_names)
 
     def decide(self, state: LayerState) -> int:
         if state.layer == 0:
