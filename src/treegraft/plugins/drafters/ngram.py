@@ -15,7 +15,9 @@ measured rate at which chain position `t` was right. Rates are learned from veri
 from __future__ import annotations
 
 import math
+import operator
 from collections import Counter, defaultdict
+from itertools import accumulate
 
 import attrs
 import numpy as np
@@ -109,11 +111,8 @@ class NgramDrafter(Drafter):
         if not rows:
             return Peek(0.0, 0.0)
         probs = [min(1.0, math.exp(logp)) for logp in self._row_logp(rows[0])]
-        expected, p = 0.0, 1.0
-        for q in probs:
-            p *= q
-            expected += p
-        return Peek(expected, probs[0])
+        # chance that the chain is right up to each of its tokens, summed
+        return Peek(sum(accumulate(probs, operator.mul)), probs[0])
 
     def _suffix(self, node: int, tokens: list[int], parents: list[int]) -> list[int]:
         """The last `max_ngram` tokens of committed context + draft path to `node`."""

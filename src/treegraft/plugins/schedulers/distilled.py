@@ -504,11 +504,14 @@ class DistilledScheduler(Scheduler):
     _called: bool = attrs.field(default=False, init=False, repr=False)
     # outcomes reach `observe` in this generation (the MLP then reads `_history`)
     _fed: bool = attrs.field(default=False, init=False, repr=False)
+    # the artifact reads `LayerState.peek` (fixed by its feature names; asked once per step)
+    _peek: bool = attrs.field(default=False, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.config.guard is not None:
             self.guard = CallGuard(explore=self.config.guard, memory=self.config.guard_memory)
         self.mlp = FoldedMLP.from_artifact(self.artifact)
+        self._peek = not PEEK_FEATURES.isdisjoint(self.artifact.feature_names)
         first = self.mlp.first
         layer = first[:, LAYER_INDEX]
         self._first_layer = np.ascontiguousarray(np.hstack([layer, np.zeros((len(layer), 1))]))
@@ -544,7 +547,7 @@ class DistilledScheduler(Scheduler):
         return self.mlp.head(np.dot(self._first_layer, [*per_layer_features(state), 1.0]))
 
     def wants_peek(self) -> bool:
-        return not PEEK_FEATURES.isdisjoint(self.artifact.feature_names)
+        return self._peek
 
     def decide(self, state: LayerState) -> int:
         if state.layer == 0:
