@@ -37,9 +37,11 @@ FAST = FitConfig(hidden=(16,), epochs=150, lr=1e-2, seed=0)
 
 
 def separable(n: int = 600, seed: int = 0) -> Rows:
-    """Random features whose label sign is a linear rule of three of them (margin kept)."""
+    """Random features whose label sign is a linear rule of three of them (margin kept). Each
+    column has a generator of its own, so appending a feature changes no other column."""
+    columns = [np.random.default_rng([seed, j]) for j in range(F)]
+    x = np.stack([g.normal(size=n) * g.uniform(0.1, 10.0) + g.normal() for g in columns], 1)
     rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, F)) * rng.uniform(0.1, 10.0, size=F) + rng.normal(size=F)
     z = (x - x.mean(0)) / x.std(0)
     score = z[:, 0] - 2.0 * z[:, 5] + 0.5 * z[:, 12]
     keep = np.abs(score) > 0.2

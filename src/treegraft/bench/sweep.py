@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from statistics import median
@@ -44,6 +44,7 @@ from treegraft.bench.replay import (
     LatencyCurve,
     ReplayDiverged,
     ReplayTarget,
+    continuation_confidence,
     head_rows,
     measure_latency,
     query_grid,
@@ -127,9 +128,10 @@ class PairSession:
             yield self._request(case, method.label, MEASURED, *self._measure(method, case))
         if self.replays:
             cont = self.reference.continuation(case.ids, case.reference, self.extra_tokens)
+            conf = continuation_confidence(self.reference.model, case.ids, cont)
             for replay in self.replays:
                 advance(f"{self.pair.name} · {prompt.id} · {replay.method.label} (replay)")
-                yield self._replay_request(case, replay, cont)
+                yield self._replay_request(case, replay, cont, conf)
 
     def _measure(self, method: Method, case: Case) -> tuple[Run, float]:
         """The method's run on the case's prompt and its peak memory in MiB."""
@@ -168,9 +170,12 @@ class PairSession:
             error=error,
         )
 
-    def _replay_request(self, case: Case, replay: Replay, continuation: list[int]) -> Request:
-        """The pipeline against the recorded continuation, with predicted target time."""
-        replay.target.expect(continuation)
+    def _replay_request(
+        self, case: Case, replay: Replay, continuation: list[int], confidence: Sequence[float]
+    ) -> Request:
+        """The pipeline against the recorded continuation (and the target's confidence in each
+        of its tokens), with predicted target time."""
+        replay.target.expect(continuation, confidence)
         label = replay.method.label
         try:
             run, peak = self._measure(replay.method, case)

@@ -32,6 +32,7 @@ from treegraft.bench.value_system import (
     ValueSystemError,
     check_pipeline,
     strong_model_ref,
+    with_continuations,
 )
 from treegraft.core.decoder import StopRule
 from treegraft.core.interfaces import Scheduler
@@ -219,6 +220,7 @@ def evaluate(
     continuations (`with_continuations`).
     """
     s = check_pipeline(pipe, strong)
+    prompts = with_continuations(pipe, prompts, max_new_tokens)  # older data: the confidences
     model = pipe.resources.model(strong_model_ref(pipe, s))
     out = []
     with QueryCounter(model) as counter:
@@ -229,7 +231,7 @@ def evaluate(
             replay = attrs.evolve(replay, decoder=decoder)
             totals = np.zeros(4)
             for p in prompts:
-                target.expect(p.continuation)
+                target.expect(p.continuation, p.confidence)
                 counter.take()
                 for event in replay.steps(p.ids, max_new_tokens=max_new_tokens):
                     totals += _event_cost(event, target.queries[-1], counter.take(), cost)
