@@ -11,13 +11,10 @@ from treegraft.bench.replay import (
     ReplayDiverged,
     ReplayTarget,
     ReplayTimes,
-    continuation_confidence,
     measure_latency,
     query_grid,
-    replay_logit,
 )
 from treegraft.core.config import NoConfig
-from treegraft.core.decoder import bonus_confidence
 from treegraft.core.metrics import ForwardTimes
 from treegraft.core.tree import DraftTree
 from treegraft.plugins.verifiers.greedy import GreedyVerifier
@@ -48,46 +45,6 @@ def test_the_verifier_accepts_the_longest_path_matching_the_continuation():
     assert int(verdict.length) == 2 and int(verdict.bonus) == 10
     assert target.queries == [9, 3]
     assert target.predicted == [CURVE(9), CURVE(3)]
-
-
-def test_the_replay_logits_carry_the_recorded_confidence_of_each_token():
-    """The decoder reads the target's confidence from a replay's logits as from the target's:
-    each matching row's top token is the continuation's, with its recorded probability."""
-    conf = [0.9, 0.3, 0.999999999, 1e-4, 0.5, 0.7]
-    target = ReplayTarget(vocab_size=16, curve=CURVE, device=torch.device("cpu"))
-    target.expect([5, 6, 7, 8, 9, 10], conf)
-    target.begin(torch.tensor([1, 2, 3]), max_len=64)
-    t = tree([3, 5, 9, 6, 7, 1, 8], [-1, 0, 0, 1, 3, 3, 2])
-    logits = target.forward_tree(t)
-    verdict = GreedyVerifier(NoConfig()).verify(t, logits)
-    path = verdict.path[: int(verdict.length)]
-    assert path.tolist() == [0, 1, 3, 4] and int(verdict.bonus) == 8  # as without confidences
-    for depth in range(len(path)):
-        want = min(max(conf[depth], 2 / 16), 1 - 1e-6)  # kept the argmax, below 1
-        assert bonus_confidence(logits, path[: depth + 1]) == pytest.approx(want, rel=1e-5)
-    assert replay_logit(1e-9, 16) > 0  # an impossible confidence still leaves the token on top
-    with pytest.raises(ValueError, match="confidence: 2 values for a continuation of 3 tokens"):
-        target.expect([5, 6, 7], [0.5, 0.5])
-
-
-def test_continuation_confidence_is_the_models_probability_of_each_greedy_token():
-    model = tiny_llama(seed=2, vocab=32)
-    prompt = torch.tensor([3, 1, 4, 1, 5])
-    ids, cont = prompt.tolist(), []
-    with torch.no_grad():
-        for _ in range(6):
-            probs = model(torch.tensor([ids])).logits[0, -1].float().softmax(-1)
-            cont.append(int(probs.argmax()))
-            ids.append(cont[-1])
-    got = continuation_confidence(model, prompt, cont)
-    with torch.no_grad():
-        rows = model(torch.tensor([ids[:-1]])).logits[0, prompt.numel() - 1 :].float()
-    want = rows.softmax(-1)
-    assert len(got) == len(cont)
-    for j, tok in enumerate(cont):
-        assert got[j] == pytest.approx(float(want[j, tok]), rel=1e-5)
-        assert got[j] == pytest.approx(float(want[j].max()), rel=1e-5)
-    assert continuation_confidence(model, prompt, []) == ()
 
 
 def test_a_divergent_commit_and_a_short_continuation_are_errors():

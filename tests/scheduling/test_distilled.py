@@ -218,7 +218,7 @@ def test_a_scheduler_that_reads_no_peek_never_asks_for_one(tmp_path, monkeypatch
 def test_zoo_artifact_reference():
     """The shipped artifact loads, expects this version's features and serves a pipeline."""
     artifact = SchedulerArtifact.load("zoo:scheduler")
-    assert artifact.feature_names == FEATURE_NAMES[: FEATURE_NAMES.index("target_confidence")]
+    assert artifact.feature_names == FEATURE_NAMES
     assert artifact.metadata["pairs"]  # fitted on recorded data, its pairs named in the artifact
     pipe = load_pipeline(distilled("zoo:scheduler"), resources=stand_in_pair(0))
     assert pipe.decoder.scheduler.wants_peek()  # fitted with the n-gram drafter's peek

@@ -14,7 +14,6 @@ building, verification, commits) runs for real and is measured.
 from __future__ import annotations
 
 import copy
-import math
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -69,7 +68,6 @@ class ReplayTarget:
     curve: LatencyCurve
     device: torch.device
     continuation: tuple[int, ...] = ()
-    confidence: tuple[float, ...] = ()
     committed: list[int] = attrs.field(factory=list)
     prompt_len: int = 0
     n_cached: int = 0
@@ -82,17 +80,9 @@ class ReplayTarget:
     def n_committed(self) -> int:
         return len(self.committed)
 
-    def expect(self, continuation: Sequence[int], confidence: Sequence[float] = ()) -> None:
-        """The target's greedy continuation of the next prompt and, when known, its probability
-        of each of those tokens (`continuation_confidence`): the logits then carry it, so the
-        decoder reads the target's confidence as it would from the target (`replay_row`)."""
-        if confidence and len(confidence) != len(continuation):
-            raise ValueError(
-                f"confidence: {len(confidence)} values for a continuation of "
-                f"{len(continuation)} tokens (expected one per token, or none)"
-            )
+    def expect(self, continuation: Sequence[int]) -> None:
+        """The target's greedy continuation of the next prompt."""
         self.continuation = tuple(int(t) for t in continuation)
-        self.confidence = tuple(float(c) for c in confidence)
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         self.committed = [int(t) for t in prompt.tolist()]
@@ -114,25 +104,19 @@ class ReplayTarget:
         self.queries.append(pending + n - start)
         self.predicted.append(self.curve(self.queries[-1]))
         self.forwards += 1
-        nxt, value = (t[start:] for t in self._next_tokens(tree))
+        nxt = self._next_tokens(tree)[start:]
         logits = torch.zeros(n - start, self.vocab_size, device=self.device)
-        logits[torch.arange(n - start, device=self.device), nxt.to(self.device)] = value.to(
-            self.device
-        )
+        logits[torch.arange(n - start, device=self.device), nxt.to(self.device)] = 1.0
         self.n_seen = n
         return logits
 
-    def _next_tokens(self, tree: DraftTree) -> tuple[Tensor, Tensor]:
-        """`[n]` the continuation's token after each node whose path matches it (0 elsewhere),
-        and `[n]` float32 the logit to give it (`replay_logit` of its recorded confidence; 1.0
-        where none is recorded or the path does not match)."""
+    def _next_tokens(self, tree: DraftTree) -> Tensor:
+        """`[n]` the continuation's token after each node whose path matches it (0 elsewhere)."""
         done = self.n_committed - self.prompt_len  # generated tokens so far
         cont = self.continuation
         tokens, parents, depth = (t.tolist() for t in (tree.tokens, tree.parents, tree.depth))
         match = [True] * len(tokens)
         out = [0] * len(tokens)
-        value = [1.0] * len(tokens)
-        conf = self.confidence
         for i, (tok, parent, d) in enumerate(zip(tokens, parents, depth, strict=True)):
             if i > 0:
                 match[i] = match[parent] and cont[done + d - 1] == tok
@@ -143,8 +127,7 @@ class ReplayTarget:
                         f"tree reaching token {done + d}"
                     )
                 out[i] = cont[done + d]
-                value[i] = recorded_logit(conf, done + d, self.vocab_size)
-        return torch.tensor(out, dtype=torch.long), torch.tensor(value, dtype=torch.float32)
+        return torch.tensor(out, dtype=torch.long)
 
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
         new = [int(t) for t in tokens.tolist()]
@@ -159,45 +142,6 @@ class ReplayTarget:
         self.committed.extend(new)
         self.n_cached = self.n_committed - 1  # every committed token but the new root
         self.n_seen = 0
-
-
-def replay_logit(confidence: float, vocab_size: int) -> float:
-    """The logit that, with every other logit of a row at 0, gives the row's top token the
-    softmax probability `confidence` (clipped to `[2 / V, 1 - 1e-6]`, so it stays the argmax)."""
-    c = min(max(confidence, 2.0 / vocab_size), 1.0 - 1e-6)
-    return math.log(c / (1.0 - c) * (vocab_size - 1))
-
-
-def recorded_logit(confidence: Sequence[float], index: int, vocab_size: int) -> float:
-    """The logit `ReplayTarget` gives the continuation's token `index`: `replay_logit` of its
-    recorded confidence, or 1.0 when none was recorded."""
-    return replay_logit(confidence[index], vocab_size) if confidence else 1.0
-
-
-def replay_row(
-    continuation: Sequence[int], confidence: Sequence[float], index: int, vocab_size: int
-) -> Tensor:
-    """`[V]` float32: the row `ReplayTarget` answers for a node whose next token is the
-    continuation's token `index`."""
-    row = torch.zeros(vocab_size)
-    row[continuation[index]] = recorded_logit(confidence, index, vocab_size)
-    return row
-
-
-def continuation_confidence(
-    model: Any, prompt_ids: Tensor, continuation: Sequence[int]
-) -> tuple[float, ...]:
-    """The model's probability of each token of its greedy `continuation` after `prompt_ids`
-    (`[T]`): the largest softmax probability of each row, teacher-forced in one forward of the
-    whole sequence (float32 softmax)."""
-    if not continuation:
-        return ()
-    cont = torch.tensor(list(continuation), dtype=torch.long)
-    ids = torch.cat([prompt_ids.cpu(), cont[:-1]]).to(model.device)[None, :]
-    with torch.inference_mode():
-        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0]
-    rows = logits[prompt_ids.numel() - 1 :].float()  # [C, V]
-    return tuple(float(p) for p in rows.softmax(-1).amax(-1).cpu())
 
 
 @attrs.define

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from statistics import median
@@ -44,7 +44,6 @@ from treegraft.bench.replay import (
     LatencyCurve,
     ReplayDiverged,
     ReplayTarget,
-    continuation_confidence,
     head_rows,
     measure_latency,
     query_grid,
@@ -128,10 +127,9 @@ class PairSession:
             yield self._request(case, method.label, MEASURED, *self._measure(method, case))
         if self.replays:
             cont = self.reference.continuation(case.ids, case.reference, self.extra_tokens)
-            conf = continuation_confidence(self.reference.model, case.ids, cont)
             for replay in self.replays:
                 advance(f"{self.pair.name} · {prompt.id} · {replay.method.label} (replay)")
-                yield self._replay_request(case, replay, cont, conf)
+                yield self._replay_request(case, replay, cont)
 
     def _measure(self, method: Method, case: Case) -> tuple[Run, float]:
         """The method's run on the case's prompt and its peak memory in MiB."""
@@ -170,12 +168,9 @@ class PairSession:
             error=error,
         )
 
-    def _replay_request(
-        self, case: Case, replay: Replay, continuation: list[int], confidence: Sequence[float]
-    ) -> Request:
-        """The pipeline against the recorded continuation (and the target's confidence in each
-        of its tokens), with predicted target time."""
-        replay.target.expect(continuation, confidence)
+    def _replay_request(self, case: Case, replay: Replay, continuation: list[int]) -> Request:
+        """The pipeline against the recorded continuation, with predicted target time."""
+        replay.target.expect(continuation)
         label = replay.method.label
         try:
             run, peak = self._measure(replay.method, case)

@@ -44,8 +44,6 @@ class PromptIds:
     id: str
     ids: Tensor  # [T] int64
     continuation: tuple[int, ...] = ()
-    #: the target's probability of each continuation token (`continuation_confidence`)
-    confidence: tuple[float, ...] = ()
 
 
 @attrs.frozen
@@ -177,12 +175,7 @@ class Dataset:
     def prompts(self) -> list[PromptIds]:
         """The collected prompts with their continuations (for `evaluate` and the oracle)."""
         return [
-            PromptIds(
-                p["id"],
-                torch.tensor(p["ids"], dtype=torch.long),
-                tuple(p["continuation"]),
-                tuple(p.get("confidence", ())),  # older datasets: recomputed where needed
-            )
+            PromptIds(p["id"], torch.tensor(p["ids"], dtype=torch.long), tuple(p["continuation"]))
             for p in self.meta["prompts"]
         ]
 
@@ -194,7 +187,6 @@ def prompt_meta(record: PromptRecord) -> dict[str, Any]:
         "id": record.prompt.id,
         "ids": record.prompt.ids.tolist(),
         "continuation": list(record.prompt.continuation),
-        "confidence": list(record.prompt.confidence),
         "steps": len(steps),
         "tokens": sum(s.committed for s in steps),
         "oracle_seconds": sum(s.seconds for s in steps),

@@ -32,7 +32,6 @@ from treegraft.bench.value_system import (
     ValueSystemError,
     check_pipeline,
     strong_model_ref,
-    with_continuations,
 )
 from treegraft.core.decoder import StopRule
 from treegraft.core.interfaces import Scheduler
@@ -220,7 +219,6 @@ def evaluate(
     continuations (`with_continuations`).
     """
     s = check_pipeline(pipe, strong)
-    prompts = with_continuations(pipe, prompts, max_new_tokens)  # older data: the confidences
     model = pipe.resources.model(strong_model_ref(pipe, s))
     out = []
     with QueryCounter(model) as counter:
@@ -231,7 +229,7 @@ def evaluate(
             replay = attrs.evolve(replay, decoder=decoder)
             totals = np.zeros(4)
             for p in prompts:
-                target.expect(p.continuation, p.confidence)
+                target.expect(p.continuation)
                 counter.take()
                 for event in replay.steps(p.ids, max_new_tokens=max_new_tokens):
                     totals += _event_cost(event, target.queries[-1], counter.take(), cost)

@@ -32,7 +32,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from treegraft.bench.replay import continuation_confidence, replay_row
 from treegraft.bench.report import cpu_model
 from treegraft.bench.value_costs import (
     CostModel,
@@ -68,7 +67,7 @@ from treegraft.bench.value_labels import (  # noqa: F401 - part of this module's
     policy_outcome,
     through,
 )
-from treegraft.core.decoder import Decoder, StopRule, bonus_confidence, strong_drafts
+from treegraft.core.decoder import Decoder, StopRule, strong_drafts
 from treegraft.core.interfaces import BuildResult, Scheduler, StepContext
 from treegraft.core.metrics import AcceptHistory, Clock, ForwardTimes
 from treegraft.core.pipeline import Pipeline
@@ -110,8 +109,6 @@ class StepSearcher:
     prompt_len: int
     continuation: Tensor  # [C] int64 greedy tokens after the prompt
     committed: list[int]
-    #: the target's probability of each continuation token (empty: none recorded)
-    confidence: tuple[float, ...] = ()
     times: ForwardTimes = attrs.field(factory=ForwardTimes)
     target_pending: int = 0
     history: AcceptHistory = attrs.field(factory=AcceptHistory)
@@ -128,13 +125,10 @@ class StepSearcher:
         stop: StopRule,
         strong: int,
         times: ForwardTimes | None = None,
-        confidence: Sequence[float] = (),
     ) -> StepSearcher:
         """Start a generation of `prompt` (`[T]`) whose greedy continuation is `continuation`.
 
         `times` carries the forward times over from earlier generations, as a decoder's do.
-        `confidence`: the target's probability of each continuation token
-        (`continuation_confidence`), which the history reports as a replay's decoder reads it.
         """
         device = _device_of(decoder)
         prompt = prompt.to(device)
@@ -151,7 +145,6 @@ class StepSearcher:
             prompt_len=prompt.numel(),
             continuation=torch.tensor(list(continuation), dtype=torch.long, device=device),
             committed=prompt.tolist(),
-            confidence=tuple(float(c) for c in confidence),
             times=times if times is not None else ForwardTimes(target_curve=cost.target),
             target_pending=prompt.numel() - 1,
         )
@@ -231,20 +224,10 @@ class StepSearcher:
         self._observe(again, clock.reset())
         strong_accepted = int(strong_drafts(built.tree, path[1:]))
         called = any(c > 0 for c in again.calls)
-        self.history = self.history.record(
-            again.accepted, strong_accepted, called, self.bonus_confidence(done + again.accepted)
-        )
+        self.history = self.history.record(again.accepted, strong_accepted, called)
         self.committed.extend(new[:keep])
         self.target_pending = 0
         return new[:keep], reason is not None
-
-    def bonus_confidence(self, index: int) -> float:
-        """The target's confidence in the continuation's token `index` as a decoder reads it
-        from a `ReplayTarget`'s logits (`decoder.bonus_confidence` of the same row), so that
-        collection and replay see the same features."""
-        vocab = self.decoder.target.vocab_size
-        row = replay_row(self.continuation.tolist(), self.confidence, index, vocab)
-        return bonus_confidence(row[None, :], torch.zeros(1, dtype=torch.long))
 
     def _observe(self, outcome: Outcome, measured: Mapping[str, float]) -> None:
         """Record forward times as `Decoder._observe` does, but modelled, not measured.
@@ -383,19 +366,18 @@ def greedy_continuation(model: Any, prompt: Tensor, n: int, *, forward: str = "a
 def with_continuations(
     pipe: Pipeline, prompts: Sequence[PromptIds], max_new: int
 ) -> list[PromptIds]:
-    """Prompts with their greedy continuations (`max_new` + one tree of extra tokens) and the
-    target's confidence in each of their tokens (computed where missing)."""
+    """Prompts with their greedy continuations (`max_new` + one tree of extra tokens)."""
     extra = pipe.decoder.builder.max_nodes() + 1
     model, forward = pipe.decoder.target.model, pipe.spec.decoding.forward
-    out = []
-    for p in prompts:
-        if len(p.continuation) < max_new + extra:
-            cont = tuple(greedy_continuation(model, p.ids, max_new + extra, forward=forward))
-            p = attrs.evolve(p, continuation=cont, confidence=())
-        if len(p.confidence) != len(p.continuation):
-            p = attrs.evolve(p, confidence=continuation_confidence(model, p.ids, p.continuation))
-        out.append(p)
-    return out
+    return [
+        p
+        if len(p.continuation) >= max_new + extra
+        else attrs.evolve(
+            p,
+            continuation=tuple(greedy_continuation(model, p.ids, max_new + extra, forward=forward)),
+        )
+        for p in prompts
+    ]
 
 
 def collect(
@@ -445,8 +427,7 @@ def collect(
         for i, p in enumerate(prompts):
             searcher = StepSearcher.begin(
                 pipe.decoder, cost, counter,
-                prompt=p.ids, continuation=p.continuation, confidence=p.confidence,
-                stop=stop, strong=s, times=times,
+                prompt=p.ids, continuation=p.continuation, stop=stop, strong=s, times=times,
             )  # fmt: skip
             records.append(
                 collect_prompt(

@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import attrs
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -29,7 +28,7 @@ from treegraft.core.latency import query_grid
 from treegraft.core.metrics import AcceptHistory, Clock, ForwardTimes
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree
-from treegraft.kernels.host_tensor import host_tensor, numpy_readable
+from treegraft.kernels.host_tensor import host_tensor
 
 
 @attrs.frozen(eq=False)
@@ -167,15 +166,12 @@ class Decoder:
         with clock.time("verify"):
             verdict = self.verifier.verify(built.tree, logits)
             path, tokens, strong_accepted = accepted_tokens(built, verdict)
-            confidence = bonus_confidence(logits, path)
         keep, reason = stop.cut(generated, tokens)
         if reason is None:
             with clock.time("commit"):
                 self._commit(built, path, tokens)
         times = clock.reset()
-        self._observe(
-            step, built, len(tokens) - 1, strong_accepted, confidence, times, reason is not None
-        )
+        self._observe(step, built, len(tokens) - 1, strong_accepted, times, reason is not None)
         return StepEvent(
             step=step,
             tokens=tuple(tokens[:keep]),
@@ -201,14 +197,13 @@ class Decoder:
         built: BuildResult,
         accepted: int,
         strong_accepted: int,
-        confidence: float,
         times: Mapping[str, float],
         final: bool,
     ) -> None:
         n = len(self.drafters)
         self.times.record_step(built.calls, times, n)
         called = any(c > 0 for c in built.calls)
-        self.history = self.history.record(accepted, strong_accepted, called, confidence)
+        self.history = self.history.record(accepted, strong_accepted, called)
         if type(self.scheduler).observe is Scheduler.observe:
             return  # the scheduler keeps the default (learns nothing): no outcome to build
         self.scheduler.observe(
@@ -222,7 +217,6 @@ class Decoder:
                 seconds=self.times.step_seconds(times),
                 strong_accepted=strong_accepted,
                 final=final,
-                confidence=confidence,
             )
         )
 
@@ -260,17 +254,3 @@ def strong_drafts(tree: DraftTree, drafted: Tensor) -> Tensor:
     """0-d int64: how many of the nodes `drafted` (`[a]`) a drafter other than drafter 0
     proposed (what `AcceptHistory.record` takes as `strong_accepted`)."""
     return (tree.proposer[drafted] > 0).sum()
-
-
-def bonus_confidence(logits: Tensor, path: Tensor) -> float:
-    """The target's probability of the step's bonus token: the largest softmax probability of
-    the row of the accepted path's last node (`logits [n, V]`, `path [a]`), `1 / sum(exp(row -
-    max(row)))`. CPU float rows go through numpy (about 10 microseconds for 8k tokens, one row
-    per step); elsewhere torch, with one host read.
-    """
-    node = path[-1]
-    if numpy_readable(logits):
-        row = logits.numpy()[int(node)]
-        return float(1.0 / np.exp(row - row.max()).sum())
-    row = logits[node].float()
-    return float(1.0 / torch.exp(row - row.max()).sum())

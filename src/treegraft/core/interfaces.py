@@ -134,9 +134,6 @@ class StepOutcome:
     strong_accepted: int = 0
     #: the step ended the generation (its tokens may be cut at the end, nothing was committed)
     final: bool = False
-    #: the target's probability of the step's bonus token (`decoder.bonus_confidence`; None:
-    #: unknown)
-    confidence: float | None = None
 
 
 @attrs.frozen(eq=False)

@@ -121,12 +121,6 @@ class AcceptHistory:
     over steps without one, and of the accepted tokens that a strong drafter proposed (steps with
     a strong call). Immutable: `record` returns the history one step later, so a `LayerState`
     holding it is a snapshot. A decoder starts every generation from an empty one.
-
-    The target's confidence: its probability of the last token it committed (the largest
-    softmax probability of the bonus row, `bonus_confidence`), after the latest step
-    (`confidence`, 0 while unknown) and averaged over the steps that reported one
-    (`ema_confidence`). On the training prompts it tells at the first layer whether a strong call
-    pays better than any other single input (docs/scheduler.md, "Features").
     """
 
     alpha: float = 0.3
@@ -137,21 +131,12 @@ class AcceptHistory:
     accepted_called: float = 0.0
     accepted_skipped: float = 0.0
     strong_accepted: float = 0.0
-    confidence_steps: int = 0
-    confidence: float = 0.0
-    ema_confidence: float = 0.0
 
-    def record(
-        self, accepted: int, strong_accepted: int, called: bool, confidence: float | None = None
-    ) -> AcceptHistory:
+    def record(self, accepted: int, strong_accepted: int, called: bool) -> AcceptHistory:
         """The history after one more step: draft tokens accepted (bonus excluded), how many of
-        them a strong drafter proposed, whether a strong drafter was called, and the target's
-        probability of the step's bonus token (None: unknown, the confidence stays as it was)."""
+        them a strong drafter proposed, and whether a strong drafter was called."""
         ema, steps = self._ema, self.steps
         mean = ema(self.accepted, accepted, steps)
-        seen, conf, ema_conf = self.confidence_steps, self.confidence, self.ema_confidence
-        if confidence is not None:
-            seen, conf, ema_conf = seen + 1, confidence, ema(ema_conf, confidence, seen)
         if called:  # the constructor, not attrs.evolve: this runs once per decoding step
             n = self.called_steps
             return AcceptHistory(
@@ -163,9 +148,6 @@ class AcceptHistory:
                 accepted_called=ema(self.accepted_called, accepted, n),
                 accepted_skipped=self.accepted_skipped,
                 strong_accepted=ema(self.strong_accepted, strong_accepted, n),
-                confidence_steps=seen,
-                confidence=conf,
-                ema_confidence=ema_conf,
             )
         return AcceptHistory(
             alpha=self.alpha,
@@ -176,9 +158,6 @@ class AcceptHistory:
             accepted_called=self.accepted_called,
             accepted_skipped=ema(self.accepted_skipped, accepted, steps - self.called_steps),
             strong_accepted=self.strong_accepted,
-            confidence_steps=seen,
-            confidence=conf,
-            ema_confidence=ema_conf,
         )
 
     def _ema(self, old: float, new: float, seen: int) -> float:

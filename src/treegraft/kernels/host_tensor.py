@@ -1,5 +1,4 @@
-"""CPU tensors of Python numbers for the per-step host bookkeeping, and which CPU tensors numpy
-reads in place."""
+"""CPU tensors of Python numbers for the per-step host bookkeeping."""
 
 from __future__ import annotations
 
@@ -17,12 +16,3 @@ def host_tensor(values: Any, dtype: type = np.int64, device: torch.device | None
     when that is not the CPU (as `torch.tensor(..., device=device)` copies)."""
     out = torch.from_numpy(np.array(values, dtype=dtype))
     return out if device is None or device.type == "cpu" else out.to(device)
-
-
-#: dtypes whose CPU tensors numpy reads without a copy
-NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64})
-
-
-def numpy_readable(t: Tensor) -> bool:
-    """True for a CPU tensor that `Tensor.numpy()` reads without a copy (float16/32/64)."""
-    return t.device.type == "cpu" and t.dtype in NUMPY_DTYPES

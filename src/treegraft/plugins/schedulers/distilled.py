@@ -78,8 +78,6 @@ FEATURE_NAMES: tuple[str, ...] = (
     "peek_known",
     "peek_expected",
     "peek_first",
-    "target_confidence",
-    "ema_target_confidence",
 )
 
 
@@ -97,8 +95,8 @@ def strong_index(drafter: int, n_drafters: int) -> int:
 
 #: Features that stay the same at every layer of one decoding step (the scheduler computes
 #: their share of the first MLP layer once per step): context and forward times
-#: (`log_prompt_len` .. `times_known`), then the acceptance history, the peek and the target's
-#: confidence (`history_steps` .. the end).
+#: (`log_prompt_len` .. `times_known`), then the acceptance history and the peek
+#: (`history_steps` .. the end).
 STEP_FEATURES: frozenset[str] = frozenset(
     FEATURE_NAMES[FEATURE_NAMES.index("log_prompt_len") : FEATURE_NAMES.index("tree_expected")]
     + FEATURE_NAMES[FEATURE_NAMES.index("history_steps") :]
@@ -165,7 +163,6 @@ def per_step_features(state: LayerState, strong: int = -1) -> list[float]:
         float(known),
         *history_features(state.history or NO_HISTORY),
         *peek_features(state.peek),
-        *confidence_features(state.history or NO_HISTORY),
     ]
 
 
@@ -191,12 +188,6 @@ def peek_features(peek: Peek | None) -> list[float]:
     if peek is None:
         return [0.0, 0.0, 0.0]
     return [1.0, math.log1p(peek.expected), peek.first]
-
-
-def confidence_features(h: AcceptHistory) -> list[float]:
-    """The target's probability of the last bonus token, and its moving average over the
-    generation's steps (`AcceptHistory.confidence`, `.ema_confidence`; 0 while unknown)."""
-    return [h.confidence, h.ema_confidence]
 
 
 #: The features read from `LayerState.peek` (a scheduler naming none needs no peek).
@@ -598,9 +589,7 @@ class DistilledScheduler(Scheduler):
         called = any(c > 0 for c in outcome.calls)
         self._fed = True
         if not self._skipped:
-            self._history = self._history.record(
-                outcome.accepted, outcome.strong_accepted, called, outcome.confidence
-            )
+            self._history = self._history.record(outcome.accepted, outcome.strong_accepted, called)
         first_call = called and not self._called
         self._called = self._called or called
         if first_call or outcome.step == 0 or outcome.final:
