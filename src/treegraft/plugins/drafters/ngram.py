@@ -110,7 +110,7 @@ class NgramDrafter(Drafter):
         rows = self._lookup(0, self._suffix(0, [], []), 1)
         if not rows:
             return Peek(0.0, 0.0)
-        probs = [min(1.0, math.exp(logp)) for logp in self._row_logp(rows[0])]
+        probs = [math.exp(logp) for logp in self._row_logp(rows[0])]  # rates are below 1
         # chance that the chain is right up to each of its tokens, summed
         return Peek(sum(accumulate(probs, operator.mul)), probs[0])
 

@@ -191,7 +191,7 @@ def peek_features(peek: Peek | None) -> list[float]:
 
 
 #: The features read from `LayerState.peek` (a scheduler naming none needs no peek).
-PEEK_FEATURES: frozenset[str] = frozenset({"peek_known", "peek_expected", "peek_first"})
+PEEK_FEATURES: frozenset[str] = frozenset(n for n in FEATURE_NAMES if n.startswith("peek_"))
 
 
 # ---------------------------------------------------------------------------- the artifact
