@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The zoo:scheduler refit protocol (docs/scheduler.md, "The shipped artifact"): oracle data and
-# evaluation prompts per zoo pair, fit1, a DAgger round along fit1, fit2, then replay of the
-# shipped artifact, fit1 and fit2 on the evaluation prompts. About 30 minutes on 2 CPU cores;
-# needs Debian's python3-doc (the copy-heavy training prompts).
+# evaluation prompts per zoo pair, fit1, a DAgger round along fit1, fit2, then 144 more
+# oracle-trajectory prompts per pair and fit3 on all of it (the recipe of the shipped artifact),
+# then replay of the shipped artifact, fit1, fit2 and fit3 on the evaluation prompts. About 90
+# minutes on 2 CPU cores; needs Debian's python3-doc (the copy-heavy training prompts).
+# Training prompts: training_prompts(seed=0)[0:48] and [176:320] (oracle), [56:104] (DAgger);
+# evaluation [152:176]: disjoint.
 #
 #   bash benchmarks/scheduler_refit.sh runs/sched      # output folder (default runs/sched)
 set -euo pipefail
@@ -19,9 +22,13 @@ for d in draft-s draft-m draft-l; do
   $T scheduler collect treegraft --strong zoo:$d --out $O/follow-$d --prompts 48 --skip 56 --costs $O/$d --follow $O/fit1 --max-new-tokens 48 --threads 2
 done
 $T scheduler fit $O/draft-{s,m,l} $O/follow-draft-{s,m,l} --ensemble 5 --out $O/fit2
+for d in draft-s draft-m draft-l; do
+  $T scheduler collect treegraft --strong zoo:$d --out $O/more-$d --prompts 144 --skip 176 --costs $O/$d --max-new-tokens 48 --threads 2
+done
+$T scheduler fit $O/draft-{s,m,l} $O/more-draft-{s,m,l} $O/follow-draft-{s,m,l} --ensemble 5 --out $O/fit3
 date
 for d in draft-s draft-m draft-l; do
-  for a in zoo:scheduler $O/fit1 $O/fit2; do
+  for a in zoo:scheduler $O/fit1 $O/fit2 $O/fit3; do
     echo "== $d $a"; $T scheduler evaluate $O/eval-$d --artifact $a 2>&1 | tail -12
   done
 done
