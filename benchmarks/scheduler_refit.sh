@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The zoo:scheduler refit protocol (docs/scheduler.md, "The shipped artifact"): oracle data and
-# evaluation prompts per zoo pair, fit1, a DAgger round along fit1, fit2, then 144 more
-# oracle-trajectory prompts per pair and fit3 on all of it (the recipe of the shipped artifact),
-# then replay of the shipped artifact, fit1, fit2 and fit3 on the evaluation prompts. About 90
-# minutes on 2 CPU cores; needs Debian's python3-doc (the copy-heavy training prompts).
+# evaluation prompts per zoo pair (48 + 144 oracle-trajectory prompts), fit1 on the 48, a
+# DAgger round along fit1, fit2 on the 48 and the DAgger data, fit3 on all of it (the recipe of
+# the shipped artifact), then replay of the shipped artifact, fit1, fit2 and fit3 on the
+# evaluation prompts. About 90 minutes on 2 CPU cores; needs Debian's python3-doc (the copy-heavy
+# training prompts).
 # Training prompts: training_prompts(seed=0)[0:48] and [176:320] (oracle), [56:104] (DAgger);
 # evaluation [152:176]: disjoint.
 #
@@ -15,6 +16,7 @@ date
 for d in draft-s draft-m draft-l; do
   $T scheduler collect treegraft --strong zoo:$d --out $O/$d --prompts 48 --max-new-tokens 48 --threads 2
   $T scheduler collect treegraft --strong zoo:$d --out $O/eval-$d --prompts 24 --skip 152 --costs $O/$d --max-new-tokens 48 --threads 2
+  $T scheduler collect treegraft --strong zoo:$d --out $O/more-$d --prompts 144 --skip 176 --costs $O/$d --max-new-tokens 48 --threads 2
 done
 date
 $T scheduler fit $O/draft-{s,m,l} --ensemble 5 --out $O/fit1
@@ -22,9 +24,6 @@ for d in draft-s draft-m draft-l; do
   $T scheduler collect treegraft --strong zoo:$d --out $O/follow-$d --prompts 48 --skip 56 --costs $O/$d --follow $O/fit1 --max-new-tokens 48 --threads 2
 done
 $T scheduler fit $O/draft-{s,m,l} $O/follow-draft-{s,m,l} --ensemble 5 --out $O/fit2
-for d in draft-s draft-m draft-l; do
-  $T scheduler collect treegraft --strong zoo:$d --out $O/more-$d --prompts 144 --skip 176 --costs $O/$d --max-new-tokens 48 --threads 2
-done
 $T scheduler fit $O/draft-{s,m,l} $O/more-draft-{s,m,l} $O/follow-draft-{s,m,l} --ensemble 5 --out $O/fit3
 date
 for d in draft-s draft-m draft-l; do
