@@ -155,9 +155,10 @@ def test_loo_extra_datasets_join_their_pair_and_are_held_out_with_it(pairs, tmp_
         app,
         ["loo", str(pairs["a-train"]), str(pairs["b-train"]), "--eval", str(pairs["a-eval"]),
          "--eval", str(pairs["b-eval"]), "--extra", str(pairs["a-follow"]), "--out", str(out_dir),
-         *FAST_FIT],
+         "--plot", str(out_dir / "loo.svg"), *FAST_FIT],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
+    assert (out_dir / "loo.svg").read_text().lstrip().startswith("<?xml")
     report = json.loads((out_dir / "loo.json").read_text())
     assert report["extra_datasets"] == 1
     draft, target = str(pairs["root"] / "draft"), pairs["target"]
@@ -178,11 +179,11 @@ def test_evaluate_writes_its_rows_with_gains_as_json(pairs, tmp_path):
     art = tmp_path / "art"
     result = runner.invoke(app, ["fit", str(pairs["b-train"]), "--out", str(art), *FAST_FIT])
     assert result.exit_code == 0, result.output
-    path = tmp_path / "rows.json"
-    result = runner.invoke(
-        app, ["evaluate", str(pairs["b-eval"]), "--artifact", str(art), "--json", str(path)]
-    )
+    path, figure = tmp_path / "rows.json", tmp_path / "gains.png"
+    args = ["--artifact", str(art), "--json", str(path), "--plot", str(figure)]
+    result = runner.invoke(app, ["evaluate", str(pairs["b-eval"]), *args])
     assert result.exit_code == 0, result.output
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = json.loads(path.read_text())
     names = ["never", "always", "threshold", "budgeted", "distilled", "oracle"]
     assert [r["scheduler"] for r in rows] == names
@@ -220,6 +221,9 @@ def test_loo_refuses_bad_inputs_naming_the_option(pairs, tmp_path):
     a, b, ae, be = (pairs[k] for k in ("a-train", "b-train", "a-eval", "b-eval"))
     out = ["--out", tmp_path / "o"]
     assert "DATASETS: expected at least 2 training datasets" in loo_error(a, "--eval", ae, *out)
+    msg = loo_error(a, b, "--eval", ae, "--eval", be, "--plot", tmp_path / "loo.jpeg", *out)
+    assert "--plot: expected a path ending in .png, .svg, .pdf, got" in msg
+    assert not (tmp_path / "o").exists()  # refused before any fit
     msg = loo_error(a, b, "--eval", ae, *out)
     assert "--eval: expected one per training dataset (2" in msg and "got 1" in msg
     assert "--eval: expected one per training dataset" in loo_error(a, b, *out)

@@ -39,9 +39,12 @@ def test_fit_then_explain(dataset_dir, tmp_path):
     fitted = SchedulerArtifact.load(art)
     assert fitted.metadata["pairs"][0]["target"] == "mem:target"
     assert fitted.feature_names == FEATURE_NAMES  # every feature by default
-    result = runner.invoke(app, ["explain", str(art), str(dataset_dir)])
+    figure = tmp_path / "figs" / "explain.png"
+    result = runner.invoke(app, ["explain", str(art), str(dataset_dir), "--plot", str(figure)])
     assert result.exit_code == 0, result.output
     assert "strong-call rate per layer: 0:" in result.output
+    assert "positive-label rate per layer: 0:" in result.output
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     result = runner.invoke(app, ["explain", str(art)])
     assert result.exit_code == 0 and "fit-time validation data" in result.output
     fewer = tmp_path / "fewer"
@@ -55,6 +58,9 @@ def test_fit_then_explain(dataset_dir, tmp_path):
 def test_cli_errors_are_one_line(tmp_path):
     result = runner.invoke(app, ["explain", str(tmp_path / "missing")])
     assert result.exit_code == 2 and "not found" in result.output
+    result = runner.invoke(app, ["explain", "zoo:scheduler", "--plot", str(tmp_path / "e.txt")])
+    assert result.exit_code == 2 and "--plot: expected a path ending in .png" in result.output
+    assert not (tmp_path / "e.txt").exists()
     result = runner.invoke(app, ["fit", str(tmp_path), "--out", str(tmp_path / "a")])
     assert result.exit_code == 2 and "not a scheduler dataset" in result.output
     result = runner.invoke(app, ["fit", str(tmp_path), "--loss", "hinge"])

@@ -305,6 +305,7 @@ def explain(
     artifact: Annotated[str, typer.Argument(help="artifact directory or zoo:scheduler")],
     dataset: Annotated[Path | None, typer.Argument(help="dataset to explain it on")] = None,
     top: Annotated[int, typer.Option(help="features to show")] = 12,
+    plot: Annotated[Path | None, typer.Option(help=PLOT_HELP)] = None,
 ) -> None:
     """Feature importances and the decision rate per layer."""
     from treegraft.bench.scheduler_fit import explain as run_explain
@@ -317,6 +318,7 @@ def explain(
     )
 
     try:
+        _check_plot(plot)
         art = SchedulerArtifact.load(artifact)
         check_feature_names(art, artifact)
         rows = rows_of([Dataset.load(dataset)], art.feature_names) if dataset else None
@@ -337,8 +339,17 @@ def explain(
         )
     else:
         out.print("decision rate per layer: pass a DATASET to compute it")
+    if report.get("label_rate"):
+        out.print(
+            "positive-label rate per layer: "
+            + ", ".join(f"{k}: {v:.2f}" for k, v in report["label_rate"].items())
+        )
     if "signs" in report:
         out.print(f"sign agreement with the labels: {json.dumps(report['signs'])}")
+    if plot is not None:
+        from treegraft.bench.plots import plot_explain
+
+        console.print(f"wrote {plot_explain(report, _parent(plot), top)}")
 
 
 # ---------------------------------------------------------------------------- evaluate
@@ -365,6 +376,7 @@ def evaluate(
     json_path: Annotated[
         Path | None, typer.Option("--json", help="also write the rows to this JSON file (a list)")
     ] = None,
+    plot: Annotated[Path | None, typer.Option(help=PLOT_HELP)] = None,
 ) -> None:
     """Modelled tokens/s of never / always / threshold / distilled / oracle on the dataset's prompts.
 
@@ -380,6 +392,7 @@ def evaluate(
 
     artifacts = {"distilled": artifact} if artifact is not None else {}
     try:
+        _check_plot(plot)
         data = Dataset.load(dataset)
         results = replay_dataset(
             dataset, data, names=BASELINES, artifacts=artifacts, threshold=threshold,
@@ -406,6 +419,30 @@ def evaluate(
     out.print(table)
     if json_path is not None:
         _write_json(json_path, rows)
+    if plot is not None:
+        from treegraft.bench.plots import plot_scheduler_gains
+
+        title = f"replay on {n} prompt(s), modelled time"
+        console.print(f"wrote {plot_scheduler_gains({str(dataset): rows}, _parent(plot), title)}")
+
+
+PLOT_HELP = "also draw the result into this image (.png, .svg or .pdf)"
+
+
+def _check_plot(path: Path | None) -> None:
+    from treegraft.bench.plots import check_plot_path
+
+    if path is not None:
+        try:
+            check_plot_path(path)
+        except ValueError as exc:
+            _fail(str(exc))
+
+
+def _parent(path: Path) -> Path:
+    """`path`, its folder created."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _ratio(value: float | None) -> str:
@@ -547,6 +584,7 @@ def loo(
     prompts: Annotated[
         int | None, typer.Option(help="replay only the first N prompts of each --eval")
     ] = None,
+    plot: Annotated[Path | None, typer.Option(help=PLOT_HELP)] = None,
 ) -> None:
     """Leave one pair out: for each pair, fit on the other pairs and replay on its --eval set.
 
@@ -558,6 +596,7 @@ def loo(
     from treegraft.core.config import ConfigError
 
     set_threads(threads)
+    _check_plot(plot)
     evals = list(evals or [])
     try:
         train, held, more = load_loo_inputs(list(datasets), evals, list(extra or []))
@@ -577,3 +616,10 @@ def loo(
         f"{_ratio(mean['distilled-loo']['oracle_share'])} (distilled-all "
         f"{_ratio(mean['distilled-all']['oracle_share'])})"
     )
+    if plot is not None:
+        from treegraft.bench.plots import plot_scheduler_gains
+        from treegraft.bench.scheduler_loo import short_pair_name
+
+        groups = {short_pair_name(p, report): list(p["rows"].values()) for p in report["pairs"]}
+        title = "leave one pair out, modelled time on each pair's --eval set"
+        console.print(f"wrote {plot_scheduler_gains(groups, _parent(plot), title)}")

@@ -347,6 +347,12 @@ def decision_rates(pred: np.ndarray, layer: np.ndarray, threshold: float = 0.0) 
     return {str(int(k)): float((pred[layer == k] > threshold).mean()) for k in np.unique(layer)}
 
 
+def label_rates(y: np.ndarray, layer: np.ndarray) -> dict[str, float]:
+    """Fraction of decisions per layer index whose label says the call pays (`y > 0`): what
+    `decision_rates` would read for a scheduler that always guessed the label's sign."""
+    return {str(int(k)): float((y[layer == k] > 0).mean()) for k in np.unique(layer)}
+
+
 LOSS_NAMES = {"mse": "squared error", "logistic": "value-weighted logistic loss"}
 
 
@@ -381,7 +387,8 @@ def weight_importance(artifact: SchedulerArtifact) -> dict[str, float]:
 
 
 def explain(artifact: SchedulerArtifact, rows: Rows | None, seed: int = 0) -> dict[str, Any]:
-    """Importances and decision rates per layer, on `rows` or (without) from the artifact."""
+    """Importances and decision rates per layer, on `rows` or (without) from the artifact; on
+    `rows` also the rate of positive labels per layer and the sign agreement."""
     if rows is None:
         stored = artifact.metadata.get("explain", {})
         return {
@@ -397,6 +404,7 @@ def explain(artifact: SchedulerArtifact, rows: Rows | None, seed: int = 0) -> di
         "importance": permutation_importance(artifact, rows.x, rows.y, seed, loss),
         "importance_kind": f"permutation: rise in {LOSS_NAMES[loss]}",
         "decision_rate": decision_rates(pred, rows.layer),
+        "label_rate": label_rates(rows.y, rows.layer),
         "signs": sign_metrics(pred, rows.y),
     }
 

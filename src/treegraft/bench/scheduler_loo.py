@@ -178,15 +178,9 @@ def loo_table(report: dict[str, Any]) -> Table:
     columns = ("pair", "never", "always", "oracle", "loo", "all", "loo/best", "loo sh.", "all sh.")
     for col in columns:
         table.add_column(col, justify="left" if col == "pair" else "right", no_wrap=True)
-    one_target = len({p["target"] for p in report["pairs"]}) == 1
     for p in report["pairs"]:
         rows = p["rows"]
-        # with one target for all pairs, its strong drafter names the pair (keeps the table narrow)
-        name = (
-            _short(p["strong_model"]).removeprefix("zoo:")
-            if one_target and p["strong_model"]
-            else p["pair"]
-        )
+        name = short_pair_name(p, report)
 
         def speed(name: str, rows: dict[str, Any] = rows) -> str:
             return f"{rows[name]['tokens_per_s']:.1f}" if name in rows else "n/a"
@@ -199,6 +193,15 @@ def loo_table(report: dict[str, Any]) -> Table:
             _ratio(rows["distilled-all"]["oracle_share"]),
         )
     return table
+
+
+def short_pair_name(pair: dict[str, Any], report: dict[str, Any]) -> str:
+    """A pair's short name: with one target for all pairs, its strong drafter (keeps tables
+    narrow), else the pair's full name."""
+    one_target = len({p["target"] for p in report["pairs"]}) == 1
+    if one_target and pair["strong_model"]:
+        return _short(pair["strong_model"]).removeprefix("zoo:")
+    return pair["pair"]
 
 
 def _short(ref: str) -> str:
