@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The zoo:scheduler refit protocol (docs/scheduler.md, "The shipped artifact"): oracle data and
 # evaluation prompts per zoo pair (48 + 144 oracle-trajectory prompts), fit1 on the 48, a
-# DAgger round along fit1, fit2 on the 48 and the DAgger data, fit3 on all of it (the recipe of
-# the shipped artifact), then replay of the shipped artifact, fit1, fit2 and fit3 on the
-# evaluation prompts. About 90 minutes on 2 CPU cores; needs Debian's python3-doc (the copy-heavy
-# training prompts).
-# Training prompts: training_prompts(seed=0)[0:48] and [176:320] (oracle), [56:104] (DAgger);
-# evaluation [152:176]: disjoint.
+# DAgger round along fit1, fit2 on the 48 and the DAgger data, fit3 on all of it, a second DAgger
+# round (144 prompts) along fit3, fit4 on all of it (the recipe of the shipped artifact), then
+# replay of the shipped artifact and fit1-fit4 on the evaluation prompts. About two and a half
+# hours on 2 CPU cores; needs Debian's python3-doc (the copy-heavy training prompts).
+# Training prompts: training_prompts(seed=0)[0:48] and [176:320] (oracle), [56:104] (DAgger
+# along fit1), [320:464] (DAgger along fit3); evaluation [152:176]: disjoint.
 #
 #   bash benchmarks/scheduler_refit.sh runs/sched      # output folder (default runs/sched)
 set -euo pipefail
@@ -25,9 +25,13 @@ for d in draft-s draft-m draft-l; do
 done
 $T scheduler fit $O/draft-{s,m,l} $O/follow-draft-{s,m,l} --ensemble 5 --out $O/fit2
 $T scheduler fit $O/draft-{s,m,l} $O/more-draft-{s,m,l} $O/follow-draft-{s,m,l} --ensemble 5 --out $O/fit3
+for d in draft-s draft-m draft-l; do
+  $T scheduler collect treegraft --strong zoo:$d --out $O/follow2-$d --prompts 144 --skip 320 --costs $O/$d --follow $O/fit3 --max-new-tokens 48 --threads 2
+done
+$T scheduler fit $O/draft-{s,m,l} $O/more-draft-{s,m,l} $O/follow-draft-{s,m,l} $O/follow2-draft-{s,m,l} --ensemble 5 --out $O/fit4
 date
 for d in draft-s draft-m draft-l; do
-  for a in zoo:scheduler $O/fit1 $O/fit2 $O/fit3; do
+  for a in zoo:scheduler $O/fit1 $O/fit2 $O/fit3 $O/fit4; do
     echo "== $d $a"; $T scheduler evaluate $O/eval-$d --artifact $a 2>&1 | tail -12
   done
 done
