@@ -34,6 +34,7 @@ def set_threads(threads: int | None) -> None:
 
 
 THREADS_HELP = "torch CPU threads (1 on a shared CPU: steadier timings; default: torch's)"
+PLOT_HELP = "also draw the result into this image (.png, .svg or .pdf)"
 
 # ---------------------------------------------------------------------------- pipeline set-up
 
@@ -424,9 +425,6 @@ def evaluate(
 
         title = f"replay on {n} prompt(s), modelled time"
         console.print(f"wrote {plot_scheduler_gains({str(dataset): rows}, _parent(plot), title)}")
-
-
-PLOT_HELP = "also draw the result into this image (.png, .svg or .pdf)"
 
 
 def _check_plot(path: Path | None) -> None:
