@@ -135,7 +135,7 @@ def plot_scheduler_gains(
     """
     names = list(dict.fromkeys(r["scheduler"] for rows in groups.values() for r in rows))
     fig, axes = plt.subplots(
-        len(groups), 1, figsize=(max(6.0, 0.9 * len(names) + 2), 3.2 * len(groups)), squeeze=False
+        len(groups), 1, figsize=(max(7.5, 0.9 * len(names) + 2), 3.2 * len(groups)), squeeze=False
     )
     for ax, (group, rows) in zip(axes[:, 0], groups.items(), strict=True):
         by_name = {r["scheduler"]: r for r in rows}
@@ -157,8 +157,8 @@ def plot_scheduler_gains(
         ax.set_ylim(0, max([1.0, *heights]) * 1.18)
         ax.set_ylabel("tokens/s / better endpoint")
         ax.set_title(group, fontsize="small")
-    axes[0, 0].text(0.0, 1.12, f"{title}  (label: ratio, share of the oracle's gain)",
-                    transform=axes[0, 0].transAxes, fontsize="small")  # fmt: skip
+    fig.suptitle(f"{title}\nlabels: tokens/s over the better endpoint, share of the oracle's gain",
+                 fontsize="small")  # fmt: skip
     return _save(fig, path)
 
 
