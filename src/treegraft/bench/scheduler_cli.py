@@ -333,18 +333,12 @@ def explain(
     for name, value in list(report["importance"].items())[:top]:
         table.add_row(name, f"{value:.4g}")
     out.print(table)
-    rates = report["decision_rate"]
-    if rates:
-        out.print(
-            "strong-call rate per layer: " + ", ".join(f"{k}: {v:.2f}" for k, v in rates.items())
-        )
+    if report["decision_rate"]:
+        out.print(f"strong-call rate per layer: {_per_layer(report['decision_rate'])}")
     else:
         out.print("decision rate per layer: pass a DATASET to compute it")
     if report.get("label_rate"):
-        out.print(
-            "positive-label rate per layer: "
-            + ", ".join(f"{k}: {v:.2f}" for k, v in report["label_rate"].items())
-        )
+        out.print(f"positive-label rate per layer: {_per_layer(report['label_rate'])}")
     if "signs" in report:
         out.print(f"sign agreement with the labels: {json.dumps(report['signs'])}")
     if plot is not None:
@@ -354,9 +348,6 @@ def explain(
 
 
 # ---------------------------------------------------------------------------- evaluate
-
-BASELINES = ("never", "always", "threshold", "budgeted")
-SHARE_NOTE = "oracle share = (x - best endpoint) / (oracle - best endpoint)"
 
 
 @app.command()
@@ -385,6 +376,7 @@ def evaluate(
     the dataset's cost model, the oracle following the dataset's plans.json. Each row is also
     compared with the better endpoint (`never` or `always`) and placed between it and the oracle.
     """
+    from treegraft.bench.scheduler_replay import BASELINES, SHARE_NOTE, replay_dataset
     from treegraft.bench.value_eval import summary_rows
     from treegraft.bench.value_system import Dataset, ValueSystemError
 
@@ -447,98 +439,13 @@ def _ratio(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+def _per_layer(rates: dict[str, float]) -> str:
+    return ", ".join(f"{layer}: {rate:.2f}" for layer, rate in rates.items())
+
+
 def _write_json(path: Path, value: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(value, indent=1) + "\n")
+    _parent(path).write_text(json.dumps(value, indent=1) + "\n")
     console.print(f"wrote {path}")
-
-
-def replay_dataset(
-    path: Path,
-    data: Any,
-    *,
-    names: tuple[str, ...],
-    artifacts: dict[str, Any],
-    threshold: float = 0.0,
-    prompts: int | None = None,
-    guard: float | None = None,
-) -> list[Any]:
-    """Replay the dataset's prompts with the named schedulers, one `distilled` per artifact (with
-    a call guard of exploration `guard`, if given), and the oracle (when the dataset has plans);
-    the pipeline is the dataset's `pipeline_raw`.
-    """
-    from treegraft.bench.value_eval import evaluate as run_evaluate
-    from treegraft.bench.value_system import ValueSystemError
-    from treegraft.core.pipeline import load_pipeline
-
-    raw = data.meta.get("pipeline_raw")
-    if raw is None:
-        raise ValueSystemError(f"{path}: meta.json has no pipeline_raw (collected without the CLI)")
-    pipe = load_pipeline(raw)
-    schedulers = scheduler_set(
-        pipe, data, names=names, artifacts=artifacts, threshold=threshold, prompts=prompts,
-        guard=guard,
-    )  # fmt: skip
-    chosen = data.prompts()[:prompts] if prompts else data.prompts()
-    return run_evaluate(
-        pipe,
-        schedulers,
-        chosen,
-        _cost(data),
-        max_new_tokens=int(data.meta["max_new_tokens"]),
-        strong=int(data.meta.get("strong", -1)),
-    )
-
-
-def _cost(data: Any) -> Any:
-    from treegraft.bench.value_system import CostModel
-
-    return CostModel.from_dict(data.meta["cost"])
-
-
-def scheduler_set(
-    pipe: Any,
-    data: Any,
-    *,
-    names: tuple[str, ...],
-    artifacts: dict[str, Any],
-    threshold: float,
-    prompts: int | None,
-    guard: float | None = None,
-) -> dict[str, Any]:
-    """Schedulers by row name, built from their registered configs: `names` (default configs),
-    a `distilled` per artifact (keyed by its row name; with a call guard of exploration `guard`
-    if given), then `oracle` if the dataset has plans.
-    """
-    from treegraft.core.config import structure_config
-    from treegraft.core.registry import default_registry
-    from treegraft.plugins.schedulers.oracle import OracleScheduler
-
-    registry = default_registry()
-
-    def build(name: str, **config: Any) -> Any:
-        factory = registry.get("scheduler", name).factory
-        cfg = structure_config(factory.Config, config, f"pipeline.scheduler ({name})")
-        return factory.from_config(cfg, pipe.resources)
-
-    out = {name: build(name) for name in names}
-    for row, artifact in artifacts.items():
-        extra = {} if guard is None else {"guard": guard}
-        out[row] = build("distilled", artifact=str(artifact), threshold=threshold, **extra)
-    if data.trajectories:
-        trajectories = data.trajectories[:prompts] if prompts else data.trajectories
-        out["oracle"] = OracleScheduler.from_trajectories(trajectories)
-    return out
-
-
-def baseline_schedulers(
-    pipe: Any, data: Any, artifact: str | None, threshold: float, prompts: int | None
-) -> dict[str, Any]:
-    """The schedulers compared by `evaluate`, built from their registered configs."""
-    artifacts = {"distilled": artifact} if artifact is not None else {}
-    return scheduler_set(
-        pipe, data, names=BASELINES, artifacts=artifacts, threshold=threshold, prompts=prompts
-    )
 
 
 # ---------------------------------------------------------------------------- leave one pair out

@@ -13,7 +13,8 @@ import attrs
 from rich import box
 from rich.table import Table
 
-from treegraft.bench.scheduler_cli import SHARE_NOTE, _ratio, fit_artifact, replay_dataset
+from treegraft.bench.scheduler_cli import _ratio, fit_artifact
+from treegraft.bench.scheduler_replay import SHARE_NOTE, replay_dataset
 from treegraft.console import console
 
 LOO_NAMES = ("never", "always")
