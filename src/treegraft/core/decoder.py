@@ -105,6 +105,9 @@ class Decoder:
     times: ForwardTimes = attrs.field(factory=ForwardTimes)
     #: acceptance of the current generation's steps so far (reset by `steps`)
     history: AcceptHistory = attrs.field(factory=AcceptHistory)
+    #: positions the models take (the least of the target's and the LM drafters'; None: no
+    #: limit): tree nodes at or past it are not verified (`trim_to_positions`)
+    max_positions: int | None = None
 
     def prepare(self, context: int) -> float:
         """Measure what the builder reads before decoding, once per decoder: the target's latency
@@ -161,6 +164,8 @@ class Decoder:
         )
         with clock.time("build"):
             built = self.builder.build(ctx)
+            if self.max_positions is not None:
+                built = trim_to_positions(built, self.max_positions - self.target.n_committed)
         with clock.time("target"):
             logits = self.target.forward_tree(built.tree)  # [n, V]
         with clock.time("verify"):
@@ -219,6 +224,16 @@ class Decoder:
                 final=final,
             )
         )
+
+
+def trim_to_positions(built: BuildResult, max_depth: int) -> BuildResult:
+    """`built` without the nodes deeper than `max_depth` (their positions are past what the
+    models take: the last steps before the context is full). Unchanged when none is."""
+    depth = built.tree.depth
+    if built.tree.n_nodes == 1 or int(depth.max()) <= max_depth:
+        return built
+    keep = torch.nonzero(depth <= max(max_depth, 0)).flatten()
+    return attrs.evolve(built, tree=built.tree.select(keep), kept=built.kept[keep])
 
 
 def accepted_tokens(built: BuildResult, verdict: Verdict) -> tuple[Tensor, list[int], int]:
