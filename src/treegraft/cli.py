@@ -216,7 +216,7 @@ def _mount_subcommands() -> None:
     for module, name, help_text in (
         ("treegraft.zoo.cli", "zoo", "Build the corpus, suites and models of the embedded zoo."),
         (
-            "treegraft.bench.scheduler_cli",
+            "treegraft.scheduling.cli",
             "scheduler",
             "Collect value labels, fit, explain and evaluate the distilled scheduler.",
         ),

@@ -12,9 +12,18 @@ import torch
 from tests.conftest import greedy_reference
 from tests.core.test_decoder import repetitive_prompt
 from tests.scheduling.helpers import COST, VOCAB, pipeline_raw, stand_in_pair
-from treegraft.bench.value_costs import CostScale, revalue, scale_state
-from treegraft.bench.value_eval import evaluate
-from treegraft.bench.value_system import (
+from treegraft.core.config import ConfigError
+from treegraft.core.decoder import StopRule
+from treegraft.core.interfaces import Scheduler
+from treegraft.core.pipeline import load_pipeline
+from treegraft.core.runner import CausalLMRunner
+from treegraft.core.tree import DraftTree
+from treegraft.plugins.schedulers.basic import AlwaysScheduler
+from treegraft.plugins.schedulers.oracle import OracleConfig, OracleMismatch, OracleScheduler
+from treegraft.scheduling.features import FEATURE_NAMES, layer_features
+from treegraft.scheduling.value_costs import CostScale, revalue, scale_state
+from treegraft.scheduling.value_eval import evaluate
+from treegraft.scheduling.value_system import (
     Dataset,
     PromptIds,
     QueryCounter,
@@ -26,15 +35,6 @@ from treegraft.bench.value_system import (
     label_decisions,
     label_decisions_for,
 )
-from treegraft.core.config import ConfigError
-from treegraft.core.decoder import StopRule
-from treegraft.core.interfaces import Scheduler
-from treegraft.core.pipeline import load_pipeline
-from treegraft.core.runner import CausalLMRunner
-from treegraft.core.tree import DraftTree
-from treegraft.plugins.schedulers.basic import AlwaysScheduler
-from treegraft.plugins.schedulers.distilled import FEATURE_NAMES, layer_features
-from treegraft.plugins.schedulers.oracle import OracleConfig, OracleMismatch, OracleScheduler
 
 DEPTH = 4
 MAX_NEW = 40

@@ -1,7 +1,7 @@
 """The step-cost model of the scheduler's value system.
 
 `CostModel` turns a built tree into modelled seconds of one decoding step from latency curves and
-constants measured on this machine (see `treegraft.bench.value_eval.measure_costs`);
+constants measured on this machine (see `treegraft.scheduling.value_eval.measure_costs`);
 `QueryCounter` counts the tokens a strong drafter forwards while a tree is built.
 """
 
@@ -15,9 +15,9 @@ import attrs
 import numpy as np
 
 from treegraft.bench.replay import LatencyCurve
-from treegraft.bench.value_labels import Outcome, ValueSystemError
 from treegraft.core.interfaces import LayerState
 from treegraft.core.runner import watch_forwards
+from treegraft.scheduling.value_labels import Outcome, ValueSystemError
 
 
 @attrs.frozen

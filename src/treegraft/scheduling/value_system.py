@@ -33,7 +33,15 @@ import torch
 from torch import Tensor
 
 from treegraft.bench.report import cpu_model
-from treegraft.bench.value_costs import (
+from treegraft.core.decoder import Decoder, StopRule, strong_drafts
+from treegraft.core.interfaces import BuildResult, Scheduler, StepContext
+from treegraft.core.metrics import AcceptHistory, Clock, ForwardTimes
+from treegraft.core.pipeline import Pipeline
+from treegraft.core.runner import CausalLMRunner
+from treegraft.core.tree import DraftTree
+from treegraft.kernels import greedy_accept
+from treegraft.scheduling.features import strong_index
+from treegraft.scheduling.value_costs import (
     CostModel,
     CostScale,
     QueryCounter,
@@ -42,7 +50,7 @@ from treegraft.bench.value_costs import (
     record_modelled_drafters,
     revalue,
 )
-from treegraft.bench.value_data import (  # noqa: F401 - part of this module's API
+from treegraft.scheduling.value_data import (  # noqa: F401 - part of this module's API
     DATA_FILE,
     DATA_FORMAT,
     META_FILE,
@@ -53,7 +61,7 @@ from treegraft.bench.value_data import (  # noqa: F401 - part of this module's A
     prompt_meta,
     summarize,
 )
-from treegraft.bench.value_labels import (  # noqa: F401 - part of this module's API
+from treegraft.scheduling.value_labels import (  # noqa: F401 - part of this module's API
     MAX_EXHAUSTIVE_DEPTH,
     Decision,
     Outcome,
@@ -67,14 +75,6 @@ from treegraft.bench.value_labels import (  # noqa: F401 - part of this module's
     policy_outcome,
     through,
 )
-from treegraft.core.decoder import Decoder, StopRule, strong_drafts
-from treegraft.core.interfaces import BuildResult, Scheduler, StepContext
-from treegraft.core.metrics import AcceptHistory, Clock, ForwardTimes
-from treegraft.core.pipeline import Pipeline
-from treegraft.core.runner import CausalLMRunner
-from treegraft.core.tree import DraftTree
-from treegraft.kernels import greedy_accept
-from treegraft.plugins.schedulers.distilled import strong_index
 
 # ---------------------------------------------------------------------------- one generation
 
@@ -236,7 +236,7 @@ class StepSearcher:
         builder's default cap on strong calls and the `distilled` features read these times: with
         measured times the same plan could build another tree when replayed (the oracle would
         diverge). The times come from the cost model instead (`CostModel.call_seconds`), exactly
-        as `bench.value_eval.evaluate` records them, so collection and replay see the same
+        as `scheduling.value_eval.evaluate` records them, so collection and replay see the same
         scheduler inputs. `measured` tells which drafters ran (as in decoding).
         """
         self.times.record_target(self.cost.target(outcome.target_queries))

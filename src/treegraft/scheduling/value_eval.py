@@ -26,17 +26,17 @@ from treegraft.bench.replay import (
     replay_pipeline,
     runner_forward,
 )
-from treegraft.bench.value_costs import CostModel, QueryCounter, record_modelled_drafters
-from treegraft.bench.value_system import (
+from treegraft.core.decoder import StopRule
+from treegraft.core.interfaces import Scheduler
+from treegraft.core.pipeline import Pipeline
+from treegraft.plugins.schedulers.heuristic import PlanConfig, PlanScheduler
+from treegraft.scheduling.value_costs import CostModel, QueryCounter, record_modelled_drafters
+from treegraft.scheduling.value_system import (
     PromptIds,
     ValueSystemError,
     check_pipeline,
     strong_model_ref,
 )
-from treegraft.core.decoder import StopRule
-from treegraft.core.interfaces import Scheduler
-from treegraft.core.pipeline import Pipeline
-from treegraft.plugins.schedulers.heuristic import PlanConfig, PlanScheduler
 
 
 def measure_costs(
