@@ -130,6 +130,7 @@ class Decoder:
         for drafter in self.drafters:
             drafter.begin(prompt, max_len=max_len)
         self.verifier.begin(self.seed)
+        self.scheduler.begin()
         self.history = AcceptHistory()
         generated: list[int] = []
         clock = Clock(sync=self.sync_clock)
@@ -204,8 +205,6 @@ class Decoder:
         self.times.record_step(built.calls, times, n)
         called = any(c > 0 for c in built.calls)
         self.history = self.history.record(accepted, strong_accepted, called)
-        if type(self.scheduler).observe is Scheduler.observe:
-            return  # the scheduler keeps the default (learns nothing): no outcome to build
         self.scheduler.observe(
             StepOutcome(
                 step=step,

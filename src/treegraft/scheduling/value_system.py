@@ -279,6 +279,9 @@ def collect_prompt(
     jittered: list[tuple[int, CostScale, Decision]] = []
     steps: list[StepRecord] = []
 
+    if follow is not None:
+        follow.begin()
+
     def label(outcomes: Sequence[Outcome]) -> list[Decision]:
         if policy_labels and follow is not None:
             return label_decisions_for(outcomes, follow)

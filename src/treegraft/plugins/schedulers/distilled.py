@@ -145,13 +145,15 @@ class DistilledScheduler(Scheduler):
     def wants_peek(self) -> bool:
         return self._peek
 
+    def begin(self) -> None:
+        """A new generation: its history, first strong call and outcomes start afresh (the call
+        guard's averages carry over: they measure the machine, not the text)."""
+        self._history, self._called, self._fed = AcceptHistory(), False, False
+
     def decide(self, state: LayerState) -> int:
         if state.layer == 0:
             self._gated = False
             self._skipped = self.guard is not None and self.guard.choose() == SKIP
-            if self.guard is not None and (state.history is None or state.history.steps == 0):
-                self._history, self._called = AcceptHistory(), False  # a new generation
-                self._fed = False
         if self._skipped or state.strong_calls >= state.max_strong_calls:
             return 0
         if self._fed:  # outcomes arrive (else, e.g. replaying recorded states: the state's own)
@@ -183,7 +185,7 @@ class DistilledScheduler(Scheduler):
         if self.guard is None:
             return
         called = any(c > 0 for c in outcome.calls)
-        self._fed = True
+        self._fed = True  # outcomes arrive: the MLP reads the history of its own decisions
         if not self._skipped:
             self._history = self._history.record(outcome.accepted, outcome.strong_accepted, called)
         first_call = called and not self._called
