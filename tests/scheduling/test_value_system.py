@@ -34,6 +34,7 @@ from treegraft.scheduling.value_system import (
     collect,
     label_decisions,
     label_decisions_for,
+    search_decoder,
 )
 
 DEPTH = 4
@@ -80,8 +81,8 @@ def first_step_outcomes(cost=COST):
     pipe = load_pipeline(pipeline_raw(depth=DEPTH, strong="mem:target"), resources=res)
     with torch.inference_mode(), QueryCounter(res.models["mem:target"]) as counter:
         searcher = StepSearcher.begin(
-            pipe.decoder, cost, counter, prompt=prompt, continuation=continuation,
-            stop=StopRule(MAX_NEW), strong=1,
+            search_decoder(pipe.decoder, cost, counter, 1),
+            prompt=prompt, continuation=continuation, stop=StopRule(MAX_NEW),
         )  # fmt: skip
         return res, prompt, searcher.search(all_plans(DEPTH, 1))
 
