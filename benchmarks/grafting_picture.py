@@ -17,7 +17,7 @@ import torch
 
 from treegraft.core.pipeline import load_pipeline, resolve_pipeline
 from treegraft.core.trace import TraceWriter, load_step
-from treegraft.core.trace_render import render_step
+from treegraft.viz.trace_render import render_step
 
 PROMPT = (
     "def moving_average(values, window):\n"
@@ -51,7 +51,9 @@ def main() -> None:
             writer.write(event)
         records = [load_step(p) for p in sorted(Path(tmp).glob("step-*.json"))]
     best = max(records, key=lambda r: (recovered(r), len(r["accepted_tokens"])))
-    print(f"step {best['step']}: {recovered(best)} recovered nodes kept, {len(best['accepted_tokens'])} tokens committed")
+    print(
+        f"step {best['step']}: {recovered(best)} recovered nodes kept, {len(best['accepted_tokens'])} tokens committed"
+    )
     print(render_step(best, args.out, show_pruned=True))
 
 

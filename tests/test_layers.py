@@ -221,3 +221,21 @@ def test_the_bench_holds_no_scheduler_training():
         for target, _, _ in targets
         if target.startswith("treegraft.scheduling")
     ] == []
+
+
+def test_plugins_leave_the_zoo_to_resources():
+    """A plugin names zoo references (`zoo:...`); `Resources` resolves them."""
+    edges = graph()
+    assert [
+        f"{m}:{line} imports {target}"
+        for m, targets in edges.items()
+        if m.startswith("treegraft.plugins")
+        for target, _, line in targets
+        if target == "treegraft.zoo" or target.startswith("treegraft.zoo.")
+    ] == []
+
+
+def test_core_holds_no_drawing():
+    """Core is contracts and machinery: figures live in `treegraft.viz` (matplotlib)."""
+    assert not (SRC / PACKAGE / "core" / "trace_render.py").exists()
+    assert "treegraft.viz.trace_render" in all_modules()

@@ -189,7 +189,7 @@ def trace_render(
 ) -> None:
     """Draw one step's draft tree: colours per drafter, accepted path in black, pruned nodes hollow."""
     from treegraft.core.trace import load_step
-    from treegraft.core.trace_render import render_step
+    from treegraft.viz.trace_render import render_step
 
     files = [source] if source.is_file() else sorted(source.glob("step-*.json"))
     if not files:

@@ -46,9 +46,9 @@ def pipeline_mapping(
 
     `strong` replaces the model of the strongest (last) LM drafter.
     """
+    from treegraft.bench.pairs import swap_model
     from treegraft.core.config import ConfigError, parse_yaml
     from treegraft.core.pipeline import resolve_pipeline
-    from treegraft.plugins.drafters.hf_lm import swap_model
 
     path = resolve_pipeline(pipeline)
     raw = dict(parse_yaml(path.read_text(), str(path)))
