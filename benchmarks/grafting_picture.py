@@ -2,8 +2,8 @@
 
     python benchmarks/grafting_picture.py --out docs/img/grafting-step.png
 
-Decodes a copy-heavy prompt with the shipped `treegraft` pipeline (layer 2 forced to a strong
-call, so the picture shows rescoring, lookback and recovery), and renders the step whose tree
+Decodes a copy-heavy prompt with the shipped `treegraft-threshold` pipeline (layer 2 forced to a
+strong call, so the picture shows rescoring, lookback and recovery), and renders the step whose tree
 holds the most nodes the strong drafter recovered.
 """
 
@@ -34,7 +34,7 @@ def recovered(record: dict) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--pipeline", default="treegraft")
+    parser.add_argument("--pipeline", default="treegraft-threshold")
     parser.add_argument("--prompt", default=PROMPT)
     parser.add_argument("--out", type=Path, default=Path("docs/img/grafting-step.png"))
     parser.add_argument("--max-new-tokens", type=int, default=48)

@@ -261,7 +261,7 @@ def baseline_entries(settings: BenchSettings) -> list[tuple[str, PipelineEntry]]
         "lm-only": PipelineEntry("lm-only"),
         **{
             f"treegraft-{name}": PipelineEntry(
-                "treegraft", label=f"treegraft-{name}", override={"scheduler": scheduler}
+                "treegraft-threshold", label=f"treegraft-{name}", override={"scheduler": scheduler}
             )
             for name, scheduler in SCHEDULER_BASELINES.items()
         },

@@ -91,7 +91,9 @@ def text_prompts(
 
 @app.command()
 def collect(
-    pipeline: Annotated[str, typer.Argument(help="pipeline YAML or shipped name")] = "treegraft",
+    pipeline: Annotated[
+        str, typer.Argument(help="pipeline YAML or shipped name (the fixed-budget base by default)")
+    ] = "treegraft-threshold",
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="dataset directory")] = Path(
         "runs/scheduler-data"
     ),
