@@ -64,6 +64,8 @@ def fenced(ref: str) -> str:
         start = next(i for i, line in enumerate(lines) if f"--8<-- [start:{section}]" in line)
         end = next(i for i, line in enumerate(lines) if f"--8<-- [end:{section}]" in line)
         lines = lines[start + 1 : end]
+    while lines and not lines[-1].strip():  # a section ends before the blank lines of its marker
+        lines.pop()
     return "\n".join([f"```{FENCES.get(Path(path).suffix, '')}", *lines, "```"])
 
 
