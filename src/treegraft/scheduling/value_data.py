@@ -1,7 +1,7 @@
 """Collected value-system data: the per-prompt records and the `Dataset` they become.
 
 `value_system.collect` produces `PromptRecord`s; `Dataset.from_records` turns them into the
-arrays `scheduler_fit` fits on (`data.safetensors`), the metadata (`meta.json`) and, for data
+arrays `scheduling.fit` fits on (`data.safetensors`), the metadata (`meta.json`) and, for data
 collected along the oracle, its plans (`plans.json`, read by the `oracle` scheduler).
 """
 

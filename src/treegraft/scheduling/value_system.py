@@ -18,7 +18,7 @@ then advances the committed state along the best schedule (the *oracle*) with th
 `Decoder.step` against a replayed target (`StepSearcher`). `collect` returns a `Dataset`
 (safetensors + JSON, `value_data`) that `scheduling.fit` distils into the `distilled` scheduler.
 
-Depth > 5 (more than 32 builds per step) is refused: see `all_plans` and docs/scheduler.md.
+Depth > 5 (more than 32 builds per step) is refused: see `all_plans` and docs/scheduler-reference.md.
 """
 
 from __future__ import annotations
