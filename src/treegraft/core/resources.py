@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
@@ -180,6 +181,14 @@ class Resources:
         if self.tokenizer_file(ref) is None:
             return None
         return len(self.tokenizer_of(ref))
+
+    def token_counts(self, ref: str) -> np.ndarray:
+        """`[V]` int64 per-token counts from `zoo:token-counts` (the zoo tokenizer's) or a JSON
+        file written by `treegraft zoo token-counts`; a component names them, Resources reads
+        them (plugins do not import the zoo)."""
+        from treegraft.zoo.token_counts import load_counts
+
+        return load_counts(ref)
 
     def load_tokenizer(self, ref: str) -> Any:
         """The tokenizer stored beside the model `ref` (None for in-memory models without one)."""
