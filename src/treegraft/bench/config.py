@@ -137,6 +137,20 @@ class BenchSettings:
 
 
 @attrs.frozen
+class ExecutorSettings:
+    """Where the sweep's work units run (the `executor:` mapping; not part of what a sweep is, so
+    a resumed sweep may change it)."""
+
+    name: str = field("local", check=one_of("local", "ray"), doc="'local' or 'ray'")
+    address: str | None = field(None, doc="Ray cluster to join (None: start a local one)")
+    workers: int | None = field(None, doc="Ray actors (None: as many as the cluster fits)")
+    num_cpus: float = field(1.0, check=at_least(0), doc="CPUs each Ray actor requests")
+    num_gpus: float = field(0.0, check=at_least(0), doc="GPUs each Ray actor requests")
+    retries: int = field(2, check=at_least(0), doc="runs of a failed unit before it counts failed")
+    prompts_per_unit: int = field(1, check=at_least(1), doc="prompts of one cell per work unit")
+
+
+@attrs.frozen
 class BenchConfig:
     """A validated sweep: pairs x suites x (baselines + pipelines)."""
 
@@ -145,6 +159,7 @@ class BenchConfig:
     settings: BenchSettings
     base_dir: Path = Path(".")
     source: str = "<dict>"
+    executor: ExecutorSettings = ExecutorSettings()
 
     def quick(self) -> BenchConfig:
         """The smoke-run version: 2 prompts per suite, at most 32 new tokens, one repetition."""
@@ -164,6 +179,13 @@ class BenchConfig:
         """A copy with some settings replaced (command-line overrides)."""
         return attrs.evolve(self, settings=attrs.evolve(self.settings, **changes))
 
+    def with_executor(self, **changes: Any) -> BenchConfig:
+        """A copy with some executor settings replaced (command-line overrides, validated)."""
+        merged = {**attrs.asdict(self.executor), **changes}
+        return attrs.evolve(
+            self, executor=structure_config(ExecutorSettings, merged, f"{ROOT}.executor")
+        )
+
     def as_dict(self) -> dict[str, Any]:
         """The config as plain data (for the run manifest)."""
         return {
@@ -174,7 +196,7 @@ class BenchConfig:
         }
 
 
-NESTED = ("pairs", "pipelines")
+NESTED = ("pairs", "pipelines", "executor")
 
 
 def bench_config_from_dict(
@@ -203,6 +225,7 @@ def bench_config_from_dict(
         settings=settings,
         base_dir=Path(base_dir),
         source=source,
+        executor=structure_config(ExecutorSettings, data.get("executor") or {}, f"{ROOT}.executor"),
     )
 
 
