@@ -83,6 +83,8 @@ class Pipeline:
         )
         resources.target_ref = spec.target
         resources.forward = spec.decoding.forward
+        resources.device_maps |= spec.decoding.device_map
+        resources.offload_folder = resources.offload_folder or spec.decoding.offload_folder
         check_vocabularies(spec, resources)
         target = CausalLMRunner(
             _load(resources, spec.target, "pipeline.target"), forward=spec.decoding.forward

@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from treegraft.core.placement import load_kwargs
 from treegraft.core.runner import CausalLMRunner
 
 DTYPES = {
@@ -96,6 +97,10 @@ class Resources:
     target_ref: str = ""
     in_memory: set[str] = attrs.field(factory=set)
     forward: str = "auto"  # how runners forward models (`decoding.forward`); set per pipeline
+    #: per model reference, a device map (`treegraft.core.placement`): the model is placed by
+    #: accelerate at load instead of moved to `device`
+    device_maps: dict[str, Any] = attrs.field(factory=dict)
+    offload_folder: str | None = None
 
     @classmethod
     def create(cls, *, device: str = "auto", dtype: str = "float32") -> Resources:
@@ -113,10 +118,12 @@ class Resources:
         if ref not in self.models:
             path = resolve_model_path(ref)
             hf_logging.disable_progress_bar()  # our CLI streams text on stdout; keep stderr quiet
+            placed = ref in self.device_maps
+            kwargs = load_kwargs(self.device_maps[ref], self.offload_folder) if placed else {}
             model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=self.dtype, attn_implementation="sdpa"
+                path, dtype=self.dtype, attn_implementation="sdpa", **kwargs
             )
-            self.models[ref] = model.to(self.device).eval()
+            self.models[ref] = (model if placed else model.to(self.device)).eval()
         return self.models[ref]
 
     def runner(self, ref: str, *, forward: str | None = None) -> CausalLMRunner:

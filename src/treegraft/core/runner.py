@@ -27,6 +27,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
 from treegraft.core.lean import FORWARDS, FusedForward, LeanForward, lean_support
+from treegraft.core.placement import input_device
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import kv_compact
 from treegraft.kernels.host_tensor import host_tensor
@@ -50,7 +51,10 @@ class TreeKVCache(Cache):
         layer = self.kv[layer_idx]  # [2, H, max_len, D]
         layer[0, :, self.write_start : end] = key_states[0]
         layer[1, :, self.write_start : end] = value_states[0]
-        return layer[0, :, :end].unsqueeze(0), layer[1, :, :end].unsqueeze(0)
+        keys, values = layer[0, :, :end].unsqueeze(0), layer[1, :, :end].unsqueeze(0)
+        if layer.device != key_states.device:  # a layer placed on another device (device map)
+            return keys.to(key_states.device), values.to(key_states.device)
+        return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.write_start
@@ -151,7 +155,7 @@ class CausalLMRunner:
         self._lean = self._lean_forward()
 
     def _read_model(self) -> None:
-        self._device, self._dtype = self.model.device, self.model.dtype
+        self._device, self._dtype = input_device(self.model), self.model.dtype
         self._vocab = int(self.model.get_output_embeddings().weight.shape[0])
 
     def _lean_forward(self) -> LeanForward | None:
@@ -233,7 +237,7 @@ class CausalLMRunner:
             )
         if prompt.numel() >= max_len:
             raise ValueError(f"prompt of {prompt.numel()} tokens does not fit max_len={max_len}")
-        if (self.model.device, self.model.dtype) != (self._device, self._dtype):  # model moved
+        if (input_device(self.model), self.model.dtype) != (self._device, self._dtype):  # moved
             self._read_model()
             self.cache = None
             self._lean = self._lean_forward()  # rebind the moved weights
