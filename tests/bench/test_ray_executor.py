@@ -87,3 +87,22 @@ def test_a_unit_whose_worker_dies_runs_again_on_a_fresh_worker(tmp_path, cluster
     assert sorted(r.attempts for r in records) == [1, 1, 1, 2]
     assert not result.failed and len(result.requests) == 4 * 3
     assert all(r.exact for r in result.requests)
+
+
+def pid_setup():
+    return os.getpid()
+
+
+def square_with_pid(pid, item):
+    return item * item, pid
+
+
+def test_map_items_on_two_actors_merges_in_item_order(cluster):
+    from treegraft.bench.shards import map_items
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    items = list(range(7))
+    local = map_items(pid_setup, square_with_pid, items)
+    spread = map_items(pid_setup, square_with_pid, items, executor="ray", workers=2)
+    assert [r for r, _ in spread] == [r for r, _ in local] == [i * i for i in items]
+    assert len({pid for _, pid in spread}) == 2 and os.getpid() not in {p for _, p in spread}
