@@ -23,6 +23,7 @@ from treegraft.bench.config import BenchConfig
 from treegraft.bench.records import Request
 from treegraft.bench.store import STORE, OutDirError, read_store
 from treegraft.bench.units import plan_units
+from treegraft.core.config import ConfigError
 from treegraft.core.resources import Resources
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,3 +205,18 @@ def test_the_command_line_refuses_a_non_empty_out_and_forces_over_it(tmp_path):
     assert (out / "notes.txt").read_text() == "an earlier run"
     result = CliRunner().invoke(cli(), ["bench", str(sweep), "--executor", "spark"])
     assert result.exit_code == 2 and "bench.executor.name" in result.output
+
+
+def test_the_ray_executor_without_ray_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    config = sweep_config(tmp_path).with_executor(name="ray")
+    with pytest.raises(ConfigError, match=r"pip install 'treegraft\[ray\]'"):
+        run_bench(config, tmp_path / "out", resources=pair_resources(), progress=False)
+
+
+def test_executor_settings_are_checked_with_their_path(tmp_path):
+    with pytest.raises(ConfigError, match=r"bench\.executor\.retries: expected int >= 0, got -1"):
+        sweep_config(tmp_path).with_executor(retries=-1)
+    with pytest.raises(ConfigError, match=r"bench\.executor\.nodes: unknown key"):
+        sweep_config(tmp_path, executor={"nodes": 2})
+    assert sweep_config(tmp_path, executor={"name": "ray", "num_gpus": 1}).executor.num_gpus == 1

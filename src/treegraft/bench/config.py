@@ -146,7 +146,9 @@ class ExecutorSettings:
     workers: int | None = field(None, doc="Ray actors (None: as many as the cluster fits)")
     num_cpus: float = field(1.0, check=at_least(0), doc="CPUs each Ray actor requests")
     num_gpus: float = field(0.0, check=at_least(0), doc="GPUs each Ray actor requests")
-    retries: int = field(2, check=at_least(0), doc="runs of a failed unit before it counts failed")
+    retries: int = field(
+        2, check=at_least(0), doc="reruns of a failed unit before it counts failed"
+    )
     prompts_per_unit: int = field(1, check=at_least(1), doc="prompts of one cell per work unit")
 
 
