@@ -220,3 +220,35 @@ def test_executor_settings_are_checked_with_their_path(tmp_path):
     with pytest.raises(ConfigError, match=r"bench\.executor\.nodes: unknown key"):
         sweep_config(tmp_path, executor={"nodes": 2})
     assert sweep_config(tmp_path, executor={"name": "ray", "num_gpus": 1}).executor.num_gpus == 1
+
+
+def test_a_pair_with_its_target_split_over_cpu_and_disk_benchmarks_exactly(tmp_path, caplog):
+    pytest.importorskip("accelerate")
+    from tests.bench.conftest import char_tokenizer, tiny_pair_models
+
+    refs = {}
+    for name, model in zip(("target", "draft"), tiny_pair_models(), strict=True):
+        model.save_pretrained(tmp_path / name)
+        char_tokenizer().save_pretrained(tmp_path / name)
+        refs[name] = str(tmp_path / name)
+    split = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu"}
+    split |= {"model.layers.1": "disk", "model.norm": "cpu", "lm_head": "disk"}
+    outputs = {}
+    offload = tmp_path / "offload"
+    placed = {"device_map": {"target": split}, "offload_folder": str(offload)}
+    for how, placement in (("plain", {}), ("split", placed)):
+        pair = {"target": refs["target"], "drafter": refs["draft"], **placement}
+        config = sweep_config(tmp_path, pairs=[pair], dtype="float64", device="cpu")
+        result = run_bench(config, tmp_path / how, progress=False)
+        assert all(r.exact for r in result.requests) and not result.failed
+        outputs[how] = [(r.key, r.method, r.output_ids) for r in result.requests]
+    assert outputs["split"] == outputs["plain"]
+    assert "offloaded" in caplog.text  # accelerate placed the target, partly on disk
+    manifest = json.loads((tmp_path / "split" / "manifest.json").read_text())
+    assert manifest["config"]["pairs"][0]["device_map"] == {"target": split}
+    assert (
+        "device_map"
+        not in json.loads((tmp_path / "plain" / "manifest.json").read_text())["config"]["pairs"][0]
+    )
+    with pytest.raises(ConfigError, match=r"bench\.pairs\[0\]\.device_map: expected"):
+        sweep_config(tmp_path, pairs=[{"target": "a", "drafter": "b", "device_map": {"x": 0}}])

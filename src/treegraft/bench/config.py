@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 
 from treegraft.core.config import (
+    Check,
     ConfigError,
     at_least,
     each,
@@ -33,6 +34,7 @@ from treegraft.core.config import (
     parse_yaml,
     structure_config,
 )
+from treegraft.core.placement import valid_device_maps
 from treegraft.zoo import SUITES
 
 ROOT = "bench"
@@ -66,10 +68,27 @@ class Pair:
     target: str = field(doc="target model reference: zoo:NAME, a directory or mem:NAME")
     drafter: str = field(doc="LM drafter reference substituted into the pipelines' LM drafters")
     label: str | None = field(None, doc="name in the reports (default: target+drafter)")
+    device_map: dict[str, Any] | None = field(
+        None,
+        check=Check(
+            "a mapping of 'target' and/or 'drafter' to a device map ('auto', 'balanced', a "
+            "device, or module -> device)",
+            lambda v: v is None or (set(v) <= {"target", "drafter"} and valid_device_maps(v)),
+        ),
+        doc="where the pair's models go, through accelerate (docs/scaling.md)",
+    )
+    offload_folder: str | None = field(
+        None, doc="folder for weights the device map sends to 'disk' (default: a temporary one)"
+    )
 
     @property
     def name(self) -> str:
         return self.label or f"{short_ref(self.target)}+{short_ref(self.drafter)}"
+
+    def device_maps(self) -> dict[str, Any]:
+        """Model reference -> device map, for `Resources.device_maps`."""
+        roles = {"target": self.target, "drafter": self.drafter}
+        return {roles[role]: m for role, m in (self.device_map or {}).items()}
 
 
 def short_ref(ref: str) -> str:
@@ -191,11 +210,16 @@ class BenchConfig:
     def as_dict(self) -> dict[str, Any]:
         """The config as plain data (for the run manifest)."""
         return {
-            "pairs": [attrs.asdict(p) for p in self.pairs],
+            "pairs": [attrs.asdict(p, filter=_set_placement) for p in self.pairs],
             "pipelines": [attrs.asdict(p) for p in self.pipelines],
             **attrs.asdict(self.settings),
             "source": self.source,
         }
+
+
+def _set_placement(attribute: attrs.Attribute, value: Any) -> bool:
+    """Leave a pair's unset placement out of the manifest (older manifests have none)."""
+    return not (attribute.name in ("device_map", "offload_folder") and value is None)
 
 
 NESTED = ("pairs", "pipelines", "executor")
