@@ -5,6 +5,9 @@ Per pair the models are loaded once and shared by every method. Per prompt, plai
 token for token. Methods are interleaved per prompt so machine noise hits them alike. In replay
 mode, every pipeline also runs against a `ReplayTarget` that answers from the recorded `ar`
 continuation, with the target's time predicted from latency curves measured at the start.
+
+The prompts are run as work units (`treegraft.bench.units`) by the local or the Ray executor;
+each finished unit goes to the result store (`treegraft.bench.store`) before it counts as done.
 """
 
 from __future__ import annotations
