@@ -95,3 +95,10 @@ def test_two_runs_cannot_hold_one_folder(tmp_path):
             pass
     with ResultStore.open(tmp_path, resume=True):  # released at the end
         assert (tmp_path / LOCK).is_file()
+
+
+def test_a_file_in_place_of_the_folder_is_a_clear_error(tmp_path):
+    (tmp_path / "taken").write_text("a file")
+    refused = r"--out .*taken: cannot write a results folder there"
+    with pytest.raises(OutDirError, match=refused), ResultStore.open(tmp_path / "taken"):
+        pass

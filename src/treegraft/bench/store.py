@@ -166,8 +166,13 @@ class ResultStore:
         Raises `OutDirError` when another run holds the folder, or when it is not empty and neither
         `resume` (continue its sweep) nor `force` (start over) is given.
         """
-        out_dir.mkdir(parents=True, exist_ok=True)
-        lock = acquire_lock(out_dir)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            lock = acquire_lock(out_dir)
+        except OSError as exc:
+            raise OutDirError(
+                f"--out {out_dir}: cannot write a results folder there ({exc.strerror or exc})"
+            ) from None
         try:
             if not (resume or force):
                 refuse_non_empty(out_dir)
