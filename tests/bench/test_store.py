@@ -86,6 +86,10 @@ def test_a_non_empty_folder_is_refused_unless_resume_or_force(tmp_path):
     with ResultStore.open(tmp_path, force=True) as store:  # force starts the store over
         assert store.records == []
     assert read_store(tmp_path / STORE).records == ()
+    with ResultStore.open(tmp_path / "new", resume=True):
+        pass  # e.g. a --resume refused for want of a manifest: leaves an empty store
+    with ResultStore.open(tmp_path / "new"):
+        pass  # which does not count as results
 
 
 def test_two_runs_cannot_hold_one_folder(tmp_path):

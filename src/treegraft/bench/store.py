@@ -218,8 +218,13 @@ class ResultStore:
 
 
 def refuse_non_empty(out_dir: Path) -> None:
-    """Raise `OutDirError` when `out_dir` holds anything besides the lock file."""
-    entries = sorted(p.name for p in out_dir.iterdir() if p.name != LOCK)
+    """Raise `OutDirError` when `out_dir` holds anything besides the lock file and an empty
+    store (what a refused `--resume` leaves)."""
+    entries = sorted(
+        p.name
+        for p in out_dir.iterdir()
+        if p.name != LOCK and not (p.name == STORE and p.stat().st_size == 0)
+    )
     if entries:
         shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
         raise OutDirError(
