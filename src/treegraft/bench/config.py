@@ -37,7 +37,8 @@ from treegraft.zoo import SUITES
 
 ROOT = "bench"
 
-#: Every baseline the harness knows, besides plain decoding (`ar`), which always runs.
+#: Every baseline the harness knows, besides the two plain decodings (`ar`, `ar-runner`), which
+#: always run.
 BASELINES = (
     "hf-assisted",
     "hf-prompt-lookup",
@@ -51,8 +52,12 @@ BASELINES = (
     "treegraft-threshold",
     "treegraft-budgeted",
 )
-#: The plain autoregressive reference every other method is compared with.
+#: Plain decoding with Hugging Face `generate`: the reference every output is compared with.
 AR = "ar"
+#: Plain decoding through the pipelines' own `CausalLMRunner` and forward path; runs with `ar`.
+AR_RUNNER = "ar-runner"
+#: The two plain decodings; speedups are reported against the faster of them, per pair.
+PLAIN = (AR, AR_RUNNER)
 #: HF assisted generation, the peer baseline with the same LM drafter.
 HF_ASSISTED = "hf-assisted"
 #: The two endpoint strategies: weak-only and strong-every-layer trees.
@@ -254,7 +259,7 @@ def _entries(raw: Any) -> tuple[PipelineEntry, ...]:
 
 
 def _check_labels(entries: tuple[PipelineEntry, ...], settings: BenchSettings) -> None:
-    seen = {AR, *settings.baselines}
+    seen = {*PLAIN, *settings.baselines}
     for i, entry in enumerate(entries):
         if entry.name in seen:
             raise ConfigError(
