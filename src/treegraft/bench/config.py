@@ -124,6 +124,12 @@ class BenchSettings:
         "float32", check=one_of("float32", "float64", "bfloat16", "float16"), doc="model precision"
     )
     device: str = field("auto", doc="'auto' (CUDA when present), 'cpu' or 'cuda:N'")
+    attention: str = field(
+        "auto",
+        check=one_of("auto", "sdpa", "tree"),
+        doc="every pipeline's decoding.attention (and so `ar-runner`'s): 'auto' (the tree kernel "
+        "on CUDA, SDPA elsewhere), 'sdpa' or 'tree'",
+    )
     repeat: int = field(
         1, check=at_least(1), doc="repetitions of the whole sweep (mean and spread)"
     )

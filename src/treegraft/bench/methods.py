@@ -386,6 +386,7 @@ def pipeline_mapping(
         "stop_at_eos": True,
         "dtype": settings.dtype,
         "device": settings.device,
+        "attention": settings.attention,
     }
     return raw
 

@@ -352,7 +352,8 @@ def run_bench(
             if not todo:
                 continue
             res = resources or loaded.setdefault(
-                pair.target, Resources.create(device=s.device, dtype=s.dtype)
+                pair.target,
+                Resources.create(device=s.device, dtype=s.dtype, attention=s.attention),
             )
             lengths = [int(encode_prompt(res, pair, p.text).numel()) for p in prompts]
             stored = {r: LatencyCurve.from_dict(c) for r, c in curves.get(pair.name, {}).items()}

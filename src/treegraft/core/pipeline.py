@@ -83,6 +83,8 @@ class Pipeline:
         )
         resources.target_ref = spec.target
         resources.forward = spec.decoding.forward
+        resources.use_attention(spec.decoding.attention)
+        check_forward(spec, resources)
         check_vocabularies(spec, resources)
         target = CausalLMRunner(
             _load(resources, spec.target, "pipeline.target"), forward=spec.decoding.forward
@@ -261,6 +263,18 @@ def check_vocabularies(spec: PipelineSpec, resources: Resources) -> None:
                 f"{c.path}.model: vocabulary mismatch: {ref!r} has {vocab} tokens but the target "
                 f"{spec.target!r} has {target_vocab}; a drafter must share the target's tokenizer"
             )
+
+
+def check_forward(spec: PipelineSpec, resources: Resources) -> None:
+    """`decoding.forward: lean` needs SDPA attention: the lean forward does not call the tree
+    kernel, so `decoding.attention` resolving to it is a configuration error."""
+    if spec.decoding.forward == "lean" and resources.attention != "sdpa":
+        raise ConfigError(
+            f"pipeline.decoding.forward: 'lean' runs SDPA attention, but decoding.attention "
+            f"{spec.decoding.attention!r} selects the tree kernel on {resources.device.type}; "
+            "use forward 'auto' (the tree kernel runs through transformers' forward) or "
+            "attention 'sdpa'"
+        )
 
 
 def _vocab(resources: Resources, ref: str, path: str) -> int:

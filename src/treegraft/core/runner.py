@@ -145,6 +145,11 @@ class CausalLMRunner:
     def __attrs_post_init__(self) -> None:
         self._read_model()
         self._cache_kwarg = _cache_kwarg(self.model)
+        self._read_attention()
+
+    def _read_attention(self) -> None:
+        """Take the model's attention implementation: the tree kernel (`treegraft_tree`, through
+        `transformers`' forward) or SDPA (the lean forward where supported)."""
         self._tree_kernel = (
             getattr(self.model.config, "_attn_implementation", None) == IMPLEMENTATION
         )
@@ -168,6 +173,11 @@ class CausalLMRunner:
         if self.forward == "lean":
             raise ValueError(f"forward 'lean' is not available for this model: {why}")
         return None
+
+    @property
+    def attention(self) -> str:
+        """`tree` when tree forwards run the tree-attention kernel, else `sdpa`."""
+        return "tree" if self._tree_kernel else "sdpa"
 
     @property
     def lean(self) -> bool:
@@ -240,6 +250,10 @@ class CausalLMRunner:
             if self.output_rows is not None:
                 self.output_rows = self.output_rows.to(self._device)
                 self._gather_head()
+        if self._tree_kernel != (
+            getattr(self.model.config, "_attn_implementation", None) == IMPLEMENTATION
+        ):  # the model's attention was switched (`Resources.use_attention`)
+            self._read_attention()
         if self.cache is None or self.cache.get_max_length() < max_len:
             n_layers, n_kv, head_dim = cache_geometry(self.model)
             shape = (n_layers, 2, n_kv, max_len, head_dim)
