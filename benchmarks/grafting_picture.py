@@ -51,7 +51,9 @@ def main() -> None:
             writer.write(event)
         records = [load_step(p) for p in sorted(Path(tmp).glob("step-*.json"))]
     best = max(records, key=lambda r: (recovered(r), len(r["accepted_tokens"])))
-    print(f"step {best['step']}: {recovered(best)} recovered nodes kept, {len(best['accepted_tokens'])} tokens committed")
+    print(
+        f"step {best['step']}: {recovered(best)} recovered nodes kept, {len(best['accepted_tokens'])} tokens committed"
+    )
     print(render_step(best, args.out, show_pruned=True))
 
 
