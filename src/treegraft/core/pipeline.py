@@ -107,6 +107,7 @@ class Pipeline:
             grafter=build(spec.grafter),
             seed=spec.decoding.seed,
             sync_clock=resources.device.type == "cuda",
+            pinned=resources.device.type == "cuda",
         )
         tokenizer = resources.load_tokenizer(spec.target)
         return cls(spec, resources, decoder, tokenizer, eos_ids_of(target.model, tokenizer))

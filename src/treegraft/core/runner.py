@@ -390,7 +390,8 @@ class CausalLMRunner:
             accepted: `[a]` int64 node indices (this step's tree, root first) of the accepted path.
             tokens: `[a]` int64 newly committed tokens (accepted drafts, then the bonus).
 
-        Synchronises with the device (reads how much of the accepted path was seen).
+        Reads `accepted` on the host: pass a host tensor (the decoder does) and nothing waits
+        for the device.
         """
         n_new = int(tokens.shape[0])
         self._ensure_capacity(self.n_committed + n_new)
@@ -402,7 +403,8 @@ class CausalLMRunner:
             moved = [self.n_cached + slot for slot in keep[first:]]
             kv_compact(self.cache.kv, host_tensor(moved, device=self.device), self.n_cached + first)
         self.n_cached += len(keep)
-        self.committed[self.n_committed : self.n_committed + n_new] = tokens.to(self.device)
+        new = tokens.to(self.device, non_blocking=True)  # async from a pinned buffer (decoder)
+        self.committed[self.n_committed : self.n_committed + n_new] = new
         self.n_committed += n_new
         self.n_pending = self.n_seen = 0
 
