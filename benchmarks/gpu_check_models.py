@@ -59,7 +59,7 @@ TINY_SHAPES = {
     ),
 }
 #: the zoo pipelines checked: baselines of the harness, then shipped pipelines
-BASELINES = ["hf-assisted", "chain", "ngram-only", "lm-only"]
+BASELINES = ["hf-assisted", "chain", "chain-hf", "ngram-only", "lm-only"]
 PIPELINES = ["treegraft", "treegraft-learned", "cascade3"]
 
 

@@ -52,8 +52,8 @@ def test_cpu_dry_run_exercises_every_part_and_writes_the_report(tmp_path: Path) 
     assert "MISMATCH" not in md
     # pipelines: both dtypes, both attentions, every method, plain decodings included
     cells = {(r["dtype"], r["attention"], r["method"]) for r in report["pipelines"]}
-    methods = {"ar", "ar-runner", "hf-assisted", "chain", "ngram-only", "lm-only", "treegraft"}
-    methods |= {"treegraft-learned", "cascade3"}
+    methods = {"ar", "ar-runner", "hf-assisted", "chain", "chain-hf", "ngram-only", "lm-only"}
+    methods |= {"treegraft", "treegraft-learned", "cascade3"}
     assert cells == {
         (d, a, m) for d in ("float32", "bfloat16") for a in ("sdpa", "tree") for m in methods
     }
@@ -68,5 +68,5 @@ def test_cpu_dry_run_exercises_every_part_and_writes_the_report(tmp_path: Path) 
     }
     # replay: a prediction for every pipeline on every SDPA curve
     replay = report["replay"]
-    assert len(replay) == 4 * 6 and all(r["predicted_speedup"] > 0 for r in replay)
+    assert len(replay) == 4 * 7 and all(r["predicted_speedup"] > 0 for r in replay)
     assert (tmp_path / "pipelines-float32-tree" / "summary.md").is_file()

@@ -43,6 +43,7 @@ BASELINES = (
     "hf-assisted",
     "hf-prompt-lookup",
     "chain",
+    "chain-hf",
     "ngram-only",
     "lm-only",
     "treegraft-never",

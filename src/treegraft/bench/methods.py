@@ -321,10 +321,26 @@ class PipelinePlan:
     where: str
 
 
+#: Hugging Face assisted generation's draft schedule when the assistant's generation config sets
+#: none (`GenerationConfig` defaults): up to 20 tokens a round, a constant schedule, and a round
+#: ends after the first drafted token whose probability is below 0.4
+HF_DRAFT_TOKENS = 20
+HF_CONFIDENCE = 0.4
+
+
+def hf_chain_override(settings: BenchSettings) -> dict[str, Any]:
+    """The `chain` pipeline's builder under HF assisted generation's draft schedule: chains of
+    up to `hf_assistant_tokens` (default 20) tokens ending at the first unsure one."""
+    n = settings.hf_assistant_tokens or HF_DRAFT_TOKENS
+    builder = {"name": "layered", "depth": n, "top_k": 1, "budget": n, "stop_below": HF_CONFIDENCE}
+    return {"builder": builder}
+
+
 def baseline_entries(settings: BenchSettings) -> list[tuple[str, PipelineEntry]]:
     """The pipeline baselines the settings ask for, as entries (HF baselines excluded)."""
     entries = {
         "chain": PipelineEntry("chain"),
+        "chain-hf": PipelineEntry("chain", label="chain-hf", override=hf_chain_override(settings)),
         "ngram-only": PipelineEntry("ngram-only"),
         "lm-only": PipelineEntry("lm-only"),
         **{
