@@ -285,7 +285,8 @@ def accepted_tokens_on_device(built: BuildResult, verdict: Verdict) -> Accepted:
     drafted = torch.arange(n, device=node.device) < verdict.length  # [n]
     drafted[0] = False
     strong = ((tree.proposer[node] > 0) & drafted).sum()
-    head = torch.stack([verdict.length.reshape(()), verdict.bonus.reshape(()), strong])
+    scalars = (verdict.length, verdict.bonus, strong)
+    head = torch.stack([t.reshape(()).to(node.device) for t in scalars])
     packed = torch.cat([head, node, tree.tokens[node], built.kept[node]]).tolist()  # one read
     length, bonus, n_strong = packed[:3]
     return Accepted(
