@@ -86,11 +86,36 @@ def _run_generation(pipe, text: str, max_new_tokens: int | None, trace: Path | N
         f"[dim]{s.new_tokens} new tokens · tau {s.tau:.2f} · {s.tokens_per_second:.1f} tokens/s · "
         f"{s.steps} target forwards · finish: {events[-1].finish_reason}[/]"
     )
+    console.print(f"[dim]{backend_line(pipe)}[/]")
     if prepared:
         console.print(
             f"[dim]measured the target's latency curve first ({prepared:.2f} s, once per "
             "pipeline; not in the stats)[/]"
         )
+
+
+def backend_line(pipe) -> str:
+    """Which attention and forward each model of the pipeline runs, for the stats line:
+    `attention tree (kernel: triton) · forwards: target transformers, strong transformers`."""
+    import torch
+
+    from treegraft.core.runner import CausalLMRunner
+    from treegraft.kernels._dispatch import choose_backend, requested_backend
+
+    runners = [("target", pipe.decoder.target)]
+    for (name, _), drafter in zip(pipe.spec.drafters, pipe.decoder.drafters, strict=True):
+        runner = getattr(drafter, "runner", None)
+        if isinstance(runner, CausalLMRunner):
+            runners.append((name, runner))
+    kinds = sorted({r.attention for _, r in runners})
+    text = f"attention {'/'.join(kinds)}"
+    if "tree" in kinds:
+        probe = torch.empty(0, device=pipe.resources.device)
+        exact = pipe.resources.dtype == torch.float64 and requested_backend() == "auto"
+        kernel = "reference" if exact else choose_backend("tree_attention", probe)
+        text += f" (kernel: {kernel})"
+    forwards = ", ".join(f"{name} {'lean' if r.lean else 'transformers'}" for name, r in runners)
+    return f"{text} · forwards: {forwards}"
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:

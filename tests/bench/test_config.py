@@ -192,3 +192,22 @@ def test_the_standing_config_is_the_full_protocol_with_the_standing_methods():
     shipped = yaml.safe_load(resolve_pipeline("treegraft").read_text())
     assert {**learned["scheduler"], "artifact": "zoo:scheduler"} == shipped["scheduler"]
     assert plans["ngram-only-adaptive"].raw["builder"]["adaptive"] is True
+
+
+@pytest.mark.parametrize(("tokens", "depth"), [(None, 20), (7, 7)])
+def test_chain_hf_is_the_chain_pipeline_under_hf_assisted_generations_schedule(tokens, depth):
+    """The like-for-like row of `hf-assisted`: the same drafter as a chain of up to HF's draft
+    length (`hf_assistant_tokens`, HF's default 20), ending at its first token below 0.4."""
+    cfg = bench_config_from_dict(
+        {"pairs": [PAIR], "baselines": ["hf-assisted", "chain-hf"], "hf_assistant_tokens": tokens}
+    )
+    (plan,) = pipeline_plans(cfg, cfg.pairs[0])
+    assert plan.label == "chain-hf"
+    assert plan.raw["builder"] == {
+        "name": "layered",
+        "depth": depth,
+        "top_k": 1,
+        "budget": depth,
+        "stop_below": 0.4,
+    }
+    assert plan.raw["drafters"]["strong"]["model"] == PAIR["drafter"]

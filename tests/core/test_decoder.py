@@ -13,6 +13,7 @@ from tests.core.test_tree import trees
 from treegraft.core.decoder import accepted_tokens, accepted_tokens_on_device
 from treegraft.core.interfaces import BuildResult
 from treegraft.core.pipeline import load_pipeline
+from treegraft.core.tree import DraftTree
 from treegraft.plugins.verifiers.greedy import GreedyVerifier
 
 VOCAB = 48
@@ -241,13 +242,45 @@ def test_accepted_tokens_on_the_host_and_on_the_device_agree(data):
     )
     logits[torch.arange(n), data.draw(st.lists(st.integers(0, 5), min_size=n, max_size=n))] += 10
     verdict = GreedyVerifier(None).verify(tree, logits)
-    built = BuildResult(tree=tree, kept=torch.arange(n), calls=(0,), unpruned=tree)
-    path, tokens, strong = accepted_tokens(built, verdict)
-    want_path, want_tokens, want_strong = accepted_tokens_on_device(built, verdict)
-    assert torch.equal(path, want_path) and tokens == want_tokens and strong == want_strong
-    drafted = path.tolist()[1:]
-    assert tokens == [int(tree.tokens[i]) for i in drafted] + [int(verdict.bonus)]
-    assert strong == sum(int(proposer[i]) > 0 for i in drafted)
+    kept = torch.tensor(sorted(data.draw(st.sets(st.integers(1, 3 * n), min_size=n, max_size=n))))
+    kept[0] = 0
+    built = BuildResult(tree=tree, kept=kept, calls=(0,), unpruned=tree)
+    host, device = accepted_tokens(built, verdict), accepted_tokens_on_device(built, verdict)
+    assert torch.equal(host.path, device.path) and torch.equal(host.unpruned, device.unpruned)
+    assert (host.tokens, host.strong) == (device.tokens, device.strong)
+    drafted = host.path.tolist()[1:]
+    assert host.tokens == [int(tree.tokens[i]) for i in drafted] + [int(verdict.bonus)]
+    assert host.strong == sum(int(proposer[i]) > 0 for i in drafted)
+    assert host.unpruned.tolist() == [int(kept[i]) for i in host.path.tolist()]
+    assert device.path.device.type == device.unpruned.device.type == "cpu"  # host tensors
+
+
+def count_host_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every read of a tensor's values on the host from here on (`tolist`, `item`, `int()`...)."""
+    reads: list[str] = []
+    for name in ("tolist", "item", "__int__", "__index__", "__bool__", "__float__"):
+        original = getattr(torch.Tensor, name)
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    return reads
+
+
+def test_the_device_accept_decision_is_one_host_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the accept decision is the step's one wait for the device: the path, its tokens,
+    its unpruned indices, the bonus and the strong count come back in a single read."""
+    tree = DraftTree.from_parents(torch.tensor([5, 6, 7, 8, 9]), torch.tensor([-1, 0, 1, 0, 3]))
+    logits = torch.full((5, 12), -1.0)
+    logits[torch.arange(5), torch.tensor([6, 7, 3, 9, 2])] = 1.0  # path 0 -> 1 -> 2, bonus 3
+    verdict = GreedyVerifier(None).verify(tree, logits)
+    built = BuildResult(tree=tree, kept=torch.tensor([0, 2, 4, 5, 7]), calls=(0,), unpruned=tree)
+    reads = count_host_reads(monkeypatch)
+    accepted = accepted_tokens_on_device(built, verdict)
+    assert reads == ["tolist"]
+    assert accepted.tokens == [6, 7, 3] and accepted.unpruned.tolist() == [0, 2, 4]
 
 
 def calling_pipeline(target, drafter, *, max_new: int):

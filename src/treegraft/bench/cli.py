@@ -151,6 +151,7 @@ def compare(
     pairs = list(dict.fromkeys(r[0] for r in rows))
     skip = 1 if len(pairs) == 1 else 0  # one pair: name it above the table
     heading = f"A: {a}\nB: {b}\nsuite: {suite}" + (f" · pair: {pairs[0]}" if skip else "")
+    heading += f"\n{result.baseline_note()}"
     out.print(heading, highlight=False)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for i, header in enumerate(COMPACT_HEADERS[skip:], start=skip):

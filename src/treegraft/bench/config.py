@@ -39,11 +39,13 @@ from treegraft.zoo import SUITES
 
 ROOT = "bench"
 
-#: Every baseline the harness knows, besides plain decoding (`ar`), which always runs.
+#: Every baseline the harness knows, besides the two plain decodings (`ar`, `ar-runner`), which
+#: always run.
 BASELINES = (
     "hf-assisted",
     "hf-prompt-lookup",
     "chain",
+    "chain-hf",
     "ngram-only",
     "lm-only",
     "treegraft-never",
@@ -53,8 +55,12 @@ BASELINES = (
     "treegraft-threshold",
     "treegraft-budgeted",
 )
-#: The plain autoregressive reference every other method is compared with.
+#: Plain decoding with Hugging Face `generate`: the reference every output is compared with.
 AR = "ar"
+#: Plain decoding through the pipelines' own `CausalLMRunner` and forward path; runs with `ar`.
+AR_RUNNER = "ar-runner"
+#: The two plain decodings; speedups are reported against the faster of them, per pair.
+PLAIN = (AR, AR_RUNNER)
 #: HF assisted generation, the peer baseline with the same LM drafter.
 HF_ASSISTED = "hf-assisted"
 #: The two endpoint strategies: weak-only and strong-every-layer trees.
@@ -138,6 +144,12 @@ class BenchSettings:
         "float32", check=one_of("float32", "float64", "bfloat16", "float16"), doc="model precision"
     )
     device: str = field("auto", doc="'auto' (CUDA when present), 'cpu' or 'cuda:N'")
+    attention: str = field(
+        "auto",
+        check=one_of("auto", "sdpa", "tree"),
+        doc="every pipeline's decoding.attention (and so `ar-runner`'s): 'auto' (the tree kernel "
+        "on CUDA, SDPA elsewhere), 'sdpa' or 'tree'",
+    )
     repeat: int = field(
         1, check=at_least(1), doc="repetitions of the whole sweep (mean and spread)"
     )
@@ -303,7 +315,7 @@ def _entries(raw: Any) -> tuple[PipelineEntry, ...]:
 
 
 def _check_labels(entries: tuple[PipelineEntry, ...], settings: BenchSettings) -> None:
-    seen = {AR, *settings.baselines}
+    seen = {*PLAIN, *settings.baselines}
     for i, entry in enumerate(entries):
         if entry.name in seen:
             raise ConfigError(

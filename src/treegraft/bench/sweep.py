@@ -1,8 +1,9 @@
 """The sweep: for each pair, every prompt decoded by plain decoding and every other method.
 
 Per pair the models are loaded once and shared by every method. Per prompt, plain decoding
-(`ar`) runs first; each other method then runs on the same token ids and is compared with it
-token for token. Methods are interleaved per prompt so machine noise hits them alike. In replay
+(`ar`, Hugging Face `generate`) runs first, then plain decoding through the pipelines' runner
+(`ar-runner`); each other method then runs on the same token ids and is compared with `ar`'s
+output token for token. Methods are interleaved per prompt so machine noise hits them alike. In replay
 mode, every pipeline also runs against a `ReplayTarget` that answers from the recorded `ar`
 continuation, with the target's time predicted from latency curves measured at the start.
 
@@ -27,7 +28,7 @@ import transformers
 
 from treegraft.bench import plots, report
 from treegraft.bench.aggregate import Row, aggregate
-from treegraft.bench.config import AR, BenchConfig, BenchSettings, Pair
+from treegraft.bench.config import AR, AR_RUNNER, BenchConfig, BenchSettings, Pair
 from treegraft.bench.measure import PeakMemory, exactness
 from treegraft.bench.methods import (
     HF_ASSISTED,
@@ -40,6 +41,7 @@ from treegraft.bench.methods import (
     build_pipelines,
     hf_methods,
     pipeline_plans,
+    runner_method,
     time_split,
 )
 from treegraft.bench.records import MEASURED, REPLAY, Request
@@ -231,6 +233,7 @@ def open_session(
     s = config.settings
     hf = hf_methods(pair, s, resources)
     pipelines = build_pipelines(plans, resources, registry)
+    plain = runner_method(resources, pair, resources.forward)  # as the pipelines' target runs
     max_nodes = max((p.pipeline.decoder.builder.max_nodes() for p in pipelines), default=1)
     replays = []
     if not (s.replay and pipelines):
@@ -248,7 +251,7 @@ def open_session(
         settings=s,
         resources=resources,
         reference=hf.pop("ar"),
-        methods=[*hf.values(), *pipelines],
+        methods=[plain, *hf.values(), *pipelines],
         replays=replays,
         curves=curves,
         extra_tokens=max_nodes + 1,
@@ -425,7 +428,12 @@ def ordered_requests(config: BenchConfig, prompts: list[Prompt], store: Any) -> 
 def expected_methods(settings: BenchSettings, plans: list[PipelinePlan]) -> set[tuple[str, str]]:
     """(method, mode) of every request one prompt of one pair gets."""
     hf = [b for b in (HF_ASSISTED, HF_PROMPT_LOOKUP) if b in settings.baselines]
-    out = {(AR, MEASURED), *((m, MEASURED) for m in hf), *((p.label, MEASURED) for p in plans)}
+    out = {
+        (AR, MEASURED),
+        (AR_RUNNER, MEASURED),
+        *((m, MEASURED) for m in hf),
+        *((p.label, MEASURED) for p in plans),
+    }
     if settings.replay and plans:
         out |= {(p.label, REPLAY) for p in plans}
     return out

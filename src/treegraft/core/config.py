@@ -213,6 +213,12 @@ class DecodingConfig:
         doc="model forward: 'lean' (same operations, bitwise equal logits, no module overhead; "
         "Llama models), 'transformers', or 'auto' (lean where supported)",
     )
+    attention: str = field(
+        "auto",
+        check=one_of("auto", "sdpa", "tree"),
+        doc="attention of the target's and LM drafters' tree forwards: 'tree' (the tree-attention "
+        "kernel, through transformers' forward), 'sdpa', or 'auto' (tree on CUDA, sdpa elsewhere)",
+    )
     seed: int = field(0, doc="seed of the verifier's random numbers (sampling)")
     check_model: bool = field(
         True,

@@ -88,6 +88,8 @@ class Pipeline:
         resources.check_model = spec.decoding.check_model
         resources.device_maps |= spec.decoding.device_map
         resources.offload_folder = resources.offload_folder or spec.decoding.offload_folder
+        resources.use_attention(spec.decoding.attention)
+        check_forward(spec, resources)
         check_vocabularies(spec, resources)
         _load(resources, spec.target, "pipeline.target")
         target = _runner(resources, spec.target, "pipeline.target")
@@ -110,6 +112,7 @@ class Pipeline:
             grafter=build(spec.grafter),
             seed=spec.decoding.seed,
             sync_clock=resources.device.type == "cuda",
+            pinned=resources.device.type == "cuda",
         )
         decoder.max_positions = context_limit(target, decoder.drafters)
         tokenizer = resources.load_tokenizer(spec.target)
@@ -316,6 +319,18 @@ def same_tokenizer(resources: Resources, a: str, b: str) -> bool | None:
         return True
     vocabs = [resources.tokenizer_of(ref).get_vocab() for ref in (a, b)]
     return vocabs[0] == vocabs[1]
+
+
+def check_forward(spec: PipelineSpec, resources: Resources) -> None:
+    """`decoding.forward: lean` needs SDPA attention: the lean forward does not call the tree
+    kernel, so `decoding.attention` resolving to it is a configuration error."""
+    if spec.decoding.forward == "lean" and resources.attention != "sdpa":
+        raise ConfigError(
+            f"pipeline.decoding.forward: 'lean' runs SDPA attention, but decoding.attention "
+            f"{spec.decoding.attention!r} selects the tree kernel on {resources.device.type}; "
+            "use forward 'auto' (the tree kernel runs through transformers' forward) or "
+            "attention 'sdpa'"
+        )
 
 
 def _vocab(resources: Resources, ref: str, path: str) -> int:

@@ -8,7 +8,6 @@ loaded once per `Resources`, so a target used as its own drafter is not loaded t
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from transformers.utils import logging as hf_logging
 from treegraft.core.attention_rules import ModelRefused, refusal, refused_message
 from treegraft.core.placement import load_kwargs
 from treegraft.core.runner import CausalLMRunner
+from treegraft.kernels.tree_attention.hf import IMPLEMENTATION as TREE_IMPLEMENTATION
 
 DTYPES = {
     "float32": torch.float32,
@@ -45,16 +45,23 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def attention_implementation(device: torch.device) -> str:
-    """`treegraft_tree` (the fused tree-attention kernel) on CUDA, `sdpa` elsewhere.
+#: `decoding.attention` values: the tree kernel on CUDA and SDPA elsewhere, or either always
+ATTENTIONS = ("auto", "sdpa", "tree")
 
-    `TREEGRAFT_ATTENTION=tree|sdpa` overrides (on CPU, `tree` runs the kernel's reference path, or
-    the Triton kernel under `TRITON_INTERPRET=1` with `TREEGRAFT_KERNELS=triton`).
+
+def attention_implementation(setting: str, device: torch.device) -> str:
+    """The Hugging Face attention implementation a `decoding.attention` setting loads models with:
+    `treegraft_tree` (the tree-attention kernel, registered here) for `tree`, and for `auto` on
+    CUDA; `sdpa` for `sdpa`, and for `auto` elsewhere.
+
+    Under `treegraft_tree` a runner's tree forwards call `treegraft.kernels.tree_attention`
+    (Triton on CUDA; on CPU its pure-torch reference, or the Triton kernel in the interpreter with
+    `TRITON_INTERPRET=1 TREEGRAFT_KERNELS=triton`); every other forward (`generate`, prefill
+    without a tree) runs SDPA unchanged.
     """
-    choice = os.environ.get("TREEGRAFT_ATTENTION", "")
-    if choice not in ("", "tree", "sdpa"):
-        raise ValueError(f"TREEGRAFT_ATTENTION: expected 'tree' or 'sdpa', got {choice!r}")
-    if choice == "tree" or (not choice and device.type == "cuda"):
+    if setting not in ATTENTIONS:
+        raise ValueError(f"attention: expected one of {', '.join(ATTENTIONS)}, got {setting!r}")
+    if setting == "tree" or (setting == "auto" and device.type == "cuda"):
         from treegraft.kernels.tree_attention.hf import register
 
         return register()
@@ -120,12 +127,32 @@ class Resources:
     #: accelerate at load instead of moved to `device`
     device_maps: dict[str, Any] = attrs.field(factory=dict)
     offload_folder: str | None = None
+    attention: str = "sdpa"  # HF attention implementation of the models (`use_attention`)
 
     @classmethod
-    def create(cls, *, device: str = "auto", dtype: str = "float32") -> Resources:
+    def create(
+        cls, *, device: str = "auto", dtype: str = "float32", attention: str = "auto"
+    ) -> Resources:
         if dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
-        return cls(device=resolve_device(device), dtype=DTYPES[dtype])
+        res = cls(device=resolve_device(device), dtype=DTYPES[dtype])
+        res.use_attention(attention)
+        return res
+
+    def use_attention(self, setting: str) -> None:
+        """Load models with the attention implementation of `setting` (`decoding.attention`),
+        and switch every model loaded already (runners notice at their next `begin`)."""
+        self.attention = attention_implementation(setting, self.device)
+        tree = self.attention != "sdpa"
+        for model in self.models.values():
+            current = getattr(model.config, "_attn_implementation", None)
+            if tree and current != self.attention:
+                model.set_attn_implementation(self.attention)
+            elif not tree and current == TREE_IMPLEMENTATION:  # back from the tree kernel
+                model.set_attn_implementation(
+                    "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
+                )
+            # other implementations (eager where SDPA is not supported, a user's own) stay
 
     def add_model(self, ref: str, model: PreTrainedModel) -> None:
         """Make an in-memory model available under `ref` (moved to this device and dtype)."""
@@ -140,7 +167,12 @@ class Resources:
             placed = ref in self.device_maps
             kwargs = load_kwargs(self.device_maps[ref], self.offload_folder) if placed else {}
             model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=self.dtype, attn_implementation=attention_for(path), **kwargs
+                path,
+                dtype=self.dtype,
+                attn_implementation=attention_for(path)
+                if self.attention == "sdpa"
+                else self.attention,
+                **kwargs,
             )
             self.models[ref] = (model if placed else model.to(self.device)).eval()
         return self.models[ref]

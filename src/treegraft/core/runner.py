@@ -192,14 +192,19 @@ class CausalLMRunner:
         self._read_model()
         self._cache_kwarg = _cache_kwarg(self.model)
         self._rules = attention_rules(self.model.config)
+        self._read_attention()
+
+    def _read_attention(self) -> None:
+        """Take the model's attention implementation: the tree kernel (`treegraft_tree`, through
+        `transformers`' forward) or SDPA (the lean forward where supported)."""
+        self._tree_kernel = (
+            getattr(self.model.config, "_attn_implementation", None) == IMPLEMENTATION
+        )
         if self._tree_kernel and not self._rules.plain:
             raise ModelRefused(
                 f"the tree-attention kernel takes one causal tree mask, but "
                 f"{type(self.model).__name__} has {self._rules.describe()}: use SDPA attention"
             )
-        self._tree_kernel = (
-            getattr(self.model.config, "_attn_implementation", None) == IMPLEMENTATION
-        )
         self._lean = self._lean_forward()
 
     def _read_model(self) -> None:
@@ -220,6 +225,11 @@ class CausalLMRunner:
         if self.forward == "lean":
             raise ValueError(f"forward 'lean' is not available for this model: {why}")
         return None
+
+    @property
+    def attention(self) -> str:
+        """`tree` when tree forwards run the tree-attention kernel, else `sdpa`."""
+        return "tree" if self._tree_kernel else "sdpa"
 
     @property
     def lean(self) -> bool:
@@ -292,6 +302,10 @@ class CausalLMRunner:
             if self.output_rows is not None:
                 self.output_rows = self.output_rows.to(self._device)
                 self._gather_head()
+        if self._tree_kernel != (
+            getattr(self.model.config, "_attn_implementation", None) == IMPLEMENTATION
+        ):  # the model's attention was switched (`Resources.use_attention`)
+            self._read_attention()
         # the cache grows in chunks as decoding goes (`_ensure_capacity`), never sized for
         # `max_len` up front: a huge `max_new_tokens` costs nothing until it is decoded
         reserve = min(max_len, prompt.numel() + CACHE_CHUNK)
@@ -470,7 +484,8 @@ class CausalLMRunner:
             accepted: `[a]` int64 node indices (this step's tree, root first) of the accepted path.
             tokens: `[a]` int64 newly committed tokens (accepted drafts, then the bonus).
 
-        Synchronises with the device (reads how much of the accepted path was seen).
+        Reads `accepted` on the host: pass a host tensor (the decoder does) and nothing waits
+        for the device.
         """
         n_new = int(tokens.shape[0])
         self._ensure_capacity(self.n_committed + n_new)
@@ -482,7 +497,8 @@ class CausalLMRunner:
             moved = [self.n_cached + slot for slot in keep[first:]]
             kv_compact(self.cache.kv, host_tensor(moved, device=self.device), self.n_cached + first)
         self.n_cached += len(keep)
-        self.committed[self.n_committed : self.n_committed + n_new] = tokens.to(self.device)
+        new = tokens.to(self.device, non_blocking=True)  # async from a pinned buffer (decoder)
+        self.committed[self.n_committed : self.n_committed + n_new] = new
         self.n_committed += n_new
         self.n_pending = self.n_seen = 0
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from treegraft.core.config import at_least, field
+from treegraft.core.config import Check, at_least, field
 from treegraft.core.interfaces import (
     BuildResult,
     LayerState,
@@ -54,6 +54,13 @@ class LayeredConfig:
         doc="verify only as many of the best `budget` nodes as maximise expected tokens per "
         "second under the target's latency curve (measured once per decoder)",
     )
+    stop_below: float | None = field(
+        None,
+        check=Check("in (0, 1] or null", lambda v: v is None or 0 < v <= 1),
+        doc="stop growing after a layer whose every new frontier node has an edge probability "
+        "below this (the nodes are kept): Hugging Face assisted generation's confidence stop "
+        "(0.4 there); null: never",
+    )
 
 
 @attrs.define
@@ -85,12 +92,22 @@ class LayeredBuilder(TreeBuilder):
             with step.clock.time(f"drafter{who}"):
                 tree, frontier = self._grow(step, who, tree, frontier)
             calls.append(who)
+            if self._unsure(tree, frontier):
+                break
         budget = self.config.budget
         curve = step.timings.target_curve
         if self.config.adaptive and curve is not None:
             budget = verify_size(tree, budget, curve, sum(times.drafters[c] for c in calls))
         keep = kept(tree, budget)
         return BuildResult(tree=tree.select(keep), kept=keep, calls=tuple(calls), unpruned=tree)
+
+    def _unsure(self, tree: DraftTree, frontier: Tensor) -> bool:
+        """Whether `stop_below` ends the growth: every frontier node's edge probability is
+        below it (reads the frontier's scores on the host)."""
+        low = self.config.stop_below
+        if low is None or frontier.numel() == 0:
+            return False
+        return bool(tree.edge_logp[frontier].max() < math.log(low))
 
     def _grow(
         self, step: StepContext, who: int, tree: DraftTree, frontier: Tensor
