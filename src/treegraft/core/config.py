@@ -19,6 +19,7 @@ import attrs
 import cattrs
 import yaml
 
+from treegraft.core.errors import TreegraftError
 from treegraft.core.registry import (
     Registry,
     UnknownComponentError,
@@ -29,7 +30,7 @@ from treegraft.core.registry import (
 ROOT = "pipeline"
 
 
-class ConfigError(ValueError):
+class ConfigError(TreegraftError, ValueError):
     """A pipeline file is malformed; the message names the path of the offending value."""
 
 

@@ -12,6 +12,7 @@ import attrs
 import torch
 from torch import Tensor
 
+from treegraft.core.boundary import Origin, Parts, StepCounter, guarded_parts
 from treegraft.core.interfaces import (
     BuildResult,
     Drafter,
@@ -105,6 +106,16 @@ class Decoder:
     times: ForwardTimes = attrs.field(factory=ForwardTimes)
     #: acceptance of the current generation's steps so far (reset by `steps`)
     history: AcceptHistory = attrs.field(factory=AcceptHistory)
+    #: where each component comes from, by role (`drafter0`, ..., `builder`, `scheduler`,
+    #: `verifier`, `rescorer`, `grafter`): third-party ones are called through checking proxies
+    origins: dict[str, Origin] = attrs.field(factory=dict)
+    _counter: StepCounter = attrs.field(factory=StepCounter, init=False)
+    _parts: Parts | None = attrs.field(default=None, init=False)
+
+    def parts(self) -> Parts:
+        """The components as the loop calls them: behind checking proxies where `origins` says
+        (`treegraft.core.boundary`); rebuilt per generation, so replacing a component holds."""
+        return guarded_parts(self, self.origins, self._counter)
 
     def prepare(self, context: int) -> float:
         """Measure what the builder reads before decoding, once per decoder: the target's latency
@@ -114,22 +125,25 @@ class Decoder:
         `steps` calls it too; calling it first keeps the one-time measurement out of a timed
         generation.
         """
-        if self.times.target_curve is not None or not self.builder.wants_target_curve():
+        builder = self.parts().builder
+        if self.times.target_curve is not None or not builder.wants_target_curve():
             return 0.0
         start = time.perf_counter()
         self.times.target_curve = self.target.latency_curve(
-            query_grid(self.builder.max_nodes()), context=context
+            query_grid(builder.max_nodes()), context=context
         )
         return time.perf_counter() - start
 
     def steps(self, prompt: Tensor, stop: StopRule) -> Iterator[StepEvent]:
         """Decode from `prompt` (`[T]` int64), yielding one event per target forward."""
-        max_len = prompt.numel() + stop.max_new_tokens + self.builder.max_nodes() + 2
+        self._counter.step = None
+        parts = self._parts = self.parts()
+        max_len = prompt.numel() + stop.max_new_tokens + parts.builder.max_nodes() + 2
         self.prepare(prompt.numel())
         self.target.begin(prompt, max_len=max_len)
-        for drafter in self.drafters:
+        for drafter in parts.drafters:
             drafter.begin(prompt, max_len=max_len)
-        self.verifier.begin(self.seed)
+        parts.verifier.begin(self.seed)
         self.history = AcceptHistory()
         generated: list[int] = []
         clock = Clock(sync=self.sync_clock)
@@ -146,12 +160,14 @@ class Decoder:
         self, step: int, prompt_len: int, generated: list[int], stop: StopRule, clock: Clock
     ) -> StepEvent:
         root = self.target.committed_ids()[-1]
+        self._counter.step = step
+        parts = self._parts or self.parts()
         ctx = StepContext(
             root=root,
-            drafters=self.drafters,
-            scheduler=self.scheduler,
-            rescorer=self.rescorer,
-            grafter=self.grafter,
+            drafters=parts.drafters,
+            scheduler=parts.scheduler,
+            rescorer=parts.rescorer,
+            grafter=parts.grafter,
             prompt_len=prompt_len,
             committed_len=self.target.n_committed,
             clock=clock,
@@ -160,18 +176,20 @@ class Decoder:
             history=self.history,
         )
         with clock.time("build"):
-            built = self.builder.build(ctx)
+            built = parts.builder.build(ctx)
         with clock.time("target"):
             logits = self.target.forward_tree(built.tree)  # [n, V]
         with clock.time("verify"):
-            verdict = self.verifier.verify(built.tree, logits)
+            verdict = parts.verifier.verify(built.tree, logits)
             path, tokens, strong_accepted = accepted_tokens(built, verdict)
         keep, reason = stop.cut(generated, tokens)
         if reason is None:
             with clock.time("commit"):
-                self._commit(built, path, tokens)
+                self._commit(parts, built, path, tokens)
         times = clock.reset()
-        self._observe(step, built, len(tokens) - 1, strong_accepted, times, reason is not None)
+        self._observe(
+            parts, step, built, len(tokens) - 1, strong_accepted, times, reason is not None
+        )
         return StepEvent(
             step=step,
             tokens=tuple(tokens[:keep]),
@@ -184,15 +202,16 @@ class Decoder:
             verdict=verdict,
         )
 
-    def _commit(self, built: BuildResult, path: Tensor, tokens: list[int]) -> None:
+    def _commit(self, parts: Parts, built: BuildResult, path: Tensor, tokens: list[int]) -> None:
         new = host_tensor(tokens)
         self.target.commit(path, new)
         unpruned_path = built.kept[path]
-        for drafter in self.drafters:
+        for drafter in parts.drafters:
             drafter.commit(unpruned_path, new)
 
     def _observe(
         self,
+        parts: Parts,
         step: int,
         built: BuildResult,
         accepted: int,
@@ -206,7 +225,7 @@ class Decoder:
         self.history = self.history.record(accepted, strong_accepted, called)
         if type(self.scheduler).observe is Scheduler.observe:
             return  # the scheduler keeps the default (learns nothing): no outcome to build
-        self.scheduler.observe(
+        parts.scheduler.observe(
             StepOutcome(
                 step=step,
                 calls=built.calls,

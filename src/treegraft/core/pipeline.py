@@ -11,6 +11,7 @@ import attrs
 import torch
 from torch import Tensor
 
+from treegraft.core.boundary import Origin, call_plugin
 from treegraft.core.config import (
     ComponentSpec,
     ConfigError,
@@ -20,7 +21,13 @@ from treegraft.core.config import (
 )
 from treegraft.core.decoder import Decoder, StepEvent, StopRule
 from treegraft.core.metrics import Summary, summarize
-from treegraft.core.registry import Registry, default_registry
+from treegraft.core.registry import (
+    BUILTIN_DISTRIBUTION,
+    KINDS,
+    PluginError,
+    Registry,
+    default_registry,
+)
 from treegraft.core.resources import ModelRefError, Resources
 from treegraft.core.runner import CausalLMRunner
 
@@ -88,23 +95,36 @@ class Pipeline:
             _load(resources, spec.target, "pipeline.target"), forward=spec.decoding.forward
         )
 
-        def build(c: ComponentSpec | None) -> Any:
-            return (
-                None
-                if c is None
-                else registry.get(c.kind, c.name).factory.from_config(c.config, resources)
+        origins: dict[str, Origin] = {}
+
+        def build(c: ComponentSpec | None, role: str) -> Any:
+            if c is None:
+                return None
+            reg = registry.get(c.kind, c.name)
+            origin = origins[role] = Origin(c.kind, c.name, reg.distribution, c.path)
+            if reg.distribution == BUILTIN_DISTRIBUTION:
+                return reg.factory.from_config(c.config, resources)
+            made = call_plugin(
+                origin, None, "from_config", reg.factory.from_config, c.config, resources
             )
+            if not isinstance(made, KINDS[c.kind].interface):
+                raise PluginError(
+                    f"{origin}: from_config returned {made!r}, expected a "
+                    f"{KINDS[c.kind].interface.__name__}"
+                )
+            return made
 
         decoder = Decoder(
             target=target,
-            drafters=tuple(build(c) for _, c in spec.drafters),
-            builder=build(spec.builder),
-            scheduler=build(spec.scheduler),
-            verifier=build(spec.verifier),
-            rescorer=build(spec.rescorer),
-            grafter=build(spec.grafter),
+            drafters=tuple(build(c, f"drafter{i}") for i, (_, c) in enumerate(spec.drafters)),
+            builder=build(spec.builder, "builder"),
+            scheduler=build(spec.scheduler, "scheduler"),
+            verifier=build(spec.verifier, "verifier"),
+            rescorer=build(spec.rescorer, "rescorer"),
+            grafter=build(spec.grafter, "grafter"),
             seed=spec.decoding.seed,
             sync_clock=resources.device.type == "cuda",
+            origins=origins,
         )
         tokenizer = resources.load_tokenizer(spec.target)
         return cls(spec, resources, decoder, tokenizer, eos_ids_of(target.model, tokenizer))

@@ -15,6 +15,7 @@ import attrs
 import pluggy
 
 from treegraft.core import hookspecs
+from treegraft.core.errors import TreegraftError
 from treegraft.core.interfaces import (
     Drafter,
     Grafter,
@@ -52,7 +53,7 @@ KINDS: dict[str, Kind] = {
 }
 
 
-class PluginError(RuntimeError):
+class PluginError(TreegraftError, RuntimeError):
     """A plugin is broken or two plugins clash."""
 
 

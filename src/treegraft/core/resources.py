@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from treegraft.core.errors import TreegraftError
 from treegraft.core.runner import CausalLMRunner
 
 DTYPES = {
@@ -27,7 +28,7 @@ DTYPES = {
 }
 
 
-class ModelRefError(ValueError):
+class ModelRefError(TreegraftError, ValueError):
     """A model reference names nothing loadable."""
 
 
