@@ -6,6 +6,7 @@ from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 #: Errors and progress go to stderr, never wrapped mid-word (CI logs are not terminals).
 console = Console(stderr=True, soft_wrap=True)
@@ -15,5 +16,5 @@ out = Console()
 
 def fail(message: str) -> NoReturn:
     """Print `error: message` on stderr and exit with status 2 (bad input)."""
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code=2)

@@ -191,7 +191,7 @@ def test_drafters_as_a_list_get_indexed_roles_and_paths(registry: Registry) -> N
 
 def test_string_where_a_list_is_expected_is_rejected(registry: Registry) -> None:
     assert error_of(override(BASE, "decoding", {"stop": "###"}), registry).startswith(
-        "pipeline.decoding.stop: expected list of str, got '###'"
+        "pipeline.decoding.stop: expected list of str each non-empty, got '###'"
     )
 
 

@@ -73,6 +73,7 @@ def run(
     from treegraft.bench.config import load_bench_config
     from treegraft.bench.sweep import run_bench
     from treegraft.core.config import ConfigError
+    from treegraft.core.inputs import prepare_output_dir
 
     try:
         cfg = load_bench_config(config)
@@ -86,6 +87,7 @@ def run(
     cfg = cfg.with_settings(repeat=repeat) if repeat is not None else cfg
     cfg = cfg.with_settings(replay=True) if replay else cfg
     target = out_dir or Path("runs") / f"bench-{config.stem}-{datetime.now():%Y%m%d-%H%M%S}"
+    prepare_output_dir(target, "--out")  # before any model loads
     options = {"quick": quick, "repeat": repeat, "replay": replay, "config": str(config)}
     try:
         result = run_bench(cfg, target, progress=progress, options=options, resume=resume)

@@ -11,3 +11,7 @@ from __future__ import annotations
 
 class TreegraftError(Exception):
     """Base of the errors treegraft raises for bad input, broken plugins and bad references."""
+
+
+class ArgumentError(TreegraftError, ValueError):
+    """An argument, an input file or an output location is wrong (the message names which)."""

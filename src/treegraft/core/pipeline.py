@@ -11,8 +11,10 @@ import attrs
 import torch
 from torch import Tensor
 
+from treegraft.core.arguments import check_max_new_tokens, check_stop, prompt_ids
 from treegraft.core.boundary import Origin, call_plugin
 from treegraft.core.config import (
+    ROOT,
     ComponentSpec,
     ConfigError,
     PipelineSpec,
@@ -20,6 +22,8 @@ from treegraft.core.config import (
     pipeline_spec_from_dict,
 )
 from treegraft.core.decoder import Decoder, StepEvent, StopRule
+from treegraft.core.errors import ArgumentError
+from treegraft.core.inputs import check_utf8
 from treegraft.core.metrics import Summary, summarize
 from treegraft.core.registry import (
     BUILTIN_DISTRIBUTION,
@@ -45,6 +49,8 @@ def resolve_pipeline(name_or_path: str | Path) -> Path:
     path = Path(name_or_path)
     if path.is_file():
         return path
+    if path.is_dir():
+        raise ConfigError(f"pipeline {str(name_or_path)!r} is a directory; expected a YAML file")
     shipped = PIPELINES_DIR / f"{name_or_path}.yaml"
     if shipped.is_file():
         return shipped
@@ -85,9 +91,11 @@ class Pipeline:
     ) -> Pipeline:
         """Load the models and build every component of `spec`."""
         registry = registry or default_registry()
-        resources = resources or Resources.create(
-            device=spec.decoding.device, dtype=spec.decoding.dtype
-        )
+        if resources is None:
+            try:
+                resources = Resources.create(device=spec.decoding.device, dtype=spec.decoding.dtype)
+            except ValueError as exc:
+                raise ConfigError(f"{ROOT}.decoding.device: {exc}") from None
         resources.target_ref = spec.target
         resources.forward = spec.decoding.forward
         check_vocabularies(spec, resources)
@@ -135,15 +143,14 @@ class Pipeline:
         """`[T]` int64 token ids of a prompt given as text or ids."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("this pipeline has no tokenizer: pass token ids instead of text")
-            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            if not ids:
-                raise ValueError("prompt is empty after tokenization")
-            return torch.tensor(ids, dtype=torch.long)
-        ids = torch.as_tensor(prompt, dtype=torch.long).flatten()
-        if ids.numel() == 0:
-            raise ValueError("prompt has no tokens")
-        return ids
+                raise ArgumentError(
+                    "this pipeline has no tokenizer: pass token ids instead of text"
+                )
+            ids = self.tokenizer(check_utf8(prompt, "prompt"), add_special_tokens=False)
+            if not ids["input_ids"]:
+                raise ArgumentError("prompt is empty after tokenization")
+            return torch.tensor(ids["input_ids"], dtype=torch.long)
+        return prompt_ids(prompt, self.decoder.target.vocab_size)
 
     def decode_text(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
@@ -156,14 +163,15 @@ class Pipeline:
         self, max_new_tokens: int | None = None, stop: Sequence[str] | None = None
     ) -> StopRule:
         dec = self.spec.decoding
-        stop = list(dec.stop if stop is None else stop)
+        check_max_new_tokens(max_new_tokens)
+        stop = list(dec.stop if stop is None else check_stop(stop))
         check = None
         if stop:
             if self.tokenizer is None:
                 raise ValueError("stop strings need a tokenizer; this pipeline has none")
             check = StopStrings(tuple(stop), self.decode_text)
         return StopRule(
-            max_new_tokens=max_new_tokens or dec.max_new_tokens,
+            max_new_tokens=dec.max_new_tokens if max_new_tokens is None else max_new_tokens,
             eos_ids=self.eos_ids if dec.stop_at_eos else frozenset(),
             check=check,
         )

@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from treegraft.core.config import DEVICE_NAMES
 from treegraft.core.errors import TreegraftError
 from treegraft.core.runner import CausalLMRunner
 
@@ -32,14 +33,29 @@ class ModelRefError(TreegraftError, ValueError):
     """A model reference names nothing loadable."""
 
 
+def device_problem(name: str) -> str | None:
+    """Why `name` is not a usable device on this machine (None: it is): not one of `auto`,
+    `cpu`, `cuda`, `cuda:N`, `mps`, or naming hardware this machine lacks."""
+    if not isinstance(name, str) or not DEVICE_NAMES.fullmatch(name):
+        return f"expected 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {name!r}"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            return f"device {name!r} requested but CUDA is not available; use 'cpu' or 'auto'"
+        index = int(name.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            return f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+    if name == "mps" and not torch.backends.mps.is_available():
+        return "device 'mps' requested but MPS (Apple GPU) is not available; use 'cpu' or 'auto'"
+    return None
+
+
 def resolve_device(name: str) -> torch.device:
-    """`auto` -> CUDA when present, else CPU; anything else is passed to `torch.device`."""
+    """`auto` -> CUDA when present, else CPU; anything else must pass `device_problem`."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(
-            f"device {name!r} requested but CUDA is not available; use 'cpu' or 'auto'"
-        )
+    problem = device_problem(name)
+    if problem:
+        raise ValueError(problem)
     return torch.device(name)
 
 
