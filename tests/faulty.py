@@ -9,6 +9,7 @@ well-formed trees: decoding must still equal plain decoding).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -118,6 +119,7 @@ PROPOSAL_FAULTS: dict[str, Callable[[Proposal, int, torch.Generator], Any]] = {
         torch.cat([p.logp, p.logp]),
     ),
     "empty": lambda p, v, g: Proposal.empty(p.parents.device, p.logp.dtype),
+    "slow": lambda p, v, g: time.sleep(0.02) or p,
 }
 
 SCORE_FAULTS: dict[str, Callable[[Tensor, int, torch.Generator], Any]] = {
@@ -151,7 +153,15 @@ TREE_FAULTS: dict[str, Callable[[DraftTree, int, torch.Generator], Any]] = {
 }
 
 #: the faults of each kind that leave every invariant intact (decoding must not change)
-VALID_GARBAGE = {"none", "random_tokens", "duplicate_rows", "empty", "random", "random_tree"}
+VALID_GARBAGE = {
+    "none",
+    "slow",
+    "random_tokens",
+    "duplicate_rows",
+    "empty",
+    "random",
+    "random_tree",
+}
 
 
 @attrs.define

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import traceback
 from typing import NoReturn
 
 import typer
@@ -15,6 +18,9 @@ out = Console()
 
 
 def fail(message: str) -> NoReturn:
-    """Print `error: message` on stderr and exit with status 2 (bad input)."""
+    """Print `error: message` on stderr and exit with status 2 (bad input); debugging
+    (`--debug`, `TREEGRAFT_DEBUG=1`), first the traceback of the exception being handled."""
+    if os.environ.get("TREEGRAFT_DEBUG", "") not in ("", "0") and sys.exc_info()[0] is not None:
+        traceback.print_exc()
     console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code=2)

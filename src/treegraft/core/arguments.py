@@ -47,11 +47,11 @@ def prompt_ids(prompt: Any, vocab: int) -> Tensor:
             f"prompt: expected text or a sequence of int token ids, got {type(prompt).__name__} "
             f"({exc})"
         ) from None
+    if ids.numel() == 0:
+        raise ArgumentError("prompt: has no tokens")
     if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
         raise ArgumentError(f"prompt: expected int token ids, got {ids.dtype} values")
     ids = ids.to(torch.long).flatten()
-    if ids.numel() == 0:
-        raise ArgumentError("prompt: has no tokens")
     bad = (ids < 0) | (ids >= vocab)
     if bool(bad.any()):
         i = int(torch.nonzero(bad).flatten()[0])

@@ -142,11 +142,12 @@ class Pipeline:
     def encode(self, prompt: str | Sequence[int] | Tensor) -> Tensor:
         """`[T]` int64 token ids of a prompt given as text or ids."""
         if isinstance(prompt, str):
+            check_utf8(prompt, "prompt")
             if self.tokenizer is None:
                 raise ArgumentError(
                     "this pipeline has no tokenizer: pass token ids instead of text"
                 )
-            ids = self.tokenizer(check_utf8(prompt, "prompt"), add_special_tokens=False)
+            ids = self.tokenizer(prompt, add_special_tokens=False)
             if not ids["input_ids"]:
                 raise ArgumentError("prompt is empty after tokenization")
             return torch.tensor(ids["input_ids"], dtype=torch.long)
