@@ -387,3 +387,43 @@ def test_ctrl_c_prints_the_stats_so_far_and_exits_130(tmp_path: Path, model_dir:
     assert "Traceback" not in stderr
     assert "finish: interrupted" in stderr and "new tokens" in stderr
     assert stderr.strip().endswith("interrupted")
+
+
+# ---------------------------------------------------------------------------- validate
+
+
+def test_validate_lists_every_error_of_every_file(tmp_path: Path, model_dir: Path) -> None:
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text((model_dir / "config.json").read_text())
+    files = {
+        "weights.yaml": pipeline_file(tmp_path, str(no_weights)).rename(tmp_path / "weights.yaml"),
+        "fields.yaml": pipeline_file(
+            tmp_path,
+            str(model_dir),
+            builder={"name": "layered", "budget": 10**20, "depth": "deep"},
+            decoding={"device": "gpu"},
+        ).rename(tmp_path / "fields.yaml"),
+        "dup.yaml": tmp_path / "dup.yaml",
+        "good.yaml": pipeline_file(tmp_path, str(model_dir)).rename(tmp_path / "good.yaml"),
+    }
+    files["dup.yaml"].write_text(f"target: {model_dir}\ntarget: x\n")
+    result = invoke("validate", *(str(p) for p in files.values()))
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("✗")]
+    expected = {
+        "weights.yaml": ["pipeline.target: ", "no weights file"],
+        "fields.yaml": [
+            "pipeline.builder.budget: expected int >= 1, got 100000000000000000000",
+            "pipeline.builder.depth: expected int >= 1, got 'deep'",
+            "pipeline.decoding.device: expected str 'auto'",
+        ],
+        "dup.yaml": ["duplicate key 'target' at line 2 (first at line 1)"],
+    }
+    for name, needles in expected.items():
+        mine = [e for e in errors if e.startswith(f"✗ {files[name]}: ")]
+        for needle in needles:
+            assert any(needle in e for e in mine), (name, needle, errors)
+    assert len(errors) == 5
+    assert f"✓ {files['good.yaml']}" in result.stdout

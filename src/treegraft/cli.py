@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from treegraft.console import console, out
@@ -129,24 +130,25 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 def validate(
     files: Annotated[list[Path], typer.Argument(help="pipeline YAML files")],
 ) -> None:
-    """Check pipeline files (structure, components, configs, model references) without loading models."""
-    from treegraft.core.config import ConfigError, load_pipeline_spec
-    from treegraft.core.pipeline import check_vocabularies
-    from treegraft.core.resources import Resources
+    """Check pipeline files without loading models: structure, components, configs, model folders
+    (weights file, safetensors header, shapes against config.json), vocabularies, device. Lists
+    every error of every file, each prefixed by the file's name; exit 1 if any."""
+    from treegraft.core.validation import pipeline_errors
 
     failed = 0
     for path in files:
-        try:
-            spec = load_pipeline_spec(path)
-            check_vocabularies(spec, Resources())
-        except ConfigError as exc:
+        spec, errors = pipeline_errors(path)
+        for error in errors:
+            console.print(f"[red]✗[/] {escape(error)}", highlight=False)
+        if errors:
             failed += 1
-            console.print(f"[red]✗[/] {exc}", highlight=False)
-        else:
-            names = ", ".join(c.name for _, c in spec.drafters)
-            out.print(
-                f"[green]✓[/] {path}: target {spec.target}; drafters {names}; builder {spec.builder.name}"
-            )
+            continue
+        names = ", ".join(c.name for _, c in spec.drafters)
+        out.print(
+            f"[green]✓[/] {escape(str(path))}: target {escape(spec.target)}; drafters "
+            f"{escape(names)}; builder {escape(spec.builder.name)}",
+            highlight=False,
+        )
     if failed:
         raise typer.Exit(code=1)
 
