@@ -335,3 +335,28 @@ def test_override_through_a_non_mapping_fails() -> None:
         override(BASE, "target.x", 1)
     with pytest.raises(ConfigError, match=r"^pipeline\.decoding: cannot override"):
         override(BASE, "decoding.seed", 1)
+
+
+# ---------------------------------------------------------------------------- found by fuzzing
+
+
+@pytest.mark.parametrize("key", ["target", "drafters", "builder"])
+def test_a_null_required_section_is_missing(registry: Registry, key: str) -> None:
+    data = {
+        "target": "mem:target",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered"},
+        key: None,
+    }
+    assert error_of(data, registry) == f"pipeline.{key}: missing required key (null given)"
+
+
+def test_sane_upper_bounds_name_the_bound(registry: Registry) -> None:
+    data = {
+        "target": "mem:target",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered", "budget": 100_000},
+    }
+    assert error_of(data, registry).startswith(
+        "pipeline.builder.budget: expected int >= 1 and <= 8192, got 100000"
+    )

@@ -347,8 +347,8 @@ def pipeline_spec_from_dict(
         if key not in TOP_KEYS:
             raise ConfigError(_unknown_key(ROOT, key, list(TOP_KEYS)))
     for key in ("target", "drafters", "builder"):
-        if key not in data:
-            raise ConfigError(f"{ROOT}.{key}: missing required key")
+        if data.get(key) is None:
+            raise ConfigError(f"{ROOT}.{key}: missing required key{_null_given(data, key)}")
     target = data["target"]
     if not isinstance(target, str) or not target:
         raise ConfigError(
@@ -368,6 +368,10 @@ def pipeline_spec_from_dict(
         decoding=structure_config(DecodingConfig, data.get("decoding"), f"{ROOT}.decoding"),
         source=source,
     )
+
+
+def _null_given(data: Mapping, key: str) -> str:
+    return " (null given)" if key in data else ""
 
 
 def _optional(kind: str, data: Mapping, registry: Registry) -> ComponentSpec | None:

@@ -111,7 +111,14 @@ class Pipeline:
             reg = registry.get(c.kind, c.name)
             origin = origins[role] = Origin(c.kind, c.name, reg.distribution, c.path)
             if reg.distribution == BUILTIN_DISTRIBUTION:
-                return reg.factory.from_config(c.config, resources)
+                try:
+                    return reg.factory.from_config(c.config, resources)
+                except ModelRefError as exc:
+                    raise ConfigError(f"{c.path}: {exc}") from None
+                except ValueError as exc:  # a built-in refusing its config (token counts, ...)
+                    if isinstance(exc, ConfigError):
+                        raise
+                    raise ConfigError(f"{c.path}: {exc}") from exc
             made = call_plugin(
                 origin, None, "from_config", reg.factory.from_config, c.config, resources
             )
@@ -169,7 +176,7 @@ class Pipeline:
         check = None
         if stop:
             if self.tokenizer is None:
-                raise ValueError("stop strings need a tokenizer; this pipeline has none")
+                raise ArgumentError("stop strings need a tokenizer; this pipeline has none")
             check = StopStrings(tuple(stop), self.decode_text)
         return StopRule(
             max_new_tokens=dec.max_new_tokens if max_new_tokens is None else max_new_tokens,

@@ -82,16 +82,17 @@ def structure_errors(data: Any, registry: Registry) -> list[str]:
         return [f"{ROOT}: expected a mapping with keys {', '.join(TOP_KEYS)}, got {data!r}"]
     errors = [_unknown_key(ROOT, key, list(TOP_KEYS)) for key in data if key not in TOP_KEYS]
     errors += [
-        f"{ROOT}.{k}: missing required key"
+        f"{ROOT}.{k}: missing required key{' (null given)' if k in data else ''}"
         for k in ("target", "drafters", "builder")
-        if k not in data
+        if data.get(k) is None
     ]
     target = data.get("target", "")
-    if "target" in data and (not isinstance(target, str) or not target):
+    if target is not None and (not isinstance(target, str) or not target):
         errors.append(
             f"{ROOT}.target: expected a model reference string (zoo:NAME or a path), got {target!r}"
         )
-    errors += drafters_errors(data.get("drafters"), registry) if "drafters" in data else []
+    if data.get("drafters") is not None:
+        errors += drafters_errors(data["drafters"], registry)
     merged = {**DEFAULTS, **{k: v for k, v in data.items() if v is not None}}
     for kind in ("builder", "scheduler", "verifier", "rescorer", "grafter"):
         if kind in merged:
