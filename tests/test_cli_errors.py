@@ -23,7 +23,7 @@ from tests.test_cli import VOCAB, invoke, pipeline_file, wide_consoles  # noqa: 
 from treegraft.cli import app
 from treegraft.core import registry as registry_module
 from treegraft.core.registry import AUTOLOAD_ENV, Registry
-from treegraft.exits import DEBUG_ENV, run_cli, split_debug
+from treegraft.exits import DEBUG_ENV, describe, run_cli, split_debug
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPT = "t1 t2 t3 t4 t1 t2 t3 t4"
@@ -427,3 +427,22 @@ def test_validate_lists_every_error_of_every_file(tmp_path: Path, model_dir: Pat
             assert any(needle in e for e in mine), (name, needle, errors)
     assert len(errors) == 5
     assert f"✓ {files['good.yaml']}" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("exc", "message", "code"),
+    [
+        (
+            PermissionError(13, "Permission denied", "/x/out.png"),
+            "/x/out.png: Permission denied",
+            2,
+        ),
+        (OSError(28, "No space left on device"), "No space left on device", 1),
+        (MemoryError("cannot allocate"), "out of memory: cannot allocate", 1),
+        (KeyError("k"), "internal error: KeyError: 'k'", 1),
+    ],
+    ids=["file", "system", "memory", "bug"],
+)
+def test_describe_sorts_errors_into_exit_codes(exc, message: str, code: int) -> None:
+    text, exit_code, _ = describe(exc)
+    assert message in text and exit_code == code

@@ -110,8 +110,10 @@ def describe(exc: BaseException) -> tuple[str, int, str]:
         return str(exc), EXIT_BAD_INPUT, ""
     if isinstance(exc, pluggy.PluginValidationError):
         return f"plugin {exc.plugin!r}: {exc}", EXIT_FAILED, ""
-    if isinstance(exc, OSError) and exc.filename:
-        return f"{exc.filename}: {exc.strerror or exc}", EXIT_BAD_INPUT, ""
+    if isinstance(exc, OSError):  # a path the user gave, or the system (disk full, ...)
+        if exc.filename:
+            return f"{exc.filename}: {exc.strerror or exc}", EXIT_BAD_INPUT, ""
+        return str(exc), EXIT_FAILED, debug_hint
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         return f"out of memory: {exc}", EXIT_FAILED, "a smaller budget, model or dtype needs less"
     text = str(exc).strip().splitlines()

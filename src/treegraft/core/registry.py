@@ -128,7 +128,11 @@ class Registry:
         is recorded in `broken` (and warned about once) instead of failing the whole registry."""
         for dist in list(importlib.metadata.distributions()):
             for ep in dist.entry_points:
-                if ep.group != ENTRY_POINT_GROUP or self.pm.has_plugin(ep.name):
+                if (
+                    ep.group != ENTRY_POINT_GROUP
+                    or self.pm.has_plugin(ep.name)
+                    or self.pm.is_blocked(ep.name)
+                ):
                     continue
                 dist_name = dist.metadata["Name"] or f"<unnamed distribution of {ep.value}>"
                 try:

@@ -13,6 +13,8 @@ import difflib
 import json
 from pathlib import Path
 
+from treegraft.core.errors import TreegraftError
+
 ZOO_DIR = Path(__file__).resolve().parent
 MODELS_DIR = ZOO_DIR / "models"
 SUITES_DIR = ZOO_DIR / "suites"
@@ -33,7 +35,7 @@ __all__ = [
 ]
 
 
-class UnknownZooModelError(LookupError):
+class UnknownZooModelError(TreegraftError, LookupError):
     """A zoo reference names no shipped model."""
 
 

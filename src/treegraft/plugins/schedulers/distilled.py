@@ -29,6 +29,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from treegraft.core.config import Check, ConfigError, at_least, field
+from treegraft.core.errors import TreegraftError
 from treegraft.core.interfaces import LayerState, Peek, Scheduler, StepOutcome
 from treegraft.core.metrics import AcceptHistory
 from treegraft.core.resources import Resources
@@ -81,7 +82,7 @@ FEATURE_NAMES: tuple[str, ...] = (
 )
 
 
-class ArtifactError(ValueError):
+class ArtifactError(TreegraftError, ValueError):
     """A scheduler artifact is missing, unreadable or does not match this scheduler's features."""
 
 
