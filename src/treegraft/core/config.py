@@ -246,6 +246,11 @@ class DecodingConfig:
         "Llama models), 'transformers', or 'auto' (lean where supported)",
     )
     seed: int = field(0, doc="seed of the verifier's random numbers (sampling)")
+    check_model: bool = field(
+        True,
+        doc="probe every model at load time: one tree forward against the model's own "
+        "sequential forwards; a model that does not match is refused (docs/models.md)",
+    )
 
 
 @attrs.frozen

@@ -106,6 +106,9 @@ class Decoder:
     times: ForwardTimes = attrs.field(factory=ForwardTimes)
     #: acceptance of the current generation's steps so far (reset by `steps`)
     history: AcceptHistory = attrs.field(factory=AcceptHistory)
+    #: positions the models take (the least of the target's and the LM drafters'; None: no
+    #: limit): tree nodes at or past it are not verified (`trim_to_positions`)
+    max_positions: int | None = None
     #: where each component comes from, by role (`drafter0`, ..., `builder`, `scheduler`,
     #: `verifier`, `rescorer`, `grafter`): third-party ones are called through checking proxies
     origins: dict[str, Origin] = attrs.field(factory=dict)
@@ -177,6 +180,8 @@ class Decoder:
         )
         with clock.time("build"):
             built = parts.builder.build(ctx)
+            if self.max_positions is not None:
+                built = trim_to_positions(built, self.max_positions - self.target.n_committed)
         with clock.time("target"):
             logits = self.target.forward_tree(built.tree)  # [n, V]
         with clock.time("verify"):
@@ -238,6 +243,16 @@ class Decoder:
                 final=final,
             )
         )
+
+
+def trim_to_positions(built: BuildResult, max_depth: int) -> BuildResult:
+    """`built` without the nodes deeper than `max_depth` (their positions are past what the
+    models take: the last steps before the context is full). Unchanged when none is."""
+    depth = built.tree.depth
+    if built.tree.n_nodes == 1 or int(depth.max()) <= max_depth:
+        return built
+    keep = torch.nonzero(depth <= max(max_depth, 0)).flatten()
+    return attrs.evolve(built, tree=built.tree.select(keep), kept=built.kept[keep])
 
 
 def accepted_tokens(built: BuildResult, verdict: Verdict) -> tuple[Tensor, list[int], int]:

@@ -69,16 +69,39 @@ class HFLMDrafter(Drafter):
     node_logp: Tensor | None = None  # [n_seen, V] next-token log-probs after each seen node
     #: `[head]` int64 the most frequent token ids (None: the whole vocabulary is scored)
     frequent: Tensor | None = None
+    #: columns of the log-probs handed out: the target's vocabulary size (0: the drafter's own)
+    vocab: int = 0
+    #: token ids the drafter may propose (below both vocabularies and the tokenizer's real
+    #: tokens: embedding padding rows never are); 0: all of its vocabulary
+    usable: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        self.vocab = self.vocab or self.runner.vocab_size
+        self.usable = self.usable or self.runner.vocab_size
 
     @classmethod
     def from_config(cls, config: HFLMConfig, resources: Resources) -> HFLMDrafter:
         runner = resources.runner(config.model, forward=drafter_forward(config, resources.forward))
-        return cls(config, runner, frequent=frequent_tokens(config, runner.vocab_size))
+        vocab, usable = shared_vocabulary(config.model, runner.vocab_size, resources)
+        return cls(
+            config,
+            runner,
+            frequent=frequent_tokens(config, runner.vocab_size),
+            vocab=vocab,
+            usable=usable,
+        )
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         self.runner.begin(prompt, max_len=max_len)
+        rows = None
         if self.frequent is not None:  # this prompt's tokens join the scored ones
-            self.runner.restrict_output(torch.unique(torch.cat([self.frequent, prompt.cpu()])))
+            rows = torch.unique(torch.cat([self.frequent, prompt.cpu()]))
+        elif self.usable < self.runner.vocab_size or self.vocab != self.runner.vocab_size:
+            rows = torch.arange(self.usable)  # log-probs come out in the target's width
+        if rows is not None and self.usable < self.runner.vocab_size:
+            rows = rows[rows < self.usable]
+        if rows is not None:
+            self.runner.restrict_output(rows)
         self.node_logp = None
 
     def _score(self, tree: DraftTree) -> Tensor:
@@ -91,7 +114,7 @@ class HFLMDrafter(Drafter):
             logp = torch.log_softmax(logits, dim=-1)
             rows = self.runner.output_rows
             if rows is not None:  # unscored tokens: -inf
-                full = logp.new_full((logp.shape[0], self.runner.vocab_size), float("-inf"))
+                full = logp.new_full((logp.shape[0], self.vocab), float("-inf"))
                 full[:, rows] = logp
                 logp = full
             self.node_logp = logp if self.node_logp is None else torch.cat([self.node_logp, logp])
@@ -116,6 +139,22 @@ class HFLMDrafter(Drafter):
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
         self.runner.commit(accepted, tokens)
         self.node_logp = None
+
+
+def shared_vocabulary(model: str, own: int, resources: Resources) -> tuple[int, int]:
+    """(columns of the target's vocabulary, token ids this drafter may propose) for a drafter of
+    `own` embedding rows: the pipeline checked that both share one tokenizer
+    (`check_vocabularies`), so rows past the smaller embedding or the tokenizer's real tokens
+    are padding."""
+    target = resources.target_ref
+    if not target or target == model:
+        return own, own
+    vocab = resources.vocab_size(target)
+    usable = min(own, vocab)
+    if own != vocab:
+        real = resources.real_vocab(target)
+        usable = usable if real is None else min(usable, real)
+    return vocab, usable
 
 
 def drafter_forward(config: HFLMConfig, pipeline_forward: str) -> str:
