@@ -57,7 +57,7 @@ def quick_run(tmp_path_factory) -> Path:
         "baselines": ["hf-assisted", "hf-prompt-lookup", "chain", "ngram-only"],
         "pipelines": [
             {
-                "pipeline": "treegraft",
+                "pipeline": "treegraft-threshold",
                 "label": "treegraft-every2",
                 "override": {"scheduler": {"name": "every_k", "k": 2}},
             }
@@ -229,7 +229,7 @@ def test_replay_curves_time_each_lm_drafter_as_its_pipeline_runs_it(tmp_path, mo
             "prompts_per_suite": 1,
             "max_new_tokens": 6,
             "baselines": [],
-            "pipelines": [{"pipeline": "treegraft", "label": "headed", "override": head}],
+            "pipelines": [{"pipeline": "treegraft-threshold", "label": "headed", "override": head}],
             "replay": True,
             "latency_repeats": 1,
             "warmup_tokens": 0,
@@ -254,7 +254,7 @@ def test_replay_curves_time_each_lm_drafter_as_its_pipeline_runs_it(tmp_path, mo
 def test_replay_tau_equals_measured_tau(tmp_path):
     pipelines = [
         {
-            "pipeline": "treegraft",
+            "pipeline": "treegraft-threshold",
             "label": "treegraft-fixed",
             "override": {"scheduler": {"name": "every_k", "k": 2}, "builder.max_strong_calls": 2},
         }
@@ -332,7 +332,7 @@ def resumable_config(tmp_path, **settings):
             "prompts_per_suite": 2,
             "max_new_tokens": MAX_NEW,
             "baselines": ["ngram-only"],
-            "pipelines": [{"pipeline": "treegraft", "label": "tg"}],
+            "pipelines": [{"pipeline": "treegraft-threshold", "label": "tg"}],
             "replay": True,
             "latency_repeats": 1,
             "warmup_tokens": 0,

@@ -158,6 +158,9 @@ class CheckedDrafter(Proxy, Drafter):
 class CheckedScheduler(Proxy, Scheduler):
     """A scheduler whose decisions must be drafter indices."""
 
+    def begin(self) -> None:
+        self._call("begin")
+
     def decide(self, state: LayerState) -> int:
         who = self._call("decide", state)
         try:

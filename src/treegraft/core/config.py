@@ -10,7 +10,6 @@ Every error names the path, the value, what was expected, and a hint where one h
 from __future__ import annotations
 
 import difflib
-import re
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -20,6 +19,7 @@ import attrs
 import cattrs
 import yaml
 
+from treegraft.core.devices import DEVICE_NAMES
 from treegraft.core.errors import ArgumentError, TreegraftError
 from treegraft.core.inputs import read_text
 from treegraft.core.registry import (
@@ -170,7 +170,7 @@ def structure_config(cls: type, data: Any, path: str) -> Any:
     fields = {f.name: f for f in attrs.fields(cls)}
     for key in data:
         if key not in fields:
-            raise ConfigError(_unknown_key(path, key, list(fields)))
+            raise ConfigError(unknown_key_message(path, key, list(fields)))
     for f in fields.values():
         if f.default is attrs.NOTHING and f.name not in data:
             raise ConfigError(
@@ -199,7 +199,31 @@ def _structure_field(f: attrs.Attribute, value: Any, path: str) -> Any:
     return out
 
 
-def _unknown_key(path: str, key: object, known: list[str]) -> str:
+def config_errors(cls: type, data: Any, path: str) -> list[str]:
+    """Every error `structure_config(cls, data, path)` could raise, not only the first."""
+    attrs.resolve_types(cls)
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        return [f"{path}: expected a mapping of {cls.__qualname__} fields, got {data!r}"]
+    fields = {f.name: f for f in attrs.fields(cls)}
+    errors = [unknown_key_message(path, key, list(fields)) for key in data if key not in fields]
+    errors += [
+        f"{path}.{f.name}: missing required key (expected {expected(f)}){_hint(f)}"
+        for f in fields.values()
+        if f.default is attrs.NOTHING and f.name not in data
+    ]
+    for name, value in data.items():
+        if name in fields:
+            try:
+                _structure_field(fields[name], value, f"{path}.{name}")
+            except ConfigError as exc:
+                errors.append(str(exc))
+    return errors
+
+
+def unknown_key_message(path: str, key: object, known: list[str]) -> str:
+    """`path.key: unknown key; did you mean ...? expected keys: ...`"""
     close = difflib.get_close_matches(str(key), known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"{path}.{key}: unknown key{hint} expected keys: {', '.join(known) or '(none)'}"
@@ -207,10 +231,6 @@ def _unknown_key(path: str, key: object, known: list[str]) -> str:
 
 # ---------------------------------------------------------------------------- pipeline spec
 
-
-#: the device names a pipeline may give (`decoding.device`; `resources.device_problem` checks
-#: the machine has it)
-DEVICE_NAMES = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 #: the most tokens one generation may ask for (a sanity bound: caches are sized from it)
 MAX_NEW_TOKENS = 1_000_000
@@ -350,7 +370,7 @@ def pipeline_spec_from_dict(
         )
     for key in data:
         if key not in TOP_KEYS:
-            raise ConfigError(_unknown_key(ROOT, key, list(TOP_KEYS)))
+            raise ConfigError(unknown_key_message(ROOT, key, list(TOP_KEYS)))
     for key in ("target", "drafters", "builder"):
         if data.get(key) is None:
             raise ConfigError(f"{ROOT}.{key}: missing required key{_null_given(data, key)}")

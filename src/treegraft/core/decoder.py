@@ -12,7 +12,7 @@ import attrs
 import torch
 from torch import Tensor
 
-from treegraft.core.boundary import Origin, Parts, StepCounter, guarded_parts
+from treegraft.core.boundary import Origin, Parts, StepCounter, check_mode, guarded_parts
 from treegraft.core.interfaces import (
     BuildResult,
     Drafter,
@@ -113,12 +113,20 @@ class Decoder:
     #: `verifier`, `rescorer`, `grafter`): third-party ones are called through checking proxies
     origins: dict[str, Origin] = attrs.field(factory=dict)
     _counter: StepCounter = attrs.field(factory=StepCounter, init=False)
-    _parts: Parts | None = attrs.field(default=None, init=False)
+    _parts: tuple[tuple, Parts] | None = attrs.field(default=None, init=False)
 
     def parts(self) -> Parts:
         """The components as the loop calls them: behind checking proxies where `origins` says
-        (`treegraft.core.boundary`); rebuilt per generation, so replacing a component holds."""
-        return guarded_parts(self, self.origins, self._counter)
+        (`treegraft.core.boundary`). Built again when a component is replaced (the scheduler's
+        value system swaps schedulers between steps) or `TREEGRAFT_CHECKS` changes."""
+        key = (
+            check_mode(),
+            *(id(getattr(self, r)) for r in ("drafters", "builder", "scheduler", "verifier")),
+            *(id(getattr(self, r)) for r in ("rescorer", "grafter")),
+        )
+        if self._parts is None or self._parts[0] != key:
+            self._parts = (key, guarded_parts(self, self.origins, self._counter))
+        return self._parts[1]
 
     def prepare(self, context: int) -> float:
         """Measure what the builder reads before decoding, once per decoder: the target's latency
@@ -139,34 +147,38 @@ class Decoder:
 
     def steps(self, prompt: Tensor, stop: StopRule) -> Iterator[StepEvent]:
         """Decode from `prompt` (`[T]` int64), yielding one event per target forward."""
-        self._counter.step = None
-        parts = self._parts = self.parts()
-        max_len = prompt.numel() + stop.max_new_tokens + parts.builder.max_nodes() + 2
-        self.prepare(prompt.numel())
-        self.target.begin(prompt, max_len=max_len)
-        for drafter in parts.drafters:
-            drafter.begin(prompt, max_len=max_len)
-        parts.verifier.begin(self.seed)
-        self.history = AcceptHistory()
+        self.begin(prompt, stop)
         generated: list[int] = []
         clock = Clock(sync=self.sync_clock)
         step = 0
         while True:
-            event = self._step(step, prompt.numel(), generated, stop, clock)
+            event = self.step(step, prompt.numel(), generated, stop, clock)
             generated.extend(event.tokens)
             yield event
             if event.finished:
                 return
             step += 1
 
-    def _step(
-        self, step: int, prompt_len: int, generated: list[int], stop: StopRule, clock: Clock
-    ) -> StepEvent:
-        root = self.target.committed_ids()[-1]
-        self._counter.step = step
-        parts = self._parts or self.parts()
-        ctx = StepContext(
-            root=root,
+    def begin(self, prompt: Tensor, stop: StopRule) -> None:
+        """Start a generation from `prompt` (`[T]` int64): every component's `begin`, with caches
+        sized for `stop.max_new_tokens` new tokens. `steps` calls it; a caller driving `step`
+        itself (the scheduler's value system) calls it once per generation."""
+        self._counter.step = None
+        parts = self.parts()
+        max_len = prompt.numel() + stop.max_new_tokens + parts.builder.max_nodes() + 2
+        self.prepare(prompt.numel())
+        self.target.begin(prompt, max_len=max_len)
+        for drafter in parts.drafters:
+            drafter.begin(prompt, max_len=max_len)
+        parts.verifier.begin(self.seed)
+        parts.scheduler.begin()
+        self.history = AcceptHistory()
+
+    def context(self, prompt_len: int, clock: Clock) -> StepContext:
+        """What the builder gets for the next step of the current generation."""
+        parts = self.parts()
+        return StepContext(
+            root=self.target.committed_ids()[-1],
             drafters=parts.drafters,
             scheduler=parts.scheduler,
             rescorer=parts.rescorer,
@@ -178,6 +190,15 @@ class Decoder:
             dtype=torch.float32,
             history=self.history,
         )
+
+    def step(
+        self, step: int, prompt_len: int, generated: list[int], stop: StopRule, clock: Clock
+    ) -> StepEvent:
+        """One step of the current generation (`generated`: its tokens so far): build, one
+        target forward, verify, commit, observe."""
+        self._counter.step = step
+        parts = self.parts()
+        ctx = self.context(prompt_len, clock)
         with clock.time("build"):
             built = parts.builder.build(ctx)
             if self.max_positions is not None:
@@ -228,8 +249,6 @@ class Decoder:
         self.times.record_step(built.calls, times, n)
         called = any(c > 0 for c in built.calls)
         self.history = self.history.record(accepted, strong_accepted, called)
-        if type(self.scheduler).observe is Scheduler.observe:
-            return  # the scheduler keeps the default (learns nothing): no outcome to build
         parts.scheduler.observe(
             StepOutcome(
                 step=step,

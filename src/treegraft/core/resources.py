@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from treegraft.core.attention_rules import ModelRefused, refusal, refused_message
-from treegraft.core.config import DEVICE_NAMES
+from treegraft.core.devices import device_problem
 from treegraft.core.errors import TreegraftError
 from treegraft.core.runner import CausalLMRunner
 
@@ -32,22 +33,6 @@ DTYPES = {
 
 class ModelRefError(TreegraftError, ValueError):
     """A model reference names nothing loadable."""
-
-
-def device_problem(name: str) -> str | None:
-    """Why `name` is not a usable device on this machine (None: it is): not one of `auto`,
-    `cpu`, `cuda`, `cuda:N`, `mps`, or naming hardware this machine lacks."""
-    if not isinstance(name, str) or not DEVICE_NAMES.fullmatch(name):
-        return f"expected 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {name!r}"
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            return f"device {name!r} requested but CUDA is not available; use 'cpu' or 'auto'"
-        index = int(name.partition(":")[2] or 0)
-        if index >= torch.cuda.device_count():
-            return f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
-    if name == "mps" and not torch.backends.mps.is_available():
-        return "device 'mps' requested but MPS (Apple GPU) is not available; use 'cpu' or 'auto'"
-    return None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -197,6 +182,14 @@ class Resources:
         if self.tokenizer_file(ref) is None:
             return None
         return len(self.tokenizer_of(ref))
+
+    def token_counts(self, ref: str) -> np.ndarray:
+        """`[V]` int64 per-token counts from `zoo:token-counts` (the zoo tokenizer's) or a JSON
+        file written by `treegraft zoo token-counts`; a component names them, Resources reads
+        them (plugins do not import the zoo)."""
+        from treegraft.zoo.token_counts import load_counts
+
+        return load_counts(ref)
 
     def load_tokenizer(self, ref: str) -> Any:
         """The tokenizer stored beside the model `ref` (None for in-memory models without one)."""

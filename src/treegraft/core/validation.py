@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from treegraft.core.config import (
     DEFAULTS,
     ROOT,
@@ -20,42 +18,18 @@ from treegraft.core.config import (
     ConfigError,
     DecodingConfig,
     PipelineSpec,
-    _hint,
-    _structure_field,
-    _unknown_key,
-    expected,
+    config_errors,
     load_pipeline_spec,
     parse_yaml,
+    unknown_key_message,
 )
+from treegraft.core.devices import device_problem
 from treegraft.core.errors import ArgumentError
 from treegraft.core.inputs import read_text
 from treegraft.core.model_files import model_folder_problems
 from treegraft.core.pipeline import check_vocabularies
 from treegraft.core.registry import Registry, UnknownComponentError, default_registry
-from treegraft.core.resources import ModelRefError, Resources, device_problem, resolve_model_path
-
-
-def config_errors(cls: type, data: Any, path: str) -> list[str]:
-    """Every error `structure_config(cls, data, path)` could raise, not only the first."""
-    attrs.resolve_types(cls)
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        return [f"{path}: expected a mapping of {cls.__qualname__} fields, got {data!r}"]
-    fields = {f.name: f for f in attrs.fields(cls)}
-    errors = [_unknown_key(path, key, list(fields)) for key in data if key not in fields]
-    errors += [
-        f"{path}.{f.name}: missing required key (expected {expected(f)}){_hint(f)}"
-        for f in fields.values()
-        if f.default is attrs.NOTHING and f.name not in data
-    ]
-    for name, value in data.items():
-        if name in fields:
-            try:
-                _structure_field(fields[name], value, f"{path}.{name}")
-            except ConfigError as exc:
-                errors.append(str(exc))
-    return errors
+from treegraft.core.resources import ModelRefError, Resources, resolve_model_path
 
 
 def component_errors(kind: str, raw: Any, path: str, registry: Registry) -> list[str]:
@@ -80,7 +54,7 @@ def structure_errors(data: Any, registry: Registry) -> list[str]:
     """Every structural error of a parsed pipeline mapping."""
     if not isinstance(data, Mapping):
         return [f"{ROOT}: expected a mapping with keys {', '.join(TOP_KEYS)}, got {data!r}"]
-    errors = [_unknown_key(ROOT, key, list(TOP_KEYS)) for key in data if key not in TOP_KEYS]
+    errors = [unknown_key_message(ROOT, key, list(TOP_KEYS)) for key in data if key not in TOP_KEYS]
     errors += [
         f"{ROOT}.{k}: missing required key{' (null given)' if k in data else ''}"
         for k in ("target", "drafters", "builder")

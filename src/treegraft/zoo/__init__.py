@@ -13,8 +13,6 @@ import difflib
 import json
 from pathlib import Path
 
-from treegraft.core.errors import TreegraftError
-
 ZOO_DIR = Path(__file__).resolve().parent
 MODELS_DIR = ZOO_DIR / "models"
 SUITES_DIR = ZOO_DIR / "suites"
@@ -35,7 +33,7 @@ __all__ = [
 ]
 
 
-class UnknownZooModelError(TreegraftError, LookupError):
+class UnknownZooModelError(LookupError):
     """A zoo reference names no shipped model."""
 
 

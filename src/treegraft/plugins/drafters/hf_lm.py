@@ -24,9 +24,6 @@ from treegraft.core.interfaces import Drafter
 from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree, Proposal
-from treegraft.zoo import PREFIX as ZOO_PREFIX
-from treegraft.zoo.token_counts import ZOO_REF as ZOO_COUNTS
-from treegraft.zoo.token_counts import load_counts, most_frequent
 
 
 @attrs.frozen
@@ -51,7 +48,7 @@ class HFLMConfig:
         "'transformers'; 'pipeline': exactly as `decoding.forward` says",
     )
     token_counts: str = field(
-        ZOO_COUNTS,
+        "zoo:token-counts",
         doc="per-token counts ranking the vocabulary for `head`: 'zoo:token-counts' (the zoo "
         "tokenizer's) or a JSON file written by `treegraft zoo token-counts`",
     )
@@ -86,7 +83,7 @@ class HFLMDrafter(Drafter):
         return cls(
             config,
             runner,
-            frequent=frequent_tokens(config, runner.vocab_size),
+            frequent=frequent_tokens(config, runner.vocab_size, resources),
             vocab=vocab,
             usable=usable,
         )
@@ -165,13 +162,14 @@ def drafter_forward(config: HFLMConfig, pipeline_forward: str) -> str:
     return pipeline_forward
 
 
-def frequent_tokens(config: HFLMConfig, vocab_size: int) -> Tensor | None:
-    """The `config.head` most frequent token ids by `config.token_counts` (None without a head);
-    errors name the field when the counts do not fit the model's vocabulary."""
+def frequent_tokens(config: HFLMConfig, vocab_size: int, resources: Resources) -> Tensor | None:
+    """The `config.head` most frequent token ids by `config.token_counts` (None without a head),
+    ties to the lower id; errors name the field when the counts do not fit the model's
+    vocabulary."""
     if config.head is None:
         return None
     try:
-        counts = load_counts(config.token_counts)
+        counts = resources.token_counts(config.token_counts)
     except (OSError, ValueError) as err:
         raise ValueError(f"token_counts: {err}") from err
     if counts.shape[0] != vocab_size:
@@ -183,15 +181,4 @@ def frequent_tokens(config: HFLMConfig, vocab_size: int) -> Tensor | None:
         raise ValueError(
             f"head: expected at most the vocabulary size {vocab_size}, got {config.head}"
         )
-    return torch.from_numpy(most_frequent(counts, config.head).copy())
-
-
-def swap_model(spec: dict, model: str) -> None:
-    """Put `model` into an `hf_lm` drafter's config mapping (the benchmark's pairs, the
-    scheduler tools' `--strong`). The zoo's token counts rank only the zoo vocabulary, so a
-    `head` ranked by them (the shipped pipelines') is dropped when a non-zoo model comes in:
-    that drafter scores its whole vocabulary. A `head` with counts of its own stays."""
-    spec["model"] = model
-    zoo_counts = spec.get("token_counts") in (None, ZOO_COUNTS)
-    if zoo_counts and spec.get("head") is not None and not str(model).startswith(ZOO_PREFIX):
-        spec.pop("head")
+    return torch.from_numpy(counts).neg().argsort(stable=True)[: config.head]
