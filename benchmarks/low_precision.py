@@ -34,8 +34,8 @@ def plain(model, ids: torch.Tensor, max_new_tokens: int) -> list[int]:
             ids[None],
             attention_mask=torch.ones(1, ids.numel(), dtype=torch.long),
             max_new_tokens=max_new_tokens,
-            min_new_tokens=max_new_tokens,
             do_sample=False,
+            eos_token_id=None,  # past EOS, as the pipeline is told (`stop_at_eos: false`)
         )
     return out[0, ids.numel() :].tolist()
 

@@ -68,6 +68,7 @@ def _is_cli_control(exc: BaseException) -> bool:
 def run_cli(app: Callable[..., object], argv: Sequence[str]) -> int:
     """Run the Typer `app` on `argv` (`--debug` taken out) and return the exit code."""
     args, debug = split_debug(argv)
+    before = os.environ.get(DEBUG_ENV)
     if debug:
         os.environ[DEBUG_ENV] = "1"
     warnings.showwarning = _show_warning
@@ -84,6 +85,11 @@ def run_cli(app: Callable[..., object], argv: Sequence[str]) -> int:
         if debug:
             raise
         return report(exc)
+    finally:  # in-process callers (tests) get their environment back
+        if before is None:
+            os.environ.pop(DEBUG_ENV, None)
+        else:
+            os.environ[DEBUG_ENV] = before
     return 0
 
 

@@ -347,10 +347,9 @@ def test_resume_keeps_finished_prompts_and_reruns_the_one_cut_short(tmp_path):
     full = run_bench(config, out, resources=pair_resources(), progress=False)
     per_prompt = 1 + 2 + 2  # ar, two pipelines measured and replayed
     assert len(full.requests) == 4 * per_prompt
-    lines = (out / "requests.jsonl").read_text().splitlines()
-    (out / "requests.jsonl").write_text(
-        "\n".join(lines[: per_prompt + 2]) + "\n"
-    )  # cut in prompt 2
+    lines = (out / "units.jsonl").read_bytes().splitlines(keepends=True)
+    assert len(lines) == 4  # one unit per prompt
+    (out / "units.jsonl").write_bytes(lines[0] + lines[1][:100])  # killed while writing prompt 2
     (out / "summary.csv").unlink()
     curves = (out / "latency.json").read_text()
 

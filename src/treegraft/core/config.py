@@ -22,6 +22,7 @@ import yaml
 from treegraft.core.devices import DEVICE_NAMES
 from treegraft.core.errors import ArgumentError, TreegraftError
 from treegraft.core.inputs import read_text
+from treegraft.core.placement import valid_device_maps
 from treegraft.core.registry import (
     Registry,
     UnknownComponentError,
@@ -270,6 +271,18 @@ class DecodingConfig:
         True,
         doc="probe every model at load time: one tree forward against the model's own "
         "sequential forwards; a model that does not match is refused (docs/models.md)",
+    )
+    device_map: dict[str, Any] = field(
+        attrs.Factory(dict),
+        check=Check(
+            "model references to 'auto', 'balanced', 'sequential', a device, or "
+            "module -> device ('cpu', 'cuda:N', N, 'disk')",
+            valid_device_maps,
+        ),
+        doc="per model reference, where its layers go (accelerate; docs/scaling.md)",
+    )
+    offload_folder: str | None = field(
+        None, doc="folder for weights a device map sends to 'disk' (default: a temporary one)"
     )
 
 

@@ -101,6 +101,8 @@ class Pipeline:
         resources.target_ref = spec.target
         resources.forward = spec.decoding.forward
         resources.check_model = spec.decoding.check_model
+        resources.device_maps |= spec.decoding.device_map
+        resources.offload_folder = resources.offload_folder or spec.decoding.offload_folder
         check_vocabularies(spec, resources)
         _load(resources, spec.target, "pipeline.target")
         target = _runner(resources, spec.target, "pipeline.target")

@@ -21,6 +21,7 @@ from transformers.utils import logging as hf_logging
 from treegraft.core.attention_rules import ModelRefused, refusal, refused_message
 from treegraft.core.devices import device_problem
 from treegraft.core.errors import TreegraftError
+from treegraft.core.placement import load_kwargs
 from treegraft.core.runner import CausalLMRunner
 
 DTYPES = {
@@ -116,6 +117,10 @@ class Resources:
     check_model: bool = True  # probe models before their first runner (`decoding.check_model`)
     #: refusal message (None: servable) per (model reference, forward) already checked
     checked: dict[tuple[str, str], str | None] = attrs.field(factory=dict)
+    #: per model reference, a device map (`treegraft.core.placement`): the model is placed by
+    #: accelerate at load instead of moved to `device`
+    device_maps: dict[str, Any] = attrs.field(factory=dict)
+    offload_folder: str | None = None
 
     @classmethod
     def create(cls, *, device: str = "auto", dtype: str = "float32") -> Resources:
@@ -133,10 +138,12 @@ class Resources:
         if ref not in self.models:
             path = resolve_model_path(ref)
             hf_logging.disable_progress_bar()  # our CLI streams text on stdout; keep stderr quiet
+            placed = ref in self.device_maps
+            kwargs = load_kwargs(self.device_maps[ref], self.offload_folder) if placed else {}
             model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=self.dtype, attn_implementation=attention_for(path)
+                path, dtype=self.dtype, attn_implementation=attention_for(path), **kwargs
             )
-            self.models[ref] = model.to(self.device).eval()
+            self.models[ref] = (model if placed else model.to(self.device)).eval()
         return self.models[ref]
 
     def runner(self, ref: str, *, forward: str | None = None) -> CausalLMRunner:

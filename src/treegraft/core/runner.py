@@ -28,6 +28,7 @@ from transformers.cache_utils import Cache
 
 from treegraft.core.attention_rules import AttentionRules, ModelRefused, attention_rules
 from treegraft.core.lean import FORWARDS, FusedForward, LeanForward, lean_support
+from treegraft.core.placement import input_device
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import kv_compact
 from treegraft.kernels.host_tensor import host_tensor
@@ -88,7 +89,10 @@ class TreeKVCache(Cache):
         layer[1, :, self.write_start : end, :vw] = value_states[0]
         keys = layer[0, :, :end] if kw == layer.shape[-1] else layer[0, :, :end, :kw]
         values = layer[1, :, :end] if vw == layer.shape[-1] else layer[1, :, :end, :vw]
-        return keys.unsqueeze(0), values.unsqueeze(0)
+        keys, values = keys.unsqueeze(0), values.unsqueeze(0)
+        if layer.device != key_states.device:  # a layer placed on another device (device map)
+            return keys.to(key_states.device), values.to(key_states.device)
+        return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.write_start
@@ -199,7 +203,7 @@ class CausalLMRunner:
         self._lean = self._lean_forward()
 
     def _read_model(self) -> None:
-        self._device, self._dtype = self.model.device, self.model.dtype
+        self._device, self._dtype = input_device(self.model), self.model.dtype
         self._vocab = int(self.model.get_output_embeddings().weight.shape[0])
 
     def _lean_forward(self) -> LeanForward | None:
@@ -281,7 +285,7 @@ class CausalLMRunner:
             )
         if prompt.numel() >= max_len:
             raise ValueError(f"prompt of {prompt.numel()} tokens does not fit max_len={max_len}")
-        if (self.model.device, self.model.dtype) != (self._device, self._dtype):  # model moved
+        if (input_device(self.model), self.model.dtype) != (self._device, self._dtype):  # moved
             self._read_model()
             self.cache = None
             self._lean = self._lean_forward()  # rebind the moved weights
