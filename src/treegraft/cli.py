@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from treegraft.console import console, out
 from treegraft.console import fail as _fail
+from treegraft.exits import ReportingGroup
 
 app = typer.Typer(
-    help="Lossless tree-based speculative decoding with several drafters sharing one draft tree.",
+    help="Lossless tree-based speculative decoding with several drafters sharing one draft tree. "
+    "Errors print as one or two lines; add --debug anywhere (or set TREEGRAFT_DEBUG=1) to see "
+    "the traceback.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=ReportingGroup,
 )
 
 DEFAULT_PIPELINE = "treegraft"
@@ -37,14 +41,21 @@ def generate(
     trace: Annotated[
         Path | None, typer.Option("--trace", help="write each step's tree as JSON here")
     ] = None,
+    replace_trace: Annotated[
+        bool,
+        typer.Option("--replace-trace", help="delete an earlier trace in the --trace folder"),
+    ] = False,
 ) -> None:
     """Decode a prompt with a pipeline, streaming the text, then print a stats line."""
     from treegraft.core.config import ConfigError
     from treegraft.core.pipeline import load_pipeline
+    from treegraft.core.trace import prepare_trace_dir
 
     text = _read_prompt(prompt, prompt_file)
     if max_new_tokens is not None and max_new_tokens < 1:
         _fail(f"--max-new-tokens: expected int >= 1, got {max_new_tokens}")
+    if trace is not None:  # before the models load: a wrong folder fails at once
+        prepare_trace_dir(trace, replace=replace_trace)
     try:
         pipe = load_pipeline(pipeline)
     except (ConfigError, ValueError) as exc:
@@ -67,26 +78,34 @@ def _run_generation(pipe, text: str, max_new_tokens: int | None, trace: Path | N
     prompt = pipe.encode(text)
     prepared = pipe.prepare(prompt)
     start = time.perf_counter()
-    with torch.inference_mode():
-        for event in pipe.steps(prompt, max_new_tokens=max_new_tokens):
-            events.append(event)
-            ids.extend(event.tokens)
-            if writer:
-                writer.write(event)
-            current = pipe.text_of(ids) if event.finished else pipe.decode_text(ids)
-            if event.finished or not current.endswith("\ufffd"):
-                out.print(
-                    current[len(shown) :], end="", markup=False, highlight=False, soft_wrap=True
-                )
-                shown = current
+    interrupted = False
+    try:
+        with torch.inference_mode():
+            for event in pipe.steps(prompt, max_new_tokens=max_new_tokens):
+                events.append(event)
+                ids.extend(event.tokens)
+                if writer:
+                    writer.write(event)
+                current = pipe.text_of(ids) if event.finished else pipe.decode_text(ids)
+                if event.finished or not current.endswith("\ufffd"):
+                    out.print(
+                        current[len(shown) :], end="", markup=False, highlight=False, soft_wrap=True
+                    )
+                    shown = current
+    except KeyboardInterrupt:  # Ctrl-C: the stats of what was decoded, then exit 130
+        interrupted = True
     seconds = time.perf_counter() - start
     out.print()
-    s = summarize(events, seconds)
-    console.print(
-        f"[dim]{s.new_tokens} new tokens · tau {s.tau:.2f} · {s.tokens_per_second:.1f} tokens/s · "
-        f"{s.steps} target forwards · finish: {events[-1].finish_reason}[/]"
-    )
-    console.print(f"[dim]{backend_line(pipe)}[/]")
+    if events:
+        s = summarize(events, seconds)
+        finish = "interrupted" if interrupted else events[-1].finish_reason
+        console.print(
+            f"[dim]{s.new_tokens} new tokens · tau {s.tau:.2f} · {s.tokens_per_second:.1f} "
+            f"tokens/s · {s.steps} target forwards · finish: {finish}[/]"
+        )
+        console.print(f"[dim]{backend_line(pipe)}[/]")
+    if interrupted:
+        raise KeyboardInterrupt
     if prepared:
         console.print(
             f"[dim]measured the target's latency curve first ({prepared:.2f} s, once per "
@@ -119,12 +138,14 @@ def backend_line(pipe) -> str:
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    from treegraft.core.inputs import check_utf8, read_text
+
     if (prompt is None) == (prompt_file is None):
         _fail("give exactly one of --prompt or --prompt-file")
     if prompt_file is not None:
-        if not prompt_file.is_file():
-            _fail(f"--prompt-file: {prompt_file} not found")
-        prompt = prompt_file.read_text()
+        prompt = read_text(prompt_file, "--prompt-file")
+    else:
+        prompt = check_utf8(prompt, "--prompt")
     if not prompt:
         _fail("the prompt is empty")
     return prompt
@@ -134,24 +155,25 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 def validate(
     files: Annotated[list[Path], typer.Argument(help="pipeline YAML files")],
 ) -> None:
-    """Check pipeline files (structure, components, configs, model references) without loading models."""
-    from treegraft.core.config import ConfigError, load_pipeline_spec
-    from treegraft.core.pipeline import check_vocabularies
-    from treegraft.core.resources import Resources
+    """Check pipeline files without loading models: structure, components, configs, model folders
+    (weights file, safetensors header, shapes against config.json), vocabularies, device. Lists
+    every error of every file, each prefixed by the file's name; exit 1 if any."""
+    from treegraft.core.validation import pipeline_errors
 
     failed = 0
     for path in files:
-        try:
-            spec = load_pipeline_spec(path)
-            check_vocabularies(spec, Resources())
-        except ConfigError as exc:
+        spec, errors = pipeline_errors(path)
+        for error in errors:
+            console.print(f"[red]✗[/] {escape(error)}", highlight=False)
+        if errors:
             failed += 1
-            console.print(f"[red]✗[/] {exc}", highlight=False)
-        else:
-            names = ", ".join(c.name for _, c in spec.drafters)
-            out.print(
-                f"[green]✓[/] {path}: target {spec.target}; drafters {names}; builder {spec.builder.name}"
-            )
+            continue
+        names = ", ".join(c.name for _, c in spec.drafters)
+        out.print(
+            f"[green]✓[/] {escape(str(path))}: target {escape(spec.target)}; drafters "
+            f"{escape(names)}; builder {escape(spec.builder.name)}",
+            highlight=False,
+        )
     if failed:
         raise typer.Exit(code=1)
 
@@ -166,10 +188,13 @@ def plugins() -> None:
     table = Table(title="treegraft components")
     for col in ("kind", "name", "distribution", "config fields"):
         table.add_column(col)
-    for reg in default_registry().all():
+    registry = default_registry()
+    for reg in registry.all():
         attrs.resolve_types(reg.factory.Config)
         fields = ", ".join(_describe_field(f) for f in attrs.fields(reg.factory.Config)) or "-"
         table.add_row(reg.kind, reg.name, reg.distribution, fields)
+    for broken in registry.broken:  # failed to import: skipped, listed with its error
+        table.add_row("[red]broken[/]", broken.name, broken.distribution, broken.error)
     out.print(table)
 
 
@@ -279,5 +304,8 @@ _mount_subcommands()
 
 
 def main() -> None:
-    """Entry point of the `treegraft` script."""
-    sys.exit(app())
+    """Entry point of the `treegraft` script: errors as one or two lines, exit codes 0, 1
+    (failed), 2 (bad input), 130 (interrupted); `--debug` shows tracebacks (`treegraft.exits`)."""
+    from treegraft.exits import main as run_main
+
+    run_main(app)

@@ -192,7 +192,7 @@ def test_drafters_as_a_list_get_indexed_roles_and_paths(registry: Registry) -> N
 
 def test_string_where_a_list_is_expected_is_rejected(registry: Registry) -> None:
     assert error_of(override(BASE, "decoding", {"stop": "###"}), registry).startswith(
-        "pipeline.decoding.stop: expected list of str, got '###'"
+        "pipeline.decoding.stop: expected list of str each non-empty, got '###'"
     )
 
 
@@ -392,3 +392,28 @@ def test_two_different_tokenizers_are_refused_naming_both(tmp_path: Path) -> Non
     message = str(info.value)
     assert message.startswith("pipeline.drafters.strong.model: tokenizer mismatch")
     assert repr(t_dir) in message and repr(d_dir) in message
+
+
+# ---------------------------------------------------------------------------- found by fuzzing
+
+
+@pytest.mark.parametrize("key", ["target", "drafters", "builder"])
+def test_a_null_required_section_is_missing(registry: Registry, key: str) -> None:
+    data = {
+        "target": "mem:target",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered"},
+        key: None,
+    }
+    assert error_of(data, registry) == f"pipeline.{key}: missing required key (null given)"
+
+
+def test_sane_upper_bounds_name_the_bound(registry: Registry) -> None:
+    data = {
+        "target": "mem:target",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered", "budget": 100_000},
+    }
+    assert error_of(data, registry).startswith(
+        "pipeline.builder.budget: expected int >= 1 and <= 8192, got 100000"
+    )

@@ -263,3 +263,59 @@ def test_the_builtins_are_found_through_their_entry_point(monkeypatch: pytest.Mo
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
     with pytest.raises(PluginError, match="'treegraft' distribution is not installed"):
         Registry.create(autoload=False)
+
+
+# ---------------------------------------------------------------------------- plugins that fail
+
+
+def failing_import(name: str) -> ModuleType:
+    """A module whose import fails: registered in sys.modules as None (ModuleNotFoundError)."""
+    return ModuleType(name)
+
+
+def test_a_plugin_failing_at_import_is_skipped_and_reported_once(
+    installed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installed("treegraft-coin", {"coin": "fake_coin"}, scheduler_plugin("fake_coin", "coin"))
+    installed("treegraft-broken", {"broken": "fake_broken_missing"})
+    monkeypatch.setitem(sys.modules, "fake_broken_missing", None)  # importing it fails
+    with pytest.warns(registry_module.BrokenPluginWarning) as caught:
+        registry = Registry.create()
+    assert len(caught) == 1
+    assert "plugin 'broken' (distribution 'treegraft-broken') failed to load" in str(
+        caught[0].message
+    )
+    assert "coin" in registry.names("scheduler")  # the other plugins still load
+    (broken,) = registry.broken
+    assert (broken.name, broken.distribution) == ("broken", "treegraft-broken")
+    assert broken.error.startswith("ModuleNotFoundError")
+
+
+def test_an_unknown_name_mentions_the_broken_plugins(
+    installed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installed("treegraft-broken", {"broken": "fake_broken_missing"})
+    monkeypatch.setitem(sys.modules, "fake_broken_missing", None)
+    with pytest.warns(registry_module.BrokenPluginWarning):
+        registry = Registry.create()
+    with pytest.raises(UnknownComponentError) as info:
+        registry.get("drafter", "fancy")
+    message = str(info.value)
+    assert "unknown drafter 'fancy'" in message
+    assert "plugin 'broken' (distribution 'treegraft-broken') failed to load" in message
+
+
+def test_a_registration_hook_raising_names_the_plugin(installed) -> None:
+    def explode(register: Register) -> None:
+        raise KeyError("missing table")
+
+    installed(
+        "treegraft-boom",
+        {"boom": "fake_boom"},
+        plugin_module("fake_boom", "treegraft_register_drafters", explode),
+    )
+    with pytest.raises(PluginError) as info:
+        Registry.create()
+    message = str(info.value)
+    assert "plugin 'boom' (distribution 'treegraft-boom')" in message
+    assert "treegraft_register_drafters raised KeyError" in message

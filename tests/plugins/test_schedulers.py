@@ -76,7 +76,7 @@ def test_every_k():
 
 def test_plan_names_a_drafter_per_layer():
     assert decisions(PlanScheduler(PlanConfig(plan=[2, 0, 1])), n_drafters=3) == [2, 0, 1, 0, 0, 0]
-    with pytest.raises(ValueError, match="plan names drafter 2 but the pipeline has 2"):
+    with pytest.raises(ValueError, match="plan: names drafter 2 but the pipeline has 2"):
         PlanScheduler(PlanConfig(plan=[2])).decide(at(0))
 
 

@@ -16,7 +16,7 @@ _EXPORTS = {
     "bench_config_from_dict": "treegraft.bench.config",
     "load_bench_config": "treegraft.bench.config",
     "BenchResult": "treegraft.bench.sweep",
-    "run_bench": "treegraft.bench.sweep",
+    "run_bench": "treegraft.bench.run",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -94,8 +94,9 @@ def run(
 ) -> None:
     """Run a sweep: pairs x suites x (plain decoding, baselines, pipelines); write the reports."""
     from treegraft.bench.config import load_bench_config
-    from treegraft.bench.sweep import run_bench
+    from treegraft.bench.run import run_bench
     from treegraft.core.config import ConfigError
+    from treegraft.core.inputs import prepare_output_dir
 
     try:
         cfg = load_bench_config(config)
@@ -109,6 +110,7 @@ def run(
     cfg = cfg.with_settings(repeat=repeat) if repeat is not None else cfg
     cfg = cfg.with_settings(replay=True) if replay else cfg
     target = out_dir or Path("runs") / f"bench-{config.stem}-{datetime.now():%Y%m%d-%H%M%S}"
+    prepare_output_dir(target, "--out")  # before any model loads
     options = {"quick": quick, "repeat": repeat, "replay": replay, "config": str(config)}
     flags = {"name": executor, "address": ray_address, "workers": workers, "num_cpus": num_cpus}
     flags |= {"num_gpus": num_gpus, "retries": retries}

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import attrs
 
 from treegraft import zoo
 from treegraft.core.config import ConfigError
+from treegraft.core.inputs import jsonl_records
 
 
 @attrs.frozen
@@ -37,14 +37,12 @@ def load_prompts(ref: str, n: int, base_dir: Path) -> list[Prompt]:
     """The first `n` prompts of a suite; each record needs `prompt` (text) and may carry `id`."""
     name, path = suite_file(ref, base_dir)
     prompts: list[Prompt] = []
-    with path.open(encoding="utf-8") as fh:
-        for i, line in enumerate(line for line in fh if line.strip()):
-            if len(prompts) == n:
-                break
-            record = json.loads(line)
-            if not isinstance(record.get("prompt"), str) or not record["prompt"]:
-                raise ConfigError(f"{path}: record {i} has no non-empty 'prompt' string")
-            prompts.append(Prompt(name, str(record.get("id", f"{name}-{i:02d}")), record["prompt"]))
+    for i, (line, record) in enumerate(jsonl_records(path, "bench.suites")):
+        if len(prompts) == n:
+            break
+        if not isinstance(record.get("prompt"), str) or not record["prompt"]:
+            raise ConfigError(f"{path}:{line}: record {i} has no non-empty 'prompt' string")
+        prompts.append(Prompt(name, str(record.get("id", f"{name}-{i:02d}")), record["prompt"]))
     if not prompts:
         raise ConfigError(f"{path}: suite {name!r} holds no prompts")
     return prompts

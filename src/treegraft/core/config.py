@@ -19,18 +19,20 @@ import attrs
 import cattrs
 import yaml
 
+from treegraft.core.devices import DEVICE_NAMES
+from treegraft.core.errors import ArgumentError, TreegraftError
+from treegraft.core.inputs import read_text
 from treegraft.core.placement import valid_device_maps
 from treegraft.core.registry import (
     Registry,
     UnknownComponentError,
     default_registry,
-    unknown_name_message,
 )
 
 ROOT = "pipeline"
 
 
-class ConfigError(ValueError):
+class ConfigError(TreegraftError, ValueError):
     """A pipeline file is malformed; the message names the path of the offending value."""
 
 
@@ -43,15 +45,20 @@ class Check:
 
     describe: str
     test: Callable[[Any], bool]
+    #: a sanity bound above the documented range (a budget of 10**12 is a typo, not a request)
+    sane_max: float | None = None
 
     def __call__(self, instance: object, attribute: attrs.Attribute, value: Any) -> None:
-        if not self.test(value):
+        if not self.test(value) or self.too_large(value):
             raise ValueError(f"{attribute.name}: expected {self.describe}, got {value!r}")
 
+    def too_large(self, value: Any) -> bool:
+        return self.sane_max is not None and value > self.sane_max
 
-def at_least(low: float) -> Check:
-    """Value >= `low`."""
-    return Check(f">= {low}", lambda v: v >= low)
+
+def at_least(low: float, *, sane_max: float | None = None) -> Check:
+    """Value >= `low` (and at most `sane_max`, a sanity bound, when given)."""
+    return Check(f">= {low}", lambda v: v >= low, sane_max)
 
 
 def between(low: float, high: float, *, open_low: bool = False) -> Check:
@@ -88,6 +95,9 @@ class NoConfig:
 # ---------------------------------------------------------------------------- strict structuring
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _strict_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True)
 
@@ -95,6 +105,8 @@ def _strict_converter() -> cattrs.Converter:
         def hook(value: Any, _: type) -> Any:
             if (isinstance(value, bool) and kind is not bool) or not isinstance(value, accept):
                 raise TypeError(f"expected {kind.__name__}")
+            if kind is int and not INT64_MIN <= value <= INT64_MAX:
+                raise TypeError("expected a 64-bit int")
             return kind(value)
 
         return hook
@@ -159,7 +171,7 @@ def structure_config(cls: type, data: Any, path: str) -> Any:
     fields = {f.name: f for f in attrs.fields(cls)}
     for key in data:
         if key not in fields:
-            raise ConfigError(_unknown_key(path, key, list(fields)))
+            raise ConfigError(unknown_key_message(path, key, list(fields)))
     for f in fields.values():
         if f.default is attrs.NOTHING and f.name not in data:
             raise ConfigError(
@@ -181,11 +193,38 @@ def _structure_field(f: attrs.Attribute, value: Any, path: str) -> Any:
         try:
             f.validator(None, f, out)
         except (ValueError, TypeError):
-            raise ConfigError(f"{path}: expected {expected(f)}, got {value!r}{_hint(f)}") from None
+            want = expected(f)
+            if isinstance(f.validator, Check) and f.validator.too_large(out):
+                want += f" and <= {f.validator.sane_max}"
+            raise ConfigError(f"{path}: expected {want}, got {value!r}{_hint(f)}") from None
     return out
 
 
-def _unknown_key(path: str, key: object, known: list[str]) -> str:
+def config_errors(cls: type, data: Any, path: str) -> list[str]:
+    """Every error `structure_config(cls, data, path)` could raise, not only the first."""
+    attrs.resolve_types(cls)
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        return [f"{path}: expected a mapping of {cls.__qualname__} fields, got {data!r}"]
+    fields = {f.name: f for f in attrs.fields(cls)}
+    errors = [unknown_key_message(path, key, list(fields)) for key in data if key not in fields]
+    errors += [
+        f"{path}.{f.name}: missing required key (expected {expected(f)}){_hint(f)}"
+        for f in fields.values()
+        if f.default is attrs.NOTHING and f.name not in data
+    ]
+    for name, value in data.items():
+        if name in fields:
+            try:
+                _structure_field(fields[name], value, f"{path}.{name}")
+            except ConfigError as exc:
+                errors.append(str(exc))
+    return errors
+
+
+def unknown_key_message(path: str, key: object, known: list[str]) -> str:
+    """`path.key: unknown key; did you mean ...? expected keys: ...`"""
     close = difflib.get_close_matches(str(key), known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"{path}.{key}: unknown key{hint} expected keys: {', '.join(known) or '(none)'}"
@@ -194,19 +233,33 @@ def _unknown_key(path: str, key: object, known: list[str]) -> str:
 # ---------------------------------------------------------------------------- pipeline spec
 
 
+#: the most tokens one generation may ask for (a sanity bound: caches are sized from it)
+MAX_NEW_TOKENS = 1_000_000
+
+
 @attrs.frozen
 class DecodingConfig:
     """How long to decode, where, and in which precision."""
 
-    max_new_tokens: int = field(128, check=at_least(1), doc="tokens to generate at most")
+    max_new_tokens: int = field(
+        128, check=at_least(1, sane_max=MAX_NEW_TOKENS), doc="tokens to generate at most"
+    )
     stop: list[str] = field(
-        attrs.Factory(list), doc="stop strings; output ends before the first one"
+        attrs.Factory(list),
+        check=each(Check("non-empty", lambda s: len(s) > 0)),
+        doc="stop strings; output ends before the first one",
     )
     stop_at_eos: bool = field(True, doc="end when the target emits its EOS token")
     dtype: str = field(
         "float32", check=one_of("float32", "float64", "bfloat16", "float16"), doc="model precision"
     )
-    device: str = field("auto", doc="'auto' (CUDA when present), 'cpu', 'cuda' or 'cuda:N'")
+    device: str = field(
+        "auto",
+        check=Check(
+            "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'", lambda v: bool(DEVICE_NAMES.fullmatch(v))
+        ),
+        doc="'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:N' or 'mps'",
+    )
     forward: str = field(
         "auto",
         check=one_of("auto", "lean", "transformers"),
@@ -277,10 +330,35 @@ TOP_KEYS = (
 DEFAULTS = {"scheduler": {"name": "never"}, "verifier": {"name": "greedy"}}
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe loader refusing a mapping that repeats a key (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise DuplicateKeyError(key, line, seen[key])
+            if isinstance(key, typing.Hashable):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping repeats a key."""
+
+    def __init__(self, key: Any, line: int, first: int) -> None:
+        super().__init__(f"duplicate key {key!r} at line {line} (first at line {first})")
+        self.key, self.line, self.first = key, line, first
+
+
 def parse_yaml(text: str, source: str = "<string>") -> Any:
-    """Parse YAML text; a syntax error becomes a `ConfigError` with the line and column."""
+    """Parse YAML text; a syntax error or a repeated key becomes a `ConfigError` with the line."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except DuplicateKeyError as exc:
+        raise ConfigError(f"{source}: {exc}; keep one of them") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -291,11 +369,13 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
 def load_pipeline_spec(path: str | Path, registry: Registry | None = None) -> PipelineSpec:
     """Read and validate a pipeline YAML file (no model is loaded)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"{path}: pipeline file not found")
-    return pipeline_spec_from_dict(
-        parse_yaml(path.read_text(), str(path)), registry, source=str(path)
-    )
+    try:
+        text = read_text(path, "pipeline file")
+    except ArgumentError as exc:
+        raise ConfigError(str(exc)) from None
+    return pipeline_spec_from_dict(parse_yaml(text, str(path)), registry, source=str(path))
 
 
 def pipeline_spec_from_dict(
@@ -309,10 +389,10 @@ def pipeline_spec_from_dict(
         )
     for key in data:
         if key not in TOP_KEYS:
-            raise ConfigError(_unknown_key(ROOT, key, list(TOP_KEYS)))
+            raise ConfigError(unknown_key_message(ROOT, key, list(TOP_KEYS)))
     for key in ("target", "drafters", "builder"):
-        if key not in data:
-            raise ConfigError(f"{ROOT}.{key}: missing required key")
+        if data.get(key) is None:
+            raise ConfigError(f"{ROOT}.{key}: missing required key{_null_given(data, key)}")
     target = data["target"]
     if not isinstance(target, str) or not target:
         raise ConfigError(
@@ -332,6 +412,10 @@ def pipeline_spec_from_dict(
         decoding=structure_config(DecodingConfig, data.get("decoding"), f"{ROOT}.decoding"),
         source=source,
     )
+
+
+def _null_given(data: Mapping, key: str) -> str:
+    return " (null given)" if key in data else ""
 
 
 def _optional(kind: str, data: Mapping, registry: Registry) -> ComponentSpec | None:
@@ -371,9 +455,7 @@ def component_spec(kind: str, raw: Any, path: str, registry: Registry) -> Compon
     try:
         reg = registry.get(kind, name)
     except UnknownComponentError:
-        raise ConfigError(
-            f"{path}.name: {unknown_name_message(kind, name, registry.names(kind))}"
-        ) from None
+        raise ConfigError(f"{path}.name: {registry.unknown_message(kind, name)}") from None
     body = {k: v for k, v in raw.items() if k != "name"}
     return ComponentSpec(kind, name, structure_config(reg.factory.Config, body, path), path)
 

@@ -12,6 +12,7 @@ import attrs
 import torch
 from torch import Tensor
 
+from treegraft.core.boundary import Origin, Parts, StepCounter, check_mode, guarded_parts
 from treegraft.core.interfaces import (
     BuildResult,
     Drafter,
@@ -111,6 +112,24 @@ class Decoder:
     #: limit): tree nodes at or past it are not verified (`trim_to_positions`)
     max_positions: int | None = None
     _pinned: Tensor | None = attrs.field(init=False, default=None)
+    #: where each component comes from, by role (`drafter0`, ..., `builder`, `scheduler`,
+    #: `verifier`, `rescorer`, `grafter`): third-party ones are called through checking proxies
+    origins: dict[str, Origin] = attrs.field(factory=dict)
+    _counter: StepCounter = attrs.field(factory=StepCounter, init=False)
+    _parts: tuple[tuple, Parts] | None = attrs.field(default=None, init=False)
+
+    def parts(self) -> Parts:
+        """The components as the loop calls them: behind checking proxies where `origins` says
+        (`treegraft.core.boundary`). Built again when a component is replaced (the scheduler's
+        value system swaps schedulers between steps) or `TREEGRAFT_CHECKS` changes."""
+        key = (
+            check_mode(),
+            *(id(getattr(self, r)) for r in ("drafters", "builder", "scheduler", "verifier")),
+            *(id(getattr(self, r)) for r in ("rescorer", "grafter")),
+        )
+        if self._parts is None or self._parts[0] != key:
+            self._parts = (key, guarded_parts(self, self.origins, self._counter))
+        return self._parts[1]
 
     def prepare(self, context: int) -> float:
         """Measure what the builder reads before decoding, once per decoder: the target's latency
@@ -120,11 +139,12 @@ class Decoder:
         `steps` calls it too; calling it first keeps the one-time measurement out of a timed
         generation.
         """
-        if self.times.target_curve is not None or not self.builder.wants_target_curve():
+        builder = self.parts().builder
+        if self.times.target_curve is not None or not builder.wants_target_curve():
             return 0.0
         start = time.perf_counter()
         self.times.target_curve = self.target.latency_curve(
-            query_grid(self.builder.max_nodes()), context=context
+            query_grid(builder.max_nodes()), context=context
         )
         return time.perf_counter() - start
 
@@ -146,23 +166,26 @@ class Decoder:
         """Start a generation from `prompt` (`[T]` int64): every component's `begin`, with caches
         sized for `stop.max_new_tokens` new tokens. `steps` calls it; a caller driving `step`
         itself (the scheduler's value system) calls it once per generation."""
-        max_len = prompt.numel() + stop.max_new_tokens + self.builder.max_nodes() + 2
+        self._counter.step = None
+        parts = self.parts()
+        max_len = prompt.numel() + stop.max_new_tokens + parts.builder.max_nodes() + 2
         self.prepare(prompt.numel())
         self.target.begin(prompt, max_len=max_len)
-        for drafter in self.drafters:
+        for drafter in parts.drafters:
             drafter.begin(prompt, max_len=max_len)
-        self.verifier.begin(self.seed)
-        self.scheduler.begin()
+        parts.verifier.begin(self.seed)
+        parts.scheduler.begin()
         self.history = AcceptHistory()
 
     def context(self, prompt_len: int, clock: Clock) -> StepContext:
         """What the builder gets for the next step of the current generation."""
+        parts = self.parts()
         return StepContext(
             root=self.target.committed_ids()[-1],
-            drafters=self.drafters,
-            scheduler=self.scheduler,
-            rescorer=self.rescorer,
-            grafter=self.grafter,
+            drafters=parts.drafters,
+            scheduler=parts.scheduler,
+            rescorer=parts.rescorer,
+            grafter=parts.grafter,
             prompt_len=prompt_len,
             committed_len=self.target.n_committed,
             clock=clock,
@@ -176,9 +199,11 @@ class Decoder:
     ) -> StepEvent:
         """One step of the current generation (`generated`: its tokens so far): build, one
         target forward, verify, commit, observe."""
+        self._counter.step = step
+        parts = self.parts()
         ctx = self.context(prompt_len, clock)
         with clock.time("build"):
-            built = self.builder.build(ctx)
+            built = parts.builder.build(ctx)
             room = (
                 None if self.max_positions is None else self.max_positions - self.target.n_committed
             )
@@ -187,15 +212,17 @@ class Decoder:
         with clock.time("target"):
             logits = self.target.forward_tree(built.tree)  # [n, V]
         with clock.time("verify"):
-            verdict = self.verifier.verify(built.tree, logits)
+            verdict = parts.verifier.verify(built.tree, logits)
             accepted = accepted_tokens(built, verdict)
             tokens, strong_accepted = accepted.tokens, accepted.strong
         keep, reason = stop.cut(generated, tokens)
         if reason is None:
             with clock.time("commit", host=True):  # launches copies; waits for nothing
-                self._commit(accepted)
+                self._commit(parts, accepted)
         times = clock.reset()
-        self._observe(step, built, len(tokens) - 1, strong_accepted, times, reason is not None)
+        self._observe(
+            parts, step, built, len(tokens) - 1, strong_accepted, times, reason is not None
+        )
         return StepEvent(
             step=step,
             tokens=tuple(tokens[:keep]),
@@ -208,7 +235,7 @@ class Decoder:
             verdict=verdict,
         )
 
-    def _commit(self, accepted: Accepted) -> None:
+    def _commit(self, parts: Parts, accepted: Accepted) -> None:
         """Commit the accepted path and its tokens to the target and every drafter.
 
         On CUDA the tokens go through a pinned host buffer, so each runner's copy to the device
@@ -216,7 +243,7 @@ class Decoder:
         which waits for those copies."""
         new = self._host_tokens(accepted.tokens)
         self.target.commit(accepted.path, new)
-        for drafter in self.drafters:
+        for drafter in parts.drafters:
             drafter.commit(accepted.unpruned, new)
 
     def _host_tokens(self, tokens: list[int]) -> Tensor:
@@ -231,6 +258,7 @@ class Decoder:
 
     def _observe(
         self,
+        parts: Parts,
         step: int,
         built: BuildResult,
         accepted: int,
@@ -242,7 +270,7 @@ class Decoder:
         self.times.record_step(built.calls, times, n)
         called = any(c > 0 for c in built.calls)
         self.history = self.history.record(accepted, strong_accepted, called)
-        self.scheduler.observe(
+        parts.scheduler.observe(
             StepOutcome(
                 step=step,
                 calls=built.calls,

@@ -11,8 +11,11 @@ import attrs
 import torch
 from torch import Tensor
 
+from treegraft.core.arguments import check_max_new_tokens, check_stop, prompt_ids
 from treegraft.core.attention_rules import ModelRefused
+from treegraft.core.boundary import Origin, call_plugin
 from treegraft.core.config import (
+    ROOT,
     ComponentSpec,
     ConfigError,
     PipelineSpec,
@@ -20,9 +23,17 @@ from treegraft.core.config import (
     pipeline_spec_from_dict,
 )
 from treegraft.core.decoder import Decoder, StepEvent, StopRule
+from treegraft.core.errors import ArgumentError
+from treegraft.core.inputs import check_utf8
 from treegraft.core.metrics import Summary, summarize
 from treegraft.core.model_check import max_positions
-from treegraft.core.registry import Registry, default_registry
+from treegraft.core.registry import (
+    BUILTIN_DISTRIBUTION,
+    KINDS,
+    PluginError,
+    Registry,
+    default_registry,
+)
 from treegraft.core.resources import ModelRefError, Resources
 from treegraft.core.runner import CausalLMRunner
 
@@ -40,6 +51,8 @@ def resolve_pipeline(name_or_path: str | Path) -> Path:
     path = Path(name_or_path)
     if path.is_file():
         return path
+    if path.is_dir():
+        raise ConfigError(f"pipeline {str(name_or_path)!r} is a directory; expected a YAML file")
     shipped = PIPELINES_DIR / f"{name_or_path}.yaml"
     if shipped.is_file():
         return shipped
@@ -80,9 +93,11 @@ class Pipeline:
     ) -> Pipeline:
         """Load the models and build every component of `spec`."""
         registry = registry or default_registry()
-        resources = resources or Resources.create(
-            device=spec.decoding.device, dtype=spec.decoding.dtype
-        )
+        if resources is None:
+            try:
+                resources = Resources.create(device=spec.decoding.device, dtype=spec.decoding.dtype)
+            except ValueError as exc:
+                raise ConfigError(f"{ROOT}.decoding.device: {exc}") from None
         resources.target_ref = spec.target
         resources.forward = spec.decoding.forward
         resources.check_model = spec.decoding.check_model
@@ -94,25 +109,46 @@ class Pipeline:
         _load(resources, spec.target, "pipeline.target")
         target = _runner(resources, spec.target, "pipeline.target")
 
-        def build(c: ComponentSpec | None) -> Any:
+        origins: dict[str, Origin] = {}
+
+        def build(c: ComponentSpec | None, role: str) -> Any:
             if c is None:
                 return None
-            try:
-                return registry.get(c.kind, c.name).factory.from_config(c.config, resources)
-            except ModelRefused as err:
-                raise ConfigError(f"{c.path}.model: {err}") from None
+            reg = registry.get(c.kind, c.name)
+            origin = origins[role] = Origin(c.kind, c.name, reg.distribution, c.path)
+            if reg.distribution == BUILTIN_DISTRIBUTION:
+                try:
+                    return reg.factory.from_config(c.config, resources)
+                except ModelRefused as err:
+                    raise ConfigError(f"{c.path}.model: {err}") from None
+                except ModelRefError as exc:
+                    raise ConfigError(f"{c.path}: {exc}") from None
+                except ValueError as exc:  # a built-in refusing its config (token counts, ...)
+                    if isinstance(exc, ConfigError):
+                        raise
+                    raise ConfigError(f"{c.path}: {exc}") from exc
+            made = call_plugin(
+                origin, None, "from_config", reg.factory.from_config, c.config, resources
+            )
+            if not isinstance(made, KINDS[c.kind].interface):
+                raise PluginError(
+                    f"{origin}: from_config returned {made!r}, expected a "
+                    f"{KINDS[c.kind].interface.__name__}"
+                )
+            return made
 
         decoder = Decoder(
             target=target,
-            drafters=tuple(build(c) for _, c in spec.drafters),
-            builder=build(spec.builder),
-            scheduler=build(spec.scheduler),
-            verifier=build(spec.verifier),
-            rescorer=build(spec.rescorer),
-            grafter=build(spec.grafter),
+            drafters=tuple(build(c, f"drafter{i}") for i, (_, c) in enumerate(spec.drafters)),
+            builder=build(spec.builder, "builder"),
+            scheduler=build(spec.scheduler, "scheduler"),
+            verifier=build(spec.verifier, "verifier"),
+            rescorer=build(spec.rescorer, "rescorer"),
+            grafter=build(spec.grafter, "grafter"),
             seed=spec.decoding.seed,
             sync_clock=resources.device.type == "cuda",
             pinned=resources.device.type == "cuda",
+            origins=origins,
         )
         decoder.max_positions = context_limit(target, decoder.drafters)
         tokenizer = resources.load_tokenizer(spec.target)
@@ -123,16 +159,16 @@ class Pipeline:
     def encode(self, prompt: str | Sequence[int] | Tensor) -> Tensor:
         """`[T]` int64 token ids of a prompt given as text or ids."""
         if isinstance(prompt, str):
+            check_utf8(prompt, "prompt")
             if self.tokenizer is None:
-                raise ValueError("this pipeline has no tokenizer: pass token ids instead of text")
-            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            if not ids:
-                raise ValueError("prompt is empty after tokenization")
-            return torch.tensor(ids, dtype=torch.long)
-        ids = torch.as_tensor(prompt, dtype=torch.long).flatten()
-        if ids.numel() == 0:
-            raise ValueError("prompt has no tokens")
-        return ids
+                raise ArgumentError(
+                    "this pipeline has no tokenizer: pass token ids instead of text"
+                )
+            ids = self.tokenizer(prompt, add_special_tokens=False)
+            if not ids["input_ids"]:
+                raise ArgumentError("prompt is empty after tokenization")
+            return torch.tensor(ids["input_ids"], dtype=torch.long)
+        return prompt_ids(prompt, self.decoder.target.vocab_size)
 
     def decode_text(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
@@ -145,14 +181,15 @@ class Pipeline:
         self, max_new_tokens: int | None = None, stop: Sequence[str] | None = None
     ) -> StopRule:
         dec = self.spec.decoding
-        stop = list(dec.stop if stop is None else stop)
+        check_max_new_tokens(max_new_tokens)
+        stop = list(dec.stop if stop is None else check_stop(stop))
         check = None
         if stop:
             if self.tokenizer is None:
-                raise ValueError("stop strings need a tokenizer; this pipeline has none")
+                raise ArgumentError("stop strings need a tokenizer; this pipeline has none")
             check = StopStrings(tuple(stop), self.decode_text)
         return StopRule(
-            max_new_tokens=max_new_tokens or dec.max_new_tokens,
+            max_new_tokens=dec.max_new_tokens if max_new_tokens is None else max_new_tokens,
             eos_ids=self.eos_ids if dec.stop_at_eos else frozenset(),
             check=check,
         )

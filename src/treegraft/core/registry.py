@@ -10,12 +10,14 @@ from __future__ import annotations
 import difflib
 import importlib.metadata
 import os
+import warnings
 from collections.abc import Iterable
 
 import attrs
 import pluggy
 
 from treegraft.core import hookspecs
+from treegraft.core.errors import TreegraftError
 from treegraft.core.interfaces import (
     Drafter,
     Grafter,
@@ -53,12 +55,28 @@ KINDS: dict[str, Kind] = {
 }
 
 
-class PluginError(RuntimeError):
+class PluginError(TreegraftError, RuntimeError):
     """A plugin is broken or two plugins clash."""
 
 
 class UnknownComponentError(LookupError):
     """No component of this kind has this name."""
+
+
+class BrokenPluginWarning(UserWarning):
+    """A plugin failed to import and was skipped (`Registry.broken` holds it)."""
+
+
+@attrs.frozen
+class BrokenPlugin:
+    """An entry-point plugin that failed to import: skipped, listed by `treegraft plugins`."""
+
+    name: str  # the entry point's name
+    distribution: str
+    error: str  # `ImportError: No module named 'x'`
+
+    def __str__(self) -> str:
+        return f"plugin {self.name!r} (distribution {self.distribution!r}) failed to load: {self.error}"
 
 
 @attrs.frozen
@@ -81,6 +99,10 @@ class Registry:
 
     pm: pluggy.PluginManager
     entries: dict[tuple[str, str], Registration] = attrs.field(factory=dict)
+    #: entry-point plugins that failed to import (skipped; their components are unknown)
+    broken: list[BrokenPlugin] = attrs.field(factory=list)
+    #: distribution name of each entry-point plugin, by plugin name
+    distributions: dict[str, str] = attrs.field(factory=dict)
 
     @classmethod
     def create(cls, *, autoload: bool | None = None, plugins: Iterable[object] = ()) -> Registry:
@@ -91,21 +113,56 @@ class Registry:
         pm.register(builtin, name=BUILTIN_PLUGIN)
         if autoload is None:
             autoload = os.environ.get(AUTOLOAD_ENV, "") not in ("1", "true", "yes")
+        registry = cls(pm)
         if autoload:
-            pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+            registry._load_entry_points()
         for plugin in plugins:
             pm.register(plugin)
         pm.check_pending()
-        registry = cls(pm)
         registry._collect()
         return registry
 
+    def _load_entry_points(self) -> None:
+        """Import and register every plugin of the entry-point group; one that fails to import
+        is recorded in `broken` (and warned about once) instead of failing the whole registry."""
+        for dist in list(importlib.metadata.distributions()):
+            for ep in dist.entry_points:
+                if (
+                    ep.group != ENTRY_POINT_GROUP
+                    or self.pm.has_plugin(ep.name)
+                    or self.pm.is_blocked(ep.name)
+                ):
+                    continue
+                dist_name = dist.metadata["Name"] or f"<unnamed distribution of {ep.value}>"
+                try:
+                    plugin = ep.load()
+                except Exception as exc:
+                    broken = BrokenPlugin(ep.name, dist_name, f"{type(exc).__name__}: {exc}")
+                    self.broken.append(broken)
+                    warnings.warn(f"{broken}; skipped", BrokenPluginWarning, stacklevel=2)
+                    continue
+                try:
+                    self.pm.register(plugin, name=ep.name)
+                except ValueError as exc:
+                    raise PluginError(
+                        f"plugin {ep.name!r} (distribution {dist_name!r}): {exc}"
+                    ) from None
+                self.distributions[ep.name] = dist_name
+
     def _collect(self) -> None:
-        dists = {id(plugin): dist.project_name for plugin, dist in self.pm.list_plugin_distinfo()}
         for kind in KINDS.values():
             for impl in getattr(self.pm.hook, kind.hook).get_hookimpls():
-                dist = _distribution_of(impl.plugin_name, dists.get(id(impl.plugin)))
-                impl.function(register=self._registrar(kind, dist, impl.plugin_name))
+                dist = _distribution_of(impl.plugin_name, self.distributions.get(impl.plugin_name))
+                register = self._registrar(kind, dist, impl.plugin_name)
+                try:
+                    impl.function(register=register)
+                except PluginError:
+                    raise
+                except Exception as exc:
+                    raise PluginError(
+                        f"plugin {impl.plugin_name!r} (distribution {dist!r}): {kind.hook} "
+                        f"raised {type(exc).__name__}: {exc}"
+                    ) from exc
 
     def _registrar(self, kind: Kind, dist: str, plugin_name: str):
         def register(name: str, factory: type) -> None:
@@ -134,9 +191,16 @@ class Registry:
         try:
             return self.entries[(kind, name)]
         except KeyError:
-            raise UnknownComponentError(
-                unknown_name_message(kind, name, self.names(kind))
-            ) from None
+            raise UnknownComponentError(self.unknown_message(kind, name)) from None
+
+    def unknown_message(self, kind: str, name: object) -> str:
+        """`unknown_name_message`, plus the plugins that failed to load (one may provide it)."""
+        message = unknown_name_message(kind, name, self.names(kind))
+        if self.broken:
+            message += "; " + "; ".join(
+                f"{b} (it may provide {kind} {name!r})" for b in self.broken
+            )
+        return message
 
     def all(self) -> list[Registration]:
         """Every registration, sorted by kind then name."""

@@ -18,6 +18,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from treegraft.core.attention_rules import ModelRefused, refusal, refused_message
+from treegraft.core.devices import device_problem
+from treegraft.core.errors import TreegraftError
 from treegraft.core.placement import load_kwargs
 from treegraft.core.runner import CausalLMRunner
 from treegraft.kernels.tree_attention.hf import IMPLEMENTATION as TREE_IMPLEMENTATION
@@ -30,18 +32,17 @@ DTYPES = {
 }
 
 
-class ModelRefError(ValueError):
+class ModelRefError(TreegraftError, ValueError):
     """A model reference names nothing loadable."""
 
 
 def resolve_device(name: str) -> torch.device:
-    """`auto` -> CUDA when present, else CPU; anything else is passed to `torch.device`."""
+    """`auto` -> CUDA when present, else CPU; anything else must pass `device_problem`."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(
-            f"device {name!r} requested but CUDA is not available; use 'cpu' or 'auto'"
-        )
+    problem = device_problem(name)
+    if problem:
+        raise ValueError(problem)
     return torch.device(name)
 
 

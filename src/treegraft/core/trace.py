@@ -14,6 +14,8 @@ from typing import Any
 import attrs
 
 from treegraft.core.decoder import StepEvent
+from treegraft.core.errors import ArgumentError
+from treegraft.core.inputs import prepare_output_dir
 
 TRACE_VERSION = 1
 
@@ -38,6 +40,22 @@ class TraceWriter:
         path = self.directory / f"step-{event.step:05d}.json"
         path.write_text(json.dumps(step_record(event, self.drafter_names, self.decode), indent=1))
         return path
+
+
+def prepare_trace_dir(directory: Path, *, replace: bool = False, what: str = "--trace") -> Path:
+    """Create (or reuse) a trace folder before any model loads: an existing file, an unwritable
+    place, or a folder holding an earlier trace (its step files) is an `ArgumentError`, unless
+    `replace`, which deletes the earlier step files (and their renderings) first."""
+    directory = prepare_output_dir(directory, what)
+    earlier = sorted(directory.glob("step-*.json"))
+    if earlier and not replace:
+        raise ArgumentError(
+            f"{what}: {directory} holds an earlier trace ({len(earlier)} step files); "
+            "pass --replace-trace to replace it, or choose another folder"
+        )
+    for old in [*earlier, *directory.glob("step-*.png")]:
+        old.unlink()
+    return directory
 
 
 def step_record(event: StepEvent, drafter_names: tuple[str, ...], decode: Any = None) -> dict:

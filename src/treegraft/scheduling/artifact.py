@@ -19,6 +19,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from treegraft.core.errors import TreegraftError
 from treegraft.scheduling.features import FEATURE_NAMES
 
 ARTIFACT_FORMAT = "treegraft-scheduler/1"
@@ -30,7 +31,7 @@ ZOO_ARTIFACTS = {ZOO_ARTIFACT: "scheduler"}
 ACTIVATIONS = ("relu", "tanh")
 
 
-class ArtifactError(ValueError):
+class ArtifactError(TreegraftError, ValueError):
     """A scheduler artifact is missing, unreadable or does not match this scheduler's features."""
 
 

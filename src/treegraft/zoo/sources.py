@@ -15,6 +15,8 @@ from pathlib import Path
 
 import attrs
 
+from treegraft.core.errors import TreegraftError
+
 DOCS_PACKAGE = "python3-doc"
 DEFAULT_DOCS_DIR = Path("/usr/share/doc/python3-doc/html")
 DOC_SECTIONS = (
@@ -31,7 +33,7 @@ MAX_FILE_BYTES = 250_000
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "idle_test", "lib2to3"}
 
 
-class MissingSourceError(RuntimeError):
+class MissingSourceError(TreegraftError, RuntimeError):
     """A corpus source is not installed."""
 
 

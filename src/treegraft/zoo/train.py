@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from treegraft.core.errors import TreegraftError
 from treegraft.zoo import formats
 from treegraft.zoo.corpus import CORPUS_FILE, DEFAULT_CORPUS_DIR, read_corpus
 from treegraft.zoo.tokenizer import batched
@@ -94,7 +95,7 @@ class Recipe:
 _converter = cattrs.Converter(forbid_extra_keys=True)
 
 
-class RecipeError(ValueError):
+class RecipeError(TreegraftError, ValueError):
     """A recipe file does not describe a valid :class:`Recipe`."""
 
 

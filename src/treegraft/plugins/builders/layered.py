@@ -39,11 +39,15 @@ from treegraft.kernels.prune_to_budget.host import kept_nodes
 class LayeredConfig:
     """Hyper-parameters of the layered builder."""
 
-    depth: int = field(5, check=at_least(1), doc="layers of tree growth per step")
+    depth: int = field(5, check=at_least(1, sane_max=256), doc="layers of tree growth per step")
     top_k: int = field(
-        8, check=at_least(1), doc="frontier nodes expanded per layer and children per node"
+        8,
+        check=at_least(1, sane_max=1024),
+        doc="frontier nodes expanded per layer and children per node",
     )
-    budget: int = field(48, check=at_least(1), doc="draft nodes verified per step (root excluded)")
+    budget: int = field(
+        48, check=at_least(1, sane_max=8192), doc="draft nodes verified per step (root excluded)"
+    )
     max_strong_calls: int | None = field(
         None,
         check=None,

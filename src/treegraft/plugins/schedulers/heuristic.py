@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from treegraft.core.config import at_least, each, field
+from treegraft.core.config import ConfigError, at_least, each, field
 from treegraft.core.interfaces import LayerState, Scheduler
 
 
@@ -136,7 +136,8 @@ class PlanScheduler(Scheduler):
         plan = self.config.plan
         who = plan[state.layer] if state.layer < len(plan) else 0
         if who >= state.n_drafters:
-            raise ValueError(
-                f"plan names drafter {who} but the pipeline has {state.n_drafters} drafters"
+            raise ConfigError(
+                f"pipeline.scheduler.plan: names drafter {who} but the pipeline has "
+                f"{state.n_drafters} drafters (indices 0 to {state.n_drafters - 1})"
             )
         return who

@@ -1,0 +1,257 @@
+"""Running a sweep: work units through an executor, the result store, resuming, the reports.
+
+`run_bench` is the harness's entry point (`treegraft bench run`); the per-pair sessions that
+decode each prompt with every method live in `treegraft.bench.sweep`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import transformers
+
+from treegraft.bench import plots, report
+from treegraft.bench.aggregate import Row, aggregate
+from treegraft.bench.config import AR, AR_RUNNER, BenchConfig, BenchSettings
+from treegraft.bench.methods import (
+    HF_ASSISTED,
+    HF_PROMPT_LOOKUP,
+    PipelinePlan,
+    pipeline_plans,
+)
+from treegraft.bench.records import MEASURED, REPLAY, Request
+from treegraft.bench.suites import Prompt, load_prompts
+from treegraft.bench.sweep import (
+    BenchResult,
+)
+from treegraft.core.config import ConfigError
+from treegraft.core.registry import Registry
+from treegraft.core.resources import Resources
+
+
+def run_bench(
+    config: BenchConfig,
+    out_dir: Path | str,
+    *,
+    resources: Resources | None = None,
+    registry: Registry | None = None,
+    progress: bool = True,
+    options: dict[str, Any] | None = None,
+    resume: bool = False,
+    force: bool = False,
+) -> BenchResult:
+    """Run the sweep and write every output file into `out_dir`.
+
+    The sweep is split into work units (see `treegraft.bench.units`), run by the executor that
+    `config.executor` names (`local`, or `ray`); each finished unit is appended durably to the
+    result store (`units.jsonl`, see `treegraft.bench.store`) before it counts as done.
+
+    Args:
+        config: the validated sweep.
+        out_dir: results directory (created); it must be empty unless `resume` or `force`.
+        resources: models for every pair (e.g. in-memory `mem:` models); default: loaded per pair
+            from their references with the config's device and dtype.
+        registry: component registry (default: the installed plugins).
+        progress: show a Rich progress display (units done, running, failed, ETA).
+        options: command-line options recorded in the manifest.
+        resume: continue an interrupted sweep of the same config in `out_dir`: every unit stored
+            as done is kept, the others (cut short, failed or never started) run, pairs with
+            nothing left load no model, and the replays reuse the latency curves the sweep
+            stored first. Raises `ConfigError` when `out_dir` holds another sweep (or none).
+        force: overwrite the results in a non-empty `out_dir` instead of refusing.
+    """
+    from treegraft.bench import units as work
+    from treegraft.bench.progress import UnitProgress
+    from treegraft.bench.store import DONE, ResultStore, placement, write_placement
+
+    out = Path(out_dir)
+    s = config.settings
+    prompts = [
+        p for suite in s.suites for p in load_prompts(suite, s.prompts_per_suite, config.base_dir)
+    ]
+    plans = {pair.name: pipeline_plans(config, pair, registry) for pair in config.pairs}
+    segment = {"started": _now(), "options": options or {}, "environment": report.environment()}
+    with ResultStore.open(out, resume=resume, force=force) as store:
+        if resume:
+            manifest, curves = resumed_state(out, config, plans, store)
+            manifest["segments"].append(segment)
+        else:
+            manifest = {**segment, "config": config.as_dict(), "segments": [segment]}
+            curves = {}
+        report.write_json(manifest, out / report.MANIFEST)
+        log = report.RequestLog(out / report.REQUESTS, ordered_requests(config, prompts, store))
+        todo = work.plan_units(
+            config, prompts, set(store.finished()), config.executor.prompts_per_unit
+        )
+        runner = work.UnitRunner(config, prompts, registry, resources, curves)
+        start = time.perf_counter()
+        with _quiet_transformers(), UnitProgress(len(todo), progress) as bar:
+            for result in make_executor(config, runner).run(todo, bar):
+                store.append(result.record)
+                bar.finished(result.record)
+                if result.record.status != DONE:
+                    continue
+                for request in result.record.requests:
+                    log.add(request)
+                if s.replay and result.record.pair not in curves:
+                    curves[result.record.pair] = result.curves  # what its replays predicted with
+                    report.write_json(curves, out / report.LATENCY)
+        requests = ordered_requests(config, prompts, store)
+        report.RequestLog(out / report.REQUESTS, requests)  # rewritten in sweep order
+        rows = aggregate(requests)
+        files = write_reports(out, rows, requests, config, curves)
+        failed = store.failed()
+        write_placement(out / report.SUMMARY_MD, config.executor.name, store, failed)
+        seconds = time.perf_counter() - start
+        segment.update(finished=_now(), seconds=seconds, executor=config.executor.name)
+        manifest.update(
+            finished=segment["finished"],
+            seconds=sum(g.get("seconds", 0.0) for g in manifest["segments"]),
+            files=[f.name for f in files],
+            cells=placement(store),
+            failed=[r.to_json() for r in failed],
+        )
+        report.write_json(manifest, out / report.MANIFEST)
+    return BenchResult(
+        out,
+        tuple(requests),
+        tuple(rows),
+        (out / report.MANIFEST, *files),
+        tuple(failed),
+    )
+
+
+def make_executor(config: BenchConfig, runner: Any) -> Any:
+    """The executor `config.executor` names, around `runner`."""
+    from treegraft.bench.units import LocalExecutor
+
+    e = config.executor
+    if e.name == "ray":
+        from treegraft.bench.ray_executor import RayExecutor
+
+        return RayExecutor(
+            runner,
+            address=e.address,
+            workers=e.workers,
+            num_cpus=e.num_cpus,
+            num_gpus=e.num_gpus,
+            retries=e.retries,
+        )
+    return LocalExecutor(runner, retries=e.retries)
+
+
+def ordered_requests(config: BenchConfig, prompts: list[Prompt], store: Any) -> list[Request]:
+    """The requests of every prompt stored as done, in the order a local sweep runs them (plain
+    decoding first on each prompt), whichever worker ran them and whenever."""
+    from treegraft.bench.units import sweep_order
+
+    order = {key: i for i, key in enumerate(sweep_order(config, prompts))}
+    done = store.finished()
+    requests = [
+        r
+        for record in {id(rec): rec for rec in done.values()}.values()
+        for r in record.requests
+        if done.get(r.key) is record
+    ]
+    return sorted(requests, key=lambda r: order.get(r.key, len(order)))
+
+
+def expected_methods(settings: BenchSettings, plans: list[PipelinePlan]) -> set[tuple[str, str]]:
+    """(method, mode) of every request one prompt of one pair gets."""
+    hf = [b for b in (HF_ASSISTED, HF_PROMPT_LOOKUP) if b in settings.baselines]
+    out = {
+        (AR, MEASURED),
+        (AR_RUNNER, MEASURED),
+        *((m, MEASURED) for m in hf),
+        *((p.label, MEASURED) for p in plans),
+    }
+    if settings.replay and plans:
+        out |= {(p.label, REPLAY) for p in plans}
+    return out
+
+
+def resumed_state(
+    out: Path, config: BenchConfig, plans: dict[str, list[PipelinePlan]], store: Any
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """(manifest, stored latency curves) of the sweep in `out`, checked to be this sweep.
+
+    A results directory written before the result store existed has only `requests.jsonl`: its
+    prompts whose requests are all there are imported into the store as done units.
+    """
+    from treegraft.bench.store import legacy_records
+
+    path = out / report.MANIFEST
+    if not path.is_file():
+        raise ConfigError(
+            f"cannot resume {out}: no {report.MANIFEST} there (not a results directory)"
+        )
+    manifest = json.loads(path.read_text())
+    wanted = json.loads(json.dumps(config.as_dict()))
+    had = manifest.get("config", {})
+    differ = sorted(k for k in wanted.keys() | had.keys() if wanted.get(k) != had.get(k))
+    if differ:
+        raise ConfigError(
+            f"cannot resume {out}: its sweep differs from this one in {', '.join(differ)}"
+        )
+    manifest.setdefault(
+        "segments",
+        [{k: manifest[k] for k in ("started", "options", "environment") if k in manifest}],
+    )
+    legacy = out / report.REQUESTS
+    if not store.records and legacy.is_file():
+        expected = {name: expected_methods(config.settings, p) for name, p in plans.items()}
+        for record in legacy_records(report.read_requests(legacy)):
+            got = {(r.method, r.mode) for r in record.requests}
+            if record.pair in expected and expected[record.pair] <= got:
+                store.append(record)
+    latency = out / report.LATENCY
+    curves = json.loads(latency.read_text()) if latency.is_file() else {}
+    return manifest, curves
+
+
+def write_reports(
+    out: Path,
+    rows: list[Row],
+    requests: list[Request],
+    config: BenchConfig,
+    curves: dict[str, dict[str, Any]],
+) -> list[Path]:
+    """summary.csv, summary.md, the PNG plots and (replay) latency.json."""
+    s = config.settings
+    header = (
+        f"{len(config.pairs)} pair(s) · suites {', '.join(s.suites)} · {s.prompts_per_suite} "
+        f"prompt(s) per suite · max {s.max_new_tokens} new tokens · {s.dtype} · greedy, batch 1 · "
+        f"{s.repeat} repetition(s)"
+    )
+    files = [out / report.REQUESTS, out / report.SUMMARY_CSV, out / report.SUMMARY_MD]
+    report.write_csv(rows, files[1])
+    files[2].write_text(report.markdown_report(rows, requests, header))
+    files.append(plots.plot_speedup(rows, out / "speedup.png"))
+    files.append(plots.plot_tau(requests, out / "tau.png"))
+    files.append(plots.plot_time_split(rows, out / "time_split.png"))
+    if s.replay:
+        files.append(plots.plot_replay(rows, out / "replay.png"))
+        report.write_json(curves, out / report.LATENCY)
+        files.append(out / report.LATENCY)
+    return files
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence Hugging Face generation warnings for the duration of the sweep."""
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(level)

@@ -1,0 +1,62 @@
+"""The arguments of `Pipeline.generate`, `stream` and `steps`, validated like YAML fields.
+
+Each check raises `ArgumentError` naming the argument, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from treegraft.core.config import MAX_NEW_TOKENS
+from treegraft.core.errors import ArgumentError
+
+
+def check_max_new_tokens(value: Any) -> None:
+    """None (the pipeline's `decoding.max_new_tokens`) or an int in `[1, MAX_NEW_TOKENS]`."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentError(f"max_new_tokens: expected int >= 1, got {value!r}")
+    if not 1 <= value <= MAX_NEW_TOKENS:
+        raise ArgumentError(
+            f"max_new_tokens: expected int with 1 <= value <= {MAX_NEW_TOKENS}, got {value}"
+        )
+
+
+def check_stop(stop: Any) -> list[str]:
+    """A list of non-empty stop strings (an empty one would end every generation at once)."""
+    if isinstance(stop, str) or not isinstance(stop, Sequence):
+        raise ArgumentError(f"stop: expected a list of non-empty strings, got {stop!r}")
+    for i, s in enumerate(stop):
+        if not isinstance(s, str) or not s:
+            raise ArgumentError(f"stop[{i}]: expected a non-empty string, got {s!r}")
+    return list(stop)
+
+
+def prompt_ids(prompt: Any, vocab: int) -> Tensor:
+    """`[T]` int64 token ids from a sequence or tensor of integers inside `[0, vocab)`; floats
+    and booleans are refused, not truncated."""
+    try:
+        ids = torch.as_tensor(prompt)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ArgumentError(
+            f"prompt: expected text or a sequence of int token ids, got {type(prompt).__name__} "
+            f"({exc})"
+        ) from None
+    if ids.numel() == 0:
+        raise ArgumentError("prompt: has no tokens")
+    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise ArgumentError(f"prompt: expected int token ids, got {ids.dtype} values")
+    ids = ids.to(torch.long).flatten()
+    bad = (ids < 0) | (ids >= vocab)
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad).flatten()[0])
+        raise ArgumentError(
+            f"prompt: token id {int(ids[i])} at position {i} is outside the target's "
+            f"vocabulary [0, {vocab})"
+        )
+    return ids

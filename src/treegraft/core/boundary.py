@@ -1,0 +1,278 @@
+"""Plugin boundaries: third-party components seen through checking proxies.
+
+The decoder hands its builder a `StepContext` whose drafters, scheduler, rescorer and grafter are
+these proxies, and calls the builder and verifier through them too. A proxy forwards each call
+to the component, then
+
+- turns an exception raised inside it into a `PluginError` naming the component (kind, registered
+  name, distribution, YAML path) and the step, with the original exception chained;
+- checks what came back against the invariants losslessness rests on (`treegraft.core.checks`):
+  a violation is a `PluginError` naming the component, the step and the invariant.
+
+Which components are checked: those of every distribution but treegraft's own (`plugins`, the
+default); `TREEGRAFT_CHECKS=all` checks the built-ins too, `TREEGRAFT_CHECKS=off` none.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import attrs
+import torch
+from torch import Tensor
+
+from treegraft.core import checks
+from treegraft.core.interfaces import (
+    BuildResult,
+    Drafter,
+    Graft,
+    Grafter,
+    LayerState,
+    Peek,
+    Rescorer,
+    Rescoring,
+    Scheduler,
+    StepContext,
+    StepOutcome,
+    TreeBuilder,
+    Verdict,
+    Verifier,
+)
+from treegraft.core.registry import BUILTIN_DISTRIBUTION, PluginError
+from treegraft.core.tree import DraftTree, Proposal
+
+CHECKS_ENV = "TREEGRAFT_CHECKS"
+CHECK_MODES = ("plugins", "all", "off")
+
+
+@attrs.frozen
+class Origin:
+    """Where a component comes from: its kind, registered name, distribution and YAML path."""
+
+    kind: str
+    name: str
+    distribution: str
+    path: str = ""
+
+    def __str__(self) -> str:
+        where = f", {self.path}" if self.path else ""
+        return f"{self.kind} {self.name!r} (distribution {self.distribution!r}{where})"
+
+
+def check_mode() -> str:
+    """`TREEGRAFT_CHECKS`: `plugins` (default), `all` or `off`."""
+    mode = os.environ.get(CHECKS_ENV, "") or "plugins"
+    if mode not in CHECK_MODES:
+        raise PluginError(f"{CHECKS_ENV}: expected one of {', '.join(CHECK_MODES)}, got {mode!r}")
+    return mode
+
+
+def is_checked(origin: Origin | None) -> bool:
+    """Whether calls into a component of this origin go through a checking proxy."""
+    mode = check_mode()
+    if origin is None or mode == "off":
+        return False
+    return mode == "all" or origin.distribution != BUILTIN_DISTRIBUTION
+
+
+@attrs.define
+class StepCounter:
+    """The step being decoded (None before the first), read by the proxies for their messages."""
+
+    step: int | None = None
+
+    def where(self) -> str:
+        return "" if self.step is None else f" at step {self.step}"
+
+
+def call_plugin(origin: Origin, counter: StepCounter | None, verb: str, fn: Callable, *args, **kw):
+    """`fn(*args, **kw)`; an exception other than a `PluginError` becomes one naming `origin`."""
+    try:
+        return fn(*args, **kw)
+    except (PluginError, MemoryError, torch.OutOfMemoryError):
+        raise
+    except Exception as exc:
+        where = counter.where() if counter else ""
+        raise PluginError(f"{origin}{where}: {verb} raised {type(exc).__name__}: {exc}") from exc
+
+
+@attrs.define
+class Proxy:
+    """Shared part of the checking proxies: the component, its origin, the step, the vocabulary."""
+
+    inner: Any
+    origin: Origin
+    counter: StepCounter
+    vocab: int
+
+    def _call(self, verb: str, *args, **kw) -> Any:
+        return call_plugin(self.origin, self.counter, verb, getattr(self.inner, verb), *args, **kw)
+
+    def _check(self, problem: str | None) -> None:
+        if problem:
+            raise PluginError(f"{self.origin}{self.counter.where()}: {problem}")
+
+    def __getattr__(self, name: str) -> Any:  # attributes beyond the interface (config, ...)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+class CheckedDrafter(Proxy, Drafter):
+    """A drafter whose proposals and tree scores are checked."""
+
+    @property
+    def can_score(self) -> bool:  # type: ignore[override]
+        return bool(self.inner.can_score)
+
+    def begin(self, prompt: Tensor, *, max_len: int) -> None:
+        self._call("begin", prompt, max_len=max_len)
+
+    def expand(self, tree: DraftTree, nodes: Tensor, k: int) -> Proposal:
+        proposal = self._call("expand", tree, nodes, k)
+        self._check(checks.proposal_problem(proposal, tree, vocab=self.vocab))
+        return proposal
+
+    def score_tree(self, tree: DraftTree) -> Tensor:
+        logp = self._call("score_tree", tree)
+        n = tree.n_nodes
+        self._check(checks.logp_problem(logp, n=n, vocab=self.vocab, device=tree.device))
+        return logp
+
+    def peek(self, tree: DraftTree) -> Peek | None:
+        peek = self._call("peek", tree)
+        if peek is not None and not isinstance(peek, Peek):
+            self._check(f"peek returned {checks.describe(peek)}, expected a Peek or None")
+        return peek
+
+    def rewind(self) -> None:
+        self._call("rewind")
+
+    def commit(self, accepted: Tensor, tokens: Tensor) -> None:
+        self._call("commit", accepted, tokens)
+
+
+class CheckedScheduler(Proxy, Scheduler):
+    """A scheduler whose decisions must be drafter indices."""
+
+    def begin(self) -> None:
+        self._call("begin")
+
+    def decide(self, state: LayerState) -> int:
+        who = self._call("decide", state)
+        try:
+            index = operator.index(who)
+        except TypeError:
+            self._check(f"decide returned {who!r}, expected a drafter index (int)")
+        if isinstance(who, bool) or not 0 <= index < state.n_drafters:
+            self._check(f"decide returned {who!r}, expected 0 <= index < {state.n_drafters}")
+        return index
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self._call("observe", outcome)
+
+    def wants_peek(self) -> bool:
+        return bool(self._call("wants_peek"))
+
+    def done_for_step(self) -> bool:
+        return bool(self._call("done_for_step"))
+
+
+class CheckedRescorer(Proxy, Rescorer):
+    """A rescorer whose new scores are checked."""
+
+    def rescore(self, tree: DraftTree, strong_logp: Tensor) -> Rescoring:
+        out = self._call("rescore", tree, strong_logp)
+        self._check(checks.rescoring_problem(out, tree))
+        return out
+
+
+class CheckedGrafter(Proxy, Grafter):
+    """A grafter whose positions and grafted trees are checked."""
+
+    def positions(self, tree: DraftTree, frontier: Tensor, k: int) -> Tensor:
+        out = self._call("positions", tree, frontier, k)
+        self._check(checks.nodes_problem("positions", out, tree))
+        return out
+
+    def graft(self, tree: DraftTree, strong_logp: Tensor, rescoring: Rescoring, **kw) -> Graft:
+        out = self._call("graft", tree, strong_logp, rescoring, **kw)
+        self._check(checks.graft_problem(out, tree, vocab=self.vocab))
+        return out
+
+
+class CheckedBuilder(Proxy, TreeBuilder):
+    """A builder whose trees are checked against the committed root."""
+
+    def build(self, step: StepContext) -> BuildResult:
+        built = self._call("build", step)
+        self._check(checks.build_problem(built, vocab=self.vocab, root=step.root))
+        return built
+
+    def max_nodes(self) -> int:
+        n = self._call("max_nodes")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            self._check(f"max_nodes returned {n!r}, expected an int >= 1")
+        return n
+
+    def wants_target_curve(self) -> bool:
+        return bool(self._call("wants_target_curve"))
+
+
+class CheckedVerifier(Proxy, Verifier):
+    """A verifier whose verdicts must name a path of the tree and a token of the vocabulary."""
+
+    def begin(self, seed: int) -> None:
+        self._call("begin", seed)
+
+    def verify(self, tree: DraftTree, target_logits: Tensor) -> Verdict:
+        verdict = self._call("verify", tree, target_logits)
+        self._check(checks.verdict_problem(verdict, tree, vocab=self.vocab))
+        return verdict
+
+
+class Parts(NamedTuple):
+    """A decoder's components as the decode loop calls them (proxies where checked)."""
+
+    drafters: tuple[Drafter, ...]
+    builder: TreeBuilder
+    scheduler: Scheduler
+    verifier: Verifier
+    rescorer: Rescorer | None
+    grafter: Grafter | None
+
+
+PROXIES: dict[str, type[Proxy]] = {
+    "drafter": CheckedDrafter,
+    "builder": CheckedBuilder,
+    "scheduler": CheckedScheduler,
+    "verifier": CheckedVerifier,
+    "rescorer": CheckedRescorer,
+    "grafter": CheckedGrafter,
+}
+
+
+def guard(component: Any, origin: Origin | None, counter: StepCounter, vocab: int) -> Any:
+    """`component` behind its checking proxy when its origin is checked, else itself."""
+    if component is None or not is_checked(origin):
+        return component
+    return PROXIES[origin.kind](component, origin, counter, vocab)
+
+
+def guarded_parts(decoder: Any, origins: dict[str, Origin], counter: StepCounter) -> Parts:
+    """The components of `decoder` (a `Decoder`) behind proxies where `origins` says to check;
+    `origins` is keyed by role: `drafter0`, `drafter1`, ..., `builder`, `scheduler`, ..."""
+    vocab = decoder.target.vocab_size
+    return Parts(
+        drafters=tuple(
+            guard(d, origins.get(f"drafter{i}"), counter, vocab)
+            for i, d in enumerate(decoder.drafters)
+        ),
+        **{
+            role: guard(getattr(decoder, role), origins.get(role), counter, vocab)
+            for role in ("builder", "scheduler", "verifier", "rescorer", "grafter")
+        },
+    )

@@ -1,0 +1,85 @@
+"""Reading user files and preparing output folders, with errors that name the file and the place.
+
+Every function raises `ArgumentError` (a `TreegraftError`) naming what it was given (`--prompt-file
+notes.txt`), where the problem is (line, byte offset) and what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from treegraft.core.errors import ArgumentError
+
+
+def read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of the file `path` (`what` names it in errors: `--prompt-file`)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ArgumentError(f"{what}: {path} is a directory; expected a file")
+    if not path.is_file():
+        raise ArgumentError(f"{what}: {path} not found")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ArgumentError(f"{what}: cannot read {path}: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ArgumentError(
+            f"{what}: {path} is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset "
+            f"{exc.start} (line {line}); save it as UTF-8"
+        ) from None
+
+
+def check_utf8(text: str, what: str) -> str:
+    """`text` unchanged if it encodes as UTF-8; command-line bytes that are not UTF-8 arrive as
+    lone surrogates (Python's surrogateescape) and are refused here, naming the position."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start]
+        byte = ord(bad) - 0xDC00 if 0xDC80 <= ord(bad) <= 0xDCFF else None
+        shown = f"byte 0x{byte:02x}" if byte is not None else f"character {bad!r}"
+        raise ArgumentError(f"{what}: {shown} at position {exc.start} is not UTF-8 text") from None
+    return text
+
+
+def jsonl_records(path: Path, what: str) -> Iterator[tuple[int, dict]]:
+    """`(line number, record)` for each non-blank line of a JSONL file of JSON objects."""
+    for number, line in enumerate(read_text(path, what).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ArgumentError(
+                f"{path}:{number}: malformed JSON at column {exc.colno}: {exc.msg}"
+            ) from None
+        if not isinstance(record, dict):
+            raise ArgumentError(
+                f"{path}:{number}: expected a JSON object, got {type(record).__name__}"
+            )
+        yield number, record
+
+
+def prepare_output_dir(path: Path, what: str) -> Path:
+    """Create the folder `path` (and its parents) if needed and check it can be written, before
+    any expensive work; an existing file or an unwritable place is an `ArgumentError`."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ArgumentError(f"{what}: {path} is a file; expected a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ArgumentError(f"{what}: cannot create {path}: {exc.strerror}") from None
+    probe = path / f".treegraft-write-check-{os.getpid()}"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise ArgumentError(f"{what}: {path} is not writable: {exc.strerror}") from None
+    return path

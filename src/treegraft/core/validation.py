@@ -1,0 +1,142 @@
+"""`treegraft validate`: every error of a pipeline file that shows without loading weights.
+
+Unlike `load_pipeline_spec`, which stops at the first error, `pipeline_errors` goes on: every
+unknown, missing or ill-typed key of every section, then (once the structure is sound) each model
+folder's weights and config (`treegraft.core.model_files`), the vocabularies, and the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from treegraft.core.config import (
+    DEFAULTS,
+    ROOT,
+    TOP_KEYS,
+    ConfigError,
+    DecodingConfig,
+    PipelineSpec,
+    config_errors,
+    load_pipeline_spec,
+    parse_yaml,
+    unknown_key_message,
+)
+from treegraft.core.devices import device_problem
+from treegraft.core.errors import ArgumentError
+from treegraft.core.inputs import read_text
+from treegraft.core.model_files import model_folder_problems
+from treegraft.core.pipeline import check_vocabularies
+from treegraft.core.registry import Registry, UnknownComponentError, default_registry
+from treegraft.core.resources import ModelRefError, Resources, resolve_model_path
+
+
+def component_errors(kind: str, raw: Any, path: str, registry: Registry) -> list[str]:
+    """Every error of one `{name: ..., **config}` component mapping."""
+    if isinstance(raw, str):
+        raw = {"name": raw}
+    if not isinstance(raw, Mapping):
+        return [f"{path}: expected a mapping with a 'name' key naming a {kind}, got {raw!r}"]
+    if "name" not in raw:
+        return [f"{path}.name: missing required key (the registered {kind} name)"]
+    if not isinstance(raw["name"], str):
+        return [f"{path}.name: expected str naming a registered {kind}, got {raw['name']!r}"]
+    try:
+        reg = registry.get(kind, raw["name"])
+    except UnknownComponentError:
+        return [f"{path}.name: {registry.unknown_message(kind, raw['name'])}"]
+    body = {k: v for k, v in raw.items() if k != "name"}
+    return config_errors(reg.factory.Config, body, path)
+
+
+def structure_errors(data: Any, registry: Registry) -> list[str]:
+    """Every structural error of a parsed pipeline mapping."""
+    if not isinstance(data, Mapping):
+        return [f"{ROOT}: expected a mapping with keys {', '.join(TOP_KEYS)}, got {data!r}"]
+    errors = [unknown_key_message(ROOT, key, list(TOP_KEYS)) for key in data if key not in TOP_KEYS]
+    errors += [
+        f"{ROOT}.{k}: missing required key{' (null given)' if k in data else ''}"
+        for k in ("target", "drafters", "builder")
+        if data.get(k) is None
+    ]
+    target = data.get("target", "")
+    if target is not None and (not isinstance(target, str) or not target):
+        errors.append(
+            f"{ROOT}.target: expected a model reference string (zoo:NAME or a path), got {target!r}"
+        )
+    if data.get("drafters") is not None:
+        errors += drafters_errors(data["drafters"], registry)
+    merged = {**DEFAULTS, **{k: v for k, v in data.items() if v is not None}}
+    for kind in ("builder", "scheduler", "verifier", "rescorer", "grafter"):
+        if kind in merged:
+            errors += component_errors(kind, merged[kind], f"{ROOT}.{kind}", registry)
+    errors += config_errors(DecodingConfig, data.get("decoding"), f"{ROOT}.decoding")
+    return errors
+
+
+def drafters_errors(raw: Any, registry: Registry) -> list[str]:
+    path = f"{ROOT}.drafters"
+    if isinstance(raw, Mapping):
+        items = [(value, f"{path}.{role}") for role, value in raw.items()]
+    elif isinstance(raw, list):
+        items = [(value, f"{path}[{i}]") for i, value in enumerate(raw)]
+    else:
+        return [f"{path}: expected a mapping of role -> drafter (cheapest first), got {raw!r}"]
+    if not items:
+        return [f"{path}: expected at least one drafter, got none"]
+    return [e for value, p in items for e in component_errors("drafter", value, p, registry)]
+
+
+def model_errors(spec: PipelineSpec) -> list[str]:
+    """Each model reference resolves to a folder whose weights and config agree; the
+    vocabularies match; the device exists on this machine."""
+    refs = [("pipeline.target", spec.target)]
+    refs += [
+        (f"{c.path}.model", c.config.model)
+        for _, c in spec.drafters
+        if isinstance(getattr(c.config, "model", None), str)
+    ]
+    errors = []
+    for path, ref in refs:
+        try:
+            folder = resolve_model_path(ref)
+        except ModelRefError as exc:
+            errors.append(f"{path}: {exc}")
+            continue
+        errors += [f"{path}: {ref!r}: {problem}" for problem in model_folder_problems(folder)]
+    if not errors:
+        try:
+            check_vocabularies(spec, Resources())
+        except ConfigError as exc:
+            errors.append(str(exc))
+    if spec.decoding.device != "auto":
+        problem = device_problem(spec.decoding.device)
+        errors += [f"{ROOT}.decoding.device: {problem}"] if problem else []
+    return errors
+
+
+def pipeline_errors(
+    path: Path, registry: Registry | None = None
+) -> tuple[PipelineSpec | None, list[str]]:
+    """The validated spec (None if any error) and every error found, each starting with `path`."""
+    registry = registry or default_registry()
+    if not Path(path).exists():
+        return None, [f"{path}: pipeline file not found"]
+    try:
+        data = parse_yaml(read_text(path, "pipeline file"), str(path))
+    except (ConfigError, ArgumentError) as exc:
+        return None, [str(exc)]
+    errors = structure_errors(data, registry)
+    spec = None
+    if not errors:
+        try:
+            spec = load_pipeline_spec(path, registry)
+        except ConfigError as exc:  # what the per-key pass cannot see (cross-field checks)
+            errors.append(str(exc))
+    if spec is not None:
+        errors += model_errors(spec)
+    prefix = f"{path}: "
+    return (spec if not errors else None), [
+        e if e.startswith(prefix) else prefix + e for e in errors
+    ]

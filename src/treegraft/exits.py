@@ -1,0 +1,141 @@
+"""How the `treegraft` command ends: exit codes, and errors as one or two lines, not tracebacks.
+
+- 0: done; 1: a run failed (`validate` found errors, a plugin broke, a bug); 2: the input is
+  wrong (an argument, a file, a pipeline field); 130: interrupted (Ctrl-C).
+- A `TreegraftError` (bad input, broken plugin) prints its message; an `OSError` naming a file
+  prints the file and the reason; anything else is reported as an internal error.
+- `--debug` anywhere on the command line, or `TREEGRAFT_DEBUG=1`, lets the exception through with
+  its traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import typer
+from rich.markup import escape
+from typer.core import TyperGroup
+
+from treegraft.console import console
+
+DEBUG_FLAG = "--debug"
+DEBUG_ENV = "TREEGRAFT_DEBUG"
+EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
+
+
+def split_debug(argv: Sequence[str]) -> tuple[list[str], bool]:
+    """`argv` without `--debug` (before any `--`), and whether debugging is on (flag or env)."""
+    args = list(argv)
+    end = args.index("--") if "--" in args else len(args)
+    debug = DEBUG_FLAG in args[:end]
+    args = [a for a in args[:end] if a != DEBUG_FLAG] + args[end:]
+    return args, debug or debugging()
+
+
+def debugging() -> bool:
+    """Whether errors keep their tracebacks (`--debug` was given or `TREEGRAFT_DEBUG` is set)."""
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+class ReportingGroup(TyperGroup):
+    """The root command group: an error or Ctrl-C inside any sub-command ends as one or two
+    lines and its exit code (`typer.Exit`), unless debugging. Under `typer.testing.CliRunner`
+    the same happens, so tests see what users see."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            if debugging():
+                raise
+            console.print("[bold red]interrupted[/]", highlight=False)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except Exception as exc:
+            if _is_cli_control(exc) or debugging():
+                raise
+            raise typer.Exit(report(exc)) from None
+
+
+def _is_cli_control(exc: BaseException) -> bool:
+    """Typer's (and click's) own exceptions: exits, aborts, usage errors."""
+    return type(exc).__module__.split(".")[0] in ("typer", "click")
+
+
+def run_cli(app: Callable[..., object], argv: Sequence[str]) -> int:
+    """Run the Typer `app` on `argv` (`--debug` taken out) and return the exit code."""
+    args, debug = split_debug(argv)
+    before = os.environ.get(DEBUG_ENV)
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
+    warnings.showwarning = _show_warning
+    try:
+        app(args=args, prog_name="treegraft")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        console.print("[bold red]interrupted[/]", highlight=False)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # raised outside any command (while parsing, say)
+        if debug:
+            raise
+        return report(exc)
+    finally:  # in-process callers (tests) get their environment back
+        if before is None:
+            os.environ.pop(DEBUG_ENV, None)
+        else:
+            os.environ[DEBUG_ENV] = before
+    return 0
+
+
+def report(exc: BaseException) -> int:
+    """Print `exc` as `error: ...` on stderr (no traceback); return its exit code."""
+    message, code, hint = describe(exc)
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    if hint:
+        console.print(f"[dim]{escape(hint)}[/]", highlight=False)
+    return code
+
+
+def describe(exc: BaseException) -> tuple[str, int, str]:
+    """(message, exit code, hint line or '') for an exception reaching the command line."""
+    import pluggy
+
+    from treegraft.core.errors import TreegraftError
+    from treegraft.core.registry import PluginError
+
+    debug_hint = f"rerun with {DEBUG_FLAG} (or {DEBUG_ENV}=1) to see the traceback"
+    if isinstance(exc, PluginError):
+        return str(exc), EXIT_FAILED, debug_hint
+    if isinstance(exc, TreegraftError):
+        return str(exc), EXIT_BAD_INPUT, ""
+    if isinstance(exc, pluggy.PluginValidationError):
+        return f"plugin {exc.plugin!r}: {exc}", EXIT_FAILED, ""
+    if isinstance(exc, OSError):  # a path the user gave, or the system (disk full, ...)
+        if exc.filename:
+            return f"{exc.filename}: {exc.strerror or exc}", EXIT_BAD_INPUT, ""
+        return str(exc), EXIT_FAILED, debug_hint
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return f"out of memory: {exc}", EXIT_FAILED, "a smaller budget, model or dtype needs less"
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return (
+        f"internal error: {type(exc).__name__}: {first}",
+        EXIT_FAILED,
+        f"this is a bug; {debug_hint}",
+    )
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings (a plugin that failed to load) as one `warning:` line, without source lines."""
+    console.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False)
+
+
+def main(app: Callable[..., object]) -> None:
+    """Exit the process with `run_cli(app, sys.argv[1:])`."""
+    sys.exit(run_cli(app, sys.argv[1:]))

@@ -1,0 +1,103 @@
+"""`Pipeline.generate`/`stream`/`steps` arguments are validated like YAML fields: errors name the
+argument, the value and what was expected; nothing is silently defaulted or truncated."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import greedy_reference, memory_resources, tiny_llama
+from treegraft.core.errors import ArgumentError, TreegraftError
+from treegraft.core.pipeline import Pipeline, load_pipeline
+
+VOCAB = 40
+PROMPT = [3, 7, 3, 7, 11]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=4, vocab=VOCAB)
+
+
+@pytest.fixture(scope="module")
+def pipe(target) -> Pipeline:
+    spec = {
+        "target": "mem:target",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4},
+        "decoding": {"max_new_tokens": 6, "dtype": "float64", "device": "cpu"},
+    }
+    return load_pipeline(spec, resources=memory_resources(target=target))
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (0, "max_new_tokens: expected int with 1 <= value <= 1000000, got 0"),
+        (-3, "max_new_tokens: expected int with 1 <= value <= 1000000, got -3"),
+        (10**9, "got 1000000000"),
+        (True, "max_new_tokens: expected int >= 1, got True"),
+        (2.0, "max_new_tokens: expected int >= 1, got 2.0"),
+    ],
+)
+def test_max_new_tokens_must_be_a_positive_int(pipe: Pipeline, value, message: str) -> None:
+    with pytest.raises(ArgumentError) as info:
+        pipe.generate(PROMPT, max_new_tokens=value)
+    assert message in str(info.value)
+
+
+def test_max_new_tokens_none_means_the_pipelines_value(pipe: Pipeline, target) -> None:
+    out = pipe.generate(PROMPT, max_new_tokens=None)
+    assert list(out.token_ids) == greedy_reference(target, torch.tensor(PROMPT), 6)
+    assert len(pipe.generate(PROMPT, max_new_tokens=2).token_ids) == 2
+
+
+@pytest.mark.parametrize(
+    ("stop", "message"),
+    [
+        ([""], "stop[0]: expected a non-empty string, got ''"),
+        (["ok", 3], "stop[1]: expected a non-empty string, got 3"),
+        ("###", "stop: expected a list of non-empty strings, got '###'"),
+    ],
+)
+def test_stop_strings_must_be_non_empty(pipe: Pipeline, stop, message: str) -> None:
+    with pytest.raises(ArgumentError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        list(pipe.stream(PROMPT, stop=stop))
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([3.0, 7.9], "prompt: expected int token ids, got torch.float32 values"),
+        (torch.tensor([1.5, 2.0]), "prompt: expected int token ids, got torch.float32 values"),
+        (np.array([1.0, 2.0]), "got torch.float64 values"),
+        ([True, False], "got torch.bool values"),
+        ([3, VOCAB], f"token id {VOCAB} at position 1 is outside the target's vocabulary"),
+        ([3, -1, 4], "token id -1 at position 1 is outside the target's vocabulary [0, 40)"),
+        ([], "prompt: has no tokens"),
+        ([[1, 2], [3]], "prompt: expected text or a sequence of int token ids"),
+        ("t\udcff", "prompt: byte 0xff at position 1 is not UTF-8 text"),
+    ],
+    ids=[
+        "floats",
+        "float-tensor",
+        "numpy-floats",
+        "bools",
+        "vocab",
+        "negative",
+        "empty",
+        "ragged",
+        "bytes",
+    ],
+)
+def test_prompt_ids_must_be_integers_inside_the_vocabulary(pipe: Pipeline, prompt, message) -> None:
+    with pytest.raises(TreegraftError) as info:
+        pipe.generate(prompt)
+    assert message in str(info.value)
+
+
+def test_integer_prompts_of_any_int_type_decode_alike(pipe: Pipeline) -> None:
+    want = pipe.generate(PROMPT).token_ids
+    for prompt in (np.array(PROMPT, dtype=np.int32), torch.tensor(PROMPT, dtype=torch.int16)):
+        assert pipe.generate(prompt).token_ids == want

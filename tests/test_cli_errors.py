@@ -1,0 +1,448 @@
+"""The command line on bad input, broken plugins and Ctrl-C: one or two lines naming what was wrong
+and where, exit 2 (bad input), 1 (failed) or 130 (interrupted), never a traceback unless --debug."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import Result
+
+from tests import faulty
+from tests.conftest import tiny_llama, word_tokenizer
+from tests.core.test_registry import FakeDistribution, scheduler_plugin
+from tests.test_cli import VOCAB, invoke, pipeline_file, wide_consoles  # noqa: F401
+from treegraft.cli import app
+from treegraft.core import registry as registry_module
+from treegraft.core.registry import AUTOLOAD_ENV, Registry
+from treegraft.exits import DEBUG_ENV, describe, run_cli, split_debug
+
+REPO = Path(__file__).resolve().parent.parent
+PROMPT = "t1 t2 t3 t4 t1 t2 t3 t4"
+
+
+def assert_clean(result: Result, code: int, *needles: str) -> str:
+    """Exit `code`, each needle in stderr, at most two lines of error and no traceback."""
+    output = result.stdout + result.stderr
+    assert result.exit_code == code, output
+    assert "Traceback" not in output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    for needle in needles:
+        assert needle in result.stderr, result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert 1 <= len(error_lines) <= 2, result.stderr
+    return result.stderr
+
+
+def cli(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    """`treegraft ARGS` in a fresh interpreter (what a user runs)."""
+    return subprocess.run(
+        [sys.executable, "-c", "from treegraft.cli import main; main()", *args],
+        capture_output=True,
+        env={**os.environ, "TREEGRAFT_DISABLE_PLUGIN_AUTOLOAD": "1", **(env or {})},
+        cwd=REPO,
+        timeout=300,
+        **kw,
+    )
+
+
+def assert_clean_process(proc: subprocess.CompletedProcess, code: int, *needles: str) -> str:
+    stderr = proc.stderr.decode(errors="replace")
+    assert proc.returncode == code, stderr
+    assert "Traceback" not in stderr and b"Traceback" not in proc.stdout
+    for needle in needles:
+        assert needle in stderr, stderr
+    return stderr
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random model and its tokenizer saved in Hugging Face format."""
+    path = tmp_path_factory.mktemp("tiny-model")
+    tiny_llama(seed=5, vocab=VOCAB).save_pretrained(path)
+    word_tokenizer(VOCAB).save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path, model_dir: Path) -> Path:
+    return pipeline_file(tmp_path, str(model_dir))
+
+
+def generate(pipeline: Path, *args: str) -> Result:
+    return invoke("generate", "--pipeline", str(pipeline), *args)
+
+
+# ---------------------------------------------------------------------------- prompts
+
+
+def test_a_non_utf8_prompt_file_names_the_file_and_byte(tmp_path: Path, pipeline: Path) -> None:
+    prompt = tmp_path / "latin1.txt"
+    prompt.write_bytes("caf\xe9 t1".encode("latin-1"))
+    assert_clean(
+        generate(pipeline, "--prompt-file", str(prompt)),
+        2,
+        f"--prompt-file: {prompt} is not UTF-8 text: byte 0xe9 at offset 3",
+    )
+
+
+def test_invalid_bytes_in_the_prompt_argument_are_refused(pipeline: Path) -> None:
+    proc = cli("generate", "--pipeline", str(pipeline), "--prompt", b"t1 \xff t2")
+    assert_clean_process(proc, 2, "--prompt: byte 0xff at position 3 is not UTF-8 text")
+
+
+def test_a_directory_as_prompt_file(tmp_path: Path, pipeline: Path) -> None:
+    assert_clean(
+        generate(pipeline, "--prompt-file", str(tmp_path)),
+        2,
+        f"--prompt-file: {tmp_path} is a directory; expected a file",
+    )
+
+
+def test_a_directory_as_pipeline(tmp_path: Path) -> None:
+    result = invoke("generate", "--pipeline", str(tmp_path), "--prompt", "t1")
+    assert_clean(result, 2, "is a directory; expected a YAML file")
+
+
+# ---------------------------------------------------------------------------- pipeline fields
+
+
+@pytest.mark.parametrize(
+    ("decoding", "message"),
+    [
+        ({"device": "gpu"}, "pipeline.decoding.device: expected str 'auto', 'cpu', 'cuda'"),
+        ({"device": "mps"}, "pipeline.decoding.device: device 'mps' requested but MPS"),
+        ({"stop": [""]}, "pipeline.decoding.stop: expected list of str each non-empty"),
+    ],
+    ids=["gpu", "mps", "empty-stop"],
+)
+def test_bad_decoding_fields(tmp_path: Path, model_dir: Path, decoding, message) -> None:
+    if decoding.get("device") == "mps":
+        import torch
+
+        if torch.backends.mps.is_available():
+            pytest.skip("this machine has MPS")
+    base = {"max_new_tokens": 4, "dtype": "float64", "device": "cpu"}
+    path = pipeline_file(tmp_path, str(model_dir), decoding={**base, **decoding})
+    assert_clean(generate(path, "--prompt", PROMPT), 2, message)
+
+
+@pytest.mark.parametrize(
+    ("budget", "message"),
+    [
+        (10**20, "pipeline.builder.budget: expected int >= 1, got 100000000000000000000"),
+        ("1e20", "pipeline.builder.budget: expected int >= 1, got '1e20'"),
+        (10**6, "pipeline.builder.budget: expected int >= 1 and <= 8192, got 1000000"),
+    ],
+    ids=["huge-int", "1e20", "over-sane-bound"],
+)
+def test_an_absurd_budget_names_the_field(tmp_path: Path, model_dir: Path, budget, message) -> None:
+    builder = {"name": "layered", "depth": 3, "top_k": 2, "budget": budget}
+    path = pipeline_file(tmp_path, str(model_dir), builder=builder)
+    assert_clean(generate(path, "--prompt", PROMPT), 2, message)
+
+
+def test_duplicate_keys_name_the_key_and_lines(tmp_path: Path, model_dir: Path) -> None:
+    path = tmp_path / "dup.yaml"
+    path.write_text(
+        f"target: {model_dir}\ndrafters: {{weak: {{name: ngram}}}}\n"
+        "builder:\n  name: layered\n  budget: 8\n  budget: 16\n"
+    )
+    assert_clean(
+        generate(path, "--prompt", PROMPT),
+        2,
+        f"{path}: duplicate key 'budget' at line 6 (first at line 5)",
+    )
+
+
+# ---------------------------------------------------------------------------- outputs
+
+
+def test_trace_onto_a_file_fails_before_any_model_loads(tmp_path: Path) -> None:
+    target = tmp_path / "trace.json"
+    target.write_text("{}")
+    missing_model = pipeline_file(tmp_path, str(tmp_path / "no-such-model"))
+    result = generate(missing_model, "--prompt", PROMPT, "--trace", str(target))
+    assert_clean(result, 2, f"--trace: {target} is a file; expected a directory")
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Path:
+    """A folder this process cannot write (root ignores permissions: then /sys, if it is so)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    for candidate in (folder, Path("/sys")):
+        try:
+            (candidate / ".probe").touch()
+            (candidate / ".probe").unlink()
+        except OSError:
+            return candidate
+    pytest.skip("no read-only folder on this machine")
+
+
+def test_trace_into_a_read_only_folder_fails_before_any_model_loads(
+    tmp_path: Path, read_only_dir: Path
+) -> None:
+    missing_model = pipeline_file(tmp_path, str(tmp_path / "no-such-model"))
+    result = generate(missing_model, "--prompt", PROMPT, "--trace", str(read_only_dir))
+    assert_clean(result, 2, f"--trace: {read_only_dir} is not writable")
+
+
+def test_trace_refuses_an_earlier_trace_unless_told_to_replace_it(
+    tmp_path: Path, pipeline: Path
+) -> None:
+    trace = tmp_path / "trace"
+    first = generate(pipeline, "--prompt", PROMPT, "--trace", str(trace))
+    assert first.exit_code == 0, first.output
+    steps = sorted(trace.glob("step-*.json"))
+    (trace / "step-09999.json").write_text("{}")  # a step file the next run would not write
+    again = generate(pipeline, "--prompt", PROMPT, "--trace", str(trace))
+    assert_clean(again, 2, f"--trace: {trace} holds an earlier trace", "--replace-trace")
+    replaced = generate(pipeline, "--prompt", PROMPT, "--trace", str(trace), "--replace-trace")
+    assert replaced.exit_code == 0, replaced.output
+    assert sorted(trace.glob("step-*.json")) == steps  # the stray step file is gone
+
+
+def bench_config(tmp_path: Path, suite: Path) -> Path:
+    path = tmp_path / "bench.yaml"
+    pair = {"target": "zoo:target", "drafter": "zoo:draft-s"}
+    path.write_text(yaml.safe_dump({"pairs": [pair], "suites": [str(suite)]}))
+    return path
+
+
+def test_bench_out_onto_a_file(tmp_path: Path) -> None:
+    suite = tmp_path / "s.jsonl"
+    suite.write_text(json.dumps({"prompt": "hello"}) + "\n")
+    target = tmp_path / "results.txt"
+    target.write_text("x")
+    result = invoke("bench", "run", str(bench_config(tmp_path, suite)), "--out", str(target))
+    assert_clean(result, 2, f"--out: {target} is a file; expected a directory")
+
+
+def test_bench_out_into_a_read_only_folder(tmp_path: Path, read_only_dir: Path) -> None:
+    suite = tmp_path / "s.jsonl"
+    suite.write_text(json.dumps({"prompt": "hello"}) + "\n")
+    config = bench_config(tmp_path, suite)
+    result = invoke("bench", "run", str(config), "--out", str(read_only_dir / "results"))
+    assert_clean(result, 2, "--out:", "cannot create")
+
+
+def test_a_malformed_jsonl_line_names_file_and_line(tmp_path: Path) -> None:
+    suite = tmp_path / "mine.jsonl"
+    suite.write_text(json.dumps({"prompt": "fine"}) + "\n\n" + '{"prompt": "broken\n')
+    config = bench_config(tmp_path, suite)
+    result = invoke("bench", "run", str(config), "--out", str(tmp_path / "out"))
+    assert_clean(result, 2, f"{suite}:3: malformed JSON")
+
+
+# ---------------------------------------------------------------------------- plugins
+
+
+@pytest.fixture
+def default_registry_with(monkeypatch: pytest.MonkeyPatch):
+    """Make the process-wide registry the given one for the command under test."""
+
+    def use(registry: Registry) -> None:
+        monkeypatch.setattr(registry_module, "_DEFAULT", registry)
+
+    yield use
+
+
+@pytest.fixture
+def broken_plugin_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    dist = FakeDistribution("treegraft-broken", {"broken": "fake_broken_missing"})
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda **kw: iter([dist]))
+    monkeypatch.setitem(sys.modules, "fake_broken_missing", None)
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    monkeypatch.setattr(registry_module, "_DEFAULT", None)
+
+
+def test_plugins_lists_a_plugin_that_failed_to_import(broken_plugin_installed) -> None:
+    with pytest.warns(registry_module.BrokenPluginWarning):
+        result = invoke("plugins")
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if "treegraft-broken" in line)
+    assert "broken" in row and "ModuleNotFoundError" in row
+    assert "ngram" in result.stdout  # everything else still listed
+
+
+def test_a_pipeline_naming_a_broken_plugins_component_gets_its_error(
+    broken_plugin_installed,
+    tmp_path: Path,
+    model_dir: Path,
+) -> None:
+    path = pipeline_file(tmp_path, str(model_dir), drafters={"weak": {"name": "fancy"}})
+    with pytest.warns(registry_module.BrokenPluginWarning):
+        result = invoke("validate", str(path))
+    assert result.exit_code == 1
+    assert "unknown drafter 'fancy'" in result.stderr
+    assert "plugin 'broken' (distribution 'treegraft-broken') failed to load" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_a_plugin_registering_a_builtin_name_is_a_clean_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    module = scheduler_plugin("fake_never", "never")
+    dist = FakeDistribution("treegraft-never", {"nv": "fake_never"})
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda **kw: iter([dist]))
+    monkeypatch.setitem(sys.modules, "fake_never", module)
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    monkeypatch.setattr(registry_module, "_DEFAULT", None)
+    assert_clean(invoke("plugins"), 1, "scheduler 'never' is registered twice", "'treegraft-never'")
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ("constructor", "from_config raised RuntimeError: cannot start"),
+        ("raise", "at step 0: expand raised RuntimeError: the plugin broke down"),
+        ("token_out_of_vocab", "proposed token id"),
+    ],
+)
+def test_a_failing_plugin_component_is_named(
+    default_registry_with,
+    tmp_path: Path,
+    model_dir: Path,
+    fault: str,
+    message: str,
+) -> None:
+    default_registry_with(Registry.create(autoload=False, plugins=[faulty.plugin()]))
+    drafters = {"weak": {"name": "faulty", "fault": fault}}
+    path = pipeline_file(tmp_path, str(model_dir), drafters=drafters)
+    stderr = assert_clean(generate(path, "--prompt", PROMPT), 1, message)
+    assert "drafter 'faulty' (distribution '<plugin faulty>', pipeline.drafters.weak)" in stderr
+
+
+# ---------------------------------------------------------------------------- --debug, Ctrl-C
+
+
+def test_split_debug_takes_the_flag_anywhere_before_a_double_dash(monkeypatch) -> None:
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    assert split_debug(["generate", "--debug", "-p", "x"]) == (["generate", "-p", "x"], True)
+    assert split_debug(["generate", "--", "--debug"]) == (["generate", "--", "--debug"], False)
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    assert split_debug(["plugins"]) == (["plugins"], True)
+
+
+def test_debug_shows_the_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run_cli` is what the `treegraft` script runs (`main`), here in this process."""
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    args = ["generate", "--pipeline", str(tmp_path), "--prompt", "t1"]
+    assert run_cli(app, args) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    assert run_cli(app, ["--debug", *args]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "ConfigError" in err and "is a directory" in err
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    assert run_cli(app, args) == 2
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_debug_lets_an_unexpected_error_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An internal error is one line and a hint; debugging, it propagates with its traceback."""
+    monkeypatch.setattr(registry_module, "_DEFAULT", None)
+    monkeypatch.setattr(Registry, "create", classmethod(lambda cls, **kw: 1 / 0))
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    result = invoke("plugins")
+    assert_clean(result, 1, "internal error: ZeroDivisionError: division by zero", "--debug")
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    assert isinstance(invoke("plugins").exception, ZeroDivisionError)
+
+
+def test_ctrl_c_prints_the_stats_so_far_and_exits_130(tmp_path: Path, model_dir: Path) -> None:
+    """A slow third-party drafter keeps the generation going until SIGINT arrives."""
+    drafters = {"weak": {"name": "faulty", "fault": "slow", "at_call": -1}}
+    decoding = {"max_new_tokens": 400, "dtype": "float64", "device": "cpu"}
+    path = pipeline_file(tmp_path, str(model_dir), drafters=drafters, decoding=decoding)
+    code = (
+        "import tests.faulty as f, treegraft.core.registry as r;"
+        "r._DEFAULT = r.Registry.create(autoload=False, plugins=[f.plugin()]);"
+        "from treegraft.cli import main; main()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "generate", "--pipeline", str(path), "--prompt", PROMPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(sys.path)},
+        cwd=REPO,
+    )
+    first = proc.stdout.read(2)  # some text decoded: the loop is running
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    stderr = stderr.decode()
+    assert first and proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "finish: interrupted" in stderr and "new tokens" in stderr
+    assert stderr.strip().endswith("interrupted")
+
+
+# ---------------------------------------------------------------------------- validate
+
+
+def test_validate_lists_every_error_of_every_file(tmp_path: Path, model_dir: Path) -> None:
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text((model_dir / "config.json").read_text())
+    files = {
+        "weights.yaml": pipeline_file(tmp_path, str(no_weights)).rename(tmp_path / "weights.yaml"),
+        "fields.yaml": pipeline_file(
+            tmp_path,
+            str(model_dir),
+            builder={"name": "layered", "budget": 10**20, "depth": "deep"},
+            decoding={"device": "gpu"},
+        ).rename(tmp_path / "fields.yaml"),
+        "dup.yaml": tmp_path / "dup.yaml",
+        "good.yaml": pipeline_file(tmp_path, str(model_dir)).rename(tmp_path / "good.yaml"),
+    }
+    files["dup.yaml"].write_text(f"target: {model_dir}\ntarget: x\n")
+    result = invoke("validate", *(str(p) for p in files.values()))
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("✗")]
+    expected = {
+        "weights.yaml": ["pipeline.target: ", "no weights file"],
+        "fields.yaml": [
+            "pipeline.builder.budget: expected int >= 1, got 100000000000000000000",
+            "pipeline.builder.depth: expected int >= 1, got 'deep'",
+            "pipeline.decoding.device: expected str 'auto'",
+        ],
+        "dup.yaml": ["duplicate key 'target' at line 2 (first at line 1)"],
+    }
+    for name, needles in expected.items():
+        mine = [e for e in errors if e.startswith(f"✗ {files[name]}: ")]
+        for needle in needles:
+            assert any(needle in e for e in mine), (name, needle, errors)
+    assert len(errors) == 5
+    assert f"✓ {files['good.yaml']}" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("exc", "message", "code"),
+    [
+        (
+            PermissionError(13, "Permission denied", "/x/out.png"),
+            "/x/out.png: Permission denied",
+            2,
+        ),
+        (OSError(28, "No space left on device"), "No space left on device", 1),
+        (MemoryError("cannot allocate"), "out of memory: cannot allocate", 1),
+        (KeyError("k"), "internal error: KeyError: 'k'", 1),
+    ],
+    ids=["file", "system", "memory", "bug"],
+)
+def test_describe_sorts_errors_into_exit_codes(exc, message: str, code: int) -> None:
+    text, exit_code, _ = describe(exc)
+    assert message in text and exit_code == code
