@@ -70,6 +70,7 @@ def quick_run(tmp_path_factory) -> Path:
         cli(), ["bench", str(tmp / "sweep.yaml"), "--quick", "--out", str(out)]
     )
     assert result.exit_code == 0, result.output
+    (tmp / "terminal.txt").write_text(result.output)
     return out
 
 
@@ -78,10 +79,19 @@ METHODS = ["ar", "hf-assisted", "hf-prompt-lookup", "chain", "ngram-only", "tree
 
 def test_quick_run_writes_every_output(quick_run: Path):
     names = {p.name for p in quick_run.iterdir()}
-    assert {"requests.jsonl", "summary.csv", "summary.md", "manifest.json"} <= names
+    assert {"requests.jsonl", "summary.csv", "summary.md", "summary.json", "manifest.json"} <= names
     assert {"speedup.png", "tau.png", "time_split.png"} <= names
     for png in ("speedup.png", "tau.png", "time_split.png"):
         assert (quick_run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_terminal_gets_a_short_summary(quick_run: Path):
+    text = (quick_run.parent / "terminal.txt").read_text()
+    assert "top 8 methods, all pairs and suites, 4 prompts per method" in text
+    assert "speedup [95% CI]" in text and "1.00 [1.00, 1.00]" in text and "…" not in text
+    assert "warning: Only 4 prompt(s)" in text
+    assert "full report:" in text and "summary.md" in text
+    assert "## Per pair" not in text and len(text.splitlines()) < 30
 
 
 def test_quick_run_requests(quick_run: Path):
@@ -122,6 +132,14 @@ def test_quick_run_summary(quick_run: Path):
     ):
         assert heading in md
     assert "All 20 outputs equal plain decoding token for token." in md
+    assert "speedup [95% CI]" in md and "ratio of medians [95% CI]" in md
+    assert "**Warning:** Only 4 prompt(s) per method" in md  # --quick: 2 per suite, 2 suites
+    assert float(overall["ar"]["speedup_lo"]) == float(overall["ar"]["speedup_hi"]) == 1.0
+    summary = json.loads((quick_run / "summary.json").read_text())
+    assert summary["primary"] == "speedup" and summary["warnings"]
+    tree = next(r for r in summary["rows"] if r["method"] == "treegraft-every2")
+    lo, hi = tree["intervals"]["speedup"]
+    assert lo <= tree["speedup"] <= hi and tree["prompts"] >= 2
     manifest = json.loads((quick_run / "manifest.json").read_text())
     env = manifest["environment"]
     assert {"python", "torch", "transformers", "treegraft", "cpu", "git"} <= set(env)
@@ -307,8 +325,13 @@ def test_compare_two_result_directories(quick_run: Path, tmp_path):
     assert "treegraft-every2" in result.output and "0.00" in result.output
     text = md.read_text()
     assert "| target+draft | treegraft-every2 | measured |" in text
-    assert "| pair | method | mode | speedup A | speedup B | Δ speedup |" in text
-    assert "| target+draft | ar | measured | 1.00 | 1.00 | +0.00 |" in text
+    assert "| pair | method | mode | speedup A | speedup B | Δ speedup | beyond intervals |" in text
+    assert (
+        "| target+draft | ar | measured | 1.00 [1.00, 1.00] | 1.00 [1.00, 1.00] | +0.00 | no |"
+        in text
+    )
+    assert "differ?" in result.output
+    assert "0 of 6 rows differ beyond their 95% speedup intervals" in result.output
 
 
 def test_cli_errors_are_short(tmp_path):

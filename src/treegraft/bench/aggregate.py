@@ -1,11 +1,15 @@
 """Per-request records -> summary rows per pair, per suite and overall.
 
-Definitions (every method is paired with plain decoding `ar` of the same prompt, pair and
-repetition, always measured):
+Definitions (every method is paired with the baseline, plain decoding `ar` unless `aggregate` is
+told another method name, on the same prompt, pair and repetition, always measured):
 
 - tokens/s: median over requests of `new_tokens / wall_s`.
-- speedup (ratio of medians): median tokens/s of the method / median tokens/s of `ar`.
-- speedup_mean (mean of ratios): mean over requests of `tokens/s(method) / tokens/s(ar)`.
+- speedup (primary): geometric mean over prompts of the paired per-prompt ratio
+  `tokens/s(method) / tokens/s(baseline)` (see `treegraft.bench.stats`).
+- speedup_median (secondary, ratio of medians): median tokens/s of the method / of the baseline.
+- speedup_mean (arithmetic mean of ratios): mean over requests of the per-prompt ratios.
+- intervals: percentile-bootstrap 95% intervals of speedup, speedup_median and tau, prompts
+  resampled within each pair x suite cell (repetitions of a prompt stay together).
 - tau: total tokens committed by target forwards (bonus included) / total target forwards.
 - acceptance per depth d: fraction of steps that accepted at least d draft tokens (pooled).
 - strong calls per step: total strong-drafter calls / total steps.
@@ -22,11 +26,20 @@ import attrs
 
 from treegraft.bench.config import AR
 from treegraft.bench.records import MEASURED, SPLIT_KEYS, Request
+from treegraft.bench.stats import (
+    Interval,
+    geometric_mean,
+    geometric_mean_interval,
+    ratio_of_medians_interval,
+    ratio_of_sums_interval,
+)
 from treegraft.core.metrics import acceptance_per_depth
 
 ALL = "all"
 #: Numbers reported with a spread over repetitions.
-SPREAD = ("tokens_per_s", "speedup", "speedup_mean", "tau")
+SPREAD = ("tokens_per_s", "speedup", "speedup_median", "speedup_mean", "tau")
+#: Numbers reported with a bootstrap confidence interval (`Row.intervals`).
+INTERVALS = ("speedup", "speedup_median", "tau")
 
 
 @attrs.frozen
@@ -49,11 +62,16 @@ class Row:
     peak_mem_mib: float
     exact_rate: float
     spread: dict[str, float] = attrs.field(factory=dict)
+    speedup_median: float = 0.0
+    prompts: int = 0
+    intervals: dict[str, Interval] = attrs.field(factory=dict)
 
 
-def ar_index(requests: Iterable[Request]) -> dict[tuple[str, str, str, int], Request]:
-    """Measured plain-decoding requests by (pair, suite, prompt, repetition)."""
-    return {r.key: r for r in requests if r.method == AR and r.mode == MEASURED}
+def ar_index(
+    requests: Iterable[Request], baseline: str = AR
+) -> dict[tuple[str, str, str, int], Request]:
+    """Measured requests of the `baseline` method by (pair, suite, prompt, repetition)."""
+    return {r.key: r for r in requests if r.method == baseline and r.mode == MEASURED}
 
 
 def speedup_of(request: Request, ar: dict[tuple[str, str, str, int], Request]) -> float | None:
@@ -85,7 +103,10 @@ def group_row(
         requests=len(requests),
         new_tokens=sum(r.new_tokens for r in requests),
         tokens_per_s=median(r.tokens_per_s for r in requests),
-        speedup=_ratio(
+        speedup=geometric_mean(
+            [_ratio(r.tokens_per_s, a.tokens_per_s) for r, a in zip(requests, base, strict=True)]
+        ),
+        speedup_median=_ratio(
             median(r.tokens_per_s for r in requests), median(a.tokens_per_s for a in base)
         ),
         speedup_mean=mean(
@@ -127,6 +148,7 @@ def combine_repeats(rows: Sequence[Row]) -> Row:
         new_tokens=sum(r.new_tokens for r in rows),
         tokens_per_s=avg(lambda r: r.tokens_per_s),
         speedup=avg(lambda r: r.speedup),
+        speedup_median=avg(lambda r: r.speedup_median),
         speedup_mean=avg(lambda r: r.speedup_mean),
         tau=avg(lambda r: r.tau),
         acceptance=tuple(avg(lambda r, d=d: r.acceptance[d]) for d in range(depth)),
@@ -138,10 +160,11 @@ def combine_repeats(rows: Sequence[Row]) -> Row:
     )
 
 
-def aggregate(requests: Sequence[Request]) -> list[Row]:
-    """Rows for every (pair | all) x (suite | all) x method x mode, repetitions combined."""
+def aggregate(requests: Sequence[Request], baseline: str = AR) -> list[Row]:
+    """Rows for every (pair | all) x (suite | all) x method x mode, repetitions combined;
+    speedups against the `baseline` method on the same prompt."""
     ok = [r for r in requests if r.error is None]
-    ar = ar_index(ok)
+    ar = ar_index(ok, baseline)
     ok = [r for r in ok if r.key in ar]
     pairs = [*_ordered(r.pair for r in ok), ALL]
     suites = [*_ordered(r.suite for r in ok), ALL]
@@ -168,7 +191,35 @@ def _over_repeats(requests: list[Request], ar: dict, pair: str, suite: str) -> R
         group_row([r for r in requests if r.repeat == k], ar, pair=pair, suite=suite)
         for k in repeats
     ]
-    return combine_repeats(per_repeat)
+    return with_intervals(combine_repeats(per_repeat), requests, ar)
+
+
+def with_intervals(row: Row, requests: Sequence[Request], ar: dict) -> Row:
+    """The row with its prompt count, pooled primary speedup and bootstrap intervals.
+
+    A prompt is one unit: over its repetitions, the mean log-ratio, the mean tokens/s of method
+    and baseline, and the summed committed tokens and target forwards.
+    """
+    units: dict[tuple[str, str, str], list[Request]] = {}
+    for r in requests:
+        units.setdefault((r.pair, r.suite, r.prompt_id), []).append(r)
+    strata = [(pair, suite) for pair, suite, _ in units]
+    ratios, tps, base_tps, committed, steps = [], [], [], [], []
+    for reps in units.values():
+        per = [_ratio(r.tokens_per_s, ar[r.key].tokens_per_s) for r in reps]
+        ratios.append(geometric_mean(per))
+        tps.append(mean(r.tokens_per_s for r in reps))
+        base_tps.append(mean(ar[r.key].tokens_per_s for r in reps))
+        committed.append(sum(r.committed for r in reps))
+        steps.append(sum(r.steps for r in reps))
+    intervals = {
+        "speedup": geometric_mean_interval(ratios, strata),
+        "speedup_median": ratio_of_medians_interval(tps, base_tps, strata),
+        "tau": ratio_of_sums_interval(committed, steps, strata),
+    }
+    return attrs.evolve(
+        row, speedup=geometric_mean(ratios), prompts=len(units), intervals=intervals
+    )
 
 
 def _ordered(items: Iterable) -> list:

@@ -91,8 +91,25 @@ def run(
         result = run_bench(cfg, target, progress=progress, options=options, resume=resume)
     except (ConfigError, FileNotFoundError) as exc:
         _fail(str(exc))
-    out.print((result.out_dir / "summary.md").read_text(), markup=False, highlight=False)
-    console.print(f"results in {result.out_dir}")
+    print_summary(result.rows, result.out_dir)
+
+
+def print_summary(rows: list, out_dir: Path) -> None:
+    """The fastest methods overall with their intervals, the warnings, and where the report is."""
+    from treegraft.bench.report import SUMMARY_MD, warnings
+    from treegraft.bench.summary import TERMINAL_HEADERS, TOP_ROWS, terminal_rows
+
+    prompts = max((r.prompts for r in rows), default=0)
+    out.print(f"top {TOP_ROWS} methods, all pairs and suites, {prompts} prompts per method:")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for i, header in enumerate(TERMINAL_HEADERS):
+        table.add_column(header, no_wrap=True, justify="left" if i == 0 else "right")
+    for row in terminal_rows(rows):
+        table.add_row(*row)
+    out.print(table)
+    for warning in warnings(rows):
+        out.print(f"warning: {warning}", markup=False, highlight=False)
+    console.print(f"full report: {out_dir / SUMMARY_MD} (results in {out_dir})")
 
 
 @app.command("compare")
@@ -119,10 +136,16 @@ def compare(
     out.print(heading, highlight=False)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for i, header in enumerate(COMPACT_HEADERS[skip:], start=skip):
-        table.add_column(header, no_wrap=i >= 2, justify="left" if i < 2 else "right")
+        table.add_column(header, no_wrap=True, justify="left" if i < 2 else "right")
     for row in rows:
         table.add_row(*row[skip:])
     out.print(table)
+    beyond = [r[1] for r in rows if r[4].startswith("yes")]
+    out.print(
+        f"{len(beyond)} of {len(rows)} rows differ beyond their 95% speedup intervals"
+        + (f": {', '.join(beyond)}" if beyond else ""),
+        highlight=False,
+    )
     if markdown is not None:
         markdown.write_text(result.markdown(str(a), str(b)) + "\n")
         console.print(f"wrote {markdown}")

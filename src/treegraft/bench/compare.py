@@ -1,4 +1,6 @@
-"""Side by side: the summary rows of two result directories."""
+"""Side by side: the summary rows of two result directories, and whether their speedups differ
+beyond their 95% intervals (disjoint intervals: a conservative test, about 0.6% false positives
+for two independent runs of equal precision)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ HEADERS = (
     "speedup A",
     "speedup B",
     "Δ speedup",
+    "beyond intervals",
     "tau A",
     "tau B",
     "tokens/s A",
@@ -37,21 +40,43 @@ class Comparison:
         return f"A: `{a}` · B: `{b}` · suite: {self.suite}\n\n" + markdown_table(HEADERS, self.rows)
 
     def compact(self) -> tuple[tuple[str, ...], ...]:
-        """The rows with the mode folded into the method and each A/B pair of cells as `a→b`."""
+        """The rows with the mode folded into the method, each A/B pair of cells as `a→b`
+        (speedups without intervals; tokens/s left to the markdown)."""
         return tuple(
             (
                 r[0],
                 r[1] if r[2] == MEASURED else f"{r[1]} ({r[2]})",
-                f"{r[3]}→{r[4]}",
+                f"{_point(r[3])}→{_point(r[4])}",
                 r[5],
-                *(f"{r[i]}→{r[i + 1]}" for i in (6, 8, 10)),
+                r[6],
+                *(f"{r[i]}→{r[i + 1]}" for i in (7, 11)),
             )
             for r in self.rows
         )
 
 
 #: Column names of `Comparison.compact`.
-COMPACT_HEADERS = ("pair", "method", "speedup A→B", "Δ", "tau", "tokens/s", "exact")
+COMPACT_HEADERS = ("pair", "method", "speedup A→B", "Δ", "differ?", "tau", "exact")
+
+
+def _point(cell: str) -> str:
+    """A cell without its interval: `1.20 [1.10, 1.30]` -> `1.20`."""
+    return cell.split(" [")[0]
+
+
+def differ(a: dict | None, b: dict | None) -> str:
+    """Whether two rows' speedup intervals are disjoint: `yes (B faster)`, `yes (A faster)`, `no`
+    (they overlap), or `-` when either run has no interval (a run written before intervals)."""
+    try:
+        lo_a, hi_a = float(a["speedup_lo"]), float(a["speedup_hi"])  # type: ignore[index]
+        lo_b, hi_b = float(b["speedup_lo"]), float(b["speedup_hi"])  # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        return "-"
+    if lo_b > hi_a:
+        return "yes (B faster)"
+    if lo_a > hi_b:
+        return "yes (A faster)"
+    return "no"
 
 
 def load_summary(result_dir: Path) -> list[dict[str, str]]:
@@ -82,6 +107,12 @@ def _row(key: tuple[str, str, str], a: dict | None, b: dict | None) -> tuple[str
     def get(row: dict | None, name: str, fmt: str = "{:.2f}") -> str:
         return fmt.format(float(row[name])) if row and row.get(name) else "-"
 
+    def ci(row: dict | None) -> str:
+        text = get(row, "speedup")
+        if row and row.get("speedup_lo") and row.get("speedup_hi"):
+            text += f" [{float(row['speedup_lo']):.2f}, {float(row['speedup_hi']):.2f}]"
+        return text
+
     delta = (
         f"{float(b['speedup']) - float(a['speedup']):+.2f}"
         if a and b and a.get("speedup") and b.get("speedup")
@@ -89,9 +120,10 @@ def _row(key: tuple[str, str, str], a: dict | None, b: dict | None) -> tuple[str
     )
     return (
         *key,
-        get(a, "speedup"),
-        get(b, "speedup"),
+        ci(a),
+        ci(b),
         delta,
+        differ(a, b),
         get(a, "tau"),
         get(b, "tau"),
         get(a, "tokens_per_s", "{:.1f}"),

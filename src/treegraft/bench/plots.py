@@ -26,7 +26,7 @@ SPLIT_COLOURS = {
 
 
 def plot_speedup(rows: Sequence[Row], path: Path) -> Path:
-    """Grouped bars: speedup (ratio of medians) per suite and method, one panel per pair."""
+    """Grouped bars: speedup per suite and method with 95% intervals, one panel per pair."""
     pairs = list(dict.fromkeys(r.pair for r in rows if r.pair != ALL))
     methods = list(dict.fromkeys(r.method for r in rows if r.mode == MEASURED and r.method != AR))
     suites = list(dict.fromkeys(r.suite for r in rows))
@@ -38,19 +38,29 @@ def plot_speedup(rows: Sequence[Row], path: Path) -> Path:
     )
     width = 0.8 / max(1, len(methods))
     for ax, pair in zip(axes[:, 0], pairs, strict=True):
-        cell = {
-            (r.method, r.suite): r.speedup for r in rows if r.pair == pair and r.mode == MEASURED
-        }
+        cell = {(r.method, r.suite): r for r in rows if r.pair == pair and r.mode == MEASURED}
         for j, method in enumerate(methods):
             xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(suites))]
-            heights = [cell.get((method, s), 0.0) for s in suites]
-            ax.bar(xs, heights, width, label=method, color=COLOURS(j % COLOURS.N))
+            found = [cell.get((method, s)) for s in suites]
+            heights = [r.speedup if r else 0.0 for r in found]
+            ax.bar(xs, heights, width, label=method, color=COLOURS(j % COLOURS.N),
+                   yerr=error_bars(found), error_kw={"elinewidth": 0.7, "capsize": 1.5})  # fmt: skip
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(suites)), suites)
         ax.set_ylabel("speedup vs plain decoding")
         ax.set_title(pair)
     axes[0, 0].legend(fontsize="small", ncol=3, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _save(fig, path)
+
+
+def error_bars(rows: Sequence[Row | None]) -> list[list[float]]:
+    """`yerr` for bars of the rows' speedups: distances to the 95% interval's ends (0 if none)."""
+    low, high = [], []
+    for r in rows:
+        interval = r.intervals.get("speedup") if r else None
+        low.append(max(0.0, r.speedup - interval.lo) if interval else 0.0)
+        high.append(max(0.0, interval.hi - r.speedup) if interval else 0.0)
+    return [low, high]
 
 
 def plot_tau(requests: Sequence[Request], path: Path) -> Path:

@@ -51,6 +51,7 @@ from treegraft.bench.replay import (
     runner_forward,
 )
 from treegraft.bench.suites import Prompt, load_prompts
+from treegraft.bench.summary import write_summary_json
 from treegraft.core.config import ConfigError
 from treegraft.core.registry import Registry
 from treegraft.core.resources import ModelRefError, Resources
@@ -442,6 +443,7 @@ def write_reports(
     files = [out / report.REQUESTS, out / report.SUMMARY_CSV, out / report.SUMMARY_MD]
     report.write_csv(rows, files[1])
     files[2].write_text(report.markdown_report(rows, requests, header))
+    files.append(write_summary_json(rows, out))
     files.append(plots.plot_speedup(rows, out / "speedup.png"))
     files.append(plots.plot_tau(requests, out / "tau.png"))
     files.append(plots.plot_time_split(rows, out / "time_split.png"))

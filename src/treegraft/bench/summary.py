@@ -1,0 +1,71 @@
+"""The machine-readable summary (`summary.json`) and the short summary printed to the terminal."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from treegraft.bench.aggregate import ALL, Row
+from treegraft.bench.records import MEASURED
+from treegraft.bench.report import SUMMARY_JSON, warnings, write_json
+from treegraft.bench.stats import CONFIDENCE, RESAMPLES
+
+#: Rows the terminal summary shows.
+TOP_ROWS = 8
+
+#: Column names of `terminal_rows`.
+TERMINAL_HEADERS = ("method", "speedup [95% CI]", "tau [95% CI]", "exact")
+
+
+def row_to_json(row: Row) -> dict[str, Any]:
+    """Every field of a row; intervals as `{name: [lo, hi]}`."""
+    out = attrs.asdict(row, filter=lambda a, _: a.name != "intervals")
+    out["acceptance"] = list(row.acceptance)
+    out["intervals"] = {k: [v.lo, v.hi] for k, v in row.intervals.items()}
+    return out
+
+
+def summary_data(rows: Sequence[Row]) -> dict[str, Any]:
+    """`summary.json`: how the statistics were made, the report's warnings and every row."""
+    return {
+        "primary": "speedup",
+        "definitions": {
+            "speedup": "geometric mean over prompts of the per-prompt ratio of tokens/s to the "
+            "baseline on the same prompt",
+            "speedup_median": "median tokens/s over the baseline's median tokens/s",
+            "speedup_mean": "arithmetic mean of the per-prompt ratios",
+            "intervals": f"percentile bootstrap, {CONFIDENCE:.0%}, {RESAMPLES} resamples of "
+            "prompts within each pair x suite cell",
+        },
+        "warnings": warnings(rows),
+        "rows": [row_to_json(r) for r in rows],
+    }
+
+
+def write_summary_json(rows: Sequence[Row], out: Path) -> Path:
+    path = out / SUMMARY_JSON
+    write_json(summary_data(rows), path)
+    return path
+
+
+def terminal_rows(rows: Sequence[Row], top: int = TOP_ROWS) -> list[tuple[str, ...]]:
+    """The `top` measured methods overall, fastest first (primary speedup with its interval)."""
+    overall = [r for r in rows if r.pair == ALL and r.suite == ALL and r.mode == MEASURED]
+    ranked = sorted(overall, key=lambda r: -r.speedup)[:top]
+    return [
+        (
+            r.method,
+            _with_interval(r, "speedup"),
+            _with_interval(r, "tau"),
+            f"{100 * r.exact_rate:.0f}%",
+        )
+        for r in ranked
+    ]
+
+
+def _with_interval(row: Row, name: str) -> str:
+    interval = row.intervals.get(name)
+    return f"{getattr(row, name):.2f}" + (f" {interval.text()}" if interval else "")
