@@ -420,3 +420,18 @@ def test_resume_refuses_another_sweep_or_no_sweep(tmp_path):
         )
     result = CliRunner().invoke(cli(), ["bench", "benchmarks/paper.yaml", "--resume"])
     assert result.exit_code == 2 and "--resume: give the results directory" in result.output
+
+
+def test_flags_shrink_the_sweep(quick_run: Path, tmp_path):
+    out = tmp_path / "small"
+    args = ["--suites", "code.jsonl", "--prompts", "1", "--max-new-tokens", "4"]
+    sweep = str(quick_run.parent / "sweep.yaml")
+    result = CliRunner().invoke(
+        cli(), ["bench", sweep, *args, "--pairs", "target+draft", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(lines) == len(METHODS)
+    assert {x["suite"] for x in lines} == {"code"} and {x["new_tokens"] for x in lines} == {4}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["options"]["prompts"] == 1 and manifest["config"]["max_new_tokens"] == 4

@@ -59,6 +59,22 @@ def run(
         bool,
         typer.Option("--replay", help="also predict every pipeline without running the target"),
     ] = False,
+    suites: Annotated[
+        str | None,
+        typer.Option(
+            help="comma-separated suites (zoo names or JSONL files), replacing the file's"
+        ),
+    ] = None,
+    pairs: Annotated[
+        str | None,
+        typer.Option(help="comma-separated pair names (labels or target+drafter) to keep"),
+    ] = None,
+    prompts: Annotated[
+        int | None, typer.Option("--prompts", help="prompts per suite (prompts_per_suite)")
+    ] = None,
+    max_new_tokens: Annotated[
+        int | None, typer.Option("--max-new-tokens", help="tokens generated per prompt at most")
+    ] = None,
     progress: Annotated[bool, typer.Option(help="show a progress bar with an ETA")] = True,
     resume: Annotated[
         bool,
@@ -70,12 +86,19 @@ def run(
     ] = False,
 ) -> None:
     """Run a sweep: pairs x suites x (plain decoding, baselines, pipelines); write the reports."""
-    from treegraft.bench.config import load_bench_config
+    from treegraft.bench.config import load_bench_config_with
     from treegraft.bench.sweep import run_bench
     from treegraft.core.config import ConfigError
 
+    overrides = {"prompts_per_suite": prompts, "max_new_tokens": max_new_tokens}
     try:
-        cfg = load_bench_config(config)
+        cfg = load_bench_config_with(
+            config,
+            suites=_split(suites),
+            pairs=_split(pairs),
+            prompts=prompts,
+            max_new_tokens=max_new_tokens,
+        )
     except ConfigError as exc:
         _fail(str(exc))
     if repeat is not None and repeat < 1:
@@ -83,15 +106,30 @@ def run(
     if resume and out_dir is None:
         _fail("--resume: give the results directory to continue with --out DIR")
     cfg = cfg.quick() if quick else cfg
+    cfg = cfg.with_settings(**{k: v for k, v in overrides.items() if v is not None})
     cfg = cfg.with_settings(repeat=repeat) if repeat is not None else cfg
     cfg = cfg.with_settings(replay=True) if replay else cfg
     target = out_dir or Path("runs") / f"bench-{config.stem}-{datetime.now():%Y%m%d-%H%M%S}"
-    options = {"quick": quick, "repeat": repeat, "replay": replay, "config": str(config)}
+    options = {
+        "quick": quick,
+        "repeat": repeat,
+        "replay": replay,
+        "config": str(config),
+        "suites": suites,
+        "pairs": pairs,
+        "prompts": prompts,
+        "max_new_tokens": max_new_tokens,
+    }
     try:
         result = run_bench(cfg, target, progress=progress, options=options, resume=resume)
     except (ConfigError, FileNotFoundError) as exc:
         _fail(str(exc))
     print_summary(result.rows, result.out_dir)
+
+
+def _split(text: str | None) -> list[str] | None:
+    """`a, b` -> ['a', 'b']; None stays None."""
+    return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
 
 
 def print_summary(rows: list, out_dir: Path) -> None:
