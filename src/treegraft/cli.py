@@ -230,6 +230,30 @@ def _default_repr(default) -> str:
     return repr(default)
 
 
+@app.command("new-plugin")
+def new_plugin(
+    name: Annotated[
+        str, typer.Argument(help="distribution name of the package, e.g. my-scheduler")
+    ],
+    kind: Annotated[str, typer.Option(help="component kind: drafter or scheduler")] = "scheduler",
+    directory: Annotated[
+        Path, typer.Option("--dir", help="folder in which the package folder is created")
+    ] = Path("."),
+) -> None:
+    """Write a plugin package (entry point, component and config, tests, README) that installs and
+    passes its tests as it is: `pip install -e NAME && pytest NAME`."""
+    from treegraft.core.config import ConfigError
+    from treegraft.core.registry import default_registry
+    from treegraft.new_plugin import KINDS, write_plugin
+
+    try:
+        taken = set(default_registry().names(kind)) if kind in KINDS else set()
+        root = write_plugin(name, kind, directory, registered=taken)
+    except ConfigError as exc:
+        _fail(str(exc))
+    console.print(f"wrote {root}: pip install -e {root} && pytest {root}", highlight=False)
+
+
 trace_app = typer.Typer(
     help="Inspect decoding traces written by `treegraft generate --trace DIR`.",
     no_args_is_help=True,

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from treegraft.core.config import parse_yaml
+from treegraft.core.interfaces import LayerState
 from treegraft.core.pipeline import Pipeline, load_pipeline
 from treegraft.core.registry import Registry
 from treegraft.core.resources import Resources
@@ -40,6 +41,7 @@ __all__ = [
     "assert_lossless",
     "assert_same_distribution",
     "greedy_reference",
+    "layer_state",
     "memory_resources",
     "sampling_reference",
     "tiny_model",
@@ -122,6 +124,20 @@ def memory_resources(dtype: torch.dtype = torch.float64, **models: Any) -> Resou
     for name, model in models.items():
         resources.add_model(f"mem:{name}", model)
     return resources
+
+
+def layer_state(**changes: Any) -> LayerState:
+    """A `LayerState` for a scheduler's unit tests: layer 1 of 4 in a two-drafter pipeline, a
+    frontier of 2 nodes with best path log-prob -1.0, no strong call yet; `changes` replace any
+    field (`layer_state(layer=0, frontier_size=0)`)."""
+    values: dict[str, Any] = {
+        "layer": 1, "n_layers": 4, "calls": (0,), "n_drafters": 2, "strong_calls": 0,
+        "max_strong_calls": 2, "n_nodes": 3, "frontier_size": 2, "frontier_mean_depth": 1.0,
+        "leaf_ratio": 0.67, "frontier_mean_score": -1.5, "reselect_shift": 0.0,
+        "prompt_len": 10, "committed_len": 10, "target_time": 0.0, "drafter_times": (0.0, 0.0),
+        "frontier_max_score": -1.0,
+    }  # fmt: skip
+    return LayerState(**{**values, **changes})
 
 
 # ---------------------------------------------------------------------------- references
