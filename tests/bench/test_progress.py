@@ -1,0 +1,38 @@
+"""The sweep's ETA: steady per-unit timing after warm-up."""
+
+from __future__ import annotations
+
+import pytest
+from rich.progress import Progress
+
+from treegraft.bench.progress import SteadyEtaColumn, steady_eta
+
+
+def test_warm_up_units_are_left_out() -> None:
+    # two slow first units (loading, warm-up: 100 s each), then 1 s per unit
+    marks = [(0, 0.0), (1, 100.0), (2, 200.0), (3, 201.0), (4, 202.0), (6, 204.0)]
+    assert steady_eta(marks, total=20) == pytest.approx(14 * 1.0)
+    # a plain average over all units would have said 204 / 6 * 14 = 476 s
+
+
+def test_no_estimate_until_two_steady_intervals() -> None:
+    assert steady_eta([(0, 0.0), (1, 50.0), (2, 60.0), (3, 61.0)], total=10) is None
+    assert steady_eta([], total=10) is None
+
+
+def test_median_resists_one_slow_unit() -> None:
+    marks = [(0, 0.0), (1, 9.0), (2, 18.0), (3, 20.0), (4, 22.0), (5, 60.0), (6, 62.0)]
+    assert steady_eta(marks, total=10) == pytest.approx(4 * 2.0)
+
+
+def test_column_renders_while_warming_up_then_a_time() -> None:
+    column = SteadyEtaColumn()
+    clock = iter(range(0, 1000, 10))
+    progress = Progress(column, get_time=lambda: float(next(clock)), disable=True)
+    task_id = progress.add_task("x", total=10)
+    task = progress.tasks[0]
+    assert column.render(task).plain == "ETA …"
+    for _ in range(5):
+        progress.advance(task_id)
+        text = column.render(task).plain
+    assert text.startswith("ETA 0:")
