@@ -15,21 +15,27 @@ def test_warm_up_units_are_left_out() -> None:
     # a plain average over all units would have said 204 / 6 * 14 = 476 s
 
 
-def test_no_estimate_until_two_steady_intervals() -> None:
-    assert steady_eta([(0, 0.0), (1, 50.0), (2, 60.0), (3, 61.0)], total=10) is None
+def test_no_estimate_until_two_readings_after_the_warm_up() -> None:
+    assert steady_eta([(0, 0.0), (1, 50.0), (2, 60.0)], total=10) is None
     assert steady_eta([], total=10) is None
 
 
-def test_median_resists_one_slow_unit() -> None:
-    marks = [(0, 0.0), (1, 9.0), (2, 18.0), (3, 20.0), (4, 22.0), (5, 60.0), (6, 62.0)]
+def test_units_of_different_lengths_average_out() -> None:
+    # a prompt = one 3 s method then one 1 s method: 2 s per unit on average
+    marks = [(0, 0.0), (2, 50.0), (3, 53.0), (4, 54.0), (5, 57.0), (6, 58.0)]
     assert steady_eta(marks, total=10) == pytest.approx(4 * 2.0)
+
+
+def test_only_the_last_window_counts() -> None:
+    marks = [(2, 0.0), (3, 10.0), (4, 20.0), (5, 21.0), (6, 22.0)]
+    assert steady_eta(marks, total=8, window=2) == pytest.approx(2 * 1.0)
 
 
 def test_column_renders_while_warming_up_then_a_time() -> None:
     column = SteadyEtaColumn()
     clock = iter(range(0, 1000, 10))
     progress = Progress(column, get_time=lambda: float(next(clock)), disable=True)
-    task_id = progress.add_task("x", total=10)
+    task_id = progress.add_task("x", total=10, warmup=1)
     task = progress.tasks[0]
     assert column.render(task).plain == "ETA …"
     for _ in range(5):

@@ -3,9 +3,7 @@ warm-up, latency curves, first-call compilation) are left out of the estimate.""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
-from statistics import median
 from typing import Any
 
 from rich.progress import ProgressColumn
@@ -13,7 +11,7 @@ from rich.text import Text
 
 #: Finished units of a task left out of the estimate.
 WARMUP_UNITS = 2
-#: Most recent per-unit timings the estimate uses.
+#: Most recent units the estimate averages over.
 WINDOW = 50
 
 
@@ -24,21 +22,26 @@ def steady_eta(
     warmup: int = WARMUP_UNITS,
     window: int = WINDOW,
 ) -> float | None:
-    """Seconds left: the median seconds per unit over the last `window` intervals that end after
-    the first `warmup` units, times the units left. `marks` are (units completed, time) readings
-    in time order. None until two such intervals were seen."""
-    rates = [
-        (t1 - t0) / (c1 - c0)
-        for (c0, t0), (c1, t1) in itertools.pairwise(marks)
-        if c1 > c0 and c0 >= warmup
-    ][-window:]
-    if len(rates) < 2:
+    """Seconds left: the mean seconds per unit over the last `window` units finished after the
+    first `warmup` ones (units of different lengths, such as the methods of a prompt, average
+    out), times the units left. `marks` are (units completed, time) readings in time order. None
+    until two readings after the warm-up exist."""
+    steady = [(c, t) for c, t in marks if c >= warmup]
+    if len(steady) < 2:
         return None
-    return median(rates) * max(0.0, total - marks[-1][0])
+    end_units, end_time = steady[-1]
+    start_units, start_time = next(
+        ((c, t) for c, t in steady if end_units - c <= window), steady[-2]
+    )
+    if end_units <= start_units:
+        return None
+    rate = (end_time - start_time) / (end_units - start_units)
+    return rate * max(0.0, total - end_units)
 
 
 class SteadyEtaColumn(ProgressColumn):
-    """`ETA h:mm:ss` from `steady_eta` (`ETA …` while warming up)."""
+    """`ETA h:mm:ss` from `steady_eta` (`ETA …` while warming up). A task's `warmup` field
+    (`add_task(..., warmup=N)`) sets its warm-up units (default `WARMUP_UNITS`)."""
 
     def __init__(self, warmup: int = WARMUP_UNITS) -> None:
         super().__init__()
@@ -51,7 +54,8 @@ class SteadyEtaColumn(ProgressColumn):
             marks.append((task.completed, task.get_time()))
         if task.finished:
             return Text("ETA 0:00:00", style="progress.remaining")
-        left = steady_eta(marks, task.total or 0, warmup=self.warmup)
+        warmup = int(task.fields.get("warmup", self.warmup))
+        left = steady_eta(marks, task.total or 0, warmup=warmup)
         if left is None:
             return Text("ETA …", style="progress.remaining")
         minutes, seconds = divmod(int(left), 60)

@@ -358,7 +358,11 @@ def run_bench(
             curves[pair.name] = {ref: attrs.asdict(c) for ref, c in session.curves.items()}
             if s.replay:  # now, so that a resumed sweep replays with the same curves
                 report.write_json(curves, out / report.LATENCY)
-            task = bar.add_task(pair.name, total=len(todo) * session.n_requests_per_prompt)
+            task = bar.add_task(
+                pair.name,
+                total=len(todo) * session.n_requests_per_prompt,
+                warmup=session.n_requests_per_prompt,  # the ETA leaves out the first prompt
+            )
             session.warm_up(session.encode(prompts[0].text))
             for repeat, prompt in todo:
                 advance = _advancer(bar, task)
