@@ -42,3 +42,17 @@ def test_column_renders_while_warming_up_then_a_time() -> None:
         progress.advance(task_id)
         text = column.render(task).plain
     assert text.startswith("ETA 0:")
+
+
+def test_prompt_progress_counts_finished_prompts() -> None:
+    from treegraft.bench.progress import prompt_progress
+
+    with prompt_progress(["a", "b", "c"]) as update:
+        update(0, 5, 10, False)
+        update(0, 9, 20, True)
+        update(1, 3, 4, False)
+        (task,) = update.bar.tasks
+        assert task.total == 3 and task.completed == 1
+        assert task.description == "prompt 2/3 b: step 3, 4 tokens"
+        update(1, 4, 8, True)
+        assert task.completed == 2 and task.description == "prompt 2/3 b: done, 8 tokens"

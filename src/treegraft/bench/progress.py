@@ -3,9 +3,11 @@ warm-up, latency curves, first-call compilation) are left out of the estimate.""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import attrs
 from rich.progress import ProgressColumn
 from rich.text import Text
 
@@ -61,3 +63,45 @@ class SteadyEtaColumn(ProgressColumn):
         minutes, seconds = divmod(int(left), 60)
         hours, minutes = divmod(minutes, 60)
         return Text(f"ETA {hours}:{minutes:02d}:{seconds:02d}", style="progress.remaining")
+
+
+@attrs.define
+class PromptBar:
+    """The callback `treegraft scheduler collect` hands to the value system:
+    `(prompt index, step, tokens generated, finished)` -> one bar over the prompts."""
+
+    bar: Any
+    task: Any
+    names: Sequence[str]
+    finished: set[int] = attrs.field(factory=set)
+
+    def __call__(self, index: int, step: int, generated: int, done: bool) -> None:
+        if done:
+            self.finished.add(index)
+        state = "done" if done else f"step {step}"
+        self.bar.update(
+            self.task,
+            completed=len(self.finished),
+            description=f"prompt {index + 1}/{len(self.names)} {self.names[index]}: {state}, "
+            f"{generated} tokens",
+        )
+
+
+@contextlib.contextmanager
+def prompt_progress(names: Sequence[str]) -> Iterator[PromptBar]:
+    """A progress bar over prompts on stderr (prompt, step, tokens so far, elapsed time, ETA after
+    the first prompt), live for the duration of the `with` block."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from treegraft.console import console
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        SteadyEtaColumn(warmup=1),
+        console=console,
+    )
+    with bar:
+        yield PromptBar(bar, bar.add_task("collect", total=len(names)), names)
