@@ -22,3 +22,21 @@ def test_a_run_without_intervals_cannot_be_judged():
     assert differ({"speedup": "1.2"}, row(1.3, 1.5)) == "-"
     assert differ(None, row(1.3, 1.5)) == "-"
     assert differ({"speedup": "1", "speedup_lo": "", "speedup_hi": ""}, row(1.0, 1.1)) == "-"
+
+
+def test_a_run_written_before_intervals_gets_a_note(tmp_path) -> None:
+    import csv
+
+    from treegraft.bench.compare import compare
+
+    for name, columns in (("old", ["speedup"]), ("new", ["speedup", "speedup_lo", "speedup_hi"])):
+        (tmp_path / name).mkdir()
+        with (tmp_path / name / "summary.csv").open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, ["pair", "suite", "method", "mode", *columns])
+            writer.writeheader()
+            writer.writerow({"pair": "p", "suite": "all", "method": "m", "mode": "measured",
+                             **dict.fromkeys(columns, "1.5")})  # fmt: skip
+    result = compare(tmp_path / "old", tmp_path / "new")
+    assert len(result.notes) == 1 and result.notes[0].startswith("A (")
+    assert "predates paired speedups" in result.notes[0]
+    assert result.rows[0][6] == "-"  # no interval on A's side: cannot judge

@@ -178,6 +178,8 @@ def compare(
     for row in rows:
         table.add_row(*row[skip:])
     out.print(table)
+    for note in result.notes:
+        out.print(f"note: {note}", highlight=False)
     beyond = [r[1] for r in rows if r[4].startswith("yes")]
     out.print(
         f"{len(beyond)} of {len(rows)} rows differ beyond their 95% speedup intervals"

@@ -35,6 +35,7 @@ class Comparison:
 
     suite: str
     rows: tuple[tuple[str, ...], ...]
+    notes: tuple[str, ...] = ()
 
     def markdown(self, a: str, b: str) -> str:
         return f"A: `{a}` · B: `{b}` · suite: {self.suite}\n\n" + markdown_table(HEADERS, self.rows)
@@ -91,12 +92,19 @@ def load_summary(result_dir: Path) -> list[dict[str, str]]:
 
 def compare(a_dir: Path, b_dir: Path, *, suite: str = ALL) -> Comparison:
     """Match the rows of two runs; a method present in only one run shows '-' on the other side."""
-    a = {_key(r): r for r in load_summary(a_dir) if r["suite"] == suite}
-    b = {_key(r): r for r in load_summary(b_dir) if r["suite"] == suite}
+    a_rows, b_rows = load_summary(a_dir), load_summary(b_dir)
+    notes = tuple(
+        f"{name} ({where}) predates paired speedups: its speedup is the ratio of medians, "
+        "without intervals; rerun it to compare like with like"
+        for name, where, rows in (("A", a_dir, a_rows), ("B", b_dir, b_rows))
+        if rows and "speedup_lo" not in rows[0]
+    )
+    a = {_key(r): r for r in a_rows if r["suite"] == suite}
+    b = {_key(r): r for r in b_rows if r["suite"] == suite}
     keys = list(dict.fromkeys([*a, *b]))
     if len({k[0] for k in keys} - {ALL}) == 1:  # one pair: its rows are the overall rows
         keys = [k for k in keys if k[0] != ALL]
-    return Comparison(suite, tuple(_row(k, a.get(k), b.get(k)) for k in keys))
+    return Comparison(suite, tuple(_row(k, a.get(k), b.get(k)) for k in keys), notes)
 
 
 def _key(row: dict[str, str]) -> tuple[str, str, str]:
