@@ -135,10 +135,12 @@ def _split(text: str | None) -> list[str] | None:
 def print_summary(rows: list, out_dir: Path) -> None:
     """The fastest methods overall with their intervals, the warnings, and where the report is."""
     from treegraft.bench.report import SUMMARY_MD, warnings
-    from treegraft.bench.summary import TERMINAL_HEADERS, TOP_ROWS, terminal_rows
+    from treegraft.bench.summary import TERMINAL_HEADERS, TOP_ROWS, prompt_count, terminal_rows
 
-    prompts = max((r.prompts for r in rows), default=0)
-    out.print(f"top {TOP_ROWS} methods, all pairs and suites, {prompts} prompts per method:")
+    out.print(
+        f"top {TOP_ROWS} methods, all pairs and suites, {prompt_count(rows)} prompts per method, "
+        "speedup over plain decoding:"
+    )
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for i, header in enumerate(TERMINAL_HEADERS):
         table.add_column(header, no_wrap=True, justify="left" if i == 0 else "right")

@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 
 from treegraft.bench.aggregate import ALL, Row
+from treegraft.bench.config import AR
 from treegraft.bench.records import MEASURED
 from treegraft.bench.report import SUMMARY_JSON, warnings, write_json
 from treegraft.bench.stats import CONFIDENCE, RESAMPLES
@@ -51,9 +52,16 @@ def write_summary_json(rows: Sequence[Row], out: Path) -> Path:
     return path
 
 
-def terminal_rows(rows: Sequence[Row], top: int = TOP_ROWS) -> list[tuple[str, ...]]:
-    """The `top` measured methods overall, fastest first (primary speedup with its interval)."""
-    overall = [r for r in rows if r.pair == ALL and r.suite == ALL and r.mode == MEASURED]
+def terminal_rows(
+    rows: Sequence[Row], top: int = TOP_ROWS, baseline: str = AR
+) -> list[tuple[str, ...]]:
+    """The `top` measured methods overall besides the baseline, fastest first (primary speedup
+    with its interval)."""
+    overall = [
+        r
+        for r in rows
+        if r.pair == ALL and r.suite == ALL and r.mode == MEASURED and r.method != baseline
+    ]
     ranked = sorted(overall, key=lambda r: -r.speedup)[:top]
     return [
         (
@@ -69,3 +77,10 @@ def terminal_rows(rows: Sequence[Row], top: int = TOP_ROWS) -> list[tuple[str, .
 def _with_interval(row: Row, name: str) -> str:
     interval = row.intervals.get(name)
     return f"{getattr(row, name):.2f}" + (f" {interval.text()}" if interval else "")
+
+
+def prompt_count(rows: Sequence[Row]) -> str:
+    """Prompts per method overall: `12`, or `8-9` when methods differ (an interrupted sweep)."""
+    counts = [r.prompts for r in rows if r.pair == ALL and r.suite == ALL]
+    low, high = min(counts, default=0), max(counts, default=0)
+    return str(low) if low == high else f"{low}-{high}"
