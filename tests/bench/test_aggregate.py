@@ -13,6 +13,7 @@ from treegraft.bench.records import (
     request_to_json,
 )
 from treegraft.bench.report import markdown_report, standing_table, warnings
+from treegraft.bench.summary import summary_data
 
 
 def req(
@@ -192,6 +193,11 @@ def test_standing_is_the_per_prompt_ratio_to_the_better_endpoint_and_hf_assisted
         "0.900x [0.900, 0.900]",
     ]
     assert "vs better endpoint, a" in table and "vs better endpoint, b" in table
+    (standing,) = summary_data(aggregate(requests), requests)["standing"]
+    assert standing["method"] == "x" and standing["vs_better_endpoint"]["prompts"] == 3
+    assert standing["vs_better_endpoint"]["value"] == pytest.approx(end)
+    assert standing["vs_hf_assisted"]["interval"] == pytest.approx([hf, hf])
+    assert standing["vs_better_endpoint_per_pair"]["b"]["value"] == pytest.approx(0.9)
     assert not any(
         r.startswith(("| ngram-only", "| lm-only", "| hf-assisted")) for r in table.splitlines()
     )

@@ -279,7 +279,29 @@ def replay_table(rows: Sequence[Row]) -> str | None:
     return markdown_table(headers, body)
 
 
-def standing_table(rows: Sequence[Row], requests: Sequence[Request]) -> str | None:
+@attrs.frozen
+class Figure:
+    """A geometric mean of per-prompt ratios with its 95% interval and prompt count."""
+
+    value: float
+    interval: Interval
+    prompts: int
+
+    def text(self) -> str:
+        return f"{self.value:.3f}x {self.interval.text('{:.3f}')}"
+
+
+@attrs.frozen
+class Standing:
+    """Where one pipeline stands: vs the better endpoint, vs HF assisted, and per pair."""
+
+    method: str
+    vs_endpoint: Figure | None
+    vs_hf: Figure | None
+    per_pair: dict[str, Figure | None]
+
+
+def standings(rows: Sequence[Row], requests: Sequence[Request]) -> list[Standing] | None:
     """Where each pipeline stands: per prompt, its tokens/s over that of the better endpoint of
     the prompt's pair x suite cell (the one of `ngram-only` and `lm-only` with the higher speedup
     there) and over HF assisted generation's, summarised like speedups (geometric mean over
@@ -301,7 +323,9 @@ def standing_table(rows: Sequence[Row], requests: Sequence[Request]) -> str | No
         ends = [cells[(pair, suite, e)] for e in ENDPOINTS if (pair, suite, e) in cells]
         return max(ends, key=lambda e: e.speedup).method if ends else None
 
-    def figure(method: str, peer: Callable[[str, str], str | None], pair: str = ALL) -> str:
+    def figure(
+        method: str, peer: Callable[[str, str], str | None], pair: str = ALL
+    ) -> Figure | None:
         units: dict[tuple[str, str, str], list[float]] = {}
         for (m, key), r in measured.items():
             other = peer(r.pair, r.suite)
@@ -310,17 +334,37 @@ def standing_table(rows: Sequence[Row], requests: Sequence[Request]) -> str | No
                 units.setdefault(key[:3], []).append(r.tokens_per_s / base.tokens_per_s)
         ratios = [geometric_mean(v) for v in units.values()]
         if not ratios:
-            return "-"
+            return None
         interval = geometric_mean_interval(ratios, [k[:2] for k in units])
-        return f"{geometric_mean(ratios):.3f}x {interval.text('{:.3f}')}"
+        return Figure(geometric_mean(ratios), interval, len(ratios))
 
     def hf(pair: str, suite: str) -> str | None:
         return HF_ASSISTED
 
-    body = [
-        [method, figure(method, better_endpoint), figure(method, hf)]
-        + [figure(method, better_endpoint, p) for p in pairs]
+    return [
+        Standing(
+            method=method,
+            vs_endpoint=figure(method, better_endpoint),
+            vs_hf=figure(method, hf),
+            per_pair={p: figure(method, better_endpoint, p) for p in pairs},
+        )
         for method in methods
+    ]
+
+
+def standing_table(rows: Sequence[Row], requests: Sequence[Request]) -> str | None:
+    """`standings` as a markdown table (None when there is nothing to stand against)."""
+    found = standings(rows, requests)
+    if found is None:
+        return None
+
+    def cell(f: Figure | None) -> str:
+        return "-" if f is None else f.text()
+
+    pairs = list(found[0].per_pair) if found else []
+    body = [
+        [s.method, cell(s.vs_endpoint), cell(s.vs_hf), *(cell(s.per_pair[p]) for p in pairs)]
+        for s in found
     ]
     headers = [
         "method",

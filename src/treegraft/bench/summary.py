@@ -10,8 +10,15 @@ import attrs
 
 from treegraft.bench.aggregate import ALL, Row
 from treegraft.bench.config import AR
-from treegraft.bench.records import MEASURED
-from treegraft.bench.report import SUMMARY_JSON, warnings, write_json
+from treegraft.bench.records import MEASURED, Request
+from treegraft.bench.report import (
+    SUMMARY_JSON,
+    Figure,
+    Standing,
+    standings,
+    warnings,
+    write_json,
+)
 from treegraft.bench.stats import CONFIDENCE, RESAMPLES
 
 #: Rows the terminal summary shows.
@@ -29,8 +36,29 @@ def row_to_json(row: Row) -> dict[str, Any]:
     return out
 
 
-def summary_data(rows: Sequence[Row]) -> dict[str, Any]:
-    """`summary.json`: how the statistics were made, the report's warnings and every row."""
+def figure_to_json(figure: Figure | None) -> dict[str, Any] | None:
+    if figure is None:
+        return None
+    return {
+        "value": figure.value,
+        "interval": [figure.interval.lo, figure.interval.hi],
+        "prompts": figure.prompts,
+    }
+
+
+def standing_to_json(standing: Standing) -> dict[str, Any]:
+    return {
+        "method": standing.method,
+        "vs_better_endpoint": figure_to_json(standing.vs_endpoint),
+        "vs_hf_assisted": figure_to_json(standing.vs_hf),
+        "vs_better_endpoint_per_pair": {p: figure_to_json(f) for p, f in standing.per_pair.items()},
+    }
+
+
+def summary_data(rows: Sequence[Row], requests: Sequence[Request] = ()) -> dict[str, Any]:
+    """`summary.json`: how the statistics were made, the report's warnings, every row and (given
+    the requests) the standing of each pipeline."""
+    found = standings(rows, requests) if requests else None
     return {
         "primary": "speedup",
         "definitions": {
@@ -43,12 +71,13 @@ def summary_data(rows: Sequence[Row]) -> dict[str, Any]:
         },
         "warnings": warnings(rows),
         "rows": [row_to_json(r) for r in rows],
+        "standing": [standing_to_json(s) for s in found or []],
     }
 
 
-def write_summary_json(rows: Sequence[Row], out: Path) -> Path:
+def write_summary_json(rows: Sequence[Row], requests: Sequence[Request], out: Path) -> Path:
     path = out / SUMMARY_JSON
-    write_json(summary_data(rows), path)
+    write_json(summary_data(rows, requests), path)
     return path
 
 

@@ -447,7 +447,7 @@ def write_reports(
     files = [out / report.REQUESTS, out / report.SUMMARY_CSV, out / report.SUMMARY_MD]
     report.write_csv(rows, files[1])
     files[2].write_text(report.markdown_report(rows, requests, header))
-    files.append(write_summary_json(rows, out))
+    files.append(write_summary_json(rows, requests, out))
     files.append(plots.plot_speedup(rows, out / "speedup.png"))
     files.append(plots.plot_tau(requests, out / "tau.png"))
     files.append(plots.plot_time_split(rows, out / "time_split.png"))
