@@ -392,6 +392,16 @@ def warnings(rows: Sequence[Row], baseline: str = AR) -> list[str]:
             f"Only {fewest} prompt(s) per method: intervals from fewer than {MIN_PROMPTS} prompts "
             "are unreliable and too wide to separate methods; run more prompts (without --quick)."
         )
+    cells = [
+        r.prompts
+        for r in rows
+        if r.pair != ALL and r.suite != ALL and r.mode == MEASURED and r.method != baseline
+    ]
+    if fewest >= MIN_PROMPTS and cells and min(cells) < MIN_PROMPTS:
+        out.append(
+            f"Per pair x suite cell only {min(cells)} prompt(s): the per-suite speedups and "
+            "intervals are unreliable; read the overall rows, or run more prompts per suite."
+        )
     crossing = [
         r for r in overall if "speedup" in r.intervals and r.intervals["speedup"].contains(1.0)
     ]
