@@ -57,7 +57,10 @@ def test_files_written() -> None:
 
 
 BAD = {
-    "kind": (("my-x", "builderz", set()), "--kind: expected one of drafter, scheduler, got"),
+    "kind": (
+        ("my-x", "builderz", set()),
+        "--kind: expected one of drafter, scheduler, rescorer, got",
+    ),
     "name": (("9lives", "drafter", set()), "NAME: expected a package name of letters"),
     "clash": (("ngram", "drafter", {"ngram"}), "NAME: the drafter name 'ngram' is already"),
 }

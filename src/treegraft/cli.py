@@ -235,7 +235,9 @@ def new_plugin(
     name: Annotated[
         str, typer.Argument(help="distribution name of the package, e.g. my-scheduler")
     ],
-    kind: Annotated[str, typer.Option(help="component kind: drafter or scheduler")] = "scheduler",
+    kind: Annotated[
+        str, typer.Option(help="component kind: drafter, scheduler or rescorer")
+    ] = "scheduler",
     directory: Annotated[
         Path, typer.Option("--dir", help="folder in which the package folder is created")
     ] = Path("."),

@@ -11,7 +11,7 @@ from treegraft.core.config import ConfigError
 
 TEMPLATES = Path(__file__).resolve().parent / "plugin_templates"
 #: Kinds with a template: a working component of that kind and its tests.
-KINDS = ("drafter", "scheduler")
+KINDS = ("drafter", "scheduler", "rescorer")
 #: What a plugin's distribution name may look like (PEP 508 names, starting with a letter).
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*([-_][A-Za-z0-9]+)*")
 
@@ -28,6 +28,14 @@ builder: {name: layered, depth: 5, top_k: 4, budget: 32}
 rescorer: {name: overwrite}
 grafter: {name: reselect, lookback: 2}
 scheduler: {name: $name, min_confidence: 0.5}""",
+    "rescorer": """target: zoo:target
+drafters:
+  weak: {name: ngram, max_ngram: 4}
+  strong: {name: hf_lm, model: zoo:draft-m}
+builder: {name: layered, depth: 5, top_k: 4, budget: 32}
+rescorer: {name: $name}
+grafter: {name: reselect, lookback: 2}
+scheduler: {name: threshold}""",
 }
 
 
