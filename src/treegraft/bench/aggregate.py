@@ -32,6 +32,7 @@ from treegraft.bench.stats import (
     geometric_mean_interval,
     ratio_of_medians_interval,
     ratio_of_sums_interval,
+    resample_indices,
 )
 from treegraft.core.metrics import acceptance_per_depth
 
@@ -212,10 +213,11 @@ def with_intervals(row: Row, requests: Sequence[Request], ar: dict) -> Row:
         base_tps.append(mean(ar[r.key].tokens_per_s for r in reps))
         committed.append(sum(r.committed for r in reps))
         steps.append(sum(r.steps for r in reps))
+    idx = resample_indices(strata)  # one set of resamples for the row's three intervals
     intervals = {
-        "speedup": geometric_mean_interval(ratios, strata),
-        "speedup_median": ratio_of_medians_interval(tps, base_tps, strata),
-        "tau": ratio_of_sums_interval(committed, steps, strata),
+        "speedup": geometric_mean_interval(ratios, indices=idx),
+        "speedup_median": ratio_of_medians_interval(tps, base_tps, indices=idx),
+        "tau": ratio_of_sums_interval(committed, steps, indices=idx),
     }
     return attrs.evolve(
         row, speedup=geometric_mean(ratios), prompts=len(units), intervals=intervals

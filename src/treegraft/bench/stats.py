@@ -67,17 +67,24 @@ def bootstrap_interval(
     resamples: int = RESAMPLES,
     confidence: float = CONFIDENCE,
     seed: int = SEED,
+    indices: np.ndarray | None = None,
 ) -> Interval:
     """Percentile-bootstrap interval of `statistic` over units (rows of equal-length `columns`).
 
     `statistic` receives each column resampled as an array `[resamples, n]` and returns one value
     per resample `[resamples]`. Units are resampled together (a prompt's numbers stay paired).
+    `indices`: resample indices `[resamples, n]` to use (from `resample_indices`; several
+    intervals over the same units can share them), instead of drawing new ones.
     """
     arrays = {k: np.asarray(v, dtype=np.float64) for k, v in columns.items()}
     n = len(next(iter(arrays.values())))
     if n == 0:
         return Interval(math.nan, math.nan)
-    idx = resample_indices(strata or [0] * n, resamples=resamples, seed=seed)  # [B, n]
+    idx = (
+        indices
+        if indices is not None
+        else resample_indices(strata or [0] * n, resamples=resamples, seed=seed)
+    )  # [B, n]
     values = statistic({k: a[idx] for k, a in arrays.items()})  # [B]
     alpha = (1.0 - confidence) / 2
     lo, hi = np.quantile(values, [alpha, 1.0 - alpha])
@@ -92,32 +99,44 @@ def geometric_mean(ratios: Sequence[float]) -> float:
 
 
 def geometric_mean_interval(
-    ratios: Sequence[float], strata: Sequence[Hashable] | None = None
+    ratios: Sequence[float],
+    strata: Sequence[Hashable] | None = None,
+    indices: np.ndarray | None = None,
 ) -> Interval:
     """Bootstrap interval of the geometric mean of positive `ratios`."""
     if not ratios or min(ratios) <= 0:
         return Interval(0.0, 0.0)
     logs = [math.log(r) for r in ratios]
-    return bootstrap_interval({"log": logs}, lambda c: np.exp(c["log"].mean(axis=1)), strata=strata)
+    return bootstrap_interval(
+        {"log": logs}, lambda c: np.exp(c["log"].mean(axis=1)), strata=strata, indices=indices
+    )
 
 
 def ratio_of_medians_interval(
-    method: Sequence[float], base: Sequence[float], strata: Sequence[Hashable] | None = None
+    method: Sequence[float],
+    base: Sequence[float],
+    strata: Sequence[Hashable] | None = None,
+    indices: np.ndarray | None = None,
 ) -> Interval:
     """Bootstrap interval of median(method) / median(base), prompts resampled in pairs."""
     return bootstrap_interval(
         {"m": method, "b": base},
         lambda c: np.median(c["m"], axis=1) / np.maximum(np.median(c["b"], axis=1), 1e-300),
         strata=strata,
+        indices=indices,
     )
 
 
 def ratio_of_sums_interval(
-    num: Sequence[float], den: Sequence[float], strata: Sequence[Hashable] | None = None
+    num: Sequence[float],
+    den: Sequence[float],
+    strata: Sequence[Hashable] | None = None,
+    indices: np.ndarray | None = None,
 ) -> Interval:
     """Bootstrap interval of sum(num) / sum(den) (tau: committed tokens over target forwards)."""
     return bootstrap_interval(
         {"n": num, "d": den},
         lambda c: c["n"].sum(axis=1) / np.maximum(c["d"].sum(axis=1), 1e-300),
         strata=strata,
+        indices=indices,
     )
