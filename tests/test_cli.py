@@ -198,3 +198,33 @@ def test_generate_bad_pipeline_names_the_path(tmp_path: Path, model_dir: Path) -
     assert "pipeline.builder.name: unknown builder 'layerd'; did you mean 'layered'?" in (
         result.stderr
     )
+
+
+def test_a_subcommand_whose_import_fails_is_shown_with_its_error(monkeypatch) -> None:
+    """A broken module never hides its subcommand: help lists it as unavailable with the
+    error, and running it prints the error and fails."""
+    import builtins
+    import importlib
+
+    import treegraft.cli as cli
+
+    real_import = builtins.__import__
+
+    def broken(name, *args, **kwargs):
+        if name == "treegraft.scheduling.cli":
+            raise ImportError("No module named 'sklearn'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", broken)
+    fresh = importlib.reload(cli)
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    try:
+        runner = CliRunner()
+        listed = runner.invoke(fresh.app, ["--help"])
+        assert "scheduler" in listed.output and "UNAVAILABLE" in listed.output
+        used = runner.invoke(fresh.app, ["scheduler", "fit", "x"])
+        assert used.exit_code == 2  # `fail`: a usage-level error
+        assert "treegraft.scheduling.cli failed to import" in used.output
+        assert "No module named 'sklearn'" in used.output
+    finally:
+        importlib.reload(cli)

@@ -69,6 +69,19 @@ def test_the_shipped_pipelines_are_the_documented_ones():
         pipeline_spec_from_dict(yaml.safe_load(resolve_pipeline(name).read_text()))
 
 
+def test_the_default_pipeline_is_the_learned_configuration():
+    """`pipelines/treegraft.yaml`, what `treegraft generate` and `scripts/dev.py run` decode with,
+    is the fastest shipped configuration: the distilled scheduler with its call guard and the
+    adaptive verification size."""
+    from treegraft.cli import DEFAULT_PIPELINE
+
+    raw = yaml.safe_load(resolve_pipeline(DEFAULT_PIPELINE).read_text())
+    assert raw["scheduler"] == {"name": "distilled", "artifact": "zoo:scheduler", "guard": 0.1}
+    assert raw["builder"]["adaptive"] is True
+    dev = (Path(__file__).parents[1] / "scripts" / "dev.py").read_text()
+    assert f'DEFAULT_PIPELINE = Path("pipelines") / "{DEFAULT_PIPELINE}.yaml"' in dev
+
+
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_pipeline_equals_plain_greedy(name):
     res = zoo_stand_ins(11)

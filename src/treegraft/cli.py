@@ -278,7 +278,7 @@ def trace_render(
 ) -> None:
     """Draw one step's draft tree: colours per drafter, accepted path in black, pruned nodes hollow."""
     from treegraft.core.trace import load_step
-    from treegraft.core.trace_render import render_step
+    from treegraft.viz.trace_render import render_step
 
     files = [source] if source.is_file() else sorted(source.glob("step-*.json"))
     if not files:
@@ -305,7 +305,7 @@ def _mount_subcommands() -> None:
     for module, name, help_text in (
         ("treegraft.zoo.cli", "zoo", "Build the corpus, suites and models of the embedded zoo."),
         (
-            "treegraft.bench.scheduler_cli",
+            "treegraft.scheduling.cli",
             "scheduler",
             "Collect value labels, fit, explain and evaluate the distilled scheduler.",
         ),
@@ -318,9 +318,25 @@ def _mount_subcommands() -> None:
     ):
         try:
             sub = __import__(module, fromlist=["app"]).app
-        except (ImportError, AttributeError):
+        except ImportError as exc:
+            mount_unavailable(name, module, exc)
             continue
         app.add_typer(sub, name=name, help=help_text)
+
+
+def mount_unavailable(name: str, module: str, exc: ImportError) -> None:
+    """A subcommand whose module failed to import: listed with the error, and any use of it
+    prints the error and fails (never a silently missing command)."""
+    error = f"{module} failed to import: {type(exc).__name__}: {exc}"
+
+    @app.command(
+        name,
+        help=f"UNAVAILABLE: {error}",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        add_help_option=False,
+    )
+    def report() -> None:
+        _fail(error)
 
 
 _mount_subcommands()

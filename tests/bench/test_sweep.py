@@ -58,7 +58,7 @@ def quick_run(tmp_path_factory) -> Path:
         "baselines": ["hf-assisted", "hf-prompt-lookup", "chain", "ngram-only"],
         "pipelines": [
             {
-                "pipeline": "treegraft",
+                "pipeline": "treegraft-threshold",
                 "label": "treegraft-every2",
                 "override": {"scheduler": {"name": "every_k", "k": 2}},
             }
@@ -89,7 +89,8 @@ def test_quick_run_writes_every_output(quick_run: Path):
 def test_terminal_gets_a_short_summary(quick_run: Path):
     text = (quick_run.parent / "terminal.txt").read_text()
     assert "top 8 methods, all pairs and suites, 4 prompts per method" in text
-    assert "speedup [95% CI]" in text and "…" not in text
+    summary = text[text.index("top 8 methods") :]
+    assert "speedup [95% CI]" in summary and "…" not in summary  # no column cut short
     assert re.search(r"treegraft-every2 +[\d.]+ \[[\d.]+, [\d.]+\]", text)
     assert not re.search(r"^ ar ", text, re.M)  # the baseline is not ranked
     assert "warning: Only 4 prompt(s)" in text
@@ -250,7 +251,7 @@ def test_replay_curves_time_each_lm_drafter_as_its_pipeline_runs_it(tmp_path, mo
             "prompts_per_suite": 1,
             "max_new_tokens": 6,
             "baselines": [],
-            "pipelines": [{"pipeline": "treegraft", "label": "headed", "override": head}],
+            "pipelines": [{"pipeline": "treegraft-threshold", "label": "headed", "override": head}],
             "replay": True,
             "latency_repeats": 1,
             "warmup_tokens": 0,
@@ -275,7 +276,7 @@ def test_replay_curves_time_each_lm_drafter_as_its_pipeline_runs_it(tmp_path, mo
 def test_replay_tau_equals_measured_tau(tmp_path):
     pipelines = [
         {
-            "pipeline": "treegraft",
+            "pipeline": "treegraft-threshold",
             "label": "treegraft-fixed",
             "override": {"scheduler": {"name": "every_k", "k": 2}, "builder.max_strong_calls": 2},
         }
@@ -358,7 +359,7 @@ def resumable_config(tmp_path, **settings):
             "prompts_per_suite": 2,
             "max_new_tokens": MAX_NEW,
             "baselines": ["ngram-only"],
-            "pipelines": [{"pipeline": "treegraft", "label": "tg"}],
+            "pipelines": [{"pipeline": "treegraft-threshold", "label": "tg"}],
             "replay": True,
             "latency_repeats": 1,
             "warmup_tokens": 0,
@@ -373,10 +374,9 @@ def test_resume_keeps_finished_prompts_and_reruns_the_one_cut_short(tmp_path):
     full = run_bench(config, out, resources=pair_resources(), progress=False)
     per_prompt = 1 + 2 + 2  # ar, two pipelines measured and replayed
     assert len(full.requests) == 4 * per_prompt
-    lines = (out / "requests.jsonl").read_text().splitlines()
-    (out / "requests.jsonl").write_text(
-        "\n".join(lines[: per_prompt + 2]) + "\n"
-    )  # cut in prompt 2
+    lines = (out / "units.jsonl").read_bytes().splitlines(keepends=True)
+    assert len(lines) == 4  # one unit per prompt
+    (out / "units.jsonl").write_bytes(lines[0] + lines[1][:100])  # killed while writing prompt 2
     (out / "summary.csv").unlink()
     curves = (out / "latency.json").read_text()
 

@@ -250,9 +250,14 @@ def test_accepted_tokens_on_the_host_and_on_the_device_agree(data):
     assert strong == sum(int(proposer[i]) > 0 for i in drafted)
 
 
+def calling_pipeline(target, drafter, *, max_new: int):
+    """The n-gram + LM drafters with a strong call at every layer."""
+    resources = memory_resources(target=target, draft=drafter)
+    return pipeline(resources, DRAFTER_SETS["ngram+lm"], scheduler="always", max_new=max_new)
+
+
 def test_a_learning_scheduler_observes_every_step(tiny_target, tiny_drafter):
-    """A scheduler that overrides `observe` gets one outcome per step, in order, matching the
-    step's event (the decoder skips building outcomes only for the default, which ignores them)."""
+    """A scheduler gets one outcome per step, in order, matching the step's event."""
     from treegraft.plugins.schedulers.basic import AlwaysScheduler
 
     seen = []
@@ -261,12 +266,7 @@ def test_a_learning_scheduler_observes_every_step(tiny_target, tiny_drafter):
         def observe(self, outcome):
             seen.append(outcome)
 
-    pipe = pipeline(
-        memory_resources(target=tiny_target, draft=tiny_drafter),
-        DRAFTER_SETS["ngram+lm"],
-        scheduler="always",
-        max_new=20,
-    )
+    pipe = calling_pipeline(tiny_target, tiny_drafter, max_new=20)
     pipe.decoder.scheduler = Learning(pipe.decoder.scheduler.config)
     out = pipe.generate(repetitive_prompt(2, 12))
     assert [o.step for o in seen] == list(range(len(out.events)))
@@ -282,3 +282,30 @@ def test_a_learning_scheduler_observes_every_step(tiny_target, tiny_drafter):
         assert outcome.strong_accepted == sum(proposer[i] > 0 for i in path)
     assert any(o.strong_accepted > 0 for o in seen)
     assert any(c > 0 for o in seen for c in o.calls)
+
+
+def test_a_scheduler_begins_every_generation_before_its_first_decision(tiny_target, tiny_drafter):
+    """The life cycle of docs/plugins.md: `begin`, then decisions and one outcome per step."""
+    from treegraft.plugins.schedulers.basic import AlwaysScheduler
+
+    calls: list[str] = []
+
+    class Recording(AlwaysScheduler):
+        def begin(self):
+            calls.append("begin")
+
+        def decide(self, state):
+            calls.append("decide")
+            return super().decide(state)
+
+        def observe(self, outcome):
+            calls.append("observe")
+
+    pipe = calling_pipeline(tiny_target, tiny_drafter, max_new=6)
+    pipe.decoder.scheduler = Recording(pipe.decoder.scheduler.config)
+    first = pipe.generate(repetitive_prompt(2, 12))
+    second = pipe.generate(repetitive_prompt(3, 12))
+    assert calls.count("begin") == 2 and calls[0] == "begin"
+    assert calls.count("observe") == len(first.events) + len(second.events)
+    at = calls.index("begin", 1)
+    assert "decide" in calls[1:at] and calls[at - 1] == "observe" and calls[at + 1] == "decide"

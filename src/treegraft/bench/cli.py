@@ -84,6 +84,29 @@ def run(
             "prompts are kept, the rest run",
         ),
     ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="overwrite the results already in a non-empty --out")
+    ] = False,
+    executor: Annotated[
+        str | None,
+        typer.Option(
+            "--executor", help="where units run: local (default) or ray (docs/scaling.md)"
+        ),
+    ] = None,
+    ray_address: Annotated[
+        str | None, typer.Option("--ray-address", help="Ray cluster to join (default: start one)")
+    ] = None,
+    workers: Annotated[int | None, typer.Option("--workers", help="Ray actors to start")] = None,
+    num_cpus: Annotated[
+        float | None, typer.Option("--num-cpus", help="CPUs each Ray actor requests")
+    ] = None,
+    num_gpus: Annotated[
+        float | None, typer.Option("--num-gpus", help="GPUs each Ray actor requests")
+    ] = None,
+    retries: Annotated[
+        int | None,
+        typer.Option("--retries", help="reruns of a failed unit before it counts failed"),
+    ] = None,
 ) -> None:
     """Run a sweep: pairs x suites x (plain decoding, baselines, pipelines); write the reports."""
     from treegraft.bench.config import load_bench_config_with
@@ -120,11 +143,23 @@ def run(
         "prompts": prompts,
         "max_new_tokens": max_new_tokens,
     }
+    flags = {"name": executor, "address": ray_address, "workers": workers, "num_cpus": num_cpus}
+    flags |= {"num_gpus": num_gpus, "retries": retries}
     try:
-        result = run_bench(cfg, target, progress=progress, options=options, resume=resume)
+        cfg = cfg.with_executor(**{k: v for k, v in flags.items() if v is not None})
+        result = run_bench(
+            cfg, target, progress=progress, options=options, resume=resume, force=force
+        )
     except (ConfigError, FileNotFoundError) as exc:
         _fail(str(exc))
     print_summary(result.rows, result.out_dir)
+    if result.failed:
+        console.print(
+            f"[bold red]error:[/] {len(result.failed)} unit(s) failed (see summary.md and "
+            "manifest.json); rerun them with --resume",
+            highlight=False,
+        )
+        raise typer.Exit(code=1)
 
 
 def _split(text: str | None) -> list[str] | None:

@@ -26,12 +26,12 @@ from treegraft.bench.config import (
     PipelineEntry,
 )
 from treegraft.bench.measure import ForwardMeter, synchronize
+from treegraft.bench.pairs import swap_model
 from treegraft.core.config import ConfigError, override, parse_yaml, pipeline_spec_from_dict
 from treegraft.core.decoder import StepEvent
 from treegraft.core.pipeline import Pipeline, eos_ids_of, resolve_pipeline
 from treegraft.core.registry import Registry
 from treegraft.core.resources import ModelRefError, Resources
-from treegraft.plugins.drafters.hf_lm import swap_model
 
 HF_PROMPT_LOOKUP = "hf-prompt-lookup"
 
@@ -261,7 +261,7 @@ def baseline_entries(settings: BenchSettings) -> list[tuple[str, PipelineEntry]]
         "lm-only": PipelineEntry("lm-only"),
         **{
             f"treegraft-{name}": PipelineEntry(
-                "treegraft", label=f"treegraft-{name}", override={"scheduler": scheduler}
+                "treegraft-threshold", label=f"treegraft-{name}", override={"scheduler": scheduler}
             )
             for name, scheduler in SCHEDULER_BASELINES.items()
         },
@@ -324,7 +324,7 @@ def pipeline_mapping(
 
 def substitute_models(raw: dict[str, Any], pair: Pair, which: str) -> dict[str, Any]:
     """Put the pair's target in, and its drafter into the strongest (or every, or no) LM drafter
-    (`hf_lm.swap_model`: a non-zoo drafter drops a head ranked by the zoo's token counts)."""
+    (`bench.pairs.swap_model`: a non-zoo drafter drops a head ranked by the zoo's token counts)."""
     raw = copy.deepcopy(raw)
     raw["target"] = pair.target
     drafters = raw.get("drafters")

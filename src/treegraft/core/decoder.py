@@ -105,6 +105,9 @@ class Decoder:
     times: ForwardTimes = attrs.field(factory=ForwardTimes)
     #: acceptance of the current generation's steps so far (reset by `steps`)
     history: AcceptHistory = attrs.field(factory=AcceptHistory)
+    #: positions the models take (the least of the target's and the LM drafters'; None: no
+    #: limit): tree nodes at or past it are not verified (`trim_to_positions`)
+    max_positions: int | None = None
 
     def prepare(self, context: int) -> float:
         """Measure what the builder reads before decoding, once per decoder: the target's latency
@@ -124,30 +127,35 @@ class Decoder:
 
     def steps(self, prompt: Tensor, stop: StopRule) -> Iterator[StepEvent]:
         """Decode from `prompt` (`[T]` int64), yielding one event per target forward."""
-        max_len = prompt.numel() + stop.max_new_tokens + self.builder.max_nodes() + 2
-        self.prepare(prompt.numel())
-        self.target.begin(prompt, max_len=max_len)
-        for drafter in self.drafters:
-            drafter.begin(prompt, max_len=max_len)
-        self.verifier.begin(self.seed)
-        self.history = AcceptHistory()
+        self.begin(prompt, stop)
         generated: list[int] = []
         clock = Clock(sync=self.sync_clock)
         step = 0
         while True:
-            event = self._step(step, prompt.numel(), generated, stop, clock)
+            event = self.step(step, prompt.numel(), generated, stop, clock)
             generated.extend(event.tokens)
             yield event
             if event.finished:
                 return
             step += 1
 
-    def _step(
-        self, step: int, prompt_len: int, generated: list[int], stop: StopRule, clock: Clock
-    ) -> StepEvent:
-        root = self.target.committed_ids()[-1]
-        ctx = StepContext(
-            root=root,
+    def begin(self, prompt: Tensor, stop: StopRule) -> None:
+        """Start a generation from `prompt` (`[T]` int64): every component's `begin`, with caches
+        sized for `stop.max_new_tokens` new tokens. `steps` calls it; a caller driving `step`
+        itself (the scheduler's value system) calls it once per generation."""
+        max_len = prompt.numel() + stop.max_new_tokens + self.builder.max_nodes() + 2
+        self.prepare(prompt.numel())
+        self.target.begin(prompt, max_len=max_len)
+        for drafter in self.drafters:
+            drafter.begin(prompt, max_len=max_len)
+        self.verifier.begin(self.seed)
+        self.scheduler.begin()
+        self.history = AcceptHistory()
+
+    def context(self, prompt_len: int, clock: Clock) -> StepContext:
+        """What the builder gets for the next step of the current generation."""
+        return StepContext(
+            root=self.target.committed_ids()[-1],
             drafters=self.drafters,
             scheduler=self.scheduler,
             rescorer=self.rescorer,
@@ -159,8 +167,17 @@ class Decoder:
             dtype=torch.float32,
             history=self.history,
         )
+
+    def step(
+        self, step: int, prompt_len: int, generated: list[int], stop: StopRule, clock: Clock
+    ) -> StepEvent:
+        """One step of the current generation (`generated`: its tokens so far): build, one
+        target forward, verify, commit, observe."""
+        ctx = self.context(prompt_len, clock)
         with clock.time("build"):
             built = self.builder.build(ctx)
+            if self.max_positions is not None:
+                built = trim_to_positions(built, self.max_positions - self.target.n_committed)
         with clock.time("target"):
             logits = self.target.forward_tree(built.tree)  # [n, V]
         with clock.time("verify"):
@@ -204,8 +221,6 @@ class Decoder:
         self.times.record_step(built.calls, times, n)
         called = any(c > 0 for c in built.calls)
         self.history = self.history.record(accepted, strong_accepted, called)
-        if type(self.scheduler).observe is Scheduler.observe:
-            return  # the scheduler keeps the default (learns nothing): no outcome to build
         self.scheduler.observe(
             StepOutcome(
                 step=step,
@@ -219,6 +234,16 @@ class Decoder:
                 final=final,
             )
         )
+
+
+def trim_to_positions(built: BuildResult, max_depth: int) -> BuildResult:
+    """`built` without the nodes deeper than `max_depth` (their positions are past what the
+    models take: the last steps before the context is full). Unchanged when none is."""
+    depth = built.tree.depth
+    if built.tree.n_nodes == 1 or int(depth.max()) <= max_depth:
+        return built
+    keep = torch.nonzero(depth <= max(max_depth, 0)).flatten()
+    return attrs.evolve(built, tree=built.tree.select(keep), kept=built.kept[keep])
 
 
 def accepted_tokens(built: BuildResult, verdict: Verdict) -> tuple[Tensor, list[int], int]:

@@ -14,10 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from treegraft.core.attention_rules import ModelRefused, refusal, refused_message
+from treegraft.core.placement import load_kwargs
 from treegraft.core.runner import CausalLMRunner
 
 DTYPES = {
@@ -57,6 +60,20 @@ def attention_implementation(device: torch.device) -> str:
 
         return register()
     return "sdpa"
+
+
+def attention_for(path: Path) -> str:
+    """`sdpa` where the architecture supports it (an explicit mask is then honoured by torch's
+    fused attention), else `eager` (e.g. Gemma 2, GPT-OSS, whose soft-capping or sinks SDPA
+    cannot express)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(path))]
+    except (KeyError, ValueError, OSError):
+        return "sdpa"  # from_pretrained names the problem itself
+    return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
 
 
 def resolve_model_path(ref: str) -> Path:
@@ -115,6 +132,13 @@ class Resources:
     target_ref: str = ""
     in_memory: set[str] = attrs.field(factory=set)
     forward: str = "auto"  # how runners forward models (`decoding.forward`); set per pipeline
+    check_model: bool = True  # probe models before their first runner (`decoding.check_model`)
+    #: refusal message (None: servable) per (model reference, forward) already checked
+    checked: dict[tuple[str, str], str | None] = attrs.field(factory=dict)
+    #: per model reference, a device map (`treegraft.core.placement`): the model is placed by
+    #: accelerate at load instead of moved to `device`
+    device_maps: dict[str, Any] = attrs.field(factory=dict)
+    offload_folder: str | None = None
 
     @classmethod
     def create(cls, *, device: str = "auto", dtype: str = "float32") -> Resources:
@@ -132,19 +156,65 @@ class Resources:
         if ref not in self.models:
             path = resolve_model_path(ref)
             hf_logging.disable_progress_bar()  # our CLI streams text on stdout; keep stderr quiet
+            placed = ref in self.device_maps
+            kwargs = load_kwargs(self.device_maps[ref], self.offload_folder) if placed else {}
             model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=self.dtype, attn_implementation="sdpa"
+                path, dtype=self.dtype, attn_implementation=attention_for(path), **kwargs
             )
-            self.models[ref] = model.to(self.device).eval()
+            self.models[ref] = (model if placed else model.to(self.device)).eval()
         return self.models[ref]
 
     def runner(self, ref: str, *, forward: str | None = None) -> CausalLMRunner:
         """A fresh `CausalLMRunner` over the model `ref`, forwarding as `forward` says (default:
-        `self.forward`, the pipeline's `decoding.forward`)."""
-        return CausalLMRunner(self.model(ref), forward=forward or self.forward)
+        `self.forward`, the pipeline's `decoding.forward`), once `check` has passed it."""
+        forward = forward or self.forward
+        self.check(ref, forward)
+        return CausalLMRunner(self.model(ref), forward=forward)
+
+    def check(self, ref: str, forward: str | None = None) -> None:
+        """Raise `ModelRefused` unless the model `ref` can be served exactly: no architecture
+        rule excludes it (`attention_rules.refusal`) and, with `check_model`, its tree forwards
+        match its own forward (`model_check.probe_model`). Each (model, forward) is checked once."""
+        key = (ref, forward or self.forward)
+        if key not in self.checked:
+            from treegraft.core.model_check import probe_model  # it imports the runner
+
+            model = self.model(ref)
+            why = refusal(model)
+            if why is None and self.check_model:
+                why = probe_model(model, forward=key[1])
+            self.checked[key] = None if why is None else refused_message(model, ref, why)
+        if self.checked[key] is not None:
+            raise ModelRefused(self.checked[key])
 
     def vocab_size(self, ref: str) -> int:
         return model_vocab_size(ref, self.models)
+
+    def tokenizer_file(self, ref: str) -> Path | None:
+        """The `tokenizer.json` stored beside the model `ref` (None: in memory, or none)."""
+        if ref in self.in_memory:
+            return None
+        path = resolve_model_path(ref) / "tokenizer.json"
+        return path if path.is_file() else None
+
+    def tokenizer_of(self, ref: str) -> Any:
+        """The tokenizer stored beside the model `ref` (loaded each call; not cached)."""
+        return AutoTokenizer.from_pretrained(resolve_model_path(ref))
+
+    def real_vocab(self, ref: str) -> int | None:
+        """Token ids the tokenizer of `ref` defines (its embedding may have padding rows past
+        them); None without a tokenizer."""
+        if self.tokenizer_file(ref) is None:
+            return None
+        return len(self.tokenizer_of(ref))
+
+    def token_counts(self, ref: str) -> np.ndarray:
+        """`[V]` int64 per-token counts from `zoo:token-counts` (the zoo tokenizer's) or a JSON
+        file written by `treegraft zoo token-counts`; a component names them, Resources reads
+        them (plugins do not import the zoo)."""
+        from treegraft.zoo.token_counts import load_counts
+
+        return load_counts(ref)
 
     def load_tokenizer(self, ref: str) -> Any:
         """The tokenizer stored beside the model `ref` (None for in-memory models without one)."""

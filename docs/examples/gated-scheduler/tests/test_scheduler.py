@@ -48,6 +48,9 @@ def test_backs_off_after_a_strong_call_that_did_not_pay() -> None:
     scheduler.observe(attrs.evolve(failed, calls=(0, 0, 0)))
     scheduler.observe(attrs.evolve(failed, calls=(0, 0, 0)))
     assert not scheduler.done_for_step() and scheduler.decide(unsure) == 1
+    scheduler.observe(failed)
+    scheduler.begin()  # a new generation forgets the back-off
+    assert not scheduler.done_for_step() and scheduler.decide(unsure) == 1
 
 
 @pytest.mark.parametrize("min_confidence", [0.05, 0.5, 1.0])

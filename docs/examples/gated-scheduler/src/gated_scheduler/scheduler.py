@@ -6,6 +6,7 @@ after strong calls that did not pay.
 Life cycle (see treegraft's guide "Writing a scheduler"):
 
 - built once per pipeline with `from_config` (here the default: `GatedScheduler(config)`);
+- `begin()` when a generation starts (here: forget the back-off of the previous text);
 - per step, per layer: `decide(state)` returns the index of the drafter that grows the layer
   (0 = the cheapest); `done_for_step()` lets the builder skip the remaining decisions of a step;
 - after each verified step: `observe(outcome)` (only called when overridden, as here).
@@ -49,9 +50,10 @@ class GatedScheduler(Scheduler):
     config: GatedSchedulerConfig
     cooldown: int = 0  # steps left without strong calls
 
+    def begin(self) -> None:
+        self.cooldown = 0  # a new text: no back-off carried over
+
     def decide(self, state: LayerState) -> int:
-        if state.history is not None and state.history.steps == 0:
-            self.cooldown = 0  # a new generation starts
         if self.cooldown > 0 or state.layer == 0 or state.layer > self.config.layers:
             return 0
         collapsed = state.frontier_size == 0

@@ -1,7 +1,7 @@
 """The step-cost model of the scheduler's value system.
 
 `CostModel` turns a built tree into modelled seconds of one decoding step from latency curves and
-constants measured on this machine (see `treegraft.bench.value_eval.measure_costs`);
+constants measured on this machine (see `treegraft.scheduling.value_eval.measure_costs`);
 `QueryCounter` counts the tokens a strong drafter forwards while a tree is built.
 """
 
@@ -14,10 +14,10 @@ from typing import Any
 import attrs
 import numpy as np
 
-from treegraft.bench.replay import LatencyCurve
-from treegraft.bench.value_labels import Outcome, ValueSystemError
+from treegraft.bench.replay import LatencyCurve, ReplayTimes
 from treegraft.core.interfaces import LayerState
 from treegraft.core.runner import watch_forwards
+from treegraft.scheduling.value_labels import Outcome, ValueSystemError
 
 
 @attrs.frozen
@@ -223,3 +223,42 @@ class QueryCounter:
         """The forwards recorded since the last `take`."""
         out, self.queries = tuple(self.queries), []
         return out
+
+
+@attrs.define
+class ModelledTimes(ReplayTimes):
+    """Forward times as the value system records them: the target's from its curve, the drafters'
+    from the cost model (`CostModel.call_seconds`), the strong drafter's from the forwards that
+    `counter` saw in this step (it must not have been `take`n yet). Time-reading decisions (the
+    builder's default cap, `distilled` features) then match collection exactly."""
+
+    cost: CostModel | None = None
+    counter: QueryCounter | None = None
+    strong: int = -1
+    # the drafter of each layer of the step last recorded
+    _calls: tuple[int, ...] = attrs.field(default=(), init=False, repr=False)
+
+    def step_seconds(self, times: Mapping[str, float]) -> float:
+        """The step last recorded, in the cost model's seconds (what `evaluate` sums), for a
+        scheduler that learns from step outcomes (the `distilled` scheduler's call guard)."""
+        source = self.source
+        if self.cost is None or self.counter is None or source is None or not source.queries:
+            return super().step_seconds(times)
+        return self.cost.calls_seconds(
+            self._calls,
+            target_queries=source.queries[-1],
+            strong_queries=tuple(self.counter.queries),
+        )
+
+    def record_step(
+        self, calls: Sequence[int], times: Mapping[str, float], n_drafters: int
+    ) -> None:
+        self._calls = tuple(calls)
+        if self.cost is None or self.counter is None:
+            super().record_step(calls, times, n_drafters)
+            return
+        self.record_target(times.get("target", 0.0))
+        record_modelled_drafters(
+            self, self.cost, strong=self.strong, strong_queries=tuple(self.counter.queries),
+            calls=calls, measured=times, n_drafters=n_drafters,
+        )  # fmt: skip

@@ -1,6 +1,6 @@
 """Leave one pair out for the distilled scheduler: input checks, the fits and replays, the table.
 
-The `treegraft scheduler loo` command (in :mod:`treegraft.bench.scheduler_cli`) is a thin wrapper.
+The `treegraft scheduler loo` command (in :mod:`treegraft.scheduling.cli`) is a thin wrapper.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import attrs
 from rich import box
 from rich.table import Table
 
-from treegraft.bench.scheduler_cli import _ratio, fit_artifact
-from treegraft.bench.scheduler_replay import SHARE_NOTE, replay_dataset
 from treegraft.console import console
+from treegraft.scheduling.fit import fit_artifact
+from treegraft.scheduling.replay import SHARE_NOTE, ratio_text, replay_dataset
 
 LOO_NAMES = ("never", "always")
 LOO_NOTE = (
@@ -43,7 +43,7 @@ def load_loo_inputs(
 ) -> tuple[list[Any], list[Any], list[Any]]:
     """Load and check the training, --eval and --extra datasets; ValueSystemError naming the
     option. Each --extra dataset must belong to the pair of a training dataset (by its meta)."""
-    from treegraft.bench.value_system import Dataset, ValueSystemError
+    from treegraft.scheduling.value_system import Dataset, ValueSystemError
 
     if len(train) < 2:
         raise ValueSystemError(
@@ -119,7 +119,7 @@ def leave_one_pair_out(
     `extra` datasets (e.g. collected along a fitted scheduler, `collect --follow`) add rows to
     the pair recorded in their meta and are left out with it.
     """
-    from treegraft.bench.value_eval import summary_rows
+    from treegraft.scheduling.value_eval import summary_rows
 
     extra = list(extra or [])
     all_dir = out_dir / "all"
@@ -189,9 +189,9 @@ def loo_table(report: dict[str, Any]) -> Table:
         table.add_row(
             name + ("" if p["held_out"] else " (not held out)"),
             *(speed(n) for n in ("never", "always", "oracle", "distilled-loo", "distilled-all")),
-            _ratio(rows["distilled-loo"]["vs_best_endpoint"]),
-            _ratio(rows["distilled-loo"]["oracle_share"]),
-            _ratio(rows["distilled-all"]["oracle_share"]),
+            ratio_text(rows["distilled-loo"]["vs_best_endpoint"]),
+            ratio_text(rows["distilled-loo"]["oracle_share"]),
+            ratio_text(rows["distilled-all"]["oracle_share"]),
         )
     return table
 

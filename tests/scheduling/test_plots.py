@@ -7,8 +7,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pytest
 
-from treegraft.bench import plots
-from treegraft.bench.value_eval import gains
+from treegraft.scheduling import plots
+from treegraft.scheduling.value_eval import gains
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -34,7 +34,7 @@ def drawn(monkeypatch: pytest.MonkeyPatch) -> list[plt.Figure]:
         figures.append(fig)
         return path
 
-    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(plots, "save_figure", keep)
     return figures
 
 

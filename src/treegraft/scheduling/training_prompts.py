@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from treegraft.bench.value_system import ValueSystemError
+from treegraft.scheduling.value_system import ValueSystemError
 
 
 @attrs.frozen

@@ -8,16 +8,17 @@ of every schedule of strong calls can be valued exactly without running the targ
                       / modelled step time (`CostModel`, from latency curves measured here)
 
 At each step the value system builds the tree under all `2^depth` schedules (drafters rewound
-between builds), records the `LayerState` each layer's scheduler saw, and labels each decision:
+between builds) from the decoder's own step context, records the `LayerState` each layer's
+scheduler saw, and labels each decision:
 
     label(state) = value(best schedule through state that calls here)
                  - value(best schedule through state that skips here)
 
-then advances the committed state along the best schedule (the *oracle*). `collect` returns a
-`Dataset` (safetensors + JSON, `value_data`) that `scheduler_fit` distils into the `distilled`
-scheduler.
+then advances the committed state along the best schedule (the *oracle*) with the decoder's own
+`Decoder.step` against a replayed target (`StepSearcher`). `collect` returns a `Dataset`
+(safetensors + JSON, `value_data`) that `scheduling.fit` distils into the `distilled` scheduler.
 
-Depth > 5 (more than 32 builds per step) is refused: see `all_plans` and docs/scheduler.md.
+Depth > 5 (more than 32 builds per step) is refused: see `all_plans` and docs/scheduler-reference.md.
 """
 
 from __future__ import annotations
@@ -32,17 +33,26 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from treegraft.bench.replay import ReplayTarget
 from treegraft.bench.report import cpu_model
-from treegraft.bench.value_costs import (
+from treegraft.core.decoder import Decoder, StepEvent, StopRule
+from treegraft.core.interfaces import Scheduler
+from treegraft.core.metrics import Clock
+from treegraft.core.pipeline import Pipeline
+from treegraft.core.runner import CausalLMRunner
+from treegraft.core.tree import DraftTree
+from treegraft.kernels import greedy_accept
+from treegraft.scheduling.features import strong_index
+from treegraft.scheduling.value_costs import (
     CostModel,
     CostScale,
+    ModelledTimes,
     QueryCounter,
     check_jitter,
     draw_scales,
-    record_modelled_drafters,
     revalue,
 )
-from treegraft.bench.value_data import (  # noqa: F401 - part of this module's API
+from treegraft.scheduling.value_data import (  # noqa: F401 - part of this module's API
     DATA_FILE,
     DATA_FORMAT,
     META_FILE,
@@ -53,7 +63,7 @@ from treegraft.bench.value_data import (  # noqa: F401 - part of this module's A
     prompt_meta,
     summarize,
 )
-from treegraft.bench.value_labels import (  # noqa: F401 - part of this module's API
+from treegraft.scheduling.value_labels import (  # noqa: F401 - part of this module's API
     MAX_EXHAUSTIVE_DEPTH,
     Decision,
     Outcome,
@@ -67,14 +77,6 @@ from treegraft.bench.value_labels import (  # noqa: F401 - part of this module's
     policy_outcome,
     through,
 )
-from treegraft.core.decoder import Decoder, StopRule, strong_drafts
-from treegraft.core.interfaces import BuildResult, Scheduler, StepContext
-from treegraft.core.metrics import AcceptHistory, Clock, ForwardTimes
-from treegraft.core.pipeline import Pipeline
-from treegraft.core.runner import CausalLMRunner
-from treegraft.core.tree import DraftTree
-from treegraft.kernels import greedy_accept
-from treegraft.plugins.schedulers.distilled import strong_index
 
 # ---------------------------------------------------------------------------- one generation
 
@@ -93,104 +95,100 @@ def accept_against(tree: DraftTree, continuation: Tensor, done: int) -> tuple[in
     return length - 1, acc.path[:length]
 
 
+def search_decoder(
+    decoder: Decoder, cost: CostModel, counter: QueryCounter, strong: int
+) -> Decoder:
+    """`decoder` as the value system steps it: against a `ReplayTarget` that answers from the
+    known greedy continuation (the target never runs), with the forward times of the cost model
+    (`ModelledTimes`: the same scheduler inputs at every collection and replay). One per
+    collection: its times carry over from generation to generation, as a decoder's do."""
+    target = ReplayTarget(
+        vocab_size=decoder.target.vocab_size,
+        curve=cost.target,
+        device=torch.device(decoder.target.device),
+    )
+    times = ModelledTimes(
+        target_curve=cost.target, source=target, cost=cost, counter=counter, strong=strong
+    )
+    return attrs.evolve(decoder, target=target, times=times, scheduler=PlanRecorder(()))
+
+
 @attrs.define
 class StepSearcher:
-    """Builds counterfactual trees for the committed state of one greedy generation.
+    """Values every plan of a step of one greedy generation, then takes the chosen plan's step,
+    both through the decoder's own step (`search_decoder`).
 
-    Holds the pipeline's drafters and builder, the known continuation and the committed tokens;
-    the target never runs. `search` values every plan; `advance` commits the chosen outcome.
+    `search` builds each plan's tree from the decoder's own step context (`Decoder.context`) with
+    its builder, drafters rewound between builds, and values it against the known continuation
+    without a target forward; `advance` runs `Decoder.step` with the chosen plan (build, replayed
+    target forward, greedy verification, commit, forward times and history): collection cannot
+    disagree with decoding about trees, accepted tokens or what the scheduler sees.
     """
 
     decoder: Decoder
-    cost: CostModel
-    strong: int
-    counter: QueryCounter
     stop: StopRule
     prompt_len: int
     continuation: Tensor  # [C] int64 greedy tokens after the prompt
-    committed: list[int]
-    times: ForwardTimes = attrs.field(factory=ForwardTimes)
-    target_pending: int = 0
-    history: AcceptHistory = attrs.field(factory=AcceptHistory)
+    generated: list[int] = attrs.field(factory=list)
+    steps: int = 0
 
     @classmethod
     def begin(
-        cls,
-        decoder: Decoder,
-        cost: CostModel,
-        counter: QueryCounter,
-        *,
-        prompt: Tensor,
-        continuation: Sequence[int],
-        stop: StopRule,
-        strong: int,
-        times: ForwardTimes | None = None,
+        cls, decoder: Decoder, *, prompt: Tensor, continuation: Sequence[int], stop: StopRule
     ) -> StepSearcher:
-        """Start a generation of `prompt` (`[T]`) whose greedy continuation is `continuation`.
-
-        `times` carries the forward times over from earlier generations, as a decoder's do.
-        """
-        device = _device_of(decoder)
-        prompt = prompt.to(device)
-        max_len = prompt.numel() + stop.max_new_tokens + decoder.builder.max_nodes() + 2
-        for drafter in decoder.drafters:
-            drafter.begin(prompt, max_len=max_len)
-        counter.take()
-        return cls(
-            decoder=decoder,
-            cost=cost,
-            strong=strong,
-            counter=counter,
-            stop=stop,
-            prompt_len=prompt.numel(),
-            continuation=torch.tensor(list(continuation), dtype=torch.long, device=device),
-            committed=prompt.tolist(),
-            times=times if times is not None else ForwardTimes(target_curve=cost.target),
-            target_pending=prompt.numel() - 1,
-        )
+        """Start a generation of `prompt` (`[T]`) whose greedy continuation is `continuation`;
+        `decoder` comes from `search_decoder`."""
+        target = decoder.target
+        if not isinstance(target, ReplayTarget) or not isinstance(decoder.times, ModelledTimes):
+            raise ValueSystemError("StepSearcher needs a decoder made by `search_decoder`")
+        target.expect(continuation)
+        decoder.begin(prompt.to(target.device), stop)
+        decoder.times.counter.take()
+        cont = torch.tensor(list(continuation), dtype=torch.long, device=target.device)
+        return cls(decoder=decoder, stop=stop, prompt_len=prompt.numel(), continuation=cont)
 
     @property
-    def generated(self) -> list[int]:
-        return self.committed[self.prompt_len :]
+    def cost(self) -> CostModel:
+        return self.decoder.times.cost
 
-    def context(self, scheduler: Scheduler, clock: Clock | None = None) -> StepContext:
-        d = self.decoder
-        return StepContext(
-            root=torch.tensor(self.committed[-1], dtype=torch.long, device=_device_of(d)),
-            drafters=d.drafters,
-            scheduler=scheduler,
-            rescorer=d.rescorer,
-            grafter=d.grafter,
-            prompt_len=self.prompt_len,
-            committed_len=len(self.committed),
-            clock=clock or Clock(),
-            timings=self.times,
-            dtype=torch.float32,
-            history=self.history,
-        )
+    @property
+    def strong(self) -> int:
+        return self.decoder.times.strong
 
-    def build(
-        self, plan: tuple[int, ...], clock: Clock | None = None
-    ) -> tuple[Outcome, BuildResult, Tensor]:
-        """Rewind the drafters and build the tree of `plan`; its outcome, the build, the path.
+    @property
+    def counter(self) -> QueryCounter:
+        return self.decoder.times.counter
 
-        `clock` (optional) times the drafters' layers, as in decoding.
-        """
+    @property
+    def committed(self) -> list[int]:
+        """The committed tokens, prompt included."""
+        return self.decoder.target.committed
+
+    def _follow(self, plan: tuple[int, ...]) -> PlanRecorder:
+        """Rewind the drafters (a fresh build of the current step) and let the decoder's
+        scheduler follow `plan`, recording what it is shown."""
         for drafter in self.decoder.drafters:
             drafter.rewind()
         self.counter.take()
-        recorder = PlanRecorder(plan)
-        built = self.decoder.builder.build(self.context(recorder, clock))
+        self.decoder.scheduler = PlanRecorder(plan)
+        return self.decoder.scheduler
+
+    def build(self, plan: tuple[int, ...]) -> Outcome:
+        """The outcome of `plan` at the current committed state: its tree, from the decoder's
+        step context and builder, valued against the continuation."""
+        recorder = self._follow(plan)
+        built = self.decoder.builder.build(self.decoder.context(self.prompt_len, Clock()))
         queries = self.counter.take()
         done = len(self.generated)
-        accepted, path = accept_against(built.tree, self.continuation, done)
+        accepted, _ = accept_against(built.tree, self.continuation, done)
         new = self.continuation[done : done + accepted + 1].tolist()
         keep, _ = self.stop.cut(self.generated, new)
-        target_queries = self.target_pending + built.tree.n_nodes
+        target = self.decoder.target
+        target_queries = target.n_committed - 1 - target.n_cached + built.tree.n_nodes
         seconds = self.cost.calls_seconds(
             built.calls, target_queries=target_queries, strong_queries=queries
         )
-        outcome = Outcome(
+        return Outcome(
             plan=plan,
             calls=built.calls,
             states=tuple(recorder.states),
@@ -201,53 +199,28 @@ class StepSearcher:
             committed=keep,
             seconds=seconds,
         )
-        return outcome, built, path
 
     def search(self, plans: Iterable[tuple[int, ...]]) -> list[Outcome]:
         """The outcome of every plan at the current committed state."""
-        return [self.build(plan)[0] for plan in plans]
+        return [self.build(plan) for plan in plans]
 
-    def advance(self, outcome: Outcome) -> tuple[list[int], bool]:
-        """Commit `outcome`'s tokens (rebuilding its tree so the drafters learn from it).
-
-        Returns the emitted tokens and whether the generation has ended.
-        """
-        clock = Clock(sync=_device_of(self.decoder).type == "cuda")
-        again, built, path = self.build(outcome.plan, clock)
-        done = len(self.generated)
-        new = self.continuation[done : done + again.accepted + 1].tolist()
-        keep, reason = self.stop.cut(self.generated, new)
-        if reason is None:
-            tokens = torch.tensor(new, dtype=torch.long, device=built.tree.device)
-            for drafter in self.decoder.drafters:
-                drafter.commit(built.kept[path], tokens)
-        self._observe(again, clock.reset())
-        strong_accepted = int(strong_drafts(built.tree, path[1:]))
-        called = any(c > 0 for c in again.calls)
-        self.history = self.history.record(again.accepted, strong_accepted, called)
-        self.committed.extend(new[:keep])
-        self.target_pending = 0
-        return new[:keep], reason is not None
-
-    def _observe(self, outcome: Outcome, measured: Mapping[str, float]) -> None:
-        """Record forward times as `Decoder._observe` does, but modelled, not measured.
-
-        The target never runs here; the drafters do, but their wall times are noisy, and the
-        builder's default cap on strong calls and the `distilled` features read these times: with
-        measured times the same plan could build another tree when replayed (the oracle would
-        diverge). The times come from the cost model instead (`CostModel.call_seconds`), exactly
-        as `bench.value_eval.evaluate` records them, so collection and replay see the same
-        scheduler inputs. `measured` tells which drafters ran (as in decoding).
-        """
-        self.times.record_target(self.cost.target(outcome.target_queries))
-        record_modelled_drafters(
-            self.times, self.cost, strong=self.strong, strong_queries=outcome.strong_queries,
-            calls=outcome.calls, measured=measured, n_drafters=len(self.decoder.drafters),
-        )  # fmt: skip
-
-
-def _device_of(decoder: Decoder) -> torch.device:
-    return torch.device(decoder.target.device)
+    def advance(self, outcome: Outcome) -> StepEvent:
+        """Take the step of `outcome`'s plan with `Decoder.step` (the drafters and the forward
+        times learn from it as in decoding); its event. Raises `ValueSystemError` if the step's
+        tree is not the searched one."""
+        self._follow(outcome.plan)
+        clock = Clock(sync=self.decoder.target.device.type == "cuda")
+        event = self.decoder.step(self.steps, self.prompt_len, self.generated, self.stop, clock)
+        self.counter.take()
+        if (event.calls, event.accepted) != (outcome.calls, outcome.accepted):
+            raise ValueSystemError(
+                f"step {self.steps}: the decoder's step of plan {outcome.plan} called {event.calls} "
+                f"and accepted {event.accepted}, the search {outcome.calls} and "
+                f"{outcome.accepted}: a drafter's build is not reproducible after `rewind`"
+            )
+        self.generated.extend(event.tokens)
+        self.steps += 1
+        return event
 
 
 # ---------------------------------------------------------------------------- collection
@@ -279,6 +252,9 @@ def collect_prompt(
     jittered: list[tuple[int, CostScale, Decision]] = []
     steps: list[StepRecord] = []
 
+    if follow is not None:
+        follow.begin()
+
     def label(outcomes: Sequence[Outcome]) -> list[Decision]:
         if policy_labels and follow is not None:
             return label_decisions_for(outcomes, follow)
@@ -304,7 +280,7 @@ def collect_prompt(
                 chosen_value=chosen.value,
             )
         )
-        _, finished = searcher.advance(chosen)
+        finished = searcher.advance(chosen).finished
         if progress is not None:
             progress(index, len(steps), len(searcher.generated), finished)
         if finished:
@@ -420,15 +396,13 @@ def collect(
     stop = pipe.stop_rule(max_new_tokens, stop=[])
     model = pipe.resources.model(strong_model_ref(pipe, s))
     records = []
-    # shared by the generations, like a decoder's; an adaptive builder reads the target's curve
-    times = ForwardTimes(target_curve=cost.target)
     start = time.perf_counter()
     with torch.inference_mode(), QueryCounter(model) as counter:
+        decoder = search_decoder(pipe.decoder, cost, counter, s)
         for i, p in enumerate(prompts):
             searcher = StepSearcher.begin(
-                pipe.decoder, cost, counter,
-                prompt=p.ids, continuation=p.continuation, stop=stop, strong=s, times=times,
-            )  # fmt: skip
+                decoder, prompt=p.ids, continuation=p.continuation, stop=stop
+            )
             records.append(
                 collect_prompt(
                     searcher,

@@ -47,9 +47,9 @@ def pipeline_mapping(
 
     `strong` replaces the model of the strongest (last) LM drafter.
     """
+    from treegraft.bench.pairs import swap_model
     from treegraft.core.config import ConfigError, parse_yaml
     from treegraft.core.pipeline import resolve_pipeline
-    from treegraft.plugins.drafters.hf_lm import swap_model
 
     path = resolve_pipeline(pipeline)
     raw = dict(parse_yaml(path.read_text(), str(path)))
@@ -71,7 +71,7 @@ def text_prompts(
 ) -> tuple[list[Any], dict[str, Any]]:
     """The prompts to collect on and how they were chosen (for the dataset's metadata)."""
     from treegraft import zoo
-    from treegraft.bench.training_prompts import TextPrompt, read_prompt_file, training_prompts
+    from treegraft.scheduling.training_prompts import TextPrompt, read_prompt_file, training_prompts
 
     if suite is not None:
         if suite not in zoo.SUITES:
@@ -92,7 +92,9 @@ def text_prompts(
 
 @app.command()
 def collect(
-    pipeline: Annotated[str, typer.Argument(help="pipeline YAML or shipped name")] = "treegraft",
+    pipeline: Annotated[
+        str, typer.Argument(help="pipeline YAML or shipped name (the fixed-budget base by default)")
+    ] = "treegraft-threshold",
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="dataset directory")] = Path(
         "runs/scheduler-data"
     ),
@@ -150,14 +152,14 @@ def collect(
 
     set_threads(threads)
 
-    from treegraft.bench.value_costs import check_jitter
-    from treegraft.bench.value_eval import measure_costs
-    from treegraft.bench.value_system import CostModel, Dataset, PromptIds, ValueSystemError
-    from treegraft.bench.value_system import (
-        collect as run_collect,
-    )
     from treegraft.core.config import ConfigError
     from treegraft.core.pipeline import load_pipeline
+    from treegraft.scheduling.value_costs import check_jitter
+    from treegraft.scheduling.value_eval import measure_costs
+    from treegraft.scheduling.value_system import CostModel, Dataset, PromptIds, ValueSystemError
+    from treegraft.scheduling.value_system import (
+        collect as run_collect,
+    )
 
     try:
         check_jitter(cost_jitter, jitter_spread)
@@ -247,7 +249,8 @@ def fit(
 ) -> None:
     """Fit the MLP on the labels of one or more datasets; write the artifact."""
     set_threads(threads)
-    from treegraft.bench.value_system import Dataset, ValueSystemError
+    from treegraft.scheduling.fit import fit_artifact
+    from treegraft.scheduling.value_system import Dataset, ValueSystemError
 
     try:
         cfg = fit_config(hidden, epochs, val_fraction, seed, loss, ensemble, drop)
@@ -268,7 +271,7 @@ def fit_config(
     drop: str = "",
 ) -> Any:
     """The `FitConfig` of the fit options (ValueError naming the option on a bad value)."""
-    from treegraft.bench.scheduler_fit import FitConfig
+    from treegraft.scheduling.fit import FitConfig
 
     try:
         widths = tuple(int(w) for w in hidden.split(",") if w.strip())
@@ -284,15 +287,6 @@ def fit_config(
         raise ValueError(f"--{field.replace('_', '-')}:{rest}") from None
 
 
-def fit_artifact(datasets: list[Any], cfg: Any, out_dir: Path) -> Any:
-    """Fit on `datasets` and save the artifact in `out_dir`; returns the `FitResult`."""
-    from treegraft.bench.scheduler_fit import fit as run_fit
-
-    result = run_fit(datasets, cfg)
-    result.artifact.save(out_dir)
-    return result
-
-
 # ---------------------------------------------------------------------------- explain
 
 
@@ -304,14 +298,14 @@ def explain(
     plot: Annotated[Path | None, typer.Option(help=PLOT_HELP)] = None,
 ) -> None:
     """Feature importances and the decision rate per layer."""
-    from treegraft.bench.scheduler_fit import explain as run_explain
-    from treegraft.bench.scheduler_fit import rows_of
-    from treegraft.bench.value_system import Dataset, ValueSystemError
-    from treegraft.plugins.schedulers.distilled import (
+    from treegraft.scheduling.artifact import (
         ArtifactError,
         SchedulerArtifact,
         check_feature_names,
     )
+    from treegraft.scheduling.fit import explain as run_explain
+    from treegraft.scheduling.fit import rows_of
+    from treegraft.scheduling.value_system import Dataset, ValueSystemError
 
     try:
         _check_plot(plot)
@@ -337,7 +331,7 @@ def explain(
     if "signs" in report:
         out.print(f"sign agreement with the labels: {json.dumps(report['signs'])}")
     if plot is not None:
-        from treegraft.bench.plots import plot_explain
+        from treegraft.scheduling.plots import plot_explain
 
         console.print(f"wrote {plot_explain(report, _parent(plot), top)}")
 
@@ -371,9 +365,9 @@ def evaluate(
     the dataset's cost model, the oracle following the dataset's plans.json. Each row is also
     compared with the better endpoint (`never` or `always`) and placed between it and the oracle.
     """
-    from treegraft.bench.scheduler_replay import BASELINES, SHARE_NOTE, replay_dataset
-    from treegraft.bench.value_eval import summary_rows
-    from treegraft.bench.value_system import Dataset, ValueSystemError
+    from treegraft.scheduling.replay import BASELINES, SHARE_NOTE, ratio_text, replay_dataset
+    from treegraft.scheduling.value_eval import summary_rows
+    from treegraft.scheduling.value_system import Dataset, ValueSystemError
 
     set_threads(threads)
     from treegraft.core.config import ConfigError
@@ -400,22 +394,22 @@ def evaluate(
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(
-            r["scheduler"], f"{r['tokens_per_s']:.1f}", _ratio(r["vs_never"]),
-            _ratio(r["vs_best_endpoint"]), _ratio(r["oracle_share"]), f"{r['tau']:.2f}",
+            r["scheduler"], f"{r['tokens_per_s']:.1f}", ratio_text(r["vs_never"]),
+            ratio_text(r["vs_best_endpoint"]), ratio_text(r["oracle_share"]), f"{r['tau']:.2f}",
             f"{r['strong_calls_per_step']:.2f}",
         )  # fmt: skip
     out.print(table)
     if json_path is not None:
         _write_json(json_path, rows)
     if plot is not None:
-        from treegraft.bench.plots import plot_scheduler_gains
+        from treegraft.scheduling.plots import plot_scheduler_gains
 
         title = f"replay on {n} prompt(s), modelled time"
         console.print(f"wrote {plot_scheduler_gains({str(dataset): rows}, _parent(plot), title)}")
 
 
 def _check_plot(path: Path | None) -> None:
-    from treegraft.bench.plots import check_plot_path
+    from treegraft.scheduling.plots import check_plot_path
 
     if path is not None:
         try:
@@ -428,10 +422,6 @@ def _parent(path: Path) -> Path:
     """`path`, its folder created."""
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def _ratio(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _per_layer(rates: dict[str, float]) -> str:
@@ -491,9 +481,10 @@ def loo(
     Also fits once on every training dataset (`distilled-all`, the in-pair fit) for comparison.
     Writes OUT/all, OUT/without-<i>-<name> (the artifacts) and OUT/loo.json.
     """
-    from treegraft.bench.scheduler_loo import leave_one_pair_out, load_loo_inputs, loo_table
-    from treegraft.bench.value_system import ValueSystemError
     from treegraft.core.config import ConfigError
+    from treegraft.scheduling.loo import leave_one_pair_out, load_loo_inputs, loo_table
+    from treegraft.scheduling.replay import ratio_text
+    from treegraft.scheduling.value_system import ValueSystemError
 
     set_threads(threads)
     _check_plot(plot)
@@ -512,13 +503,13 @@ def loo(
     mean = report["mean"]
     out.print(
         "mean over pairs: distilled-loo vs best endpoint "
-        f"{_ratio(mean['distilled-loo']['vs_best_endpoint'])}, oracle share "
-        f"{_ratio(mean['distilled-loo']['oracle_share'])} (distilled-all "
-        f"{_ratio(mean['distilled-all']['oracle_share'])})"
+        f"{ratio_text(mean['distilled-loo']['vs_best_endpoint'])}, oracle share "
+        f"{ratio_text(mean['distilled-loo']['oracle_share'])} (distilled-all "
+        f"{ratio_text(mean['distilled-all']['oracle_share'])})"
     )
     if plot is not None:
-        from treegraft.bench.plots import plot_scheduler_gains
-        from treegraft.bench.scheduler_loo import short_pair_name
+        from treegraft.scheduling.loo import short_pair_name
+        from treegraft.scheduling.plots import plot_scheduler_gains
 
         groups = {short_pair_name(p, report): list(p["rows"].values()) for p in report["pairs"]}
         title = "leave one pair out, modelled time on each pair's --eval set"

@@ -9,9 +9,9 @@ import pytest
 
 from tests.conftest import greedy_reference
 from tests.core.test_decoder import repetitive_prompt
+from tests.plugins.test_distilled import distilled, layer_rule_artifact
 from tests.plugins.test_schedulers import at
 from tests.scheduling.helpers import VOCAB, stand_in_pair
-from tests.scheduling.test_distilled import distilled, layer_rule_artifact
 from treegraft.bench.replay import LatencyCurve, own_copy, replay_pipeline
 from treegraft.core.config import ConfigError
 from treegraft.core.interfaces import StepOutcome

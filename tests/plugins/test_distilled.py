@@ -16,14 +16,9 @@ from treegraft.core.config import ConfigError
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.registry import default_registry
 from treegraft.plugins.drafters.ngram import NgramDrafter
-from treegraft.plugins.schedulers.distilled import (
-    FEATURE_NAMES,
-    META_FILE,
-    PEEK_FEATURES,
-    WEIGHTS_FILE,
-    DistilledScheduler,
-    SchedulerArtifact,
-)
+from treegraft.plugins.schedulers.distilled import DistilledScheduler
+from treegraft.scheduling.artifact import META_FILE, WEIGHTS_FILE, SchedulerArtifact
+from treegraft.scheduling.features import FEATURE_NAMES, PEEK_FEATURES
 
 F = len(FEATURE_NAMES)
 

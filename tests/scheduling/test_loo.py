@@ -13,12 +13,12 @@ from tests.conftest import tiny_llama, word_tokenizer
 from tests.core.test_decoder import repetitive_prompt
 from tests.scheduling.helpers import COST, VOCAB, pipeline_raw
 from treegraft import console as consoles
-from treegraft.bench.scheduler_cli import app
-from treegraft.bench.value_eval import Evaluation, gains, summary_rows
-from treegraft.bench.value_system import Dataset, PromptIds, collect
 from treegraft.core.pipeline import load_pipeline
 from treegraft.plugins.schedulers.basic import AlwaysScheduler
-from treegraft.plugins.schedulers.distilled import SchedulerArtifact
+from treegraft.scheduling.artifact import SchedulerArtifact
+from treegraft.scheduling.cli import app
+from treegraft.scheduling.value_eval import Evaluation, gains, summary_rows
+from treegraft.scheduling.value_system import Dataset, PromptIds, collect
 
 runner = CliRunner()
 FAST_FIT = ["--epochs", "20", "--hidden", "8"]

@@ -11,6 +11,11 @@ BASELINES = ("never", "always", "threshold", "budgeted")
 SHARE_NOTE = "oracle share = (x - best endpoint) / (oracle - best endpoint)"
 
 
+def ratio_text(value: float | None) -> str:
+    """A ratio of the replay tables, to three decimals (`n/a` when undefined)."""
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def replay_dataset(
     path: Path,
     data: Any,
@@ -25,9 +30,9 @@ def replay_dataset(
     a call guard of exploration `guard`, if given), and the oracle (when the dataset has plans);
     the pipeline is the dataset's `pipeline_raw`.
     """
-    from treegraft.bench.value_eval import evaluate as run_evaluate
-    from treegraft.bench.value_system import ValueSystemError
     from treegraft.core.pipeline import load_pipeline
+    from treegraft.scheduling.value_eval import evaluate as run_evaluate
+    from treegraft.scheduling.value_system import ValueSystemError
 
     raw = data.meta.get("pipeline_raw")
     if raw is None:
@@ -50,7 +55,7 @@ def replay_dataset(
 
 def cost_model(data: Any) -> Any:
     """The dataset's recorded cost model."""
-    from treegraft.bench.value_system import CostModel
+    from treegraft.scheduling.value_system import CostModel
 
     return CostModel.from_dict(data.meta["cost"])
 

@@ -30,14 +30,14 @@ def all_plans(depth: int, strong: int) -> list[tuple[int, ...]]:
 
     Raises `ValueSystemError` beyond `MAX_EXHAUSTIVE_DEPTH`: 2^depth builds per step grow too
     fast; a search over prefixes (beam over the best partial schedules, each completed greedily)
-    would be needed and is not implemented (docs/scheduler.md).
+    would be needed and is not implemented (docs/scheduler-reference.md, "Depth beyond 5").
     """
     if depth > MAX_EXHAUSTIVE_DEPTH:
         raise ValueSystemError(
             f"builder.depth is {depth}: the value system enumerates all 2^depth schedules per step "
             f"and stops at depth {MAX_EXHAUSTIVE_DEPTH} (32 builds per step); collect with a "
             f"pipeline of depth <= {MAX_EXHAUSTIVE_DEPTH} (the fitted scheduler generalises by "
-            "layer fraction and layers left) or see docs/scheduler.md for a prefix search"
+            "layer fraction and layers left) or see docs/scheduler-reference.md for a prefix search"
         )
     plans = []
     for bits in range(2**depth):

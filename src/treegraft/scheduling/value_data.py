@@ -1,7 +1,7 @@
 """Collected value-system data: the per-prompt records and the `Dataset` they become.
 
 `value_system.collect` produces `PromptRecord`s; `Dataset.from_records` turns them into the
-arrays `scheduler_fit` fits on (`data.safetensors`), the metadata (`meta.json`) and, for data
+arrays `scheduling.fit` fits on (`data.safetensors`), the metadata (`meta.json`) and, for data
 collected along the oracle, its plans (`plans.json`, read by the `oracle` scheduler).
 """
 
@@ -18,9 +18,6 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from treegraft.bench.value_costs import CostModel, CostScale
-from treegraft.bench.value_labels import Decision, ValueSystemError
-from treegraft.plugins.schedulers.distilled import FEATURE_NAMES, layer_features
 from treegraft.plugins.schedulers.oracle import (
     PLANS_FILE,
     OracleStep,
@@ -28,6 +25,9 @@ from treegraft.plugins.schedulers.oracle import (
     read_plans,
     write_plans,
 )
+from treegraft.scheduling.features import FEATURE_NAMES, layer_features
+from treegraft.scheduling.value_costs import CostModel, CostScale
+from treegraft.scheduling.value_labels import Decision, ValueSystemError
 
 DATA_FORMAT = "treegraft-scheduler-data/1"
 DATA_FILE = "data.safetensors"

@@ -19,24 +19,23 @@ from torch import Tensor
 
 from treegraft.bench.replay import (
     LatencyCurve,
-    ReplayTimes,
     head_rows,
     measure_latency,
     query_grid,
     replay_pipeline,
     runner_forward,
 )
-from treegraft.bench.value_costs import CostModel, QueryCounter, record_modelled_drafters
-from treegraft.bench.value_system import (
+from treegraft.core.decoder import StopRule
+from treegraft.core.interfaces import Scheduler
+from treegraft.core.pipeline import Pipeline
+from treegraft.plugins.schedulers.heuristic import PlanConfig, PlanScheduler
+from treegraft.scheduling.value_costs import CostModel, ModelledTimes, QueryCounter
+from treegraft.scheduling.value_system import (
     PromptIds,
     ValueSystemError,
     check_pipeline,
     strong_model_ref,
 )
-from treegraft.core.decoder import StopRule
-from treegraft.core.interfaces import Scheduler
-from treegraft.core.pipeline import Pipeline
-from treegraft.plugins.schedulers.heuristic import PlanConfig, PlanScheduler
 
 
 def measure_costs(
@@ -143,45 +142,6 @@ def measure_constants(
 
 
 # ---------------------------------------------------------------------------- evaluation (replay)
-
-
-@attrs.define
-class ModelledTimes(ReplayTimes):
-    """Forward times as the value system records them: the target's from its curve, the drafters'
-    from the cost model (`CostModel.call_seconds`), the strong drafter's from the forwards that
-    `counter` saw in this step (it must not have been `take`n yet). Time-reading decisions (the
-    builder's default cap, `distilled` features) then match collection exactly."""
-
-    cost: CostModel | None = None
-    counter: QueryCounter | None = None
-    strong: int = -1
-    # the drafter of each layer of the step last recorded
-    _calls: tuple[int, ...] = attrs.field(default=(), init=False, repr=False)
-
-    def step_seconds(self, times: Mapping[str, float]) -> float:
-        """The step last recorded, in the cost model's seconds (what `evaluate` sums), for a
-        scheduler that learns from step outcomes (the `distilled` scheduler's call guard)."""
-        source = self.source
-        if self.cost is None or self.counter is None or source is None or not source.queries:
-            return super().step_seconds(times)
-        return self.cost.calls_seconds(
-            self._calls,
-            target_queries=source.queries[-1],
-            strong_queries=tuple(self.counter.queries),
-        )
-
-    def record_step(
-        self, calls: Sequence[int], times: Mapping[str, float], n_drafters: int
-    ) -> None:
-        self._calls = tuple(calls)
-        if self.cost is None or self.counter is None:
-            super().record_step(calls, times, n_drafters)
-            return
-        self.record_target(times.get("target", 0.0))
-        record_modelled_drafters(
-            self, self.cost, strong=self.strong, strong_queries=tuple(self.counter.queries),
-            calls=calls, measured=times, n_drafters=n_drafters,
-        )  # fmt: skip
 
 
 @attrs.frozen

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -19,8 +20,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from treegraft.bench.value_system import Dataset, ValueSystemError
-from treegraft.plugins.schedulers.distilled import ACTIVATIONS, FEATURE_NAMES, SchedulerArtifact
+from treegraft.scheduling.artifact import ACTIVATIONS, SchedulerArtifact
+from treegraft.scheduling.features import FEATURE_NAMES
+from treegraft.scheduling.value_system import Dataset, ValueSystemError
 
 ZERO = 1e-9
 LOSSES = ("mse", "logistic")
@@ -427,6 +429,13 @@ def pairs_of(datasets: Sequence[Dataset]) -> list[dict[str, Any]]:
         }
         for ds in datasets
     ]
+
+
+def fit_artifact(datasets: Sequence[Dataset], cfg: FitConfig, out_dir: Path) -> FitResult:
+    """Fit on `datasets` and save the artifact in `out_dir`; returns the `FitResult`."""
+    result = fit(datasets, cfg)
+    result.artifact.save(out_dir)
+    return result
 
 
 def fit(datasets: Sequence[Dataset], cfg: FitConfig | None = None) -> FitResult:
