@@ -33,6 +33,8 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("treegraft.scheduling.mlp", 2),
     ("treegraft.plugins", 3),
     ("treegraft.testing", 4),
+    ("treegraft.pytest_plugin", 4),  # the pytest11 entry point of treegraft.testing
+    ("treegraft.conformance", 4),  # the architecture matrix: builds pipelines like a user
     ("treegraft.bench", 4),
     ("treegraft.scheduling", 4),
     ("treegraft.zoo.", 4),  # the zoo's build tools (corpus, suites, training)

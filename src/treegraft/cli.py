@@ -45,10 +45,38 @@ def generate(
         bool,
         typer.Option("--replace-trace", help="delete an earlier trace in the --trace folder"),
     ] = False,
+    device: Annotated[
+        str | None, typer.Option(help="override decoding.device: auto, cpu, cuda, cuda:N, mps")
+    ] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(help="override decoding.dtype: float32, float64, bfloat16, float16"),
+    ] = None,
+    temperature: Annotated[
+        float | None,
+        typer.Option(help="sample at this temperature (lossless point-mass verifier); 0: greedy"),
+    ] = None,
+    top_p: Annotated[
+        float | None, typer.Option("--top-p", help="nucleus mass kept when sampling (0, 1]")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="override decoding.seed (the sampler's random numbers)")
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="print one JSON object (text, ids, metrics); no stream")
+    ] = False,
+    compare: Annotated[
+        bool,
+        typer.Option(
+            "--compare",
+            help="also decode plainly with the target; print both speeds and "
+            "whether the outputs are identical",
+        ),
+    ] = False,
 ) -> None:
     """Decode a prompt with a pipeline, streaming the text, then print a stats line."""
+    from treegraft.cli_generate import GenerateOptions, flag_error, load_generate_pipeline
     from treegraft.core.config import ConfigError
-    from treegraft.core.pipeline import load_pipeline
     from treegraft.core.trace import prepare_trace_dir
 
     text = _read_prompt(prompt, prompt_file)
@@ -56,14 +84,48 @@ def generate(
         _fail(f"--max-new-tokens: expected int >= 1, got {max_new_tokens}")
     if trace is not None:  # before the models load: a wrong folder fails at once
         prepare_trace_dir(trace, replace=replace_trace)
+    options = GenerateOptions(device, dtype, temperature, top_p, seed)
     try:
-        pipe = load_pipeline(pipeline)
+        pipe = load_generate_pipeline(pipeline, options)
     except (ConfigError, ValueError) as exc:
-        _fail(str(exc))
-    _run_generation(pipe, text, max_new_tokens, trace)
+        _fail(flag_error(exc, options))
+    if json_out:
+        _print_json(pipe, text, max_new_tokens, compare)
+        return
+    ids, tokens_per_s, finish = _run_generation(pipe, text, max_new_tokens, trace)
+    if compare:
+        _print_comparison(pipe, text, ids, tokens_per_s, finish, max_new_tokens)
 
 
-def _run_generation(pipe, text: str, max_new_tokens: int | None, trace: Path | None) -> None:
+def _print_json(pipe, text: str, max_new_tokens: int | None, compare: bool) -> None:
+    import json
+
+    from treegraft.cli_generate import generation_record, plain_decode
+
+    generation = pipe.generate(text, max_new_tokens=max_new_tokens)
+    plain = None
+    if compare:
+        limit = _plain_limit(pipe, generation.token_ids, generation.finish_reason, max_new_tokens)
+        plain = plain_decode(pipe, pipe.encode(text), limit)
+    out.print(json.dumps(generation_record(generation, plain)), markup=False, highlight=False,
+              soft_wrap=True)  # fmt: skip
+
+
+def _plain_limit(pipe, ids, finish: str | None, max_new_tokens: int | None) -> int:
+    """Plain decoding's token limit: the pipeline's, or its output's length after a stop string."""
+    return len(ids) if finish == "stop" else max_new_tokens or pipe.spec.decoding.max_new_tokens
+
+
+def _print_comparison(pipe, text, ids, tokens_per_s, finish, max_new_tokens) -> None:
+    from treegraft.cli_generate import comparison_line, is_sampling, plain_decode
+
+    plain = plain_decode(pipe, pipe.encode(text), _plain_limit(pipe, ids, finish, max_new_tokens))
+    console.print(comparison_line(tokens_per_s, ids, plain, is_sampling(pipe)), highlight=False)
+
+
+def _run_generation(
+    pipe, text: str, max_new_tokens: int | None, trace: Path | None
+) -> tuple[list[int], float, str | None]:
     import time
 
     import torch
@@ -111,6 +173,7 @@ def _run_generation(pipe, text: str, max_new_tokens: int | None, trace: Path | N
             f"[dim]measured the target's latency curve first ({prepared:.2f} s, once per "
             "pipeline; not in the stats)[/]"
         )
+    return ids, s.tokens_per_second, events[-1].finish_reason
 
 
 def backend_line(pipe) -> str:
@@ -215,6 +278,32 @@ def _default_repr(default) -> str:
     if isinstance(default, attrs.Factory):
         return repr(default.factory())
     return repr(default)
+
+
+@app.command("new-plugin")
+def new_plugin(
+    name: Annotated[
+        str, typer.Argument(help="distribution name of the package, e.g. my-scheduler")
+    ],
+    kind: Annotated[
+        str, typer.Option(help="component kind: drafter, scheduler or rescorer")
+    ] = "scheduler",
+    directory: Annotated[
+        Path, typer.Option("--dir", help="folder in which the package folder is created")
+    ] = Path("."),
+) -> None:
+    """Write a plugin package (entry point, component and config, tests, README) that installs and
+    passes its tests as it is: `pip install -e NAME && pytest NAME`."""
+    from treegraft.core.config import ConfigError
+    from treegraft.core.registry import default_registry
+    from treegraft.new_plugin import KINDS, write_plugin
+
+    try:
+        taken = set(default_registry().names(kind)) if kind in KINDS else set()
+        root = write_plugin(name, kind, directory, registered=taken)
+    except ConfigError as exc:
+        _fail(str(exc))
+    console.print(f"wrote {root}: pip install -e {root} && pytest {root}", highlight=False)
 
 
 trace_app = typer.Typer(

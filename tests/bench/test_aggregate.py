@@ -7,7 +7,6 @@ import pytest
 
 from treegraft.bench.aggregate import (
     ALL,
-    Row,
     aggregate,
     ar_index,
     plain_baselines,
@@ -20,7 +19,8 @@ from treegraft.bench.records import (
     request_from_json,
     request_to_json,
 )
-from treegraft.bench.report import baseline_section, markdown_report, standing_table
+from treegraft.bench.report import baseline_section, markdown_report, standing_table, warnings
+from treegraft.bench.summary import summary_data
 
 
 def req(
@@ -89,7 +89,12 @@ def test_hand_computed_example():
     m = row(aggregate(example()), "m")
     assert m.requests == 2 and m.new_tokens == 20
     assert m.tokens_per_s == pytest.approx(12.0)  # median of 20 and 4
-    assert m.speedup == pytest.approx(12.0 / 7.5)  # ratio of medians: 12 / median(10, 5)
+    assert m.speedup == pytest.approx((2.0 * 0.8) ** 0.5)  # geometric mean of 20/10 and 4/5
+    assert m.speedup_median == pytest.approx(12.0 / 7.5)  # ratio of medians: 12 / median(10, 5)
+    assert m.prompts == 2
+    assert set(m.intervals) == {"speedup", "speedup_median", "tau"}
+    assert m.intervals["speedup"].lo == pytest.approx(0.8)  # two prompts: resamples span both
+    assert m.intervals["speedup"].hi == pytest.approx(2.0)
     assert m.speedup_mean == pytest.approx((2.0 + 0.8) / 2)  # mean of 20/10 and 4/5
     assert m.tau == pytest.approx(26 / 12)  # committed / target forwards, pooled
     # accepted drafts per step: 2 0 3 1 1 | 1 1 1 1 1 1 1 -> >=1: 11, >=2: 2, >=3: 1 of 12
@@ -102,6 +107,15 @@ def test_hand_computed_example():
     assert m.exact_rate == 0.5
     ar = row(aggregate(example()), "ar")
     assert (ar.speedup, ar.speedup_mean, ar.tau, ar.strong_calls_per_step) == (1.0, 1.0, 1.0, None)
+    assert (ar.intervals["speedup"].lo, ar.intervals["speedup"].hi) == (1.0, 1.0)
+
+
+def test_the_baseline_is_a_parameter():
+    reqs = [*example(), req("fast-ar", "a", 0.5), req("fast-ar", "b", 1.0)]  # 2x plain decoding
+    rows = aggregate(reqs, baseline="fast-ar")
+    assert row(rows, "fast-ar").speedup == 1.0
+    assert row(rows, "ar").speedup == pytest.approx(0.5)
+    assert row(rows, "m").speedup == pytest.approx((1.0 * 0.4) ** 0.5)
 
 
 def test_per_prompt_speedup():
@@ -114,8 +128,11 @@ def test_repeats_give_mean_and_spread():
     rows = aggregate(example(0, 1.0) + example(1, 2.0))  # the method twice as fast the 2nd time
     m = row(rows, "m")
     assert m.requests == 4
-    assert m.speedup == pytest.approx((1.6 + 3.2) / 2)
-    assert m.spread["speedup"] == pytest.approx(((1.6 - 2.4) ** 2 * 2) ** 0.5)  # sample std
+    assert m.speedup_median == pytest.approx((1.6 + 3.2) / 2)
+    assert m.spread["speedup_median"] == pytest.approx(((1.6 - 2.4) ** 2 * 2) ** 0.5)  # sample std
+    # pooled: per prompt the geometric mean over repetitions, then over prompts
+    assert m.speedup == pytest.approx(((2.0 * 4.0) ** 0.5 * (0.8 * 1.6) ** 0.5) ** 0.5)
+    assert m.prompts == 2
     assert m.spread["tau"] == 0.0
     assert m.tau == pytest.approx(26 / 12)
 
@@ -128,9 +145,14 @@ def test_groups_per_pair_suite_and_overall():
     assert {(r.pair, r.suite) for r in rows} == {
         (x, y) for x in ("p", ALL) for y in ("s", "t", ALL)
     }
-    assert row(rows, "m", "p", "t").speedup == pytest.approx(10 / 7.5)
+    assert row(rows, "m", "p", "t").speedup_median == pytest.approx(10 / 7.5)
     # overall: method tokens/s 20, 4, 10, 10 -> median 10; ar 10, 5, 10, 5 -> median 7.5
-    assert row(rows, "m").speedup == pytest.approx(10 / 7.5)
+    assert row(rows, "m").speedup_median == pytest.approx(10 / 7.5)
+    # the geometric mean over all prompts lies between the suites' (1.0 * 2.0 = 2 ** 0.5)
+    assert row(rows, "m", "p", "t").speedup == pytest.approx(2**0.5)
+    assert row(rows, "m").speedup == pytest.approx((2.0 * 0.8 * 1.0 * 2.0) ** 0.25)
+    # the overall interval resamples within each suite: both suites always present
+    assert row(rows, "m").prompts == 4
     assert row(rows, "m").speedup_mean == pytest.approx((2.0 + 0.8 + 1.0 + 2.0) / 4)
 
 
@@ -152,14 +174,15 @@ def test_speedups_are_against_the_faster_plain_decoding_of_each_pair():
     assert plain_baselines(reqs) == {"p": "ar-runner"}
     rows = aggregate(reqs)
     m, ar, runner = row(rows, "m"), row(rows, "ar"), row(rows, "ar-runner")
-    assert m.speedup == pytest.approx(12.0 / 15.0)
+    assert m.speedup_median == pytest.approx(12.0 / 15.0)
+    assert m.speedup == pytest.approx((1.0 * 0.4) ** 0.5)  # per-prompt ratios 1.0 and 0.4
     assert m.speedup_mean == pytest.approx((1.0 + 0.4) / 2)
     assert (runner.speedup, ar.speedup) == (1.0, pytest.approx(0.5))
     assert {r.baseline for r in rows} == {"ar-runner"}
     # a slower ar-runner leaves `ar` the baseline
     slow = with_runner(example(), {"a": 2.0, "b": 4.0})
     assert plain_baselines(slow) == {"p": "ar"}
-    assert row(aggregate(slow), "m").speedup == pytest.approx(12.0 / 7.5)
+    assert row(aggregate(slow), "m").speedup_median == pytest.approx(12.0 / 7.5)
 
 
 def test_each_pair_gets_its_own_baseline_and_the_report_names_them():
@@ -182,39 +205,62 @@ def test_json_round_trip():
     assert request_from_json(data) == r
 
 
-def cell(pair: str, suite: str, method: str, tps: float, mean: float | None = None) -> Row:
-    """A measured row of one pair x suite cell (only the fields the standing reads matter)."""
-    return Row(
-        pair=pair, suite=suite, method=method, mode=MEASURED, requests=1, new_tokens=10,
-        tokens_per_s=tps, speedup=tps / 100, speedup_mean=tps / 100 if mean is None else mean,
-        tau=1.0, acceptance=(), strong_calls_per_step=None, split={}, peak_mem_mib=0.0,
-        exact_rate=1.0,
-    )  # fmt: skip
+def cell_requests(pair: str, suite: str, **tps: float) -> list[Request]:
+    """One prompt of one pair x suite cell: plain decoding at 10 tokens/s, each method at `tps`."""
+    speeds = {"ar": 10.0, **tps}
+    return [
+        req(m.replace("_", "-"), "q", 10 / v, pair=pair, suite=suite) for m, v in speeds.items()
+    ]
 
 
-def test_standing_is_the_mean_of_per_cell_ratios_to_the_better_endpoint_and_hf_assisted():
-    rows = [
+def test_standing_is_the_per_prompt_ratio_to_the_better_endpoint_and_hf_assisted():
+    requests = [
         # pair a, suite s1: better endpoint ngram-only (100); pair a, s2: lm-only (60)
-        cell("a", "s1", "ngram-only", 100), cell("a", "s1", "lm-only", 80),
-        cell("a", "s1", "hf-assisted", 40), cell("a", "s1", "x", 120, mean=2.4),
-        cell("a", "s2", "ngram-only", 50), cell("a", "s2", "lm-only", 60),
-        cell("a", "s2", "hf-assisted", 50), cell("a", "s2", "x", 66),
+        *cell_requests("a", "s1", ngram_only=100, lm_only=80, hf_assisted=40, x=120),
+        *cell_requests("a", "s2", ngram_only=50, lm_only=60, hf_assisted=50, x=66),
         # pair b: one suite, the method below its better endpoint
-        cell("b", "s1", "ngram-only", 90), cell("b", "s1", "lm-only", 30),
-        cell("b", "s1", "hf-assisted", 45), cell("b", "s1", "x", 81),
-        cell(ALL, ALL, "x", 1000),  # aggregate rows are not cells
-    ]  # fmt: skip
-    table = standing_table(rows)
+        *cell_requests("b", "s1", ngram_only=90, lm_only=30, hf_assisted=45, x=81),
+    ]
+    table = standing_table(aggregate(requests), requests)
     line = next(r for r in table.splitlines() if r.startswith("| x |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    # per cell: 120/100 = 1.2, 66/60 = 1.1, 81/90 = 0.9 -> 1.067; vs HF: 3.0, 1.32, 1.8 -> 2.04
-    # mean of ratios: 2.4/1.0, 0.66/0.6, 0.81/0.9 -> 1.467; vs HF 2.4/0.4, 0.66/0.5, 0.81/0.45 -> 3.04
-    assert cells == ["x", "1.067x", "1.467x", "2.040x", "3.040x", "1.150x", "0.900x"]
+    # per prompt: 120/100 = 1.2, 66/60 = 1.1, 81/90 = 0.9; vs HF: 3.0, 1.32, 1.8; one prompt
+    # per cell, so the stratified bootstrap never changes the value: point intervals
+    end, hf, a = (1.2 * 1.1 * 0.9) ** (1 / 3), (3.0 * 1.32 * 1.8) ** (1 / 3), (1.2 * 1.1) ** 0.5
+    assert cells == [
+        "x",
+        f"{end:.3f}x [{end:.3f}, {end:.3f}]",
+        f"{hf:.3f}x [{hf:.3f}, {hf:.3f}]",
+        f"{a:.3f}x [{a:.3f}, {a:.3f}]",
+        "0.900x [0.900, 0.900]",
+    ]
     assert "vs better endpoint, a" in table and "vs better endpoint, b" in table
+    (standing,) = summary_data(aggregate(requests), requests)["standing"]
+    assert standing["method"] == "x" and standing["vs_better_endpoint"]["prompts"] == 3
+    assert standing["vs_better_endpoint"]["value"] == pytest.approx(end)
+    assert standing["vs_hf_assisted"]["interval"] == pytest.approx([hf, hf])
+    assert standing["vs_better_endpoint_per_pair"]["b"]["value"] == pytest.approx(0.9)
     assert not any(
         r.startswith(("| ngram-only", "| lm-only", "| hf-assisted")) for r in table.splitlines()
     )
 
 
 def test_no_standing_without_endpoints_or_hf_assisted():
-    assert standing_table([cell("a", "s1", "x", 10), cell("a", "s1", "y", 20)]) is None
+    requests = cell_requests("a", "s1", x=10, y=20)
+    assert standing_table(aggregate(requests), requests) is None
+
+
+def test_warnings_small_sample_interval_crossing_one_and_unseparated_leaders():
+    rows = aggregate(example())  # two prompts; m: 2.0 and 0.8, interval [0.8, 2.0]
+    found = warnings(rows)
+    assert any(w.startswith("Only 2 prompt(s) per method") for w in found)
+    assert any("includes 1.0" in w and "m [0.80, 2.00]" in w for w in found)
+    assert "**Warning:** Only 2 prompt(s)" in markdown_report(rows, example(), "header")
+
+
+def test_no_warning_for_a_clear_result_on_enough_prompts():
+    prompts = [f"q{i}" for i in range(12)]
+    requests = [req("ar", q, 1.0) for q in prompts]
+    requests += [req("fast", q, 0.5 - 0.01 * i) for i, q in enumerate(prompts)]  # ~2x
+    requests += [req("slow", q, 0.9 - 0.01 * i) for i, q in enumerate(prompts)]  # ~1.15x
+    assert warnings(aggregate(requests)) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import attrs
@@ -70,6 +71,7 @@ def quick_run(tmp_path_factory) -> Path:
         cli(), ["bench", str(tmp / "sweep.yaml"), "--quick", "--out", str(out)]
     )
     assert result.exit_code == 0, result.output
+    (tmp / "terminal.txt").write_text(result.output)
     return out
 
 
@@ -86,10 +88,22 @@ METHODS = [
 
 def test_quick_run_writes_every_output(quick_run: Path):
     names = {p.name for p in quick_run.iterdir()}
-    assert {"requests.jsonl", "summary.csv", "summary.md", "manifest.json"} <= names
+    assert {"requests.jsonl", "summary.csv", "summary.md", "summary.json", "manifest.json"} <= names
     assert {"speedup.png", "tau.png", "time_split.png"} <= names
     for png in ("speedup.png", "tau.png", "time_split.png"):
         assert (quick_run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_terminal_gets_a_short_summary(quick_run: Path):
+    text = (quick_run.parent / "terminal.txt").read_text()
+    assert "top 8 methods, all pairs and suites, 4 prompts per method" in text
+    summary = text[text.index("top 8 methods") :]
+    assert "speedup [95% CI]" in summary and "…" not in summary  # no column cut short
+    assert re.search(r"treegraft-every2 +[\d.]+ \[[\d.]+, [\d.]+\]", text)
+    assert not re.search(r"^ ar ", text, re.M)  # the baseline is not ranked
+    assert "warning: Only 4 prompt(s)" in text
+    assert "full report:" in text and "summary.md" in text
+    assert "## Per pair" not in text and len(text.splitlines()) < 30
 
 
 def test_quick_run_requests(quick_run: Path):
@@ -136,6 +150,14 @@ def test_quick_run_summary(quick_run: Path):
         assert heading in md
     assert "All 24 outputs equal plain decoding token for token." in md
     assert f"- target+draft: **`{baseline}`** (median tokens/s: `ar` " in md
+    assert "speedup [95% CI]" in md and "ratio of medians [95% CI]" in md
+    assert "**Warning:** Only 4 prompt(s) per method" in md  # --quick: 2 per suite, 2 suites
+    assert float(overall[baseline]["speedup_lo"]) == float(overall[baseline]["speedup_hi"]) == 1.0
+    summary = json.loads((quick_run / "summary.json").read_text())
+    assert summary["primary"] == "speedup" and summary["warnings"]
+    tree = next(r for r in summary["rows"] if r["method"] == "treegraft-every2")
+    lo, hi = tree["intervals"]["speedup"]
+    assert lo <= tree["speedup"] <= hi and tree["prompts"] >= 2
     manifest = json.loads((quick_run / "manifest.json").read_text())
     env = manifest["environment"]
     assert {"python", "torch", "transformers", "treegraft", "cpu", "git"} <= set(env)
@@ -321,14 +343,19 @@ def test_compare_two_result_directories(quick_run: Path, tmp_path):
     assert "treegraft-every2" in result.output and "0.00" in result.output
     text = md.read_text()
     assert "| target+draft | treegraft-every2 | measured |" in text
-    assert "| pair | method | mode | speedup A | speedup B | Δ speedup |" in text
+    assert "| pair | method | mode | speedup A | speedup B | Δ speedup | beyond intervals |" in text
     assert "| target+draft | ar-runner | measured |" in text
     baseline = (
-        "ar" if "| target+draft | ar | measured | 1.00 | 1.00 | +0.00 |" in text else "ar-runner"
+        "ar" if "| target+draft | ar | measured | 1.00 [1.00, 1.00] |" in text else "ar-runner"
     )
-    assert f"| target+draft | {baseline} | measured | 1.00 | 1.00 | +0.00 |" in text
+    assert (
+        f"| target+draft | {baseline} | measured | 1.00 [1.00, 1.00] | 1.00 [1.00, 1.00] | +0.00 | no |"
+        in text
+    )
     assert f"speedups over the faster plain decoding: A `{baseline}`, B `{baseline}`" in text
     assert f"A `{baseline}`, B `{baseline}`" in result.output
+    assert "differ?" in result.output
+    assert "0 of 7 rows differ beyond their 95% speedup intervals" in result.output
 
 
 def test_cli_errors_are_short(tmp_path):
@@ -416,3 +443,18 @@ def test_resume_refuses_another_sweep_or_no_sweep(tmp_path):
         )
     result = CliRunner().invoke(cli(), ["bench", "benchmarks/paper.yaml", "--resume"])
     assert result.exit_code == 2 and "--resume: give the results directory" in result.output
+
+
+def test_flags_shrink_the_sweep(quick_run: Path, tmp_path):
+    out = tmp_path / "small"
+    args = ["--suites", "code.jsonl", "--prompts", "1", "--max-new-tokens", "4"]
+    sweep = str(quick_run.parent / "sweep.yaml")
+    result = CliRunner().invoke(
+        cli(), ["bench", sweep, *args, "--pairs", "target+draft", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(lines) == len(METHODS)
+    assert {x["suite"] for x in lines} == {"code"} and {x["new_tokens"] for x in lines} == {4}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["options"]["prompts"] == 1 and manifest["config"]["max_new_tokens"] == 4

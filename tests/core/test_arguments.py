@@ -76,7 +76,7 @@ def test_stop_strings_must_be_non_empty(pipe: Pipeline, stop, message: str) -> N
         ([3, VOCAB], f"token id {VOCAB} at position 1 is outside the target's vocabulary"),
         ([3, -1, 4], "token id -1 at position 1 is outside the target's vocabulary [0, 40)"),
         ([], "prompt: has no tokens"),
-        ([[1, 2], [3]], "prompt: expected text or a sequence of int token ids"),
+        ([[[1, 2], [3]]], "prompt: expected text or a sequence of int token ids"),
         ("t\udcff", "prompt: byte 0xff at position 1 is not UTF-8 text"),
     ],
     ids=[

@@ -1,12 +1,17 @@
 """Per-request records -> summary rows per pair, per suite and overall.
 
 Definitions (every method is paired with the plain decoding of the same prompt, pair and
-repetition; both plain decodings, `ar` and `ar-runner`, always run, and per pair the *baseline*
-is the faster of them: the higher median tokens/s over the pair's requests, `plain_baselines`):
+repetition, always measured; both plain decodings, `ar` and `ar-runner`, always run, and per pair
+the *baseline* is the faster of them: the higher median tokens/s over the pair's requests,
+`plain_baselines`; `aggregate` can be told one baseline method instead):
 
 - tokens/s: median over requests of `new_tokens / wall_s`.
-- speedup (ratio of medians): median tokens/s of the method / median tokens/s of the baseline.
-- speedup_mean (mean of ratios): mean over requests of `tokens/s(method) / tokens/s(baseline)`.
+- speedup (primary): geometric mean over prompts of the paired per-prompt ratio
+  `tokens/s(method) / tokens/s(baseline)` (see `treegraft.bench.stats`).
+- speedup_median (secondary, ratio of medians): median tokens/s of the method / of the baseline.
+- speedup_mean (arithmetic mean of ratios): mean over requests of the per-prompt ratios.
+- intervals: percentile-bootstrap 95% intervals of speedup, speedup_median and tau, prompts
+  resampled within each pair x suite cell (repetitions of a prompt stay together).
 - tau: total tokens committed by target forwards (bonus included) / total target forwards.
 - acceptance per depth d: fraction of steps that accepted at least d draft tokens (pooled).
 - strong calls per step: total strong-drafter calls / total steps.
@@ -23,11 +28,21 @@ import attrs
 
 from treegraft.bench.config import AR, PLAIN
 from treegraft.bench.records import MEASURED, SPLIT_KEYS, Request
+from treegraft.bench.stats import (
+    Interval,
+    geometric_mean,
+    geometric_mean_interval,
+    ratio_of_medians_interval,
+    ratio_of_sums_interval,
+    resample_indices,
+)
 from treegraft.core.metrics import acceptance_per_depth
 
 ALL = "all"
 #: Numbers reported with a spread over repetitions.
-SPREAD = ("tokens_per_s", "speedup", "speedup_mean", "tau")
+SPREAD = ("tokens_per_s", "speedup", "speedup_median", "speedup_mean", "tau")
+#: Numbers reported with a bootstrap confidence interval (`Row.intervals`).
+INTERVALS = ("speedup", "speedup_median", "tau")
 
 
 @attrs.frozen
@@ -50,6 +65,9 @@ class Row:
     peak_mem_mib: float
     exact_rate: float
     spread: dict[str, float] = attrs.field(factory=dict)
+    speedup_median: float = 0.0
+    prompts: int = 0
+    intervals: dict[str, Interval] = attrs.field(factory=dict)
     #: the plain decoding the speedups are against (`ar` or `ar-runner`; `a/b` over pairs that differ)
     baseline: str = AR
 
@@ -108,7 +126,10 @@ def group_row(
         requests=len(requests),
         new_tokens=sum(r.new_tokens for r in requests),
         tokens_per_s=median(r.tokens_per_s for r in requests),
-        speedup=_ratio(
+        speedup=geometric_mean(
+            [_ratio(r.tokens_per_s, a.tokens_per_s) for r, a in zip(requests, base, strict=True)]
+        ),
+        speedup_median=_ratio(
             median(r.tokens_per_s for r in requests), median(a.tokens_per_s for a in base)
         ),
         speedup_mean=mean(
@@ -150,6 +171,7 @@ def combine_repeats(rows: Sequence[Row]) -> Row:
         new_tokens=sum(r.new_tokens for r in rows),
         tokens_per_s=avg(lambda r: r.tokens_per_s),
         speedup=avg(lambda r: r.speedup),
+        speedup_median=avg(lambda r: r.speedup_median),
         speedup_mean=avg(lambda r: r.speedup_mean),
         tau=avg(lambda r: r.tau),
         acceptance=tuple(avg(lambda r, d=d: r.acceptance[d]) for d in range(depth)),
@@ -161,10 +183,12 @@ def combine_repeats(rows: Sequence[Row]) -> Row:
     )
 
 
-def aggregate(requests: Sequence[Request]) -> list[Row]:
-    """Rows for every (pair | all) x (suite | all) x method x mode, repetitions combined."""
+def aggregate(requests: Sequence[Request], baseline: str | None = None) -> list[Row]:
+    """Rows for every (pair | all) x (suite | all) x method x mode, repetitions combined;
+    speedups against each pair's faster plain decoding on the same prompt (`plain_baselines`),
+    or against the `baseline` method when one is named."""
     ok = [r for r in requests if r.error is None]
-    baselines = plain_baselines(ok)
+    baselines = plain_baselines(ok) if baseline is None else {r.pair: baseline for r in ok}
     ar = ar_index(ok, baselines)
     ok = [r for r in ok if r.key in ar]
     pairs = [*_ordered(r.pair for r in ok), ALL]
@@ -194,7 +218,36 @@ def _over_repeats(requests: list[Request], ar: dict, pair: str, suite: str) -> R
         group_row([r for r in requests if r.repeat == k], ar, pair=pair, suite=suite)
         for k in repeats
     ]
-    return combine_repeats(per_repeat)
+    return with_intervals(combine_repeats(per_repeat), requests, ar)
+
+
+def with_intervals(row: Row, requests: Sequence[Request], ar: dict) -> Row:
+    """The row with its prompt count, pooled primary speedup and bootstrap intervals.
+
+    A prompt is one unit: over its repetitions, the mean log-ratio, the mean tokens/s of method
+    and baseline, and the summed committed tokens and target forwards.
+    """
+    units: dict[tuple[str, str, str], list[Request]] = {}
+    for r in requests:
+        units.setdefault((r.pair, r.suite, r.prompt_id), []).append(r)
+    strata = [(pair, suite) for pair, suite, _ in units]
+    ratios, tps, base_tps, committed, steps = [], [], [], [], []
+    for reps in units.values():
+        per = [_ratio(r.tokens_per_s, ar[r.key].tokens_per_s) for r in reps]
+        ratios.append(geometric_mean(per))
+        tps.append(mean(r.tokens_per_s for r in reps))
+        base_tps.append(mean(ar[r.key].tokens_per_s for r in reps))
+        committed.append(sum(r.committed for r in reps))
+        steps.append(sum(r.steps for r in reps))
+    idx = resample_indices(strata)  # one set of resamples for the row's three intervals
+    intervals = {
+        "speedup": geometric_mean_interval(ratios, indices=idx),
+        "speedup_median": ratio_of_medians_interval(tps, base_tps, indices=idx),
+        "tau": ratio_of_sums_interval(committed, steps, indices=idx),
+    }
+    return attrs.evolve(
+        row, speedup=geometric_mean(ratios), prompts=len(units), intervals=intervals
+    )
 
 
 def _ordered(items: Iterable) -> list:

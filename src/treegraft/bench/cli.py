@@ -59,6 +59,22 @@ def run(
         bool,
         typer.Option("--replay", help="also predict every pipeline without running the target"),
     ] = False,
+    suites: Annotated[
+        str | None,
+        typer.Option(
+            help="comma-separated suites (zoo names or JSONL files), replacing the file's"
+        ),
+    ] = None,
+    pairs: Annotated[
+        str | None,
+        typer.Option(help="comma-separated pair names (labels or target+drafter) to keep"),
+    ] = None,
+    prompts: Annotated[
+        int | None, typer.Option("--prompts", help="prompts per suite (prompts_per_suite)")
+    ] = None,
+    max_new_tokens: Annotated[
+        int | None, typer.Option("--max-new-tokens", help="tokens generated per prompt at most")
+    ] = None,
     progress: Annotated[bool, typer.Option(help="show a progress bar with an ETA")] = True,
     resume: Annotated[
         bool,
@@ -93,13 +109,20 @@ def run(
     ] = None,
 ) -> None:
     """Run a sweep: pairs x suites x (plain decoding, baselines, pipelines); write the reports."""
-    from treegraft.bench.config import load_bench_config
+    from treegraft.bench.config import load_bench_config_with
     from treegraft.bench.run import run_bench
     from treegraft.core.config import ConfigError
     from treegraft.core.inputs import prepare_output_dir
 
+    overrides = {"prompts_per_suite": prompts, "max_new_tokens": max_new_tokens}
     try:
-        cfg = load_bench_config(config)
+        cfg = load_bench_config_with(
+            config,
+            suites=_split(suites),
+            pairs=_split(pairs),
+            prompts=prompts,
+            max_new_tokens=max_new_tokens,
+        )
     except ConfigError as exc:
         _fail(str(exc))
     if repeat is not None and repeat < 1:
@@ -107,11 +130,21 @@ def run(
     if resume and out_dir is None:
         _fail("--resume: give the results directory to continue with --out DIR")
     cfg = cfg.quick() if quick else cfg
+    cfg = cfg.with_settings(**{k: v for k, v in overrides.items() if v is not None})
     cfg = cfg.with_settings(repeat=repeat) if repeat is not None else cfg
     cfg = cfg.with_settings(replay=True) if replay else cfg
     target = out_dir or Path("runs") / f"bench-{config.stem}-{datetime.now():%Y%m%d-%H%M%S}"
     prepare_output_dir(target, "--out")  # before any model loads
-    options = {"quick": quick, "repeat": repeat, "replay": replay, "config": str(config)}
+    options = {
+        "quick": quick,
+        "repeat": repeat,
+        "replay": replay,
+        "config": str(config),
+        "suites": suites,
+        "pairs": pairs,
+        "prompts": prompts,
+        "max_new_tokens": max_new_tokens,
+    }
     flags = {"name": executor, "address": ray_address, "workers": workers, "num_cpus": num_cpus}
     flags |= {"num_gpus": num_gpus, "retries": retries}
     try:
@@ -121,8 +154,7 @@ def run(
         )
     except (ConfigError, FileNotFoundError) as exc:
         _fail(str(exc))
-    out.print((result.out_dir / "summary.md").read_text(), markup=False, highlight=False)
-    console.print(f"results in {result.out_dir}")
+    print_summary(result.rows, result.out_dir)
     if result.failed:
         console.print(
             f"[bold red]error:[/] {len(result.failed)} unit(s) failed (see summary.md and "
@@ -130,6 +162,31 @@ def run(
             highlight=False,
         )
         raise typer.Exit(code=1)
+
+
+def _split(text: str | None) -> list[str] | None:
+    """`a, b` -> ['a', 'b']; None stays None."""
+    return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
+
+
+def print_summary(rows: list, out_dir: Path) -> None:
+    """The fastest methods overall with their intervals, the warnings, and where the report is."""
+    from treegraft.bench.report import SUMMARY_MD, warnings
+    from treegraft.bench.summary import TERMINAL_HEADERS, TOP_ROWS, prompt_count, terminal_rows
+
+    out.print(
+        f"top {TOP_ROWS} methods, all pairs and suites, {prompt_count(rows)} prompts per method, "
+        "speedup over plain decoding:"
+    )
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for i, header in enumerate(TERMINAL_HEADERS):
+        table.add_column(header, no_wrap=True, justify="left" if i == 0 else "right")
+    for row in terminal_rows(rows):
+        table.add_row(*row)
+    out.print(table)
+    for warning in warnings(rows):
+        out.print(f"warning: {warning}", markup=False, highlight=False)
+    console.print(f"full report: {out_dir / SUMMARY_MD} (results in {out_dir})")
 
 
 @app.command("compare")
@@ -157,10 +214,18 @@ def compare(
     out.print(heading, highlight=False)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for i, header in enumerate(COMPACT_HEADERS[skip:], start=skip):
-        table.add_column(header, no_wrap=i >= 2, justify="left" if i < 2 else "right")
+        table.add_column(header, no_wrap=True, justify="left" if i < 2 else "right")
     for row in rows:
         table.add_row(*row[skip:])
     out.print(table)
+    for note in result.notes:
+        out.print(f"note: {note}", highlight=False)
+    beyond = [r[1] for r in rows if r[4].startswith("yes")]
+    out.print(
+        f"{len(beyond)} of {len(rows)} rows differ beyond their 95% speedup intervals"
+        + (f": {', '.join(beyond)}" if beyond else ""),
+        highlight=False,
+    )
     if markdown is not None:
         markdown.write_text(result.markdown(str(a), str(b)) + "\n")
         console.print(f"wrote {markdown}")

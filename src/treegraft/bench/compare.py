@@ -1,4 +1,6 @@
-"""Side by side: the summary rows of two result directories."""
+"""Side by side: the summary rows of two result directories, and whether their speedups differ
+beyond their 95% intervals (disjoint intervals: a conservative test, about 0.6% false positives
+for two independent runs of equal precision)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ HEADERS = (
     "speedup A",
     "speedup B",
     "Δ speedup",
+    "beyond intervals",
     "tau A",
     "tau B",
     "tokens/s A",
@@ -34,6 +37,7 @@ class Comparison:
 
     suite: str
     rows: tuple[tuple[str, ...], ...]
+    notes: tuple[str, ...] = ()
     #: the plain decoding each run's speedups are against (`ar` for runs before `ar-runner`)
     baselines: tuple[str, str] = (AR, AR)
 
@@ -48,21 +52,43 @@ class Comparison:
         )
 
     def compact(self) -> tuple[tuple[str, ...], ...]:
-        """The rows with the mode folded into the method and each A/B pair of cells as `a→b`."""
+        """The rows with the mode folded into the method, each A/B pair of cells as `a→b`
+        (speedups without intervals; tokens/s left to the markdown)."""
         return tuple(
             (
                 r[0],
                 r[1] if r[2] == MEASURED else f"{r[1]} ({r[2]})",
-                f"{r[3]}→{r[4]}",
+                f"{_point(r[3])}→{_point(r[4])}",
                 r[5],
-                *(f"{r[i]}→{r[i + 1]}" for i in (6, 8, 10)),
+                r[6],
+                *(f"{r[i]}→{r[i + 1]}" for i in (7, 11)),
             )
             for r in self.rows
         )
 
 
 #: Column names of `Comparison.compact`.
-COMPACT_HEADERS = ("pair", "method", "speedup A→B", "Δ", "tau", "tokens/s", "exact")
+COMPACT_HEADERS = ("pair", "method", "speedup A→B", "Δ", "differ?", "tau", "exact")
+
+
+def _point(cell: str) -> str:
+    """A cell without its interval: `1.20 [1.10, 1.30]` -> `1.20`."""
+    return cell.split(" [")[0]
+
+
+def differ(a: dict | None, b: dict | None) -> str:
+    """Whether two rows' speedup intervals are disjoint: `yes (B faster)`, `yes (A faster)`, `no`
+    (they overlap), or `-` when either run has no interval (a run written before intervals)."""
+    try:
+        lo_a, hi_a = float(a["speedup_lo"]), float(a["speedup_hi"])  # type: ignore[index]
+        lo_b, hi_b = float(b["speedup_lo"]), float(b["speedup_hi"])  # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        return "-"
+    if lo_b > hi_a:
+        return "yes (B faster)"
+    if lo_a > hi_b:
+        return "yes (A faster)"
+    return "no"
 
 
 def load_summary(result_dir: Path) -> list[dict[str, str]]:
@@ -77,13 +103,20 @@ def load_summary(result_dir: Path) -> list[dict[str, str]]:
 
 def compare(a_dir: Path, b_dir: Path, *, suite: str = ALL) -> Comparison:
     """Match the rows of two runs; a method present in only one run shows '-' on the other side."""
-    a = {_key(r): r for r in load_summary(a_dir) if r["suite"] == suite}
-    b = {_key(r): r for r in load_summary(b_dir) if r["suite"] == suite}
+    a_rows, b_rows = load_summary(a_dir), load_summary(b_dir)
+    notes = tuple(
+        f"{name} ({where}) predates paired speedups: its speedup is the ratio of medians, "
+        "without intervals; rerun it to compare like with like"
+        for name, where, rows in (("A", a_dir, a_rows), ("B", b_dir, b_rows))
+        if rows and "speedup_lo" not in rows[0]
+    )
+    a = {_key(r): r for r in a_rows if r["suite"] == suite}
+    b = {_key(r): r for r in b_rows if r["suite"] == suite}
     keys = list(dict.fromkeys([*a, *b]))
     if len({k[0] for k in keys} - {ALL}) == 1:  # one pair: its rows are the overall rows
         keys = [k for k in keys if k[0] != ALL]
     rows = tuple(_row(k, a.get(k), b.get(k)) for k in keys)
-    return Comparison(suite, rows, (_baseline(a.values()), _baseline(b.values())))
+    return Comparison(suite, rows, notes, baselines=(_baseline(a.values()), _baseline(b.values())))
 
 
 def _baseline(rows: Iterable[dict[str, str]]) -> str:
@@ -100,6 +133,12 @@ def _row(key: tuple[str, str, str], a: dict | None, b: dict | None) -> tuple[str
     def get(row: dict | None, name: str, fmt: str = "{:.2f}") -> str:
         return fmt.format(float(row[name])) if row and row.get(name) else "-"
 
+    def ci(row: dict | None) -> str:
+        text = get(row, "speedup")
+        if row and row.get("speedup_lo") and row.get("speedup_hi"):
+            text += f" [{float(row['speedup_lo']):.2f}, {float(row['speedup_hi']):.2f}]"
+        return text
+
     delta = (
         f"{float(b['speedup']) - float(a['speedup']):+.2f}"
         if a and b and a.get("speedup") and b.get("speedup")
@@ -107,9 +146,10 @@ def _row(key: tuple[str, str, str], a: dict | None, b: dict | None) -> tuple[str
     )
     return (
         *key,
-        get(a, "speedup"),
-        get(b, "speedup"),
+        ci(a),
+        ci(b),
         delta,
+        differ(a, b),
         get(a, "tau"),
         get(b, "tau"),
         get(a, "tokens_per_s", "{:.1f}"),

@@ -323,3 +323,61 @@ def _check_labels(entries: tuple[PipelineEntry, ...], settings: BenchSettings) -
                 "(by a baseline or an earlier entry); give this entry a distinct label"
             )
         seen.add(entry.name)
+
+
+def load_bench_config_with(
+    path: str | Path,
+    *,
+    suites: list[str] | None = None,
+    pairs: list[str] | None = None,
+    prompts: int | None = None,
+    max_new_tokens: int | None = None,
+) -> BenchConfig:
+    """`load_bench_config` with command-line overrides of the sweep file, validated as its fields
+    (a bad value names the flag and the field: `--prompts (bench.prompts_per_suite): ...`).
+
+    `suites` replaces the file's suites; `pairs` keeps only the pairs of those names (labels, or
+    `target+drafter`), in the order given.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: benchmark config file not found")
+    data = parse_yaml(path.read_text(), str(path))
+    if isinstance(data, Mapping):
+        flags = {"suites": suites, "prompts_per_suite": prompts, "max_new_tokens": max_new_tokens}
+        data = {**data, **{k: v for k, v in flags.items() if v is not None}}
+    try:
+        config = bench_config_from_dict(data, base_dir=path.parent, source=str(path))
+    except ConfigError as exc:
+        raise ConfigError(_name_flag(str(exc))) from None
+    return config if pairs is None else select_pairs(config, pairs)
+
+
+#: Command-line flag of each sweep field it overrides.
+FLAGS = {
+    "suites": "--suites",
+    "prompts_per_suite": "--prompts",
+    "max_new_tokens": "--max-new-tokens",
+}
+
+
+def _name_flag(message: str) -> str:
+    for key, flag in FLAGS.items():
+        path = f"{ROOT}.{key}"
+        if message.startswith((path + ":", path + "[")):
+            return f"{flag} ({message.split(':', 1)[0]}):{message.split(':', 1)[1]}"
+    return message
+
+
+def select_pairs(config: BenchConfig, names: list[str]) -> BenchConfig:
+    """The sweep restricted to the pairs named (`--pairs`), in the order given."""
+    by_name = {p.name: p for p in config.pairs}
+    for name in names:
+        if name not in by_name:
+            raise ConfigError(
+                f"--pairs: unknown pair {name!r}{_hint(name, list(by_name))} "
+                f"pairs in {config.source}: {', '.join(by_name)}"
+            )
+    if not names:
+        raise ConfigError("--pairs: expected at least one pair name, got none")
+    return attrs.evolve(config, pairs=tuple(by_name[n] for n in dict.fromkeys(names)))

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -11,10 +12,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from treegraft.bench.aggregate import ALL, Row
-from treegraft.bench.config import AR
+from treegraft.bench.config import AR, BASELINES, ENDPOINTS
 from treegraft.bench.records import MEASURED, REPLAY, SPLIT_KEYS, Request
 
-COLOURS = plt.get_cmap("tab20")
 SPLIT_COLOURS = {
     "target": "#4c72b0",
     "strong": "#dd8452",
@@ -23,36 +23,101 @@ SPLIT_COLOURS = {
 }
 
 
+#: Method families in plot order, each with its colour map (darker = later in the family).
+FAMILIES = (
+    ("pipelines", "Blues"),
+    ("scheduler variants", "Greens"),
+    ("endpoints and chain", "Purples"),
+    ("Hugging Face", "Oranges"),
+)
+#: The shipped pipelines (`treegraft-threshold` is `treegraft` in a sweep): black edge, bold label.
+SHIPPED = ("treegraft", "treegraft-threshold", "treegraft-learned", "treegraft-distilled")
+
+
+def family_of(method: str) -> str:
+    """Which family a method belongs to (by its harness name)."""
+    if method.startswith("hf-"):
+        return "Hugging Face"
+    if method in (*ENDPOINTS, "chain"):
+        return "endpoints and chain"
+    if method in BASELINES and method.startswith("treegraft-"):
+        return "scheduler variants"
+    return "pipelines"
+
+
+def method_order(methods: Sequence[str], speed: Mapping[str, float]) -> list[str]:
+    """Methods grouped by family (in `FAMILIES` order), fastest first within a family."""
+    rank = {name: i for i, (name, _) in enumerate(FAMILIES)}
+    return sorted(methods, key=lambda m: (rank[family_of(m)], -speed.get(m, 0.0), m))
+
+
+def method_colours(methods: Sequence[str]) -> dict[str, Any]:
+    """A colour per method: its family's colour map, spread over the family's members."""
+    colours: dict[str, Any] = {}
+    for family, cmap in FAMILIES:
+        members = [m for m in methods if family_of(m) == family]
+        for i, m in enumerate(members):
+            colours[m] = plt.get_cmap(cmap)(0.45 + 0.5 * (i + 1) / (len(members) + 1))
+    return colours
+
+
 def plot_speedup(rows: Sequence[Row], path: Path) -> Path:
-    """Grouped bars: speedup (ratio of medians) per suite and method, one panel per pair, over
-    the pair's faster plain decoding (its `baseline`, named on the axis and left out of the bars)."""
-    pairs = list(dict.fromkeys(r.pair for r in rows if r.pair != ALL))
-    methods = list(
-        dict.fromkeys(r.method for r in rows if r.mode == MEASURED and r.method != r.baseline)
-    )
-    suites = list(dict.fromkeys(r.suite for r in rows))
-    fig, axes = plt.subplots(
-        len(pairs),
-        1,
-        figsize=(max(8, 1.2 * len(suites) * max(1, len(methods)) / 4), 3.5 * len(pairs)),
-        squeeze=False,
-    )
-    width = 0.8 / max(1, len(methods))
-    for ax, pair in zip(axes[:, 0], pairs, strict=True):
-        cell = {
-            (r.method, r.suite): r.speedup for r in rows if r.pair == pair and r.mode == MEASURED
-        }
-        for j, method in enumerate(methods):
-            xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(suites))]
-            heights = [cell.get((method, s), 0.0) for s in suites]
-            ax.bar(xs, heights, width, label=method, color=COLOURS(j % COLOURS.N))
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_xticks(range(len(suites)), suites)
+    """One panel per pair: each method's speedup over all suites as a horizontal bar with its 95%
+    interval, and its speedup per suite as markers; methods grouped by family (colours), the
+    shipped pipelines outlined in black, the plain-decoding line at 1 (each pair's
+    faster plain decoding, its `baseline`, named on the axis and left out of the bars)."""
+    pairs = list(dict.fromkeys(r.pair for r in rows if r.pair != ALL)) or [ALL]
+    measured = [r for r in rows if r.mode == MEASURED and r.method != r.baseline]
+    suites = list(dict.fromkeys(r.suite for r in measured if r.suite != ALL))
+    overall = {r.method: r.speedup for r in measured if r.pair == ALL and r.suite == ALL}
+    methods = method_order(list(dict.fromkeys(r.method for r in measured)), overall)
+    colours = method_colours(methods)
+    markers = "osD^v<>PX*"
+    height = 0.32 * len(methods) + 1.6
+    fig, axes = plt.subplots(1, len(pairs), figsize=(5.2 * len(pairs) + 2.5, height),
+                             squeeze=False, sharey=True)  # fmt: skip
+    for ax, pair in zip(axes[0], pairs, strict=True):
+        cell = {(r.method, r.suite): r for r in measured if r.pair == pair}
+        found = [cell.get((m, ALL)) for m in methods]
+        ys = list(range(len(methods)))
+        ax.barh(ys, [r.speedup if r else 0.0 for r in found], 0.7,
+                color=[colours[m] for m in methods],
+                edgecolor=["black" if m in SHIPPED else "none" for m in methods],
+                xerr=error_bars(found), error_kw={"elinewidth": 0.8, "capsize": 2})  # fmt: skip
+        for k, suite in enumerate(suites):
+            points = [(cell[(m, suite)].speedup, y) for y, m in zip(ys, methods, strict=True)
+                      if (m, suite) in cell]  # fmt: skip
+            if points:
+                ax.scatter(*zip(*points, strict=True), s=12, marker=markers[k % len(markers)],
+                           color="black", alpha=0.55, zorder=3, label=suite)  # fmt: skip
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_yticks(ys, methods)
+        for label in ax.get_yticklabels():
+            if label.get_text() in SHIPPED:
+                label.set_fontweight("bold")
+        ax.invert_yaxis()
         baseline = next((r.baseline for r in rows if r.pair == pair), AR)
-        ax.set_ylabel(f"speedup vs {baseline}")
-        ax.set_title(pair)
-    axes[0, 0].legend(fontsize="small", ncol=3, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        ax.set_xlabel(f"speedup vs {baseline} (bar: all suites, 95% CI)")
+        ax.set_title(pair, fontsize="medium")
+        ax.grid(axis="x", alpha=0.3)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=plt.get_cmap(c)(0.75)) for _, c in FAMILIES]
+    legend = axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small",
+                                title="per suite", frameon=False)  # fmt: skip
+    axes[0, -1].add_artist(legend)
+    axes[0, -1].legend(handles, [f for f, _ in FAMILIES], loc="lower left",
+                       bbox_to_anchor=(1.02, 0.0), fontsize="small", title="family",
+                       frameon=False)  # fmt: skip
     return save_figure(fig, path)
+
+
+def error_bars(rows: Sequence[Row | None]) -> list[list[float]]:
+    """`yerr` for bars of the rows' speedups: distances to the 95% interval's ends (0 if none)."""
+    low, high = [], []
+    for r in rows:
+        interval = r.intervals.get("speedup") if r else None
+        low.append(max(0.0, r.speedup - interval.lo) if interval else 0.0)
+        high.append(max(0.0, interval.hi - r.speedup) if interval else 0.0)
+    return [low, high]
 
 
 def plot_tau(requests: Sequence[Request], path: Path) -> Path:
@@ -87,22 +152,45 @@ def plot_time_split(rows: Sequence[Row], path: Path) -> Path:
 
 
 def plot_replay(rows: Sequence[Row], path: Path) -> Path:
-    """Replay-predicted vs measured speedup per pipeline (overall), with the diagonal."""
+    """Replay-predicted vs measured speedup per pipeline (overall), with the diagonal; labels
+    stacked beside the points without overlapping, each joined to its point by a line."""
     overall = {(r.method, r.mode): r for r in rows if r.pair == ALL and r.suite == ALL}
     points = [
         (overall[(m, MEASURED)].speedup, r.speedup, m)
         for (m, mode), r in overall.items()
         if mode == REPLAY and (m, MEASURED) in overall
     ]
-    fig, ax = plt.subplots(figsize=(5, 5))
-    for x, y, label in points:
-        ax.scatter([x], [y])
-        ax.annotate(label, (x, y), fontsize="small")
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
     top = max([1.0, *(max(x, y) for x, y, _ in points)]) * 1.1
     ax.plot([0, top], [0, top], color="black", linewidth=0.8)
+    colours = method_colours([m for _, _, m in points])
+    for x, y, label in points:
+        ax.scatter([x], [y], color=colours[label], edgecolor="black", linewidth=0.5, zorder=3)
+    placed = spread_labels([y for _, y, _ in points], min_gap=top / 28)
+    for (x, y, label), ty in zip(points, placed, strict=True):
+        ax.annotate(label, (x, y), xytext=(top * 1.03, ty), textcoords="data", fontsize="small",
+                    va="center", annotation_clip=False,
+                    arrowprops={"arrowstyle": "-", "color": "grey", "linewidth": 0.5})  # fmt: skip
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
     ax.set_xlabel("measured speedup")
     ax.set_ylabel("replay-predicted speedup")
     return save_figure(fig, path)
+
+
+def spread_labels(ys: Sequence[float], min_gap: float) -> list[float]:
+    """Label heights near `ys`, in the same order, at least `min_gap` apart (pushed apart
+    symmetrically around their mean so the block stays centred on the points)."""
+    order = sorted(range(len(ys)), key=lambda i: ys[i])
+    placed = [ys[i] for i in order]
+    for k in range(1, len(placed)):
+        placed[k] = max(placed[k], placed[k - 1] + min_gap)
+    shift = (sum(ys) - sum(placed)) / len(ys) if ys else 0.0
+    placed = [p + shift for p in placed]
+    out = [0.0] * len(ys)
+    for i, p in zip(order, placed, strict=True):
+        out[i] = p
+    return out
 
 
 def save_figure(fig: plt.Figure, path: Path) -> Path:

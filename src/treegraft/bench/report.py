@@ -8,20 +8,22 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from statistics import median
 from typing import Any
 
 import attrs
 
-from treegraft.bench.aggregate import ALL, Row, ar_index, plain_baselines, speedup_of
+from treegraft.bench.aggregate import ALL, INTERVALS, Row, ar_index, plain_baselines, speedup_of
 from treegraft.bench.config import AR, ENDPOINTS, HF_ASSISTED, PLAIN
 from treegraft.bench.records import MEASURED, REPLAY, SPLIT_KEYS, Request, request_to_json
+from treegraft.bench.stats import MIN_PROMPTS, Interval, geometric_mean, geometric_mean_interval
 
 REQUESTS = "requests.jsonl"
 SUMMARY_CSV = "summary.csv"
 SUMMARY_MD = "summary.md"
+SUMMARY_JSON = "summary.json"
 MANIFEST = "manifest.json"
 LATENCY = "latency.json"
 
@@ -31,15 +33,24 @@ CSV_COLUMNS = (
     "method",
     "mode",
     "requests",
+    "prompts",
     "new_tokens",
     "tokens_per_s",
     "tokens_per_s_std",
     "speedup",
     "speedup_std",
+    "speedup_lo",
+    "speedup_hi",
+    "speedup_median",
+    "speedup_median_std",
+    "speedup_median_lo",
+    "speedup_median_hi",
     "speedup_mean",
     "speedup_mean_std",
     "tau",
     "tau_std",
+    "tau_lo",
+    "tau_hi",
     "strong_calls_per_step",
     "acceptance_per_depth",
     *(f"split_{k}" for k in SPLIT_KEYS),
@@ -98,6 +109,7 @@ def row_to_csv(row: Row) -> dict[str, Any]:
         "method": row.method,
         "mode": row.mode,
         "requests": row.requests,
+        "prompts": row.prompts,
         "new_tokens": row.new_tokens,
         "strong_calls_per_step": _num(row.strong_calls_per_step),
         "acceptance_per_depth": ";".join(f"{a:.4f}" for a in row.acceptance),
@@ -105,9 +117,13 @@ def row_to_csv(row: Row) -> dict[str, Any]:
         "exact_rate": _num(row.exact_rate),
         "baseline": row.baseline,
     }
-    for name in ("tokens_per_s", "speedup", "speedup_mean", "tau"):
+    for name in ("tokens_per_s", "speedup", "speedup_median", "speedup_mean", "tau"):
         out[name] = _num(getattr(row, name))
         out[f"{name}_std"] = _num(row.spread.get(name, 0.0))
+    for name in INTERVALS:
+        interval = row.intervals.get(name)
+        out[f"{name}_lo"] = _num(interval.lo if interval else None)
+        out[f"{name}_hi"] = _num(interval.hi if interval else None)
     out.update({f"split_{k}": _num(row.split[k]) for k in SPLIT_KEYS})
     return out
 
@@ -139,9 +155,15 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str
     return "\n".join(lines)
 
 
-def _x(value: float, spread: float | None = None) -> str:
+def _x(value: float, spread: float | None = None, interval: Interval | None = None) -> str:
     text = f"{value:.2f}"
-    return f"{text} ± {spread:.2f}" if spread else text
+    text = f"{text} ± {spread:.2f}" if spread else text
+    return f"{text} {interval.text()}" if interval is not None else text
+
+
+def _stat(row: Row, name: str) -> str:
+    """A number with its spread over repetitions (if any) and its 95% interval."""
+    return _x(getattr(row, name), row.spread.get(name), row.intervals.get(name))
 
 
 def _method_rows(rows: Sequence[Row]) -> list[list[str]]:
@@ -149,12 +171,13 @@ def _method_rows(rows: Sequence[Row]) -> list[list[str]]:
         [
             r.method,
             r.mode,
-            _x(r.speedup, r.spread.get("speedup")),
-            _x(r.speedup_mean, r.spread.get("speedup_mean")),
-            _x(r.tau, r.spread.get("tau")),
+            _stat(r, "speedup"),
+            _stat(r, "speedup_median"),
+            _stat(r, "tau"),
             _x(r.tokens_per_s, r.spread.get("tokens_per_s")),
             "-" if r.strong_calls_per_step is None else f"{r.strong_calls_per_step:.2f}",
             f"{100 * r.exact_rate:.0f}%",
+            str(r.prompts),
         ]
         for r in rows
     ]
@@ -163,12 +186,13 @@ def _method_rows(rows: Sequence[Row]) -> list[list[str]]:
 METHOD_HEADERS = (
     "method",
     "mode",
-    "speedup (ratio of medians)",
-    "speedup (mean of ratios)",
-    "tau",
+    "speedup [95% CI]",
+    "ratio of medians [95% CI]",
+    "tau [95% CI]",
     "tokens/s",
     "strong calls/step",
     "exact",
+    "prompts",
 )
 
 
@@ -207,13 +231,14 @@ def acceptance_table(rows: Sequence[Row], depth: int = 8) -> str:
 
 
 def suite_table(rows: Sequence[Row]) -> str:
-    """Speedup (ratio of medians) per method (rows) and suite (columns)."""
+    """Speedup (primary, with its 95% interval) per method (rows) and suite (columns)."""
     suites = list(dict.fromkeys(r.suite for r in rows))
-    cell = {(r.method, r.mode, r.suite): r.speedup for r in rows}
+    cell = {
+        (r.method, r.mode, r.suite): _x(r.speedup, None, r.intervals.get("speedup")) for r in rows
+    }
     methods = list(dict.fromkeys((r.method, r.mode) for r in rows))
     body = [
-        [m if mode == MEASURED else f"{m} ({mode})"]
-        + [f"{cell[(m, mode, s)]:.2f}" if (m, mode, s) in cell else "-" for s in suites]
+        [m if mode == MEASURED else f"{m} ({mode})"] + [cell.get((m, mode, s), "-") for s in suites]
         for m, mode in methods
     ]
     return markdown_table(["speedup", *suites], body)
@@ -258,60 +283,152 @@ def replay_table(rows: Sequence[Row]) -> str | None:
     return markdown_table(headers, body)
 
 
-def standing_table(rows: Sequence[Row]) -> str | None:
-    """Where each pipeline stands: per pair x suite cell, its tokens/s over the better endpoint's
-    (the faster of `ngram-only` and `lm-only` in that cell) and over HF assisted generation's,
-    then the mean over the cells; the same with the mean of per-prompt speedups; and the first
-    ratio per pair. None when the sweep ran neither endpoints nor HF assisted generation."""
+@attrs.frozen
+class Figure:
+    """A geometric mean of per-prompt ratios with its 95% interval and prompt count."""
+
+    value: float
+    interval: Interval
+    prompts: int
+
+    def text(self) -> str:
+        return f"{self.value:.3f}x {self.interval.text('{:.3f}')}"
+
+
+@attrs.frozen
+class Standing:
+    """Where one pipeline stands: vs the better endpoint, vs HF assisted, and per pair."""
+
+    method: str
+    vs_endpoint: Figure | None
+    vs_hf: Figure | None
+    per_pair: dict[str, Figure | None]
+
+
+def standings(rows: Sequence[Row], requests: Sequence[Request]) -> list[Standing] | None:
+    """Where each pipeline stands: per prompt, its tokens/s over that of the better endpoint of
+    the prompt's pair x suite cell (the one of `ngram-only` and `lm-only` with the higher speedup
+    there) and over HF assisted generation's, summarised like speedups (geometric mean over
+    prompts, bootstrap 95% interval); then the first figure per pair. None when the sweep ran
+    neither endpoints nor HF assisted generation."""
     cells = {
         (r.pair, r.suite, r.method): r
         for r in rows
         if r.mode == MEASURED and r.pair != ALL and r.suite != ALL
     }
-    keys = list(dict.fromkeys((p, s) for p, s, _ in cells))
-    pairs = list(dict.fromkeys(p for p, _ in keys))
+    pairs = list(dict.fromkeys(p for p, _, _ in cells))
     others = {*PLAIN, HF_ASSISTED, *ENDPOINTS}
     methods = [m for m in dict.fromkeys(m for _, _, m in cells) if m not in others]
     if not methods or not any(m in others - set(PLAIN) for _, _, m in cells):
         return None
+    measured = {(r.method, r.key): r for r in requests if r.mode == MEASURED and r.error is None}
 
-    def mean(values: list[float]) -> str:
-        return f"{sum(values) / len(values):.3f}x" if values else "-"
+    def better_endpoint(pair: str, suite: str) -> str | None:
+        ends = [cells[(pair, suite, e)] for e in ENDPOINTS if (pair, suite, e) in cells]
+        return max(ends, key=lambda e: e.speedup).method if ends else None
 
-    body = []
-    for method in methods:
-        end, end_mean, hf, hf_mean = [], [], [], []
-        by_pair: dict[str, list[float]] = {p: [] for p in pairs}
-        for pair, suite in keys:
-            x = cells.get((pair, suite, method))
-            if x is None:
-                continue
-            ends = [cells[(pair, suite, e)] for e in ENDPOINTS if (pair, suite, e) in cells]
-            best = max((e.tokens_per_s for e in ends), default=0.0)
-            best_mean = max((e.speedup_mean for e in ends), default=0.0)
-            if best > 0:
-                end.append(x.tokens_per_s / best)
-                by_pair[pair].append(x.tokens_per_s / best)
-            if best_mean > 0:
-                end_mean.append(x.speedup_mean / best_mean)
-            peer = cells.get((pair, suite, HF_ASSISTED))
-            if peer is not None and peer.tokens_per_s > 0:
-                hf.append(x.tokens_per_s / peer.tokens_per_s)
-            if peer is not None and peer.speedup_mean > 0:
-                hf_mean.append(x.speedup_mean / peer.speedup_mean)
-        body.append(
-            [method, mean(end), mean(end_mean), mean(hf), mean(hf_mean)]
-            + [mean(by_pair[p]) for p in pairs]
+    def figure(
+        method: str, peer: Callable[[str, str], str | None], pair: str = ALL
+    ) -> Figure | None:
+        units: dict[tuple[str, str, str], list[float]] = {}
+        for (m, key), r in measured.items():
+            other = peer(r.pair, r.suite)
+            base = measured.get((other, key)) if m == method and other else None
+            if base is not None and pair in (ALL, r.pair) and base.tokens_per_s > 0:
+                units.setdefault(key[:3], []).append(r.tokens_per_s / base.tokens_per_s)
+        ratios = [geometric_mean(v) for v in units.values()]
+        if not ratios:
+            return None
+        interval = geometric_mean_interval(ratios, [k[:2] for k in units])
+        return Figure(geometric_mean(ratios), interval, len(ratios))
+
+    def hf(pair: str, suite: str) -> str | None:
+        return HF_ASSISTED
+
+    return [
+        Standing(
+            method=method,
+            vs_endpoint=figure(method, better_endpoint),
+            vs_hf=figure(method, hf),
+            per_pair={p: figure(method, better_endpoint, p) for p in pairs},
         )
+        for method in methods
+    ]
+
+
+def standing_table(rows: Sequence[Row], requests: Sequence[Request]) -> str | None:
+    """`standings` as a markdown table (None when there is nothing to stand against)."""
+    found = standings(rows, requests)
+    if found is None:
+        return None
+
+    def cell(f: Figure | None) -> str:
+        return "-" if f is None else f.text()
+
+    pairs = list(found[0].per_pair) if found else []
+    body = [
+        [s.method, cell(s.vs_endpoint), cell(s.vs_hf), *(cell(s.per_pair[p]) for p in pairs)]
+        for s in found
+    ]
     headers = [
         "method",
-        "vs better endpoint",
-        "(mean of ratios)",
-        "vs HF assisted",
-        "(mean of ratios)",
+        "vs better endpoint [95% CI]",
+        "vs HF assisted [95% CI]",
         *(f"vs better endpoint, {p}" for p in pairs),
     ]
     return markdown_table(headers, body)
+
+
+def warnings(rows: Sequence[Row], baseline: str = AR) -> list[str]:
+    """What the reader must know before trusting the overall numbers: too few prompts, speedup
+    intervals that include 1.0, and the two fastest methods not separated by their intervals."""
+    overall = [
+        r
+        for r in rows
+        if r.pair == ALL and r.suite == ALL and r.mode == MEASURED and r.method != baseline
+    ]
+    if not overall:
+        return []
+    out = []
+    fewest = min(r.prompts for r in overall)
+    if fewest < MIN_PROMPTS:
+        out.append(
+            f"Only {fewest} prompt(s) per method: intervals from fewer than {MIN_PROMPTS} prompts "
+            "are unreliable and too wide to separate methods; run more prompts (without --quick)."
+        )
+    cells = [
+        r.prompts
+        for r in rows
+        if r.pair != ALL and r.suite != ALL and r.mode == MEASURED and r.method != baseline
+    ]
+    if fewest >= MIN_PROMPTS and cells and min(cells) < MIN_PROMPTS:
+        out.append(
+            f"Per pair x suite cell only {min(cells)} prompt(s): the per-suite speedups and "
+            "intervals are unreliable; read the overall rows, or run more prompts per suite."
+        )
+    crossing = [
+        r for r in overall if "speedup" in r.intervals and r.intervals["speedup"].contains(1.0)
+    ]
+    if crossing:
+        out.append(
+            "Speedup interval includes 1.0 (not distinguishable from plain decoding): "
+            + ", ".join(f"{r.method} {r.intervals['speedup'].text()}" for r in crossing)
+            + "."
+        )
+    ranked = sorted((r for r in overall if "speedup" in r.intervals), key=lambda r: -r.speedup)
+    if len(ranked) >= 2 and ranked[0].intervals["speedup"].overlaps(ranked[1].intervals["speedup"]):
+        a, b = ranked[0], ranked[1]
+        out.append(
+            f"The two fastest methods, {a.method} {a.intervals['speedup'].text()} and {b.method} "
+            f"{b.intervals['speedup'].text()}, have overlapping intervals: this sample does not "
+            "separate them."
+        )
+    return out
+
+
+def warnings_section(rows: Sequence[Row]) -> str | None:
+    found = warnings(rows)
+    return "\n".join(f"- **Warning:** {w}" for w in found) if found else None
 
 
 def exactness_section(requests: Sequence[Request]) -> str:
@@ -371,14 +488,22 @@ def baseline_section(requests: Sequence[Request]) -> str:
     )
 
 
+STATISTICS_NOTE = (
+    "speedup: geometric mean over prompts of the per-prompt ratio of tokens/s to plain decoding "
+    "on the same prompt (primary); ratio of medians: median tokens/s over plain decoding's "
+    "(secondary); [95% CI]: percentile bootstrap over prompts."
+)
+
+
 def markdown_report(rows: Sequence[Row], requests: Sequence[Request], header: str) -> str:
     """The whole `summary.md`."""
-    parts = [
-        "# treegraft benchmark",
-        header,
-        "## Baseline",
-        baseline_section(requests),
+    parts = ["# treegraft benchmark", header, "## Baseline", baseline_section(requests)]
+    cautions = warnings_section(rows)
+    if cautions:
+        parts += [cautions]
+    parts += [
         "## Overall (all pairs, all suites)",
+        STATISTICS_NOTE,
         overall_table(rows),
         "## Per pair (speedup per suite)",
         *pair_tables(rows),
@@ -387,10 +512,10 @@ def markdown_report(rows: Sequence[Row], requests: Sequence[Request], header: st
         "## Time split (overall, % of wall time)",
         split_table(rows),
     ]
-    standing = standing_table(rows)
+    standing = standing_table(rows, requests)
     if standing:
         parts += [
-            "## Standing (mean over pair x suite cells of the per-cell ratio of tokens/s)",
+            "## Standing (per-prompt ratio of tokens/s, geometric mean over prompts)",
             standing,
         ]
     replay = replay_table(rows)

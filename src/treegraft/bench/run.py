@@ -27,6 +27,7 @@ from treegraft.bench.methods import (
 )
 from treegraft.bench.records import MEASURED, REPLAY, Request
 from treegraft.bench.suites import Prompt, load_prompts
+from treegraft.bench.summary import write_summary_json
 from treegraft.bench.sweep import (
     BenchResult,
 )
@@ -232,6 +233,7 @@ def write_reports(
     files = [out / report.REQUESTS, out / report.SUMMARY_CSV, out / report.SUMMARY_MD]
     report.write_csv(rows, files[1])
     files[2].write_text(report.markdown_report(rows, requests, header))
+    files.append(write_summary_json(rows, requests, out))
     files.append(plots.plot_speedup(rows, out / "speedup.png"))
     files.append(plots.plot_tau(requests, out / "tau.png"))
     files.append(plots.plot_time_split(rows, out / "time_split.png"))

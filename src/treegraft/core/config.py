@@ -290,6 +290,11 @@ class DecodingConfig:
     offload_folder: str | None = field(
         None, doc="folder for weights a device map sends to 'disk' (default: a temporary one)"
     )
+    chat: bool = field(
+        False,
+        doc="wrap a text prompt in the tokenizer's chat template (one user message, generation "
+        "prompt added); an error when the tokenizer has none",
+    )
 
 
 @attrs.frozen
@@ -315,6 +320,7 @@ class PipelineSpec:
     grafter: ComponentSpec | None
     decoding: DecodingConfig
     source: str = "<dict>"
+    tokenizer: str | None = None
 
 
 TOP_KEYS = (
@@ -326,6 +332,7 @@ TOP_KEYS = (
     "rescorer",
     "grafter",
     "decoding",
+    "tokenizer",
 )
 DEFAULTS = {"scheduler": {"name": "never"}, "verifier": {"name": "greedy"}}
 
@@ -411,11 +418,24 @@ def pipeline_spec_from_dict(
         grafter=_optional("grafter", merged, registry),
         decoding=structure_config(DecodingConfig, data.get("decoding"), f"{ROOT}.decoding"),
         source=source,
+        tokenizer=_tokenizer_ref(data.get("tokenizer")),
     )
 
 
 def _null_given(data: Mapping, key: str) -> str:
     return " (null given)" if key in data else ""
+
+
+def _tokenizer_ref(raw: Any) -> str | None:
+    """The `tokenizer:` key: a tokenizer folder or model reference (None: the target's)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw:
+        raise ConfigError(
+            f"{ROOT}.tokenizer: expected a tokenizer reference string (zoo:NAME or a folder "
+            f"saved with save_pretrained), got {raw!r}"
+        )
+    return raw
 
 
 def _optional(kind: str, data: Mapping, registry: Registry) -> ComponentSpec | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import attrs
 import torch
@@ -34,7 +34,7 @@ from treegraft.core.registry import (
     Registry,
     default_registry,
 )
-from treegraft.core.resources import ModelRefError, Resources
+from treegraft.core.resources import ModelRefError, Resources, hub_hint, resolve_model_path
 from treegraft.core.runner import CausalLMRunner
 
 #: Pipelines shipped with the package (`pipelines/` in the repository).
@@ -151,23 +151,29 @@ class Pipeline:
             origins=origins,
         )
         decoder.max_positions = context_limit(target, decoder.drafters)
-        tokenizer = resources.load_tokenizer(spec.target)
+        tokenizer = pipeline_tokenizer(spec, resources)
+        check_chat_template(spec, tokenizer)
         return cls(spec, resources, decoder, tokenizer, eos_ids_of(target.model, tokenizer))
 
     # ------------------------------------------------------------------ token ids <-> text
 
     def encode(self, prompt: str | Sequence[int] | Tensor) -> Tensor:
-        """`[T]` int64 token ids of a prompt given as text or ids."""
+        """`[T]` int64 token ids of a prompt given as text or ids (text in the tokenizer's chat
+        template when `decoding.chat` is set)."""
         if isinstance(prompt, str):
             check_utf8(prompt, "prompt")
             if self.tokenizer is None:
                 raise ArgumentError(
                     "this pipeline has no tokenizer: pass token ids instead of text"
                 )
-            ids = self.tokenizer(prompt, add_special_tokens=False)
-            if not ids["input_ids"]:
+            ids = (
+                chat_ids(self.tokenizer, prompt)
+                if self.spec.decoding.chat
+                else self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            )
+            if not ids:
                 raise ArgumentError("prompt is empty after tokenization")
-            return torch.tensor(ids["input_ids"], dtype=torch.long)
+            return torch.tensor(ids, dtype=torch.long)
         return prompt_ids(prompt, self.decoder.target.vocab_size)
 
     def decode_text(self, ids: Sequence[int]) -> str:
@@ -229,15 +235,45 @@ class Pipeline:
         with torch.inference_mode():
             return self.decoder.prepare(int(ids.numel()))
 
+    @overload
     def generate(
         self,
         prompt: str | Sequence[int] | Tensor,
         *,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
-    ) -> Generation:
+    ) -> Generation: ...
+
+    @overload
+    def generate(
+        self,
+        prompt: list[str] | list[Sequence[int]],
+        *,
+        max_new_tokens: int | None = None,
+        stop: Sequence[str] | None = None,
+    ) -> list[Generation]: ...
+
+    def generate(
+        self,
+        prompt: Any,
+        *,
+        max_new_tokens: int | None = None,
+        stop: Sequence[str] | None = None,
+    ) -> Generation | list[Generation]:
         """Decode to the end and return the text, the token ids and the metrics (the decoder's
-        one-time measurements, see `prepare`, are not in the timed generation)."""
+        one-time measurements, see `prepare`, are not in the timed generation).
+
+        A list of prompts (texts, or token-id lists) gives a list of generations, in order. The
+        prompts are decoded one after the other (batch size 1: the decoder's trees are per
+        sequence), each exactly as it would be alone.
+        """
+        if is_prompt_list(prompt):  # one level: each element is one prompt
+            return [self._generate_one(p, max_new_tokens, stop) for p in prompt]
+        return self._generate_one(prompt, max_new_tokens, stop)
+
+    def _generate_one(
+        self, prompt: Any, max_new_tokens: int | None, stop: Sequence[str] | None
+    ) -> Generation:
         ids = self.encode(prompt)
         self.prepare(ids)
         start = time.perf_counter()
@@ -297,6 +333,71 @@ class StopStrings:
             else:
                 lo = mid + 1
         return lo
+
+
+def is_prompt_list(prompt: Any) -> bool:
+    """A list or tuple of prompts (texts or token-id sequences), not one prompt's token ids."""
+    if not isinstance(prompt, (list, tuple)) or not prompt:
+        return False
+    return all(isinstance(p, (str, list, tuple, Tensor)) for p in prompt)
+
+
+def pipeline_tokenizer(spec: PipelineSpec, resources: Resources) -> Any:
+    """The `tokenizer:` of the spec (a folder or zoo reference), else the target's; a tokenizer
+    with more tokens than the target's vocabulary is refused."""
+    if spec.tokenizer is None:
+        return resources.load_tokenizer(spec.target)
+    from transformers import AutoTokenizer
+
+    try:
+        path = tokenizer_path(spec.tokenizer)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (ModelRefError, OSError, ValueError) as exc:
+        raise ConfigError(f"pipeline.tokenizer: cannot load {spec.tokenizer!r}: {exc}") from None
+    vocab = _vocab(resources, spec.target, "pipeline.target")
+    if len(tokenizer) > vocab:
+        raise ConfigError(
+            f"pipeline.tokenizer: {spec.tokenizer!r} has {len(tokenizer)} tokens but the target "
+            f"{spec.target!r} has a vocabulary of {vocab}; use the target's tokenizer"
+        )
+    resources.tokenizer = tokenizer
+    return tokenizer
+
+
+def tokenizer_path(ref: str) -> Path:
+    """Folder of a tokenizer reference: `zoo:NAME` (a zoo model's), `zoo:tokenizer`, or a path."""
+    if ref == "zoo:tokenizer":
+        from treegraft import zoo
+
+        return zoo.tokenizer_path()
+    if ref.startswith("zoo:"):
+        return resolve_model_path(ref)
+    path = Path(ref).expanduser()
+    if not path.is_dir():
+        raise ModelRefError(
+            f"tokenizer folder {ref!r} not found: expected 'zoo:NAME' or a folder written by "
+            "save_pretrained (tokenizer.json / tokenizer_config.json)" + hub_hint(ref)
+        )
+    return path
+
+
+def check_chat_template(spec: PipelineSpec, tokenizer: Any) -> None:
+    """`decoding.chat` needs a tokenizer with a chat template."""
+    if spec.decoding.chat and getattr(tokenizer, "chat_template", None) is None:
+        which = spec.tokenizer or spec.target
+        raise ConfigError(
+            f"pipeline.decoding.chat: the tokenizer of {which!r} has no chat template; set "
+            "decoding.chat: false (prompts are then used as plain text) or point tokenizer: at a "
+            "chat model's tokenizer"
+        )
+
+
+def chat_ids(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of `text` as one user message in the chat template, generation prompt added."""
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+    )
+    return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
 
 
 def context_limit(target: CausalLMRunner, drafters: Sequence[Any]) -> int | None:

@@ -8,6 +8,7 @@ loaded once per `Resources`, so a target used as its own drafter is not loaded t
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -96,9 +97,27 @@ def resolve_model_path(ref: str) -> Path:
     if not (path / "config.json").is_file():
         raise ModelRefError(
             f"model {ref!r} not found: expected 'zoo:NAME' or a directory holding a Hugging Face "
-            "model (config.json + weights)"
+            "model (config.json + weights)" + hub_hint(ref)
         )
     return path
+
+
+#: A Hugging Face Hub model id: `name` or `owner/name`.
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+
+
+def hub_hint(ref: str) -> str:
+    """How to use a Hub model here, when `ref` looks like a Hub id and is not a local path."""
+    if not HUB_ID.fullmatch(ref) or Path(ref).expanduser().exists():
+        return ""
+    folder = f"models/{ref.rsplit('/', 1)[-1]}"
+    return (
+        f"; {ref!r} looks like a Hugging Face Hub id, but treegraft loads models from local "
+        f"folders (nothing is downloaded at decode time). Download it once with "
+        f"`huggingface-cli download {ref} --local-dir {folder}` (or in Python: "
+        f"`AutoModelForCausalLM.from_pretrained({ref!r}).save_pretrained({folder!r})` and the "
+        f"same with AutoTokenizer), then use {folder!r} as the model reference"
+    )
 
 
 def model_vocab_size(ref: str, memory: dict[str, PreTrainedModel] | None = None) -> int:

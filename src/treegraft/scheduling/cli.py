@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from treegraft.bench.progress import prompt_progress
 from treegraft.console import console, out
 from treegraft.console import fail as _fail
 
@@ -177,21 +178,15 @@ def collect(
         )
         console.print(f"costs ready in {time.perf_counter() - start:.1f}s: {_cost_line(cost)}")
 
-        def progress(i: int, step: int, generated: int, finished: bool) -> None:
-            if finished or step % 20 == 0:
-                state = "done" if finished else "running"
-                console.print(
-                    f"  prompt {i + 1}/{len(ids)} {ids[i].id}: {state}, step {step}, {generated} tokens"
-                )
-
         meta = {"pipeline_raw": raw, **how, "kinds": [p.kind for p in texts]}
         if follow is not None:
             meta["follow_artifact"] = follow
-        data = run_collect(
-            pipe, ids, cost, max_new_tokens=max_new_tokens, progress=progress, extra_meta=meta,
-            follow=policy, policy_labels=policy_labels,
-            jitter=cost_jitter, jitter_spread=jitter_spread, jitter_seed=seed,
-        )  # fmt: skip
+        with prompt_progress([p.id for p in ids]) as progress:
+            data = run_collect(
+                pipe, ids, cost, max_new_tokens=max_new_tokens, progress=progress,
+                extra_meta=meta, follow=policy, policy_labels=policy_labels,
+                jitter=cost_jitter, jitter_spread=jitter_spread, jitter_seed=seed,
+            )  # fmt: skip
     except (ConfigError, ValueSystemError, FileNotFoundError) as exc:
         _fail(str(exc))
     data.save(out_dir)

@@ -1,0 +1,239 @@
+"""What `treegraft generate`'s options do: overrides of the pipeline file (device, precision,
+sampling, seed), plain decoding for `--compare`, and the `--json` record.
+
+Every override goes into the parsed pipeline mapping before validation, so a bad value is refused
+by the same check as in YAML, and the message names the flag and the field
+(`--top-p (pipeline.verifier.top_p): expected float in (0, 1], got 1.5`).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from treegraft.core.config import ConfigError, override, parse_yaml
+
+#: What `--device` accepts (the `decoding.device` field's values).
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+#: The verifier that samples losslessly (`--temperature` > 0).
+SAMPLING_VERIFIER = "pointmass"
+
+
+@attrs.frozen
+class GenerateOptions:
+    """The command-line overrides of a pipeline file (None: keep the file's value)."""
+
+    device: str | None = None
+    dtype: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+    def flags(self) -> dict[str, str]:
+        """Flag name -> the YAML path it overrides, for the flags given (error messages name
+        the flag only when it, not the file, set the field)."""
+        paths = {
+            "--device": ("device", "pipeline.decoding.device"),
+            "--dtype": ("dtype", "pipeline.decoding.dtype"),
+            "--temperature": ("temperature", "pipeline.verifier.temperature"),
+            "--top-p": ("top_p", "pipeline.verifier.top_p"),
+            "--seed": ("seed", "pipeline.decoding.seed"),
+        }
+        return {
+            flag: path for flag, (name, path) in paths.items() if getattr(self, name) is not None
+        }
+
+
+def read_pipeline_mapping(path: Path) -> dict[str, Any]:
+    """The parsed pipeline YAML (a mapping), or a `ConfigError` naming the file."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: pipeline file not found")
+    data = parse_yaml(path.read_text(), str(path))
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: expected a pipeline mapping, got {data!r}")
+    return dict(data)
+
+
+def load_generate_pipeline(pipeline: str | Path, options: GenerateOptions) -> Any:
+    """The pipeline (a YAML file or a shipped pipeline's name) with the options applied."""
+    from treegraft.core.config import pipeline_spec_from_dict
+    from treegraft.core.pipeline import Pipeline, resolve_pipeline
+
+    path = resolve_pipeline(pipeline)
+    data = apply_options(read_pipeline_mapping(path), options)
+    return Pipeline.from_spec(pipeline_spec_from_dict(data, source=str(path)))
+
+
+def apply_options(data: Mapping[str, Any], options: GenerateOptions) -> dict[str, Any]:
+    """The pipeline mapping with the options applied.
+
+    `--temperature 0` selects the greedy verifier; a positive temperature selects point-mass
+    sampling (keeping the file's other sampling settings when it already samples); `--top-p`
+    needs sampling (from the file or `--temperature`).
+    """
+    out = dict(data)
+    if options.device is not None:
+        if not DEVICE_PATTERN.fullmatch(options.device):
+            raise ConfigError(
+                f"--device (pipeline.decoding.device): expected 'auto', 'cpu', 'mps', 'cuda' or "
+                f"'cuda:N', got {options.device!r}"
+            )
+        out = _set_decoding(out, "device", options.device)
+    if options.dtype is not None:
+        out = _set_decoding(out, "dtype", options.dtype)
+    if options.seed is not None:
+        out = _set_decoding(out, "seed", options.seed)
+    return _apply_sampling(out, options)
+
+
+def _set_decoding(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    if not isinstance(data.get("decoding"), Mapping):
+        data = {**data, "decoding": {}}
+    return override(data, f"decoding.{key}", value)
+
+
+def _verifier(data: Mapping[str, Any]) -> dict[str, Any]:
+    raw = data.get("verifier") or {"name": "greedy"}
+    return {"name": raw} if isinstance(raw, str) else dict(raw)
+
+
+def _apply_sampling(data: dict[str, Any], options: GenerateOptions) -> dict[str, Any]:
+    verifier = _verifier(data)
+    if options.temperature is not None:
+        if options.temperature < 0:
+            raise ConfigError(
+                "--temperature (pipeline.verifier.temperature): expected float >= 0 "
+                f"(0 = greedy), got {options.temperature}"
+            )
+        if options.temperature == 0:
+            if options.top_p is not None:
+                raise ConfigError("--top-p: needs sampling; --temperature 0 decodes greedily")
+            return {**data, "verifier": {"name": "greedy"}}
+        if verifier.get("name") != SAMPLING_VERIFIER:
+            verifier = {"name": SAMPLING_VERIFIER}
+        verifier["temperature"] = options.temperature
+    if options.top_p is not None:
+        if verifier.get("name") != SAMPLING_VERIFIER:
+            raise ConfigError(
+                f"--top-p: needs sampling, but the pipeline's verifier is "
+                f"{verifier.get('name')!r}; add --temperature T (T > 0)"
+            )
+        verifier["top_p"] = options.top_p
+    return {**data, "verifier": verifier}
+
+
+def flag_error(exc: ConfigError, options: GenerateOptions) -> str:
+    """A validation message with the flag that set the field named in front of it."""
+    text = str(exc)
+    for flag, path in options.flags().items():
+        if text.startswith(path + ":"):
+            return f"{flag} ({path}){text[len(path) :]}"
+    return text
+
+
+# ---------------------------------------------------------------------------- --compare
+
+
+@attrs.frozen
+class PlainRun:
+    """Plain decoding of the pipeline's target (`model.generate`, one token per forward)."""
+
+    token_ids: tuple[int, ...]
+    seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.token_ids) / self.seconds if self.seconds > 0 else 0.0
+
+
+def plain_decode(pipe: Any, prompt_ids: torch.Tensor, max_new_tokens: int) -> PlainRun:
+    """Decode `prompt_ids` with the target alone, as the pipeline's verifier would sample
+    (greedy, or temperature / top-k / top-p with the pipeline's seed), and time it."""
+    model = pipe.decoder.target.model
+    ids = prompt_ids.to(model.device)[None, :]  # [1, T]
+    config = pipe.spec.verifier.config
+    temperature = float(getattr(config, "temperature", 0.0) or 0.0)
+    sampling = pipe.spec.verifier.name != "greedy" and temperature > 0
+    kwargs: dict[str, Any] = {"do_sample": False}
+    if sampling:
+        kwargs = {
+            "do_sample": True,
+            "temperature": temperature,
+            "top_p": float(getattr(config, "top_p", 1.0)),
+            "top_k": int(getattr(config, "top_k", 0)) or None,
+        }
+        torch.manual_seed(pipe.spec.decoding.seed)
+    eos = sorted(pipe.eos_ids) if pipe.spec.decoding.stop_at_eos else []
+    with torch.inference_mode():
+        _sync(ids.device)
+        start = time.perf_counter()
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=0,
+            eos_token_id=eos or None,
+            pad_token_id=eos[0] if eos else None,
+            num_beams=1,
+            **kwargs,
+        )
+        _sync(ids.device)
+        seconds = time.perf_counter() - start
+    return PlainRun(tuple(out[0, ids.shape[1] :].tolist()), seconds)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def is_sampling(pipe: Any) -> bool:
+    """Whether the pipeline samples (its outputs match plain decoding in distribution only)."""
+    return pipe.spec.verifier.name != "greedy"
+
+
+def comparison_line(
+    tree_tps: float, tree_ids: Sequence[int], plain: PlainRun, sampling: bool
+) -> str:
+    """`plain decoding X tokens/s · pipeline Y tokens/s · Zx · identical: yes`."""
+    speedup = tree_tps / plain.tokens_per_second if plain.tokens_per_second > 0 else 0.0
+    same = tuple(tree_ids) == plain.token_ids
+    note = " (sampling: equal in distribution, not token for token)" if sampling else ""
+    return (
+        f"plain decoding {plain.tokens_per_second:.1f} tokens/s · pipeline {tree_tps:.1f} "
+        f"tokens/s · {speedup:.2f}x · identical: {'yes' if same else 'no'}{note}"
+    )
+
+
+def generation_record(generation: Any, plain: PlainRun | None) -> dict[str, Any]:
+    """The `--json` record: text, ids, finish reason and metrics (and plain decoding's)."""
+    s = generation.summary
+    record: dict[str, Any] = {
+        "text": generation.text,
+        "token_ids": list(generation.token_ids),
+        "finish_reason": generation.finish_reason,
+        "new_tokens": s.new_tokens,
+        "steps": s.steps,
+        "tau": s.tau,
+        "seconds": s.seconds,
+        "tokens_per_s": s.tokens_per_second,
+        "acceptance_per_depth": list(s.acceptance_per_depth),
+        "time_split": dict(s.time_split),
+    }
+    if plain is not None:
+        record["plain"] = {
+            "token_ids": list(plain.token_ids),
+            "seconds": plain.seconds,
+            "tokens_per_s": plain.tokens_per_second,
+        }
+        record["identical"] = tuple(generation.token_ids) == plain.token_ids
+        record["speedup"] = (
+            s.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else None
+        )
+    return record

@@ -1,0 +1,297 @@
+"""Test helpers for plugin authors: tiny models, in-memory resources, the plain-decoding
+reference and `assert_lossless`.
+
+A plugin's component is correct when a pipeline using it decodes exactly like the target alone
+(greedy: token for token; sampling: the same distribution). This module gives what such a test
+needs without any file or download:
+
+```python
+from treegraft.testing import assert_lossless, tiny_model
+
+def test_my_drafter_is_lossless():
+    assert_lossless(
+        {"drafters": {"weak": {"name": "my_drafter"}}, "builder": {"name": "layered"}},
+        prompts=[[1, 2, 3, 1, 2, 3, 1, 2]],
+        target=tiny_model("llama", seed=3),
+    )
+```
+
+Installed with treegraft, it is also a pytest plugin (entry point `pytest11`): the fixtures
+`tiny_target`, `tiny_drafter` and `treegraft_registry` are available in any test suite.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from treegraft.core.config import parse_yaml
+from treegraft.core.interfaces import LayerState
+from treegraft.core.pipeline import Pipeline, load_pipeline
+from treegraft.core.registry import Registry
+from treegraft.core.resources import Resources
+
+__all__ = [
+    "ARCHITECTURES",
+    "assert_lossless",
+    "assert_same_distribution",
+    "greedy_reference",
+    "layer_state",
+    "memory_resources",
+    "sampling_reference",
+    "tiny_model",
+    "word_tokenizer",
+]
+
+#: Architectures `tiny_model` builds (each a Hugging Face causal LM the runner supports).
+ARCHITECTURES = ("llama", "qwen2", "mistral", "gpt2")
+#: Reference name of the target in `assert_lossless`'s in-memory resources.
+TARGET = "mem:target"
+
+
+# ---------------------------------------------------------------------------- tiny models
+
+
+def tiny_model(
+    architecture: str = "llama",
+    *,
+    seed: int = 0,
+    vocab: int = 64,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    eos: int | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> Any:
+    """A random-weight causal LM of `architecture` (one of `ARCHITECTURES`), small enough for
+    unit tests, in float64 by default (exact comparisons), with a sharpened output head so greedy
+    continuations are not near-ties. The same arguments give the same weights."""
+    from transformers import AutoModelForCausalLM
+
+    config = _tiny_config(architecture, vocab, hidden, layers, heads, kv_heads, eos)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model = model.to(dtype).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(4.0)
+    return model
+
+
+def _tiny_config(
+    architecture: str, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, eos: Any
+) -> Any:
+    from transformers import AutoConfig
+
+    if architecture not in ARCHITECTURES:
+        raise ValueError(
+            f"architecture: expected one of {', '.join(ARCHITECTURES)}, got {architecture!r}"
+        )
+    if architecture == "gpt2":
+        return AutoConfig.for_model(
+            "gpt2", vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads,
+            n_positions=512, eos_token_id=eos, bos_token_id=None, tie_word_embeddings=False,
+        )  # fmt: skip
+    return AutoConfig.for_model(
+        architecture, vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=512, eos_token_id=eos, bos_token_id=None, pad_token_id=None,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+
+
+def word_tokenizer(vocab: int = 64) -> Any:
+    """A word-level tokenizer over `t0 .. t{vocab-2}` plus `[UNK]`, split on whitespace: save it
+    beside a tiny model (`save_pretrained`) to test text prompts and `treegraft generate`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"t{i}": i for i in range(vocab - 1)} | {"[UNK]": vocab - 1}
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")
+
+
+def memory_resources(dtype: torch.dtype = torch.float64, **models: Any) -> Resources:
+    """CPU resources holding `models` under `mem:NAME` (`memory_resources(target=m)` makes
+    `target: mem:target` resolve to `m`)."""
+    resources = Resources(dtype=dtype)
+    for name, model in models.items():
+        resources.add_model(f"mem:{name}", model)
+    return resources
+
+
+def layer_state(**changes: Any) -> LayerState:
+    """A `LayerState` for a scheduler's unit tests: layer 1 of 4 in a two-drafter pipeline, a
+    frontier of 2 nodes with best path log-prob -1.0, no strong call yet; `changes` replace any
+    field (`layer_state(layer=0, frontier_size=0)`)."""
+    values: dict[str, Any] = {
+        "layer": 1, "n_layers": 4, "calls": (0,), "n_drafters": 2, "strong_calls": 0,
+        "max_strong_calls": 2, "n_nodes": 3, "frontier_size": 2, "frontier_mean_depth": 1.0,
+        "leaf_ratio": 0.67, "frontier_mean_score": -1.5, "reselect_shift": 0.0,
+        "prompt_len": 10, "committed_len": 10, "target_time": 0.0, "drafter_times": (0.0, 0.0),
+        "frontier_max_score": -1.0,
+    }  # fmt: skip
+    return LayerState(**{**values, **changes})
+
+
+# ---------------------------------------------------------------------------- references
+
+
+def greedy_reference(model: Any, prompt: Tensor | Sequence[int], max_new_tokens: int) -> list[int]:
+    """Plain greedy decoding, one full forward per token (no cache), stopping after the model's
+    EOS token: what a lossless greedy pipeline must produce."""
+    ids = [int(t) for t in torch.as_tensor(prompt).flatten()]
+    eos = model.config.eos_token_id
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            token = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+            out.append(token)
+            ids.append(token)
+            if eos is not None and token == eos:
+                break
+    return out
+
+
+def sampling_reference(
+    model: Any, prompt: Tensor | Sequence[int], law: Callable[[Tensor], Tensor]
+) -> tuple[Tensor, Tensor]:
+    """The exact laws of the first two tokens sampled from `model` after `prompt`: the first
+    token's `[V]` probabilities and the second token's `[V]` marginal (summed over the first),
+    where `law` maps `[n, V]` logits to `[n, V]` probabilities (the verifier's target law)."""
+    ids = torch.as_tensor(prompt).flatten().tolist()
+    with torch.no_grad():
+        first = law(model(torch.tensor([ids])).logits[0, -1:])[0]  # [V]
+        support = torch.nonzero(first > 0).flatten().tolist()
+        batch = torch.tensor([[*ids, t] for t in support])  # [S, T + 1]
+        second = law(model(batch).logits[:, -1])  # [S, V]
+    return first, (first[support, None] * second).sum(0)
+
+
+def chi_square_p_value(counts: Tensor, probs: Tensor, min_expected: float = 5.0) -> float:
+    """P-value of Pearson's chi-square test of `counts` against `probs` (outcomes with an
+    expected count below `min_expected` pooled into one bin); 0.0 if an impossible outcome
+    occurred."""
+    counts, probs = counts.to(torch.float64), probs.to(torch.float64)
+    n = float(counts.sum())
+    if bool(((probs == 0) & (counts > 0)).any()):
+        return 0.0
+    expected = probs * n
+    big = expected >= min_expected
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep]
+    dof = int(obs.numel()) - 1
+    if dof < 1:
+        return 1.0
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0), torch.tensor(stat / 2.0)))
+
+
+def assert_same_distribution(
+    counts: Tensor, probs: Tensor, *, what: str, alpha: float = 1e-3
+) -> None:
+    """Fail when a chi-square test rejects `probs` as the law of `counts` at level `alpha`."""
+    p = chi_square_p_value(counts, probs)
+    if p < alpha:
+        top = torch.argsort(probs, descending=True)[:5].tolist()
+        n = float(counts.sum())
+        detail = ", ".join(f"{t}: {int(counts[t])} vs {float(probs[t]) * n:.1f}" for t in top)
+        raise AssertionError(
+            f"{what}: the samples do not follow the target's law (chi-square p = {p:.2e} < "
+            f"{alpha}); observed vs expected counts of the likeliest tokens: {detail}"
+        )
+
+
+# ---------------------------------------------------------------------------- assert_lossless
+
+
+def assert_lossless(
+    pipeline: Mapping[str, Any] | str | Path,
+    prompts: Sequence[Tensor | Sequence[int]],
+    *,
+    target: Any = None,
+    models: Mapping[str, Any] | None = None,
+    max_new_tokens: int = 16,
+    registry: Registry | None = None,
+    samples: int = 400,
+    law: Callable[[Tensor], Tensor] | None = None,
+    sampling: bool | None = None,
+) -> Pipeline:
+    """Assert that `pipeline` decodes `prompts` as its target alone would, and return it.
+
+    Args:
+        pipeline: a pipeline mapping or YAML file; `target` may be left out (it is then
+            `mem:target`), and so may `decoding` (float64 on the CPU).
+        prompts: token-id prompts.
+        target: the target model, added to the resources as `mem:target` (default: a
+            `tiny_model("llama", seed=1)`).
+        models: more in-memory models, by name (`{"draft": m}` serves `model: mem:draft`).
+        max_new_tokens: tokens per prompt under a greedy verifier.
+        registry: where components are looked up (default: every installed plugin).
+        samples: generations per prompt under a sampling verifier.
+        law: the sampling verifier's target law, `[n, V]` logits -> `[n, V]` probabilities
+            (default: temperature / top-k / top-p read from the verifier's config).
+        sampling: whether the verifier samples (default: its config has a `temperature`, or a
+            `law` is given).
+
+    Greedy verifier: every output equals `greedy_reference`. Sampling verifier: each prompt is decoded `samples` times with seeds 0, 1, ..., and the first and second
+    tokens must pass a chi-square test (level 1e-3) against the exact laws computed from the
+    target (`sampling_reference`).
+    """
+    target = target if target is not None else tiny_model("llama", seed=1)
+    data = _pipeline_mapping(pipeline)
+    resources = memory_resources(target=target, **dict(models or {}))
+    pipe = load_pipeline(data, resources=resources, registry=registry)
+    if sampling is None:
+        sampling = law is not None or hasattr(pipe.spec.verifier.config, "temperature")
+    if not sampling:
+        for i, prompt in enumerate(prompts):
+            got = list(pipe.generate(prompt, max_new_tokens=max_new_tokens).token_ids)
+            want = greedy_reference(target, prompt, max_new_tokens)
+            if got != want:
+                pairs = enumerate(zip(got, want, strict=False))
+                first = next((k for k, (a, b) in pairs if a != b), min(len(got), len(want)))
+                raise AssertionError(
+                    f"prompt {i}: the pipeline's output differs from plain greedy decoding at "
+                    f"token {first}: got {got}, expected {want}"
+                )
+        return pipe
+    law = law or _config_law(pipe.spec.verifier.config)
+    for i, prompt in enumerate(prompts):
+        first, second = sampling_reference(target, prompt, law)
+        counts = torch.zeros(2, first.numel(), dtype=torch.float64)  # [2, V]
+        for seed in range(samples):
+            pipe.decoder.seed = seed
+            ids = pipe.generate(prompt, max_new_tokens=2).token_ids
+            for position, token in enumerate(ids[:2]):
+                counts[position, token] += 1
+        assert_same_distribution(counts[0], first, what=f"prompt {i}, first token")
+        assert_same_distribution(counts[1], second, what=f"prompt {i}, second token")
+    return pipe
+
+
+def _pipeline_mapping(pipeline: Mapping[str, Any] | str | Path) -> dict[str, Any]:
+    if not isinstance(pipeline, Mapping):
+        pipeline = parse_yaml(Path(pipeline).read_text(), str(pipeline))
+    data = {"target": TARGET, **dict(pipeline)}
+    decoding = {"dtype": "float64", "device": "cpu", **dict(data.get("decoding") or {})}
+    return {**data, "decoding": decoding}
+
+
+def _config_law(config: Any) -> Callable[[Tensor], Tensor]:
+    from treegraft.plugins.verifiers.pointmass import target_probs
+
+    temperature = float(getattr(config, "temperature", 1.0))
+    top_k = int(getattr(config, "top_k", 0))
+    top_p = float(getattr(config, "top_p", 1.0))
+    if math.isclose(temperature, 0.0):
+        raise ValueError("verifier: a sampling verifier needs a temperature > 0")
+    return lambda logits: target_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p)

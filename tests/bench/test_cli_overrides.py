@@ -1,0 +1,81 @@
+"""`treegraft bench run --suites --pairs --prompts --max-new-tokens`: overrides of the sweep
+file, validated as its fields."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from treegraft.bench.config import load_bench_config_with
+from treegraft.cli import app
+from treegraft.core.config import ConfigError
+
+SWEEP = {
+    "pairs": [
+        {"target": "zoo:target", "drafter": "zoo:draft-s"},
+        {"target": "zoo:target", "drafter": "zoo:draft-m", "label": "big"},
+    ],
+    "suites": ["humaneval", "gsm8k"],
+    "prompts_per_suite": 10,
+    "max_new_tokens": 128,
+}
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(SWEEP))
+    return path
+
+
+def test_flags_override_the_file(sweep: Path):
+    cfg = load_bench_config_with(
+        sweep, suites=["gsm8k"], pairs=["big"], prompts=3, max_new_tokens=16
+    )
+    assert cfg.settings.suites == ["gsm8k"]
+    assert cfg.settings.prompts_per_suite == 3 and cfg.settings.max_new_tokens == 16
+    assert [p.name for p in cfg.pairs] == ["big"]
+    untouched = load_bench_config_with(sweep)
+    assert untouched.settings.prompts_per_suite == 10 and len(untouched.pairs) == 2
+
+
+def test_pairs_keep_the_order_given(sweep: Path):
+    cfg = load_bench_config_with(sweep, pairs=["big", "target+draft-s"])
+    assert [p.name for p in cfg.pairs] == ["big", "target+draft-s"]
+
+
+BAD = {
+    "prompts": ({"prompts": 0}, "--prompts (bench.prompts_per_suite): expected int >= 1, got 0"),
+    "max-new-tokens": (
+        {"max_new_tokens": -5},
+        "--max-new-tokens (bench.max_new_tokens): expected int >= 1, got -5",
+    ),
+    "pairs": ({"pairs": ["bgi"]}, "--pairs: unknown pair 'bgi'; did you mean 'big'?"),
+    "no-pairs": ({"pairs": []}, "--pairs: expected at least one pair name, got none"),
+}
+
+
+@pytest.mark.parametrize(("kwargs", "message"), BAD.values(), ids=BAD.keys())
+def test_bad_values_name_the_flag_and_field(sweep: Path, kwargs: dict, message: str):
+    with pytest.raises(ConfigError) as info:
+        load_bench_config_with(sweep, **kwargs)
+    assert message in str(info.value)
+
+
+CLI_BAD = {
+    "prompts": (["--prompts", "0"], "--prompts (bench.prompts_per_suite): expected int >= 1"),
+    "prompts-not-int": (["--prompts", "many"], "Invalid value for '--prompts'"),
+    "max-new-tokens": (["--max-new-tokens", "0"], "--max-new-tokens (bench.max_new_tokens)"),
+    "pairs": (["--pairs", "nope"], "--pairs: unknown pair 'nope'"),
+    "pairs-empty": (["--pairs", ","], "--pairs: expected at least one pair name"),
+}
+
+
+@pytest.mark.parametrize(("args", "message"), CLI_BAD.values(), ids=CLI_BAD.keys())
+def test_cli_refuses_bad_values_before_running(sweep: Path, args: list[str], message: str):
+    result = CliRunner().invoke(app, ["bench", "run", str(sweep), *args])
+    assert result.exit_code == 2
+    assert message in result.output

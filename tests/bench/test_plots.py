@@ -1,0 +1,71 @@
+"""The sweep's plots: method families and order, error bars, labels that do not collide."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from tests.bench.test_aggregate import req
+from treegraft.bench.aggregate import aggregate
+from treegraft.bench.config import BASELINES
+from treegraft.bench.plots import (
+    error_bars,
+    family_of,
+    method_colours,
+    method_order,
+    plot_replay,
+    plot_speedup,
+    spread_labels,
+)
+
+METHODS = [*BASELINES, "treegraft-distilled", "treegraft-distilled-adaptive", "cascade3", "mine"]
+
+
+def test_families_and_order() -> None:
+    assert family_of("hf-assisted") == "Hugging Face"
+    assert family_of("ngram-only") == family_of("chain") == "endpoints and chain"
+    assert family_of("treegraft-threshold") == "scheduler variants"
+    assert family_of("treegraft-distilled") == family_of("mine") == "pipelines"
+    speed = {"mine": 2.0, "cascade3": 3.0, "hf-assisted": 5.0, "ngram-only": 1.0}
+    order = method_order(["hf-assisted", "ngram-only", "mine", "cascade3"], speed)
+    assert order == ["cascade3", "mine", "ngram-only", "hf-assisted"]
+    colours = method_colours(METHODS)
+    assert len({tuple(c) for c in colours.values()}) == len(METHODS)  # 15 distinct colours
+
+
+def test_spread_labels_keep_order_and_gap() -> None:
+    ys = [1.0, 1.01, 1.02, 2.0, 0.99]
+    placed = spread_labels(ys, min_gap=0.1)
+    ranked = sorted(placed)
+    assert all(b - a >= 0.1 - 1e-12 for a, b in itertools.pairwise(ranked))
+    assert sorted(range(5), key=lambda i: placed[i]) == sorted(range(5), key=lambda i: ys[i])
+    assert sum(placed) / 5 == pytest.approx(sum(ys) / 5)
+    assert spread_labels([1.0, 5.0], 0.1) == [1.0, 5.0]  # far apart: unchanged
+
+
+def fifteen_methods() -> list:
+    requests = []
+    for suite in ("code", "chat"):
+        for i in range(4):
+            q = f"q{i}"
+            requests.append(req("ar", q, 1.0, suite=suite))
+            for k, m in enumerate(METHODS):
+                wall = 1.0 / (0.6 + 0.1 * k + 0.05 * i)
+                requests.append(req(m, q, wall, suite=suite))
+                requests.append(req(m, q, wall * 0.95, suite=suite, mode="replay"))
+    return requests
+
+
+def test_speedup_and_replay_plots_with_fifteen_methods(tmp_path: Path) -> None:
+    rows = aggregate(fifteen_methods())
+    for plot, name in ((plot_speedup, "speedup.png"), (plot_replay, "replay.png")):
+        path = plot(rows, tmp_path / name)
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    overall = [r for r in rows if r.pair == "all" and r.suite == "all" and r.method == "mine"]
+    low, high = error_bars(overall)
+    interval = overall[0].intervals["speedup"]
+    assert low[0] == pytest.approx(overall[0].speedup - interval.lo) and low[0] > 0
+    assert high[0] == pytest.approx(interval.hi - overall[0].speedup) and high[0] > 0
+    assert error_bars([None]) == [[0.0], [0.0]]

@@ -1,0 +1,121 @@
+"""`Pipeline`'s Python API: lists of prompts, hub ids, the `tokenizer:` key and chat templates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import greedy_reference, tiny_llama, word_tokenizer
+from treegraft.core.config import ConfigError, pipeline_spec_from_dict
+from treegraft.core.pipeline import Generation, is_prompt_list, load_pipeline
+
+VOCAB = 64
+CHAT = "{% for m in messages %}t60 {{ m['content'] }} t61{% endfor %}{% if add_generation_prompt %} t62{% endif %}"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-model")
+    tiny_llama(seed=5, vocab=VOCAB).save_pretrained(path)
+    word_tokenizer(VOCAB).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("chat-tokenizer")
+    tokenizer = word_tokenizer(VOCAB)
+    tokenizer.chat_template = CHAT
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def spec(target: str, **extra) -> dict:
+    return {
+        "target": target,
+        "drafters": {"weak": {"name": "ngram", "max_ngram": 3}},
+        "builder": {"name": "layered", "depth": 3, "top_k": 2, "budget": 8},
+        "decoding": {"max_new_tokens": 6, "dtype": "float64", "device": "cpu"},
+        **extra,
+    }
+
+
+def test_a_list_of_prompts_gives_a_list_of_generations_each_as_alone(model_dir: Path):
+    pipe = load_pipeline(spec(str(model_dir)))
+    prompts = ["t1 t2 t3 t1 t2", "t7 t8 t9", "t4"]
+    results = pipe.generate(prompts)
+    assert isinstance(results, list) and len(results) == 3
+    assert all(isinstance(r, Generation) for r in results)
+    for prompt, result in zip(prompts, results, strict=True):
+        alone = pipe.generate(prompt)
+        assert result.token_ids == alone.token_ids
+        ids = pipe.encode(prompt)
+        assert list(result.token_ids) == greedy_reference(pipe.decoder.target.model, ids, 6)
+    as_ids = pipe.generate([pipe.encode(p).tolist() for p in prompts])
+    assert [r.token_ids for r in as_ids] == [r.token_ids for r in results]
+
+
+def test_one_prompt_of_token_ids_is_not_a_list_of_prompts():
+    assert not is_prompt_list([1, 2, 3]) and not is_prompt_list("t1") and not is_prompt_list([])
+    assert is_prompt_list(["a", "b"]) and is_prompt_list([[1, 2], [3]])
+    assert is_prompt_list([torch.tensor([1, 2])])
+
+
+@pytest.mark.parametrize("ref", ["gpt2", "HuggingFaceTB/SmolLM2-135M"])
+def test_a_hub_id_explains_how_to_use_a_local_folder(ref: str):
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(spec(ref))
+    text = str(info.value)
+    assert text.startswith(f"pipeline.target: model {ref!r} not found")
+    assert "looks like a Hugging Face Hub id" in text
+    name = ref.rsplit("/", 1)[-1]
+    assert f"huggingface-cli download {ref} --local-dir models/{name}" in text
+    assert "save_pretrained" in text
+
+
+def test_a_missing_path_gets_no_hub_hint(tmp_path: Path):
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(spec(str(tmp_path / "nope")))
+    assert "Hub id" not in str(info.value)
+
+
+def test_the_tokenizer_key_replaces_the_targets_tokenizer(model_dir: Path, chat_tokenizer_dir):
+    pipe = load_pipeline(spec(str(model_dir), tokenizer=str(chat_tokenizer_dir)))
+    assert pipe.tokenizer.chat_template == CHAT
+    assert pipe.encode("t1 t2").tolist() == [1, 2]  # chat off: plain text
+    default = load_pipeline(spec(str(model_dir)))
+    assert getattr(default.tokenizer, "chat_template", None) is None
+
+
+def test_chat_applies_the_template(model_dir: Path, chat_tokenizer_dir: Path):
+    decoding = {"max_new_tokens": 4, "dtype": "float64", "device": "cpu", "chat": True}
+    pipe = load_pipeline(spec(str(model_dir), tokenizer=str(chat_tokenizer_dir), decoding=decoding))
+    assert pipe.encode("t1 t2").tolist() == [60, 1, 2, 61, 62]
+    assert pipe.encode([5, 6]).tolist() == [5, 6]  # token ids are used as given
+    result = pipe.generate("t1 t2")
+    model = pipe.decoder.target.model
+    assert list(result.token_ids) == greedy_reference(model, torch.tensor([60, 1, 2, 61, 62]), 4)
+
+
+def test_chat_without_a_template_is_a_clear_error(model_dir: Path):
+    decoding = {"dtype": "float64", "device": "cpu", "chat": True}
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(spec(str(model_dir), decoding=decoding))
+    assert str(info.value).startswith(
+        f"pipeline.decoding.chat: the tokenizer of {str(model_dir)!r} has no chat template"
+    )
+
+
+def test_bad_tokenizer_values(model_dir: Path, tmp_path: Path):
+    with pytest.raises(ConfigError, match=r"pipeline.tokenizer: expected a tokenizer reference"):
+        pipeline_spec_from_dict(spec("zoo:target", tokenizer=3))
+    with pytest.raises(ConfigError, match=r"pipeline.tokenizer: cannot load .*not found"):
+        load_pipeline(spec(str(model_dir), tokenizer=str(tmp_path / "none")))
+    big = tmp_path / "big"
+    word_tokenizer(VOCAB * 2).save_pretrained(big)
+    with pytest.raises(ConfigError, match=r"has 128 tokens but the target .* vocabulary of 64"):
+        load_pipeline(spec(str(model_dir), tokenizer=str(big)))
+    with pytest.raises(ConfigError, match=r"pipeline.decoding.chat: expected bool"):
+        pipeline_spec_from_dict(spec("zoo:target", decoding={"chat": "yes"}))

@@ -1,0 +1,129 @@
+"""`treegraft generate`'s options: device, precision, sampling, seed, --json and --compare."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.conftest import greedy_reference, tiny_llama, word_tokenizer
+from tests.test_cli import VOCAB, invoke, pipeline_file
+from treegraft import cli
+from treegraft.cli_generate import GenerateOptions, apply_options, flag_error
+from treegraft.core.config import ConfigError, pipeline_spec_from_dict
+
+PROMPT = "t1 t2 t3 t4 t1 t2 t3 t4 t1 t2"
+
+
+@pytest.fixture(autouse=True)
+def wide_consoles(monkeypatch: pytest.MonkeyPatch) -> None:
+    for console in (cli.out, cli.console):
+        monkeypatch.setattr(console, "_width", 1000)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-model")
+    tiny_llama(seed=5, vocab=VOCAB).save_pretrained(path)
+    word_tokenizer(VOCAB).save_pretrained(path)
+    return path
+
+
+def expected_ids(folder: Path, n: int = 12) -> list[int]:
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64)
+    ids = torch.tensor(tokenizer(PROMPT, add_special_tokens=False)["input_ids"])
+    return greedy_reference(model, ids, n)
+
+
+def test_json_prints_one_record_with_the_greedy_output(tmp_path: Path, model_dir: Path) -> None:
+    pipeline = pipeline_file(tmp_path, str(model_dir))
+    result = invoke("generate", "--pipeline", str(pipeline), "--prompt", PROMPT, "--json")
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["token_ids"] == expected_ids(model_dir)
+    assert record["new_tokens"] == 12 and record["finish_reason"] == "length"
+    assert record["tau"] >= 1.0 and record["tokens_per_s"] > 0 and "plain" not in record
+
+
+def test_compare_decodes_plainly_too(tmp_path: Path, model_dir: Path) -> None:
+    pipeline = pipeline_file(tmp_path, str(model_dir), decoding={"max_new_tokens": 12})
+    args = ["--prompt", PROMPT, "--compare", "--device", "cpu", "--dtype", "float64"]
+    result = invoke("generate", "--pipeline", str(pipeline), *args)
+    assert result.exit_code == 0, result.output
+    line = re.search(
+        r"plain decoding ([\d.]+) tokens/s · pipeline ([\d.]+) tokens/s · ([\d.]+)x · "
+        r"identical: yes",
+        result.stderr,
+    )
+    assert line, result.stderr
+    record = json.loads(invoke("generate", "--pipeline", str(pipeline), *args, "--json").stdout)
+    assert record["identical"] is True
+    assert record["plain"]["token_ids"] == record["token_ids"] == expected_ids(model_dir)
+    assert record["speedup"] > 0
+
+
+def test_sampling_flags_switch_to_the_point_mass_verifier_and_the_seed_repeats(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    pipeline = pipeline_file(tmp_path, str(model_dir))
+    args = ["--prompt", PROMPT, "--json", "--temperature", "1.5", "--top-p", "0.9"]
+    runs = [
+        json.loads(invoke("generate", "--pipeline", str(pipeline), *args, "--seed", s).stdout)
+        for s in ("3", "3")
+    ]
+    assert runs[0]["token_ids"] == runs[1]["token_ids"]
+    assert len(runs[0]["token_ids"]) == 12
+
+
+def test_apply_options_maps_flags_to_fields() -> None:
+    base = {"target": "zoo:target", "drafters": {"w": {"name": "ngram"}}, "builder": "layered"}
+    data = apply_options(base, GenerateOptions(device="cpu", dtype="float64", seed=7))
+    assert data["decoding"] == {"device": "cpu", "dtype": "float64", "seed": 7}
+    data = apply_options(base, GenerateOptions(temperature=0.7, top_p=0.9))
+    assert data["verifier"] == {"name": "pointmass", "temperature": 0.7, "top_p": 0.9}
+    sampling = {**base, "verifier": {"name": "pointmass", "temperature": 0.5, "top_k": 5}}
+    data = apply_options(sampling, GenerateOptions(top_p=0.8))
+    assert data["verifier"] == {"name": "pointmass", "temperature": 0.5, "top_k": 5, "top_p": 0.8}
+    assert apply_options(sampling, GenerateOptions(temperature=0))["verifier"] == {"name": "greedy"}
+    spec = pipeline_spec_from_dict(apply_options(base, GenerateOptions(temperature=0.7)))
+    assert spec.verifier.name == "pointmass" and spec.verifier.config.temperature == 0.7
+
+
+BAD_FLAGS = {
+    "dtype": (["--dtype", "float8"], "--dtype (pipeline.decoding.dtype): expected one of"),
+    "device": (["--device", "gpu"], "--device (pipeline.decoding.device): expected 'auto'"),
+    "temperature": (["--temperature", "-1"], "--temperature (pipeline.verifier.temperature):"),
+    "top-p-range": (
+        ["--temperature", "0.5", "--top-p", "1.5"],
+        "--top-p (pipeline.verifier.top_p): expected float with 0 < value <= 1, got 1.5",
+    ),
+    "top-p-greedy": (["--top-p", "0.9"], "--top-p: needs sampling, but the pipeline's verifier"),
+    "top-p-zero-temperature": (
+        ["--temperature", "0", "--top-p", "0.9"],
+        "--top-p: needs sampling; --temperature 0 decodes greedily",
+    ),
+    "seed-not-int": (["--seed", "abc"], "Invalid value for '--seed'"),
+    "temperature-not-float": (["--temperature", "hot"], "Invalid value for '--temperature'"),
+}
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_FLAGS.values(), ids=BAD_FLAGS.keys())
+def test_bad_flag_values_are_refused_with_the_flag_and_field(
+    tmp_path: Path, model_dir: Path, args: list[str], message: str
+) -> None:
+    pipeline = pipeline_file(tmp_path, str(model_dir))
+    result = invoke("generate", "--pipeline", str(pipeline), "--prompt", "t1", *args)
+    assert result.exit_code == 2
+    assert message in result.stderr, result.stderr
+
+
+def test_flag_error_leaves_other_messages_alone() -> None:
+    options = GenerateOptions()
+    assert flag_error(ConfigError("pipeline.builder.budget: bad"), options) == (
+        "pipeline.builder.budget: bad"
+    )

@@ -1,0 +1,110 @@
+"""`treegraft new-plugin`: the package it writes installs and passes its own tests at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.plugins.test_example_plugin import install_fresh, run_tests_outside
+from treegraft.cli import app
+from treegraft.core.config import ConfigError
+from treegraft.new_plugin import KINDS, names_of, plugin_files, write_plugin
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_generated_package_installs_and_passes_its_tests(kind: str, tmp_path: Path) -> None:
+    made = tmp_path / "made"
+    result = CliRunner().invoke(
+        app, ["new-plugin", f"my-{kind}", "--kind", kind, "--dir", str(made)]
+    )
+    assert result.exit_code == 0, result.output
+    root = made / f"my-{kind}"
+    assert f"wrote {root}" in result.output
+    site = install_fresh(root, tmp_path)
+    entry_points = (site / f"my_{kind}-0.1.0.dist-info" / "entry_points.txt").read_text()
+    assert f"my_{kind} = my_{kind}" in entry_points
+    done = run_tests_outside(tmp_path / root.name / "tests", site, tmp_path)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "failed" not in done.stdout and " passed" in done.stdout
+
+
+def test_names_derived_from_the_distribution_name() -> None:
+    assert names_of("my-scheduler", "scheduler") == {
+        "dist": "my-scheduler",
+        "module": "my_scheduler",
+        "name": "my_scheduler",
+        "cls": "MyScheduler",
+        "kind": "scheduler",
+    }
+    assert names_of("fast_Ngram", "drafter")["cls"] == "FastNgramDrafter"
+
+
+def test_files_written() -> None:
+    files = plugin_files("acme-sched", "scheduler")
+    assert set(files) == {
+        "pyproject.toml",
+        "README.md",
+        "src/acme_sched/__init__.py",
+        "src/acme_sched/scheduler.py",
+        "tests/test_scheduler.py",
+    }
+    assert 'acme_sched = "acme_sched"' in files["pyproject.toml"]
+    assert 'register("acme_sched", AcmeSchedScheduler)' in files["src/acme_sched/__init__.py"]
+    assert "$" not in "".join(files.values()).replace("$ ", "")
+
+
+BAD = {
+    "kind": (
+        ("my-x", "builderz", set()),
+        "--kind: expected one of drafter, scheduler, rescorer, got",
+    ),
+    "name": (("9lives", "drafter", set()), "NAME: expected a package name of letters"),
+    "clash": (("ngram", "drafter", {"ngram"}), "NAME: the drafter name 'ngram' is already"),
+}
+
+
+@pytest.mark.parametrize(("args", "message"), BAD.values(), ids=BAD.keys())
+def test_bad_arguments(args: tuple, message: str, tmp_path: Path) -> None:
+    name, kind, taken = args
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        write_plugin(name, kind, tmp_path, registered=taken)
+
+
+def test_cli_refuses_an_existing_folder_and_a_builtin_name(tmp_path: Path) -> None:
+    (tmp_path / "taken").mkdir()
+    result = CliRunner().invoke(app, ["new-plugin", "taken", "--dir", str(tmp_path)])
+    assert result.exit_code == 2 and "already exists" in result.output
+    result = CliRunner().invoke(
+        app, ["new-plugin", "ngram", "--kind", "drafter", "--dir", str(tmp_path)]
+    )
+    assert result.exit_code == 2 and "'ngram' is already registered" in result.output
+
+
+def test_the_guides_worked_example_is_the_template_output() -> None:
+    example = Path(__file__).resolve().parents[1] / "docs" / "examples" / "gated-scheduler"
+    files = plugin_files("gated-scheduler", "scheduler")
+    on_disk = {
+        str(p.relative_to(example)): p.read_text()
+        for p in example.rglob("*")
+        if p.is_file()
+        and not any(part.startswith(".") or part == "__pycache__" for part in p.parts)
+        and ".egg-info" not in str(p)
+    }
+    assert on_disk == files  # regenerate: treegraft new-plugin gated-scheduler --dir docs/examples
+
+
+def test_the_guides_sweep_file_is_valid() -> None:
+    import re
+
+    import yaml
+
+    from treegraft.bench.config import bench_config_from_dict
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "writing-a-scheduler.md").read_text()
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", guide, re.S)]
+    sweep = next(b for b in blocks if "pairs" in b)
+    config = bench_config_from_dict(sweep)
+    assert config.pipelines[0].override == {"scheduler": {"name": "gated_scheduler"}}

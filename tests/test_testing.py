@@ -1,0 +1,123 @@
+"""`treegraft.testing`: tiny models, references and `assert_lossless`, which must also fail."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+
+from treegraft.core.hookspecs import hookimpl
+from treegraft.core.interfaces import Verdict
+from treegraft.core.registry import Registry
+from treegraft.plugins.verifiers.greedy import GreedyVerifier
+from treegraft.testing import (
+    ARCHITECTURES,
+    assert_lossless,
+    chi_square_p_value,
+    greedy_reference,
+    memory_resources,
+    sampling_reference,
+    tiny_model,
+)
+
+PIPELINE = {
+    "drafters": {"weak": {"name": "ngram", "max_ngram": 3}},
+    "builder": {"name": "layered", "depth": 3, "top_k": 2, "budget": 8},
+}
+PROMPT = [1, 2, 3, 1, 2, 3, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_every_architecture_builds_and_decodes_losslessly(architecture: str) -> None:
+    model = tiny_model(architecture, seed=3, vocab=48)
+    assert model.config.model_type == architecture and model.dtype == torch.float64
+    assert model.get_output_embeddings().weight.shape[0] == 48
+    assert_lossless(PIPELINE, [PROMPT, [5, 6, 7]], target=model, max_new_tokens=12)
+
+
+def test_tiny_models_are_reproducible_and_unknown_architectures_refused() -> None:
+    a, b = tiny_model("qwen2", seed=7), tiny_model("qwen2", seed=7)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+    with pytest.raises(ValueError, match=r"architecture: expected one of llama, .*got 'bert'"):
+        tiny_model("bert")
+
+
+def test_greedy_reference_is_the_argmax_chain_and_stops_at_eos() -> None:
+    model = tiny_model("llama", seed=2)
+    out = greedy_reference(model, torch.tensor(PROMPT), 5)
+    logits = model(torch.tensor([PROMPT])).logits[0, -1]
+    assert len(out) == 5 and out[0] == int(logits.argmax())
+    stopping = tiny_model("llama", seed=2, eos=out[1])
+    assert greedy_reference(stopping, PROMPT, 5) == out[:2]
+
+
+def test_memory_resources_serve_models_by_name() -> None:
+    model = tiny_model("mistral", seed=1)
+    assert memory_resources(target=model).model("mem:target") is model
+
+
+@attrs.define
+class OffByOneBonus(GreedyVerifier):
+    """A broken verifier: the bonus token is the target's plus one."""
+
+    def verify(self, tree, target_logits) -> Verdict:
+        verdict = super().verify(tree, target_logits)
+        wrong = (verdict.bonus + 1) % target_logits.shape[-1]
+        return Verdict(path=verdict.path, length=verdict.length, bonus=wrong)
+
+
+class BrokenPlugin:
+    @hookimpl
+    def treegraft_register_verifiers(self, register) -> None:
+        register("off_by_one", OffByOneBonus)
+
+
+def test_assert_lossless_catches_a_lossy_verifier() -> None:
+    registry = Registry.create(autoload=False, plugins=[BrokenPlugin()])
+    with pytest.raises(AssertionError, match=r"prompt 0: .* differs from plain greedy decoding"):
+        assert_lossless({**PIPELINE, "verifier": "off_by_one"}, [PROMPT], registry=registry)
+
+
+def test_sampling_check_passes_the_right_law_and_catches_a_wrong_one() -> None:
+    sampling = {**PIPELINE, "verifier": {"name": "pointmass", "temperature": 1.0}}
+    target = tiny_model("llama", seed=5, vocab=16)
+    assert_lossless(sampling, [[1, 2, 1, 2, 1]], target=target, samples=200)
+    sharper = lambda logits: torch.softmax(logits.double() / 0.3, -1)  # noqa: E731
+    with pytest.raises(AssertionError, match=r"first token: the samples do not follow"):
+        assert_lossless(sampling, [[1, 2, 1, 2, 1]], target=target, samples=200, law=sharper)
+
+
+def test_sampling_reference_second_token_is_a_marginal() -> None:
+    model = tiny_model("llama", seed=4, vocab=8)
+    first, second = sampling_reference(model, [1, 2], lambda x: torch.softmax(x.double(), -1))
+    assert float(first.sum()) == pytest.approx(1.0) and float(second.sum()) == pytest.approx(1.0)
+
+
+def test_chi_square_p_value_closed_forms() -> None:
+    probs = torch.tensor([0.5, 0.5])
+    assert chi_square_p_value(torch.tensor([50.0, 50.0]), probs) == pytest.approx(1.0)
+    # one degree of freedom, statistic 4: p = P(chi2_1 > 4) = erfc(sqrt(2)) = 0.0455
+    assert chi_square_p_value(torch.tensor([60.0, 40.0]), probs) == pytest.approx(0.0455, abs=1e-4)
+    assert chi_square_p_value(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])) == 0.0
+
+
+def test_the_pytest_plugin_is_declared_and_provides_fixtures(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    assert '"treegraft.pytest_plugin" = "treegraft.pytest_plugin"' in (
+        (root / "pyproject.toml").read_text()
+    )
+    (tmp_path / "test_fixtures.py").write_text(
+        "def test_fixtures(tiny_target, tiny_drafter, treegraft_registry):\n"
+        "    assert tiny_target.config.vocab_size == tiny_drafter.config.vocab_size\n"
+        "    assert 'ngram' in treegraft_registry.names('drafter')\n"
+    )
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    cmd += ["-p", "treegraft.pytest_plugin", str(tmp_path)]
+    env = {"PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
