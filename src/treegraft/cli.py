@@ -37,6 +37,9 @@ def generate(
     trace: Annotated[
         Path | None, typer.Option("--trace", help="write each step's tree as JSON here")
     ] = None,
+    chat: Annotated[
+        bool, typer.Option("--chat", help="wrap the prompt in the tokenizer's chat template")
+    ] = False,
 ) -> None:
     """Decode a prompt with a pipeline, streaming the text, then print a stats line."""
     from treegraft.core.config import ConfigError
@@ -49,7 +52,22 @@ def generate(
         pipe = load_pipeline(pipeline)
     except (ConfigError, ValueError) as exc:
         _fail(str(exc))
+    if chat or pipe.spec.decoding.chat:
+        _use_chat(pipe, text)
     _run_generation(pipe, text, max_new_tokens, trace)
+
+
+def _use_chat(pipe, text: str) -> None:
+    """Switch `decoding.chat` on for this run; fail clearly when the tokenizer has no template."""
+    import attrs
+
+    from treegraft.core.chat import NoChatTemplateError
+
+    pipe.spec = attrs.evolve(pipe.spec, decoding=attrs.evolve(pipe.spec.decoding, chat=True))
+    try:
+        pipe.encode(text)
+    except NoChatTemplateError as exc:
+        _fail(str(exc))
 
 
 def _run_generation(pipe, text: str, max_new_tokens: int | None, trace: Path | None) -> None:

@@ -213,6 +213,9 @@ class DecodingConfig:
         "Llama models), 'transformers', or 'auto' (lean where supported)",
     )
     seed: int = field(0, doc="seed of the verifier's random numbers (sampling)")
+    chat: bool = field(
+        False, doc="wrap text prompts in the tokenizer's chat template (one user turn)"
+    )
 
 
 @attrs.frozen

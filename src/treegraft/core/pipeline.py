@@ -11,6 +11,7 @@ import attrs
 import torch
 from torch import Tensor
 
+from treegraft.core.chat import chat_ids
 from treegraft.core.config import (
     ComponentSpec,
     ConfigError,
@@ -112,10 +113,13 @@ class Pipeline:
     # ------------------------------------------------------------------ token ids <-> text
 
     def encode(self, prompt: str | Sequence[int] | Tensor) -> Tensor:
-        """`[T]` int64 token ids of a prompt given as text or ids."""
+        """`[T]` int64 token ids of a prompt given as text (through the chat template when
+        `decoding.chat`) or ids."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this pipeline has no tokenizer: pass token ids instead of text")
+            if self.spec.decoding.chat:
+                return torch.tensor(chat_ids(self.tokenizer, prompt), dtype=torch.long)
             ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
             if not ids:
                 raise ValueError("prompt is empty after tokenization")
