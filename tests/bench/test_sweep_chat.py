@@ -35,3 +35,17 @@ def test_chat_without_a_template_names_the_pair(tmp_path):
     pair = _target(tmp_path, None)
     with pytest.raises(ConfigError, match=r"pair .*: chat: the tokenizer .* has no chat template"):
         encode_prompt(Resources(), pair, "t1", chat=True)
+
+
+def test_the_real_model_sweep_is_valid():
+    from pathlib import Path
+
+    from treegraft.bench.config import BASELINES, load_bench_config
+    from treegraft.zoo import SUITES
+
+    cfg = load_bench_config(Path(__file__).resolve().parents[2] / "benchmarks" / "real.yaml")
+    assert [(p.target, p.drafter) for p in cfg.pairs] == [("zoo:smollm2", "zoo:smollm2-draft-l")]
+    s = cfg.settings
+    assert (s.suites, s.prompts_per_suite, s.max_new_tokens, s.chat) == (list(SUITES), 10, 96, True)
+    assert s.baselines == list(BASELINES)
+    assert {p.label for p in cfg.pipelines} >= {"treegraft-distilled"}
