@@ -169,3 +169,23 @@ def test_real_smollm2_loads_with_its_chat_template():
         [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
     )
     assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_zoo_fetch_command_fetches_lists_and_reports_errors(fake_remote, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    run = CliRunner().invoke
+    listed = run(app, ["zoo", "fetch"])
+    assert listed.exit_code == 0 and "zoo:fake-tiny\tnot cached" in listed.stdout
+    fetched = run(app, ["zoo", "fetch", "zoo:fake-tiny"])
+    assert fetched.exit_code == 0, fetched.output
+    assert fetched.stdout.strip() == str(tmp_path / "cache" / "models" / "fake-tiny")
+    assert "zoo:fake-tiny\tcached" in run(app, ["zoo", "fetch"]).stdout
+    monkeypatch.setitem(
+        remote.REMOTE, "fake-other", attrs.evolve(fake_remote[0], name="fake-other", version="9.9")
+    )
+    failed = run(app, ["zoo", "fetch", "fake-other"])
+    assert failed.exit_code == 2 and "cannot fetch zoo:fake-other" in failed.stderr
+    assert run(app, ["zoo", "fetch", "target"]).exit_code == 2
