@@ -21,10 +21,12 @@ from typing import Annotated
 
 import torch
 import typer
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from treegraft import zoo
 from treegraft.core.chat import chat_ids
+from treegraft.core.latency import chain_tree
+from treegraft.core.runner import CausalLMRunner
 
 
 def continuations(model, tokenizer, prompts: int, tokens: int) -> list[tuple[list[int], int]]:
@@ -65,18 +67,20 @@ def truncated(model, layers: int):
 
 
 def forward_ms(model, context: torch.Tensor, q: int, repeats: int) -> float:
-    """Median ms of a q-token forward after `context` cached tokens (the cache cropped back)."""
-    cache = DynamicCache(config=model.config)
-    model(context[None], past_key_values=cache, use_cache=True)
-    n = context.numel()
-    new = context[:q][None]
-    pos = torch.arange(n, n + q)[None]
+    """Median ms of a q-token chain forward through the project's runner after `context` cached
+    tokens (the same chain each time, rewound after each)."""
+    runner = CausalLMRunner(model, forward="auto")
+    runner.begin(context, max_len=context.numel() + 64)
+    vocab = int(model.config.vocab_size)
+    runner.forward_tree(chain_tree(context[-1], 1, vocab, torch.Generator()))  # prefill
+    runner.commit(torch.zeros(1, dtype=torch.long), torch.tensor([5]))
+    tree = chain_tree(runner.committed_ids()[-1], q, vocab, torch.Generator().manual_seed(q))
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        model(new, past_key_values=cache, position_ids=pos, use_cache=True)
+        runner.forward_tree(tree)
         times.append(time.perf_counter() - start)
-        cache.crop(n)
+        runner.rewind()
     return 1000 * statistics.median(times)
 
 
@@ -95,6 +99,8 @@ def main(
     with torch.inference_mode():
         seqs = continuations(model, tokenizer, prompts, tokens)
         agree = agreement(model, seqs, layers)
+        n = sum(len(ids) - p for ids, p in seqs)
+        print(f"{len(seqs)} prompts, {n} continuation tokens; top-1 agreement per depth: {agree}")
         ctx = torch.tensor(seqs[0][0] * (context // len(seqs[0][0]) + 1))[:context]
         cuts = {layer: truncated(model, layer) for layer in layers}
         ratios: dict[tuple[int, int], list[float]] = {}
@@ -107,8 +113,6 @@ def main(
                     ratios.setdefault((layer, q), []).append(
                         forward_ms(cut, ctx, q, repeats) / full
                     )
-    n = sum(len(ids) - p for ids, p in seqs)
-    print(f"{len(seqs)} prompts, {n} continuation tokens; full model: 30 layers")
     ms1, ms16 = statistics.median(full_ms[1]), statistics.median(full_ms[16])
     print(
         f"full model forward after {context} tokens: 1 token {ms1:.1f} ms, 16 tokens {ms16:.1f} ms"
