@@ -55,7 +55,8 @@ def main(
         model = res.model(ref)
         head = None
         if name != "target":
-            head = frequent_tokens(HFLMConfig(model=ref, head=2048), int(model.config.vocab_size))
+            config = HFLMConfig(model=ref, head=2048)
+            head = frequent_tokens(config, int(model.config.vocab_size), res)
             head = torch.unique(torch.cat([head, prompt]))
         runners = {}
         for mode in MODES:

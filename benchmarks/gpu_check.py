@@ -1,26 +1,45 @@
-"""Check every treegraft kernel against its reference on a GPU, then time it; print a markdown table.
+"""The prepared GPU run: kernels, zoo pipelines, latency curves of real-size targets, replay.
 
 Usage::
 
-    python benchmarks/gpu_check.py                 # CUDA: full check + timings (a few minutes)
-    python benchmarks/gpu_check.py --allow-cpu     # no CUDA: tiny smoke run in the Triton interpreter
+    python benchmarks/gpu_check.py                   # CUDA: every part, one JSON + markdown report
+    python benchmarks/gpu_check.py --cpu-dry-run     # no CUDA: every part at toy sizes (< 3 min)
+    python benchmarks/gpu_check.py --parts curves,replay --out runs/gpu-check   # some parts
 
-Timings are medians over ``--repeats`` runs (CUDA events on the GPU), comparing the Triton launcher
-with the pure-torch reference and, for attention, with torch SDPA given a prebuilt dense mask.
-Exit status: 0 when every check passed, 1 when a check failed or no CUDA device is available
-without ``--allow-cpu``.
+Parts (written to ``--out``: ``gpu_check.json`` and ``gpu_check.md``; the pipelines' bench runs
+in subfolders):
+
+1. ``kernels``: each Triton kernel against its pure-torch reference (exactness) and timed against
+   it (CUDA events, median of ``--repeats``) on trees of 64 and 256 nodes after 1k and 4k cached
+   tokens; tree attention also against torch SDPA given a prebuilt dense mask.
+2. ``pipelines``: the zoo pipelines (zoo:target with zoo:draft-m: the harness's baselines and the
+   shipped pipelines) in float32 and bfloat16, with SDPA and with the tree kernel
+   (``decoding.attention``): exactness against plain decoding, tau, tokens/s and its ratio to
+   ``ar-runner`` and ``ar``.
+3. ``curves``: the latency curve t(N), N = 1..256 tokens per forward, of random-weight
+   Llama-3-8B- and Llama-3.2-1B-shaped models in bfloat16 built from configs (no downloads), at
+   1k and 4k cached tokens, with SDPA (lean forward) and with the tree kernel.
+4. ``replay``: the speedup the bench replay predicts for each zoo pipeline (its recorded
+   acceptance and real drafters) if its target cost what each measured SDPA curve says.
+
+The CPU dry run exercises the same code at toy sizes: the kernels in the Triton interpreter, the
+pipelines on the CPU, toy-shaped random models. Exit status: 0 when every kernel matched its
+reference and every float32 pipeline output equalled plain decoding; 1 otherwise, or when no CUDA
+device is available without ``--cpu-dry-run``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -47,7 +66,7 @@ class Sizes:
     def for_device(cls, device: str, repeats: int) -> Sizes:
         """A Llama-3-8B-like attention shape on CUDA; a toy shape for the CPU interpreter."""
         if device == "cuda":
-            return cls((16, 64, 256), (512, 4096), 32, 8, 128, 32, repeats, torch.float16)
+            return cls((64, 256), (1024, 4096), 32, 8, 128, 32, repeats, torch.bfloat16)
         return cls((8,), (16,), 2, 1, 16, 2, min(repeats, 2), torch.float32)
 
 
@@ -265,42 +284,126 @@ def markdown_table(rows: list[Row], header: str) -> str:
     return "\n".join(lines)
 
 
+PARTS = ("kernels", "pipelines", "curves", "replay")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--allow-cpu",
+        "--cpu-dry-run",
         action="store_true",
-        help="without CUDA, run a tiny smoke check in the Triton interpreter",
+        help="without CUDA: run every part at toy sizes (kernels in the Triton interpreter)",
     )
     parser.add_argument(
-        "--repeats", type=int, default=50, help="timed runs per measurement (median reported)"
+        "--repeats", type=int, default=50, help="timed runs per kernel measurement (median)"
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}"
+    )
+    parser.add_argument("--out", type=Path, default=Path("runs/gpu-check"), help="report folder")
+    args = parser.parse_args(argv)
+    args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in args.parts if p not in PARTS]
+    if unknown:
+        parser.error(f"--parts: unknown part(s) {', '.join(unknown)}; expected {', '.join(PARTS)}")
+    return args
+
+
+def kernel_rows(sizes: Sizes, device: str) -> list[Row]:
+    generator = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)  # large caches are drawn on the device
+    rows = tree_op_rows(sizes, device, generator)
+    rows += kv_compact_rows(sizes, device, generator)
+    return rows + attention_rows(sizes, device, generator)
+
+
+def run_parts(args: argparse.Namespace, device: str) -> tuple[dict[str, Any], list[str]]:
+    """Every asked-for part: (JSON report, markdown sections)."""
+    import gpu_check_models as models
+
+    sizes = models.ModelSizes.for_device(device)
+    report: dict[str, Any] = {"device": device_name(device), "parts": args.parts, "seconds": {}}
+    md = [f"# treegraft GPU check on {report['device']}"]
+    curves: list[dict[str, Any]] = []
+    for part in args.parts:
+        start = time.perf_counter()
+        if part == "kernels":
+            ksizes = Sizes.for_device(device, args.repeats)
+            rows = kernel_rows(ksizes, device)
+            report["kernels"] = [attrs.asdict(r) for r in rows]
+            md += ["## Kernels against their references", kernel_table(rows, ksizes)]
+        elif part == "pipelines":
+            rows = models.pipeline_rows(sizes, args.out)
+            report["pipelines"] = rows
+            md += ["## Zoo pipelines (zoo:target + zoo:draft-m)", models.pipeline_table(rows)]
+        elif part == "curves":
+            curves = models.latency_curves(sizes)
+            report["curves"] = curves
+            md += ["## Latency curves t(N), ms per forward", models.curve_table(curves)]
+        elif part == "replay":
+            curves = curves or models.latency_curves(sizes)
+            rows = models.replay_rows(sizes, curves)
+            report["replay"] = rows
+            md += ["## Speedup the replay predicts on those curves", models.replay_table(rows)]
+        report["seconds"][part] = time.perf_counter() - start
+    md.append(
+        "Seconds per part: " + ", ".join(f"{p} {s:.0f}" for p, s in report["seconds"].items())
+    )
+    return report, md
+
+
+def kernel_table(rows: list[Row], sizes: Sizes) -> str:
+    dtype = str(sizes.dtype).removeprefix("torch.")
+    header = (
+        f"{dtype}, attention {sizes.q_heads}/{sizes.kv_heads} heads, head_dim {sizes.head_dim}, "
+        f"median of {sizes.repeats}"
+    )
+    return markdown_table(rows, header)
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return "CPU (dry run: toy sizes, kernels in the Triton interpreter)"
+
+
+def failures(report: dict[str, Any]) -> list[str]:
+    """What makes the run fail: kernel mismatches and inexact float32 pipelines."""
+    bad = [
+        f"kernel {k['op']} ({k['nodes']} nodes, prefix {k['prefix']})"
+        for k in report.get("kernels", [])
+        if "MISMATCH" in k["check"]
+    ]
+    bad += [
+        f"pipeline {r['method']} ({r['attention']}): {r['exact_rate']:.0%} exact"
+        for r in report.get("pipelines", [])
+        if r["dtype"] == "float32" and r["exact_rate"] < 1.0
+    ]
+    return bad
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu" and not args.allow_cpu:
+    if device == "cpu" and not args.cpu_dry_run:
         print(
-            "gpu_check: no CUDA device found; nothing was checked. On a GPU machine run this script again, or pass --allow-cpu for a tiny smoke run in the Triton interpreter."
+            "gpu_check: no CUDA device found; nothing was checked. On a GPU machine run this "
+            "script again, or pass --cpu-dry-run to exercise every part at toy sizes on the CPU."
         )
         return 1
     if device == "cpu" and "triton" not in sys.modules:
         os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
-    sizes = Sizes.for_device(device, args.repeats)
-    generator = torch.Generator().manual_seed(0)
-    torch.manual_seed(0)  # large caches are drawn on the device
-    rows = tree_op_rows(sizes, device, generator)
-    rows += kv_compact_rows(sizes, device, generator)
-    rows += attention_rows(sizes, device, generator)
-    name = (
-        torch.cuda.get_device_name() if device == "cuda" else "CPU (Triton interpreter smoke run)"
-    )
-    header = f"### treegraft kernels on {name}, {str(sizes.dtype).removeprefix('torch.')} ({sizes.q_heads}/{sizes.kv_heads} heads, head_dim {sizes.head_dim}), median of {sizes.repeats}"
-    print(markdown_table(rows, header))
-    failed = [row for row in rows if "MISMATCH" in row.check]
-    return 1 if failed else 0
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_check_models
+    args.out.mkdir(parents=True, exist_ok=True)
+    report, md = run_parts(args, device)
+    bad = failures(report)
+    report["failures"] = bad
+    md.append("**Failures:** " + ("; ".join(bad) if bad else "none"))
+    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    text = "\n\n".join(md) + "\n"
+    (args.out / "gpu_check.md").write_text(text)
+    print(text)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
     python benchmarks/grafting_picture.py --out docs/img/grafting-step.png
 
-Decodes a copy-heavy prompt with the shipped `treegraft` pipeline (layer 2 forced to a strong
-call, so the picture shows rescoring, lookback and recovery), and renders the step whose tree
+Decodes a copy-heavy prompt with the shipped `treegraft-threshold` pipeline (layer 2 forced to a
+strong call, so the picture shows rescoring, lookback and recovery), and renders the step whose tree
 holds the most nodes the strong drafter recovered.
 """
 
@@ -17,7 +17,7 @@ import torch
 
 from treegraft.core.pipeline import load_pipeline, resolve_pipeline
 from treegraft.core.trace import TraceWriter, load_step
-from treegraft.core.trace_render import render_step
+from treegraft.viz.trace_render import render_step
 
 PROMPT = (
     "def moving_average(values, window):\n"
@@ -34,7 +34,7 @@ def recovered(record: dict) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--pipeline", default="treegraft")
+    parser.add_argument("--pipeline", default="treegraft-threshold")
     parser.add_argument("--prompt", default=PROMPT)
     parser.add_argument("--out", type=Path, default=Path("docs/img/grafting-step.png"))
     parser.add_argument("--max-new-tokens", type=int, default=48)
@@ -51,7 +51,9 @@ def main() -> None:
             writer.write(event)
         records = [load_step(p) for p in sorted(Path(tmp).glob("step-*.json"))]
     best = max(records, key=lambda r: (recovered(r), len(r["accepted_tokens"])))
-    print(f"step {best['step']}: {recovered(best)} recovered nodes kept, {len(best['accepted_tokens'])} tokens committed")
+    print(
+        f"step {best['step']}: {recovered(best)} recovered nodes kept, {len(best['accepted_tokens'])} tokens committed"
+    )
     print(render_step(best, args.out, show_pruned=True))
 
 

@@ -14,19 +14,19 @@ T=${TREEGRAFT:-.venv/bin/treegraft}
 O=${1:-runs/sched}
 date
 for d in draft-s draft-m draft-l; do
-  $T scheduler collect treegraft --strong zoo:$d --out $O/$d --prompts 48 --max-new-tokens 48 --threads 2
-  $T scheduler collect treegraft --strong zoo:$d --out $O/eval-$d --prompts 24 --skip 152 --costs $O/$d --max-new-tokens 48 --threads 2
-  $T scheduler collect treegraft --strong zoo:$d --out $O/more-$d --prompts 144 --skip 176 --costs $O/$d --max-new-tokens 48 --threads 2
+  $T scheduler collect treegraft-threshold --strong zoo:$d --out $O/$d --prompts 48 --max-new-tokens 48 --threads 2
+  $T scheduler collect treegraft-threshold --strong zoo:$d --out $O/eval-$d --prompts 24 --skip 152 --costs $O/$d --max-new-tokens 48 --threads 2
+  $T scheduler collect treegraft-threshold --strong zoo:$d --out $O/more-$d --prompts 144 --skip 176 --costs $O/$d --max-new-tokens 48 --threads 2
 done
 date
 $T scheduler fit $O/draft-{s,m,l} --ensemble 5 --out $O/fit1
 for d in draft-s draft-m draft-l; do
-  $T scheduler collect treegraft --strong zoo:$d --out $O/follow-$d --prompts 48 --skip 56 --costs $O/$d --follow $O/fit1 --max-new-tokens 48 --threads 2
+  $T scheduler collect treegraft-threshold --strong zoo:$d --out $O/follow-$d --prompts 48 --skip 56 --costs $O/$d --follow $O/fit1 --max-new-tokens 48 --threads 2
 done
 $T scheduler fit $O/draft-{s,m,l} $O/follow-draft-{s,m,l} --ensemble 5 --out $O/fit2
 $T scheduler fit $O/draft-{s,m,l} $O/more-draft-{s,m,l} $O/follow-draft-{s,m,l} --ensemble 5 --out $O/fit3
 for d in draft-s draft-m draft-l; do
-  $T scheduler collect treegraft --strong zoo:$d --out $O/follow2-$d --prompts 144 --skip 320 --costs $O/$d --follow $O/fit3 --max-new-tokens 48 --threads 2
+  $T scheduler collect treegraft-threshold --strong zoo:$d --out $O/follow2-$d --prompts 144 --skip 320 --costs $O/$d --follow $O/fit3 --max-new-tokens 48 --threads 2
 done
 $T scheduler fit $O/draft-{s,m,l} $O/more-draft-{s,m,l} $O/follow-draft-{s,m,l} $O/follow2-draft-{s,m,l} --ensemble 5 --out $O/fit4
 date

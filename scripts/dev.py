@@ -6,7 +6,7 @@
 
 `run` decodes a prompt with `pipelines/treegraft.yaml`; `test` runs the test suite, then builds the
 documentation with `mkdocs build --strict`. Both first make sure the virtual environment exists and
-holds the package (and, for `test`, the `dev` and `docs` extras and the example plugin). The
+holds the package (and, for `test`, the `dev`, `docs` and `scale` (Ray, accelerate) extras and the example plugin). The
 environment lives in `.venv` unless `TREEGRAFT_VENV` names another folder. A stamp file keyed on a
 hash of `pyproject.toml` makes reruns skip installing.
 
@@ -45,7 +45,7 @@ TORCH_CPU_FALLBACK = "torch==2.13.0"
 TORCH_INDEX_TIMEOUT = 20
 
 RUN_EXTRAS: tuple[str, ...] = ()
-TEST_EXTRAS: tuple[str, ...] = ("dev", "docs")
+TEST_EXTRAS: tuple[str, ...] = ("dev", "docs", "scale")
 
 
 class SetupError(RuntimeError):

@@ -133,6 +133,27 @@ def test_generate_streams_greedy_text_and_a_stats_line(tmp_path: Path, model_dir
     assert int(stats.group(1)) == 12
     assert float(stats.group(2)) >= 1.0
     assert "finish: length" in result.stderr
+    assert "attention sdpa · forwards: target lean" in result.stderr  # auto on CPU
+
+
+def test_generate_names_the_tree_kernel_when_the_pipeline_selects_it(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    prompt = "t1 t2 t3 t4 t1 t2 t3 t4 t1 t2"
+    decoding = {"max_new_tokens": 12, "dtype": "float64", "device": "cpu", "attention": "tree"}
+    tree = invoke(
+        "generate",
+        "--pipeline",
+        str(pipeline_file(tmp_path, str(model_dir), decoding=decoding)),
+        "--prompt",
+        prompt,
+    )
+    assert tree.exit_code == 0, tree.output
+    plain = invoke(
+        "generate", "--pipeline", str(pipeline_file(tmp_path, str(model_dir))), "--prompt", prompt
+    )
+    assert tree.stdout == plain.stdout
+    assert "attention tree (kernel: reference) · forwards: target transformers" in tree.stderr
 
 
 def test_generate_with_an_adaptive_builder_reports_the_curve_measurement_apart(
@@ -198,3 +219,33 @@ def test_generate_bad_pipeline_names_the_path(tmp_path: Path, model_dir: Path) -
     assert "pipeline.builder.name: unknown builder 'layerd'; did you mean 'layered'?" in (
         result.stderr
     )
+
+
+def test_a_subcommand_whose_import_fails_is_shown_with_its_error(monkeypatch) -> None:
+    """A broken module never hides its subcommand: help lists it as unavailable with the
+    error, and running it prints the error and fails."""
+    import builtins
+    import importlib
+
+    import treegraft.cli as cli
+
+    real_import = builtins.__import__
+
+    def broken(name, *args, **kwargs):
+        if name == "treegraft.scheduling.cli":
+            raise ImportError("No module named 'sklearn'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", broken)
+    fresh = importlib.reload(cli)
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    try:
+        runner = CliRunner()
+        listed = runner.invoke(fresh.app, ["--help"])
+        assert "scheduler" in listed.output and "UNAVAILABLE" in listed.output
+        used = runner.invoke(fresh.app, ["scheduler", "fit", "x"])
+        assert used.exit_code == 2  # `fail`: a usage-level error
+        assert "treegraft.scheduling.cli failed to import" in used.output
+        assert "No module named 'sklearn'" in used.output
+    finally:
+        importlib.reload(cli)

@@ -86,7 +86,7 @@ def test_setup_without_cuda_installs_cpu_torch_then_package_and_stamp(
     torch_cmd = fake.find("--index-url", dev.TORCH_CPU_INDEX)[0]
     assert dev.TORCH_SPEC in torch_cmd and "--retries" in torch_cmd and "--timeout" in torch_cmd
     assert fake.find("-c")  # torch.version.cuda is checked
-    assert fake.find("install", "-e", ".[dev,docs]")
+    assert fake.find("install", "-e", ".[dev,docs,scale]")
     assert fake.find("install", "-e", str(dev.EXAMPLE_PLUGIN), "--no-deps")
     assert dev.is_complete(project / ".venv", dev.install_key(project), dev.TEST_EXTRAS)
 
@@ -164,7 +164,7 @@ def test_changed_pyproject_triggers_reinstall(
     (project / "pyproject.toml").write_text('[project]\nname = "treegraft"\nversion = "2"\n')
     again = _fake(monkeypatch)
     dev.ensure_env(project, {}, dev.TEST_EXTRAS)
-    assert again.find("install", "-e", ".[dev,docs]")
+    assert again.find("install", "-e", ".[dev,docs,scale]")
     assert not again.find("venv")  # the interpreter is kept
 
 
@@ -175,7 +175,7 @@ def test_run_after_run_setup_needs_the_test_extras(
     dev.ensure_env(project, {}, dev.RUN_EXTRAS)
     again = _fake(monkeypatch)
     dev.ensure_env(project, {}, dev.TEST_EXTRAS)
-    assert again.find("install", "-e", ".[dev,docs]")
+    assert again.find("install", "-e", ".[dev,docs,scale]")
 
 
 def test_run_job_calls_generate_with_the_default_pipeline(

@@ -69,12 +69,85 @@ def test_the_shipped_pipelines_are_the_documented_ones():
         pipeline_spec_from_dict(yaml.safe_load(resolve_pipeline(name).read_text()))
 
 
+def test_the_default_pipeline_is_the_learned_configuration():
+    """`pipelines/treegraft.yaml`, what `treegraft generate` and `scripts/dev.py run` decode with,
+    is the fastest shipped configuration: the distilled scheduler with its call guard and the
+    adaptive verification size."""
+    from treegraft.cli import DEFAULT_PIPELINE
+
+    raw = yaml.safe_load(resolve_pipeline(DEFAULT_PIPELINE).read_text())
+    assert raw["scheduler"] == {"name": "distilled", "artifact": "zoo:scheduler", "guard": 0.1}
+    assert raw["builder"]["adaptive"] is True
+    dev = (Path(__file__).parents[1] / "scripts" / "dev.py").read_text()
+    assert f'DEFAULT_PIPELINE = Path("pipelines") / "{DEFAULT_PIPELINE}.yaml"' in dev
+
+
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_pipeline_equals_plain_greedy(name):
     res = zoo_stand_ins(11)
     prompt = repetitive_prompt(11, 18) % VOCAB
     out = load_pipeline(in_memory(name), resources=res).generate(prompt)
     assert list(out.token_ids) == greedy_reference(res.models["mem:target"], prompt, 20)
+
+
+def pipeline_runners(pipe) -> list:
+    """The target's runner and every LM drafter's."""
+    lm = [d.runner for d in pipe.decoder.drafters if getattr(d, "runner", None) is not None]
+    return [pipe.decoder.target, *lm]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_pipeline_through_the_tree_kernel_equals_plain_greedy(name, dtype):
+    """`decoding.attention: tree` on CPU: every tree forward of the target and of each LM drafter
+    runs the tree-attention kernel's pure-torch reference, and the output is still plain greedy
+    decoding (float32: the reference's float32 softmax against SDPA's, on sharpened tiny models)."""
+    import torch
+
+    res = zoo_stand_ins(13)
+    res.dtype = getattr(torch, dtype)
+    for model in res.models.values():
+        model.to(res.dtype)
+    raw = in_memory(name)
+    raw["decoding"] |= {"attention": "tree", "dtype": dtype}
+    prompt = repetitive_prompt(13, 18) % VOCAB
+    pipe = load_pipeline(raw, resources=res)
+    runners = pipeline_runners(pipe)
+    assert len(runners) == 1 + sum("model" in d for d in raw["drafters"].values())
+    assert all(r.attention == "tree" and not r.lean for r in runners)
+    out = pipe.generate(prompt)
+    assert list(out.token_ids) == greedy_reference(res.models["mem:target"], prompt, 20)
+
+
+def test_attention_setting_reaches_every_model_and_can_switch_back():
+    res = zoo_stand_ins(3)
+    tree = load_pipeline(
+        {**in_memory("cascade3"), "decoding": {"attention": "tree"}}, resources=res
+    )
+    assert {m.config._attn_implementation for m in res.models.values()} == {"treegraft_tree"}
+    sdpa = load_pipeline(
+        {**in_memory("cascade3"), "decoding": {"attention": "sdpa"}}, resources=res
+    )
+    assert {m.config._attn_implementation for m in res.models.values()} == {"sdpa"}
+    assert all(r.attention == "sdpa" and r.lean for r in pipeline_runners(sdpa))
+    prompt = repetitive_prompt(3, 12) % VOCAB
+    expected = greedy_reference(res.models["mem:target"], prompt, 12)
+    # the first pipeline's runners still say tree until their next generation starts
+    assert all(r.attention == "tree" for r in pipeline_runners(tree))
+    assert list(tree.generate(prompt, max_new_tokens=12).token_ids) == expected
+    assert all(r.attention == "sdpa" for r in pipeline_runners(tree))  # noticed at `begin`
+    auto = load_pipeline(in_memory("cascade3"), resources=res)  # auto on CPU: sdpa
+    assert auto.resources.attention == "sdpa"
+
+
+def test_lean_forward_with_the_tree_kernel_is_a_config_error():
+    from treegraft.core.config import ConfigError
+
+    raw = {**in_memory("chain"), "decoding": {"attention": "tree", "forward": "lean"}}
+    with pytest.raises(ConfigError, match=r"decoding.forward: 'lean' runs SDPA attention"):
+        load_pipeline(raw, resources=zoo_stand_ins(1))
+    with pytest.raises(ConfigError, match=r"decoding.attention: .*'flash'"):
+        pipeline_spec_from_dict({**in_memory("chain"), "decoding": {"attention": "flash"}})
 
 
 @settings(max_examples=max(4, settings().max_examples // 3))

@@ -104,11 +104,36 @@ def _run_generation(pipe, text: str, max_new_tokens: int | None, trace: Path | N
         f"[dim]{s.new_tokens} new tokens · tau {s.tau:.2f} · {s.tokens_per_second:.1f} tokens/s · "
         f"{s.steps} target forwards · finish: {events[-1].finish_reason}[/]"
     )
+    console.print(f"[dim]{backend_line(pipe)}[/]")
     if prepared:
         console.print(
             f"[dim]measured the target's latency curve first ({prepared:.2f} s, once per "
             "pipeline; not in the stats)[/]"
         )
+
+
+def backend_line(pipe) -> str:
+    """Which attention and forward each model of the pipeline runs, for the stats line:
+    `attention tree (kernel: triton) · forwards: target transformers, strong transformers`."""
+    import torch
+
+    from treegraft.core.runner import CausalLMRunner
+    from treegraft.kernels._dispatch import choose_backend, requested_backend
+
+    runners = [("target", pipe.decoder.target)]
+    for (name, _), drafter in zip(pipe.spec.drafters, pipe.decoder.drafters, strict=True):
+        runner = getattr(drafter, "runner", None)
+        if isinstance(runner, CausalLMRunner):
+            runners.append((name, runner))
+    kinds = sorted({r.attention for _, r in runners})
+    text = f"attention {'/'.join(kinds)}"
+    if "tree" in kinds:
+        probe = torch.empty(0, device=pipe.resources.device)
+        exact = pipe.resources.dtype == torch.float64 and requested_backend() == "auto"
+        kernel = "reference" if exact else choose_backend("tree_attention", probe)
+        text += f" (kernel: {kernel})"
+    forwards = ", ".join(f"{name} {'lean' if r.lean else 'transformers'}" for name, r in runners)
+    return f"{text} · forwards: {forwards}"
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
@@ -207,7 +232,7 @@ def trace_render(
 ) -> None:
     """Draw one step's draft tree: colours per drafter, accepted path in black, pruned nodes hollow."""
     from treegraft.core.trace import load_step
-    from treegraft.core.trace_render import render_step
+    from treegraft.viz.trace_render import render_step
 
     files = [source] if source.is_file() else sorted(source.glob("step-*.json"))
     if not files:
@@ -234,7 +259,7 @@ def _mount_subcommands() -> None:
     for module, name, help_text in (
         ("treegraft.zoo.cli", "zoo", "Build the corpus, suites and models of the embedded zoo."),
         (
-            "treegraft.bench.scheduler_cli",
+            "treegraft.scheduling.cli",
             "scheduler",
             "Collect value labels, fit, explain and evaluate the distilled scheduler.",
         ),
@@ -247,9 +272,25 @@ def _mount_subcommands() -> None:
     ):
         try:
             sub = __import__(module, fromlist=["app"]).app
-        except (ImportError, AttributeError):
+        except ImportError as exc:
+            mount_unavailable(name, module, exc)
             continue
         app.add_typer(sub, name=name, help=help_text)
+
+
+def mount_unavailable(name: str, module: str, exc: ImportError) -> None:
+    """A subcommand whose module failed to import: listed with the error, and any use of it
+    prints the error and fails (never a silently missing command)."""
+    error = f"{module} failed to import: {type(exc).__name__}: {exc}"
+
+    @app.command(
+        name,
+        help=f"UNAVAILABLE: {error}",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        add_help_option=False,
+    )
+    def report() -> None:
+        _fail(error)
 
 
 _mount_subcommands()

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
-from treegraft.bench.aggregate import ALL, Row, aggregate, ar_index, speedup_of
+from treegraft.bench.aggregate import (
+    ALL,
+    Row,
+    aggregate,
+    ar_index,
+    plain_baselines,
+    speedup_of,
+)
 from treegraft.bench.records import (
     MEASURED,
     Mismatch,
@@ -12,7 +20,7 @@ from treegraft.bench.records import (
     request_from_json,
     request_to_json,
 )
-from treegraft.bench.report import standing_table
+from treegraft.bench.report import baseline_section, markdown_report, standing_table
 
 
 def req(
@@ -131,6 +139,40 @@ def test_requests_without_plain_decoding_or_with_errors_are_left_out():
     rows = aggregate(reqs)
     assert row(rows, "m").requests == 2
     assert [r for r in rows if r.mode == "replay"] == []
+
+
+def with_runner(reqs: list[Request], wall: dict[str, float], pair: str = "p") -> list[Request]:
+    """`reqs` plus an `ar-runner` request per prompt of `wall` (seconds for 10 tokens)."""
+    return reqs + [req("ar-runner", prompt, w, pair=pair) for prompt, w in wall.items()]
+
+
+def test_speedups_are_against_the_faster_plain_decoding_of_each_pair():
+    # ar-runner at 20 and 10 tokens/s: twice `ar`; the method's speedups halve
+    reqs = with_runner(example(), {"a": 0.5, "b": 1.0})
+    assert plain_baselines(reqs) == {"p": "ar-runner"}
+    rows = aggregate(reqs)
+    m, ar, runner = row(rows, "m"), row(rows, "ar"), row(rows, "ar-runner")
+    assert m.speedup == pytest.approx(12.0 / 15.0)
+    assert m.speedup_mean == pytest.approx((1.0 + 0.4) / 2)
+    assert (runner.speedup, ar.speedup) == (1.0, pytest.approx(0.5))
+    assert {r.baseline for r in rows} == {"ar-runner"}
+    # a slower ar-runner leaves `ar` the baseline
+    slow = with_runner(example(), {"a": 2.0, "b": 4.0})
+    assert plain_baselines(slow) == {"p": "ar"}
+    assert row(aggregate(slow), "m").speedup == pytest.approx(12.0 / 7.5)
+
+
+def test_each_pair_gets_its_own_baseline_and_the_report_names_them():
+    other = [attrs.evolve(r, pair="q") for r in example()]
+    reqs = with_runner(example(), {"a": 0.5, "b": 1.0}) + other
+    assert plain_baselines(reqs) == {"p": "ar-runner", "q": "ar"}
+    rows = aggregate(reqs)
+    assert row(rows, "m", pair="q").baseline == "ar"
+    assert row(rows, "m").baseline == "ar-runner/ar"
+    text = baseline_section(reqs)
+    assert "- p: **`ar-runner`** (median tokens/s: `ar` 7.5 vs `ar-runner` 15.0)" in text
+    assert "- q: **`ar`** (median tokens/s: `ar` 7.5)" in text
+    assert "## Baseline" in markdown_report(rows, reqs, "header")
 
 
 def test_json_round_trip():

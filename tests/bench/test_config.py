@@ -30,7 +30,7 @@ def test_entries_accept_names_and_mappings():
             "pipelines": [
                 "treegraft",
                 {
-                    "pipeline": "treegraft",
+                    "pipeline": "treegraft-threshold",
                     "label": "tg-every2",
                     "override": {"scheduler": {"name": "every_k", "k": 2}},
                 },
@@ -59,11 +59,14 @@ def test_entries_accept_names_and_mappings():
             "bench.baselines[1]: unknown baseline 'medusa'",
         ),
         (
-            {"pairs": [PAIR], "pipelines": [{"pipeline": "treegraft", "substitute": "some"}]},
+            {
+                "pairs": [PAIR],
+                "pipelines": [{"pipeline": "treegraft-threshold", "substitute": "some"}],
+            },
             "bench.pipelines[0].substitute: expected one of 'strongest', 'all', 'none', got 'some'",
         ),
         (
-            {"pairs": [PAIR], "pipelines": [{"pipeline": "treegraft", "label": 3}]},
+            {"pairs": [PAIR], "pipelines": [{"pipeline": "treegraft-threshold", "label": 3}]},
             "bench.pipelines[0].label: expected str or null, got 3",
         ),
         (
@@ -115,7 +118,7 @@ def test_overrides_apply_after_substitution_and_decoding_is_the_bench_s():
             "pairs": [PAIR],
             "max_new_tokens": 17,
             "pipelines": [
-                {"pipeline": "treegraft", "label": "x", "override": {"builder.budget": 7}}
+                {"pipeline": "treegraft-threshold", "label": "x", "override": {"builder.budget": 7}}
             ],
         }
     )
@@ -132,7 +135,7 @@ def test_a_bad_override_is_reported_with_the_entry_path():
             "baselines": [],
             "pipelines": [
                 {
-                    "pipeline": "treegraft",
+                    "pipeline": "treegraft-threshold",
                     "label": "x",
                     "override": {"scheduler": {"name": "sometimes"}},
                 }
@@ -186,6 +189,25 @@ def test_the_standing_config_is_the_full_protocol_with_the_standing_methods():
     plans = {p.label: p for p in pipeline_plans(cfg, cfg.pairs[0])}
     learned = plans["treegraft-distilled-adaptive"].raw
     assert learned["scheduler"]["name"] == "distilled" and learned["builder"]["adaptive"] is True
-    shipped = yaml.safe_load(resolve_pipeline("treegraft-learned").read_text())
+    shipped = yaml.safe_load(resolve_pipeline("treegraft").read_text())
     assert {**learned["scheduler"], "artifact": "zoo:scheduler"} == shipped["scheduler"]
     assert plans["ngram-only-adaptive"].raw["builder"]["adaptive"] is True
+
+
+@pytest.mark.parametrize(("tokens", "depth"), [(None, 20), (7, 7)])
+def test_chain_hf_is_the_chain_pipeline_under_hf_assisted_generations_schedule(tokens, depth):
+    """The like-for-like row of `hf-assisted`: the same drafter as a chain of up to HF's draft
+    length (`hf_assistant_tokens`, HF's default 20), ending at its first token below 0.4."""
+    cfg = bench_config_from_dict(
+        {"pairs": [PAIR], "baselines": ["hf-assisted", "chain-hf"], "hf_assistant_tokens": tokens}
+    )
+    (plan,) = pipeline_plans(cfg, cfg.pairs[0])
+    assert plan.label == "chain-hf"
+    assert plan.raw["builder"] == {
+        "name": "layered",
+        "depth": depth,
+        "top_k": 1,
+        "budget": depth,
+        "stop_below": 0.4,
+    }
+    assert plan.raw["drafters"]["strong"]["model"] == PAIR["drafter"]

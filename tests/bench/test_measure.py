@@ -9,6 +9,7 @@ from tests.conftest import tiny_llama
 from treegraft.bench.measure import (
     ForwardMeter,
     PeakMemory,
+    StageTimer,
     exactness,
     first_difference,
     logit_margin,
@@ -53,3 +54,24 @@ def test_peak_memory_reads_a_positive_number_on_cpu():
     mem = PeakMemory(torch.device("cpu"))
     mem.reset()
     assert mem.read_mib() > 0
+
+
+def test_gpu_forward_times_come_from_cuda_events_read_once(monkeypatch):
+    """With `torch.cuda` mocked: a CUDA `ForwardMeter` never synchronises per forward; the
+    times are read from events when asked, with one wait on the last one."""
+    from tests.core.test_clock import FakeEvent, no_device_sync
+
+    FakeEvent.waits = 0
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", no_device_sync)
+    model = tiny_llama(seed=3)
+    with ForwardMeter(model, sync=True) as meter:
+        for _ in range(3):
+            model(torch.tensor([[1, 2, 3]]))
+    assert meter.calls == 3 and FakeEvent.waits == 0
+    assert 0 < meter.seconds < 1.0 and FakeEvent.waits == 1
+    timer = StageTimer(cuda=True)
+    assert timer.seconds() == 0.0
+    timer.start()
+    timer.stop()
+    assert timer.seconds() >= 0.0 and FakeEvent.waits == 2

@@ -57,7 +57,7 @@ def quick_run(tmp_path_factory) -> Path:
         "baselines": ["hf-assisted", "hf-prompt-lookup", "chain", "ngram-only"],
         "pipelines": [
             {
-                "pipeline": "treegraft",
+                "pipeline": "treegraft-threshold",
                 "label": "treegraft-every2",
                 "override": {"scheduler": {"name": "every_k", "k": 2}},
             }
@@ -73,7 +73,15 @@ def quick_run(tmp_path_factory) -> Path:
     return out
 
 
-METHODS = ["ar", "hf-assisted", "hf-prompt-lookup", "chain", "ngram-only", "treegraft-every2"]
+METHODS = [
+    "ar",
+    "ar-runner",
+    "hf-assisted",
+    "hf-prompt-lookup",
+    "chain",
+    "ngram-only",
+    "treegraft-every2",
+]
 
 
 def test_quick_run_writes_every_output(quick_run: Path):
@@ -95,6 +103,9 @@ def test_quick_run_requests(quick_run: Path):
         assert sum(x["split"].values()) == pytest.approx(x["wall_s"], rel=1e-6)
     ar = lines[0]
     assert ar["steps"] == MAX_NEW and ar["tau"] == 1.0 and ar["speedup"] == 1.0
+    runner = lines[1]  # plain decoding through the runner: one token per forward, same output
+    assert runner["steps"] == MAX_NEW and runner["tau"] == 1.0
+    assert runner["output_ids"] == ar["output_ids"] and runner["split"]["target"] > 0
     tree = next(x for x in lines if x["method"] == "treegraft-every2")
     assert len(tree["accept_lengths"]) == tree["steps"] == len(tree["step_times"])
     assert sum(tree["accept_lengths"]) == tree["committed"]
@@ -110,7 +121,9 @@ def test_quick_run_summary(quick_run: Path):
     assert suites == {"code", "chat", "all"}
     overall = {r["method"]: r for r in rows if r["pair"] == "all" and r["suite"] == "all"}
     assert list(overall) == METHODS
-    assert float(overall["ar"]["speedup"]) == 1.0
+    baseline = overall["ar"]["baseline"]
+    assert baseline in ("ar", "ar-runner") and {r["baseline"] for r in rows} == {baseline}
+    assert float(overall[baseline]["speedup"]) == 1.0
     assert all(float(r["exact_rate"]) == 1.0 for r in rows)
     md = (quick_run / "summary.md").read_text()
     for heading in (
@@ -121,7 +134,8 @@ def test_quick_run_summary(quick_run: Path):
         "## Exactness",
     ):
         assert heading in md
-    assert "All 20 outputs equal plain decoding token for token." in md
+    assert "All 24 outputs equal plain decoding token for token." in md
+    assert f"- target+draft: **`{baseline}`** (median tokens/s: `ar` " in md
     manifest = json.loads((quick_run / "manifest.json").read_text())
     env = manifest["environment"]
     assert {"python", "torch", "transformers", "treegraft", "cpu", "git"} <= set(env)
@@ -193,7 +207,7 @@ def test_an_inexact_pipeline_is_reported_at_its_first_wrong_token(tmp_path):
         assert r.mismatch.margin == pytest.approx(margin)
     assert all(r.exact for r in result.requests if r.method != "broken")
     md = (tmp_path / "out" / "summary.md").read_text()
-    assert "2 of 4 outputs differ from plain decoding" in md
+    assert "2 of 6 outputs differ from plain decoding" in md  # ar-runner: exact
     rows = {(r.method, r.pair, r.suite): r for r in result.rows}
     assert rows[("broken", "all", "all")].exact_rate == 0.0
     assert rows[("ngram-only", "all", "all")].exact_rate == 1.0
@@ -229,7 +243,7 @@ def test_replay_curves_time_each_lm_drafter_as_its_pipeline_runs_it(tmp_path, mo
             "prompts_per_suite": 1,
             "max_new_tokens": 6,
             "baselines": [],
-            "pipelines": [{"pipeline": "treegraft", "label": "headed", "override": head}],
+            "pipelines": [{"pipeline": "treegraft-threshold", "label": "headed", "override": head}],
             "replay": True,
             "latency_repeats": 1,
             "warmup_tokens": 0,
@@ -254,7 +268,7 @@ def test_replay_curves_time_each_lm_drafter_as_its_pipeline_runs_it(tmp_path, mo
 def test_replay_tau_equals_measured_tau(tmp_path):
     pipelines = [
         {
-            "pipeline": "treegraft",
+            "pipeline": "treegraft-threshold",
             "label": "treegraft-fixed",
             "override": {"scheduler": {"name": "every_k", "k": 2}, "builder.max_strong_calls": 2},
         }
@@ -308,7 +322,13 @@ def test_compare_two_result_directories(quick_run: Path, tmp_path):
     text = md.read_text()
     assert "| target+draft | treegraft-every2 | measured |" in text
     assert "| pair | method | mode | speedup A | speedup B | Δ speedup |" in text
-    assert "| target+draft | ar | measured | 1.00 | 1.00 | +0.00 |" in text
+    assert "| target+draft | ar-runner | measured |" in text
+    baseline = (
+        "ar" if "| target+draft | ar | measured | 1.00 | 1.00 | +0.00 |" in text else "ar-runner"
+    )
+    assert f"| target+draft | {baseline} | measured | 1.00 | 1.00 | +0.00 |" in text
+    assert f"speedups over the faster plain decoding: A `{baseline}`, B `{baseline}`" in text
+    assert f"A `{baseline}`, B `{baseline}`" in result.output
 
 
 def test_cli_errors_are_short(tmp_path):
@@ -332,7 +352,7 @@ def resumable_config(tmp_path, **settings):
             "prompts_per_suite": 2,
             "max_new_tokens": MAX_NEW,
             "baselines": ["ngram-only"],
-            "pipelines": [{"pipeline": "treegraft", "label": "tg"}],
+            "pipelines": [{"pipeline": "treegraft-threshold", "label": "tg"}],
             "replay": True,
             "latency_repeats": 1,
             "warmup_tokens": 0,
@@ -345,12 +365,11 @@ def test_resume_keeps_finished_prompts_and_reruns_the_one_cut_short(tmp_path):
     config = resumable_config(tmp_path)
     out = tmp_path / "out"
     full = run_bench(config, out, resources=pair_resources(), progress=False)
-    per_prompt = 1 + 2 + 2  # ar, two pipelines measured and replayed
+    per_prompt = 2 + 2 + 2  # ar, ar-runner, two pipelines measured and replayed
     assert len(full.requests) == 4 * per_prompt
-    lines = (out / "requests.jsonl").read_text().splitlines()
-    (out / "requests.jsonl").write_text(
-        "\n".join(lines[: per_prompt + 2]) + "\n"
-    )  # cut in prompt 2
+    lines = (out / "units.jsonl").read_bytes().splitlines(keepends=True)
+    assert len(lines) == 4  # one unit per prompt
+    (out / "units.jsonl").write_bytes(lines[0] + lines[1][:100])  # killed while writing prompt 2
     (out / "summary.csv").unlink()
     curves = (out / "latency.json").read_text()
 

@@ -14,11 +14,16 @@ from hypothesis import strategies as st
 from tests.core.test_decoder import repetitive_prompt
 from tests.core.test_tree import trees
 from tests.scheduling.helpers import VOCAB, pipeline_raw, stand_in_pair
-from treegraft.core.interfaces import LayerState, Scheduler, StepContext
+from treegraft.core.interfaces import LayerState, Scheduler, StepContext, StepFacts, TreeFacts
 from treegraft.core.metrics import AcceptHistory, Clock, ForwardTimes
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.tree import DraftTree
-from treegraft.plugins.builders.layered import layer_state, tree_stats_device, tree_stats_host
+from treegraft.plugins.builders.layered import (
+    step_facts,
+    tree_facts,
+    tree_stats_device,
+    tree_stats_host,
+)
 
 
 def ema(values: list[float], alpha: float) -> float:
@@ -112,11 +117,24 @@ def test_layer_state_of_a_hand_built_tree():
         prompt_len=4, committed_len=9, clock=Clock(), timings=ForwardTimes(),
         dtype=torch.float64, history=history,
     )  # fmt: skip
-    state = layer_state(ctx, 2, 3, tree, torch.tensor([2, 3]), [0, 1], 3, 2)
+    state = LayerState.of(
+        layer=2,
+        calls=(0, 1),
+        step=step_facts(ctx, 3, 3),
+        tree=tree_facts(ctx, tree, torch.tensor([2, 3]), 2),
+    )
     assert state.tree_expected == pytest.approx(math.exp(-0.5) + math.exp(-1.5) + math.exp(-0.75))
     assert state.frontier_max_score == pytest.approx(-0.75)
     assert state.frontier_mean_score == pytest.approx(-1.125)
     assert state.history is history and state.strong_calls == 1
+
+
+def test_a_layer_state_is_made_of_its_named_parts():
+    """`LayerState.of` fills every field from the layer, the calls, `StepFacts` and `TreeFacts`:
+    a field added to the state without a part to come from fails here."""
+    parts = {"layer", "calls", "strong_calls"}
+    parts |= {f.name for f in attrs.fields(StepFacts)} | {f.name for f in attrs.fields(TreeFacts)}
+    assert {f.name for f in attrs.fields(LayerState)} == parts
 
 
 @given(trees(), st.data())

@@ -7,6 +7,7 @@ from typing import Any
 
 import attrs
 import pytest
+import torch
 import yaml
 
 from tests.conftest import tiny_llama
@@ -335,3 +336,59 @@ def test_override_through_a_non_mapping_fails() -> None:
         override(BASE, "target.x", 1)
     with pytest.raises(ConfigError, match=r"^pipeline\.decoding: cannot override"):
         override(BASE, "decoding.seed", 1)
+
+
+# ---------------------------------------------------------------------------- shared tokenizers
+
+
+def _save(path: Path, model, tokenizer) -> str:
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def _pipeline(target: str, drafter: str) -> dict[str, Any]:
+    return {
+        "target": target,
+        "drafters": {"weak": {"name": "ngram"}, "strong": {"name": "hf_lm", "model": drafter}},
+        "builder": {"name": "layered", "depth": 3, "top_k": 3, "budget": 8},
+        "scheduler": {"name": "always"},
+        "verifier": {"name": "greedy"},
+        "decoding": {"max_new_tokens": 16, "dtype": "float64"},
+    }
+
+
+@pytest.mark.parametrize("drafter_vocab", [72, 60])
+def test_a_drafter_with_a_padded_embedding_decodes_exactly_and_never_proposes_padding(
+    tmp_path: Path, drafter_vocab: int
+) -> None:
+    """Same tokenizer (63 words + [UNK]), embeddings of 64 and 72 (or 60) rows."""
+    from tests.conftest import greedy_reference, word_tokenizer
+
+    tok = word_tokenizer(64)
+    target = tiny_llama(seed=5, vocab=64)
+    t_dir = _save(tmp_path / "t", target, tok)
+    d_dir = _save(tmp_path / "d", tiny_llama(seed=6, vocab=drafter_vocab, hidden=16), tok)
+    pipe = load_pipeline(_pipeline(t_dir, d_dir), resources=Resources(dtype=torch.float64))
+    prompt = torch.tensor([3, 9, 27, 3, 9, 27, 3, 9])
+    out = pipe.generate(prompt)
+    assert list(out.token_ids) == greedy_reference(target, prompt, 16)
+    proposed = torch.cat([e.build.unpruned.tokens for e in out.events])
+    assert int(proposed.max()) < min(64, drafter_vocab)
+    with torch.inference_mode():
+        logp = pipe.decoder.drafters[1].score_tree(out.events[-1].build.unpruned)
+    assert logp.shape[1] == 64
+
+
+def test_two_different_tokenizers_are_refused_naming_both(tmp_path: Path) -> None:
+    from tests.conftest import word_tokenizer
+
+    other = word_tokenizer(64)
+    other.add_tokens(["zz"])  # one more word: another token-to-id map
+    t_dir = _save(tmp_path / "t", tiny_llama(seed=5, vocab=64), word_tokenizer(64))
+    d_dir = _save(tmp_path / "d", tiny_llama(seed=6, vocab=64, hidden=16), other)
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(_pipeline(t_dir, d_dir), resources=Resources(dtype=torch.float64))
+    message = str(info.value)
+    assert message.startswith("pipeline.drafters.strong.model: tokenizer mismatch")
+    assert repr(t_dir) in message and repr(d_dir) in message

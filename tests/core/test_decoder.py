@@ -13,6 +13,7 @@ from tests.core.test_tree import trees
 from treegraft.core.decoder import accepted_tokens, accepted_tokens_on_device
 from treegraft.core.interfaces import BuildResult
 from treegraft.core.pipeline import load_pipeline
+from treegraft.core.tree import DraftTree
 from treegraft.plugins.verifiers.greedy import GreedyVerifier
 
 VOCAB = 48
@@ -241,18 +242,55 @@ def test_accepted_tokens_on_the_host_and_on_the_device_agree(data):
     )
     logits[torch.arange(n), data.draw(st.lists(st.integers(0, 5), min_size=n, max_size=n))] += 10
     verdict = GreedyVerifier(None).verify(tree, logits)
-    built = BuildResult(tree=tree, kept=torch.arange(n), calls=(0,), unpruned=tree)
-    path, tokens, strong = accepted_tokens(built, verdict)
-    want_path, want_tokens, want_strong = accepted_tokens_on_device(built, verdict)
-    assert torch.equal(path, want_path) and tokens == want_tokens and strong == want_strong
-    drafted = path.tolist()[1:]
-    assert tokens == [int(tree.tokens[i]) for i in drafted] + [int(verdict.bonus)]
-    assert strong == sum(int(proposer[i]) > 0 for i in drafted)
+    kept = torch.tensor(sorted(data.draw(st.sets(st.integers(1, 3 * n), min_size=n, max_size=n))))
+    kept[0] = 0
+    built = BuildResult(tree=tree, kept=kept, calls=(0,), unpruned=tree)
+    host, device = accepted_tokens(built, verdict), accepted_tokens_on_device(built, verdict)
+    assert torch.equal(host.path, device.path) and torch.equal(host.unpruned, device.unpruned)
+    assert (host.tokens, host.strong) == (device.tokens, device.strong)
+    drafted = host.path.tolist()[1:]
+    assert host.tokens == [int(tree.tokens[i]) for i in drafted] + [int(verdict.bonus)]
+    assert host.strong == sum(int(proposer[i]) > 0 for i in drafted)
+    assert host.unpruned.tolist() == [int(kept[i]) for i in host.path.tolist()]
+    assert device.path.device.type == device.unpruned.device.type == "cpu"  # host tensors
+
+
+def count_host_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every read of a tensor's values on the host from here on (`tolist`, `item`, `int()`...)."""
+    reads: list[str] = []
+    for name in ("tolist", "item", "__int__", "__index__", "__bool__", "__float__"):
+        original = getattr(torch.Tensor, name)
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    return reads
+
+
+def test_the_device_accept_decision_is_one_host_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the accept decision is the step's one wait for the device: the path, its tokens,
+    its unpruned indices, the bonus and the strong count come back in a single read."""
+    tree = DraftTree.from_parents(torch.tensor([5, 6, 7, 8, 9]), torch.tensor([-1, 0, 1, 0, 3]))
+    logits = torch.full((5, 12), -1.0)
+    logits[torch.arange(5), torch.tensor([6, 7, 3, 9, 2])] = 1.0  # path 0 -> 1 -> 2, bonus 3
+    verdict = GreedyVerifier(None).verify(tree, logits)
+    built = BuildResult(tree=tree, kept=torch.tensor([0, 2, 4, 5, 7]), calls=(0,), unpruned=tree)
+    reads = count_host_reads(monkeypatch)
+    accepted = accepted_tokens_on_device(built, verdict)
+    assert reads == ["tolist"]
+    assert accepted.tokens == [6, 7, 3] and accepted.unpruned.tolist() == [0, 2, 4]
+
+
+def calling_pipeline(target, drafter, *, max_new: int):
+    """The n-gram + LM drafters with a strong call at every layer."""
+    resources = memory_resources(target=target, draft=drafter)
+    return pipeline(resources, DRAFTER_SETS["ngram+lm"], scheduler="always", max_new=max_new)
 
 
 def test_a_learning_scheduler_observes_every_step(tiny_target, tiny_drafter):
-    """A scheduler that overrides `observe` gets one outcome per step, in order, matching the
-    step's event (the decoder skips building outcomes only for the default, which ignores them)."""
+    """A scheduler gets one outcome per step, in order, matching the step's event."""
     from treegraft.plugins.schedulers.basic import AlwaysScheduler
 
     seen = []
@@ -261,12 +299,7 @@ def test_a_learning_scheduler_observes_every_step(tiny_target, tiny_drafter):
         def observe(self, outcome):
             seen.append(outcome)
 
-    pipe = pipeline(
-        memory_resources(target=tiny_target, draft=tiny_drafter),
-        DRAFTER_SETS["ngram+lm"],
-        scheduler="always",
-        max_new=20,
-    )
+    pipe = calling_pipeline(tiny_target, tiny_drafter, max_new=20)
     pipe.decoder.scheduler = Learning(pipe.decoder.scheduler.config)
     out = pipe.generate(repetitive_prompt(2, 12))
     assert [o.step for o in seen] == list(range(len(out.events)))
@@ -282,3 +315,30 @@ def test_a_learning_scheduler_observes_every_step(tiny_target, tiny_drafter):
         assert outcome.strong_accepted == sum(proposer[i] > 0 for i in path)
     assert any(o.strong_accepted > 0 for o in seen)
     assert any(c > 0 for o in seen for c in o.calls)
+
+
+def test_a_scheduler_begins_every_generation_before_its_first_decision(tiny_target, tiny_drafter):
+    """The life cycle of docs/plugins.md: `begin`, then decisions and one outcome per step."""
+    from treegraft.plugins.schedulers.basic import AlwaysScheduler
+
+    calls: list[str] = []
+
+    class Recording(AlwaysScheduler):
+        def begin(self):
+            calls.append("begin")
+
+        def decide(self, state):
+            calls.append("decide")
+            return super().decide(state)
+
+        def observe(self, outcome):
+            calls.append("observe")
+
+    pipe = calling_pipeline(tiny_target, tiny_drafter, max_new=6)
+    pipe.decoder.scheduler = Recording(pipe.decoder.scheduler.config)
+    first = pipe.generate(repetitive_prompt(2, 12))
+    second = pipe.generate(repetitive_prompt(3, 12))
+    assert calls.count("begin") == 2 and calls[0] == "begin"
+    assert calls.count("observe") == len(first.events) + len(second.events)
+    at = calls.index("begin", 1)
+    assert "decide" in calls[1:at] and calls[at - 1] == "observe" and calls[at + 1] == "decide"

@@ -233,7 +233,8 @@ def test_all_is_sorted_by_kind_then_name(builtins_only: Registry) -> None:
 
 def test_config_fields_are_the_attrs_fields(builtins_only: Registry) -> None:
     fields = builtins_only.get("builder", "layered").config_fields()
-    assert [f.name for f in fields] == ["depth", "top_k", "budget", "max_strong_calls", "adaptive"]
+    names = ["depth", "top_k", "budget", "max_strong_calls", "adaptive", "stop_below"]
+    assert [f.name for f in fields] == names
     assert builtins_only.get("verifier", "greedy").config_fields() == []
 
 
@@ -247,3 +248,18 @@ def test_default_registry_is_cached_until_reset(monkeypatch: pytest.MonkeyPatch)
         assert registry_module.default_registry() is not first
     finally:
         registry_module.reset_default_registry()
+
+
+def test_the_builtins_are_found_through_their_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Core imports no plugin: the built-ins come from the `treegraft` distribution's entry
+    point, and a missing distribution is a clear error, not an empty registry."""
+    import treegraft.plugins.builtin
+
+    assert registry_module.builtin_plugin() is treegraft.plugins.builtin
+
+    def missing(name: str) -> importlib.metadata.Distribution:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(PluginError, match="'treegraft' distribution is not installed"):
+        Registry.create(autoload=False)

@@ -1,14 +1,9 @@
-"""Traces: `generate --trace` writes each step's tree; `trace render` draws it."""
+"""Traces: `generate --trace` writes each step's tree as JSON."""
 
 from __future__ import annotations
 
-import json
-
-from typer.testing import CliRunner
-
 from tests.conftest import memory_resources, tiny_llama
 from tests.core.test_decoder import repetitive_prompt
-from treegraft.cli import app
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.trace import TraceWriter, load_step
 
@@ -49,26 +44,3 @@ def test_trace_records_every_node_and_the_accepted_path(tmp_path):
         assert record["drafters"] == ["weak:ngram", "strong:hf_lm"]
     # layer 1 called the LM, which rescored: some node was proposed by one drafter, scored by the other
     assert any(n["scorer"] != n["proposer"] for f in files for n in load_step(f)["nodes"][1:])
-
-
-def test_trace_render_draws_a_png(tmp_path):
-    _, files = traced_run(tmp_path)
-    result = CliRunner().invoke(
-        app, ["trace", "render", str(tmp_path / "trace"), "--out", str(tmp_path / "t.png")]
-    )
-    assert result.exit_code == 0, result.output
-    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    result = CliRunner().invoke(app, ["trace", "render", str(files[0]), "--hide-pruned"])
-    assert result.exit_code == 0, result.output
-
-
-def test_trace_render_errors(tmp_path):
-    result = CliRunner().invoke(app, ["trace", "render", str(tmp_path)])
-    assert result.exit_code == 2 and "no trace step files" in result.output
-    traced_run(tmp_path)
-    result = CliRunner().invoke(app, ["trace", "render", str(tmp_path / "trace"), "--step", "999"])
-    assert result.exit_code == 2 and "no step 999" in result.output
-    bad = tmp_path / "step-00000.json"
-    bad.write_text(json.dumps({"version": 99}))
-    result = CliRunner().invoke(app, ["trace", "render", str(bad)])
-    assert result.exit_code == 2 and "trace version" in result.output

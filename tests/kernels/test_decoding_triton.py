@@ -1,8 +1,9 @@
 """Decoding end to end with every op dispatched to its Triton kernel equals the reference path.
 
 Runs inside the `TRITON_INTERPRET=1` subprocess of `test_interpreter_suite.py` on CPU (and natively
-on CUDA): tree attention, ancestor mask, greedy acceptance, KV compaction and the budget prune all
-go through `TREEGRAFT_KERNELS=triton`.
+on CUDA): tree attention (selected by the pipeline setting `decoding.attention: tree`), ancestor
+mask, greedy acceptance, KV compaction and the budget prune all go through
+`TREEGRAFT_KERNELS=triton`. The shipped pipelines run the same way and equal plain decoding.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import pytest
 
 from tests.conftest import greedy_reference, memory_resources, tiny_llama
 from tests.core.test_decoder import repetitive_prompt
+from tests.test_pipelines import SHIPPED, VOCAB, in_memory, pipeline_runners, zoo_stand_ins
 from treegraft.core.pipeline import load_pipeline
 
 SPEC = {
@@ -19,28 +21,26 @@ SPEC = {
     "builder": {"name": "layered", "depth": 3, "top_k": 2, "budget": 8},
     "grafter": {"name": "reselect", "lookback": 1},
     "scheduler": {"name": "every_k", "k": 2},
-    "decoding": {"max_new_tokens": 12, "dtype": "float32"},
+    "decoding": {"max_new_tokens": 12, "dtype": "float32", "attention": "tree"},
 }
 
 
 def decode(monkeypatch: pytest.MonkeyPatch, kernels: str, device: str) -> list[int]:
     import torch
 
-    from treegraft.kernels.tree_attention.hf import IMPLEMENTATION, register
-
-    register()
     monkeypatch.setenv("TREEGRAFT_KERNELS", kernels)
     target = tiny_llama(seed=4, vocab=40, dtype=torch.float32)
     draft = tiny_llama(
         seed=5, vocab=40, hidden=16, layers=1, heads=2, kv_heads=1, dtype=torch.float32
     )
-    target.set_attn_implementation(IMPLEMENTATION)
     res = memory_resources(target=target, draft=draft)
     res.dtype = torch.float32
     res.device = torch.device(device)
     for ref in list(res.models):
         res.models[ref] = res.models[ref].to(device=device, dtype=torch.float32)
-    out = load_pipeline(SPEC, resources=res).generate(repetitive_prompt(4, 12) % 40)
+    pipe = load_pipeline(SPEC, resources=res)
+    assert pipe.decoder.target.attention == pipe.decoder.drafters[1].runner.attention == "tree"
+    out = pipe.generate(repetitive_prompt(4, 12) % 40)
     return list(out.token_ids)
 
 
@@ -55,3 +55,25 @@ class TestTritonDecoding:
         assert with_triton == with_reference
         target = tiny_llama(seed=4, vocab=40, dtype=torch.float32)
         assert with_reference == greedy_reference(target, repetitive_prompt(4, 12) % 40, 12)
+
+
+class TestTritonShippedPipelines:
+    @pytest.mark.parametrize("name", SHIPPED)
+    def test_shipped_pipeline_through_triton_equals_plain_greedy(
+        self, name: str, triton_device: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        import torch
+
+        monkeypatch.setenv("TREEGRAFT_KERNELS", "triton")
+        res = zoo_stand_ins(13)
+        res.dtype, res.device = torch.float32, torch.device(triton_device)
+        for ref in list(res.models):
+            res.models[ref] = res.models[ref].to(device=triton_device, dtype=torch.float32)
+        raw = in_memory(name)
+        raw["decoding"] = {"max_new_tokens": 10, "dtype": "float32", "attention": "tree"}
+        prompt = repetitive_prompt(13, 14) % VOCAB
+        pipe = load_pipeline(raw, resources=res)
+        assert all(r.attention == "tree" for r in pipeline_runners(pipe))
+        out = pipe.generate(prompt)
+        target = res.models["mem:target"].cpu()
+        assert list(out.token_ids) == greedy_reference(target, prompt, 10)

@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 from tests.conftest import greedy_reference, memory_resources, tiny_llama
 from treegraft.core.config import NoConfig
 from treegraft.core.pipeline import load_pipeline
+from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree
-from treegraft.plugins.drafters.hf_lm import HFLMConfig, HFLMDrafter, frequent_tokens, swap_model
+from treegraft.plugins.drafters.hf_lm import HFLMConfig, HFLMDrafter, frequent_tokens
 from treegraft.plugins.rescorers.basic import (
     InterpolateConfig,
     InterpolateRescorer,
@@ -37,7 +38,9 @@ def counts_file(tmp_path: Path, counts: np.ndarray, name: str = "counts.json") -
 
 def drafter(model, config: HFLMConfig) -> HFLMDrafter:
     runner = CausalLMRunner(model)
-    return HFLMDrafter(config, runner, frequent=frequent_tokens(config, runner.vocab_size))
+    return HFLMDrafter(
+        config, runner, frequent=frequent_tokens(config, runner.vocab_size, Resources())
+    )
 
 
 def chain(tokens: list[int]) -> DraftTree:
@@ -80,8 +83,8 @@ def test_restricted_scores_are_the_full_scores_renormalised(
 def test_frequent_tokens_rank_by_count_ties_to_the_lower_id(tmp_path: Path) -> None:
     counts = np.array([5, 9, 9, 0, 7] + [1] * (VOCAB - 5))
     cfg = HFLMConfig(model="mem:d", head=3, token_counts=counts_file(tmp_path, counts))
-    assert frequent_tokens(cfg, VOCAB).tolist() == [1, 2, 4]
-    assert frequent_tokens(HFLMConfig(model="mem:d"), VOCAB) is None
+    assert frequent_tokens(cfg, VOCAB, Resources()).tolist() == [1, 2, 4]
+    assert frequent_tokens(HFLMConfig(model="mem:d"), VOCAB, Resources()) is None
 
 
 def test_prompt_tokens_join_the_scored_ones(tmp_path: Path) -> None:
@@ -164,17 +167,3 @@ def test_decoding_with_a_restricted_head_is_lossless(tmp_path: Path) -> None:
         prompt = torch.randint(0, VOCAB, (7,), generator=torch.Generator().manual_seed(seed))
         out = [t for e in pipe.steps(prompt, max_new_tokens=40) for t in e.tokens]
         assert out == greedy_reference(target, prompt, 40)
-
-
-def test_swap_model_drops_a_zoo_ranked_head_for_a_non_zoo_model() -> None:
-    spec = {"name": "hf_lm", "model": "zoo:draft-m", "head": 2048}
-    swap_model(spec, "zoo:draft-l")
-    assert spec == {"name": "hf_lm", "model": "zoo:draft-l", "head": 2048}
-    swap_model(spec, "/models/my-drafter")
-    assert spec == {"name": "hf_lm", "model": "/models/my-drafter"}
-    fetched = {"name": "hf_lm", "model": "zoo:draft-m", "head": 2048}
-    swap_model(fetched, "zoo:smollm2-draft-l")  # another tokenizer: the zoo's counts do not apply
-    assert fetched == {"name": "hf_lm", "model": "zoo:smollm2-draft-l"}
-    own = {"name": "hf_lm", "model": "zoo:draft-m", "head": 64, "token_counts": "mine.json"}
-    swap_model(own, "mem:small")
-    assert own["head"] == 64 and own["model"] == "mem:small"

@@ -43,3 +43,43 @@ def test_kept_is_the_reference_prune_without_dead_nodes(tree, dead, budget, monk
     with monkeypatch.context() as env:  # forcing the reference kernel gives the same nodes
         env.setenv("TREEGRAFT_KERNELS", "reference")
         assert kept(tree, budget).tolist() == want
+
+
+def test_stop_below_ends_a_chain_after_its_first_unsure_token_and_stays_exact():
+    """`stop_below` (Hugging Face assisted generation's confidence stop): a chain stops growing
+    after the first layer whose node the drafter gives less than the threshold; that node is
+    kept; the output is still plain greedy decoding."""
+    import math
+
+    import pytest
+
+    from tests.conftest import greedy_reference, memory_resources, tiny_llama
+    from tests.core.test_decoder import repetitive_prompt
+    from treegraft.core.config import ConfigError
+    from treegraft.core.pipeline import load_pipeline
+
+    target = tiny_llama(seed=5, vocab=40)
+    draft = tiny_llama(seed=6, vocab=40, hidden=16, layers=1, heads=2, kv_heads=1)
+    spec = {
+        "target": "mem:target",
+        "drafters": {"s": {"name": "hf_lm", "model": "mem:draft"}},
+        "builder": {"name": "layered", "depth": 20, "top_k": 1, "budget": 20, "stop_below": 0.4},
+        "scheduler": "always",
+        "decoding": {"max_new_tokens": 24, "dtype": "float64"},
+    }
+    prompt = repetitive_prompt(5, 12) % 40
+    res = memory_resources(target=target, draft=draft)
+    out = load_pipeline(spec, resources=res).generate(prompt)
+    assert list(out.token_ids) == greedy_reference(target, prompt, 24)
+    for event in out.events:
+        tree = event.build.unpruned
+        edge = tree.edge_logp.tolist()[1:]  # a chain: node d at depth d
+        stops = [d for d, e in enumerate(edge, start=1) if e < math.log(0.4)]
+        assert tree.n_nodes - 1 == (stops[0] if stops else 20)
+    assert any(e.build.unpruned.n_nodes < 21 for e in out.events)  # the stop did act
+    never = load_pipeline(
+        {**spec, "builder": {**spec["builder"], "stop_below": None}}, resources=res
+    )
+    assert all(e.build.unpruned.n_nodes == 21 for e in never.generate(prompt).events)
+    with pytest.raises(ConfigError, match=r"pipeline.builder.stop_below: .*in \(0, 1\] or null"):
+        load_pipeline({**spec, "builder": {**spec["builder"], "stop_below": 1.5}}, resources=res)

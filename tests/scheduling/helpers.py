@@ -6,8 +6,8 @@ from typing import Any
 
 from tests.conftest import memory_resources, tiny_llama
 from treegraft.bench.replay import LatencyCurve
-from treegraft.bench.value_system import CostModel
 from treegraft.core.resources import Resources
+from treegraft.scheduling.value_system import CostModel
 
 VOCAB = 40
 

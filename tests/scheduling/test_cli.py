@@ -8,16 +8,17 @@ from typer.testing import CliRunner
 
 from tests.core.test_decoder import repetitive_prompt
 from tests.scheduling.helpers import COST, VOCAB, pipeline_raw, stand_in_pair
-from treegraft.bench.scheduler_cli import app
-from treegraft.bench.value_eval import head_rows, measure_costs, runner_forward
-from treegraft.bench.value_system import (
+from treegraft.core.pipeline import load_pipeline
+from treegraft.scheduling.artifact import SchedulerArtifact
+from treegraft.scheduling.cli import app
+from treegraft.scheduling.features import FEATURE_NAMES
+from treegraft.scheduling.value_eval import head_rows, measure_costs, runner_forward
+from treegraft.scheduling.value_system import (
     PromptIds,
     ValueSystemError,
     check_pipeline,
     collect,
 )
-from treegraft.core.pipeline import load_pipeline
-from treegraft.plugins.schedulers.distilled import FEATURE_NAMES, SchedulerArtifact
 
 runner = CliRunner()
 
@@ -96,7 +97,7 @@ def test_the_strong_curve_is_measured_with_the_drafters_own_forward(
     monkeypatch, drafter_forward, expected
 ):
     """The LM drafter runs the fused forward by default: its cost curve must be measured so."""
-    import treegraft.bench.value_eval as value_eval
+    import treegraft.scheduling.value_eval as value_eval
 
     res = stand_in_pair(0)
     raw = pipeline_raw(depth=2)
@@ -130,7 +131,7 @@ def test_the_strong_curve_is_measured_with_the_drafters_restricted_head(monkeypa
     strong = pipe.decoder.drafters[1]
     assert head_rows(strong).tolist() == [0, 1, 2, 3, 4]  # the most frequent ids
     assert head_rows(pipe.decoder.drafters[0]) is None  # the n-gram drafter
-    import treegraft.bench.value_eval as value_eval
+    import treegraft.scheduling.value_eval as value_eval
 
     widths: dict[str, set[int]] = {}
     phase = ["constants"]  # the curves are measured first; then the real generations

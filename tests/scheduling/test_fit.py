@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 
 from tests.plugins.test_schedulers import BASE
-from treegraft.bench.scheduler_fit import (
+from treegraft.core.metrics import AcceptHistory
+from treegraft.plugins.schedulers.distilled import DistilledConfig, DistilledScheduler
+from treegraft.scheduling.features import FEATURE_NAMES, layer_features
+from treegraft.scheduling.fit import (
     FitConfig,
     Rows,
     explain,
@@ -18,19 +21,8 @@ from treegraft.bench.scheduler_fit import (
     to_artifact,
     validation_mask,
 )
-from treegraft.bench.value_data import Dataset
-from treegraft.bench.value_labels import ValueSystemError
-from treegraft.core.metrics import AcceptHistory
-from treegraft.plugins.schedulers.distilled import (
-    FEATURE_NAMES,
-    ArtifactError,
-    DistilledConfig,
-    DistilledScheduler,
-    FoldedMLP,
-    SchedulerArtifact,
-    check_feature_names,
-    layer_features,
-)
+from treegraft.scheduling.value_data import Dataset
+from treegraft.scheduling.value_labels import ValueSystemError
 
 F = len(FEATURE_NAMES)
 FAST = FitConfig(hidden=(16,), epochs=150, lr=1e-2, seed=0)
@@ -151,18 +143,6 @@ def test_a_fit_without_a_feature_decodes_without_it():
     assert len(set(np.round(values, 9))) > 1  # ... the value does not; other features do move it
 
 
-def test_artifacts_with_unknown_or_repeated_features_are_refused():
-    artifact = fit_rows(separable(n=100), attrs.evolve(FAST, epochs=2)).artifact
-    names = list(FEATURE_NAMES)
-    check_feature_names(artifact, "ok")  # the full set, in order
-    for bad, detail in (
-        ([*names[:-1], "log_draft_ms"], r"unknown \['log_draft_ms'\]"),
-        ([*names[:-1], names[0]], r"repeated \['layer'\]"),
-    ):
-        with pytest.raises(ArtifactError, match=f"'art': .*{detail}.*refit it"):
-            check_feature_names(attrs.evolve(artifact, feature_names=tuple(bad)), "'art'")
-
-
 def test_merged_members_compute_the_mean_of_their_outputs():
     rng = np.random.default_rng(3)
     shapes = [(8, F), (5, 8), (1, 5)]
@@ -217,25 +197,6 @@ def states():
                 )  # fmt: skip
 
 
-def test_artifact_round_trip_keeps_predictions_and_decisions(tmp_path):
-    rows = separable(seed=1)
-    artifact = fit_rows(rows, FAST).artifact
-    loaded = SchedulerArtifact.load(artifact.save(tmp_path / "art"))
-    assert loaded.feature_names == FEATURE_NAMES
-    assert loaded.metadata == artifact.metadata
-    np.testing.assert_array_equal(loaded.predict(rows.x), artifact.predict(rows.x))
-    before = DistilledScheduler(DistilledConfig(artifact=str(tmp_path)), artifact)
-    after = DistilledScheduler(DistilledConfig(artifact=str(tmp_path)), loaded)
-    for s in states():  # the folded one-vector MLP of the scheduler equals the artifact's
-        assert before.value(s) == pytest.approx(artifact.predict_one(layer_features(s)), abs=1e-12)
-    decided = [before.decide(s) for s in states()]
-    assert decided == [after.decide(s) for s in states()]
-    assert 0 < sum(decided) < len(decided)  # the rule splits these states
-    for name in ("scheduler.json", "scheduler.safetensors"):  # either file names the artifact
-        again = SchedulerArtifact.load(tmp_path / "art" / name)
-        np.testing.assert_array_equal(again.predict(rows.x), artifact.predict(rows.x))
-
-
 def test_the_per_step_share_is_recomputed_whenever_a_step_feature_changes():
     """The scheduler caches the first layer's share of the per-step features; a value read
     after any of them changes (same history object, or a new one) must still equal the
@@ -274,42 +235,3 @@ def test_explain_with_and_without_data():
     assert fresh["signs"]["accuracy"] > 0.85
     bare = explain(attrs.evolve(artifact, metadata={}), None)
     assert bare["importance_kind"].startswith("first-layer weight norm")
-
-
-def test_features_are_host_floats_named_in_order():
-    state = next(iter(states()))
-    values = layer_features(state)
-    assert len(values) == F and all(isinstance(v, float) for v in values)
-    named = dict(zip(FEATURE_NAMES, values, strict=True))
-    assert named["strong_over_target"] == pytest.approx(0.2)
-    assert named["times_known"] == 1.0
-
-
-@pytest.mark.parametrize(
-    ("hidden", "activation"), [((), "relu"), ((8,), "tanh"), ((8, 4, 4), "relu")]
-)
-def test_the_folded_decision_mlp_equals_the_artifact(hidden, activation):
-    rows = separable(n=200, seed=3)
-    cfg = FitConfig(hidden=hidden, activation=activation, epochs=5)
-    artifact = fit_rows(rows, cfg).artifact
-    folded = FoldedMLP.from_artifact(artifact)
-    for x in rows.x[:20]:
-        assert folded(list(x)) == pytest.approx(artifact.predict_one(x), abs=1e-12)
-
-
-def test_an_ensembles_block_diagonal_layers_are_folded_to_their_blocks():
-    rows = separable(n=200, seed=6)
-    artifact = fit_rows(rows, attrs.evolve(FAST, hidden=(8, 6), ensemble=3, epochs=5)).artifact
-    folded = FoldedMLP.from_artifact(artifact)
-    assert [blocks.shape for blocks, _ in folded.middle] == [(3, 6, 8)]
-    for x in rows.x[:20]:
-        assert folded(list(x)) == pytest.approx(artifact.predict_one(x), abs=1e-12)
-    # one weight off the diagonal blocks: the layer is kept dense, and still exact
-    weights = list(artifact.weights)
-    weights[1] = weights[1].copy()
-    weights[1][0, -1] = 0.5
-    dense = attrs.evolve(artifact, weights=tuple(weights))
-    folded = FoldedMLP.from_artifact(dense)
-    assert [blocks.shape for blocks, _ in folded.middle] == [(1, 18, 24)]
-    for x in rows.x[:20]:
-        assert folded(list(x)) == pytest.approx(dense.predict_one(x), abs=1e-12)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from treegraft import zoo
-from treegraft.bench.training_prompts import read_prompt_file, training_prompts
-from treegraft.bench.value_system import ValueSystemError
+from treegraft.scheduling.training_prompts import read_prompt_file, training_prompts
+from treegraft.scheduling.value_system import ValueSystemError
 from treegraft.zoo.sources import DEFAULT_DOCS_DIR
 from treegraft.zoo.split import is_heldout
 

@@ -12,9 +12,18 @@ import torch
 from tests.conftest import greedy_reference
 from tests.core.test_decoder import repetitive_prompt
 from tests.scheduling.helpers import COST, VOCAB, pipeline_raw, stand_in_pair
-from treegraft.bench.value_costs import CostScale, revalue, scale_state
-from treegraft.bench.value_eval import evaluate
-from treegraft.bench.value_system import (
+from treegraft.core.config import ConfigError
+from treegraft.core.decoder import StopRule
+from treegraft.core.interfaces import Scheduler
+from treegraft.core.pipeline import load_pipeline
+from treegraft.core.runner import CausalLMRunner
+from treegraft.core.tree import DraftTree
+from treegraft.plugins.schedulers.basic import AlwaysScheduler
+from treegraft.plugins.schedulers.oracle import OracleConfig, OracleMismatch, OracleScheduler
+from treegraft.scheduling.features import FEATURE_NAMES, layer_features
+from treegraft.scheduling.value_costs import CostScale, revalue, scale_state
+from treegraft.scheduling.value_eval import evaluate
+from treegraft.scheduling.value_system import (
     Dataset,
     PromptIds,
     QueryCounter,
@@ -25,16 +34,8 @@ from treegraft.bench.value_system import (
     collect,
     label_decisions,
     label_decisions_for,
+    search_decoder,
 )
-from treegraft.core.config import ConfigError
-from treegraft.core.decoder import StopRule
-from treegraft.core.interfaces import Scheduler
-from treegraft.core.pipeline import load_pipeline
-from treegraft.core.runner import CausalLMRunner
-from treegraft.core.tree import DraftTree
-from treegraft.plugins.schedulers.basic import AlwaysScheduler
-from treegraft.plugins.schedulers.distilled import FEATURE_NAMES, layer_features
-from treegraft.plugins.schedulers.oracle import OracleConfig, OracleMismatch, OracleScheduler
 
 DEPTH = 4
 MAX_NEW = 40
@@ -80,8 +81,8 @@ def first_step_outcomes(cost=COST):
     pipe = load_pipeline(pipeline_raw(depth=DEPTH, strong="mem:target"), resources=res)
     with torch.inference_mode(), QueryCounter(res.models["mem:target"]) as counter:
         searcher = StepSearcher.begin(
-            pipe.decoder, cost, counter, prompt=prompt, continuation=continuation,
-            stop=StopRule(MAX_NEW), strong=1,
+            search_decoder(pipe.decoder, cost, counter, 1),
+            prompt=prompt, continuation=continuation, stop=StopRule(MAX_NEW),
         )  # fmt: skip
         return res, prompt, searcher.search(all_plans(DEPTH, 1))
 

@@ -1,11 +1,12 @@
 """Per-request records -> summary rows per pair, per suite and overall.
 
-Definitions (every method is paired with plain decoding `ar` of the same prompt, pair and
-repetition, always measured):
+Definitions (every method is paired with the plain decoding of the same prompt, pair and
+repetition; both plain decodings, `ar` and `ar-runner`, always run, and per pair the *baseline*
+is the faster of them: the higher median tokens/s over the pair's requests, `plain_baselines`):
 
 - tokens/s: median over requests of `new_tokens / wall_s`.
-- speedup (ratio of medians): median tokens/s of the method / median tokens/s of `ar`.
-- speedup_mean (mean of ratios): mean over requests of `tokens/s(method) / tokens/s(ar)`.
+- speedup (ratio of medians): median tokens/s of the method / median tokens/s of the baseline.
+- speedup_mean (mean of ratios): mean over requests of `tokens/s(method) / tokens/s(baseline)`.
 - tau: total tokens committed by target forwards (bonus included) / total target forwards.
 - acceptance per depth d: fraction of steps that accepted at least d draft tokens (pooled).
 - strong calls per step: total strong-drafter calls / total steps.
@@ -15,12 +16,12 @@ repetition, always measured):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from statistics import mean, median, stdev
 
 import attrs
 
-from treegraft.bench.config import AR
+from treegraft.bench.config import AR, PLAIN
 from treegraft.bench.records import MEASURED, SPLIT_KEYS, Request
 from treegraft.core.metrics import acceptance_per_depth
 
@@ -49,11 +50,33 @@ class Row:
     peak_mem_mib: float
     exact_rate: float
     spread: dict[str, float] = attrs.field(factory=dict)
+    #: the plain decoding the speedups are against (`ar` or `ar-runner`; `a/b` over pairs that differ)
+    baseline: str = AR
 
 
-def ar_index(requests: Iterable[Request]) -> dict[tuple[str, str, str, int], Request]:
-    """Measured plain-decoding requests by (pair, suite, prompt, repetition)."""
-    return {r.key: r for r in requests if r.method == AR and r.mode == MEASURED}
+def ar_index(
+    requests: Iterable[Request], baselines: Mapping[str, str] | None = None
+) -> dict[tuple[str, str, str, int], Request]:
+    """Measured requests of each pair's baseline (`baselines[pair]`, default `ar`) by (pair,
+    suite, prompt, repetition)."""
+    chosen = baselines or {}
+    return {r.key: r for r in requests if r.mode == MEASURED and r.method == chosen.get(r.pair, AR)}
+
+
+def plain_baselines(requests: Iterable[Request]) -> dict[str, str]:
+    """Per pair, the faster plain decoding: whichever of `ar` and `ar-runner` has the higher
+    median tokens/s over the pair's measured requests (`ar` alone when only it ran)."""
+    speeds: dict[tuple[str, str], list[float]] = {}
+    for r in requests:
+        if r.mode == MEASURED and r.method in PLAIN and r.error is None:
+            speeds.setdefault((r.pair, r.method), []).append(r.tokens_per_s)
+    pairs = _ordered(pair for pair, _ in speeds)
+    return {
+        pair: max(
+            (m for m in PLAIN if (pair, m) in speeds), key=lambda m: median(speeds[(pair, m)])
+        )
+        for pair in pairs
+    }
 
 
 def speedup_of(request: Request, ar: dict[tuple[str, str, str, int], Request]) -> float | None:
@@ -141,7 +164,8 @@ def combine_repeats(rows: Sequence[Row]) -> Row:
 def aggregate(requests: Sequence[Request]) -> list[Row]:
     """Rows for every (pair | all) x (suite | all) x method x mode, repetitions combined."""
     ok = [r for r in requests if r.error is None]
-    ar = ar_index(ok)
+    baselines = plain_baselines(ok)
+    ar = ar_index(ok, baselines)
     ok = [r for r in ok if r.key in ar]
     pairs = [*_ordered(r.pair for r in ok), ALL]
     suites = [*_ordered(r.suite for r in ok), ALL]
@@ -158,7 +182,9 @@ def aggregate(requests: Sequence[Request]) -> list[Row]:
                     and (r.method, r.mode) == (method, mode)
                 ]
                 if chosen:
-                    rows.append(_over_repeats(chosen, ar, pair, suite))
+                    row = _over_repeats(chosen, ar, pair, suite)
+                    used = _ordered(baselines[r.pair] for r in chosen)
+                    rows.append(attrs.evolve(row, baseline="/".join(used)))
     return rows
 
 

@@ -68,6 +68,29 @@ def run(
             "prompts are kept, the rest run",
         ),
     ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="overwrite the results already in a non-empty --out")
+    ] = False,
+    executor: Annotated[
+        str | None,
+        typer.Option(
+            "--executor", help="where units run: local (default) or ray (docs/scaling.md)"
+        ),
+    ] = None,
+    ray_address: Annotated[
+        str | None, typer.Option("--ray-address", help="Ray cluster to join (default: start one)")
+    ] = None,
+    workers: Annotated[int | None, typer.Option("--workers", help="Ray actors to start")] = None,
+    num_cpus: Annotated[
+        float | None, typer.Option("--num-cpus", help="CPUs each Ray actor requests")
+    ] = None,
+    num_gpus: Annotated[
+        float | None, typer.Option("--num-gpus", help="GPUs each Ray actor requests")
+    ] = None,
+    retries: Annotated[
+        int | None,
+        typer.Option("--retries", help="reruns of a failed unit before it counts failed"),
+    ] = None,
 ) -> None:
     """Run a sweep: pairs x suites x (plain decoding, baselines, pipelines); write the reports."""
     from treegraft.bench.config import load_bench_config
@@ -87,12 +110,24 @@ def run(
     cfg = cfg.with_settings(replay=True) if replay else cfg
     target = out_dir or Path("runs") / f"bench-{config.stem}-{datetime.now():%Y%m%d-%H%M%S}"
     options = {"quick": quick, "repeat": repeat, "replay": replay, "config": str(config)}
+    flags = {"name": executor, "address": ray_address, "workers": workers, "num_cpus": num_cpus}
+    flags |= {"num_gpus": num_gpus, "retries": retries}
     try:
-        result = run_bench(cfg, target, progress=progress, options=options, resume=resume)
+        cfg = cfg.with_executor(**{k: v for k, v in flags.items() if v is not None})
+        result = run_bench(
+            cfg, target, progress=progress, options=options, resume=resume, force=force
+        )
     except (ConfigError, FileNotFoundError) as exc:
         _fail(str(exc))
     out.print((result.out_dir / "summary.md").read_text(), markup=False, highlight=False)
     console.print(f"results in {result.out_dir}")
+    if result.failed:
+        console.print(
+            f"[bold red]error:[/] {len(result.failed)} unit(s) failed (see summary.md and "
+            "manifest.json); rerun them with --resume",
+            highlight=False,
+        )
+        raise typer.Exit(code=1)
 
 
 @app.command("compare")
@@ -116,6 +151,7 @@ def compare(
     pairs = list(dict.fromkeys(r[0] for r in rows))
     skip = 1 if len(pairs) == 1 else 0  # one pair: name it above the table
     heading = f"A: {a}\nB: {b}\nsuite: {suite}" + (f" · pair: {pairs[0]}" if skip else "")
+    heading += f"\n{result.baseline_note()}"
     out.print(heading, highlight=False)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for i, header in enumerate(COMPACT_HEADERS[skip:], start=skip):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import attrs
 
 from treegraft.bench.aggregate import ALL
+from treegraft.bench.config import AR
 from treegraft.bench.records import MEASURED
 from treegraft.bench.report import SUMMARY_CSV, markdown_table, read_csv
 
@@ -32,9 +34,18 @@ class Comparison:
 
     suite: str
     rows: tuple[tuple[str, ...], ...]
+    #: the plain decoding each run's speedups are against (`ar` for runs before `ar-runner`)
+    baselines: tuple[str, str] = (AR, AR)
+
+    def baseline_note(self) -> str:
+        a, b = self.baselines
+        return f"speedups over the faster plain decoding: A `{a}`, B `{b}`"
 
     def markdown(self, a: str, b: str) -> str:
-        return f"A: `{a}` · B: `{b}` · suite: {self.suite}\n\n" + markdown_table(HEADERS, self.rows)
+        return (
+            f"A: `{a}` · B: `{b}` · suite: {self.suite} · {self.baseline_note()}\n\n"
+            + markdown_table(HEADERS, self.rows)
+        )
 
     def compact(self) -> tuple[tuple[str, ...], ...]:
         """The rows with the mode folded into the method and each A/B pair of cells as `a→b`."""
@@ -71,7 +82,14 @@ def compare(a_dir: Path, b_dir: Path, *, suite: str = ALL) -> Comparison:
     keys = list(dict.fromkeys([*a, *b]))
     if len({k[0] for k in keys} - {ALL}) == 1:  # one pair: its rows are the overall rows
         keys = [k for k in keys if k[0] != ALL]
-    return Comparison(suite, tuple(_row(k, a.get(k), b.get(k)) for k in keys))
+    rows = tuple(_row(k, a.get(k), b.get(k)) for k in keys)
+    return Comparison(suite, rows, (_baseline(a.values()), _baseline(b.values())))
+
+
+def _baseline(rows: Iterable[dict[str, str]]) -> str:
+    """The baseline of a run's summary rows: their `baseline` column (`ar` before it existed)."""
+    found = list(dict.fromkeys(r.get("baseline") or AR for r in rows if r["pair"] == ALL))
+    return "/".join(found) or AR
 
 
 def _key(row: dict[str, str]) -> tuple[str, str, str]:

@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 
 from treegraft.core.config import (
+    Check,
     ConfigError,
     at_least,
     each,
@@ -33,15 +34,18 @@ from treegraft.core.config import (
     parse_yaml,
     structure_config,
 )
+from treegraft.core.placement import valid_device_maps
 from treegraft.zoo import SUITES
 
 ROOT = "bench"
 
-#: Every baseline the harness knows, besides plain decoding (`ar`), which always runs.
+#: Every baseline the harness knows, besides the two plain decodings (`ar`, `ar-runner`), which
+#: always run.
 BASELINES = (
     "hf-assisted",
     "hf-prompt-lookup",
     "chain",
+    "chain-hf",
     "ngram-only",
     "lm-only",
     "treegraft-never",
@@ -51,8 +55,12 @@ BASELINES = (
     "treegraft-threshold",
     "treegraft-budgeted",
 )
-#: The plain autoregressive reference every other method is compared with.
+#: Plain decoding with Hugging Face `generate`: the reference every output is compared with.
 AR = "ar"
+#: Plain decoding through the pipelines' own `CausalLMRunner` and forward path; runs with `ar`.
+AR_RUNNER = "ar-runner"
+#: The two plain decodings; speedups are reported against the faster of them, per pair.
+PLAIN = (AR, AR_RUNNER)
 #: HF assisted generation, the peer baseline with the same LM drafter.
 HF_ASSISTED = "hf-assisted"
 #: The two endpoint strategies: weak-only and strong-every-layer trees.
@@ -66,10 +74,27 @@ class Pair:
     target: str = field(doc="target model reference: zoo:NAME, a directory or mem:NAME")
     drafter: str = field(doc="LM drafter reference substituted into the pipelines' LM drafters")
     label: str | None = field(None, doc="name in the reports (default: target+drafter)")
+    device_map: dict[str, Any] | None = field(
+        None,
+        check=Check(
+            "a mapping of 'target' and/or 'drafter' to a device map ('auto', 'balanced', a "
+            "device, or module -> device)",
+            lambda v: v is None or (set(v) <= {"target", "drafter"} and valid_device_maps(v)),
+        ),
+        doc="where the pair's models go, through accelerate (docs/scaling.md)",
+    )
+    offload_folder: str | None = field(
+        None, doc="folder for weights the device map sends to 'disk' (default: a temporary one)"
+    )
 
     @property
     def name(self) -> str:
         return self.label or f"{short_ref(self.target)}+{short_ref(self.drafter)}"
+
+    def device_maps(self) -> dict[str, Any]:
+        """Model reference -> device map, for `Resources.device_maps`."""
+        roles = {"target": self.target, "drafter": self.drafter}
+        return {roles[role]: m for role, m in (self.device_map or {}).items()}
 
 
 def short_ref(ref: str) -> str:
@@ -119,6 +144,12 @@ class BenchSettings:
         "float32", check=one_of("float32", "float64", "bfloat16", "float16"), doc="model precision"
     )
     device: str = field("auto", doc="'auto' (CUDA when present), 'cpu' or 'cuda:N'")
+    attention: str = field(
+        "auto",
+        check=one_of("auto", "sdpa", "tree"),
+        doc="every pipeline's decoding.attention (and so `ar-runner`'s): 'auto' (the tree kernel "
+        "on CUDA, SDPA elsewhere), 'sdpa' or 'tree'",
+    )
     repeat: int = field(
         1, check=at_least(1), doc="repetitions of the whole sweep (mean and spread)"
     )
@@ -141,6 +172,22 @@ class BenchSettings:
 
 
 @attrs.frozen
+class ExecutorSettings:
+    """Where the sweep's work units run (the `executor:` mapping; not part of what a sweep is, so
+    a resumed sweep may change it)."""
+
+    name: str = field("local", check=one_of("local", "ray"), doc="'local' or 'ray'")
+    address: str | None = field(None, doc="Ray cluster to join (None: start a local one)")
+    workers: int | None = field(None, doc="Ray actors (None: as many as the cluster fits)")
+    num_cpus: float = field(1.0, check=at_least(0), doc="CPUs each Ray actor requests")
+    num_gpus: float = field(0.0, check=at_least(0), doc="GPUs each Ray actor requests")
+    retries: int = field(
+        2, check=at_least(0), doc="reruns of a failed unit before it counts failed"
+    )
+    prompts_per_unit: int = field(1, check=at_least(1), doc="prompts of one cell per work unit")
+
+
+@attrs.frozen
 class BenchConfig:
     """A validated sweep: pairs x suites x (baselines + pipelines)."""
 
@@ -149,6 +196,7 @@ class BenchConfig:
     settings: BenchSettings
     base_dir: Path = Path(".")
     source: str = "<dict>"
+    executor: ExecutorSettings = ExecutorSettings()
 
     def quick(self) -> BenchConfig:
         """The smoke-run version: 2 prompts per suite, at most 32 new tokens, one repetition."""
@@ -168,17 +216,29 @@ class BenchConfig:
         """A copy with some settings replaced (command-line overrides)."""
         return attrs.evolve(self, settings=attrs.evolve(self.settings, **changes))
 
+    def with_executor(self, **changes: Any) -> BenchConfig:
+        """A copy with some executor settings replaced (command-line overrides, validated)."""
+        merged = {**attrs.asdict(self.executor), **changes}
+        return attrs.evolve(
+            self, executor=structure_config(ExecutorSettings, merged, f"{ROOT}.executor")
+        )
+
     def as_dict(self) -> dict[str, Any]:
         """The config as plain data (for the run manifest)."""
         return {
-            "pairs": [attrs.asdict(p) for p in self.pairs],
+            "pairs": [attrs.asdict(p, filter=_set_placement) for p in self.pairs],
             "pipelines": [attrs.asdict(p) for p in self.pipelines],
             **attrs.asdict(self.settings),
             "source": self.source,
         }
 
 
-NESTED = ("pairs", "pipelines")
+def _set_placement(attribute: attrs.Attribute, value: Any) -> bool:
+    """Leave a pair's unset placement out of the manifest (older manifests have none)."""
+    return not (attribute.name in ("device_map", "offload_folder") and value is None)
+
+
+NESTED = ("pairs", "pipelines", "executor")
 
 
 def bench_config_from_dict(
@@ -207,6 +267,7 @@ def bench_config_from_dict(
         settings=settings,
         base_dir=Path(base_dir),
         source=source,
+        executor=structure_config(ExecutorSettings, data.get("executor") or {}, f"{ROOT}.executor"),
     )
 
 
@@ -258,7 +319,7 @@ def _entries(raw: Any) -> tuple[PipelineEntry, ...]:
 
 
 def _check_labels(entries: tuple[PipelineEntry, ...], settings: BenchSettings) -> None:
-    seen = {AR, *settings.baselines}
+    seen = {*PLAIN, *settings.baselines}
     for i, entry in enumerate(entries):
         if entry.name in seen:
             raise ConfigError(

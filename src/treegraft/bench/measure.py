@@ -19,19 +19,65 @@ PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
 @attrs.define
+class StageTimer:
+    """Adds up the seconds of timed blocks (`start` ... `stop`) without synchronising per block.
+
+    On CUDA each block is a pair of CUDA events recorded on the current stream; their times are
+    read once, by `seconds()`, which waits for the last event (one synchronisation per request).
+    On CPU a block is wall time (`time.perf_counter`).
+    """
+
+    cuda: bool = False
+    _events: list[tuple[Any, Any]] = attrs.field(factory=list)
+    _open: Any = None
+    _wall: float = 0.0
+
+    def start(self) -> None:
+        if self.cuda:
+            self._open = torch.cuda.Event(enable_timing=True)
+            self._open.record()
+        else:
+            self._open = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._events.append((self._open, end))
+        else:
+            self._wall += time.perf_counter() - self._open
+        self._open = None
+
+    def seconds(self) -> float:
+        """Total seconds of the blocks so far; on CUDA, synchronises with the last event."""
+        if not self._events:
+            return self._wall
+        self._events[-1][1].synchronize()
+        return self._wall + sum(a.elapsed_time(b) for a, b in self._events) / 1e3
+
+
+@attrs.define
 class ForwardMeter:
     """Counts and times the forwards of one model through forward hooks, inside a `with` block.
 
-    With `sync=True` (CUDA) the device is synchronised around each forward, so the time belongs
-    to the forward that launched the work. A meter on `None` measures nothing.
+    With `sync=True` (CUDA) each forward is timed by CUDA events (`StageTimer`): the time belongs
+    to the forward that launched the work, and nothing waits for the device between forwards.
+    A meter on `None` measures nothing.
     """
 
     module: Any
     sync: bool = False
     calls: int = 0
-    seconds: float = 0.0
-    _started: float = 0.0
+    _timer: StageTimer = attrs.field(init=False)
     _handles: list[Any] = attrs.field(factory=list)
+
+    def __attrs_post_init__(self) -> None:
+        self._timer = StageTimer(cuda=self.sync)
+
+    @property
+    def seconds(self) -> float:
+        """Seconds of the forwards so far (on CUDA, waits for the last one to finish)."""
+        return self._timer.seconds()
 
     def __enter__(self) -> ForwardMeter:
         if self.module is not None:
@@ -47,14 +93,10 @@ class ForwardMeter:
         self._handles = []
 
     def _before(self, *_: Any) -> None:
-        if self.sync:
-            torch.cuda.synchronize()
-        self._started = time.perf_counter()
+        self._timer.start()
 
     def _after(self, *_: Any) -> None:
-        if self.sync:
-            torch.cuda.synchronize()
-        self.seconds += time.perf_counter() - self._started
+        self._timer.stop()
         self.calls += 1
 
 

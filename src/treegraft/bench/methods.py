@@ -1,8 +1,10 @@
-"""The decoding methods of a sweep: plain decoding, Hugging Face baselines, and pipelines.
+"""The decoding methods of a sweep: plain decoding (two ways), Hugging Face baselines, pipelines.
 
 Every method answers `run(prompt_ids, max_new_tokens) -> Run`. Hugging Face methods call
 `generate` (greedy, default dynamic cache, an explicit all-ones attention mask) and measure their
-forwards with hooks; pipeline methods iterate the one decode loop (`Pipeline.steps`).
+forwards with hooks; `ar-runner` decodes the target alone, one token per forward, through the
+same `CausalLMRunner` (and forward path) as the pipelines' target; pipeline methods iterate the one
+decode loop (`Pipeline.steps`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import torch
 from torch import Tensor
 
 from treegraft.bench.config import (
+    AR,
+    AR_RUNNER,
     BASELINES,
     HF_ASSISTED,
     BenchConfig,
@@ -25,13 +29,15 @@ from treegraft.bench.config import (
     Pair,
     PipelineEntry,
 )
-from treegraft.bench.measure import ForwardMeter, synchronize
+from treegraft.bench.measure import ForwardMeter, StageTimer, synchronize
+from treegraft.bench.pairs import swap_model
 from treegraft.core.config import ConfigError, override, parse_yaml, pipeline_spec_from_dict
-from treegraft.core.decoder import StepEvent
+from treegraft.core.decoder import StepEvent, StopRule
 from treegraft.core.pipeline import Pipeline, eos_ids_of, resolve_pipeline
 from treegraft.core.registry import Registry
 from treegraft.core.resources import ModelRefError, Resources
-from treegraft.plugins.drafters.hf_lm import swap_model
+from treegraft.core.runner import CausalLMRunner
+from treegraft.core.tree import DraftTree
 
 HF_PROMPT_LOOKUP = "hf-prompt-lookup"
 
@@ -161,7 +167,7 @@ def hf_methods(pair: Pair, settings: BenchSettings, resources: Resources) -> dic
     eos = tuple(sorted(eos_ids_of(model, tokenizer)))
     pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
     pad = pad if pad is not None else (eos[0] if eos else 0)
-    methods = {"ar": HFMethod("ar", model, eos, pad)}
+    methods = {AR: HFMethod(AR, model, eos, pad)}
     if HF_ASSISTED in settings.baselines:
         assistant = load_model(resources, pair.drafter, f"pair {pair.name}: drafter")
         if settings.hf_assistant_tokens is not None:
@@ -175,6 +181,68 @@ def hf_methods(pair: Pair, settings: BenchSettings, resources: Resources) -> dic
             options["max_matching_ngram_size"] = settings.hf_max_ngram
         methods[HF_PROMPT_LOOKUP] = HFMethod(HF_PROMPT_LOOKUP, model, eos, pad, options=options)
     return methods
+
+
+# ---------------------------------------------------------------------------- plain decoding, runner
+
+
+@attrs.define
+class RunnerMethod:
+    """Plain greedy decoding of the target alone through a `CausalLMRunner`: one token per
+    forward (the last committed token as a one-node tree), with the runner's preallocated cache
+    and forward path (lean or `transformers`, SDPA or the tree kernel) exactly as a pipeline's
+    target runs them. It stops like `generate`: at `max_new_tokens` or after an EOS token.
+
+    Reads each token on the host (the stop decision), as `generate` does.
+    """
+
+    label: str
+    runner: CausalLMRunner
+    eos_ids: frozenset[int]
+
+    def run(self, prompt_ids: Tensor, max_new_tokens: int) -> Run:
+        runner = self.runner
+        prompt = prompt_ids.to(runner.device)
+        stop = StopRule(max_new_tokens=max_new_tokens, eos_ids=self.eos_ids)
+        timer = StageTimer(cuda=runner.device.type == "cuda")
+        generated: list[int] = []
+        with torch.inference_mode():
+            synchronize(runner.device)
+            start = time.perf_counter()
+            runner.begin(prompt, max_len=prompt.numel() + max_new_tokens + 1)
+            reason = None
+            while reason is None:
+                root = DraftTree.from_root(runner.committed_ids()[-1], device=runner.device)
+                timer.start()
+                logits = runner.forward_tree(root)  # [1, V]
+                timer.stop()
+                token = int(logits[0].argmax())
+                keep, reason = stop.cut(generated, [token])
+                generated.extend([token][:keep])
+                if reason is None:
+                    runner.commit(ROOT_PATH, torch.tensor([token], device=runner.device))
+            synchronize(runner.device)
+            wall = time.perf_counter() - start
+        return Run(
+            output_ids=tuple(generated),
+            wall_s=wall,
+            steps=len(generated),
+            committed=len(generated),
+            split=time_split(wall, timer.seconds(), 0.0, 0.0),
+        )
+
+
+#: the accepted path of a one-node tree: its root
+ROOT_PATH = torch.zeros(1, dtype=torch.long)
+
+
+def runner_method(resources: Resources, pair: Pair, forward: str) -> RunnerMethod:
+    """`ar-runner` for the pair's target: a runner of its own over the shared model, forwarding
+    as the pipelines' target does (`forward`, their `decoding.forward`)."""
+    model = load_model(resources, pair.target, f"pair {pair.name}: target")
+    tokenizer = resources.load_tokenizer(pair.target)
+    runner = CausalLMRunner(model, forward=forward)
+    return RunnerMethod(AR_RUNNER, runner, eos_ids_of(model, tokenizer))
 
 
 def load_model(resources: Resources, ref: str, where: str) -> Any:
@@ -253,15 +321,31 @@ class PipelinePlan:
     where: str
 
 
+#: Hugging Face assisted generation's draft schedule when the assistant's generation config sets
+#: none (`GenerationConfig` defaults): up to 20 tokens a round, a constant schedule, and a round
+#: ends after the first drafted token whose probability is below 0.4
+HF_DRAFT_TOKENS = 20
+HF_CONFIDENCE = 0.4
+
+
+def hf_chain_override(settings: BenchSettings) -> dict[str, Any]:
+    """The `chain` pipeline's builder under HF assisted generation's draft schedule: chains of
+    up to `hf_assistant_tokens` (default 20) tokens ending at the first unsure one."""
+    n = settings.hf_assistant_tokens or HF_DRAFT_TOKENS
+    builder = {"name": "layered", "depth": n, "top_k": 1, "budget": n, "stop_below": HF_CONFIDENCE}
+    return {"builder": builder}
+
+
 def baseline_entries(settings: BenchSettings) -> list[tuple[str, PipelineEntry]]:
     """The pipeline baselines the settings ask for, as entries (HF baselines excluded)."""
     entries = {
         "chain": PipelineEntry("chain"),
+        "chain-hf": PipelineEntry("chain", label="chain-hf", override=hf_chain_override(settings)),
         "ngram-only": PipelineEntry("ngram-only"),
         "lm-only": PipelineEntry("lm-only"),
         **{
             f"treegraft-{name}": PipelineEntry(
-                "treegraft", label=f"treegraft-{name}", override={"scheduler": scheduler}
+                "treegraft-threshold", label=f"treegraft-{name}", override={"scheduler": scheduler}
             )
             for name, scheduler in SCHEDULER_BASELINES.items()
         },
@@ -318,13 +402,14 @@ def pipeline_mapping(
         "stop_at_eos": True,
         "dtype": settings.dtype,
         "device": settings.device,
+        "attention": settings.attention,
     }
     return raw
 
 
 def substitute_models(raw: dict[str, Any], pair: Pair, which: str) -> dict[str, Any]:
     """Put the pair's target in, and its drafter into the strongest (or every, or no) LM drafter
-    (`hf_lm.swap_model`: a non-zoo drafter drops a head ranked by the zoo's token counts)."""
+    (`bench.pairs.swap_model`: a non-zoo drafter drops a head ranked by the zoo's token counts)."""
     raw = copy.deepcopy(raw)
     raw["target"] = pair.target
     drafters = raw.get("drafters")

@@ -10,12 +10,13 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import attrs
 
-from treegraft.bench.aggregate import ALL, Row, ar_index, speedup_of
-from treegraft.bench.config import AR, ENDPOINTS, HF_ASSISTED
+from treegraft.bench.aggregate import ALL, Row, ar_index, plain_baselines, speedup_of
+from treegraft.bench.config import AR, ENDPOINTS, HF_ASSISTED, PLAIN
 from treegraft.bench.records import MEASURED, REPLAY, SPLIT_KEYS, Request, request_to_json
 
 REQUESTS = "requests.jsonl"
@@ -44,6 +45,7 @@ CSV_COLUMNS = (
     *(f"split_{k}" for k in SPLIT_KEYS),
     "peak_mem_mib",
     "exact_rate",
+    "baseline",
 )
 
 #: Markdown placeholder the lead replaces with the headline table of a real zoo run.
@@ -55,7 +57,8 @@ HEADLINE_PLACEHOLDER = "<!-- headline table: filled in from a full zoo run -->"
 
 @attrs.define
 class RequestLog:
-    """Appends each request to `requests.jsonl` as soon as it is measured (with its speedup)."""
+    """Appends each request to `requests.jsonl` as soon as it is measured (with its speedup over
+    `ar` on the same prompt: written before the faster plain decoding is known)."""
 
     path: Path
     requests: list[Request] = attrs.field(factory=list)
@@ -100,6 +103,7 @@ def row_to_csv(row: Row) -> dict[str, Any]:
         "acceptance_per_depth": ";".join(f"{a:.4f}" for a in row.acceptance),
         "peak_mem_mib": _num(row.peak_mem_mib),
         "exact_rate": _num(row.exact_rate),
+        "baseline": row.baseline,
     }
     for name in ("tokens_per_s", "speedup", "speedup_mean", "tau"):
         out[name] = _num(getattr(row, name))
@@ -266,9 +270,9 @@ def standing_table(rows: Sequence[Row]) -> str | None:
     }
     keys = list(dict.fromkeys((p, s) for p, s, _ in cells))
     pairs = list(dict.fromkeys(p for p, _ in keys))
-    others = {AR, HF_ASSISTED, *ENDPOINTS}
+    others = {*PLAIN, HF_ASSISTED, *ENDPOINTS}
     methods = [m for m in dict.fromkeys(m for _, _, m in cells) if m not in others]
-    if not methods or not any(m in others - {AR} for _, _, m in cells):
+    if not methods or not any(m in others - set(PLAIN) for _, _, m in cells):
         return None
 
     def mean(values: list[float]) -> str:
@@ -314,7 +318,7 @@ def exactness_section(requests: Sequence[Request]) -> str:
     """A sentence when every output equals plain decoding, else the list of first mismatches."""
     bad = [r for r in requests if not r.exact]
     errors = [r for r in requests if r.error]
-    checked = sum(1 for r in requests if r.method != "ar")
+    checked = sum(1 for r in requests if r.method != AR)
     text = (
         f"All {checked} outputs equal plain decoding token for token."
         if not bad
@@ -344,11 +348,36 @@ def exactness_section(requests: Sequence[Request]) -> str:
     return text
 
 
+def baseline_section(requests: Sequence[Request]) -> str:
+    """Which plain decoding every speedup of each pair is against, with both medians."""
+    chosen = plain_baselines(r for r in requests if r.error is None)
+    lines = []
+    for pair, baseline in chosen.items():
+        speeds = {
+            m: median(
+                r.tokens_per_s
+                for r in requests
+                if (r.pair, r.method, r.mode) == (pair, m, MEASURED) and r.error is None
+            )
+            for m in PLAIN
+            if any((r.pair, r.method, r.mode) == (pair, m, MEASURED) for r in requests)
+        }
+        both = " vs ".join(f"`{m}` {v:.1f}" for m, v in speeds.items())
+        lines.append(f"- {pair}: **`{baseline}`** (median tokens/s: {both})")
+    return (
+        "Every speedup is against the faster plain decoding of its pair: `ar` (Hugging Face "
+        "`generate`) or `ar-runner` (the target alone through the pipelines' runner and "
+        "forward path, one token per forward).\n\n" + "\n".join(lines)
+    )
+
+
 def markdown_report(rows: Sequence[Row], requests: Sequence[Request], header: str) -> str:
     """The whole `summary.md`."""
     parts = [
         "# treegraft benchmark",
         header,
+        "## Baseline",
+        baseline_section(requests),
         "## Overall (all pairs, all suites)",
         overall_table(rows),
         "## Per pair (speedup per suite)",

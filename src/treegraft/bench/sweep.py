@@ -1,10 +1,14 @@
 """The sweep: for each pair, every prompt decoded by plain decoding and every other method.
 
 Per pair the models are loaded once and shared by every method. Per prompt, plain decoding
-(`ar`) runs first; each other method then runs on the same token ids and is compared with it
-token for token. Methods are interleaved per prompt so machine noise hits them alike. In replay
+(`ar`, Hugging Face `generate`) runs first, then plain decoding through the pipelines' runner
+(`ar-runner`); each other method then runs on the same token ids and is compared with `ar`'s
+output token for token. Methods are interleaved per prompt so machine noise hits them alike. In replay
 mode, every pipeline also runs against a `ReplayTarget` that answers from the recorded `ar`
 continuation, with the target's time predicted from latency curves measured at the start.
+
+The prompts are run as work units (`treegraft.bench.units`) by the local or the Ray executor;
+each finished unit goes to the result store (`treegraft.bench.store`) before it counts as done.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import transformers
 
 from treegraft.bench import plots, report
 from treegraft.bench.aggregate import Row, aggregate
-from treegraft.bench.config import AR, BenchConfig, BenchSettings, Pair
+from treegraft.bench.config import AR, AR_RUNNER, BenchConfig, BenchSettings, Pair
 from treegraft.bench.measure import PeakMemory, exactness
 from treegraft.bench.methods import (
     HF_ASSISTED,
@@ -37,6 +41,7 @@ from treegraft.bench.methods import (
     build_pipelines,
     hf_methods,
     pipeline_plans,
+    runner_method,
     time_split,
 )
 from treegraft.bench.records import MEASURED, REPLAY, Request
@@ -62,12 +67,14 @@ Advance = Callable[[str], None]
 
 @attrs.frozen
 class BenchResult:
-    """What a sweep produced: the results directory, every request and the summary rows."""
+    """What a sweep produced: the results directory, every request, the summary rows, the files
+    written and the units that failed (`UnitRecord`s with their errors)."""
 
     out_dir: Path
     requests: tuple[Request, ...]
     rows: tuple[Row, ...]
     files: tuple[Path, ...]
+    failed: tuple[Any, ...] = ()
 
 
 @attrs.frozen
@@ -235,6 +242,7 @@ def open_session(
     s = config.settings
     hf = hf_methods(pair, s, resources)
     pipelines = build_pipelines(plans, resources, registry)
+    plain = runner_method(resources, pair, resources.forward)  # as the pipelines' target runs
     max_nodes = max((p.pipeline.decoder.builder.max_nodes() for p in pipelines), default=1)
     replays = []
     if not (s.replay and pipelines):
@@ -252,7 +260,7 @@ def open_session(
         settings=s,
         resources=resources,
         reference=hf.pop("ar"),
-        methods=[*hf.values(), *pipelines],
+        methods=[plain, *hf.values(), *pipelines],
         replays=replays,
         curves=curves,
         extra_tokens=max_nodes + 1,
@@ -308,97 +316,148 @@ def run_bench(
     progress: bool = True,
     options: dict[str, Any] | None = None,
     resume: bool = False,
+    force: bool = False,
 ) -> BenchResult:
     """Run the sweep and write every output file into `out_dir`.
 
+    The sweep is split into work units (see `treegraft.bench.units`), run by the executor that
+    `config.executor` names (`local`, or `ray`); each finished unit is appended durably to the
+    result store (`units.jsonl`, see `treegraft.bench.store`) before it counts as done.
+
     Args:
         config: the validated sweep.
-        out_dir: results directory (created).
+        out_dir: results directory (created); it must be empty unless `resume` or `force`.
         resources: models for every pair (e.g. in-memory `mem:` models); default: loaded per pair
             from their references with the config's device and dtype.
         registry: component registry (default: the installed plugins).
-        progress: show a Rich progress bar with an ETA.
+        progress: show a Rich progress display (units done, running, failed, ETA).
         options: command-line options recorded in the manifest.
-        resume: continue an interrupted sweep of the same config in `out_dir`: every prompt whose
-            requests are all recorded is kept, a prompt cut short is run again from plain
-            decoding on, pairs with nothing left load no model, and the replays reuse the latency
-            curves the sweep measured first. Raises `ConfigError` when `out_dir` holds another
-            sweep (or none).
+        resume: continue an interrupted sweep of the same config in `out_dir`: every unit stored
+            as done is kept, the others (cut short, failed or never started) run, pairs with
+            nothing left load no model, and the replays reuse the latency curves the sweep
+            stored first. Raises `ConfigError` when `out_dir` holds another sweep (or none).
+        force: overwrite the results in a non-empty `out_dir` instead of refusing.
     """
+    from treegraft.bench import units as work
+    from treegraft.bench.progress import UnitProgress
+    from treegraft.bench.store import DONE, ResultStore, placement, write_placement
+
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     s = config.settings
     prompts = [
         p for suite in s.suites for p in load_prompts(suite, s.prompts_per_suite, config.base_dir)
     ]
     plans = {pair.name: pipeline_plans(config, pair, registry) for pair in config.pairs}
     segment = {"started": _now(), "options": options or {}, "environment": report.environment()}
-    if resume:
-        manifest, kept, curves = resumed_state(out, config, plans)
-        manifest["segments"].append(segment)
-    else:
-        manifest, kept, curves = (
-            {**segment, "config": config.as_dict(), "segments": [segment]},
-            [],
-            {},
+    with ResultStore.open(out, resume=resume, force=force) as store:
+        if resume:
+            manifest, curves = resumed_state(out, config, plans, store)
+            manifest["segments"].append(segment)
+        else:
+            manifest = {**segment, "config": config.as_dict(), "segments": [segment]}
+            curves = {}
+        report.write_json(manifest, out / report.MANIFEST)
+        log = report.RequestLog(out / report.REQUESTS, ordered_requests(config, prompts, store))
+        todo = work.plan_units(
+            config, prompts, set(store.finished()), config.executor.prompts_per_unit
         )
-    report.write_json(manifest, out / report.MANIFEST)
-    log = report.RequestLog(out / report.REQUESTS, kept)
-    done = {(r.pair, r.suite, r.prompt_id, r.repeat) for r in kept}
-    start = time.perf_counter()
-    loaded: dict[str, Resources] = {}
-    with _quiet_transformers(), _progress_bar(progress) as bar:
-        for pair in config.pairs:
-            todo = [
-                (repeat, prompt)
-                for repeat in range(s.repeat)
-                for prompt in prompts
-                if (pair.name, prompt.suite, prompt.id, repeat) not in done
-            ]
-            if not todo:
-                continue
-            res = resources or loaded.setdefault(
-                pair.target, Resources.create(device=s.device, dtype=s.dtype)
-            )
-            lengths = [int(encode_prompt(res, pair, p.text, chat=s.chat).numel()) for p in prompts]
-            stored = {r: LatencyCurve.from_dict(c) for r, c in curves.get(pair.name, {}).items()}
-            session = open_session(config, pair, plans[pair.name], res, lengths, registry, stored)
-            curves[pair.name] = {ref: attrs.asdict(c) for ref, c in session.curves.items()}
-            if s.replay:  # now, so that a resumed sweep replays with the same curves
-                report.write_json(curves, out / report.LATENCY)
-            task = bar.add_task(pair.name, total=len(todo) * session.n_requests_per_prompt)
-            session.warm_up(session.encode(prompts[0].text))
-            for repeat, prompt in todo:
-                advance = _advancer(bar, task)
-                for request in session.requests(prompt, repeat, advance):
+        runner = work.UnitRunner(config, prompts, registry, resources, curves)
+        start = time.perf_counter()
+        with _quiet_transformers(), UnitProgress(len(todo), progress) as bar:
+            for result in make_executor(config, runner).run(todo, bar):
+                store.append(result.record)
+                bar.finished(result.record)
+                if result.record.status != DONE:
+                    continue
+                for request in result.record.requests:
                     log.add(request)
-                bar.advance(task)
-    rows = aggregate(log.requests)
-    files = write_reports(out, rows, log.requests, config, curves)
-    seconds = time.perf_counter() - start
-    segment.update(finished=_now(), seconds=seconds)
-    manifest.update(
-        finished=segment["finished"],
-        seconds=sum(g.get("seconds", 0.0) for g in manifest["segments"]),
-        files=[f.name for f in files],
+                if s.replay and result.record.pair not in curves:
+                    curves[result.record.pair] = result.curves  # what its replays predicted with
+                    report.write_json(curves, out / report.LATENCY)
+        requests = ordered_requests(config, prompts, store)
+        report.RequestLog(out / report.REQUESTS, requests)  # rewritten in sweep order
+        rows = aggregate(requests)
+        files = write_reports(out, rows, requests, config, curves)
+        failed = store.failed()
+        write_placement(out / report.SUMMARY_MD, config.executor.name, store, failed)
+        seconds = time.perf_counter() - start
+        segment.update(finished=_now(), seconds=seconds, executor=config.executor.name)
+        manifest.update(
+            finished=segment["finished"],
+            seconds=sum(g.get("seconds", 0.0) for g in manifest["segments"]),
+            files=[f.name for f in files],
+            cells=placement(store),
+            failed=[r.to_json() for r in failed],
+        )
+        report.write_json(manifest, out / report.MANIFEST)
+    return BenchResult(
+        out,
+        tuple(requests),
+        tuple(rows),
+        (out / report.MANIFEST, *files),
+        tuple(failed),
     )
-    report.write_json(manifest, out / report.MANIFEST)
-    return BenchResult(out, tuple(log.requests), tuple(rows), (out / report.MANIFEST, *files))
+
+
+def make_executor(config: BenchConfig, runner: Any) -> Any:
+    """The executor `config.executor` names, around `runner`."""
+    from treegraft.bench.units import LocalExecutor
+
+    e = config.executor
+    if e.name == "ray":
+        from treegraft.bench.ray_executor import RayExecutor
+
+        return RayExecutor(
+            runner,
+            address=e.address,
+            workers=e.workers,
+            num_cpus=e.num_cpus,
+            num_gpus=e.num_gpus,
+            retries=e.retries,
+        )
+    return LocalExecutor(runner, retries=e.retries)
+
+
+def ordered_requests(config: BenchConfig, prompts: list[Prompt], store: Any) -> list[Request]:
+    """The requests of every prompt stored as done, in the order a local sweep runs them (plain
+    decoding first on each prompt), whichever worker ran them and whenever."""
+    from treegraft.bench.units import sweep_order
+
+    order = {key: i for i, key in enumerate(sweep_order(config, prompts))}
+    done = store.finished()
+    requests = [
+        r
+        for record in {id(rec): rec for rec in done.values()}.values()
+        for r in record.requests
+        if done.get(r.key) is record
+    ]
+    return sorted(requests, key=lambda r: order.get(r.key, len(order)))
 
 
 def expected_methods(settings: BenchSettings, plans: list[PipelinePlan]) -> set[tuple[str, str]]:
     """(method, mode) of every request one prompt of one pair gets."""
     hf = [b for b in (HF_ASSISTED, HF_PROMPT_LOOKUP) if b in settings.baselines]
-    out = {(AR, MEASURED), *((m, MEASURED) for m in hf), *((p.label, MEASURED) for p in plans)}
+    out = {
+        (AR, MEASURED),
+        (AR_RUNNER, MEASURED),
+        *((m, MEASURED) for m in hf),
+        *((p.label, MEASURED) for p in plans),
+    }
     if settings.replay and plans:
         out |= {(p.label, REPLAY) for p in plans}
     return out
 
 
 def resumed_state(
-    out: Path, config: BenchConfig, plans: dict[str, list[PipelinePlan]]
-) -> tuple[dict[str, Any], list[Request], dict[str, dict[str, Any]]]:
-    """(manifest, requests of the prompts finished, stored latency curves) of a sweep in `out`."""
+    out: Path, config: BenchConfig, plans: dict[str, list[PipelinePlan]], store: Any
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """(manifest, stored latency curves) of the sweep in `out`, checked to be this sweep.
+
+    A results directory written before the result store existed has only `requests.jsonl`: its
+    prompts whose requests are all there are imported into the store as done units.
+    """
+    from treegraft.bench.store import legacy_records
+
     path = out / report.MANIFEST
     if not path.is_file():
         raise ConfigError(
@@ -416,22 +475,16 @@ def resumed_state(
         "segments",
         [{k: manifest[k] for k in ("started", "options", "environment") if k in manifest}],
     )
-    requests = (
-        report.read_requests(out / report.REQUESTS) if (out / report.REQUESTS).is_file() else []
-    )
-    groups: dict[tuple[str, str, str, int], list[Request]] = {}
-    for r in requests:
-        groups.setdefault((r.pair, r.suite, r.prompt_id, r.repeat), []).append(r)
-    expected = {name: expected_methods(config.settings, p) for name, p in plans.items()}
-    kept = [
-        r
-        for key, group in groups.items()
-        if key[0] in expected and expected[key[0]] <= {(r.method, r.mode) for r in group}
-        for r in group
-    ]
+    legacy = out / report.REQUESTS
+    if not store.records and legacy.is_file():
+        expected = {name: expected_methods(config.settings, p) for name, p in plans.items()}
+        for record in legacy_records(report.read_requests(legacy)):
+            got = {(r.method, r.mode) for r in record.requests}
+            if record.pair in expected and expected[record.pair] <= got:
+                store.append(record)
     latency = out / report.LATENCY
     curves = json.loads(latency.read_text()) if latency.is_file() else {}
-    return manifest, kept, curves
+    return manifest, curves
 
 
 def write_reports(
@@ -474,31 +527,3 @@ def _quiet_transformers() -> Iterator[None]:
         yield
     finally:
         transformers.logging.set_verbosity(level)
-
-
-def _progress_bar(enabled: bool) -> Any:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        disable=not enabled,
-    )
-
-
-def _advancer(bar: Any, task: Any) -> Advance:
-    def advance(description: str) -> None:
-        bar.update(task, advance=1, description=description)
-
-    return advance

@@ -19,6 +19,7 @@ import attrs
 import cattrs
 import yaml
 
+from treegraft.core.placement import valid_device_maps
 from treegraft.core.registry import (
     Registry,
     UnknownComponentError,
@@ -212,7 +213,30 @@ class DecodingConfig:
         doc="model forward: 'lean' (same operations, bitwise equal logits, no module overhead; "
         "Llama models), 'transformers', or 'auto' (lean where supported)",
     )
+    attention: str = field(
+        "auto",
+        check=one_of("auto", "sdpa", "tree"),
+        doc="attention of the target's and LM drafters' tree forwards: 'tree' (the tree-attention "
+        "kernel, through transformers' forward), 'sdpa', or 'auto' (tree on CUDA, sdpa elsewhere)",
+    )
     seed: int = field(0, doc="seed of the verifier's random numbers (sampling)")
+    check_model: bool = field(
+        True,
+        doc="probe every model at load time: one tree forward against the model's own "
+        "sequential forwards; a model that does not match is refused (docs/models.md)",
+    )
+    device_map: dict[str, Any] = field(
+        attrs.Factory(dict),
+        check=Check(
+            "model references to 'auto', 'balanced', 'sequential', a device, or "
+            "module -> device ('cpu', 'cuda:N', N, 'disk')",
+            valid_device_maps,
+        ),
+        doc="per model reference, where its layers go (accelerate; docs/scaling.md)",
+    )
+    offload_folder: str | None = field(
+        None, doc="folder for weights a device map sends to 'disk' (default: a temporary one)"
+    )
     chat: bool = field(
         False, doc="wrap text prompts in the tokenizer's chat template (one user turn)"
     )

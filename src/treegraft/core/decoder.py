@@ -102,9 +102,15 @@ class Decoder:
     grafter: Grafter | None = None
     seed: int = 0
     sync_clock: bool = False
+    #: copy committed tokens to the device through a pinned host buffer (CUDA)
+    pinned: bool = False
     times: ForwardTimes = attrs.field(factory=ForwardTimes)
     #: acceptance of the current generation's steps so far (reset by `steps`)
     history: AcceptHistory = attrs.field(factory=AcceptHistory)
+    #: positions the models take (the least of the target's and the LM drafters'; None: no
+    #: limit): tree nodes at or past it are not verified (`trim_to_positions`)
+    max_positions: int | None = None
+    _pinned: Tensor | None = attrs.field(init=False, default=None)
 
     def prepare(self, context: int) -> float:
         """Measure what the builder reads before decoding, once per decoder: the target's latency
@@ -124,30 +130,35 @@ class Decoder:
 
     def steps(self, prompt: Tensor, stop: StopRule) -> Iterator[StepEvent]:
         """Decode from `prompt` (`[T]` int64), yielding one event per target forward."""
-        max_len = prompt.numel() + stop.max_new_tokens + self.builder.max_nodes() + 2
-        self.prepare(prompt.numel())
-        self.target.begin(prompt, max_len=max_len)
-        for drafter in self.drafters:
-            drafter.begin(prompt, max_len=max_len)
-        self.verifier.begin(self.seed)
-        self.history = AcceptHistory()
+        self.begin(prompt, stop)
         generated: list[int] = []
         clock = Clock(sync=self.sync_clock)
         step = 0
         while True:
-            event = self._step(step, prompt.numel(), generated, stop, clock)
+            event = self.step(step, prompt.numel(), generated, stop, clock)
             generated.extend(event.tokens)
             yield event
             if event.finished:
                 return
             step += 1
 
-    def _step(
-        self, step: int, prompt_len: int, generated: list[int], stop: StopRule, clock: Clock
-    ) -> StepEvent:
-        root = self.target.committed_ids()[-1]
-        ctx = StepContext(
-            root=root,
+    def begin(self, prompt: Tensor, stop: StopRule) -> None:
+        """Start a generation from `prompt` (`[T]` int64): every component's `begin`, with caches
+        sized for `stop.max_new_tokens` new tokens. `steps` calls it; a caller driving `step`
+        itself (the scheduler's value system) calls it once per generation."""
+        max_len = prompt.numel() + stop.max_new_tokens + self.builder.max_nodes() + 2
+        self.prepare(prompt.numel())
+        self.target.begin(prompt, max_len=max_len)
+        for drafter in self.drafters:
+            drafter.begin(prompt, max_len=max_len)
+        self.verifier.begin(self.seed)
+        self.scheduler.begin()
+        self.history = AcceptHistory()
+
+    def context(self, prompt_len: int, clock: Clock) -> StepContext:
+        """What the builder gets for the next step of the current generation."""
+        return StepContext(
+            root=self.target.committed_ids()[-1],
             drafters=self.drafters,
             scheduler=self.scheduler,
             rescorer=self.rescorer,
@@ -159,17 +170,30 @@ class Decoder:
             dtype=torch.float32,
             history=self.history,
         )
+
+    def step(
+        self, step: int, prompt_len: int, generated: list[int], stop: StopRule, clock: Clock
+    ) -> StepEvent:
+        """One step of the current generation (`generated`: its tokens so far): build, one
+        target forward, verify, commit, observe."""
+        ctx = self.context(prompt_len, clock)
         with clock.time("build"):
             built = self.builder.build(ctx)
+            room = (
+                None if self.max_positions is None else self.max_positions - self.target.n_committed
+            )
+            if room is not None and built.tree.n_nodes - 1 > room:  # depth <= n_nodes - 1: no read
+                built = trim_to_positions(built, room)
         with clock.time("target"):
             logits = self.target.forward_tree(built.tree)  # [n, V]
         with clock.time("verify"):
             verdict = self.verifier.verify(built.tree, logits)
-            path, tokens, strong_accepted = accepted_tokens(built, verdict)
+            accepted = accepted_tokens(built, verdict)
+            tokens, strong_accepted = accepted.tokens, accepted.strong
         keep, reason = stop.cut(generated, tokens)
         if reason is None:
-            with clock.time("commit"):
-                self._commit(built, path, tokens)
+            with clock.time("commit", host=True):  # launches copies; waits for nothing
+                self._commit(accepted)
         times = clock.reset()
         self._observe(step, built, len(tokens) - 1, strong_accepted, times, reason is not None)
         return StepEvent(
@@ -184,12 +208,26 @@ class Decoder:
             verdict=verdict,
         )
 
-    def _commit(self, built: BuildResult, path: Tensor, tokens: list[int]) -> None:
-        new = host_tensor(tokens)
-        self.target.commit(path, new)
-        unpruned_path = built.kept[path]
+    def _commit(self, accepted: Accepted) -> None:
+        """Commit the accepted path and its tokens to the target and every drafter.
+
+        On CUDA the tokens go through a pinned host buffer, so each runner's copy to the device
+        is asynchronous; the buffer is rewritten only after the next step's accept decision,
+        which waits for those copies."""
+        new = self._host_tokens(accepted.tokens)
+        self.target.commit(accepted.path, new)
         for drafter in self.drafters:
-            drafter.commit(unpruned_path, new)
+            drafter.commit(accepted.unpruned, new)
+
+    def _host_tokens(self, tokens: list[int]) -> Tensor:
+        """`[a]` int64 host tensor of `tokens`: a slice of the pinned buffer when `pinned`."""
+        if not self.pinned:
+            return host_tensor(tokens)
+        if self._pinned is None or self._pinned.shape[0] < len(tokens):
+            self._pinned = torch.empty(max(64, 2 * len(tokens)), dtype=torch.long).pin_memory()
+        out = self._pinned[: len(tokens)]
+        out.numpy()[:] = tokens
+        return out
 
     def _observe(
         self,
@@ -204,8 +242,6 @@ class Decoder:
         self.times.record_step(built.calls, times, n)
         called = any(c > 0 for c in built.calls)
         self.history = self.history.record(accepted, strong_accepted, called)
-        if type(self.scheduler).observe is Scheduler.observe:
-            return  # the scheduler keeps the default (learns nothing): no outcome to build
         self.scheduler.observe(
             StepOutcome(
                 step=step,
@@ -221,33 +257,72 @@ class Decoder:
         )
 
 
-def accepted_tokens(built: BuildResult, verdict: Verdict) -> tuple[Tensor, list[int], int]:
-    """The accepted path (`[a]` node indices), the committed tokens (drafts + bonus) and how many
-    of the accepted drafts a drafter other than drafter 0 proposed.
+def trim_to_positions(built: BuildResult, max_depth: int) -> BuildResult:
+    """`built` without the nodes deeper than `max_depth` (their positions are past what the
+    models take: the last steps before the context is full). Unchanged when none is."""
+    depth = built.tree.depth
+    if built.tree.n_nodes == 1 or int(depth.max()) <= max_depth:
+        return built
+    keep = torch.nonzero(depth <= max(max_depth, 0)).flatten()
+    return attrs.evolve(built, tree=built.tree.select(keep), kept=built.kept[keep])
 
-    On CPU, read as Python lists; elsewhere one host read for the path length, one for the
-    tokens and the count together.
+
+@attrs.frozen
+class Accepted:
+    """What a step commits, on the host.
+
+    Attributes:
+        path: `[a]` int64 node indices of the accepted path in the verified tree (root first).
+        unpruned: `[a]` int64 the same nodes' indices in the unpruned tree the drafters saw.
+        tokens: the committed tokens: the accepted drafts, then the bonus token.
+        strong: how many accepted drafts a drafter other than drafter 0 proposed.
     """
+
+    path: Tensor
+    unpruned: Tensor
+    tokens: list[int]
+    strong: int
+
+
+def accepted_tokens(built: BuildResult, verdict: Verdict) -> Accepted:
+    """What the verdict commits: on CPU read as Python lists; elsewhere in one host read (the
+    accept decision, the step's only wait for the device)."""
     tree = built.tree
     if tree.device.type != "cpu":
         return accepted_tokens_on_device(built, verdict)
     path = verdict.path[: int(verdict.length)]
-    drafted = path.tolist()[1:]
+    nodes = path.tolist()
+    drafted = nodes[1:]
     tokens, proposer = tree.tokens.tolist(), tree.proposer.tolist()
-    out = [tokens[i] for i in drafted] + [int(verdict.bonus)]
-    return path, out, sum(proposer[i] > 0 for i in drafted)
+    kept = built.kept.tolist()
+    return Accepted(
+        path=path,
+        unpruned=host_tensor([kept[i] for i in nodes]),
+        tokens=[tokens[i] for i in drafted] + [int(verdict.bonus)],
+        strong=sum(proposer[i] > 0 for i in drafted),
+    )
 
 
-def accepted_tokens_on_device(
-    built: BuildResult, verdict: Verdict
-) -> tuple[Tensor, list[int], int]:
-    """`accepted_tokens` with torch ops on the tree's device and two host reads."""
-    length = int(verdict.length)
-    path = verdict.path[:length]
-    drafted = path[1:]
-    strong = strong_drafts(built.tree, drafted).reshape(1)
-    out = torch.cat([built.tree.tokens[drafted], verdict.bonus.reshape(1), strong]).tolist()
-    return path, out[:-1], out[-1]
+def accepted_tokens_on_device(built: BuildResult, verdict: Verdict) -> Accepted:
+    """`accepted_tokens` with torch ops on the tree's device and one host read: the length, the
+    bonus and the strong count, then the padded path, its nodes' tokens and their unpruned
+    indices, packed in one tensor."""
+    tree = built.tree
+    n = int(verdict.path.shape[0])
+    node = verdict.path.clamp(min=0)  # [n], the padding pointing at the root
+    drafted = torch.arange(n, device=node.device) < verdict.length  # [n]
+    drafted[0] = False
+    strong = ((tree.proposer[node] > 0) & drafted).sum()
+    scalars = (verdict.length, verdict.bonus, strong)
+    head = torch.stack([t.reshape(()).to(node.device) for t in scalars])
+    packed = torch.cat([head, node, tree.tokens[node], built.kept[node]]).tolist()  # one read
+    length, bonus, n_strong = packed[:3]
+    return Accepted(
+        path=host_tensor(packed[3 : 3 + length]),
+        unpruned=host_tensor(packed[3 + 2 * n : 3 + 2 * n + length]),
+        tokens=[*packed[3 + n + 1 : 3 + n + length], bonus],
+        strong=n_strong,
+    )
 
 
 def strong_drafts(tree: DraftTree, drafted: Tensor) -> Tensor:

@@ -15,9 +15,10 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import attrs
+import torch
 from torch import Tensor
 
-from treegraft.core.metrics import AcceptHistory
+from treegraft.core.metrics import AcceptHistory, Clock, ForwardTimes
 from treegraft.core.tree import DraftTree, Proposal
 
 if TYPE_CHECKING:
@@ -67,8 +68,52 @@ class Peek(NamedTuple):
 
 
 @attrs.frozen
+class StepFacts:
+    """The part of a `LayerState` that stays the same at every layer of one step.
+
+    Attributes:
+        n_layers: total layers of the builder (its `depth`).
+        n_drafters: number of drafters in the pipeline (cheapest first).
+        max_strong_calls: cap on strong calls per step.
+        prompt_len: prompt length in tokens.
+        committed_len: committed tokens so far (prompt included).
+        target_time: measured seconds of one target tree forward (running median; 0 if unknown).
+        drafter_times: measured seconds of one tree forward per drafter (0 if unknown).
+        history: how earlier steps of this generation went (None if unknown).
+        peek: what the cheapest drafter expects under the step's root (None if it cannot tell).
+    """
+
+    n_layers: int
+    n_drafters: int
+    max_strong_calls: int
+    prompt_len: int
+    committed_len: int
+    target_time: float
+    drafter_times: tuple[float, ...]
+    history: AcceptHistory | None = None
+    peek: Peek | None = None
+
+
+@attrs.frozen
+class TreeFacts:
+    """The part of a `LayerState` read off the tree before a layer grows (see `LayerState`)."""
+
+    n_nodes: int
+    frontier_size: int
+    frontier_mean_depth: float
+    leaf_ratio: float
+    frontier_mean_score: float
+    reselect_shift: float
+    tree_expected: float = 0.0
+    frontier_max_score: float = 0.0
+
+
+@attrs.frozen
 class LayerState:
     """Cheap features a scheduler sees before each layer of tree growth (all host floats).
+
+    A builder makes it from named parts with `LayerState.of`: the layer and the calls so far, the
+    step's `StepFacts` and the tree's `TreeFacts`; schedulers read the flat fields below.
 
     Attributes:
         layer: index of the layer about to be grown (0-based).
@@ -116,6 +161,34 @@ class LayerState:
     frontier_max_score: float = 0.0
     history: AcceptHistory | None = None
     peek: Peek | None = None
+
+    @classmethod
+    def of(
+        cls, *, layer: int, calls: tuple[int, ...], step: StepFacts, tree: TreeFacts
+    ) -> LayerState:
+        """The state before growing `layer`, after the drafters `calls` acted at earlier layers."""
+        return cls(
+            layer=layer,
+            n_layers=step.n_layers,
+            calls=calls,
+            n_drafters=step.n_drafters,
+            strong_calls=sum(1 for c in calls if c > 0),
+            max_strong_calls=step.max_strong_calls,
+            n_nodes=tree.n_nodes,
+            frontier_size=tree.frontier_size,
+            frontier_mean_depth=tree.frontier_mean_depth,
+            leaf_ratio=tree.leaf_ratio,
+            frontier_mean_score=tree.frontier_mean_score,
+            reselect_shift=tree.reselect_shift,
+            prompt_len=step.prompt_len,
+            committed_len=step.committed_len,
+            target_time=step.target_time,
+            drafter_times=step.drafter_times,
+            tree_expected=tree.tree_expected,
+            frontier_max_score=tree.frontier_max_score,
+            history=step.history,
+            peek=step.peek,
+        )
 
 
 @attrs.frozen
@@ -229,7 +302,21 @@ class Drafter(Component):
 
 
 class Scheduler(Component):
-    """Decides, per layer, which drafter acts (0 = the cheapest)."""
+    """Decides, per layer, which drafter acts (0 = the cheapest).
+
+    Life cycle, as the decoder drives it (the scheduler's value system drives the same step):
+
+    1. `from_config(config, resources)` once per pipeline;
+    2. `begin()` at the start of every generation (forget the last generation's state);
+    3. per step: `wants_peek()` once, then per layer `decide(state)` (and `done_for_step()` after
+       each decision, which may end the step's decisions early);
+    4. `observe(outcome)` after every verified step, the generation's last one included
+       (`outcome.final`).
+    """
+
+    def begin(self) -> None:
+        """Start a new generation: reset whatever the scheduler keeps per generation (default:
+        nothing). Called before the generation's first `decide`."""
 
     @abstractmethod
     def decide(self, state: LayerState) -> int:
@@ -324,7 +411,8 @@ class StepContext:
         prompt_len: prompt length in tokens.
         committed_len: tokens committed so far.
         clock: records per-drafter wall time (`clock.time(label)` context manager).
-        timings: measured forward times (target and per drafter) for the scheduler.
+        timings: measured forward times (target and per drafter) for the scheduler, and the
+            target's latency curve when the builder asked for it (`wants_target_curve`).
         dtype: floating dtype of scores.
         history: acceptance of the generation's earlier steps (`AcceptHistory`) for the scheduler.
     """
@@ -336,7 +424,7 @@ class StepContext:
     grafter: Grafter | None
     prompt_len: int
     committed_len: int
-    clock: Any
-    timings: Any
-    dtype: Any
+    clock: Clock
+    timings: ForwardTimes
+    dtype: torch.dtype
     history: AcceptHistory = attrs.field(factory=AcceptHistory)

@@ -13,19 +13,25 @@ import torch
 
 @attrs.define
 class Clock:
-    """Accumulates wall time per label for one step.
+    """Accumulates the time per label of one step.
 
-    With `sync=True` (CUDA), the device is synchronised at both ends of each timed block so the
-    time belongs to the stage that launched the work.
+    With `sync=True` (CUDA) a timed block is a pair of CUDA events recorded on the current
+    stream, not a device synchronisation: the time belongs to the stage that launched the work,
+    and nothing waits for the device. `reset` reads the events; it runs after the step's accept
+    decision, which already waited for the device, so the events it reads are complete. A block
+    timed with `host=True` (the commit, which only launches small copies) takes host wall time
+    instead, so that no stage waits for work launched after the accept decision.
     """
 
     sync: bool = False
     totals: dict[str, float] = attrs.field(factory=dict)
     counts: dict[str, int] = attrs.field(factory=dict)
+    #: (label, start event, end event) of the blocks timed on the device, read by `reset`
+    pending: list[tuple[str, Any, Any]] = attrs.field(factory=list)
 
-    def time(self, label: str) -> Timer:
-        """A context manager adding the wall time of its block to `totals[label]`."""
-        return Timer(self, label)
+    def time(self, label: str, *, host: bool = False) -> Timer:
+        """A context manager adding the time of its block to `totals[label]`."""
+        return Timer(self, label, events=self.sync and not host)
 
     def add(self, label: str, seconds: float) -> None:
         """Count one block of `seconds` under `label`."""
@@ -33,8 +39,11 @@ class Clock:
         self.counts[label] = self.counts.get(label, 0) + 1
 
     def reset(self) -> dict[str, float]:
-        """Return the totals so far and start from zero."""
-        out, self.totals, self.counts = self.totals, {}, {}
+        """Return the totals so far and start from zero (reading the device blocks' events)."""
+        for label, start, end in self.pending:
+            end.synchronize()  # complete already (see the class docstring): no wait
+            self.add(label, start.elapsed_time(end) / 1e3)
+        out, self.totals, self.counts, self.pending = self.totals, {}, {}, []
         return out
 
 
@@ -42,21 +51,26 @@ class Timer:
     """One timed block of a `Clock` (a plain class: entered several times per decoding step, where
     a generator-based context manager costs several times as much)."""
 
-    __slots__ = ("clock", "label", "start")
+    __slots__ = ("clock", "events", "label", "start")
 
-    def __init__(self, clock: Clock, label: str) -> None:
-        self.clock, self.label, self.start = clock, label, 0.0
+    def __init__(self, clock: Clock, label: str, *, events: bool = False) -> None:
+        self.clock, self.label, self.events, self.start = clock, label, events, 0.0
 
     def __enter__(self) -> Timer:
-        if self.clock.sync:
-            torch.cuda.synchronize()
-        self.start = time.perf_counter()
+        if self.events:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.start = time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.clock.sync:
-            torch.cuda.synchronize()
-        self.clock.add(self.label, time.perf_counter() - self.start)
+        if self.events:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.clock.pending.append((self.label, self.start, end))
+        else:
+            self.clock.add(self.label, time.perf_counter() - self.start)
 
 
 #: the stages that make up a step's wall time (the drafters' layers run inside `build`)

@@ -11,6 +11,7 @@ import attrs
 import torch
 from torch import Tensor
 
+from treegraft.core.attention_rules import ModelRefused
 from treegraft.core.chat import chat_ids
 from treegraft.core.config import (
     ComponentSpec,
@@ -21,6 +22,7 @@ from treegraft.core.config import (
 )
 from treegraft.core.decoder import Decoder, StepEvent, StopRule
 from treegraft.core.metrics import Summary, summarize
+from treegraft.core.model_check import max_positions
 from treegraft.core.registry import Registry, default_registry
 from treegraft.core.resources import ModelRefError, Resources
 from treegraft.core.runner import CausalLMRunner
@@ -84,17 +86,22 @@ class Pipeline:
         )
         resources.target_ref = spec.target
         resources.forward = spec.decoding.forward
+        resources.check_model = spec.decoding.check_model
+        resources.device_maps |= spec.decoding.device_map
+        resources.offload_folder = resources.offload_folder or spec.decoding.offload_folder
+        resources.use_attention(spec.decoding.attention)
+        check_forward(spec, resources)
         check_vocabularies(spec, resources)
-        target = CausalLMRunner(
-            _load(resources, spec.target, "pipeline.target"), forward=spec.decoding.forward
-        )
+        _load(resources, spec.target, "pipeline.target")
+        target = _runner(resources, spec.target, "pipeline.target")
 
         def build(c: ComponentSpec | None) -> Any:
-            return (
-                None
-                if c is None
-                else registry.get(c.kind, c.name).factory.from_config(c.config, resources)
-            )
+            if c is None:
+                return None
+            try:
+                return registry.get(c.kind, c.name).factory.from_config(c.config, resources)
+            except ModelRefused as err:
+                raise ConfigError(f"{c.path}.model: {err}") from None
 
         decoder = Decoder(
             target=target,
@@ -106,7 +113,9 @@ class Pipeline:
             grafter=build(spec.grafter),
             seed=spec.decoding.seed,
             sync_clock=resources.device.type == "cuda",
+            pinned=resources.device.type == "cuda",
         )
+        decoder.max_positions = context_limit(target, decoder.drafters)
         tokenizer = resources.load_tokenizer(spec.target)
         return cls(spec, resources, decoder, tokenizer, eos_ids_of(target.model, tokenizer))
 
@@ -161,8 +170,22 @@ class Pipeline:
     ) -> Iterator[StepEvent]:
         """The decode loop: one `StepEvent` per target forward."""
         ids = self.encode(prompt).to(self.resources.device)
+        rule = self.stop_rule(max_new_tokens, stop)
+        self.check_context(int(ids.numel()), rule.max_new_tokens)
         with torch.inference_mode():
-            yield from self.decoder.steps(ids, self.stop_rule(max_new_tokens, stop))
+            yield from self.decoder.steps(ids, rule)
+
+    def check_context(self, prompt_len: int, max_new_tokens: int) -> None:
+        """Raise `ValueError` when the prompt plus `max_new_tokens` needs more positions than
+        the target or an LM drafter takes (checked before any forward)."""
+        limit = self.decoder.max_positions
+        if limit is not None and prompt_len + max_new_tokens > limit:
+            raise ValueError(
+                f"context too long: a prompt of {prompt_len} tokens plus max_new_tokens "
+                f"{max_new_tokens} needs {prompt_len + max_new_tokens} positions, but the "
+                f"pipeline's models take at most {limit} (the least of the target's and the LM "
+                "drafters' maximum positions): shorten the prompt or lower max_new_tokens"
+            )
 
     def prepare(self, prompt: str | Sequence[int] | Tensor) -> float:
         """Do the decoder's one-time measurements (an adaptive builder's latency curve of the
@@ -243,6 +266,15 @@ class StopStrings:
         return lo
 
 
+def context_limit(target: CausalLMRunner, drafters: Sequence[Any]) -> int | None:
+    """The least maximum-positions value of the target and the drafters' models (None when
+    no config states one)."""
+    runners = [target, *(getattr(d, "runner", None) for d in drafters)]
+    limits = [max_positions(r.model.config) for r in runners if isinstance(r, CausalLMRunner)]
+    known = [m for m in limits if m is not None]
+    return min(known) if known else None
+
+
 def eos_ids_of(model: Any, tokenizer: Any) -> frozenset[int]:
     """EOS token ids from the model's generation config, its config, or the tokenizer."""
     for source in (getattr(model, "generation_config", None), model.config, tokenizer):
@@ -253,18 +285,56 @@ def eos_ids_of(model: Any, tokenizer: Any) -> frozenset[int]:
 
 
 def check_vocabularies(spec: PipelineSpec, resources: Resources) -> None:
-    """Every LM drafter must share the target's vocabulary (checked from configs, no weights)."""
+    """Every LM drafter must share the target's tokenizer (checked without loading weights).
+
+    Embedding matrices may be padded to different sizes (as Qwen's checkpoints are) when both
+    models ship the same tokenizer: the drafter then proposes only real tokens. Without
+    tokenizer files to compare, the vocabulary sizes must be equal.
+    """
     target_vocab = _vocab(resources, spec.target, "pipeline.target")
     for _, c in spec.drafters:
         ref = getattr(c.config, "model", None)
         if not isinstance(ref, str):
             continue
         vocab = _vocab(resources, ref, f"{c.path}.model")
-        if vocab != target_vocab:
+        same = same_tokenizer(resources, spec.target, ref)
+        if same is False:
+            raise ConfigError(
+                f"{c.path}.model: tokenizer mismatch: {ref!r} and the target {spec.target!r} "
+                "ship different tokenizers (their token-to-id maps differ); a drafter must "
+                "share the target's tokenizer"
+            )
+        if vocab != target_vocab and same is not True:
             raise ConfigError(
                 f"{c.path}.model: vocabulary mismatch: {ref!r} has {vocab} tokens but the target "
                 f"{spec.target!r} has {target_vocab}; a drafter must share the target's tokenizer"
             )
+
+
+def same_tokenizer(resources: Resources, a: str, b: str) -> bool | None:
+    """Whether the models `a` and `b` ship the same tokenizer (None: one has no tokenizer
+    files, e.g. an in-memory model, so it cannot be told)."""
+    if a == b:
+        return True
+    files = [resources.tokenizer_file(ref) for ref in (a, b)]
+    if None in files:
+        return None
+    if files[0].read_bytes() == files[1].read_bytes():
+        return True
+    vocabs = [resources.tokenizer_of(ref).get_vocab() for ref in (a, b)]
+    return vocabs[0] == vocabs[1]
+
+
+def check_forward(spec: PipelineSpec, resources: Resources) -> None:
+    """`decoding.forward: lean` needs SDPA attention: the lean forward does not call the tree
+    kernel, so `decoding.attention` resolving to it is a configuration error."""
+    if spec.decoding.forward == "lean" and resources.attention != "sdpa":
+        raise ConfigError(
+            f"pipeline.decoding.forward: 'lean' runs SDPA attention, but decoding.attention "
+            f"{spec.decoding.attention!r} selects the tree kernel on {resources.device.type}; "
+            "use forward 'auto' (the tree kernel runs through transformers' forward) or "
+            "attention 'sdpa'"
+        )
 
 
 def _vocab(resources: Resources, ref: str, path: str) -> int:
@@ -272,6 +342,14 @@ def _vocab(resources: Resources, ref: str, path: str) -> int:
         return resources.vocab_size(ref)
     except ModelRefError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+def _runner(resources: Resources, ref: str, path: str) -> CausalLMRunner:
+    """The runner of the model `ref` once `Resources.check` has passed it."""
+    try:
+        return resources.runner(ref)
+    except ModelRefused as err:
+        raise ConfigError(f"{path}: {err}") from None
 
 
 def _load(resources: Resources, ref: str, path: str) -> Any:

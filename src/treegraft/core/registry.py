@@ -1,13 +1,14 @@
 """The plugin manager: loads plugins and looks components up by (kind, name).
 
 Built-in components live in `treegraft.plugins.builtin` and are registered through the same hooks
-as third-party plugins. Third-party plugins are discovered through the entry-point group
+and found through the same entry-point group as third-party plugins (core imports no plugin). Third-party plugins are discovered through the entry-point group
 `treegraft` unless `TREEGRAFT_DISABLE_PLUGIN_AUTOLOAD=1` is set.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib.metadata
 import os
 from collections.abc import Iterable
 
@@ -84,8 +85,7 @@ class Registry:
     @classmethod
     def create(cls, *, autoload: bool | None = None, plugins: Iterable[object] = ()) -> Registry:
         """Load the built-ins, the entry-point plugins (unless disabled) and `plugins`."""
-        from treegraft.plugins import builtin
-
+        builtin = builtin_plugin()
         pm = pluggy.PluginManager(hookspecs.PROJECT)
         pm.add_hookspecs(hookspecs)
         pm.register(builtin, name=BUILTIN_PLUGIN)
@@ -173,6 +173,27 @@ def _check_factory(kind: Kind, name: str, factory: type, plugin_name: str) -> No
             f"plugin {plugin_name!r}: {kind.name} {name!r} ({factory.__name__}) needs a nested attrs "
             "class `Config` holding its hyper-parameters"
         )
+
+
+def builtin_plugin() -> object:
+    """The built-in components' plugin module, found as a third party's is: the entry point
+    `builtins` of the group `treegraft` of the installed `treegraft` distribution. Loaded even
+    when autoload is off, so the built-ins are always there."""
+    try:
+        points = importlib.metadata.distribution(BUILTIN_DISTRIBUTION).entry_points
+    except importlib.metadata.PackageNotFoundError:
+        raise PluginError(
+            f"the {BUILTIN_DISTRIBUTION!r} distribution is not installed, so its built-in "
+            "components (entry point 'builtins' of the group 'treegraft') cannot be found; "
+            "install it, e.g. `pip install -e .` in a checkout"
+        ) from None
+    for point in points:
+        if point.group == ENTRY_POINT_GROUP and point.name == BUILTIN_PLUGIN:
+            return point.load()
+    raise PluginError(
+        f"the installed {BUILTIN_DISTRIBUTION!r} distribution declares no entry point "
+        f"{BUILTIN_PLUGIN!r} in the group {ENTRY_POINT_GROUP!r}; reinstall it"
+    )
 
 
 _DEFAULT: Registry | None = None

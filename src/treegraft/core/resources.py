@@ -8,16 +8,19 @@ loaded once per `Resources`, so a target used as its own drafter is not loaded t
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import attrs
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from treegraft.core.attention_rules import ModelRefused, refusal, refused_message
+from treegraft.core.placement import load_kwargs
 from treegraft.core.runner import CausalLMRunner
+from treegraft.kernels.tree_attention.hf import IMPLEMENTATION as TREE_IMPLEMENTATION
 
 DTYPES = {
     "float32": torch.float32,
@@ -42,20 +45,41 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def attention_implementation(device: torch.device) -> str:
-    """`treegraft_tree` (the fused tree-attention kernel) on CUDA, `sdpa` elsewhere.
+#: `decoding.attention` values: the tree kernel on CUDA and SDPA elsewhere, or either always
+ATTENTIONS = ("auto", "sdpa", "tree")
 
-    `TREEGRAFT_ATTENTION=tree|sdpa` overrides (on CPU, `tree` runs the kernel's reference path, or
-    the Triton kernel under `TRITON_INTERPRET=1` with `TREEGRAFT_KERNELS=triton`).
+
+def attention_implementation(setting: str, device: torch.device) -> str:
+    """The Hugging Face attention implementation a `decoding.attention` setting loads models with:
+    `treegraft_tree` (the tree-attention kernel, registered here) for `tree`, and for `auto` on
+    CUDA; `sdpa` for `sdpa`, and for `auto` elsewhere.
+
+    Under `treegraft_tree` a runner's tree forwards call `treegraft.kernels.tree_attention`
+    (Triton on CUDA; on CPU its pure-torch reference, or the Triton kernel in the interpreter with
+    `TRITON_INTERPRET=1 TREEGRAFT_KERNELS=triton`); every other forward (`generate`, prefill
+    without a tree) runs SDPA unchanged.
     """
-    choice = os.environ.get("TREEGRAFT_ATTENTION", "")
-    if choice not in ("", "tree", "sdpa"):
-        raise ValueError(f"TREEGRAFT_ATTENTION: expected 'tree' or 'sdpa', got {choice!r}")
-    if choice == "tree" or (not choice and device.type == "cuda"):
+    if setting not in ATTENTIONS:
+        raise ValueError(f"attention: expected one of {', '.join(ATTENTIONS)}, got {setting!r}")
+    if setting == "tree" or (setting == "auto" and device.type == "cuda"):
         from treegraft.kernels.tree_attention.hf import register
 
         return register()
     return "sdpa"
+
+
+def attention_for(path: Path) -> str:
+    """`sdpa` where the architecture supports it (an explicit mask is then honoured by torch's
+    fused attention), else `eager` (e.g. Gemma 2, GPT-OSS, whose soft-capping or sinks SDPA
+    cannot express)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(path))]
+    except (KeyError, ValueError, OSError):
+        return "sdpa"  # from_pretrained names the problem itself
+    return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
 
 
 def resolve_model_path(ref: str) -> Path:
@@ -96,12 +120,39 @@ class Resources:
     target_ref: str = ""
     in_memory: set[str] = attrs.field(factory=set)
     forward: str = "auto"  # how runners forward models (`decoding.forward`); set per pipeline
+    check_model: bool = True  # probe models before their first runner (`decoding.check_model`)
+    #: refusal message (None: servable) per (model reference, forward) already checked
+    checked: dict[tuple[str, str], str | None] = attrs.field(factory=dict)
+    #: per model reference, a device map (`treegraft.core.placement`): the model is placed by
+    #: accelerate at load instead of moved to `device`
+    device_maps: dict[str, Any] = attrs.field(factory=dict)
+    offload_folder: str | None = None
+    attention: str = "sdpa"  # HF attention implementation of the models (`use_attention`)
 
     @classmethod
-    def create(cls, *, device: str = "auto", dtype: str = "float32") -> Resources:
+    def create(
+        cls, *, device: str = "auto", dtype: str = "float32", attention: str = "auto"
+    ) -> Resources:
         if dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
-        return cls(device=resolve_device(device), dtype=DTYPES[dtype])
+        res = cls(device=resolve_device(device), dtype=DTYPES[dtype])
+        res.use_attention(attention)
+        return res
+
+    def use_attention(self, setting: str) -> None:
+        """Load models with the attention implementation of `setting` (`decoding.attention`),
+        and switch every model loaded already (runners notice at their next `begin`)."""
+        self.attention = attention_implementation(setting, self.device)
+        tree = self.attention != "sdpa"
+        for model in self.models.values():
+            current = getattr(model.config, "_attn_implementation", None)
+            if tree and current != self.attention:
+                model.set_attn_implementation(self.attention)
+            elif not tree and current == TREE_IMPLEMENTATION:  # back from the tree kernel
+                model.set_attn_implementation(
+                    "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
+                )
+            # other implementations (eager where SDPA is not supported, a user's own) stay
 
     def add_model(self, ref: str, model: PreTrainedModel) -> None:
         """Make an in-memory model available under `ref` (moved to this device and dtype)."""
@@ -113,19 +164,70 @@ class Resources:
         if ref not in self.models:
             path = resolve_model_path(ref)
             hf_logging.disable_progress_bar()  # our CLI streams text on stdout; keep stderr quiet
+            placed = ref in self.device_maps
+            kwargs = load_kwargs(self.device_maps[ref], self.offload_folder) if placed else {}
             model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=self.dtype, attn_implementation="sdpa"
+                path,
+                dtype=self.dtype,
+                attn_implementation=attention_for(path)
+                if self.attention == "sdpa"
+                else self.attention,
+                **kwargs,
             )
-            self.models[ref] = model.to(self.device).eval()
+            self.models[ref] = (model if placed else model.to(self.device)).eval()
         return self.models[ref]
 
     def runner(self, ref: str, *, forward: str | None = None) -> CausalLMRunner:
         """A fresh `CausalLMRunner` over the model `ref`, forwarding as `forward` says (default:
-        `self.forward`, the pipeline's `decoding.forward`)."""
-        return CausalLMRunner(self.model(ref), forward=forward or self.forward)
+        `self.forward`, the pipeline's `decoding.forward`), once `check` has passed it."""
+        forward = forward or self.forward
+        self.check(ref, forward)
+        return CausalLMRunner(self.model(ref), forward=forward)
+
+    def check(self, ref: str, forward: str | None = None) -> None:
+        """Raise `ModelRefused` unless the model `ref` can be served exactly: no architecture
+        rule excludes it (`attention_rules.refusal`) and, with `check_model`, its tree forwards
+        match its own forward (`model_check.probe_model`). Each (model, forward) is checked once."""
+        key = (ref, forward or self.forward)
+        if key not in self.checked:
+            from treegraft.core.model_check import probe_model  # it imports the runner
+
+            model = self.model(ref)
+            why = refusal(model)
+            if why is None and self.check_model:
+                why = probe_model(model, forward=key[1])
+            self.checked[key] = None if why is None else refused_message(model, ref, why)
+        if self.checked[key] is not None:
+            raise ModelRefused(self.checked[key])
 
     def vocab_size(self, ref: str) -> int:
         return model_vocab_size(ref, self.models)
+
+    def tokenizer_file(self, ref: str) -> Path | None:
+        """The `tokenizer.json` stored beside the model `ref` (None: in memory, or none)."""
+        if ref in self.in_memory:
+            return None
+        path = resolve_model_path(ref) / "tokenizer.json"
+        return path if path.is_file() else None
+
+    def tokenizer_of(self, ref: str) -> Any:
+        """The tokenizer stored beside the model `ref` (loaded each call; not cached)."""
+        return AutoTokenizer.from_pretrained(resolve_model_path(ref))
+
+    def real_vocab(self, ref: str) -> int | None:
+        """Token ids the tokenizer of `ref` defines (its embedding may have padding rows past
+        them); None without a tokenizer."""
+        if self.tokenizer_file(ref) is None:
+            return None
+        return len(self.tokenizer_of(ref))
+
+    def token_counts(self, ref: str) -> np.ndarray:
+        """`[V]` int64 per-token counts from `zoo:token-counts` (the zoo tokenizer's) or a JSON
+        file written by `treegraft zoo token-counts`; a component names them, Resources reads
+        them (plugins do not import the zoo)."""
+        from treegraft.zoo.token_counts import load_counts
+
+        return load_counts(ref)
 
     def load_tokenizer(self, ref: str) -> Any:
         """The tokenizer stored beside the model `ref` (None for in-memory models without one)."""

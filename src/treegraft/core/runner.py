@@ -26,7 +26,9 @@ from torch import Tensor
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
+from treegraft.core.attention_rules import AttentionRules, ModelRefused, attention_rules
 from treegraft.core.lean import FORWARDS, FusedForward, LeanForward, lean_support
+from treegraft.core.placement import input_device
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import kv_compact
 from treegraft.kernels.host_tensor import host_tensor
@@ -36,31 +38,74 @@ from treegraft.kernels.tree_attention.hf import IMPLEMENTATION, PREFIX_LEN_KWARG
 class TreeKVCache(Cache):
     """A Hugging Face `Cache` that writes into the runner's preallocated tensor.
 
-    Each `update` stores the new keys/values at slots `[write_start, write_start + q)` and returns
-    the cache up to the end of the written block (prefix + region), so attention costs O(prefix).
+    `kv` is `[n_layers, 2, n_kv_heads, capacity, head_dim]`. It is allocated by `allocate`
+    (the lean forward, which writes into it directly) or at the first `update`, from the shapes
+    of the keys and values the model hands over: models whose keys and values differ in width
+    (multi-head latent attention) keep each in the first columns of the slot. Each `update` stores
+    the new keys/values at slots `[write_start, write_start + q)` and returns the cache up to the
+    end of the written block (prefix + region), so attention costs O(prefix).
     """
 
-    def __init__(self, kv: Tensor) -> None:
+    def __init__(
+        self, n_layers: int, capacity: int, *, dtype: torch.dtype, device: torch.device
+    ) -> None:
         super().__init__(layers=[])
-        self.kv = kv  # [n_layers, 2, n_kv_heads, max_len, head_dim]
+        self.n_layers, self.capacity = n_layers, capacity
+        self.dtype, self.device = dtype, device
+        self.kv: Tensor | None = None  # [n_layers, 2, n_kv_heads, capacity, head_dim]
+        self.widths = (0, 0)  # key and value head widths
         self.write_start = 0
 
+    def allocate(self, n_kv_heads: int, key_width: int, value_width: int) -> Tensor:
+        """Allocate the tensor (zeros) for heads of these widths; returns it."""
+        shape = (self.n_layers, 2, n_kv_heads, self.capacity, max(key_width, value_width))
+        self.kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.widths = (key_width, value_width)
+        return self.kv
+
+    def grow(self, capacity: int) -> None:
+        """Keep the first `capacity` slots' contents and make room for `capacity` slots."""
+        if self.kv is not None:
+            old = self.kv
+            shape = list(old.shape)
+            shape[3] = capacity
+            self.kv = torch.zeros(shape, dtype=old.dtype, device=old.device)
+            self.kv[:, :, :, : old.shape[3]] = old
+        self.capacity = capacity
+
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
+        heads, kw, vw = key_states.shape[1], key_states.shape[-1], value_states.shape[-1]
+        if self.kv is None:
+            self.allocate(heads, kw, vw)
+        elif (heads, kw, vw) != (self.kv.shape[2], *self.widths):
+            raise ValueError(
+                f"layer {layer_idx} hands the cache {heads} key/value heads of widths {kw}/{vw}, "
+                f"but earlier layers had {self.kv.shape[2]} of widths {self.widths[0]}/"
+                f"{self.widths[1]}: layers of different shapes are not supported"
+            )
         end = self.write_start + key_states.shape[-2]
-        layer = self.kv[layer_idx]  # [2, H, max_len, D]
-        layer[0, :, self.write_start : end] = key_states[0]
-        layer[1, :, self.write_start : end] = value_states[0]
-        return layer[0, :, :end].unsqueeze(0), layer[1, :, :end].unsqueeze(0)
+        layer = self.kv[layer_idx]  # [2, H, capacity, D]
+        layer[0, :, self.write_start : end, :kw] = key_states[0]
+        layer[1, :, self.write_start : end, :vw] = value_states[0]
+        keys = layer[0, :, :end] if kw == layer.shape[-1] else layer[0, :, :end, :kw]
+        values = layer[1, :, :end] if vw == layer.shape[-1] else layer[1, :, :end, :vw]
+        keys, values = keys.unsqueeze(0), values.unsqueeze(0)
+        if layer.device != key_states.device:  # a layer placed on another device (device map)
+            return keys.to(key_states.device), values.to(key_states.device)
+        return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.write_start
 
     def get_max_length(self) -> int:
-        return int(self.kv.shape[3])
+        return self.capacity
 
     def __len__(self) -> int:
-        return int(self.kv.shape[0])
+        return self.n_layers
 
+
+#: cache slots reserved beyond the prompt, and the least a cache grows by
+CACHE_CHUNK = 256
 
 #: callbacks per model, told the token count of each runner forward of it (`watch_forwards`)
 _WATCHERS: weakref.WeakKeyDictionary[Any, list[Callable[[int], None]]] = weakref.WeakKeyDictionary()
@@ -132,6 +177,7 @@ class CausalLMRunner:
     _cache_kwarg: str = attrs.field(init=False, default="")
     _tree_kernel: bool = attrs.field(init=False, default=False)
     _lean: LeanForward | None = attrs.field(init=False, default=None)
+    _rules: AttentionRules = attrs.field(init=False, default=None)
     # the model's device, dtype and vocabulary size, read at construction and at `begin`
     # (Hugging Face's `model.device` walks the parameters, `get_output_embeddings` resolves the
     # head: tens of microseconds each, several times a step)
@@ -145,13 +191,24 @@ class CausalLMRunner:
     def __attrs_post_init__(self) -> None:
         self._read_model()
         self._cache_kwarg = _cache_kwarg(self.model)
+        self._rules = attention_rules(self.model.config)
+        self._read_attention()
+
+    def _read_attention(self) -> None:
+        """Take the model's attention implementation: the tree kernel (`treegraft_tree`, through
+        `transformers`' forward) or SDPA (the lean forward where supported)."""
         self._tree_kernel = (
             getattr(self.model.config, "_attn_implementation", None) == IMPLEMENTATION
         )
+        if self._tree_kernel and not self._rules.plain:
+            raise ModelRefused(
+                f"the tree-attention kernel takes one causal tree mask, but "
+                f"{type(self.model).__name__} has {self._rules.describe()}: use SDPA attention"
+            )
         self._lean = self._lean_forward()
 
     def _read_model(self) -> None:
-        self._device, self._dtype = self.model.device, self.model.dtype
+        self._device, self._dtype = input_device(self.model), self.model.dtype
         self._vocab = int(self.model.get_output_embeddings().weight.shape[0])
 
     def _lean_forward(self) -> LeanForward | None:
@@ -168,6 +225,11 @@ class CausalLMRunner:
         if self.forward == "lean":
             raise ValueError(f"forward 'lean' is not available for this model: {why}")
         return None
+
+    @property
+    def attention(self) -> str:
+        """`tree` when tree forwards run the tree-attention kernel, else `sdpa`."""
+        return "tree" if self._tree_kernel else "sdpa"
 
     @property
     def lean(self) -> bool:
@@ -233,34 +295,48 @@ class CausalLMRunner:
             )
         if prompt.numel() >= max_len:
             raise ValueError(f"prompt of {prompt.numel()} tokens does not fit max_len={max_len}")
-        if (self.model.device, self.model.dtype) != (self._device, self._dtype):  # model moved
+        if (input_device(self.model), self.model.dtype) != (self._device, self._dtype):  # moved
             self._read_model()
             self.cache = None
             self._lean = self._lean_forward()  # rebind the moved weights
             if self.output_rows is not None:
                 self.output_rows = self.output_rows.to(self._device)
                 self._gather_head()
-        if self.cache is None or self.cache.get_max_length() < max_len:
-            n_layers, n_kv, head_dim = cache_geometry(self.model)
-            shape = (n_layers, 2, n_kv, max_len, head_dim)
-            self.cache = TreeKVCache(torch.zeros(shape, dtype=self.dtype, device=self.device))
-            self.committed = torch.zeros(max_len, dtype=torch.long, device=self.device)
+        if self._tree_kernel != (
+            getattr(self.model.config, "_attn_implementation", None) == IMPLEMENTATION
+        ):  # the model's attention was switched (`Resources.use_attention`)
+            self._read_attention()
+        # the cache grows in chunks as decoding goes (`_ensure_capacity`), never sized for
+        # `max_len` up front: a huge `max_new_tokens` costs nothing until it is decoded
+        reserve = min(max_len, prompt.numel() + CACHE_CHUNK)
+        if self.cache is None or self.cache.get_max_length() < reserve:
+            self.cache = self._new_cache(reserve)
+            self.committed = torch.zeros(reserve, dtype=torch.long, device=self.device)
         self.committed[: prompt.numel()] = prompt.to(self.device)
         self.n_committed = prompt.numel()
         self.n_cached = self.n_pending = self.n_seen = 0
 
+    def _new_cache(self, capacity: int) -> TreeKVCache:
+        """An empty cache of `capacity` slots (allocated now for the lean forward, which writes
+        into the tensor itself; at the first update otherwise)."""
+        cache = TreeKVCache(
+            cache_geometry(self.model)[0], capacity, dtype=self.dtype, device=self.device
+        )
+        if self._lean is not None:
+            _, n_kv, head_dim = cache_geometry(self.model)
+            cache.allocate(n_kv, head_dim, head_dim)
+        return cache
+
     def _ensure_capacity(self, needed: int) -> None:
-        """Grow the cache (doubling) when a step needs more slots than reserved; rare by design."""
+        """Grow the cache (by at least `CACHE_CHUNK` slots, or doubling) when a step needs more
+        slots than reserved."""
         if needed <= self.capacity:
             return
-        old = self.cache.kv
-        shape = list(old.shape)
-        shape[3] = max(needed, 2 * shape[3])
-        kv = torch.zeros(shape, dtype=old.dtype, device=old.device)
-        kv[:, :, :, : old.shape[3]] = old
-        committed = torch.zeros(shape[3], dtype=torch.long, device=old.device)
+        capacity = max(needed, self.capacity + CACHE_CHUNK, 2 * self.capacity)
+        self.cache.grow(capacity)
+        committed = torch.zeros(capacity, dtype=torch.long, device=self.device)
         committed[: self.n_committed] = self.committed[: self.n_committed]
-        self.cache, self.committed = TreeKVCache(kv), committed
+        self.committed = committed
 
     @property
     def capacity(self) -> int:
@@ -279,7 +355,7 @@ class CausalLMRunner:
         start = self.n_seen
         pending = self.n_pending if start == 0 else 0
         if pending + n - start == 0:
-            return self.cache.kv.new_zeros(0, self.n_outputs)
+            return torch.zeros(0, self.n_outputs, dtype=self.dtype, device=self.device)
         region = self.n_pending + n
         self._ensure_capacity(self.n_cached + region)
         ids, positions, mask = self._block(tree, start, pending)
@@ -306,7 +382,25 @@ class CausalLMRunner:
         mask[:pending, base : base + pending] = np.tri(pending, dtype=np.bool_)
         mask[pending:, base:p_end] = True
         mask[pending:, p_end:] = tree.ancestor_mask().numpy()[start:n]
-        return ids, torch.from_numpy(positions), torch.from_numpy(mask)
+        if self._rules.plain:
+            return ids, torch.from_numpy(positions), torch.from_numpy(mask)
+        k_pos = np.concatenate([np.arange(p_end), tree.depth.numpy()[:n] + (self.n_committed - 1)])
+        return ids, torch.from_numpy(positions), self._rule_masks(mask, positions, k_pos)
+
+    def _rule_masks(self, mask: Any, q_pos: Any, k_pos: Any) -> Any:
+        """The visibility `mask` narrowed by the model's attention rules (sliding windows,
+        chunks): one mask when every layer has the same rule, else a dict by layer type."""
+        rules = self._rules
+        numpy = isinstance(mask, np.ndarray)
+
+        def narrow(rule: Any) -> Any:
+            if numpy:
+                return torch.from_numpy(rule.restrict(mask, q_pos, k_pos))
+            return rule.restrict_tensor(mask, q_pos, k_pos)
+
+        if rules.by_type is None:
+            return narrow(rules.single)
+        return {kind: narrow(rule) for kind, rule in rules.by_type.items()}
 
     def _block_on_device(
         self, tree: DraftTree, start: int, pending: int
@@ -333,16 +427,23 @@ class CausalLMRunner:
         ).tril()
         mask[pending:, base:p_end] = True
         mask[pending:, p_end:] = tree.ancestor_mask()[start:n].to(dev)
-        return ids, positions, mask
+        if self._rules.plain:
+            return ids, positions, mask
+        k_pos = torch.cat([torch.arange(p_end, device=dev), tree.positions(root_pos)[:n].to(dev)])
+        return ids, positions, self._rule_masks(mask, positions, k_pos)
 
-    def _run(self, ids: Tensor, positions: Tensor, visible: Tensor, *, n_logits: int) -> Tensor:
-        """One model forward writing keys/values at the end of the current region."""
+    def _run(self, ids: Tensor, positions: Tensor, visible: Any, *, n_logits: int) -> Tensor:
+        """One model forward writing keys/values at the end of the current region.
+
+        `visible`: `[q, kv_len]` bool, or a dict of them by layer type (`_rule_masks`)."""
         cache = self.cache
-        cache.write_start = visible.shape[1] - ids.shape[0]
-        neg = torch.finfo(self.dtype).min
-        additive = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(
-            ~visible, neg
-        )
+        if isinstance(visible, dict):
+            kv_len = next(iter(visible.values())).shape[1]
+            additive: Any = {k: self._additive(v)[None, None] for k, v in visible.items()}
+        else:
+            kv_len = visible.shape[1]
+            additive = self._additive(visible)
+        cache.write_start = kv_len - ids.shape[0]
         for watcher in _WATCHERS.get(self.model, ()):
             watcher(int(ids.shape[0]))
         if self._lean is not None:
@@ -356,7 +457,7 @@ class CausalLMRunner:
         out = self.model(
             input_ids=ids[None, :],
             position_ids=positions[None, :],
-            attention_mask=additive[None, None],
+            attention_mask=additive if isinstance(additive, dict) else additive[None, None],
             use_cache=True,
             logits_to_keep=n_logits,
             **extra,
@@ -364,6 +465,13 @@ class CausalLMRunner:
         self.forwards += 1
         logits = out.logits[0, -n_logits:] if n_logits else out.logits[0, :0]
         return logits if self.output_rows is None else logits[:, self.output_rows]
+
+    def _additive(self, visible: Tensor) -> Tensor:
+        """`[q, kv_len]` additive mask (0 where visible, the dtype's minimum elsewhere)."""
+        neg = torch.finfo(self.dtype).min
+        return torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(
+            ~visible, neg
+        )
 
     def rewind(self) -> None:
         """Drop this step's region (pending chain and tree nodes); the next forward redoes it."""
@@ -376,7 +484,8 @@ class CausalLMRunner:
             accepted: `[a]` int64 node indices (this step's tree, root first) of the accepted path.
             tokens: `[a]` int64 newly committed tokens (accepted drafts, then the bonus).
 
-        Synchronises with the device (reads how much of the accepted path was seen).
+        Reads `accepted` on the host: pass a host tensor (the decoder does) and nothing waits
+        for the device.
         """
         n_new = int(tokens.shape[0])
         self._ensure_capacity(self.n_committed + n_new)
@@ -384,11 +493,12 @@ class CausalLMRunner:
         keep = [*range(self.n_pending), *(self.n_pending + a for a in seen)]
         # slots before the first one out of place already sit where they belong
         first = next((i for i, slot in enumerate(keep) if slot != i), len(keep))
-        if first < len(keep):
+        if first < len(keep) and self.cache.kv is not None:
             moved = [self.n_cached + slot for slot in keep[first:]]
             kv_compact(self.cache.kv, host_tensor(moved, device=self.device), self.n_cached + first)
         self.n_cached += len(keep)
-        self.committed[self.n_committed : self.n_committed + n_new] = tokens.to(self.device)
+        new = tokens.to(self.device, non_blocking=True)  # async from a pinned buffer (decoder)
+        self.committed[self.n_committed : self.n_committed + n_new] = new
         self.n_committed += n_new
         self.n_pending = self.n_seen = 0
 

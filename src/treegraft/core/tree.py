@@ -198,10 +198,6 @@ class DraftTree:
         leaf[self.parents[1:]] = False
         return leaf
 
-    def children_mask(self, nodes: Tensor) -> Tensor:
-        """`[len(nodes), n]` bool: `out[r, i]` iff node i is a child of `nodes[r]`."""
-        return self.parents[None, :] == nodes[:, None]
-
     def paths(self) -> Tensor:
         """Root-to-leaf paths, `[n_leaves, max_depth + 1]` int64 node indices padded with -1."""
         leaves = torch.nonzero(self.is_leaf()).flatten()  # [L]

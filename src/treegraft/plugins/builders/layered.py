@@ -18,8 +18,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from treegraft.core.config import at_least, field
-from treegraft.core.interfaces import BuildResult, LayerState, Peek, StepContext, TreeBuilder
+from treegraft.core.config import Check, at_least, field
+from treegraft.core.interfaces import (
+    BuildResult,
+    LayerState,
+    Peek,
+    StepContext,
+    StepFacts,
+    TreeBuilder,
+    TreeFacts,
+)
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import prune_to_budget
 from treegraft.kernels._dispatch import choose_backend
@@ -46,6 +54,13 @@ class LayeredConfig:
         doc="verify only as many of the best `budget` nodes as maximise expected tokens per "
         "second under the target's latency curve (measured once per decoder)",
     )
+    stop_below: float | None = field(
+        None,
+        check=Check("in (0, 1] or null", lambda v: v is None or 0 < v <= 1),
+        doc="stop growing after a layer whose every new frontier node has an edge probability "
+        "below this (the nodes are kept): Hugging Face assisted generation's confidence stop "
+        "(0.4 there); null: never",
+    )
 
 
 @attrs.define
@@ -69,19 +84,30 @@ class LayeredBuilder(TreeBuilder):
         peek = None
         if len(step.drafters) > 1 and step.scheduler.wants_peek():
             peek = step.drafters[0].peek(tree)
+        facts = step_facts(step, self.config.depth, self._cap(times), times=times, peek=peek)
         for layer in range(self.config.depth):
-            who = self._choose(step, layer, tree, frontier, calls, times, peek)
+            who = self._choose(step, layer, tree, frontier, calls, facts)
             if who == 0 and frontier.numel() == 0:
                 break  # the cheapest drafter has nothing left to expand
             with step.clock.time(f"drafter{who}"):
                 tree, frontier = self._grow(step, who, tree, frontier)
             calls.append(who)
+            if self._unsure(tree, frontier):
+                break
         budget = self.config.budget
-        curve = getattr(step.timings, "target_curve", None)
+        curve = step.timings.target_curve
         if self.config.adaptive and curve is not None:
             budget = verify_size(tree, budget, curve, sum(times.drafters[c] for c in calls))
         keep = kept(tree, budget)
         return BuildResult(tree=tree.select(keep), kept=keep, calls=tuple(calls), unpruned=tree)
+
+    def _unsure(self, tree: DraftTree, frontier: Tensor) -> bool:
+        """Whether `stop_below` ends the growth: every frontier node's edge probability is
+        below it (reads the frontier's scores on the host)."""
+        low = self.config.stop_below
+        if low is None or frontier.numel() == 0:
+            return False
+        return bool(tree.edge_logp[frontier].max() < math.log(low))
 
     def _grow(
         self, step: StepContext, who: int, tree: DraftTree, frontier: Tensor
@@ -107,23 +133,16 @@ class LayeredBuilder(TreeBuilder):
         tree: DraftTree,
         frontier: Tensor,
         calls: list[int],
-        times: StepTimes,
-        peek: Peek | None,
+        facts: StepFacts,
     ) -> int:
         n_drafters = len(step.drafters)
         if n_drafters == 1 or (layer > 0 and step.scheduler.done_for_step()):
             return 0
-        state = layer_state(
-            step,
-            layer,
-            self.config.depth,
-            tree,
-            frontier,
-            calls,
-            self._cap(times),
-            self.config.top_k,
-            times=times,
-            peek=peek,
+        state = LayerState.of(
+            layer=layer,
+            calls=tuple(calls),
+            step=facts,
+            tree=tree_facts(step, tree, frontier, self.config.top_k),
         )
         who = int(step.scheduler.decide(state))
         if not 0 <= who < n_drafters:
@@ -232,65 +251,51 @@ def chain_tails_on_device(node_of: Tensor) -> Tensor:
     return torch.where(valid.any(-1), tails, -1)
 
 
-def layer_state(
+def step_facts(
     step: StepContext,
-    layer: int,
     n_layers: int,
-    tree: DraftTree,
-    frontier: Tensor,
-    calls: list[int],
     cap: int,
-    k: int,
     *,
     times: StepTimes | None = None,
     peek: Peek | None = None,
-) -> LayerState:
-    """Cheap frontier statistics for the scheduler: in numpy on CPU, else computed on the tree's
-    device and read to the host together (one transfer per layer, the one the decision needs).
-    `times`: the step's measured forward times if already read (else read from `step.timings`);
-    `peek`: the cheapest drafter's `Drafter.peek` at the step's root, if the scheduler wants it."""
+) -> StepFacts:
+    """The `LayerState` facts constant within a step. `times`: the step's measured forward times
+    if already read (else read from `step.timings`); `peek`: the cheapest drafter's
+    `Drafter.peek` at the step's root, if the scheduler wants it."""
     if times is None:
         times = StepTimes.read(step)
-    n = tree.n_nodes
-    f = int(frontier.numel())
-    if tree.device.type == "cpu":
-        stats = TreeStats(*tree_stats_host(tree, frontier), reselect_shift(step, tree, frontier, k))
-    else:
-        shift = reselect_shift_on_device(step, tree, frontier, k)
-        stats = TreeStats(*tree_stats_device(tree, frontier, shift))
-    return LayerState(
-        layer=layer,
+    return StepFacts(
         n_layers=n_layers,
-        calls=tuple(calls),
         n_drafters=len(step.drafters),
-        strong_calls=sum(1 for c in calls if c > 0),
         max_strong_calls=cap,
-        n_nodes=n,
-        frontier_size=f,
-        frontier_mean_depth=stats.mean_depth,
-        leaf_ratio=stats.leaf_ratio,
-        frontier_mean_score=stats.mean_score,
-        reselect_shift=stats.shift,
         prompt_len=step.prompt_len,
         committed_len=step.committed_len,
         target_time=times.target,
         drafter_times=times.drafters,
-        tree_expected=stats.expected,
-        frontier_max_score=stats.max_score,
         history=step.history,
         peek=peek,
     )
 
 
-class TreeStats(NamedTuple):
-    """The per-layer tree statistics of a `LayerState`, in the order both paths compute them."""
-
-    mean_depth: float  # of the frontier
-    leaf_ratio: float
-    mean_score: float  # of the frontier
-    expected: float  # sum of exp(score) over the non-root nodes
-    max_score: float  # of the frontier
-    shift: float  # reselect_shift
+def tree_facts(step: StepContext, tree: DraftTree, frontier: Tensor, k: int) -> TreeFacts:
+    """Cheap frontier statistics for the scheduler: in numpy on CPU, else computed on the tree's
+    device and read to the host together (one transfer per layer, the one the decision needs)."""
+    if tree.device.type == "cpu":
+        depth, leaves, score, expected, best = tree_stats_host(tree, frontier)
+        shift = reselect_shift(step, tree, frontier, k)
+    else:
+        shift_t = reselect_shift_on_device(step, tree, frontier, k)
+        depth, leaves, score, expected, best, shift = tree_stats_device(tree, frontier, shift_t)
+    return TreeFacts(
+        n_nodes=tree.n_nodes,
+        frontier_size=int(frontier.numel()),
+        frontier_mean_depth=depth,
+        leaf_ratio=leaves,
+        frontier_mean_score=score,
+        reselect_shift=shift,
+        tree_expected=expected,
+        frontier_max_score=best,
+    )
 
 
 def tree_stats_host(tree: DraftTree, frontier: Tensor) -> list[float]:

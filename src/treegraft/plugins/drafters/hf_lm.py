@@ -24,9 +24,6 @@ from treegraft.core.interfaces import Drafter
 from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree, Proposal
-from treegraft.zoo import PREFIX as ZOO_PREFIX
-from treegraft.zoo.token_counts import ZOO_REF as ZOO_COUNTS
-from treegraft.zoo.token_counts import load_counts, most_frequent
 
 
 @attrs.frozen
@@ -51,7 +48,7 @@ class HFLMConfig:
         "'transformers'; 'pipeline': exactly as `decoding.forward` says",
     )
     token_counts: str = field(
-        ZOO_COUNTS,
+        "zoo:token-counts",
         doc="per-token counts ranking the vocabulary for `head`: 'zoo:token-counts' (the zoo "
         "tokenizer's) or a JSON file written by `treegraft zoo token-counts`",
     )
@@ -69,16 +66,39 @@ class HFLMDrafter(Drafter):
     node_logp: Tensor | None = None  # [n_seen, V] next-token log-probs after each seen node
     #: `[head]` int64 the most frequent token ids (None: the whole vocabulary is scored)
     frequent: Tensor | None = None
+    #: columns of the log-probs handed out: the target's vocabulary size (0: the drafter's own)
+    vocab: int = 0
+    #: token ids the drafter may propose (below both vocabularies and the tokenizer's real
+    #: tokens: embedding padding rows never are); 0: all of its vocabulary
+    usable: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        self.vocab = self.vocab or self.runner.vocab_size
+        self.usable = self.usable or self.runner.vocab_size
 
     @classmethod
     def from_config(cls, config: HFLMConfig, resources: Resources) -> HFLMDrafter:
         runner = resources.runner(config.model, forward=drafter_forward(config, resources.forward))
-        return cls(config, runner, frequent=frequent_tokens(config, runner.vocab_size))
+        vocab, usable = shared_vocabulary(config.model, runner.vocab_size, resources)
+        return cls(
+            config,
+            runner,
+            frequent=frequent_tokens(config, runner.vocab_size, resources),
+            vocab=vocab,
+            usable=usable,
+        )
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         self.runner.begin(prompt, max_len=max_len)
+        rows = None
         if self.frequent is not None:  # this prompt's tokens join the scored ones
-            self.runner.restrict_output(torch.unique(torch.cat([self.frequent, prompt.cpu()])))
+            rows = torch.unique(torch.cat([self.frequent, prompt.cpu()]))
+        elif self.usable < self.runner.vocab_size or self.vocab != self.runner.vocab_size:
+            rows = torch.arange(self.usable)  # log-probs come out in the target's width
+        if rows is not None and self.usable < self.runner.vocab_size:
+            rows = rows[rows < self.usable]
+        if rows is not None:
+            self.runner.restrict_output(rows)
         self.node_logp = None
 
     def _score(self, tree: DraftTree) -> Tensor:
@@ -91,7 +111,7 @@ class HFLMDrafter(Drafter):
             logp = torch.log_softmax(logits, dim=-1)
             rows = self.runner.output_rows
             if rows is not None:  # unscored tokens: -inf
-                full = logp.new_full((logp.shape[0], self.runner.vocab_size), float("-inf"))
+                full = logp.new_full((logp.shape[0], self.vocab), float("-inf"))
                 full[:, rows] = logp
                 logp = full
             self.node_logp = logp if self.node_logp is None else torch.cat([self.node_logp, logp])
@@ -118,6 +138,22 @@ class HFLMDrafter(Drafter):
         self.node_logp = None
 
 
+def shared_vocabulary(model: str, own: int, resources: Resources) -> tuple[int, int]:
+    """(columns of the target's vocabulary, token ids this drafter may propose) for a drafter of
+    `own` embedding rows: the pipeline checked that both share one tokenizer
+    (`check_vocabularies`), so rows past the smaller embedding or the tokenizer's real tokens
+    are padding."""
+    target = resources.target_ref
+    if not target or target == model:
+        return own, own
+    vocab = resources.vocab_size(target)
+    usable = min(own, vocab)
+    if own != vocab:
+        real = resources.real_vocab(target)
+        usable = usable if real is None else min(usable, real)
+    return vocab, usable
+
+
 def drafter_forward(config: HFLMConfig, pipeline_forward: str) -> str:
     """The runner forward of an `hf_lm` drafter: `fused` where the pipeline's `decoding.forward`
     allows the lean forward (`auto`, `lean`) and the drafter asks for it, else the pipeline's."""
@@ -126,13 +162,14 @@ def drafter_forward(config: HFLMConfig, pipeline_forward: str) -> str:
     return pipeline_forward
 
 
-def frequent_tokens(config: HFLMConfig, vocab_size: int) -> Tensor | None:
-    """The `config.head` most frequent token ids by `config.token_counts` (None without a head);
-    errors name the field when the counts do not fit the model's vocabulary."""
+def frequent_tokens(config: HFLMConfig, vocab_size: int, resources: Resources) -> Tensor | None:
+    """The `config.head` most frequent token ids by `config.token_counts` (None without a head),
+    ties to the lower id; errors name the field when the counts do not fit the model's
+    vocabulary."""
     if config.head is None:
         return None
     try:
-        counts = load_counts(config.token_counts)
+        counts = resources.token_counts(config.token_counts)
     except (OSError, ValueError) as err:
         raise ValueError(f"token_counts: {err}") from err
     if counts.shape[0] != vocab_size:
@@ -144,23 +181,4 @@ def frequent_tokens(config: HFLMConfig, vocab_size: int) -> Tensor | None:
         raise ValueError(
             f"head: expected at most the vocabulary size {vocab_size}, got {config.head}"
         )
-    return torch.from_numpy(most_frequent(counts, config.head).copy())
-
-
-def swap_model(spec: dict, model: str) -> None:
-    """Put `model` into an `hf_lm` drafter's config mapping (the benchmark's pairs, the
-    scheduler tools' `--strong`). The zoo's token counts rank only the zoo vocabulary, so a
-    `head` ranked by them (the shipped pipelines') is dropped when a model outside the embedded
-    zoo comes in (a directory, `mem:NAME`, or a fetched model such as `zoo:smollm2-draft-l`):
-    that drafter scores its whole vocabulary. A `head` with counts of its own stays."""
-    spec["model"] = model
-    zoo_counts = spec.get("token_counts") in (None, ZOO_COUNTS)
-    if zoo_counts and spec.get("head") is not None and not _embedded_zoo_model(str(model)):
-        spec.pop("head")
-
-
-def _embedded_zoo_model(ref: str) -> bool:
-    """Whether `ref` names a model of the embedded zoo (its tokenizer), not a fetched one."""
-    from treegraft import zoo
-
-    return ref.startswith(ZOO_PREFIX) and ref.removeprefix(ZOO_PREFIX) in zoo.available()
+    return torch.from_numpy(counts).neg().argsort(stable=True)[: config.head]

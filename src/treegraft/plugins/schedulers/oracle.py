@@ -111,6 +111,8 @@ class OracleScheduler(Scheduler):
     trajectories: tuple[Trajectory, ...]
     current: int = -1
     step: int = -1
+    #: `begin` was called and no decision taken since: the next one starts a generation
+    starting: bool = False
 
     @classmethod
     def from_config(cls, config: OracleConfig, resources: Resources) -> OracleScheduler:
@@ -121,6 +123,9 @@ class OracleScheduler(Scheduler):
         """An oracle over in-memory trajectories (no file)."""
         return cls(OracleConfig(plans="<memory>"), tuple(trajectories))
 
+    def begin(self) -> None:
+        self.starting = True
+
     def decide(self, state: LayerState) -> int:
         if state.layer == 0:
             self._advance(state)
@@ -129,8 +134,9 @@ class OracleScheduler(Scheduler):
 
     def _advance(self, state: LayerState) -> None:
         """Move to the next step, or to the next matching trajectory at a generation's start."""
-        if state.committed_len == state.prompt_len:
+        if self.starting:
             self.current, self.step = self._next_trajectory(state.prompt_len), 0
+            self.starting = False
         else:
             self.step += 1
         traj = self.trajectories[self.current] if self.current >= 0 else None

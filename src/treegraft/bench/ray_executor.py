@@ -1,0 +1,177 @@
+"""The `ray` executor: a sweep's units run on Ray actors, on one machine or a cluster.
+
+Each actor is a `UnitRunner` with its resource request (`num_cpus`, `num_gpus`); it keeps the
+models of the pair it last ran loaded, and the driver hands an idle actor a unit of that pair
+while there is one, so models are loaded once per pair and worker. Results stream back to the
+driver as units finish; the driver alone writes the result store. A unit whose attempt fails,
+or whose actor dies, is run again (on a fresh actor if it died) up to `retries` times; then it is
+reported failed and the sweep goes on.
+
+`ray.init()` starts a local cluster unless an address is given (`--ray-address`, e.g.
+`ray://head:10001` or `auto`); a cluster started here is shut down at the end.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+
+from treegraft.bench.store import FAILED, UnitRecord
+from treegraft.bench.units import Progress, Unit, UnitResult, UnitRunner
+from treegraft.core.config import ConfigError
+
+RAY_MISSING = (
+    "--executor ray: Ray is not installed; install the extra with `pip install 'treegraft[ray]'`"
+)
+
+
+def import_ray() -> Any:
+    """The `ray` module, or a `ConfigError` saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(RAY_MISSING) from None
+    return ray
+
+
+class RayUnitWorker:
+    """The actor class: a `UnitRunner` living in a Ray worker process."""
+
+    def __init__(self, runner: UnitRunner) -> None:
+        self.runner = runner
+
+    def run(self, unit: Unit, attempt: int) -> UnitResult:
+        return self.runner.run(unit, attempt)
+
+
+@attrs.define
+class Slot:
+    """One actor, the pair whose models it holds, and the unit it runs (if any)."""
+
+    name: str
+    actor: Any
+    pair: str | None = None
+    unit: Unit | None = None
+    attempt: int = 0
+
+
+@attrs.define
+class RayExecutor:
+    """Runs units on Ray actors (see the module docstring).
+
+    Attributes:
+        runner: the template every actor copies (config, prompts, resources, stored curves).
+        address: cluster to join (None: start a local one, or use the one already initialised).
+        workers: number of actors (None: as many as the cluster's CPUs (or GPUs) allow).
+        num_cpus, num_gpus: resource request of each actor.
+        retries: attempts after the first before a unit is reported failed.
+    """
+
+    runner: UnitRunner
+    address: str | None = None
+    workers: int | None = None
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    retries: int = 2
+    spawned: int = 0
+
+    def run(self, units: list[Unit], progress: Progress) -> Iterator[UnitResult]:
+        ray = import_ray()
+        started = not ray.is_initialized()
+        if started:
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+        try:
+            yield from self._run(ray, units, progress)
+        finally:
+            if started:
+                ray.shutdown()
+
+    def worker_count(self, ray: Any, n_units: int) -> int:
+        """Actors to start: `workers`, or as many as the cluster's resources fit, at most one
+        per unit."""
+        if self.workers is not None:
+            return max(1, min(self.workers, n_units))
+        total = ray.cluster_resources()
+        fit = [int(total.get("CPU", 1) // self.num_cpus)] if self.num_cpus else []
+        if self.num_gpus:
+            fit.append(int(total.get("GPU", 0) // self.num_gpus))
+        return max(1, min([*fit, n_units] if fit else [n_units]))
+
+    def _run(self, ray: Any, units: list[Unit], progress: Progress) -> Iterator[UnitResult]:
+        if not units:
+            return
+        actor_class = ray.remote(num_cpus=self.num_cpus, num_gpus=self.num_gpus)(RayUnitWorker)
+        queues: dict[str, collections.deque[tuple[Unit, int]]] = {}
+        for unit in units:
+            queues.setdefault(unit.pair, collections.deque()).append((unit, 1))
+        slots = [self._new_slot(actor_class, i) for i in range(self.worker_count(ray, len(units)))]
+        running: dict[Any, Slot] = {}
+        try:
+            while queues or running:
+                for slot in slots:
+                    if slot.unit is None and queues:
+                        running[self._dispatch(slot, queues, progress)] = slot
+                ready, _ = ray.wait(list(running), num_returns=1)
+                slot = running.pop(ready[0])
+                result = self._collect(ray, ready[0], slot, actor_class, slots)
+                unit, attempt = slot.unit, slot.attempt
+                slot.unit = None
+                assert unit is not None
+                if result.fatal:
+                    raise ConfigError(result.fatal)
+                if result.record.status == FAILED and attempt <= self.retries:
+                    queues.setdefault(unit.pair, collections.deque()).appendleft(
+                        (unit, attempt + 1)
+                    )
+                    continue
+                yield result
+        finally:
+            for slot in slots:
+                ray.kill(slot.actor)
+
+    def _new_slot(self, actor_class: Any, index: int) -> Slot:
+        name = f"ray-{index}"
+        self.spawned += 1
+        runner = attrs.evolve(self.runner, name=name, session=None, loaded={})
+        return Slot(name, actor_class.remote(runner))
+
+    def _dispatch(
+        self,
+        slot: Slot,
+        queues: dict[str, collections.deque[tuple[Unit, int]]],
+        progress: Progress,
+    ) -> Any:
+        """Give `slot` a unit of the pair it holds, else of the pair with the most units left."""
+        pair = slot.pair if slot.pair in queues else max(queues, key=lambda p: len(queues[p]))
+        unit, attempt = queues[pair].popleft()
+        if not queues[pair]:
+            del queues[pair]
+        slot.pair, slot.unit, slot.attempt = pair, unit, attempt
+        progress.started(unit)
+        return slot.actor.run.remote(unit, attempt)
+
+    def _collect(
+        self, ray: Any, ref: Any, slot: Slot, actor_class: Any, slots: list[Slot]
+    ) -> UnitResult:
+        """The unit's result; an actor that died is replaced and the unit counts as failed."""
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            unit, dead = slot.unit, slot.name
+            assert unit is not None
+            fresh = self._new_slot(actor_class, self.spawned)
+            slot.actor, slot.pair, slot.name = fresh.actor, None, fresh.name
+            record = UnitRecord(
+                pair=unit.pair,
+                suite=unit.suite,
+                repeat=unit.repeat,
+                prompt_ids=tuple(p.id for p in unit.prompts),
+                status=FAILED,
+                worker={"host": None, "pid": None, "worker": f"{dead} (died)"},
+                attempts=slot.attempt,
+                error=f"the Ray worker died: {exc}",
+            )
+            return UnitResult(record)

@@ -1,0 +1,200 @@
+"""The architecture conformance matrix: every causal LM `transformers` can build, in both roles.
+
+For each model type of the causal-LM auto mapping, `check_architecture` builds a tiny
+random-weight model (`tiny.tiny_model`) and decodes with it
+
+- as the **target**, with the n-gram drafter and a second model of the same architecture as
+  the LM drafter (a TreeGraft tree that calls it every layer), and
+- as the **LM drafter** of a tiny Llama target,
+
+on a short prompt and on one three times longer than the smallest sliding window, comparing each
+output with the target's own `generate(do_sample=False)`. A role ends as `exact` (every output
+equal), `refused` (the pipeline refused the model at build time, with its reason) or `WRONG`
+(an output differed: the bug this matrix exists to catch). Architectures the tiny factory cannot
+build are `skipped` with the reason. `render_table` writes the support table of docs/models.md.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+import torch
+
+from treegraft.conformance.tiny import SHRINK, WINDOW, causal_lm_types, tiny_model
+
+EXACT, REFUSED, WRONG, SKIPPED = "exact", "refused", "WRONG", "skipped"
+#: tokens generated per output
+NEW_TOKENS = 10
+SHORT_PROMPT = 9
+SHRINK_VOCAB = int(SHRINK["vocab_size"])
+
+
+@attrs.frozen
+class RoleResult:
+    """How one architecture fared in one role."""
+
+    status: str
+    reason: str = ""
+
+
+@attrs.frozen
+class ArchResult:
+    """One row of the matrix."""
+
+    model_type: str
+    model_class: str
+    target: RoleResult
+    drafter: RoleResult
+
+
+def pipeline_spec(target: str, drafter: str) -> dict[str, Any]:
+    """A TreeGraft pipeline over in-memory models that calls the LM drafter at every layer."""
+    return {
+        "target": target,
+        "drafters": {
+            "weak": {"name": "ngram", "max_ngram": 3, "chain_len": 2},
+            "strong": {"name": "hf_lm", "model": drafter, "forward": "pipeline"},
+        },
+        "builder": {"name": "layered", "depth": 3, "top_k": 2, "budget": 8},
+        "rescorer": {"name": "overwrite"},
+        "grafter": {"name": "reselect", "lookback": 1},
+        "scheduler": {"name": "always"},
+        "verifier": {"name": "greedy"},
+        "decoding": {"max_new_tokens": NEW_TOKENS, "dtype": "float64", "stop_at_eos": False},
+    }
+
+
+def prompts(vocab: int, seed: int = 0) -> list[torch.Tensor]:
+    """A short prompt and a repetitive one three windows long (the n-gram drafter finds
+    matches in it; a sliding-window layer must forget its start)."""
+    rng = torch.Generator().manual_seed(seed)
+    short = torch.randint(0, vocab, (SHORT_PROMPT,), generator=rng)
+    motif = torch.randint(0, vocab, (7,), generator=rng)
+    long = torch.cat([motif.repeat(3 * WINDOW // 7 + 1), short])[: 3 * WINDOW + 3]
+    return [short, long]
+
+
+def reference(model: Any, prompt: torch.Tensor) -> list[int]:
+    """The model's own greedy continuation (`generate`, no sampling)."""
+    with torch.inference_mode():
+        out = model.generate(
+            prompt[None],
+            attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, prompt.numel() :].tolist()
+
+
+def run_role(target: Any, drafter: Any) -> RoleResult:
+    """Decode the prompts with `target` verifying `drafter`'s trees; compare with `generate`."""
+    from treegraft.core.config import ConfigError
+    from treegraft.core.pipeline import load_pipeline
+    from treegraft.core.resources import Resources
+
+    resources = Resources(dtype=torch.float64)
+    resources.add_model("mem:target", target)
+    resources.add_model("mem:drafter", drafter)
+    try:
+        pipeline = load_pipeline(pipeline_spec("mem:target", "mem:drafter"), resources=resources)
+    except ConfigError as err:
+        return RoleResult(REFUSED, str(err))
+    vocab = int(target.get_output_embeddings().weight.shape[0])
+    for prompt in prompts(vocab):
+        got = list(pipeline.generate(prompt).token_ids)
+        want = reference(target, prompt)
+        if len(want) < NEW_TOKENS:  # `generate` stopped at a token of its own config
+            got = got[: len(want)]
+        if got != want:
+            return RoleResult(WRONG, f"{prompt.numel()}-token prompt: {got} != generate {want}")
+    return RoleResult(EXACT)
+
+
+def check_architecture(model_type: str, llama: Callable[[int], Any]) -> ArchResult:
+    """The matrix row of `model_type`; `llama(seed)` builds the tiny Llama of the drafter role."""
+    try:
+        target = tiny_model(model_type, seed=0)
+        drafter = tiny_model(model_type, seed=1)
+    except Exception as err:  # the tiny factory could not build it: listed with the reason
+        reason = f"{type(err).__name__}: {_first_line(err)}"
+        skipped = RoleResult(SKIPPED, reason)
+        return ArchResult(model_type, "", skipped, skipped)
+    name = type(target).__name__
+    try:
+        reference(target, prompts(SHRINK_VOCAB)[0])
+    except Exception as err:  # the tiny config does not even run `generate`: not ours to judge
+        reason = f"its own generate fails: {type(err).__name__}: {_first_line(err)}"
+        skipped = RoleResult(SKIPPED, reason)
+        return ArchResult(model_type, name, skipped, skipped)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        as_target = run_role(target, drafter)
+        as_drafter = run_role(llama(2), target)
+    return ArchResult(model_type, name, as_target, as_drafter)
+
+
+def run_matrix(
+    model_types: Iterable[str] | None = None, *, progress: Callable[[str], None] | None = None
+) -> list[ArchResult]:
+    """Rows for `model_types` (default: every causal-LM type of `transformers`)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    rows = []
+    for model_type in model_types if model_types is not None else causal_lm_types():
+        if progress is not None:
+            progress(model_type)
+        rows.append(check_architecture(model_type, lambda seed: tiny_model("llama", seed=seed)))
+    return rows
+
+
+def render_table(rows: Iterable[ArchResult]) -> str:
+    """The markdown support table (architecture x role)."""
+    lines = [
+        "| model type | class | as target | as LM drafter | reason |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        reason = row.target.reason or row.drafter.reason
+        lines.append(
+            f"| `{row.model_type}` | {row.model_class or '-'} | {row.target.status} | "
+            f"{row.drafter.status} | {_cell(reason)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def read_table(markdown: str) -> dict[str, tuple[str, str, str]]:
+    """(class, target status, drafter status) by model type, from a page holding `render_table`'s
+    table."""
+    rows = {}
+    for line in markdown.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 4 and cells[0].startswith("`") and cells[0].endswith("`"):
+            rows[cells[0].strip("`")] = (cells[1], cells[2], cells[3])
+    return rows
+
+
+#: the markers around the generated table in docs/models.md
+BEGIN, END = "<!-- conformance table: begin -->", "<!-- conformance table: end -->"
+
+
+def write_table(page: str, table: str) -> str:
+    """`page` with the text between `BEGIN` and `END` replaced by `table`."""
+    head, rest = page.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{table}{END}{tail}"
+
+
+def _cell(text: str) -> str:
+    text = " ".join(text.split()).replace("|", "\\|")
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0][:200] if lines else ""

@@ -1,0 +1,180 @@
+"""Which keys each layer of a model may attend to, so tree forwards reproduce the model's own rules.
+
+A runner forward hands the model an explicit 4D mask, which Hugging Face models use as given:
+rules the model would otherwise apply while building its mask (a sliding window, per-layer
+windows as in Gemma 2/3's `layer_types`, chunked attention) must be in that mask. `AttentionRules`
+reads them from the config; `refusal` says why a model cannot be served exactly (None when it can)
+for what a mask cannot express (ALiBi biases built from a 2D padding mask, recurrent state layers,
+bidirectional attention). `ModelRefused` carries the reason to the user at load time.
+
+Windows follow `transformers`' masks: a key at position `k` is visible from a query at position
+`q` on a layer with window `W` iff it is visible at all (a committed token or an ancestor in the
+tree) and `q - k < W`; with a chunk size `C`, iff `q // C == k // C`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+from torch import Tensor
+
+#: layer types whose keys are those of plain causal attention (with or without a window)
+FULL_TYPES = frozenset({"full_attention", "attention", "global", "global_attention"})
+SLIDING_TYPES = frozenset({"sliding_attention", "local", "local_attention"})
+CHUNKED_TYPES = frozenset({"chunked_attention"})
+
+
+class ModelRefused(ValueError):
+    """A model the runner cannot serve exactly; the message names the class, reason and remedy."""
+
+
+def text_config(config: Any) -> Any:
+    """The decoder's config of a (possibly composite) model config."""
+    getter = getattr(config, "get_text_config", None)
+    return getter(decoder=True) if getter is not None else config
+
+
+@attrs.frozen
+class LayerRule:
+    """The attention rule of one layer: plain causal, a sliding window or chunks."""
+
+    window: int | None = None
+    chunk: int | None = None
+
+    def restrict(self, visible: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray) -> np.ndarray:
+        """`visible` (`[q, kv]` bool) narrowed to this rule's keys."""
+        if self.window is not None:
+            visible = visible & ((q_pos[:, None] - k_pos[None, :]) < self.window)
+        if self.chunk is not None:
+            visible = visible & ((q_pos[:, None] // self.chunk) == (k_pos[None, :] // self.chunk))
+        return visible
+
+    def restrict_tensor(self, visible: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """`restrict` with torch tensors (any device)."""
+        if self.window is not None:
+            visible = visible & ((q_pos[:, None] - k_pos[None, :]) < self.window)
+        if self.chunk is not None:
+            visible = visible & ((q_pos[:, None] // self.chunk) == (k_pos[None, :] // self.chunk))
+        return visible
+
+    @property
+    def plain(self) -> bool:
+        return self.window is None and self.chunk is None
+
+
+@attrs.frozen
+class AttentionRules:
+    """Per-layer attention rules of a model and how to hand their masks to its forward.
+
+    `by_type` maps each of the config's layer types to its rule when layers differ (the model
+    takes a dict of masks keyed by layer type, as `transformers`' models with `layer_types` do);
+    `single` is the one rule of every layer otherwise.
+    """
+
+    single: LayerRule | None = LayerRule()
+    by_type: dict[str, LayerRule] | None = None
+
+    @property
+    def plain(self) -> bool:
+        """Every layer is plain causal attention: the tree mask alone is right."""
+        return self.by_type is None and self.single is not None and self.single.plain
+
+    def describe(self) -> str:
+        if self.by_type is not None:
+            return ", ".join(f"{t}: {_rule_text(r)}" for t, r in sorted(self.by_type.items()))
+        return _rule_text(self.single)
+
+
+def _rule_text(rule: LayerRule | None) -> str:
+    if rule is None or rule.plain:
+        return "causal"
+    if rule.window is not None:
+        return f"sliding window {rule.window}"
+    return f"chunks of {rule.chunk}"
+
+
+def attention_rules(config: Any) -> AttentionRules:
+    """The attention rules of a model config (`ModelRefused` for layer types not understood)."""
+    cfg = text_config(config)
+    window = _positive(getattr(cfg, "sliding_window", None))
+    if getattr(cfg, "use_sliding_window", True) is False:
+        window = None
+    chunk = _positive(getattr(cfg, "attention_chunk_size", None))
+    types = getattr(cfg, "layer_types", None)
+    if not types:
+        return AttentionRules(single=LayerRule(window=window))
+    rules: dict[str, LayerRule] = {}
+    for kind in dict.fromkeys(types):
+        if kind in FULL_TYPES:
+            rules[kind] = LayerRule()
+        elif kind in SLIDING_TYPES:
+            if window is None:
+                raise ModelRefused(f"layer type {kind!r} without a `sliding_window` in the config")
+            rules[kind] = LayerRule(window=window)
+        elif kind in CHUNKED_TYPES and chunk is not None:
+            rules[kind] = LayerRule(chunk=chunk)
+        else:
+            raise ModelRefused(
+                f"layer type {kind!r} is not an attention rule treegraft can reproduce in a tree "
+                "forward (recurrent or linear-attention state, or an unknown kind of layer)"
+            )
+    if len(rules) == 1:
+        return AttentionRules(single=next(iter(rules.values())))
+    return AttentionRules(single=None, by_type=rules)
+
+
+def _positive(value: Any) -> int | None:
+    return (
+        int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    )
+
+
+#: model types whose position information is an ALiBi bias built from a 2D padding mask
+ALIBI_TYPES = frozenset({"bloom", "mpt"})
+
+
+def refusal(model: Any) -> str | None:
+    """Why `model` cannot verify or score a tree exactly (None when nothing rules it out).
+
+    Architectures not ruled out here still pass the load-time probe (`probe_model`) before
+    they decode.
+    """
+    cfg = text_config(model.config)
+    kind = getattr(cfg, "model_type", "")
+    if (
+        kind in ALIBI_TYPES
+        or getattr(cfg, "alibi", False)
+        or getattr(getattr(cfg, "attn_config", None), "alibi", False)
+    ):
+        return (
+            "its ALiBi attention biases are built from a 2D padding mask and cannot take the "
+            "per-node positions of a draft tree"
+        )
+    if getattr(cfg, "is_encoder_decoder", False):
+        return "it is an encoder-decoder model; treegraft serves decoder-only causal LMs"
+    if getattr(cfg, "use_bidirectional_attention", False):
+        return "its attention is bidirectional (`use_bidirectional_attention`), not causal"
+    try:
+        attention_rules(model.config)
+    except ModelRefused as err:
+        return str(err)
+    return None
+
+
+def refused_message(model: Any, ref: str, why: str) -> str:
+    """The load-time error for a model that cannot be served exactly."""
+    return (
+        f"model {ref!r} ({type(model).__name__}) cannot be served exactly by treegraft: {why}. "
+        "Use another model for this role, or decode it with plain `generate`; docs/models.md "
+        "lists the supported architectures"
+    )
+
+
+def key_positions(n_prefix: int, root_position: int, depth: Tensor) -> Tensor:
+    """`[n_prefix + n]` positions of the keys of a forward: prefix slot `i` holds position `i`;
+    tree node `j` sits at the root's position plus its depth."""
+    prefix = torch.arange(n_prefix, device=depth.device)
+    return torch.cat([prefix, depth.to(torch.long) + root_position])

@@ -1,0 +1,128 @@
+"""The load-time probe: does a runner's tree forward reproduce the model's own forward?
+
+Before a model decodes, `probe_model` runs a small draft tree through a `CausalLMRunner`, commits
+one of its paths, runs a second tree, and compares every node's logits with the model's own
+forward of the same tokens in sequence (`model(input_ids)`, no cache, no mask: the rules the model
+applies itself). A mismatch beyond rounding, or any error, means the runner cannot serve this
+architecture exactly, whatever the reason (an attention rule not reproduced, a cache the model
+does not write through, a layer with state). It catches architectures no one special-cased.
+
+The prompt crosses the smallest sliding window or chunk when that is short (at most
+`MAX_CROSSED_WINDOW` tokens), so window rules are checked on the model itself; longer windows are
+reproduced by the same code and checked in the test suite on small windows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from treegraft.core.attention_rules import attention_rules, text_config
+from treegraft.core.runner import CausalLMRunner
+from treegraft.core.tree import DraftTree
+
+#: parents of the probe's trees: two branches, the first one three deep
+FIRST_TREE = (-1, 0, 0, 1, 3, 2, 1)
+SECOND_TREE = (-1, 0, 1, 0)
+#: windows and chunks up to this length are crossed by the probe's prompt
+MAX_CROSSED_WINDOW = 64
+BASE_PROMPT = 12
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Allowed difference of logits, relative to their scale: the square root of the dtype's
+    machine epsilon (float32: 3e-4, bfloat16: 0.09), at least 1e-5 (float64; some models compute parts in float32). Batching the same tokens
+    differently changes the last bits; a wrong mask or position changes logits by whole units."""
+    return max(float(torch.finfo(dtype).eps) ** 0.5, 1e-5)
+
+
+def probe_model(model: Any, *, forward: str = "auto", seed: int = 0) -> str | None:
+    """None when tree forwards of `model` match its own sequential forwards, else what differed."""
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    n_prompt = probe_prompt_length(model)
+    rng = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    prompt = torch.randint(0, vocab, (n_prompt,), generator=rng)
+    try:
+        runner = CausalLMRunner(model, forward=forward)
+        runner.begin(prompt.to(device), max_len=n_prompt + 16)
+        with torch.inference_mode():
+            first = _random_tree(rng, int(prompt[-1]), FIRST_TREE, vocab)
+            why = _compare(model, runner, prompt, first, "a tree forward")
+            if why is not None:
+                return why
+            accepted = torch.tensor([0, 1, 3])
+            bonus = int(torch.randint(0, vocab, (1,), generator=rng))
+            tokens = torch.cat([first.tokens[accepted[1:]], torch.tensor([bonus])])
+            runner.commit(accepted.to(device), tokens.to(device))
+            prompt = torch.cat([prompt, tokens])
+            second = _random_tree(rng, bonus, SECOND_TREE, vocab)
+            return _compare(model, runner, prompt, second, "a tree forward after a commit")
+    except Exception as err:  # any failure means: not servable; the message says which
+        return f"a tree forward failed with {type(err).__name__}: {_first_line(err)}"
+
+
+def probe_prompt_length(model: Any) -> int:
+    """Prompt tokens of the probe: past the smallest short window or chunk, within the model's
+    maximum positions."""
+    rules = attention_rules(model.config)
+    spans = [
+        s
+        for rule in ([rules.single] if rules.by_type is None else rules.by_type.values())
+        for s in (rule.window, rule.chunk)
+        if s is not None and s <= MAX_CROSSED_WINDOW
+    ]
+    n = max([BASE_PROMPT, *(2 * s + 3 for s in spans)])
+    limit = max_positions(model.config)
+    return n if limit is None else max(2, min(n, limit - 16))
+
+
+def max_positions(config: Any) -> int | None:
+    """The model's maximum number of positions, when its config states one."""
+    cfg = text_config(config)
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _random_tree(
+    rng: torch.Generator, root: int, parents: tuple[int, ...], vocab: int
+) -> DraftTree:
+    """A tree of the given shape with random tokens, distinct among siblings."""
+    tokens = [root]
+    for i, parent in enumerate(parents[1:], start=1):
+        taken = {tokens[j] for j in range(1, i) if parents[j] == parent}
+        token = int(torch.randint(0, vocab, (1,), generator=rng))
+        while token in taken:
+            token = (token + 1) % vocab
+        tokens.append(token)
+    return DraftTree.from_parents(torch.tensor(tokens), torch.tensor(parents))
+
+
+def _compare(
+    model: Any, runner: CausalLMRunner, prompt: Tensor, tree: DraftTree, what: str
+) -> str | None:
+    device = runner.device
+    logits = runner.forward_tree(tree).float()  # [n, V]
+    tol = tolerance(runner.dtype)
+    for node in range(tree.n_nodes):
+        path = tree.tokens[tree.path_to(node)][1:]
+        ids = torch.cat([prompt, path]).to(device)
+        own = model(input_ids=ids[None], use_cache=False).logits[0, -1].float()
+        scale = 1.0 + float(own.abs().max())
+        diff = float((logits[node] - own).abs().max())
+        if not diff <= tol * scale:
+            return (
+                f"{what} gives logits that differ from the model's own forward by {diff:.3g} "
+                f"(allowed: {tol * scale:.3g}) at a node of depth {int(tree.depth[node])}"
+            )
+    return None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0][:200] if text else type(err).__name__

@@ -1,0 +1,205 @@
+"""The learned scheduler's artifact: a fitted value model on disk, and where to find one.
+
+`scheduler.safetensors` (normalisation and MLP weights) beside `scheduler.json` (feature names,
+architecture, metadata), in one directory. `treegraft scheduler fit` writes it
+(`treegraft.scheduling.fit`); the `distilled` scheduler plugin reads it, from a directory or from
+the zoo (`zoo:scheduler`, `artifact_dir`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from treegraft.scheduling.features import FEATURE_NAMES
+
+ARTIFACT_FORMAT = "treegraft-scheduler/1"
+WEIGHTS_FILE = "scheduler.safetensors"
+META_FILE = "scheduler.json"
+ZOO_ARTIFACT = "zoo:scheduler"
+#: the artifacts shipped in the zoo: reference -> directory under `treegraft/zoo/`
+ZOO_ARTIFACTS = {ZOO_ARTIFACT: "scheduler"}
+ACTIVATIONS = ("relu", "tanh")
+
+
+class ArtifactError(ValueError):
+    """A scheduler artifact is missing, unreadable or does not match this scheduler's features."""
+
+
+@attrs.frozen(eq=False)
+class SchedulerArtifact:
+    """A fitted value model: z-scoring, an MLP, the feature names it expects and metadata.
+
+    Attributes:
+        feature_names: names of the input features, in order (`[F]`): distinct names of
+            `FEATURE_NAMES`, all of them or a subset (`columns` maps them).
+        mean, std: `[F]` float64 normalisation: `z = (x - mean) / std`.
+        weights: per linear layer, `[out, in]` float64 (the last has `out == 1`).
+        biases: per linear layer, `[out]` float64.
+        activation: hidden activation, one of `ACTIVATIONS`.
+        metadata: JSON-able facts (pairs, machine, data size, validation metrics, ...).
+    """
+
+    feature_names: tuple[str, ...]
+    mean: np.ndarray
+    std: np.ndarray
+    weights: tuple[np.ndarray, ...]
+    biases: tuple[np.ndarray, ...]
+    activation: str = "relu"
+    metadata: Mapping[str, Any] = attrs.field(factory=dict)
+
+    def columns(self, names: Sequence[str] = FEATURE_NAMES) -> list[int]:
+        """Where each of this artifact's features sits in rows laid out by `names`."""
+        return [list(names).index(n) for n in self.feature_names]
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Predicted relative values `[N]` of feature rows `x` (`[N, F]`, this artifact's
+        features in its order); host numpy only."""
+        h = (np.asarray(x, dtype=np.float64) - self.mean) / self.std
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            h = h @ w.T + b
+            if i < last:
+                h = np.maximum(h, 0.0) if self.activation == "relu" else np.tanh(h)
+        return h[:, 0]
+
+    def predict_one(self, x: Sequence[float]) -> float:
+        """Predicted relative value of one feature vector (`[F]`)."""
+        return float(self.predict(np.asarray(x, dtype=np.float64)[None, :])[0])
+
+    def save(self, directory: Path | str) -> Path:
+        """Write `scheduler.safetensors` and `scheduler.json` into `directory`; return it."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        tensors = {"mean": self.mean, "std": self.std}
+        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            tensors[f"layers.{i}.weight"], tensors[f"layers.{i}.bias"] = w, b
+        save_file(
+            {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()},
+            str(out / WEIGHTS_FILE),
+        )
+        meta = {
+            "format": ARTIFACT_FORMAT,
+            "feature_names": list(self.feature_names),
+            "layers": len(self.weights),
+            "hidden": [int(w.shape[0]) for w in self.weights[:-1]],
+            "activation": self.activation,
+            "metadata": dict(self.metadata),
+        }
+        (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        return out
+
+    @classmethod
+    def load(cls, ref: Path | str) -> SchedulerArtifact:
+        """Read an artifact from `zoo:scheduler`, its directory, or either of its two files."""
+        directory = artifact_dir(ref)
+        meta = _read_meta(directory)
+        tensors = _read_tensors(directory, meta["layers"])
+        names = tuple(meta["feature_names"])
+        if tensors["mean"].shape != (len(names),):
+            raise ArtifactError(
+                f"{directory}: {len(names)} feature names but normalisation of shape "
+                f"{tensors['mean'].shape}"
+            )
+        n = meta["layers"]
+        return cls(
+            feature_names=names,
+            mean=tensors["mean"],
+            std=tensors["std"],
+            weights=tuple(tensors[f"layers.{i}.weight"] for i in range(n)),
+            biases=tuple(tensors[f"layers.{i}.bias"] for i in range(n)),
+            activation=meta.get("activation", "relu"),
+            metadata=meta.get("metadata", {}),
+        )
+
+
+def artifact_dir(ref: Path | str) -> Path:
+    """The directory of an artifact reference (`zoo:scheduler`, a directory, or one of its files)."""
+    if str(ref).startswith("zoo:"):
+        from treegraft import zoo
+
+        if str(ref) not in ZOO_ARTIFACTS:
+            raise ArtifactError(
+                f"unknown zoo scheduler artifact {str(ref)!r}: expected one of "
+                f"{', '.join(map(repr, ZOO_ARTIFACTS))} or a directory"
+            )
+        path = zoo.ZOO_DIR / ZOO_ARTIFACTS[str(ref)]
+        if not (path / META_FILE).is_file():
+            raise ArtifactError(
+                f"{ref}: no scheduler artifact is shipped in {path} yet; fit one with "
+                "`treegraft scheduler collect` + `treegraft scheduler fit` (docs/scheduler.md) "
+                "and pass its directory as `artifact`"
+            )
+        return path
+    path = Path(ref).expanduser()
+    if path.is_file() and path.name in (WEIGHTS_FILE, META_FILE):
+        path = path.parent
+    if not path.is_dir():
+        raise ArtifactError(
+            f"scheduler artifact {str(ref)!r} not found: expected {ZOO_ARTIFACT!r} or a directory "
+            f"holding {WEIGHTS_FILE} and {META_FILE} (written by `treegraft scheduler fit`)"
+        )
+    for name in (WEIGHTS_FILE, META_FILE):
+        if not (path / name).is_file():
+            raise ArtifactError(
+                f"scheduler artifact {str(ref)!r}: {name} is missing in {path} (an artifact "
+                f"directory holds {WEIGHTS_FILE} and {META_FILE})"
+            )
+    return path
+
+
+def _read_meta(directory: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((directory / META_FILE).read_text())
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{directory / META_FILE}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != ARTIFACT_FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ArtifactError(
+            f"{directory / META_FILE}: expected format {ARTIFACT_FORMAT!r}, got {got!r}"
+        )
+    if meta.get("activation", "relu") not in ACTIVATIONS:
+        raise ArtifactError(
+            f"{directory / META_FILE}: activation must be one of {ACTIVATIONS}, "
+            f"got {meta.get('activation')!r}"
+        )
+    return meta
+
+
+def _read_tensors(directory: Path, n_layers: int) -> dict[str, np.ndarray]:
+    try:
+        raw = load_file(str(directory / WEIGHTS_FILE))
+    except (SafetensorError, OSError) as exc:
+        raise ArtifactError(f"{directory / WEIGHTS_FILE}: unreadable ({exc})") from None
+    needed = ["mean", "std"] + [
+        f"layers.{i}.{p}" for i in range(n_layers) for p in ("weight", "bias")
+    ]
+    missing = [k for k in needed if k not in raw]
+    if missing:
+        raise ArtifactError(f"{directory / WEIGHTS_FILE}: missing tensors {', '.join(missing)}")
+    return {k: raw[k].double().numpy() for k in needed}
+
+
+def check_feature_names(artifact: SchedulerArtifact, source: str) -> None:
+    """Raise `ArtifactError` unless `artifact` expects distinct features of `FEATURE_NAMES` (all
+    of them or a subset, in any order)."""
+    got = list(artifact.feature_names)
+    unknown = [n for n in got if n not in FEATURE_NAMES]
+    twice = sorted({n for n in got if got.count(n) > 1})
+    if not unknown and not twice:
+        return
+    detail = "; ".join(
+        f"{what} {names}" for what, names in (("unknown", unknown), ("repeated", twice)) if names
+    )
+    raise ArtifactError(
+        f"{source}: the artifact's features do not match this scheduler's ({detail}); refit it "
+        "with `treegraft scheduler fit` on data collected by this version"
+    )

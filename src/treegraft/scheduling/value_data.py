@@ -1,0 +1,229 @@
+"""Collected value-system data: the per-prompt records and the `Dataset` they become.
+
+`value_system.collect` produces `PromptRecord`s; `Dataset.from_records` turns them into the
+arrays `scheduling.fit` fits on (`data.safetensors`), the metadata (`meta.json`) and, for data
+collected along the oracle, its plans (`plans.json`, read by the `oracle` scheduler).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from treegraft.plugins.schedulers.oracle import (
+    PLANS_FILE,
+    OracleStep,
+    Trajectory,
+    read_plans,
+    write_plans,
+)
+from treegraft.scheduling.features import FEATURE_NAMES, layer_features
+from treegraft.scheduling.value_costs import CostModel, CostScale
+from treegraft.scheduling.value_labels import Decision, ValueSystemError
+
+DATA_FORMAT = "treegraft-scheduler-data/1"
+DATA_FILE = "data.safetensors"
+META_FILE = "meta.json"
+
+
+# ---------------------------------------------------------------------------- records
+
+
+@attrs.frozen
+class PromptIds:
+    """A collection prompt: an id (for reports and the oracle) and its token ids."""
+
+    id: str
+    ids: Tensor  # [T] int64
+    continuation: tuple[int, ...] = ()
+
+
+@attrs.frozen
+class StepRecord:
+    """One collected step: the oracle's plan and value, and the values of the endpoints and of
+    the plan followed at the same state."""
+
+    committed_len: int
+    plan: tuple[int, ...]
+    committed: int
+    seconds: float
+    never_value: float
+    always_value: float
+    chosen_value: float = float("nan")  # the plan followed (the oracle's unless following)
+
+
+@attrs.frozen
+class PromptRecord:
+    """What one prompt contributed: its decisions (with step indices), its oracle trajectory and
+    the same steps' decisions labelled again under other cost scales (step, scale, decision)."""
+
+    prompt: PromptIds
+    decisions: tuple[tuple[int, Decision], ...]
+    steps: tuple[StepRecord, ...]
+    jittered: tuple[tuple[int, CostScale, Decision], ...] = ()
+
+    def trajectory(self) -> Trajectory:
+        steps = tuple(OracleStep(s.committed_len, s.plan) for s in self.steps)
+        return Trajectory(self.prompt.id, int(self.prompt.ids.numel()), steps)
+
+
+# ---------------------------------------------------------------------------- the dataset
+
+
+@attrs.frozen(eq=False)
+class Dataset:
+    """Labelled layer decisions, one row per distinct state of each collected step.
+
+    Arrays (`N` rows): `features [N, F]` float32 (`FEATURE_NAMES`), `label`, `label_rel`,
+    `value_call`, `value_skip` float64, `layer`, `prompt`, `step` int64, `capped`, `on_best` bool,
+    `cost_scale [N, 3]` float32 (target, strong, weak factors: 1 on the measured costs' rows,
+    which come first; the rest are relabelled copies, `collect --cost-jitter`).
+    `meta` holds the feature names, cost model, prompts, machine and summary statistics;
+    `trajectories` the oracle's per-step best plans (written as `plans.json`).
+    """
+
+    arrays: Mapping[str, np.ndarray]
+    meta: Mapping[str, Any]
+    trajectories: tuple[Trajectory, ...] = ()
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.arrays["label"].shape[0])
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.arrays[key]
+
+    @classmethod
+    def from_records(
+        cls, records: Sequence[PromptRecord], cost: CostModel, meta: Mapping[str, Any]
+    ) -> Dataset:
+        one = CostScale()
+        rows = [(i, step, d) for i, r in enumerate(records) for step, d in r.decisions]
+        scales = [one] * len(rows)
+        for i, r in enumerate(records):
+            rows.extend((i, step, d) for step, _, d in r.jittered)
+            scales.extend(scale for _, scale, _ in r.jittered)
+        strong = int(meta.get("strong", -1))
+        arrays = {
+            "features": np.array(
+                [layer_features(d.state, strong) for _, _, d in rows], dtype=np.float32
+            ).reshape(len(rows), len(FEATURE_NAMES)),
+            "label": np.array([d.label for _, _, d in rows], dtype=np.float64),
+            "label_rel": np.array([d.label_rel for _, _, d in rows], dtype=np.float64),
+            "value_call": np.array([d.value_call for _, _, d in rows], dtype=np.float64),
+            "value_skip": np.array([d.value_skip for _, _, d in rows], dtype=np.float64),
+            "layer": np.array([d.state.layer for _, _, d in rows], dtype=np.int64),
+            "prompt": np.array([i for i, _, _ in rows], dtype=np.int64),
+            "step": np.array([s for _, s, _ in rows], dtype=np.int64),
+            "capped": np.array([d.capped for _, _, d in rows], dtype=bool),
+            "on_best": np.array([d.on_best for _, _, d in rows], dtype=bool),
+            "cost_scale": np.array([c.as_tuple() for c in scales], dtype=np.float32).reshape(
+                len(rows), 3
+            ),
+        }
+        full = {
+            "format": DATA_FORMAT,
+            "feature_names": list(FEATURE_NAMES),
+            **meta,
+            "cost": cost.as_dict(),
+            "prompts": [prompt_meta(r) for r in records],
+            "summary": summarize(records, arrays),
+        }
+        oracle = full.get("followed", "oracle") == "oracle"
+        return cls(arrays, full, tuple(r.trajectory() for r in records) if oracle else ())
+
+    def save(self, directory: Path | str) -> Path:
+        """Write `data.safetensors`, `meta.json` and (collected along the oracle) `plans.json`
+        into `directory`; a stale `plans.json` there is removed otherwise."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.arrays.items()}
+        save_file(tensors, str(out / DATA_FILE))
+        (out / META_FILE).write_text(json.dumps(self.meta, indent=1) + "\n")
+        if self.trajectories:
+            write_plans(self.trajectories, out / PLANS_FILE)
+        else:
+            (out / PLANS_FILE).unlink(missing_ok=True)
+        return out
+
+    @classmethod
+    def load(cls, directory: Path | str) -> Dataset:
+        """Read a dataset directory written by `save`."""
+        path = Path(directory)
+        if not (path / DATA_FILE).is_file() or not (path / META_FILE).is_file():
+            raise ValueSystemError(
+                f"{path}: not a scheduler dataset (expected {DATA_FILE} and {META_FILE}, written "
+                "by `treegraft scheduler collect`)"
+            )
+        meta = json.loads((path / META_FILE).read_text())
+        if meta.get("format") != DATA_FORMAT:
+            raise ValueSystemError(
+                f"{path / META_FILE}: expected format {DATA_FORMAT!r}, got {meta.get('format')!r}"
+            )
+        arrays = {k: v.numpy() for k, v in load_file(str(path / DATA_FILE)).items()}
+        plans = path / PLANS_FILE
+        return cls(arrays, meta, read_plans(plans) if plans.is_file() else ())
+
+    def prompts(self) -> list[PromptIds]:
+        """The collected prompts with their continuations (for `evaluate` and the oracle)."""
+        return [
+            PromptIds(p["id"], torch.tensor(p["ids"], dtype=torch.long), tuple(p["continuation"]))
+            for p in self.meta["prompts"]
+        ]
+
+
+def prompt_meta(record: PromptRecord) -> dict[str, Any]:
+    """A prompt's ids, continuation and oracle totals, as JSON."""
+    steps = record.steps
+    return {
+        "id": record.prompt.id,
+        "ids": record.prompt.ids.tolist(),
+        "continuation": list(record.prompt.continuation),
+        "steps": len(steps),
+        "tokens": sum(s.committed for s in steps),
+        "oracle_seconds": sum(s.seconds for s in steps),
+    }
+
+
+def summarize(records: Sequence[PromptRecord], arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Label statistics (of the measured costs' rows) and the oracle's modelled speed (with the
+    endpoints at the same states)."""
+    base = sum(len(r.decisions) for r in records)
+    live = ~arrays["capped"][:base]
+    label = arrays["label_rel"][:base][live]
+    layers = arrays["layer"][:base][live]
+    steps = [s for r in records for s in r.steps]
+    tokens = sum(s.committed for s in steps)
+    seconds = sum(s.seconds for s in steps)
+    return {
+        "prompts": len(records),
+        "steps": len(steps),
+        "rows": int(live.size),
+        "jittered_rows": int(arrays["label"].size - base),
+        "capped_rows": int((~live).sum()),
+        "label_rel_mean": float(label.mean()) if label.size else 0.0,
+        "label_rel_std": float(label.std()) if label.size else 0.0,
+        "positive": float((label > 1e-9).mean()) if label.size else 0.0,
+        "zero": float((np.abs(label) <= 1e-9).mean()) if label.size else 0.0,
+        "positive_by_layer": {
+            int(layer): float((label[layers == layer] > 1e-9).mean()) for layer in np.unique(layers)
+        },
+        "oracle_tokens_per_s": tokens / seconds if seconds else 0.0,
+        "followed_mean_step_value": float(np.mean([s.chosen_value for s in steps]))
+        if steps
+        else 0.0,
+        "oracle_tau": tokens / max(1, len(steps)),
+        "mean_step_value": {
+            "oracle": float(np.mean([s.committed / s.seconds for s in steps])) if steps else 0.0,
+            "never": float(np.mean([s.never_value for s in steps])) if steps else 0.0,
+            "always": float(np.mean([s.always_value for s in steps])) if steps else 0.0,
+        },
+    }

@@ -1,0 +1,108 @@
+"""The `ray` executor on a local 2-CPU Ray cluster: the same sweep as `local`, units spread over
+two actors, a failing unit reported while the sweep finishes. Skipped where Ray is not installed."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from tests.bench.conftest import pair_resources
+from tests.bench.test_units import (
+    break_one_prompt,
+    resources_with_broken_tokenizer,
+    sweep_config,
+    without_timings,
+)
+from treegraft.bench import run_bench
+from treegraft.bench.store import STORE, read_store
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray cluster with 2 CPUs, shared by the tests of this module."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_ray_and_local_sweeps_give_the_same_records(tmp_path, cluster):
+    config = sweep_config(tmp_path)
+    local = run_bench(config, tmp_path / "local", resources=pair_resources(), progress=False)
+    spread = config.with_executor(name="ray", workers=2, num_cpus=1)
+    out = tmp_path / "ray"
+    distributed = run_bench(spread, out, resources=pair_resources(), progress=False)
+
+    assert [without_timings(r) for r in distributed.requests] == [
+        without_timings(r) for r in local.requests
+    ]  # outputs, exactness, tau (steps, committed) per prompt, in sweep order
+    assert [r.tau for r in distributed.requests] == [r.tau for r in local.requests]
+    assert all(r.exact for r in distributed.requests)
+    workers = {r.worker["worker"] for r in read_store(out / STORE).records}
+    assert workers == {"ray-0", "ray-1"}
+    summary = (out / "summary.md").read_text()
+    assert "## Where each cell ran" in summary and "| target+draft | code | 2 |" in summary
+
+
+def test_a_failing_unit_on_a_ray_worker_leaves_one_failed_unit(tmp_path, cluster):
+    config = sweep_config(tmp_path).with_executor(name="ray", workers=2, retries=1)
+    break_one_prompt(tmp_path)
+    result = run_bench(
+        config, tmp_path / "out", resources=resources_with_broken_tokenizer(), progress=False
+    )
+    assert [(r.prompt_ids, r.attempts) for r in result.failed] == [(("chat-1",), 2)]
+    assert "IndexError" in (result.failed[0].error or "")
+    assert {r.prompt_id for r in result.requests} == {"code-0", "code-1", "chat-0"}
+
+
+class DyingTokenizer:
+    """Delegates to the test tokenizer, but the first process to encode the second chat prompt
+    dies on the spot (a marker file, created atomically, lets exactly one die)."""
+
+    def __init__(self, inner, marker):
+        self.inner, self.marker = inner, marker
+
+    def __call__(self, text, **kw):
+        if text.startswith("the cat sat"):
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                os._exit(1)
+        return self.inner(text, **kw)
+
+
+def test_a_unit_whose_worker_dies_runs_again_on_a_fresh_worker(tmp_path, cluster):
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    config = sweep_config(tmp_path).with_executor(name="ray", workers=2, retries=1)
+    res = pair_resources()
+    res.tokenizer = DyingTokenizer(res.tokenizer, str(tmp_path / "died"))
+    result = run_bench(config, tmp_path / "out", resources=res, progress=False)
+    assert (tmp_path / "died").is_file()  # a worker did die
+    records = read_store(tmp_path / "out" / STORE).records
+    assert sorted(r.attempts for r in records) == [1, 1, 1, 2]
+    assert not result.failed and len(result.requests) == 4 * 3
+    assert all(r.exact for r in result.requests)
+
+
+def pid_setup():
+    return os.getpid()
+
+
+def square_with_pid(pid, item):
+    return item * item, pid
+
+
+def test_map_items_on_two_actors_merges_in_item_order(cluster):
+    from treegraft.bench.shards import map_items
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    items = list(range(7))
+    local = map_items(pid_setup, square_with_pid, items)
+    spread = map_items(pid_setup, square_with_pid, items, executor="ray", workers=2)
+    assert [r for r, _ in spread] == [r for r, _ in local] == [i * i for i in items]
+    assert len({pid for _, pid in spread}) == 2 and os.getpid() not in {p for _, p in spread}

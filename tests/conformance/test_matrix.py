@@ -1,0 +1,132 @@
+"""The architecture conformance matrix (docs/models.md): every causal LM `transformers` can build
+is exact or refused at build time in both roles, never silently different from `generate`.
+
+Each architecture's row is recomputed here and compared with the row committed in
+docs/models.md (statuses and class; reasons are not compared, their wording follows the
+installed `transformers`), so the published table is the test's own result.
+`python -m treegraft.conformance docs/models.md` rewrites it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import greedy_reference
+from treegraft.conformance.matrix import (
+    EXACT,
+    REFUSED,
+    SKIPPED,
+    WRONG,
+    check_architecture,
+    read_table,
+    run_role,
+)
+from treegraft.conformance.tiny import causal_lm_types, tiny_model
+from treegraft.core.config import ConfigError
+from treegraft.core.pipeline import load_pipeline
+from treegraft.core.resources import Resources
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "models.md"
+COMMITTED = read_table(DOCS.read_text())
+
+
+def _llama(seed: int):
+    return tiny_model("llama", seed=seed)
+
+
+def test_the_table_lists_every_causal_lm_type() -> None:
+    assert sorted(COMMITTED) == causal_lm_types()
+
+
+@pytest.mark.parametrize("model_type", causal_lm_types())
+def test_architecture_is_exact_or_refused_and_matches_the_table(model_type: str) -> None:
+    row = check_architecture(model_type, _llama)
+    assert WRONG not in (row.target.status, row.drafter.status), (
+        row.target.reason or row.drafter.reason
+    )
+    for role in (row.target, row.drafter):
+        assert role.status in (EXACT, REFUSED, SKIPPED)
+        if role.status != EXACT:
+            assert role.reason  # every refusal and skip says why
+    got = (row.model_class or "-", row.target.status, row.drafter.status)
+    assert got == COMMITTED[model_type], (
+        f"docs/models.md is stale for {model_type}: regenerate it with "
+        "`python -m treegraft.conformance docs/models.md`"
+    )
+
+
+def _pipeline(target: str, drafter: str, max_new_tokens: int) -> dict:
+    return {
+        "target": target,
+        "drafters": {
+            "weak": {"name": "ngram", "max_ngram": 4, "chain_len": 3},
+            "strong": {"name": "hf_lm", "model": drafter},
+        },
+        "builder": {"name": "layered", "depth": 4, "top_k": 3, "budget": 12},
+        "rescorer": {"name": "overwrite"},
+        "grafter": {"name": "reselect", "lookback": 2},
+        "scheduler": {"name": "always"},
+        "verifier": {"name": "greedy"},
+        "decoding": {"max_new_tokens": max_new_tokens, "dtype": "float64", "stop_at_eos": False},
+    }
+
+
+@pytest.mark.parametrize(
+    ("model_type", "extra"),
+    [
+        ("mistral", {"sliding_window": 64}),
+        ("gemma3_text", {"sliding_window": 64, "num_hidden_layers": 6}),  # 5 sliding : 1 global
+    ],
+)
+@pytest.mark.parametrize("own_drafter", [False, True], ids=["small-drafter", "own-drafter"])
+def test_sliding_window_models_decode_a_200_token_prompt_exactly(
+    model_type: str, extra: dict, own_drafter: bool
+) -> None:
+    target = tiny_model(model_type, seed=0, **extra)
+    drafter = target if own_drafter else tiny_model(model_type, seed=1, **extra)
+    res = Resources(dtype=torch.float64)
+    res.add_model("mem:target", target)
+    res.add_model("mem:drafter", drafter)
+    ref = "mem:target" if own_drafter else "mem:drafter"
+    pipe = load_pipeline(_pipeline("mem:target", ref, 24), resources=res)
+    rng = torch.Generator().manual_seed(7)
+    motif = torch.randint(0, 96, (23,), generator=rng)
+    prompt = torch.cat([motif.repeat(9), motif[:-7]])[:200]
+    out = pipe.generate(prompt)
+    assert list(out.token_ids) == greedy_reference(target, prompt, 24)
+    assert all(e.tree_size > 0 for e in out.events)  # every step verified a draft tree
+    if own_drafter:  # the target drafting for itself: its drafts are its own greedy tokens
+        assert out.summary.tau > 2.0
+
+
+def test_without_the_window_rule_the_output_would_differ(monkeypatch) -> None:
+    """The bug the rules fix is real: with the window left out of the mask (and the probe
+    switched off) a Mistral decodes other tokens than `generate`; with the probe on it is
+    refused at build time."""
+    from treegraft.core import runner as runner_module
+    from treegraft.core.attention_rules import AttentionRules
+
+    monkeypatch.setattr(runner_module, "attention_rules", lambda config: AttentionRules())
+    target = tiny_model("mistral", seed=0, sliding_window=16)
+    assert run_role(target, tiny_model("mistral", seed=1, sliding_window=16)).status == REFUSED
+    res = Resources(dtype=torch.float64)
+    res.add_model("mem:target", target)
+    spec = _pipeline("mem:target", "mem:target", 24)
+    spec["decoding"]["check_model"] = False
+    pipe = load_pipeline(spec, resources=res)
+    prompt = torch.randint(0, 96, (80,), generator=torch.Generator().manual_seed(3))
+    assert list(pipe.generate(prompt).token_ids) != greedy_reference(target, prompt, 24)
+
+
+def test_bloom_is_refused_at_build_time_naming_class_and_reason() -> None:
+    res = Resources(dtype=torch.float64)
+    res.add_model("mem:target", tiny_model("llama", seed=0))
+    res.add_model("mem:bloom", tiny_model("bloom", seed=0))
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(_pipeline("mem:target", "mem:bloom", 8), resources=res)
+    message = str(info.value)
+    assert message.startswith("pipeline.drafters.strong.model: model 'mem:bloom'")
+    assert "BloomForCausalLM" in message and "ALiBi" in message

@@ -1,0 +1,95 @@
+"""Attention rules read from configs: sliding windows, per-layer types, chunks, refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from transformers import (
+    BloomConfig,
+    FalconConfig,
+    Gemma3TextConfig,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+)
+
+from treegraft.core.attention_rules import (
+    AttentionRules,
+    LayerRule,
+    ModelRefused,
+    attention_rules,
+    refusal,
+)
+
+
+def test_llama_is_plain_causal() -> None:
+    assert attention_rules(LlamaConfig()).plain
+
+
+def test_mistral_window_applies_to_every_layer() -> None:
+    rules = attention_rules(MistralConfig(sliding_window=64))
+    assert rules == AttentionRules(single=LayerRule(window=64))
+    assert not rules.plain
+
+
+def test_mistral_without_window_is_plain() -> None:
+    assert attention_rules(MistralConfig(sliding_window=None)).plain
+
+
+def test_qwen2_window_only_when_switched_on() -> None:
+    assert attention_rules(Qwen2Config(use_sliding_window=False, sliding_window=32)).plain
+    on = attention_rules(
+        Qwen2Config(
+            use_sliding_window=True, sliding_window=32, num_hidden_layers=4, max_window_layers=2
+        )
+    )
+    assert on.by_type == {"full_attention": LayerRule(), "sliding_attention": LayerRule(window=32)}
+
+
+def test_gemma3_mixes_sliding_and_global_layers_by_type() -> None:
+    cfg = Gemma3TextConfig(num_hidden_layers=6, sliding_window=16)
+    rules = attention_rules(cfg)
+    assert rules.single is None
+    assert rules.by_type["sliding_attention"] == LayerRule(window=16)
+    assert rules.by_type["full_attention"].plain
+    assert "sliding window 16" in rules.describe()
+
+
+def test_unknown_layer_type_is_refused_naming_it() -> None:
+    cfg = LlamaConfig()
+    cfg.layer_types = ["full_attention", "mamba"]
+    with pytest.raises(ModelRefused, match="'mamba'"):
+        attention_rules(cfg)
+
+
+def test_window_rule_matches_transformers_definition() -> None:
+    """A key at position k is visible from a query at q iff q - k < window (and visible at all)."""
+    q_pos, k_pos = np.array([5, 9]), np.arange(10)
+    visible = np.ones((2, 10), dtype=bool)
+    got = LayerRule(window=3).restrict(visible, q_pos, k_pos)
+    assert got[0].nonzero()[0].tolist() == [3, 4, 5, 6, 7, 8, 9]  # causality is the mask's job
+    assert got[1].nonzero()[0].tolist() == [7, 8, 9]
+    chunks = LayerRule(chunk=4).restrict(visible, q_pos, k_pos)
+    assert chunks[0].nonzero()[0].tolist() == [4, 5, 6, 7]
+
+
+class _Stub:
+    def __init__(self, config) -> None:
+        self.config = config
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        (BloomConfig(), "ALiBi"),
+        (FalconConfig(alibi=True), "ALiBi"),
+        (Gemma3TextConfig(use_bidirectional_attention=True), "bidirectional"),
+    ],
+)
+def test_refusals_name_the_reason(config, words: str) -> None:
+    assert words in refusal(_Stub(config))
+
+
+def test_servable_configs_are_not_refused() -> None:
+    assert refusal(_Stub(MistralConfig(sliding_window=8))) is None
+    assert refusal(_Stub(FalconConfig(alibi=False))) is None

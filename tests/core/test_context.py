@@ -1,0 +1,89 @@
+"""Context length: over-long requests fail before decoding; the cache grows in chunks; the last
+steps before the context is full verify only nodes the model has positions for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import greedy_reference, memory_resources, tiny_llama
+from treegraft.conformance.tiny import tiny_model
+from treegraft.core.pipeline import load_pipeline
+from treegraft.core.resources import Resources
+from treegraft.core.runner import CACHE_CHUNK, CausalLMRunner
+
+
+def _spec(max_new_tokens: int) -> dict:
+    return {
+        "target": "mem:target",
+        "drafters": {
+            "weak": {"name": "ngram", "max_ngram": 3, "chain_len": 3},
+            "strong": {"name": "hf_lm", "model": "mem:target"},
+        },
+        "builder": {"name": "layered", "depth": 6, "top_k": 2, "budget": 12},
+        "scheduler": {"name": "always"},
+        "verifier": {"name": "greedy"},
+        "decoding": {"max_new_tokens": max_new_tokens, "dtype": "float64", "stop_at_eos": False},
+    }
+
+
+def test_prompt_plus_max_new_tokens_past_the_positions_is_an_error_before_decoding() -> None:
+    target = tiny_llama(seed=1)  # 512 positions
+    pipe = load_pipeline(_spec(20), resources=memory_resources(target=target))
+    with pytest.raises(
+        ValueError,
+        match=r"context too long: a prompt of 500 tokens plus "
+        r"max_new_tokens 20 needs 520 positions.*at most 512",
+    ):
+        pipe.generate(torch.zeros(500, dtype=torch.long))
+    assert pipe.decoder.target.forwards == 0
+
+
+def test_the_cache_is_not_sized_for_a_huge_limit_up_front() -> None:
+    runner = CausalLMRunner(tiny_llama(seed=1))
+    runner.begin(torch.arange(10), max_len=3_000_000)
+    assert runner.capacity == 10 + CACHE_CHUNK
+    assert runner.committed.numel() == 10 + CACHE_CHUNK
+
+
+def test_the_cache_grows_as_decoding_goes_and_stays_exact() -> None:
+    target = tiny_llama(seed=2, vocab=32)
+    pipe = load_pipeline(_spec(300), resources=memory_resources(target=target))
+    prompt = torch.tensor([1, 5, 9, 1, 5, 9, 1, 5])
+    out = pipe.generate(prompt)
+    assert list(out.token_ids) == greedy_reference(target, prompt, 300)
+    assert pipe.decoder.target.capacity >= 8 + 300
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama"])
+def test_the_last_steps_verify_only_nodes_inside_the_positions(model_type: str) -> None:
+    """GPT-2's absolute position table has exactly `n_positions` rows: a node past it would
+    index outside the table. Decoding right up to the limit stays exact."""
+    target = tiny_model(model_type, seed=0, max_position_embeddings=64)
+    res = Resources(dtype=torch.float64)
+    res.add_model("mem:target", target)
+    pipe = load_pipeline(_spec(24), resources=res)
+    motif = torch.tensor([4, 8, 15, 16, 23, 42, 7, 9])
+    prompt = motif.repeat(5)  # 40 + 24 = 64 positions, all of them
+    want = greedy_reference(target, prompt, 24)
+    for _ in range(2):  # the second run's n-gram drafter reaches deeper near the end
+        out = pipe.generate(prompt)
+        assert list(out.token_ids) == want
+    deepest = max(
+        int(e.build.tree.depth.max()) + 40 + sum(len(p.tokens) for p in out.events[: e.step])
+        for e in out.events
+    )
+    assert deepest <= 64
+
+
+def test_trim_keeps_the_nodes_within_the_depth_and_their_origin() -> None:
+    from treegraft.core.decoder import trim_to_positions
+    from treegraft.core.interfaces import BuildResult
+    from treegraft.core.tree import DraftTree
+
+    tree = DraftTree.from_parents(torch.tensor([5, 6, 7, 8, 9]), torch.tensor([-1, 0, 1, 0, 3]))
+    built = BuildResult(tree=tree, kept=torch.tensor([0, 2, 4, 6, 8]), calls=(0,), unpruned=tree)
+    trimmed = trim_to_positions(built, 1)
+    assert trimmed.tree.tokens.tolist() == [5, 6, 8]
+    assert trimmed.kept.tolist() == [0, 2, 6]
+    assert trim_to_positions(built, 2) is built

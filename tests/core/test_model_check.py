@@ -1,0 +1,75 @@
+"""The load-time probe: it passes models the runner serves and refuses one it cannot."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from tests.conftest import memory_resources, tiny_llama
+from treegraft.conformance.tiny import tiny_model
+from treegraft.core import runner as runner_module
+from treegraft.core.attention_rules import AttentionRules
+from treegraft.core.config import ConfigError
+from treegraft.core.model_check import probe_model, probe_prompt_length, tolerance
+from treegraft.core.pipeline import load_pipeline
+
+
+def _maskless_attention(module, query, key, value, attention_mask, **kwargs):
+    """A deliberately broken attention: plain causal over the key slots, ignoring the mask."""
+    kwargs.pop("is_causal", None)
+    return sdpa_attention_forward(module, query, key, value, None, is_causal=False, **kwargs)
+
+
+AttentionInterface.register("treegraft_test_broken", _maskless_attention)
+
+
+def test_probe_passes_llama_and_a_sliding_window_model() -> None:
+    assert probe_model(tiny_llama(seed=3)) is None
+    assert probe_model(tiny_model("mistral", sliding_window=8)) is None
+
+
+def test_probe_crosses_short_windows() -> None:
+    assert probe_prompt_length(tiny_model("mistral", sliding_window=8)) >= 2 * 8
+    assert probe_prompt_length(tiny_llama()) == 12
+
+
+def test_probe_refuses_a_broken_attention() -> None:
+    model = tiny_llama(seed=4)
+    model.config._attn_implementation = "treegraft_test_broken"
+    why = probe_model(model, forward="transformers")
+    assert why is not None and "differ from the model's own forward" in why
+
+
+def test_probe_refuses_a_window_the_runner_ignores(monkeypatch) -> None:
+    """Without the window in the mask (the bug this probe exists for) the probe says no."""
+    model = tiny_model("mistral", sliding_window=8)
+    monkeypatch.setattr(runner_module, "attention_rules", lambda config: AttentionRules())
+    assert probe_model(model) is not None
+
+
+def test_a_pipeline_refuses_a_broken_model_at_build_time_naming_it() -> None:
+    broken = tiny_llama(seed=4)
+    res = memory_resources(target=broken)
+    broken.config._attn_implementation = "treegraft_test_broken"
+    spec = {
+        "target": "mem:target",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4},
+        "scheduler": {"name": "never"},
+        "verifier": {"name": "greedy"},
+        "decoding": {"dtype": "float64", "forward": "transformers"},
+    }
+    with pytest.raises(
+        ConfigError, match=r"pipeline\.target: model 'mem:target' \(LlamaForCausalLM\)"
+    ):
+        load_pipeline(spec, resources=res)
+    spec["decoding"]["check_model"] = False  # the user's own call: no probe
+    res = memory_resources(target=broken)
+    broken.config._attn_implementation = "treegraft_test_broken"
+    load_pipeline(spec, resources=res)
+
+
+def test_tolerance_grows_with_the_dtype_epsilon() -> None:
+    assert tolerance(torch.float64) < tolerance(torch.float32) < tolerance(torch.bfloat16)

@@ -1,0 +1,89 @@
+"""Models split across devices (device maps through accelerate) decode exactly as plain decoding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import greedy_reference, tiny_llama, word_tokenizer
+from tests.core.test_decoder import repetitive_prompt
+from treegraft.core.config import ConfigError, pipeline_spec_from_dict
+from treegraft.core.pipeline import load_pipeline
+from treegraft.core.placement import input_device, is_device_map, layer_devices, load_kwargs
+
+pytest.importorskip("accelerate")
+
+VOCAB = 40
+#: The target's layers split between memory and disk, its head offloaded to disk too.
+TARGET_MAP = {
+    "model.embed_tokens": "cpu",
+    "model.rotary_emb": "cpu",
+    "model.layers.0": "cpu",
+    "model.layers.1": "disk",
+    "model.layers.2": "cpu",
+    "model.norm": "cpu",
+    "lm_head": "disk",
+}
+
+
+def pipeline(target: Path, drafter: Path, offload: Path, device_map: dict) -> dict:
+    """TreeGraft with an n-gram and an LM drafter, greedy, float64, the given device maps."""
+    return {
+        "target": str(target),
+        "drafters": {
+            "weak": {"name": "ngram", "max_ngram": 4, "chain_len": 3},
+            "strong": {"name": "hf_lm", "model": str(drafter)},
+        },
+        "builder": {"name": "layered", "depth": 4, "top_k": 3, "budget": 12},
+        "rescorer": {"name": "overwrite"},
+        "grafter": {"name": "reselect", "lookback": 2},
+        "scheduler": {"name": "every_k", "k": 2},
+        "verifier": {"name": "greedy"},
+        "decoding": {
+            "max_new_tokens": 24,
+            "dtype": "float64",
+            "device": "cpu",
+            "device_map": device_map,
+            "offload_folder": str(offload),
+        },
+    }
+
+
+def test_a_target_split_over_cpu_and_disk_decodes_exactly_as_plain_decoding(tmp_path):
+    target = tiny_llama(seed=3, vocab=VOCAB, layers=3)
+    drafter = tiny_llama(seed=4, vocab=VOCAB, hidden=16, layers=2, heads=2, kv_heads=1)
+    target.save_pretrained(tmp_path / "target")
+    word_tokenizer(VOCAB).save_pretrained(tmp_path / "target")
+    drafter.save_pretrained(tmp_path / "drafter")
+    maps = {
+        str(tmp_path / "target"): TARGET_MAP,
+        str(tmp_path / "drafter"): {"model": "cpu", "lm_head": "disk"},
+    }
+    pipe = load_pipeline(
+        pipeline(tmp_path / "target", tmp_path / "drafter", tmp_path / "off", maps)
+    )
+    runner = pipe.decoder.target
+    assert runner.model.hf_device_map["model.layers.1"] == "disk"
+    assert runner.model.model.layers[1].self_attn.q_proj.weight.device.type == "meta"
+    assert not runner.lean  # accelerate's hooks run the transformers forward
+    assert input_device(runner.model) == torch.device("cpu")
+    assert layer_devices(runner.model) == [torch.device("cpu")] * 3
+    for seed in (0, 1):
+        prompt = repetitive_prompt(seed, 20) % VOCAB
+        out = pipe.generate(prompt)
+        assert list(out.token_ids) == greedy_reference(target, prompt, 24)
+
+
+def test_device_maps_are_checked_with_their_path():
+    assert is_device_map("balanced") and is_device_map({"model": 0, "lm_head": "cuda:1"})
+    assert not is_device_map({"model": "moon"}) and not is_device_map({})
+    with pytest.raises(
+        ConfigError, match=r"pipeline\.decoding\.device_map: expected mapping model references to"
+    ):
+        pipeline_spec_from_dict(
+            pipeline(Path("t"), Path("d"), Path("o"), {"zoo:target": {"model": "moon"}})
+        )
+    assert load_kwargs({"model": "disk"}, None)["offload_folder"]  # a temporary folder
+    assert load_kwargs({"model": "cpu"}, None) == {"device_map": {"model": "cpu"}}

@@ -1,0 +1,89 @@
+"""The documentation as a reader meets it: links that resolve, generated parts that are current,
+an index that lists every page, guides of a readable length."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+sys.path.insert(0, str(ROOT / "scripts"))
+import mkdocs_hooks  # noqa: E402
+
+#: markdown pages a reader opens: the site's, the README and the changelog
+PAGES = sorted(p for p in DOCS.rglob("*.md") if "examples" not in p.relative_to(DOCS).parts)
+READER_PAGES = [*PAGES, ROOT / "README.md", ROOT / "CHANGELOG.md"]
+
+LINK = re.compile(r"!?\[[^\]\n]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
+
+
+def links(text: str) -> list[str]:
+    """The targets of the markdown links and images of `text`, outside code blocks and spans."""
+    text = FENCE.sub("", text)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return LINK.findall(text)
+
+
+def local_target(page: Path, target: str) -> Path | None:
+    """The file a relative link points at (None for web links and same-page anchors)."""
+    if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+        return None
+    return (page.parent / target.split("#")[0]).resolve()
+
+
+@pytest.mark.parametrize("page", READER_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_link_points_into_the_repository(page: Path):
+    bad = []
+    for target in links(page.read_text()):
+        path = local_target(page, target)
+        if path is None:
+            continue
+        if "runs/" in target or not path.is_relative_to(ROOT):
+            bad.append(f"{target} (outside the repository or into runs/, which is not shipped)")
+        elif not path.exists():
+            bad.append(f"{target} (no such file)")
+    assert bad == [], f"{page.relative_to(ROOT)}: broken links"
+
+
+def test_the_link_check_catches_missing_files_and_runs(tmp_path: Path):
+    page = DOCS / "index.md"
+    assert local_target(page, "https://example.org/x") is None
+    assert local_target(page, "#anchor") is None
+    assert not local_target(page, "nowhere.md").exists()
+    assert local_target(page, "scheduler.md#features").exists()
+    assert links("[a](x.md) `[b](y.md)` ![c](img/z.png)\n```\n[d](w.md)\n```\n") == [
+        "x.md",
+        "img/z.png",
+    ]
+
+
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=lambda p: p.name)
+def test_generated_parts_are_current(page: Path):
+    """Generated tables and included code are committed into the pages (so they read on GitHub
+    too); `python3 scripts/mkdocs_hooks.py` refreshes them."""
+    text = page.read_text()
+    assert "--8<--" not in text, "include code with <!-- include:PATH:SECTION --> blocks"
+    assert mkdocs_hooks.sync(text) == text, "stale: run `python3 scripts/mkdocs_hooks.py`"
+
+
+def nav_pages() -> list[str]:
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    return [next(iter(entry.values())) for entry in nav]
+
+
+def test_every_page_is_in_the_nav_and_in_the_index():
+    pages = {str(p.relative_to(DOCS)) for p in PAGES}
+    assert set(nav_pages()) == pages
+    listed = set(links((DOCS / "index.md").read_text()))
+    assert {p for p in pages if p != "index.md"} <= {t.split("#")[0] for t in listed}
+
+
+@pytest.mark.parametrize(("page", "most"), [("scheduler.md", 350), ("benchmarks.md", 350)])
+def test_guides_stay_guides(page: str, most: int):
+    assert len((DOCS / page).read_text().splitlines()) <= most
