@@ -26,6 +26,10 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("treegraft.zoo.formats", 0),
     ("treegraft.zoo.tokenizer", 0),
     ("treegraft.zoo.token_counts", 0),
+    # real models behind `zoo:` names, fetched and converted at first use (no treegraft layer above)
+    ("treegraft.zoo.remote", 0),
+    ("treegraft.zoo.gguf_convert", 0),
+    ("treegraft.zoo.truncate", 0),
     ("treegraft.core", 1),
     ("treegraft", 1),  # the package's public re-exports of core
     ("treegraft.scheduling.features", 2),

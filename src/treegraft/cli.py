@@ -73,6 +73,9 @@ def generate(
             "whether the outputs are identical",
         ),
     ] = False,
+    chat: Annotated[
+        bool, typer.Option("--chat", help="wrap the prompt in the tokenizer's chat template")
+    ] = False,
 ) -> None:
     """Decode a prompt with a pipeline, streaming the text, then print a stats line."""
     from treegraft.cli_generate import GenerateOptions, flag_error, load_generate_pipeline
@@ -89,6 +92,8 @@ def generate(
         pipe = load_generate_pipeline(pipeline, options)
     except (ConfigError, ValueError) as exc:
         _fail(flag_error(exc, options))
+    if chat or pipe.spec.decoding.chat:
+        _use_chat(pipe, text)
     if json_out:
         _print_json(pipe, text, max_new_tokens, compare)
         return
@@ -121,6 +126,19 @@ def _print_comparison(pipe, text, ids, tokens_per_s, finish, max_new_tokens) -> 
 
     plain = plain_decode(pipe, pipe.encode(text), _plain_limit(pipe, ids, finish, max_new_tokens))
     console.print(comparison_line(tokens_per_s, ids, plain, is_sampling(pipe)), highlight=False)
+
+
+def _use_chat(pipe, text: str) -> None:
+    """Switch `decoding.chat` on for this run; fail clearly when the tokenizer has no template."""
+    import attrs
+
+    from treegraft.core.chat import NoChatTemplateError
+
+    pipe.spec = attrs.evolve(pipe.spec, decoding=attrs.evolve(pipe.spec.decoding, chat=True))
+    try:
+        pipe.encode(text)
+    except NoChatTemplateError as exc:
+        _fail(str(exc))
 
 
 def _run_generation(

@@ -165,6 +165,10 @@ class BenchSettings:
     hf_max_ngram: int | None = field(
         None, doc="max_matching_ngram_size of HF prompt-lookup decoding (None: the HF default)"
     )
+    chat: bool = field(
+        False,
+        doc="encode every prompt through the target tokenizer's chat template (chat models)",
+    )
 
 
 @attrs.frozen

@@ -47,6 +47,7 @@ from treegraft.bench.replay import (
     runner_forward,
 )
 from treegraft.bench.suites import Prompt
+from treegraft.core.chat import NoChatTemplateError, chat_ids
 from treegraft.core.config import ConfigError
 from treegraft.core.registry import Registry
 from treegraft.core.resources import ModelRefError, Resources
@@ -105,7 +106,7 @@ class PairSession:
 
     def encode(self, text: str) -> torch.Tensor:
         """`[T]` token ids of a prompt, as every method sees them."""
-        return encode_prompt(self.resources, self.pair, text)
+        return encode_prompt(self.resources, self.pair, text, chat=self.settings.chat)
 
     def warm_up(self, prompt: torch.Tensor) -> None:
         """One short untimed generation per method (kernels, allocator, caches)."""
@@ -196,14 +197,22 @@ def predicted_run(run: Run, target: ReplayTarget) -> Run:
     )
 
 
-def encode_prompt(resources: Resources, pair: Pair, text: str) -> torch.Tensor:
-    """`[T]` token ids of a prompt (no special tokens added), with the target's tokenizer."""
+def encode_prompt(
+    resources: Resources, pair: Pair, text: str, *, chat: bool = False
+) -> torch.Tensor:
+    """`[T]` token ids of a prompt (no special tokens added), with the target's tokenizer; through
+    its chat template when `chat` (the sweep's `chat: true`)."""
     try:
         tokenizer = resources.load_tokenizer(pair.target)
     except ModelRefError as exc:
         raise ConfigError(f"pair {pair.name}: target: {exc}") from None
     if tokenizer is None:
         raise ConfigError(f"pair {pair.name}: the target has no tokenizer; text prompts need one")
+    if chat:
+        try:
+            return torch.tensor(chat_ids(tokenizer, text), dtype=torch.long)
+        except NoChatTemplateError as exc:
+            raise ConfigError(f"pair {pair.name}: {exc}") from None
     return torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
 
 

@@ -143,7 +143,7 @@ class UnitRunner:
         )
         res.device_maps.update(pair.device_maps())
         res.offload_folder = res.offload_folder or pair.offload_folder
-        lengths = [int(encode_prompt(res, pair, p.text).numel()) for p in self.prompts]
+        lengths = [int(encode_prompt(res, pair, p.text, chat=s.chat).numel()) for p in self.prompts]
         stored = {
             r: LatencyCurve.from_dict(c) for r, c in self.stored_curves.get(pair_name, {}).items()
         }

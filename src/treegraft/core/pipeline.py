@@ -14,6 +14,7 @@ from torch import Tensor
 from treegraft.core.arguments import check_max_new_tokens, check_stop, prompt_ids
 from treegraft.core.attention_rules import ModelRefused
 from treegraft.core.boundary import Origin, call_plugin
+from treegraft.core.chat import chat_ids
 from treegraft.core.config import (
     ROOT,
     ComponentSpec,
@@ -390,14 +391,6 @@ def check_chat_template(spec: PipelineSpec, tokenizer: Any) -> None:
             "decoding.chat: false (prompts are then used as plain text) or point tokenizer: at a "
             "chat model's tokenizer"
         )
-
-
-def chat_ids(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of `text` as one user message in the chat template, generation prompt added."""
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-    )
-    return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
 
 
 def context_limit(target: CausalLMRunner, drafters: Sequence[Any]) -> int | None:

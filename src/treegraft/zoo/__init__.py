@@ -1,4 +1,5 @@
-"""The embedded model zoo: a shared tokenizer, small Llama-architecture models and task suites.
+"""The embedded model zoo: a shared tokenizer, small Llama-architecture models and task suites,
+and references to real models fetched and cached at first use (`zoo:smollm2`, see `zoo.remote`).
 
 Light on purpose: importing this module does not import torch or transformers.
 
@@ -45,11 +46,19 @@ def available() -> list[str]:
 
 
 def resolve(ref: str) -> Path:
-    """Directory of the zoo model ``ref`` (``"zoo:NAME"`` or ``"NAME"``), ready for ``from_pretrained``."""
+    """Directory of the zoo model ``ref`` (``"zoo:NAME"`` or ``"NAME"``), ready for ``from_pretrained``.
+
+    A real model (``zoo:smollm2``) is fetched, converted and cached on first use.
+    """
+    from treegraft.zoo import remote
+
     name = ref.removeprefix(PREFIX)
     names = available()
     if name in names:
         return MODELS_DIR / name
+    if name in remote.names():
+        return remote.ensure(name)
+    names = [*names, *remote.names()]
     close = difflib.get_close_matches(name, names, n=3)
     hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
     raise UnknownZooModelError(

