@@ -2,10 +2,10 @@
 
 Builds the zoo's `treegraft` pipeline around a target with room for millions of positions (the
 zoo target's weights, its config's `max_position_embeddings` raised: RoPE has no position table),
-starts a generation with `max_new_tokens=3_000_000`, decodes a few steps, and prints the process's
+starts a generation with `max_new_tokens=1_000_000` (the most a pipeline accepts), decodes a few steps, and prints the process's
 resident memory before and after, beside what caches sized for the whole limit would take.
 
-    python benchmarks/kv_memory.py [--max-new-tokens 3000000] [--steps 5]
+    python benchmarks/kv_memory.py [--max-new-tokens 1000000] [--steps 5]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def rss_mb() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--max-new-tokens", type=int, default=3_000_000)
+    parser.add_argument("--max-new-tokens", type=int, default=1_000_000)
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(2)
