@@ -158,6 +158,7 @@ class Decoder:
             timings=self.times,
             dtype=torch.float32,
             history=self.history,
+            step=step,
         )
         with clock.time("build"):
             built = self.builder.build(ctx)
@@ -171,7 +172,8 @@ class Decoder:
             with clock.time("commit"):
                 self._commit(built, path, tokens)
         times = clock.reset()
-        self._observe(step, built, len(tokens) - 1, strong_accepted, times, reason is not None)
+        if not built.plain:  # a plain step says nothing about drafting (`BuildResult.plain`)
+            self._observe(step, built, len(tokens) - 1, strong_accepted, times, reason is not None)
         return StepEvent(
             step=step,
             tokens=tuple(tokens[:keep]),

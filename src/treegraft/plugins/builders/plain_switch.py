@@ -1,0 +1,132 @@
+"""The plain switch: speculation only while it pays, measured.
+
+Speculation pays when a step's drafting and verification commit more tokens per second than plain
+decoding does (one target forward per token); where a drafter agrees little with the target, or
+drafts slowly, it loses. The switch measures both while decoding and, per step, either lets the
+builder draft (`SPECULATE`) or sends the root alone (`PLAIN`): the target forwards one token and
+the verifier's bonus is the next token, exactly plain decoding's step; the drafters catch up on
+the committed tokens lazily, at their next call.
+
+What it measures: a builder sees every step of the decode loop begin (`StepContext.step`), so
+the switch takes the wall time from one step's start to the next's and the tokens committed in
+between (`StepContext.committed_len`) as the outcome of the earlier step, under the arm that ran
+it. A generation's first step (the target reads the prompt) and its last one (no next start in the
+same generation) are left out; trees built outside the decode loop (`step` None: the scheduler's
+value system rebuilding counterfactual trees) always speculate and are not measured. Each arm's
+estimate is the ratio of averages of its steps' tokens and seconds: plain over a running mean of
+its last stretch, forgetting with weight `1 / memory` beyond `memory` steps.
+
+How it chooses: speculation first; once it has `WARMUP` steps, `WARMUP` plain steps measure plain
+decoding. Then the faster arm runs, and the slower one is probed again for `WARMUP` steps (its old
+estimate dropped) after `probe_every` steps of the faster when plain decoding leads, and after
+`PLAIN_PROBE_FACTOR` times as many when speculation leads (plain decoding's rate changes little
+along a text, speculation's a lot). So on a text where speculation loses, the builder decodes
+plainly but for a few probe steps per `probe_every`, and comes back to speculation where it pays.
+
+Lossless: a plain step is a valid draft tree (the root alone), so the output is the target's own,
+whatever the arm. The estimates live in the builder and carry over between generations.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import attrs
+import torch
+
+from treegraft.core.interfaces import BuildResult, StepContext
+from treegraft.core.tree import DraftTree
+
+#: the arms: the builder's own tree, or the root alone (plain decoding)
+SPECULATE, PLAIN = 0, 1
+#: steps of an arm that make its estimate (and the length of a probe)
+WARMUP = 3
+#: speculation leading: plain decoding is probed after this many times `probe_every` steps
+PLAIN_PROBE_FACTOR = 8
+
+
+@attrs.define
+class PlainSwitch:
+    """Chooses per step between a builder's speculation and plain decoding (see the module).
+
+    Attributes:
+        probe_every: steps of plain decoding, while it leads, before speculation is probed again.
+        memory: steps over which an arm's averages forget (weight `1 / memory` on the newest).
+        now: the wall clock (seconds), replaceable in tests.
+    """
+
+    probe_every: int = 16
+    memory: int = 8
+    now: Callable[[], float] = time.perf_counter
+    arm: int = SPECULATE
+    #: per arm: averages of committed tokens and of seconds per step, and steps averaged
+    tokens: list[float] = attrs.field(factory=lambda: [0.0, 0.0])
+    seconds: list[float] = attrs.field(factory=lambda: [0.0, 0.0])
+    steps: list[int] = attrs.field(factory=lambda: [0, 0])
+    #: steps since each arm last ran; steps left in the current probe
+    idle: list[int] = attrs.field(factory=lambda: [0, 0])
+    probing: int = 0
+    # the step now running: its index (None: none), start (seconds) and committed length
+    _step: int | None = attrs.field(default=None, init=False)
+    _start: float = attrs.field(default=0.0, init=False)
+    _committed: int = attrs.field(default=0, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.probe_every < 1:
+            raise ValueError(f"probe_every: expected at least 1 step, got {self.probe_every}")
+        if self.memory < 1:
+            raise ValueError(f"memory: expected at least 1 step, got {self.memory}")
+
+    def rate(self, arm: int) -> float:
+        """Estimated tokens per second of `arm` (0.0 before its first measured step)."""
+        return self.tokens[arm] / self.seconds[arm] if self.seconds[arm] > 0 else 0.0
+
+    def plain(self, step: StepContext) -> bool:
+        """Record the previous step's outcome and say whether this step decodes plainly."""
+        if step.step is None:  # outside the decode loop
+            return False
+        now = self.now()
+        self._record(step, now)
+        self._step, self._start, self._committed = step.step, now, step.committed_len
+        self.arm = self._choose()
+        self.idle[self.arm] = 0
+        self.idle[1 - self.arm] += 1
+        return self.arm == PLAIN
+
+    def _record(self, step: StepContext, now: float) -> None:
+        """The previous step's tokens and seconds, under its arm, if it was one to measure: the
+        step before this one in the same generation, not its first (which read the prompt)."""
+        if self._step is None or self._step == 0 or step.step != self._step + 1:
+            return
+        arm, n = self.arm, self.steps[self.arm]
+        weight = max(1.0 / (n + 1), 1.0 / self.memory)
+        tokens, seconds = step.committed_len - self._committed, now - self._start
+        self.tokens[arm] += weight * (tokens - self.tokens[arm])
+        self.seconds[arm] += weight * (seconds - self.seconds[arm])
+        self.steps[arm] = n + 1
+
+    def _choose(self) -> int:
+        if self.probing:
+            self.probing -= 1
+            return self.arm
+        if self.steps[SPECULATE] < WARMUP:
+            return SPECULATE
+        if self.steps[PLAIN] < WARMUP:
+            return PLAIN
+        best = SPECULATE if self.rate(SPECULATE) >= self.rate(PLAIN) else PLAIN
+        other = 1 - best
+        wait = self.probe_every * (PLAIN_PROBE_FACTOR if best == SPECULATE else 1)
+        if self.idle[other] < wait:
+            return best
+        self.tokens[other] = self.seconds[other] = 0.0  # a fresh estimate from the probe
+        self.steps[other] = 0
+        self.probing = WARMUP - 1
+        return other
+
+
+def plain_step(step: StepContext) -> BuildResult:
+    """A step without drafting: the root alone, verified by one target forward of one token."""
+    tree = DraftTree.from_root(step.root, device=step.root.device, dtype=step.dtype)
+    kept = torch.zeros(1, dtype=torch.long, device=tree.device)
+    return BuildResult(tree=tree, kept=kept, calls=(), unpruned=tree, plain=True)
