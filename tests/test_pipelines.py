@@ -21,6 +21,7 @@ from treegraft.core.pipeline import (
     load_pipeline,
     resolve_pipeline,
 )
+from treegraft.plugins.drafters.feature_head import FeatureHead, HeadSpec
 from treegraft.zoo.token_counts import save_counts
 
 VOCAB = 40
@@ -28,6 +29,10 @@ SHIPPED = builtin_pipelines()
 #: counts ranking the tiny models' vocabulary for the shipped pipelines' restricted heads
 COUNTS = Path(tempfile.mkdtemp(prefix="treegraft-counts-")) / "counts.json"
 save_counts(COUNTS, np.random.default_rng(0).integers(0, 1000, VOCAB), source="tests")
+#: a random feature head for the tiny targets (hidden 32), for pipelines with an `eagle` drafter
+TINY_HEAD = FeatureHead(HeadSpec(hidden_size=32, intermediate_size=16, vocab_size=VOCAB)).save(
+    COUNTS.parent / "head"
+)
 
 
 def in_memory(name: str) -> dict:
@@ -37,7 +42,10 @@ def in_memory(name: str) -> dict:
     for spec in raw["drafters"].values():
         if "model" in spec:
             spec["model"] = "mem:" + spec["model"].removeprefix("zoo:")
-        if spec.get("head") is not None:  # a restricted head, ranked over the tiny vocabulary
+        if spec.get("name") == "eagle":  # a feature head for the tiny target, ranked rows
+            spec["head"], spec["token_counts"] = str(TINY_HEAD), str(COUNTS)
+            spec["top_tokens"] = 12 if spec.get("top_tokens") is not None else None
+        elif spec.get("head") is not None:  # a restricted head, ranked over the tiny vocabulary
             spec["head"], spec["token_counts"] = 12, str(COUNTS)
     raw["verifier"] = {"name": "greedy"}
     raw["decoding"] = {"max_new_tokens": 20, "dtype": "float64"}

@@ -108,6 +108,8 @@ class LeanForward:
     `[n_logits, V]` of the block's last `n_logits` tokens. `head`: other output rows (weight
     `[K, hidden]`, bias or None) to project onto instead of the model's `lm_head`, giving
     `[n_logits, K]` logits (a runner restricted to some tokens: `CausalLMRunner.restrict_output`).
+    `hidden`: a `[q, hidden]` buffer receiving the block's final-norm hidden states (what the
+    output head reads: the features of `CausalLMRunner.track_hidden`).
     """
 
     def __init__(self, model: Any, *, transposed: bool = True) -> None:
@@ -156,6 +158,7 @@ class LeanForward:
         write_start: int,
         n_logits: int,
         head: tuple[Tensor, Tensor | None] | None = None,
+        hidden: Tensor | None = None,
     ) -> Tensor:
         q_len = int(ids.shape[0])
         end = write_start + q_len
@@ -188,7 +191,10 @@ class LeanForward:
             residual = h
             x = _rms_norm(h, *n2)
             h = residual + linear(F.silu(linear(x, wg)) * linear(x, wu), wd)
-        return self._logits(_rms_norm(h, *self.norm), n_logits, head)
+        normed = _rms_norm(h, *self.norm)  # [1, q, hidden]
+        if hidden is not None:
+            hidden.copy_(normed[0])
+        return self._logits(normed, n_logits, head)
 
     def _logits(
         self, h: Tensor, n_logits: int, head: tuple[Tensor, Tensor | None] | None
@@ -349,6 +355,7 @@ class FusedForward(LeanForward):
         write_start: int,
         n_logits: int,
         head: tuple[Tensor, Tensor | None] | None = None,
+        hidden: Tensor | None = None,
     ) -> Tensor:
         q_len = int(ids.shape[0])
         end = write_start + q_len
@@ -388,7 +395,10 @@ class FusedForward(LeanForward):
             x = F.rms_norm(h, shape, n2[0], n2[1])
             gate, up = F.linear(x, *wgu).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, *wd)
-        return self._logits(F.rms_norm(h, shape, *self.norm), n_logits, head)
+        normed = F.rms_norm(h, shape, *self.norm)  # [1, q, hidden]
+        if hidden is not None:
+            hidden.copy_(normed[0])
+        return self._logits(normed, n_logits, head)
 
 
 def _stack(*linears: tuple[Tensor, Tensor | None]) -> tuple[Tensor, Tensor | None]:

@@ -87,6 +87,7 @@ class Pipeline:
         target = CausalLMRunner(
             _load(resources, spec.target, "pipeline.target"), forward=spec.decoding.forward
         )
+        resources.target_runner = target
 
         def build(c: ComponentSpec | None) -> Any:
             return (

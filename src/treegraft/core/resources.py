@@ -96,6 +96,8 @@ class Resources:
     target_ref: str = ""
     in_memory: set[str] = attrs.field(factory=set)
     forward: str = "auto"  # how runners forward models (`decoding.forward`); set per pipeline
+    #: the pipeline's target runner, for drafters that read its state (set by `Pipeline.from_spec`)
+    target_runner: Any = None
 
     @classmethod
     def create(cls, *, device: str = "auto", dtype: str = "float32") -> Resources:

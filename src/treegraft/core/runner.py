@@ -162,6 +162,9 @@ class CausalLMRunner:
     _head: tuple[Tensor, Tensor | None] | None = attrs.field(init=False, default=None)
     # whether the model's blocks of 2-3 tokens may run padded (`_pads_small_blocks`; None: unread)
     _pad_small: bool | None = attrs.field(init=False, default=None)
+    #: `[slots, hidden]` final-norm hidden state of the token in each cache slot, kept in step
+    #: with the keys and values (`track_hidden`; None: not kept)
+    hidden: Tensor | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self._read_model()
@@ -388,8 +391,16 @@ class CausalLMRunner:
             watcher(int(ids.shape[0]))
         if self._lean is not None:
             self.forwards += 1
+            rows = self._hidden_rows(cache.write_start, int(ids.shape[0]))
             return self._lean(
-                ids, positions, additive, cache.kv, cache.write_start, n_logits, head=self._head
+                ids,
+                positions,
+                additive,
+                cache.kv,
+                cache.write_start,
+                n_logits,
+                head=self._head,
+                hidden=rows,
             )
         extra = {self._cache_kwarg: cache}
         if self._tree_kernel:  # the fused kernel takes the compact mask: prefix length + tree block
@@ -428,10 +439,49 @@ class CausalLMRunner:
         if first < len(keep):
             moved = [self.n_cached + slot for slot in keep[first:]]
             kv_compact(self.cache.kv, host_tensor(moved, device=self.device), self.n_cached + first)
+            if self.hidden is not None:  # the features move with their keys and values
+                self.hidden[self.n_cached + first : self.n_cached + len(keep)] = self.hidden[moved]
         self.n_cached += len(keep)
         self.committed[self.n_committed : self.n_committed + n_new] = tokens.to(self.device)
         self.n_committed += n_new
         self.n_pending = self.n_seen = 0
+
+    def track_hidden(self) -> None:
+        """Keep the final-norm hidden state of every token forwarded (what the output head
+        reads) beside its keys and values, from the next forward on: `hidden_states` hands out
+        those of the committed tokens, without an extra forward (a feature-level drafter's
+        input). Needs the lean forward."""
+        if self._lean is None:
+            raise ValueError(
+                "hidden states are kept only on the lean forward; this runner forwards through "
+                f"transformers (forward={self.forward!r}, lean support: {lean_support(self.model)})"
+            )
+        if self.hidden is None:
+            self.hidden = torch.zeros(0, self._lean.embed.shape[1], dtype=self.dtype)
+
+    def hidden_states(self) -> Tensor:
+        """`[n_cached, hidden]` final-norm hidden states of the committed tokens whose keys and
+        values are cached, in order (`track_hidden`); the last committed token (the next root)
+        has none until the next forward."""
+        if self.hidden is None:
+            raise ValueError("hidden states are not kept: call track_hidden() before forwarding")
+        return self.hidden[: self.n_cached]
+
+    def _hidden_rows(self, start: int, q: int) -> Tensor | None:
+        """The `[q, hidden]` rows of `hidden` for slots `start ..` (grown as needed), or None."""
+        if self.hidden is None:
+            return None
+        end = start + q
+        if self.hidden.shape[0] < end or (self.hidden.device, self.hidden.dtype) != (
+            self.device,
+            self.dtype,
+        ):
+            grown = torch.zeros(max(end, 2 * self.hidden.shape[0]), self.hidden.shape[1])
+            grown = grown.to(device=self.device, dtype=self.dtype)
+            keep = min(self.hidden.shape[0], grown.shape[0])
+            grown[:keep] = self.hidden[:keep].to(grown)
+            self.hidden = grown
+        return self.hidden[start:end]
 
     def committed_ids(self) -> Tensor:
         """`[n_committed]` int64 view of the committed tokens."""
