@@ -234,9 +234,11 @@ class Transposed:
     """Contiguous transposed copies of a model's linear weights, for blocks of several rows.
 
     `F.linear(x, W)` multiplies by `W` transposed as a view; on a CPU in float32, torch's BLAS
-    (MKL) multiplies by a contiguous `W.T` copy faster (the zoo target: 10% of a 4-64 token
-    forward) and, from `TRANSPOSED_MIN_ROWS` rows on, with the same bits: each output row is
-    summed in the same order whatever the row count. Fewer rows take other kernels, whose bits
+    (MKL) multiplies by a contiguous `W.T` copy faster (the zoo target's projections: 5-11% of
+    their time at 4-64 rows) and, from `TRANSPOSED_MIN_ROWS` rows on, with the same bits: each
+    output row is summed in the same order whatever the row count (and the order of a 4-row
+    block's, so the runner pads 2-3 row blocks to 4: `CausalLMRunner._pads_small_blocks`).
+    The copies double the memory of the linear weights: kept up to `TRANSPOSED_MAX_BYTES`. Fewer rows take other kernels, whose bits
     differ, so they keep `F.linear`. `build` checks the equality on every weight shape at the
     row counts in `_PROBE_ROWS` and keeps the copies only where it holds everywhere, so a BLAS
     that sums otherwise falls back to `F.linear` for all blocks.

@@ -75,7 +75,7 @@ class EagleDrafter(Drafter):
     rows: Tensor | None = attrs.field(default=None, init=False)
     out: tuple[Tensor, Tensor | None] | None = attrs.field(default=None, init=False)
     node_feature: Tensor | None = attrs.field(default=None, init=False)  # [n_seen, hidden]
-    node_logp: Tensor | None = attrs.field(default=None, init=False)  # [n_seen, V]
+    node_logp: Tensor | None = attrs.field(default=None, init=False)  # [n_seen, K] scored rows
 
     @classmethod
     def from_config(cls, config: EagleConfig, resources: Resources) -> EagleDrafter:
@@ -115,77 +115,64 @@ class EagleDrafter(Drafter):
         return t.hidden[t.n_cached - 1]
 
     def _score(self, tree: DraftTree) -> Tensor:
-        """`[n, V]` log-probs after every node of `tree`, computing only the unseen nodes."""
+        """`[n, K]` log-probs over the scored rows (`rows`; all: `[n, V]`) after every node of
+        `tree`, computing only the unseen nodes."""
         done = 0 if self.node_logp is None else self.node_logp.shape[0]
         n = tree.n_nodes
         if n > done:
             previous = self._previous_feature()
             if previous is None:  # no information: uniform (finite, so rescoring stays finite)
-                vocab = self.target.vocab_size
-                logp = torch.full((n - done, vocab), -math.log(vocab))
-                self.node_logp = (
-                    logp if self.node_logp is None else torch.cat([self.node_logp, logp])
-                )
-                return self.node_logp[:n]
-            features = self._features(tree, done, previous)  # [n - done, hidden]
-            self.node_feature = (
-                features if self.node_feature is None else torch.cat([self.node_feature, features])
-            )
-            logp = self._log_probs(features)
+                k = self.out[0].shape[0]
+                logp = torch.full((n - done, k), -math.log(self.target.vocab_size))
+            else:
+                self.node_feature = self._features(tree, done, previous)  # [n, hidden]
+                logp = self._log_probs(self.node_feature[done:])
             self.node_logp = logp if self.node_logp is None else torch.cat([self.node_logp, logp])
         return self.node_logp[:n]
 
     def _features(self, tree: DraftTree, done: int, previous: Tensor) -> Tensor:
-        """Predicted features of nodes `done .. n`, a depth at a time (parents first)."""
+        """`[n, hidden]` predicted features of every node: the known `done`, then the new ones
+        a depth at a time (parents first), each from its parent's (the root's from `previous`)."""
         n = tree.n_nodes
         embed = self.target.model.get_input_embeddings().weight
+        table = embed.new_empty(n + 1, embed.shape[1])  # row 0: the root's parent
+        table[0] = previous
+        if done:
+            table[1 : done + 1] = self.node_feature
+        parents = tree.parents[done:n].to(embed.device) + 1  # rows of `table`
         tokens = tree.tokens[done:n].to(embed.device)
-        parents = tree.parents[done:n].tolist()
-        depth = tree.depth[done:n].tolist()
-        known = self.node_feature
-        out = embed.new_empty(n - done, embed.shape[1])
-        for d in sorted(set(depth)):
-            idx = [i for i, di in enumerate(depth) if di == d]
-            parent_feature = torch.stack(
-                [self._feature_of(parents[i], previous, known, out, done) for i in idx]
-            )
-            out[idx] = self.net(parent_feature, embed[tokens[idx]])
-        return out
-
-    @staticmethod
-    def _feature_of(
-        parent: int, previous: Tensor, known: Tensor | None, new: Tensor, done: int
-    ) -> Tensor:
-        if parent < 0:
-            return previous
-        return known[parent] if parent < done else new[parent - done]
+        depth = tree.depth[done:n]
+        for d in depth.unique().tolist():
+            wave = (depth == d).nonzero().squeeze(1).to(embed.device)
+            table[done + 1 + wave] = self.net(table[parents[wave]], embed[tokens[wave]])
+        return table[1:]
 
     def _log_probs(self, features: Tensor) -> Tensor:
-        """`[m, V]` float32 log-probs from the target's output head (-inf off the scored rows)."""
+        """`[m, K]` float32 log-probs over the scored rows from the target's output head."""
         logits = F.linear(features, *self.out).float()
         if self.config.temperature != 1.0:
             logits = logits / self.config.temperature
-        logp = torch.log_softmax(logits, dim=-1)
-        if self.rows is None:
-            return logp
-        full = logp.new_full((logp.shape[0], self.target.vocab_size), float("-inf"))
-        full[:, self.rows] = logp
-        return full
+        return torch.log_softmax(logits, dim=-1)
 
     def expand(self, tree: DraftTree, nodes: Tensor, k: int) -> Proposal:
         if self._previous_feature() is None:  # nothing to draft from (the first step)
             return Proposal.empty(device=tree.device, dtype=tree.score.dtype)
-        logp = self._score(tree)[nodes]  # [f, V]
+        logp = self._score(tree)[nodes]  # [f, K]
         top = logp.topk(min(k, logp.shape[-1]), dim=-1)
-        live = torch.isfinite(top.values)  # never a token off the scored rows
+        tokens = top.indices if self.rows is None else self.rows[top.indices]
         return Proposal(
-            parents=nodes.repeat_interleave(top.indices.shape[1])[live.reshape(-1)],
-            tokens=top.indices.reshape(-1, 1)[live.reshape(-1)],
-            logp=top.values.reshape(-1, 1)[live.reshape(-1)],
+            parents=nodes.repeat_interleave(top.indices.shape[1]),
+            tokens=tokens.reshape(-1, 1).to(tree.device),
+            logp=top.values.reshape(-1, 1).to(tree.score.dtype),
         )
 
     def score_tree(self, tree: DraftTree) -> Tensor:
-        return self._score(tree)
+        logp = self._score(tree)
+        if self.rows is None:
+            return logp
+        full = logp.new_full((logp.shape[0], self.target.vocab_size), float("-inf"))
+        full[:, self.rows] = logp  # unscored tokens: -inf (the rescorers keep their scores)
+        return full
 
     def rewind(self) -> None:
         self.node_feature = self.node_logp = None
