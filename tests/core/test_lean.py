@@ -255,6 +255,25 @@ def test_transposed_weights_give_f_linear_bits_at_every_row_count():
                 assert torch.equal(table.linear(x, (weight, b)), F.linear(x, weight, b))
 
 
+def test_transposed_copies_follow_weights_changed_in_place():
+    model = llama(2, heads=4, kv_heads=2, bias=True, dtype=torch.float32)
+    rng = torch.Generator().manual_seed(0)
+    lean, plain = (
+        CausalLMRunner(model, forward="lean"),
+        CausalLMRunner(model, forward="transformers"),
+    )
+    assert lean._lean.transposed is not None
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight.mul_(1.5)
+        model.lm_head.weight.add_(0.25)
+    run_both(model, [1, 2, 3, 4, 5], [(random_tree(rng, 5, 7, 48), 3)])
+    for r in (lean, plain):
+        r.begin(torch.tensor([1, 2, 3, 4, 5]), max_len=32)
+    with torch.inference_mode():
+        tree = random_tree(rng, 5, 8, 48)
+        assert torch.equal(lean.forward_tree(tree), plain.forward_tree(tree))
+
+
 def test_transposed_weights_are_kept_only_where_they_pay_and_agree(monkeypatch):
     for dtype in (torch.float64, torch.bfloat16):  # other kernels: not measured, not kept
         assert LeanForward(tiny_llama(seed=0, dtype=dtype)).transposed is None

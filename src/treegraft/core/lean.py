@@ -238,7 +238,8 @@ class Transposed:
     their time at 4-64 rows) and, from `TRANSPOSED_MIN_ROWS` rows on, with the same bits: each
     output row is summed in the same order whatever the row count (and the order of a 4-row
     block's, so the runner pads 2-3 row blocks to 4: `CausalLMRunner._pads_small_blocks`).
-    The copies double the memory of the linear weights: kept up to `TRANSPOSED_MAX_BYTES`. Fewer rows take other kernels, whose bits
+    The copies double the memory of the linear weights: kept up to `TRANSPOSED_MAX_BYTES`; a
+    weight changed in place (its version counter moved) is copied again at its next use. Fewer rows take other kernels, whose bits
     differ, so they keep `F.linear`. `build` checks the equality on every weight shape at the
     row counts in `_PROBE_ROWS` and keeps the copies only where it holds everywhere, so a BLAS
     that sums otherwise falls back to `F.linear` for all blocks.
@@ -246,6 +247,7 @@ class Transposed:
 
     def __init__(self, weights: dict[int, Tensor]) -> None:
         self.weights = weights  # id(W) -> W.T contiguous  [in, out]
+        self.versions: dict[int, int] = {}  # id(W) -> W._version when copied
 
     @classmethod
     def build(cls, layers: list[tuple], lm_head: tuple[Tensor, Tensor | None]) -> Transposed | None:
@@ -259,6 +261,7 @@ class Transposed:
         if sum(w.numel() * w.element_size() for w, _ in linears) > TRANSPOSED_MAX_BYTES:
             return None
         table = cls({id(w): w.detach().t().contiguous() for w, _ in linears})
+        table.versions = {id(w): w._version for w, _ in linears}
         probed: set[tuple] = set()
         for w, b in linears:
             kind = (tuple(w.shape), b is None)
@@ -284,7 +287,11 @@ class Transposed:
         weight, bias = linear
         if x.shape[-2] < TRANSPOSED_MIN_ROWS:
             return F.linear(x, weight, bias)
-        wt = self.weights[id(weight)]  # [in, out]
+        key = id(weight)
+        if weight._version != self.versions[key]:  # changed in place since copied
+            self.weights[key] = weight.detach().t().contiguous()
+            self.versions[key] = weight._version
+        wt = self.weights[key]  # [in, out]
         if bias is None:
             return torch.matmul(x, wt)
         flat = torch.addmm(bias, x.reshape(-1, x.shape[-1]), wt)  # F.linear's path with a bias
