@@ -109,5 +109,5 @@ def test_cli_train_head(tmp_path, corpus, teacher):
 def test_head_recipes_are_strict(tmp_path, corpus, teacher):
     with pytest.raises(RecipeError, match="unroll"):
         load_head_recipe(write_recipe(tmp_path / "r.yaml", corpus, teacher, unroll="two"))
-    shipped = load_head_recipe(ZOO_DIR / "recipes" / "head.yaml")
+    shipped = load_head_recipe(ZOO_DIR / "recipes" / "heads" / "head.yaml")
     assert shipped.target == "zoo:target" and shipped.unroll >= 1
