@@ -172,7 +172,8 @@ class LeanForward:
         sin = emb.sin().to(dtype)[:, None]
         mask = additive[None, None]
         shape = (1, q_len, -1, self.head_dim)
-        linear = self.transposed.linear if self.transposed is not None else _plain_linear
+        table = self.transposed if q_len >= TRANSPOSED_MIN_ROWS else None  # 1-3 rows: F.linear
+        linear = table.linear if table is not None else _plain_linear
         for li, (n1, wq, wk, wv, wo, n2, wg, wu, wd) in enumerate(self.layers):
             residual = h
             x = _rms_norm(h, *n1)
