@@ -98,6 +98,8 @@ class LayeredBuilder(TreeBuilder):
         if self.config.adaptive and curve is not None:
             budget = verify_size(tree, budget, curve, sum(times.drafters[c] for c in calls))
         keep = kept(tree, budget)
+        if self.switch is not None:
+            self.switch.note(tuple(calls))
         return BuildResult(tree=tree.select(keep), kept=keep, calls=tuple(calls), unpruned=tree)
 
     def _grow(

@@ -10,15 +10,17 @@ the committed tokens lazily, at their next call.
 What it measures: a builder sees every step of the decode loop begin (`StepContext.step`), so
 the switch takes the wall time from one step's start to the next's and the tokens committed in
 between (`StepContext.committed_len`) as the outcome of the earlier step, under the arm that ran
-it. A generation's first step (the target reads the prompt) and its last one (no next start in the
-same generation) are left out; trees built outside the decode loop (`step` None: the scheduler's
-value system rebuilding counterfactual trees) always speculate and are not measured. Each arm's
-estimate is the ratio of averages of its steps' tokens and seconds: plain over a running mean of
-its last stretch, forgetting with weight `1 / memory` beyond `memory` steps.
+it. Steps that pay for something else than their own decision are left out: a generation's first
+step (the target reads the prompt), the step of its first strong call (that drafter reads the
+prompt), the first speculative step after plain ones (the drafters catch up on their tokens), and
+its last step (no next start in the same generation). Trees built outside the decode loop (`step`
+None: the scheduler's value system rebuilding counterfactual trees) always speculate and are not
+measured. Each arm's estimate is the median tokens per second of its last `memory` measured
+steps, so a stray slow step (another process, a cache growing) moves it little.
 
 How it chooses: speculation first; once it has `WARMUP` steps, `WARMUP` plain steps measure plain
-decoding. Then the faster arm runs, and the slower one is probed again for `WARMUP` steps (its old
-estimate dropped) after `probe_every` steps of the faster when plain decoding leads, and after
+decoding. Then the faster arm runs, and the slower one is probed again for `WARMUP` measured steps
+(its old estimate dropped) after `probe_every` steps of the faster when plain decoding leads, and after
 `PLAIN_PROBE_FACTOR` times as many when speculation leads (plain decoding's rate changes little
 along a text, speculation's a lot). So on a text where speculation loses, the builder decodes
 plainly but for a few probe steps per `probe_every`, and comes back to speculation where it pays.
@@ -52,7 +54,7 @@ class PlainSwitch:
 
     Attributes:
         probe_every: steps of plain decoding, while it leads, before speculation is probed again.
-        memory: steps over which an arm's averages forget (weight `1 / memory` on the newest).
+        memory: measured steps per arm whose median rate is its estimate.
         now: the wall clock (seconds), replaceable in tests.
     """
 
@@ -60,17 +62,18 @@ class PlainSwitch:
     memory: int = 8
     now: Callable[[], float] = time.perf_counter
     arm: int = SPECULATE
-    #: per arm: averages of committed tokens and of seconds per step, and steps averaged
-    tokens: list[float] = attrs.field(factory=lambda: [0.0, 0.0])
-    seconds: list[float] = attrs.field(factory=lambda: [0.0, 0.0])
-    steps: list[int] = attrs.field(factory=lambda: [0, 0])
+    #: per arm: tokens per second of its last `memory` measured steps
+    rates: list[list[float]] = attrs.field(factory=lambda: [[], []])
     #: steps since each arm last ran; steps left in the current probe
     idle: list[int] = attrs.field(factory=lambda: [0, 0])
     probing: int = 0
-    # the step now running: its index (None: none), start (seconds) and committed length
+    # the step now running: its index (None: none), start (seconds), committed length, whether
+    # it is left out of the estimates, and whether its generation has called a strong drafter
     _step: int | None = attrs.field(default=None, init=False)
     _start: float = attrs.field(default=0.0, init=False)
     _committed: int = attrs.field(default=0, init=False)
+    _skip: bool = attrs.field(default=False, init=False)
+    _called: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.probe_every < 1:
@@ -78,9 +81,18 @@ class PlainSwitch:
         if self.memory < 1:
             raise ValueError(f"memory: expected at least 1 step, got {self.memory}")
 
+    @property
+    def steps(self) -> list[int]:
+        """Measured steps in each arm's estimate."""
+        return [len(r) for r in self.rates]
+
     def rate(self, arm: int) -> float:
-        """Estimated tokens per second of `arm` (0.0 before its first measured step)."""
-        return self.tokens[arm] / self.seconds[arm] if self.seconds[arm] > 0 else 0.0
+        """Estimated tokens per second of `arm`: the median of its measured steps (0.0: none)."""
+        rates = sorted(self.rates[arm])
+        if not rates:
+            return 0.0
+        mid = len(rates) // 2
+        return rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
 
     def plain(self, step: StepContext) -> bool:
         """Record the previous step's outcome and say whether this step decodes plainly."""
@@ -88,40 +100,52 @@ class PlainSwitch:
             return False
         now = self.now()
         self._record(step, now)
+        if step.step == 0:
+            self._called = False
         self._step, self._start, self._committed = step.step, now, step.committed_len
+        previous = self.arm
         self.arm = self._choose()
+        # the first speculative step after plain ones also pays the drafters' catching up
+        self._skip = self.arm == SPECULATE and previous == PLAIN
         self.idle[self.arm] = 0
         self.idle[1 - self.arm] += 1
         return self.arm == PLAIN
 
+    def note(self, calls: tuple[int, ...]) -> None:
+        """The drafters a speculative step called, layer by layer: the step of a generation's
+        first strong call also reads the prompt into that drafter, so it is not measured."""
+        if not self._called and any(c > 0 for c in calls):
+            self._called = self._skip = True
+
     def _record(self, step: StepContext, now: float) -> None:
-        """The previous step's tokens and seconds, under its arm, if it was one to measure: the
-        step before this one in the same generation, not its first (which read the prompt)."""
-        if self._step is None or self._step == 0 or step.step != self._step + 1:
+        """The previous step's tokens per second, under its arm, if it was one to measure: the
+        step before this one in the same generation, not its first (which read the prompt), nor
+        one that paid for catching up (`_skip`)."""
+        if self._step is None or self._step == 0 or step.step != self._step + 1 or self._skip:
             return
-        arm, n = self.arm, self.steps[self.arm]
-        weight = max(1.0 / (n + 1), 1.0 / self.memory)
-        tokens, seconds = step.committed_len - self._committed, now - self._start
-        self.tokens[arm] += weight * (tokens - self.tokens[arm])
-        self.seconds[arm] += weight * (seconds - self.seconds[arm])
-        self.steps[arm] = n + 1
+        seconds = now - self._start
+        if seconds <= 0:
+            return
+        rates = self.rates[self.arm]
+        rates.append((step.committed_len - self._committed) / seconds)
+        del rates[: -self.memory]
 
     def _choose(self) -> int:
         if self.probing:
             self.probing -= 1
             return self.arm
-        if self.steps[SPECULATE] < WARMUP:
+        steps = self.steps
+        if steps[SPECULATE] < WARMUP:
             return SPECULATE
-        if self.steps[PLAIN] < WARMUP:
+        if steps[PLAIN] < WARMUP:
             return PLAIN
         best = SPECULATE if self.rate(SPECULATE) >= self.rate(PLAIN) else PLAIN
         other = 1 - best
         wait = self.probe_every * (PLAIN_PROBE_FACTOR if best == SPECULATE else 1)
         if self.idle[other] < wait:
             return best
-        self.tokens[other] = self.seconds[other] = 0.0  # a fresh estimate from the probe
-        self.steps[other] = 0
-        self.probing = WARMUP - 1
+        self.rates[other] = []  # a fresh estimate from the probe
+        self.probing = WARMUP  # the probe's first step may go unmeasured (catching up)
         return other
 
 
