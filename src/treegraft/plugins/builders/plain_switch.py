@@ -15,12 +15,13 @@ step (the target reads the prompt), the step of its first strong call (that draf
 prompt), the first speculative step after plain ones (the drafters catch up on their tokens), and
 its last step (no next start in the same generation). Trees built outside the decode loop (`step`
 None: the scheduler's value system rebuilding counterfactual trees) always speculate and are not
-measured. Each arm's estimate is the median tokens per second of its last `memory` measured
-steps, so a stray slow step (another process, a cache growing) moves it little.
+measured. Each arm's estimate is the tokens over the seconds of its last `memory` measured steps
+(a ratio of sums: speculation's gains come in bursts, which a per-step median would miss).
 
-How it chooses: speculation first; once it has `WARMUP` steps, `WARMUP` plain steps measure plain
-decoding. Then the faster arm runs, and the slower one is probed again for `WARMUP` measured steps
-(its old estimate dropped) after `probe_every` steps of the faster when plain decoding leads, and after
+How it chooses: speculation first; once it has `WARMUP[SPECULATE]` measured steps,
+`WARMUP[PLAIN]` plain steps measure plain decoding. Then the faster arm runs (plain decoding only when `MARGIN` faster: the estimates are
+noisy and a wrong switch to plain costs more than a wrong stay), and the slower one is probed again for `WARMUP` measured steps
+(its old estimate dropped, `WARMUP` of its steps) after `probe_every` steps of the faster when plain decoding leads, and after
 `PLAIN_PROBE_FACTOR` times as many when speculation leads (plain decoding's rate changes little
 along a text, speculation's a lot). So on a text where speculation loses, the builder decodes
 plainly but for a few probe steps per `probe_every`, and comes back to speculation where it pays.
@@ -42,10 +43,13 @@ from treegraft.core.tree import DraftTree
 
 #: the arms: the builder's own tree, or the root alone (plain decoding)
 SPECULATE, PLAIN = 0, 1
-#: steps of an arm that make its estimate (and the length of a probe)
-WARMUP = 3
+#: measured steps that make an arm's estimate (and a probe's length), per arm: speculation's
+#: gains come in bursts (a long accepted path now and then), so it is judged over more steps
+WARMUP = (6, 3)
 #: speculation leading: plain decoding is probed after this many times `probe_every` steps
 PLAIN_PROBE_FACTOR = 8
+#: plain decoding leads only when its rate beats speculation's by this fraction (noise)
+MARGIN = 0.1
 
 
 @attrs.define
@@ -54,16 +58,16 @@ class PlainSwitch:
 
     Attributes:
         probe_every: steps of plain decoding, while it leads, before speculation is probed again.
-        memory: measured steps per arm whose median rate is its estimate.
+        memory: measured steps per arm whose tokens per second make its estimate.
         now: the wall clock (seconds), replaceable in tests.
     """
 
     probe_every: int = 16
-    memory: int = 8
+    memory: int = 16
     now: Callable[[], float] = time.perf_counter
     arm: int = SPECULATE
-    #: per arm: tokens per second of its last `memory` measured steps
-    rates: list[list[float]] = attrs.field(factory=lambda: [[], []])
+    #: per arm: (tokens, seconds) of its last `memory` measured steps
+    outcomes: list[list[tuple[int, float]]] = attrs.field(factory=lambda: [[], []])
     #: steps since each arm last ran; steps left in the current probe
     idle: list[int] = attrs.field(factory=lambda: [0, 0])
     probing: int = 0
@@ -84,15 +88,13 @@ class PlainSwitch:
     @property
     def steps(self) -> list[int]:
         """Measured steps in each arm's estimate."""
-        return [len(r) for r in self.rates]
+        return [len(r) for r in self.outcomes]
 
     def rate(self, arm: int) -> float:
-        """Estimated tokens per second of `arm`: the median of its measured steps (0.0: none)."""
-        rates = sorted(self.rates[arm])
-        if not rates:
-            return 0.0
-        mid = len(rates) // 2
-        return rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
+        """Estimated tokens per second of `arm`: all tokens over all seconds of its measured
+        steps (0.0: none)."""
+        seconds = sum(s for _, s in self.outcomes[arm])
+        return sum(t for t, _ in self.outcomes[arm]) / seconds if seconds > 0 else 0.0
 
     def plain(self, step: StepContext) -> bool:
         """Record the previous step's outcome and say whether this step decodes plainly."""
@@ -126,26 +128,27 @@ class PlainSwitch:
         seconds = now - self._start
         if seconds <= 0:
             return
-        rates = self.rates[self.arm]
-        rates.append((step.committed_len - self._committed) / seconds)
-        del rates[: -self.memory]
+        outcomes = self.outcomes[self.arm]
+        outcomes.append((step.committed_len - self._committed, seconds))
+        del outcomes[: -self.memory]
 
     def _choose(self) -> int:
         if self.probing:
             self.probing -= 1
             return self.arm
         steps = self.steps
-        if steps[SPECULATE] < WARMUP:
+        if steps[SPECULATE] < WARMUP[SPECULATE]:
             return SPECULATE
-        if steps[PLAIN] < WARMUP:
+        if steps[PLAIN] < WARMUP[PLAIN]:
             return PLAIN
-        best = SPECULATE if self.rate(SPECULATE) >= self.rate(PLAIN) else PLAIN
+        ahead = self.rate(PLAIN) > (1.0 + MARGIN) * self.rate(SPECULATE)
+        best = PLAIN if ahead else SPECULATE
         other = 1 - best
         wait = self.probe_every * (PLAIN_PROBE_FACTOR if best == SPECULATE else 1)
         if self.idle[other] < wait:
             return best
-        self.rates[other] = []  # a fresh estimate from the probe
-        self.probing = WARMUP  # the probe's first step may go unmeasured (catching up)
+        self.outcomes[other] = []  # a fresh estimate from the probe
+        self.probing = WARMUP[other]  # the probe's first step may go unmeasured (catching up)
         return other
 
 
