@@ -90,9 +90,7 @@ def main(
             if outputs[m] != want[: len(outputs[m])]:
                 differ[m].append(i)
         typer.echo(f"prompt {i + 1}/{len(prompts)} done", err=True)
-    typer.echo(
-        f"{len(prompts)} prompts, {max_new_tokens} new tokens, {threads} thread(s), float32"
-    )
+    typer.echo(f"{len(prompts)} prompts, {max_new_tokens} new tokens, {threads} thread(s), float32")
     typer.echo("| method | tokens/s (total) | x plain (total) | x plain (median) | tau | differs |")
     typer.echo("|---|---|---|---|---|---|")
     base = tokens[PLAIN] / seconds[PLAIN]
