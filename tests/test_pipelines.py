@@ -15,12 +15,14 @@ from hypothesis import strategies as st
 from tests.conftest import greedy_reference, memory_resources, tiny_llama
 from tests.core.test_decoder import repetitive_prompt
 from treegraft.core.config import pipeline_spec_from_dict
+from treegraft.core.errors import TreegraftError
 from treegraft.core.pipeline import (
     PIPELINES_DIR,
     builtin_pipelines,
     load_pipeline,
     resolve_pipeline,
 )
+from treegraft.plugins.drafters.feature_head import FeatureHead, HeadSpec
 from treegraft.zoo.token_counts import save_counts
 
 VOCAB = 40
@@ -28,6 +30,10 @@ SHIPPED = builtin_pipelines()
 #: counts ranking the tiny models' vocabulary for the shipped pipelines' restricted heads
 COUNTS = Path(tempfile.mkdtemp(prefix="treegraft-counts-")) / "counts.json"
 save_counts(COUNTS, np.random.default_rng(0).integers(0, 1000, VOCAB), source="tests")
+#: a random feature head for the tiny targets (hidden 32), for pipelines with an `eagle` drafter
+TINY_HEAD = FeatureHead(HeadSpec(hidden_size=32, intermediate_size=16, vocab_size=VOCAB)).save(
+    COUNTS.parent / "head"
+)
 
 
 def in_memory(name: str) -> dict:
@@ -37,7 +43,10 @@ def in_memory(name: str) -> dict:
     for spec in raw["drafters"].values():
         if "model" in spec:
             spec["model"] = "mem:" + spec["model"].removeprefix("zoo:")
-        if spec.get("head") is not None:  # a restricted head, ranked over the tiny vocabulary
+        if spec.get("name") == "eagle":  # a feature head for the tiny target, ranked rows
+            spec["head"], spec["token_counts"] = str(TINY_HEAD), str(COUNTS)
+            spec["top_tokens"] = 12 if spec.get("top_tokens") is not None else None
+        elif spec.get("head") is not None:  # a restricted head, ranked over the tiny vocabulary
             spec["head"], spec["token_counts"] = 12, str(COUNTS)
     raw["verifier"] = {"name": "greedy"}
     raw["decoding"] = {"max_new_tokens": 20, "dtype": "float64"}
@@ -96,8 +105,12 @@ def pipeline_runners(pipe) -> list:
     return [pipe.decoder.target, *lm]
 
 
+#: the feature-level drafter reads hidden states the lean forward keeps: no tree kernel
+LEAN_ONLY = ("eagle-only",)
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", [n for n in SHIPPED if n not in LEAN_ONLY])
 def test_shipped_pipeline_through_the_tree_kernel_equals_plain_greedy(name, dtype):
     """`decoding.attention: tree` on CPU: every tree forward of the target and of each LM drafter
     runs the tree-attention kernel's pure-torch reference, and the output is still plain greedy
@@ -117,6 +130,14 @@ def test_shipped_pipeline_through_the_tree_kernel_equals_plain_greedy(name, dtyp
     assert all(r.attention == "tree" and not r.lean for r in runners)
     out = pipe.generate(prompt)
     assert list(out.token_ids) == greedy_reference(res.models["mem:target"], prompt, 20)
+
+
+@pytest.mark.parametrize("name", LEAN_ONLY)
+def test_a_lean_only_pipeline_with_the_tree_kernel_is_refused_naming_why(name):
+    raw = in_memory(name)
+    raw["decoding"] |= {"attention": "tree"}
+    with pytest.raises(TreegraftError, match="hidden states are kept only on the lean forward"):
+        load_pipeline(raw, resources=zoo_stand_ins(13))
 
 
 def test_attention_setting_reaches_every_model_and_can_switch_back():

@@ -85,7 +85,7 @@ def test_a_unit_whose_worker_dies_runs_again_on_a_fresh_worker(tmp_path, cluster
     assert (tmp_path / "died").is_file()  # a worker did die
     records = read_store(tmp_path / "out" / STORE).records
     assert sorted(r.attempts for r in records) == [1, 1, 1, 2]
-    assert not result.failed and len(result.requests) == 4 * 3
+    assert not result.failed and len(result.requests) == 4 * 4  # ar, ar-runner, ngram-only, tg
     assert all(r.exact for r in result.requests)
 
 

@@ -54,7 +54,10 @@ def test_fused_forward_matches_the_lean_forward(seed, groups, bias, dtype, sizes
                 got, want = fused.forward_tree(part), lean.forward_tree(part)
                 assert got.shape == want.shape and got.dtype == want.dtype
                 torch.testing.assert_close(got, want, atol=tol, rtol=tol)
-                torch.testing.assert_close(fused.cache.kv, lean.cache.kv, atol=tol, rtol=tol)
+                used = lean.n_cached + lean.n_pending + lean.n_seen  # free slots hold padding
+                torch.testing.assert_close(
+                    fused.cache.kv[..., :used, :], lean.cache.kv[..., :used, :], atol=tol, rtol=tol
+                )
             leaf = int(torch.randint(0, n, (1,), generator=rng))
             path = tree.path_to(leaf)
             new = torch.tensor([*tree.tokens[path[1:]].tolist(), 7])

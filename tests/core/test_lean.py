@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -13,11 +14,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from tests.conftest import greedy_reference, memory_resources, tiny_llama
 from tests.core.test_runner import random_tree
 from tests.test_pipelines import VOCAB, in_memory, zoo_stand_ins
+from treegraft.core import lean as lean_module
 from treegraft.core.config import ConfigError, pipeline_spec_from_dict
 from treegraft.core.lean import LeanForward, lean_support
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.resources import Resources
-from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner import CausalLMRunner, watch_forwards
 from treegraft.core.tree import DraftTree
 
 
@@ -232,3 +234,86 @@ def test_memory_resources_runner_follows_the_forward_setting():
     assert res.runner("mem:m").lean
     res.forward = "transformers"
     assert not res.runner("mem:m").lean
+
+
+def test_transposed_weights_give_f_linear_bits_at_every_row_count():
+    """The zoo target keeps transposed copies (float32, CPU) and projects through them from
+    `TRANSPOSED_MIN_ROWS` rows on, bit for bit `F.linear` at 1-70 rows, biases or not."""
+    model = Resources.create(device="cpu", dtype="float32").model("zoo:target")
+    table = LeanForward(model).transposed
+    assert table is not None
+    layer = model.model.layers[0]
+    rng = torch.Generator().manual_seed(1)
+    for module in (layer.self_attn.k_proj, layer.mlp.down_proj, model.lm_head):
+        weight = module.weight
+        bias = torch.randn(weight.shape[0], generator=rng)
+        wt = table.weights[id(weight)]
+        assert torch.equal(wt, weight.t())
+        for rows in range(1, 71):
+            x = torch.randn(1, rows, weight.shape[1], generator=rng)
+            for b in (None, bias):
+                assert torch.equal(table.linear(x, (weight, b)), F.linear(x, weight, b))
+
+
+def test_transposed_copies_follow_weights_changed_in_place():
+    model = llama(2, heads=4, kv_heads=2, bias=True, dtype=torch.float32)
+    rng = torch.Generator().manual_seed(0)
+    lean, plain = (
+        CausalLMRunner(model, forward="lean"),
+        CausalLMRunner(model, forward="transformers"),
+    )
+    assert lean._lean.transposed is not None
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight.mul_(1.5)
+        model.lm_head.weight.add_(0.25)
+    run_both(model, [1, 2, 3, 4, 5], [(random_tree(rng, 5, 7, 48), 3)])
+    for r in (lean, plain):
+        r.begin(torch.tensor([1, 2, 3, 4, 5]), max_len=32)
+    with torch.inference_mode():
+        tree = random_tree(rng, 5, 8, 48)
+        assert torch.equal(lean.forward_tree(tree), plain.forward_tree(tree))
+
+
+def test_transposed_weights_are_kept_only_where_they_pay_and_agree(monkeypatch):
+    for dtype in (torch.float64, torch.bfloat16):  # other kernels: not measured, not kept
+        assert LeanForward(tiny_llama(seed=0, dtype=dtype)).transposed is None
+    model = tiny_llama(seed=0, dtype=torch.float32)
+    assert LeanForward(model).transposed is not None
+    monkeypatch.setattr(lean_module, "TRANSPOSED_MAX_BYTES", 1)
+    assert LeanForward(model).transposed is None
+    monkeypatch.undo()
+    monkeypatch.setattr(lean_module.Transposed, "probe", lambda self, linear: False)
+    assert LeanForward(model).transposed is None  # a BLAS that sums otherwise
+
+
+@pytest.mark.parametrize("forward", ["lean", "transformers"])
+def test_small_blocks_run_padded_to_four_rows_with_the_same_results(forward):
+    """Blocks of 2-3 tokens run as 4 rows (float32 Llama on a CPU); the logits of the real rows
+    match an unpadded forward to rounding, the committed cache is the same, greedy unchanged."""
+    model = tiny_llama(seed=4, dtype=torch.float32)
+    padded, plain = CausalLMRunner(model, forward=forward), CausalLMRunner(model, forward=forward)
+    plain._pad_small = False
+    sizes: list[int] = []
+    stop = watch_forwards(model, sizes.append)
+    rng = torch.Generator().manual_seed(3)
+    for r in (padded, plain):
+        r.begin(torch.tensor([5, 6, 7, 8]), max_len=9)
+    with torch.inference_mode():
+        for n in (2, 3, 1, 2):
+            tree = random_tree(rng, int(padded.committed_ids()[-1]), n, 48)
+            got, want = padded.forward_tree(tree), plain.forward_tree(tree)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            assert got.shape == want.shape
+            path = tree.path_to(n - 1)
+            new = torch.tensor([*tree.tokens[path[1:]].tolist(), 9])
+            for r in (padded, plain):
+                r.commit(path, new)
+            used = padded.n_cached
+            torch.testing.assert_close(
+                padded.cache.kv[..., :used, :], plain.cache.kv[..., :used, :], atol=1e-5, rtol=1e-5
+            )
+    stop()
+    want_sizes = [4 if q in (2, 3) else q for q in sizes[1::2]]
+    assert sizes[0::2] == want_sizes and sizes[0::2] != sizes[1::2]
+    assert CausalLMRunner(model, forward="fused")._pads_small_blocks() is False
+    assert CausalLMRunner(tiny_llama(seed=4))._pads_small_blocks() is False  # float64

@@ -233,8 +233,16 @@ def test_all_is_sorted_by_kind_then_name(builtins_only: Registry) -> None:
 
 def test_config_fields_are_the_attrs_fields(builtins_only: Registry) -> None:
     fields = builtins_only.get("builder", "layered").config_fields()
-    names = ["depth", "top_k", "budget", "max_strong_calls", "adaptive", "stop_below"]
-    assert [f.name for f in fields] == names
+    assert [f.name for f in fields] == [
+        "depth",
+        "top_k",
+        "budget",
+        "max_strong_calls",
+        "adaptive",
+        "stop_below",
+        "plain_switch",
+        "probe_every",
+    ]
     assert builtins_only.get("verifier", "greedy").config_fields() == []
 
 

@@ -31,7 +31,7 @@ FAMILIES = (
     ("Hugging Face", "Oranges"),
 )
 #: The shipped pipelines (`treegraft-threshold` is `treegraft` in a sweep): black edge, bold label.
-SHIPPED = ("treegraft", "treegraft-threshold", "treegraft-learned", "treegraft-distilled")
+SHIPPED = ("treegraft", "treegraft-threshold", "treegraft-distilled")
 
 
 def family_of(method: str) -> str:

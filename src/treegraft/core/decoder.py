@@ -177,8 +177,9 @@ class Decoder:
         parts.scheduler.begin()
         self.history = AcceptHistory()
 
-    def context(self, prompt_len: int, clock: Clock) -> StepContext:
-        """What the builder gets for the next step of the current generation."""
+    def context(self, prompt_len: int, clock: Clock, step: int | None = None) -> StepContext:
+        """What the builder gets for the next step of the current generation (`step`: the decode
+        loop's step number; None for a build outside the loop, as the value system's plans)."""
         parts = self.parts()
         return StepContext(
             root=self.target.committed_ids()[-1],
@@ -192,6 +193,7 @@ class Decoder:
             timings=self.times,
             dtype=torch.float32,
             history=self.history,
+            step=step,
         )
 
     def step(
@@ -201,7 +203,7 @@ class Decoder:
         target forward, verify, commit, observe."""
         self._counter.step = step
         parts = self.parts()
-        ctx = self.context(prompt_len, clock)
+        ctx = self.context(prompt_len, clock, step)
         with clock.time("build"):
             built = parts.builder.build(ctx)
             room = (
@@ -220,9 +222,10 @@ class Decoder:
             with clock.time("commit", host=True):  # launches copies; waits for nothing
                 self._commit(parts, accepted)
         times = clock.reset()
-        self._observe(
-            parts, step, built, len(tokens) - 1, strong_accepted, times, reason is not None
-        )
+        if not built.plain:  # a plain step says nothing about drafting (`BuildResult.plain`)
+            self._observe(
+                parts, step, built, len(tokens) - 1, strong_accepted, times, reason is not None
+            )
         return StepEvent(
             step=step,
             tokens=tuple(tokens[:keep]),

@@ -234,12 +234,15 @@ class BuildResult:
         kept: `[n]` int64, for each node of `tree` its index in the unpruned tree the drafters saw.
         calls: drafter index that acted at each layer.
         unpruned: the tree before the final budget prune (for traces).
+        plain: the builder drafted nothing, to decode this step plainly (the root alone); the
+            decoder leaves the step out of what the scheduler and the forward times learn from.
     """
 
     tree: DraftTree
     kept: Tensor
     calls: tuple[int, ...]
     unpruned: DraftTree
+    plain: bool = False
 
 
 # ---------------------------------------------------------------------------- interfaces
@@ -415,6 +418,8 @@ class StepContext:
             target's latency curve when the builder asked for it (`wants_target_curve`).
         dtype: floating dtype of scores.
         history: acceptance of the generation's earlier steps (`AcceptHistory`) for the scheduler.
+        step: the decode loop's 0-based step index in the generation; None where a tree is
+            built outside the decode loop (offline tools rebuilding counterfactual trees).
     """
 
     root: Tensor
@@ -428,3 +433,4 @@ class StepContext:
     timings: ForwardTimes
     dtype: torch.dtype
     history: AcceptHistory = attrs.field(factory=AcceptHistory)
+    step: int | None = None

@@ -25,6 +25,14 @@ from torch import Tensor
 FORWARDS = ("auto", "lean", "fused", "transformers")
 #: torch's SDPA takes `enable_gqa` (grouped key/value heads without repeating them) from 2.5 on
 _SDPA_GQA = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)
+#: blocks of at least this many rows project through contiguous transposed weights (`Transposed`)
+TRANSPOSED_MIN_ROWS = 4
+#: the most bytes of extra weight copies `Transposed` keeps for one model
+TRANSPOSED_MAX_BYTES = 512 << 20
+#: row counts the transposed projection is checked at against `F.linear` (`Transposed.probe`)
+_PROBE_ROWS = (4, 5, 8, 13, 16, 33, 64)
+#: the linear layers' places in a `LeanForward.layers` entry (the others are norms)
+_LINEARS = (1, 2, 3, 4, 6, 7, 8)
 
 
 def lean_support(model: Any) -> str | None:
@@ -100,9 +108,11 @@ class LeanForward:
     `[n_logits, V]` of the block's last `n_logits` tokens. `head`: other output rows (weight
     `[K, hidden]`, bias or None) to project onto instead of the model's `lm_head`, giving
     `[n_logits, K]` logits (a runner restricted to some tokens: `CausalLMRunner.restrict_output`).
+    `hidden`: a `[q, hidden]` buffer receiving the block's final-norm hidden states (what the
+    output head reads: the features of `CausalLMRunner.track_hidden`).
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, transposed: bool = True) -> None:
         why = lean_support(model)
         if why is not None:
             raise ValueError(f"the lean forward does not support this model: {why}")
@@ -136,6 +146,8 @@ class LeanForward:
         self.head_dim = first.head_dim
         self.groups = first.num_key_value_groups
         self.scaling = first.scaling
+        #: contiguous transposed weights for blocks of several rows (None: `F.linear` only)
+        self.transposed = Transposed.build(self.layers, self.lm_head) if transposed else None
 
     def __call__(
         self,
@@ -146,6 +158,7 @@ class LeanForward:
         write_start: int,
         n_logits: int,
         head: tuple[Tensor, Tensor | None] | None = None,
+        hidden: Tensor | None = None,
     ) -> Tensor:
         q_len = int(ids.shape[0])
         end = write_start + q_len
@@ -159,12 +172,14 @@ class LeanForward:
         sin = emb.sin().to(dtype)[:, None]
         mask = additive[None, None]
         shape = (1, q_len, -1, self.head_dim)
+        table = self.transposed if q_len >= TRANSPOSED_MIN_ROWS else None  # 1-3 rows: F.linear
+        linear = table.linear if table is not None else _plain_linear
         for li, (n1, wq, wk, wv, wo, n2, wg, wu, wd) in enumerate(self.layers):
             residual = h
             x = _rms_norm(h, *n1)
-            q = F.linear(x, *wq).view(shape).transpose(1, 2)
-            k = F.linear(x, *wk).view(shape).transpose(1, 2)
-            v = F.linear(x, *wv).view(shape).transpose(1, 2)
+            q = linear(x, wq).view(shape).transpose(1, 2)
+            k = linear(x, wk).view(shape).transpose(1, 2)
+            v = linear(x, wv).view(shape).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             layer = kv[li]
@@ -173,11 +188,14 @@ class LeanForward:
             keys = layer[0, :, :end].unsqueeze(0)
             values = layer[1, :, :end].unsqueeze(0)
             att = self._attention(q, keys, values, mask, q_len)
-            h = residual + F.linear(att.reshape(1, q_len, -1).contiguous(), *wo)
+            h = residual + linear(att.reshape(1, q_len, -1).contiguous(), wo)
             residual = h
             x = _rms_norm(h, *n2)
-            h = residual + F.linear(F.silu(F.linear(x, *wg)) * F.linear(x, *wu), *wd)
-        return self._logits(_rms_norm(h, *self.norm), n_logits, head)
+            h = residual + linear(F.silu(linear(x, wg)) * linear(x, wu), wd)
+        normed = _rms_norm(h, *self.norm)  # [1, q, hidden]
+        if hidden is not None:
+            hidden.copy_(normed[0])
+        return self._logits(normed, n_logits, head)
 
     def _logits(
         self, h: Tensor, n_logits: int, head: tuple[Tensor, Tensor | None] | None
@@ -187,6 +205,8 @@ class LeanForward:
         weight, bias = head if head is not None else self.lm_head
         if not n_logits:
             return h.new_zeros(0, weight.shape[0])
+        if head is None and self.transposed is not None:
+            return self.transposed.linear(h[:, -n_logits:, :], self.lm_head)[0]
         return F.linear(h[:, -n_logits:, :], weight, bias)[0]
 
     def _attention(
@@ -205,6 +225,78 @@ class LeanForward:
         )
         out = out.reshape(out.shape[0], -1, q_len, values.shape[-1])
         return out.transpose(1, 2).contiguous()
+
+
+def _plain_linear(x: Tensor, linear: tuple[Tensor, Tensor | None]) -> Tensor:
+    return F.linear(x, *linear)
+
+
+class Transposed:
+    """Contiguous transposed copies of a model's linear weights, for blocks of several rows.
+
+    `F.linear(x, W)` multiplies by `W` transposed as a view; on a CPU in float32, torch's BLAS
+    (MKL) multiplies by a contiguous `W.T` copy faster (the zoo target's projections: 5-11% of
+    their time at 4-64 rows) and, from `TRANSPOSED_MIN_ROWS` rows on, with the same bits: each
+    output row is summed in the same order whatever the row count (and the order of a 4-row
+    block's, so the runner pads 2-3 row blocks to 4: `CausalLMRunner._pads_small_blocks`).
+    The copies double the memory of the linear weights: kept up to `TRANSPOSED_MAX_BYTES`; a
+    weight changed in place (its version counter moved) is copied again at its next use. Fewer rows take other kernels, whose bits
+    differ, so they keep `F.linear`. `build` checks the equality on every weight shape at the
+    row counts in `_PROBE_ROWS` and keeps the copies only where it holds everywhere, so a BLAS
+    that sums otherwise falls back to `F.linear` for all blocks.
+    """
+
+    def __init__(self, weights: dict[int, Tensor]) -> None:
+        self.weights = weights  # id(W) -> W.T contiguous  [in, out]
+        self.versions: dict[int, int] = {}  # id(W) -> W._version when copied
+
+    @classmethod
+    def build(cls, layers: list[tuple], lm_head: tuple[Tensor, Tensor | None]) -> Transposed | None:
+        """The copies for `layers` (as `LeanForward.layers`) and `lm_head`, or None where the
+        model is not float32 on a CPU, its copies would pass `TRANSPOSED_MAX_BYTES`, or a
+        transposed product differs from `F.linear` in any bit."""
+        linears = [lm_head] + [layer[i] for layer in layers for i in _LINEARS]
+        weight = lm_head[0]
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            return None
+        if sum(w.numel() * w.element_size() for w, _ in linears) > TRANSPOSED_MAX_BYTES:
+            return None
+        table = cls({id(w): w.detach().t().contiguous() for w, _ in linears})
+        table.versions = {id(w): w._version for w, _ in linears}
+        probed: set[tuple] = set()
+        for w, b in linears:
+            kind = (tuple(w.shape), b is None)
+            if kind not in probed:
+                probed.add(kind)
+                if not table.probe((w, b)):
+                    return None
+        return table
+
+    def probe(self, linear: tuple[Tensor, Tensor | None]) -> bool:
+        """Whether `linear` gives `F.linear`'s bits at every row count in `_PROBE_ROWS`."""
+        weight = linear[0]
+        gen = torch.Generator().manual_seed(0)
+        with torch.inference_mode():
+            for rows in _PROBE_ROWS:
+                x = torch.randn(1, rows, weight.shape[1], generator=gen, dtype=weight.dtype)
+                if not torch.equal(self.linear(x, linear), F.linear(x, *linear)):
+                    return False
+        return True
+
+    def linear(self, x: Tensor, linear: tuple[Tensor, Tensor | None]) -> Tensor:
+        """`F.linear(x, *linear)` for `x` `[1, rows, in]`, bit for bit."""
+        weight, bias = linear
+        if x.shape[-2] < TRANSPOSED_MIN_ROWS:
+            return F.linear(x, weight, bias)
+        key = id(weight)
+        if weight._version != self.versions[key]:  # changed in place since copied
+            self.weights[key] = weight.detach().t().contiguous()
+            self.versions[key] = weight._version
+        wt = self.weights[key]  # [in, out]
+        if bias is None:
+            return torch.matmul(x, wt)
+        flat = torch.addmm(bias, x.reshape(-1, x.shape[-1]), wt)  # F.linear's path with a bias
+        return flat.view(*x.shape[:-1], wt.shape[1])
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -239,7 +331,7 @@ class FusedForward(LeanForward):
     """
 
     def __init__(self, model: Any) -> None:
-        super().__init__(model)
+        super().__init__(model, transposed=False)
         cfg = model.config
         self.hidden = int(cfg.hidden_size)
         self.n_heads = int(cfg.num_attention_heads)
@@ -273,6 +365,7 @@ class FusedForward(LeanForward):
         write_start: int,
         n_logits: int,
         head: tuple[Tensor, Tensor | None] | None = None,
+        hidden: Tensor | None = None,
     ) -> Tensor:
         q_len = int(ids.shape[0])
         end = write_start + q_len
@@ -312,7 +405,10 @@ class FusedForward(LeanForward):
             x = F.rms_norm(h, shape, n2[0], n2[1])
             gate, up = F.linear(x, *wgu).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, *wd)
-        return self._logits(F.rms_norm(h, shape, *self.norm), n_logits, head)
+        normed = F.rms_norm(h, shape, *self.norm)  # [1, q, hidden]
+        if hidden is not None:
+            hidden.copy_(normed[0])
+        return self._logits(normed, n_logits, head)
 
 
 def _stack(*linears: tuple[Tensor, Tensor | None]) -> tuple[Tensor, Tensor | None]:

@@ -109,6 +109,7 @@ class Pipeline:
         check_vocabularies(spec, resources)
         _load(resources, spec.target, "pipeline.target")
         target = _runner(resources, spec.target, "pipeline.target")
+        resources.target_runner = target
 
         origins: dict[str, Origin] = {}
 

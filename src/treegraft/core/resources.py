@@ -148,6 +148,8 @@ class Resources:
     device_maps: dict[str, Any] = attrs.field(factory=dict)
     offload_folder: str | None = None
     attention: str = "sdpa"  # HF attention implementation of the models (`use_attention`)
+    #: the pipeline's target runner, for drafters that read its state (set by `Pipeline.from_spec`)
+    target_runner: Any = None
 
     @classmethod
     def create(

@@ -107,6 +107,25 @@ class TreeKVCache(Cache):
 #: cache slots reserved beyond the prompt, and the least a cache grows by
 CACHE_CHUNK = 256
 
+#: rows a block of 2 or 3 tokens runs as (`CausalLMRunner._pads_small_blocks`)
+PADDED_ROWS = 4
+
+
+def _pad_block(
+    ids: Tensor, positions: Tensor, visible: Tensor, pad: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """A forward block with `pad` extra rows at its end: copies of the last token at its
+    position, each seeing only its own key slot (after the block's), seen by no real row; their
+    keys and values land in free cache slots and their logits are dropped."""
+    q, kv_len = visible.shape
+    ids = torch.cat([ids, ids[-1:].expand(pad)])
+    positions = torch.cat([positions, positions[-1:].expand(pad)])
+    padded = visible.new_zeros(q + pad, kv_len + pad)
+    padded[:q, :kv_len] = visible
+    padded[q:, kv_len:] = torch.eye(pad, dtype=torch.bool, device=visible.device)
+    return ids, positions, padded
+
+
 #: callbacks per model, told the token count of each runner forward of it (`watch_forwards`)
 _WATCHERS: weakref.WeakKeyDictionary[Any, list[Callable[[int], None]]] = weakref.WeakKeyDictionary()
 
@@ -187,6 +206,11 @@ class CausalLMRunner:
     output_rows: Tensor | None = attrs.field(init=False, default=None)
     # the output embedding's `output_rows` rows (weight, bias), gathered once for the lean forward
     _head: tuple[Tensor, Tensor | None] | None = attrs.field(init=False, default=None)
+    # whether the model's blocks of 2-3 tokens may run padded (`_pads_small_blocks`; None: unread)
+    _pad_small: bool | None = attrs.field(init=False, default=None)
+    #: `[slots, hidden]` final-norm hidden state of the token in each cache slot, kept in step
+    #: with the keys and values (`track_hidden`; None: not kept)
+    hidden: Tensor | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self._read_model()
@@ -433,9 +457,30 @@ class CausalLMRunner:
         return ids, positions, self._rule_masks(mask, positions, k_pos)
 
     def _run(self, ids: Tensor, positions: Tensor, visible: Any, *, n_logits: int) -> Tensor:
-        """One model forward writing keys/values at the end of the current region.
+        """One model forward writing keys/values at the end of the current region; a block of
+        2 or 3 tokens runs as `PADDED_ROWS` where that is faster (`_pads_small_blocks`).
 
         `visible`: `[q, kv_len]` bool, or a dict of them by layer type (`_rule_masks`)."""
+        q = int(ids.shape[0])
+        small = 1 < q < PADDED_ROWS and not isinstance(visible, dict)
+        if not small or not self._pads_small_blocks():
+            return self._forward(ids, positions, visible, n_logits=n_logits)
+        pad = PADDED_ROWS - q
+        self._ensure_capacity(visible.shape[1] + pad)
+        logits = self._forward(*_pad_block(ids, positions, visible, pad), n_logits=n_logits + pad)
+        return logits[:n_logits]
+
+    def _pads_small_blocks(self) -> bool:
+        """Whether blocks of 2-3 tokens run padded to `PADDED_ROWS` rows: float32 Llama models
+        on a CPU, whose BLAS (MKL) multiplies 2-3 rows more slowly than 4 and, from 4 rows on,
+        sums each row in the same order whatever the row count (`treegraft.core.lean.Transposed`);
+        any forward but `fused`, so the lean and `transformers`' forwards see the same blocks."""
+        if self._pad_small is None:
+            self._pad_small = self.forward != "fused" and lean_support(self.model) is None
+        return self._pad_small and self.device.type == "cpu" and self.dtype == torch.float32
+
+    def _forward(self, ids: Tensor, positions: Tensor, visible: Any, *, n_logits: int) -> Tensor:
+        """One model forward of the block as given."""
         cache = self.cache
         if isinstance(visible, dict):
             kv_len = next(iter(visible.values())).shape[1]
@@ -448,8 +493,16 @@ class CausalLMRunner:
             watcher(int(ids.shape[0]))
         if self._lean is not None:
             self.forwards += 1
+            rows = self._hidden_rows(cache.write_start, int(ids.shape[0]))
             return self._lean(
-                ids, positions, additive, cache.kv, cache.write_start, n_logits, head=self._head
+                ids,
+                positions,
+                additive,
+                cache.kv,
+                cache.write_start,
+                n_logits,
+                head=self._head,
+                hidden=rows,
             )
         extra = {self._cache_kwarg: cache}
         if self._tree_kernel:  # the fused kernel takes the compact mask: prefix length + tree block
@@ -496,11 +549,50 @@ class CausalLMRunner:
         if first < len(keep) and self.cache.kv is not None:
             moved = [self.n_cached + slot for slot in keep[first:]]
             kv_compact(self.cache.kv, host_tensor(moved, device=self.device), self.n_cached + first)
+            if self.hidden is not None:  # the features move with their keys and values
+                self.hidden[self.n_cached + first : self.n_cached + len(keep)] = self.hidden[moved]
         self.n_cached += len(keep)
         new = tokens.to(self.device, non_blocking=True)  # async from a pinned buffer (decoder)
         self.committed[self.n_committed : self.n_committed + n_new] = new
         self.n_committed += n_new
         self.n_pending = self.n_seen = 0
+
+    def track_hidden(self) -> None:
+        """Keep the final-norm hidden state of every token forwarded (what the output head
+        reads) beside its keys and values, from the next forward on: `hidden_states` hands out
+        those of the committed tokens, without an extra forward (a feature-level drafter's
+        input). Needs the lean forward."""
+        if self._lean is None:
+            raise ValueError(
+                "hidden states are kept only on the lean forward; this runner forwards through "
+                f"transformers (forward={self.forward!r}, lean support: {lean_support(self.model)})"
+            )
+        if self.hidden is None:
+            self.hidden = torch.zeros(0, self._lean.embed.shape[1], dtype=self.dtype)
+
+    def hidden_states(self) -> Tensor:
+        """`[n_cached, hidden]` final-norm hidden states of the committed tokens whose keys and
+        values are cached, in order (`track_hidden`); the last committed token (the next root)
+        has none until the next forward."""
+        if self.hidden is None:
+            raise ValueError("hidden states are not kept: call track_hidden() before forwarding")
+        return self.hidden[: self.n_cached]
+
+    def _hidden_rows(self, start: int, q: int) -> Tensor | None:
+        """The `[q, hidden]` rows of `hidden` for slots `start ..` (grown as needed), or None."""
+        if self.hidden is None:
+            return None
+        end = start + q
+        if self.hidden.shape[0] < end or (self.hidden.device, self.hidden.dtype) != (
+            self.device,
+            self.dtype,
+        ):
+            grown = torch.zeros(max(end, 2 * self.hidden.shape[0]), self.hidden.shape[1])
+            grown = grown.to(device=self.device, dtype=self.dtype)
+            keep = min(self.hidden.shape[0], grown.shape[0])
+            grown[:keep] = self.hidden[:keep].to(grown)
+            self.hidden = grown
+        return self.hidden[start:end]
 
     def committed_ids(self) -> Tensor:
         """`[n_committed]` int64 view of the committed tokens."""

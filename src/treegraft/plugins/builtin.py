@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from treegraft.core.hookspecs import Register, hookimpl
 from treegraft.plugins.builders.layered import LayeredBuilder
+from treegraft.plugins.drafters.eagle import EagleDrafter
 from treegraft.plugins.drafters.hf_lm import HFLMDrafter
 from treegraft.plugins.drafters.ngram import NgramDrafter
 from treegraft.plugins.grafters.reselect import ReplaceGrafter, ReselectGrafter
@@ -25,6 +26,7 @@ from treegraft.plugins.verifiers.pointmass import PointMassVerifier
 def treegraft_register_drafters(register: Register) -> None:
     register("ngram", NgramDrafter)
     register("hf_lm", HFLMDrafter)
+    register("eagle", EagleDrafter)
 
 
 @hookimpl

@@ -126,6 +126,39 @@ def train_cmd(
     typer.echo(f"step {state.step}, last losses {state.last_losses}")
 
 
+@app.command("train-head")
+def train_head_cmd(
+    recipe: RecipeOpt,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the run's checkpoint.")
+    ] = False,
+    max_steps: Annotated[
+        int | None, typer.Option(help="Stop after this many steps (stays resumable).")
+    ] = None,
+    runs: Annotated[Path, typer.Option(help="Directory of run folders.")] = Path(
+        "~/.cache/treegraft/zoo-runs"
+    ),
+    out: Annotated[
+        Path | None, typer.Option(help="Where the finished head goes (default: RUNS/NAME/export).")
+    ] = None,
+    threads: Annotated[int, typer.Option(min=1, help="torch CPU threads.")] = 1,
+) -> None:
+    """Distil a feature head (the `eagle` drafter's) from the recipe's target on the corpus."""
+    import torch
+
+    from treegraft.zoo.train_head import load_head_recipe, train_head
+
+    torch.set_num_threads(threads)
+    run = train_head(
+        load_head_recipe(recipe),
+        resume=resume,
+        runs=runs.expanduser(),
+        max_steps=max_steps,
+        out=out,
+    )
+    typer.echo(f"step {run.step}, last loss {run.last_loss:.4f}, agreement {run.agreement}")
+
+
 @app.command("export")
 def export_cmd(
     recipe: RecipeOpt,

@@ -457,7 +457,7 @@ def prepare(recipe: Recipe) -> tuple[TrainState, np.ndarray, np.ndarray]:
     return TrainState(models, optimizers), train, valid
 
 
-def _setup_logging(path: Path) -> None:
+def setup_logging(path: Path) -> None:
     """Send this module's log records to ``path`` (appending, so resumed runs keep history)."""
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
@@ -466,7 +466,7 @@ def _setup_logging(path: Path) -> None:
     log.propagate = False
 
 
-def _progress():
+def training_progress():
     """A Rich progress bar with loss and tokens/s fields."""
     from rich.progress import (
         BarColumn,
@@ -500,7 +500,7 @@ def train(
     """
     out = run_dir(recipe, runs)
     out.mkdir(parents=True, exist_ok=True)
-    _setup_logging(out / "train.log")
+    setup_logging(out / "train.log")
     torch.manual_seed(recipe.seed)
     state, train_tokens, valid_tokens = prepare(recipe)
     ckpt = out / CHECKPOINT_FILE
@@ -539,7 +539,7 @@ def _loop(
 ) -> None:
     """The step loop with progress bar, periodic logging, evaluation and checkpoints."""
     stop = recipe.steps if max_steps is None else min(recipe.steps, state.step + max_steps)
-    with _progress() as bar:
+    with training_progress() as bar:
         task = bar.add_task(
             recipe.name, total=recipe.steps, completed=state.step, loss="-", tps=0.0
         )

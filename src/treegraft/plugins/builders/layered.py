@@ -33,6 +33,7 @@ from treegraft.kernels import prune_to_budget
 from treegraft.kernels._dispatch import choose_backend
 from treegraft.kernels.host_tensor import host_tensor
 from treegraft.kernels.prune_to_budget.host import kept_nodes
+from treegraft.plugins.builders.plain_switch import PlainSwitch, plain_step
 
 
 @attrs.frozen
@@ -65,6 +66,14 @@ class LayeredConfig:
         "below this (the nodes are kept): Hugging Face assisted generation's confidence stop "
         "(0.4 there); null: never",
     )
+    plain_switch: bool = field(
+        False,
+        doc="decode plainly (no drafting) while speculation's measured tokens per second fall "
+        "below plain decoding's, probing speculation again every `probe_every` steps",
+    )
+    probe_every: int = field(
+        16, check=at_least(1), doc="plain steps between probes of speculation (`plain_switch`)"
+    )
 
 
 @attrs.define
@@ -73,6 +82,12 @@ class LayeredBuilder(TreeBuilder):
 
     Config = LayeredConfig
     config: LayeredConfig
+    #: speculation or plain decoding, per step (`LayeredConfig.plain_switch`; None: always drafts)
+    switch: PlainSwitch | None = attrs.field(default=None, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.config.plain_switch:
+            self.switch = PlainSwitch(probe_every=self.config.probe_every)
 
     def max_nodes(self) -> int:
         return self.config.budget + 1
@@ -81,6 +96,8 @@ class LayeredBuilder(TreeBuilder):
         return self.config.adaptive
 
     def build(self, step: StepContext) -> BuildResult:
+        if self.switch is not None and self.switch.plain(step):
+            return plain_step(step)
         tree = DraftTree.from_root(step.root, device=step.root.device, dtype=step.dtype)
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         calls: list[int] = []
@@ -103,6 +120,8 @@ class LayeredBuilder(TreeBuilder):
         if self.config.adaptive and curve is not None:
             budget = verify_size(tree, budget, curve, sum(times.drafters[c] for c in calls))
         keep = kept(tree, budget)
+        if self.switch is not None:
+            self.switch.note(tuple(calls))
         return BuildResult(tree=tree.select(keep), kept=keep, calls=tuple(calls), unpruned=tree)
 
     def _unsure(self, tree: DraftTree, frontier: Tensor) -> bool:

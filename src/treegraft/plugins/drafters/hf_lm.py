@@ -168,17 +168,30 @@ def frequent_tokens(config: HFLMConfig, vocab_size: int, resources: Resources) -
     vocabulary."""
     if config.head is None:
         return None
+    return most_frequent_ids(
+        resources,
+        config.token_counts,
+        config.head,
+        vocab_size,
+        f"the model {config.model!r}",
+        "head",
+    )
+
+
+def most_frequent_ids(
+    resources: Resources, counts_ref: str, k: int, vocab_size: int, owner: str, k_field: str
+) -> Tensor:
+    """`[k]` int64 the most frequent token ids by the counts `counts_ref` (ties to the lower id);
+    errors name `token_counts` or `k_field` when they do not fit `owner`'s vocabulary."""
     try:
-        counts = resources.token_counts(config.token_counts)
+        counts = resources.token_counts(counts_ref)
     except (OSError, ValueError) as err:
         raise ValueError(f"token_counts: {err}") from err
     if counts.shape[0] != vocab_size:
         raise ValueError(
-            f"token_counts: {config.token_counts!r} counts {counts.shape[0]} token ids, but the "
-            f"model {config.model!r} has a vocabulary of {vocab_size}"
+            f"token_counts: {counts_ref!r} counts {counts.shape[0]} token ids, but {owner} has "
+            f"a vocabulary of {vocab_size}"
         )
-    if config.head > vocab_size:
-        raise ValueError(
-            f"head: expected at most the vocabulary size {vocab_size}, got {config.head}"
-        )
-    return torch.from_numpy(counts).neg().argsort(stable=True)[: config.head]
+    if k > vocab_size:
+        raise ValueError(f"{k_field}: expected at most the vocabulary size {vocab_size}, got {k}")
+    return torch.from_numpy(counts).neg().argsort(stable=True)[:k]

@@ -1,0 +1,159 @@
+"""The plain switch: speculation only while it pays, measured.
+
+Speculation pays when a step's drafting and verification commit more tokens per second than plain
+decoding does (one target forward per token); where a drafter agrees little with the target, or
+drafts slowly, it loses. The switch measures both while decoding and, per step, either lets the
+builder draft (`SPECULATE`) or sends the root alone (`PLAIN`): the target forwards one token and
+the verifier's bonus is the next token, exactly plain decoding's step; the drafters catch up on
+the committed tokens lazily, at their next call.
+
+What it measures: a builder sees every step of the decode loop begin (`StepContext.step`), so
+the switch takes the wall time from one step's start to the next's and the tokens committed in
+between (`StepContext.committed_len`) as the outcome of the earlier step, under the arm that ran
+it. Steps that pay for something else than their own decision are left out: a generation's first
+step (the target reads the prompt), the step of its first strong call (that drafter reads the
+prompt), the first speculative step after plain ones (the drafters catch up on their tokens), and
+its last step (no next start in the same generation). Trees built outside the decode loop (`step`
+None: the scheduler's value system rebuilding counterfactual trees) always speculate and are not
+measured. Each arm's estimate is the tokens over the seconds of its last `memory` measured steps
+(a ratio of sums: speculation's gains come in bursts, which a per-step median would miss).
+
+How it chooses: speculation first; once it has `WARMUP[SPECULATE]` measured steps,
+`WARMUP[PLAIN]` plain steps measure plain decoding. Then the faster arm runs (plain decoding only when `MARGIN` faster: the estimates are
+noisy and a wrong switch to plain costs more than a wrong stay), and the slower one is probed again for `WARMUP` measured steps
+(its old estimate dropped, `WARMUP` of its steps) after `probe_every` steps of the faster when plain decoding leads, and after
+`PLAIN_PROBE_FACTOR` times as many when speculation leads (plain decoding's rate changes little
+along a text, speculation's a lot). So on a text where speculation loses, the builder decodes
+plainly but for a few probe steps per `probe_every`, and comes back to speculation where it pays.
+
+Lossless: a plain step is a valid draft tree (the root alone), so the output is the target's own,
+whatever the arm. The estimates live in the builder and carry over between generations.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import attrs
+import torch
+
+from treegraft.core.interfaces import BuildResult, StepContext
+from treegraft.core.tree import DraftTree
+
+#: the arms: the builder's own tree, or the root alone (plain decoding)
+SPECULATE, PLAIN = 0, 1
+#: measured steps that make an arm's estimate (and a probe's length), per arm: speculation's
+#: gains come in bursts (a long accepted path now and then), so it is judged over more steps
+WARMUP = (6, 3)
+#: speculation leading: plain decoding is probed after this many times `probe_every` steps
+PLAIN_PROBE_FACTOR = 8
+#: plain decoding leads only when its rate beats speculation's by this fraction (noise)
+MARGIN = 0.1
+
+
+@attrs.define
+class PlainSwitch:
+    """Chooses per step between a builder's speculation and plain decoding (see the module).
+
+    Attributes:
+        probe_every: steps of plain decoding, while it leads, before speculation is probed again.
+        memory: measured steps per arm whose tokens per second make its estimate.
+        now: the wall clock (seconds), replaceable in tests.
+    """
+
+    probe_every: int = 16
+    memory: int = 16
+    now: Callable[[], float] = time.perf_counter
+    arm: int = SPECULATE
+    #: per arm: (tokens, seconds) of its last `memory` measured steps
+    outcomes: list[list[tuple[int, float]]] = attrs.field(factory=lambda: [[], []])
+    #: steps since each arm last ran; steps left in the current probe
+    idle: list[int] = attrs.field(factory=lambda: [0, 0])
+    probing: int = 0
+    # the step now running: its index (None: none), start (seconds), committed length, whether
+    # it is left out of the estimates, and whether its generation has called a strong drafter
+    _step: int | None = attrs.field(default=None, init=False)
+    _start: float = attrs.field(default=0.0, init=False)
+    _committed: int = attrs.field(default=0, init=False)
+    _skip: bool = attrs.field(default=False, init=False)
+    _called: bool = attrs.field(default=False, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.probe_every < 1:
+            raise ValueError(f"probe_every: expected at least 1 step, got {self.probe_every}")
+        if self.memory < 1:
+            raise ValueError(f"memory: expected at least 1 step, got {self.memory}")
+
+    @property
+    def steps(self) -> list[int]:
+        """Measured steps in each arm's estimate."""
+        return [len(r) for r in self.outcomes]
+
+    def rate(self, arm: int) -> float:
+        """Estimated tokens per second of `arm`: all tokens over all seconds of its measured
+        steps (0.0: none)."""
+        seconds = sum(s for _, s in self.outcomes[arm])
+        return sum(t for t, _ in self.outcomes[arm]) / seconds if seconds > 0 else 0.0
+
+    def plain(self, step: StepContext) -> bool:
+        """Record the previous step's outcome and say whether this step decodes plainly."""
+        if step.step is None:  # outside the decode loop
+            return False
+        now = self.now()
+        self._record(step, now)
+        if step.step == 0:
+            self._called = False
+        self._step, self._start, self._committed = step.step, now, step.committed_len
+        previous = self.arm
+        self.arm = self._choose()
+        # the first speculative step after plain ones also pays the drafters' catching up
+        self._skip = self.arm == SPECULATE and previous == PLAIN
+        self.idle[self.arm] = 0
+        self.idle[1 - self.arm] += 1
+        return self.arm == PLAIN
+
+    def note(self, calls: tuple[int, ...]) -> None:
+        """The drafters a speculative step called, layer by layer: the step of a generation's
+        first strong call also reads the prompt into that drafter, so it is not measured."""
+        if not self._called and any(c > 0 for c in calls):
+            self._called = self._skip = True
+
+    def _record(self, step: StepContext, now: float) -> None:
+        """The previous step's tokens per second, under its arm, if it was one to measure: the
+        step before this one in the same generation, not its first (which read the prompt), nor
+        one that paid for catching up (`_skip`)."""
+        if self._step is None or self._step == 0 or step.step != self._step + 1 or self._skip:
+            return
+        seconds = now - self._start
+        if seconds <= 0:
+            return
+        outcomes = self.outcomes[self.arm]
+        outcomes.append((step.committed_len - self._committed, seconds))
+        del outcomes[: -self.memory]
+
+    def _choose(self) -> int:
+        if self.probing:
+            self.probing -= 1
+            return self.arm
+        steps = self.steps
+        if steps[SPECULATE] < WARMUP[SPECULATE]:
+            return SPECULATE
+        if steps[PLAIN] < WARMUP[PLAIN]:
+            return PLAIN
+        ahead = self.rate(PLAIN) > (1.0 + MARGIN) * self.rate(SPECULATE)
+        best = PLAIN if ahead else SPECULATE
+        other = 1 - best
+        wait = self.probe_every * (PLAIN_PROBE_FACTOR if best == SPECULATE else 1)
+        if self.idle[other] < wait:
+            return best
+        self.outcomes[other] = []  # a fresh estimate from the probe
+        self.probing = WARMUP[other]  # the probe's first step may go unmeasured (catching up)
+        return other
+
+
+def plain_step(step: StepContext) -> BuildResult:
+    """A step without drafting: the root alone, verified by one target forward of one token."""
+    tree = DraftTree.from_root(step.root, device=step.root.device, dtype=step.dtype)
+    kept = torch.zeros(1, dtype=torch.long, device=tree.device)
+    return BuildResult(tree=tree, kept=kept, calls=(), unpruned=tree, plain=True)

@@ -1,0 +1,185 @@
+"""The feature-level drafter: lossless alone and in a shared tree, fed by the target runner's
+hidden states without an extra forward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import greedy_reference, memory_resources, tiny_llama
+from tests.core.test_decoder import repetitive_prompt
+from treegraft.core.pipeline import load_pipeline
+from treegraft.core.runner import CausalLMRunner
+from treegraft.core.tree import DraftTree
+from treegraft.plugins.drafters.eagle import EagleDrafter
+from treegraft.plugins.drafters.feature_head import FeatureHead, HeadSpec, load_head, resolve_head
+
+VOCAB = 48
+HIDDEN = 32
+
+
+@pytest.fixture(scope="module")
+def head_dir(tmp_path_factory) -> Path:
+    """A random (untrained) head for the tiny target: drafts only steer, so any head is lossless."""
+    torch.manual_seed(0)
+    net = FeatureHead(HeadSpec(hidden_size=HIDDEN, intermediate_size=24, vocab_size=VOCAB))
+    return net.save(tmp_path_factory.mktemp("head") / "h")
+
+
+def target() -> torch.nn.Module:
+    return tiny_llama(seed=1, vocab=VOCAB, hidden=HIDDEN)
+
+
+def spec(head: Path, drafters: str, scheduler="never", verifier=None, grafter=True) -> dict:
+    eagle = {"name": "eagle", "head": str(head)}
+    sets = {
+        "eagle": {"e": eagle},
+        "ngram+eagle": {"w": {"name": "ngram", "max_ngram": 3}, "e": eagle},
+        "eagle+lm": {"e": eagle, "s": {"name": "hf_lm", "model": "mem:draft"}},
+    }
+    out = {
+        "target": "mem:target",
+        "drafters": sets[drafters],
+        "builder": {"name": "layered", "depth": 4, "top_k": 2, "budget": 10},
+        "scheduler": scheduler,
+        "decoding": {"max_new_tokens": 24, "dtype": "float64"},
+    }
+    if grafter:
+        out |= {"rescorer": "overwrite", "grafter": {"name": "reselect", "lookback": 2}}
+    if verifier is not None:
+        out["verifier"] = verifier
+    return out
+
+
+def resources():
+    return memory_resources(
+        target=target(), draft=tiny_llama(seed=2, vocab=VOCAB, hidden=16, layers=1, heads=2)
+    )
+
+
+@pytest.mark.parametrize(
+    ("drafters", "scheduler"),
+    [
+        ("eagle", "never"),
+        ("ngram+eagle", "always"),
+        ("ngram+eagle", {"name": "layers", "layers": [1, 3]}),
+        ("eagle+lm", "always"),
+    ],
+)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_eagle_drafting_equals_plain_greedy(head_dir, drafters, scheduler, seed):
+    """Alone (weak), as the strong drafter grafting into the n-gram tree, and as the weak
+    drafter under an LM: the output is the target's greedy decoding, token for token."""
+    res = resources()
+    pipe = load_pipeline(spec(head_dir, drafters, scheduler), resources=res)
+    prompt = repetitive_prompt(seed, 14)
+    got = pipe.generate(prompt).token_ids
+    assert list(got) == greedy_reference(res.models["mem:target"], prompt, 24)
+    drafted = [e for e in pipe.generate(prompt).events if e.tree_size > 0]
+    assert drafted  # the head drafted (from the second step on)
+
+
+def test_the_target_hands_out_features_without_an_extra_forward(head_dir):
+    """Every target forward is a step's verification; the features the runner keeps are the
+    model's final-norm hidden states of the committed tokens."""
+    res = resources()
+    pipe = load_pipeline(spec(head_dir, "eagle"), resources=res)
+    runner = pipe.decoder.target
+    prompt = repetitive_prompt(3, 10)
+    events = pipe.generate(prompt).events
+    assert runner.forwards == len(events) and runner.lean
+    ids = runner.committed_ids()[: runner.n_cached]
+    with torch.no_grad():
+        want = res.models["mem:target"].model(input_ids=ids[None]).last_hidden_state[0]
+    torch.testing.assert_close(runner.hidden_states(), want, rtol=1e-9, atol=1e-9)
+    assert sum(e.accepted for e in events) >= 0 and runner.hidden_states().shape[0] > 10
+
+
+def test_features_follow_the_accepted_path_through_compaction():
+    """After a tree forward and a commit of one path, the kept features are those of a plain
+    forward of the committed sequence (the rejected nodes' rows are compacted away)."""
+    model = target()
+    runner = CausalLMRunner(model)
+    runner.track_hidden()
+    runner.begin(torch.tensor([3, 4, 5, 6]), max_len=8)  # the features' buffer grows
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _ in range(3):
+            root = int(runner.committed_ids()[-1])
+            tokens = torch.randint(0, VOCAB, (6,), generator=g)
+            tokens[0] = root
+            tree = DraftTree.from_parents(tokens, torch.tensor([-1, 0, 0, 1, 2, 3]))
+            runner.forward_tree(tree)
+            path = tree.path_to(5)  # 0 -> 1 -> 3 -> 5
+            runner.commit(path, torch.tensor([*tokens[path[1:]].tolist(), 7]))
+        ids = runner.committed_ids()[: runner.n_cached]
+        want = model.model(input_ids=ids[None]).last_hidden_state[0]
+    torch.testing.assert_close(runner.hidden_states(), want, rtol=1e-9, atol=1e-9)
+
+
+def test_pointmass_sampling_with_eagle_drafts_is_the_target_law(head_dir):
+    """Sampling through eagle trees (the head drafts from the second step on): the second token's
+    law is the target's (Pearson's chi-square against the exact law, rare cells pooled)."""
+    res = resources()
+    raw = spec(head_dir, "ngram+eagle", "always", {"name": "pointmass", "temperature": 1.0})
+    raw["decoding"]["max_new_tokens"] = 2
+    pipe = load_pipeline(raw, resources=res)
+    prompt = repetitive_prompt(5, 12)
+    model = res.models["mem:target"]
+    with torch.no_grad():
+        first = model(prompt[None]).logits[0, -1].softmax(-1)  # [V]
+        rows = torch.cat([prompt.repeat(VOCAB, 1), torch.arange(VOCAB)[:, None]], dim=1)
+        law = first @ model(rows).logits[:, -1].softmax(-1)  # [V] the second token's law
+    runs = 400
+    counts = torch.zeros(VOCAB, dtype=torch.float64)
+    drafted = 0
+    for s in range(runs):
+        pipe.decoder.seed = s
+        events = pipe.generate(prompt).events
+        counts[events[-1].tokens[-1]] += 1
+        drafted += events[-1].tree_size > 0
+    assert drafted == runs
+    expected = law * runs
+    rare = expected < 5
+    observed, expected = counts[~rare], expected[~rare]
+    if rare.any():
+        observed = torch.cat([observed, counts[rare].sum().reshape(1)])
+        expected = torch.cat([expected, (law * runs)[rare].sum().reshape(1)])
+    stat = float(((observed - expected) ** 2 / expected).sum())
+    dof = observed.numel() - 1
+    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2), torch.tensor(stat / 2)))
+    assert p_value > 1e-3, (stat, dof)
+
+
+def test_the_first_step_drafts_nothing_and_a_second_forward_is_not_needed(head_dir):
+    res = resources()
+    pipe = load_pipeline(spec(head_dir, "eagle"), resources=res)
+    events = pipe.generate(repetitive_prompt(1, 9)).events
+    assert events[0].tree_size == 0 and any(e.tree_size > 0 for e in events[1:])
+
+
+def test_head_errors_name_the_field(head_dir, tmp_path):
+    res = resources()
+    with pytest.raises(FileNotFoundError, match="head 'zoo:nope' not found: expected 'zoo:NAME'"):
+        load_pipeline(spec("zoo:nope", "eagle"), resources=res)
+    torch.manual_seed(0)
+    wrong = FeatureHead(HeadSpec(hidden_size=HIDDEN, intermediate_size=8, vocab_size=VOCAB + 1))
+    wrong.save(tmp_path / "w")
+    with pytest.raises(ValueError, match=r"head: .* was made for a vocabulary of 49"):
+        load_pipeline(spec(tmp_path / "w", "eagle"), resources=resources())
+    with pytest.raises(ValueError, match="head: the eagle drafter reads the target runner"):
+        EagleDrafter.from_config(EagleDrafter.Config(head=str(head_dir)), memory_resources())
+    with pytest.raises(ValueError, match="hidden states are kept only on the lean forward"):
+        CausalLMRunner(target(), forward="transformers").track_hidden()
+
+
+def test_a_saved_head_loads_back_equal(head_dir):
+    net = load_head(str(head_dir), dtype=torch.float32)
+    assert resolve_head(str(head_dir)) == head_dir
+    x, e = torch.randn(3, HIDDEN), torch.randn(3, HIDDEN)
+    torch.manual_seed(0)
+    again = FeatureHead(HeadSpec(hidden_size=HIDDEN, intermediate_size=24, vocab_size=VOCAB))
+    again = again.to(torch.bfloat16).to(torch.float32)  # stored in bf16
+    torch.testing.assert_close(net(x, e), again(x, e))

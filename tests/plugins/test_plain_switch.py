@@ -1,0 +1,176 @@
+"""The plain switch: plain decoding where speculation loses, speculation where it pays, and the
+output exactly plain greedy decoding's either way."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import attrs
+import pytest
+import torch
+
+from tests.conftest import greedy_reference, tiny_llama
+from treegraft.core.config import NoConfig
+from treegraft.core.decoder import Decoder, StopRule
+from treegraft.core.interfaces import Drafter, LayerState, Scheduler, StepOutcome
+from treegraft.core.runner import CausalLMRunner
+from treegraft.core.tree import DraftTree, Proposal
+from treegraft.plugins.builders.layered import LayeredBuilder, LayeredConfig
+from treegraft.plugins.builders.plain_switch import PLAIN, SPECULATE, WARMUP, PlainSwitch
+from treegraft.plugins.verifiers.greedy import GreedyVerifier
+
+VOCAB = 48
+DEPTH = 3
+#: modelled seconds: one target forward, one drafter layer
+TARGET_S, LAYER_S = 1.0, 0.3
+
+
+@attrs.define
+class FakeClock:
+    """Modelled time: each step's start adds a target forward, each drafter layer adds its cost."""
+
+    t: float = 0.0
+
+    def now(self) -> float:
+        self.t += TARGET_S
+        return self.t
+
+
+@attrs.define
+class StubDrafter(Drafter):
+    """Proposes one child per node: the target's greedy continuation (`truth`) where `agrees`
+    says so for the committed length, else a wrong token; each layer costs `LAYER_S`."""
+
+    truth: list[int]
+    agrees: object  # (committed length) -> bool
+    clock: FakeClock
+    committed: int = 0
+    Config = NoConfig
+
+    def begin(self, prompt, *, max_len):
+        self.committed = prompt.numel()
+
+    def expand(self, tree: DraftTree, nodes, k):
+        self.clock.t += LAYER_S
+        depth = tree.depth[nodes].tolist()
+        want = [self.truth[self.committed + d] for d in depth]
+        if not self.agrees(self.committed):
+            want = [(t + 1) % VOCAB for t in want]
+        return Proposal(
+            parents=nodes.clone(),
+            tokens=torch.tensor(want, dtype=torch.long)[:, None],
+            logp=torch.full((len(want), 1), -0.1, dtype=tree.score.dtype),
+        )
+
+    def commit(self, accepted, tokens):
+        self.committed += int(tokens.numel())
+
+
+@attrs.define
+class Never(Scheduler):
+    """Never calls a stronger drafter; keeps the outcomes it observes."""
+
+    Config = NoConfig
+    config: NoConfig
+    outcomes: list = attrs.field(factory=list)
+
+    def decide(self, state: LayerState) -> int:
+        return 0
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self.outcomes.append(outcome)
+
+
+def decode(agrees, *, switch: bool, new_tokens: int = 70):
+    """Events and tokens of a generation with the stub drafter, and the reference tokens."""
+    model = tiny_llama(seed=1, vocab=VOCAB)
+    prompt = torch.randint(0, VOCAB, (6,), generator=torch.Generator().manual_seed(0))
+    want = greedy_reference(model, prompt, new_tokens + DEPTH + 2)
+    clock = FakeClock()
+    builder = LayeredBuilder(
+        LayeredConfig(depth=DEPTH, top_k=1, budget=DEPTH, plain_switch=switch, probe_every=8)
+    )
+    if switch:
+        builder.switch.now = clock.now
+    scheduler = Never(NoConfig())
+    decoder = Decoder(
+        target=CausalLMRunner(model),
+        drafters=(StubDrafter([*prompt.tolist(), *want], agrees, clock),),
+        builder=builder,
+        scheduler=scheduler,
+        verifier=GreedyVerifier(NoConfig()),
+    )
+    with torch.inference_mode():
+        events = list(decoder.steps(prompt, StopRule(max_new_tokens=new_tokens)))
+    tokens = [t for e in events for t in e.tokens]
+    return events, tokens, want[:new_tokens], builder, scheduler
+
+
+def plain(event) -> bool:
+    return event.build.plain
+
+
+def test_a_drafter_that_never_agrees_decodes_plainly_and_exactly():
+    events, tokens, want, builder, scheduler = decode(lambda n: False, switch=True)
+    assert tokens == want
+    late = events[sum(WARMUP) + 2 :]
+    assert sum(map(plain, late)) >= 0.5 * len(late)  # 8 plain steps per 7-step probe
+    assert any(not plain(e) for e in late)  # speculation is probed again
+    assert all(e.tree_size == 0 and e.calls == () for e in events if plain(e))
+    assert len(scheduler.outcomes) == sum(not plain(e) for e in events)  # plain steps unseen
+    assert builder.switch.rate(PLAIN) > builder.switch.rate(SPECULATE) > 0
+    without, tokens_without, *_ = decode(lambda n: False, switch=False)
+    assert tokens_without == want and not any(map(plain, without))
+
+
+def test_speculation_comes_back_where_it_pays_and_stays_exact():
+    prompt_len, stretch = 6, 30
+    events, tokens, want, builder, _ = decode(lambda n: n >= prompt_len + stretch, switch=True)
+    assert tokens == want
+    early = [e for e in events if sum(len(x.tokens) for x in events[: e.step]) < stretch]
+    assert sum(map(plain, early)) >= len(early) // 2
+    tail = events[-5:-1]
+    assert not any(map(plain, tail)) and all(e.accepted == DEPTH for e in tail)
+    assert builder.switch.rate(SPECULATE) > builder.switch.rate(PLAIN)
+
+
+def test_speculation_that_pays_is_not_switched_off():
+    events, tokens, want, *_ = decode(lambda n: True, switch=True)
+    assert tokens == want
+    assert sum(map(plain, events)) <= WARMUP[PLAIN]  # the steps measuring plain decoding
+
+
+def test_the_switch_checks_its_settings():
+    with pytest.raises(ValueError, match="probe_every: expected at least 1 step, got 0"):
+        PlainSwitch(probe_every=0)
+    with pytest.raises(ValueError, match="memory: expected at least 1 step, got 0"):
+        PlainSwitch(memory=0)
+
+
+def test_trees_built_outside_the_decode_loop_always_speculate():
+    """Offline tools (the value system) rebuild trees with `step` None: never plain, unmeasured."""
+    switch = PlainSwitch()
+    switch.outcomes = [[(1, 2.0)] * 6, [(1, 1.0)] * 3]  # plain decoding leads
+    offline = SimpleNamespace(step=None, committed_len=9, prompt_len=6)
+    assert not switch.plain(offline) and switch.steps == [6, 3]
+    assert switch.plain(SimpleNamespace(step=4, committed_len=9, prompt_len=6))  # plain leads
+
+
+def test_catching_up_steps_are_not_measured_and_bursts_count():
+    """The step of a generation's first strong call is left out; an arm's rate is its tokens over
+    its seconds, so speculation's bursts of long accepted paths count in full."""
+    clock = iter(range(0, 1000, 2))  # every step lasts 2 seconds
+    switch = PlainSwitch(now=lambda: float(next(clock)))
+
+    def step(i: int, committed: int, calls=(0,)) -> bool:
+        plain = switch.plain(SimpleNamespace(step=i, committed_len=committed, prompt_len=5))
+        if not plain:
+            switch.note(calls)
+        return plain
+
+    step(0, 5)
+    step(1, 9, calls=(0, 1))  # the first strong call: not measured
+    step(2, 13)
+    assert switch.steps == [0, 0]  # step 0 (prompt) and step 1 (first call) left out
+    switch.outcomes = [[(1, 1.0), (1, 1.0), (10, 1.0), (1, 1.0)], [(1, 0.5)] * 3]
+    assert switch.rate(SPECULATE) == 13 / 4 and switch.rate(PLAIN) == 2.0

@@ -1,0 +1,113 @@
+"""The feature head's distillation (treegraft/zoo/train_head.py) on the tiny corpus."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.conftest import tiny_llama
+from treegraft.plugins.drafters.feature_head import load_head
+from treegraft.zoo import ZOO_DIR
+from treegraft.zoo.corpus import CorpusConfig, build_corpus
+from treegraft.zoo.train import RecipeError, batch_at, load_teacher, load_tokens, tokenizer_dir
+from treegraft.zoo.train_head import (
+    CHECKPOINT_FILE,
+    load_head_recipe,
+    new_run,
+    train_head,
+    unrolled_losses,
+)
+
+VOCAB = 8192  # the zoo tokenizer's
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory, tiny_config: CorpusConfig) -> Path:
+    out = tmp_path_factory.mktemp("head-corpus")
+    build_corpus(tiny_config, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("teacher") / "t"
+    tiny_llama(seed=3, vocab=VOCAB, hidden=32, dtype=torch.float32).save_pretrained(path)
+    return path
+
+
+def write_recipe(path: Path, corpus: Path, teacher: Path, **overrides: object) -> Path:
+    recipe = {
+        "name": "tiny-head",
+        "target": str(teacher),
+        "intermediate_size": 16,
+        "tokens": 6 * 2 * 32,
+        "corpus": str(corpus),
+        "unroll": 2,
+        "seq_len": 32,
+        "batch_size": 2,
+        "warmup_steps": 2,
+        "valid_fraction": 0.05,
+        "valid_batches": 1,
+        "eval_every": 3,
+        "checkpoint_every": 3,
+        "log_every": 1,
+        **overrides,
+    }
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def test_resumed_head_run_equals_an_uninterrupted_one_and_exports(tmp_path, corpus, teacher):
+    recipe = load_head_recipe(write_recipe(tmp_path / "r.yaml", corpus, teacher))
+    whole = train_head(recipe, runs=tmp_path / "a")
+    train_head(recipe, runs=tmp_path / "b", max_steps=4)
+    assert (tmp_path / "b" / "tiny-head" / CHECKPOINT_FILE).is_file()
+    assert not (tmp_path / "b" / "tiny-head" / "export").exists()  # unfinished: not exported
+    resumed = train_head(recipe, runs=tmp_path / "b", resume=True)
+    assert resumed.step == whole.step == 6
+    for key, value in whole.head.state_dict().items():
+        torch.testing.assert_close(resumed.head.state_dict()[key], value)
+    export = tmp_path / "a" / "tiny-head" / "export"
+    record = json.loads((export / "training.json").read_text())
+    assert record["steps"] == 6 and len(record["valid_agreement_per_depth"]) == 2
+    head = load_head(str(export), dtype=torch.float32)
+    assert head.spec.vocab_size == VOCAB and head.spec.hidden_size == 32
+
+
+def test_head_training_lowers_the_loss(tmp_path, corpus, teacher):
+    """On a fixed batch, the trained head's loss is well below the initial head's."""
+    recipe = load_head_recipe(
+        write_recipe(tmp_path / "r.yaml", corpus, teacher, tokens=40 * 2 * 32, lr=1e-2)
+    )
+    target = load_teacher(str(teacher))
+    tokens = load_tokens(corpus, tokenizer_dir(recipe))
+    batch = batch_at(tokens, 0, seed=7, batch_size=4, seq_len=32)
+    with torch.no_grad():
+        before = float(unrolled_losses(new_run(recipe, target).head, target, batch, recipe)[0])
+    run = train_head(recipe, runs=tmp_path / "runs")
+    with torch.no_grad():
+        after = float(unrolled_losses(run.head, target, batch, recipe)[0])
+    assert after < 0.9 * before
+
+
+def test_cli_train_head(tmp_path, corpus, teacher):
+    from typer.testing import CliRunner
+
+    from treegraft.zoo.cli import app
+
+    recipe = write_recipe(tmp_path / "r.yaml", corpus, teacher)
+    args = ["train-head", "--recipe", str(recipe), "--runs", str(tmp_path / "runs")]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "head")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "head" / "head.safetensors").is_file()
+
+
+def test_head_recipes_are_strict(tmp_path, corpus, teacher):
+    with pytest.raises(RecipeError, match="unroll"):
+        load_head_recipe(write_recipe(tmp_path / "r.yaml", corpus, teacher, unroll="two"))
+    shipped = load_head_recipe(ZOO_DIR / "recipes" / "heads" / "head.yaml")
+    assert shipped.target == "zoo:target" and shipped.unroll >= 1
