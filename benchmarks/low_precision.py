@@ -23,21 +23,9 @@ from pathlib import Path
 import torch
 
 from treegraft import zoo
+from treegraft.conformance.matrix import reference
 from treegraft.core.pipeline import load_pipeline, resolve_pipeline
 from treegraft.core.resources import Resources
-
-
-def plain(model, ids: torch.Tensor, max_new_tokens: int) -> list[int]:
-    """The target's own greedy decoding (no stop at EOS, as the pipeline is told)."""
-    with torch.inference_mode():
-        out = model.generate(
-            ids[None],
-            attention_mask=torch.ones(1, ids.numel(), dtype=torch.long),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=None,  # past EOS, as the pipeline is told (`stop_at_eos: false`)
-        )
-    return out[0, ids.numel() :].tolist()
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -61,7 +49,7 @@ def run_dtype(dtype: str, pipeline: str, prompts: list[str], max_new_tokens: int
     for text in prompts:
         ids = pipe.encode(text)
         got = list(pipe.generate(ids).token_ids)
-        firsts.append(first_difference(got, plain(target, ids, max_new_tokens)))
+        firsts.append(first_difference(got, reference(target, ids, max_new_tokens)))
     diverged = [f for f in firsts if f is not None]
     return {
         "dtype": dtype,

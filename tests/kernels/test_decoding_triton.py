@@ -12,7 +12,14 @@ import pytest
 
 from tests.conftest import greedy_reference, memory_resources, tiny_llama
 from tests.core.test_decoder import repetitive_prompt
-from tests.test_pipelines import SHIPPED, VOCAB, in_memory, pipeline_runners, zoo_stand_ins
+from tests.test_pipelines import (
+    LEAN_ONLY,
+    SHIPPED,
+    VOCAB,
+    in_memory,
+    pipeline_runners,
+    zoo_stand_ins,
+)
 from treegraft.core.pipeline import load_pipeline
 
 SPEC = {
@@ -58,7 +65,7 @@ class TestTritonDecoding:
 
 
 class TestTritonShippedPipelines:
-    @pytest.mark.parametrize("name", SHIPPED)
+    @pytest.mark.parametrize("name", [n for n in SHIPPED if n not in LEAN_ONLY])
     def test_shipped_pipeline_through_triton_equals_plain_greedy(
         self, name: str, triton_device: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:

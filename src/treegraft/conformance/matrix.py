@@ -77,13 +77,13 @@ def prompts(vocab: int, seed: int = 0) -> list[torch.Tensor]:
     return [short, long]
 
 
-def reference(model: Any, prompt: torch.Tensor) -> list[int]:
-    """The model's own greedy continuation (`generate`, no sampling)."""
+def reference(model: Any, prompt: torch.Tensor, max_new_tokens: int = NEW_TOKENS) -> list[int]:
+    """The model's own greedy continuation (`generate`, no sampling, past any EOS)."""
     with torch.inference_mode():
         out = model.generate(
             prompt[None],
             attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long),
-            max_new_tokens=NEW_TOKENS,
+            max_new_tokens=max_new_tokens,
             do_sample=False,
             eos_token_id=None,
             pad_token_id=0,
