@@ -1,0 +1,94 @@
+"""The runner's key/value cache: one preallocated tensor per model, behind Hugging Face's `Cache`.
+
+`CausalLMRunner` owns one per generation; the lean forward writes into its tensor directly, and
+`transformers`' forward through `TreeKVCache.update`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache
+
+
+class TreeKVCache(Cache):
+    """A Hugging Face `Cache` that writes into the runner's preallocated tensor.
+
+    `kv` is `[n_layers, 2, n_kv_heads, capacity, head_dim]`. It is allocated by `allocate`
+    (the lean forward, which writes into it directly) or at the first `update`, from the shapes
+    of the keys and values the model hands over: models whose keys and values differ in width
+    (multi-head latent attention) keep each in the first columns of the slot. Each `update` stores
+    the new keys/values at slots `[write_start, write_start + q)` and returns the cache up to the
+    end of the written block (prefix + region), so attention costs O(prefix).
+    """
+
+    def __init__(
+        self, n_layers: int, capacity: int, *, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        super().__init__(layers=[])
+        self.n_layers, self.capacity = n_layers, capacity
+        self.dtype, self.device = dtype, device
+        self.kv: Tensor | None = None  # [n_layers, 2, n_kv_heads, capacity, head_dim]
+        self.widths = (0, 0)  # key and value head widths
+        self.write_start = 0
+
+    def allocate(self, n_kv_heads: int, key_width: int, value_width: int) -> Tensor:
+        """Allocate the tensor (zeros) for heads of these widths; returns it."""
+        shape = (self.n_layers, 2, n_kv_heads, self.capacity, max(key_width, value_width))
+        self.kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.widths = (key_width, value_width)
+        return self.kv
+
+    def grow(self, capacity: int) -> None:
+        """Keep the first `capacity` slots' contents and make room for `capacity` slots."""
+        if self.kv is not None:
+            old = self.kv
+            shape = list(old.shape)
+            shape[3] = capacity
+            self.kv = torch.zeros(shape, dtype=old.dtype, device=old.device)
+            self.kv[:, :, :, : old.shape[3]] = old
+        self.capacity = capacity
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
+        heads, kw, vw = key_states.shape[1], key_states.shape[-1], value_states.shape[-1]
+        if self.kv is None:
+            self.allocate(heads, kw, vw)
+        elif (heads, kw, vw) != (self.kv.shape[2], *self.widths):
+            raise ValueError(
+                f"layer {layer_idx} hands the cache {heads} key/value heads of widths {kw}/{vw}, "
+                f"but earlier layers had {self.kv.shape[2]} of widths {self.widths[0]}/"
+                f"{self.widths[1]}: layers of different shapes are not supported"
+            )
+        end = self.write_start + key_states.shape[-2]
+        layer = self.kv[layer_idx]  # [2, H, capacity, D]
+        layer[0, :, self.write_start : end, :kw] = key_states[0]
+        layer[1, :, self.write_start : end, :vw] = value_states[0]
+        keys = layer[0, :, :end] if kw == layer.shape[-1] else layer[0, :, :end, :kw]
+        values = layer[1, :, :end] if vw == layer.shape[-1] else layer[1, :, :end, :vw]
+        keys, values = keys.unsqueeze(0), values.unsqueeze(0)
+        if layer.device != key_states.device:  # a layer placed on another device (device map)
+            return keys.to(key_states.device), values.to(key_states.device)
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.write_start
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+    def __len__(self) -> int:
+        return self.n_layers
+
+
+def cache_geometry(model: PreTrainedModel) -> tuple[int, int, int]:
+    """(n_layers, n_kv_heads, head_dim) of a decoder-only model's attention."""
+    cfg = (
+        model.config.get_text_config(decoder=True)
+        if hasattr(model.config, "get_text_config")
+        else model.config
+    )
+    n_heads = cfg.num_attention_heads
+    n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+    return cfg.num_hidden_layers, n_kv, head_dim
