@@ -103,3 +103,12 @@ def word_tokenizer(vocab: int):
     tok = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny random model (vocabulary 64) and its tokenizer saved in Hugging Face format."""
+    path = tmp_path_factory.mktemp("tiny-model")
+    tiny_llama(seed=5, vocab=64).save_pretrained(path)
+    word_tokenizer(64).save_pretrained(path)
+    return path

@@ -13,7 +13,7 @@ from click.testing import Result
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
-from tests.conftest import greedy_reference, tiny_llama, word_tokenizer
+from tests.conftest import greedy_reference
 from treegraft import cli
 from treegraft.cli import _describe_field, app
 from treegraft.core.registry import default_registry
@@ -30,15 +30,6 @@ def wide_consoles(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def invoke(*args: str) -> Result:
     return CliRunner().invoke(app, list(args))
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random model and its tokenizer saved in Hugging Face format."""
-    path = tmp_path_factory.mktemp("tiny-model")
-    tiny_llama(seed=5, vocab=VOCAB).save_pretrained(path)
-    word_tokenizer(VOCAB).save_pretrained(path)
-    return path
 
 
 def pipeline_file(tmp_path: Path, target: str, **overrides: Any) -> Path:

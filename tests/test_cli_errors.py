@@ -17,7 +17,6 @@ import yaml
 from click.testing import Result
 
 from tests import faulty
-from tests.conftest import tiny_llama, word_tokenizer
 from tests.core.test_registry import FakeDistribution, scheduler_plugin
 from tests.test_cli import VOCAB, invoke, pipeline_file, wide_consoles  # noqa: F401
 from treegraft.cli import app
@@ -61,15 +60,6 @@ def assert_clean_process(proc: subprocess.CompletedProcess, code: int, *needles:
     for needle in needles:
         assert needle in stderr, stderr
     return stderr
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random model and its tokenizer saved in Hugging Face format."""
-    path = tmp_path_factory.mktemp("tiny-model")
-    tiny_llama(seed=5, vocab=VOCAB).save_pretrained(path)
-    word_tokenizer(VOCAB).save_pretrained(path)
-    return path
 
 
 @pytest.fixture

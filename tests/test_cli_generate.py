@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.conftest import greedy_reference, tiny_llama, word_tokenizer
-from tests.test_cli import VOCAB, invoke, pipeline_file
+from tests.conftest import greedy_reference
+from tests.test_cli import invoke, pipeline_file
 from treegraft import cli
 from treegraft.cli_generate import GenerateOptions, apply_options, flag_error
 from treegraft.core.config import ConfigError, pipeline_spec_from_dict
@@ -23,14 +23,6 @@ PROMPT = "t1 t2 t3 t4 t1 t2 t3 t4 t1 t2"
 def wide_consoles(monkeypatch: pytest.MonkeyPatch) -> None:
     for console in (cli.out, cli.console):
         monkeypatch.setattr(console, "_width", 1000)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny-model")
-    tiny_llama(seed=5, vocab=VOCAB).save_pretrained(path)
-    word_tokenizer(VOCAB).save_pretrained(path)
-    return path
 
 
 def expected_ids(folder: Path, n: int = 12) -> list[int]:

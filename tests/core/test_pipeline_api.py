@@ -7,20 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import greedy_reference, tiny_llama, word_tokenizer
+from tests.conftest import greedy_reference, word_tokenizer
 from treegraft.core.config import ConfigError, pipeline_spec_from_dict
 from treegraft.core.pipeline import Generation, is_prompt_list, load_pipeline
 
 VOCAB = 64
 CHAT = "{% for m in messages %}t60 {{ m['content'] }} t61{% endfor %}{% if add_generation_prompt %} t62{% endif %}"
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny-model")
-    tiny_llama(seed=5, vocab=VOCAB).save_pretrained(path)
-    word_tokenizer(VOCAB).save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")
