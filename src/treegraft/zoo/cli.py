@@ -12,6 +12,13 @@ app = typer.Typer(help="Build, train and export the embedded model zoo.", no_arg
 RecipeOpt = Annotated[
     Path, typer.Option("--recipe", exists=True, dir_okay=False, help="Recipe YAML file.")
 ]
+#: the options `train` and `train-head` share
+ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue from the run's checkpoint.")]
+MaxStepsOpt = Annotated[
+    int | None, typer.Option(help="Stop after this many steps (stays resumable).")
+]
+RunsOpt = Annotated[Path, typer.Option(help="Directory of run folders.")]
+DEFAULT_RUNS = Path("~/.cache/treegraft/zoo-runs")
 
 
 @app.command("build-corpus")
@@ -109,15 +116,9 @@ def build_suites_cmd(
 @app.command("train")
 def train_cmd(
     recipe: RecipeOpt,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue from the run's checkpoint.")
-    ] = False,
-    max_steps: Annotated[
-        int | None, typer.Option(help="Stop after this many steps (stays resumable).")
-    ] = None,
-    runs: Annotated[Path, typer.Option(help="Directory of run folders.")] = Path(
-        "~/.cache/treegraft/zoo-runs"
-    ),
+    resume: ResumeOpt = False,
+    max_steps: MaxStepsOpt = None,
+    runs: RunsOpt = DEFAULT_RUNS,
 ) -> None:
     """Train (or resume) a recipe; exports to RUNS/NAME/export when it finishes."""
     from treegraft.zoo.train import load_recipe, train
@@ -129,15 +130,9 @@ def train_cmd(
 @app.command("train-head")
 def train_head_cmd(
     recipe: RecipeOpt,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue from the run's checkpoint.")
-    ] = False,
-    max_steps: Annotated[
-        int | None, typer.Option(help="Stop after this many steps (stays resumable).")
-    ] = None,
-    runs: Annotated[Path, typer.Option(help="Directory of run folders.")] = Path(
-        "~/.cache/treegraft/zoo-runs"
-    ),
+    resume: ResumeOpt = False,
+    max_steps: MaxStepsOpt = None,
+    runs: RunsOpt = DEFAULT_RUNS,
     out: Annotated[
         Path | None, typer.Option(help="Where the finished head goes (default: RUNS/NAME/export).")
     ] = None,
