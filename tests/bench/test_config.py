@@ -160,7 +160,7 @@ def test_the_shipped_paper_configs_are_valid(name: str, max_new: int):
     assert cfg.settings.max_new_tokens == max_new
     for pair in cfg.pairs:
         labels = [p.label for p in pipeline_plans(cfg, pair)]
-        assert len(labels) >= len(BASELINES) - 2 and "treegraft-distilled" in labels
+        assert len(labels) >= len(BASELINES) - 2 and "treegraft-distilled-adaptive" in labels
 
 
 def test_the_tutorial_config_is_valid():

@@ -17,9 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-import numpy as np
-import torch
-from torch import Tensor
 
 #: layer types whose keys are those of plain causal attention (with or without a window)
 FULL_TYPES = frozenset({"full_attention", "attention", "global", "global_attention"})
@@ -44,16 +41,9 @@ class LayerRule:
     window: int | None = None
     chunk: int | None = None
 
-    def restrict(self, visible: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray) -> np.ndarray:
-        """`visible` (`[q, kv]` bool) narrowed to this rule's keys."""
-        if self.window is not None:
-            visible = visible & ((q_pos[:, None] - k_pos[None, :]) < self.window)
-        if self.chunk is not None:
-            visible = visible & ((q_pos[:, None] // self.chunk) == (k_pos[None, :] // self.chunk))
-        return visible
-
-    def restrict_tensor(self, visible: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """`restrict` with torch tensors (any device)."""
+    def restrict(self, visible: Any, q_pos: Any, k_pos: Any) -> Any:
+        """`visible` (`[q, kv]` bool; numpy arrays or torch tensors alike, with `[q]` and `[kv]`
+        positions) narrowed to this rule's keys."""
         if self.window is not None:
             visible = visible & ((q_pos[:, None] - k_pos[None, :]) < self.window)
         if self.chunk is not None:
@@ -171,10 +161,3 @@ def refused_message(model: Any, ref: str, why: str) -> str:
         "Use another model for this role, or decode it with plain `generate`; docs/models.md "
         "lists the supported architectures"
     )
-
-
-def key_positions(n_prefix: int, root_position: int, depth: Tensor) -> Tensor:
-    """`[n_prefix + n]` positions of the keys of a forward: prefix slot `i` holds position `i`;
-    tree node `j` sits at the root's position plus its depth."""
-    prefix = torch.arange(n_prefix, device=depth.device)
-    return torch.cat([prefix, depth.to(torch.long) + root_position])

@@ -335,9 +335,8 @@ class CausalLMRunner:
         numpy = isinstance(mask, np.ndarray)
 
         def narrow(rule: Any) -> Any:
-            if numpy:
-                return torch.from_numpy(rule.restrict(mask, q_pos, k_pos))
-            return rule.restrict_tensor(mask, q_pos, k_pos)
+            out = rule.restrict(mask, q_pos, k_pos)
+            return torch.from_numpy(out) if numpy else out
 
         if rules.by_type is None:
             return narrow(rules.single)
