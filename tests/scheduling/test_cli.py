@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import attrs
 import pytest
 from typer.testing import CliRunner
@@ -76,6 +78,17 @@ def test_cli_errors_are_one_line(tmp_path):
     assert result.exit_code == 2 and "spread: 0.8 is below 1" in result.output, result.output
     result = runner.invoke(app, ["collect", "--cost-jitter", "-3"])
     assert result.exit_code == 2 and "--cost-jitter: -3 draws" in result.output, result.output
+
+
+def test_collect_executor_errors_come_before_any_model_loads(tmp_path, monkeypatch):
+    result = runner.invoke(app, ["collect", "--executor", "dask", "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "--executor: expected local or ray, got 'dask'" in result.output
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where it is missing
+    result = runner.invoke(app, ["collect", "--executor", "ray", "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "Ray is not installed" in result.output and "treegraft[ray]" in result.output
+    assert not any(tmp_path.iterdir())
 
 
 def test_measured_costs_are_positive_and_grow_with_tokens():

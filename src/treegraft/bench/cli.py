@@ -18,6 +18,31 @@ from typer.core import TyperGroup
 from treegraft.console import console, out
 from treegraft.console import fail as _fail
 
+# the options of `bench run` that `scheduler collect` shares (docs/scaling.md)
+ProgressOption = Annotated[bool, typer.Option(help="show a progress bar with an ETA")]
+ExecutorOption = Annotated[
+    str | None,
+    typer.Option(
+        "--executor", help="where the work runs: local (default) or ray (docs/scaling.md)"
+    ),
+]
+RayAddressOption = Annotated[
+    str | None, typer.Option("--ray-address", help="Ray cluster to join (default: start one)")
+]
+WorkersOption = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        help="Ray actors to start (default: as many as the cluster's CPUs, or GPUs, fit)",
+    ),
+]
+NumCpusOption = Annotated[
+    float | None, typer.Option("--num-cpus", help="CPUs each Ray actor requests (default 1)")
+]
+NumGpusOption = Annotated[
+    float | None, typer.Option("--num-gpus", help="GPUs each Ray actor requests (default 0)")
+]
+
 
 class DefaultToRun(TyperGroup):
     """A group whose default sub-command is `run`: `bench X.yaml` means `bench run X.yaml`."""
@@ -75,7 +100,7 @@ def run(
     max_new_tokens: Annotated[
         int | None, typer.Option("--max-new-tokens", help="tokens generated per prompt at most")
     ] = None,
-    progress: Annotated[bool, typer.Option(help="show a progress bar with an ETA")] = True,
+    progress: ProgressOption = True,
     resume: Annotated[
         bool,
         typer.Option(
@@ -87,22 +112,11 @@ def run(
     force: Annotated[
         bool, typer.Option("--force", help="overwrite the results already in a non-empty --out")
     ] = False,
-    executor: Annotated[
-        str | None,
-        typer.Option(
-            "--executor", help="where units run: local (default) or ray (docs/scaling.md)"
-        ),
-    ] = None,
-    ray_address: Annotated[
-        str | None, typer.Option("--ray-address", help="Ray cluster to join (default: start one)")
-    ] = None,
-    workers: Annotated[int | None, typer.Option("--workers", help="Ray actors to start")] = None,
-    num_cpus: Annotated[
-        float | None, typer.Option("--num-cpus", help="CPUs each Ray actor requests")
-    ] = None,
-    num_gpus: Annotated[
-        float | None, typer.Option("--num-gpus", help="GPUs each Ray actor requests")
-    ] = None,
+    executor: ExecutorOption = None,
+    ray_address: RayAddressOption = None,
+    workers: WorkersOption = None,
+    num_cpus: NumCpusOption = None,
+    num_gpus: NumGpusOption = None,
     retries: Annotated[
         int | None,
         typer.Option("--retries", help="reruns of a failed unit before it counts failed"),

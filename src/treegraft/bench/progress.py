@@ -170,9 +170,9 @@ class PromptBar:
 
 
 @contextlib.contextmanager
-def prompt_progress(names: Sequence[str]) -> Iterator[PromptBar]:
+def prompt_progress(names: Sequence[str], *, show: bool = True) -> Iterator[PromptBar]:
     """A progress bar over prompts on stderr (prompt, step, tokens so far, elapsed time, ETA after
-    the first prompt), live for the duration of the `with` block."""
+    the first prompt), live for the duration of the `with` block (`show=False`: none drawn)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from treegraft.console import console
@@ -184,6 +184,7 @@ def prompt_progress(names: Sequence[str]) -> Iterator[PromptBar]:
         TimeElapsedColumn(),
         SteadyEtaColumn(warmup=1),
         console=console,
+        disable=not show,
     )
     with bar:
         yield PromptBar(bar, bar.add_task("collect", total=len(names)), names)

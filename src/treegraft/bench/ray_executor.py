@@ -37,6 +37,20 @@ def import_ray() -> Any:
     return ray
 
 
+def fit_workers(
+    ray: Any, workers: int | None, num_cpus: float, num_gpus: float, n_items: int
+) -> int:
+    """Actors to start: `workers`, or (None) as many as the cluster's resources fit with
+    `num_cpus` and `num_gpus` each; at most one per item, at least one."""
+    if workers is not None:
+        return max(1, min(workers, n_items))
+    total = ray.cluster_resources()
+    fit = [int(total.get("CPU", 1) // num_cpus)] if num_cpus else []
+    if num_gpus:
+        fit.append(int(total.get("GPU", 0) // num_gpus))
+    return max(1, min([*fit, n_items] if fit else [n_items]))
+
+
 class RayUnitWorker:
     """The actor class: a `UnitRunner` living in a Ray worker process."""
 
@@ -90,15 +104,8 @@ class RayExecutor:
                 ray.shutdown()
 
     def worker_count(self, ray: Any, n_units: int) -> int:
-        """Actors to start: `workers`, or as many as the cluster's resources fit, at most one
-        per unit."""
-        if self.workers is not None:
-            return max(1, min(self.workers, n_units))
-        total = ray.cluster_resources()
-        fit = [int(total.get("CPU", 1) // self.num_cpus)] if self.num_cpus else []
-        if self.num_gpus:
-            fit.append(int(total.get("GPU", 0) // self.num_gpus))
-        return max(1, min([*fit, n_units] if fit else [n_units]))
+        """Actors to start (`fit_workers`)."""
+        return fit_workers(ray, self.workers, self.num_cpus, self.num_gpus, n_units)
 
     def _run(self, ray: Any, units: list[Unit], progress: Progress) -> Iterator[UnitResult]:
         if not units:

@@ -5,6 +5,8 @@ each actor runs `setup()` once (load a pipeline, say) and then `work(state, item
 it is handed; the results come back in the order of `items`, whichever actor finished first, so a
 sharded run yields exactly what a local run (`executor="local"`) yields, provided `work` itself
 reads no clock (measure costs once on the driver and ship them inside `setup`'s closure).
+An item that raises on a worker (or whose worker dies) ends the map with a `ShardError` naming
+its index; `on_result` sees each result as it arrives (a progress display on the driver).
 """
 
 from __future__ import annotations
@@ -14,6 +16,15 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+class ShardError(Exception):
+    """An item failed on a Ray worker: `index` is its position in `items`, `reason` why."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(f"item {index}: {reason}")
+        self.index = index
+        self.reason = reason
 
 
 class ShardWorker:
@@ -33,33 +44,44 @@ def map_items(
     items: Sequence[T],
     *,
     executor: str = "local",
-    workers: int = 2,
+    workers: int | None = 2,
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
     address: str | None = None,
+    on_result: Callable[[int, R], None] | None = None,
 ) -> list[R]:
-    """`[work(setup(), item) for item in items]`, locally or over `workers` Ray actors.
+    """`[work(setup(), item) for item in items]`, locally or over `workers` Ray actors (None: as
+    many as the cluster's resources fit, `fit_workers`).
 
     With `ray`, each actor calls `setup()` once; an actor is handed the next item as soon as it
-    is idle, and the results are merged in the order of `items`. `ray.init(address)` is called
-    unless Ray is initialised already (a cluster started here is shut down at the end).
+    is idle, and the results are merged in the order of `items`; an item that fails raises
+    `ShardError`. `ray.init(address)` is called unless Ray is initialised already (a cluster
+    started here is shut down at the end). `on_result(index, result)` is called as each item
+    finishes (in completion order).
     """
+    report = on_result or (lambda index, result: None)
     if executor == "local":
         state = setup()
-        return [work(state, item) for item in items]
+        return [_reported(report, i, work(state, item)) for i, item in enumerate(items)]
     if executor != "ray":
         raise ValueError(f"executor: expected 'local' or 'ray', got {executor!r}")
-    from treegraft.bench.ray_executor import import_ray
+    from treegraft.bench.ray_executor import fit_workers, import_ray
 
     ray = import_ray()
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     try:
-        return _map_on_ray(ray, setup, work, items, workers, num_cpus, num_gpus)
+        count = fit_workers(ray, workers, num_cpus, num_gpus, len(items))
+        return _map_on_ray(ray, setup, work, items, count, num_cpus, num_gpus, report)
     finally:
         if started:
             ray.shutdown()
+
+
+def _reported(report: Callable[[int, Any], None], index: int, result: R) -> R:
+    report(index, result)
+    return result
 
 
 def _map_on_ray(
@@ -70,23 +92,36 @@ def _map_on_ray(
     workers: int,
     num_cpus: float,
     num_gpus: float,
+    report: Callable[[int, Any], None],
 ) -> list[Any]:
     actor_class = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(ShardWorker)
-    actors = [actor_class.remote(setup, work) for _ in range(max(1, min(workers, len(items))))]
+    actors = [actor_class.remote(setup, work) for _ in range(workers)] if items else []
     todo = list(enumerate(items))[::-1]
     results: dict[int, Any] = {}
-    running: dict[Any, Any] = {}
+    running: dict[Any, tuple[Any, int]] = {}
     try:
         idle = list(actors)
         while todo or running:
             while idle and todo:
-                actor = idle.pop()
-                running[actor.run.remote(*todo.pop())] = actor
+                actor, (index, item) = idle.pop(), todo.pop()
+                running[actor.run.remote(index, item)] = (actor, index)
             ready, _ = ray.wait(list(running), num_returns=1)
-            idle.append(running.pop(ready[0]))
-            index, result = ray.get(ready[0])
-            results[index] = result
+            actor, index = running.pop(ready[0])
+            results[index] = _result(ray, ready[0], index)
+            idle.append(actor)
+            report(index, results[index])
     finally:
         for actor in actors:
             ray.kill(actor)
     return [results[i] for i in range(len(items))]
+
+
+def _result(ray: Any, ref: Any, index: int) -> Any:
+    """The result of item `index`'s task `ref`, or a `ShardError` saying why there is none."""
+    try:
+        return ray.get(ref)[1]
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None) or exc
+        raise ShardError(index, f"{type(cause).__name__}: {cause}") from None
+    except ray.exceptions.RayActorError as exc:
+        raise ShardError(index, f"its Ray worker died or did not start: {exc}") from None

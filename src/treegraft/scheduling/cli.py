@@ -12,6 +12,14 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from treegraft.bench.cli import (
+    ExecutorOption,
+    NumCpusOption,
+    NumGpusOption,
+    ProgressOption,
+    RayAddressOption,
+    WorkersOption,
+)
 from treegraft.bench.progress import prompt_progress
 from treegraft.console import console, out
 from treegraft.console import fail as _fail
@@ -146,16 +154,29 @@ def collect(
         float, typer.Option(help="each cost-jitter factor lies in [1/SPREAD, SPREAD]")
     ] = 1.6,
     threads: Annotated[int | None, typer.Option(help=THREADS_HELP)] = None,
+    executor: ExecutorOption = None,
+    ray_address: RayAddressOption = None,
+    workers: WorkersOption = None,
+    num_cpus: NumCpusOption = None,
+    num_gpus: NumGpusOption = None,
+    progress: ProgressOption = True,
 ) -> None:
-    """Label every layer decision of every step by valuing all 2^depth schedules (no target runs)."""
+    """Label every layer decision of every step by valuing all 2^depth schedules (no target runs).
+
+    With `--executor ray` the prompts are sharded over Ray workers (each loads the pipeline
+    once); the driver measures the costs, merges the prompts' rows in prompt order and writes
+    the same dataset as a local collection (docs/scaling.md).
+    """
     import time
 
     set_threads(threads)
+    shards = executor_options(executor, ray_address, workers, num_cpus, num_gpus)
 
     from treegraft.core.config import ConfigError
     from treegraft.core.pipeline import load_pipeline
     from treegraft.scheduling.value_costs import check_jitter
     from treegraft.scheduling.value_eval import measure_costs
+    from treegraft.scheduling.value_shards import collect_sharded, follow_scheduler
     from treegraft.scheduling.value_system import CostModel, Dataset, PromptIds, ValueSystemError
     from treegraft.scheduling.value_system import (
         collect as run_collect,
@@ -181,12 +202,18 @@ def collect(
         meta = {"pipeline_raw": raw, **how, "kinds": [p.kind for p in texts]}
         if follow is not None:
             meta["follow_artifact"] = follow
-        with prompt_progress([p.id for p in ids]) as progress:
-            data = run_collect(
-                pipe, ids, cost, max_new_tokens=max_new_tokens, progress=progress,
-                extra_meta=meta, follow=policy, policy_labels=policy_labels,
-                jitter=cost_jitter, jitter_spread=jitter_spread, jitter_seed=seed,
-            )  # fmt: skip
+        settings = {"max_new_tokens": max_new_tokens, "policy_labels": policy_labels}
+        settings |= {"jitter": cost_jitter, "jitter_spread": jitter_spread, "jitter_seed": seed}
+        with prompt_progress([p.id for p in ids], show=progress) as bar:
+            if shards is None:
+                data = run_collect(
+                    pipe, ids, cost, progress=bar, extra_meta=meta, follow=policy, **settings
+                )
+            else:
+                data = collect_sharded(
+                    pipe, ids, cost, raw=raw, shards=shards, follow=follow, threads=threads,
+                    progress=bar, extra_meta=meta, **settings,
+                )  # fmt: skip
     except (ConfigError, ValueSystemError, FileNotFoundError) as exc:
         _fail(str(exc))
     data.save(out_dir)
@@ -194,17 +221,28 @@ def collect(
     console.print(f"wrote {data.n_rows} decisions to {out_dir}")
 
 
-def follow_scheduler(artifact: str, pipe: Any) -> Any:
-    """The `distilled` scheduler of `artifact` for `pipe`'s strongest drafter (ConfigError if the
-    artifact is missing or expects other features)."""
+def executor_options(
+    executor: str | None,
+    address: str | None,
+    workers: int | None,
+    num_cpus: float | None,
+    num_gpus: float | None,
+) -> dict[str, Any] | None:
+    """`map_items`' options for `--executor ray` (None: the local collection); a bad executor,
+    or Ray missing, is an argument error."""
+    from treegraft.bench.ray_executor import import_ray
     from treegraft.core.config import ConfigError
-    from treegraft.plugins.schedulers.distilled import DistilledConfig, DistilledScheduler
 
-    config = DistilledConfig(artifact=artifact, drafter=-1)
+    if executor in (None, "local"):
+        return None
+    if executor != "ray":
+        _fail(f"--executor: expected local or ray, got {executor!r}")
     try:
-        return DistilledScheduler.from_config(config, pipe.resources)
+        import_ray()
     except ConfigError as exc:
-        raise ConfigError(f"--follow: {exc}") from None
+        _fail(str(exc))
+    options = {"workers": workers, "num_cpus": num_cpus or 1.0, "num_gpus": num_gpus or 0.0}
+    return {"executor": "ray", "address": address, **options}
 
 
 def _cost_line(cost: Any) -> str:

@@ -184,11 +184,12 @@ def evaluate(
     with QueryCounter(model) as counter:
         for name, scheduler in schedulers.items():
             replay, target = replay_pipeline(pipe, cost.target)
-            times = ModelledTimes(source=target, cost=cost, counter=counter, strong=s)
-            decoder = attrs.evolve(replay.decoder, scheduler=scheduler, times=times)
+            decoder = attrs.evolve(replay.decoder, scheduler=scheduler)
             replay = attrs.evolve(replay, decoder=decoder)
             totals = np.zeros(4)
             for p in prompts:
+                # empty forward times at every prompt, as in collection (`search_decoder`)
+                decoder.times = ModelledTimes(source=target, cost=cost, counter=counter, strong=s)
                 target.expect(p.continuation)
                 counter.take()
                 for event in replay.steps(p.ids, max_new_tokens=max_new_tokens):

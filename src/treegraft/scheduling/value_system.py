@@ -101,7 +101,8 @@ def search_decoder(
     """`decoder` as the value system steps it: against a `ReplayTarget` that answers from the
     known greedy continuation (the target never runs), with the forward times of the cost model
     (`ModelledTimes`: the same scheduler inputs at every collection and replay). One per
-    collection: its times carry over from generation to generation, as a decoder's do."""
+    generation: each prompt starts from empty forward times, so its rows depend on it alone
+    (`PromptCollector`); replay evaluation does the same (`value_eval.evaluate`)."""
     target = ReplayTarget(
         vocab_size=decoder.target.vocab_size,
         curve=cost.target,
@@ -356,6 +357,84 @@ def with_continuations(
     ]
 
 
+@attrs.define
+class PromptCollector:
+    """Collects one prompt at a time on a pipeline (`collect_prompt` from a fresh
+    `search_decoder`): built once per process, as a Ray worker keeps its models across prompts.
+
+    A prompt's rows depend on that prompt and its index only: its forward times start empty (a
+    fresh `ModelledTimes`) and its cost-jitter draws come from a generator seeded by
+    `(jitter_seed, index)`. So any split of the prompts over processes, merged by index, gives the
+    rows of one process collecting them in order (`treegraft scheduler collect --executor ray`).
+    """
+
+    pipe: Pipeline
+    cost: CostModel
+    max_new_tokens: int
+    strong: int
+    follow: Scheduler | None = None
+    policy_labels: bool = False
+    jitter: int = 0
+    jitter_spread: float = 1.6
+    jitter_seed: int = 0
+
+    @classmethod
+    def start(cls, pipe: Pipeline, cost: CostModel, **settings: Any) -> PromptCollector:
+        """A collector after checking `pipe` and the settings (`ValueSystemError` otherwise);
+        `settings`: the keyword arguments of `collect` from `max_new_tokens` on."""
+        if settings.get("policy_labels") and settings.get("follow") is None:
+            raise ValueSystemError("policy labels need a scheduler to follow (--follow)")
+        check_jitter(settings.get("jitter", 0), settings.get("jitter_spread", 1.6))
+        strong = check_pipeline(pipe, settings.pop("strong", -1))
+        return cls(pipe, cost, strong=strong, **settings)
+
+    def __call__(
+        self, index: int, prompt: PromptIds, progress: Progress | None = None
+    ) -> PromptRecord:
+        """The record of `prompt`, the collection's prompt `index` (its continuation is computed
+        if missing)."""
+        pipe, s = self.pipe, self.strong
+        (prompt,) = with_continuations(pipe, [prompt], self.max_new_tokens)
+        rng = np.random.default_rng([self.jitter_seed, index])
+
+        def draws() -> list[CostScale]:
+            return draw_scales(rng, self.jitter, self.jitter_spread)
+
+        plans = all_plans(pipe.decoder.builder.config.depth, s)
+        stop = pipe.stop_rule(self.max_new_tokens, stop=[])
+        model = pipe.resources.model(strong_model_ref(pipe, s))
+        with torch.inference_mode(), QueryCounter(model) as counter:
+            decoder = search_decoder(pipe.decoder, self.cost, counter, s)
+            searcher = StepSearcher.begin(
+                decoder, prompt=prompt.ids, continuation=prompt.continuation, stop=stop
+            )
+            return collect_prompt(
+                searcher, prompt, plans, index=index, progress=progress, follow=self.follow,
+                policy_labels=self.policy_labels, jitter=draws if self.jitter else None,
+            )  # fmt: skip
+
+    def meta(self, seconds: float) -> dict[str, Any]:
+        """The dataset's metadata of this collection (`seconds`: its wall time)."""
+        pipe, s = self.pipe, self.strong
+        return {
+            "pipeline": pipe.spec.source,
+            "target": pipe.spec.target,
+            "strong_model": strong_model_ref(pipe, s),
+            "strong": s,
+            "depth": pipe.decoder.builder.config.depth,
+            "max_new_tokens": self.max_new_tokens,
+            "collect_seconds": seconds,
+            "followed": "oracle" if self.follow is None else "scheduler",
+            "labels": "policy" if self.policy_labels else "best",
+            "cost_jitter": {
+                "draws": self.jitter,
+                "spread": self.jitter_spread,
+                "seed": self.jitter_seed,
+            },
+            "machine": machine(pipe.resources.device),
+        }
+
+
 def collect(
     pipe: Pipeline,
     prompts: Sequence[PromptIds],
@@ -371,7 +450,8 @@ def collect(
     jitter_spread: float = 1.6,
     jitter_seed: int = 0,
 ) -> Dataset:
-    """Collect labelled decisions on `prompts` (their continuations are computed if missing).
+    """Collect labelled decisions on `prompts`, one after another (`PromptCollector`; their
+    continuations are computed if missing).
 
     `extra_meta` (e.g. the pipeline mapping, how the prompts were chosen) goes into `meta.json`.
     `follow`: advance along this scheduler's plans instead of the oracle's (DAgger-style data on
@@ -379,56 +459,17 @@ def collect(
     `policy_labels` (with `follow`): label each decision by the value of switching it given
     `follow`'s later decisions (Q of the policy) instead of the best later decisions (Q*).
     `jitter`: label every step again under this many cost scales (`draw_scales` with
-    `jitter_spread`, seeded by `jitter_seed`): rows for a scheduler that must follow the
-    measured times when they drift from the collection's.
+    `jitter_spread`, seeded by `jitter_seed` and the prompt's index): rows for a scheduler that
+    must follow the measured times when they drift from the collection's.
     """
-    if policy_labels and follow is None:
-        raise ValueSystemError("policy labels need a scheduler to follow (--follow)")
-    check_jitter(jitter, jitter_spread)
-    rng = np.random.default_rng(jitter_seed)
-
-    def draws() -> list[CostScale]:
-        return draw_scales(rng, jitter, jitter_spread)
-
-    s = check_pipeline(pipe, strong)
-    plans = all_plans(pipe.decoder.builder.config.depth, s)
-    prompts = with_continuations(pipe, prompts, max_new_tokens)
-    stop = pipe.stop_rule(max_new_tokens, stop=[])
-    model = pipe.resources.model(strong_model_ref(pipe, s))
-    records = []
+    collector = PromptCollector.start(
+        pipe, cost, max_new_tokens=max_new_tokens, strong=strong, follow=follow,
+        policy_labels=policy_labels, jitter=jitter, jitter_spread=jitter_spread,
+        jitter_seed=jitter_seed,
+    )  # fmt: skip
     start = time.perf_counter()
-    with torch.inference_mode(), QueryCounter(model) as counter:
-        decoder = search_decoder(pipe.decoder, cost, counter, s)
-        for i, p in enumerate(prompts):
-            searcher = StepSearcher.begin(
-                decoder, prompt=p.ids, continuation=p.continuation, stop=stop
-            )
-            records.append(
-                collect_prompt(
-                    searcher,
-                    p,
-                    plans,
-                    index=i,
-                    progress=progress,
-                    follow=follow,
-                    policy_labels=policy_labels,
-                    jitter=draws if jitter else None,
-                )
-            )
-    meta = {
-        "pipeline": pipe.spec.source,
-        "target": pipe.spec.target,
-        "strong_model": strong_model_ref(pipe, s),
-        "strong": s,
-        "depth": pipe.decoder.builder.config.depth,
-        "max_new_tokens": max_new_tokens,
-        "collect_seconds": time.perf_counter() - start,
-        "followed": "oracle" if follow is None else "scheduler",
-        "labels": "policy" if policy_labels else "best",
-        "cost_jitter": {"draws": jitter, "spread": jitter_spread, "seed": jitter_seed},
-        "machine": machine(pipe.resources.device),
-        **(extra_meta or {}),
-    }
+    records = [collector(i, p, progress) for i, p in enumerate(prompts)]
+    meta = {**collector.meta(time.perf_counter() - start), **(extra_meta or {})}
     return Dataset.from_records(records, cost, meta)
 
 
