@@ -23,6 +23,7 @@ from treegraft.conformance.matrix import (
     check_architecture,
     read_table,
     run_role,
+    tiny_llama,
 )
 from treegraft.conformance.tiny import causal_lm_types, tiny_model
 from treegraft.core.config import ConfigError
@@ -33,17 +34,13 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 COMMITTED = read_table(DOCS.read_text())
 
 
-def _llama(seed: int):
-    return tiny_model("llama", seed=seed)
-
-
 def test_the_table_lists_every_causal_lm_type() -> None:
     assert sorted(COMMITTED) == causal_lm_types()
 
 
 @pytest.mark.parametrize("model_type", causal_lm_types())
 def test_architecture_is_exact_or_refused_and_matches_the_table(model_type: str) -> None:
-    row = check_architecture(model_type, _llama)
+    row = check_architecture(model_type, tiny_llama)
     assert WRONG not in (row.target.status, row.drafter.status), (
         row.target.reason or row.drafter.reason
     )
