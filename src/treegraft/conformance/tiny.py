@@ -82,6 +82,7 @@ NAME_RULES: tuple[tuple[Callable[[str], bool], int], ...] = (
     (lambda name: name.endswith("head_dim"), 8),
     (lambda name: name.endswith(("embed_dim", "embedding_dim")), 32),
     (lambda name: name.startswith("hidden_size_"), 8),
+    (lambda name: name.startswith("adapter_") and name.endswith(("_dim", "_size")), 32),
 )
 
 #: per model type, fields the generic shrinking cannot infer: values a real checkpoint's
@@ -91,6 +92,7 @@ MODEL_FIELDS: dict[str, dict[str, Any]] = {
     "bamba": {"attn_layer_indices": [1, 3]},
     "granitemoehybrid": {"layer_types": ["mamba", "attention", "mamba", "attention"]},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+    "zamba": {"attn_layer_period": 1, "attn_layer_offset": 0},  # a shared block used twice
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"]},
     "gemma3n_text": {"num_kv_shared_layers": 0},
     # fields the modeling code reads that the config class does not default
@@ -116,8 +118,9 @@ MODEL_FIELDS: dict[str, dict[str, Any]] = {
             "num_kv_shared_layers": 4,
         }
     },
-    "dots3_note_text": {"head_dim": 16},  # sliding layers: qk_nope_head_dim + qk_rope_head_dim
-    "dots3_note": {"adapter_in_dim": 32, "text_config": {"head_dim": 16}},
+    # sliding layers: head_dim = their qk_nope_head_dim (16, shrunk per layer) + qk_rope_head_dim
+    "dots3_note_text": {"head_dim": 24},
+    "dots3_note": {"text_config": {"head_dim": 24}},
     "reformer": {"axial_pos_embds_dim": [16, 16]},
     # one codebook: the decoder takes a prompt of token ids, not a row per codebook
     "musicgen": {"decoder": {"num_codebooks": 1, "decoder_start_token_id": VOCAB - 1}},
@@ -219,6 +222,9 @@ def _shrink_layer(layer: dict[str, Any]) -> dict[str, Any]:
     out = {f: _twice(SHRINK.get(f), v) for f, v in layer.items()}
     if layer.get("num_key_value_heads", 0) == layer.get("num_attention_heads"):
         out["num_key_value_heads"] = out["num_attention_heads"]  # multi-head stays multi-head
+    nope, rope = layer.get("qk_nope_head_dim"), layer.get("qk_rope_head_dim")
+    if nope is not None and rope is not None and layer.get("head_dim") == nope + rope:
+        out["head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]  # latent attention
     return out
 
 
