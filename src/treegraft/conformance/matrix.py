@@ -11,7 +11,10 @@ on a short prompt and on one three times longer than the smallest sliding window
 output with the target's own `generate(do_sample=False)`. A role ends as `exact` (every output
 equal), `refused` (the pipeline refused the model at build time, with its reason) or `WRONG`
 (an output differed: the bug this matrix exists to catch). Architectures the tiny factory cannot
-build are `skipped` with the reason. `render_table` writes the support table of docs/models.md.
+build are `skipped` with the reason. Composite models are saved and loaded from a folder, as a
+user's checkpoint; a model whose own `generate` fails in float64 is checked in float32, and where
+it fails in every dtype only a build-time refusal can be checked (else the row is `skipped`).
+`render_table` writes the support table of docs/models.md.
 """
 
 from __future__ import annotations
@@ -182,7 +185,7 @@ def check_architecture(model_type: str, llama: Callable[..., Any]) -> ArchResult
                 refusal_only(target, drafter, dtype, failure),
                 refusal_only(llama(2, dtype), target, dtype, failure),
             )
-    note = "" if dtype == DTYPES[0] else f"checked in {dtype} (in float64, {failure})"
+    note = "" if dtype == DTYPES[0] else f"checked in {str(dtype)[6:]} (in float64, {failure})"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         as_target = run_role(target, drafter, dtype=dtype, note=note)

@@ -1,10 +1,13 @@
 """Tiny random-weight models of every causal-LM architecture `transformers` can build.
 
-`tiny_config(model_type)` starts from the architecture's default config and shrinks what it
-knows about (widths, depths, heads, experts, vocabulary), keeping its attention rules: sliding
-windows are set small (`WINDOW`) so that short prompts already cross them, and per-layer types
-(global and sliding layers, as in Gemma 2/3) are recomputed for the smaller depth by the config
-class itself. `tiny_model` builds the model on the CPU with seeded random weights.
+`tiny_config(model_type)` starts from the architecture's default config and shrinks it, keeping
+its attention rules: the fields `SHRINK` names (widths, depths, heads, experts, vocabulary), the
+fields `NAME_RULES` recognise by name (further vocabularies, head and embedding widths, adapter
+widths), per-layer overrides, and every sub-config of a composite model (vision, audio, encoder),
+recursively. Sliding windows are set small (`WINDOW`) so that short prompts already cross them;
+per-layer patterns (`layer_types`) are recomputed for the smaller depth by the config class itself,
+or cut so that every kind of layer stays. `MODEL_FIELDS` holds the few values no rule can infer.
+`tiny_model` builds the model as `AutoModelForCausalLM` does, on the CPU with seeded weights.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ SHRINK: dict[str, Any] = {
     "qk_rope_head_dim": 8,
     "qk_nope_head_dim": 8,
     "v_head_dim": 8,
+    "qk_head_dim": 16,  # qk_nope_head_dim + qk_rope_head_dim
     "n_inner": 64,
     "ffn_dim": 64,
     "d_ff": 64,
