@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import CONFIG_MAPPING
 
 from tests.conftest import greedy_reference
 from treegraft.conformance.matrix import (
@@ -22,7 +23,9 @@ from treegraft.conformance.matrix import (
     WRONG,
     check_architecture,
     read_table,
+    reference,
     run_role,
+    tiny_llama,
 )
 from treegraft.conformance.tiny import causal_lm_types, tiny_model
 from treegraft.core.config import ConfigError
@@ -33,17 +36,13 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 COMMITTED = read_table(DOCS.read_text())
 
 
-def _llama(seed: int):
-    return tiny_model("llama", seed=seed)
-
-
 def test_the_table_lists_every_causal_lm_type() -> None:
     assert sorted(COMMITTED) == causal_lm_types()
 
 
 @pytest.mark.parametrize("model_type", causal_lm_types())
 def test_architecture_is_exact_or_refused_and_matches_the_table(model_type: str) -> None:
-    row = check_architecture(model_type, _llama)
+    row = check_architecture(model_type, tiny_llama)
     assert WRONG not in (row.target.status, row.drafter.status), (
         row.target.reason or row.drafter.reason
     )
@@ -130,3 +129,32 @@ def test_bloom_is_refused_at_build_time_naming_class_and_reason() -> None:
     message = str(info.value)
     assert message.startswith("pipeline.drafters.strong.model: model 'mem:bloom'")
     assert "BloomForCausalLM" in message and "ALiBi" in message
+
+
+def test_composite_configs_are_shrunk_recursively() -> None:
+    from treegraft.conformance.tiny import sub_configs, tiny_config
+
+    config = tiny_config("gemma3")  # a text decoder beside a vision tower
+    assert config.text_config.hidden_size == 32 and config.vision_config.hidden_size == 32
+    assert all(getattr(sub, "num_hidden_layers", 4) <= 4 for sub in sub_configs(config))
+
+
+def test_shrunk_layer_patterns_keep_every_kind_of_layer() -> None:
+    from treegraft.conformance.tiny import tiny_config
+
+    for model_type in ("kimi_linear", "bailing_hybrid", "gemma3_text"):
+        full = set(CONFIG_MAPPING[model_type]().layer_types)
+        assert set(tiny_config(model_type).layer_types) == full, model_type
+
+
+def test_a_composite_checkpoint_folder_decodes_exactly(tmp_path: Path) -> None:
+    """A multimodal checkpoint (Gemma 3: text decoder and vision tower) saved with
+    `save_pretrained` and loaded by path, as a user's, decodes text prompts exactly."""
+    from treegraft.testing import word_tokenizer
+
+    model = tiny_model("gemma3", seed=0)
+    model.save_pretrained(tmp_path)
+    word_tokenizer(96).save_pretrained(tmp_path)
+    pipe = load_pipeline(_pipeline(str(tmp_path), str(tmp_path), 8))
+    prompt = torch.randint(0, 96, (40,), generator=torch.Generator().manual_seed(1))
+    assert list(pipe.generate(prompt).token_ids) == reference(model, prompt, 8)

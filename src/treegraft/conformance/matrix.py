@@ -11,25 +11,32 @@ on a short prompt and on one three times longer than the smallest sliding window
 output with the target's own `generate(do_sample=False)`. A role ends as `exact` (every output
 equal), `refused` (the pipeline refused the model at build time, with its reason) or `WRONG`
 (an output differed: the bug this matrix exists to catch). Architectures the tiny factory cannot
-build are `skipped` with the reason. `render_table` writes the support table of docs/models.md.
+build are `skipped` with the reason. Composite models are saved and loaded from a folder, as a
+user's checkpoint; a model whose own `generate` fails in float64 is checked in float32, and where
+it fails in every dtype only a build-time refusal can be checked (else the row is `skipped`).
+`render_table` writes the support table of docs/models.md.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import warnings
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
 
-from treegraft.conformance.tiny import SHRINK, WINDOW, causal_lm_types, tiny_model
+from treegraft.conformance.tiny import VOCAB, WINDOW, causal_lm_types, sub_configs, tiny_model
 
 EXACT, REFUSED, WRONG, SKIPPED = "exact", "refused", "WRONG", "skipped"
 #: tokens generated per output
 NEW_TOKENS = 10
 SHORT_PROMPT = 9
-SHRINK_VOCAB = int(SHRINK["vocab_size"])
+#: dtypes a model is checked in: the first in which its own `generate` runs
+DTYPES = (torch.float64, torch.float32)
 
 
 @attrs.frozen
@@ -91,51 +98,99 @@ def reference(model: Any, prompt: torch.Tensor, max_new_tokens: int = NEW_TOKENS
     return out[0, prompt.numel() :].tolist()
 
 
-def run_role(target: Any, drafter: Any) -> RoleResult:
-    """Decode the prompts with `target` verifying `drafter`'s trees; compare with `generate`."""
-    from treegraft.core.config import ConfigError
-    from treegraft.core.pipeline import load_pipeline
-    from treegraft.core.resources import Resources
+def run_role(
+    target: Any, drafter: Any, *, dtype: torch.dtype = torch.float64, note: str = ""
+) -> RoleResult:
+    """Decode the prompts with `target` verifying `drafter`'s trees; compare with `generate`.
+    `note` is kept as the reason of an exact result."""
+    with tempfile.TemporaryDirectory() as folder:
+        pipeline = build_pipeline(target, drafter, dtype, Path(folder))
+        return pipeline if isinstance(pipeline, RoleResult) else compare(pipeline, target, note)
 
-    resources = Resources(dtype=torch.float64)
-    resources.add_model("mem:target", target)
-    resources.add_model("mem:drafter", drafter)
-    try:
-        pipeline = load_pipeline(pipeline_spec("mem:target", "mem:drafter"), resources=resources)
-    except ConfigError as err:
-        return RoleResult(REFUSED, str(err))
-    vocab = int(target.get_output_embeddings().weight.shape[0])
-    for prompt in prompts(vocab):
+
+def compare(pipeline: Any, target: Any, note: str = "") -> RoleResult:
+    """`EXACT` when `pipeline` decodes both prompts as `target.generate` does, else `WRONG`."""
+    for prompt in prompts(VOCAB):
         got = list(pipeline.generate(prompt).token_ids)
         want = reference(target, prompt)
         if len(want) < NEW_TOKENS:  # `generate` stopped at a token of its own config
             got = got[: len(want)]
         if got != want:
             return RoleResult(WRONG, f"{prompt.numel()}-token prompt: {got} != generate {want}")
-    return RoleResult(EXACT)
+    return RoleResult(EXACT, note)
 
 
-def check_architecture(model_type: str, llama: Callable[[int], Any]) -> ArchResult:
-    """The matrix row of `model_type`; `llama(seed)` builds the tiny Llama of the drafter role."""
+def build_pipeline(target: Any, drafter: Any, dtype: torch.dtype, folder: Path) -> Any:
+    """The matrix's pipeline over `target` and `drafter`, or the `REFUSED` result of its build.
+    A composite model (sub-configs beside its decoder's) is saved under `folder` and loaded
+    from there, as a user's checkpoint is; others are handed over in memory."""
+    from treegraft.core.config import ConfigError
+    from treegraft.core.pipeline import load_pipeline
+    from treegraft.core.resources import Resources
+
+    resources = Resources(dtype=dtype)
+    refs = [
+        _place(resources, m, name, folder) for m, name in ((target, "target"), (drafter, "drafter"))
+    ]
+    spec = pipeline_spec(*refs)
+    spec["decoding"]["dtype"] = str(dtype).removeprefix("torch.")
     try:
-        target = tiny_model(model_type, seed=0)
-        drafter = tiny_model(model_type, seed=1)
-    except Exception as err:  # the tiny factory could not build it: listed with the reason
-        reason = f"{type(err).__name__}: {_first_line(err)}"
-        skipped = RoleResult(SKIPPED, reason)
-        return ArchResult(model_type, "", skipped, skipped)
-    name = type(target).__name__
-    try:
-        reference(target, prompts(SHRINK_VOCAB)[0])
-    except Exception as err:  # the tiny config does not even run `generate`: not ours to judge
-        reason = f"its own generate fails: {type(err).__name__}: {_first_line(err)}"
-        skipped = RoleResult(SKIPPED, reason)
-        return ArchResult(model_type, name, skipped, skipped)
+        return load_pipeline(spec, resources=resources)
+    except ConfigError as err:  # reasons name a saved model by its folder's name
+        return RoleResult(REFUSED, str(err).replace(f"{folder}{os.sep}", ""))
+
+
+def _place(resources: Any, model: Any, name: str, folder: Path) -> str:
+    if not sub_configs(model.config):
+        resources.add_model(f"mem:{name}", model)
+        return f"mem:{name}"
+    from treegraft.testing import word_tokenizer
+
+    model.save_pretrained(folder / name)
+    word_tokenizer(VOCAB).save_pretrained(folder / name)
+    return str(folder / name)
+
+
+def refusal_only(target: Any, drafter: Any, dtype: torch.dtype, failure: str) -> RoleResult:
+    """For a model whose own `generate` fails (nothing to compare with): `REFUSED` when the
+    pipeline refuses it at build time, else `SKIPPED` with `failure`."""
+    with tempfile.TemporaryDirectory() as folder:
+        built = build_pipeline(target, drafter, dtype, Path(folder))
+    return built if isinstance(built, RoleResult) else RoleResult(SKIPPED, failure)
+
+
+def check_architecture(model_type: str, llama: Callable[..., Any]) -> ArchResult:
+    """The matrix row of `model_type`; `llama(seed, dtype)` builds the tiny Llama of the drafter
+    role. Models are float64; one whose own `generate` fails in float64 (parts computed in
+    float32, a float32 mask constant) is checked in float32."""
+    failure = ""
+    for dtype in DTYPES:
+        try:
+            target = tiny_model(model_type, seed=0, dtype=dtype)
+            drafter = tiny_model(model_type, seed=1, dtype=dtype)
+        except Exception as err:  # the tiny factory could not build it: listed with the reason
+            skipped = RoleResult(SKIPPED, f"{type(err).__name__}: {_first_line(err)}")
+            return ArchResult(model_type, "", skipped, skipped)
+        try:
+            reference(target, prompts(VOCAB)[0])
+            break
+        except Exception as err:  # its own generate fails: try the next dtype
+            failure = failure or f"its own generate fails: {type(err).__name__}: {_first_line(err)}"
+    else:
+        with warnings.catch_warnings():  # nothing to compare with: only a refusal is checked
+            warnings.simplefilter("ignore")
+            return ArchResult(
+                model_type,
+                type(target).__name__,
+                refusal_only(target, drafter, dtype, failure),
+                refusal_only(llama(2, dtype), target, dtype, failure),
+            )
+    note = "" if dtype == DTYPES[0] else f"checked in {str(dtype)[6:]} (in float64, {failure})"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        as_target = run_role(target, drafter)
-        as_drafter = run_role(llama(2), target)
-    return ArchResult(model_type, name, as_target, as_drafter)
+        as_target = run_role(target, drafter, dtype=dtype, note=note)
+        as_drafter = run_role(llama(2, dtype), target, dtype=dtype, note=note)
+    return ArchResult(model_type, type(target).__name__, as_target, as_drafter)
 
 
 def run_matrix(
@@ -149,8 +204,12 @@ def run_matrix(
     for model_type in model_types if model_types is not None else causal_lm_types():
         if progress is not None:
             progress(model_type)
-        rows.append(check_architecture(model_type, lambda seed: tiny_model("llama", seed=seed)))
+        rows.append(check_architecture(model_type, tiny_llama))
     return rows
+
+
+def tiny_llama(seed: int, dtype: torch.dtype = torch.float64) -> Any:
+    return tiny_model("llama", seed=seed, dtype=dtype)
 
 
 def render_table(rows: Iterable[ArchResult]) -> str:

@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
-from treegraft.core.attention_rules import ModelRefused, refusal, refused_message
+from treegraft.core.attention_rules import ModelRefused, refusal, refused_message, text_config
 from treegraft.core.devices import device_problem
 from treegraft.core.errors import TreegraftError
 from treegraft.core.placement import load_kwargs
@@ -122,8 +122,8 @@ def hub_hint(ref: str) -> str:
 
 def model_vocab_size(ref: str, memory: dict[str, PreTrainedModel] | None = None) -> int:
     """Vocabulary size from a model's config, without loading its weights."""
-    if memory and ref in memory:
-        return int(memory[ref].config.vocab_size)
+    if memory and ref in memory:  # a composite config (Gemma 3, Llava...) has it in its text config
+        return int(text_config(memory[ref].config).vocab_size)
     config = json.loads((resolve_model_path(ref) / "config.json").read_text())
     cfg = config.get("text_config", config)
     return int(cfg["vocab_size"])
