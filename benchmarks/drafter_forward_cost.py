@@ -19,9 +19,9 @@ from typing import Annotated
 import torch
 import typer
 
-from treegraft.core.latency import chain_tree
 from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner.latency import chain_tree
 from treegraft.plugins.drafters.hf_lm import HFLMConfig, frequent_tokens
 
 SIZES = (1, 4, 16)

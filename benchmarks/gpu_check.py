@@ -14,7 +14,7 @@ in subfolders):
    tokens; tree attention also against torch SDPA given a prebuilt dense mask.
 2. ``pipelines``: the zoo pipelines (zoo:target with zoo:draft-m: the harness's baselines and the
    shipped pipelines) in float32 and bfloat16, with SDPA and with the tree kernel
-   (``decoding.attention``): exactness against plain decoding, tau, tokens/s and its ratio to
+   (``decoding.forward`` lean and tree): exactness against plain decoding, tau, tokens/s and its ratio to
    ``ar-runner`` and ``ar``.
 3. ``curves``: the latency curve t(N), N = 1..256 tokens per forward, of random-weight
    Llama-3-8B- and Llama-3.2-1B-shaped models in bfloat16 built from configs (no downloads), at

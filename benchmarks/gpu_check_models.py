@@ -109,6 +109,10 @@ class ModelSizes:
 
 # ---------------------------------------------------------------------------- zoo pipelines
 
+#: the `decoding.forward` of each attention path compared: SDPA through the lean forward, or the
+#: tree-attention kernel through transformers' forward
+FORWARD_OF = {"sdpa": "lean", "tree": "tree"}
+
 
 def pipeline_rows(sizes: ModelSizes, out: Path) -> list[dict[str, Any]]:
     """Every zoo pipeline in each dtype, with SDPA and with the tree kernel: exactness against
@@ -126,7 +130,7 @@ def pipeline_rows(sizes: ModelSizes, out: Path) -> list[dict[str, Any]]:
                     "max_new_tokens": sizes.max_new_tokens,
                     "dtype": dtype,
                     "device": sizes.device,
-                    "attention": attention,
+                    "forward": FORWARD_OF[attention],
                     "baselines": BASELINES,
                     "pipelines": PIPELINES,
                     "warmup_tokens": 4,
@@ -200,7 +204,7 @@ def random_model(shape: dict[str, int], dtype: torch.dtype, device: str) -> Any:
 
 def curve_queries(largest: int) -> tuple[int, ...]:
     """Tree sizes N (tokens per forward) from 1 to `largest`: powers of two and points between."""
-    from treegraft.core.latency import query_grid
+    from treegraft.core.runner.latency import query_grid
 
     between = [q for q in (3, 6, 12, 24, 48, 96, 160, 192) if q < largest]
     return query_grid(largest, marks=between)
@@ -208,7 +212,8 @@ def curve_queries(largest: int) -> tuple[int, ...]:
 
 def latency_curves(sizes: ModelSizes) -> list[dict[str, Any]]:
     """t(N) of each random model at each context, with SDPA (lean forward) and the tree kernel."""
-    from treegraft.core.latency import measure_latency
+    from treegraft.core.runner import CausalLMRunner
+    from treegraft.core.runner.latency import measure_latency
     from treegraft.kernels.tree_attention.hf import register
 
     queries = curve_queries(sizes.largest_tree)
@@ -219,7 +224,11 @@ def latency_curves(sizes: ModelSizes) -> list[dict[str, Any]]:
             model.set_attn_implementation(implementation)
             for context in sizes.contexts:
                 curve = measure_latency(
-                    model, name, context=context, queries=queries, repeats=sizes.curve_repeats
+                    CausalLMRunner(model),
+                    name,
+                    context=context,
+                    queries=queries,
+                    repeats=sizes.curve_repeats,
                 )
                 curves.append({"attention": attention, **attrs.asdict(curve)})
         del model
@@ -258,12 +267,12 @@ def replay_rows(sizes: ModelSizes, curves: list[dict[str, Any]]) -> list[dict[st
     from treegraft.bench.replay import ReplayDiverged, replay_pipeline
     from treegraft.bench.suites import load_prompts
     from treegraft.bench.sweep import encode_prompt, predicted_run
-    from treegraft.core.latency import LatencyCurve
     from treegraft.core.resources import Resources
+    from treegraft.core.runner.latency import LatencyCurve
 
     config = _replay_config(sizes)
     pair = Pair("zoo:target", "zoo:draft-m")
-    res = Resources.create(device=sizes.device, dtype="float32", attention="sdpa")
+    res = Resources.create(device=sizes.device, dtype="float32", forward="lean")
     ar = hf_methods(pair, config.settings, res)["ar"]
     methods = build_pipelines(pipeline_plans(config, pair), res)
     prompts = [p for s in sizes.suites for p in load_prompts(s, sizes.prompts_per_suite, Path())]
@@ -317,7 +326,7 @@ def _replay_config(sizes: ModelSizes) -> Any:
             "pairs": [{"target": "zoo:target", "drafter": "zoo:draft-m"}],
             "max_new_tokens": sizes.max_new_tokens,
             "device": sizes.device,
-            "attention": "sdpa",
+            "forward": "lean",
             "baselines": [b for b in BASELINES if not b.startswith("hf-")],
             "pipelines": PIPELINES,
         },

@@ -17,9 +17,9 @@ import sys
 import torch
 import yaml
 
-from treegraft.core.kv_cache import cache_geometry
 from treegraft.core.pipeline import load_pipeline, resolve_pipeline
 from treegraft.core.resources import Resources
+from treegraft.core.runner.kv_cache import cache_geometry
 
 
 def rss_mb() -> float:

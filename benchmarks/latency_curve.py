@@ -34,9 +34,9 @@ def serve(model: str, context: int, threads: int) -> None:
     forward of an N-token chain (then rewind it, so the context stays) and answer its seconds."""
     import torch
 
-    from treegraft.core.latency import chain_tree
     from treegraft.core.resources import Resources
     from treegraft.core.runner import CausalLMRunner
+    from treegraft.core.runner.latency import chain_tree
 
     torch.set_num_threads(threads)
     runner = CausalLMRunner(Resources.create(device="cpu", dtype="float32").model(model))

@@ -25,8 +25,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from treegraft import zoo
 from treegraft.core.chat import chat_ids
-from treegraft.core.latency import chain_tree
 from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner.latency import chain_tree
 
 
 def continuations(model, tokenizer, prompts: int, tokens: int) -> list[tuple[list[int], int]]:

@@ -124,14 +124,14 @@ def test_generate_streams_greedy_text_and_a_stats_line(tmp_path: Path, model_dir
     assert int(stats.group(1)) == 12
     assert float(stats.group(2)) >= 1.0
     assert "finish: length" in result.stderr
-    assert "attention sdpa · forwards: target lean" in result.stderr  # auto on CPU
+    assert "forward auto · attention sdpa · forwards: target lean" in result.stderr  # CPU
 
 
 def test_generate_names_the_tree_kernel_when_the_pipeline_selects_it(
     tmp_path: Path, model_dir: Path
 ) -> None:
     prompt = "t1 t2 t3 t4 t1 t2 t3 t4 t1 t2"
-    decoding = {"max_new_tokens": 12, "dtype": "float64", "device": "cpu", "attention": "tree"}
+    decoding = {"max_new_tokens": 12, "dtype": "float64", "device": "cpu", "forward": "tree"}
     tree = invoke(
         "generate",
         "--pipeline",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,7 @@ from treegraft.core.pipeline import (
     load_pipeline,
     resolve_pipeline,
 )
+from treegraft.core.runner.forwards import plan_forward
 from treegraft.plugins.drafters.feature_head import FeatureHead, HeadSpec
 from treegraft.zoo.token_counts import save_counts
 
@@ -112,7 +114,7 @@ LEAN_ONLY = ("eagle-only",)
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("name", [n for n in SHIPPED if n not in LEAN_ONLY])
 def test_shipped_pipeline_through_the_tree_kernel_equals_plain_greedy(name, dtype):
-    """`decoding.attention: tree` on CPU: every tree forward of the target and of each LM drafter
+    """`decoding.forward: tree` on CPU: every tree forward of the target and of each LM drafter
     runs the tree-attention kernel's pure-torch reference, and the output is still plain greedy
     decoding (float32: the reference's float32 softmax against SDPA's, on sharpened tiny models)."""
     import torch
@@ -122,7 +124,7 @@ def test_shipped_pipeline_through_the_tree_kernel_equals_plain_greedy(name, dtyp
     for model in res.models.values():
         model.to(res.dtype)
     raw = in_memory(name)
-    raw["decoding"] |= {"attention": "tree", "dtype": dtype}
+    raw["decoding"] |= {"forward": "tree", "dtype": dtype}
     prompt = repetitive_prompt(13, 18) % VOCAB
     pipe = load_pipeline(raw, resources=res)
     runners = pipeline_runners(pipe)
@@ -135,20 +137,16 @@ def test_shipped_pipeline_through_the_tree_kernel_equals_plain_greedy(name, dtyp
 @pytest.mark.parametrize("name", LEAN_ONLY)
 def test_a_lean_only_pipeline_with_the_tree_kernel_is_refused_naming_why(name):
     raw = in_memory(name)
-    raw["decoding"] |= {"attention": "tree"}
+    raw["decoding"] |= {"forward": "tree"}
     with pytest.raises(TreegraftError, match="hidden states are kept only on the lean forward"):
         load_pipeline(raw, resources=zoo_stand_ins(13))
 
 
-def test_attention_setting_reaches_every_model_and_can_switch_back():
+def test_forward_setting_reaches_every_model_and_can_switch_back():
     res = zoo_stand_ins(3)
-    tree = load_pipeline(
-        {**in_memory("cascade3"), "decoding": {"attention": "tree"}}, resources=res
-    )
+    tree = load_pipeline({**in_memory("cascade3"), "decoding": {"forward": "tree"}}, resources=res)
     assert {m.config._attn_implementation for m in res.models.values()} == {"treegraft_tree"}
-    sdpa = load_pipeline(
-        {**in_memory("cascade3"), "decoding": {"attention": "sdpa"}}, resources=res
-    )
+    sdpa = load_pipeline({**in_memory("cascade3"), "decoding": {"forward": "lean"}}, resources=res)
     assert {m.config._attn_implementation for m in res.models.values()} == {"sdpa"}
     assert all(r.attention == "sdpa" and r.lean for r in pipeline_runners(sdpa))
     prompt = repetitive_prompt(3, 12) % VOCAB
@@ -161,14 +159,42 @@ def test_attention_setting_reaches_every_model_and_can_switch_back():
     assert auto.resources.attention == "sdpa"
 
 
-def test_lean_forward_with_the_tree_kernel_is_a_config_error():
+@pytest.mark.parametrize(
+    ("forward", "tree_kernel", "target", "drafter"),
+    [
+        ("auto", False, "auto", "fused"),
+        ("lean", False, "lean", "fused"),
+        ("transformers", False, "transformers", "transformers"),
+        ("tree", True, "transformers", "transformers"),
+    ],
+)
+def test_one_forward_setting_decides_every_runner(forward, tree_kernel, target, drafter):
+    """`decoding.forward` alone decides how the target and the LM drafters forward."""
+    res = zoo_stand_ins(2)
+    pipe = load_pipeline({**in_memory("cascade3"), "decoding": {"forward": forward}}, resources=res)
+    plan = plan_forward(forward, torch.device("cpu"))
+    assert (plan.tree_kernel, plan.target, plan.drafter) == (tree_kernel, target, drafter)
+    assert pipe.decoder.target.forward == target
+    lms = [d.runner for d in pipe.decoder.drafters if hasattr(d, "runner")]
+    assert lms and all(r.forward == drafter for r in lms)
+    assert {r.attention for r in pipeline_runners(pipe)} == {"tree" if tree_kernel else "sdpa"}
+    # on CUDA, auto is the tree kernel through transformers' forward
+    assert plan_forward("auto", torch.device("cuda")).tree_kernel
+
+
+def test_the_forward_setting_is_validated_and_old_keys_say_where_they_went():
     from treegraft.core.config import ConfigError
 
-    raw = {**in_memory("chain"), "decoding": {"attention": "tree", "forward": "lean"}}
-    with pytest.raises(ConfigError, match=r"decoding.forward: 'lean' runs SDPA attention"):
-        load_pipeline(raw, resources=zoo_stand_ins(1))
-    with pytest.raises(ConfigError, match=r"decoding.attention: .*'flash'"):
-        pipeline_spec_from_dict({**in_memory("chain"), "decoding": {"attention": "flash"}})
+    with pytest.raises(ConfigError, match=r"decoding.forward: expected one of 'auto', .*'flash'"):
+        pipeline_spec_from_dict({**in_memory("chain"), "decoding": {"forward": "flash"}})
+    with pytest.raises(ConfigError, match=r"decoding.attention: no longer a key: merged into "):
+        pipeline_spec_from_dict({**in_memory("chain"), "decoding": {"attention": "tree"}})
+    raw = in_memory("treegraft")
+    raw["drafters"]["strong"]["forward"] = "pipeline"
+    with pytest.raises(ConfigError, match=r"strong.forward: no longer a key: .*decoding.forward"):
+        pipeline_spec_from_dict(raw)
+    with pytest.raises(ValueError, match="forward: expected one of auto, lean, transformers, tree"):
+        plan_forward("sdpa", torch.device("cpu"))
 
 
 @settings(max_examples=max(4, settings().max_examples // 3))

@@ -195,8 +195,8 @@ def _run_generation(
 
 
 def backend_line(pipe) -> str:
-    """Which attention and forward each model of the pipeline runs, for the stats line:
-    `attention tree (kernel: triton) · forwards: target transformers, strong transformers`."""
+    """How each model of the pipeline forwards, for the stats line: `forward tree · attention
+    tree (kernel: triton) · forwards: target transformers, strong transformers`."""
     import torch
 
     from treegraft.core.runner import CausalLMRunner
@@ -214,8 +214,15 @@ def backend_line(pipe) -> str:
         exact = pipe.resources.dtype == torch.float64 and requested_backend() == "auto"
         kernel = "reference" if exact else choose_backend("tree_attention", probe)
         text += f" (kernel: {kernel})"
-    forwards = ", ".join(f"{name} {'lean' if r.lean else 'transformers'}" for name, r in runners)
-    return f"{text} · forwards: {forwards}"
+    forwards = ", ".join(f"{name} {_forward_kind(r)}" for name, r in runners)
+    return f"forward {pipe.spec.decoding.forward} · {text} · forwards: {forwards}"
+
+
+def _forward_kind(runner) -> str:
+    """`lean`, `fused` (the drafters' fused lean forward) or `transformers`."""
+    if not runner.lean:
+        return "transformers"
+    return "fused" if runner.forward == "fused" else "lean"
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:

@@ -16,6 +16,7 @@ from treegraft.bench.replay import (
 )
 from treegraft.core.config import NoConfig
 from treegraft.core.metrics import ForwardTimes
+from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree
 from treegraft.plugins.verifiers.greedy import GreedyVerifier
 
@@ -87,6 +88,7 @@ def test_the_replay_target_answers_its_curve_instead_of_measuring():
 
 
 def test_measure_latency_times_every_point():
-    curve = measure_latency(tiny_llama(seed=4), "mem:x", context=6, queries=(1, 4, 9), repeats=1)
+    runner = CausalLMRunner(tiny_llama(seed=4))
+    curve = measure_latency(runner, "mem:x", context=6, queries=(1, 4, 9), repeats=1)
     assert curve.queries == (1, 4, 9) and curve.context == 6
     assert all(s > 0 for s in curve.seconds)

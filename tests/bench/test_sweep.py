@@ -274,10 +274,10 @@ def test_replay_curves_time_each_lm_drafter_as_its_pipeline_runs_it(tmp_path, mo
     seen = {}
     real = sweep.measure_latency
 
-    def spy(model, ref, **kw):
+    def spy(runner, ref, **kw):
         rows = kw.get("rows")
-        seen[ref] = (kw["forward"], None if rows is None else sorted(rows.tolist()))
-        return real(model, ref, **kw)
+        seen[ref] = (runner.forward, None if rows is None else sorted(rows.tolist()))
+        return real(runner, ref, **kw)
 
     monkeypatch.setattr(sweep, "measure_latency", spy)
     result = run_bench(config, tmp_path / "out", resources=pair_resources(), progress=False)

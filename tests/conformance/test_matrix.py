@@ -105,8 +105,8 @@ def test_without_the_window_rule_the_output_would_differ(monkeypatch) -> None:
     """The bug the rules fix is real: with the window left out of the mask (and the probe
     switched off) a Mistral decodes other tokens than `generate`; with the probe on it is
     refused at build time."""
-    from treegraft.core import runner as runner_module
-    from treegraft.core.attention_rules import AttentionRules
+    from treegraft.core.runner import causal_lm as runner_module
+    from treegraft.core.runner.attention_rules import AttentionRules
 
     monkeypatch.setattr(runner_module, "attention_rules", lambda config: AttentionRules())
     target = tiny_model("mistral", seed=0, sliding_window=16)

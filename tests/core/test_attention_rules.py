@@ -13,7 +13,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from treegraft.core.attention_rules import (
+from treegraft.core.runner.attention_rules import (
     AttentionRules,
     LayerRule,
     ModelRefused,

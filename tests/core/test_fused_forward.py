@@ -12,12 +12,10 @@ from tests.conftest import greedy_reference
 from tests.core.test_lean import llama
 from tests.core.test_runner import random_tree
 from tests.test_pipelines import VOCAB, in_memory, zoo_stand_ins
-from treegraft.core.config import ConfigError, pipeline_spec_from_dict
-from treegraft.core.lean import FusedForward, LeanForward
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner
-from treegraft.plugins.drafters.hf_lm import HFLMConfig, drafter_forward
+from treegraft.core.runner.lean import FusedForward, LeanForward
 
 # float64 too: transformers' RMSNorm (which the lean forward copies) rounds through float32
 TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-4}
@@ -95,20 +93,6 @@ def test_a_model_the_lean_forward_cannot_run_falls_back_to_transformers_under_fu
     assert not CausalLMRunner(model, forward="fused").lean
 
 
-@pytest.mark.parametrize(
-    ("asked", "pipeline", "runs"),
-    [
-        ("fused", "auto", "fused"),
-        ("fused", "lean", "fused"),
-        ("fused", "transformers", "transformers"),
-        ("pipeline", "auto", "auto"),
-        ("pipeline", "lean", "lean"),
-    ],
-)
-def test_drafter_forward_follows_the_pipeline_switch(asked, pipeline, runs):
-    assert drafter_forward(HFLMConfig(model="zoo:draft-s", forward=asked), pipeline) == runs
-
-
 def test_pipelines_run_the_drafter_fused_the_target_lean_and_stay_lossless():
     """The target's forward decides the output: it stays the bitwise lean forward, the LM drafter
     runs fused, and the output is still plain greedy decoding's (float64)."""
@@ -121,12 +105,3 @@ def test_pipelines_run_the_drafter_fused_the_target_lean_and_stay_lossless():
     prompt = torch.arange(3, 21) % VOCAB
     got = list(pipe.generate(prompt).token_ids)
     assert got == greedy_reference(res.models["mem:target"], prompt, 20)
-
-
-def test_drafter_forward_is_validated():
-    raw = in_memory("treegraft")
-    raw["drafters"]["strong"]["forward"] = "jit"
-    with pytest.raises(
-        ConfigError, match=r"pipeline\.drafters\.strong\.forward: expected one of 'fused', "
-    ):
-        pipeline_spec_from_dict(raw)

@@ -14,12 +14,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from tests.conftest import greedy_reference, memory_resources, tiny_llama
 from tests.core.test_runner import random_tree
 from tests.test_pipelines import VOCAB, in_memory, zoo_stand_ins
-from treegraft.core import lean as lean_module
 from treegraft.core.config import ConfigError, pipeline_spec_from_dict
-from treegraft.core.lean import LeanForward, lean_support
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner, watch_forwards
+from treegraft.core.runner import lean as lean_module
+from treegraft.core.runner.lean import LeanForward, lean_support
 from treegraft.core.tree import DraftTree
 
 

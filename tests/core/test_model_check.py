@@ -9,11 +9,11 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from tests.conftest import memory_resources, tiny_llama
 from treegraft.conformance.tiny import tiny_model
-from treegraft.core import runner as runner_module
-from treegraft.core.attention_rules import AttentionRules
 from treegraft.core.config import ConfigError
-from treegraft.core.model_check import probe_model, probe_prompt_length, tolerance
 from treegraft.core.pipeline import load_pipeline
+from treegraft.core.runner import causal_lm as runner_module
+from treegraft.core.runner.attention_rules import AttentionRules
+from treegraft.core.runner.model_check import probe_model, probe_prompt_length, tolerance
 
 
 def _maskless_attention(module, query, key, value, attention_mask, **kwargs):

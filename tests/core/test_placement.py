@@ -11,7 +11,7 @@ from tests.conftest import greedy_reference, tiny_llama, word_tokenizer
 from tests.core.test_decoder import repetitive_prompt
 from treegraft.core.config import ConfigError, pipeline_spec_from_dict
 from treegraft.core.pipeline import load_pipeline
-from treegraft.core.placement import input_device, is_device_map, layer_devices, load_kwargs
+from treegraft.core.runner.placement import input_device, is_device_map, layer_devices, load_kwargs
 
 pytest.importorskip("accelerate")
 

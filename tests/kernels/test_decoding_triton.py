@@ -1,7 +1,7 @@
 """Decoding end to end with every op dispatched to its Triton kernel equals the reference path.
 
 Runs inside the `TRITON_INTERPRET=1` subprocess of `test_interpreter_suite.py` on CPU (and natively
-on CUDA): tree attention (selected by the pipeline setting `decoding.attention: tree`), ancestor
+on CUDA): tree attention (selected by the pipeline setting `decoding.forward: tree`), ancestor
 mask, greedy acceptance, KV compaction and the budget prune all go through
 `TREEGRAFT_KERNELS=triton`. The shipped pipelines run the same way and equal plain decoding.
 """
@@ -28,7 +28,7 @@ SPEC = {
     "builder": {"name": "layered", "depth": 3, "top_k": 2, "budget": 8},
     "grafter": {"name": "reselect", "lookback": 1},
     "scheduler": {"name": "every_k", "k": 2},
-    "decoding": {"max_new_tokens": 12, "dtype": "float32", "attention": "tree"},
+    "decoding": {"max_new_tokens": 12, "dtype": "float32", "forward": "tree"},
 }
 
 
@@ -77,7 +77,7 @@ class TestTritonShippedPipelines:
         for ref in list(res.models):
             res.models[ref] = res.models[ref].to(device=triton_device, dtype=torch.float32)
         raw = in_memory(name)
-        raw["decoding"] = {"max_new_tokens": 10, "dtype": "float32", "attention": "tree"}
+        raw["decoding"] = {"max_new_tokens": 10, "dtype": "float32", "forward": "tree"}
         prompt = repetitive_prompt(13, 14) % VOCAB
         pipe = load_pipeline(raw, resources=res)
         assert all(r.attention == "tree" for r in pipeline_runners(pipe))

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from tests.conftest import greedy_reference, memory_resources, tiny_llama
 from tests.core.test_decoder import DRAFTER_SETS, VOCAB, pipeline, repetitive_prompt
 from treegraft.core.config import ConfigError
-from treegraft.core.latency import LatencyCurve
 from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner.latency import LatencyCurve
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import prune_to_budget
 from treegraft.plugins.builders.layered import best_scores, best_scores_on_device, verify_size

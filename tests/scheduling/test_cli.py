@@ -104,29 +104,31 @@ def test_measured_costs_are_positive_and_grow_with_tokens():
 
 
 @pytest.mark.parametrize(
-    ("drafter_forward", "expected"), [("fused", "fused"), ("pipeline", "auto")]
+    ("forward", "target", "drafter"),
+    [("auto", "auto", "fused"), ("transformers", "transformers", "transformers")],
 )
 def test_the_strong_curve_is_measured_with_the_drafters_own_forward(
-    monkeypatch, drafter_forward, expected
+    monkeypatch, forward, target, drafter
 ):
-    """The LM drafter runs the fused forward by default: its cost curve must be measured so."""
+    """The LM drafter runs the fused forward under `decoding.forward: auto`: its cost curve must
+    be measured so (and each model's curve as its runner forwards)."""
     import treegraft.scheduling.value_eval as value_eval
 
     res = stand_in_pair(0)
     raw = pipeline_raw(depth=2)
-    raw["drafters"]["strong"]["forward"] = drafter_forward
+    raw["decoding"] = {**raw.get("decoding", {}), "forward": forward}
     pipe = load_pipeline(raw, resources=res)
     assert runner_forward(pipe.decoder.drafters[0], "auto") == "auto"  # the n-gram drafter
     seen = []
     real = value_eval.measure_latency
 
-    def spy(model, ref, **kw):
-        seen.append((ref, kw["forward"]))
-        return real(model, ref, **kw)
+    def spy(runner, ref, **kw):
+        seen.append((ref, runner.forward))
+        return real(runner, ref, **kw)
 
     monkeypatch.setattr(value_eval, "measure_latency", spy)
     measure_costs(pipe, [repetitive_prompt(1, 10) % VOCAB], repeats=1, overhead_tokens=6)
-    assert seen == [(raw["target"], "auto"), (raw["drafters"]["strong"]["model"], expected)]
+    assert seen == [(raw["target"], target), (raw["drafters"]["strong"]["model"], drafter)]
 
 
 def test_the_strong_curve_is_measured_with_the_drafters_restricted_head(monkeypatch, tmp_path):
@@ -134,7 +136,7 @@ def test_the_strong_curve_is_measured_with_the_drafters_restricted_head(monkeypa
     forwards that compute just those logits (the runner of the measurement restricts them)."""
     import numpy as np
 
-    import treegraft.core.latency as latency
+    from treegraft.core.runner import CausalLMRunner
     from treegraft.zoo.token_counts import save_counts
 
     save_counts(tmp_path / "counts.json", np.arange(VOCAB)[::-1].copy(), source="test")
@@ -148,7 +150,7 @@ def test_the_strong_curve_is_measured_with_the_drafters_restricted_head(monkeypa
 
     widths: dict[str, set[int]] = {}
     phase = ["constants"]  # the curves are measured first; then the real generations
-    real_forward = latency.CausalLMRunner.forward_tree
+    real_forward = CausalLMRunner.forward_tree
     real_measure = value_eval.measure_latency
 
     def forward_spy(self, tree):
@@ -156,14 +158,14 @@ def test_the_strong_curve_is_measured_with_the_drafters_restricted_head(monkeypa
         widths.setdefault(phase[0], set()).add(logits.shape[-1])
         return logits
 
-    def measure_spy(model, ref, **kw):
+    def measure_spy(runner, ref, **kw):
         phase[0] = f"curve of {ref}"
         try:
-            return real_measure(model, ref, **kw)
+            return real_measure(runner, ref, **kw)
         finally:
             phase[0] = "constants"
 
-    monkeypatch.setattr(latency.CausalLMRunner, "forward_tree", forward_spy)
+    monkeypatch.setattr(CausalLMRunner, "forward_tree", forward_spy)
     monkeypatch.setattr(value_eval, "measure_latency", measure_spy)
     measure_costs(pipe, [repetitive_prompt(1, 10) % VOCAB], repeats=1, overhead_tokens=6)
     assert widths[f"curve of {raw['drafters']['strong']['model']}"] == {5}  # the 5 ids only

@@ -34,7 +34,8 @@ from treegraft.core.config import (
     parse_yaml,
     structure_config,
 )
-from treegraft.core.placement import valid_device_maps
+from treegraft.core.runner.forwards import FORWARD_SETTINGS
+from treegraft.core.runner.placement import valid_device_maps
 from treegraft.zoo import SUITES
 
 ROOT = "bench"
@@ -63,8 +64,9 @@ AR_RUNNER = "ar-runner"
 PLAIN = (AR, AR_RUNNER)
 #: HF assisted generation, the peer baseline with the same LM drafter.
 HF_ASSISTED = "hf-assisted"
-#: The two endpoint strategies: weak-only and strong-every-layer trees.
-ENDPOINTS = ("ngram-only", "lm-only")
+#: The single-drafter endpoint strategies: weak-only (n-gram) and strong-every-layer (LM) trees,
+#: and the feature-level head alone (`eagle-only`, a pipeline of its own, where a sweep runs it).
+ENDPOINTS = ("ngram-only", "lm-only", "eagle-only")
 
 
 @attrs.frozen
@@ -144,11 +146,11 @@ class BenchSettings:
         "float32", check=one_of("float32", "float64", "bfloat16", "float16"), doc="model precision"
     )
     device: str = field("auto", doc="'auto' (CUDA when present), 'cpu' or 'cuda:N'")
-    attention: str = field(
+    forward: str = field(
         "auto",
-        check=one_of("auto", "sdpa", "tree"),
-        doc="every pipeline's decoding.attention (and so `ar-runner`'s): 'auto' (the tree kernel "
-        "on CUDA, SDPA elsewhere), 'sdpa' or 'tree'",
+        check=one_of(*FORWARD_SETTINGS),
+        doc="every pipeline's decoding.forward (and so `ar-runner`'s): 'auto', 'lean', "
+        "'transformers' or 'tree' (docs/pipelines.md#how-a-forward-runs)",
     )
     repeat: int = field(
         1, check=at_least(1), doc="repetitions of the whole sweep (mean and spread)"

@@ -402,7 +402,7 @@ def pipeline_mapping(
         "stop_at_eos": True,
         "dtype": settings.dtype,
         "device": settings.device,
-        "attention": settings.attention,
+        "forward": settings.forward,
     }
     return raw
 

@@ -22,13 +22,13 @@ import attrs
 import torch
 from torch import Tensor
 
-from treegraft.core.latency import (  # noqa: F401 - re-exported: bench's public names
+from treegraft.core.metrics import ForwardTimes
+from treegraft.core.runner.latency import (  # noqa: F401 - re-exported: bench's public names
     LatencyCurve,
     chain_tree,
     measure_latency,
     query_grid,
 )
-from treegraft.core.metrics import ForwardTimes
 from treegraft.core.tree import DraftTree
 
 

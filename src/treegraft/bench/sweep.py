@@ -51,6 +51,7 @@ from treegraft.core.chat import NoChatTemplateError, chat_ids
 from treegraft.core.config import ConfigError
 from treegraft.core.registry import Registry
 from treegraft.core.resources import ModelRefError, Resources
+from treegraft.core.runner import CausalLMRunner
 
 #: Called after each request with a short description of what runs next.
 Advance = Callable[[str], None]
@@ -233,7 +234,7 @@ def open_session(
     s = config.settings
     hf = hf_methods(pair, s, resources)
     pipelines = build_pipelines(plans, resources, registry)
-    plain = runner_method(resources, pair, resources.forward)  # as the pipelines' target runs
+    plain = runner_method(resources, pair, resources.plan.target)  # as the pipelines' target
     max_nodes = max((p.pipeline.decoder.builder.max_nodes() for p in pipelines), default=1)
     replays = []
     if not (s.replay and pipelines):
@@ -271,24 +272,23 @@ def latency_curves(
     pipelines, each timed as decoding runs it: a drafter with its runner's forward (fused by
     default) and its restricted head (`head: K`); a model that several pipelines run in
     different ways is timed the way the first of them runs it."""
-    how = {pair.target: (resources.forward, None)}
+    how = {pair.target: (resources.plan.target, None)}
     for method in pipelines:
         for drafter in method.pipeline.decoder.drafters:
             ref = getattr(getattr(drafter, "config", None), "model", None)
             if isinstance(ref, str):
                 how.setdefault(
-                    ref, (runner_forward(drafter, resources.forward), head_rows(drafter))
+                    ref, (runner_forward(drafter, resources.plan.drafter), head_rows(drafter))
                 )
     grid = query_grid(max(prompt_lengths) + max_nodes, marks=[max_nodes])
     context = int(median(prompt_lengths))
     return {
         ref: measure_latency(
-            resources.model(ref),
+            CausalLMRunner(resources.model(ref), forward=forward),
             ref,
             context=context,
             queries=grid,
             repeats=repeats,
-            forward=forward,
             rows=rows,
         )
         for ref, (forward, rows) in how.items()

@@ -139,7 +139,7 @@ class UnitRunner:
         pair = next(p for p in self.config.pairs if p.name == pair_name)
         s = self.config.settings
         res = self.resources or self.loaded.setdefault(
-            pair.target, Resources.create(device=s.device, dtype=s.dtype, attention=s.attention)
+            pair.target, Resources.create(device=s.device, dtype=s.dtype, forward=s.forward)
         )
         res.device_maps.update(pair.device_maps())
         res.offload_folder = res.offload_folder or pair.offload_folder

@@ -63,7 +63,7 @@ def pipeline_spec(target: str, drafter: str) -> dict[str, Any]:
         "target": target,
         "drafters": {
             "weak": {"name": "ngram", "max_ngram": 3, "chain_len": 2},
-            "strong": {"name": "hf_lm", "model": drafter, "forward": "pipeline"},
+            "strong": {"name": "hf_lm", "model": drafter},
         },
         "builder": {"name": "layered", "depth": 3, "top_k": 2, "budget": 8},
         "rescorer": {"name": "overwrite"},

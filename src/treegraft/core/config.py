@@ -13,7 +13,7 @@ import difflib
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import cattrs
@@ -22,12 +22,13 @@ import yaml
 from treegraft.core.devices import DEVICE_NAMES
 from treegraft.core.errors import ArgumentError, TreegraftError
 from treegraft.core.inputs import read_text
-from treegraft.core.placement import valid_device_maps
 from treegraft.core.registry import (
     Registry,
     UnknownComponentError,
     default_registry,
 )
+from treegraft.core.runner.forwards import FORWARD_SETTINGS
+from treegraft.core.runner.placement import valid_device_maps
 
 ROOT = "pipeline"
 
@@ -171,7 +172,7 @@ def structure_config(cls: type, data: Any, path: str) -> Any:
     fields = {f.name: f for f in attrs.fields(cls)}
     for key in data:
         if key not in fields:
-            raise ConfigError(unknown_key_message(path, key, list(fields)))
+            raise ConfigError(unknown_key_message(path, key, list(fields), moved_keys(cls)))
     for f in fields.values():
         if f.default is attrs.NOTHING and f.name not in data:
             raise ConfigError(
@@ -208,7 +209,10 @@ def config_errors(cls: type, data: Any, path: str) -> list[str]:
     if not isinstance(data, Mapping):
         return [f"{path}: expected a mapping of {cls.__qualname__} fields, got {data!r}"]
     fields = {f.name: f for f in attrs.fields(cls)}
-    errors = [unknown_key_message(path, key, list(fields)) for key in data if key not in fields]
+    moved = moved_keys(cls)
+    errors = [
+        unknown_key_message(path, key, list(fields), moved) for key in data if key not in fields
+    ]
     errors += [
         f"{path}.{f.name}: missing required key (expected {expected(f)}){_hint(f)}"
         for f in fields.values()
@@ -223,11 +227,21 @@ def config_errors(cls: type, data: Any, path: str) -> list[str]:
     return errors
 
 
-def unknown_key_message(path: str, key: object, known: list[str]) -> str:
-    """`path.key: unknown key; did you mean ...? expected keys: ...`"""
+def unknown_key_message(
+    path: str, key: object, known: list[str], moved: Mapping[str, str] | None = None
+) -> str:
+    """`path.key: unknown key; did you mean ...? expected keys: ...`, or, for a key of an earlier
+    release listed in `moved`, what to write instead."""
+    if moved and key in moved:
+        return f"{path}.{key}: no longer a key: {moved[key]}"
     close = difflib.get_close_matches(str(key), known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"{path}.{key}: unknown key{hint} expected keys: {', '.join(known) or '(none)'}"
+
+
+def moved_keys(cls: type) -> Mapping[str, str]:
+    """A config class's keys of earlier releases and what replaced them (`MOVED_KEYS`)."""
+    return getattr(cls, "MOVED_KEYS", {})
 
 
 # ---------------------------------------------------------------------------- pipeline spec
@@ -240,6 +254,11 @@ MAX_NEW_TOKENS = 1_000_000
 @attrs.frozen
 class DecodingConfig:
     """How long to decode, where, and in which precision."""
+
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        "attention": "merged into decoding.forward: 'tree' (the tree-attention kernel), "
+        "'transformers' or 'lean' (SDPA), 'auto' (tree on CUDA)"
+    }
 
     max_new_tokens: int = field(
         128, check=at_least(1, sane_max=MAX_NEW_TOKENS), doc="tokens to generate at most"
@@ -262,15 +281,12 @@ class DecodingConfig:
     )
     forward: str = field(
         "auto",
-        check=one_of("auto", "lean", "transformers"),
-        doc="model forward: 'lean' (same operations, bitwise equal logits, no module overhead; "
-        "Llama models), 'transformers', or 'auto' (lean where supported)",
-    )
-    attention: str = field(
-        "auto",
-        check=one_of("auto", "sdpa", "tree"),
-        doc="attention of the target's and LM drafters' tree forwards: 'tree' (the tree-attention "
-        "kernel, through transformers' forward), 'sdpa', or 'auto' (tree on CUDA, sdpa elsewhere)",
+        check=one_of(*FORWARD_SETTINGS),
+        doc="how the target's and LM drafters' forwards run: 'lean' (the lean forward, bitwise "
+        "equal logits without transformers' module stack; Llama models), 'transformers' "
+        "(transformers' forward, SDPA), 'tree' (transformers' forward with the tree-attention "
+        "kernel), or 'auto' (tree on CUDA; elsewhere lean where supported, else transformers); "
+        "docs/pipelines.md#how-a-forward-runs",
     )
     seed: int = field(0, doc="seed of the verifier's random numbers (sampling)")
     check_model: bool = field(

@@ -25,9 +25,9 @@ from treegraft.core.interfaces import (
     Verdict,
     Verifier,
 )
-from treegraft.core.latency import query_grid
 from treegraft.core.metrics import AcceptHistory, Clock, ForwardTimes
 from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner.latency import query_grid
 from treegraft.core.tree import DraftTree
 from treegraft.kernels.host_tensor import host_tensor
 

@@ -12,7 +12,6 @@ import torch
 from torch import Tensor
 
 from treegraft.core.arguments import check_max_new_tokens, check_stop, prompt_ids
-from treegraft.core.attention_rules import ModelRefused
 from treegraft.core.boundary import Origin, call_plugin
 from treegraft.core.chat import chat_ids
 from treegraft.core.config import (
@@ -27,7 +26,6 @@ from treegraft.core.decoder import Decoder, StepEvent, StopRule
 from treegraft.core.errors import ArgumentError
 from treegraft.core.inputs import check_utf8
 from treegraft.core.metrics import Summary, summarize
-from treegraft.core.model_check import max_positions
 from treegraft.core.registry import (
     BUILTIN_DISTRIBUTION,
     KINDS,
@@ -37,6 +35,8 @@ from treegraft.core.registry import (
 )
 from treegraft.core.resources import ModelRefError, Resources, hub_hint, resolve_model_path
 from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner.attention_rules import ModelRefused
+from treegraft.core.runner.model_check import max_positions
 
 #: Pipelines shipped with the package (`pipelines/` in the repository).
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
@@ -100,12 +100,10 @@ class Pipeline:
             except ValueError as exc:
                 raise ConfigError(f"{ROOT}.decoding.device: {exc}") from None
         resources.target_ref = spec.target
-        resources.forward = spec.decoding.forward
         resources.check_model = spec.decoding.check_model
         resources.device_maps |= spec.decoding.device_map
         resources.offload_folder = resources.offload_folder or spec.decoding.offload_folder
-        resources.use_attention(spec.decoding.attention)
-        check_forward(spec, resources)
+        resources.use_forward(spec.decoding.forward)
         check_vocabularies(spec, resources)
         _load(resources, spec.target, "pipeline.target")
         target = _runner(resources, spec.target, "pipeline.target")
@@ -451,18 +449,6 @@ def same_tokenizer(resources: Resources, a: str, b: str) -> bool | None:
         return True
     vocabs = [resources.tokenizer_of(ref).get_vocab() for ref in (a, b)]
     return vocabs[0] == vocabs[1]
-
-
-def check_forward(spec: PipelineSpec, resources: Resources) -> None:
-    """`decoding.forward: lean` needs SDPA attention: the lean forward does not call the tree
-    kernel, so `decoding.attention` resolving to it is a configuration error."""
-    if spec.decoding.forward == "lean" and resources.attention != "sdpa":
-        raise ConfigError(
-            f"pipeline.decoding.forward: 'lean' runs SDPA attention, but decoding.attention "
-            f"{spec.decoding.attention!r} selects the tree kernel on {resources.device.type}; "
-            "use forward 'auto' (the tree kernel runs through transformers' forward) or "
-            "attention 'sdpa'"
-        )
 
 
 def _vocab(resources: Resources, ref: str, path: str) -> int:

@@ -18,11 +18,17 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
-from treegraft.core.attention_rules import ModelRefused, refusal, refused_message, text_config
 from treegraft.core.devices import device_problem
 from treegraft.core.errors import TreegraftError
-from treegraft.core.placement import load_kwargs
 from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner.attention_rules import (
+    ModelRefused,
+    refusal,
+    refused_message,
+    text_config,
+)
+from treegraft.core.runner.forwards import ForwardPlan, plan_forward
+from treegraft.core.runner.placement import load_kwargs
 from treegraft.kernels.tree_attention.hf import IMPLEMENTATION as TREE_IMPLEMENTATION
 
 DTYPES = {
@@ -45,29 +51,6 @@ def resolve_device(name: str) -> torch.device:
     if problem:
         raise ValueError(problem)
     return torch.device(name)
-
-
-#: `decoding.attention` values: the tree kernel on CUDA and SDPA elsewhere, or either always
-ATTENTIONS = ("auto", "sdpa", "tree")
-
-
-def attention_implementation(setting: str, device: torch.device) -> str:
-    """The Hugging Face attention implementation a `decoding.attention` setting loads models with:
-    `treegraft_tree` (the tree-attention kernel, registered here) for `tree`, and for `auto` on
-    CUDA; `sdpa` for `sdpa`, and for `auto` elsewhere.
-
-    Under `treegraft_tree` a runner's tree forwards call `treegraft.kernels.tree_attention`
-    (Triton on CUDA; on CPU its pure-torch reference, or the Triton kernel in the interpreter with
-    `TRITON_INTERPRET=1 TREEGRAFT_KERNELS=triton`); every other forward (`generate`, prefill
-    without a tree) runs SDPA unchanged.
-    """
-    if setting not in ATTENTIONS:
-        raise ValueError(f"attention: expected one of {', '.join(ATTENTIONS)}, got {setting!r}")
-    if setting == "tree" or (setting == "auto" and device.type == "cuda"):
-        from treegraft.kernels.tree_attention.hf import register
-
-        return register()
-    return "sdpa"
 
 
 def attention_for(path: Path) -> str:
@@ -139,33 +122,46 @@ class Resources:
     tokenizer: Any = None
     target_ref: str = ""
     in_memory: set[str] = attrs.field(factory=set)
-    forward: str = "auto"  # how runners forward models (`decoding.forward`); set per pipeline
+    #: how runners forward models (`decoding.forward`, `runner.forwards`); set by `use_forward`
+    forward: str = "auto"
     check_model: bool = True  # probe models before their first runner (`decoding.check_model`)
-    #: refusal message (None: servable) per (model reference, forward) already checked
-    checked: dict[tuple[str, str], str | None] = attrs.field(factory=dict)
-    #: per model reference, a device map (`treegraft.core.placement`): the model is placed by
+    #: refusal message (None: servable) per (model reference, forward, attention) already checked
+    checked: dict[tuple[str, str, str], str | None] = attrs.field(factory=dict)
+    #: per model reference, a device map (`treegraft.core.runner.placement`): the model is placed by
     #: accelerate at load instead of moved to `device`
     device_maps: dict[str, Any] = attrs.field(factory=dict)
     offload_folder: str | None = None
-    attention: str = "sdpa"  # HF attention implementation of the models (`use_attention`)
+    attention: str = "sdpa"  # HF attention implementation of the models (`use_forward`)
     #: the pipeline's target runner, for drafters that read its state (set by `Pipeline.from_spec`)
     target_runner: Any = None
 
     @classmethod
     def create(
-        cls, *, device: str = "auto", dtype: str = "float32", attention: str = "auto"
+        cls, *, device: str = "auto", dtype: str = "float32", forward: str = "auto"
     ) -> Resources:
         if dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
         res = cls(device=resolve_device(device), dtype=DTYPES[dtype])
-        res.use_attention(attention)
+        res.use_forward(forward)
         return res
 
-    def use_attention(self, setting: str) -> None:
-        """Load models with the attention implementation of `setting` (`decoding.attention`),
-        and switch every model loaded already (runners notice at their next `begin`)."""
-        self.attention = attention_implementation(setting, self.device)
-        tree = self.attention != "sdpa"
+    @property
+    def plan(self) -> ForwardPlan:
+        """What `forward` (`decoding.forward`) means on this device (`runner.forwards`)."""
+        return plan_forward(self.forward, self.device)
+
+    def use_forward(self, setting: str) -> None:
+        """Forward models as `decoding.forward: setting` says: load them with its attention
+        implementation and switch every model loaded already (runners notice at their next
+        `begin`)."""
+        tree = plan_forward(setting, self.device).tree_kernel
+        self.forward = setting
+        if tree:
+            from treegraft.kernels.tree_attention.hf import register
+
+            self.attention = register()
+        else:
+            self.attention = "sdpa"
         for model in self.models.values():
             current = getattr(model.config, "_attn_implementation", None)
             if tree and current != self.attention:
@@ -200,19 +196,21 @@ class Resources:
         return self.models[ref]
 
     def runner(self, ref: str, *, forward: str | None = None) -> CausalLMRunner:
-        """A fresh `CausalLMRunner` over the model `ref`, forwarding as `forward` says (default:
-        `self.forward`, the pipeline's `decoding.forward`), once `check` has passed it."""
-        forward = forward or self.forward
+        """A fresh `CausalLMRunner` over the model `ref`, forwarding as `forward` says (a runner
+        forward; default: the target's under `decoding.forward`, `plan.target`), once `check` has
+        passed it."""
+        forward = forward or self.plan.target
         self.check(ref, forward)
         return CausalLMRunner(self.model(ref), forward=forward)
 
     def check(self, ref: str, forward: str | None = None) -> None:
         """Raise `ModelRefused` unless the model `ref` can be served exactly: no architecture
         rule excludes it (`attention_rules.refusal`) and, with `check_model`, its tree forwards
-        match its own forward (`model_check.probe_model`). Each (model, forward) is checked once."""
-        key = (ref, forward or self.forward)
+        match its own forward (`model_check.probe_model`). Each (model, forward, attention) is checked
+        once."""
+        key = (ref, forward or self.plan.target, self.attention)
         if key not in self.checked:
-            from treegraft.core.model_check import probe_model  # it imports the runner
+            from treegraft.core.runner.model_check import probe_model  # it imports the runner
 
             model = self.model(ref)
             why = refusal(model)

@@ -28,6 +28,7 @@ from treegraft.bench.replay import (
 from treegraft.core.decoder import StopRule
 from treegraft.core.interfaces import Scheduler
 from treegraft.core.pipeline import Pipeline
+from treegraft.core.runner import CausalLMRunner
 from treegraft.plugins.schedulers.heuristic import PlanConfig, PlanScheduler
 from treegraft.scheduling.value_costs import CostModel, ModelledTimes, QueryCounter
 from treegraft.scheduling.value_system import (
@@ -60,22 +61,23 @@ def measure_costs(
     grid = query_grid(max(lengths) + max_nodes, marks=[max_nodes])
     context = int(median(lengths))
     ref = strong_model_ref(pipe, s)
-    forward = pipe.spec.decoding.forward
+    forward = pipe.decoder.target.forward  # the target runner's forward (`runner.forwards`)
     target = measure_latency(
-        pipe.decoder.target.model,
+        CausalLMRunner(pipe.decoder.target.model, forward=forward),
         pipe.spec.target,
         context=context,
         queries=grid,
         repeats=repeats,
-        forward=forward,
     )
     strong_curve = measure_latency(
-        pipe.resources.model(ref),
+        CausalLMRunner(
+            pipe.resources.model(ref),
+            forward=runner_forward(pipe.decoder.drafters[s], pipe.resources.plan.drafter),
+        ),
         ref,
         context=context,
         queries=grid,
         repeats=repeats,
-        forward=runner_forward(pipe.decoder.drafters[s], forward),
         rows=head_rows(pipe.decoder.drafters[s]),
     )
     weak, extra, overhead = measure_constants(pipe, prompts, s, strong_curve, overhead_tokens)

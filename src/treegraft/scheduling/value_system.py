@@ -345,7 +345,7 @@ def with_continuations(
 ) -> list[PromptIds]:
     """Prompts with their greedy continuations (`max_new` + one tree of extra tokens)."""
     extra = pipe.decoder.builder.max_nodes() + 1
-    model, forward = pipe.decoder.target.model, pipe.spec.decoding.forward
+    model, forward = pipe.decoder.target.model, pipe.decoder.target.forward
     return [
         p
         if len(p.continuation) >= max_new + extra

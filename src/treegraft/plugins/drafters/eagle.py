@@ -88,7 +88,7 @@ class EagleDrafter(Drafter):
             raise ValueError(
                 "the eagle drafter reads hidden states, and hidden states are kept only on the "
                 "lean forward; the target forwards through transformers here (decoding.forward "
-                "'transformers', decoding.attention 'tree', or a model the lean forward does not "
+                "'transformers' or 'tree', 'auto' on CUDA, or a model the lean forward does not "
                 "support)"
             )
         net = load_head(config.head, dtype=target.dtype, device=target.device)

@@ -15,11 +15,13 @@ target verifies, so the output stays exactly the target's.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import attrs
 import torch
 from torch import Tensor
 
-from treegraft.core.config import Check, between, field, one_of
+from treegraft.core.config import Check, between, field
 from treegraft.core.interfaces import Drafter
 from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner
@@ -28,7 +30,13 @@ from treegraft.core.tree import DraftTree, Proposal
 
 @attrs.frozen
 class HFLMConfig:
-    """Hyper-parameters of the language-model drafter."""
+    """Hyper-parameters of the language-model drafter. How its forwards run follows the
+    pipeline's `decoding.forward` (the fused lean forward where that is lean)."""
+
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        "forward": "the LM drafter's forward follows decoding.forward (the fused lean forward "
+        "where it is 'lean' or 'auto' on a CPU); docs/pipelines.md#how-a-forward-runs"
+    }
 
     model: str = field(doc="model reference: 'zoo:NAME' or a Hugging Face model directory")
     temperature: float = field(
@@ -39,13 +47,6 @@ class HFLMConfig:
         check=Check(">= 1 or null", lambda v: v is None or (isinstance(v, int) and v >= 1)),
         doc="score only this many of the most frequent tokens (by `token_counts`) plus the "
         "prompt's tokens; null: the whole vocabulary",
-    )
-    forward: str = field(
-        "fused",
-        check=one_of("fused", "pipeline"),
-        doc="'fused': the fused lean forward (faster, logits equal up to rounding; "
-        "drafts only steer what the target verifies) unless `decoding.forward` is "
-        "'transformers'; 'pipeline': exactly as `decoding.forward` says",
     )
     token_counts: str = field(
         "zoo:token-counts",
@@ -78,7 +79,7 @@ class HFLMDrafter(Drafter):
 
     @classmethod
     def from_config(cls, config: HFLMConfig, resources: Resources) -> HFLMDrafter:
-        runner = resources.runner(config.model, forward=drafter_forward(config, resources.forward))
+        runner = resources.runner(config.model, forward=resources.plan.drafter)
         vocab, usable = shared_vocabulary(config.model, runner.vocab_size, resources)
         return cls(
             config,
@@ -152,14 +153,6 @@ def shared_vocabulary(model: str, own: int, resources: Resources) -> tuple[int, 
         real = resources.real_vocab(target)
         usable = usable if real is None else min(usable, real)
     return vocab, usable
-
-
-def drafter_forward(config: HFLMConfig, pipeline_forward: str) -> str:
-    """The runner forward of an `hf_lm` drafter: `fused` where the pipeline's `decoding.forward`
-    allows the lean forward (`auto`, `lean`) and the drafter asks for it, else the pipeline's."""
-    if config.forward == "fused" and pipeline_forward in ("auto", "lean"):
-        return "fused"
-    return pipeline_forward
 
 
 def frequent_tokens(config: HFLMConfig, vocab_size: int, resources: Resources) -> Tensor | None:

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from treegraft.core.attention_rules import attention_rules, text_config
-from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner.attention_rules import attention_rules, text_config
+from treegraft.core.runner.causal_lm import CausalLMRunner
 from treegraft.core.tree import DraftTree
 
 #: parents of the probe's trees: two branches, the first one three deep

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree
 
 
@@ -81,23 +80,21 @@ def chain_tree(root: Tensor, n_nodes: int, vocab: int, generator: torch.Generato
 
 
 def measure_latency(
-    model: Any,
+    runner: Any,
     ref: str,
     *,
     context: int,
     queries: Sequence[int],
     repeats: int,
-    forward: str = "auto",
     rows: Any = None,
 ) -> LatencyCurve:
-    """Median seconds of one runner forward over `q` new tokens, for each `q` in `queries`.
+    """Median seconds of one forward of `runner` over `q` new tokens, for each `q` in `queries`.
 
-    Uses the same `CausalLMRunner` as decoding, with the same `forward` and, for a drafter with
-    a restricted head, its output `rows` (`CausalLMRunner.restrict_output`; None: the whole
-    vocabulary); one untimed forward per point warms up. Synchronises the device around every
-    timed forward.
+    `runner` is a `CausalLMRunner` of its own (built as decoding builds it, with the same
+    forward; `begin` resets it) and, for a drafter with a restricted head, its output `rows`
+    (`CausalLMRunner.restrict_output`; None: the whole vocabulary); one untimed forward per
+    point warms up. Synchronises the device around every timed forward.
     """
-    runner = CausalLMRunner(model, forward=forward)
     gen = torch.Generator().manual_seed(0)
     vocab = runner.vocab_size
     samples = len(queries) * (repeats + 1)
@@ -114,9 +111,7 @@ def measure_latency(
     return LatencyCurve(ref, prompt.numel(), tuple(queries), tuple(seconds))
 
 
-def _forward_and_commit(
-    runner: CausalLMRunner, q: int, vocab: int, generator: torch.Generator
-) -> float:
+def _forward_and_commit(runner: Any, q: int, vocab: int, generator: torch.Generator) -> float:
     """Time one forward of a `q`-node chain, then commit one token (the context grows by one)."""
     tree = chain_tree(runner.committed_ids()[-1], q, vocab, generator)
     _sync(runner.device)

@@ -25,10 +25,11 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from treegraft.core.attention_rules import AttentionRules, ModelRefused, attention_rules
-from treegraft.core.kv_cache import TreeKVCache, cache_geometry
-from treegraft.core.lean import FORWARDS, FusedForward, LeanForward, lean_support
-from treegraft.core.placement import input_device
+from treegraft.core.runner.attention_rules import AttentionRules, ModelRefused, attention_rules
+from treegraft.core.runner.kv_cache import TreeKVCache, cache_geometry
+from treegraft.core.runner.latency import measure_latency
+from treegraft.core.runner.lean import FORWARDS, FusedForward, LeanForward, lean_support
+from treegraft.core.runner.placement import input_device
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import kv_compact
 from treegraft.kernels.host_tensor import host_tensor
@@ -92,7 +93,7 @@ class CausalLMRunner:
         n_cached: committed tokens whose keys/values sit contiguously at the start of the cache.
         n_pending: committed tokens processed in this step's region (before the tree nodes).
         n_seen: tree nodes of this step with keys/values in the region.
-        forward: `auto` runs the lean forward (`treegraft.core.lean`, bitwise equal logits) when
+        forward: `auto` runs the lean forward (`treegraft.core.runner.lean`, bitwise equal logits) when
             the model supports it and `transformers`' forward otherwise; `lean` requires it;
             `fused` runs the fused lean forward (`FusedForward`: faster, logits close to but not
             bitwise equal to `transformers`'; for drafters only) where supported, else
@@ -389,7 +390,7 @@ class CausalLMRunner:
     def _pads_small_blocks(self) -> bool:
         """Whether blocks of 2-3 tokens run padded to `PADDED_ROWS` rows: float32 Llama models
         on a CPU, whose BLAS (MKL) multiplies 2-3 rows more slowly than 4 and, from 4 rows on,
-        sums each row in the same order whatever the row count (`treegraft.core.lean.Transposed`);
+        sums each row in the same order whatever the row count (`treegraft.core.runner.lean.Transposed`);
         any forward but `fused`, so the lean and `transformers`' forwards see the same blocks."""
         if self._pad_small is None:
             self._pad_small = self.forward != "fused" and lean_support(self.model) is None
@@ -517,9 +518,6 @@ class CausalLMRunner:
     def latency_curve(self, queries: Sequence[int], *, context: int, repeats: int = 2) -> Any:
         """Measure this model's `LatencyCurve` (forwards of `queries` tokens after `context`
         cached ones; median of `repeats`), with a separate runner: this one's state is untouched."""
-        from treegraft.core.latency import measure_latency  # latency imports this module
-
         ref = getattr(self.model, "name_or_path", "") or "target"
-        return measure_latency(
-            self.model, ref, context=context, queries=queries, repeats=repeats, forward=self.forward
-        )
+        fresh = CausalLMRunner(self.model, forward=self.forward)
+        return measure_latency(fresh, ref, context=context, queries=queries, repeats=repeats)
