@@ -258,9 +258,14 @@ def test_warnings_small_sample_interval_crossing_one_and_unseparated_leaders():
     assert "**Warning:** Only 2 prompt(s)" in markdown_report(rows, example(), "header")
 
 
-def test_no_warning_for_a_clear_result_on_enough_prompts():
+@pytest.mark.parametrize("plain", ["ar", "ar-runner"])
+def test_no_warning_for_a_clear_result_on_enough_prompts(plain):
+    """Whichever plain decoding is the baseline, its own row (speedup 1.0 exactly) warns about
+    nothing; the other plain decoding is a method like any other."""
     prompts = [f"q{i}" for i in range(12)]
-    requests = [req("ar", q, 1.0) for q in prompts]
+    requests = [req(plain, q, 1.0) for q in prompts]
     requests += [req("fast", q, 0.5 - 0.01 * i) for i, q in enumerate(prompts)]  # ~2x
     requests += [req("slow", q, 0.9 - 0.01 * i) for i, q in enumerate(prompts)]  # ~1.15x
-    assert warnings(aggregate(requests)) == []
+    rows = aggregate(requests)
+    assert {r.baseline for r in rows} == {plain}
+    assert warnings(rows) == []
