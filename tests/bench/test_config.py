@@ -177,7 +177,7 @@ def test_the_tutorial_config_is_valid():
 def test_the_standing_config_is_the_full_protocol_with_the_standing_methods():
     from pathlib import Path
 
-    from treegraft.bench.config import ENDPOINTS, HF_ASSISTED
+    from treegraft.bench.config import BASELINES, ENDPOINTS, HF_ASSISTED
 
     benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
     cfg = load_bench_config(benchmarks / "standing.yaml")
@@ -185,8 +185,10 @@ def test_the_standing_config_is_the_full_protocol_with_the_standing_methods():
     assert cfg.pairs == full.pairs
     for key in ("suites", "prompts_per_suite", "max_new_tokens", "dtype"):
         assert getattr(cfg.settings, key) == getattr(full.settings, key), key
-    assert set(cfg.settings.baselines) == {HF_ASSISTED, *ENDPOINTS}
+    assert set(cfg.settings.baselines) == {HF_ASSISTED, *(e for e in ENDPOINTS if e in BASELINES)}
     plans = {p.label: p for p in pipeline_plans(cfg, cfg.pairs[0])}
+    assert {e for e in ENDPOINTS if e not in BASELINES} <= set(plans)  # eagle-only: a pipeline
+    assert "treegraft" in plans
     learned = plans["treegraft-distilled-adaptive"].raw
     assert learned["scheduler"]["name"] == "distilled" and learned["builder"]["adaptive"] is True
     shipped = yaml.safe_load(resolve_pipeline("treegraft").read_text())
