@@ -246,7 +246,7 @@ class CausalLMRunner:
                 self._gather_head()
         if self._tree_kernel != (
             getattr(self.model.config, "_attn_implementation", None) == IMPLEMENTATION
-        ):  # the model's attention was switched (`Resources.use_attention`)
+        ):  # the model's attention was switched (`Resources.use_forward`)
             self._read_attention()
         # the cache grows in chunks as decoding goes (`_ensure_capacity`), never sized for
         # `max_len` up front: a huge `max_new_tokens` costs nothing until it is decoded
