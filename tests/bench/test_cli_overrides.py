@@ -79,3 +79,15 @@ def test_cli_refuses_bad_values_before_running(sweep: Path, args: list[str], mes
     result = CliRunner().invoke(app, ["bench", "run", str(sweep), *args])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_ray_options_on_a_local_run_are_refused_not_ignored(sweep: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    args = ["bench", "run", str(sweep), "--out", str(out), "--workers", "2", "--num-cpus", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert (
+        "--workers, --num-cpus: Ray options, but the executor is 'local'; add --executor ray"
+        in " ".join(result.output.split())
+    )
+    assert not out.exists()

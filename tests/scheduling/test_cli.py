@@ -88,6 +88,11 @@ def test_collect_executor_errors_come_before_any_model_loads(tmp_path, monkeypat
     result = runner.invoke(app, ["collect", "--executor", "ray", "--out", str(tmp_path)])
     assert result.exit_code == 2, result.output
     assert "Ray is not installed" in result.output and "treegraft[ray]" in result.output
+    result = runner.invoke(app, ["collect", "--workers", "4", "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "--workers: Ray options, but the executor is 'local'; add --executor ray" in (
+        result.output
+    )
     assert not any(tmp_path.iterdir())
 
 

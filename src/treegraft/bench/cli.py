@@ -44,6 +44,17 @@ NumGpusOption = Annotated[
 ]
 
 
+def local_only_flags(executor: str, **ray_flags: Any) -> str | None:
+    """The error for Ray options given to a local run (they would be ignored), or None. Takes the
+    flags by option name without dashes (`ray_address=...`); unset ones are None."""
+    given = [
+        f"--{name.replace('_', '-')}" for name, value in ray_flags.items() if value is not None
+    ]
+    if executor == "ray" or not given:
+        return None
+    return f"{', '.join(given)}: Ray options, but the executor is {executor!r}; add --executor ray"
+
+
 class DefaultToRun(TyperGroup):
     """A group whose default sub-command is `run`: `bench X.yaml` means `bench run X.yaml`."""
 
@@ -147,6 +158,21 @@ def run(
     cfg = cfg.with_settings(**{k: v for k, v in overrides.items() if v is not None})
     cfg = cfg.with_settings(repeat=repeat) if repeat is not None else cfg
     cfg = cfg.with_settings(replay=True) if replay else cfg
+    flags = {"name": executor, "address": ray_address, "workers": workers, "num_cpus": num_cpus}
+    flags |= {"num_gpus": num_gpus, "retries": retries}
+    try:
+        cfg = cfg.with_executor(**{k: v for k, v in flags.items() if v is not None})
+    except ConfigError as exc:
+        _fail(str(exc))
+    problem = local_only_flags(
+        cfg.executor.name,
+        ray_address=ray_address,
+        workers=workers,
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+    )
+    if problem:
+        _fail(problem)
     target = out_dir or Path("runs") / f"bench-{config.stem}-{datetime.now():%Y%m%d-%H%M%S}"
     prepare_output_dir(target, "--out")  # before any model loads
     options = {
@@ -159,10 +185,7 @@ def run(
         "prompts": prompts,
         "max_new_tokens": max_new_tokens,
     }
-    flags = {"name": executor, "address": ray_address, "workers": workers, "num_cpus": num_cpus}
-    flags |= {"num_gpus": num_gpus, "retries": retries}
     try:
-        cfg = cfg.with_executor(**{k: v for k, v in flags.items() if v is not None})
         result = run_bench(
             cfg, target, progress=progress, options=options, resume=resume, force=force
         )

@@ -230,10 +230,16 @@ def executor_options(
 ) -> dict[str, Any] | None:
     """`map_items`' options for `--executor ray` (None: the local collection); a bad executor,
     or Ray missing, is an argument error."""
+    from treegraft.bench.cli import local_only_flags
     from treegraft.bench.ray_executor import import_ray
     from treegraft.core.config import ConfigError
 
     if executor in (None, "local"):
+        problem = local_only_flags(
+            "local", ray_address=address, workers=workers, num_cpus=num_cpus, num_gpus=num_gpus
+        )
+        if problem:
+            _fail(problem)
         return None
     if executor != "ray":
         _fail(f"--executor: expected local or ray, got {executor!r}")
