@@ -4,6 +4,7 @@ of the public `treegraft.testing`, which plugin authors use too)."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -30,30 +31,10 @@ settings.load_profile("ci")
 torch.set_num_threads(1)
 
 
-def tiny_llama(
-    *,
-    seed: int = 0,
-    vocab: int = 64,
-    hidden: int = 32,
-    layers: int = 2,
-    heads: int = 4,
-    kv_heads: int = 2,
-    eos: int | None = None,
-    dtype: torch.dtype = torch.float64,
-) -> LlamaForCausalLM:
+def tiny_llama(**kwargs: Any) -> LlamaForCausalLM:
     """A random Llama model small enough for property tests (float64 by default): the public
-    `treegraft.testing.tiny_model` that plugin authors use."""
-    return tiny_model(
-        "llama",
-        seed=seed,
-        vocab=vocab,
-        hidden=hidden,
-        layers=layers,
-        heads=heads,
-        kv_heads=kv_heads,
-        eos=eos,
-        dtype=dtype,
-    )
+    `treegraft.testing.tiny_model` that plugin authors use, with its keyword arguments."""
+    return tiny_model("llama", **kwargs)
 
 
 @pytest.fixture

@@ -275,6 +275,16 @@ FIT_HELP = {
     "drop": "features left out of the fit, comma-separated (an ablation; default: none)",
 }
 
+# the MLP-fitting options `fit` and `loo` share (one definition)
+HiddenOpt = Annotated[str, typer.Option(help=FIT_HELP["hidden"])]
+EpochsOpt = Annotated[int, typer.Option(help=FIT_HELP["epochs"])]
+ValFractionOpt = Annotated[float, typer.Option(help=FIT_HELP["val_fraction"])]
+SeedOpt = Annotated[int, typer.Option(help=FIT_HELP["seed"])]
+LossOpt = Annotated[str, typer.Option(help=FIT_HELP["loss"])]
+EnsembleOpt = Annotated[int, typer.Option(help=FIT_HELP["ensemble"])]
+DropOpt = Annotated[str, typer.Option(help=FIT_HELP["drop"])]
+ThreadsOpt = Annotated[int | None, typer.Option(help=FIT_HELP["threads"])]
+
 
 @app.command()
 def fit(
@@ -282,14 +292,14 @@ def fit(
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="artifact directory")] = Path(
         "runs/scheduler"
     ),
-    hidden: Annotated[str, typer.Option(help=FIT_HELP["hidden"])] = "32,32",
-    epochs: Annotated[int, typer.Option(help=FIT_HELP["epochs"])] = 600,
-    val_fraction: Annotated[float, typer.Option(help=FIT_HELP["val_fraction"])] = 0.2,
-    seed: Annotated[int, typer.Option(help=FIT_HELP["seed"])] = 0,
-    loss: Annotated[str, typer.Option(help=FIT_HELP["loss"])] = "mse",
-    ensemble: Annotated[int, typer.Option(help=FIT_HELP["ensemble"])] = 1,
-    drop: Annotated[str, typer.Option(help=FIT_HELP["drop"])] = "",
-    threads: Annotated[int | None, typer.Option(help=FIT_HELP["threads"])] = 1,
+    hidden: HiddenOpt = "32,32",
+    epochs: EpochsOpt = 600,
+    val_fraction: ValFractionOpt = 0.2,
+    seed: SeedOpt = 0,
+    loss: LossOpt = "mse",
+    ensemble: EnsembleOpt = 1,
+    drop: DropOpt = "",
+    threads: ThreadsOpt = 1,
 ) -> None:
     """Fit the MLP on the labels of one or more datasets; write the artifact."""
     set_threads(threads)
@@ -506,14 +516,14 @@ def loo(
     out_dir: Annotated[
         Path, typer.Option("--out", "-o", help="artifacts and loo.json go here")
     ] = Path("runs/scheduler-loo"),
-    hidden: Annotated[str, typer.Option(help=FIT_HELP["hidden"])] = "32,32",
-    epochs: Annotated[int, typer.Option(help=FIT_HELP["epochs"])] = 600,
-    val_fraction: Annotated[float, typer.Option(help=FIT_HELP["val_fraction"])] = 0.2,
-    seed: Annotated[int, typer.Option(help=FIT_HELP["seed"])] = 0,
-    loss: Annotated[str, typer.Option(help=FIT_HELP["loss"])] = "mse",
-    ensemble: Annotated[int, typer.Option(help=FIT_HELP["ensemble"])] = 1,
-    drop: Annotated[str, typer.Option(help=FIT_HELP["drop"])] = "",
-    threads: Annotated[int | None, typer.Option(help=FIT_HELP["threads"])] = 1,
+    hidden: HiddenOpt = "32,32",
+    epochs: EpochsOpt = 600,
+    val_fraction: ValFractionOpt = 0.2,
+    seed: SeedOpt = 0,
+    loss: LossOpt = "mse",
+    ensemble: EnsembleOpt = 1,
+    drop: DropOpt = "",
+    threads: ThreadsOpt = 1,
     threshold: Annotated[float, typer.Option(help="distilled threshold")] = 0.0,
     prompts: Annotated[
         int | None, typer.Option(help="replay only the first N prompts of each --eval")
