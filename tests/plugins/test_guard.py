@@ -17,6 +17,7 @@ from treegraft.core.config import ConfigError
 from treegraft.core.interfaces import StepOutcome
 from treegraft.core.metrics import AcceptHistory
 from treegraft.core.pipeline import load_pipeline
+from treegraft.plugins.builders.plain_switch import PLAIN, SPECULATE
 from treegraft.plugins.schedulers.guard import SCHEDULER, SKIP, WARMUP, CallGuard
 
 
@@ -178,6 +179,32 @@ def test_a_replay_learns_apart_from_the_measured_pipeline(tmp_path):
     assert measured.token_ids == out.token_ids
     assert sum(pipe.decoder.scheduler.guard.steps) == len(measured.events) - 2
     assert sum(replay.decoder.scheduler.guard.steps) == len(out.events) - 2
+
+
+def test_a_replay_has_its_own_plain_switch_on_the_predicted_clock(tmp_path):
+    """The plain switch measures time: in a replay it reads the replay's clock (each target
+    forward takes its predicted time, here a second) and learns apart from the measured
+    pipeline; on the wall clock the replayed target's forwards would look free."""
+    layer_rule_artifact().save(tmp_path)
+    res = stand_in_pair(2)
+    raw = distilled(tmp_path)
+    raw["builder"]["plain_switch"] = True
+    raw["decoding"]["max_new_tokens"] = 40
+    pipe = load_pipeline(raw, resources=res)
+    replay, target = replay_pipeline(pipe, LatencyCurve("t", 8, (1, 64), (1.0, 1.0)))
+    assert replay.decoder.builder is not pipe.decoder.builder
+    switch = replay.decoder.builder.switch
+    assert switch is not pipe.decoder.builder.switch and switch.now == target.now
+    prompt = repetitive_prompt(2, 16) % VOCAB
+    target.expect(greedy_reference(res.models["mem:target"], prompt, 40 + 8))  # + tree depth
+    out = replay.generate(prompt)
+    assert target.offset > 0.9 * target.forwards  # a second per forward, less the replay's work
+    assert switch.steps[SPECULATE] >= 6 and switch.steps[PLAIN] >= 3  # both arms measured
+    assert 0 < switch.rate(SPECULATE) < 10 and 0 < switch.rate(PLAIN) <= 1.01  # tokens/s
+    assert pipe.decoder.builder.switch.steps == [0, 0]  # the measured pipeline learnt nothing
+    measured = pipe.generate(prompt)
+    assert measured.token_ids == out.token_ids
+    assert pipe.decoder.builder.switch.rate(PLAIN) > 10  # the real forwards take milliseconds
 
 
 def test_a_scheduler_that_cannot_be_copied_is_shared_with_a_warning():

@@ -3,6 +3,8 @@ output exactly plain greedy decoding's either way."""
 
 from __future__ import annotations
 
+import itertools
+import re
 from types import SimpleNamespace
 
 import attrs
@@ -16,7 +18,15 @@ from treegraft.core.interfaces import Drafter, LayerState, Scheduler, StepOutcom
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.plugins.builders.layered import LayeredBuilder, LayeredConfig
-from treegraft.plugins.builders.plain_switch import PLAIN, SPECULATE, WARMUP, PlainSwitch
+from treegraft.plugins.builders.plain_switch import (
+    MARGIN,
+    MAX_BACKOFF,
+    PLAIN,
+    PLAIN_PROBE_FACTOR,
+    SPECULATE,
+    WARMUP,
+    PlainSwitch,
+)
 from treegraft.plugins.verifiers.greedy import GreedyVerifier
 
 VOCAB = 48
@@ -174,3 +184,58 @@ def test_catching_up_steps_are_not_measured_and_bursts_count():
     assert switch.steps == [0, 0]  # step 0 (prompt) and step 1 (first call) left out
     switch.outcomes = [[(1, 1.0), (1, 1.0), (10, 1.0), (1, 1.0)], [(1, 0.5)] * 3]
     assert switch.rate(SPECULATE) == 13 / 4 and switch.rate(PLAIN) == 2.0
+
+
+def drive(switch: PlainSwitch, clock: list[float], steps: int, *, spec_rate: float, start=0):
+    """Run `steps` decode steps through `switch` from step index `start`: a plain step commits one
+    token in one second; a speculative one commits one token in `1 / spec_rate` seconds. Returns
+    the arms, 'P' or 'S' per step."""
+    arms, committed = [], 10 + start
+    for i in range(start, start + steps):
+        plain = switch.plain(SimpleNamespace(step=i, committed_len=committed, prompt_len=5))
+        if not plain:
+            switch.note((0,))
+        clock[0] += 1.0 if plain else 1.0 / spec_rate
+        committed += 1
+        arms.append("P" if plain else "S")
+    return "".join(arms)
+
+
+def probe_starts(arms: str) -> list[int]:
+    return [i for i in range(1, len(arms)) if arms[i] == "S" and arms[i - 1] == "P"]
+
+
+def test_probes_of_a_losing_speculation_thin_out_and_a_new_text_restarts_them():
+    clock = [0.0]
+    switch = PlainSwitch(probe_every=4, now=lambda: clock[0])
+    arms = drive(switch, clock, 200, spec_rate=0.5)
+    starts = probe_starts(arms)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    probe = WARMUP[SPECULATE] + 1  # the first probe step is not measured (catching up)
+    plain_runs = [g - probe for g in gaps]
+    assert plain_runs[:4] == [8, 16, 32, 32]  # doubled after each failed probe, up to 8x
+    assert switch.leader == PLAIN and switch.backoff == MAX_BACKOFF
+    assert arms[-2 * (32 + probe) :].count("S") == 2 * probe  # one probe per 32 plain steps
+    # a new generation (step 0), a new text: probes come at the first pace again
+    again = drive(switch, clock, 60, spec_rate=0.5, start=0)
+    assert switch.backoff > 1  # its probes have failed again
+    assert again.startswith("S" * probe + "P" * 8 + "S" * probe + "P" * 16 + "S")
+
+
+def test_a_near_tie_does_not_flip_the_leader():
+    """Within `MARGIN`, the arm that leads keeps running (no back and forth on noise)."""
+    clock = [0.0]
+    switch = PlainSwitch(probe_every=4, now=lambda: clock[0])
+    arms = drive(switch, clock, 120, spec_rate=1.0 - MARGIN / 2)  # speculation slightly slower
+    assert switch.leader == SPECULATE
+    runs = re.findall("P+|S+", arms[sum(WARMUP) + 1 :])
+    assert all(len(r) <= WARMUP[PLAIN] + 1 for r in runs if r[0] == "P")  # probes of plain only
+    assert all(len(r) >= 4 * PLAIN_PROBE_FACTOR for r in runs[1:-1] if r[0] == "S")
+    clock = [0.0]
+    switch = PlainSwitch(probe_every=4, now=lambda: clock[0])
+    drive(switch, clock, 60, spec_rate=1.0 - 3 * MARGIN)  # clearly slower: plain leads
+    assert switch.leader == PLAIN
+    drive(switch, clock, 150, spec_rate=1.0 + MARGIN / 2, start=60)  # now slightly faster
+    assert switch.leader == PLAIN and switch.backoff == MAX_BACKOFF
+    drive(switch, clock, 40, spec_rate=1.0 + 3 * MARGIN, start=210)  # clearly faster
+    assert switch.leader == SPECULATE and switch.backoff == 1

@@ -14,6 +14,7 @@ building, verification, commits) runs for real and is measured.
 from __future__ import annotations
 
 import copy
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -62,6 +63,8 @@ class ReplayTarget:
     Attributes:
         predicted: predicted seconds of each target forward of the current generation.
         queries: tokens each of those forwards would have processed (pending tokens + new nodes).
+        offset: seconds the replay's clock (`now`) runs ahead of the wall clock: every forward's
+            predicted time less the time it took here, summed over the replay's life.
     """
 
     vocab_size: int
@@ -75,6 +78,12 @@ class ReplayTarget:
     forwards: int = 0
     predicted: list[float] = attrs.field(factory=list)
     queries: list[int] = attrs.field(factory=list)
+    offset: float = 0.0
+
+    def now(self) -> float:
+        """The replay's clock: the wall clock as if each target forward had taken its predicted
+        time (what a builder that measures time reads in a replay)."""
+        return time.perf_counter() + self.offset
 
     @property
     def n_committed(self) -> int:
@@ -99,6 +108,7 @@ class ReplayTarget:
 
     def forward_tree(self, tree: DraftTree) -> Tensor:
         """`[n_new, V]` logits of the unseen nodes: one-hot on the continuation where paths match."""
+        began = time.perf_counter()
         n, start = tree.n_nodes, self.n_seen
         pending = self.n_committed - 1 - self.n_cached if start == 0 else 0
         self.queries.append(pending + n - start)
@@ -108,6 +118,7 @@ class ReplayTarget:
         logits = torch.zeros(n - start, self.vocab_size, device=self.device)
         logits[torch.arange(n - start, device=self.device), nxt.to(self.device)] = 1.0
         self.n_seen = n
+        self.offset += self.predicted[-1] - (time.perf_counter() - began)
         return logits
 
     def _next_tokens(self, tree: DraftTree) -> Tensor:
@@ -178,11 +189,14 @@ def own_copy(scheduler: Any) -> Any:
 
 
 def replay_pipeline(pipe: Any, curve: LatencyCurve) -> tuple[Any, ReplayTarget]:
-    """A copy of `pipe` whose decoder runs against a `ReplayTarget` (same drafters and builder).
+    """A copy of `pipe` whose decoder runs against a `ReplayTarget` (same drafters).
 
     The scheduler is a copy of its own: a scheduler that learns from outcomes (the call guard)
     would otherwise mix the replay's modelled steps into the measured pipeline's estimates, and
-    the other way round, when a sweep alternates the two."""
+    the other way round, when a sweep alternates the two. So is the builder
+    (`TreeBuilder.with_clock`): one that measures time (the plain switch) reads the replay's
+    clock, where the target's forwards take their predicted time, and learns apart from the
+    measured pipeline's."""
     target = ReplayTarget(
         vocab_size=pipe.decoder.target.vocab_size, curve=curve, device=pipe.resources.device
     )
@@ -191,5 +205,6 @@ def replay_pipeline(pipe: Any, curve: LatencyCurve) -> tuple[Any, ReplayTarget]:
         target=target,
         times=ReplayTimes(source=target),
         scheduler=own_copy(pipe.decoder.scheduler),
+        builder=pipe.decoder.builder.with_clock(target.now),
     )
     return attrs.evolve(pipe, decoder=decoder), target

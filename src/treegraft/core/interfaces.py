@@ -12,6 +12,7 @@ proposal rows and `c` for chain length.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import attrs
@@ -385,6 +386,14 @@ class TreeBuilder(Component):
         """Whether `build` reads the target's latency curve (`StepContext.timings.target_curve`);
         the decoder then measures it once, before its first generation."""
         return False
+
+    def with_clock(self, now: Callable[[], float]) -> TreeBuilder:
+        """A builder for a decoder whose time is modelled (the benchmark's replay, where the
+        target answers at once and `now()` adds its predicted forward times to the wall clock):
+        a builder that reads the clock, or keeps state learned from measured time, returns a
+        copy of its own that reads `now` and learns apart. Default: this builder (it keeps no
+        time)."""
+        return self
 
 
 class Verifier(Component):

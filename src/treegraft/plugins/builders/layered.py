@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import attrs
@@ -94,6 +95,13 @@ class LayeredBuilder(TreeBuilder):
 
     def wants_target_curve(self) -> bool:
         return self.config.adaptive
+
+    def with_clock(self, now: Callable[[], float]) -> LayeredBuilder:
+        """A copy whose plain switch (if any) starts afresh and reads `now`."""
+        builder = LayeredBuilder(self.config)
+        if builder.switch is not None:
+            builder.switch.now = now
+        return builder
 
     def build(self, step: StepContext) -> BuildResult:
         if self.switch is not None and self.switch.plain(step):

@@ -19,12 +19,18 @@ measured. Each arm's estimate is the tokens over the seconds of its last `memory
 (a ratio of sums: speculation's gains come in bursts, which a per-step median would miss).
 
 How it chooses: speculation first; once it has `WARMUP[SPECULATE]` measured steps,
-`WARMUP[PLAIN]` plain steps measure plain decoding. Then the faster arm runs (plain decoding only when `MARGIN` faster: the estimates are
-noisy and a wrong switch to plain costs more than a wrong stay), and the slower one is probed again for `WARMUP` measured steps
-(its old estimate dropped, `WARMUP` of its steps) after `probe_every` steps of the faster when plain decoding leads, and after
-`PLAIN_PROBE_FACTOR` times as many when speculation leads (plain decoding's rate changes little
-along a text, speculation's a lot). So on a text where speculation loses, the builder decodes
-plainly but for a few probe steps per `probe_every`, and comes back to speculation where it pays.
+`WARMUP[PLAIN]` plain steps measure plain decoding. Then the arm that leads runs, and the other
+takes the lead only when its rate beats the leader's by `MARGIN` (the estimates are noisy: the
+margin keeps a near-tie from flipping the arms back and forth). The other arm is probed again,
+for `WARMUP` measured steps with its old estimate dropped, after a wait: `PLAIN_PROBE_FACTOR`
+times `probe_every` steps of speculation when speculation leads (plain decoding's rate changes
+little along a text, speculation's a lot), `probe_every` steps of plain decoding when plain
+decoding leads, doubled after every probe that finds speculation still slower, up to
+`MAX_BACKOFF` times (a probe of a losing speculation costs its steps: where speculation keeps
+losing, the probes thin out), and back to `probe_every` once speculation leads again or a new
+generation begins (a new text, on which speculation may pay). So on a
+text where speculation loses, the builder decodes plainly but for a few probe steps now and then,
+and comes back to speculation where it pays.
 
 Lossless: a plain step is a valid draft tree (the root alone), so the output is the target's own,
 whatever the arm. The estimates live in the builder and carry over between generations.
@@ -48,8 +54,10 @@ SPECULATE, PLAIN = 0, 1
 WARMUP = (6, 3)
 #: speculation leading: plain decoding is probed after this many times `probe_every` steps
 PLAIN_PROBE_FACTOR = 8
-#: plain decoding leads only when its rate beats speculation's by this fraction (noise)
-MARGIN = 0.1
+#: the other arm takes the lead only when its rate beats the leader's by this fraction (noise)
+MARGIN = 0.05
+#: the longest wait between probes of a losing speculation, in multiples of `probe_every`
+MAX_BACKOFF = 8
 
 
 @attrs.define
@@ -66,6 +74,9 @@ class PlainSwitch:
     memory: int = 16
     now: Callable[[], float] = time.perf_counter
     arm: int = SPECULATE
+    #: the arm that leads, and the wait between probes of speculation (times `probe_every`)
+    leader: int = SPECULATE
+    backoff: int = 1
     #: per arm: (tokens, seconds) of its last `memory` measured steps
     outcomes: list[list[tuple[int, float]]] = attrs.field(factory=lambda: [[], []])
     #: steps since each arm last ran; steps left in the current probe
@@ -102,8 +113,9 @@ class PlainSwitch:
             return False
         now = self.now()
         self._record(step, now)
-        if step.step == 0:
+        if step.step == 0:  # a new text: speculation may pay on it, probe it at the usual pace
             self._called = False
+            self.backoff = 1
         self._step, self._start, self._committed = step.step, now, step.committed_len
         previous = self.arm
         self.arm = self._choose()
@@ -141,12 +153,19 @@ class PlainSwitch:
             return SPECULATE
         if steps[PLAIN] < WARMUP[PLAIN]:
             return PLAIN
-        ahead = self.rate(PLAIN) > (1.0 + MARGIN) * self.rate(SPECULATE)
-        best = PLAIN if ahead else SPECULATE
-        other = 1 - best
-        wait = self.probe_every * (PLAIN_PROBE_FACTOR if best == SPECULATE else 1)
+        other = 1 - self.leader
+        if self.rate(other) > (1.0 + MARGIN) * self.rate(self.leader):
+            self.leader, other = other, self.leader
+            self.backoff = 1
+        elif self.arm == SPECULATE and self.leader == PLAIN:
+            # a probe of speculation just ended and plain decoding still leads
+            self.backoff = min(2 * self.backoff, MAX_BACKOFF)
+        if self.leader == SPECULATE:
+            wait = self.probe_every * PLAIN_PROBE_FACTOR
+        else:
+            wait = self.probe_every * self.backoff
         if self.idle[other] < wait:
-            return best
+            return self.leader
         self.outcomes[other] = []  # a fresh estimate from the probe
         self.probing = WARMUP[other]  # the probe's first step may go unmeasured (catching up)
         return other
