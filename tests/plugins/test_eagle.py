@@ -10,6 +10,7 @@ import torch
 
 from tests.conftest import greedy_reference, memory_resources, tiny_llama
 from tests.core.test_decoder import repetitive_prompt
+from treegraft.bench.replay import LatencyCurve, ReplayTarget, replay_pipeline
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree
@@ -183,3 +184,34 @@ def test_a_saved_head_loads_back_equal(head_dir):
     again = FeatureHead(HeadSpec(hidden_size=HIDDEN, intermediate_size=24, vocab_size=VOCAB))
     again = again.to(torch.bfloat16).to(torch.float32)  # stored in bf16
     torch.testing.assert_close(net(x, e), again(x, e))
+
+
+def test_a_replay_drafts_from_the_features_the_measured_run_drafts_from(head_dir):
+    """The benchmark's replay never runs the target in the generation: its stand-in hands the
+    eagle drafter (a copy reading it) the hidden states of the prompt and its recorded
+    continuation, so the replayed trees are the measured ones, step for step."""
+    res = resources()
+    raw = spec(head_dir, "ngram+eagle", "always")
+    raw["builder"]["max_strong_calls"] = 4  # not capped by the measured or predicted times
+    pipe = load_pipeline(raw, resources=res)
+    prompt = repetitive_prompt(4, 14)
+    measured = pipe.generate(prompt)
+    replay, target = replay_pipeline(pipe, LatencyCurve("t", 8, (1, 64), (1e-3, 2e-3)))
+    eagle = replay.decoder.drafters[1]
+    assert eagle is not pipe.decoder.drafters[1] and eagle.target is target
+    assert replay.decoder.drafters[0] is pipe.decoder.drafters[0]  # the n-gram drafter: shared
+    target.expect(greedy_reference(res.models["mem:target"], prompt, 24 + 8), prompt)
+    replayed = replay.generate(prompt)
+    assert replayed.token_ids == measured.token_ids
+    assert len(replayed.events) == len(measured.events)
+    for got, want in zip(replayed.events, measured.events, strict=True):
+        assert got.build.tree.tokens.tolist() == want.build.tree.tokens.tolist()
+        assert got.accepted == want.accepted
+    assert any(e.tree_size > 0 for e in replayed.events)
+
+
+def test_a_replay_without_a_target_model_cannot_hand_out_features():
+    target = ReplayTarget(vocab_size=8, curve=LatencyCurve("t", 8, (1, 2), (1.0, 1.0)), device=None)
+    with pytest.raises(ValueError, match="cannot hand out hidden states: no target runner"):
+        target.track_hidden()
+    assert target.hidden is None

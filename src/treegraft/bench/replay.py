@@ -65,6 +65,11 @@ class ReplayTarget:
         queries: tokens each of those forwards would have processed (pending tokens + new nodes).
         offset: seconds the replay's clock (`now`) runs ahead of the wall clock: every forward's
             predicted time less the time it took here, summed over the replay's life.
+        runner: the real target's runner: its model (embeddings, output head) for drafters
+            that read them, and, once a drafter asks for hidden states (`track_hidden`), the
+            final-norm hidden states of the prompt and its continuation, computed by one
+            forward in `expect` (outside the timed generation), as the verification forwards
+            would have computed them.
     """
 
     vocab_size: int
@@ -79,6 +84,27 @@ class ReplayTarget:
     predicted: list[float] = attrs.field(factory=list)
     queries: list[int] = attrs.field(factory=list)
     offset: float = 0.0
+    runner: Any = None
+    tracking: bool = False
+    features: Tensor | None = None
+
+    @property
+    def model(self) -> Any:
+        if self.runner is None:
+            raise AttributeError("this replay target has no model (no target runner given)")
+        return self.runner.model
+
+    @property
+    def hidden(self) -> Tensor | None:
+        """`[prompt + continuation, hidden]` final-norm hidden states (`track_hidden`; None
+        before it, or before `expect` had a prompt)."""
+        return self.features if self.tracking else None
+
+    def track_hidden(self) -> None:
+        """Hand out hidden states from the next `expect` on (one target forward per prompt)."""
+        if self.runner is None:
+            raise ValueError("this replay cannot hand out hidden states: no target runner given")
+        self.tracking = True
 
     def now(self) -> float:
         """The replay's clock: the wall clock as if each target forward had taken its predicted
@@ -89,9 +115,14 @@ class ReplayTarget:
     def n_committed(self) -> int:
         return len(self.committed)
 
-    def expect(self, continuation: Sequence[int]) -> None:
-        """The target's greedy continuation of the next prompt."""
+    def expect(self, continuation: Sequence[int], prompt: Tensor | None = None) -> None:
+        """The target's greedy continuation of the next prompt (`prompt`: its ids, needed when a
+        drafter reads hidden states)."""
         self.continuation = tuple(int(t) for t in continuation)
+        self.features = None
+        if self.tracking and prompt is not None:
+            ids = torch.cat([prompt.cpu(), torch.tensor(self.continuation, dtype=torch.long)])
+            self.features = hidden_states_of(self.runner, ids)
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         self.committed = [int(t) for t in prompt.tolist()]
@@ -174,6 +205,17 @@ class ReplayTimes(ForwardTimes):
         return seconds
 
 
+def hidden_states_of(runner: Any, ids: Tensor) -> Tensor:
+    """`[len(ids), hidden]` final-norm hidden states of `ids` from one forward of `runner`
+    (which then holds `ids` as a finished generation: call it between generations)."""
+    runner.track_hidden()
+    ids = ids.to(runner.device)
+    with torch.inference_mode():
+        runner.begin(ids, max_len=int(ids.numel()) + 1)
+        runner.forward_tree(DraftTree.from_root(ids[-1], device=runner.device))
+        return runner.hidden[: ids.numel()].clone()
+
+
 def own_copy(scheduler: Any) -> Any:
     """A deep copy of `scheduler`, or (with a warning) the scheduler itself if it cannot be
     copied: the replay then shares what it learns with the measured pipeline."""
@@ -196,13 +238,18 @@ def replay_pipeline(pipe: Any, curve: LatencyCurve) -> tuple[Any, ReplayTarget]:
     the other way round, when a sweep alternates the two. So is the builder
     (`TreeBuilder.with_clock`): one that measures time (the plain switch) reads the replay's
     clock, where the target's forwards take their predicted time, and learns apart from the
-    measured pipeline's."""
+    measured pipeline's. A drafter that reads the target (the eagle drafter's hidden states)
+    gets a copy reading the replay target (`Drafter.with_target`); the others are shared."""
     target = ReplayTarget(
-        vocab_size=pipe.decoder.target.vocab_size, curve=curve, device=pipe.resources.device
+        vocab_size=pipe.decoder.target.vocab_size,
+        curve=curve,
+        device=pipe.resources.device,
+        runner=pipe.decoder.target,
     )
     decoder = attrs.evolve(
         pipe.decoder,
         target=target,
+        drafters=tuple(d.with_target(target) for d in pipe.decoder.drafters),
         times=ReplayTimes(source=target),
         scheduler=own_copy(pipe.decoder.scheduler),
         builder=pipe.decoder.builder.with_clock(target.now),

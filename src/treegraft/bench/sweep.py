@@ -170,7 +170,7 @@ class PairSession:
 
     def _replay_request(self, case: Case, replay: Replay, continuation: list[int]) -> Request:
         """The pipeline against the recorded continuation, with predicted target time."""
-        replay.target.expect(continuation)
+        replay.target.expect(continuation, case.ids)
         label = replay.method.label
         try:
             run, peak = self._measure(replay.method, case)

@@ -294,6 +294,13 @@ class Drafter(Component):
         the same committed state. Drafters without per-step state need not override it.
         """
 
+    def with_target(self, target: Any) -> Drafter:
+        """A drafter for a decoder whose target runner is `target` (the benchmark's replay,
+        where a stand-in answers from a recorded continuation): a drafter that reads the target
+        runner (its hidden states) returns a copy of its own that reads `target`. Default: this
+        drafter (it does not read the target)."""
+        return self
+
     @abstractmethod
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
         """Record a step's outcome.

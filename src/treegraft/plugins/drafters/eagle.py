@@ -19,6 +19,7 @@ steer what the target verifies, so the output stays exactly the target's.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import attrs
 import torch
@@ -99,6 +100,11 @@ class EagleDrafter(Drafter):
                 f"hidden size {net.spec.hidden_size}; the target has {vocab} and {hidden}"
             )
         return cls(config, target, net, frequent=_frequent(config, vocab, resources))
+
+    def with_target(self, target: Any) -> EagleDrafter:
+        """A copy reading `target`'s hidden states (same head and settings)."""
+        target.track_hidden()
+        return EagleDrafter(self.config, target, self.net, frequent=self.frequent)
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         self.target.track_hidden()
