@@ -361,19 +361,25 @@ def test_ctrl_c_prints_the_stats_so_far_and_exits_130(tmp_path: Path, model_dir:
         "r._DEFAULT = r.Registry.create(autoload=False, plugins=[f.plugin()]);"
         "from treegraft.cli import main; main()"
     )
+    trace = tmp_path / "trace"
+    args = ["generate", "--pipeline", str(path), "--prompt", PROMPT, "--trace", str(trace)]
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, "generate", "--pipeline", str(path), "--prompt", PROMPT],
+        [sys.executable, "-c", code, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(sys.path)},
         cwd=REPO,
     )
-    first = proc.stdout.read(2)  # some text decoded: the loop is running
-    time.sleep(0.3)
+    # the loop is running once it has traced a few steps (the streamed text may hold back
+    # bytes that do not decode yet, so stdout is no sure sign)
+    deadline = time.monotonic() + 120
+    while not (trace / "step-00003.json").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the loop never started"
+        time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     stderr = stderr.decode()
-    assert first and proc.returncode == 130, stderr
+    assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert "finish: interrupted" in stderr and "new tokens" in stderr
     assert stderr.strip().endswith("interrupted")
