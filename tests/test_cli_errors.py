@@ -369,6 +369,9 @@ def test_ctrl_c_prints_the_stats_so_far_and_exits_130(tmp_path: Path, model_dir:
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(sys.path)},
         cwd=REPO,
+        # a test run started in the background of a shell ignores SIGINT, and a child inherits
+        # that (Python then installs no KeyboardInterrupt handler): restore the default
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     # the loop is running once it has traced a few steps (the streamed text may hold back
     # bytes that do not decode yet, so stdout is no sure sign)
