@@ -6,6 +6,7 @@ name is taken as `run`'s, so `treegraft bench CONFIG.yaml --quick` runs the swee
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -44,12 +45,19 @@ NumGpusOption = Annotated[
 ]
 
 
-def local_only_flags(executor: str, **ray_flags: Any) -> str | None:
-    """The error for Ray options given to a local run (they would be ignored), or None. Takes the
-    flags by option name without dashes (`ray_address=...`); unset ones are None."""
-    given = [
-        f"--{name.replace('_', '-')}" for name, value in ray_flags.items() if value is not None
-    ]
+#: executor settings only Ray reads, and their command-line options
+RAY_ONLY = {
+    "address": "--ray-address",
+    "workers": "--workers",
+    "num_cpus": "--num-cpus",
+    "num_gpus": "--num-gpus",
+}
+
+
+def local_only_flags(executor: str, settings: Mapping[str, Any]) -> str | None:
+    """The error for Ray options given to a local run (they would be ignored), or None.
+    `settings`: the executor settings given on the command line (unset ones None or absent)."""
+    given = [flag for key, flag in RAY_ONLY.items() if settings.get(key) is not None]
     if executor == "ray" or not given:
         return None
     return f"{', '.join(given)}: Ray options, but the executor is {executor!r}; add --executor ray"
@@ -164,13 +172,7 @@ def run(
         cfg = cfg.with_executor(**{k: v for k, v in flags.items() if v is not None})
     except ConfigError as exc:
         _fail(str(exc))
-    problem = local_only_flags(
-        cfg.executor.name,
-        ray_address=ray_address,
-        workers=workers,
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-    )
+    problem = local_only_flags(cfg.executor.name, flags)
     if problem:
         _fail(problem)
     target = out_dir or Path("runs") / f"bench-{config.stem}-{datetime.now():%Y%m%d-%H%M%S}"

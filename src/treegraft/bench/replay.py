@@ -207,7 +207,9 @@ class ReplayTimes(ForwardTimes):
 
 def hidden_states_of(runner: Any, ids: Tensor) -> Tensor:
     """`[len(ids), hidden]` final-norm hidden states of `ids` from one forward of `runner`
-    (which then holds `ids` as a finished generation: call it between generations)."""
+    (which then holds `ids` as a finished generation: call it between generations). Through the
+    runner, not the model's own forward (`zoo.train_head.features_of`): its forward path is the
+    one whose features the measured run's drafter reads, to the last bit."""
     runner.track_hidden()
     ids = ids.to(runner.device)
     with torch.inference_mode():

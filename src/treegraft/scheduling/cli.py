@@ -235,9 +235,8 @@ def executor_options(
     from treegraft.core.config import ConfigError
 
     if executor in (None, "local"):
-        problem = local_only_flags(
-            "local", ray_address=address, workers=workers, num_cpus=num_cpus, num_gpus=num_gpus
-        )
+        given = {"address": address, "workers": workers, "num_cpus": num_cpus}
+        problem = local_only_flags("local", given | {"num_gpus": num_gpus})
         if problem:
             _fail(problem)
         return None
