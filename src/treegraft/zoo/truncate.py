@@ -29,15 +29,19 @@ def kept_keys(keys: list[str], layers: int) -> list[str]:
     return kept
 
 
+def check_layers(layers: int, total: int) -> None:
+    """A truncation keeps at least one layer and drops at least one."""
+    if not 1 <= layers < total:
+        raise ValueError(f"layers: expected an int in [1, {total - 1}], got {layers}")
+
+
 def truncate_model(base: Path, out: Path, *, layers: int) -> Path:
     """Write into `out` the model of folder `base` cut to its first `layers` decoder layers."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
     config = json.loads((base / "config.json").read_text())
-    total = int(config["num_hidden_layers"])
-    if not 1 <= layers < total:
-        raise ValueError(f"layers: expected an int in [1, {total - 1}], got {layers}")
+    check_layers(layers, int(config["num_hidden_layers"]))
     config["num_hidden_layers"] = layers
     if isinstance(config.get("layer_types"), list):
         config["layer_types"] = config["layer_types"][:layers]

@@ -51,7 +51,8 @@ class HFLMConfig:
     token_counts: str = field(
         "zoo:token-counts",
         doc="per-token counts ranking the vocabulary for `head`: 'zoo:token-counts' (the zoo "
-        "tokenizer's) or a JSON file written by `treegraft zoo token-counts`",
+        "tokenizer's), 'zoo:smollm2-token-counts' (SmolLM2's) or a JSON file written by "
+        "`treegraft zoo token-counts`",
     )
 
 
