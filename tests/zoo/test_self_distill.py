@@ -126,6 +126,18 @@ def test_answering_resumes_where_it_stopped(answers, corpus, target_dir, tmp_pat
     assert self_distill.generate_answers(target_dir, prompts, partial, max_new_tokens=12) == 60
 
 
+def test_answers_cut_short_or_for_other_prompts(answers, corpus, target_dir, tmp_path):
+    prompts = self_distill.training_prompts(corpus, per_kind=10, seed=1)
+    cut = tmp_path / "cut.jsonl"
+    lines = answers.read_text().splitlines(keepends=True)
+    cut.write_text("".join(lines[:59]) + lines[59][:20])  # the run stopped while writing
+    assert self_distill.generate_answers(target_dir, prompts, cut, max_new_tokens=12) == 60
+    assert sorted(cut.read_text().splitlines()) == sorted(answers.read_text().splitlines())
+    others = self_distill.training_prompts(corpus, per_kind=10, seed=2)
+    with pytest.raises(ValueError, match=r"answers\.jsonl:1: answers a prompt other than"):
+        self_distill.generate_answers(target_dir, others, answers, max_new_tokens=12)
+
+
 def test_distilling_raises_the_early_exits_agreement_and_the_delta_rebuilds_it(
     answers, target_dir, tmp_path
 ):

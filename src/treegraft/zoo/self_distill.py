@@ -23,6 +23,7 @@ which is how `zoo:smollm2-draft-l` is built at first use (`treegraft.zoo.remote`
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import logging
 import random
@@ -140,7 +141,7 @@ def generate_answers(
     pad = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model.config.eos_token_id
     )
-    done = {json.loads(line)["index"] for line in out.open()} if out.exists() else set()
+    done = _answered(out, prompts)
     todo = [
         (i, p, chat_ids(tokenizer, p.text)[-max_prompt_tokens:])
         for i, p in enumerate(prompts)
@@ -173,6 +174,7 @@ def generate_answers(
                 answer = _until_eos(row, model.generation_config.eos_token_id)
                 line = {
                     "index": index,
+                    "prompt_sha": _sha(prompt.text),
                     "kind": prompt.kind,
                     "prompt_len": len(prompt_ids),
                     "ids": prompt_ids + answer,
@@ -183,6 +185,32 @@ def generate_answers(
             if progress is not None:
                 progress(i + 1, len(batches), new_tokens)
     return sum(1 for _ in out.open())
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _answered(out: Path, prompts: list[Prompt]) -> set[int]:
+    """Indices of the prompts `out` already answers. A last line cut short by a stopped run is
+    dropped from the file; answers to other prompts (another seed or `per_kind`) are an error."""
+    if not out.exists():
+        return set()
+    lines = out.read_text().splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        out.write_text("".join(lines[:-1]))  # written when the run stopped
+        lines = lines[:-1]
+    done = set()
+    for number, line in enumerate(lines, 1):
+        row = json.loads(line)
+        index = row["index"]
+        if index >= len(prompts) or row.get("prompt_sha") != _sha(prompts[index].text):
+            raise ValueError(
+                f"{out}:{number}: answers a prompt other than prompt {index} of this run's "
+                "(another seed, per_kind or corpus?); use another work folder or delete the file"
+            )
+        done.add(index)
+    return done
 
 
 def _until_eos(row: list[int], eos: int | list[int] | None) -> list[int]:
