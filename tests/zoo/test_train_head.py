@@ -111,3 +111,54 @@ def test_head_recipes_are_strict(tmp_path, corpus, teacher):
         load_head_recipe(write_recipe(tmp_path / "r.yaml", corpus, teacher, unroll="two"))
     shipped = load_head_recipe(ZOO_DIR / "recipes" / "heads" / "head.yaml")
     assert shipped.target == "zoo:target" and shipped.unroll >= 1
+
+
+def test_the_output_rows_follow_the_recipes_token_counts(tmp_path, corpus, teacher):
+    from treegraft.zoo.token_counts import save_counts
+    from treegraft.zoo.train_head import output_rows
+
+    target = load_teacher(str(teacher))
+    counts = torch.zeros(VOCAB, dtype=torch.long)
+    counts[[7, 3, 4000]] = torch.tensor([5, 9, 2])
+    save_counts(tmp_path / "c.json", counts.numpy(), source="test")
+    recipe = load_head_recipe(
+        write_recipe(
+            tmp_path / "r.yaml",
+            corpus,
+            teacher,
+            top_tokens=3,
+            token_counts=str(tmp_path / "c.json"),
+        )
+    )
+    weight, _ = output_rows(target, recipe)
+    assert torch.equal(weight, target.get_output_embeddings().weight[[3, 7, 4000]])
+    save_counts(tmp_path / "short.json", counts[:100].numpy(), source="test")
+    short = load_head_recipe(
+        write_recipe(
+            tmp_path / "s.yaml",
+            corpus,
+            teacher,
+            top_tokens=3,
+            token_counts=str(tmp_path / "short.json"),
+        )
+    )
+    with pytest.raises(RecipeError, match=r"token_counts: .* counts 100 token ids, the target"):
+        output_rows(target, short)
+
+
+def test_a_recipes_tokenizer_may_name_a_model(tmp_path, corpus, teacher):
+    from treegraft import zoo
+    from treegraft.core.resources import ModelRefError
+
+    named = load_head_recipe(
+        write_recipe(tmp_path / "r.yaml", corpus, teacher, tokenizer="zoo:draft-m")
+    )
+    assert tokenizer_dir(named) == zoo.resolve("zoo:draft-m")
+    assert tokenizer_dir(load_head_recipe(write_recipe(tmp_path / "d.yaml", corpus, teacher))) == (
+        zoo.tokenizer_path()
+    )
+    wrong = load_head_recipe(
+        write_recipe(tmp_path / "w.yaml", corpus, teacher, tokenizer="zoo:nope")
+    )
+    with pytest.raises(ModelRefError, match="unknown zoo model 'zoo:nope'"):
+        tokenizer_dir(wrong)

@@ -130,10 +130,17 @@ class TrainState:
 
 
 def tokenizer_dir(recipe: Recipe) -> Path:
-    """The tokenizer a recipe trains with (default: the packaged zoo tokenizer)."""
-    from treegraft.zoo import tokenizer_path
+    """The tokenizer a recipe trains with: a folder, a model's (`zoo:smollm2`: the folder of that
+    model, fetched if needed), or by default the packaged zoo tokenizer."""
+    from treegraft.zoo import PREFIX, tokenizer_path
 
-    return Path(recipe.tokenizer).expanduser() if recipe.tokenizer else tokenizer_path()
+    if not recipe.tokenizer:
+        return tokenizer_path()
+    if recipe.tokenizer.startswith(PREFIX):
+        from treegraft.core.resources import resolve_model_path
+
+        return resolve_model_path(recipe.tokenizer)
+    return Path(recipe.tokenizer).expanduser()
 
 
 def load_tokens(corpus: Path, tok_dir: Path) -> np.ndarray:

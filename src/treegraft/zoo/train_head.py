@@ -64,6 +64,9 @@ class HeadRecipe:
     #: the KL runs over this many of the most frequent tokens (zoo token counts), renormalised
     #: (the `eagle` drafter's `top_tokens`); null: the whole vocabulary
     top_tokens: int | None = None
+    #: the counts ranking the vocabulary for `top_tokens` (a shipped reference such as
+    #: `zoo:smollm2-token-counts` for another target's tokenizer, or a JSON file)
+    token_counts: str = "zoo:token-counts"
     seq_len: int = 256
     batch_size: int = 8
     lr: float = 2e-3
@@ -113,9 +116,15 @@ def output_rows(target: torch.nn.Module, recipe: HeadRecipe) -> tuple[torch.Tens
     weight, bias = out.weight.detach(), None if out.bias is None else out.bias.detach()
     if recipe.top_tokens is None:
         return weight, bias
-    from treegraft.zoo.token_counts import ZOO_REF, load_counts, most_frequent
+    from treegraft.zoo.token_counts import load_counts, most_frequent
 
-    rows = torch.from_numpy(most_frequent(load_counts(ZOO_REF), recipe.top_tokens).copy())
+    counts = load_counts(recipe.token_counts)
+    if counts.shape[0] != weight.shape[0]:
+        raise RecipeError(
+            f"token_counts: {recipe.token_counts!r} counts {counts.shape[0]} token ids, the "
+            f"target {recipe.target!r} has {weight.shape[0]}"
+        )
+    rows = torch.from_numpy(most_frequent(counts, recipe.top_tokens).copy())
     return weight[rows], None if bias is None else bias[rows]
 
 

@@ -54,8 +54,8 @@ class EagleConfig:
     )
     token_counts: str = field(
         "zoo:token-counts",
-        doc="per-token counts ranking the vocabulary for `top_tokens`: 'zoo:token-counts' or a "
-        "JSON file written by `treegraft zoo token-counts`",
+        doc="per-token counts ranking the vocabulary for `top_tokens`: 'zoo:token-counts', "
+        "'zoo:smollm2-token-counts' or a JSON file written by `treegraft zoo token-counts`",
     )
 
 
