@@ -17,6 +17,7 @@ from tests.zoo.tiny_gguf import CHAT_TEMPLATE
 from treegraft import zoo
 from treegraft.core.chat import chat_ids
 from treegraft.zoo import formats, self_distill
+from treegraft.zoo.truncate import DELTA_FILE, apply_delta
 
 FUNCTION = '''def area(w, h):
     """Return the area
@@ -149,12 +150,12 @@ def test_distilling_raises_the_early_exits_agreement_and_the_delta_rebuilds_it(
     assert record["valid_agreement_after"] > record["valid_agreement_before"] + 0.1
     from safetensors.torch import load_file
 
-    delta = load_file(out / self_distill.DELTA_FILE)
+    delta = load_file(out / DELTA_FILE)
     assert {name.split(".")[2] for name in delta if name.startswith("model.layers.")} == {"0"}
     assert "model.norm.weight" in delta and "model.embed_tokens.weight" not in delta
     assert all(t.dtype == torch.bfloat16 for t in delta.values())
 
-    built = self_distill.apply_delta(target_dir, tmp_path / "built", out)
+    built = apply_delta(target_dir, tmp_path / "built", out)
     model = AutoModelForCausalLM.from_pretrained(built, dtype=torch.float32).eval()
     assert model.config.num_hidden_layers == 1
     base = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
@@ -189,11 +190,11 @@ def test_a_delta_that_does_not_fit_its_base_is_refused(answers, target_dir, tmp_
     self_distill.distil(target_dir, answers, out, layers=1, epochs=1)
     from safetensors.torch import load_file, save_file
 
-    delta = load_file(out / self_distill.DELTA_FILE)
+    delta = load_file(out / DELTA_FILE)
     delta["model.norm.weight"] = torch.ones(7, dtype=torch.bfloat16)
-    save_file(delta, out / self_distill.DELTA_FILE)
+    save_file(delta, out / DELTA_FILE)
     with pytest.raises(ValueError, match=r"model\.norm\.weight of shape \(7,\) does not fit"):
-        self_distill.apply_delta(target_dir, tmp_path / "built", out)
+        apply_delta(target_dir, tmp_path / "built", out)
     with pytest.raises(ValueError, match=r"layers: expected an int in \[1, 1\], got 2"):
         self_distill.distil(target_dir, answers, tmp_path / "x", layers=2)
 

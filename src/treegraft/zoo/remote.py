@@ -118,7 +118,7 @@ def _build_truncated(layers: int) -> Callable[[Path, Path], None]:
 
 def _build_distilled(delta: Path) -> Callable[[Path, Path], None]:
     def build(base: Path, out: Path) -> None:
-        from treegraft.zoo.self_distill import apply_delta
+        from treegraft.zoo.truncate import apply_delta
 
         apply_delta(base, out, delta)
 

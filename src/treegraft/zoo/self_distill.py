@@ -16,8 +16,9 @@ distillation), in three stages (the answers resume where a stopped run left them
    the drafter keeps reading the target's own vocabulary space).
 
 The trained tensors (the kept layers and the final norm, bf16) ship in the zoo under
-`zoo/deltas/<name>/`; `apply_delta` puts them on a freshly truncated copy of the cached target,
-which is how `zoo:smollm2-draft-l` is built at first use (`treegraft.zoo.remote`).
+`zoo/deltas/<name>/`; `treegraft.zoo.truncate.apply_delta` puts them on a freshly truncated copy
+of the cached target, which is how `zoo:smollm2-draft-l` is built at first use
+(`treegraft.zoo.remote`).
 """
 
 from __future__ import annotations
@@ -35,15 +36,13 @@ from typing import Any
 import attrs
 
 from treegraft.zoo.corpus import read_corpus, split_example
-from treegraft.zoo.truncate import check_layers
+from treegraft.zoo.truncate import DELTA_FILE, RECORD_FILE, check_layers
 
 log = logging.getLogger(__name__)
 
 #: Kinds of training prompts, by the corpus key's prefix (task examples) or document kind.
 KINDS = ("alpaca", "cnndm", "gsm", "qa", "mt", "function")
 
-DELTA_FILE = "delta.safetensors"
-RECORD_FILE = "training.json"
 COUNTS_FILE = "token_counts.json"
 ANSWERS_FILE = "answers.jsonl"
 
@@ -455,29 +454,6 @@ def distil(
     }
     (out / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return record
-
-
-def apply_delta(base: Path, out: Path, delta_dir: Path) -> Path:
-    """Write into `out` the model of `base` truncated to the delta's layers, with the delta's
-    trained tensors (cast to the base's dtype) in place of the base's."""
-    from safetensors.torch import load_file, save_file
-
-    from treegraft.zoo.truncate import truncate_model
-
-    record = json.loads((delta_dir / RECORD_FILE).read_text())
-    truncate_model(base, out, layers=int(record["layers"]))
-    tensors = load_file(out / "model.safetensors")
-    delta = load_file(delta_dir / DELTA_FILE)
-    for name, value in delta.items():
-        if name not in tensors or tensors[name].shape != value.shape:
-            found = None if name not in tensors else tuple(tensors[name].shape)
-            raise ValueError(
-                f"{delta_dir / DELTA_FILE}: tensor {name} of shape {tuple(value.shape)} does not "
-                f"fit the truncated {base.name} (found {found})"
-            )
-        tensors[name] = value.to(tensors[name].dtype)
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
-    return out
 
 
 def answer_counts(rows: list[tuple[list[int], int]], vocab_size: int) -> Any:

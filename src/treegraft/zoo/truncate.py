@@ -13,6 +13,10 @@ import re
 import shutil
 from pathlib import Path
 
+#: A distilled delta's files: the trained tensors (bf16) and the training record.
+DELTA_FILE = "delta.safetensors"
+RECORD_FILE = "training.json"
+
 #: Files of a model folder that are not copied as they are.
 _REWRITTEN = ("config.json", "model.safetensors")
 
@@ -58,4 +62,25 @@ def truncate_model(base: Path, out: Path, *, layers: int) -> Path:
             and not path.name.startswith("treegraft-")
         ):
             shutil.copy2(path, out / path.name)
+    return out
+
+
+def apply_delta(base: Path, out: Path, delta_dir: Path) -> Path:
+    """Write into `out` the model of `base` truncated to the delta's layers, with the delta's
+    trained tensors (cast to the base's dtype) in place of the base's."""
+    from safetensors.torch import load_file, save_file
+
+    record = json.loads((delta_dir / RECORD_FILE).read_text())
+    truncate_model(base, out, layers=int(record["layers"]))
+    tensors = load_file(out / "model.safetensors")
+    delta = load_file(delta_dir / DELTA_FILE)
+    for name, value in delta.items():
+        if name not in tensors or tensors[name].shape != value.shape:
+            found = None if name not in tensors else tuple(tensors[name].shape)
+            raise ValueError(
+                f"{delta_dir / DELTA_FILE}: tensor {name} of shape {tuple(value.shape)} does not "
+                f"fit the truncated {base.name} (found {found})"
+            )
+        tensors[name] = value.to(tensors[name].dtype)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     return out
