@@ -15,6 +15,7 @@ was built is rebuilt.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -191,6 +192,14 @@ def ensure(name: str) -> Path:
 
 
 def _sha256(path: Path) -> str:
+    """The file's sha256, computed once per size and modification time (`is_cached` asks on every
+    load of a derived model, and its shipped inputs are tens of MB)."""
+    stat = path.stat()
+    return _sha256_of(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _sha256_of(path: Path, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):

@@ -479,16 +479,13 @@ def run(
     per_kind: int,
     max_new_tokens: int = 96,
     batch_size: int = 32,
-    epochs: int = 2,
-    lr: float = 3e-4,
-    batch_tokens: int = 4096,
     seed: int = 0,
-    label_prompts: bool = False,
+    **training: Any,
 ) -> dict[str, Any]:
     """The whole recipe for the target `base_ref` (`zoo:NAME` or a model directory): prompts from
-    `corpus`, the target's answers in `work/answers.jsonl`
-    (resumed where an earlier run stopped), the distilled layers and the answers' token counts in
-    `out`; a log in `work/train.log`; returns the training record."""
+    `corpus`, the target's answers in `work/answers.jsonl` (resumed where an earlier run stopped),
+    the distilled layers and the answers' token counts in `out`; a log in `work/train.log`;
+    returns the training record. `training`: `distil`'s options (epochs, lr, label_prompts, ...)."""
     from treegraft.core.resources import resolve_model_path
     from treegraft.zoo.token_counts import save_counts
     from treegraft.zoo.train import setup_logging, training_progress
@@ -520,11 +517,8 @@ def run(
             answers,
             out,
             layers=layers,
-            epochs=epochs,
-            lr=lr,
-            batch_tokens=batch_tokens,
             seed=seed,
-            label_prompts=label_prompts,
+            **training,
             progress=lambda i, n, loss, tokens: bar.update(
                 task,
                 completed=i,

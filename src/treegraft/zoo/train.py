@@ -130,17 +130,14 @@ class TrainState:
 
 
 def tokenizer_dir(recipe: Recipe) -> Path:
-    """The tokenizer a recipe trains with: a folder, a model's (`zoo:smollm2`: the folder of that
-    model, fetched if needed), or by default the packaged zoo tokenizer."""
+    """The tokenizer a recipe trains with: a folder, a model's (`zoo:smollm2`, fetched if needed),
+    or by default the packaged zoo tokenizer."""
+    from treegraft.core.resources import resolve_model_path
     from treegraft.zoo import PREFIX, tokenizer_path
 
-    if not recipe.tokenizer:
-        return tokenizer_path()
-    if recipe.tokenizer.startswith(PREFIX):
-        from treegraft.core.resources import resolve_model_path
-
+    if recipe.tokenizer and recipe.tokenizer.startswith(PREFIX):
         return resolve_model_path(recipe.tokenizer)
-    return Path(recipe.tokenizer).expanduser()
+    return Path(recipe.tokenizer).expanduser() if recipe.tokenizer else tokenizer_path()
 
 
 def load_tokens(corpus: Path, tok_dir: Path) -> np.ndarray:
@@ -464,10 +461,8 @@ def prepare(recipe: Recipe) -> tuple[TrainState, np.ndarray, np.ndarray]:
     return TrainState(models, optimizers), train, valid
 
 
-def setup_logging(path: Path, logger: logging.Logger | None = None) -> None:
-    """Send this module's log records (or ``logger``'s) to ``path`` (appending, so resumed runs
-    keep history)."""
-    logger = logger or log
+def setup_logging(path: Path, logger: logging.Logger = log) -> None:
+    """Send ``logger``'s records (default: this module's) to ``path``, appending (resumes)."""
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     logger.handlers = [handler]
