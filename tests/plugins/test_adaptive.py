@@ -15,7 +15,7 @@ from tests.conftest import greedy_reference, memory_resources, tiny_llama
 from tests.core.test_decoder import DRAFTER_SETS, VOCAB, pipeline, repetitive_prompt
 from treegraft.core.config import ConfigError
 from treegraft.core.runner import CausalLMRunner
-from treegraft.core.runner.latency import LatencyCurve
+from treegraft.core.runner.latency import LatencyCurve, ObservedCurve
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import prune_to_budget
 from treegraft.plugins.builders.layered import best_scores, best_scores_on_device, verify_size
@@ -126,8 +126,8 @@ def test_the_decoder_measures_the_target_curve_once():
     assert pipe.decoder.times.target_curve is None
     pipe.generate(repetitive_prompt(1, 10))
     curve = pipe.decoder.times.target_curve
-    assert isinstance(curve, LatencyCurve) and curve.queries[-1] == 13  # root + budget
-    assert all(s > 0 for s in curve.seconds)
+    assert isinstance(curve, ObservedCurve) and curve.queries[-1] == 13  # root + budget
+    assert all(s > 0 for s in curve.measured.seconds) and curve.observed > 0
     pipe.generate(repetitive_prompt(2, 10))
     assert pipe.decoder.times.target_curve is curve
     plain = pipeline(res, DRAFTER_SETS["lm"], budget=12)

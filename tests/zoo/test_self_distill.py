@@ -238,3 +238,89 @@ def test_the_distil_exit_command_runs_the_recipe_and_reports_bad_input(
     assert missing.exit_code == 2 and "unknown zoo model 'zoo:no-such'" in missing.stderr
     no_corpus = CliRunner().invoke(app, [*common[:5], str(tmp_path)])
     assert no_corpus.exit_code == 2 and "treegraft zoo build-corpus" in no_corpus.stderr
+    width = CliRunner().invoke(app, [*args, "--layers", "1", "--intermediate-size", "8"])
+    assert width.exit_code == 2 and "only fresh layers (--fresh) take a width" in width.stderr
+
+
+def test_a_fresh_drafter_learns_from_answers_and_corpus_and_decodes_exactly(
+    answers, corpus, target_dir, tmp_path
+):
+    """`fresh`: random layers of their own MLP width on the target's embedding and head, trained
+    on the answers and on corpus windows the target labels; the delta rebuilds it, and as a
+    drafter it leaves the target's output unchanged."""
+    from safetensors.torch import load_file
+
+    from treegraft.core.pipeline import load_pipeline
+    from treegraft.zoo.fresh_draft import corpus_windows
+
+    windows = corpus_windows(corpus, target_dir, tokens=600, seq_len=40, seed=0)
+    assert 600 <= sum(len(w) for w in windows) < 640 and max(len(w) for w in windows) <= 40
+    out = tmp_path / "delta"
+    record = self_distill.distil(
+        target_dir, answers, out, layers=1, epochs=4, lr=3e-3, batch_tokens=1024, seed=0,
+        fresh={"intermediate_size": 64}, windows=windows,
+    )  # fmt: skip
+    assert record["init"] == "fresh" and record["config"] == {"intermediate_size": 64}
+    assert record["corpus_windows"] == len(windows) and "corpus windows" in record["recipe"]
+    assert record["valid_agreement_after"] > record["valid_agreement_before"] + 0.1
+    delta = load_file(out / DELTA_FILE)
+    assert delta["model.layers.0.mlp.up_proj.weight"].shape[0] == 64
+    assert "model.embed_tokens.weight" not in delta
+
+    built = apply_delta(target_dir, tmp_path / "built", out)
+    model = AutoModelForCausalLM.from_pretrained(built, dtype=torch.float32).eval()
+    assert model.config.intermediate_size == 64 and model.config.num_hidden_layers == 1
+    base = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    assert torch.equal(model.model.embed_tokens.weight, base.model.embed_tokens.weight)
+    torch.testing.assert_close(
+        model.model.layers[0].mlp.up_proj.weight,
+        delta["model.layers.0.mlp.up_proj.weight"].float(),
+    )
+    _, valid = self_distill.split_rows(self_distill.read_answers(answers), 0.05)
+    agreement, _ = self_distill.evaluate(model, valid, 0, 1024)
+    assert agreement == pytest.approx(record["valid_agreement_after"], abs=0.05)
+
+    spec = {
+        "target": str(target_dir),
+        "drafters": {"w": {"name": "ngram"}, "s": {"name": "hf_lm", "model": str(built)}},
+        "builder": {"name": "layered", "depth": 4, "top_k": 3, "budget": 12},
+        "scheduler": "always",
+        "decoding": {"max_new_tokens": 24, "dtype": "float64"},
+    }
+    pipe = load_pipeline(spec)
+    teacher = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float64).eval()
+    for ids, n in self_distill.read_answers(answers)[:3]:
+        out_ids = pipe.generate(ids[:n], max_new_tokens=24).token_ids
+        with torch.no_grad():
+            ref = teacher.generate(
+                torch.tensor([ids[:n]]), max_new_tokens=24, do_sample=False,
+                eos_token_id=None, pad_token_id=0,
+            )[0, n:].tolist()  # fmt: skip
+        assert list(out_ids) == ref[: len(out_ids)] and len(out_ids) > 0
+
+
+def test_fresh_shapes_and_reshaped_deltas_are_checked(answers, target_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from treegraft.zoo.fresh_draft import check_shape
+
+    with pytest.raises(ValueError, match=r"unknown shape setting 'hidden_size'"):
+        check_shape({"hidden_size": 8})
+    with pytest.raises(
+        ValueError, match=r"fresh\.intermediate_size: expected a positive int, got 0"
+    ):
+        self_distill.distil(
+            target_dir, answers, tmp_path / "x", layers=1, fresh={"intermediate_size": 0}
+        )
+    out = tmp_path / "delta"
+    self_distill.distil(
+        target_dir, answers, out, layers=1, epochs=1, fresh={"intermediate_size": 32}
+    )
+    delta = load_file(out / DELTA_FILE)
+    del delta["model.layers.0.mlp.down_proj.weight"]
+    save_file(delta, out / DELTA_FILE)
+    with pytest.raises(
+        ValueError,
+        match=r"must hold every layer tensor; model\.layers\.0\.mlp\.down_proj\.weight is missing",
+    ):
+        apply_delta(target_dir, tmp_path / "built", out)

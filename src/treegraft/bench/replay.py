@@ -17,7 +17,7 @@ import copy
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import torch
@@ -191,6 +191,7 @@ class ReplayTimes(ForwardTimes):
     """Forward times as the scheduler would have seen them: the target's come from the curve."""
 
     source: ReplayTarget | None = None
+    observes: ClassVar[bool] = False  # the target's times come from the curve: nothing to correct
 
     def record_target(self, seconds: float) -> None:
         if self.source is not None and self.source.predicted:

@@ -27,7 +27,7 @@ from treegraft.core.interfaces import (
 )
 from treegraft.core.metrics import AcceptHistory, Clock, ForwardTimes
 from treegraft.core.runner import CausalLMRunner
-from treegraft.core.runner.latency import query_grid
+from treegraft.core.runner.latency import ObservedCurve, query_grid
 from treegraft.core.tree import DraftTree
 from treegraft.kernels.host_tensor import host_tensor
 
@@ -143,9 +143,9 @@ class Decoder:
         if self.times.target_curve is not None or not builder.wants_target_curve():
             return 0.0
         start = time.perf_counter()
-        self.times.target_curve = self.target.latency_curve(
-            query_grid(builder.max_nodes()), context=context
-        )
+        curve = self.target.latency_curve(query_grid(builder.max_nodes()), context=context)
+        # the decode loop's own forwards correct it (where its times are measured, not modelled)
+        self.times.target_curve = ObservedCurve(curve) if self.times.observes else curve
         return time.perf_counter() - start
 
     def steps(self, prompt: Tensor, stop: StopRule) -> Iterator[StepEvent]:
@@ -222,6 +222,9 @@ class Decoder:
             with clock.time("commit", host=True):  # launches copies; waits for nothing
                 self._commit(parts, accepted)
         times = clock.reset()
+        curve = self.times.target_curve
+        if step > 0 and isinstance(curve, ObservedCurve):  # step 0's forward reads the prompt too
+            curve.observe(built.tree.n_nodes, times.get("target", 0.0))
         if not built.plain:  # a plain step says nothing about drafting (`BuildResult.plain`)
             self._observe(
                 parts, step, built, len(tokens) - 1, strong_accepted, times, reason is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from statistics import median
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import torch
@@ -84,8 +84,12 @@ class ForwardTimes:
     window: int = 32
     target: list[float] = attrs.field(factory=list)
     drafters: dict[int, list[float]] = attrs.field(factory=dict)
-    #: seconds of one target forward vs tokens in it (a `LatencyCurve`), when a builder wants it
+    #: seconds of one target forward vs tokens in it (a `LatencyCurve`, or in the decode loop an
+    #: `ObservedCurve` its forwards correct), when a builder wants it
     target_curve: Any = None
+    #: whether the decoder corrects `target_curve` by the forwards it times (False where the
+    #: times are modelled, as in replay and the scheduler's value system)
+    observes: ClassVar[bool] = True
     # medians are read at every layer and change once a step: cached until the next record
     _medians: dict[int, float] = attrs.field(factory=dict, init=False, repr=False, eq=False)
 

@@ -159,11 +159,19 @@ def distil_exit_cmd(
     base: Annotated[str, typer.Option(help="Target model to draft for.")] = "zoo:smollm2",
     layers: Annotated[int, typer.Option(min=1, help="Decoder layers the drafter keeps.")] = 4,
     out: Annotated[
-        Path, typer.Option(help="Where the distilled layers and token counts go.")
-    ] = Path("src/treegraft/zoo/deltas/smollm2-draft-l"),
-    work: Annotated[Path, typer.Option(help="The answers file and log (resumable).")] = Path(
-        "~/.cache/treegraft/zoo-runs/smollm2-draft-l"
-    ),
+        Path | None,
+        typer.Option(
+            help="Where the distilled layers and token counts go "
+            "(default: src/treegraft/zoo/deltas/smollm2-draft-l, or smollm2-draft with --fresh)."
+        ),
+    ] = None,
+    work: Annotated[
+        Path | None,
+        typer.Option(
+            help="The answers file and log, resumable "
+            "(default: ~/.cache/treegraft/zoo-runs/smollm2-draft-l, or smollm2-draft with --fresh)."
+        ),
+    ] = None,
     corpus: Annotated[Path, typer.Option(help="Corpus directory.")] = Path(
         "~/.cache/treegraft/corpus"
     ),
@@ -178,9 +186,24 @@ def distil_exit_cmd(
         typer.Option(help="Also train on the target's top-1 at every prompt position."),
     ] = True,
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads.")] = 2,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            help="Start the layers at random (a small drafter sharing the target's embedding "
+            "and head) instead of from the target's first layers."
+        ),
+    ] = False,
+    intermediate_size: Annotated[
+        int | None, typer.Option(min=1, help="MLP width of fresh layers (default: the target's).")
+    ] = None,
+    corpus_tokens: Annotated[
+        int,
+        typer.Option(min=0, help="Also train on this many corpus tokens, labelled by the target."),
+    ] = 0,
 ) -> None:
     """Briefly distil a truncated self-drafter (the target's first layers, its norm and head) on
-    the target's own greedy answers to corpus prompts (see docs/real-models.md)."""
+    the target's own greedy answers to corpus prompts, or with `--fresh` a small drafter of its
+    own layers on the target's embedding and head (see docs/real-models.md)."""
     import torch
 
     from treegraft.core.resources import ModelRefError
@@ -196,6 +219,13 @@ def distil_exit_cmd(
         )
         raise typer.Exit(code=2)
     torch.set_num_threads(threads)
+    if intermediate_size is not None and not fresh:
+        typer.echo("error: --intermediate-size: only fresh layers (--fresh) take a width", err=True)
+        raise typer.Exit(code=2)
+    shape = {} if intermediate_size is None else {"intermediate_size": intermediate_size}
+    name = "smollm2-draft" if fresh else "smollm2-draft-l"
+    out = out or Path("src/treegraft/zoo/deltas") / name
+    work = work or Path("~/.cache/treegraft/zoo-runs") / name
     try:
         record = run(
             base,
@@ -210,6 +240,8 @@ def distil_exit_cmd(
             lr=lr,
             seed=seed,
             label_prompts=label_prompts,
+            corpus_tokens=corpus_tokens,
+            fresh=shape if fresh else None,
         )
     except (ModelRefError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -29,7 +29,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -265,6 +265,8 @@ def split_rows(
 def token_batches(rows: list[Any], batch_tokens: int, rng: random.Random | None) -> list[list[Any]]:
     """Rows grouped by length into batches of at most `batch_tokens` padded tokens (a row longer
     than that is a batch of its own); shuffled with `rng` when given."""
+    if not rows:
+        return []
     order = sorted(rows, key=lambda r: len(r[0]))
     batches: list[list[Any]] = [[]]
     for row in order:
@@ -357,13 +359,18 @@ def distil(
     valid_fraction: float = 0.05,
     seed: int = 0,
     label_prompts: bool = False,
+    fresh: Mapping[str, Any] | None = None,
+    windows: Sequence[list[int]] = (),
     progress: Any = None,
 ) -> dict[str, Any]:
     """Train the first `layers` layers and final norm of `base_dir`'s model on the answers file
     (`generate_answers`) and write them to `out/delta.safetensors` (bf16) with a training record;
     return the record. With `label_prompts` the prompts' positions are supervised too, by the
-    target's own top-1 (`teacher_rows`). The learning rate warms up over 5% of the steps, then
-    decays linearly. `progress(step, steps, loss, supervised tokens so far)` follows each step."""
+    target's own top-1 (`teacher_rows`). With `fresh` (shape changes, `{}` for none) the layers
+    start at random instead (`fresh_draft.fresh_student`); `windows` (token ids, e.g.
+    `fresh_draft.corpus_windows`) are trained on with the target's top-1 at every position. The
+    learning rate warms up over 5% of the steps, then decays linearly.
+    `progress(step, steps, loss, supervised tokens so far)` follows each step."""
     import torch
     from safetensors.torch import save_file
 
@@ -372,20 +379,26 @@ def distil(
     train_rows, valid_rows = split_rows(rows, valid_fraction)
     if not train_rows or not valid_rows:
         raise ValueError(f"answers: {answers} holds {len(rows)} answers, too few to train on")
-    model = truncated_student(base_dir, layers)
+    if fresh is None:
+        model = truncated_student(base_dir, layers)
+    else:
+        from treegraft.zoo.fresh_draft import fresh_student
+
+        model = fresh_student(base_dir, layers, fresh, seed)
     pad = int(
         model.config.eos_token_id
         if model.config.pad_token_id is None
         else model.config.pad_token_id
     )
-    if label_prompts:
+    train_set = answer_rows(train_rows)
+    if label_prompts or windows:
         from transformers import AutoModelForCausalLM
 
         teacher = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
-        train_set = teacher_rows(teacher, train_rows, pad, batch_tokens)
+        if label_prompts:
+            train_set = teacher_rows(teacher, train_rows, pad, batch_tokens)
+        train_set += teacher_rows(teacher, [(w, len(w)) for w in windows], pad, batch_tokens)
         del teacher
-    else:
-        train_set = answer_rows(train_rows)
     before, loss_before = evaluate(model, valid_rows, pad, batch_tokens)
     log.info(
         "before: agreement %.4f, loss %.4f on %d valid answers",
@@ -433,9 +446,14 @@ def distil(
     record = {
         "base": str(base_dir),
         "layers": layers,
+        "init": "truncated" if fresh is None else "fresh",
+        "config": {} if fresh is None else dict(fresh),
         "recipe": "sequence-level distillation: cross-entropy on the target's greedy answers"
-        + (", and on its top-1 at every prompt position" if label_prompts else ""),
+        + (", and on its top-1 at every prompt position" if label_prompts else "")
+        + (", and at every position of corpus windows" if windows else ""),
         "label_prompts": label_prompts,
+        "corpus_windows": len(windows),
+        "corpus_tokens": sum(len(w) for w in windows),
         "supervised_tokens": sum(len(t) for _, _, t in train_set),
         "answers": len(rows),
         "train_answers": len(train_rows),
@@ -480,12 +498,14 @@ def run(
     max_new_tokens: int = 96,
     batch_size: int = 32,
     seed: int = 0,
+    corpus_tokens: int = 0,
     **training: Any,
 ) -> dict[str, Any]:
     """The whole recipe for the target `base_ref` (`zoo:NAME` or a model directory): prompts from
     `corpus`, the target's answers in `work/answers.jsonl` (resumed where an earlier run stopped),
     the distilled layers and the answers' token counts in `out`; a log in `work/train.log`;
-    returns the training record. `training`: `distil`'s options (epochs, lr, label_prompts, ...)."""
+    returns the training record. `corpus_tokens`: that many tokens of corpus windows trained on
+    too (`fresh_draft.corpus_windows`). `training`: `distil`'s options (epochs, lr, fresh, ...)."""
     from treegraft.core.resources import resolve_model_path
     from treegraft.zoo.token_counts import save_counts
     from treegraft.zoo.train import setup_logging, training_progress
@@ -510,6 +530,9 @@ def run(
                 task, completed=i, total=n, tps=tokens / (time.perf_counter() - start)
             ),
         )
+        from treegraft.zoo.fresh_draft import corpus_windows
+
+        windows = corpus_windows(corpus, base, tokens=corpus_tokens, seed=seed)
         task = bar.add_task("distil (steps)", total=None, loss="-", tps=0.0)
         start = time.perf_counter()
         record = distil(
@@ -518,6 +541,7 @@ def run(
             out,
             layers=layers,
             seed=seed,
+            windows=windows,
             **training,
             progress=lambda i, n, loss, tokens: bar.update(
                 task,

@@ -67,13 +67,29 @@ def truncate_model(base: Path, out: Path, *, layers: int) -> Path:
 
 def apply_delta(base: Path, out: Path, delta_dir: Path) -> Path:
     """Write into `out` the model of `base` truncated to the delta's layers, with the delta's
-    trained tensors (cast to the base's dtype) in place of the base's."""
+    trained tensors (cast to the base's dtype) in place of the base's. A delta of fresh layers
+    of another shape (its record's `config`, e.g. a narrower MLP) replaces every layer tensor and
+    must hold each of them."""
     from safetensors.torch import load_file, save_file
 
     record = json.loads((delta_dir / RECORD_FILE).read_text())
     truncate_model(base, out, layers=int(record["layers"]))
     tensors = load_file(out / "model.safetensors")
     delta = load_file(delta_dir / DELTA_FILE)
+    shape = record.get("config") or {}
+    if shape:
+        config = json.loads((out / "config.json").read_text())
+        config.update(shape)
+        (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        layer_keys = [k for k in tensors if _LAYER_KEY.match(k)]
+        missing = sorted(set(layer_keys) - set(delta))
+        if missing:
+            raise ValueError(
+                f"{delta_dir / DELTA_FILE}: a delta of reshaped layers ({shape}) must hold every "
+                f"layer tensor; {missing[0]} is missing"
+            )
+        for key in layer_keys:  # the base's dtype
+            tensors[key] = delta[key].to(tensors[key].dtype)
     for name, value in delta.items():
         if name not in tensors or tensors[name].shape != value.shape:
             found = None if name not in tensors else tuple(tensors[name].shape)

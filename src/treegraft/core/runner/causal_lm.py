@@ -515,7 +515,7 @@ class CausalLMRunner:
         """`[n_committed]` int64 view of the committed tokens."""
         return self.committed[: self.n_committed]
 
-    def latency_curve(self, queries: Sequence[int], *, context: int, repeats: int = 2) -> Any:
+    def latency_curve(self, queries: Sequence[int], *, context: int, repeats: int = 3) -> Any:
         """Measure this model's `LatencyCurve` (forwards of `queries` tokens after `context`
         cached ones; median of `repeats`), with a separate runner: this one's state is untouched."""
         ref = getattr(self.model, "name_or_path", "") or "target"

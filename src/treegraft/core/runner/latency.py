@@ -1,14 +1,18 @@
 """Latency curves: seconds of one forward of a model vs the number of tokens it processes.
 
 Measured with the same `CausalLMRunner` as decoding. Used by the adaptive verification size of the
-layered builder (the target's curve, measured once per decoder), by replay mode (the target's time
-is predicted from its curve) and by the scheduler's value system (its cost model).
+layered builder (the target's curve, measured once per decoder and corrected by the forwards the
+decode loop observes: `ObservedCurve`), by replay mode (the target's time is predicted from its
+curve) and by the scheduler's value system (its cost model).
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 import time
 from collections.abc import Mapping, Sequence
+from statistics import median
 from typing import Any
 
 import attrs
@@ -61,6 +65,122 @@ class LatencyCurve:
         return float(s[-1] + slope * (queries - q[-1]))
 
 
+@attrs.define
+class ObservedCurve:
+    """A measured `LatencyCurve` corrected by the forwards the decode loop observes.
+
+    A curve measured once, before decoding, is a few forwards taken in a few hundred milliseconds:
+    if another job ran then, or the machine changed speed since, it is wrong for the decoder's
+    whole life, and an adaptive builder misjudges every tree (a curve measured under load at 2..32
+    tokens and idle at 1 makes it verify the root alone, step after step). So each forward of the
+    decode loop (`observe`: tokens, seconds) is held against the measured curve, as a ratio,
+    under the curve's point nearest in log scale; a point with `evidence` or more ratios takes the
+    median of its last `window` ones, a point with fewer the ratio interpolated between its nearest
+    such points (all points 1.0 while none has any). `current` is the curve so corrected.
+
+    A builder that chooses sizes from the curve would only ever observe the sizes it chooses, and
+    a wrong curve could keep it from ever observing the right ones: `unseen` names a point with too
+    few observations, at most once per `pace` observed forwards, for the builder to verify a tree
+    of that size (a probe), until every point has its `evidence`: a handful of probes over the
+    decoder's life.
+    """
+
+    measured: LatencyCurve
+    window: int = 16
+    evidence: int = 3
+    pace: int = 8
+    #: per point of the measured curve: its recent observed / measured ratios
+    ratios: list[list[float]] = attrs.field()
+    #: forwards observed, and the count at the last probe named by `unseen`
+    observed: int = 0
+    probed_at: int = attrs.field(default=-(10**9))
+    _current: LatencyCurve | None = attrs.field(default=None, init=False, repr=False, eq=False)
+
+    @ratios.default
+    def _no_ratios(self) -> list[list[float]]:
+        return [[] for _ in self.measured.queries]
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """One forward of `tokens` tokens took `seconds` (wall, as the decode loop timed it)."""
+        expected = self.measured(tokens)
+        if tokens < 1 or not seconds > 0 or not expected > 0 or not math.isfinite(seconds):
+            return
+        ratios = self.ratios[self.point(tokens)]
+        ratios.append(seconds / expected)
+        del ratios[: -self.window]
+        self.observed += 1
+        self._current = None
+
+    def point(self, tokens: int) -> int:
+        """Index of the measured point nearest to `tokens` in log scale."""
+        queries = self.measured.queries
+        i = bisect.bisect_left(queries, tokens)
+        if i == 0:
+            return 0
+        if i == len(queries):
+            return i - 1
+        below, above = queries[i - 1], queries[i]
+        return i if math.log(above / tokens) < math.log(tokens / below) else i - 1
+
+    def scales(self) -> list[float]:
+        """The correction of each point: its median observed / measured ratio, interpolated
+        between points with enough observations where it has too few (1.0: none has)."""
+        known = [
+            (i, median(r[-self.window :]))
+            for i, r in enumerate(self.ratios)
+            if len(r) >= self.evidence
+        ]
+        if not known:
+            return [1.0] * len(self.ratios)
+        xs, ys = zip(*known, strict=True)
+        return np.interp(np.arange(len(self.ratios)), xs, ys).tolist()
+
+    def current(self) -> LatencyCurve:
+        """The measured curve, each point scaled by `scales` (a new curve after each observation)."""
+        if self._current is None:
+            m = self.measured
+            seconds = tuple(s * k for s, k in zip(m.seconds, self.scales(), strict=True))
+            self._current = LatencyCurve(m.model, m.context, m.queries, seconds)
+        return self._current
+
+    def unseen(self, largest: int) -> int | None:
+        """The smallest point of at most `largest` tokens with fewer than `evidence` observations,
+        if `pace` forwards were observed since the last point this named (None: no probe now).
+        The caller verifies a tree of that many tokens, if it can."""
+        if self.observed - self.probed_at < self.pace:
+            return None
+        for q, r in zip(self.measured.queries, self.ratios, strict=True):
+            if q > largest:
+                return None
+            if len(r) < self.evidence:
+                self.probed_at = self.observed
+                return q
+        return None
+
+    @property
+    def model(self) -> str:
+        return self.measured.model
+
+    @property
+    def context(self) -> int:
+        return self.measured.context
+
+    @property
+    def queries(self) -> tuple[int, ...]:
+        return self.measured.queries
+
+    @property
+    def seconds(self) -> tuple[float, ...]:
+        """The corrected seconds at `queries`."""
+        return self.current().seconds
+
+    def __call__(self, queries: int) -> float:
+        return self.current()(queries)
+
+    def many(self, queries: np.ndarray) -> np.ndarray:
+        return self.current().many(queries)
+
+
 def query_grid(largest: int, marks: Sequence[int] = ()) -> tuple[int, ...]:
     """Powers of two up to `largest`, plus `largest` and any `marks` (sorted, unique)."""
     grid = {1, largest, *marks}
@@ -93,7 +213,9 @@ def measure_latency(
     `runner` is a `CausalLMRunner` of its own (built as decoding builds it, with the same
     forward; `begin` resets it) and, for a drafter with a restricted head, its output `rows`
     (`CausalLMRunner.restrict_output`; None: the whole vocabulary); one untimed forward per
-    point warms up. Synchronises the device around every timed forward.
+    point warms up. The timed forwards run in `repeats` rounds over the whole grid, so that a
+    stretch of load (another job) spoils one round of every point, which the median drops, rather
+    than every sample of a few points. Synchronises the device around every timed forward.
     """
     gen = torch.Generator().manual_seed(0)
     vocab = runner.vocab_size
@@ -102,13 +224,16 @@ def measure_latency(
     runner.begin(prompt.to(runner.device), max_len=prompt.numel() + samples + max(queries) + 8)
     if rows is not None:
         runner.restrict_output(rows)
-    seconds = []
+    times: list[list[float]] = [[] for _ in queries]
     with torch.inference_mode():
         _forward_and_commit(runner, 1, vocab, gen)  # prefill the context
-        for q in queries:
-            times = [_forward_and_commit(runner, q, vocab, gen) for _ in range(repeats + 1)]
-            seconds.append(float(np.median(times[1:])))
-    return LatencyCurve(ref, prompt.numel(), tuple(queries), tuple(seconds))
+        for q in queries:  # warm-up, untimed
+            _forward_and_commit(runner, q, vocab, gen)
+        for _ in range(repeats):
+            for q, samples in zip(queries, times, strict=True):
+                samples.append(_forward_and_commit(runner, q, vocab, gen))
+    seconds = tuple(float(np.median(t)) for t in times)
+    return LatencyCurve(ref, prompt.numel(), tuple(queries), seconds)
 
 
 def _forward_and_commit(runner: Any, q: int, vocab: int, generator: torch.Generator) -> float:

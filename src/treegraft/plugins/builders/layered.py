@@ -29,6 +29,7 @@ from treegraft.core.interfaces import (
     TreeBuilder,
     TreeFacts,
 )
+from treegraft.core.runner.latency import ObservedCurve
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import prune_to_budget
 from treegraft.kernels._dispatch import choose_backend
@@ -58,7 +59,8 @@ class LayeredConfig:
     adaptive: bool = field(
         False,
         doc="verify only as many of the best `budget` nodes as maximise expected tokens per "
-        "second under the target's latency curve (measured once per decoder)",
+        "second under the target's latency curve (measured once per decoder, corrected by the "
+        "forwards it observes)",
     )
     stop_below: float | None = field(
         None,
@@ -126,7 +128,7 @@ class LayeredBuilder(TreeBuilder):
         budget = self.config.budget
         curve = step.timings.target_curve
         if self.config.adaptive and curve is not None:
-            budget = verify_size(tree, budget, curve, sum(times.drafters[c] for c in calls))
+            budget = adaptive_size(step, tree, budget, curve, sum(times.drafters[c] for c in calls))
         keep = kept(tree, budget)
         if self.switch is not None:
             self.switch.note(tuple(calls))
@@ -216,6 +218,22 @@ def kept(tree: DraftTree, budget: int) -> Tensor:
             return host_tensor(live)
     keep = prune_to_budget(tree.parents, tree.score, tree.depth, budget)
     return keep[torch.isfinite(tree.score[keep])]
+
+
+def adaptive_size(
+    step: StepContext, tree: DraftTree, budget: int, curve: Any, drafting_s: float
+) -> int:
+    """`verify_size` under the target's curve as the decode loop observes it; in the loop, once
+    in a while, a size whose forwards it has not observed enough (`ObservedCurve.unseen`: a
+    probe, so that a wrongly measured curve cannot keep the builder from the sizes that pay)."""
+    if not isinstance(curve, ObservedCurve):
+        return verify_size(tree, budget, curve, drafting_s)
+    size = verify_size(tree, budget, curve.current(), drafting_s)
+    if step.step is not None:
+        probe = curve.unseen(min(budget, tree.n_nodes - 1) + 1)
+        if probe is not None:
+            size = max(size, probe - 1)
+    return size
 
 
 def verify_size(tree: DraftTree, budget: int, curve: Any, drafting_s: float) -> int:
