@@ -111,6 +111,9 @@ def test_head_recipes_are_strict(tmp_path, corpus, teacher):
         load_head_recipe(write_recipe(tmp_path / "r.yaml", corpus, teacher, unroll="two"))
     shipped = load_head_recipe(ZOO_DIR / "recipes" / "heads" / "head.yaml")
     assert shipped.target == "zoo:target" and shipped.unroll >= 1
+    smollm2 = load_head_recipe(ZOO_DIR / "recipes" / "heads" / "smollm2-head.yaml")
+    assert smollm2.target == smollm2.tokenizer == "zoo:smollm2"
+    assert smollm2.token_counts == "zoo:smollm2-token-counts" and smollm2.top_tokens == 4096
 
 
 def test_the_output_rows_follow_the_recipes_token_counts(tmp_path, corpus, teacher):
