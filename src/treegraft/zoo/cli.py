@@ -162,7 +162,8 @@ def distil_exit_cmd(
         Path | None,
         typer.Option(
             help="Where the distilled layers and token counts go "
-            "(default: src/treegraft/zoo/deltas/smollm2-draft-l, or smollm2-draft with --fresh)."
+            "(default: src/treegraft/zoo/deltas/smollm2-draft-l; with --fresh "
+            "~/.cache/treegraft/deltas/smollm2-draft)."
         ),
     ] = None,
     work: Annotated[
@@ -224,7 +225,12 @@ def distil_exit_cmd(
         raise typer.Exit(code=2)
     shape = {} if intermediate_size is None else {"intermediate_size": intermediate_size}
     name = "smollm2-draft" if fresh else "smollm2-draft-l"
-    out = out or Path("src/treegraft/zoo/deltas") / name
+    # a fresh drafter is not shipped (the zoo's size budget): its layers stay in the cache
+    out = out or (
+        Path("~/.cache/treegraft/deltas/smollm2-draft").expanduser()
+        if fresh
+        else Path("src/treegraft/zoo/deltas/smollm2-draft-l")
+    )
     work = work or Path("~/.cache/treegraft/zoo-runs") / name
     try:
         record = run(

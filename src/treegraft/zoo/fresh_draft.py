@@ -12,9 +12,9 @@ parameters, 8.9 MB in bf16, against 30 layers and 135M for SmolLM2), and shares 
 It is trained by sequence-level distillation (`self_distill.distil` with `fresh`): on the target's
 greedy answers to instruction-style prompts, on the target's own top-1 at the prompts' positions,
 and on windows of the zoo corpus (`corpus_windows`) labelled with the target's top-1 at every
-position. Its trained tensors ship as a delta like the exit's, and
-`treegraft.zoo.truncate.apply_delta` builds the model from the cached target at first use (the
-record's `config` changes the MLP width).
+position. Its trained tensors are a delta like the exit's, and
+`treegraft.zoo.truncate.apply_delta` builds the model from the cached target (the record's
+`config` changes the MLP width). The package does not ship SmolLM2's (the zoo's size budget).
 """
 
 from __future__ import annotations

@@ -130,7 +130,6 @@ def _build_distilled(delta: Path) -> Callable[[Path, Path], None]:
 DELTAS_DIR = Path(__file__).resolve().parent / "deltas"
 
 _SMOLLM2_DRAFT_L = DELTAS_DIR / "smollm2-draft-l"
-_SMOLLM2_DRAFT = DELTAS_DIR / "smollm2-draft"
 
 DERIVED: dict[str, DerivedModel] = {
     "smollm2-draft-l": DerivedModel(
@@ -142,17 +141,6 @@ DERIVED: dict[str, DerivedModel] = {
         ),
         build=_build_distilled(_SMOLLM2_DRAFT_L),
         inputs=(_SMOLLM2_DRAFT_L / "delta.safetensors", _SMOLLM2_DRAFT_L / "training.json"),
-    ),
-    "smollm2-draft": DerivedModel(
-        name="smollm2-draft",
-        base="smollm2",
-        recipe=(
-            "2 decoder layers of smollm2's width with a 768-wide MLP, trained from scratch on its "
-            "answers and its top-1 on zoo-corpus text, on its embedding, final norm and tied head "
-            "(zoo/deltas/smollm2-draft)"
-        ),
-        build=_build_distilled(_SMOLLM2_DRAFT),
-        inputs=(_SMOLLM2_DRAFT / "delta.safetensors", _SMOLLM2_DRAFT / "training.json"),
     ),
 }
 

@@ -19,7 +19,7 @@ The trained tensors (the kept layers and the final norm, bf16) ship in the zoo u
 `zoo/deltas/<name>/`; `treegraft.zoo.truncate.apply_delta` puts them on a freshly truncated copy
 of the cached target, which is how `zoo:smollm2-draft-l` is built at first use
 (`treegraft.zoo.remote`). The same recipe trains a small drafter from scratch on the target's
-embedding and head (`distil(fresh=...)`, `treegraft.zoo.fresh_draft`: `zoo:smollm2-draft`).
+embedding and head (`distil(fresh=...)`, `treegraft.zoo.fresh_draft`).
 """
 
 from __future__ import annotations
