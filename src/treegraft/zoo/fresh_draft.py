@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from treegraft.zoo.corpus import read_corpus
-from treegraft.zoo.truncate import check_layers
+from treegraft.zoo.truncate import check_layers, cut_config, train_layers_and_norm
 
 #: The shape settings a fresh student may change (the width and attention stay the target's,
 #: so the embedding, the norm and the head fit).
@@ -58,9 +58,7 @@ def fresh_student(base_dir: Path, layers: int, shape: Mapping[str, Any], seed: i
     config = AutoConfig.from_pretrained(base_dir)
     check_layers(layers, config.num_hidden_layers)
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    config.num_hidden_layers = layers
-    if isinstance(getattr(config, "layer_types", None), list):
-        config.layer_types = config.layer_types[:layers]
+    cut_config(config, layers)
     for key, value in shape.items():
         setattr(config, key, value)
     torch.manual_seed(seed)
@@ -70,9 +68,7 @@ def fresh_student(base_dir: Path, layers: int, shape: Mapping[str, Any], seed: i
         model.model.norm.weight.copy_(base.model.norm.weight)
         if not config.tie_word_embeddings:
             model.lm_head.weight.copy_(base.lm_head.weight)
-    for name, param in model.named_parameters():
-        param.requires_grad = name.startswith(("model.layers.", "model.norm."))
-    return model
+    return train_layers_and_norm(model)
 
 
 def corpus_windows(

@@ -37,7 +37,13 @@ from typing import Any
 import attrs
 
 from treegraft.zoo.corpus import read_corpus, split_example
-from treegraft.zoo.truncate import DELTA_FILE, RECORD_FILE, check_layers
+from treegraft.zoo.truncate import (
+    DELTA_FILE,
+    RECORD_FILE,
+    check_layers,
+    cut_config,
+    train_layers_and_norm,
+)
 
 log = logging.getLogger(__name__)
 
@@ -244,12 +250,8 @@ def truncated_student(base_dir: Path, layers: int) -> Any:
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     check_layers(layers, model.config.num_hidden_layers)
     model.model.layers = model.model.layers[:layers]
-    model.config.num_hidden_layers = layers
-    if isinstance(getattr(model.config, "layer_types", None), list):
-        model.config.layer_types = model.config.layer_types[:layers]
-    for name, param in model.named_parameters():
-        param.requires_grad = name.startswith(("model.layers.", "model.norm."))
-    return model
+    cut_config(model.config, layers)
+    return train_layers_and_norm(model)
 
 
 def split_rows(

@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 #: A distilled delta's files: the trained tensors (bf16) and the training record.
 DELTA_FILE = "delta.safetensors"
@@ -37,6 +38,21 @@ def check_layers(layers: int, total: int) -> None:
     """A truncation keeps at least one layer and drops at least one."""
     if not 1 <= layers < total:
         raise ValueError(f"layers: expected an int in [1, {total - 1}], got {layers}")
+
+
+def cut_config(config: Any, layers: int) -> None:
+    """Set a model config (a `transformers` config object) to its first `layers` layers."""
+    config.num_hidden_layers = layers
+    if isinstance(getattr(config, "layer_types", None), list):
+        config.layer_types = config.layer_types[:layers]
+
+
+def train_layers_and_norm(model: Any) -> Any:
+    """`model` with only its decoder layers and final norm trainable (embedding and head frozen,
+    so a drafter keeps reading the target's vocabulary space); returns it."""
+    for name, param in model.named_parameters():
+        param.requires_grad = name.startswith(("model.layers.", "model.norm."))
+    return model
 
 
 def truncate_model(base: Path, out: Path, *, layers: int) -> Path:
