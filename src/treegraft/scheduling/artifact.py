@@ -27,7 +27,8 @@ WEIGHTS_FILE = "scheduler.safetensors"
 META_FILE = "scheduler.json"
 ZOO_ARTIFACT = "zoo:scheduler"
 #: the artifacts shipped in the zoo: reference -> directory under `treegraft/zoo/`
-ZOO_ARTIFACTS = {ZOO_ARTIFACT: "scheduler"}
+#: (`zoo:smollm2-scheduler`: refitted for SmolLM2 with zoo:smollm2-draft-l, docs/real-models.md)
+ZOO_ARTIFACTS = {ZOO_ARTIFACT: "scheduler", "zoo:smollm2-scheduler": "scheduler-smollm2"}
 ACTIVATIONS = ("relu", "tanh")
 
 
@@ -100,7 +101,7 @@ class SchedulerArtifact:
 
     @classmethod
     def load(cls, ref: Path | str) -> SchedulerArtifact:
-        """Read an artifact from `zoo:scheduler`, its directory, or either of its two files."""
+        """Read an artifact from the zoo (`ZOO_ARTIFACTS`), its directory, or either of its two files."""
         directory = artifact_dir(ref)
         meta = _read_meta(directory)
         tensors = _read_tensors(directory, meta["layers"])
@@ -145,7 +146,8 @@ def artifact_dir(ref: Path | str) -> Path:
         path = path.parent
     if not path.is_dir():
         raise ArtifactError(
-            f"scheduler artifact {str(ref)!r} not found: expected {ZOO_ARTIFACT!r} or a directory "
+            f"scheduler artifact {str(ref)!r} not found: expected one of "
+            f"{', '.join(map(repr, ZOO_ARTIFACTS))} or a directory "
             f"holding {WEIGHTS_FILE} and {META_FILE} (written by `treegraft scheduler fit`)"
         )
     for name in (WEIGHTS_FILE, META_FILE):
