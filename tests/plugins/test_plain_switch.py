@@ -19,10 +19,12 @@ from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.plugins.builders.layered import LayeredBuilder, LayeredConfig
 from treegraft.plugins.builders.plain_switch import (
+    CUT,
     MARGIN,
     MAX_BACKOFF,
     PLAIN,
     PLAIN_PROBE_FACTOR,
+    PROBE_MIN,
     SPECULATE,
     WARMUP,
     PlainSwitch,
@@ -128,7 +130,9 @@ def test_a_drafter_that_never_agrees_decodes_plainly_and_exactly():
     assert any(not plain(e) for e in late)  # speculation is probed again
     assert all(e.tree_size == 0 and e.calls == () for e in events if plain(e))
     assert len(scheduler.outcomes) == sum(not plain(e) for e in events)  # plain steps unseen
-    assert builder.switch.rate(PLAIN) > builder.switch.rate(SPECULATE) > 0
+    # (speculation's estimate may have just been cleared by a probe starting at the last step)
+    assert builder.switch.rate(PLAIN) > builder.switch.rate(SPECULATE) >= 0
+    assert builder.switch.leader == PLAIN
     without, tokens_without, *_ = decode(lambda n: False, switch=False)
     assert tokens_without == want and not any(map(plain, without))
 
@@ -205,21 +209,37 @@ def probe_starts(arms: str) -> list[int]:
     return [i for i in range(1, len(arms)) if arms[i] == "S" and arms[i - 1] == "P"]
 
 
-def test_probes_of_a_losing_speculation_thin_out_and_a_new_text_restarts_them():
+def test_probes_of_a_losing_speculation_are_short_thin_out_and_come_closer_on_a_new_text():
     clock = [0.0]
     switch = PlainSwitch(probe_every=4, now=lambda: clock[0])
     arms = drive(switch, clock, 200, spec_rate=0.5)
+    warm_up = WARMUP[SPECULATE] + 1  # the first probe step is not measured (catching up)
+    assert arms.startswith("S" * warm_up + "P")
+    probe = PROBE_MIN + 1  # clearly slower than plain decoding: cut after PROBE_MIN measured
+    assert {len(r) for r in re.findall("S+", arms[warm_up:-1])} == {probe}
     starts = probe_starts(arms)
-    gaps = [b - a for a, b in itertools.pairwise(starts)]
-    probe = WARMUP[SPECULATE] + 1  # the first probe step is not measured (catching up)
-    plain_runs = [g - probe for g in gaps]
+    plain_runs = [b - a - probe for a, b in itertools.pairwise(starts)]
     assert plain_runs[:4] == [8, 16, 32, 32]  # doubled after each failed probe, up to 8x
     assert switch.leader == PLAIN and switch.backoff == MAX_BACKOFF
     assert arms[-2 * (32 + probe) :].count("S") == 2 * probe  # one probe per 32 plain steps
-    # a new generation (step 0), a new text: probes come at the first pace again
-    again = drive(switch, clock, 60, spec_rate=0.5, start=0)
-    assert switch.backoff > 1  # its probes have failed again
-    assert again.startswith("S" * probe + "P" * 8 + "S" * probe + "P" * 16 + "S")
+    # a new generation (step 0), a new text: the wait between probes is halved, not reset
+    drive(switch, clock, 1, spec_rate=0.5, start=0)
+    assert switch.backoff == MAX_BACKOFF // 2
+    drive(switch, clock, 80, spec_rate=0.5, start=1)
+    assert switch.backoff == MAX_BACKOFF  # its probes have failed again
+
+
+@pytest.mark.parametrize("ratio", [CUT + 0.05, CUT - 0.05])
+def test_only_a_clearly_losing_probe_is_cut_short(ratio):
+    """A probe of speculation at `CUT` or more of plain decoding's rate runs its `WARMUP` steps
+    (its later bursts may still win); below `CUT` it ends after `PROBE_MIN` measured steps."""
+    clock = [0.0]
+    switch = PlainSwitch(probe_every=4, now=lambda: clock[0])
+    arms = drive(switch, clock, 120, spec_rate=ratio)
+    assert switch.leader == PLAIN
+    probes = re.findall("S+", arms[WARMUP[SPECULATE] + 1 : -1])
+    full = WARMUP[SPECULATE] + 1
+    assert probes and {len(p) for p in probes} == {full if ratio >= CUT else PROBE_MIN + 1}
 
 
 def test_a_near_tie_does_not_flip_the_leader():

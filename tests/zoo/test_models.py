@@ -72,6 +72,7 @@ def test_total_weight_size() -> None:
         "heads",
         "deltas",
         "scheduler",
+        "scheduler-smollm2",
     }
     total = sum(f.stat().st_size for f in files)
     assert 0 < total <= MAX_TOTAL_BYTES

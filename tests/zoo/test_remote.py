@@ -159,6 +159,58 @@ def test_a_derived_model_is_rebuilt_when_its_recipe_or_inputs_change(
     assert [p.name for p in path.parent.iterdir() if p.name.startswith(".")] == []
 
 
+def test_a_derived_model_from_local_inputs_says_how_to_make_them(
+    fake_remote, tmp_path, monkeypatch
+):
+    """A local input (layers trained on this machine, not shipped) lives under the cache's
+    `deltas/NAME`; without it the model names the file and the command that makes it, and fetches
+    nothing; with it the model builds, and stays usable once the input is removed."""
+    builds = []
+
+    def build(base: Path, out: Path) -> None:
+        builds.append((remote.local_deltas_dir() / "fake-tiny-local" / "layers.bin").read_bytes())
+        remote._build_truncated(1)(base, out)
+
+    derived = remote.DerivedModel(
+        name="fake-tiny-local",
+        base="fake-tiny",
+        recipe="local layers",
+        build=build,
+        local=("layers.bin",),
+        make="treegraft zoo make-fake-layers",
+    )
+    monkeypatch.setitem(remote.DERIVED, "fake-tiny-local", derived)
+    layers = tmp_path / "cache" / "deltas" / "fake-tiny-local" / "layers.bin"
+    with pytest.raises(remote.RemoteModelError) as err:
+        zoo.resolve("zoo:fake-tiny-local")
+    assert str(layers) in str(err.value) and "treegraft zoo make-fake-layers" in str(err.value)
+    with pytest.raises(ModelRefError, match="zoo:fake-tiny-local is not shipped"):
+        resolve_model_path("zoo:fake-tiny-local")
+    assert not remote.is_cached("fake-tiny") and builds == []  # the base was not fetched
+    layers.parent.mkdir(parents=True)
+    layers.write_bytes(b"trained")
+    path = zoo.resolve("zoo:fake-tiny-local")
+    assert builds == [b"trained"] and remote.is_cached("fake-tiny-local")
+    source = json.loads((path / remote.SOURCE_FILE).read_text())
+    assert source["inputs"] == {"layers.bin": hashlib.sha256(b"trained").hexdigest()}
+    layers.write_bytes(b"trained again")
+    assert not remote.is_cached("fake-tiny-local")  # retrained: rebuilt at next use
+    zoo.resolve("zoo:fake-tiny-local")
+    assert builds == [b"trained", b"trained again"]
+    layers.unlink()
+    assert remote.is_cached("fake-tiny-local") and zoo.resolve("zoo:fake-tiny-local") == path
+
+
+def test_the_small_smollm2_drafter_is_trained_here_not_fetched(tmp_path, monkeypatch):
+    monkeypatch.setenv("TREEGRAFT_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ModelRefError) as err:
+        resolve_model_path("zoo:smollm2-draft")
+    text = str(err.value)
+    assert "treegraft zoo distil-exit --fresh" in text
+    assert str(tmp_path / "cache" / "deltas" / "smollm2-draft" / "delta.safetensors") in text
+    assert not (tmp_path / "cache" / "models").exists()
+
+
 def test_unknown_names_list_the_remote_models():
     with pytest.raises(zoo.UnknownZooModelError, match="smollm2"):
         zoo.resolve("zoo:smollm")
@@ -218,6 +270,13 @@ def test_zoo_fetch_command_fetches_lists_and_reports_errors(fake_remote, tmp_pat
     failed = run(app, ["zoo", "fetch", "fake-other"])
     assert failed.exit_code == 2 and "cannot fetch zoo:fake-other" in failed.stderr
     assert run(app, ["zoo", "fetch", "target"]).exit_code == 2
+    # a model built from files made here: listed with the command, and refused until they exist
+    assert (
+        "zoo:smollm2-draft\tnot built: its files are made here, by `treegraft zoo distil-exit"
+        in (run(app, ["zoo", "fetch"]).stdout)
+    )
+    untrained = run(app, ["zoo", "fetch", "zoo:smollm2-draft"])
+    assert untrained.exit_code == 2 and "deltas/smollm2-draft/delta.safetensors" in untrained.stderr
 
 
 @pytest.mark.slow

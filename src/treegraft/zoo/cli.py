@@ -163,14 +163,15 @@ def distil_exit_cmd(
         typer.Option(
             help="Where the distilled layers and token counts go "
             "(default: src/treegraft/zoo/deltas/smollm2-draft-l; with --fresh "
-            "~/.cache/treegraft/deltas/smollm2-draft)."
+            "<cache>/deltas/smollm2-draft, where zoo:smollm2-draft is built from)."
         ),
     ] = None,
     work: Annotated[
         Path | None,
         typer.Option(
             help="The answers file and log, resumable "
-            "(default: ~/.cache/treegraft/zoo-runs/smollm2-draft-l, or smollm2-draft with --fresh)."
+            "(default: <cache>/zoo-runs/smollm2-draft-l, or smollm2-draft with --fresh; "
+            "<cache> is TREEGRAFT_CACHE or ~/.cache/treegraft)."
         ),
     ] = None,
     corpus: Annotated[Path, typer.Option(help="Corpus directory.")] = Path(
@@ -208,6 +209,7 @@ def distil_exit_cmd(
     import torch
 
     from treegraft.core.resources import ModelRefError
+    from treegraft.zoo import remote
     from treegraft.zoo.corpus import CORPUS_FILE
     from treegraft.zoo.self_distill import run
 
@@ -225,13 +227,12 @@ def distil_exit_cmd(
         raise typer.Exit(code=2)
     shape = {} if intermediate_size is None else {"intermediate_size": intermediate_size}
     name = "smollm2-draft" if fresh else "smollm2-draft-l"
-    # a fresh drafter is not shipped (the zoo's size budget): its layers stay in the cache
+    # a fresh drafter is not shipped (the zoo's size budget): its layers stay in the cache, where
+    # zoo:smollm2-draft is built from
     out = out or (
-        Path("~/.cache/treegraft/deltas/smollm2-draft").expanduser()
-        if fresh
-        else Path("src/treegraft/zoo/deltas/smollm2-draft-l")
+        remote.local_deltas_dir() / name if fresh else Path("src/treegraft/zoo/deltas") / name
     )
-    work = work or Path("~/.cache/treegraft/zoo-runs") / name
+    work = work or remote.cache_dir() / "zoo-runs" / name
     try:
         record = run(
             base,
@@ -288,6 +289,9 @@ def fetch_cmd(
     if not names:
         for name in remote.names():
             state = "cached" if remote.is_cached(name) else "not cached"
+            derived = remote.DERIVED.get(name)
+            if state != "cached" and derived is not None and derived.missing():
+                state = f"not built: its files are made here, by `{derived.make}`"
             typer.echo(f"zoo:{name}\t{state}\t{remote.cached_path(name)}")
         return
     for ref in names:

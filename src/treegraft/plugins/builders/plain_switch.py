@@ -27,10 +27,14 @@ times `probe_every` steps of speculation when speculation leads (plain decoding'
 little along a text, speculation's a lot), `probe_every` steps of plain decoding when plain
 decoding leads, doubled after every probe that finds speculation still slower, up to
 `MAX_BACKOFF` times (a probe of a losing speculation costs its steps: where speculation keeps
-losing, the probes thin out), and back to `probe_every` once speculation leads again or a new
-generation begins (a new text, on which speculation may pay). So on a
-text where speculation loses, the builder decodes plainly but for a few probe steps now and then,
-and comes back to speculation where it pays.
+losing, the probes thin out), back to `probe_every` once speculation leads again, and halved when a
+new generation begins (a new text, on which speculation may pay; halved, not reset: a run of
+similar texts, e.g. one task's prompts, would otherwise pay the first, densest probes on each).
+A probe of speculation while plain decoding leads ends early once `PROBE_MIN` measured steps
+commit less than `CUT` times plain decoding's rate: a clearly losing speculation (a step of a
+tree whose drafts are rejected costs about two plain steps and commits one token) is not
+measured to the end. So on a text where speculation loses, the builder decodes plainly but for
+a few short probes now and then, and comes back to speculation where it pays.
 
 Lossless: a plain step is a valid draft tree (the root alone), so the output is the target's own,
 whatever the arm. The estimates live in the builder and carry over between generations.
@@ -58,6 +62,9 @@ PLAIN_PROBE_FACTOR = 8
 MARGIN = 0.05
 #: the longest wait between probes of a losing speculation, in multiples of `probe_every`
 MAX_BACKOFF = 8
+#: a probe of speculation ends after this many measured steps if its rate is below `CUT` times
+#: plain decoding's (clearly losing, beyond what its later steps' bursts can plausibly recover)
+PROBE_MIN, CUT = 2, 0.75
 
 
 @attrs.define
@@ -82,6 +89,9 @@ class PlainSwitch:
     #: steps since each arm last ran; steps left in the current probe
     idle: list[int] = attrs.field(factory=lambda: [0, 0])
     probing: int = 0
+    #: per arm: whether it has had its first `WARMUP` measured steps (a probe cut short by
+    #: `PROBE_MIN` leaves fewer in its fresh estimate; that is no new warm-up)
+    warm: list[bool] = attrs.field(factory=lambda: [False, False])
     # the step now running: its index (None: none), start (seconds), committed length, whether
     # it is left out of the estimates, and whether its generation has called a strong drafter
     _step: int | None = attrs.field(default=None, init=False)
@@ -113,9 +123,9 @@ class PlainSwitch:
             return False
         now = self.now()
         self._record(step, now)
-        if step.step == 0:  # a new text: speculation may pay on it, probe it at the usual pace
+        if step.step == 0:  # a new text: speculation may pay on it, probe it more often
             self._called = False
-            self.backoff = 1
+            self.backoff = max(1, self.backoff // 2)
         self._step, self._start, self._committed = step.step, now, step.committed_len
         previous = self.arm
         self.arm = self._choose()
@@ -145,14 +155,15 @@ class PlainSwitch:
         del outcomes[: -self.memory]
 
     def _choose(self) -> int:
+        if self.probing and self._probe_lost():
+            self.probing = 0
         if self.probing:
             self.probing -= 1
             return self.arm
-        steps = self.steps
-        if steps[SPECULATE] < WARMUP[SPECULATE]:
-            return SPECULATE
-        if steps[PLAIN] < WARMUP[PLAIN]:
-            return PLAIN
+        for arm in (SPECULATE, PLAIN):
+            self.warm[arm] = self.warm[arm] or self.steps[arm] >= WARMUP[arm]
+            if not self.warm[arm]:
+                return arm
         other = 1 - self.leader
         if self.rate(other) > (1.0 + MARGIN) * self.rate(self.leader):
             self.leader, other = other, self.leader
@@ -169,6 +180,14 @@ class PlainSwitch:
         self.outcomes[other] = []  # a fresh estimate from the probe
         self.probing = WARMUP[other]  # the probe's first step may go unmeasured (catching up)
         return other
+
+    def _probe_lost(self) -> bool:
+        """Whether the probe of speculation now running has clearly lost to plain decoding."""
+        if self.arm != SPECULATE or self.leader != PLAIN:
+            return False
+        return self.steps[SPECULATE] >= PROBE_MIN and (
+            self.rate(SPECULATE) < CUT * self.rate(PLAIN)
+        )
 
 
 def plain_step(step: StepContext) -> BuildResult:
