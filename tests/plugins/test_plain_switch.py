@@ -164,7 +164,7 @@ def test_the_switch_checks_its_settings():
 def test_trees_built_outside_the_decode_loop_always_speculate():
     """Offline tools (the value system) rebuild trees with `step` None: never plain, unmeasured."""
     switch = PlainSwitch()
-    switch.outcomes = [[(1, 2.0)] * 6, [(1, 1.0)] * 3]  # plain decoding leads
+    switch.outcomes = [[(1, 2.0, 9)] * 6, [(1, 1.0, 9)] * 3]  # plain decoding leads
     offline = SimpleNamespace(step=None, committed_len=9, prompt_len=6)
     assert not switch.plain(offline) and switch.steps == [6, 3]
     assert switch.plain(SimpleNamespace(step=4, committed_len=9, prompt_len=6))  # plain leads
@@ -186,7 +186,7 @@ def test_catching_up_steps_are_not_measured_and_bursts_count():
     step(1, 9, calls=(0, 1))  # the first strong call: not measured
     step(2, 13)
     assert switch.steps == [0, 0]  # step 0 (prompt) and step 1 (first call) left out
-    switch.outcomes = [[(1, 1.0), (1, 1.0), (10, 1.0), (1, 1.0)], [(1, 0.5)] * 3]
+    switch.outcomes = [[(1, 1.0, 9), (1, 1.0, 9), (10, 1.0, 9), (1, 1.0, 9)], [(1, 0.5, 9)] * 3]
     assert switch.rate(SPECULATE) == 13 / 4 and switch.rate(PLAIN) == 2.0
 
 
@@ -259,3 +259,50 @@ def test_a_near_tie_does_not_flip_the_leader():
     assert switch.leader == PLAIN and switch.backoff == MAX_BACKOFF
     drive(switch, clock, 40, spec_rate=1.0 + 3 * MARGIN, start=210)  # clearly faster
     assert switch.leader == SPECULATE and switch.backoff == 1
+
+
+def test_a_new_text_judges_a_leading_speculation_on_itself():
+    """Speculation that led on the last text (its bursts in the estimate) is probed afresh at a
+    new generation: where it loses on the new text, plain decoding leads after a short probe."""
+    clock = [0.0]
+    switch = PlainSwitch(probe_every=4, now=lambda: clock[0])
+    drive(switch, clock, 60, spec_rate=3.0)
+    assert switch.leader == SPECULATE and switch.rate(SPECULATE) > 2.5
+    arms = drive(switch, clock, 30, spec_rate=0.5, start=0)
+    assert arms.startswith("S" * (PROBE_MIN + 1) + "P")  # cut short, then plain decoding leads
+    assert {len(r) for r in re.findall("S+", arms)} == {PROBE_MIN + 1}  # and its probes are cut
+    assert switch.leader == PLAIN
+    # where it still pays, it keeps leading: plain decoding only at its usual probes
+    clock = [0.0]
+    switch = PlainSwitch(probe_every=4, now=lambda: clock[0])
+    drive(switch, clock, 60, spec_rate=3.0)
+    again = drive(switch, clock, 30, spec_rate=2.0, start=0)
+    assert again.startswith("S" * 12) and again.count("P") <= WARMUP[PLAIN] + 1
+    assert switch.leader == SPECULATE
+
+
+def test_rates_are_compared_at_the_current_context_length():
+    """Plain decoding measured on long contexts is slower than it will be on a short one: its
+    seconds per step are fitted as a line in the length and every rate is read at the current
+    length, so speculation measured on a short text does not win against a stale plain rate."""
+    switch = PlainSwitch()
+    long, short = [(1, 3.0, 600)] * 3, [(1, 2.0, 300)] * 3
+    switch.outcomes = [[(1, 1.6, 100)] * 6, long + short]
+    line = switch.plain_line()
+    assert line(600) == pytest.approx(3.0) and line(100) == pytest.approx(4.0 / 3.0)
+    assert switch.rate(PLAIN) == pytest.approx(0.4)  # the ratio of sums, lengths ignored
+    assert switch.rate(PLAIN, at=100) == pytest.approx(0.75)
+    assert switch.rate(SPECULATE, at=100) == pytest.approx(0.625)  # measured at 100: unscaled
+    switch.leader = SPECULATE
+    switch.warm = [True, True]
+    # the decision at a step of the short text: plain decoding takes the lead
+    switch._committed = 100
+    assert switch._choose() == PLAIN and switch.leader == PLAIN
+    # lengths that spread less than SPREAD give no slope; a falling line is clipped flat, a
+    # steeper than proportional one to proportional
+    switch.outcomes[PLAIN] = [(1, 3.0, 600), (1, 2.0, 580)]
+    assert switch.plain_line()(100) == pytest.approx(2.5)
+    switch.outcomes[PLAIN] = [(1, 2.0, 600), (1, 3.0, 300)]
+    assert switch.plain_line()(100) == pytest.approx(2.5)
+    switch.outcomes[PLAIN] = [(1, 9.0, 600), (1, 1.0, 300)]
+    assert switch.plain_line()(225) == pytest.approx(2.5)  # 5.0 / 450 per token of context

@@ -18,11 +18,21 @@ None: the scheduler's value system rebuilding counterfactual trees) always specu
 measured. Each arm's estimate is the tokens over the seconds of its last `memory` measured steps
 (a ratio of sums: speculation's gains come in bursts, which a per-step median would miss).
 
+The estimates are compared at the current context length: a target forward costs more the longer
+the context (attention over the cache), so a rate measured on a long text would misjudge a short
+one (plain decoding measured on 600-token summaries looks slow beside speculation on a 100-token
+word problem). Each measured step keeps its context length; plain decoding's seconds per step are
+fitted as a line in the length (its steps commit one token each; the slope is kept between 0 and
+proportional, and taken as 0 while its measured lengths spread less than `SPREAD`), and every
+measured step's seconds, of either arm, are scaled by the line's ratio between the current length
+and its own. Plain decoding's measured steps are therefore kept across its probes (the line needs
+lengths that differ); speculation's are dropped at each probe (its rate changes along a text).
+
 How it chooses: speculation first; once it has `WARMUP[SPECULATE]` measured steps,
 `WARMUP[PLAIN]` plain steps measure plain decoding. Then the arm that leads runs, and the other
 takes the lead only when its rate beats the leader's by `MARGIN` (the estimates are noisy: the
 margin keeps a near-tie from flipping the arms back and forth). The other arm is probed again,
-for `WARMUP` measured steps with its old estimate dropped, after a wait: `PLAIN_PROBE_FACTOR`
+for `WARMUP` measured steps (speculation with its old estimate dropped), after a wait: `PLAIN_PROBE_FACTOR`
 times `probe_every` steps of speculation when speculation leads (plain decoding's rate changes
 little along a text, speculation's a lot), `probe_every` steps of plain decoding when plain
 decoding leads, doubled after every probe that finds speculation still slower, up to
@@ -30,8 +40,10 @@ decoding leads, doubled after every probe that finds speculation still slower, u
 losing, the probes thin out), back to `probe_every` once speculation leads again, and halved when a
 new generation begins (a new text, on which speculation may pay; halved, not reset: a run of
 similar texts, e.g. one task's prompts, would otherwise pay the first, densest probes on each).
-A probe of speculation while plain decoding leads ends early once `PROBE_MIN` measured steps
-commit less than `CUT` times plain decoding's rate: a clearly losing speculation (a step of a
+Where speculation leads, a new generation begins with such a probe of it (its estimate from the
+last text dropped: that text's bursts would keep it leading for many steps of a text where it
+loses). A probe of speculation ends early once `PROBE_MIN` measured steps commit less than `CUT`
+times plain decoding's rate: a clearly losing speculation (a step of a
 tree whose drafts are rejected costs about two plain steps and commits one token) is not
 measured to the end. So on a text where speculation loses, the builder decodes plainly but for
 a few short probes now and then, and comes back to speculation where it pays.
@@ -65,6 +77,9 @@ MAX_BACKOFF = 8
 #: a probe of speculation ends after this many measured steps if its rate is below `CUT` times
 #: plain decoding's (clearly losing, beyond what its later steps' bursts can plausibly recover)
 PROBE_MIN, CUT = 2, 0.75
+#: plain decoding's seconds per step get a slope in the context length once its measured
+#: lengths spread over at least this fraction of their mean
+SPREAD = 0.25
 
 
 @attrs.define
@@ -84,8 +99,8 @@ class PlainSwitch:
     #: the arm that leads, and the wait between probes of speculation (times `probe_every`)
     leader: int = SPECULATE
     backoff: int = 1
-    #: per arm: (tokens, seconds) of its last `memory` measured steps
-    outcomes: list[list[tuple[int, float]]] = attrs.field(factory=lambda: [[], []])
+    #: per arm: (tokens, seconds, context length) of its last `memory` measured steps
+    outcomes: list[list[tuple[int, float, int]]] = attrs.field(factory=lambda: [[], []])
     #: steps since each arm last ran; steps left in the current probe
     idle: list[int] = attrs.field(factory=lambda: [0, 0])
     probing: int = 0
@@ -111,11 +126,36 @@ class PlainSwitch:
         """Measured steps in each arm's estimate."""
         return [len(r) for r in self.outcomes]
 
-    def rate(self, arm: int) -> float:
+    def rate(self, arm: int, at: int | None = None) -> float:
         """Estimated tokens per second of `arm`: all tokens over all seconds of its measured
-        steps (0.0: none)."""
-        seconds = sum(s for _, s in self.outcomes[arm])
-        return sum(t for t, _ in self.outcomes[arm]) / seconds if seconds > 0 else 0.0
+        steps (0.0: none); with `at`, each step's seconds scaled to the context length `at` by
+        plain decoding's line (`plain_line`)."""
+        outcomes = self.outcomes[arm]
+        line = self.plain_line() if at is not None else None
+        if line is None:
+            seconds = sum(s for _, s, _ in outcomes)
+        else:
+            seconds = sum(s * line(at) / line(n) for _, s, n in outcomes)
+        return sum(t for t, _, _ in outcomes) / seconds if seconds > 0 else 0.0
+
+    def plain_line(self) -> Callable[[int], float] | None:
+        """Plain decoding's seconds per step as a line in the context length, least squares over
+        its measured steps (None: none measured); the slope is clipped to [0, mean seconds / mean
+        length] (never falling, at most proportional) and is 0 while the lengths spread less than
+        `SPREAD` of their mean."""
+        points = [(n, s / t) for t, s, n in self.outcomes[PLAIN] if t > 0]
+        if not points:
+            return None
+        mean_n = sum(n for n, _ in points) / len(points)
+        mean_s = sum(s for _, s in points) / len(points)
+        spread = max(n for n, _ in points) - min(n for n, _ in points)
+        slope = 0.0
+        if spread >= SPREAD * mean_n:
+            var = sum((n - mean_n) ** 2 for n, _ in points)
+            cov = sum((n - mean_n) * (s - mean_s) for n, s in points)
+            slope = min(max(cov / var, 0.0), mean_s / mean_n)
+        base = mean_s - slope * mean_n
+        return lambda n: base + slope * n
 
     def plain(self, step: StepContext) -> bool:
         """Record the previous step's outcome and say whether this step decodes plainly."""
@@ -126,6 +166,11 @@ class PlainSwitch:
         if step.step == 0:  # a new text: speculation may pay on it, probe it more often
             self._called = False
             self.backoff = max(1, self.backoff // 2)
+            if self.leader == SPECULATE and self.warm[SPECULATE]:
+                # ... and where it led, judge it on this text alone: the last text's bursts
+                # would keep it leading for many steps of a text where it loses
+                self.arm, self.outcomes[SPECULATE] = SPECULATE, []
+                self.probing = WARMUP[SPECULATE] + 1
         self._step, self._start, self._committed = step.step, now, step.committed_len
         previous = self.arm
         self.arm = self._choose()
@@ -151,7 +196,7 @@ class PlainSwitch:
         if seconds <= 0:
             return
         outcomes = self.outcomes[self.arm]
-        outcomes.append((step.committed_len - self._committed, seconds))
+        outcomes.append((step.committed_len - self._committed, seconds, self._committed))
         del outcomes[: -self.memory]
 
     def _choose(self) -> int:
@@ -164,8 +209,8 @@ class PlainSwitch:
             self.warm[arm] = self.warm[arm] or self.steps[arm] >= WARMUP[arm]
             if not self.warm[arm]:
                 return arm
-        other = 1 - self.leader
-        if self.rate(other) > (1.0 + MARGIN) * self.rate(self.leader):
+        other, at = 1 - self.leader, self._committed
+        if self.rate(other, at) > (1.0 + MARGIN) * self.rate(self.leader, at):
             self.leader, other = other, self.leader
             self.backoff = 1
         elif self.arm == SPECULATE and self.leader == PLAIN:
@@ -177,16 +222,18 @@ class PlainSwitch:
             wait = self.probe_every * self.backoff
         if self.idle[other] < wait:
             return self.leader
-        self.outcomes[other] = []  # a fresh estimate from the probe
+        if other == SPECULATE:
+            self.outcomes[other] = []  # a fresh estimate from the probe (plain's line keeps its)
         self.probing = WARMUP[other]  # the probe's first step may go unmeasured (catching up)
         return other
 
     def _probe_lost(self) -> bool:
         """Whether the probe of speculation now running has clearly lost to plain decoding."""
-        if self.arm != SPECULATE or self.leader != PLAIN:
+        if self.arm != SPECULATE:
             return False
+        at = self._committed
         return self.steps[SPECULATE] >= PROBE_MIN and (
-            self.rate(SPECULATE) < CUT * self.rate(PLAIN)
+            self.rate(SPECULATE, at) < CUT * self.rate(PLAIN, at)
         )
 
 
