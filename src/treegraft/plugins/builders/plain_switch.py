@@ -28,25 +28,24 @@ measured step's seconds, of either arm, are scaled by the line's ratio between t
 and its own. Plain decoding's measured steps are therefore kept across its probes (the line needs
 lengths that differ); speculation's are dropped at each probe (its rate changes along a text).
 
-How it chooses: speculation first; once it has `WARMUP[SPECULATE]` measured steps,
-`WARMUP[PLAIN]` plain steps measure plain decoding. Then the arm that leads runs, and the other
-takes the lead only when its rate beats the leader's by `MARGIN` (the estimates are noisy: the
-margin keeps a near-tie from flipping the arms back and forth). The other arm is probed again,
-for `WARMUP` measured steps (speculation with its old estimate dropped), after a wait: `PLAIN_PROBE_FACTOR`
-times `probe_every` steps of speculation when speculation leads (plain decoding's rate changes
-little along a text, speculation's a lot), `probe_every` steps of plain decoding when plain
-decoding leads, doubled after every probe that finds speculation still slower, up to
-`MAX_BACKOFF` times (a probe of a losing speculation costs its steps: where speculation keeps
-losing, the probes thin out), back to `probe_every` once speculation leads again, and halved when a
-new generation begins (a new text, on which speculation may pay; halved, not reset: a run of
-similar texts, e.g. one task's prompts, would otherwise pay the first, densest probes on each).
-Where speculation leads, a new generation begins with such a probe of it (its estimate from the
-last text dropped: that text's bursts would keep it leading for many steps of a text where it
-loses). A probe of speculation ends early once `PROBE_MIN` measured steps commit less than `CUT`
-times plain decoding's rate: a clearly losing speculation (a step of a
-tree whose drafts are rejected costs about two plain steps and commits one token) is not
-measured to the end. So on a text where speculation loses, the builder decodes plainly but for
-a few short probes now and then, and comes back to speculation where it pays.
+How it chooses: speculation first; once it has `WARMUP[SPECULATE]` measured steps, `WARMUP[PLAIN]`
+plain steps measure plain decoding. Then the arm that leads runs, and the other takes the lead only
+when its rate beats the leader's by `MARGIN` (the estimates are noisy: the margin keeps a near-tie
+from flipping the arms back and forth). The other arm is probed again, for `WARMUP` measured steps
+(speculation with its old estimate dropped), after a wait: `PLAIN_PROBE_FACTOR` times `probe_every`
+steps of speculation when speculation leads (plain decoding's rate changes little along a text,
+speculation's a lot), `probe_every` steps of plain decoding when plain decoding leads, doubled
+after every probe that finds speculation still slower, up to `MAX_BACKOFF` times (a probe of a
+losing speculation costs its steps: where speculation keeps losing, the probes thin out), back to
+`probe_every` once speculation leads again, and halved when a new generation begins (a new text, on
+which speculation may pay; halved, not reset: a run of similar texts, e.g. one task's prompts,
+would otherwise pay the first, densest probes on each). Where speculation leads, a new generation
+begins with such a probe of it (its estimate from the last text dropped: that text's bursts would
+keep it leading for many steps of a text where it loses). A probe of speculation ends early once
+`PROBE_MIN` measured steps commit less than `CUT` times plain decoding's rate: a clearly losing
+speculation (a step of a tree whose drafts are rejected costs about two plain steps and commits one
+token) is not measured to the end. So on a text where speculation loses, the builder decodes
+plainly but for a few short probes now and then, and comes back to speculation where it pays.
 
 Lossless: a plain step is a valid draft tree (the root alone), so the output is the target's own,
 whatever the arm. The estimates live in the builder and carry over between generations.
