@@ -129,13 +129,12 @@ class PlainSwitch:
         """Estimated tokens per second of `arm`: all tokens over all seconds of its measured
         steps (0.0: none); with `at`, each step's seconds scaled to the context length `at` by
         plain decoding's line (`plain_line`)."""
-        outcomes = self.outcomes[arm]
-        line = self.plain_line() if at is not None else None
-        if line is None:
-            seconds = sum(s for _, s, _ in outcomes)
-        else:
-            seconds = sum(s * line(at) / line(n) for _, s, n in outcomes)
-        return sum(t for t, _, _ in outcomes) / seconds if seconds > 0 else 0.0
+        return _rate(self.outcomes[arm], self.plain_line() if at is not None else None, at)
+
+    def _rates_at(self, at: int) -> tuple[float, float]:
+        """Both arms' rates at the context length `at` (`rate`), the line fitted once."""
+        line = self.plain_line()
+        return _rate(self.outcomes[SPECULATE], line, at), _rate(self.outcomes[PLAIN], line, at)
 
     def plain_line(self) -> Callable[[int], float] | None:
         """Plain decoding's seconds per step as a line in the context length, least squares over
@@ -208,8 +207,8 @@ class PlainSwitch:
             self.warm[arm] = self.warm[arm] or self.steps[arm] >= WARMUP[arm]
             if not self.warm[arm]:
                 return arm
-        other, at = 1 - self.leader, self._committed
-        if self.rate(other, at) > (1.0 + MARGIN) * self.rate(self.leader, at):
+        other, rates = 1 - self.leader, self._rates_at(self._committed)
+        if rates[other] > (1.0 + MARGIN) * rates[self.leader]:
             self.leader, other = other, self.leader
             self.backoff = 1
         elif self.arm == SPECULATE and self.leader == PLAIN:
@@ -230,10 +229,23 @@ class PlainSwitch:
         """Whether the probe of speculation now running has clearly lost to plain decoding."""
         if self.arm != SPECULATE:
             return False
-        at = self._committed
-        return self.steps[SPECULATE] >= PROBE_MIN and (
-            self.rate(SPECULATE, at) < CUT * self.rate(PLAIN, at)
-        )
+        if self.steps[SPECULATE] < PROBE_MIN:
+            return False
+        speculate, plain = self._rates_at(self._committed)
+        return speculate < CUT * plain
+
+
+def _rate(
+    outcomes: list[tuple[int, float, int]], line: Callable[[int], float] | None, at: int | None
+) -> float:
+    """Tokens over seconds of `outcomes`; with a `line`, each step's seconds scaled from its own
+    context length to `at`."""
+    if line is None or at is None:
+        seconds = sum(s for _, s, _ in outcomes)
+    else:
+        here = line(at)
+        seconds = sum(s * here / line(n) for _, s, n in outcomes)
+    return sum(t for t, _, _ in outcomes) / seconds if seconds > 0 else 0.0
 
 
 def plain_step(step: StepContext) -> BuildResult:
