@@ -368,6 +368,55 @@ def test_cli_errors_are_short(tmp_path):
     assert result.exit_code == 2 and "no summary.csv" in result.output
 
 
+def test_a_model_not_made_yet_stops_the_sweep_before_anything_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("TREEGRAFT_CACHE", str(tmp_path / "cache"))  # zoo:smollm2-draft untrained
+    config = bench_config_from_dict(
+        {
+            "pairs": [
+                {"target": "mem:target", "drafter": "mem:draft"},
+                {"target": "mem:target", "drafter": "zoo:smollm2-draft"},
+            ],
+            "suites": write_suites(tmp_path),
+            "prompts_per_suite": 1,
+            "max_new_tokens": MAX_NEW,
+            "pipelines": [{"pipeline": "treegraft-threshold", "label": "tg"}],
+            "warmup_tokens": 0,
+        }
+    )
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError) as info:
+        run_bench(config, out, resources=pair_resources(), progress=False)
+    text = str(info.value)
+    assert text.startswith("pairs[1] (target+smollm2-draft), drafter: zoo:smollm2-draft is not")
+    assert str(tmp_path / "cache" / "deltas" / "smollm2-draft" / "delta.safetensors") in text
+    assert "treegraft zoo distil-exit --fresh" in text and "--pairs target+draft" in text
+    assert not (out / "units.jsonl").read_text()  # refused before any unit ran
+    kept = attrs.evolve(config, pairs=config.pairs[:1])  # the other pair runs
+    result = run_bench(kept, tmp_path / "kept", resources=pair_resources(), progress=False)
+    assert result.requests and all(r.exact for r in result.requests)
+
+
+def test_the_model_check_reads_every_reference_inside_the_pipelines(tmp_path, monkeypatch):
+    from treegraft.bench.methods import PipelinePlan
+    from treegraft.bench.run import check_models
+
+    monkeypatch.setenv("TREEGRAFT_CACHE", str(tmp_path / "cache"))
+    config = resumable_config(tmp_path)
+    name = config.pairs[0].name
+    drafters = {
+        "weak": {"name": "ngram"},
+        "extra": [{"name": "hf_lm", "model": "zoo:smollm2-draft"}],
+    }
+    plan = PipelinePlan("x", {"drafters": drafters, "target": "mem:target"}, "bench.pipelines[3]")
+    check_models(config, {name: [plan]}, set())  # a pair with nothing left to run is not checked
+    with pytest.raises(
+        ConfigError, match=r"^pairs\[0\] \(target\+draft\), bench\.pipelines\[3\]: zoo:sm"
+    ):
+        check_models(config, {name: [plan]}, {name})
+    plan = PipelinePlan("x", {"drafters": {"strong": {"model": "zoo:smollm2-draft-l"}}}, "p")
+    check_models(config, {name: [plan]}, {name})  # built from shipped files: nothing to make
+
+
 # ---------------------------------------------------------------------------- resume
 
 

@@ -87,14 +87,27 @@ def test_frequent_tokens_rank_by_count_ties_to_the_lower_id(tmp_path: Path) -> N
     assert frequent_tokens(HFLMConfig(model="mem:d"), VOCAB, Resources()) is None
 
 
-def test_prompt_tokens_join_the_scored_ones(tmp_path: Path) -> None:
+def test_prompt_tokens_join_the_scored_ones(tmp_path: Path, monkeypatch) -> None:
     counts = np.arange(VOCAB)[::-1].copy()  # token 0 the most frequent
     cfg = HFLMConfig(model="mem:d", head=4, token_counts=counts_file(tmp_path, counts))
     d = drafter(tiny_llama(vocab=VOCAB), cfg)
+    gathered = []
+    restrict = CausalLMRunner.restrict_output
+
+    def spy(runner: CausalLMRunner, rows: torch.Tensor) -> None:
+        gathered.append(rows.tolist())
+        restrict(runner, rows)
+
+    monkeypatch.setattr(CausalLMRunner, "restrict_output", spy)
     d.begin(torch.tensor([50, 60, 3]), max_len=32)
+    d.score_tree(DraftTree.from_root(3))
     assert d.runner.output_rows.tolist() == [0, 1, 2, 3, 50, 60]
-    d.begin(torch.tensor([9]), max_len=32)  # the next prompt's, not the last one's
-    assert d.runner.output_rows.tolist() == [0, 1, 2, 3, 9]
+    d.begin(torch.tensor([7]), max_len=32)  # a generation that never calls the drafter ...
+    d.begin(torch.tensor([9]), max_len=32)  # ... gathers no rows
+    d.score_tree(DraftTree.from_root(9))
+    d.score_tree(DraftTree.from_root(9))  # once per generation
+    assert d.runner.output_rows.tolist() == [0, 1, 2, 3, 9]  # the prompt's, not the last one's
+    assert gathered == [[0, 1, 2, 3, 50, 60], [0, 1, 2, 3, 9]]
 
 
 def test_bad_token_counts_are_named(tmp_path: Path) -> None:

@@ -90,6 +90,7 @@ def run_bench(
         todo = work.plan_units(
             config, prompts, set(store.finished()), config.executor.prompts_per_unit
         )
+        check_models(config, plans, {unit.pair for unit in todo})
         runner = work.UnitRunner(config, prompts, registry, resources, curves)
         start = time.perf_counter()
         with _quiet_transformers(), UnitProgress(len(todo), progress) as bar:
@@ -126,6 +127,39 @@ def run_bench(
         (out / report.MANIFEST, *files),
         tuple(failed),
     )
+
+
+def check_models(
+    config: BenchConfig, plans: dict[str, list[PipelinePlan]], pairs: set[str]
+) -> None:
+    """Refuse, before anything runs, a sweep whose `pairs` name a model that cannot be had without
+    a step of the user's (a zoo model built from layers trained on their machine, not trained yet):
+    otherwise every unit of that pair would fail after the other pairs' hours of work."""
+    from treegraft.zoo import remote
+
+    for i, pair in enumerate(config.pairs):
+        if pair.name not in pairs:
+            continue
+        refs = [("target", pair.target), ("drafter", pair.drafter)]
+        refs += [(plan.where, ref) for plan in plans[pair.name] for ref in _strings(plan.raw)]
+        for where, ref in refs:
+            if why := remote.unbuildable(ref):
+                raise ConfigError(
+                    f"pairs[{i}] ({pair.name}), {where}: {why}\n(or leave the pair out: --pairs "
+                    f"{','.join(p.name for p in config.pairs if p.name != pair.name) or '...'})"
+                )
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string inside a nested mapping / list (a pipeline's model references among them)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
 
 
 def make_executor(config: BenchConfig, runner: Any) -> Any:

@@ -216,6 +216,23 @@ def is_cached(name: str) -> bool:
     return all(stored.get(key) == value for key, value in want.items())
 
 
+def unbuildable(ref: str) -> str | None:
+    """Why the model `ref` (`zoo:NAME`, or any other reference) cannot be had without a step of
+    the user's: a derived model whose files made on this machine are not there and that was never
+    built. None when it can be loaded, fetched or built (or `ref` is not such a model)."""
+    name = ref.removeprefix("zoo:") if isinstance(ref, str) and ref.startswith("zoo:") else None
+    if name not in DERIVED or is_cached(name):
+        return None
+    derived = DERIVED[name]
+    if not (missing := derived.missing()):
+        return unbuildable(f"zoo:{derived.base}")
+    return (
+        f"zoo:{name} is not shipped: it is built from files made on this machine, and "
+        f"{missing[0]} is not there yet. Make them (they go to {missing[0].parent}) "
+        f"with:\n  {derived.make}"
+    )
+
+
 def ensure(name: str) -> Path:
     """Folder of the remote or derived model `name`, fetching or building it on first use."""
     if is_cached(name):
@@ -223,13 +240,9 @@ def ensure(name: str) -> Path:
     if name in REMOTE:
         spec = REMOTE[name]
         return _store(name, lambda tmp: _fetch_and_convert(spec, tmp), _source_of(spec))
+    if why := unbuildable(f"zoo:{name}"):
+        raise RemoteModelError(why)
     derived = DERIVED[name]
-    if missing := derived.missing():
-        raise RemoteModelError(
-            f"zoo:{name} is not shipped: it is built from files made on this machine, and "
-            f"{missing[0]} is not there yet. Make them (they go to {missing[0].parent}) "
-            f"with:\n  {derived.make}"
-        )
     base = ensure(derived.base)
     stale = (cached_path(name) / SOURCE_FILE).is_file()
     why = "rebuilding (its recipe or inputs changed)" if stale else "building"

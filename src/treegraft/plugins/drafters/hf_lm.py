@@ -73,6 +73,8 @@ class HFLMDrafter(Drafter):
     #: token ids the drafter may propose (below both vocabularies and the tokenizer's real
     #: tokens: embedding padding rows never are); 0: all of its vocabulary
     usable: int = 0
+    #: the prompt of a generation whose output rows are not restricted yet (`_restrict`)
+    _prompt: Tensor | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         self.vocab = self.vocab or self.runner.vocab_size
@@ -92,6 +94,14 @@ class HFLMDrafter(Drafter):
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         self.runner.begin(prompt, max_len=max_len)
+        self._prompt = prompt
+        self.node_logp = None
+
+    def _restrict(self, prompt: Tensor) -> None:
+        """Restrict the runner's output to the tokens this generation may propose. Done at the
+        generation's first forward, not in `begin`: gathering the head's rows costs about a
+        drafter forward, and a generation that never calls the drafter (decoded plainly, or
+        with a scheduler that keeps it idle) should not pay it."""
         rows = None
         if self.frequent is not None:  # this prompt's tokens join the scored ones
             rows = torch.unique(torch.cat([self.frequent, prompt.cpu()]))
@@ -101,11 +111,13 @@ class HFLMDrafter(Drafter):
             rows = rows[rows < self.usable]
         if rows is not None:
             self.runner.restrict_output(rows)
-        self.node_logp = None
 
     def _score(self, tree: DraftTree) -> Tensor:
         """`[n, V]` log-probs for every node of `tree`, forwarding only the unseen ones."""
         if tree.n_nodes > self.runner.n_seen:
+            if self._prompt is not None:  # the generation's first forward
+                self._restrict(self._prompt)
+                self._prompt = None
             logits = self.runner.forward_tree(tree)  # [n_new, V] ([n_new, K] with a head)
             logits = logits.float()
             if self.config.temperature != 1.0:  # dividing by 1 changes nothing but costs a pass
