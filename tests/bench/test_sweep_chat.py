@@ -44,7 +44,11 @@ def test_the_real_model_sweep_is_valid():
     from treegraft.zoo import SUITES
 
     cfg = load_bench_config(Path(__file__).resolve().parents[2] / "benchmarks" / "real.yaml")
-    assert [(p.target, p.drafter) for p in cfg.pairs] == [("zoo:smollm2", "zoo:smollm2-draft-l")]
+    assert [(p.target, p.drafter) for p in cfg.pairs] == [
+        ("zoo:smollm2", "zoo:smollm2-draft-l"),
+        ("zoo:smollm2", "zoo:smollm2-draft"),
+    ]
+    assert [p.name for p in cfg.pairs] == ["smollm2+smollm2-draft-l", "smollm2+smollm2-draft"]
     s = cfg.settings
     assert (s.suites, s.prompts_per_suite, s.max_new_tokens, s.chat) == (list(SUITES), 10, 96, True)
     assert s.baselines == list(BASELINES)
