@@ -215,3 +215,29 @@ def test_a_replay_without_a_target_model_cannot_hand_out_features():
     with pytest.raises(ValueError, match="cannot hand out hidden states: no target runner"):
         target.track_hidden()
     assert target.hidden is None
+
+
+def test_a_restricted_head_scores_the_prompts_tokens_gathered_at_its_first_call(head_dir, tmp_path):
+    """With `top_tokens`, the head scores the most frequent tokens plus the prompt's, and gathers
+    those rows of the target's output head at the generation's first call, not in `begin`."""
+    import numpy as np
+
+    from treegraft.zoo.token_counts import save_counts
+
+    save_counts(tmp_path / "c.json", np.arange(VOCAB)[::-1].copy(), source="test")  # 0 first
+    s = spec(head_dir, "eagle")
+    s["drafters"]["e"] |= {"top_tokens": 4, "token_counts": str(tmp_path / "c.json")}
+    res = resources()
+    pipe = load_pipeline(s, resources=res)
+    eagle = pipe.decoder.drafters[0]
+    prompt = repetitive_prompt(0, 14)
+    assert list(pipe.generate(prompt).token_ids) == greedy_reference(
+        res.models["mem:target"], prompt, 24
+    )
+    assert eagle.rows.tolist() == sorted({0, 1, 2, 3, *prompt.tolist()})
+    weight = res.models["mem:target"].get_output_embeddings().weight.detach()
+    assert torch.equal(eagle.out[0], weight[eagle.rows.clone()])
+    eagle.begin(torch.tensor([40, 41]), max_len=8)
+    assert eagle.rows is None and eagle.out is None  # nothing gathered before the first call
+    eagle.score_tree(DraftTree.from_root(41))
+    assert eagle.rows.tolist() == [0, 1, 2, 3, 40, 41]

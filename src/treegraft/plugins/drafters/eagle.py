@@ -76,6 +76,8 @@ class EagleDrafter(Drafter):
     out: tuple[Tensor, Tensor | None] | None = attrs.field(default=None, init=False)
     node_feature: Tensor | None = attrs.field(default=None, init=False)  # [n_seen, hidden]
     node_logp: Tensor | None = attrs.field(default=None, init=False)  # [n_seen, K] scored rows
+    #: this generation's prompt, whose tokens join the scored rows (`_head`)
+    _prompt: Tensor | None = attrs.field(default=None, init=False)
 
     @classmethod
     def from_config(cls, config: EagleConfig, resources: Resources) -> EagleDrafter:
@@ -108,15 +110,24 @@ class EagleDrafter(Drafter):
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         self.target.track_hidden()
-        out = self.target.model.get_output_embeddings()
-        weight, bias = out.weight.detach(), None if out.bias is None else out.bias.detach()
-        self.rows = None
-        if self.frequent is not None:
-            self.rows = torch.unique(torch.cat([self.frequent, prompt.cpu()])).to(weight.device)
-            weight = weight[self.rows]
-            bias = None if bias is None else bias[self.rows]
-        self.out = (weight, bias)
+        self.rows = self.out = None
+        self._prompt = prompt
         self.node_feature = self.node_logp = None
+
+    def _head(self) -> tuple[Tensor, Tensor | None]:
+        """The output head's weights (and bias) over the rows scored this generation, gathered
+        at its first use, not in `begin`: with `top_tokens` that copies thousands of the
+        target's embedding rows, and a generation that never calls the head should not pay it."""
+        if self.out is None:
+            out = self.target.model.get_output_embeddings()
+            weight, bias = out.weight.detach(), None if out.bias is None else out.bias.detach()
+            if self.frequent is not None:
+                prompt = self._prompt.cpu()
+                self.rows = torch.unique(torch.cat([self.frequent, prompt])).to(weight.device)
+                weight = weight[self.rows]
+                bias = None if bias is None else bias[self.rows]
+            self.out = (weight, bias)
+        return self.out
 
     def _previous_feature(self) -> Tensor | None:
         """`[hidden]` the target's feature of the token before the root (None before the first
@@ -132,9 +143,10 @@ class EagleDrafter(Drafter):
         done = 0 if self.node_logp is None else self.node_logp.shape[0]
         n = tree.n_nodes
         if n > done:
+            weight, _ = self._head()
             previous = self._previous_feature()
             if previous is None:  # no information: uniform (finite, so rescoring stays finite)
-                k = self.out[0].shape[0]
+                k = weight.shape[0]
                 logp = torch.full((n - done, k), -math.log(self.target.vocab_size))
             else:
                 self.node_feature = self._features(tree, done, previous)  # [n, hidden]
@@ -161,7 +173,7 @@ class EagleDrafter(Drafter):
 
     def _log_probs(self, features: Tensor) -> Tensor:
         """`[m, K]` float32 log-probs over the scored rows from the target's output head."""
-        logits = F.linear(features, *self.out).float()
+        logits = F.linear(features, *self._head()).float()
         if self.config.temperature != 1.0:
             logits = logits / self.config.temperature
         return torch.log_softmax(logits, dim=-1)
