@@ -32,7 +32,7 @@ from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.plugins.drafters.feature_head import FeatureHead, load_head
-from treegraft.plugins.drafters.hf_lm import most_frequent_ids
+from treegraft.plugins.drafters.hf_lm import most_frequent_ids, scored_rows
 
 
 @attrs.frozen
@@ -122,8 +122,7 @@ class EagleDrafter(Drafter):
             out = self.target.model.get_output_embeddings()
             weight, bias = out.weight.detach(), None if out.bias is None else out.bias.detach()
             if self.frequent is not None:
-                prompt = self._prompt.cpu()
-                self.rows = torch.unique(torch.cat([self.frequent, prompt])).to(weight.device)
+                self.rows = scored_rows(self.frequent, self._prompt).to(weight.device)
                 weight = weight[self.rows]
                 bias = None if bias is None else bias[self.rows]
             self.out = (weight, bias)

@@ -104,7 +104,7 @@ class HFLMDrafter(Drafter):
         with a scheduler that keeps it idle) should not pay it."""
         rows = None
         if self.frequent is not None:  # this prompt's tokens join the scored ones
-            rows = torch.unique(torch.cat([self.frequent, prompt.cpu()]))
+            rows = scored_rows(self.frequent, prompt)
         elif self.usable < self.runner.vocab_size or self.vocab != self.runner.vocab_size:
             rows = torch.arange(self.usable)  # log-probs come out in the target's width
         if rows is not None and self.usable < self.runner.vocab_size:
@@ -201,3 +201,9 @@ def most_frequent_ids(
     if k > vocab_size:
         raise ValueError(f"{k_field}: expected at most the vocabulary size {vocab_size}, got {k}")
     return torch.from_numpy(counts).neg().argsort(stable=True)[:k]
+
+
+def scored_rows(frequent: Tensor, prompt: Tensor) -> Tensor:
+    """`[K]` int64 the token ids a restricted head scores in a generation: the most frequent
+    ones and the prompt's own, sorted and distinct (on the host)."""
+    return torch.unique(torch.cat([frequent, prompt.cpu()]))
