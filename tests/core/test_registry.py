@@ -242,6 +242,7 @@ def test_config_fields_are_the_attrs_fields(builtins_only: Registry) -> None:
         "stop_below",
         "plain_switch",
         "probe_every",
+        "shadow",
     ]
     assert builtins_only.get("verifier", "greedy").config_fields() == []
 

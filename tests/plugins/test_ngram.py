@@ -81,8 +81,9 @@ def test_peek_values_the_chain_expand_ranks_first_without_changing_state():
     p = prop.logp[0].double().exp().tolist()  # the chain [3, 4, 8]: 2/3, then 1/2, 1/2
     assert peek.first == pytest.approx(p[0]) == pytest.approx(2 / 3)
     assert peek.expected == pytest.approx(p[0] + p[0] * p[1] + p[0] * p[1] * p[2])
+    assert peek.chain == (3, 4, 8) == tuple(prop.tokens[0].tolist())
 
 
 def test_peek_without_a_match_expects_nothing():
     d = drafter([1, 2, 3], max_ngram=2, min_ngram=2)
-    assert tuple(d.peek(DraftTree.from_root(3))) == (0.0, 0.0)
+    assert tuple(d.peek(DraftTree.from_root(3))) == (0.0, 0.0, ())

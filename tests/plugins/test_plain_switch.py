@@ -14,12 +14,13 @@ import torch
 from tests.conftest import greedy_reference, tiny_llama
 from treegraft.core.config import NoConfig
 from treegraft.core.decoder import Decoder, StopRule
-from treegraft.core.interfaces import Drafter, LayerState, Scheduler, StepOutcome
+from treegraft.core.interfaces import Drafter, LayerState, Peek, Scheduler, StepOutcome
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.plugins.builders.layered import LayeredBuilder, LayeredConfig
 from treegraft.plugins.builders.plain_switch import (
     CUT,
+    EARLY_MIN,
     MARGIN,
     MAX_BACKOFF,
     PLAIN,
@@ -79,6 +80,17 @@ class StubDrafter(Drafter):
 
 
 @attrs.define
+class GuessingDrafter(StubDrafter):
+    """`StubDrafter` that also says its best chain under the root (`peek`): the shadow's guess."""
+
+    def peek(self, tree):
+        chain = self.truth[self.committed : self.committed + DEPTH]
+        if not self.agrees(self.committed):
+            chain = [(t + 1) % VOCAB for t in chain]
+        return Peek(0.0, 0.0, tuple(chain))
+
+
+@attrs.define
 class Never(Scheduler):
     """Never calls a stronger drafter; keeps the outcomes it observes."""
 
@@ -93,7 +105,7 @@ class Never(Scheduler):
         self.outcomes.append(outcome)
 
 
-def decode(agrees, *, switch: bool, new_tokens: int = 70):
+def decode(agrees, *, switch: bool, new_tokens: int = 70, guessing: bool = False):
     """Events and tokens of a generation with the stub drafter, and the reference tokens."""
     model = tiny_llama(seed=1, vocab=VOCAB)
     prompt = torch.randint(0, VOCAB, (6,), generator=torch.Generator().manual_seed(0))
@@ -107,7 +119,11 @@ def decode(agrees, *, switch: bool, new_tokens: int = 70):
     scheduler = Never(NoConfig())
     decoder = Decoder(
         target=CausalLMRunner(model),
-        drafters=(StubDrafter([*prompt.tolist(), *want], agrees, clock),),
+        drafters=(
+            (GuessingDrafter if guessing else StubDrafter)(
+                [*prompt.tolist(), *want], agrees, clock
+            ),
+        ),
         builder=builder,
         scheduler=scheduler,
         verifier=GreedyVerifier(NoConfig()),
@@ -306,3 +322,110 @@ def test_rates_are_compared_at_the_current_context_length():
     assert switch.plain_line()(100) == pytest.approx(2.5)
     switch.outcomes[PLAIN] = [(1, 9.0, 600), (1, 1.0, 300)]
     assert switch.plain_line()(225) == pytest.approx(2.5)  # 5.0 / 450 per token of context
+
+
+def text_token(j: int) -> int:
+    """The `j`-th token of the modelled text (`drive_shadow`)."""
+    return (7 * j) % 101
+
+
+def drive_shadow(switch, clock, steps, *, spec_rate, hits, start=0, committed=10):
+    """`drive` with shadow drafting: at each plain step the cheapest drafter guesses a 2-token
+    chain, the text's next tokens where `hits(i)` says so for step `i`, else tokens the text
+    never has. Returns the arms and the committed length."""
+    arms = []
+    for i in range(start, start + steps):
+        root = text_token(committed - 1)
+        step = SimpleNamespace(step=i, committed_len=committed, prompt_len=5, root=root)
+        plain = switch.plain(step)
+        if plain:
+            right = (text_token(committed), text_token(committed + 1))
+            switch.guess(right if hits(i) else (-1, -2))
+        else:
+            switch.note((0,))
+        clock[0] += 1.0 if plain else 1.0 / spec_rate
+        committed += 1
+        arms.append("P" if plain else "S")
+    return "".join(arms), committed
+
+
+def test_the_shadow_holds_back_probes_of_a_drafter_whose_guesses_miss():
+    """Where the cheapest drafter's guesses at plain steps never match what plain decoding
+    commits, speculation cannot pay: its timed probes are skipped, the wait growing as after a
+    lost probe. A drafter that says nothing (no shadow) keeps the timed probes."""
+    clock = [0.0]
+    switch = PlainSwitch(probe_every=4, now=lambda: clock[0])
+    arms, _ = drive_shadow(switch, clock, 200, spec_rate=0.5, hits=lambda i: False)
+    warm_up = WARMUP[SPECULATE] + 1
+    assert arms.startswith("S" * warm_up + "P") and "S" not in arms[warm_up:]
+    assert switch.leader == PLAIN and switch.backoff == MAX_BACKOFF
+    assert switch.shadowed and switch.shadow_says() is False
+    clock = [0.0]
+    silent = PlainSwitch(probe_every=4, now=lambda: clock[0])
+    arms = drive(silent, clock, 200, spec_rate=0.5)
+    assert not silent.shadowed and arms[warm_up:].count("S") >= 4 * (PROBE_MIN + 1)
+
+
+def test_the_shadow_starts_a_probe_as_soon_as_its_guesses_pay():
+    """Plain decoding leads and the wait between probes is long; once the guesses match the
+    text (a stretch the drafter can copy), speculation is probed within a few steps, not at
+    the end of the wait, and takes the lead where it pays."""
+    clock = [0.0]
+    switch = PlainSwitch(probe_every=4, now=lambda: clock[0])
+    arms, committed = drive_shadow(switch, clock, 100, spec_rate=0.5, hits=lambda i: False)
+    assert switch.leader == PLAIN and switch.backoff == MAX_BACKOFF and arms.endswith("P" * 20)
+    due = 4 * MAX_BACKOFF - switch.idle[SPECULATE]  # steps until the timed probe
+    later, _ = drive_shadow(
+        switch, clock, 30, spec_rate=3.0, hits=lambda i: True, start=100, committed=committed
+    )
+    first = later.index("S")
+    # after the lost probes (wait 8 x 4 steps) the guesses need 8 matched tokens beyond the
+    # two-token speculative step's cost: 9 guesses, checked 2 steps after each
+    assert first <= 12 and first < due
+    assert switch.leader == SPECULATE and later.endswith("S" * 10)
+
+
+def test_the_shadow_checks_each_guess_against_the_tokens_that_follow():
+    """A guess counts the tokens it got right, in order, up to its first wrong one; a
+    speculative step or a new text ends the check with what matched so far."""
+    switch = PlainSwitch()
+    switch.arm, switch._step = PLAIN, 3
+    switch.guess((5, 6, 7))
+    switch.guess((5, 9))
+    switch.guess(())  # nothing to propose: no token right
+    assert switch.shadow == [0]
+    switch._check_guesses(SimpleNamespace(step=4, root=5))
+    switch._step = 4
+    assert switch.shadow == [0] and [g[1] for g in switch._guesses] == [1, 1]
+    switch._check_guesses(SimpleNamespace(step=5, root=6))  # (5, 9) ends at its wrong 9
+    switch._step = 5
+    assert switch.shadow == [0, 1] and switch._guesses == [[(5, 6, 7), 2]]
+    switch._check_guesses(SimpleNamespace(step=0, root=7))  # a new text: what matched so far
+    assert switch.shadow == [0, 1, 2] and switch._guesses == []
+    switch.guess(None)  # a drafter that does not say: no shadow from it
+    assert switch.shadow == [0, 1, 2]
+
+
+def test_shadow_drafting_in_the_decode_loop_is_exact_and_follows_the_guesses():
+    """Through the decoder: a drafter whose guesses miss is not probed after its first lost
+    probe; one that starts agreeing mid-text is probed within a few steps of it; the output is
+    plain greedy decoding's in both."""
+    events, tokens, want, builder, _ = decode(lambda n: False, switch=True, guessing=True)
+    assert tokens == want
+    assert all(plain(e) for e in events[sum(WARMUP) + 2 :]) and builder.switch.shadowed
+    prompt_len, stretch = 6, 30
+    events, tokens, want, builder, _ = decode(
+        lambda n: n >= prompt_len + stretch, switch=True, guessing=True
+    )
+    assert tokens == want
+    first = next(
+        e.step
+        for e in events
+        if not plain(e)
+        and prompt_len + sum(len(x.tokens) for x in events[: e.step]) >= prompt_len + stretch
+    )
+    agreeing = next(
+        e.step for e in events if sum(len(x.tokens) for x in events[: e.step]) >= stretch
+    )
+    assert first - agreeing <= EARLY_MIN + 2
+    assert builder.switch.leader == SPECULATE

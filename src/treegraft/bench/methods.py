@@ -32,7 +32,7 @@ from treegraft.bench.config import (
 from treegraft.bench.measure import ForwardMeter, StageTimer, synchronize
 from treegraft.bench.pairs import swap_model
 from treegraft.core.config import ConfigError, override, parse_yaml, pipeline_spec_from_dict
-from treegraft.core.decoder import StepEvent, StopRule
+from treegraft.core.decoder import ROOT_PATH, StepEvent, StopRule
 from treegraft.core.pipeline import Pipeline, eos_ids_of, resolve_pipeline
 from treegraft.core.registry import Registry
 from treegraft.core.resources import ModelRefError, Resources
@@ -230,10 +230,6 @@ class RunnerMethod:
             committed=len(generated),
             split=time_split(wall, timer.seconds(), 0.0, 0.0),
         )
-
-
-#: the accepted path of a one-node tree: its root
-ROOT_PATH = torch.zeros(1, dtype=torch.long)
 
 
 def runner_method(resources: Resources, pair: Pair, forward: str) -> RunnerMethod:

@@ -177,10 +177,13 @@ class Decoder:
         parts.scheduler.begin()
         self.history = AcceptHistory()
 
-    def context(self, prompt_len: int, clock: Clock, step: int | None = None) -> StepContext:
+    def context(
+        self, prompt_len: int, clock: Clock, step: int | None = None, parts: Parts | None = None
+    ) -> StepContext:
         """What the builder gets for the next step of the current generation (`step`: the decode
-        loop's step number; None for a build outside the loop, as the value system's plans)."""
-        parts = self.parts()
+        loop's step number; None for a build outside the loop, as the value system's plans;
+        `parts`: the step's `parts()`, when the caller has them)."""
+        parts = parts or self.parts()
         return StepContext(
             root=self.target.committed_ids()[-1],
             drafters=parts.drafters,
@@ -203,7 +206,7 @@ class Decoder:
         target forward, verify, commit, observe."""
         self._counter.step = step
         parts = self.parts()
-        ctx = self.context(prompt_len, clock, step)
+        ctx = self.context(prompt_len, clock, step, parts)
         with clock.time("build"):
             built = parts.builder.build(ctx)
             room = (
@@ -215,7 +218,7 @@ class Decoder:
             logits = self.target.forward_tree(built.tree)  # [n, V]
         with clock.time("verify"):
             verdict = parts.verifier.verify(built.tree, logits)
-            accepted = accepted_tokens(built, verdict)
+            accepted = plain_accepted(verdict) if built.plain else accepted_tokens(built, verdict)
             tokens, strong_accepted = accepted.tokens, accepted.strong
         keep, reason = stop.cut(generated, tokens)
         if reason is None:
@@ -316,6 +319,15 @@ class Accepted:
     unpruned: Tensor
     tokens: list[int]
     strong: int
+
+
+#: the accepted path of a tree of the root alone: the root
+ROOT_PATH = torch.zeros(1, dtype=torch.long)
+
+
+def plain_accepted(verdict: Verdict) -> Accepted:
+    """What a plain step (the root alone, `BuildResult.plain`) commits: the bonus token."""
+    return Accepted(path=ROOT_PATH, unpruned=ROOT_PATH, tokens=[int(verdict.bonus)], strong=0)
 
 
 def accepted_tokens(built: BuildResult, verdict: Verdict) -> Accepted:

@@ -66,6 +66,9 @@ class Peek(NamedTuple):
     expected: float
     #: probability of that proposal's first token (0 when the drafter has nothing to propose)
     first: float
+    #: the proposal's tokens, best first (() when the drafter has nothing to propose; None when
+    #: it does not say): the plain switch checks them against what plain decoding commits
+    chain: tuple[int, ...] | None = None
 
 
 @attrs.frozen

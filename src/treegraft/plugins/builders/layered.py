@@ -77,6 +77,13 @@ class LayeredConfig:
     probe_every: int = field(
         16, check=at_least(1), doc="plain steps between probes of speculation (`plain_switch`)"
     )
+    shadow: bool = field(
+        True,
+        doc="with `plain_switch`: while plain decoding leads, check the cheapest drafter's best "
+        "chain at each plain step against what plain decoding commits, and probe speculation "
+        "when those guesses would pay, not while none of them matched (drafters that say "
+        "their chain: the n-gram drafter)",
+    )
 
 
 @attrs.define
@@ -107,7 +114,11 @@ class LayeredBuilder(TreeBuilder):
 
     def build(self, step: StepContext) -> BuildResult:
         if self.switch is not None and self.switch.plain(step):
-            return plain_step(step)
+            built = plain_step(step)
+            if self.config.shadow and self.switch.wants_guess:
+                peek = step.drafters[0].peek(built.tree)  # shadow drafting: its guess
+                self.switch.guess(None if peek is None else peek.chain)
+            return built
         tree = DraftTree.from_root(step.root, device=step.root.device, dtype=step.dtype)
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         calls: list[int] = []

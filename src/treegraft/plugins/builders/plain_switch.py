@@ -47,6 +47,15 @@ speculation (a step of a tree whose drafts are rejected costs about two plain st
 token) is not measured to the end. So on a text where speculation loses, the builder decodes
 plainly but for a few short probes now and then, and comes back to speculation where it pays.
 
+Shadow drafting: while plain decoding leads, the builder hands the switch the cheapest drafter's
+best chain under each plain step's root (`guess`, from `Drafter.peek`), and the switch checks it
+against the tokens plain decoding then commits (each next step's root): how many tokens a tree
+would have accepted, known without drafting. A probe that falls due is skipped where
+`SHADOW_MIN` or more guesses matched no token (a lost probe, for the wait); a probe starts at
+once where the guesses' tokens per step, less the wait's multiple in tokens (weak or stale
+evidence), over a speculative step's measured seconds beat plain decoding's rate by `MARGIN`.
+A drafter that does not say its chain leaves the timed probes as they are.
+
 Lossless: a plain step is a valid draft tree (the root alone), so the output is the target's own,
 whatever the arm. The estimates live in the builder and carry over between generations.
 """
@@ -79,6 +88,11 @@ PROBE_MIN, CUT = 2, 0.75
 #: plain decoding's seconds per step get a slope in the context length once its measured
 #: lengths spread over at least this fraction of their mean
 SPREAD = 0.25
+#: shadow drafting: checked guesses before the shadow holds a probe back (none of them matched a
+#: token: `SHADOW_MIN`) or starts one early (they matched enough for speculation to pay: `EARLY_MIN`)
+SHADOW_MIN, EARLY_MIN = 4, 2
+#: a speculative step's cost in plain steps, where speculation has no measured step to say it
+SPEC_COST = 2.0
 
 
 @attrs.define
@@ -113,6 +127,12 @@ class PlainSwitch:
     _committed: int = attrs.field(default=0, init=False)
     _skip: bool = attrs.field(default=False, init=False)
     _called: bool = attrs.field(default=False, init=False)
+    #: shadow drafting: whether the cheapest drafter says its best chain at plain steps (`guess`);
+    #: the matched tokens of this text's checked guesses since the last probe of speculation; the
+    #: guesses still being checked, as [chain, tokens matched so far]
+    shadowed: bool = False
+    shadow: list[int] = attrs.field(factory=list)
+    _guesses: list[list] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.probe_every < 1:
@@ -161,9 +181,11 @@ class PlainSwitch:
             return False
         now = self.now()
         self._record(step, now)
+        self._check_guesses(step)
         if step.step == 0:  # a new text: speculation may pay on it, probe it more often
             self._called = False
             self.backoff = max(1, self.backoff // 2)
+            self.shadow = []
             if self.leader == SPECULATE and self.warm[SPECULATE]:
                 # ... and where it led, judge it on this text alone: the last text's bursts
                 # would keep it leading for many steps of a text where it loses
@@ -177,6 +199,64 @@ class PlainSwitch:
         self.idle[self.arm] = 0
         self.idle[1 - self.arm] += 1
         return self.arm == PLAIN
+
+    @property
+    def wants_guess(self) -> bool:
+        """Whether the shadow is read (`guess`): while plain decoding leads."""
+        return self.leader == PLAIN
+
+    def guess(self, chain: tuple[int, ...] | None) -> None:
+        """At a plain step: the cheapest drafter's best chain under the root (`Peek.chain`; None:
+        it does not say), checked against the tokens plain decoding commits next."""
+        if chain is None:
+            return
+        self.shadowed = True
+        if chain:
+            self._guesses.append([chain, 0])
+        else:
+            self.shadow.append(0)
+
+    def _check_guesses(self, step: StepContext) -> None:
+        """Check the pending guesses against the token the last plain step committed (this
+        step's root); after a speculative step or at a new text, keep what they matched so far."""
+        if not self._guesses:
+            return
+        if self.arm == PLAIN and self._step is not None and step.step == self._step + 1:
+            token, pending = int(step.root), []
+            for guess in self._guesses:
+                chain, matched = guess
+                if chain[matched] == token:
+                    guess[1] = matched = matched + 1
+                    if matched < len(chain):
+                        pending.append(guess)
+                        continue
+                self.shadow.append(matched)
+            self._guesses = pending
+        else:
+            self.shadow.extend(matched for _, matched in self._guesses)
+            self._guesses = []
+        del self.shadow[: -self.memory]
+
+    def shadow_says(self) -> bool | None:
+        """What the shadow says of speculation at the current length: True, it would pay (the
+        guesses' tokens per step over a speculative step's seconds beat plain decoding's rate by
+        `MARGIN`); False, it cannot (`SHADOW_MIN` guesses or more, not one token matched); None,
+        unsure, or no shadow."""
+        n = len(self.shadow)
+        line = self.plain_line()
+        if n < EARLY_MIN or line is None:
+            return None
+        hits = sum(self.shadow)
+        if hits == 0:
+            return False if n >= SHADOW_MIN else None
+        at = self._committed
+        plain_s = line(at)
+        spec = self.outcomes[SPECULATE]
+        spec_s = _seconds(spec, line, at) / len(spec) if spec else SPEC_COST * plain_s
+        # less the wait's multiple in tokens: few guesses, or a speculation that lost its last
+        # probes, need more matched tokens to start a probe
+        tokens = 1 + max(0, hits - self.backoff) / n
+        return True if tokens * plain_s > (1 + MARGIN) * spec_s else None
 
     def note(self, calls: tuple[int, ...]) -> None:
         """The drafters a speculative step called, layer by layer: the step of a generation's
@@ -218,10 +298,17 @@ class PlainSwitch:
             wait = self.probe_every * PLAIN_PROBE_FACTOR
         else:
             wait = self.probe_every * self.backoff
+            says = self.shadow_says()
+            if says:  # the shadow's guesses pay: probe now
+                wait = 0
+            elif says is False and self.idle[other] >= wait:  # they cannot: as a lost probe
+                self.idle[other], self.backoff = 0, min(2 * self.backoff, MAX_BACKOFF)
+                self.shadow = []
         if self.idle[other] < wait:
             return self.leader
         if other == SPECULATE:
             self.outcomes[other] = []  # a fresh estimate from the probe (plain's line keeps its)
+            self.shadow, self._guesses = [], []
         self.probing = WARMUP[other]  # the probe's first step may go unmeasured (catching up)
         return other
 
@@ -240,12 +327,18 @@ def _rate(
 ) -> float:
     """Tokens over seconds of `outcomes`; with a `line`, each step's seconds scaled from its own
     context length to `at`."""
-    if line is None or at is None:
-        seconds = sum(s for _, s, _ in outcomes)
-    else:
-        here = line(at)
-        seconds = sum(s * here / line(n) for _, s, n in outcomes)
+    seconds = _seconds(outcomes, line, at)
     return sum(t for t, _, _ in outcomes) / seconds if seconds > 0 else 0.0
+
+
+def _seconds(
+    outcomes: list[tuple[int, float, int]], line: Callable[[int], float] | None, at: int | None
+) -> float:
+    """Seconds of `outcomes`; with a `line`, each step's scaled from its context length to `at`."""
+    if line is None or at is None:
+        return sum(s for _, s, _ in outcomes)
+    here = line(at)
+    return sum(s * here / line(n) for _, s, n in outcomes)
 
 
 def plain_step(step: StepContext) -> BuildResult:

@@ -109,10 +109,10 @@ class NgramDrafter(Drafter):
         would rank first), valued with its calibrated scores; (0, 0) without a match."""
         rows = self._lookup(0, self._suffix(0, [], []), 1)
         if not rows:
-            return Peek(0.0, 0.0)
+            return Peek(0.0, 0.0, ())
         probs = [math.exp(logp) for logp in self._row_logp(rows[0])]  # rates are below 1
         # chance that the chain is right up to each of its tokens, summed
-        return Peek(sum(accumulate(probs, operator.mul)), probs[0])
+        return Peek(sum(accumulate(probs, operator.mul)), probs[0], rows[0].chain)
 
     def _suffix(self, node: int, tokens: list[int], parents: list[int]) -> list[int]:
         """The last `max_ngram` tokens of committed context + draft path to `node`."""

@@ -11,6 +11,7 @@ from treegraft.core.interfaces import Verdict, Verifier
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import greedy_accept
 from treegraft.kernels.greedy_accept.host import walk as host_walk
+from treegraft.kernels.host_tensor import host_tensor
 
 
 @attrs.define
@@ -22,6 +23,11 @@ class GreedyVerifier(Verifier):
 
     def verify(self, tree: DraftTree, target_logits: Tensor) -> Verdict:
         if _numpy_readable(target_logits) and tree.device.type == "cpu":
+            if tree.n_nodes == 1:  # a plain step: the root's argmax
+                bonus = int(target_logits.numpy()[0].argmax())
+                return Verdict(
+                    path=host_tensor([0]), length=host_tensor(1), bonus=host_tensor(bonus)
+                )
             return walk_host(tree.tokens, tree.parents, target_logits)
         argmax = row_argmax(target_logits).to(tree.tokens.device)  # [n]
         acc = greedy_accept(tree.tokens, tree.parents, argmax)
