@@ -429,3 +429,23 @@ def test_shadow_drafting_in_the_decode_loop_is_exact_and_follows_the_guesses():
     )
     assert first - agreeing <= EARLY_MIN + 2
     assert builder.switch.leader == SPECULATE
+
+
+def test_a_plain_stretch_does_not_compare_the_rates_again(monkeypatch):
+    """While plain decoding leads, a plain step leaves speculation's estimate as it was, so the
+    rates are compared only after speculative steps (a plain stretch stays cheap); the shadow
+    reads no rate while its guesses show no token beyond the wait's multiple."""
+    clock = [0.0]
+    switch = PlainSwitch(probe_every=4, now=lambda: clock[0])
+    drive_shadow(switch, clock, 40, spec_rate=0.5, hits=lambda i: False)
+    assert switch.leader == PLAIN
+    compared = []
+    real = PlainSwitch._rates_at
+    monkeypatch.setattr(
+        PlainSwitch, "_rates_at", lambda self, at: compared.append(at) or real(self, at)
+    )
+    lines = []
+    real_line = PlainSwitch.plain_line
+    monkeypatch.setattr(PlainSwitch, "plain_line", lambda self: lines.append(1) or real_line(self))
+    arms, _ = drive_shadow(switch, clock, 60, spec_rate=0.5, hits=lambda i: False, start=40)
+    assert arms == "P" * 60 and compared == [] and lines == []

@@ -93,6 +93,10 @@ SPREAD = 0.25
 SHADOW_MIN, EARLY_MIN = 4, 2
 #: a speculative step's cost in plain steps, where speculation has no measured step to say it
 SPEC_COST = 2.0
+#: the guesses' tokens per step (1 + matched) that can start a probe early: a speculative tree
+#: verifies less than its drafter's top chain where that drafter's measured rates are low
+#: (the adaptive size), so a few matched tokens are no evidence that speculation pays
+EARLY_TOKENS = 2.0
 
 
 @attrs.define
@@ -243,19 +247,21 @@ class PlainSwitch:
         `MARGIN`); False, it cannot (`SHADOW_MIN` guesses or more, not one token matched); None,
         unsure, or no shadow."""
         n = len(self.shadow)
-        line = self.plain_line()
-        if n < EARLY_MIN or line is None:
+        if n < EARLY_MIN:
             return None
         hits = sum(self.shadow)
         if hits == 0:
             return False if n >= SHADOW_MIN else None
+        # less the wait's multiple in tokens: few guesses, or a speculation that lost its last
+        # probes, need more matched tokens to start a probe
+        tokens = 1 + (hits - self.backoff) / n
+        line = self.plain_line()
+        if tokens < EARLY_TOKENS or line is None:
+            return None
         at = self._committed
         plain_s = line(at)
         spec = self.outcomes[SPECULATE]
         spec_s = _seconds(spec, line, at) / len(spec) if spec else SPEC_COST * plain_s
-        # less the wait's multiple in tokens: few guesses, or a speculation that lost its last
-        # probes, need more matched tokens to start a probe
-        tokens = 1 + max(0, hits - self.backoff) / n
         return True if tokens * plain_s > (1 + MARGIN) * spec_s else None
 
     def note(self, calls: tuple[int, ...]) -> None:
@@ -284,16 +290,23 @@ class PlainSwitch:
             self.probing -= 1
             return self.arm
         for arm in (SPECULATE, PLAIN):
-            self.warm[arm] = self.warm[arm] or self.steps[arm] >= WARMUP[arm]
             if not self.warm[arm]:
-                return arm
-        other, rates = 1 - self.leader, self._rates_at(self._committed)
-        if rates[other] > (1.0 + MARGIN) * rates[self.leader]:
-            self.leader, other = other, self.leader
-            self.backoff = 1
-        elif self.arm == SPECULATE and self.leader == PLAIN:
-            # a probe of speculation just ended and plain decoding still leads
-            self.backoff = min(2 * self.backoff, MAX_BACKOFF)
+                self.warm[arm] = len(self.outcomes[arm]) >= WARMUP[arm]
+                if not self.warm[arm]:
+                    return arm
+        other = 1 - self.leader
+        # after a plain step while plain decoding leads, speculation's estimate is as it was and
+        # the ratio of the two rates does not move with the context length (both scale by
+        # plain decoding's line): the comparison is not made again (a plain stretch's steps
+        # stay as cheap as they can)
+        if not self.leader == self.arm == PLAIN:
+            rates = self._rates_at(self._committed)
+            if rates[other] > (1.0 + MARGIN) * rates[self.leader]:
+                self.leader, other = other, self.leader
+                self.backoff = 1
+            elif self.arm == SPECULATE and self.leader == PLAIN:
+                # a probe of speculation just ended and plain decoding still leads
+                self.backoff = min(2 * self.backoff, MAX_BACKOFF)
         if self.leader == SPECULATE:
             wait = self.probe_every * PLAIN_PROBE_FACTOR
         else:
@@ -301,9 +314,12 @@ class PlainSwitch:
             says = self.shadow_says()
             if says:  # the shadow's guesses pay: probe now
                 wait = 0
-            elif says is False and self.idle[other] >= wait:  # they cannot: as a lost probe
-                self.idle[other], self.backoff = 0, min(2 * self.backoff, MAX_BACKOFF)
-                self.shadow = []
+            elif self.idle[other] >= wait and self.shadowed:
+                if says is False:  # they cannot pay: as a lost probe
+                    self.idle[other], self.backoff = 0, min(2 * self.backoff, MAX_BACKOFF)
+                    self.shadow = []
+                if len(self.shadow) < SHADOW_MIN:  # too few on this text to say: wait for them
+                    return self.leader
         if self.idle[other] < wait:
             return self.leader
         if other == SPECULATE:
