@@ -50,10 +50,11 @@ plainly but for a few short probes now and then, and comes back to speculation w
 Shadow drafting: while plain decoding leads, the builder hands the switch the cheapest drafter's
 best chain under each plain step's root (`guess`, from `Drafter.peek`), and the switch checks it
 against the tokens plain decoding then commits (each next step's root): how many tokens a tree
-would have accepted, known without drafting. A probe that falls due is skipped where
-`SHADOW_MIN` or more guesses matched no token (a lost probe, for the wait); a probe starts at
-once where the guesses' tokens per step, less the wait's multiple in tokens (weak or stale
-evidence), over a speculative step's measured seconds beat plain decoding's rate by `MARGIN`.
+would have accepted, known without drafting. A probe that falls due waits for `SHADOW_MIN`
+checked guesses of the current text and is skipped where none of them matched a token (a lost
+probe, for the wait); a probe starts at once where the guesses' tokens per step, less the
+wait's multiple in tokens (weak or stale evidence), reach `EARLY_TOKENS` and, over a
+speculative step's measured seconds, beat plain decoding's rate by `MARGIN`.
 A drafter that does not say its chain leaves the timed probes as they are.
 
 Lossless: a plain step is a valid draft tree (the root alone), so the output is the target's own,
