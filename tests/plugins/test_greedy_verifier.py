@@ -79,3 +79,21 @@ def test_bfloat16_logits_take_the_kernel_path():
     logits[0, 2] = 1.0
     verdict = GreedyVerifier(NoConfig()).verify(DraftTree.from_parents(tokens, parents), logits)
     assert verdict.path.tolist() == [0, 2, -1] and int(verdict.bonus) == 0
+
+
+@given(
+    cols=st.integers(1, 40),
+    dtype=st.sampled_from(DTYPES),
+    data=st.data(),
+)
+def test_a_tree_of_the_root_alone_gives_the_roots_argmax(cols, dtype, data):
+    """A plain step's tree (the root alone): the verdict is the kernel's, ties to the first
+    maximum (the verifier's shortcut for one node)."""
+    values = data.draw(st.lists(st.integers(-3, 3), min_size=cols, max_size=cols))
+    logits = torch.tensor(values, dtype=dtype).reshape(1, cols)
+    tree = DraftTree.from_root(data.draw(st.integers(0, cols - 1)))
+    got = GreedyVerifier(NoConfig()).verify(tree, logits)
+    want = greedy_accept(tree.tokens, tree.parents, logits.argmax(-1))
+    assert got.path.tolist() == want.path.tolist() == [0]
+    assert int(got.length) == int(want.length) == 1
+    assert int(got.bonus) == int(want.bonus) == int(logits[0].argmax())

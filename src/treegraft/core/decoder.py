@@ -218,7 +218,8 @@ class Decoder:
             logits = self.target.forward_tree(built.tree)  # [n, V]
         with clock.time("verify"):
             verdict = parts.verifier.verify(built.tree, logits)
-            accepted = plain_accepted(verdict) if built.plain else accepted_tokens(built, verdict)
+            root_alone = built.tree.n_nodes == 1
+            accepted = plain_accepted(verdict) if root_alone else accepted_tokens(built, verdict)
             tokens, strong_accepted = accepted.tokens, accepted.strong
         keep, reason = stop.cut(generated, tokens)
         if reason is None:
@@ -326,7 +327,7 @@ ROOT_PATH = torch.zeros(1, dtype=torch.long)
 
 
 def plain_accepted(verdict: Verdict) -> Accepted:
-    """What a plain step (the root alone, `BuildResult.plain`) commits: the bonus token."""
+    """What a step whose tree is the root alone (a plain step) commits: the bonus token."""
     return Accepted(path=ROOT_PATH, unpruned=ROOT_PATH, tokens=[int(verdict.bonus)], strong=0)
 
 

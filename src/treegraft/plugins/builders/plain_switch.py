@@ -244,9 +244,9 @@ class PlainSwitch:
 
     def shadow_says(self) -> bool | None:
         """What the shadow says of speculation at the current length: True, it would pay (the
-        guesses' tokens per step over a speculative step's seconds beat plain decoding's rate by
-        `MARGIN`); False, it cannot (`SHADOW_MIN` guesses or more, not one token matched); None,
-        unsure, or no shadow."""
+        guesses' tokens per step, less the wait's multiple, reach `EARLY_TOKENS` and over a
+        speculative step's seconds beat plain decoding's rate by `MARGIN`); False, it cannot
+        (`SHADOW_MIN` guesses or more, not one token matched); None, unsure, or no shadow."""
         n = len(self.shadow)
         if n < EARLY_MIN:
             return None
