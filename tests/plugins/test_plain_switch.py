@@ -449,3 +449,12 @@ def test_a_plain_stretch_does_not_compare_the_rates_again(monkeypatch):
     monkeypatch.setattr(PlainSwitch, "plain_line", lambda self: lines.append(1) or real_line(self))
     arms, _ = drive_shadow(switch, clock, 60, spec_rate=0.5, hits=lambda i: False, start=40)
     assert arms == "P" * 60 and compared == [] and lines == []
+
+
+def test_shadow_drafting_can_be_turned_off():
+    """`shadow: false`: the switch reads no guesses, so a drafter's chains leave its timed probes
+    as they are."""
+    on = LayeredBuilder(LayeredConfig(plain_switch=True)).switch
+    off = LayeredBuilder(LayeredConfig(plain_switch=True, shadow=False)).switch
+    on.leader = off.leader = PLAIN
+    assert on.wants_guess and not off.wants_guess

@@ -218,8 +218,7 @@ class Decoder:
             logits = self.target.forward_tree(built.tree)  # [n, V]
         with clock.time("verify"):
             verdict = parts.verifier.verify(built.tree, logits)
-            root_alone = built.tree.n_nodes == 1
-            accepted = plain_accepted(verdict) if root_alone else accepted_tokens(built, verdict)
+            accepted = accepted_tokens(built, verdict)
             tokens, strong_accepted = accepted.tokens, accepted.strong
         keep, reason = stop.cut(generated, tokens)
         if reason is None:
@@ -326,15 +325,13 @@ class Accepted:
 ROOT_PATH = torch.zeros(1, dtype=torch.long)
 
 
-def plain_accepted(verdict: Verdict) -> Accepted:
-    """What a step whose tree is the root alone (a plain step) commits: the bonus token."""
-    return Accepted(path=ROOT_PATH, unpruned=ROOT_PATH, tokens=[int(verdict.bonus)], strong=0)
-
-
 def accepted_tokens(built: BuildResult, verdict: Verdict) -> Accepted:
     """What the verdict commits: on CPU read as Python lists; elsewhere in one host read (the
-    accept decision, the step's only wait for the device)."""
+    accept decision, the step's only wait for the device). A tree of the root alone (a plain
+    step) commits the bonus token, read alone."""
     tree = built.tree
+    if tree.n_nodes == 1:
+        return Accepted(path=ROOT_PATH, unpruned=ROOT_PATH, tokens=[int(verdict.bonus)], strong=0)
     if tree.device.type != "cpu":
         return accepted_tokens_on_device(built, verdict)
     path = verdict.path[: int(verdict.length)]

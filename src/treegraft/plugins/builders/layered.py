@@ -97,7 +97,9 @@ class LayeredBuilder(TreeBuilder):
 
     def __attrs_post_init__(self) -> None:
         if self.config.plain_switch:
-            self.switch = PlainSwitch(probe_every=self.config.probe_every)
+            self.switch = PlainSwitch(
+                probe_every=self.config.probe_every, shadowing=self.config.shadow
+            )
 
     def max_nodes(self) -> int:
         return self.config.budget + 1
@@ -115,7 +117,7 @@ class LayeredBuilder(TreeBuilder):
     def build(self, step: StepContext) -> BuildResult:
         if self.switch is not None and self.switch.plain(step):
             built = plain_step(step)
-            if self.config.shadow and self.switch.wants_guess:
+            if self.switch.wants_guess:
                 peek = step.drafters[0].peek(built.tree)  # shadow drafting: its guess
                 self.switch.guess(None if peek is None else peek.chain)
             return built

@@ -108,11 +108,13 @@ class PlainSwitch:
         probe_every: steps of plain decoding, while it leads, before speculation is probed again.
         memory: measured steps per arm whose tokens per second make its estimate.
         now: the wall clock (seconds), replaceable in tests.
+        shadowing: whether it reads guesses at plain steps (shadow drafting, `wants_guess`).
     """
 
     probe_every: int = 16
     memory: int = 16
     now: Callable[[], float] = time.perf_counter
+    shadowing: bool = True
     arm: int = SPECULATE
     #: the arm that leads, and the wait between probes of speculation (times `probe_every`)
     leader: int = SPECULATE
@@ -207,8 +209,9 @@ class PlainSwitch:
 
     @property
     def wants_guess(self) -> bool:
-        """Whether the shadow is read (`guess`): while plain decoding leads."""
-        return self.leader == PLAIN
+        """Whether the shadow is read (`guess`): with shadow drafting, while plain decoding
+        leads."""
+        return self.shadowing and self.leader == PLAIN
 
     def guess(self, chain: tuple[int, ...] | None) -> None:
         """At a plain step: the cheapest drafter's best chain under the root (`Peek.chain`; None:

@@ -23,11 +23,6 @@ class GreedyVerifier(Verifier):
 
     def verify(self, tree: DraftTree, target_logits: Tensor) -> Verdict:
         if _numpy_readable(target_logits) and tree.device.type == "cpu":
-            if tree.n_nodes == 1:  # a plain step: the root's argmax
-                bonus = int(target_logits.numpy()[0].argmax())
-                return Verdict(
-                    path=host_tensor([0]), length=host_tensor(1), bonus=host_tensor(bonus)
-                )
             return walk_host(tree.tokens, tree.parents, target_logits)
         argmax = row_argmax(target_logits).to(tree.tokens.device)  # [n]
         acc = greedy_accept(tree.tokens, tree.parents, argmax)
@@ -51,6 +46,9 @@ def walk_host(tokens: Tensor, parents: Tensor, logits: Tensor) -> Verdict:
     instead of `n`, and no kernel dispatch.
     """
     rows = logits.numpy()
+    if tokens.shape[0] == 1:  # the root alone (a plain step): its argmax, no walk
+        bonus = int(rows[0].argmax())
+        return Verdict(path=host_tensor([0]), length=host_tensor(1), bonus=host_tensor(bonus))
     acc = host_walk(tokens.tolist(), parents.tolist(), lambda node: int(rows[node].argmax()))
     return Verdict(path=acc.path, length=acc.length, bonus=acc.bonus)
 
