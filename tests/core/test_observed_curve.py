@@ -77,6 +77,17 @@ def test_a_machine_uniformly_slower_or_faster_is_followed_exactly(scale, sizes):
     np.testing.assert_allclose(curve.seconds, [scale * s for s in curve.measured.seconds])
 
 
+def test_interleaved_sizes_each_go_to_their_own_point_with_their_own_ratio():
+    """Sizes alternate (plain steps' one token between trees); each observation is held against
+    the measured seconds of its own size at its own point, however often a size recurs."""
+    curve = ObservedCurve(measured(), evidence=1)
+    for q, ratio in ((5, 2.0), (1, 3.0), (5, 2.0), (1, 3.0), (32, 0.5), (1, 3.0)):
+        curve.observe(q, ratio * curve.measured(q))
+    want = [[3.0] * 3, [], [2.0] * 2, [], [], [0.5]]
+    assert [len(r) for r in curve.ratios] == [len(r) for r in want]
+    assert [x for r in curve.ratios for x in r] == pytest.approx([x for r in want for x in r])
+
+
 def test_unseen_names_each_point_lacking_evidence_smallest_first_at_its_pace():
     curve = ObservedCurve(measured(), evidence=2, pace=3)
     assert curve.unseen(32) == 1  # nothing observed yet: the first probe is allowed at once

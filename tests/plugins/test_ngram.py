@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from treegraft.core.tree import DraftTree
 from treegraft.plugins.drafters.ngram import NgramConfig, NgramDrafter
@@ -87,3 +89,42 @@ def test_peek_values_the_chain_expand_ranks_first_without_changing_state():
 def test_peek_without_a_match_expects_nothing():
     d = drafter([1, 2, 3], max_ngram=2, min_ngram=2)
     assert tuple(d.peek(DraftTree.from_root(3))) == (0.0, 0.0, ())
+
+
+def test_calibration_rates_follow_every_record_between_reads():
+    """The log rates are read many times per step and cached per match length: a record must
+    show in the next read (a stale cache would keep the rates of the first read)."""
+    d = drafter([1, 2, 3], max_ngram=2, chain_len=2)
+    cal = d.calibration
+    seen = []
+    for hit in (True, True, False, True):
+        cal.record(2, 1, hit)
+        seen.append(cal.log_rate(2, 1))
+        assert cal.log_rates(1) == [math.log(0.5)] * 2  # other match lengths untouched
+    assert seen == [math.log(2 / 3), math.log(3 / 4), math.log(3 / 5), math.log(4 / 6)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    context=st.lists(st.integers(0, 4), min_size=2, max_size=60),
+    max_matches=st.integers(1, 8),
+)
+def test_the_best_row_is_the_first_of_the_ranked_rows(context, max_matches):
+    """`k=1` (a peek, one row per node) takes the most voted continuation, the newest on ties,
+    without sorting: the same row that ranks first among all of them."""
+    d = drafter(context, max_ngram=3, chain_len=2, max_matches=max_matches)
+    suffix = context[-3:]
+    best, ranked = d._lookup(0, suffix, 1), d._lookup(0, suffix, 10)
+    assert best == ranked[:1]
+    if ranked:  # votes by hand: the occurrences with a continuation, the last `max_matches`
+        n = ranked[0].match_len
+        ends = [
+            p for p in range(n - 1, len(context) - 1) if context[p - n + 1 : p + 1] == suffix[-n:]
+        ]
+        ends = ends[-max_matches:]
+        votes = [context[p + 1] for p in ends]
+        top = max(
+            set(votes), key=lambda t: (votes.count(t), max(p for p in ends if context[p + 1] == t))
+        )
+        assert ranked[0].chain[0] == top
+        assert ranked[0].log_share == math.log(votes.count(top) / len(ends))

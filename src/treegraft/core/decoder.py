@@ -124,8 +124,12 @@ class Decoder:
         value system swaps schedulers between steps) or `TREEGRAFT_CHECKS` changes."""
         key = (
             check_mode(),
-            *(id(getattr(self, r)) for r in ("drafters", "builder", "scheduler", "verifier")),
-            *(id(getattr(self, r)) for r in ("rescorer", "grafter")),
+            id(self.drafters),
+            id(self.builder),
+            id(self.scheduler),
+            id(self.verifier),
+            id(self.rescorer),
+            id(self.grafter),
         )
         if self._parts is None or self._parts[0] != key:
             self._parts = (key, guarded_parts(self, self.origins, self._counter))

@@ -459,6 +459,16 @@ class CausalLMRunner:
         """
         n_new = int(tokens.shape[0])
         self._ensure_capacity(self.n_committed + n_new)
+        if self.n_seen or self.n_pending:  # else nothing of this step is cached (not called)
+            self._keep(accepted)
+        new = tokens.to(self.device, non_blocking=True)  # async from a pinned buffer (decoder)
+        self.committed[self.n_committed : self.n_committed + n_new] = new
+        self.n_committed += n_new
+        self.n_pending = self.n_seen = 0
+
+    def _keep(self, accepted: Tensor) -> None:
+        """Keep the keys/values of this step's pending tokens and seen accepted nodes, moved to
+        follow the cached ones."""
         seen = [a for a in accepted.tolist() if a < self.n_seen]
         keep = [*range(self.n_pending), *(self.n_pending + a for a in seen)]
         # slots before the first one out of place already sit where they belong
@@ -469,10 +479,6 @@ class CausalLMRunner:
             if self.hidden is not None:  # the features move with their keys and values
                 self.hidden[self.n_cached + first : self.n_cached + len(keep)] = self.hidden[moved]
         self.n_cached += len(keep)
-        new = tokens.to(self.device, non_blocking=True)  # async from a pinned buffer (decoder)
-        self.committed[self.n_committed : self.n_committed + n_new] = new
-        self.n_committed += n_new
-        self.n_pending = self.n_seen = 0
 
     def track_hidden(self) -> None:
         """Keep the final-norm hidden state of every token forwarded (what the output head

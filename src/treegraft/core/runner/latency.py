@@ -95,6 +95,9 @@ class ObservedCurve:
     observed: int = 0
     probed_at: int = attrs.field(default=-(10**9))
     _current: LatencyCurve | None = attrs.field(default=None, init=False, repr=False, eq=False)
+    #: per forward size observed: the measured curve's seconds there and its nearest point (the
+    #: decode loop observes every forward; most are of a few sizes, plain steps' one token)
+    _at: dict[int, tuple[float, int]] = attrs.field(factory=dict, init=False, repr=False, eq=False)
 
     @ratios.default
     def _no_ratios(self) -> list[list[float]]:
@@ -102,10 +105,15 @@ class ObservedCurve:
 
     def observe(self, tokens: int, seconds: float) -> None:
         """One forward of `tokens` tokens took `seconds` (wall, as the decode loop timed it)."""
-        expected = self.measured(tokens)
-        if tokens < 1 or not seconds > 0 or not expected > 0 or not math.isfinite(seconds):
+        if tokens < 1 or not seconds > 0 or not math.isfinite(seconds):
             return
-        ratios = self.ratios[self.point(tokens)]
+        at = self._at.get(tokens)
+        if at is None:
+            at = self._at[tokens] = (self.measured(tokens), self.point(tokens))
+        expected, point = at
+        if not expected > 0:
+            return
+        ratios = self.ratios[point]
         ratios.append(seconds / expected)
         del ratios[: -self.window]
         self.observed += 1

@@ -67,10 +67,10 @@ import time
 from collections.abc import Callable
 
 import attrs
-import torch
 
 from treegraft.core.interfaces import BuildResult, StepContext
 from treegraft.core.tree import DraftTree
+from treegraft.kernels.host_tensor import host_tensor
 
 #: the arms: the builder's own tree, or the root alone (plain decoding)
 SPECULATE, PLAIN = 0, 1
@@ -364,5 +364,5 @@ def _seconds(
 def plain_step(step: StepContext) -> BuildResult:
     """A step without drafting: the root alone, verified by one target forward of one token."""
     tree = DraftTree.from_root(step.root, device=step.root.device, dtype=step.dtype)
-    kept = torch.zeros(1, dtype=torch.long, device=tree.device)
+    kept = host_tensor([0], device=tree.device)
     return BuildResult(tree=tree, kept=kept, calls=(), unpruned=tree, plain=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections import Counter, defaultdict
+from collections import defaultdict
 from itertools import accumulate
 
 import attrs
@@ -53,12 +53,24 @@ class Calibration:
         shape = (max_ngram + 1, chain_len)
         return cls(np.zeros(shape), np.zeros(shape))
 
+    #: per match length: the log rates of its chain positions, as read (`log_rates`)
+    _logs: dict[int, list[float]] = attrs.field(factory=dict, init=False, repr=False, eq=False)
+
     def log_rate(self, n: int, t: int) -> float:
-        return math.log((float(self.hits[n, t]) + 1.0) / (float(self.trials[n, t]) + 2.0))
+        return self.log_rates(n)[t]
+
+    def log_rates(self, n: int) -> list[float]:
+        """The log rate of each chain position of proposals matched on `n` tokens."""
+        logs = self._logs.get(n)
+        if logs is None:
+            rows = zip(self.hits[n].tolist(), self.trials[n].tolist(), strict=True)
+            logs = self._logs[n] = [math.log((h + 1.0) / (t + 2.0)) for h, t in rows]
+        return logs
 
     def record(self, n: int, t: int, hit: bool) -> None:
         self.trials[n, t] += 1
         self.hits[n, t] += float(hit)
+        self._logs.pop(n, None)
 
 
 @attrs.frozen
@@ -129,18 +141,26 @@ class NgramDrafter(Drafter):
         last = len(self.context) - 1
         for n in range(min(self.config.max_ngram, len(suffix)), self.config.min_ngram - 1, -1):
             # positions are appended in order, so only the newest can lack a continuation
-            recent = self.index.get(tuple(suffix[-n:]), [])[-self.config.max_matches - 1 :]
-            ends = [p for p in recent if p < last][-self.config.max_matches :]
+            ends = self.index.get(tuple(suffix[-n:]), [])[-self.config.max_matches - 1 :]
+            if ends and ends[-1] >= last:
+                ends = ends[:-1]
+            ends = ends[-self.config.max_matches :]
             if ends:
                 return self._vote(node, ends, n, k)
         return []
 
     def _vote(self, node: int, ends: list[int], n: int, k: int) -> list[_Row]:
-        votes = Counter(self.context[p + 1] for p in ends)
+        context = self.context
+        votes: dict[int, int] = {}
         recent: dict[int, int] = {}
         for p in ends:  # most recent occurrence wins
-            recent[self.context[p + 1]] = p
-        ranked = sorted(votes, key=lambda tok: (-votes[tok], -recent[tok]))[:k]
+            tok = context[p + 1]
+            votes[tok] = votes.get(tok, 0) + 1
+            recent[tok] = p
+        if k == 1:  # the best alone (a peek, or one row per node): no sort
+            ranked = [max(votes, key=lambda tok: (votes[tok], recent[tok]))]
+        else:
+            ranked = sorted(votes, key=lambda tok: (-votes[tok], -recent[tok]))[:k]
         cl = self.config.chain_len
         return [
             _Row(
@@ -165,16 +185,16 @@ class NgramDrafter(Drafter):
         )
 
     def _row_logp(self, row: _Row) -> list[float]:
-        cal = self.calibration
-        first = row.log_share + cal.log_rate(row.match_len, 0)
-        return [first] + [cal.log_rate(row.match_len, t) for t in range(1, len(row.chain))]
+        rates = self.calibration.log_rates(row.match_len)
+        return [row.log_share + rates[0], *rates[1 : len(row.chain)]]
 
     def rewind(self) -> None:
         self.rows = []
 
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
         new = tokens.tolist()
-        self._learn(accepted.tolist(), new)
+        if self.rows:  # what it proposed this step (none where it was not called)
+            self._learn(accepted.tolist(), new)
         self.rows = []
         self._append(new)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import attrs
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -11,7 +12,6 @@ from treegraft.core.interfaces import Verdict, Verifier
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import greedy_accept
 from treegraft.kernels.greedy_accept.host import walk as host_walk
-from treegraft.kernels.host_tensor import host_tensor
 
 
 @attrs.define
@@ -47,8 +47,12 @@ def walk_host(tokens: Tensor, parents: Tensor, logits: Tensor) -> Verdict:
     """
     rows = logits.numpy()
     if tokens.shape[0] == 1:  # the root alone (a plain step): its argmax, no walk
-        bonus = int(rows[0].argmax())
-        return Verdict(path=host_tensor([0]), length=host_tensor(1), bonus=host_tensor(bonus))
+        bonus, host = rows[0].argmax(), torch.from_numpy
+        return Verdict(
+            path=host(np.zeros(1, np.int64)),
+            length=host(np.array(1, np.int64)),
+            bonus=host(np.array(bonus, np.int64)),
+        )
     acc = host_walk(tokens.tolist(), parents.tolist(), lambda node: int(rows[node].argmax()))
     return Verdict(path=acc.path, length=acc.length, bonus=acc.bonus)
 
