@@ -167,8 +167,11 @@ class DraftTree:
 
     @property
     def n_nodes(self) -> int:
-        """Number of nodes, root included (known on the host without a device sync)."""
-        return int(self.tokens.shape[0])
+        """Number of nodes, root included (known on the host without a device sync; from the
+        host lists where the tree has them: read several times per step, a tensor's shape costs
+        more)."""
+        host = self._host
+        return len(host.tokens) if host is not None else int(self.tokens.shape[0])
 
     @property
     def device(self) -> torch.device:
