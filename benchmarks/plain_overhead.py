@@ -7,7 +7,7 @@ step's event), so it costs more than plain decoding's bare loop. This script mea
 cost, side by side in one process: for each prompt (the first `--per-suite` of each zoo suite,
 rounds rotating the order) the shipped pipeline with its switch held on plain decoding
 (shadow drafting included) and plain greedy decoding through a runner of the same target and
-forward (what `treegraft bench` calls `ar-runner`) generate `--max-new-tokens` tokens each. Prints
+forward (`treegraft bench`'s own `ar-runner`) generate up to `--max-new-tokens` tokens each. Prints
 per method the median over runs of the time outside the target's forward per token, the forward's
 time per token, and the pipeline's tokens per second over plain decoding's (the median of the
 paired ratios), and checks that both outputs are the same. Run from the repository root:
@@ -19,16 +19,16 @@ paired ratios), and checks that both outputs are the same. Run from the reposito
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Annotated
 
 import torch
 import typer
 
+from treegraft.bench.config import AR_RUNNER
+from treegraft.bench.methods import PipelineMethod, RunnerMethod
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner
-from treegraft.core.tree import DraftTree
 from treegraft.plugins.builders.plain_switch import PLAIN, PlainSwitch
 from treegraft.zoo import SUITES, load_suite
 
@@ -39,24 +39,6 @@ class PlainOnly(PlainSwitch):
     def _choose(self) -> int:
         self.leader = PLAIN
         return PLAIN
-
-
-def plain_decode(runner: CausalLMRunner, prompt: torch.Tensor, new: int) -> tuple[list[int], float]:
-    """Greedy decoding through `runner`, one forward per token: (tokens, forward seconds)."""
-    runner.begin(prompt, max_len=prompt.numel() + new + 2)
-    out: list[int] = []
-    zero = torch.zeros(1, dtype=torch.long)
-    forward = 0.0
-    with torch.inference_mode():
-        for _ in range(new):
-            root = DraftTree.from_root(runner.committed_ids()[-1])
-            start = time.perf_counter()
-            logits = runner.forward_tree(root)
-            forward += time.perf_counter() - start
-            token = int(logits[0].argmax())
-            runner.commit(zero, torch.tensor([token]))
-            out.append(token)
-    return out, forward
 
 
 def main(
@@ -80,38 +62,33 @@ def main(
     builder.switch = PlainOnly(
         probe_every=builder.switch.probe_every, shadowing=builder.switch.shadowing
     )
-    # the plain decoding: a runner of its own over the same model, forwarding the same way
+    # the plain decoding: `treegraft bench`'s `ar-runner`, a runner of its own over the same model
     target = pipe.decoder.target
-    runner = CausalLMRunner(target.model, forward=target.forward)
+    eos = pipe.stop_rule(max_new_tokens).eos_ids
+    methods = {
+        "pipeline (plain)": PipelineMethod.create(pipeline, pipe),
+        "plain (runner)": RunnerMethod(
+            AR_RUNNER, CausalLMRunner(target.model, forward=target.forward), eos
+        ),
+    }
     prompts = [pipe.encode(p["prompt"]) for s in SUITES[:suites] for p in load_suite(s)[:per_suite]]
-    pipe.prepare(prompts[0])
-    pipe.generate(prompts[0], max_new_tokens=8)  # warm-up, untimed
-    plain_decode(runner, prompts[0], 8)
-    rows: dict[str, list[tuple[float, float]]] = {"pipeline (plain)": [], "plain (runner)": []}
+    for method in methods.values():  # warm-up (and the pipeline's one-time measurements), untimed
+        method.run(prompts[0], 8)
+    rows: dict[str, list[tuple[float, float]]] = {label: [] for label in methods}
     ratios, differ = [], 0
     for r in range(rounds):
         for i, ids in enumerate(prompts):
-            order = ["pipe", "plain"] if (r + i) % 2 == 0 else ["plain", "pipe"]
-            walls = {}
-            for who in order:
-                start = time.perf_counter()
-                if who == "pipe":
-                    events = list(pipe.steps(ids, max_new_tokens=max_new_tokens))
-                    wall = time.perf_counter() - start
-                    out = [t for e in events for t in e.tokens]
-                    forward = sum(e.times.get("target", 0.0) for e in events)
-                    label = "pipeline (plain)"
-                    pipe_out = out
-                else:
-                    out, forward = plain_decode(runner, ids, max_new_tokens)
-                    wall = time.perf_counter() - start
-                    label = "plain (runner)"
-                    plain_out = out
-                n = len(out)
-                rows[label].append(((wall - forward) / n * 1e6, forward / n * 1e6))
-                walls[who] = wall / n
-            ratios.append(walls["plain"] / walls["pipe"])
-            differ += pipe_out != plain_out[: len(pipe_out)]
+            labels = list(methods) if (r + i) % 2 == 0 else list(methods)[::-1]
+            runs = {label: methods[label].run(ids, max_new_tokens) for label in labels}
+            for label, run in runs.items():
+                n, forward = len(run.output_ids), run.split["target"]
+                rows[label].append(((run.wall_s - forward) / n * 1e6, forward / n * 1e6))
+            pipe_run, plain_run = runs["pipeline (plain)"], runs["plain (runner)"]
+            ratios.append(
+                (len(pipe_run.output_ids) / pipe_run.wall_s)
+                / (len(plain_run.output_ids) / plain_run.wall_s)
+            )
+            differ += pipe_run.output_ids != plain_run.output_ids
     print(
         f"{pipeline}, switch held on plain decoding; {len(ratios)} runs of {max_new_tokens} tokens"
     )

@@ -118,17 +118,9 @@ class DraftTree:
         with its host lists."""
         root = int(token)
         ints = np.array([[root], [-1], [0], [NO_DRAFTER], [NO_DRAFTER]], dtype=np.int64)
-        reals = np.zeros((2, 1), dtype=real)
-        from_numpy = torch.from_numpy
-        out = cls(
-            from_numpy(ints[0]),  # tokens
-            from_numpy(ints[1]),  # parents
-            from_numpy(ints[2]),  # depth
-            from_numpy(reals[0]),  # edge_logp
-            from_numpy(reals[1]),  # score
-            from_numpy(ints[3]),  # proposer
-            from_numpy(ints[4]),  # scorer
-        )
+        tokens, parents, depth, proposer, scorer = (torch.from_numpy(row) for row in ints)
+        edge_logp, score = (torch.from_numpy(row) for row in np.zeros((2, 1), dtype=real))
+        out = cls(tokens, parents, depth, edge_logp, score, proposer, scorer)
         object.__setattr__(out, "_host", HostTree([root], [-1], [0], [0.0]))
         return out
 
