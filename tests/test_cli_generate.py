@@ -59,6 +59,17 @@ def test_compare_decodes_plainly_too(tmp_path: Path, model_dir: Path) -> None:
     assert record["speedup"] > 0
 
 
+def test_forward_flag_runs_lean_fast_and_names_it(tmp_path: Path, model_dir: Path) -> None:
+    """`--forward lean-fast`, float32: the stats line names the target's products, and the
+    output is the target's own greedy continuation (float32, this tiny model: no near-tie)."""
+    pipeline = pipeline_file(tmp_path, str(model_dir), decoding={"max_new_tokens": 12})
+    args = ["--prompt", PROMPT, "--compare", "--dtype", "float32", "--forward", "lean-fast"]
+    result = invoke("generate", "--pipeline", str(pipeline), *args)
+    assert result.exit_code == 0, result.output
+    assert "forward lean-fast · attention sdpa · forwards: target lean-fast" in result.stderr
+    assert "identical: yes" in result.stderr
+
+
 def test_sampling_flags_switch_to_the_point_mass_verifier_and_the_seed_repeats(
     tmp_path: Path, model_dir: Path
 ) -> None:
@@ -76,6 +87,8 @@ def test_apply_options_maps_flags_to_fields() -> None:
     base = {"target": "zoo:target", "drafters": {"w": {"name": "ngram"}}, "builder": "layered"}
     data = apply_options(base, GenerateOptions(device="cpu", dtype="float64", seed=7))
     assert data["decoding"] == {"device": "cpu", "dtype": "float64", "seed": 7}
+    data = apply_options(base, GenerateOptions(forward="lean-fast"))
+    assert data["decoding"] == {"forward": "lean-fast"}
     data = apply_options(base, GenerateOptions(temperature=0.7, top_p=0.9))
     assert data["verifier"] == {"name": "pointmass", "temperature": 0.7, "top_p": 0.9}
     sampling = {**base, "verifier": {"name": "pointmass", "temperature": 0.5, "top_k": 5}}
@@ -89,6 +102,7 @@ def test_apply_options_maps_flags_to_fields() -> None:
 BAD_FLAGS = {
     "dtype": (["--dtype", "float8"], "--dtype (pipeline.decoding.dtype): expected one of"),
     "device": (["--device", "gpu"], "--device (pipeline.decoding.device): expected 'auto'"),
+    "forward": (["--forward", "fast"], "--forward (pipeline.decoding.forward): expected one of"),
     "temperature": (["--temperature", "-1"], "--temperature (pipeline.verifier.temperature):"),
     "top-p-range": (
         ["--temperature", "0.5", "--top-p", "1.5"],

@@ -62,6 +62,10 @@ def generate(
     seed: Annotated[
         int | None, typer.Option(help="override decoding.seed (the sampler's random numbers)")
     ] = None,
+    forward: Annotated[
+        str | None,
+        typer.Option(help="override decoding.forward: auto, lean, transformers, tree, lean-fast"),
+    ] = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="print one JSON object (text, ids, metrics); no stream")
     ] = False,
@@ -87,7 +91,7 @@ def generate(
         _fail(f"--max-new-tokens: expected int >= 1, got {max_new_tokens}")
     if trace is not None:  # before the models load: a wrong folder fails at once
         prepare_trace_dir(trace, replace=replace_trace)
-    options = GenerateOptions(device, dtype, temperature, top_p, seed)
+    options = GenerateOptions(device, dtype, temperature, top_p, seed, forward)
     try:
         pipe = load_generate_pipeline(pipeline, options)
     except (ConfigError, ValueError) as exc:
@@ -219,10 +223,13 @@ def backend_line(pipe) -> str:
 
 
 def _forward_kind(runner) -> str:
-    """`lean`, `fused` (the drafters' fused lean forward) or `transformers`."""
+    """`lean`, `lean-fast` (the lean forward with rounding-level products), `fused` (the
+    drafters' fused lean forward) or `transformers`."""
     if not runner.lean:
         return "transformers"
-    return "fused" if runner.forward == "fused" else "lean"
+    if runner.forward == "fused":
+        return "fused"
+    return "lean" if runner.bitwise else "lean-fast"
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:

@@ -34,6 +34,7 @@ class GenerateOptions:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    forward: str | None = None
 
     def flags(self) -> dict[str, str]:
         """Flag name -> the YAML path it overrides, for the flags given (error messages name
@@ -44,6 +45,7 @@ class GenerateOptions:
             "--temperature": ("temperature", "pipeline.verifier.temperature"),
             "--top-p": ("top_p", "pipeline.verifier.top_p"),
             "--seed": ("seed", "pipeline.decoding.seed"),
+            "--forward": ("forward", "pipeline.decoding.forward"),
         }
         return {
             flag: path for flag, (name, path) in paths.items() if getattr(self, name) is not None
@@ -89,6 +91,8 @@ def apply_options(data: Mapping[str, Any], options: GenerateOptions) -> dict[str
         out = _set_decoding(out, "dtype", options.dtype)
     if options.seed is not None:
         out = _set_decoding(out, "seed", options.seed)
+    if options.forward is not None:
+        out = _set_decoding(out, "forward", options.forward)
     return _apply_sampling(out, options)
 
 

@@ -7,6 +7,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -14,8 +15,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from tests.conftest import greedy_reference, memory_resources, tiny_llama
 from tests.core.test_runner import random_tree
 from tests.test_pipelines import VOCAB, in_memory, zoo_stand_ins
-from treegraft.core.config import ConfigError, pipeline_spec_from_dict
-from treegraft.core.pipeline import load_pipeline
+from treegraft.core.config import ConfigError, override, pipeline_spec_from_dict
+from treegraft.core.pipeline import load_pipeline, resolve_pipeline
 from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner, watch_forwards
 from treegraft.core.runner import lean as lean_module
@@ -296,11 +297,12 @@ def test_transposed_weights_are_kept_only_where_they_pay_and_agree(monkeypatch):
 
 @pytest.mark.parametrize("forward", ["lean", "transformers"])
 def test_small_blocks_run_padded_to_four_rows_with_the_same_results(forward):
-    """Blocks of 2-3 tokens run as 4 rows (float32 Llama on a CPU); the logits of the real rows
-    match an unpadded forward to rounding, the committed cache is the same, greedy unchanged."""
+    """Blocks of 2-3 tokens run as 4 rows where padding is chosen (float32 Llama on a CPU); the
+    logits of the real rows match an unpadded forward to rounding, the committed cache is the
+    same, greedy unchanged."""
     model = tiny_llama(seed=4, dtype=torch.float32)
-    padded, plain = CausalLMRunner(model, forward=forward), CausalLMRunner(model, forward=forward)
-    plain._pad_small = False
+    padded = CausalLMRunner(model, forward=forward, pad_small_blocks=True)
+    plain = CausalLMRunner(model, forward=forward, pad_small_blocks=False)
     sizes: list[int] = []
     stop = watch_forwards(model, sizes.append)
     rng = torch.Generator().manual_seed(3)
@@ -323,5 +325,73 @@ def test_small_blocks_run_padded_to_four_rows_with_the_same_results(forward):
     stop()
     want_sizes = [4 if q in (2, 3) else q for q in sizes[1::2]]
     assert sizes[0::2] == want_sizes and sizes[0::2] != sizes[1::2]
-    assert CausalLMRunner(model, forward="fused")._pads_small_blocks() is False
-    assert CausalLMRunner(tiny_llama(seed=4))._pads_small_blocks() is False  # float64
+    assert (
+        CausalLMRunner(model, forward="fused", pad_small_blocks=True)._pads_small_blocks() is False
+    )
+    float64 = CausalLMRunner(tiny_llama(seed=4), pad_small_blocks=True)
+    assert float64._pads_small_blocks() is False
+
+
+def test_rounding_level_products_are_kept_only_where_bitwise_is_not_asked(monkeypatch):
+    """`bitwise=False` (`decoding.forward: lean-fast`) keeps transposed copies whose products
+    differ from `F.linear`'s by summation order, and still refuses a product that is wrong."""
+    model = tiny_llama(seed=0, dtype=torch.float32)
+    real = lean_module.Transposed.linear
+
+    def off_by(factor: float):
+        return lambda self, x, linear: real(self, x, linear) * factor
+
+    monkeypatch.setattr(lean_module.Transposed, "linear", off_by(1 + 2**-20))  # another order
+    assert LeanForward(model).transposed is None
+    assert LeanForward(model, bitwise=False).transposed is not None
+    monkeypatch.setattr(lean_module.Transposed, "linear", off_by(1.001))  # not rounding
+    assert LeanForward(model, bitwise=False).transposed is None
+    monkeypatch.undo()
+    for dtype in (torch.float64, torch.bfloat16):  # float32 on a CPU only, as the bitwise copies
+        assert LeanForward(tiny_llama(seed=0, dtype=dtype), bitwise=False).transposed is None
+
+
+def test_lean_fast_runs_transposed_products_with_logits_equal_to_rounding():
+    """The zoo target under `bitwise=False`: transposed copies kept on any float32 CPU; the
+    prompt and every tree's logits equal `transformers`' to float32 rounding, with the same
+    argmax; the committed cache likewise."""
+    model = Resources.create(device="cpu", dtype="float32").model("zoo:target")
+    fast = CausalLMRunner(model, bitwise=False, pad_small_blocks=False)
+    plain = CausalLMRunner(model, forward="transformers", pad_small_blocks=False)
+    assert fast._lean is not None and fast._lean.transposed is not None
+    rng = torch.Generator().manual_seed(5)
+    prompt = torch.randint(model.config.vocab_size, (40,), generator=rng)
+    for r in (fast, plain):
+        r.begin(prompt, max_len=200)
+    with torch.inference_mode():
+        for n in (1, 3, 6, 17, 40):
+            tree = random_tree(rng, int(fast.committed_ids()[-1]), n, model.config.vocab_size)
+            got, want = fast.forward_tree(tree), plain.forward_tree(tree)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            assert torch.equal(got.argmax(-1), want.argmax(-1))
+            path = tree.path_to(n - 1)
+            new = torch.tensor([*tree.tokens[path[1:]].tolist(), 7])
+            for r in (fast, plain):
+                r.commit(path, new)
+            used = fast.n_cached
+            torch.testing.assert_close(
+                fast.cache.kv[..., :used, :], plain.cache.kv[..., :used, :], rtol=1e-4, atol=1e-4
+            )
+
+
+def test_lean_fast_decodes_what_the_target_alone_decodes():
+    """The shipped pipeline on the zoo, float32, `decoding.forward: lean-fast`: the same tokens
+    as Hugging Face greedy decoding of the target; the target runner's products are not bitwise,
+    the drafters' forward is the fused one."""
+    res = Resources.create(device="cpu", dtype="float32", forward="lean-fast")
+    raw = yaml.safe_load(resolve_pipeline("treegraft").read_text())
+    pipe = load_pipeline(override(raw, "decoding.forward", "lean-fast"), resources=res)
+    assert pipe.decoder.target.bitwise is False and pipe.decoder.target.lean
+    lms = [d.runner for d in pipe.decoder.drafters if hasattr(d, "runner")]
+    assert lms and all(r.forward == "fused" for r in lms)
+    model = res.models["zoo:target"]
+    for text in ("def add(a, b):\n    return", "The city council met on Tuesday to"):
+        ids = pipe.encode(text)
+        want = greedy_reference(model, ids, 40)
+        got = list(pipe.generate(ids, max_new_tokens=40).token_ids)
+        assert got == want[: len(got)] and len(got) > 0

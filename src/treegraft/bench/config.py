@@ -160,7 +160,7 @@ class BenchSettings:
         "auto",
         check=one_of(*FORWARD_SETTINGS),
         doc="every pipeline's decoding.forward (and so `ar-runner`'s): 'auto', 'lean', "
-        "'transformers' or 'tree' (docs/pipelines.md#how-a-forward-runs)",
+        "'transformers', 'tree' or 'lean-fast' (docs/pipelines.md#how-a-forward-runs)",
     )
     repeat: int = field(
         1, check=at_least(1), doc="repetitions of the whole sweep (mean and spread)"

@@ -237,7 +237,7 @@ def runner_method(resources: Resources, pair: Pair, forward: str) -> RunnerMetho
     as the pipelines' target does (`forward`, their `decoding.forward`)."""
     model = load_model(resources, pair.target, f"pair {pair.name}: target")
     tokenizer = resources.load_tokenizer(pair.target)
-    runner = CausalLMRunner(model, forward=forward)
+    runner = CausalLMRunner(model, forward=forward, bitwise=resources.plan.bitwise)
     return RunnerMethod(AR_RUNNER, runner, eos_ids_of(model, tokenizer))
 
 

@@ -284,7 +284,7 @@ def latency_curves(
     context = int(median(prompt_lengths))
     return {
         ref: measure_latency(
-            CausalLMRunner(resources.model(ref), forward=forward),
+            CausalLMRunner(resources.model(ref), forward=forward, bitwise=resources.plan.bitwise),
             ref,
             context=context,
             queries=grid,

@@ -285,7 +285,9 @@ class DecodingConfig:
         doc="how the target's and LM drafters' forwards run: 'lean' (the lean forward, bitwise "
         "equal logits without transformers' module stack; Llama models), 'transformers' "
         "(transformers' forward, SDPA), 'tree' (transformers' forward with the tree-attention "
-        "kernel), or 'auto' (tree on CUDA; elsewhere lean where supported, else transformers); "
+        "kernel), 'auto' (tree on CUDA; elsewhere lean where supported, else transformers), or "
+        "'lean-fast' (as lean, blocks of 4+ tokens through transposed weights on a float32 CPU: "
+        "logits equal up to rounding, cheaper tree forwards); "
         "docs/pipelines.md#how-a-forward-runs",
     )
     seed: int = field(0, doc="seed of the verifier's random numbers (sampling)")

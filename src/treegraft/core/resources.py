@@ -201,7 +201,7 @@ class Resources:
         passed it."""
         forward = forward or self.plan.target
         self.check(ref, forward)
-        return CausalLMRunner(self.model(ref), forward=forward)
+        return CausalLMRunner(self.model(ref), forward=forward, bitwise=self.plan.bitwise)
 
     def check(self, ref: str, forward: str | None = None) -> None:
         """Raise `ModelRefused` unless the model `ref` can be served exactly: no architecture

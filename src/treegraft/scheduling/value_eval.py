@@ -61,9 +61,11 @@ def measure_costs(
     grid = query_grid(max(lengths) + max_nodes, marks=[max_nodes])
     context = int(median(lengths))
     ref = strong_model_ref(pipe, s)
-    forward = pipe.decoder.target.forward  # the target runner's forward (`runner.forwards`)
+    target_runner = pipe.decoder.target  # its forward and products (`runner.forwards`)
     target = measure_latency(
-        CausalLMRunner(pipe.decoder.target.model, forward=forward),
+        CausalLMRunner(
+            target_runner.model, forward=target_runner.forward, bitwise=target_runner.bitwise
+        ),
         pipe.spec.target,
         context=context,
         queries=grid,

@@ -29,6 +29,7 @@ from treegraft.core.runner.attention_rules import AttentionRules, ModelRefused, 
 from treegraft.core.runner.kv_cache import TreeKVCache, cache_geometry
 from treegraft.core.runner.latency import measure_latency
 from treegraft.core.runner.lean import FORWARDS, FusedForward, LeanForward, lean_support
+from treegraft.core.runner.padding import PADDED_ROWS, pad_block, padding_pays
 from treegraft.core.runner.placement import input_device
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import kv_compact
@@ -37,25 +38,6 @@ from treegraft.kernels.tree_attention.hf import IMPLEMENTATION, PREFIX_LEN_KWARG
 
 #: cache slots reserved beyond the prompt, and the least a cache grows by
 CACHE_CHUNK = 256
-
-#: rows a block of 2 or 3 tokens runs as (`CausalLMRunner._pads_small_blocks`)
-PADDED_ROWS = 4
-
-
-def _pad_block(
-    ids: Tensor, positions: Tensor, visible: Tensor, pad: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """A forward block with `pad` extra rows at its end: copies of the last token at its
-    position, each seeing only its own key slot (after the block's), seen by no real row; their
-    keys and values land in free cache slots and their logits are dropped."""
-    q, kv_len = visible.shape
-    ids = torch.cat([ids, ids[-1:].expand(pad)])
-    positions = torch.cat([positions, positions[-1:].expand(pad)])
-    padded = visible.new_zeros(q + pad, kv_len + pad)
-    padded[:q, :kv_len] = visible
-    padded[q:, kv_len:] = torch.eye(pad, dtype=torch.bool, device=visible.device)
-    return ids, positions, padded
-
 
 #: callbacks per model, told the token count of each runner forward of it (`watch_forwards`)
 _WATCHERS: weakref.WeakKeyDictionary[Any, list[Callable[[int], None]]] = weakref.WeakKeyDictionary()
@@ -98,12 +80,22 @@ class CausalLMRunner:
             `fused` runs the fused lean forward (`FusedForward`: faster, logits close to but not
             bitwise equal to `transformers`'; for drafters only) where supported, else
             `transformers`'; `transformers` never uses either.
+        bitwise: the lean forward's products are `F.linear`'s bit for bit, so its logits are
+            `transformers`' (default); False (`decoding.forward: lean-fast`): blocks of 4+ rows
+            multiply by contiguous transposed weights on a float32 CPU wherever those agree to
+            rounding (`lean.Transposed`), faster there.
+        pad_small_blocks: whether forwards of 2-3 tokens run padded to 4 rows (float32 on a CPU,
+            not `fused`); None (default): where that measures faster for this model on this
+            machine (`treegraft.core.runner.padding`). Pin it for runs that must repeat to the
+            bit across machines.
         output_rows: `[K]` int64 token ids the logits are computed for, in that order (None: the
             whole vocabulary); set by `restrict_output`.
     """
 
     model: PreTrainedModel
     forward: str = attrs.field(default="auto", kw_only=True)
+    pad_small_blocks: bool | None = attrs.field(default=None, kw_only=True)
+    bitwise: bool = attrs.field(default=True, kw_only=True)
     cache: TreeKVCache | None = None
     committed: Tensor | None = None
     n_committed: int = 0
@@ -163,7 +155,9 @@ class CausalLMRunner:
             return None
         why = lean_support(self.model)
         if why is None:
-            return FusedForward(self.model) if self.forward == "fused" else LeanForward(self.model)
+            if self.forward == "fused":
+                return FusedForward(self.model)
+            return LeanForward(self.model, bitwise=self.bitwise)
         if self.forward == "lean":
             raise ValueError(f"forward 'lean' is not available for this model: {why}")
         return None
@@ -384,17 +378,32 @@ class CausalLMRunner:
             return self._forward(ids, positions, visible, n_logits=n_logits)
         pad = PADDED_ROWS - q
         self._ensure_capacity(visible.shape[1] + pad)
-        logits = self._forward(*_pad_block(ids, positions, visible, pad), n_logits=n_logits + pad)
+        logits = self._forward(*pad_block(ids, positions, visible, pad), n_logits=n_logits + pad)
         return logits[:n_logits]
 
     def _pads_small_blocks(self) -> bool:
         """Whether blocks of 2-3 tokens run padded to `PADDED_ROWS` rows: float32 Llama models
-        on a CPU, whose BLAS (MKL) multiplies 2-3 rows more slowly than 4 and, from 4 rows on,
-        sums each row in the same order whatever the row count (`treegraft.core.runner.lean.Transposed`);
-        any forward but `fused`, so the lean and `transformers`' forwards see the same blocks."""
+        on a CPU (any forward but `fused`, so the lean and `transformers`' forwards see the same
+        blocks) where `pad_small_blocks` says so, or, left unset, where the model's padded small
+        forwards measure faster than its unpadded ones on this machine
+        (`treegraft.core.runner.padding`: once per model and thread count)."""
+        if self.device.type != "cpu" or self.dtype != torch.float32:
+            return False
         if self._pad_small is None:
             self._pad_small = self.forward != "fused" and lean_support(self.model) is None
-        return self._pad_small and self.device.type == "cpu" and self.dtype == torch.float32
+            if self._pad_small and self.pad_small_blocks is None:
+                watchers = _WATCHERS.pop(self.model, None)  # the probe's forwards are not the run's
+                try:
+                    self._pad_small = padding_pays(self.model, self.bitwise, self._probe_runner)
+                finally:
+                    if watchers is not None:
+                        _WATCHERS[self.model] = watchers
+        return self._pad_small and self.pad_small_blocks is not False
+
+    def _probe_runner(self, pad: bool) -> CausalLMRunner:
+        return CausalLMRunner(
+            self.model, forward=self.forward, bitwise=self.bitwise, pad_small_blocks=pad
+        )
 
     def _forward(self, ids: Tensor, positions: Tensor, visible: Any, *, n_logits: int) -> Tensor:
         """One model forward of the block as given."""
@@ -525,5 +534,5 @@ class CausalLMRunner:
         """Measure this model's `LatencyCurve` (forwards of `queries` tokens after `context`
         cached ones; median of `repeats`), with a separate runner: this one's state is untouched."""
         ref = getattr(self.model, "name_or_path", "") or "target"
-        fresh = CausalLMRunner(self.model, forward=self.forward)
+        fresh = CausalLMRunner(self.model, forward=self.forward, bitwise=self.bitwise)
         return measure_latency(fresh, ref, context=context, queries=queries, repeats=repeats)

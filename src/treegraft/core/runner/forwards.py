@@ -3,12 +3,13 @@
 | `decoding.forward` | models load with | the target's tree forwards | LM drafters' forwards |
 |---|---|---|---|
 | `lean` | SDPA | the lean forward (`lean.LeanForward`: `transformers`' operations without its module stack, bitwise equal logits); an error for a model it does not support | the fused lean forward (`lean.FusedForward`: fewer, larger operations, logits equal up to rounding; drafts only steer what the target verifies) |
+| `lean-fast` | SDPA | as `lean`, but blocks of 4+ tokens multiply by contiguous transposed weights on a float32 CPU even where their bits differ from `F.linear`'s (`CausalLMRunner.bitwise` False): logits equal to `transformers`' up to rounding, tree forwards cheaper | as `lean` |
 | `transformers` | SDPA (eager where the architecture has no SDPA) | `transformers`' own forward with a dense tree mask | the same |
 | `tree` | the tree-attention kernel (`treegraft_tree`) | `transformers`' forward, attention through `treegraft.kernels.tree_attention` (Triton on CUDA, its pure-torch reference on CPU) | the same |
 | `auto` (default) | `tree` on CUDA; elsewhere as `lean` where a model qualifies, as `transformers` where not | | |
 
 Every path is exact: the target's logits are those of its own forward (bitwise for `lean`,
-and checked by the load-time probe for every model). `TREEGRAFT_KERNELS=reference|triton` picks
+to rounding for `lean-fast` and `tree`, and checked by the load-time probe for every model). `TREEGRAFT_KERNELS=reference|triton` picks
 the backend of the kernels themselves, for tests and debugging (docs/kernels.md); it does not
 change which forward runs.
 """
@@ -19,14 +20,14 @@ import attrs
 import torch
 
 #: the values of `decoding.forward`
-FORWARD_SETTINGS = ("auto", "lean", "transformers", "tree")
+FORWARD_SETTINGS = ("auto", "lean", "transformers", "tree", "lean-fast")
 
 
 @attrs.frozen
 class ForwardPlan:
     """What one `decoding.forward` value means on one device."""
 
-    #: the setting, as written (`auto`, `lean`, `transformers` or `tree`)
+    #: the setting, as written (`auto`, `lean`, `transformers`, `tree` or `lean-fast`)
     setting: str
     #: models load with the tree-attention kernel (`treegraft_tree`) instead of SDPA
     tree_kernel: bool
@@ -36,16 +37,22 @@ class ForwardPlan:
     #: the `CausalLMRunner` forward of an LM drafter (`fused`: the fused lean forward where
     #: supported)
     drafter: str
+    #: the target runner's lean products are `F.linear`'s bit for bit (`CausalLMRunner.bitwise`;
+    #: False for `lean-fast`)
+    bitwise: bool = True
 
     def describe(self) -> str:
         """One line for stats and errors, e.g. `auto (lean where supported, SDPA)`."""
         how = {
             "lean": "lean forward, SDPA",
+            "lean-fast": "lean forward, transposed products (logits to rounding), SDPA",
             "transformers": "transformers' forward, SDPA",
             "tree": "transformers' forward, tree-attention kernel",
         }
+        if self.tree_kernel and self.setting != "tree":
+            return f"{self.setting}: {how['tree']}"
         if self.setting == "auto":
-            return "auto: " + (how["tree"] if self.tree_kernel else "lean where supported, SDPA")
+            return "auto: lean where supported, SDPA"
         return how[self.setting]
 
 
@@ -57,4 +64,6 @@ def plan_forward(setting: str, device: torch.device) -> ForwardPlan:
         return ForwardPlan(setting, True, "transformers", "transformers")
     if setting == "transformers":
         return ForwardPlan(setting, False, "transformers", "transformers")
+    if setting == "lean-fast":
+        return ForwardPlan(setting, False, "lean", "fused", bitwise=False)
     return ForwardPlan(setting, False, setting, "fused")

@@ -1,0 +1,168 @@
+"""Padding blocks of 2-3 tokens to 4 rows: chosen by measuring the model's own forwards, once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import tiny_llama
+from tests.core.test_runner import random_tree
+from treegraft.core.runner import CausalLMRunner, watch_forwards
+from treegraft.core.runner import padding as padding_module
+from treegraft.core.runner.padding import PROBE_ROUNDS, measure_padding, padding_pays
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedRunner:
+    """A runner whose forwards advance `clock` by `cost(q)` seconds (q: the tree's nodes)."""
+
+    vocab_size = 48
+    device = torch.device("cpu")
+
+    def __init__(self, clock: Clock, cost) -> None:
+        self.clock, self.cost, self.sizes = clock, cost, []
+
+    def begin(self, prompt, *, max_len) -> None:
+        assert prompt.numel() + 2 <= max_len
+
+    def forward_tree(self, tree) -> None:
+        self.sizes.append(tree.n_nodes)
+        self.clock.now += self.cost(tree.n_nodes, len(self.sizes))
+
+    def rewind(self) -> None:
+        pass
+
+    def commit(self, accepted, tokens) -> None:
+        assert accepted.tolist() == [0] and tokens.numel() == 1
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(padding_module.time, "perf_counter", clock)
+    return clock
+
+
+@pytest.mark.parametrize(
+    ("padded_ms", "pays"),
+    [(2.0, True), (2.9, True), (2.95, False), (3.0, False), (3.6, False)],
+)
+def test_padding_is_chosen_only_where_it_measures_faster_by_a_margin(clock, padded_ms, pays):
+    padded = TimedRunner(clock, lambda q, i: padded_ms * 1e-3)
+    unpadded = TimedRunner(clock, lambda q, i: 3.0e-3)
+    assert measure_padding(padded, unpadded) is pays
+    # a prefill, then a warm-up round and the timed rounds of a 2- and a 3-token tree each
+    want = [1] + [2, 3] * (PROBE_ROUNDS + 1)
+    assert padded.sizes == want and unpadded.sizes == want
+
+
+def test_a_spike_in_a_few_rounds_does_not_decide(clock):
+    """Medians of the rounds: another job slowing a few rounds of the padded runner changes
+    nothing; slowing most of them does."""
+
+    def slowed(rounds):
+        return lambda q, i: 2.0e-3 * (50 if (i - 2) // 2 in rounds else 1)
+
+    assert measure_padding(
+        TimedRunner(clock, slowed({1, 4})), TimedRunner(clock, lambda q, i: 3e-3)
+    )
+    # round 0 warms up, untimed: slow there and in 3 of the 7 timed rounds is still a minority
+    fast = TimedRunner(clock, lambda q, i: 3e-3)
+    assert measure_padding(TimedRunner(clock, slowed({0, 1, 2, 3})), fast)
+    most = set(range(1, PROBE_ROUNDS + 1)) - {2}
+    assert not measure_padding(
+        TimedRunner(clock, slowed(most)), TimedRunner(clock, lambda q, i: 3e-3)
+    )
+
+
+def test_the_choice_is_measured_once_per_model_and_thread_count(clock):
+    made: list[bool] = []
+
+    def make(pad: bool) -> TimedRunner:
+        made.append(pad)
+        return TimedRunner(clock, lambda q, i: 2e-3 if pad else 3e-3)
+
+    one, two = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+    threads = torch.get_num_threads()
+    try:
+        assert padding_pays(one, True, make) is True  # the lean forward and
+        assert padding_pays(one, True, make) is True  # transformers': pad alike
+        assert made == [True, False]
+        padding_pays(one, False, make)  # other products from 4 rows on: measured apart
+        assert made == [True, False] * 2
+        padding_pays(two, True, make)
+        assert made == [True, False] * 3
+        torch.set_num_threads(threads + 1)
+        padding_pays(one, True, make)
+        assert made == [True, False] * 4
+    finally:
+        torch.set_num_threads(threads)
+
+
+def prefilled(runner: CausalLMRunner, seen: list[int]) -> CausalLMRunner:
+    """`runner` begun on 4 prompt tokens, prefilled (a 4-row forward) and one token committed:
+    from here an n-node tree runs n rows."""
+    runner.begin(torch.tensor([5, 6, 7, 8]), max_len=16)
+    with torch.inference_mode():
+        runner.forward_tree(random_tree(torch.Generator().manual_seed(0), 8, 1, 48))
+    runner.commit(torch.zeros(1, dtype=torch.long), torch.tensor([9]))
+    assert seen[-1] == 4
+    return runner
+
+
+@pytest.mark.parametrize("pays", [True, False])
+def test_the_runner_pads_as_measured_unless_pinned(monkeypatch, pays):
+    asked: list[bool] = []
+
+    def decide(model, bitwise, make_runner):
+        asked.append(bitwise)
+        return pays
+
+    monkeypatch.setattr("treegraft.core.runner.causal_lm.padding_pays", decide)
+    model = tiny_llama(seed=5, dtype=torch.float32)
+    rng = torch.Generator().manual_seed(1)
+
+    def sizes(runner: CausalLMRunner) -> list[int]:
+        seen: list[int] = []
+        stop = watch_forwards(model, seen.append)
+        prefilled(runner, seen)
+        with torch.inference_mode():
+            for n in (1, 2, 3, 5):
+                runner.forward_tree(random_tree(rng, 9, n, 48))
+                runner.rewind()
+        stop()
+        return seen[1:]
+
+    padded, unpadded = [1, 4, 4, 5], [1, 2, 3, 5]
+    assert sizes(CausalLMRunner(model)) == (padded if pays else unpadded)
+    assert asked == [True]
+    assert sizes(CausalLMRunner(model, forward="transformers")) == (padded if pays else unpadded)
+    assert asked == [True, True]  # each runner asks once (the answer is per model)
+    assert sizes(CausalLMRunner(model, pad_small_blocks=True)) == padded
+    assert sizes(CausalLMRunner(model, pad_small_blocks=False)) == unpadded
+    assert len(asked) == 2  # pinned runners do not ask
+
+
+def test_the_measurement_runs_unseen_and_leaves_the_runner_exact():
+    """The real measurement on a fresh model: its probe forwards reach no watcher of the model,
+    and the run's logits equal those of a runner pinned to whichever choice was made."""
+    model = tiny_llama(seed=6, dtype=torch.float32)
+    tree = random_tree(torch.Generator().manual_seed(2), 9, 3, 48)
+    seen: list[int] = []
+    stop = watch_forwards(model, seen.append)
+    runner = prefilled(CausalLMRunner(model), seen)
+    with torch.inference_mode():
+        got = runner.forward_tree(tree)
+    stop()
+    chosen = runner._pads_small_blocks()
+    assert seen == [4, 4 if chosen else 3]
+    pinned = prefilled(CausalLMRunner(model, pad_small_blocks=chosen), [4])
+    with torch.inference_mode():
+        assert torch.equal(got, pinned.forward_tree(tree))
