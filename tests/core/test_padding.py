@@ -150,6 +150,14 @@ def test_the_runner_pads_as_measured_unless_pinned(monkeypatch, pays):
     assert len(asked) == 2  # pinned runners do not ask
 
 
+def test_the_runner_refuses_settings_that_are_not_booleans():
+    model = tiny_llama(seed=5, dtype=torch.float32)
+    with pytest.raises(TypeError, match="pad_small_blocks: expected True, False or None, got 'no'"):
+        CausalLMRunner(model, pad_small_blocks="no")
+    with pytest.raises(TypeError, match="bitwise: expected True or False, got 0"):
+        CausalLMRunner(model, bitwise=0)
+
+
 def test_the_measurement_runs_unseen_and_leaves_the_runner_exact():
     """The real measurement on a fresh model: its probe forwards reach no watcher of the model,
     and the run's logits equal those of a runner pinned to whichever choice was made."""

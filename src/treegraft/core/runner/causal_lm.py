@@ -96,6 +96,17 @@ class CausalLMRunner:
     forward: str = attrs.field(default="auto", kw_only=True)
     pad_small_blocks: bool | None = attrs.field(default=None, kw_only=True)
     bitwise: bool = attrs.field(default=True, kw_only=True)
+
+    @pad_small_blocks.validator
+    def _check_pad(self, attribute: Any, value: Any) -> None:
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"pad_small_blocks: expected True, False or None, got {value!r}")
+
+    @bitwise.validator
+    def _check_bitwise(self, attribute: Any, value: Any) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"bitwise: expected True or False, got {value!r}")
+
     cache: TreeKVCache | None = None
     committed: Tensor | None = None
     n_committed: int = 0
