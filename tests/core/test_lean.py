@@ -395,3 +395,36 @@ def test_lean_fast_decodes_what_the_target_alone_decodes():
         want = greedy_reference(model, ids, 40)
         got = list(pipe.generate(ids, max_new_tokens=40).token_ids)
         assert got == want[: len(got)] and len(got) > 0
+
+
+def test_runners_of_one_model_share_the_transposed_copies_and_drop_them_with_it(monkeypatch):
+    """Every runner of a model builds its own `Transposed`, over one copy of each weight (a
+    benchmark holds dozens of runners of its target); a refused build keeps no copy, and the
+    copies go when the model does."""
+    import gc
+
+    model = tiny_llama(seed=3, dtype=torch.float32)
+    one, two = LeanForward(model, bitwise=False), LeanForward(model, bitwise=False)
+    weight = model.model.layers[0].mlp.down_proj.weight
+    a, b = one.transposed.weights[id(weight)], two.transposed.weights[id(weight)]
+    assert a.data_ptr() == b.data_ptr() and torch.equal(a, weight.t())
+    with torch.no_grad():
+        weight.mul_(2.0)  # changed in place: copied again, once, for both
+    x = torch.randn(1, 5, weight.shape[1])
+    torch.testing.assert_close(one.transposed.linear(x, (weight, None)), F.linear(x, weight))
+    torch.testing.assert_close(two.transposed.linear(x, (weight, None)), F.linear(x, weight))
+    assert (
+        one.transposed.weights[id(weight)].data_ptr()
+        == two.transposed.weights[id(weight)].data_ptr()
+        != a.data_ptr()
+    )
+    held = set(lean_module._COPIES)
+    assert id(weight) in held
+    del one, two, a, b, weight, model
+    gc.collect()
+    other = tiny_llama(seed=4, dtype=torch.float32)
+    assert not held & set(lean_module._COPIES) - {id(p) for p in other.parameters()}
+    monkeypatch.setattr(lean_module.Transposed, "probe", lambda self, linear, **kw: False)
+    before = set(lean_module._COPIES)
+    assert LeanForward(other, bitwise=False).transposed is None
+    assert set(lean_module._COPIES) == before  # the refused build's copies are not kept

@@ -9,9 +9,9 @@
 | `auto` (default) | `tree` on CUDA; elsewhere as `lean` where a model qualifies, as `transformers` where not | | |
 
 Every path is exact: the target's logits are those of its own forward (bitwise for `lean`,
-to rounding for `lean-fast` and `tree`, and checked by the load-time probe for every model). `TREEGRAFT_KERNELS=reference|triton` picks
-the backend of the kernels themselves, for tests and debugging (docs/kernels.md); it does not
-change which forward runs.
+to rounding for `lean-fast` and `tree`, and checked by the load-time probe for every model).
+`TREEGRAFT_KERNELS=reference|triton` picks the backend of the kernels themselves, for tests and
+debugging (docs/kernels.md); it does not change which forward runs.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ an adapter); everything else runs through `transformers` unchanged.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -255,7 +256,8 @@ class Transposed:
     that sums otherwise falls back to `F.linear` for all blocks. Where the runner's products
     need not be bitwise (`CausalLMRunner.bitwise` False, `decoding.forward: lean-fast`), the
     copies are kept wherever they agree to rounding: on a BLAS whose transposed product sums in
-    another order (an AVX512/AMX Xeon's MKL) that makes 4-16 token blocks 10-25% cheaper.
+    another order (an AVX512/AMX Xeon's MKL) that makes the zoo target's forwards of 4-32
+    tokens 9-23% cheaper.
     """
 
     def __init__(self, weights: dict[int, Tensor]) -> None:
@@ -276,7 +278,8 @@ class Transposed:
             return None
         if sum(w.numel() * w.element_size() for w, _ in linears) > TRANSPOSED_MAX_BYTES:
             return None
-        table = cls({id(w): w.detach().t().contiguous() for w, _ in linears})
+        fresh = [w for w, _ in linears if not _held(w)]  # copies this build makes
+        table = cls({id(w): transposed_copy(w) for w, _ in linears})
         table.versions = {id(w): w._version for w, _ in linears}
         probed: set[tuple] = set()
         for w, b in linears:
@@ -284,7 +287,9 @@ class Transposed:
             if kind not in probed:
                 probed.add(kind)
                 agrees = table.probe((w, b)) if bitwise else table.probe((w, b), bitwise=False)
-                if not agrees:
+                if not agrees:  # refused: keep no copy made for it
+                    for w in fresh:
+                        _COPIES.pop(id(w), None)
                     return None
         return table
 
@@ -308,13 +313,48 @@ class Transposed:
             return F.linear(x, weight, bias)
         key = id(weight)
         if weight._version != self.versions[key]:  # changed in place since copied
-            self.weights[key] = weight.detach().t().contiguous()
+            self.weights[key] = transposed_copy(weight)
             self.versions[key] = weight._version
         wt = self.weights[key]  # [in, out]
         if bias is None:
             return torch.matmul(x, wt)
         flat = torch.addmm(bias, x.reshape(-1, x.shape[-1]), wt)  # F.linear's path with a bias
         return flat.view(*x.shape[:-1], wt.shape[1])
+
+
+#: contiguous `W.T` copies by `id(W)`: a weak reference to `W`, `W`'s version when copied, the
+#: copy. Every runner of a model builds its own `Transposed`; they share these, so a process
+#: holding many runners of one model (a benchmark) keeps one copy of its weights, not one each.
+_COPIES: dict[int, tuple[weakref.ref, int, Tensor]] = {}
+#: ids of the weights `_forget` is registered for (once each)
+_WATCHED: set[int] = set()
+
+
+def transposed_copy(weight: Tensor) -> Tensor:
+    """A contiguous copy of `weight.T` (`[in, out]`), shared by every caller asking for the same
+    weight at the same version; copied again once the weight changed in place, and dropped with
+    the weight."""
+    key = id(weight)
+    if _held(weight):
+        return _COPIES[key][2]
+    if key not in _WATCHED:
+        _WATCHED.add(key)
+        weakref.finalize(weight, _forget, key)
+    copy = weight.detach().t().contiguous()
+    _COPIES[key] = (weakref.ref(weight), weight._version, copy)
+    return copy
+
+
+def _forget(key: int) -> None:
+    """Drop the copy of the weight `key` names (it is being collected)."""
+    _COPIES.pop(key, None)
+    _WATCHED.discard(key)
+
+
+def _held(weight: Tensor) -> bool:
+    """Whether `_COPIES` holds a current copy of `weight`."""
+    held = _COPIES.get(id(weight))
+    return held is not None and held[0]() is weight and held[1] == weight._version
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

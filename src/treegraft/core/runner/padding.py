@@ -7,8 +7,9 @@ count: on one machine (one thread) 2-3 rows took a slow kernel and 4 rows a fast
 AMX, one or two threads) the same padding made it 1.3x slower. So the runner does not assume:
 `padding_pays` times the model's own forwards of 2 and 3 tokens, padded and not, side by side,
 once per model and thread count in a process (so the lean and `transformers`' forwards of a
-model pad alike and keep giving the same bits; `lean-fast` decides apart), and the runner pads only where padding is
-measurably faster (`CausalLMRunner.pad_small_blocks` pins the choice either way).
+model pad alike and keep giving the same bits; `lean-fast` runners decide apart), and the
+runner pads only where padding is measurably faster (`CausalLMRunner.pad_small_blocks` pins the
+choice either way).
 
 A padded block gives the real rows the same results up to rounding (another kernel sums them):
 greedy outputs are unchanged except at float32 near-ties, as for any tree forward
