@@ -86,8 +86,8 @@ class CausalLMRunner:
             rounding (`lean.Transposed`), faster there.
         pad_small_blocks: whether forwards of 2-3 tokens run padded to 4 rows (float32 on a CPU,
             not `fused`); None (default): where that measures faster for this model on this
-            machine (`treegraft.core.runner.padding`). Pin it for runs that must repeat to the
-            bit across machines.
+            machine (`treegraft.core.runner.padding`). The choice moves the last bits of a small
+            block's logits: pin it where outputs must not hang on a timing.
         output_rows: `[K]` int64 token ids the logits are computed for, in that order (None: the
             whole vocabulary); set by `restrict_output`.
     """
