@@ -25,7 +25,7 @@ import typer
 
 from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner
-from treegraft.core.runner.latency import chain_tree
+from treegraft.core.runner.latency import chain_tree, prefill
 
 QUERIES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 #: label -> (bitwise products, pad blocks of 2-3 tokens)
@@ -56,12 +56,10 @@ def main(
     vocab = next(iter(runners.values())).vocab_size
     prompt = torch.randint(vocab, (context,), generator=gen)
     times: dict[str, list[list[float]]] = {label: [[] for _ in QUERIES] for label in runners}
+    for runner in runners.values():  # the chains' root: prompt[0], committed after the prompt
+        prefill(runner, prompt, max_len=context + max(QUERIES) + 8)
+    trees = {q: chain_tree(prompt[0], q, vocab, gen) for q in QUERIES}
     with torch.inference_mode():
-        for runner in runners.values():  # prefill, commit one token: the chains' root
-            runner.begin(prompt, max_len=context + max(QUERIES) + 8)
-            runner.forward_tree(chain_tree(prompt[-1], 1, vocab, gen))
-            runner.commit(torch.zeros(1, dtype=torch.long), prompt[:1])
-        trees = {q: chain_tree(prompt[0], q, vocab, gen) for q in QUERIES}
         for r in range(rounds + 1):  # round 0 warms up
             for i, q in enumerate(QUERIES):
                 for k in range(repeats):

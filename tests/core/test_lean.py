@@ -295,6 +295,19 @@ def test_transposed_weights_are_kept_only_where_they_pay_and_agree(monkeypatch):
     assert LeanForward(model).transposed is None  # a BLAS that sums otherwise
 
 
+def commit_chain_end(runners, tree: DraftTree, bonus: int, *, tol: float) -> None:
+    """Commit the path to `tree`'s last node and `bonus` in each runner; their committed keys
+    and values agree to `tol`."""
+    path = tree.path_to(tree.n_nodes - 1)
+    new = torch.tensor([*tree.tokens[path[1:]].tolist(), bonus])
+    for r in runners:
+        r.commit(path, new)
+    used = runners[0].n_cached
+    first = runners[0].cache.kv[..., :used, :]
+    for r in runners[1:]:
+        torch.testing.assert_close(first, r.cache.kv[..., :used, :], atol=tol, rtol=tol)
+
+
 @pytest.mark.parametrize("forward", ["lean", "transformers"])
 def test_small_blocks_run_padded_to_four_rows_with_the_same_results(forward):
     """Blocks of 2-3 tokens run as 4 rows where padding is chosen (float32 Llama on a CPU); the
@@ -314,14 +327,7 @@ def test_small_blocks_run_padded_to_four_rows_with_the_same_results(forward):
             got, want = padded.forward_tree(tree), plain.forward_tree(tree)
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
             assert got.shape == want.shape
-            path = tree.path_to(n - 1)
-            new = torch.tensor([*tree.tokens[path[1:]].tolist(), 9])
-            for r in (padded, plain):
-                r.commit(path, new)
-            used = padded.n_cached
-            torch.testing.assert_close(
-                padded.cache.kv[..., :used, :], plain.cache.kv[..., :used, :], atol=1e-5, rtol=1e-5
-            )
+            commit_chain_end((padded, plain), tree, 9, tol=1e-5)
     stop()
     want_sizes = [4 if q in (2, 3) else q for q in sizes[1::2]]
     assert sizes[0::2] == want_sizes and sizes[0::2] != sizes[1::2]
@@ -369,14 +375,7 @@ def test_lean_fast_runs_transposed_products_with_logits_equal_to_rounding():
             got, want = fast.forward_tree(tree), plain.forward_tree(tree)
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
             assert torch.equal(got.argmax(-1), want.argmax(-1))
-            path = tree.path_to(n - 1)
-            new = torch.tensor([*tree.tokens[path[1:]].tolist(), 7])
-            for r in (fast, plain):
-                r.commit(path, new)
-            used = fast.n_cached
-            torch.testing.assert_close(
-                fast.cache.kv[..., :used, :], plain.cache.kv[..., :used, :], rtol=1e-4, atol=1e-4
-            )
+            commit_chain_end((fast, plain), tree, 7, tol=1e-4)
 
 
 def test_lean_fast_decodes_what_the_target_alone_decodes():

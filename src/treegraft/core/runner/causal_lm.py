@@ -14,9 +14,10 @@ into contiguous slots); nothing is ever recomputed.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -58,6 +59,17 @@ def watch_forwards(model: Any, callback: Callable[[int], None]) -> Callable[[], 
             watchers.remove(callback)
 
     return stop
+
+
+@contextlib.contextmanager
+def _unwatched(model: Any) -> Iterator[None]:
+    """`model`'s `watch_forwards` callbacks set aside for the block."""
+    watchers = _WATCHERS.pop(model, None)
+    try:
+        yield
+    finally:
+        if watchers is not None:
+            _WATCHERS[model] = watchers
 
 
 def _cache_kwarg(model: PreTrainedModel) -> str:
@@ -401,15 +413,13 @@ class CausalLMRunner:
         if self.device.type != "cpu" or self.dtype != torch.float32:
             return False
         if self._pad_small is None:
-            self._pad_small = self.forward != "fused" and lean_support(self.model) is None
-            if self._pad_small and self.pad_small_blocks is None:
-                watchers = _WATCHERS.pop(self.model, None)  # the probe's forwards are not the run's
-                try:
+            eligible = self.forward != "fused" and lean_support(self.model) is None
+            if not eligible or self.pad_small_blocks is not None:
+                self._pad_small = eligible and self.pad_small_blocks
+            else:
+                with _unwatched(self.model):  # the measurement's forwards are not the run's
                     self._pad_small = padding_pays(self.model, self.bitwise, self._probe_runner)
-                finally:
-                    if watchers is not None:
-                        _WATCHERS[self.model] = watchers
-        return self._pad_small and self.pad_small_blocks is not False
+        return self._pad_small
 
     def _probe_runner(self, pad: bool) -> CausalLMRunner:
         return CausalLMRunner(

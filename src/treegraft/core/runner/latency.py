@@ -207,6 +207,16 @@ def chain_tree(root: Tensor, n_nodes: int, vocab: int, generator: torch.Generato
     return DraftTree.from_parents(tokens.to(root.device), parents.to(root.device))
 
 
+def prefill(runner: Any, prompt: Tensor, *, max_len: int) -> None:
+    """Begin `runner` on `prompt`, forward it (a root of its last token) and commit that root
+    with `prompt[0]` as its bonus token: from here a chain of `n` nodes rooted at
+    `runner.committed_ids()[-1]` runs `n` rows, and runners prefilled alike share that root."""
+    runner.begin(prompt, max_len=max_len)
+    with torch.inference_mode():
+        runner.forward_tree(chain_tree(prompt[-1], 1, runner.vocab_size, torch.Generator()))
+    runner.commit(torch.zeros(1, dtype=torch.long), prompt[:1].cpu())
+
+
 def measure_latency(
     runner: Any,
     ref: str,

@@ -286,6 +286,7 @@ class Transposed:
             kind = (tuple(w.shape), b is None)
             if kind not in probed:
                 probed.add(kind)
+                # bitwise: `probe(linear)`, the form an override of `probe` may take alone
                 agrees = table.probe((w, b)) if bitwise else table.probe((w, b), bitwise=False)
                 if not agrees:  # refused: keep no copy made for it
                     for w in fresh:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from treegraft.core.runner.latency import chain_tree
+from treegraft.core.runner.latency import chain_tree, prefill
 
 #: rows a block of 2 or 3 tokens runs as where padding pays
 PADDED_ROWS = 4
@@ -82,15 +82,12 @@ def measure_padding(padded: Any, unpadded: Any, *, rounds: int = PROBE_ROUNDS) -
     gen = torch.Generator().manual_seed(0)
     vocab = padded.vocab_size
     prompt = torch.randint(vocab, (PROBE_CONTEXT,), generator=gen).to(padded.device)
-    root = torch.zeros(1, dtype=torch.long)
     seconds: dict[bool, list[float]] = {True: [], False: []}
     runners = {True: padded, False: unpadded}
+    for runner in runners.values():
+        prefill(runner, prompt, max_len=PROBE_CONTEXT + 2 * PADDED_ROWS)
+    trees = [chain_tree(prompt[0], q, vocab, gen) for q in range(2, PADDED_ROWS)]
     with torch.inference_mode():
-        for runner in runners.values():  # prefill the prompt, commit one token: the root
-            runner.begin(prompt, max_len=PROBE_CONTEXT + 2 * PADDED_ROWS)
-            runner.forward_tree(chain_tree(prompt[-1], 1, vocab, gen))
-            runner.commit(root, prompt[:1].cpu())
-        trees = [chain_tree(prompt[0], q, vocab, gen) for q in range(2, PADDED_ROWS)]
         for i in range(rounds + 1):
             for pad in (i % 2 == 0, i % 2 == 1):
                 start = time.perf_counter()
