@@ -29,9 +29,12 @@ def pipeline(
     scheduler="never",
     max_new=24,
     adaptive=None,
+    silent_chain=0,
     **decoding,
 ):
     builder = {"name": "layered", "depth": depth, "top_k": top_k, "budget": budget}
+    if silent_chain:
+        builder["silent_chain"] = silent_chain
     if adaptive is not None:
         builder["adaptive"] = adaptive
     spec = {
@@ -81,9 +84,10 @@ DRAFTER_SETS = {
     top_k=st.integers(1, 4),
     budget=st.integers(1, 20),
     kv_heads=st.sampled_from([1, 2, 4]),
+    silent_chain=st.sampled_from([0, 0, 4]),
 )
 def test_every_pipeline_equals_plain_greedy(
-    seed, prompt_len, drafters, scheduler, depth, top_k, budget, kv_heads
+    seed, prompt_len, drafters, scheduler, depth, top_k, budget, kv_heads, silent_chain
 ):
     target = tiny_llama(seed=seed, vocab=VOCAB, kv_heads=kv_heads)
     draft = tiny_llama(seed=seed + 1, vocab=VOCAB, hidden=16, layers=1, heads=2, kv_heads=1)
@@ -97,6 +101,7 @@ def test_every_pipeline_equals_plain_greedy(
         budget=budget,
         scheduler=scheduler,
         max_new=16,
+        silent_chain=silent_chain,
     )
     out = pipe.generate(prompt)
     assert list(out.token_ids) == greedy_reference(target, prompt, 16)

@@ -243,6 +243,8 @@ def test_config_fields_are_the_attrs_fields(builtins_only: Registry) -> None:
         "plain_switch",
         "probe_every",
         "shadow",
+        "silent_chain",
+        "silent_stop",
     ]
     assert builtins_only.get("verifier", "greedy").config_fields() == []
 

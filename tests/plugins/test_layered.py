@@ -83,3 +83,85 @@ def test_stop_below_ends_a_chain_after_its_first_unsure_token_and_stays_exact():
     assert all(e.build.unpruned.n_nodes == 21 for e in never.generate(prompt).events)
     with pytest.raises(ConfigError, match=r"pipeline.builder.stop_below: .*in \(0, 1\] or null"):
         load_pipeline({**spec, "builder": {**spec["builder"], "stop_below": 1.5}}, resources=res)
+
+
+def silent_chain_pipeline(res, silent_chain: int, max_new: int = 32):
+    from treegraft.core.pipeline import load_pipeline
+
+    spec = {
+        "target": "mem:target",
+        "drafters": {
+            "w": {"name": "ngram", "min_ngram": 2, "chain_len": 2},
+            "s": {"name": "hf_lm", "model": "mem:draft"},
+        },
+        "builder": {
+            "name": "layered",
+            "depth": 3,
+            "top_k": 2,
+            "budget": 16,
+            "silent_chain": silent_chain,
+            "silent_stop": 0.3,
+        },
+        "rescorer": "overwrite",
+        "grafter": "reselect",
+        "scheduler": "never",
+        "decoding": {"max_new_tokens": max_new, "dtype": "float64"},
+    }
+    return load_pipeline(spec, resources=res)
+
+
+def test_silent_chain_drafts_the_strong_chain_where_the_weak_drafter_has_nothing():
+    """`silent_chain`: a step whose cheapest drafter proposes nothing under the root (and no
+    strong call ran) drafts the strongest drafter's greedy chain instead, ending after its first
+    token below `silent_stop`; such steps stay out of what the scheduler learns from, and the
+    output is plain greedy decoding's, with the chain or without."""
+    import math
+
+    import pytest
+
+    from tests.conftest import greedy_reference, memory_resources, tiny_llama
+    from treegraft.core.config import ConfigError
+    from treegraft.core.pipeline import load_pipeline
+
+    target = tiny_llama(seed=7, vocab=40)
+    draft = tiny_llama(seed=8, vocab=40, hidden=16, layers=1, heads=2, kv_heads=1)
+    res = memory_resources(target=target, draft=draft)
+    prompt = torch.randperm(40, generator=torch.Generator().manual_seed(3))[:14]  # no repeats
+    want = greedy_reference(target, prompt, 32)
+    pipe = silent_chain_pipeline(res, 6)
+    out = pipe.generate(prompt)
+    assert list(out.token_ids) == want
+    chains = [e for e in out.events if e.build.silent]
+    # where the chains lose, a silent step goes plain (the root alone, no drafting)
+    plain = [e for e in out.events if e.build.plain]
+    assert chains and len(chains) + len(plain) < len(out.events)  # the n-gram's steps too
+    for event in out.events:
+        tree = event.build.unpruned
+        if event.build.plain:
+            assert tree.n_nodes == 1 and event.calls == ()
+        elif not event.build.silent:
+            assert 1 not in event.calls  # scheduler `never`: the n-gram drafter's tree
+        else:
+            n = tree.n_nodes - 1
+            assert tree.parents.tolist()[1:] == list(range(n))  # a chain from the root
+            assert tree.scorer.tolist()[1:] == [1] * n and event.calls == (1,) * n
+            edge = tree.edge_logp.tolist()[1:]
+            stops = [d for d, e in enumerate(edge, start=1) if e < math.log(0.3)]
+            assert n == (stops[0] if stops else 6)
+    assert any(e.build.unpruned.n_nodes < 7 for e in chains)  # the stop did act
+    # the scheduler's history counts the n-gram's steps only
+    assert pipe.decoder.history.steps == len(out.events) - len(chains) - len(plain)
+    off = silent_chain_pipeline(res, 0).generate(prompt)
+    assert list(off.token_ids) == want
+    assert not any(e.build.silent for e in off.events)
+    assert any(e.build.unpruned.n_nodes == 1 for e in off.events)  # what the chains replace
+    for bad, match in [
+        ({"silent_stop": 0.0}, r"pipeline.builder.silent_stop: .*in \(0, 1\].*0\.0"),
+        ({"silent_chain": -1}, r"pipeline.builder.silent_chain: .*>= 0.*-1"),
+    ]:
+        spec = {"name": "layered", "silent_chain": 4, **bad}
+        with pytest.raises(ConfigError, match=match):
+            load_pipeline(
+                {"target": "mem:target", "drafters": {"w": {"name": "ngram"}}, "builder": spec},
+                resources=res,
+            )

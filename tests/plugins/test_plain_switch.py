@@ -366,6 +366,23 @@ def test_the_shadow_holds_back_probes_of_a_drafter_whose_guesses_miss():
     assert not silent.shadowed and arms[warm_up:].count("S") >= 4 * (PROBE_MIN + 1)
 
 
+def test_a_shadow_without_veto_keeps_the_timed_probes_and_still_starts_early_ones():
+    """`vetoes` off (the builder drafts another drafter's chain where the cheapest one has
+    nothing: its missed guesses say nothing of those chains): guesses that never match hold no
+    probe back, and guesses that pay still start one before the timed probe is due."""
+    clock = [0.0]
+    switch = PlainSwitch(probe_every=4, now=lambda: clock[0], vetoes=False)
+    arms, committed = drive_shadow(switch, clock, 200, spec_rate=0.5, hits=lambda i: False)
+    warm_up = WARMUP[SPECULATE] + 1
+    assert switch.shadowed and switch.leader == PLAIN
+    assert arms[warm_up:].count("S") >= 4 * (PROBE_MIN + 1)  # as without a shadow
+    due = 4 * switch.backoff - switch.idle[SPECULATE]
+    later, _ = drive_shadow(
+        switch, clock, 40, spec_rate=3.0, hits=lambda i: True, start=200, committed=committed
+    )
+    assert later.index("S") < due and switch.leader == SPECULATE
+
+
 def test_the_shadow_starts_a_probe_as_soon_as_its_guesses_pay():
     """Plain decoding leads and the wait between probes is long; once the guesses match the
     text (a stretch the drafter can copy), speculation is probed within a few steps, not at
@@ -458,3 +475,68 @@ def test_shadow_drafting_can_be_turned_off():
     off = LayeredBuilder(LayeredConfig(plain_switch=True, shadow=False)).switch
     on.leader = off.leader = PLAIN
     assert on.wants_guess and not off.wants_guess
+
+
+@attrs.define
+class SilentDrafter(StubDrafter):
+    """`StubDrafter` that proposes no token (an n-gram drafter finding no match): at every
+    step, or (`alternate`) at every other one, proposing the right tokens at the others."""
+
+    alternate: bool = False
+    steps: int = 0
+
+    def expand(self, tree: DraftTree, nodes, k):
+        if tree.n_nodes == 1:
+            self.steps += 1
+        if self.alternate and self.steps % 2:
+            return super().expand(tree, nodes, k)
+        empty = torch.zeros(0, 1, dtype=torch.long)
+        return Proposal(nodes[:0].clone(), empty, empty.to(tree.score.dtype))
+
+
+def decode_silent(agrees, new_tokens: int = 80, alternate: bool = False):
+    """A generation whose cheapest drafter proposes nothing (at every step, or every other one),
+    with `silent_chain`: the stub drafter's chains (agreeing where `agrees` says) or the root
+    alone, chosen by measure at those steps."""
+    model = tiny_llama(seed=1, vocab=VOCAB)
+    prompt = torch.randint(0, VOCAB, (6,), generator=torch.Generator().manual_seed(0))
+    want = greedy_reference(model, prompt, new_tokens + DEPTH + 2)
+    clock, truth = FakeClock(), [*prompt.tolist(), *want]
+    config = LayeredConfig(depth=DEPTH, top_k=1, budget=DEPTH, silent_chain=DEPTH, probe_every=8)
+    builder = LayeredBuilder(config)
+    builder.silent.now = clock.now
+    scheduler = Never(NoConfig())
+    decoder = Decoder(
+        target=CausalLMRunner(model),
+        drafters=(
+            SilentDrafter(truth, lambda n: True, clock, alternate=alternate),
+            StubDrafter(truth, agrees, clock),
+        ),
+        builder=builder,
+        scheduler=scheduler,
+        verifier=GreedyVerifier(NoConfig()),
+    )
+    with torch.inference_mode():
+        events = list(decoder.steps(prompt, StopRule(max_new_tokens=new_tokens)))
+    assert [t for e in events for t in e.tokens] == want[:new_tokens]
+    chained = [e.build.silent for e in events]
+    assert all(e.calls == (1,) * e.tree_size and e.tree_size > 0 for e in events if e.build.silent)
+    assert len(scheduler.outcomes) == chained.count(False)  # chains stay out of its outcomes
+    silent = [e for e in events if e.calls[0] == 1 or e.tree_size == 0]
+    assert all(e.calls == (0,) for e in silent if not e.build.silent)
+    return [e.build.silent for e in silent], builder.silent
+
+
+def test_silent_steps_draft_chains_where_they_pay_and_the_root_alone_where_not():
+    """`silent_chain` behind its own measured switch: where the strongest drafter's chains are
+    accepted they are drafted at every silent step but the few that measure the root alone;
+    where they are rejected, the root goes alone but for short probes of chains; exact both."""
+    chains, silent = decode_silent(lambda n: True)
+    assert chains.count(False) <= WARMUP[PLAIN] and silent.leader == SPECULATE
+    chains, silent = decode_silent(lambda n: False)
+    late = chains[sum(WARMUP) + 2 :]
+    assert late.count(False) >= 0.5 * len(late) and True in late  # probed again
+    assert silent.leader == PLAIN
+    # silent steps between others: each measured up to the next step's start
+    chains, silent = decode_silent(lambda n: False, new_tokens=160, alternate=True)
+    assert silent.leader == PLAIN and chains[-8:].count(False) >= 4

@@ -5,6 +5,13 @@ drafter when the pipeline has no grafter, expands the best `top_k` frontier node
 children each (EAGLE-2-style dynamic tree). A scoring drafter with a grafter makes a *strong
 call*: one forward over the whole tree, rescoring, and a non-destructive graft. At the end the
 tree is pruned to the best `budget` nodes (ancestor-closed, parents first).
+
+A step that drafted nothing (the cheapest drafter had no token under the root and no strong call
+ran) can draft the strongest drafter's greedy chain from the root instead (`silent_chain`): where
+an n-gram drafter finds no match in free text, the LM drafter's confident tokens are what
+speculation has to offer, and its incremental chain is far cheaper than strong calls rescoring a
+tree. Whether those chains pay is measured as the plain switch measures speculation (a second
+`PlainSwitch`, asked only at such steps: the chain, or the root alone).
 """
 
 from __future__ import annotations
@@ -84,6 +91,19 @@ class LayeredConfig:
         "when those guesses would pay, not while none of them matched (drafters that say "
         "their chain: the n-gram drafter)",
     )
+    silent_chain: int = field(
+        0,
+        check=at_least(0, sane_max=256),
+        doc="at a silent step (the cheapest drafter has no token under the root), the strongest "
+        "drafter's greedy chain of up to this many tokens from the root, ending after a token "
+        "below `silent_stop`, while such chains measure faster than plain decoding (else a "
+        "plain step); 0: off",
+    )
+    silent_stop: float = field(
+        0.4,
+        check=Check("in (0, 1]", lambda v: 0 < v <= 1),
+        doc="`silent_chain` ends after a token whose probability under the drafter is below this",
+    )
 
 
 @attrs.define
@@ -94,12 +114,21 @@ class LayeredBuilder(TreeBuilder):
     config: LayeredConfig
     #: speculation or plain decoding, per step (`LayeredConfig.plain_switch`; None: always drafts)
     switch: PlainSwitch | None = attrs.field(default=None, init=False)
+    #: at the steps that drafted nothing: the strongest drafter's chain (its `SPECULATE`) or the
+    #: root alone, measured as the plain switch measures (`LayeredConfig.silent_chain`)
+    silent: PlainSwitch | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.config.plain_switch:
             self.switch = PlainSwitch(
-                probe_every=self.config.probe_every, shadowing=self.config.shadow
+                probe_every=self.config.probe_every,
+                shadowing=self.config.shadow,
+                # the cheapest drafter's missed guesses say nothing of the chains drafted where
+                # it has none: with them, the shadow may start probes, not hold them back
+                vetoes=self.config.silent_chain == 0,
             )
+        if self.config.silent_chain:
+            self.silent = PlainSwitch(probe_every=self.config.probe_every, shadowing=False)
 
     def max_nodes(self) -> int:
         return self.config.budget + 1
@@ -110,11 +139,14 @@ class LayeredBuilder(TreeBuilder):
     def with_clock(self, now: Callable[[], float]) -> LayeredBuilder:
         """A copy whose plain switch (if any) starts afresh and reads `now`."""
         builder = LayeredBuilder(self.config)
-        if builder.switch is not None:
-            builder.switch.now = now
+        for switch in (builder.switch, builder.silent):
+            if switch is not None:
+                switch.now = now
         return builder
 
     def build(self, step: StepContext) -> BuildResult:
+        if self.silent is not None:
+            self.silent.close(step)
         if self.switch is not None and self.switch.plain(step):
             built = plain_step(step)
             if self.switch.wants_guess:
@@ -125,19 +157,30 @@ class LayeredBuilder(TreeBuilder):
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         calls: list[int] = []
         times = StepTimes.read(step)  # they change between steps, not within one
-        peek = None
-        if len(step.drafters) > 1 and step.scheduler.wants_peek():
+        peek, silent = None, self.silent is not None and len(step.drafters) > 1
+        if len(step.drafters) > 1 and (silent or step.scheduler.wants_peek()):
             peek = step.drafters[0].peek(tree)
-        facts = step_facts(step, self.config.depth, self._cap(times), times=times, peek=peek)
-        for layer in range(self.config.depth):
-            who = self._choose(step, layer, tree, frontier, calls, facts)
-            if who == 0 and frontier.numel() == 0:
-                break  # the cheapest drafter has nothing left to expand
-            with step.clock.time(f"drafter{who}"):
-                tree, frontier = self._grow(step, who, tree, frontier)
-            calls.append(who)
-            if self._unsure(tree, frontier):
-                break
+        # the cheapest drafter says it has nothing under the root: a silent step, no scheduler
+        quiet = silent and peek is not None and not peek.chain
+        if not quiet:
+            facts = step_facts(step, self.config.depth, self._cap(times), times=times, peek=peek)
+            for layer in range(self.config.depth):
+                who = self._choose(step, layer, tree, frontier, calls, facts)
+                if who == 0 and frontier.numel() == 0:
+                    break  # the cheapest drafter has nothing left to expand
+                with step.clock.time(f"drafter{who}"):
+                    tree, frontier = self._grow(step, who, tree, frontier)
+                calls.append(who)
+                if self._unsure(tree, frontier):
+                    break
+        chain = False
+        if silent and tree.n_nodes == 1:
+            chain = not self.silent.plain(step)
+            if chain:
+                tree, calls = self._silent_chain(step, tree)
+                self.silent.note(tuple(calls))
+            elif quiet:  # nothing drafted, no scheduler asked: plain decoding's step
+                return plain_step(step)
         budget = self.config.budget
         curve = step.timings.target_curve
         if self.config.adaptive and curve is not None:
@@ -145,7 +188,29 @@ class LayeredBuilder(TreeBuilder):
         keep = kept(tree, budget)
         if self.switch is not None:
             self.switch.note(tuple(calls))
-        return BuildResult(tree=tree.select(keep), kept=keep, calls=tuple(calls), unpruned=tree)
+        return BuildResult(
+            tree=tree.select(keep),
+            kept=keep,
+            calls=tuple(calls),
+            unpruned=tree,
+            silent=chain or quiet,
+        )
+
+    def _silent_chain(self, step: StepContext, tree: DraftTree) -> tuple[DraftTree, list[int]]:
+        """The strongest drafter's greedy chain from the root (`silent_chain`), one `expand` of
+        its last node per token, ending after a token below `silent_stop`; and the calls made."""
+        who = len(step.drafters) - 1
+        drafter, low = step.drafters[who], math.log(self.config.silent_stop)
+        frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
+        calls: list[int] = []
+        with step.clock.time(f"drafter{who}"):
+            for _ in range(self.config.silent_chain):
+                tree, node_of = tree.extend(drafter.expand(tree, frontier, 1), who)
+                calls.append(who)
+                frontier = tree.best(chain_tails(node_of), 1)
+                if frontier.numel() == 0 or bool(tree.edge_logp[frontier].max() < low):
+                    break
+        return tree, calls
 
     def _unsure(self, tree: DraftTree, frontier: Tensor) -> bool:
         """Whether `stop_below` ends the growth: every frontier node's edge probability is

@@ -55,7 +55,10 @@ checked guesses of the current text and is skipped where none of them matched a 
 probe, for the wait); a probe starts at once where the guesses' tokens per step, less the
 wait's multiple in tokens (weak or stale evidence), reach `EARLY_TOKENS` and, over a
 speculative step's measured seconds, beat plain decoding's rate by `MARGIN`.
-A drafter that does not say its chain leaves the timed probes as they are.
+A drafter that does not say its chain leaves the timed probes as they are. Where the builder
+drafts another drafter's chain on the steps the cheapest one has nothing (`silent_chain`), the
+missed guesses say nothing of those chains: the shadow then only starts probes early
+(`vetoes` off), it never holds one back.
 
 Lossless: a plain step is a valid draft tree (the root alone), so the output is the target's own,
 whatever the arm. The estimates live in the builder and carry over between generations.
@@ -109,12 +112,15 @@ class PlainSwitch:
         memory: measured steps per arm whose tokens per second make its estimate.
         now: the wall clock (seconds), replaceable in tests.
         shadowing: whether it reads guesses at plain steps (shadow drafting, `wants_guess`).
+        vetoes: whether guesses that matched nothing hold probes back (else they only start
+            probes early).
     """
 
     probe_every: int = 16
     memory: int = 16
     now: Callable[[], float] = time.perf_counter
     shadowing: bool = True
+    vetoes: bool = True
     arm: int = SPECULATE
     #: the arm that leads, and the wait between probes of speculation (times `probe_every`)
     leader: int = SPECULATE
@@ -134,6 +140,8 @@ class PlainSwitch:
     _committed: int = attrs.field(default=0, init=False)
     _skip: bool = attrs.field(default=False, init=False)
     _called: bool = attrs.field(default=False, init=False)
+    # `close` began this step's new text (`plain` at the same step does not again)
+    _opened: bool = attrs.field(default=False, init=False)
     #: shadow drafting: whether the cheapest drafter says its best chain at plain steps (`guess`);
     #: the matched tokens of this text's checked guesses since the last probe of speculation; the
     #: guesses still being checked, as [chain, tokens matched so far]
@@ -189,15 +197,9 @@ class PlainSwitch:
         now = self.now()
         self._record(step, now)
         self._check_guesses(step)
-        if step.step == 0:  # a new text: speculation may pay on it, probe it more often
-            self._called = False
-            self.backoff = max(1, self.backoff // 2)
-            self.shadow = []
-            if self.leader == SPECULATE and self.warm[SPECULATE]:
-                # ... and where it led, judge it on this text alone: the last text's bursts
-                # would keep it leading for many steps of a text where it loses
-                self.arm, self.outcomes[SPECULATE] = SPECULATE, []
-                self.probing = WARMUP[SPECULATE] + 1
+        if step.step == 0 and not self._opened:
+            self._new_text()
+        self._opened = False
         self._step, self._start, self._committed = step.step, now, step.committed_len
         previous = self.arm
         self.arm = self._choose()
@@ -206,6 +208,29 @@ class PlainSwitch:
         self.idle[self.arm] = 0
         self.idle[1 - self.arm] += 1
         return self.arm == PLAIN
+
+    def close(self, step: StepContext) -> None:
+        """At the start of every step, for a switch asked (`plain`) only at some steps: record
+        the step before this one if it was asked there, measured up to now; begin a new text at
+        its first step."""
+        if step.step is None:
+            return
+        self._record(step, self.now())
+        self._step = None
+        if step.step == 0:
+            self._new_text()
+            self._opened = True
+
+    def _new_text(self) -> None:
+        """A new text: speculation may pay on it, probe it more often."""
+        self._called = False
+        self.backoff = max(1, self.backoff // 2)
+        self.shadow = []
+        if self.leader == SPECULATE and self.warm[SPECULATE]:
+            # ... and where it led, judge it on this text alone: the last text's bursts
+            # would keep it leading for many steps of a text where it loses
+            self.arm, self.outcomes[SPECULATE] = SPECULATE, []
+            self.probing = WARMUP[SPECULATE] + 1
 
     @property
     def wants_guess(self) -> bool:
@@ -318,7 +343,7 @@ class PlainSwitch:
             says = self.shadow_says()
             if says:  # the shadow's guesses pay: probe now
                 wait = 0
-            elif self.idle[other] >= wait and self.shadowed:
+            elif self.idle[other] >= wait and self.shadowed and self.vetoes:
                 if says is False:  # they cannot pay: as a lost probe
                     self.idle[other], self.backoff = 0, min(2 * self.backoff, MAX_BACKOFF)
                     self.shadow = []
