@@ -235,3 +235,32 @@ def test_chain_hf_is_the_chain_pipeline_under_hf_assisted_generations_schedule(t
         "stop_below": 0.4,
     }
     assert plan.raw["drafters"]["strong"]["model"] == PAIR["drafter"]
+
+
+def sweep_files() -> list:
+    """The sweep files under benchmarks/ (every YAML file with `pairs:`)."""
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "benchmarks"
+    return [p for p in sorted(folder.glob("*.yaml")) if "pairs" in yaml.safe_load(p.read_text())]
+
+
+@pytest.mark.parametrize("path", sweep_files(), ids=lambda p: p.name)
+def test_every_shipped_sweep_file_is_valid_for_each_of_its_pairs(path):
+    """A sweep file's pipelines, overrides and substitutions validate for every pair without a
+    model loaded: a typo in an override key fails here, not minutes into a run."""
+    cfg = load_bench_config(path)
+    for pair in cfg.pairs:
+        labels = [p.label for p in pipeline_plans(cfg, pair)]
+        assert len(labels) == len(set(labels)), labels
+
+
+def test_the_silent_chain_sweep_runs_the_default_with_and_without_chains():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "silent-chain.yaml"
+    cfg = load_bench_config(path)
+    plans = {p.label: p.raw for p in pipeline_plans(cfg, cfg.pairs[0])}
+    assert plans["treegraft-silent-chain"]["builder"]["silent_chain"] == 20
+    assert plans["treegraft"]["builder"].get("silent_chain", 0) == 0
+    assert {"chain-hf", "treegraft", "treegraft-silent-chain"} == set(plans)

@@ -540,3 +540,29 @@ def test_silent_steps_draft_chains_where_they_pay_and_the_root_alone_where_not()
     # silent steps between others: each measured up to the next step's start
     chains, silent = decode_silent(lambda n: False, new_tokens=160, alternate=True)
     assert silent.leader == PLAIN and chains[-8:].count(False) >= 4
+
+
+def test_a_switch_asked_at_some_steps_begins_each_text_once_and_measures_up_to_the_next():
+    """`close` at every step's start, `plain` only at some: a step asked is measured up to the
+    start of the step after it (whatever that one is), a step not followed at once by another
+    is not measured, and a new text's first step halves the wait once, not twice."""
+    clock = [0.0]
+    switch = PlainSwitch(probe_every=4, now=lambda: clock[0])
+    switch.backoff = 8
+
+    def step(i, committed, ask, seconds):
+        ctx = SimpleNamespace(step=i, committed_len=committed, prompt_len=5, root=0)
+        switch.close(ctx)
+        if ask:
+            switch.plain(ctx)
+        clock[0] += seconds
+
+    step(0, 10, True, 1.0)  # a new text: the wait halves once
+    assert switch.backoff == 4
+    step(1, 11, True, 1.0)  # asked: measured up to step 2's start
+    step(2, 14, False, 1.0)
+    step(3, 15, False, 1.0)
+    assert switch.outcomes[SPECULATE] == [(3, 1.0, 11)]
+    step(4, 16, True, 2.0)
+    step(6, 20, True, 1.0)  # not the step after: step 4 is not measured
+    assert switch.outcomes[SPECULATE] == [(3, 1.0, 11)]

@@ -232,8 +232,8 @@ class Decoder:
         curve = self.times.target_curve
         if step > 0 and isinstance(curve, ObservedCurve):  # step 0's forward reads the prompt too
             curve.observe(built.tree.n_nodes, times.get("target", 0.0))
-        # a plain step says nothing about drafting, a chain step nothing about the scheduler's
-        # decisions (`BuildResult.plain`, `.silent`)
+        # a plain step says nothing about drafting, a silent step's chain nothing about the
+        # scheduler's decisions (`BuildResult.plain`, `.silent`)
         if not (built.plain or built.silent):
             self._observe(
                 parts, step, built, len(tokens) - 1, strong_accepted, times, reason is not None

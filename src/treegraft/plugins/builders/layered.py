@@ -11,7 +11,7 @@ ran) can draft the strongest drafter's greedy chain from the root instead (`sile
 an n-gram drafter finds no match in free text, the LM drafter's confident tokens are what
 speculation has to offer, and its incremental chain is far cheaper than strong calls rescoring a
 tree. Whether those chains pay is measured as the plain switch measures speculation (a second
-`PlainSwitch`, asked only at such steps: the chain, or the root alone).
+`PlainSwitch`, asked only at such steps: the chain, or a plain step).
 """
 
 from __future__ import annotations
@@ -115,7 +115,8 @@ class LayeredBuilder(TreeBuilder):
     #: speculation or plain decoding, per step (`LayeredConfig.plain_switch`; None: always drafts)
     switch: PlainSwitch | None = attrs.field(default=None, init=False)
     #: at the steps that drafted nothing: the strongest drafter's chain (its `SPECULATE`) or the
-    #: root alone, measured as the plain switch measures (`LayeredConfig.silent_chain`)
+    #: root alone (a plain step where the scheduler was not asked), measured as the plain switch
+    #: measures (`LayeredConfig.silent_chain`)
     silent: PlainSwitch | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
