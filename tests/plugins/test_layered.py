@@ -86,6 +86,8 @@ def test_stop_below_ends_a_chain_after_its_first_unsure_token_and_stays_exact():
 
 
 def silent_chain_pipeline(res, silent_chain: int, max_new: int = 32):
+    """An n-gram drafter (2+ token matches) and an LM drafter that the scheduler never calls,
+    with `silent_chain` (0: off) and chains ending below 0.3, in float64."""
     from treegraft.core.pipeline import load_pipeline
 
     spec = {
