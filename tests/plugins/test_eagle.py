@@ -82,6 +82,23 @@ def test_eagle_drafting_equals_plain_greedy(head_dir, drafters, scheduler, seed)
     assert drafted  # the head drafted (from the second step on)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_head_drafts_silent_chains_exactly(head_dir, seed):
+    """As the strongest drafter behind an n-gram drafter that finds no match (a prompt without
+    repeats), the head drafts silent steps' chains from the root (`silent_chain`), one
+    `expand` per token from its own predicted features; the output is still the target's."""
+    res = resources()
+    raw = spec(head_dir, "ngram+eagle")
+    raw["drafters"]["w"]["min_ngram"] = 2
+    raw["builder"] |= {"silent_chain": 4, "silent_stop": 0.05}
+    pipe = load_pipeline(raw, resources=res)
+    prompt = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))[:14]
+    out = pipe.generate(prompt)
+    assert list(out.token_ids) == greedy_reference(res.models["mem:target"], prompt, 24)
+    chains = [e for e in out.events if e.build.silent]
+    assert chains and all(set(e.calls) == {1} for e in chains)
+
+
 def test_the_target_hands_out_features_without_an_extra_forward(head_dir):
     """Every target forward is a step's verification; the features the runner keeps are the
     model's final-norm hidden states of the committed tokens."""
