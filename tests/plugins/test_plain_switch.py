@@ -105,25 +105,23 @@ class Never(Scheduler):
         self.outcomes.append(outcome)
 
 
-def decode(agrees, *, switch: bool, new_tokens: int = 70, guessing: bool = False):
-    """Events and tokens of a generation with the stub drafter, and the reference tokens."""
+def run_stub(config: LayeredConfig, make_drafters, new_tokens: int):
+    """A generation of the tiny target with the layered builder of `config`, its switches on the
+    modelled clock, and the drafters `make_drafters(truth, clock)` builds (`truth`: the prompt
+    and the target's greedy continuation): its events, tokens, the reference tokens, the builder
+    and the scheduler (`Never`, keeping what it observes)."""
     model = tiny_llama(seed=1, vocab=VOCAB)
     prompt = torch.randint(0, VOCAB, (6,), generator=torch.Generator().manual_seed(0))
     want = greedy_reference(model, prompt, new_tokens + DEPTH + 2)
     clock = FakeClock()
-    builder = LayeredBuilder(
-        LayeredConfig(depth=DEPTH, top_k=1, budget=DEPTH, plain_switch=switch, probe_every=8)
-    )
-    if switch:
-        builder.switch.now = clock.now
+    builder = LayeredBuilder(config)
+    for switch in (builder.switch, builder.silent):
+        if switch is not None:
+            switch.now = clock.now
     scheduler = Never(NoConfig())
     decoder = Decoder(
         target=CausalLMRunner(model),
-        drafters=(
-            (GuessingDrafter if guessing else StubDrafter)(
-                [*prompt.tolist(), *want], agrees, clock
-            ),
-        ),
+        drafters=make_drafters([*prompt.tolist(), *want], clock),
         builder=builder,
         scheduler=scheduler,
         verifier=GreedyVerifier(NoConfig()),
@@ -132,6 +130,13 @@ def decode(agrees, *, switch: bool, new_tokens: int = 70, guessing: bool = False
         events = list(decoder.steps(prompt, StopRule(max_new_tokens=new_tokens)))
     tokens = [t for e in events for t in e.tokens]
     return events, tokens, want[:new_tokens], builder, scheduler
+
+
+def decode(agrees, *, switch: bool, new_tokens: int = 70, guessing: bool = False):
+    """Events and tokens of a generation with the stub drafter, and the reference tokens."""
+    config = LayeredConfig(depth=DEPTH, top_k=1, budget=DEPTH, plain_switch=switch, probe_every=8)
+    kind = GuessingDrafter if guessing else StubDrafter
+    return run_stub(config, lambda truth, clock: (kind(truth, agrees, clock),), new_tokens)
 
 
 def plain(event) -> bool:
@@ -498,27 +503,16 @@ def decode_silent(agrees, new_tokens: int = 80, alternate: bool = False):
     """A generation whose cheapest drafter proposes nothing (at every step, or every other one),
     with `silent_chain`: the stub drafter's chains (agreeing where `agrees` says) or the root
     alone, chosen by measure at those steps."""
-    model = tiny_llama(seed=1, vocab=VOCAB)
-    prompt = torch.randint(0, VOCAB, (6,), generator=torch.Generator().manual_seed(0))
-    want = greedy_reference(model, prompt, new_tokens + DEPTH + 2)
-    clock, truth = FakeClock(), [*prompt.tolist(), *want]
     config = LayeredConfig(depth=DEPTH, top_k=1, budget=DEPTH, silent_chain=DEPTH, probe_every=8)
-    builder = LayeredBuilder(config)
-    builder.silent.now = clock.now
-    scheduler = Never(NoConfig())
-    decoder = Decoder(
-        target=CausalLMRunner(model),
-        drafters=(
+    events, tokens, want, builder, scheduler = run_stub(
+        config,
+        lambda truth, clock: (
             SilentDrafter(truth, lambda n: True, clock, alternate=alternate),
             StubDrafter(truth, agrees, clock),
         ),
-        builder=builder,
-        scheduler=scheduler,
-        verifier=GreedyVerifier(NoConfig()),
+        new_tokens,
     )
-    with torch.inference_mode():
-        events = list(decoder.steps(prompt, StopRule(max_new_tokens=new_tokens)))
-    assert [t for e in events for t in e.tokens] == want[:new_tokens]
+    assert tokens == want
     chained = [e.build.silent for e in events]
     assert all(e.calls == (1,) * e.tree_size and e.tree_size > 0 for e in events if e.build.silent)
     assert len(scheduler.outcomes) == chained.count(False)  # chains stay out of its outcomes

@@ -172,7 +172,7 @@ class LayeredBuilder(TreeBuilder):
                 with step.clock.time(f"drafter{who}"):
                     tree, frontier = self._grow(step, who, tree, frontier)
                 calls.append(who)
-                if self._unsure(tree, frontier):
+                if unsure(tree, frontier, self.config.stop_below):
                     break
         chain = False
         if silent and tree.n_nodes == 1:
@@ -201,25 +201,15 @@ class LayeredBuilder(TreeBuilder):
         """The strongest drafter's greedy chain from the root (`silent_chain`), one `expand` of
         its last node per token, ending after a token below `silent_stop`; and the calls made."""
         who = len(step.drafters) - 1
-        drafter, low = step.drafters[who], math.log(self.config.silent_stop)
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         calls: list[int] = []
         with step.clock.time(f"drafter{who}"):
             for _ in range(self.config.silent_chain):
-                tree, node_of = tree.extend(drafter.expand(tree, frontier, 1), who)
+                tree, frontier = expand_frontier(step.drafters[who], who, tree, frontier, 1)
                 calls.append(who)
-                frontier = tree.best(chain_tails(node_of), 1)
-                if frontier.numel() == 0 or bool(tree.edge_logp[frontier].max() < low):
+                if frontier.numel() == 0 or unsure(tree, frontier, self.config.silent_stop):
                     break
         return tree, calls
-
-    def _unsure(self, tree: DraftTree, frontier: Tensor) -> bool:
-        """Whether `stop_below` ends the growth: every frontier node's edge probability is
-        below it (reads the frontier's scores on the host)."""
-        low = self.config.stop_below
-        if low is None or frontier.numel() == 0:
-            return False
-        return bool(tree.edge_logp[frontier].max() < math.log(low))
 
     def _grow(
         self, step: StepContext, who: int, tree: DraftTree, frontier: Tensor
@@ -235,8 +225,7 @@ class LayeredBuilder(TreeBuilder):
             return graft.tree, graft.frontier
         if frontier.numel() == 0:
             return tree, frontier
-        tree, node_of = tree.extend(drafter.expand(tree, frontier, k), who)
-        return tree, tree.best(chain_tails(node_of), k)
+        return expand_frontier(drafter, who, tree, frontier, k)
 
     def _choose(
         self,
@@ -271,6 +260,23 @@ class LayeredBuilder(TreeBuilder):
         if t_target <= 0 or t_strong <= 0:
             return self.config.depth
         return max(1, int(t_target // t_strong))
+
+
+def expand_frontier(
+    drafter: Any, who: int, tree: DraftTree, frontier: Tensor, k: int
+) -> tuple[DraftTree, Tensor]:
+    """`drafter` (index `who`) proposes `k` children (or chains) under each frontier node; the
+    tree with them hung on, and its best `k` chain tails as the new frontier."""
+    tree, node_of = tree.extend(drafter.expand(tree, frontier, k), who)
+    return tree, tree.best(chain_tails(node_of), k)
+
+
+def unsure(tree: DraftTree, frontier: Tensor, low: float | None) -> bool:
+    """Whether growth stops at a confidence of `low` (None: never): every frontier node's edge
+    probability is below it (reads the frontier's scores on the host)."""
+    if low is None or frontier.numel() == 0:
+        return False
+    return bool(tree.edge_logp[frontier].max() < math.log(low))
 
 
 class StepTimes(NamedTuple):
