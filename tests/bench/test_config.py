@@ -256,11 +256,21 @@ def test_every_shipped_sweep_file_is_valid_for_each_of_its_pairs(path):
 
 
 def test_the_silent_chain_sweep_runs_the_default_with_and_without_chains():
+    """The default drafts silent steps' chains with its cheap LM drafter (draft-s, the middle
+    one) while the pair's drafter goes into the strongest; the sweep also runs it without
+    chains and with the strongest drafter's chains."""
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "silent-chain.yaml"
     cfg = load_bench_config(path)
-    plans = {p.label: p.raw for p in pipeline_plans(cfg, cfg.pairs[0])}
-    assert plans["treegraft-silent-chain"]["builder"]["silent_chain"] == 20
-    assert plans["treegraft"]["builder"].get("silent_chain", 0) == 0
-    assert {"chain-hf", "treegraft", "treegraft-silent-chain"} == set(plans)
+    pair = next(p for p in cfg.pairs if p.drafter == "zoo:draft-l")
+    plans = {p.label: p.raw for p in pipeline_plans(cfg, pair)}
+    assert {"chain-hf", "treegraft", "treegraft-no-chain", "treegraft-strong-chain"} == set(plans)
+    default = plans["treegraft"]
+    assert default["builder"]["silent_chain"] == 20 and default["builder"]["silent_drafter"] == 1
+    assert [d["model"] for d in list(default["drafters"].values())[1:]] == [
+        "zoo:draft-s",
+        "zoo:draft-l",
+    ]
+    assert plans["treegraft-no-chain"]["builder"]["silent_chain"] == 0
+    assert plans["treegraft-strong-chain"]["builder"]["silent_drafter"] == -1

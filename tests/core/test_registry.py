@@ -245,6 +245,7 @@ def test_config_fields_are_the_attrs_fields(builtins_only: Registry) -> None:
         "shadow",
         "silent_chain",
         "silent_stop",
+        "silent_drafter",
     ]
     assert builtins_only.get("verifier", "greedy").config_fields() == []
 

@@ -396,6 +396,11 @@ class TreeBuilder(Component):
     def max_nodes(self) -> int:
         """Most nodes (root included) of a verified tree: sizes the target's cache."""
 
+    def check_drafters(self, n_drafters: int) -> None:
+        """Raise `ValueError` (naming the config field, the value and what was expected) when
+        the config names a drafter that a pipeline of `n_drafters` drafters lacks; the pipeline
+        calls it once its components are built. Default: nothing to check."""
+
     def wants_target_curve(self) -> bool:
         """Whether `build` reads the target's latency curve (`StepContext.timings.target_curve`);
         the decoder then measures it once, before its first generation."""

@@ -150,6 +150,10 @@ class Pipeline:
             pinned=resources.device.type == "cuda",
             origins=origins,
         )
+        try:
+            decoder.builder.check_drafters(len(decoder.drafters))
+        except ValueError as exc:
+            raise ConfigError(f"{spec.builder.path}: {exc}") from None
         decoder.max_positions = context_limit(target, decoder.drafters)
         tokenizer = pipeline_tokenizer(spec, resources)
         check_chat_template(spec, tokenizer)

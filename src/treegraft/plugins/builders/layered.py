@@ -7,8 +7,9 @@ call*: one forward over the whole tree, rescoring, and a non-destructive graft. 
 tree is pruned to the best `budget` nodes (ancestor-closed, parents first).
 
 A step that drafted nothing (the cheapest drafter had no token under the root and no strong call
-ran) can draft the strongest drafter's greedy chain from the root instead (`silent_chain`): where
-an n-gram drafter finds no match in free text, the LM drafter's confident tokens are what
+ran) can draft an LM drafter's greedy chain from the root instead (`silent_chain`; the strongest
+drafter's, or the one `silent_drafter` names, e.g. a cheap LM beside a strong one): where an
+n-gram drafter finds no match in free text, the LM drafter's confident tokens are what
 speculation has to offer, and its incremental chain is far cheaper than strong calls rescoring a
 tree. Whether those chains pay is measured as the plain switch measures speculation (a second
 `PlainSwitch`, asked only at such steps: the chain, or a plain step).
@@ -94,8 +95,8 @@ class LayeredConfig:
     silent_chain: int = field(
         0,
         check=at_least(0, sane_max=256),
-        doc="at a silent step (the cheapest drafter has no token under the root), the strongest "
-        "drafter's greedy chain of up to this many tokens from the root, ending after a token "
+        doc="at a silent step (the cheapest drafter has no token under the root), the "
+        "`silent_drafter`'s greedy chain of up to this many tokens from the root, ending after a token "
         "below `silent_stop`, while such chains measure faster than plain decoding (else a "
         "plain step); 0: off",
     )
@@ -103,6 +104,13 @@ class LayeredConfig:
         0.4,
         check=Check("in (0, 1]", lambda v: 0 < v <= 1),
         doc="`silent_chain` ends after a token whose probability under the drafter is below this",
+    )
+    silent_drafter: int = field(
+        -1,
+        check=Check("a drafter index other than 0 (the cheapest)", lambda v: v != 0),
+        doc="the drafter whose chains `silent_chain` drafts: its index among the pipeline's "
+        "drafters, cheapest first (negative: counted from the strongest, -1); a cheap LM drafter "
+        "beside a strong one drafts chains at less cost",
     )
 
 
@@ -114,7 +122,7 @@ class LayeredBuilder(TreeBuilder):
     config: LayeredConfig
     #: speculation or plain decoding, per step (`LayeredConfig.plain_switch`; None: always drafts)
     switch: PlainSwitch | None = attrs.field(default=None, init=False)
-    #: at the steps that drafted nothing: the strongest drafter's chain (its `SPECULATE`) or the
+    #: at the steps that drafted nothing: the `silent_drafter`'s chain (its `SPECULATE`) or the
     #: root alone (a plain step where the scheduler was not asked), measured as the plain switch
     #: measures (`LayeredConfig.silent_chain`)
     silent: PlainSwitch | None = attrs.field(default=None, init=False)
@@ -133,6 +141,18 @@ class LayeredBuilder(TreeBuilder):
 
     def max_nodes(self) -> int:
         return self.config.budget + 1
+
+    def check_drafters(self, n_drafters: int) -> None:
+        """`silent_drafter` must name a drafter other than the cheapest (a pipeline of one
+        drafter has no silent steps: nothing to check)."""
+        if not self.config.silent_chain or n_drafters < 2:
+            return
+        index = self.config.silent_drafter
+        if not -n_drafters <= index < n_drafters or index % n_drafters == 0:
+            raise ValueError(
+                f"silent_drafter: {index} names no drafter but the cheapest of this pipeline's "
+                f"{n_drafters}; expected 1 .. {n_drafters - 1} or -{n_drafters - 1} .. -1"
+            )
 
     def wants_target_curve(self) -> bool:
         return self.config.adaptive
@@ -198,9 +218,9 @@ class LayeredBuilder(TreeBuilder):
         )
 
     def _silent_chain(self, step: StepContext, tree: DraftTree) -> tuple[DraftTree, list[int]]:
-        """The strongest drafter's greedy chain from the root (`silent_chain`), one `expand` of
+        """The `silent_drafter`'s greedy chain from the root (`silent_chain`), one `expand` of
         its last node per token, ending after a token below `silent_stop`; and the calls made."""
-        who = len(step.drafters) - 1
+        who = self.config.silent_drafter % len(step.drafters)
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         calls: list[int] = []
         with step.clock.time(f"drafter{who}"):
