@@ -85,13 +85,20 @@ def test_the_shipped_pipelines_are_the_documented_ones():
 
 def test_the_default_pipeline_is_the_learned_configuration():
     """`pipelines/treegraft.yaml`, what `treegraft generate` and `scripts/dev.py run` decode with,
-    is the fastest shipped configuration: the distilled scheduler with its call guard and the
-    adaptive verification size."""
+    is the fastest shipped configuration: the distilled scheduler with its call guard, the
+    adaptive verification size, and the cheap LM drafter's chains at silent steps (the middle of
+    three drafters: the strongest stays the scheduler's)."""
     from treegraft.cli import DEFAULT_PIPELINE
 
     raw = yaml.safe_load(resolve_pipeline(DEFAULT_PIPELINE).read_text())
     assert raw["scheduler"] == {"name": "distilled", "artifact": "zoo:scheduler", "guard": 0.1}
     assert raw["builder"]["adaptive"] is True
+    assert [d.get("model") for d in raw["drafters"].values()] == [
+        None,
+        "zoo:draft-s",
+        "zoo:draft-m",
+    ]
+    assert raw["builder"]["silent_chain"] > 0 and raw["builder"]["silent_drafter"] == 1
     dev = (Path(__file__).parents[1] / "scripts" / "dev.py").read_text()
     assert f'DEFAULT_PIPELINE = Path("pipelines") / "{DEFAULT_PIPELINE}.yaml"' in dev
 

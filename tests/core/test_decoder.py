@@ -30,11 +30,12 @@ def pipeline(
     max_new=24,
     adaptive=None,
     silent_chain=0,
+    silent_drafter=-1,
     **decoding,
 ):
     builder = {"name": "layered", "depth": depth, "top_k": top_k, "budget": budget}
     if silent_chain:
-        builder["silent_chain"] = silent_chain
+        builder |= {"silent_chain": silent_chain, "silent_drafter": silent_drafter}
     if adaptive is not None:
         builder["adaptive"] = adaptive
     spec = {
@@ -84,10 +85,11 @@ DRAFTER_SETS = {
     top_k=st.integers(1, 4),
     budget=st.integers(1, 20),
     kv_heads=st.sampled_from([1, 2, 4]),
-    silent_chain=st.sampled_from([0, 0, 4]),
+    # silent steps' chains (4 tokens) by the strongest drafter or the second cheapest
+    silent=st.sampled_from([(0, -1), (0, -1), (4, -1), (4, 1)]),
 )
 def test_every_pipeline_equals_plain_greedy(
-    seed, prompt_len, drafters, scheduler, depth, top_k, budget, kv_heads, silent_chain
+    seed, prompt_len, drafters, scheduler, depth, top_k, budget, kv_heads, silent
 ):
     target = tiny_llama(seed=seed, vocab=VOCAB, kv_heads=kv_heads)
     draft = tiny_llama(seed=seed + 1, vocab=VOCAB, hidden=16, layers=1, heads=2, kv_heads=1)
@@ -101,7 +103,8 @@ def test_every_pipeline_equals_plain_greedy(
         budget=budget,
         scheduler=scheduler,
         max_new=16,
-        silent_chain=silent_chain,
+        silent_chain=silent[0],
+        silent_drafter=silent[1],
     )
     out = pipe.generate(prompt)
     assert list(out.token_ids) == greedy_reference(target, prompt, 16)

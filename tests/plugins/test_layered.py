@@ -167,3 +167,66 @@ def test_silent_chain_drafts_the_strong_chain_where_the_weak_drafter_has_nothing
                 {"target": "mem:target", "drafters": {"w": {"name": "ngram"}}, "builder": spec},
                 resources=res,
             )
+
+
+def three_drafter_pipeline(res, builder: dict, scheduler: str = "always"):
+    """An n-gram drafter (2+ token matches), a cheap LM drafter (`mem:mid`) and a strong one
+    (`mem:draft`), chains of up to 6 tokens at silent steps, in float64."""
+    from treegraft.core.pipeline import load_pipeline
+
+    spec = {
+        "target": "mem:target",
+        "drafters": {
+            "w": {"name": "ngram", "min_ngram": 2, "chain_len": 2},
+            "m": {"name": "hf_lm", "model": "mem:mid"},
+            "s": {"name": "hf_lm", "model": "mem:draft"},
+        },
+        "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 16, **builder},
+        "rescorer": "overwrite",
+        "grafter": "reselect",
+        "scheduler": scheduler,
+        "decoding": {"max_new_tokens": 32, "dtype": "float64"},
+    }
+    return load_pipeline(spec, resources=res)
+
+
+def test_silent_drafter_names_the_lm_drafter_whose_chains_silent_steps_draft():
+    """`silent_drafter: 1` in a pipeline of three drafters: silent steps draft the middle (cheap)
+    LM drafter's chains, the scheduler's calls still go to the strongest; by default (-1) the
+    strongest drafts them; exact either way. An index naming the cheapest drafter, or none of
+    the pipeline's, is refused when the pipeline is built, naming the field."""
+    import pytest
+
+    from tests.conftest import greedy_reference, memory_resources, tiny_llama
+    from treegraft.core.config import ConfigError
+
+    target = tiny_llama(seed=7, vocab=40)
+    draft = tiny_llama(seed=8, vocab=40, hidden=16, layers=1, heads=2, kv_heads=1)
+    mid = tiny_llama(seed=9, vocab=40, hidden=16, layers=1, heads=2, kv_heads=1)
+    res = memory_resources(target=target, draft=draft, mid=mid)
+    prompt = torch.randperm(40, generator=torch.Generator().manual_seed(3))[:14]  # no repeats
+    want = greedy_reference(target, prompt, 32)
+    for index, chains_by in [(1, 1), (-2, 1), (-1, 2), (2, 2)]:
+        pipe = three_drafter_pipeline(res, {"silent_chain": 6, "silent_drafter": index})
+        out = pipe.generate(prompt)
+        assert list(out.token_ids) == want, index
+        chains = [e for e in out.events if e.build.silent and not e.build.plain]
+        assert chains, index  # the prompt has no repeats: the n-gram drafter starts silent
+        for event in out.events:
+            if event.build.plain:
+                continue
+            tree = event.build.unpruned
+            if event.build.silent:
+                n = tree.n_nodes - 1
+                assert event.calls == (chains_by,) * n, index
+                assert tree.scorer.tolist()[1:] == [chains_by] * n, index
+            else:  # scheduler `always`: the strongest (within its cap), never the middle one
+                assert 2 in event.calls and 1 not in event.calls, (index, event.calls)
+    for index in (0, 3, -3, 7):
+        with pytest.raises(
+            ConfigError, match=r"pipeline\.builder.*silent_drafter.*expected"
+        ) as info:
+            three_drafter_pipeline(res, {"silent_chain": 6, "silent_drafter": index})
+        assert f"got {index}" in str(info.value) or f"drafter: {index} names" in str(info.value)
+    # without silent chains the index is not read
+    three_drafter_pipeline(res, {"silent_chain": 0, "silent_drafter": 3})

@@ -107,7 +107,7 @@ class LayeredConfig:
     )
     silent_drafter: int = field(
         -1,
-        check=Check("a drafter index other than 0 (the cheapest)", lambda v: v != 0),
+        check=Check("!= 0 (0 is the cheapest drafter)", lambda v: v != 0),
         doc="the drafter whose chains `silent_chain` drafts: its index among the pipeline's "
         "drafters, cheapest first (negative: counted from the strongest, -1); a cheap LM drafter "
         "beside a strong one drafts chains at less cost",
