@@ -211,3 +211,50 @@ def test_restrict_output_picks_columns_and_checks_its_rows() -> None:
     ]:
         with pytest.raises(ValueError, match=message):
             runner.restrict_output(rows)
+
+
+@pytest.mark.parametrize(
+    ("architecture", "forward"),
+    [("llama", "auto"), ("llama", "fused"), ("llama", "transformers"), ("mistral", "auto")],
+)
+def test_forward_chain_is_the_plain_forward_of_the_chain(architecture: str, forward: str) -> None:
+    """`forward_chain` grows a chain from the root one token at a time (the lean forwards with
+    no mask): each token's logits are the plain forward's of the prompt and the chain so far,
+    with tokens pending from a step the runner skipped, across commits that keep part of the
+    chain, and past a sliding window (the mask path with the model's rule)."""
+    from treegraft.conformance.tiny import tiny_model
+
+    if architecture == "mistral":
+        model = tiny_model("mistral", seed=3, sliding_window=5)
+    else:
+        model = tiny_llama(seed=3, vocab=32)
+    vocab = model.config.vocab_size
+    # the fused forward's RoPE table is float32 (a drafter's): equal to about 1e-7
+    tol = 1e-6 if forward == "fused" else 1e-9
+    rng = torch.Generator().manual_seed(4)
+    seq = torch.randint(0, vocab, (6,), generator=rng).tolist()
+    runner = CausalLMRunner(model, forward=forward)
+    runner.begin(torch.tensor(seq), max_len=8)  # small on purpose: the cache must grow
+    with pytest.raises(ValueError, match="forward_chain: the step's root is not forwarded"):
+        runner.forward_chain(torch.tensor(1))
+    for step in range(4):
+        if step == 1:  # a step the drafter sat out: its tokens wait as pending ones
+            runner.commit(torch.tensor([0]), torch.tensor([seq[-1] + 1]))
+            seq.append(seq[-1] + 1)
+        chain = [seq[-1]]
+        with torch.no_grad():
+            logits = runner.forward_tree(DraftTree.from_root(seq[-1]))[0]
+            for _ in range(5):
+                torch.testing.assert_close(
+                    logits, plain_logits(model, seq + chain[1:]), rtol=tol, atol=tol
+                )
+                chain.append(int(torch.randint(0, vocab, (1,), generator=rng)))
+                logits = runner.forward_chain(torch.tensor(chain[-1]))[0]
+        kept = 1 + step % 3  # the root and the first drafts accepted, then a bonus token
+        bonus = int(torch.randint(0, vocab, (1,), generator=rng))
+        new = [*chain[1:kept], bonus]
+        runner.commit(torch.arange(kept), torch.tensor(new))
+        seq += new
+    with torch.no_grad():
+        final = runner.forward_tree(DraftTree.from_root(seq[-1]))[0]
+    torch.testing.assert_close(final, plain_logits(model, seq), rtol=tol, atol=tol)

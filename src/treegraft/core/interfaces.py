@@ -294,6 +294,16 @@ class Drafter(Component):
         """
         return None
 
+    def chain(self, tree: DraftTree, length: int, stop: float) -> Proposal | None:
+        """Its greedy chain under the root of `tree` (a step's tree of the root alone), as one
+        `Proposal` row: up to `length` tokens, ending after the first whose probability is below
+        `stop`. The same tokens as `expand(tree, [last node], 1)` called token by token (the
+        layered builder's silent steps), drafted where the drafter can do it faster: a language
+        model forwards each token with no tree to build. None (the default): the builder calls
+        `expand` token by token.
+        """
+        return None
+
     def rewind(self) -> None:
         """Forget the tree seen in this step, as if the step had not begun.
 

@@ -322,6 +322,29 @@ class CausalLMRunner:
         self.n_seen = n
         return logits
 
+    def forward_chain(self, token: Tensor) -> Tensor:
+        """Forward one token that extends this step's tree as the child of its last seen node,
+        where that tree is a chain from the root (each node the child of the one before, as a
+        drafter's greedy chain): the node sees everything in the cache and the region, so on the
+        lean forward no mask is built. Returns its logits `[1, V]` (`[1, K]` restricted), as
+        `forward_tree` would for the tree with the node appended. Needs the root seen
+        (`forward_tree` first)."""
+        if self.n_seen == 0:
+            raise ValueError("forward_chain: the step's root is not forwarded yet (forward_tree)")
+        kv_len = self.n_cached + self.n_pending + self.n_seen + 1
+        self._ensure_capacity(kv_len)
+        dev = self.device
+        ids = token.reshape(1).to(dev)
+        positions = torch.full((1,), kv_len - 1, dtype=torch.long, device=dev)  # root + depth
+        visible: Any = None
+        if self._lean is None or not self._rules.plain:  # a mask: the model's forward, or rules
+            visible = torch.ones(1, kv_len, dtype=torch.bool, device=dev)
+            if not self._rules.plain:  # a chain's keys sit at positions 0 .. kv_len - 1
+                visible = self._rule_masks(visible, positions, torch.arange(kv_len, device=dev))
+        logits = self._forward(ids, positions, visible, n_logits=1, kv_len=kv_len)
+        self.n_seen += 1
+        return logits
+
     def _block(self, tree: DraftTree, start: int, pending: int) -> tuple[Tensor, Tensor, Tensor]:
         """Token ids `[q]`, positions `[q]` and visibility `[q, kv_len]` of one forward block:
         in numpy for a CPU model and tree (a few array calls where torch's cost tens of
@@ -426,12 +449,17 @@ class CausalLMRunner:
             self.model, forward=self.forward, bitwise=self.bitwise, pad_small_blocks=pad
         )
 
-    def _forward(self, ids: Tensor, positions: Tensor, visible: Any, *, n_logits: int) -> Tensor:
-        """One model forward of the block as given."""
+    def _forward(
+        self, ids: Tensor, positions: Tensor, visible: Any, *, n_logits: int, kv_len: int = 0
+    ) -> Tensor:
+        """One model forward of the block as given (`visible` None: every one of the `kv_len`
+        keys is visible to every row, on the lean forward only)."""
         cache = self.cache
-        if isinstance(visible, dict):
+        if visible is None:
+            additive: Any = None
+        elif isinstance(visible, dict):
             kv_len = next(iter(visible.values())).shape[1]
-            additive: Any = {k: self._additive(v)[None, None] for k, v in visible.items()}
+            additive = {k: self._additive(v)[None, None] for k, v in visible.items()}
         else:
             kv_len = visible.shape[1]
             additive = self._additive(visible)

@@ -157,7 +157,7 @@ class LeanForward:
         self,
         ids: Tensor,
         positions: Tensor,
-        additive: Tensor,
+        additive: Tensor | None,
         kv: Tensor,
         write_start: int,
         n_logits: int,
@@ -174,7 +174,7 @@ class LeanForward:
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = emb.cos().to(dtype)[:, None]  # [1, 1, q, D]; RoPE scaling is 1 (`lean_support`)
         sin = emb.sin().to(dtype)[:, None]
-        mask = additive[None, None]
+        mask = None if additive is None else additive[None, None]  # None: every key visible
         shape = (1, q_len, -1, self.head_dim)
         table = self.transposed if q_len >= TRANSPOSED_MIN_ROWS else None  # 1-3 rows: F.linear
         linear = table.linear if table is not None else _plain_linear
@@ -214,7 +214,7 @@ class LeanForward:
         return F.linear(h[:, -n_logits:, :], weight, bias)[0]
 
     def _attention(
-        self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, q_len: int
+        self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, q_len: int
     ) -> Tensor:
         """`transformers`' SDPA attention for a given additive mask (grouped heads as it does)."""
         if self.groups > 1:
@@ -419,7 +419,7 @@ class FusedForward(LeanForward):
         self,
         ids: Tensor,
         positions: Tensor,
-        additive: Tensor,
+        additive: Tensor | None,
         kv: Tensor,
         write_start: int,
         n_logits: int,
@@ -432,7 +432,7 @@ class FusedForward(LeanForward):
         cos_table, sin_table = self._rope_table(kv.shape[3], h)
         cos = cos_table[positions][None, None]  # [1, 1, q, D]
         sin = sin_table[positions][None, None]
-        mask = additive[None, None]
+        mask = None if additive is None else additive[None, None]  # None: every key visible
         d = self.head_dim
         nq, nkv = self.n_heads, self.n_kv
         half = d // 2

@@ -218,14 +218,19 @@ class LayeredBuilder(TreeBuilder):
         )
 
     def _silent_chain(self, step: StepContext, tree: DraftTree) -> tuple[DraftTree, list[int]]:
-        """The `silent_drafter`'s greedy chain from the root (`silent_chain`), one `expand` of
-        its last node per token, ending after a token below `silent_stop`; and the calls made."""
+        """The `silent_drafter`'s greedy chain from the root (`silent_chain`): its `chain`, or
+        one `expand` of its last node per token, ending after a token below `silent_stop`; and the calls made."""
         who = self.config.silent_drafter % len(step.drafters)
+        drafter = step.drafters[who]
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         calls: list[int] = []
         with step.clock.time(f"drafter{who}"):
+            chain = drafter.chain(tree, self.config.silent_chain, self.config.silent_stop)
+            if chain is not None:  # drafted at once (`Drafter.chain`)
+                tree, _ = tree.extend(chain, who)
+                return tree, [who] * (tree.n_nodes - 1)
             for _ in range(self.config.silent_chain):
-                tree, frontier = expand_frontier(step.drafters[who], who, tree, frontier, 1)
+                tree, frontier = expand_frontier(drafter, who, tree, frontier, 1)
                 calls.append(who)
                 if frontier.numel() == 0 or unsure(tree, frontier, self.config.silent_stop):
                     break

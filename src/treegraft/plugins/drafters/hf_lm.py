@@ -15,6 +15,7 @@ target verifies, so the output stays exactly the target's.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import attrs
@@ -118,18 +119,27 @@ class HFLMDrafter(Drafter):
             if self._prompt is not None:  # the generation's first forward
                 self._restrict(self._prompt)
                 self._prompt = None
-            logits = self.runner.forward_tree(tree)  # [n_new, V] ([n_new, K] with a head)
-            logits = logits.float()
-            if self.config.temperature != 1.0:  # dividing by 1 changes nothing but costs a pass
-                logits = logits / self.config.temperature
-            logp = torch.log_softmax(logits, dim=-1)
-            rows = self.runner.output_rows
-            if rows is not None:  # unscored tokens: -inf
-                full = logp.new_full((logp.shape[0], self.vocab), float("-inf"))
-                full[:, rows] = logp
-                logp = full
+            logp = self._logp(self.runner.forward_tree(tree))
             self.node_logp = logp if self.node_logp is None else torch.cat([self.node_logp, logp])
         return self.node_logp[: tree.n_nodes]
+
+    def _logp(self, logits: Tensor, *, full: bool = True) -> Tensor:
+        """`[n, V]` log-probs of the runner's logits `[n, V]` (`[n, K]` with a head: the
+        unscored tokens get -inf; `full` False: the `[n, K]` scored columns alone)."""
+        logits = logits.float()
+        if self.config.temperature != 1.0:  # dividing by 1 changes nothing but costs a pass
+            logits = logits / self.config.temperature
+        logp = torch.log_softmax(logits, dim=-1)
+        return self._full(logp) if full else logp
+
+    def _full(self, logp: Tensor) -> Tensor:
+        """`[n, V]` log-probs from those of the runner's output columns (-inf elsewhere)."""
+        rows = self.runner.output_rows
+        if rows is None:
+            return logp
+        full = logp.new_full((logp.shape[0], self.vocab), float("-inf"))
+        full[:, rows] = logp
+        return full
 
     def expand(self, tree: DraftTree, nodes: Tensor, k: int) -> Proposal:
         logp = self._score(tree)[nodes]  # [f, V]
@@ -138,6 +148,35 @@ class HFLMDrafter(Drafter):
             parents=nodes.repeat_interleave(top.indices.shape[1]),
             tokens=top.indices.reshape(-1, 1),
             logp=top.values.reshape(-1, 1),
+        )
+
+    def chain(self, tree: DraftTree, length: int, stop: float) -> Proposal | None:
+        """The greedy chain from the root, one `CausalLMRunner.forward_chain` per token: no tree
+        is built, no mask on the lean forward, and the chain's tokens are chosen among the
+        scored columns (a head's). The seen nodes' log-probs are kept as `expand` keeps them (a
+        later `score_tree` of the chain's tree reads them)."""
+        if tree.n_nodes != 1 or length < 1:
+            return None
+        low = math.log(stop)
+        root = self._score(tree)[0]  # pending tokens and the root: one forward
+        value, token = root.max(dim=-1)
+        tokens, logps, seen = [int(token)], [float(value)], []
+        columns = self.runner.output_rows  # restricted log-probs' column -> token id
+        while len(tokens) < length and logps[-1] >= low:
+            logp = self._logp(self.runner.forward_chain(token), full=False)[0]
+            seen.append(logp)
+            value, token = logp.max(dim=-1)
+            if columns is not None:
+                token = columns[token]
+            tokens.append(int(token))
+            logps.append(float(value))
+        if seen:
+            self.node_logp = torch.cat([root[None], self._full(torch.stack(seen))])
+        device = tree.device
+        return Proposal(
+            parents=torch.zeros(1, dtype=torch.long, device=device),
+            tokens=torch.tensor([tokens], dtype=torch.long, device=device),
+            logp=torch.tensor([logps], dtype=torch.float32, device=device),
         )
 
     def score_tree(self, tree: DraftTree) -> Tensor:
