@@ -96,9 +96,9 @@ class LayeredConfig:
         0,
         check=at_least(0, sane_max=256),
         doc="at a silent step (the cheapest drafter has no token under the root), the "
-        "`silent_drafter`'s greedy chain of up to this many tokens from the root, ending after a token "
-        "below `silent_stop`, while such chains measure faster than plain decoding (else a "
-        "plain step); 0: off",
+        "`silent_drafter`'s greedy chain of up to this many tokens from the root, ending after "
+        "a token below `silent_stop`, while such chains measure faster than plain decoding "
+        "(else a plain step); 0: off",
     )
     silent_stop: float = field(
         0.4,
@@ -219,7 +219,8 @@ class LayeredBuilder(TreeBuilder):
 
     def _silent_chain(self, step: StepContext, tree: DraftTree) -> tuple[DraftTree, list[int]]:
         """The `silent_drafter`'s greedy chain from the root (`silent_chain`): its `chain`, or
-        one `expand` of its last node per token, ending after a token below `silent_stop`; and the calls made."""
+        one `expand` of its last node per token, ending after a token below `silent_stop`; and
+        the calls made (one per drafted token)."""
         who = self.config.silent_drafter % len(step.drafters)
         drafter = step.drafters[who]
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
