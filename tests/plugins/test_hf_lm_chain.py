@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -14,7 +12,7 @@ from tests.conftest import tiny_llama
 from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree
-from treegraft.plugins.builders.layered import chain_tails
+from treegraft.plugins.builders.layered import expand_frontier, unsure
 from treegraft.plugins.drafters.hf_lm import HFLMConfig, HFLMDrafter, frequent_tokens
 from treegraft.zoo.token_counts import save_counts
 
@@ -32,9 +30,8 @@ def chain_by_expand(drafter: HFLMDrafter, root: int, length: int, stop: float) -
     tree = DraftTree.from_root(root)
     frontier = torch.zeros(1, dtype=torch.long)
     for _ in range(length):
-        tree, node_of = tree.extend(drafter.expand(tree, frontier, 1), 1)
-        frontier = tree.best(chain_tails(node_of), 1)
-        if tree.edge_logp[frontier].max() < math.log(stop):
+        tree, frontier = expand_frontier(drafter, 1, tree, frontier, 1)
+        if unsure(tree, frontier, stop):
             break
     return tree
 

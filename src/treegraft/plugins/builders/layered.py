@@ -223,13 +223,13 @@ class LayeredBuilder(TreeBuilder):
         the calls made (one per drafted token)."""
         who = self.config.silent_drafter % len(step.drafters)
         drafter = step.drafters[who]
-        frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         calls: list[int] = []
         with step.clock.time(f"drafter{who}"):
             chain = drafter.chain(tree, self.config.silent_chain, self.config.silent_stop)
             if chain is not None:  # drafted at once (`Drafter.chain`)
                 tree, _ = tree.extend(chain, who)
                 return tree, [who] * (tree.n_nodes - 1)
+            frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
             for _ in range(self.config.silent_chain):
                 tree, frontier = expand_frontier(drafter, who, tree, frontier, 1)
                 calls.append(who)

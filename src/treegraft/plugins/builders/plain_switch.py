@@ -16,8 +16,9 @@ prompt), the first speculative step after plain ones (the drafters catch up on t
 its last step (no next start in the same generation). Trees built outside the decode loop (`step`
 None: the scheduler's value system rebuilding counterfactual trees) always speculate and are not
 measured. A switch asked only at some steps (the layered builder's silent steps) is told every
-step's start (`close`): a step it was asked at is measured up to the next step's start. Each arm's estimate is the tokens over the seconds of its last `memory` measured steps
-(a ratio of sums: speculation's gains come in bursts, which a per-step median would miss).
+step's start (`close`): a step it was asked at is measured up to the next step's start. Each
+arm's estimate is the tokens over the seconds of its last `memory` measured steps (a ratio of
+sums: speculation's gains come in bursts, which a per-step median would miss).
 
 The estimates are compared at the current context length: a target forward costs more the longer
 the context (attention over the cache), so a rate measured on a long text would misjudge a short
