@@ -560,3 +560,68 @@ def test_a_switch_asked_at_some_steps_begins_each_text_once_and_measures_up_to_t
     step(4, 16, True, 2.0)
     step(6, 20, True, 1.0)  # not the step after: step 4 is not measured
     assert switch.outcomes[SPECULATE] == [(3, 1.0, 11)]
+
+
+@attrs.define
+class HalfSilentDrafter(GuessingDrafter):
+    """`GuessingDrafter` that has nothing under the root in every other stretch of 6 committed
+    tokens (it says so: `peek` gives an empty chain, `expand` proposes nothing), and guesses and
+    proposes as `agrees` says in the others."""
+
+    def _silent(self) -> bool:
+        return self.committed // 6 % 2 == 0
+
+    def peek(self, tree):
+        return Peek(0.0, 0.0, ()) if self._silent() else super().peek(tree)
+
+    def expand(self, tree: DraftTree, nodes, k):
+        if self._silent():
+            empty = torch.zeros(0, 1, dtype=torch.long)
+            return Proposal(nodes[:0].clone(), empty, empty.to(tree.score.dtype))
+        return super().expand(tree, nodes, k)
+
+
+def test_the_plain_switch_judges_only_steps_where_the_cheapest_drafter_has_something():
+    """With `silent_chain`, a step whose cheapest drafter says it has nothing is the silent
+    switch's alone: the plain switch is not asked there (only told the step began), so its
+    estimates are those of the cheapest drafter's own trees. Where those never agree, it decodes
+    those steps plainly, while the strongest drafter's chains, which agree, are still drafted at
+    the silent steps; exact throughout."""
+    config = LayeredConfig(
+        depth=DEPTH, top_k=1, budget=DEPTH, plain_switch=True, silent_chain=DEPTH, probe_every=8
+    )
+    asked: list[int] = []
+    real = PlainSwitch.plain
+
+    def plain_asked(self, step):
+        if self is builder_of[0].switch:
+            asked.append(step.step)
+        return real(self, step)
+
+    builder_of: list = []
+    original = LayeredBuilder.__attrs_post_init__
+
+    def keep(self):
+        original(self)
+        builder_of.append(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LayeredBuilder, "__attrs_post_init__", keep)
+        patch.setattr(PlainSwitch, "plain", plain_asked)
+        events, tokens, want, builder, _ = run_stub(
+            config,
+            lambda truth, clock: (
+                HalfSilentDrafter(truth, lambda n: False, clock),
+                StubDrafter(truth, lambda n: True, clock),
+            ),
+            120,
+        )
+    assert tokens == want
+    assert builder is builder_of[0]
+    silent_steps = [e.step for e in events if e.build.silent or e.calls[:1] == (1,)]
+    assert silent_steps and not set(silent_steps) & set(asked)
+    assert set(asked) | set(silent_steps) >= {e.step for e in events if not e.build.plain}
+    assert builder.switch.leader == PLAIN  # the cheapest drafter's trees never pay
+    late = events[len(events) // 2 :]
+    chains = [e for e in late if e.build.silent and e.tree_size > 0]
+    assert len(chains) >= 0.3 * len(late) and all(e.accepted == e.tree_size for e in chains)
