@@ -258,7 +258,8 @@ class PlainSwitch:
         step's root); after a speculative step or at a new text, keep what they matched so far."""
         if not self._guesses:
             return
-        if self.arm == PLAIN and self._step is not None and step.step == self._step + 1:
+        one = step.committed_len == self._committed + 1  # the plain step committed its token
+        if self.arm == PLAIN and self._step is not None and step.step == self._step + 1 and one:
             token, pending = int(step.root), []
             for guess in self._guesses:
                 chain, matched = guess
