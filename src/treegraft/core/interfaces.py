@@ -241,10 +241,9 @@ class BuildResult:
         plain: the builder drafted nothing, to decode this step plainly (the root alone); the
             decoder leaves the step out of what the scheduler and the forward times learn from.
         silent: the builder decided the step without the scheduler (the layered builder's
-            `silent_chain`: the cheapest drafter had nothing under the root, or its trees
-            measured slower there, and the `silent_drafter`'s chain went, which the adaptive
-            size may cut to the root alone); the decoder leaves the step out of what the
-            scheduler learns from.
+            `silent_chain`: the cheapest drafter had nothing under the root, and the
+            `silent_drafter`'s chain or the root alone went); the decoder leaves the step out of
+            what the scheduler learns from.
     """
 
     tree: DraftTree

@@ -14,9 +14,8 @@ speculation has to offer, and its incremental chain is far cheaper than strong c
 tree. Whether those chains pay is measured as the plain switch measures speculation (a second
 `PlainSwitch`, asked only at such steps: the chain, or a plain step). A step the cheapest
 drafter's `peek` calls silent is that switch's alone: the plain switch (`plain_switch`) is only
-told it began. At the other steps the plain switch weighs the cheapest drafter's tree against
-what the builder does without it: where it decides against the tree, the step goes to the
-silent switch too (a chain where chains pay, else the root alone).
+told it began, so it judges the cheapest drafter's trees, and chains that pay are drafted even
+while plain decoding leads those trees.
 """
 
 from __future__ import annotations
@@ -178,8 +177,6 @@ class LayeredBuilder(TreeBuilder):
             peek = step.drafters[0].peek(tree)
         # the cheapest drafter says it has nothing under the root: a silent step, no scheduler
         quiet = silent and peek is not None and not peek.chain
-        # no tree of the cheapest drafter this step: the silent switch's choice (chain or root)
-        fallback = quiet
         if self.switch is not None:
             if quiet:  # the silent switch's step: the plain switch only hears it began
                 self.switch.close(step)
@@ -187,15 +184,13 @@ class LayeredBuilder(TreeBuilder):
                 if self.switch.wants_guess:  # shadow drafting: the cheapest drafter's guess
                     peek = peek or step.drafters[0].peek(tree)
                     self.switch.guess(None if peek is None else peek.chain)
-                if not silent:
-                    return plain_step(step)
-                fallback = True  # its trees lose here: what a silent step would do instead
+                return plain_step(step)
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         calls: list[int] = []
         times = StepTimes.read(step)  # they change between steps, not within one
         if peek is None and len(step.drafters) > 1 and step.scheduler.wants_peek():
             peek = step.drafters[0].peek(tree)
-        if not fallback:
+        if not quiet:
             facts = step_facts(step, self.config.depth, self._cap(times), times=times, peek=peek)
             for layer in range(self.config.depth):
                 who = self._choose(step, layer, tree, frontier, calls, facts)
@@ -212,21 +207,21 @@ class LayeredBuilder(TreeBuilder):
             if chain:
                 tree, calls = self._silent_chain(step, tree)
                 self.silent.note(tuple(calls))
-            elif fallback:  # nothing drafted, no scheduler asked: plain decoding's step
+            elif quiet:  # nothing drafted, no scheduler asked: plain decoding's step
                 return plain_step(step)
         budget = self.config.budget
         curve = step.timings.target_curve
         if self.config.adaptive and curve is not None:
             budget = adaptive_size(step, tree, budget, curve, sum(times.drafters[c] for c in calls))
         keep = kept(tree, budget)
-        if self.switch is not None and not fallback:
+        if self.switch is not None:
             self.switch.note(tuple(calls))
         return BuildResult(
             tree=tree.select(keep),
             kept=keep,
             calls=tuple(calls),
             unpruned=tree,
-            silent=chain,
+            silent=chain or quiet,
         )
 
     def _silent_chain(self, step: StepContext, tree: DraftTree) -> tuple[DraftTree, list[int]]:

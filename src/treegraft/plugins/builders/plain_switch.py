@@ -258,8 +258,7 @@ class PlainSwitch:
         step's root); after a speculative step or at a new text, keep what they matched so far."""
         if not self._guesses:
             return
-        one = step.committed_len == self._committed + 1  # the plain step committed its token
-        if self.arm == PLAIN and self._step is not None and step.step == self._step + 1 and one:
+        if self.arm == PLAIN and self._step is not None and step.step == self._step + 1:
             token, pending = int(step.root), []
             for guess in self._guesses:
                 chain, matched = guess
