@@ -12,10 +12,7 @@ drafter's, or the one `silent_drafter` names, e.g. a cheap LM beside a strong on
 n-gram drafter finds no match in free text, the LM drafter's confident tokens are what
 speculation has to offer, and its incremental chain is far cheaper than strong calls rescoring a
 tree. Whether those chains pay is measured as the plain switch measures speculation (a second
-`PlainSwitch`, asked only at such steps: the chain, or a plain step). A step the cheapest
-drafter's `peek` calls silent is that switch's alone: the plain switch (`plain_switch`) is only
-told it began, so it judges the cheapest drafter's trees, and chains that pay are drafted even
-while plain decoding leads those trees.
+`PlainSwitch`, asked only at such steps: the chain, or a plain step).
 """
 
 from __future__ import annotations
@@ -171,25 +168,21 @@ class LayeredBuilder(TreeBuilder):
     def build(self, step: StepContext) -> BuildResult:
         if self.silent is not None:
             self.silent.close(step)
+        if self.switch is not None and self.switch.plain(step):
+            built = plain_step(step)
+            if self.switch.wants_guess:
+                peek = step.drafters[0].peek(built.tree)  # shadow drafting: its guess
+                self.switch.guess(None if peek is None else peek.chain)
+            return built
         tree = DraftTree.from_root(step.root, device=step.root.device, dtype=step.dtype)
-        peek, silent = None, self.silent is not None and len(step.drafters) > 1
-        if silent:
-            peek = step.drafters[0].peek(tree)
-        # the cheapest drafter says it has nothing under the root: a silent step, no scheduler
-        quiet = silent and peek is not None and not peek.chain
-        if self.switch is not None:
-            if quiet:  # the silent switch's step: the plain switch only hears it began
-                self.switch.close(step)
-            elif self.switch.plain(step):
-                if self.switch.wants_guess:  # shadow drafting: the cheapest drafter's guess
-                    peek = peek or step.drafters[0].peek(tree)
-                    self.switch.guess(None if peek is None else peek.chain)
-                return plain_step(step)
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         calls: list[int] = []
         times = StepTimes.read(step)  # they change between steps, not within one
-        if peek is None and len(step.drafters) > 1 and step.scheduler.wants_peek():
+        peek, silent = None, self.silent is not None and len(step.drafters) > 1
+        if len(step.drafters) > 1 and (silent or step.scheduler.wants_peek()):
             peek = step.drafters[0].peek(tree)
+        # the cheapest drafter says it has nothing under the root: a silent step, no scheduler
+        quiet = silent and peek is not None and not peek.chain
         if not quiet:
             facts = step_facts(step, self.config.depth, self._cap(times), times=times, peek=peek)
             for layer in range(self.config.depth):

@@ -15,10 +15,8 @@ step (the target reads the prompt), the step of its first strong call (that draf
 prompt), the first speculative step after plain ones (the drafters catch up on their tokens), and
 its last step (no next start in the same generation). Trees built outside the decode loop (`step`
 None: the scheduler's value system rebuilding counterfactual trees) always speculate and are not
-measured. A switch asked only at some steps (the layered builder's silent steps, and with
-them its plain switch at the others) is told the start of each step it is not asked at (`close`;
-at a step it is asked at, `plain` does that): a step it was asked at is measured up to the next
-step's start. Each
+measured. A switch asked only at some steps (the layered builder's silent steps) is told every
+step's start (`close`): a step it was asked at is measured up to the next step's start. Each
 arm's estimate is the tokens over the seconds of its last `memory` measured steps (a ratio of
 sums: speculation's gains come in bursts, which a per-step median would miss).
 
@@ -214,9 +212,9 @@ class PlainSwitch:
         return self.arm == PLAIN
 
     def close(self, step: StepContext) -> None:
-        """At the start of a step, for a switch asked (`plain`) only at some steps (called at
-        every step, or at each it is not asked at): record the step before this one if it was
-        asked there, measured up to now; begin a new text at its first step."""
+        """At the start of every step, for a switch asked (`plain`) only at some steps: record
+        the step before this one if it was asked there, measured up to now; begin a new text at
+        its first step."""
         if step.step is None:
             return
         self._record(step, self.now())
