@@ -263,8 +263,8 @@ def zoo_tokenizer(ref: str) -> str:
 @pytest.mark.parametrize("path", sweep_files(), ids=lambda p: p.name)
 def test_every_lm_drafter_of_a_shipped_sweep_shares_its_pairs_target_tokenizer(path):
     """No LM drafter a pipeline chose for its own target is left beside a pair's target of
-    another tokenizer (the default's `zoo:draft-s` beside SmolLM2 fails at load time, minutes
-    into a sweep): such entries give the pair's drafter to every LM drafter."""
+    another tokenizer (the default's `zoo:draft-s` beside SmolLM2 stops the sweep when it loads
+    that pipeline): such entries give the pair's drafter to every LM drafter."""
     cfg = load_bench_config(path)
     for pair in cfg.pairs:
         for plan in pipeline_plans(cfg, pair):
