@@ -76,6 +76,9 @@ class HFLMDrafter(Drafter):
     usable: int = 0
     #: the prompt of a generation whose output rows are not restricted yet (`_restrict`)
     _prompt: Tensor | None = attrs.field(default=None, init=False)
+    #: `[c, K]` a `chain`'s scored columns after its nodes past the root, spread into
+    #: `node_logp` only when read (a silent step's chain is seldom scored again)
+    _chain_rows: Tensor | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         self.vocab = self.vocab or self.runner.vocab_size
@@ -96,7 +99,7 @@ class HFLMDrafter(Drafter):
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         self.runner.begin(prompt, max_len=max_len)
         self._prompt = prompt
-        self.node_logp = None
+        self.node_logp = self._chain_rows = None
 
     def _restrict(self, prompt: Tensor) -> None:
         """Restrict the runner's output to the tokens this generation may propose. Done at the
@@ -115,6 +118,9 @@ class HFLMDrafter(Drafter):
 
     def _score(self, tree: DraftTree) -> Tensor:
         """`[n, V]` log-probs for every node of `tree`, forwarding only the unseen ones."""
+        if self._chain_rows is not None:  # a chain's nodes, in the full width now
+            self.node_logp = torch.cat([self.node_logp, self._full(self._chain_rows)])
+            self._chain_rows = None
         if tree.n_nodes > self.runner.n_seen:
             if self._prompt is not None:  # the generation's first forward
                 self._restrict(self._prompt)
@@ -154,7 +160,7 @@ class HFLMDrafter(Drafter):
         """The greedy chain from the root, one `CausalLMRunner.forward_chain` per token: no tree
         is built, no mask on the lean forward, and the chain's tokens are chosen among the
         scored columns (a head's). The seen nodes' log-probs are kept as `expand` keeps them (a
-        later `score_tree` of the chain's tree reads them)."""
+        later `score_tree` of the chain's tree reads them, spread to the full width then)."""
         if tree.n_nodes != 1 or length < 1:
             return None
         low = math.log(stop)
@@ -170,8 +176,8 @@ class HFLMDrafter(Drafter):
                 token = columns[token]
             tokens.append(int(token))
             logps.append(float(value))
-        if seen:
-            self.node_logp = torch.cat([root[None], self._full(torch.stack(seen))])
+        if seen:  # after the root's row, which `_score` kept
+            self._chain_rows = torch.stack(seen)
         device = tree.device
         return Proposal(
             parents=torch.zeros(1, dtype=torch.long, device=device),
@@ -184,11 +190,11 @@ class HFLMDrafter(Drafter):
 
     def rewind(self) -> None:
         self.runner.rewind()
-        self.node_logp = None
+        self.node_logp = self._chain_rows = None
 
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
         self.runner.commit(accepted, tokens)
-        self.node_logp = None
+        self.node_logp = self._chain_rows = None
 
 
 def shared_vocabulary(model: str, own: int, resources: Resources) -> tuple[int, int]:
