@@ -5,8 +5,8 @@ alone, and the output is plain decoding's. Such a step still goes through the pi
 loop (the builder, the switch and its shadow drafting, the verifier, the drafters' commits, the
 step's event), so it costs more than plain decoding's bare loop. This script measures that extra
 cost, side by side in one process: for each prompt (the first `--per-suite` of each zoo suite,
-rounds rotating the order) the shipped pipeline with its switch held on plain decoding
-(shadow drafting included) and plain greedy decoding through a runner of the same target and
+rounds rotating the order) the shipped pipeline with a plain switch held on plain decoding
+(its builder's settings, shadow drafting included, whether the pipeline turns the switch on) and plain greedy decoding through a runner of the same target and
 forward (`treegraft bench`'s own `ar-runner`) generate up to `--max-new-tokens` tokens each. Prints
 per method the median over runs of the time outside the target's forward per token, the forward's
 time per token, and the pipeline's tokens per second over plain decoding's (the median of the
@@ -43,7 +43,7 @@ class PlainOnly(PlainSwitch):
 
 def main(
     pipeline: Annotated[
-        str, typer.Option(help="a shipped pipeline with a plain switch")
+        str, typer.Option(help="a shipped pipeline with the layered builder")
     ] = "treegraft",
     per_suite: Annotated[int, typer.Option(min=1)] = 1,
     suites: Annotated[int, typer.Option(min=1, help="the first N zoo suites")] = 5,
@@ -55,12 +55,13 @@ def main(
     res = Resources.create(device="cpu", dtype="float32")
     pipe = load_pipeline(pipeline, resources=res)
     builder = pipe.decoder.builder
-    if getattr(builder, "switch", None) is None:
+    if not hasattr(builder, "switch"):
         raise typer.BadParameter(
-            f"pipeline {pipeline!r} has no plain switch (builder.plain_switch)"
+            f"pipeline {pipeline!r}: its builder has no plain switch (the layered builder's)"
         )
+    # its settings, whether the pipeline turns the switch on or not
     builder.switch = PlainOnly(
-        probe_every=builder.switch.probe_every, shadowing=builder.switch.shadowing
+        probe_every=builder.config.probe_every, shadowing=builder.config.shadow
     )
     # the plain decoding: `treegraft bench`'s `ar-runner`, a runner of its own over the same model
     target = pipe.decoder.target
