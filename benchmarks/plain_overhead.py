@@ -5,9 +5,10 @@ alone, and the output is plain decoding's. Such a step still goes through the pi
 loop (the builder, the switch and its shadow drafting, the verifier, the drafters' commits, the
 step's event), so it costs more than plain decoding's bare loop. This script measures that extra
 cost, side by side in one process: for each prompt (the first `--per-suite` of each zoo suite,
-rounds rotating the order) the shipped pipeline with a plain switch held on plain decoding
-(its builder's settings, shadow drafting included, whether the pipeline turns the switch on) and plain greedy decoding through a runner of the same target and
-forward (`treegraft bench`'s own `ar-runner`) generate up to `--max-new-tokens` tokens each. Prints
+rounds rotating the order) the shipped pipeline with a plain switch held on plain decoding (its
+builder's settings, shadow drafting included, whether or not the pipeline turns the switch on)
+and plain greedy decoding through a runner of the same target and forward (`treegraft bench`'s
+own `ar-runner`) generate up to `--max-new-tokens` tokens each. Prints
 per method the median over runs of the time outside the target's forward per token, the forward's
 time per token, and the pipeline's tokens per second over plain decoding's (the median of the
 paired ratios), and checks that both outputs are the same. Run from the repository root:
