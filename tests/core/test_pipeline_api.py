@@ -111,3 +111,54 @@ def test_bad_tokenizer_values(model_dir: Path, tmp_path: Path):
         load_pipeline(spec(str(model_dir), tokenizer=str(big)))
     with pytest.raises(ConfigError, match=r"pipeline.decoding.chat: expected bool"):
         pipeline_spec_from_dict(spec("zoo:target", decoding={"chat": "yes"}))
+
+
+def _ordered(first: tuple[str, dict], second: tuple[str, dict]) -> dict:
+    return {
+        "target": "zoo:target",
+        "drafters": dict([first, second]),
+        "builder": {"name": "layered", "depth": 3, "top_k": 2, "budget": 8},
+        "scheduler": {"name": "layers", "layers": [1]},  # both drafters called every step
+        "decoding": {"max_new_tokens": 12, "dtype": "float32", "device": "cpu"},
+    }
+
+
+LM = ("strong", {"name": "hf_lm", "model": "zoo:draft-m"})
+NGRAM = ("weak", {"name": "ngram", "max_ngram": 3})
+
+
+def test_drafters_listed_out_of_cheapest_first_order_warn_once_naming_both():
+    """An LM drafter listed before the n-gram drafter (as a key-sorting YAML dump lists
+    `strong` before `weak`) still decodes exactly; once both have measured calls, the next
+    generation warns, once, naming both paths and the order to use."""
+    import warnings
+
+    from treegraft.core.pipeline import DrafterOrderWarning
+
+    pipe = load_pipeline(_ordered(LM, NGRAM))
+    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outputs = [pipe.generate(prompt).token_ids for _ in range(3)]
+    order = [w for w in caught if issubclass(w.category, DrafterOrderWarning)]
+    assert len(order) == 1, [str(w.message) for w in caught]
+    message = str(order[0].message)
+    assert "pipeline.drafters.strong" in message and "pipeline.drafters.weak" in message
+    assert "list 'weak' before 'strong'" in message
+    ids = pipe.encode(prompt)
+    want = greedy_reference(pipe.decoder.target.model, ids, 12)
+    assert all(list(out) == want for out in outputs)
+
+
+def test_drafters_listed_cheapest_first_do_not_warn():
+    import warnings
+
+    from treegraft.core.pipeline import DrafterOrderWarning
+
+    pipe = load_pipeline(_ordered(NGRAM, LM))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            pipe.generate("def add(a, b):\n    return a + b\n\ndef add(a, b):")
+    assert not [w for w in caught if issubclass(w.category, DrafterOrderWarning)]
+    assert len(pipe.decoder.times.drafters) == 2  # both were measured, and judged in order

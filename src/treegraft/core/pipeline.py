@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import statistics
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, overload
@@ -37,6 +39,17 @@ from treegraft.core.resources import ModelRefError, Resources, hub_hint, resolve
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import ModelRefused
 from treegraft.core.runner.model_check import max_positions
+
+#: a drafter whose measured call costs this many times a later drafter's is listed out of the
+#: cheapest-first order (`Pipeline.check_drafter_order`)
+ORDER_FACTOR = 4.0
+#: measured calls each of the two drafters needs before their order is judged
+ORDER_CALLS = 3
+
+
+class DrafterOrderWarning(UserWarning):
+    """A pipeline's drafters measure out of their cheapest-first order."""
+
 
 #: Pipelines shipped with the package (`pipelines/` in the repository).
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
@@ -83,6 +96,8 @@ class Pipeline:
     decoder: Decoder
     tokenizer: Any = None
     eos_ids: frozenset[int] = frozenset()
+    #: whether `check_drafter_order` has judged the drafters (it warns once, or never)
+    _order_judged: bool = attrs.field(default=False, init=False)
 
     @classmethod
     def from_spec(
@@ -211,12 +226,15 @@ class Pipeline:
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
     ) -> Iterator[StepEvent]:
-        """The decode loop: one `StepEvent` per target forward."""
+        """The decode loop: one `StepEvent` per target forward (at its end, once the drafters
+        have measured calls, a check that they are listed cheapest first:
+        `check_drafter_order`)."""
         ids = self.encode(prompt).to(self.resources.device)
         rule = self.stop_rule(max_new_tokens, stop)
         self.check_context(int(ids.numel()), rule.max_new_tokens)
         with torch.inference_mode():
             yield from self.decoder.steps(ids, rule)
+        self.check_drafter_order()
 
     def check_context(self, prompt_len: int, max_new_tokens: int) -> None:
         """Raise `ValueError` when the prompt plus `max_new_tokens` needs more positions than
@@ -238,6 +256,42 @@ class Pipeline:
         ids = self.encode(prompt)
         with torch.inference_mode():
             return self.decoder.prepare(int(ids.numel()))
+
+    def check_drafter_order(self) -> None:
+        """Warn (`DrafterOrderWarning`, once per pipeline) where the drafters' measured calls say
+        they are not listed cheapest first: the builder grows the tree with the first drafter and
+        calls the later ones as stronger, costlier ones, so an LM drafter listed before the n-gram
+        drafter (a spec written by a YAML dump that sorts keys, as PyYAML's does by default,
+        reorders roles: `mid, strong, weak`) still decodes exactly but slowly. Judged from the
+        decoder's forward times (asked at the end of every generation): of two drafters with
+        `ORDER_CALLS` measured calls each, a later one whose median call is `ORDER_FACTOR` times
+        cheaper than an earlier one's is out of order."""
+        if self._order_judged:
+            return
+        measured = {
+            i: statistics.median(calls)
+            for i, calls in self.decoder.times.drafters.items()
+            if len(calls) >= ORDER_CALLS
+        }
+        # every drafter measured: judged, warned or not (else asked again at the next generation)
+        self._order_judged = len(measured) == len(self.decoder.drafters)
+        roles = self.spec.drafters
+        for i in sorted(measured):
+            for j in sorted(measured):
+                if j > i and measured[i] > ORDER_FACTOR * measured[j] > 0:
+                    (slow, first), (fast, later) = roles[i], roles[j]
+                    warnings.warn(
+                        f"{first.path}: drafter {slow!r} (listed {i + 1}) measures "
+                        f"{measured[i] * 1e3:.3f} ms a call, {later.path} ({fast!r}, listed "
+                        f"{j + 1}) {measured[j] * 1e3:.3f} ms: drafters are listed cheapest "
+                        f"first (the first grows the tree, later ones are called as stronger "
+                        f"drafters), so list {fast!r} before {slow!r}; a YAML dump that sorts "
+                        "keys (PyYAML's default) reorders them",
+                        DrafterOrderWarning,
+                        stacklevel=3,
+                    )
+                    self._order_judged = True
+                    return
 
     @overload
     def generate(
