@@ -133,3 +133,33 @@ def test_flag_error_leaves_other_messages_alone() -> None:
     assert flag_error(ConfigError("pipeline.builder.budget: bad"), options) == (
         "pipeline.builder.budget: bad"
     )
+
+
+def test_a_warning_while_the_text_streams_gets_its_own_line_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Drafters listed out of order (an LM drafter before the n-gram drafter) warn at the end of
+    the decode loop; `generate` shows the warning after the streamed text's line, not inside it."""
+    import warnings
+
+    from treegraft import exits
+
+    monkeypatch.setattr(warnings, "showwarning", exits._show_warning)  # as `run_cli` shows them
+    path = tmp_path / "misordered.yaml"
+    path.write_text(
+        "target: zoo:target\n"
+        "drafters:\n"
+        "  strong: {name: hf_lm, model: zoo:draft-m}\n"
+        "  weak: {name: ngram}\n"
+        "builder: {name: layered, depth: 3, top_k: 2, budget: 8}\n"
+        "scheduler: {name: layers, layers: [1]}\n"
+    )
+    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
+    result = invoke(
+        "generate", "--pipeline", str(path), "--prompt", prompt, "--max-new-tokens", "24"
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    at = next(i for i, line in enumerate(lines) if "list 'weak' before 'strong'" in line)
+    assert lines[at].startswith("warning: pipeline.drafters.strong: ")  # a line of its own
+    assert "new tokens" in lines[at + 1]  # the stats follow it

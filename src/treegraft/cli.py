@@ -149,6 +149,7 @@ def _run_generation(
     pipe, text: str, max_new_tokens: int | None, trace: Path | None
 ) -> tuple[list[int], float, str | None]:
     import time
+    import warnings
 
     import torch
 
@@ -163,23 +164,31 @@ def _run_generation(
     prepared = pipe.prepare(prompt)
     start = time.perf_counter()
     interrupted = False
-    try:
-        with torch.inference_mode():
-            for event in pipe.steps(prompt, max_new_tokens=max_new_tokens):
-                events.append(event)
-                ids.extend(event.tokens)
-                if writer:
-                    writer.write(event)
-                current = pipe.text_of(ids) if event.finished else pipe.decode_text(ids)
-                if event.finished or not current.endswith("\ufffd"):
-                    out.print(
-                        current[len(shown) :], end="", markup=False, highlight=False, soft_wrap=True
-                    )
-                    shown = current
-    except KeyboardInterrupt:  # Ctrl-C: the stats of what was decoded, then exit 130
-        interrupted = True
+    # warnings raised while the text streams are shown after its line, not inside it
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            with torch.inference_mode():
+                for event in pipe.steps(prompt, max_new_tokens=max_new_tokens):
+                    events.append(event)
+                    ids.extend(event.tokens)
+                    if writer:
+                        writer.write(event)
+                    current = pipe.text_of(ids) if event.finished else pipe.decode_text(ids)
+                    if event.finished or not current.endswith("\ufffd"):
+                        out.print(
+                            current[len(shown) :],
+                            end="",
+                            markup=False,
+                            highlight=False,
+                            soft_wrap=True,
+                        )
+                        shown = current
+        except KeyboardInterrupt:  # Ctrl-C: the stats of what was decoded, then exit 130
+            interrupted = True
     seconds = time.perf_counter() - start
     out.print()
+    for w in caught:
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     if events:
         s = summarize(events, seconds)
         finish = "interrupted" if interrupted else events[-1].finish_reason
