@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import statistics
+import itertools
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -268,30 +268,26 @@ class Pipeline:
         cheaper than an earlier one's is out of order."""
         if self._order_judged:
             return
-        measured = {
-            i: statistics.median(calls)
-            for i, calls in self.decoder.times.drafters.items()
-            if len(calls) >= ORDER_CALLS
-        }
+        times = self.decoder.times
+        medians = times.drafter_times(len(self.decoder.drafters))
+        measured = [i for i, calls in sorted(times.drafters.items()) if len(calls) >= ORDER_CALLS]
         # every drafter measured: judged, warned or not (else asked again at the next generation)
         self._order_judged = len(measured) == len(self.decoder.drafters)
-        roles = self.spec.drafters
-        for i in sorted(measured):
-            for j in sorted(measured):
-                if j > i and measured[i] > ORDER_FACTOR * measured[j] > 0:
-                    (slow, first), (fast, later) = roles[i], roles[j]
-                    warnings.warn(
-                        f"{first.path}: drafter {slow!r} (listed {i + 1}) measures "
-                        f"{measured[i] * 1e3:.3f} ms a call, {later.path} ({fast!r}, listed "
-                        f"{j + 1}) {measured[j] * 1e3:.3f} ms: drafters are listed cheapest "
-                        f"first (the first grows the tree, later ones are called as stronger "
-                        f"drafters), so list {fast!r} before {slow!r}; a YAML dump that sorts "
-                        "keys (PyYAML's default) reorders them",
-                        DrafterOrderWarning,
-                        stacklevel=3,
-                    )
-                    self._order_judged = True
-                    return
+        for i, j in itertools.combinations(measured, 2):
+            if medians[i] > ORDER_FACTOR * medians[j] > 0:
+                (slow, first), (fast, later) = self.spec.drafters[i], self.spec.drafters[j]
+                warnings.warn(
+                    f"{first.path}: drafter {slow!r} (listed {i + 1}) measures "
+                    f"{medians[i] * 1e3:.3f} ms a call, {later.path} ({fast!r}, listed "
+                    f"{j + 1}) {medians[j] * 1e3:.3f} ms: drafters are listed cheapest "
+                    f"first (the first grows the tree, later ones are called as stronger "
+                    f"drafters), so list {fast!r} before {slow!r}; a YAML dump that sorts "
+                    "keys (PyYAML's default) reorders them",
+                    DrafterOrderWarning,
+                    stacklevel=3,
+                )
+                self._order_judged = True
+                return
 
     @overload
     def generate(
