@@ -128,9 +128,49 @@ def test_a_guarded_distilled_pipeline_is_lossless_and_skips_whole_steps(tmp_path
                 assert event.calls[:2] == (1, 1) and 1 not in event.calls[2:]
             else:  # no strong call (the weak drafter may run out of frontier before the end)
                 assert 1 not in event.calls
+        # the MLP reads each step's first layer (the guard is asked there), with a history of
+        # the steps its own arm ran before
         own = [h.steps for layer, h in histories if layer == 0]
-        assert own == list(range(arms.count(SCHEDULER)))
+        assert own == [arms[:i].count(SCHEDULER) for i in range(len(arms))]
     assert len(out.events) >= 5
+
+
+def test_only_the_steps_where_the_mlp_wants_a_call_ask_the_guard(tmp_path):
+    """The MLP wants a call on the steps whose committed length is even: the guard chooses an arm
+    at exactly those steps (a skip arm's step then calls nowhere) and records them, less the
+    generation's first step, its first strong call and its last step; the other steps call
+    nothing and the guard hears nothing of them."""
+    layer_rule_artifact().save(tmp_path)
+    res = stand_in_pair(3)
+    pipe = load_pipeline(distilled(tmp_path, guard=0.3, guard_memory=3), resources=res)
+    scheduler = pipe.decoder.scheduler
+    guard = scheduler.guard = Recording(explore=0.3, memory=3)
+    wants = []
+
+    def value(state):
+        if state.layer == 0:
+            wants.append(state.committed_len % 2 == 0)
+        return 1.0 if wants[-1] else -1.0
+
+    scheduler.value = value
+    prompt = repetitive_prompt(3, 16) % VOCAB
+    out = pipe.generate(prompt)
+    assert list(out.token_ids) == greedy_reference(res.models["mem:target"], prompt, 20)
+    assert len(wants) == len(out.events) and 0 < sum(wants) < len(wants)
+    assert len(guard.chosen) == sum(wants)
+    arms = iter(guard.chosen)
+    recorded = 0
+    first_call = True
+    for i, (want, event) in enumerate(zip(wants, out.events, strict=True)):
+        called = 1 in event.calls
+        if not want:
+            assert not called
+            continue
+        arm = next(arms)
+        assert called == (arm == SCHEDULER)
+        recorded += not (i == 0 or (called and first_call) or i == len(out.events) - 1)
+        first_call = first_call and not called
+    assert sum(guard.steps) == recorded > 0
 
 
 def test_the_guard_leaves_out_the_first_and_last_steps_and_the_first_strong_call(tmp_path):
@@ -153,14 +193,15 @@ def test_the_guard_leaves_out_the_first_and_last_steps_and_the_first_strong_call
     assert all(s > 0 for s in guard.seconds)
 
 
-def test_step_zero_is_not_recorded_when_it_makes_no_strong_call(tmp_path):
-    """A rule that never calls: every step but the first and the last reaches the guard."""
+def test_a_rule_that_never_calls_asks_the_guard_nothing(tmp_path):
+    """Where the MLP wants no call, both arms run the same step: the guard chooses nothing and
+    hears of no step (an n-gram burst there would read as one arm's merit)."""
     layer_rule_artifact(calls_below=-1.0).save(tmp_path)
     pipe = load_pipeline(distilled(tmp_path, guard=0.3, guard_memory=3), resources=stand_in_pair(1))
     guard = pipe.decoder.scheduler.guard = Recording(explore=0.3, memory=3)
     out = pipe.generate(repetitive_prompt(1, 16) % VOCAB)
     assert all(1 not in e.calls for e in out.events) and len(out.events) >= 4
-    assert sum(guard.steps) == len(out.events) - 2
+    assert guard.chosen == [] and guard.steps == [0, 0]
 
 
 def test_a_replay_learns_apart_from_the_measured_pipeline(tmp_path):

@@ -92,7 +92,8 @@ class DistilledScheduler(Scheduler):
     _gated: bool = attrs.field(default=False, init=False, repr=False)
     #: the call guard (`DistilledConfig.guard`; None without one)
     guard: CallGuard | None = attrs.field(default=None, init=False)
-    # the guard chose no strong call for this step
+    # the guard was asked at this step (the MLP wanted a call), and chose no strong call
+    _asked: bool = attrs.field(default=False, init=False, repr=False)
     _skipped: bool = attrs.field(default=False, init=False, repr=False)
     # with a guard: the generation's history over the steps the MLP decided (what it was
     # trained on), and whether the strong drafter ran yet in this generation
@@ -152,8 +153,7 @@ class DistilledScheduler(Scheduler):
 
     def decide(self, state: LayerState) -> int:
         if state.layer == 0:
-            self._gated = False
-            self._skipped = self.guard is not None and self.guard.choose() == SKIP
+            self._gated = self._asked = self._skipped = False
         if self._skipped or state.strong_calls >= state.max_strong_calls:
             return 0
         if self._fed:  # outcomes arrive (else, e.g. replaying recorded states: the state's own)
@@ -162,8 +162,15 @@ class DistilledScheduler(Scheduler):
         gate = self.config.step_gate
         if state.layer == 0 and gate is not None and value < self.config.threshold - gate:
             self._gated = True
-        call = value > self.config.threshold
-        return strong_index(self.config.drafter, state.n_drafters) if call else 0
+        if value <= self.config.threshold:
+            return 0
+        if self.guard is not None and not self._asked:
+            # the step's first call the MLP wants: the guard's arm decides the whole step
+            self._asked = True
+            self._skipped = self.guard.choose() == SKIP
+            if self._skipped:
+                return 0
+        return strong_index(self.config.drafter, state.n_drafters)
 
     def done_for_step(self) -> bool:
         """True after a step's first layer was predicted more than `step_gate` below the
@@ -174,7 +181,10 @@ class DistilledScheduler(Scheduler):
     def observe(self, outcome: StepOutcome) -> None:
         """Give the call guard the step's committed tokens and wall seconds (no guard: nothing).
 
-        Some steps stay out of what the guard sees, their costs being the generation's rather
+        Only the steps where the MLP wanted a call reach the guard (it chose their arm): a step
+        where the MLP calls at no layer runs the same under either arm, so it would only add
+        noise to the comparison (an n-gram burst measured under one arm reads as that arm's
+        merit). Some steps stay out of what the guard sees, their costs being the generation's rather
         than the step's decisions': a generation's first step (the target's forward also reads
         the whole prompt), the step of its first strong call (that forward also reads the prompt
         into the strong drafter's cache) and its last step (cut at the end, nothing committed).
@@ -186,10 +196,12 @@ class DistilledScheduler(Scheduler):
             return
         called = any(c > 0 for c in outcome.calls)
         self._fed = True  # outcomes arrive: the MLP reads the history of its own decisions
-        if not self._skipped:
+        asked, skipped = self._asked, self._skipped
+        self._asked = self._skipped = False  # a step that asks the MLP nothing asks no guard
+        if not skipped:
             self._history = self._history.record(outcome.accepted, outcome.strong_accepted, called)
         first_call = called and not self._called
         self._called = self._called or called
-        if first_call or outcome.step == 0 or outcome.final:
+        if not asked or first_call or outcome.step == 0 or outcome.final:
             return
         self.guard.record(outcome.accepted + 1, outcome.seconds)

@@ -1,10 +1,13 @@
 """The call guard: checks, while decoding, that a scheduler's strong calls pay on this text.
 
 A learned scheduler predicts from features whether a strong call pays; the guard measures it.
-Before each step it picks one of two arms: the scheduler decides the step's layers as it would
-alone (`SCHEDULER`), or no layer of the step calls a strong drafter (`SKIP`). After the step it
-records the step's committed tokens and wall seconds (`StepOutcome.seconds`) under the arm that
-ran, as exponential moving averages with weight `1 / memory` on the newest step. Once each arm has
+At a step's first layer where the scheduler wants a call, the guard picks one of two arms for the
+rest of the step: the scheduler decides the step's layers as it would alone (`SCHEDULER`), or no
+layer of the step calls a strong drafter (`SKIP`). After the step it records the step's committed
+tokens and wall seconds (`StepOutcome.seconds`) under the arm that ran, as exponential moving
+averages with weight `1 / memory` on the newest step. Steps where the scheduler wants no call run
+the same under both arms: the guard is not asked there and hears nothing of them (measured under
+one arm, a burst of weak-drafter tokens would read as that arm's merit). Once each arm has
 `WARMUP` steps it runs the arm with the higher tokens per second (the ratio of the two averages),
 and the other one with probability `explore`, so that an estimate left behind by a change in the
 text is refreshed.
