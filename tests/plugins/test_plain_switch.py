@@ -21,6 +21,7 @@ from treegraft.plugins.builders.layered import LayeredBuilder, LayeredConfig
 from treegraft.plugins.builders.plain_switch import (
     CUT,
     EARLY_MIN,
+    LOST_STREAK,
     MARGIN,
     MAX_BACKOFF,
     PLAIN,
@@ -243,11 +244,35 @@ def test_probes_of_a_losing_speculation_are_short_thin_out_and_come_closer_on_a_
     assert plain_runs[:4] == [8, 16, 32, 32]  # doubled after each failed probe, up to 8x
     assert switch.leader == PLAIN and switch.backoff == MAX_BACKOFF
     assert arms[-2 * (32 + probe) :].count("S") == 2 * probe  # one probe per 32 plain steps
-    # a new generation (step 0), a new text: the wait between probes is halved, not reset
+    # a new generation (step 0), a new text: the wait between probes is halved, not reset...
+    switch.lost = LOST_STREAK - 1
     drive(switch, clock, 1, spec_rate=0.5, start=0)
     assert switch.backoff == MAX_BACKOFF // 2
     drive(switch, clock, 80, spec_rate=0.5, start=1)
     assert switch.backoff == MAX_BACKOFF  # its probes have failed again
+    # ... unless speculation lost its last `LOST_STREAK` probes: then the wait stays
+    assert switch.lost >= LOST_STREAK
+    for _ in range(3):
+        arms = drive(switch, clock, 40, spec_rate=0.5, start=0)
+        assert switch.backoff == MAX_BACKOFF and arms.count("S") <= PROBE_MIN + 1
+
+
+def test_a_drafter_that_never_pays_is_probed_ever_less_across_short_texts():
+    """Texts of 12 steps, speculation at half plain decoding's rate: while it has lost fewer
+    than `LOST_STREAK` probes in a row each new text halves the wait; after that the wait
+    doubles up to `MAX_BACKOFF` and stays, so the probes thin out to one per 32 plain steps
+    (halving at every text kept one probe per text or two); a probe that wins ends the streak."""
+    clock = [0.0]
+    switch = PlainSwitch(probe_every=4, now=lambda: clock[0])
+    arms = "".join(drive(switch, clock, 12, spec_rate=0.5) for _ in range(40))
+    assert switch.lost >= LOST_STREAK and switch.backoff == MAX_BACKOFF
+    late = arms[-12 * 20 :]  # the last 20 texts: 240 steps
+    assert len(probe_starts(late)) <= 240 // (4 * MAX_BACKOFF) + 1
+    halving = PlainSwitch(probe_every=4, now=lambda: clock[0], streak_limit=0)
+    arms = "".join(drive(halving, clock, 12, spec_rate=0.5) for _ in range(40))
+    assert len(probe_starts(arms[-12 * 20 :])) >= 8 and halving.backoff < MAX_BACKOFF
+    drive(switch, clock, 120, spec_rate=3.0, start=12)  # speculation pays again: found
+    assert switch.leader == SPECULATE and switch.lost == 0 and switch.backoff == 1
 
 
 @pytest.mark.parametrize("ratio", [CUT + 0.05, CUT - 0.05])

@@ -41,7 +41,9 @@ after every probe that finds speculation still slower, up to `MAX_BACKOFF` times
 losing speculation costs its steps: where speculation keeps losing, the probes thin out), back to
 `probe_every` once speculation leads again, and halved when a new generation begins (a new text, on
 which speculation may pay; halved, not reset: a run of similar texts, e.g. one task's prompts,
-would otherwise pay the first, densest probes on each). Where speculation leads, a new generation
+would otherwise pay the first, densest probes on each), unless speculation lost its last
+`LOST_STREAK` probes in a row (a drafter that never agrees, on short texts: halving at each one
+kept a probe per text, the probes never thinning out). Where speculation leads, a new generation
 begins with such a probe of it (its estimate from the last text dropped: that text's bursts would
 keep it leading for many steps of a text where it loses). A probe of speculation ends early once
 `PROBE_MIN` measured steps commit less than `CUT` times plain decoding's rate: a clearly losing
@@ -88,6 +90,9 @@ PLAIN_PROBE_FACTOR = 8
 MARGIN = 0.05
 #: the longest wait between probes of a losing speculation, in multiples of `probe_every`
 MAX_BACKOFF = 8
+#: after this many probes of speculation lost in a row, a new text no longer halves the wait
+#: (speculation has lost on the last texts: a drafter that never agrees is probed ever less)
+LOST_STREAK = 4
 #: a probe of speculation ends after this many measured steps if its rate is below `CUT` times
 #: plain decoding's (clearly losing, beyond what its later steps' bursts can plausibly recover)
 PROBE_MIN, CUT = 2, 0.75
@@ -123,10 +128,14 @@ class PlainSwitch:
     now: Callable[[], float] = time.perf_counter
     shadowing: bool = True
     vetoes: bool = True
+    #: probes lost in a row after which a new text keeps the wait (`LOST_STREAK`; 0: never)
+    streak_limit: int = LOST_STREAK
     arm: int = SPECULATE
     #: the arm that leads, and the wait between probes of speculation (times `probe_every`)
     leader: int = SPECULATE
     backoff: int = 1
+    #: probes of speculation lost since speculation last took the lead
+    lost: int = 0
     #: per arm: (tokens, seconds, context length) of its last `memory` measured steps
     outcomes: list[list[tuple[int, float, int]]] = attrs.field(factory=lambda: [[], []])
     #: steps since each arm last ran; steps left in the current probe
@@ -226,7 +235,8 @@ class PlainSwitch:
     def _new_text(self) -> None:
         """A new text: speculation may pay on it, probe it more often."""
         self._called = False
-        self.backoff = max(1, self.backoff // 2)
+        if not self.streak_limit or self.lost < self.streak_limit:
+            self.backoff = max(1, self.backoff // 2)
         self.shadow = []
         if self.leader == SPECULATE and self.warm[SPECULATE]:
             # ... and where it led, judge it on this text alone: the last text's bursts
@@ -334,10 +344,11 @@ class PlainSwitch:
             rates = self._rates_at(self._committed)
             if rates[other] > (1.0 + MARGIN) * rates[self.leader]:
                 self.leader, other = other, self.leader
-                self.backoff = 1
+                self.backoff, self.lost = 1, 0
             elif self.arm == SPECULATE and self.leader == PLAIN:
                 # a probe of speculation just ended and plain decoding still leads
                 self.backoff = min(2 * self.backoff, MAX_BACKOFF)
+                self.lost += 1
         if self.leader == SPECULATE:
             wait = self.probe_every * PLAIN_PROBE_FACTOR
         else:
@@ -348,6 +359,7 @@ class PlainSwitch:
             elif self.idle[other] >= wait and self.shadowed and self.vetoes:
                 if says is False:  # they cannot pay: as a lost probe
                     self.idle[other], self.backoff = 0, min(2 * self.backoff, MAX_BACKOFF)
+                    self.lost += 1
                     self.shadow = []
                 if len(self.shadow) < SHADOW_MIN:  # too few on this text to say: wait for them
                     return self.leader
