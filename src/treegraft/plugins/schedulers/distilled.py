@@ -184,10 +184,10 @@ class DistilledScheduler(Scheduler):
         Only the steps where the MLP wanted a call reach the guard (it chose their arm): a step
         where the MLP calls at no layer runs the same under either arm, so it would only add
         noise to the comparison (an n-gram burst measured under one arm reads as that arm's
-        merit). Some steps stay out of what the guard sees, their costs being the generation's rather
-        than the step's decisions': a generation's first step (the target's forward also reads
-        the whole prompt), the step of its first strong call (that forward also reads the prompt
-        into the strong drafter's cache) and its last step (cut at the end, nothing committed).
+        merit). Of those, some stay out, their costs being the generation's rather than the
+        step's decisions': a generation's first step (the target's forward also reads the whole
+        prompt), the step of its first strong call (that forward also reads the prompt into the
+        strong drafter's cache) and its last step (cut at the end, nothing committed).
         And the steps the guard skipped are left out of the history the MLP's features read: it
         was trained on histories of its own decisions (else a run of skipped steps reads as the
         MLP's choice and can talk it out of calling).
