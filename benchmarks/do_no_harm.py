@@ -27,6 +27,8 @@ from typing import Annotated, Any
 import torch
 import typer
 import yaml
+from rich.console import Console
+from rich.progress import Progress
 from safetensors.torch import load_file, save_file
 
 from treegraft.bench.methods import CausalLMRunner, PipelineMethod, RunnerMethod
@@ -105,6 +107,10 @@ def main(
         plain = RunnerMethod(PLAIN, runner, own.eos_ids)
         methods = {PLAIN: plain} | {k: PipelineMethod.create(k, p) for k, p in pipes.items()}
         rows = []
+        # redrawn between prompts only: no refresh thread while a method is timed
+        progress = Progress(console=Console(stderr=True), transient=True, auto_refresh=False)
+        task = progress.add_task("prompts", total=len(names) * per_suite)
+        progress.start()
         for suite in names:
             ratios: dict[str, list[float]] = {k: [] for k in pipes}
             tokens = {k: 0 for k in pipes}
@@ -125,20 +131,23 @@ def main(
                     if outputs[name] != outputs[PLAIN]:
                         raise SystemExit(f"{suite} prompt {i}: {name} differs from plain decoding")
                     ratios[name].append(seconds[PLAIN] / seconds[name])
+                progress.advance(task)
+                progress.refresh()
             rows.append(
                 (suite, {k: (geomean(v), tokens[k] / forwards[k]) for k, v in ratios.items()})
             )
-            typer.echo(f"{suite} done", err=True)
+            progress.console.print(f"{suite} done")
+        progress.stop()
     typer.echo(
         f"`{pipeline}`, {per_suite} prompt(s) per suite, {max_new_tokens} new tokens, "
         f"{threads} thread(s), float32; speedup over plain decoding through the runner "
-        "(geometric mean over prompts), tau in brackets"
+        "(geometric mean over prompts), tau in parentheses"
     )
     typer.echo("| suite | own drafters | never-agreeing LM drafters |")
     typer.echo("|---|---|---|")
     for suite, cells in rows:
-        own, bad = cells["own drafters"], cells["never agreeing"]
-        typer.echo(f"| {suite} | {own[0]:.3f}x ({own[1]:.2f}) | {bad[0]:.3f}x ({bad[1]:.2f}) |")
+        good, bad = cells["own drafters"], cells["never agreeing"]
+        typer.echo(f"| {suite} | {good[0]:.3f}x ({good[1]:.2f}) | {bad[0]:.3f}x ({bad[1]:.2f}) |")
 
 
 if __name__ == "__main__":
