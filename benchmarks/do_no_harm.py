@@ -18,7 +18,6 @@ idle machine:
 
 from __future__ import annotations
 
-import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -31,12 +30,11 @@ from rich.console import Console
 from rich.progress import Progress
 from safetensors.torch import load_file, save_file
 
-from treegraft.bench.methods import CausalLMRunner, PipelineMethod, RunnerMethod
+from treegraft.bench.methods import AR_RUNNER, PipelineMethod, RunnerMethod
+from treegraft.bench.stats import geometric_mean
 from treegraft.core.pipeline import load_pipeline, resolve_pipeline
 from treegraft.core.resources import Resources, resolve_model_path
 from treegraft.zoo import SUITES, load_suite
-
-PLAIN = "ar-runner"
 
 
 def never_agreeing_copy(ref: str, out: Path, seed: int) -> Path:
@@ -74,10 +72,6 @@ def with_never_agreeing_drafters(spec: dict[str, Any], folder: Path, seed: int) 
     return spec
 
 
-def geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 def main(
     pipeline: Annotated[str, typer.Option(help="shipped pipeline name or YAML file")] = "treegraft",
     suites: Annotated[str, typer.Option(help="comma-separated zoo suites")] = (
@@ -102,10 +96,11 @@ def main(
             "never agreeing": load_pipeline(never, resources=res),
         }
         own = pipes["own drafters"]
-        target = own.decoder.target
-        runner = CausalLMRunner(target.model, forward=target.forward)
-        plain = RunnerMethod(PLAIN, runner, own.eos_ids)
-        methods = {PLAIN: plain} | {k: PipelineMethod.create(k, p) for k, p in pipes.items()}
+        # the harness's `ar-runner`: a runner of its own over the target, forwarding as it does
+        runner = res.runner(spec["target"], forward=own.decoder.target.forward)
+        methods = {AR_RUNNER: RunnerMethod(AR_RUNNER, runner, own.eos_ids)} | {
+            k: PipelineMethod.create(k, p) for k, p in pipes.items()
+        }
         rows = []
         # redrawn between prompts only: no refresh thread while a method is timed
         progress = Progress(console=Console(stderr=True), transient=True, auto_refresh=False)
@@ -128,13 +123,16 @@ def main(
                         tokens[name] += len(run.output_ids)
                         forwards[name] += run.steps
                 for name in pipes:
-                    if outputs[name] != outputs[PLAIN]:
+                    if outputs[name] != outputs[AR_RUNNER]:
                         raise SystemExit(f"{suite} prompt {i}: {name} differs from plain decoding")
-                    ratios[name].append(seconds[PLAIN] / seconds[name])
+                    ratios[name].append(seconds[AR_RUNNER] / seconds[name])
                 progress.advance(task)
                 progress.refresh()
             rows.append(
-                (suite, {k: (geomean(v), tokens[k] / forwards[k]) for k, v in ratios.items()})
+                (
+                    suite,
+                    {k: (geometric_mean(v), tokens[k] / forwards[k]) for k, v in ratios.items()},
+                )
             )
             progress.console.print(f"{suite} done")
         progress.stop()
