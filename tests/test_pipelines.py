@@ -24,6 +24,7 @@ from treegraft.core.pipeline import (
     resolve_pipeline,
 )
 from treegraft.core.runner.forwards import plan_forward
+from treegraft.plugins.drafters.datastore import Datastore
 from treegraft.plugins.drafters.feature_head import FeatureHead, HeadSpec
 from treegraft.zoo.token_counts import save_counts
 
@@ -36,6 +37,9 @@ save_counts(COUNTS, np.random.default_rng(0).integers(0, 1000, VOCAB), source="t
 TINY_HEAD = FeatureHead(HeadSpec(hidden_size=32, intermediate_size=16, vocab_size=VOCAB)).save(
     COUNTS.parent / "head"
 )
+#: a datastore over the tiny vocabulary, for pipelines whose n-gram drafter drafts from one
+TINY_STORE = COUNTS.parent / "store.npz"
+Datastore.from_tokens(np.random.default_rng(0).integers(0, VOCAB, 4000), VOCAB).save(TINY_STORE)
 
 
 def in_memory(name: str) -> dict:
@@ -45,6 +49,8 @@ def in_memory(name: str) -> dict:
     for spec in raw["drafters"].values():
         if "model" in spec:
             spec["model"] = "mem:" + spec["model"].removeprefix("zoo:")
+        if spec.get("store") is not None:  # zoo:corpus is in the zoo's tokens
+            spec["store"] = str(TINY_STORE)
         if spec.get("name") == "eagle":  # a feature head for the tiny target, ranked rows
             spec["head"], spec["token_counts"] = str(TINY_HEAD), str(COUNTS)
             spec["top_tokens"] = 12 if spec.get("top_tokens") is not None else None

@@ -396,6 +396,11 @@ def _mount_subcommands() -> None:
     for module, name, help_text in (
         ("treegraft.zoo.cli", "zoo", "Build the corpus, suites and models of the embedded zoo."),
         (
+            "treegraft.datastore_cli",
+            "datastore",
+            "Build and inspect token datastores (the n-gram drafter's `store`).",
+        ),
+        (
             "treegraft.scheduling.cli",
             "scheduler",
             "Collect value labels, fit, explain and evaluate the distilled scheduler.",

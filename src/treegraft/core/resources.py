@@ -134,6 +134,8 @@ class Resources:
     attention: str = "sdpa"  # HF attention implementation of the models (`use_forward`)
     #: the pipeline's target runner, for drafters that read its state (set by `Pipeline.from_spec`)
     target_runner: Any = None
+    #: token datastores loaded (`datastore`), by reference
+    datastores: dict[str, Any] = attrs.field(factory=dict)
 
     @classmethod
     def create(
@@ -248,6 +250,30 @@ class Resources:
         from treegraft.zoo.token_counts import load_counts
 
         return load_counts(ref)
+
+    def datastore(self, ref: str) -> Any:
+        """The token datastore `ref`, loaded once and shared by the drafters that name it: a
+        file written by `treegraft datastore build`, or `zoo:corpus` (the zoo's training corpus
+        in the target's tokens, built at first use and cached)."""
+        if ref not in self.datastores:
+            from treegraft.plugins.drafters.datastore import Datastore, DatastoreError
+
+            path: str | Path = ref
+            if ref.startswith("zoo:"):
+                from treegraft.zoo.datastore import REF, corpus_datastore
+
+                if ref != REF:
+                    raise DatastoreError(f"unknown zoo datastore {ref!r}; expected {REF!r}")
+                tokenizer = self.tokenizer_file(self.target_ref) if self.target_ref else None
+                if tokenizer is None:
+                    raise DatastoreError(
+                        f"{REF} is built in the target's tokens, from the tokenizer.json beside "
+                        f"the target; the target {self.target_ref or '(none)'!r} has none: build "
+                        "a datastore with `treegraft datastore build` and name its file"
+                    )
+                path = corpus_datastore(tokenizer, self.vocab_size(self.target_ref))
+            self.datastores[ref] = Datastore.load(path)
+        return self.datastores[ref]
 
     def load_tokenizer(self, ref: str) -> Any:
         """The tokenizer stored beside the model `ref` (None for in-memory models without one)."""

@@ -10,6 +10,11 @@ Scores are calibrated, not invented: a first token gets `log(votes / all votes)`
 the measured rate at which proposals from an n-token match were right; chain token `t` gets the
 measured rate at which chain position `t` was right. Rates are learned from verification outcomes
 (Beta(1, 1) prior) as the generation goes.
+
+With a `store` (a token `Datastore`), a node whose context suffix has no earlier occurrence and
+that lies at most `store_depth` deep is looked up in the store instead: one chain of
+`store_chain` tokens, the corpus' most voted continuation. Its tokens score the log of their
+vote share times a rate learned per match length and position (`StoreCalibration`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import math
 import operator
 from collections import defaultdict
 from itertools import accumulate
+from typing import Any
 
 import attrs
 import numpy as np
@@ -28,6 +34,12 @@ from treegraft.core.config import at_least, field
 from treegraft.core.interfaces import Drafter, Peek
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.kernels.host_tensor import host_tensor
+from treegraft.plugins.drafters.datastore import Datastore, DatastoreError, Match
+
+#: a store chain's leading tokens that are voted on (the rest: one position's continuation)
+STORE_VOTED = 2
+#: most corpus positions that vote on a store chain (evenly spread over a suffix's positions)
+STORE_VOTERS = 256
 
 
 @attrs.frozen
@@ -38,6 +50,15 @@ class NgramConfig:
     min_ngram: int = field(1, check=at_least(1), doc="shortest suffix looked up before giving up")
     chain_len: int = field(3, check=at_least(1), doc="tokens per proposed chain")
     max_matches: int = field(64, check=at_least(1), doc="most recent occurrences that vote")
+    store: str | None = field(
+        None,
+        doc="a token datastore drafted from where the context has no match: `zoo:corpus` or a "
+        "file of `treegraft datastore build` (None: the context alone)",
+    )
+    store_chain: int = field(8, check=at_least(1), doc="tokens per chain drafted from the store")
+    store_depth: int = field(
+        0, check=at_least(0), doc="deepest tree node the store drafts under (0: the root only)"
+    )
 
 
 @attrs.define
@@ -73,12 +94,38 @@ class Calibration:
         self._logs.pop(n, None)
 
 
+@attrs.define
+class StoreCalibration:
+    """How often store chains are right, relative to the share of the corpus positions that
+    voted for each token: per match length and chain position, hits over summed shares
+    (a prior of one hit in two shares)."""
+
+    hits: np.ndarray
+    shares: np.ndarray
+
+    @classmethod
+    def empty(cls, width: int, chain_len: int) -> StoreCalibration:
+        return cls(np.zeros((width + 1, chain_len)), np.zeros((width + 1, chain_len)))
+
+    def log_probs(self, n: int, shares: tuple[float, ...]) -> list[float]:
+        rates = (self.hits[n] + 1.0) / (self.shares[n] + 2.0)
+        return [
+            math.log(max(1e-6, min(1.0, s * float(r))))
+            for s, r in zip(shares, rates[: len(shares)], strict=True)
+        ]
+
+    def record(self, n: int, t: int, share: float, hit: bool) -> None:
+        self.shares[n, t] += share
+        self.hits[n, t] += float(hit)
+
+
 @attrs.frozen
 class _Row:
     parent: int  # tree node the chain hangs under
     chain: tuple[int, ...]
     match_len: int  # n of the matched suffix
     log_share: float  # log of the first token's share of the votes
+    shares: tuple[float, ...] | None = None  # a store row's per-token vote shares
 
 
 @attrs.define
@@ -92,10 +139,35 @@ class NgramDrafter(Drafter):
     index: dict[tuple[int, ...], list[int]] = attrs.field(factory=lambda: defaultdict(list))
     calibration: Calibration | None = None
     rows: list[_Row] = attrs.field(factory=list)
+    store: Datastore | None = None
+    store_calibration: StoreCalibration | None = None
+    _found: dict[tuple[int, ...], Match | None] = attrs.field(factory=dict)
+
+    @classmethod
+    def from_config(cls, config: NgramConfig, resources: Any) -> NgramDrafter:
+        if config.store is None:
+            return cls(config)
+        try:
+            store = resources.datastore(config.store)
+        except DatastoreError as exc:
+            raise DatastoreError(f"store: {exc}") from None
+        if resources.target_ref:
+            vocab = resources.vocab_size(resources.target_ref)
+            if store.vocab_size > vocab:
+                raise DatastoreError(
+                    f"store: {config.store!r} holds token ids of a vocabulary of "
+                    f"{store.vocab_size}, the target {resources.target_ref!r} has {vocab}: "
+                    "build the datastore with the target's tokenizer"
+                )
+        return cls(config, store=store)
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         self.context, self.index, self.rows = [], defaultdict(list), []
         self.calibration = Calibration.empty(self.config.max_ngram, self.config.chain_len)
+        if self.store is not None:
+            self.store_calibration = StoreCalibration.empty(
+                self.store.width, self.config.store_chain
+            )
         self._append(prompt.tolist())
 
     def _append(self, tokens: list[int]) -> None:
@@ -112,7 +184,10 @@ class NgramDrafter(Drafter):
         rows: list[_Row] = []
         for node in nodes.tolist():
             suffix = self._suffix(node, tokens, parents)
-            rows.extend(self._lookup(node, suffix, k))
+            found = self._lookup(node, suffix, k)
+            if not found and self.store is not None and host.depth[node] <= self.config.store_depth:
+                found = self._from_store(node, suffix)  # the context is silent here
+            rows.extend(found)
         self.rows.extend(rows)
         return self._proposal(rows, tree.device)
 
@@ -120,6 +195,8 @@ class NgramDrafter(Drafter):
         """The best chain under the root from the committed context's suffix (the one `expand`
         would rank first), valued with its calibrated scores; (0, 0) without a match."""
         rows = self._lookup(0, self._suffix(0, [], []), 1)
+        if not rows and self.store is not None:
+            rows = self._from_store(0, self._suffix(0, [], []))
         if not rows:
             return Peek(0.0, 0.0, ())
         probs = [math.exp(logp) for logp in self._row_logp(rows[0])]  # rates are below 1
@@ -127,13 +204,19 @@ class NgramDrafter(Drafter):
         return Peek(sum(accumulate(probs, operator.mul)), probs[0], rows[0].chain)
 
     def _suffix(self, node: int, tokens: list[int], parents: list[int]) -> list[int]:
-        """The last `max_ngram` tokens of committed context + draft path to `node`."""
+        """The last `max_ngram` tokens (or the store's key width, if more) of committed context +
+        draft path to `node`."""
         path: list[int] = []
-        while node > 0 and len(path) < self.config.max_ngram:
+        size = (
+            self.config.max_ngram
+            if self.store is None
+            else max(self.config.max_ngram, self.store.width)
+        )
+        while node > 0 and len(path) < size:
             path.append(tokens[node])
             node = parents[node]
         path.reverse()
-        need = self.config.max_ngram - len(path)
+        need = size - len(path)
         return (self.context[-need:] if need else []) + path
 
     def _lookup(self, node: int, suffix: list[int], k: int) -> list[_Row]:
@@ -148,6 +231,24 @@ class NgramDrafter(Drafter):
             if ends:
                 return self._vote(node, ends, n, k)
         return []
+
+    def _from_store(self, node: int, suffix: list[int]) -> list[_Row]:
+        """The store's chain under `node` (at most one row), looked up once per suffix."""
+        key = tuple(suffix[-self.store.width :])
+        found = self._found.get(key, False)
+        if found is False:
+            if len(self._found) > 1 << 16:
+                self._found.clear()
+            found = self._found[key] = self.store.lookup(
+                key,
+                min_n=self.config.min_ngram,
+                length=self.config.store_chain,
+                cap=STORE_VOTERS,
+                vote=STORE_VOTED,
+            )
+        if found is None or not found.chain:
+            return []
+        return [_Row(node, found.chain, found.n, 0.0, found.shares)]
 
     def _vote(self, node: int, ends: list[int], n: int, k: int) -> list[_Row]:
         context = self.context
@@ -175,7 +276,7 @@ class NgramDrafter(Drafter):
     def _proposal(self, rows: list[_Row], device: torch.device) -> Proposal:
         if not rows:
             return Proposal.empty(device)
-        cl = self.config.chain_len
+        cl = max(len(row.chain) for row in rows)
         tokens = [list(row.chain) + [-1] * (cl - len(row.chain)) for row in rows]
         logp = [self._row_logp(row) + [0.0] * (cl - len(row.chain)) for row in rows]
         return Proposal(
@@ -185,6 +286,8 @@ class NgramDrafter(Drafter):
         )
 
     def _row_logp(self, row: _Row) -> list[float]:
+        if row.shares is not None:
+            return self.store_calibration.log_probs(row.match_len, row.shares)
         rates = self.calibration.log_rates(row.match_len)
         return [row.log_share + rates[0], *rates[1 : len(row.chain)]]
 
@@ -209,6 +312,9 @@ class NgramDrafter(Drafter):
                 if j + t >= len(new):
                     break
                 hit = tok == new[j + t]
-                self.calibration.record(row.match_len, t, hit)
+                if row.shares is not None:
+                    self.store_calibration.record(row.match_len, t, row.shares[t], hit)
+                else:
+                    self.calibration.record(row.match_len, t, hit)
                 if not hit:
                     break

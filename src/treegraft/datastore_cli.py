@@ -1,0 +1,111 @@
+"""``treegraft datastore``: build and inspect the token datastores the n-gram drafter drafts from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from treegraft.console import fail
+
+app = typer.Typer(
+    help="Build and inspect token datastores (the n-gram drafter's `store`).", no_args_is_help=True
+)
+
+
+def tokenizer_json(ref: str) -> Path:
+    """The `tokenizer.json` of a model reference (`zoo:NAME`, a model folder) or the file itself."""
+    path = Path(ref).expanduser()
+    if path.is_file():
+        return path
+    from treegraft.core.resources import ModelRefError, resolve_model_path
+
+    try:
+        found = resolve_model_path(ref) / "tokenizer.json"
+    except ModelRefError as exc:
+        fail(f"--tokenizer: {exc}")
+    if not found.is_file():
+        fail(f"--tokenizer: {ref!r} has no tokenizer.json (expected at {found})")
+    return found
+
+
+def vocab_of(ref: str, tokenizer: object) -> int:
+    """The model's vocabulary size (its config), else the tokenizer's."""
+    from treegraft.core.resources import ModelRefError, model_vocab_size
+
+    try:
+        return model_vocab_size(ref)
+    except (ModelRefError, OSError, KeyError, ValueError):
+        return int(tokenizer.get_vocab_size(with_added_tokens=True))  # type: ignore[attr-defined]
+
+
+@app.command("build")
+def build_cmd(
+    inputs: Annotated[
+        list[Path],
+        typer.Argument(help="Text files (one text each) or JSONL files (one text per line)."),
+    ],
+    tokenizer: Annotated[
+        str,
+        typer.Option(help="The target's model reference (zoo:NAME, a folder) or a tokenizer.json."),
+    ],
+    out: Annotated[Path, typer.Option(help="The datastore file to write (.npz).")],
+    field: Annotated[str, typer.Option(help="The text field of JSONL lines.")] = "text",
+) -> None:
+    """Tokenize a corpus with the target's tokenizer and index it for the n-gram drafter."""
+    from rich.progress import Progress
+    from tokenizers import Tokenizer
+
+    from treegraft.plugins.drafters.datastore import (
+        Datastore,
+        DatastoreError,
+        read_texts,
+        tokenize_texts,
+    )
+    from treegraft.zoo.datastore import eos_of
+
+    missing = [str(p) for p in inputs if not p.expanduser().is_file()]
+    if missing:
+        fail(f"INPUTS: no such file: {', '.join(missing)}")
+    if out.suffix != ".npz":
+        fail(f"--out: expected a file name ending in .npz, got {str(out)!r}")
+    tok = Tokenizer.from_file(str(tokenizer_json(tokenizer)))
+    vocab = vocab_of(tokenizer, tok)
+    texts: list[str] = []
+    for path in inputs:
+        try:
+            texts.extend(read_texts(path, field))
+        except DatastoreError as exc:
+            fail(f"INPUTS: {exc}")
+        except UnicodeDecodeError as exc:
+            fail(f"INPUTS: {path}: not UTF-8 text ({exc.reason})")
+    with Progress(transient=True) as progress:
+        task = progress.add_task("tokenizing", total=len(texts))
+        tokens = tokenize_texts(
+            texts, tok, eos_id=eos_of(tok), advance=lambda n: progress.advance(task, n)
+        )
+    try:
+        store = Datastore.from_tokens(tokens, vocab)
+    except DatastoreError as exc:
+        fail(f"--tokenizer: {exc}")
+    out.expanduser().parent.mkdir(parents=True, exist_ok=True)
+    store.save(out.expanduser())
+    typer.echo(
+        f"{tokens.size:,} tokens (vocabulary {vocab}, contexts of {store.width} tokens) -> {out}"
+    )
+
+
+@app.command("info")
+def info_cmd(path: Annotated[Path, typer.Argument(help="A datastore file.")]) -> None:
+    """Print a datastore's size, vocabulary and context width."""
+    from treegraft.plugins.drafters.datastore import Datastore, DatastoreError
+
+    try:
+        store = Datastore.load(path)
+    except DatastoreError as exc:
+        fail(str(exc))
+    typer.echo(
+        f"{path}: {store.tokens.size:,} tokens, vocabulary {store.vocab_size}, "
+        f"contexts of up to {store.width} tokens"
+    )

@@ -1,0 +1,199 @@
+"""A token datastore: every context of a corpus, sorted, for retrieval drafting (the REST idea).
+
+The corpus is one token array (documents joined by the end-of-text token). Every position `p`
+from `width` on is keyed by the `width` tokens before it, packed into one unsigned 64-bit integer, most recent
+token in the highest bits; the positions are sorted by key. The positions whose context ends
+with a suffix of `n <= width` tokens then form one contiguous range of the sorted keys (the
+suffix fixes the key's highest `n` fields), found by two binary searches. The continuation
+drafted from them is the greedy path of the trie their following tokens form: the most frequent
+next token, then the most frequent among the positions that agree on it, for the first few
+tokens; then the continuation of the earliest position that agreed on all of them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+#: the format tag of a saved datastore (`Datastore.save`)
+FORMAT = "treegraft-datastore-1"
+
+
+class DatastoreError(ValueError):
+    """A datastore file that cannot be read or does not fit the model."""
+
+
+@attrs.frozen
+class Match:
+    """A datastore lookup: the drafted continuation and what it rests on."""
+
+    chain: tuple[int, ...]
+    shares: tuple[float, ...]  # per token: its share of the positions still agreeing before it
+    n: int  # suffix tokens matched
+    support: int  # positions in the corpus with that suffix
+
+
+@attrs.frozen(eq=False)
+class Datastore:
+    """Sorted contexts of a token corpus (`from_tokens`, `load`); `lookup` drafts from them."""
+
+    tokens: np.ndarray  # [N] int32, the corpus
+    positions: np.ndarray  # [M] int64, sorted by key
+    keys: np.ndarray  # [M] uint64, ascending
+    vocab_size: int
+    width: int  # context tokens per key
+    bits: int  # bits per token in a key
+
+    @classmethod
+    def from_tokens(cls, tokens: np.ndarray, vocab_size: int) -> Datastore:
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        if tokens.ndim != 1:
+            raise DatastoreError(f"tokens: expected a 1-D array, got shape {tokens.shape}")
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
+            raise DatastoreError(
+                f"tokens: ids must lie in 0 .. {vocab_size - 1} (vocab_size), got "
+                f"{int(tokens.min())} .. {int(tokens.max())}"
+            )
+        bits = max(1, int(vocab_size - 1).bit_length())
+        width = min(4, 64 // bits)
+        positions = np.arange(width, tokens.size, dtype=np.int64)
+        keys = _keys(tokens, positions, width, bits)
+        order = np.argsort(keys, kind="stable")
+        return cls(tokens, positions[order], keys[order], vocab_size, width, bits)
+
+    def save(self, path: str | Path) -> None:
+        """Write the corpus and its order (`.npz`; the keys are recomputed at load)."""
+        np.savez(
+            Path(path),
+            format=np.array(FORMAT),
+            tokens=self.tokens,
+            positions=self.positions.astype(np.int32 if self.tokens.size < 2**31 else np.int64),
+            vocab_size=np.array(self.vocab_size),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Datastore:
+        path = Path(path).expanduser()
+        try:
+            with np.load(path) as data:
+                if str(data.get("format", "")) != FORMAT:
+                    raise DatastoreError(
+                        f"{path}: not a treegraft datastore (expected format {FORMAT!r}); build "
+                        "one with `treegraft datastore build`"
+                    )
+                tokens, positions = data["tokens"], data["positions"].astype(np.int64)
+                vocab_size = int(data["vocab_size"])
+        except (OSError, ValueError, KeyError) as exc:
+            if isinstance(exc, DatastoreError):
+                raise
+            raise DatastoreError(f"{path}: cannot read a datastore ({exc})") from None
+        bits = max(1, int(vocab_size - 1).bit_length())
+        width = min(4, 64 // bits)
+        keys = _keys(tokens, positions, width, bits)
+        return cls(tokens, positions, keys, vocab_size, width, bits)
+
+    def lookup(
+        self, context: Sequence[int], *, min_n: int, length: int, cap: int, vote: int = 2
+    ) -> Match | None:
+        """The continuation of the longest suffix of `context` (at most `width`, at least
+        `min_n` tokens) found in the corpus, `length` tokens at most; None where no suffix of
+        `min_n` is found. Its first `vote` tokens are voted among at most `cap` of the suffix's
+        positions (evenly spread over them), each among the positions that agreed so far; the
+        rest is the continuation of the earliest position left."""
+        for n in range(min(self.width, len(context)), min_n - 1, -1):
+            low = 0
+            for j in range(n):
+                low |= int(context[-1 - j]) << (self.bits * (self.width - 1 - j))
+            high = low + (1 << (self.bits * (self.width - n)))
+            a = int(np.searchsorted(self.keys, np.uint64(low), "left"))
+            if high >= 2**64:
+                b = len(self.keys)
+            else:
+                b = int(np.searchsorted(self.keys, np.uint64(high), "left"))
+            if b > a:
+                return self._follow(a, b, n, length, min(cap, b - a), vote)
+        return None
+
+    def _follow(self, a: int, b: int, n: int, length: int, cap: int, vote: int) -> Match:
+        count = b - a
+        if count > cap:
+            where = self.positions[a + (np.arange(cap) * count) // cap]
+        else:
+            where = self.positions[a:b]
+        chain: list[int] = []
+        shares: list[float] = []
+        limit = self.tokens.size
+        for t in range(min(vote, length)):
+            if where.size <= 1:
+                break
+            where = where[where + t < limit]
+            if where.size == 0:
+                break
+            nxt = self.tokens[where + t]
+            values, counts = np.unique(nxt, return_counts=True)
+            best = int(counts.argmax())
+            chain.append(int(values[best]))
+            shares.append(float(counts[best]) / nxt.size)
+            where = where[nxt == values[best]]
+        if where.size and len(chain) < length:  # the rest: the earliest position's continuation
+            start = int(where.min()) + len(chain)
+            rest = self.tokens[start : start + length - len(chain)].tolist()
+            chain.extend(rest)
+            shares.extend([1.0] * len(rest))
+        return Match(tuple(chain), tuple(shares), n, count)
+
+
+def tokenize_texts(
+    texts: Sequence[str],
+    tokenizer: Any,
+    *,
+    eos_id: int | None,
+    advance: Callable[[int], object] | None = None,
+) -> np.ndarray:
+    """`[N]` int32: the texts' tokens (a `tokenizers.Tokenizer`, no special tokens added), each
+    text followed by `eos_id` (where not None) so that no context spans two texts unmarked;
+    `advance(n)` is called after each batch of `n` texts (a progress bar)."""
+    parts: list[np.ndarray] = []
+    tail = [] if eos_id is None else [eos_id]
+    for start in range(0, len(texts), 4096):
+        batch = list(texts[start : start + 4096])
+        for enc in tokenizer.encode_batch(batch, add_special_tokens=False):
+            parts.append(np.asarray(enc.ids + tail, dtype=np.int32))
+        if advance is not None:
+            advance(len(batch))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+
+
+def read_texts(path: str | Path, field: str = "text") -> list[str]:
+    """The texts of a corpus file: one per line of a `.jsonl` file (its `field`), else the
+    whole file as one text."""
+    path = Path(path).expanduser()
+    if path.suffix != ".jsonl":
+        return [path.read_text(encoding="utf-8")]
+    texts = []
+    with path.open(encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatastoreError(f"{path}:{number}: not JSON ({exc.msg})") from None
+            if not isinstance(row, dict) or not isinstance(row.get(field), str):
+                raise DatastoreError(
+                    f"{path}:{number}: expected an object with a string {field!r} field"
+                )
+            texts.append(row[field])
+    return texts
+
+
+def _keys(tokens: np.ndarray, positions: np.ndarray, width: int, bits: int) -> np.ndarray:
+    keys = np.zeros(positions.size, dtype=np.uint64)
+    for j in range(width):
+        keys |= tokens[positions - 1 - j].astype(np.uint64) << np.uint64(bits * (width - 1 - j))
+    return keys

@@ -1,0 +1,201 @@
+"""The token datastore (retrieval drafting): lookups against brute force, files, errors, and the
+n-gram drafter drafting from it where the context has no match."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from treegraft.core.tree import DraftTree
+from treegraft.plugins.drafters.datastore import Datastore, DatastoreError, read_texts
+from treegraft.plugins.drafters.ngram import NgramConfig, NgramDrafter
+
+
+def brute_force(tokens: list[int], width: int, context: list[int], min_n: int):
+    """The longest suffix (<= width, >= min_n) of `context` ending before some position
+    p >= width of `tokens`, and those positions."""
+    for n in range(min(width, len(context)), min_n - 1, -1):
+        found = [p for p in range(width, len(tokens)) if tokens[p - n : p] == list(context[-n:])]
+        if found:
+            return n, found
+    return 0, []
+
+
+def mode(values: list[int]) -> tuple[int, int]:
+    """The most frequent value (the smallest among equals) and its count."""
+    counts = Counter(values)
+    best = min(counts, key=lambda v: (-counts[v], v))
+    return best, counts[best]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 5), min_size=0, max_size=80),
+    context=st.lists(st.integers(0, 5), min_size=0, max_size=6),
+    min_n=st.integers(1, 3),
+    vote=st.integers(0, 3),
+    length=st.integers(1, 6),
+)
+def test_lookup_votes_the_continuation_of_the_longest_suffix(tokens, context, min_n, vote, length):
+    store = Datastore.from_tokens(np.array(tokens, dtype=np.int32), vocab_size=6)
+    got = store.lookup(context, min_n=min_n, length=length, cap=10_000, vote=vote)
+    n, where = brute_force(tokens, store.width, context, min_n)
+    if not where:
+        assert got is None
+        return
+    assert (got.n, got.support) == (n, len(where))
+    assert len(got.chain) == len(got.shares) <= length
+    # the voted tokens: each the mode among the positions that agreed on the ones before
+    voted = 0
+    for t in range(min(vote, length)):
+        if len(where) <= 1:
+            break
+        where = [p for p in where if p + t < len(tokens)]
+        if not where:
+            break
+        best, count = mode([tokens[p + t] for p in where])
+        assert got.chain[t] == best and got.shares[t] == count / len(where)
+        where = [p for p in where if tokens[p + t] == best]
+        voted += 1
+    # the rest: the continuation of the earliest position that agreed on every voted token
+    rest = list(got.chain[voted:])
+    if where:
+        first = min(where)
+        assert rest == tokens[first + voted : first + length]
+    else:
+        assert rest == []
+    assert all(share == 1.0 for share in got.shares[voted:])
+
+
+def test_lookup_prefers_the_longer_suffix_and_backs_off():
+    # (the first `width` positions have no full context and are not indexed)
+    tokens = [0, 0, 0, 0, 1, 2, 3, 4, 9, 2, 3, 5, 6, 7, 2, 3, 5, 6]
+    store = Datastore.from_tokens(np.array(tokens), vocab_size=10)
+    got = store.lookup([1, 2, 3], min_n=2, length=3, cap=100)
+    assert (got.chain, got.n, got.support) == ((4, 9, 2), 3, 1)  # only 1 2 3 -> 4
+    got = store.lookup([8, 2, 3], min_n=2, length=3, cap=100)  # 8 2 3 unseen; 2 3 thrice
+    assert got.n == 2 and got.support == 3 and got.chain == (5, 6, 7)
+    assert got.shares[0] == pytest.approx(2 / 3)
+    assert store.lookup([8, 8], min_n=2, length=3, cap=100) is None
+
+
+def test_the_vote_is_capped_to_evenly_spread_positions():
+    tokens = [1, 2] * 50 + [1, 3] * 50  # after 1: 2 fifty times, then 3 fifty times
+    store = Datastore.from_tokens(np.array(tokens), vocab_size=4)
+    full = store.lookup([1], min_n=1, length=1, cap=1000)
+    few = store.lookup([1], min_n=1, length=1, cap=10)
+    assert full.support == few.support == 98  # positions 5, 7, .. 199 (from width 4 on)
+    assert few.shares[0] == pytest.approx(0.5, abs=0.1)  # spread over both halves, not the first 10
+
+
+@pytest.mark.parametrize(
+    ("vocab", "width", "bits"), [(2, 4, 1), (8192, 4, 13), (49152, 4, 16), (128256, 3, 17)]
+)
+def test_contexts_per_key_follow_the_vocabulary(vocab, width, bits):
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(max(0, vocab - 3), vocab, 200)  # the largest ids: the highest bits
+    store = Datastore.from_tokens(tokens, vocab_size=vocab)
+    assert (store.width, store.bits) == (width, bits)
+    assert np.all(np.diff(store.keys.astype(object)) >= 0)
+    context = tokens[50 : 50 + width].tolist()
+    got = store.lookup(context, min_n=width, length=2, cap=1000)
+    n, where = brute_force(tokens.tolist(), width, context, width)
+    assert got.n == n == width and got.support == len(where)
+
+
+def test_a_saved_datastore_loads_the_same(tmp_path):
+    tokens = np.random.default_rng(1).integers(0, 50, 500)
+    store = Datastore.from_tokens(tokens, vocab_size=50)
+    store.save(tmp_path / "s.npz")
+    back = Datastore.load(tmp_path / "s.npz")
+    assert np.array_equal(back.tokens, store.tokens) and np.array_equal(back.keys, store.keys)
+    for context in ([3, 4], [1], [7, 7, 7, 7]):
+        assert back.lookup(context, min_n=1, length=4, cap=64) == store.lookup(
+            context, min_n=1, length=4, cap=64
+        )
+
+
+def test_bad_datastores_are_refused_naming_the_problem(tmp_path):
+    with pytest.raises(
+        DatastoreError, match=r"ids must lie in 0 \.\. 9 \(vocab_size\), got 0 \.\. 12"
+    ):
+        Datastore.from_tokens(np.array([0, 12]), vocab_size=10)
+    with pytest.raises(DatastoreError, match=r"expected a 1-D array, got shape \(2, 2\)"):
+        Datastore.from_tokens(np.zeros((2, 2)), vocab_size=10)
+    with pytest.raises(DatastoreError, match="cannot read a datastore"):
+        Datastore.load(tmp_path / "missing.npz")
+    np.savez(tmp_path / "other.npz", tokens=np.zeros(3))
+    with pytest.raises(
+        DatastoreError, match=r"not a treegraft datastore.*treegraft datastore build"
+    ):
+        Datastore.load(tmp_path / "other.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(DatastoreError, match="cannot read a datastore"):
+        Datastore.load(tmp_path / "junk.npz")
+
+
+def test_corpus_files_are_read_one_text_per_line_or_file(tmp_path):
+    (tmp_path / "a.txt").write_text("one text\nstill the same text\n")
+    (tmp_path / "b.jsonl").write_text('{"text": "first"}\n\n{"text": "second", "x": 1}\n')
+    assert read_texts(tmp_path / "a.txt") == ["one text\nstill the same text\n"]
+    assert read_texts(tmp_path / "b.jsonl") == ["first", "second"]
+    (tmp_path / "c.jsonl").write_text('{"text": "ok"}\n{"body": "no text field"}\n')
+    with pytest.raises(DatastoreError, match=r"c.jsonl:2: expected an object with a string 'text'"):
+        read_texts(tmp_path / "c.jsonl")
+    (tmp_path / "d.jsonl").write_text("{oops\n")
+    with pytest.raises(DatastoreError, match=r"d.jsonl:1: not JSON"):
+        read_texts(tmp_path / "d.jsonl")
+
+
+# ---------------------------------------------------------------------------- the n-gram drafter
+
+CORPUS = [7, 8, 1, 2, 3, 4, 5, 9, 9, 1, 2, 3, 4, 6, 0, 1, 2, 3, 4, 5]
+
+
+def drafter_with_store(context: list[int], **cfg) -> NgramDrafter:
+    store = Datastore.from_tokens(np.array(CORPUS), vocab_size=10)
+    d = NgramDrafter(NgramConfig(max_ngram=3, min_ngram=2, chain_len=2, **cfg), store=store)
+    d.begin(torch.tensor(context), max_len=64)
+    return d
+
+
+def test_the_store_drafts_where_the_context_has_no_match():
+    d = drafter_with_store([6, 1, 2, 3], store_chain=3)
+    prop = d.expand(DraftTree.from_root(3), torch.tensor([0]), k=4)
+    # (1 2 3) never occurred in the context; in the corpus 4 follows it thrice, then 5 twice
+    # of three; then the earliest of those two positions goes on with 9
+    assert prop.tokens.tolist() == [[4, 5, 9]]
+    shares = [1.0, 2 / 3, 1.0]  # times the prior rate 1/2
+    assert prop.logp[0].tolist() == pytest.approx([math.log(0.5 * s) for s in shares], rel=1e-6)
+
+
+def test_the_context_comes_first_and_the_store_only_at_shallow_nodes():
+    d = drafter_with_store([1, 2, 3, 8, 1, 2, 3], store_chain=3)
+    prop = d.expand(DraftTree.from_root(3), torch.tensor([0]), k=4)
+    assert prop.tokens.tolist() == [[8, 1]]  # the context's own continuation, not the store's
+    d = drafter_with_store([6, 5, 1, 2], store_chain=2, store_depth=0)
+    tree = DraftTree.from_parents(torch.tensor([2, 3]), torch.tensor([-1, 0]))
+    assert d.expand(tree, torch.tensor([1]), k=4).n_rows == 0  # depth 1 > store_depth 0
+    assert d.expand(tree, torch.tensor([0]), k=4).tokens.tolist() == [[3, 4]]
+    d = drafter_with_store([6, 5, 1, 2], store_chain=2, store_depth=1)
+    assert d.expand(tree, torch.tensor([1]), k=4).tokens.tolist() == [[4, 5]]
+
+
+def test_store_rows_learn_their_rate_and_peek_reads_them():
+    d = drafter_with_store([6, 1, 2, 3], store_chain=2)
+    assert d.peek(DraftTree.from_root(3)).chain == (4, 5)
+    tree = DraftTree.from_root(3)
+    prop = d.expand(tree, torch.tensor([0]), k=4)
+    assert prop.tokens.tolist() == [[4, 5]]
+    assert prop.logp[0].exp().tolist() == pytest.approx([0.5, (2 / 3) * 0.5])
+    _, node_of = tree.extend(prop, 0)
+    d.commit(torch.tensor([0, int(node_of[0, 0])]), torch.tensor([4, 7]))  # 4 right, 5 wrong
+    cal = d.store_calibration
+    assert cal.hits[3].tolist() == [1, 0] and cal.shares[3].tolist() == pytest.approx([1, 2 / 3])
+    assert d.calibration.trials.sum() == 0  # the context's rates are not the store's

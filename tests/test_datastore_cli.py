@@ -1,0 +1,134 @@
+"""`treegraft datastore build/info`, pipelines drafting from a datastore (lossless), and the
+errors a wrong datastore gives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.conftest import greedy_reference, memory_resources, tiny_llama
+from tests.test_cli import invoke, pipeline_file, wide_consoles  # noqa: F401
+from tests.test_cli_errors import assert_clean
+from treegraft.core.config import ConfigError
+from treegraft.core.pipeline import load_pipeline
+from treegraft.plugins.drafters.datastore import Datastore
+
+
+def test_build_tokenizes_text_and_jsonl_files_with_the_models_tokenizer(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    (tmp_path / "a.txt").write_text("t1 t2 t3 t4 t5")
+    (tmp_path / "b.jsonl").write_text(
+        json.dumps({"body": "t1 t2 t3 t9"}) + "\n" + json.dumps({"body": "t7"}) + "\n"
+    )
+    out = tmp_path / "store" / "s.npz"
+    result = invoke(
+        "datastore", "build", str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl"),
+        "--tokenizer", str(model_dir), "--out", str(out), "--field", "body",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "10 tokens (vocabulary 64, contexts of 4 tokens)" in result.stdout
+    store = Datastore.load(out)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = [tok.convert_tokens_to_ids(f"t{i}") for i in (1, 2, 3, 4, 5, 1, 2, 3, 9, 7)]
+    assert store.tokens.tolist() == ids  # no end-of-text token in a word vocabulary
+    # t1 t2 t3 is followed by t9 in the second text (the first 4 positions have no context)
+    assert store.lookup(ids[:3], min_n=3, length=2, cap=10).chain == (ids[8], ids[9])
+    info = invoke("datastore", "info", str(out))
+    assert info.exit_code == 0 and "10 tokens, vocabulary 64" in info.stdout
+
+
+def test_build_and_info_refuse_bad_input_naming_it(tmp_path: Path, model_dir: Path) -> None:
+    text = tmp_path / "a.txt"
+    text.write_text("t1 t2")
+    out = str(tmp_path / "s.npz")
+    result = invoke(
+        "datastore", "build", str(tmp_path / "no.txt"), "--tokenizer", str(model_dir), "--out", out
+    )
+    assert_clean(result, 2, "INPUTS: no such file", "no.txt")
+    result = invoke(
+        "datastore",
+        "build",
+        str(text),
+        "--tokenizer",
+        str(model_dir),
+        "--out",
+        str(tmp_path / "s.bin"),
+    )
+    assert_clean(result, 2, "--out: expected a file name ending in .npz")
+    result = invoke("datastore", "build", str(text), "--tokenizer", "zoo:nope", "--out", out)
+    assert_clean(result, 2, "--tokenizer:", "zoo:nope")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": 3}\n')
+    result = invoke("datastore", "build", str(bad), "--tokenizer", str(model_dir), "--out", out)
+    assert_clean(result, 2, "bad.jsonl:1: expected an object with a string 'text' field")
+    result = invoke("datastore", "info", str(text))
+    assert_clean(result, 2, "cannot read a datastore")
+
+
+def test_a_pipeline_drafting_from_a_built_store_is_lossless(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """The store holds the target's own greedy continuation, so its chains are drafted (and
+    mostly accepted); the output is plain greedy decoding's either way."""
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
+    prompt = "t1 t2 t3 t4 t9 t8 t7"
+    ids = torch.tensor(tok(prompt, add_special_tokens=False)["input_ids"])
+    continuation = greedy_reference(model, ids, 24)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(tok.decode([*ids.tolist(), *continuation]))
+    store = tmp_path / "s.npz"
+    built = invoke(
+        "datastore", "build", str(corpus), "--tokenizer", str(model_dir), "--out", str(store)
+    )
+    assert built.exit_code == 0, built.output
+
+    def pipeline(**store_keys: object) -> Path:
+        weak = {"name": "ngram", "max_ngram": 3, "min_ngram": 2, **store_keys}
+        decoding = {"max_new_tokens": 24, "dtype": "float64", "device": "cpu"}
+        return pipeline_file(tmp_path, str(model_dir), drafters={"weak": weak}, decoding=decoding)
+
+    alone = load_pipeline(pipeline()).generate(ids)
+    path = pipeline(store=str(store), store_depth=2)
+    out = load_pipeline(path).generate(ids)
+    assert list(out.token_ids) == list(alone.token_ids) == continuation
+    assert out.summary.tau > alone.summary.tau + 2  # the store's chains were accepted (7.5 vs 2)
+    result = invoke("generate", "--pipeline", str(path), "--prompt", prompt, "--compare")
+    assert result.exit_code == 0 and "identical: yes" in result.stderr, result.output
+
+
+def test_a_store_of_another_vocabulary_or_an_unknown_zoo_store_is_refused(tmp_path: Path) -> None:
+    big = tmp_path / "big.npz"
+    Datastore.from_tokens(np.array([1, 2, 99]), vocab_size=100).save(big)
+    res = memory_resources(target=tiny_llama(seed=1, vocab=40))
+    spec = {
+        "target": "mem:target",
+        "drafters": {"weak": {"name": "ngram", "store": str(big)}},
+        "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4},
+    }
+    with pytest.raises(
+        ConfigError,
+        match=r"drafters.weak: store: .* vocabulary of 100, the target 'mem:target' has 40",
+    ):
+        load_pipeline(spec, resources=res)
+    spec["drafters"]["weak"]["store"] = "zoo:nope"
+    with pytest.raises(
+        ConfigError, match=r"drafters.weak: store: unknown zoo datastore 'zoo:nope'"
+    ):
+        load_pipeline(spec, resources=res)
+    spec["drafters"]["weak"]["store"] = "zoo:corpus"
+    with pytest.raises(
+        ConfigError, match=r"zoo:corpus is built in the target's tokens.*'mem:target' has none"
+    ):
+        load_pipeline(spec, resources=res)
+    spec["drafters"]["weak"]["store"] = str(tmp_path / "missing.npz")
+    with pytest.raises(
+        ConfigError, match=r"drafters.weak: store: .*missing.npz: cannot read a datastore"
+    ):
+        load_pipeline(spec, resources=res)
