@@ -15,8 +15,8 @@ from tests.conftest import greedy_reference, memory_resources, tiny_llama
 from tests.test_cli import invoke, pipeline_file, wide_consoles  # noqa: F401
 from tests.test_cli_errors import assert_clean
 from treegraft.core.config import ConfigError
+from treegraft.core.datastore import Datastore
 from treegraft.core.pipeline import load_pipeline
-from treegraft.plugins.drafters.datastore import Datastore
 
 
 def test_build_tokenizes_text_and_jsonl_files_with_the_models_tokenizer(

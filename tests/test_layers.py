@@ -31,6 +31,12 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("treegraft.zoo.gguf_convert", 0),
     ("treegraft.zoo.truncate", 0),
     ("treegraft.core", 1),
+    # the zoo's corpus builder, which `zoo:corpus` (a datastore) runs at first use, like `remote`
+    ("treegraft.zoo.datastore", 1),
+    ("treegraft.zoo.corpus", 1),
+    ("treegraft.zoo.sources", 1),
+    ("treegraft.zoo.synthetic", 1),
+    ("treegraft.zoo.split", 1),
     ("treegraft", 1),  # the package's public re-exports of core
     ("treegraft.scheduling.features", 2),
     ("treegraft.scheduling.artifact", 2),
@@ -44,6 +50,7 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("treegraft.zoo.", 4),  # the zoo's build tools (corpus, suites, training)
     ("treegraft.viz", 4),
     ("treegraft.cli", 5),
+    ("treegraft.datastore_cli", 5),  # `treegraft datastore`, mounted by the cli
 )
 
 

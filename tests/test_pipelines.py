@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from tests.conftest import greedy_reference, memory_resources, tiny_llama
 from tests.core.test_decoder import repetitive_prompt
 from treegraft.core.config import pipeline_spec_from_dict
+from treegraft.core.datastore import Datastore
 from treegraft.core.errors import TreegraftError
 from treegraft.core.pipeline import (
     PIPELINES_DIR,
@@ -24,7 +25,6 @@ from treegraft.core.pipeline import (
     resolve_pipeline,
 )
 from treegraft.core.runner.forwards import plan_forward
-from treegraft.plugins.drafters.datastore import Datastore
 from treegraft.plugins.drafters.feature_head import FeatureHead, HeadSpec
 from treegraft.zoo.token_counts import save_counts
 

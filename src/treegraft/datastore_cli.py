@@ -57,7 +57,7 @@ def build_cmd(
     from rich.progress import Progress
     from tokenizers import Tokenizer
 
-    from treegraft.plugins.drafters.datastore import (
+    from treegraft.core.datastore import (
         Datastore,
         DatastoreError,
         read_texts,
@@ -99,7 +99,7 @@ def build_cmd(
 @app.command("info")
 def info_cmd(path: Annotated[Path, typer.Argument(help="A datastore file.")]) -> None:
     """Print a datastore's size, vocabulary and context width."""
-    from treegraft.plugins.drafters.datastore import Datastore, DatastoreError
+    from treegraft.core.datastore import Datastore, DatastoreError
 
     try:
         store = Datastore.load(path)

@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from treegraft.core.datastore import Datastore, DatastoreError, read_texts
 from treegraft.core.tree import DraftTree
-from treegraft.plugins.drafters.datastore import Datastore, DatastoreError, read_texts
 from treegraft.plugins.drafters.ngram import NgramConfig, NgramDrafter
 
 

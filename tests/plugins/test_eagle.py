@@ -180,7 +180,11 @@ def test_the_first_step_drafts_nothing_and_a_second_forward_is_not_needed(head_d
 
 def test_head_errors_name_the_field(head_dir, tmp_path):
     res = resources()
-    with pytest.raises(FileNotFoundError, match="head 'zoo:nope' not found: expected 'zoo:NAME'"):
+    from treegraft.core.config import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=r"drafters\.\w+: head: head 'zoo:nope' not found: expected"
+    ):
         load_pipeline(spec("zoo:nope", "eagle"), resources=res)
     torch.manual_seed(0)
     wrong = FeatureHead(HeadSpec(hidden_size=HIDDEN, intermediate_size=8, vocab_size=VOCAB + 1))

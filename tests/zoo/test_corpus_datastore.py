@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from treegraft.core.datastore import Datastore
 from treegraft.core.resources import Resources
-from treegraft.plugins.drafters.datastore import Datastore
 from treegraft.zoo import tokenizer_path
 from treegraft.zoo.datastore import corpus_datastore
 

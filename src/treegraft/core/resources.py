@@ -256,7 +256,7 @@ class Resources:
         file written by `treegraft datastore build`, or `zoo:corpus` (the zoo's training corpus
         in the target's tokens, built at first use and cached)."""
         if ref not in self.datastores:
-            from treegraft.plugins.drafters.datastore import Datastore, DatastoreError
+            from treegraft.core.datastore import Datastore, DatastoreError
 
             path: str | Path = ref
             if ref.startswith("zoo:"):

@@ -16,8 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from treegraft.plugins.drafters.datastore import Datastore, tokenize_texts
-from treegraft.zoo.remote import _sha256, cache_dir
+from treegraft.core.datastore import Datastore, tokenize_texts
+from treegraft.zoo.remote import cache_dir, file_sha256
 
 REF = "zoo:corpus"
 SEED = 0
@@ -31,7 +31,7 @@ def corpus_datastore(tokenizer_file: Path, vocab_size: int) -> Path:
     docs = DEFAULT_DOCS_DIR if DEFAULT_DOCS_DIR.is_dir() else None
     cfg = CorpusConfig(seed=SEED, stdlib=stdlib_dir(), docs=docs)
     source = {
-        "tokenizer_sha256": _sha256(tokenizer_file),
+        "tokenizer_sha256": file_sha256(tokenizer_file),
         "seed": cfg.seed,
         "stdlib": str(cfg.stdlib),
         "python": sys.version.split()[0],

@@ -42,6 +42,7 @@ __all__ = [
     "cache_dir",
     "cached_path",
     "ensure",
+    "file_sha256",
     "is_cached",
     "local_deltas_dir",
     "names",
@@ -106,7 +107,7 @@ class DerivedModel:
         return {
             "base": self.base,
             "recipe": self.recipe,
-            "inputs": {p.name: _sha256(p) for p in self.input_files()},
+            "inputs": {p.name: file_sha256(p) for p in self.input_files()},
         }
 
 
@@ -250,7 +251,7 @@ def ensure(name: str) -> Path:
     return _store(name, lambda tmp: derived.build(base, tmp), derived.source())
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     """The file's sha256, computed once per size and modification time (`is_cached` asks on every
     load of a derived model, and its shipped inputs are tens of MB)."""
     stat = path.stat()

@@ -94,7 +94,10 @@ class EagleDrafter(Drafter):
                 "'transformers' or 'tree', 'auto' on CUDA, or a model the lean forward does not "
                 "support)"
             )
-        net = load_head(config.head, dtype=target.dtype, device=target.device)
+        try:
+            net = load_head(config.head, dtype=target.dtype, device=target.device)
+        except FileNotFoundError as exc:  # a ValueError: the pipeline names the drafter's path
+            raise ValueError(f"head: {exc}") from None
         vocab, hidden = target.vocab_size, target.model.get_input_embeddings().weight.shape[1]
         if (net.spec.vocab_size, net.spec.hidden_size) != (vocab, hidden):
             raise ValueError(

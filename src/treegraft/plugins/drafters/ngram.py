@@ -31,10 +31,10 @@ import torch
 from torch import Tensor
 
 from treegraft.core.config import at_least, field
+from treegraft.core.datastore import Datastore, DatastoreError, Match
 from treegraft.core.interfaces import Drafter, Peek
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.kernels.host_tensor import host_tensor
-from treegraft.plugins.drafters.datastore import Datastore, DatastoreError, Match
 
 #: a store chain's leading tokens that are voted on (the rest: one position's continuation)
 STORE_VOTED = 2
