@@ -135,6 +135,17 @@ def test_bad_datastores_are_refused_naming_the_problem(tmp_path):
         DatastoreError, match=r"not a treegraft datastore.*treegraft datastore build"
     ):
         Datastore.load(tmp_path / "other.npz")
+    good = Datastore.from_tokens(np.arange(20) % 7, vocab_size=7)
+    np.savez(tmp_path / "short.npz", format=np.array("treegraft-datastore-1"), tokens=good.tokens,
+             positions=good.positions[:-1], vocab_size=np.array(7))  # fmt: skip
+    with pytest.raises(DatastoreError, match=r"damaged datastore \(its positions do not fit"):
+        Datastore.load(tmp_path / "short.npz")
+    np.savez(tmp_path / "order.npz", format=np.array("treegraft-datastore-1"), tokens=good.tokens,
+             positions=good.positions[::-1], vocab_size=np.array(7))  # fmt: skip
+    with pytest.raises(DatastoreError, match=r"damaged datastore \(its positions are out of order"):
+        Datastore.load(tmp_path / "order.npz")
+    with pytest.raises(DatastoreError, match=r"vocab_size: expected 1 \.\. 2\*\*32, got 0"):
+        Datastore.from_tokens(np.zeros(0), vocab_size=0)
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     with pytest.raises(DatastoreError, match="cannot read a datastore"):
         Datastore.load(tmp_path / "junk.npz")

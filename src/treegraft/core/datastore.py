@@ -1,13 +1,14 @@
 """A token datastore: every context of a corpus, sorted, for retrieval drafting (the REST idea).
 
 The corpus is one token array (documents joined by the end-of-text token). Every position `p`
-from `width` on is keyed by the `width` tokens before it, packed into one unsigned 64-bit integer, most recent
-token in the highest bits; the positions are sorted by key. The positions whose context ends
+from `width` on is keyed by the `width` tokens before it, packed into one unsigned 64-bit
+integer, most recent token in the highest bits; the positions are sorted by key. The positions whose context ends
 with a suffix of `n <= width` tokens then form one contiguous range of the sorted keys (the
 suffix fixes the key's highest `n` fields), found by two binary searches. The continuation
 drafted from them is the greedy path of the trie their following tokens form: the most frequent
 next token, then the most frequent among the positions that agree on it, for the first few
-tokens; then the continuation of the earliest position that agreed on all of them.
+tokens; then the continuation of the earliest position that agreed on all of them. In memory a
+datastore takes 16 bytes per corpus token (the token, its position in key order, its key).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Datastore:
     """Sorted contexts of a token corpus (`from_tokens`, `load`); `lookup` drafts from them."""
 
     tokens: np.ndarray  # [N] int32, the corpus
-    positions: np.ndarray  # [M] int64, sorted by key
+    positions: np.ndarray  # [M] int32 (int64 past 2**31 tokens), sorted by key
     keys: np.ndarray  # [M] uint64, ascending
     vocab_size: int
     width: int  # context tokens per key
@@ -51,6 +52,8 @@ class Datastore:
 
     @classmethod
     def from_tokens(cls, tokens: np.ndarray, vocab_size: int) -> Datastore:
+        if not 1 <= vocab_size <= 2**32:
+            raise DatastoreError(f"vocab_size: expected 1 .. 2**32, got {vocab_size}")
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         if tokens.ndim != 1:
             raise DatastoreError(f"tokens: expected a 1-D array, got shape {tokens.shape}")
@@ -59,9 +62,8 @@ class Datastore:
                 f"tokens: ids must lie in 0 .. {vocab_size - 1} (vocab_size), got "
                 f"{int(tokens.min())} .. {int(tokens.max())}"
             )
-        bits = max(1, int(vocab_size - 1).bit_length())
-        width = min(4, 64 // bits)
-        positions = np.arange(width, tokens.size, dtype=np.int64)
+        width, bits = _layout(vocab_size)
+        positions = np.arange(width, tokens.size, dtype=_position_type(tokens.size))
         keys = _keys(tokens, positions, width, bits)
         order = np.argsort(keys, kind="stable")
         return cls(tokens, positions[order], keys[order], vocab_size, width, bits)
@@ -72,7 +74,7 @@ class Datastore:
             Path(path),
             format=np.array(FORMAT),
             tokens=self.tokens,
-            positions=self.positions.astype(np.int32 if self.tokens.size < 2**31 else np.int64),
+            positions=self.positions,
             vocab_size=np.array(self.vocab_size),
         )
 
@@ -86,15 +88,21 @@ class Datastore:
                         f"{path}: not a treegraft datastore (expected format {FORMAT!r}); build "
                         "one with `treegraft datastore build`"
                     )
-                tokens, positions = data["tokens"], data["positions"].astype(np.int64)
+                tokens = data["tokens"].astype(np.int32, copy=False)
+                positions = data["positions"].astype(_position_type(tokens.size), copy=False)
                 vocab_size = int(data["vocab_size"])
         except (OSError, ValueError, KeyError) as exc:
             if isinstance(exc, DatastoreError):
                 raise
             raise DatastoreError(f"{path}: cannot read a datastore ({exc})") from None
-        bits = max(1, int(vocab_size - 1).bit_length())
-        width = min(4, 64 // bits)
+        width, bits = _layout(vocab_size)
+        if positions.size != max(0, tokens.size - width) or (
+            positions.size and (positions.min() < width or positions.max() >= tokens.size)
+        ):
+            raise DatastoreError(f"{path}: a damaged datastore (its positions do not fit its tokens)")
         keys = _keys(tokens, positions, width, bits)
+        if np.any(keys[1:] < keys[:-1]):
+            raise DatastoreError(f"{path}: a damaged datastore (its positions are out of order)")
         return cls(tokens, positions, keys, vocab_size, width, bits)
 
     def lookup(
@@ -190,6 +198,16 @@ def read_texts(path: str | Path, field: str = "text") -> list[str]:
                 )
             texts.append(row[field])
     return texts
+
+
+def _layout(vocab_size: int) -> tuple[int, int]:
+    """(context tokens per key, bits per token): as many tokens as fit in 64 bits, at most 4."""
+    bits = max(1, int(vocab_size - 1).bit_length())
+    return min(4, 64 // bits), bits
+
+
+def _position_type(size: int) -> type:
+    return np.int32 if size < 2**31 else np.int64
 
 
 def _keys(tokens: np.ndarray, positions: np.ndarray, width: int, bits: int) -> np.ndarray:

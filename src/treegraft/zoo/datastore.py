@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from treegraft.core.datastore import Datastore, tokenize_texts
+from treegraft.zoo.corpus import CorpusConfig
 from treegraft.zoo.remote import cache_dir, file_sha256
 
 REF = "zoo:corpus"
@@ -25,7 +26,6 @@ SEED = 0
 
 def corpus_datastore(tokenizer_file: Path, vocab_size: int) -> Path:
     """The cached `zoo:corpus` datastore in the tokens of `tokenizer_file`, built if missing."""
-    from treegraft.zoo.corpus import CorpusConfig
     from treegraft.zoo.sources import DEFAULT_DOCS_DIR, stdlib_dir
 
     docs = DEFAULT_DOCS_DIR if DEFAULT_DOCS_DIR.is_dir() else None
@@ -45,7 +45,7 @@ def corpus_datastore(tokenizer_file: Path, vocab_size: int) -> Path:
     return path
 
 
-def _build(cfg: object, tokenizer_file: Path, vocab_size: int, path: Path) -> None:
+def _build(cfg: CorpusConfig, tokenizer_file: Path, vocab_size: int, path: Path) -> None:
     from tokenizers import Tokenizer
 
     from treegraft.zoo.corpus import build_corpus, read_corpus
@@ -57,7 +57,7 @@ def _build(cfg: object, tokenizer_file: Path, vocab_size: int, path: Path) -> No
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        build_corpus(cfg, Path(tmp))  # type: ignore[arg-type]
+        build_corpus(cfg, Path(tmp))
         texts = [doc.text for doc in read_corpus(Path(tmp) / "corpus.jsonl")]
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
         tokens = tokenize_texts(texts, tokenizer, eos_id=eos_of(tokenizer))
