@@ -99,7 +99,9 @@ class Datastore:
         if positions.size != max(0, tokens.size - width) or (
             positions.size and (positions.min() < width or positions.max() >= tokens.size)
         ):
-            raise DatastoreError(f"{path}: a damaged datastore (its positions do not fit its tokens)")
+            raise DatastoreError(
+                f"{path}: a damaged datastore (its positions do not fit its tokens)"
+            )
         keys = _keys(tokens, positions, width, bits)
         if np.any(keys[1:] < keys[:-1]):
             raise DatastoreError(f"{path}: a damaged datastore (its positions are out of order)")
