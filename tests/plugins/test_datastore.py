@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from treegraft.core.datastore import Datastore, DatastoreError, read_texts
 from treegraft.core.tree import DraftTree
-from treegraft.plugins.drafters.ngram import NgramConfig, NgramDrafter
+from treegraft.plugins.drafters.ngram import STORE_PROBE, NgramConfig, NgramDrafter
 
 
 def brute_force(tokens: list[int], width: int, context: list[int], min_n: int):
@@ -210,3 +210,20 @@ def test_store_rows_learn_their_rate_and_peek_reads_them():
     cal = d.store_calibration
     assert cal.hits[3].tolist() == [1, 0] and cal.shares[3].tolist() == pytest.approx([1, 2 / 3])
     assert d.calibration.trials.sum() == 0  # the context's rates are not the store's
+
+
+def test_a_text_whose_store_chains_keep_failing_stops_looking_them_up_but_probes():
+    d = drafter_with_store([6, 1, 2, 3], store_chain=2)
+    cal = d.store_calibration
+    assert cal.wanted()  # prior: one hit in two
+    for _ in range(4):  # four first tokens wrong: (0 + 1) / (4 + 2) < STORE_FLOOR
+        cal.record(3, 0, 1.0, False)
+    assert (cal.first_hits, cal.first_trials) == (0, 4)
+    tree = DraftTree.from_root(3)
+    asked = [d.expand(tree, torch.tensor([0]), k=4).n_rows for _ in range(2 * STORE_PROBE)]
+    assert asked == ([0] * (STORE_PROBE - 1) + [1]) * 2  # only the probes look it up
+    assert d.peek(tree).chain == ()  # the peek reads the store through the same gate
+    cal.record(3, 0, 1.0, True)  # a probe that wins: (1 + 1) / (5 + 2) >= 0.2 again
+    assert cal.wanted() and d.expand(tree, torch.tensor([0]), k=4).n_rows == 1
+    d.begin(torch.tensor([6, 1, 2, 3]), max_len=64)  # a new text starts from the prior
+    assert d.store_calibration.first_trials == 0 and d.store_calibration.wanted()

@@ -40,6 +40,12 @@ from treegraft.kernels.host_tensor import host_tensor
 STORE_VOTED = 2
 #: most corpus positions that vote on a store chain (evenly spread over a suffix's positions)
 STORE_VOTERS = 256
+#: a text stops drafting from the store while its store chains' first tokens are right less often
+#: than this (Beta(1, 1) estimate over the text's verified store rows): a corpus unlike the text
+#: would cost its lookups and verifications for nothing ...
+STORE_FLOOR = 0.2
+#: ... but every this many skipped lookups one goes ahead (a probe: the text may change)
+STORE_PROBE = 16
 
 
 @attrs.frozen
@@ -102,10 +108,21 @@ class StoreCalibration:
 
     hits: np.ndarray
     shares: np.ndarray
+    first_hits: int = 0  # verified store rows whose first token was right ...
+    first_trials: int = 0  # ... of those verified
+    skipped: int = 0  # lookups skipped while the rate was below the floor
 
     @classmethod
     def empty(cls, width: int, chain_len: int) -> StoreCalibration:
         return cls(np.zeros((width + 1, chain_len)), np.zeros((width + 1, chain_len)))
+
+    def wanted(self, floor: float = STORE_FLOOR) -> bool:
+        """Whether to look the store up now: while its first tokens' hit rate is at least
+        `floor`, and once every `STORE_PROBE` lookups below it."""
+        if (self.first_hits + 1) / (self.first_trials + 2) >= floor:
+            return True
+        self.skipped += 1
+        return self.skipped % STORE_PROBE == 0
 
     def log_probs(self, n: int, shares: tuple[float, ...]) -> list[float]:
         rates = (self.hits[n] + 1.0) / (self.shares[n] + 2.0)
@@ -117,6 +134,9 @@ class StoreCalibration:
     def record(self, n: int, t: int, share: float, hit: bool) -> None:
         self.shares[n, t] += share
         self.hits[n, t] += float(hit)
+        if t == 0:
+            self.first_trials += 1
+            self.first_hits += int(hit)
 
 
 @attrs.frozen
@@ -233,7 +253,10 @@ class NgramDrafter(Drafter):
         return []
 
     def _from_store(self, node: int, suffix: list[int]) -> list[_Row]:
-        """The store's chain under `node` (at most one row), looked up once per suffix."""
+        """The store's chain under `node` (at most one row), looked up once per suffix; none
+        while the text's store chains keep failing (`StoreCalibration.wanted`)."""
+        if not self.store_calibration.wanted():
+            return []
         key = tuple(suffix[-self.store.width :])
         found = self._found.get(key, False)
         if found is False:
