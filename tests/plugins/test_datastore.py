@@ -215,15 +215,30 @@ def test_store_rows_learn_their_rate_and_peek_reads_them():
 def test_a_text_whose_store_chains_keep_failing_stops_looking_them_up_but_probes():
     d = drafter_with_store([6, 1, 2, 3], store_chain=2)
     cal = d.store_calibration
-    assert cal.wanted()  # prior: one hit in two
+    tree = DraftTree.from_root(3)
+    assert cal.wanted() and d.expand(tree, torch.tensor([0]), k=4).n_rows == 1  # prior: 1 in 2
+    d.rewind()
     for _ in range(4):  # four first tokens wrong: (0 + 1) / (4 + 2) < STORE_FLOOR
         cal.record(3, 0, 1.0, False)
     assert (cal.first_hits, cal.first_trials) == (0, 4)
-    tree = DraftTree.from_root(3)
-    asked = [d.expand(tree, torch.tensor([0]), k=4).n_rows for _ in range(2 * STORE_PROBE)]
-    assert asked == ([0] * (STORE_PROBE - 1) + [1]) * 2  # only the probes look it up
-    assert d.peek(tree).chain == ()  # the peek reads the store through the same gate
+    looked = []
+    for _ in range(2 * STORE_PROBE):  # steps: the same answer however often a step asks
+        rows = {d.expand(tree, torch.tensor([0]), k=4).n_rows for _ in range(3)}
+        assert len(rows) == 1 and (d.peek(tree).chain != ()) == (rows == {1})
+        looked.append(rows.pop())
+        d.rewind()
+        cal.stepped()  # what `commit` does once the step's outcomes are recorded
+    assert looked == ([0] * (STORE_PROBE - 1) + [1]) * 2  # only the probe steps look it up
     cal.record(3, 0, 1.0, True)  # a probe that wins: (1 + 1) / (5 + 2) >= 0.2 again
     assert cal.wanted() and d.expand(tree, torch.tensor([0]), k=4).n_rows == 1
     d.begin(torch.tensor([6, 1, 2, 3]), max_len=64)  # a new text starts from the prior
     assert d.store_calibration.first_trials == 0 and d.store_calibration.wanted()
+
+
+def test_commit_counts_the_steps_a_failing_store_waits():
+    d = drafter_with_store([6, 1, 2, 3], store_chain=2)
+    for _ in range(4):
+        d.store_calibration.record(3, 0, 1.0, False)
+    d.commit(torch.tensor([0]), torch.tensor([9]))
+    d.commit(torch.tensor([0]), torch.tensor([9]))
+    assert d.store_calibration.waited == 2

@@ -44,7 +44,7 @@ STORE_VOTERS = 256
 #: than this (Beta(1, 1) estimate over the text's verified store rows): a corpus unlike the text
 #: would cost its lookups and verifications for nothing ...
 STORE_FLOOR = 0.2
-#: ... but every this many skipped lookups one goes ahead (a probe: the text may change)
+#: ... but for one step in this many (a probe: the text may change)
 STORE_PROBE = 16
 
 
@@ -110,19 +110,23 @@ class StoreCalibration:
     shares: np.ndarray
     first_hits: int = 0  # verified store rows whose first token was right ...
     first_trials: int = 0  # ... of those verified
-    skipped: int = 0  # lookups skipped while the rate was below the floor
+    waited: int = 0  # steps committed while the rate was below the floor
 
     @classmethod
     def empty(cls, width: int, chain_len: int) -> StoreCalibration:
         return cls(np.zeros((width + 1, chain_len)), np.zeros((width + 1, chain_len)))
 
     def wanted(self, floor: float = STORE_FLOOR) -> bool:
-        """Whether to look the store up now: while its first tokens' hit rate is at least
-        `floor`, and once every `STORE_PROBE` lookups below it."""
-        if (self.first_hits + 1) / (self.first_trials + 2) >= floor:
-            return True
-        self.skipped += 1
-        return self.skipped % STORE_PROBE == 0
+        """Whether to look the store up in this step: while its first tokens' hit rate is at
+        least `floor`, and in one step of `STORE_PROBE` below it. The same answer all step
+        long (a step's counterfactual trees, `Drafter.rewind`, see the same drafter)."""
+        rate = (self.first_hits + 1) / (self.first_trials + 2)
+        return rate >= floor or self.waited % STORE_PROBE == STORE_PROBE - 1
+
+    def stepped(self, floor: float = STORE_FLOOR) -> None:
+        """A step was committed (after its outcomes were recorded)."""
+        if (self.first_hits + 1) / (self.first_trials + 2) < floor:
+            self.waited += 1
 
     def log_probs(self, n: int, shares: tuple[float, ...]) -> list[float]:
         rates = (self.hits[n] + 1.0) / (self.shares[n] + 2.0)
@@ -254,7 +258,7 @@ class NgramDrafter(Drafter):
 
     def _from_store(self, node: int, suffix: list[int]) -> list[_Row]:
         """The store's chain under `node` (at most one row), looked up once per suffix; none
-        while the text's store chains keep failing (`StoreCalibration.wanted`)."""
+        in the steps where the text's store chains keep failing (`StoreCalibration.wanted`)."""
         if not self.store_calibration.wanted():
             return []
         key = tuple(suffix[-self.store.width :])
@@ -321,6 +325,8 @@ class NgramDrafter(Drafter):
         new = tokens.tolist()
         if self.rows:  # what it proposed this step (none where it was not called)
             self._learn(accepted.tolist(), new)
+        if self.store_calibration is not None:
+            self.store_calibration.stepped()
         self.rows = []
         self._append(new)
 
