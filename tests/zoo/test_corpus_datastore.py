@@ -29,6 +29,7 @@ def test_zoo_corpus_is_built_once_in_the_targets_tokens(
     res.target_ref = "zoo:target"
     again = res.datastore("zoo:corpus")
     assert again.tokens.size == store.tokens.size and res.datastore("zoo:corpus") is again
+    assert list(res.datastores) == ["zoo:corpus for zoo:target"]  # another target: its own
     # text the corpus' word problems write: it knows how they go on
     from treegraft.zoo.tokenizer import load_tokenizer
 

@@ -134,7 +134,7 @@ class Resources:
     attention: str = "sdpa"  # HF attention implementation of the models (`use_forward`)
     #: the pipeline's target runner, for drafters that read its state (set by `Pipeline.from_spec`)
     target_runner: Any = None
-    #: token datastores loaded (`datastore`), by reference
+    #: token datastores loaded (`datastore`), by reference (and target, for `zoo:` ones)
     datastores: dict[str, Any] = attrs.field(factory=dict)
 
     @classmethod
@@ -254,8 +254,9 @@ class Resources:
     def datastore(self, ref: str) -> Any:
         """The token datastore `ref`, loaded once and shared by the drafters that name it: a
         file written by `treegraft datastore build`, or `zoo:corpus` (the zoo's training corpus
-        in the target's tokens, built at first use and cached)."""
-        if ref not in self.datastores:
+        in the target's tokens, built at first use and cached: one per target)."""
+        key = f"{ref} for {self.target_ref}" if ref.startswith("zoo:") else ref
+        if key not in self.datastores:
             from treegraft.core.datastore import Datastore, DatastoreError
 
             path: str | Path = ref
@@ -272,8 +273,8 @@ class Resources:
                         "a datastore with `treegraft datastore build` and name its file"
                     )
                 path = corpus_datastore(tokenizer, self.vocab_size(self.target_ref))
-            self.datastores[ref] = Datastore.load(path)
-        return self.datastores[ref]
+            self.datastores[key] = Datastore.load(path)
+        return self.datastores[key]
 
     def load_tokenizer(self, ref: str) -> Any:
         """The tokenizer stored beside the model `ref` (None for in-memory models without one)."""
