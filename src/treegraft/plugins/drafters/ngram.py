@@ -116,16 +116,20 @@ class StoreCalibration:
     def empty(cls, width: int, chain_len: int) -> StoreCalibration:
         return cls(np.zeros((width + 1, chain_len)), np.zeros((width + 1, chain_len)))
 
+    @property
+    def first_rate(self) -> float:
+        """How often store chains' first tokens were right in this text (Beta(1, 1))."""
+        return (self.first_hits + 1) / (self.first_trials + 2)
+
     def wanted(self, floor: float = STORE_FLOOR) -> bool:
-        """Whether to look the store up in this step: while its first tokens' hit rate is at
-        least `floor`, and in one step of `STORE_PROBE` below it. The same answer all step
-        long (a step's counterfactual trees, `Drafter.rewind`, see the same drafter)."""
-        rate = (self.first_hits + 1) / (self.first_trials + 2)
-        return rate >= floor or self.waited % STORE_PROBE == STORE_PROBE - 1
+        """Whether to look the store up in this step: while `first_rate` is at least `floor`,
+        and in one step of `STORE_PROBE` below it. The same answer all step long (a step's
+        counterfactual trees, `Drafter.rewind`, see the same drafter)."""
+        return self.first_rate >= floor or self.waited % STORE_PROBE == STORE_PROBE - 1
 
     def stepped(self, floor: float = STORE_FLOOR) -> None:
         """A step was committed (after its outcomes were recorded)."""
-        if (self.first_hits + 1) / (self.first_trials + 2) < floor:
+        if self.first_rate < floor:
             self.waited += 1
 
     def log_probs(self, n: int, shares: tuple[float, ...]) -> list[float]:
