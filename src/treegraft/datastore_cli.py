@@ -19,14 +19,14 @@ def tokenizer_json(ref: str) -> Path:
     path = Path(ref).expanduser()
     if path.is_file():
         return path
-    from treegraft.core.resources import ModelRefError, resolve_model_path
+    from treegraft.core.resources import ModelRefError, Resources
 
     try:
-        found = resolve_model_path(ref) / "tokenizer.json"
+        found = Resources().tokenizer_file(ref)
     except ModelRefError as exc:
         fail(f"--tokenizer: {exc}")
-    if not found.is_file():
-        fail(f"--tokenizer: {ref!r} has no tokenizer.json (expected at {found})")
+    if found is None:
+        fail(f"--tokenizer: {ref!r} has no tokenizer.json beside its config")
     return found
 
 

@@ -2,9 +2,9 @@
 
 The corpus is one token array (documents joined by the end-of-text token). Every position `p`
 from `width` on is keyed by the `width` tokens before it, packed into one unsigned 64-bit
-integer, most recent token in the highest bits; the positions are sorted by key. The positions whose context ends
-with a suffix of `n <= width` tokens then form one contiguous range of the sorted keys (the
-suffix fixes the key's highest `n` fields), found by two binary searches. The continuation
+integer, most recent token in the highest bits; the positions are sorted by key. The positions
+whose context ends with a suffix of `n <= width` tokens then form one contiguous range of the
+sorted keys (the suffix fixes the key's highest `n` fields), found by two binary searches. The continuation
 drafted from them is the greedy path of the trie their following tokens form: the most frequent
 next token, then the most frequent among the positions that agree on it, for the first few
 tokens; then the continuation of the earliest position that agreed on all of them. In memory a

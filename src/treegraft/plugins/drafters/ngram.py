@@ -170,6 +170,12 @@ class NgramDrafter(Drafter):
     store: Datastore | None = None
     store_calibration: StoreCalibration | None = None
     _found: dict[tuple[int, ...], Match | None] = attrs.field(factory=dict)
+    #: context tokens a lookup reads: `max_ngram`, or the store's key width if more
+    _suffix_size: int = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        width = 0 if self.store is None else self.store.width
+        self._suffix_size = max(self.config.max_ngram, width)
 
     @classmethod
     def from_config(cls, config: NgramConfig, resources: Any) -> NgramDrafter:
@@ -222,9 +228,10 @@ class NgramDrafter(Drafter):
     def peek(self, tree: DraftTree) -> Peek:
         """The best chain under the root from the committed context's suffix (the one `expand`
         would rank first), valued with its calibrated scores; (0, 0) without a match."""
-        rows = self._lookup(0, self._suffix(0, [], []), 1)
+        suffix = self._suffix(0, [], [])
+        rows = self._lookup(0, suffix, 1)
         if not rows and self.store is not None:
-            rows = self._from_store(0, self._suffix(0, [], []))
+            rows = self._from_store(0, suffix)
         if not rows:
             return Peek(0.0, 0.0, ())
         probs = [math.exp(logp) for logp in self._row_logp(rows[0])]  # rates are below 1
@@ -235,11 +242,7 @@ class NgramDrafter(Drafter):
         """The last `max_ngram` tokens (or the store's key width, if more) of committed context +
         draft path to `node`."""
         path: list[int] = []
-        size = (
-            self.config.max_ngram
-            if self.store is None
-            else max(self.config.max_ngram, self.store.width)
-        )
+        size = self._suffix_size
         while node > 0 and len(path) < size:
             path.append(tokens[node])
             node = parents[node]
