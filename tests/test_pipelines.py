@@ -192,7 +192,8 @@ def test_one_forward_setting_decides_every_runner(forward, tree_kernel, target, 
     plan = plan_forward(forward, torch.device("cpu"))
     assert (plan.tree_kernel, plan.target, plan.drafter) == (tree_kernel, target, drafter)
     assert pipe.decoder.target.forward == target
-    assert pipe.decoder.target.bitwise == plan.bitwise == (forward != "lean-fast")
+    # bitwise products only where asked for (`lean`; `transformers` and `tree` take none)
+    assert pipe.decoder.target.bitwise == plan.bitwise == (forward not in ("auto", "lean-fast"))
     lms = [d.runner for d in pipe.decoder.drafters if hasattr(d, "runner")]
     assert lms and all(r.forward == drafter for r in lms)
     assert {r.attention for r in pipeline_runners(pipe)} == {"tree" if tree_kernel else "sdpa"}

@@ -232,13 +232,14 @@ def backend_line(pipe) -> str:
 
 
 def _forward_kind(runner) -> str:
-    """`lean`, `lean-fast` (the lean forward with rounding-level products), `fused` (the
-    drafters' fused lean forward) or `transformers`."""
+    """`lean`, `lean-fast` (the lean forward with rounding-level products: on a float32 CPU,
+    where its transposed copies are kept), `fused` (the drafters' fused lean forward) or
+    `transformers`."""
     if not runner.lean:
         return "transformers"
     if runner.forward == "fused":
         return "fused"
-    return "lean" if runner.bitwise else "lean-fast"
+    return "lean" if runner.bitwise or not runner.transposed_products else "lean-fast"
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:

@@ -242,3 +242,21 @@ def test_commit_counts_the_steps_a_failing_store_waits():
     d.commit(torch.tensor([0]), torch.tensor([9]))
     d.commit(torch.tensor([0]), torch.tensor([9]))
     assert d.store_calibration.waited == 2
+
+
+def test_memory_carries_the_store_rates_but_not_the_gate():
+    """`memory`: a new text's store rates start from the last text's (scaled to at most
+    `memory` shares per entry); its gate starts afresh (a store may suit one text, not the next)."""
+    d = drafter_with_store([6, 1, 2, 3], store_chain=2, memory=2)
+    cal = d.store_calibration
+    for hit in (True, True, True, False):  # four first tokens of share 1: three right
+        cal.record(3, 0, 1.0, hit)
+    cal.record(3, 1, 0.5, True)
+    d.begin(torch.tensor([6, 1, 2, 3]), max_len=64)
+    new = d.store_calibration
+    assert (new.first_hits, new.first_trials, new.waited) == (0, 0, 0)
+    assert new.shares[3].tolist() == pytest.approx([2.0, 0.5])
+    assert new.hits[3].tolist() == pytest.approx([1.5, 1.0])
+    prop = d.expand(DraftTree.from_root(3), torch.tensor([0]), k=4)
+    rates = [(1.5 + 1) / (2 + 2), (1 + 1) / (0.5 + 2)]
+    assert prop.logp[0].exp().tolist() == pytest.approx([rates[0], (2 / 3) * rates[1]], rel=1e-6)

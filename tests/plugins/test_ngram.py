@@ -128,3 +128,37 @@ def test_the_best_row_is_the_first_of_the_ranked_rows(context, max_matches):
         )
         assert ranked[0].chain[0] == top
         assert ranked[0].log_share == math.log(votes.count(top) / len(ends))
+
+
+def test_memory_carries_the_last_generations_rates_scaled_to_its_weight():
+    """`memory: m`: the next generation starts from the last one's evidence, each entry scaled
+    to at most `m` trials; without memory (the default) every generation starts at 1/2."""
+    fresh, carried = (drafter([1, 2, 3], max_ngram=2, chain_len=2, memory=m) for m in (0, 4))
+    for d in (fresh, carried):
+        for hit in [True] * 9 + [False] * 3:  # 9 of 12 right: posterior (9 + 1) / (12 + 2)
+            d.calibration.record(2, 0, hit)
+        d.calibration.record(1, 1, False)  # one trial, under the memory: kept whole
+        d.begin(torch.tensor([4, 5]), max_len=64)
+    assert fresh.calibration.trials.sum() == 0
+    assert fresh.calibration.log_rate(2, 0) == math.log(0.5)
+    cal = carried.calibration
+    assert cal.trials[2, 0] == pytest.approx(4) and cal.hits[2, 0] == pytest.approx(3)
+    assert cal.log_rate(2, 0) == pytest.approx(math.log((3 + 1) / (4 + 2)))
+    assert cal.trials[1, 1] == 1 and cal.hits[1, 1] == 0
+    assert cal.trials[2, 1] == 0  # never tried: still the prior
+    # the carried evidence fades as the new generation's own accumulates
+    for _ in range(8):
+        cal.record(2, 0, False)
+    assert cal.log_rate(2, 0) == pytest.approx(math.log((3 + 1) / (12 + 2)))
+
+
+def test_memory_is_validated():
+    from treegraft.core.config import ConfigError, pipeline_spec_from_dict
+
+    spec = {
+        "target": "zoo:target",
+        "drafters": {"weak": {"name": "ngram", "memory": -1}},
+        "builder": {"name": "layered"},
+    }
+    with pytest.raises(ConfigError, match=r"drafters\.weak.*memory"):
+        pipeline_spec_from_dict(spec)

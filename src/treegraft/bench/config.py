@@ -65,8 +65,10 @@ PLAIN = (AR, AR_RUNNER)
 #: HF assisted generation, the peer baseline with the same LM drafter.
 HF_ASSISTED = "hf-assisted"
 #: The single-drafter endpoint strategies: weak-only (n-gram) and strong-every-layer (LM) trees,
-#: and the feature-level head alone (`eagle-only`, a pipeline of its own, where a sweep runs it).
-ENDPOINTS = ("ngram-only", "lm-only", "eagle-only")
+#: and, pipelines of their own where a sweep runs them, the feature-level head alone
+#: (`eagle-only`) and the n-gram drafter with the zoo's datastore (`ngram-store`: the default
+#: pipeline's weak drafter alone).
+ENDPOINTS = ("ngram-only", "lm-only", "eagle-only", "ngram-store")
 
 
 @attrs.frozen

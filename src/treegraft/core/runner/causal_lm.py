@@ -196,6 +196,13 @@ class CausalLMRunner:
         return self._lean is not None
 
     @property
+    def transposed_products(self) -> bool:
+        """Whether the lean forward multiplies blocks of 4+ rows by transposed weight copies
+        (`lean.Transposed`; kept on a float32 CPU where they agree with `F.linear`, bit for bit
+        or, `bitwise` False, to rounding)."""
+        return self._lean is not None and self._lean.transposed is not None
+
+    @property
     def device(self) -> torch.device:
         return self._device
 

@@ -6,10 +6,14 @@
 | `lean-fast` | SDPA | as `lean`, but blocks of 4+ tokens multiply by contiguous transposed weights on a float32 CPU even where their bits differ from `F.linear`'s (`CausalLMRunner.bitwise` False): logits equal to `transformers`' up to rounding, tree forwards cheaper | as `lean` |
 | `transformers` | SDPA (eager where the architecture has no SDPA) | `transformers`' own forward with a dense tree mask | the same |
 | `tree` | the tree-attention kernel (`treegraft_tree`) | `transformers`' forward, attention through `treegraft.kernels.tree_attention` (Triton on CUDA, its pure-torch reference on CPU) | the same |
-| `auto` (default) | `tree` on CUDA; elsewhere as `lean` where a model qualifies, as `transformers` where not | | |
+| `auto` (default) | `tree` on CUDA; elsewhere as `lean-fast` where a model qualifies, as `transformers` where not | | |
 
 Every path is exact: the target's logits are those of its own forward (bitwise for `lean`,
-to rounding for `lean-fast` and `tree`, and checked by the load-time probe for every model).
+to rounding for `lean-fast`, `auto` and `tree`, and checked by the load-time probe for every
+model). Against plain decoding, which forwards one token at a time, no tree forward is bitwise
+anyway: a block of several tokens takes other kernels than one token (their sums round
+otherwise), whichever setting runs it; `auto` takes the cheaper products
+(docs/losslessness.md#floating-point-precision).
 `TREEGRAFT_KERNELS=reference|triton` picks the backend of the kernels themselves, for tests and
 debugging (docs/kernels.md); it does not change which forward runs.
 """
@@ -52,7 +56,7 @@ class ForwardPlan:
         if self.tree_kernel and self.setting != "tree":
             return f"{self.setting}: {how['tree']}"
         if self.setting == "auto":
-            return "auto: lean where supported, SDPA"
+            return "auto: lean where supported (transposed products, logits to rounding), SDPA"
         return how[self.setting]
 
 
@@ -66,4 +70,5 @@ def plan_forward(setting: str, device: torch.device) -> ForwardPlan:
         return ForwardPlan(setting, False, "transformers", "transformers")
     if setting == "lean-fast":
         return ForwardPlan(setting, False, "lean", "fused", bitwise=False)
-    return ForwardPlan(setting, False, setting, "fused")
+    # `auto` off CUDA: lean where supported, with `lean-fast`'s cheaper products
+    return ForwardPlan(setting, False, setting, "fused", bitwise=setting == "lean")

@@ -65,6 +65,13 @@ class NgramConfig:
     store_depth: int = field(
         0, check=at_least(0), doc="deepest tree node the store drafts under (0: the root only)"
     )
+    memory: int = field(
+        0,
+        check=at_least(0),
+        doc="verified proposals per match length and chain position that a generation's rates "
+        "carry into the next one's as their prior (the rest of the evidence fades); 0: every "
+        "generation starts from the Beta(1, 1) prior",
+    )
 
 
 @attrs.define
@@ -93,6 +100,11 @@ class Calibration:
             rows = zip(self.hits[n].tolist(), self.trials[n].tolist(), strict=True)
             logs = self._logs[n] = [math.log((h + 1.0) / (t + 2.0)) for h, t in rows]
         return logs
+
+    def carried(self, memory: int) -> Calibration:
+        """A fresh calibration holding this one's evidence, scaled to at most `memory` trials
+        per entry (the next generation's prior)."""
+        return Calibration(*_faded(self.hits, self.trials, memory))
 
     def record(self, n: int, t: int, hit: bool) -> None:
         self.trials[n, t] += 1
@@ -132,6 +144,11 @@ class StoreCalibration:
         if self.first_rate < floor:
             self.waited += 1
 
+    def carried(self, memory: int) -> StoreCalibration:
+        """A fresh calibration (the gate's counts at zero) holding this one's rates' evidence,
+        scaled to at most `memory` shares per entry."""
+        return StoreCalibration(*_faded(self.hits, self.shares, memory))
+
     def log_probs(self, n: int, shares: tuple[float, ...]) -> list[float]:
         rates = (self.hits[n] + 1.0) / (self.shares[n] + 2.0)
         return [
@@ -145,6 +162,12 @@ class StoreCalibration:
         if t == 0:
             self.first_trials += 1
             self.first_hits += int(hit)
+
+
+def _faded(hits: np.ndarray, trials: np.ndarray, memory: int) -> tuple[np.ndarray, np.ndarray]:
+    """`hits` and `trials` scaled down, per entry, to at most `memory` trials."""
+    scale = np.minimum(1.0, memory / np.maximum(trials, 1e-12))
+    return hits * scale, trials * scale
 
 
 @attrs.frozen
@@ -197,10 +220,18 @@ class NgramDrafter(Drafter):
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         self.context, self.index, self.rows = [], defaultdict(list), []
-        self.calibration = Calibration.empty(self.config.max_ngram, self.config.chain_len)
+        memory, last = self.config.memory, self.calibration
+        self.calibration = (
+            last.carried(memory)
+            if memory and last is not None
+            else Calibration.empty(self.config.max_ngram, self.config.chain_len)
+        )
         if self.store is not None:
-            self.store_calibration = StoreCalibration.empty(
-                self.store.width, self.config.store_chain
+            last = self.store_calibration
+            self.store_calibration = (
+                last.carried(memory)
+                if memory and last is not None
+                else StoreCalibration.empty(self.store.width, self.config.store_chain)
             )
         self._append(prompt.tolist())
 
