@@ -91,9 +91,10 @@ def test_the_shipped_pipelines_are_the_documented_ones():
 
 def test_the_default_pipeline_is_the_learned_configuration():
     """`pipelines/treegraft.yaml`, what `treegraft generate` and `scripts/dev.py run` decode with,
-    is the fastest shipped configuration: the distilled scheduler with its call guard, the
-    adaptive verification size, and the cheap LM drafter's chains at silent steps (the middle of
-    three drafters: the strongest stays the scheduler's)."""
+    is the fastest shipped configuration with LM drafters: the distilled scheduler with its call
+    guard, the adaptive verification size, the cheap LM drafter's chains at silent steps (the
+    middle of three drafters: the strongest stays the scheduler's), and an n-gram drafter that
+    drafts from the zoo's corpus and carries its rates across generations."""
     from treegraft.cli import DEFAULT_PIPELINE
 
     raw = yaml.safe_load(resolve_pipeline(DEFAULT_PIPELINE).read_text())
@@ -105,6 +106,9 @@ def test_the_default_pipeline_is_the_learned_configuration():
         "zoo:draft-m",
     ]
     assert raw["builder"]["silent_chain"] > 0 and raw["builder"]["silent_drafter"] == 1
+    weak = next(iter(raw["drafters"].values()))
+    assert (weak["name"], weak["store"], weak["memory"]) == ("ngram", "zoo:corpus", 8)
+    assert yaml.safe_load(resolve_pipeline("ngram-store").read_text())["drafters"] == {"weak": weak}
     dev = (Path(__file__).parents[1] / "scripts" / "dev.py").read_text()
     assert f'DEFAULT_PIPELINE = Path("pipelines") / "{DEFAULT_PIPELINE}.yaml"' in dev
 
