@@ -59,14 +59,21 @@ def test_compare_decodes_plainly_too(tmp_path: Path, model_dir: Path) -> None:
     assert record["speedup"] > 0
 
 
-def test_forward_flag_runs_lean_fast_and_names_it(tmp_path: Path, model_dir: Path) -> None:
-    """`--forward lean-fast`, float32: the stats line names the target's products, and the
-    output is the target's own greedy continuation (float32, this tiny model: no near-tie)."""
+@pytest.mark.parametrize(
+    ("forward", "products"), [("lean-fast", "lean-fast"), ("auto", "lean-fast"), ("lean", "lean")]
+)
+def test_forward_flag_names_the_target_products(
+    tmp_path: Path, model_dir: Path, forward: str, products: str
+) -> None:
+    """`--forward`, float32 on a CPU: the stats line names the target's products (`auto` takes
+    `lean-fast`'s transposed ones, `lean` the bitwise ones), and the output is the target's own
+    greedy continuation (float32, this tiny model: no near-tie)."""
     pipeline = pipeline_file(tmp_path, str(model_dir), decoding={"max_new_tokens": 12})
-    args = ["--prompt", PROMPT, "--compare", "--dtype", "float32", "--forward", "lean-fast"]
+    args = ["--prompt", PROMPT, "--compare", "--dtype", "float32", "--forward", forward]
     result = invoke("generate", "--pipeline", str(pipeline), *args)
     assert result.exit_code == 0, result.output
-    assert "forward lean-fast · attention sdpa · forwards: target lean-fast" in result.stderr
+    assert f"forward {forward} · " in result.stderr
+    assert f"forwards: target {products}" in result.stderr
     assert "identical: yes" in result.stderr
 
 

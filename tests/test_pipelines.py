@@ -121,6 +121,28 @@ def test_shipped_pipeline_equals_plain_greedy(name):
     assert list(out.token_ids) == greedy_reference(res.models["mem:target"], prompt, 20)
 
 
+@pytest.mark.parametrize("name", ["treegraft", "ngram-store"])
+def test_rates_carried_across_generations_keep_every_output_exact(name):
+    """`memory: 8`: each generation starts from the last one's learned rates (its trees differ
+    from a fresh decoder's), and every output is still plain greedy decoding's."""
+    res = zoo_stand_ins(13)
+    raw = in_memory(name)
+    assert next(iter(raw["drafters"].values()))["memory"] == 8
+    pipe = load_pipeline(raw, resources=res)
+    weak = pipe.decoder.drafters[0]
+    model = res.models["mem:target"]
+    seen = []
+    for seed in range(4):
+        prompt = repetitive_prompt(seed, 16) % VOCAB
+        out = pipe.generate(prompt)
+        assert list(out.token_ids) == greedy_reference(model, prompt, 20)
+        seen.append(float(weak.calibration.trials.sum()))
+    assert all(n > 0 for n in seen)
+    weak.begin(torch.tensor([1, 2, 3]), max_len=64)
+    assert 0 < weak.calibration.trials.sum() <= seen[-1]  # carried, capped at 8 per entry
+    assert (weak.calibration.trials <= 8).all()
+
+
 def pipeline_runners(pipe) -> list:
     """The target's runner and every LM drafter's."""
     lm = [d.runner for d in pipe.decoder.drafters if getattr(d, "runner", None) is not None]

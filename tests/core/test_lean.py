@@ -379,13 +379,14 @@ def test_lean_fast_runs_transposed_products_with_logits_equal_to_rounding():
             commit_chain_end((fast, plain), tree, 7, tol=1e-4)
 
 
-def test_lean_fast_decodes_what_the_target_alone_decodes():
-    """The shipped pipeline on the zoo, float32, `decoding.forward: lean-fast`: the same tokens
-    as Hugging Face greedy decoding of the target; the target runner's products are not bitwise,
-    the drafters' forward is the fused one."""
-    res = Resources.create(device="cpu", dtype="float32", forward="lean-fast")
+@pytest.mark.parametrize("forward", ["lean-fast", "auto"])
+def test_lean_fast_decodes_what_the_target_alone_decodes(forward):
+    """The shipped pipeline on the zoo, float32, `decoding.forward: lean-fast` and `auto` (the
+    same products off CUDA): the same tokens as Hugging Face greedy decoding of the target; the
+    target runner's products are not bitwise, the drafters' forward is the fused one."""
+    res = Resources.create(device="cpu", dtype="float32", forward=forward)
     raw = yaml.safe_load(resolve_pipeline("treegraft").read_text())
-    pipe = load_pipeline(override(raw, "decoding.forward", "lean-fast"), resources=res)
+    pipe = load_pipeline(override(raw, "decoding.forward", forward), resources=res)
     assert pipe.decoder.target.bitwise is False and pipe.decoder.target.lean
     lms = [d.runner for d in pipe.decoder.drafters if hasattr(d, "runner")]
     assert lms and all(r.forward == "fused" for r in lms)
