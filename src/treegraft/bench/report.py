@@ -308,8 +308,9 @@ class Standing:
 def standings(rows: Sequence[Row], requests: Sequence[Request]) -> list[Standing] | None:
     """Where each pipeline stands: per prompt, its tokens/s over that of the better endpoint of
     the prompt's pair x suite cell (the one of `ngram-only`, `lm-only` and, where run,
-    `eagle-only` and `ngram-store` with the highest speedup there) and over HF assisted generation's, summarised like speedups (geometric mean over
-    prompts, bootstrap 95% interval); then the first figure per pair. None when the sweep ran
+    `eagle-only` and `ngram-store` with the highest speedup there) and over HF assisted
+    generation's, summarised like speedups (geometric mean over prompts, bootstrap 95%
+    interval); then the first figure per pair. None when the sweep ran
     neither endpoints nor HF assisted generation."""
     cells = {
         (r.pair, r.suite, r.method): r

@@ -9,7 +9,8 @@ recent occurrence.
 Scores are calibrated, not invented: a first token gets `log(votes / all votes)` plus the log of
 the measured rate at which proposals from an n-token match were right; chain token `t` gets the
 measured rate at which chain position `t` was right. Rates are learned from verification outcomes
-(Beta(1, 1) prior) as the generation goes.
+(Beta(1, 1) prior) as the generation goes; with `memory`, a generation starts from the last one's
+evidence, scaled down to at most `memory` verified proposals per rate.
 
 With a `store` (a token `Datastore`), a node whose context suffix has no earlier occurrence and
 that lies at most `store_depth` deep is looked up in the store instead: one chain of
