@@ -15,7 +15,7 @@ from tests.conftest import greedy_reference, memory_resources, tiny_llama
 from tests.test_cli import invoke, pipeline_file, wide_consoles  # noqa: F401
 from tests.test_cli_errors import assert_clean
 from treegraft.core.config import ConfigError
-from treegraft.core.datastore import Datastore
+from treegraft.core.datastore import Datastore, DatastoreWarning
 from treegraft.core.pipeline import load_pipeline
 
 
@@ -122,13 +122,31 @@ def test_a_store_of_another_vocabulary_or_an_unknown_zoo_store_is_refused(tmp_pa
         ConfigError, match=r"drafters.weak: store: unknown zoo datastore 'zoo:nope'"
     ):
         load_pipeline(spec, resources=res)
-    spec["drafters"]["weak"]["store"] = "zoo:corpus"
-    with pytest.raises(
-        ConfigError, match=r"zoo:corpus is built in the target's tokens.*'mem:target' has none"
-    ):
-        load_pipeline(spec, resources=res)
     spec["drafters"]["weak"]["store"] = str(tmp_path / "missing.npz")
     with pytest.raises(
         ConfigError, match=r"drafters.weak: store: .*missing.npz: cannot read a datastore"
     ):
         load_pipeline(spec, resources=res)
+
+
+def test_a_target_zoo_corpus_cannot_be_built_for_drafts_from_its_context_and_says_so() -> None:
+    """`zoo:corpus` is built from the tokenizer.json beside the target: a target without one (an
+    in-memory model, a checkpoint with only a slow tokenizer) keeps the pipeline working, its
+    n-gram drafter drafting from the context alone, with a warning that says why and what to do."""
+    res = memory_resources(target=tiny_llama(seed=1, vocab=40))
+    spec = {
+        "target": "mem:target",
+        "drafters": {"weak": {"name": "ngram", "store": "zoo:corpus", "memory": 8}},
+        "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4, "adaptive": True},
+        "decoding": {"max_new_tokens": 12, "dtype": "float64"},
+    }
+    with pytest.warns(
+        DatastoreWarning,
+        match=r"store: zoo:corpus is built in the target's tokens.*'mem:target' has none.*"
+        r"treegraft datastore build.*drafting from the context alone",
+    ):
+        pipe = load_pipeline(spec, resources=res)
+    assert pipe.decoder.drafters[0].store is None
+    prompt = torch.tensor([3, 4, 5, 3, 4, 5, 3, 4])
+    want = greedy_reference(res.models["mem:target"], prompt, 12)
+    assert list(pipe.generate(prompt).token_ids) == want

@@ -29,6 +29,16 @@ class DatastoreError(ValueError):
     """A datastore file that cannot be read or does not fit the model."""
 
 
+class DatastoreUnavailable(DatastoreError):
+    """`zoo:corpus` cannot be built for this target: it has no `tokenizer.json` beside it (an
+    in-memory model, or a checkpoint with only a slow tokenizer)."""
+
+
+class DatastoreWarning(UserWarning):
+    """A drafter drafts without the datastore it names (`DatastoreUnavailable`): the output is
+    the same, only the drafts differ."""
+
+
 @attrs.frozen
 class Match:
     """A datastore lookup: the drafted continuation and what it rests on."""

@@ -257,7 +257,7 @@ class Resources:
         in the target's tokens, built at first use and cached: one per target)."""
         key = f"{ref} for {self.target_ref}" if ref.startswith("zoo:") else ref
         if key not in self.datastores:
-            from treegraft.core.datastore import Datastore, DatastoreError
+            from treegraft.core.datastore import Datastore, DatastoreError, DatastoreUnavailable
 
             path: str | Path = ref
             if ref.startswith("zoo:"):
@@ -267,7 +267,7 @@ class Resources:
                     raise DatastoreError(f"unknown zoo datastore {ref!r}; expected {REF!r}")
                 tokenizer = self.tokenizer_file(self.target_ref) if self.target_ref else None
                 if tokenizer is None:
-                    raise DatastoreError(
+                    raise DatastoreUnavailable(
                         f"{REF} is built in the target's tokens, from the tokenizer.json beside "
                         f"the target; the target {self.target_ref or '(none)'!r} has none: build "
                         "a datastore with `treegraft datastore build` and name its file"

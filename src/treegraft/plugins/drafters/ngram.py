@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import operator
+import warnings
 from collections import defaultdict
 from itertools import accumulate
 from typing import Any
@@ -32,7 +33,13 @@ import torch
 from torch import Tensor
 
 from treegraft.core.config import at_least, field
-from treegraft.core.datastore import Datastore, DatastoreError, Match
+from treegraft.core.datastore import (
+    Datastore,
+    DatastoreError,
+    DatastoreUnavailable,
+    DatastoreWarning,
+    Match,
+)
 from treegraft.core.interfaces import Drafter, Peek
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.kernels.host_tensor import host_tensor
@@ -207,6 +214,13 @@ class NgramDrafter(Drafter):
             return cls(config)
         try:
             store = resources.datastore(config.store)
+        except DatastoreUnavailable as exc:
+            # the built-in corpus only speeds drafting up: a target it cannot be built for (no
+            # tokenizer.json) drafts from its context alone, as without a store, and says so
+            warnings.warn(
+                f"store: {exc}; drafting from the context alone", DatastoreWarning, stacklevel=2
+            )
+            return cls(config)
         except DatastoreError as exc:
             raise DatastoreError(f"store: {exc}") from None
         if resources.target_ref:
