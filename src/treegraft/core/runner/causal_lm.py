@@ -93,9 +93,9 @@ class CausalLMRunner:
             bitwise equal to `transformers`'; for drafters only) where supported, else
             `transformers`'; `transformers` never uses either.
         bitwise: the lean forward's products are `F.linear`'s bit for bit, so its logits are
-            `transformers`' (default); False (`decoding.forward: lean-fast`): blocks of 4+ rows
-            multiply by contiguous transposed weights on a float32 CPU wherever those agree to
-            rounding (`lean.Transposed`), faster there.
+            `transformers`' (default); False (`decoding.forward: lean-fast`, and `auto` off
+            CUDA): blocks of 4+ rows multiply by contiguous transposed weights on a float32 CPU
+            wherever those agree to rounding (`lean.Transposed`), faster there.
         pad_small_blocks: whether forwards of 2-3 tokens run padded to 4 rows (float32 on a CPU,
             not `fused`); None (default): where that measures faster for this model on this
             machine (`treegraft.core.runner.padding`). The choice moves the last bits of a small
