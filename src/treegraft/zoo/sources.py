@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import re
 import sysconfig
+import warnings
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -189,7 +190,7 @@ def module_name(key: str) -> str:
 def functions(source: Source) -> list[Function]:
     """Top-level public functions of a code source that have a docstring and a short body."""
     try:
-        tree = ast.parse(source.text)
+        tree = _parse(source.text)
     except (SyntaxError, ValueError):
         return []
     lines = source.text.splitlines(keepends=True)
@@ -199,6 +200,15 @@ def functions(source: Source) -> list[Function]:
         if fn is not None:
             out.append(fn)
     return out
+
+
+def _parse(text: str) -> ast.Module:
+    """`ast.parse` of a corpus source, quiet: the invalid escapes of other people's code (its
+    `SyntaxWarning`s, `DeprecationWarning`s before Python 3.12) are not this build's to report."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return ast.parse(text)
 
 
 def _function(node: ast.stmt, lines: list[str], key: str) -> Function | None:
@@ -220,7 +230,7 @@ def _function(node: ast.stmt, lines: list[str], key: str) -> Function | None:
 def module_doc(source: Source) -> str:
     """The first paragraph of a code source's module docstring, or ''."""
     try:
-        doc = ast.get_docstring(ast.parse(source.text)) or ""
+        doc = ast.get_docstring(_parse(source.text)) or ""
     except (SyntaxError, ValueError):
         return ""
     para = " ".join(doc.split("\n\n")[0].split())
