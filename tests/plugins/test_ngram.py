@@ -160,5 +160,11 @@ def test_memory_is_validated():
         "drafters": {"weak": {"name": "ngram", "memory": -1}},
         "builder": {"name": "layered"},
     }
-    with pytest.raises(ConfigError, match=r"drafters\.weak.*memory"):
+    with pytest.raises(ConfigError, match=r"drafters\.weak\.memory: expected int >= 0, got -1"):
+        pipeline_spec_from_dict(spec)
+    spec["drafters"]["weak"]["memory"] = 10**12  # a typo, not a prior
+    with pytest.raises(ConfigError, match=r"drafters\.weak\.memory: expected int >= 0 and <= "):
+        pipeline_spec_from_dict(spec)
+    spec["drafters"]["weak"]["memory"] = "8"
+    with pytest.raises(ConfigError, match=r"drafters\.weak\.memory: expected int"):
         pipeline_spec_from_dict(spec)

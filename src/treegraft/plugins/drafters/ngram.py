@@ -75,7 +75,7 @@ class NgramConfig:
     )
     memory: int = field(
         0,
-        check=at_least(0),
+        check=at_least(0, sane_max=1_000_000),
         doc="verified proposals per match length and chain position that a generation's rates "
         "carry into the next one's as their prior (the rest of the evidence fades); 0: every "
         "generation starts from the Beta(1, 1) prior",
