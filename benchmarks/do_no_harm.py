@@ -9,8 +9,10 @@ with its own drafters, and the pipeline with the never-agreeing copies, side by 
 (the order rotating), each pipeline's decoder carried from prompt to prompt and suite to suite as
 in a sweep. It prints per suite the geometric mean over prompts of each pipeline's speedup over
 plain decoding on the same prompt, and its tokens per target forward (tau); every output must
-equal plain decoding's (the script stops if one does not). Run from the repository root, on an
-idle machine:
+equal plain decoding's: the script stops at one that does not, unless the first differing token
+is a float32 near-tie (the target's two best logits there less than `NEAR_TIE` apart: a tree
+forward sums in another order than a one-token forward), which it lists after the table. Run
+from the repository root, on an idle machine:
 
     python benchmarks/do_no_harm.py                              # treegraft, 10 prompts per suite
     python benchmarks/do_no_harm.py --per-suite 30 --suites qa,alpaca
@@ -30,11 +32,16 @@ from rich.console import Console
 from rich.progress import Progress
 from safetensors.torch import load_file, save_file
 
+from treegraft.bench.measure import exactness
 from treegraft.bench.methods import AR_RUNNER, PipelineMethod, RunnerMethod
 from treegraft.bench.stats import geometric_mean
 from treegraft.core.pipeline import load_pipeline, resolve_pipeline
 from treegraft.core.resources import Resources, resolve_model_path
 from treegraft.zoo import SUITES, load_suite
+
+#: a first differing token whose two best logits (plain decoding's prefix) lie closer than this
+#: is a float32 rounding flip, not a bug (the zoo's known one: 4.8e-7)
+NEAR_TIE = 1e-4
 
 
 def never_agreeing_copy(ref: str, out: Path, seed: int) -> Path:
@@ -101,7 +108,8 @@ def main(
         methods = {AR_RUNNER: RunnerMethod(AR_RUNNER, runner, own.eos_ids)} | {
             k: PipelineMethod.create(k, p) for k, p in pipes.items()
         }
-        rows = []
+        target = res.model(spec["target"])
+        rows, flips = [], []
         # redrawn between prompts only: no refresh thread while a method is timed
         progress = Progress(console=Console(stderr=True), transient=True, auto_refresh=False)
         task = progress.add_task("prompts", total=len(names) * per_suite)
@@ -123,8 +131,16 @@ def main(
                         tokens[name] += len(run.output_ids)
                         forwards[name] += run.steps
                 for name in pipes:
-                    if outputs[name] != outputs[AR_RUNNER]:
-                        raise SystemExit(f"{suite} prompt {i}: {name} differs from plain decoding")
+                    flip = differs(target, prompt, outputs[AR_RUNNER], outputs[name])
+                    if flip is not None:
+                        where = (
+                            f"{suite} prompt {i}: {name} differs from plain decoding at token "
+                            f"{flip.position} ({flip.got} for {flip.expected}; the target's two "
+                            f"best logits {flip.margin:.1e} apart)"
+                        )
+                        if flip.margin >= NEAR_TIE:
+                            raise SystemExit(where)
+                        flips.append(where)
                     ratios[name].append(seconds[AR_RUNNER] / seconds[name])
                 progress.advance(task)
                 progress.refresh()
@@ -146,6 +162,15 @@ def main(
     for suite, cells in rows:
         good, bad = cells["own drafters"], cells["never agreeing"]
         typer.echo(f"| {suite} | {good[0]:.3f}x ({good[1]:.2f}) | {bad[0]:.3f}x ({bad[1]:.2f}) |")
+    for where in flips:
+        typer.echo(f"near-tie: {where}")
+
+
+def differs(model: Any, prompt: torch.Tensor, plain: list[int], got: list[int]) -> Any:
+    """None where `got` is plain decoding's output, else where and how it differs (`Mismatch`:
+    position, tokens, the target's top-two logit margin there)."""
+    same, mismatch = exactness(model, prompt, plain, got)
+    return None if same else mismatch
 
 
 if __name__ == "__main__":

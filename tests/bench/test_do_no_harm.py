@@ -78,3 +78,24 @@ def test_a_short_run_prints_one_row_per_suite():
 def test_an_unknown_suite_is_refused():
     result = run_script("--suites", "qa,poetry")
     assert result.returncode == 2 and "unknown suite(s) ['poetry']" in result.stderr
+
+
+def test_an_output_that_differs_is_located_with_the_targets_margin_there():
+    """The script stops at a differing output unless the first differing token is a near-tie:
+    `differs` locates it and measures the target's top-two logit margin on plain decoding's
+    prefix (what tells rounding from a bug)."""
+    from tests.conftest import greedy_reference, tiny_llama
+
+    module = script_module()
+    model = tiny_llama(seed=3, vocab=40)
+    prompt = torch.tensor([1, 2, 3, 4])
+    plain = greedy_reference(model, prompt, 6)
+    assert module.differs(model, prompt, plain, list(plain)) is None
+    got = [*plain[:2], (plain[2] + 1) % 40, *plain[3:]]
+    flip = module.differs(model, prompt, plain, got)
+    assert (flip.position, flip.expected, flip.got) == (2, plain[2], got[2])
+    with torch.inference_mode():
+        ids = torch.tensor([[*prompt.tolist(), *plain[:2]]])
+        top = model(input_ids=ids).logits[0, -1].double().topk(2).values
+    assert flip.margin == pytest.approx(float(top[0] - top[1]))
+    assert module.NEAR_TIE < 1e-3 and flip.margin > module.NEAR_TIE  # a real difference stops it
