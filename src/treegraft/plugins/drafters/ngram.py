@@ -111,7 +111,7 @@ class Calibration:
 
     def carried(self, memory: int) -> Calibration:
         """A fresh calibration holding this one's evidence, scaled to at most `memory` trials
-        per entry (the next generation's prior)."""
+        per entry (the next generation's prior; `memory` 0: an empty one)."""
         return Calibration(*_faded(self.hits, self.trials, memory))
 
     def record(self, n: int, t: int, hit: bool) -> None:
@@ -235,19 +235,17 @@ class NgramDrafter(Drafter):
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         self.context, self.index, self.rows = [], defaultdict(list), []
-        memory, last = self.config.memory, self.calibration
-        self.calibration = (
-            last.carried(memory)
-            if memory and last is not None
-            else Calibration.empty(self.config.max_ngram, self.config.chain_len)
-        )
+        # the last generation's evidence, faded to `memory` trials per rate (0: none of it)
+        memory = self.config.memory
+        if self.calibration is None:
+            self.calibration = Calibration.empty(self.config.max_ngram, self.config.chain_len)
+        self.calibration = self.calibration.carried(memory)
         if self.store is not None:
-            last = self.store_calibration
-            self.store_calibration = (
-                last.carried(memory)
-                if memory and last is not None
-                else StoreCalibration.empty(self.store.width, self.config.store_chain)
-            )
+            if self.store_calibration is None:
+                self.store_calibration = StoreCalibration.empty(
+                    self.store.width, self.config.store_chain
+                )
+            self.store_calibration = self.store_calibration.carried(memory)
         self._append(prompt.tolist())
 
     def _append(self, tokens: list[int]) -> None:
