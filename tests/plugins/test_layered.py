@@ -230,3 +230,31 @@ def test_silent_drafter_names_the_lm_drafter_whose_chains_silent_steps_draft():
         assert f"got {index}" in str(info.value) or f"drafter: {index} names" in str(info.value)
     # without silent chains the index is not read
     three_drafter_pipeline(res, {"silent_chain": 0, "silent_drafter": 3})
+
+
+def test_the_never_scheduler_is_asked_once_per_step(monkeypatch):
+    """`never` says it is done after a step's first decision, so the builder neither asks it nor
+    reads the tree's statistics at later layers; the tree is the n-gram drafter's alone and the
+    output plain greedy decoding's."""
+    from tests.conftest import greedy_reference, memory_resources, tiny_llama
+    from tests.core.test_decoder import repetitive_prompt
+    from treegraft.plugins.builders import layered
+    from treegraft.plugins.schedulers.basic import NeverScheduler
+
+    asked, read = [], []
+    decide, facts = NeverScheduler.decide, layered.tree_facts
+    monkeypatch.setattr(
+        NeverScheduler, "decide", lambda s, st: asked.append(st.layer) or decide(s, st)
+    )
+    monkeypatch.setattr(layered, "tree_facts", lambda *a: read.append(1) or facts(*a))
+    target = tiny_llama(seed=7, vocab=40)
+    draft = tiny_llama(seed=8, vocab=40, hidden=16, layers=1, heads=2, kv_heads=1)
+    mid = tiny_llama(seed=9, vocab=40, hidden=16, layers=1, heads=2, kv_heads=1)
+    res = memory_resources(target=target, draft=draft, mid=mid)
+    prompt = repetitive_prompt(5, 16) % 40
+    out = three_drafter_pipeline(res, {"depth": 4}, scheduler="never").generate(prompt)
+    assert list(out.token_ids) == greedy_reference(target, prompt, 32)
+    grown = [e for e in out.events if not e.build.plain]
+    assert any(len(e.calls) > 1 for e in grown)  # steps of several layers, asked once each
+    assert asked == [0] * len(grown) and len(read) == len(grown)
+    assert all(set(e.calls) == {0} for e in grown)

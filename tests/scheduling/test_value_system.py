@@ -489,3 +489,33 @@ def test_cost_jitter_arguments_are_checked():
         CostScale(strong=0.0)
     with pytest.raises(ValueSystemError, match="cost scale target: nan"):
         CostScale(target=float("nan"))
+
+
+def test_collection_of_a_pipeline_with_switches_takes_the_steps_it_searched(monkeypatch):
+    """A builder whose switches choose plain steps by measured time (`plain_switch`, the silent
+    steps' `silent_chain`) builds the searched trees outside the decode loop, where it always
+    drafts: the value system steps a copy that always drafts too (`TreeBuilder.for_search`),
+    so collection does not stop at the first step where a switch, inside the loop, would have
+    chosen a plain step. The pipeline's own builder keeps its switches."""
+    from treegraft.plugins.builders.plain_switch import PlainSwitch
+
+    plain = PlainSwitch.plain
+    # switches that measured plain decoding faster: every step inside the loop is plain
+    monkeypatch.setattr(
+        PlainSwitch, "plain", lambda s, step: step.step is not None or plain(s, step)
+    )
+    res = stand_in_pair(2)
+    raw = pipeline_raw(depth=3, max_new_tokens=12)
+    raw["drafters"]["weak"]["min_ngram"] = 2
+    raw["builder"] |= {"silent_chain": 4, "silent_stop": 0.05, "plain_switch": True}
+    pipe = load_pipeline(raw, resources=res)
+    prompt = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(4))[:12]  # no repeats
+    data = collect(pipe, [PromptIds("p0", prompt)], COST, max_new_tokens=12)
+    assert data.meta["prompts"][0]["continuation"][:12] == greedy_reference(
+        res.models["mem:target"], prompt, 12
+    )
+    searched = search_decoder(pipe.decoder, COST, QueryCounter(res.models["mem:draft"]), 1).builder
+    assert searched.always_chain and searched.switch is None and searched.silent is not None
+    assert pipe.decoder.builder.switch is not None and not pipe.decoder.builder.always_chain
+    out = pipe.generate(prompt)  # and in decoding the switches still decide: plain steps
+    assert all(e.build.plain for e in out.events[1:])

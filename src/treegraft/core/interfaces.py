@@ -425,6 +425,14 @@ class TreeBuilder(Component):
         time)."""
         return self
 
+    def for_search(self) -> TreeBuilder:
+        """A builder for the scheduler's value system, which builds each searched tree outside
+        the decode loop (`StepContext.step` None) and then takes the chosen plan's step inside
+        it: a builder that decides by measured time whether a step drafts at all (a plain
+        switch) returns a copy that always drafts, as its builds outside the loop do, so that
+        the step taken is the step searched. Default: this builder."""
+        return self
+
 
 class Verifier(Component):
     """Accepts a path of the tree given the target's logits."""

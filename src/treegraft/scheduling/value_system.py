@@ -111,7 +111,13 @@ def search_decoder(
     times = ModelledTimes(
         target_curve=cost.target, source=target, cost=cost, counter=counter, strong=strong
     )
-    return attrs.evolve(decoder, target=target, times=times, scheduler=PlanRecorder(()))
+    return attrs.evolve(
+        decoder,
+        target=target,
+        times=times,
+        scheduler=PlanRecorder(()),
+        builder=decoder.builder.for_search(),
+    )
 
 
 @attrs.define

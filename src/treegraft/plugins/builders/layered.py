@@ -126,6 +126,8 @@ class LayeredBuilder(TreeBuilder):
     #: root alone (a plain step where the scheduler was not asked), measured as the plain switch
     #: measures (`LayeredConfig.silent_chain`)
     silent: PlainSwitch | None = attrs.field(default=None, init=False)
+    #: silent steps always draft their chain, never a plain step (`for_search`)
+    always_chain: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.config.plain_switch:
@@ -165,8 +167,16 @@ class LayeredBuilder(TreeBuilder):
                 switch.now = now
         return builder
 
+    def for_search(self) -> LayeredBuilder:
+        """A copy without the plain switch whose silent steps always draft their chain: the
+        value system's searched trees are built outside the decode loop, where neither switch
+        chooses plain steps."""
+        builder = LayeredBuilder(attrs.evolve(self.config, plain_switch=False))
+        builder.always_chain = True
+        return builder
+
     def build(self, step: StepContext) -> BuildResult:
-        if self.silent is not None:
+        if self.silent is not None and not self.always_chain:
             self.silent.close(step)
         if self.switch is not None and self.switch.plain(step):
             built = plain_step(step)
@@ -196,7 +206,7 @@ class LayeredBuilder(TreeBuilder):
                     break
         chain = False
         if silent and tree.n_nodes == 1:
-            chain = not self.silent.plain(step)
+            chain = self.always_chain or not self.silent.plain(step)
             if chain:
                 tree, calls = self._silent_chain(step, tree)
                 self.silent.note(tuple(calls))

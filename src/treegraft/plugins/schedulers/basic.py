@@ -18,6 +18,11 @@ class NeverScheduler(Scheduler):
     def decide(self, state: LayerState) -> int:
         return 0
 
+    def done_for_step(self) -> bool:
+        """Every layer goes to the cheapest drafter: the builder asks at a step's first layer
+        only and skips the later layers' statistics."""
+        return True
+
 
 @attrs.define
 class AlwaysScheduler(Scheduler):
