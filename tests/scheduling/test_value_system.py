@@ -514,6 +514,18 @@ def test_collection_of_a_pipeline_with_switches_takes_the_steps_it_searched(monk
     assert data.meta["prompts"][0]["continuation"][:12] == greedy_reference(
         res.models["mem:target"], prompt, 12
     )
+    # along a fitted scheduler (DAgger), with its own labels: the silent steps ask it nothing
+    for policy_labels in (False, True):
+        followed = collect(
+            pipe,
+            [PromptIds("p0", prompt)],
+            COST,
+            max_new_tokens=12,
+            follow=AlwaysScheduler(None),
+            policy_labels=policy_labels,
+        )
+        assert followed.meta["followed"] == "scheduler"
+        assert (followed["layer"] == 0).sum() < followed.meta["summary"]["steps"]  # silent ones
     searched = search_decoder(pipe.decoder, COST, QueryCounter(res.models["mem:draft"]), 1).builder
     assert searched.always_chain and searched.switch is None and searched.silent is not None
     assert pipe.decoder.builder.switch is not None and not pipe.decoder.builder.always_chain

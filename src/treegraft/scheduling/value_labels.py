@@ -199,7 +199,10 @@ def follow_policy(
 
 def policy_outcome(outcomes: Sequence[Outcome], policy: Scheduler) -> Outcome:
     """The outcome `policy` reaches from the step's first state, deciding on the recorded states
-    (the same states a build would show it: no extra build)."""
+    (the same states a build would show it: no extra build). A step that asked no scheduler (a
+    silent step's chain, a plain step) grew the same tree under every plan: its outcome."""
+    if not outcomes[0].states:
+        return best_outcome(outcomes)
     first = outcomes[0].states[0]
     return follow_policy(outcomes, (), policy.decide(first) > 0, policy)
 
