@@ -526,6 +526,11 @@ def test_collection_of_a_pipeline_with_switches_takes_the_steps_it_searched(monk
         )
         assert followed.meta["followed"] == "scheduler"
         assert (followed["layer"] == 0).sum() < followed.meta["summary"]["steps"]  # silent ones
+    # replayed as collected: the oracle follows its plans to the collection's tokens and time
+    oracle = OracleScheduler.from_trajectories(data.trajectories)
+    (result,) = evaluate(pipe, {"oracle": oracle}, data.prompts(), COST, max_new_tokens=12)
+    assert result.tokens == data.meta["prompts"][0]["tokens"]
+    assert result.seconds == pytest.approx(data.meta["prompts"][0]["oracle_seconds"], rel=1e-9)
     searched = search_decoder(pipe.decoder, COST, QueryCounter(res.models["mem:draft"]), 1).builder
     assert searched.always_chain and searched.switch is None and searched.silent is not None
     assert pipe.decoder.builder.switch is not None and not pipe.decoder.builder.always_chain

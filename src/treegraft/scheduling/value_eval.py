@@ -188,7 +188,11 @@ def evaluate(
     with QueryCounter(model) as counter:
         for name, scheduler in schedulers.items():
             replay, target = replay_pipeline(pipe, cost.target)
-            decoder = attrs.evolve(replay.decoder, scheduler=scheduler)
+            # the builder as collection steps it: a switch to plain steps would leave the
+            # collected trajectories (`TreeBuilder.for_search`)
+            decoder = attrs.evolve(
+                replay.decoder, scheduler=scheduler, builder=replay.decoder.builder.for_search()
+            )
             replay = attrs.evolve(replay, decoder=decoder)
             totals = np.zeros(4)
             for p in prompts:

@@ -140,6 +140,13 @@ class OracleScheduler(Scheduler):
         else:
             self.step += 1
         traj = self.trajectories[self.current] if self.current >= 0 else None
+        # the collected steps that asked no scheduler (silent steps' chains) are passed over
+        while (
+            traj is not None
+            and self.step + 1 < len(traj.steps)
+            and traj.steps[self.step].committed_len < state.committed_len
+        ):
+            self.step += 1
         if traj is None or self.step >= len(traj.steps):
             raise OracleMismatch(
                 f"the oracle's plans hold no step {self.step} for this generation; decode at "
