@@ -496,7 +496,9 @@ def test_collection_of_a_pipeline_with_switches_takes_the_steps_it_searched(monk
     steps' `silent_chain`) builds the searched trees outside the decode loop, where it always
     drafts: the value system steps a copy that always drafts too (`TreeBuilder.for_search`),
     so collection does not stop at the first step where a switch, inside the loop, would have
-    chosen a plain step. The pipeline's own builder keeps its switches."""
+    chosen a plain step. The pipeline's own builder keeps its switches. Every prompt starts from
+    fresh drafters (`Drafter.forget`: no rates carried from the prompts collected before), so
+    the oracle's replay reaches the collected steps."""
     from treegraft.plugins.builders.plain_switch import PlainSwitch
 
     plain = PlainSwitch.plain
@@ -506,7 +508,7 @@ def test_collection_of_a_pipeline_with_switches_takes_the_steps_it_searched(monk
     )
     res = stand_in_pair(2)
     raw = pipeline_raw(depth=3, max_new_tokens=12)
-    raw["drafters"]["weak"]["min_ngram"] = 2
+    raw["drafters"]["weak"] |= {"min_ngram": 2, "memory": 8}  # rates carried: forgotten here
     raw["builder"] |= {"silent_chain": 4, "silent_stop": 0.05, "plain_switch": True}
     pipe = load_pipeline(raw, resources=res)
     prompt = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(4))[:12]  # no repeats
@@ -536,3 +538,29 @@ def test_collection_of_a_pipeline_with_switches_takes_the_steps_it_searched(monk
     assert pipe.decoder.builder.switch is not None and not pipe.decoder.builder.always_chain
     out = pipe.generate(prompt)  # and in decoding the switches still decide: plain steps
     assert all(e.build.plain for e in out.events[1:])
+
+
+def test_every_prompt_is_collected_and_replayed_from_fresh_drafters():
+    """An n-gram drafter with `memory` carries its rates from one generation into the next; the
+    value system forgets them at every prompt (`Drafter.forget`), so the same prompt collected
+    twice yields the same states and labels, and the oracle's replay of a later prompt reaches
+    its collected steps whatever ran before."""
+    res = stand_in_pair(1)
+    raw = pipeline_raw(depth=3, strong="mem:target", max_strong_calls=3, max_new_tokens=16)
+    raw["drafters"]["weak"]["memory"] = 8
+    raw["builder"]["adaptive"] = True  # the rates decide the tree's size too
+    pipe = load_pipeline(raw, resources=res)
+    prompt = repetitive_prompt(23, 12) % VOCAB
+    other = repetitive_prompt(24, 12) % VOCAB
+    ids = [PromptIds("a", prompt), PromptIds("o", other), PromptIds("b", prompt)]
+    data = collect(pipe, ids, COST, max_new_tokens=16)
+    first, again = data["prompt"] == 0, data["prompt"] == 2
+    assert first.sum() == again.sum() > 0
+    for key in ("features", "label_rel"):
+        assert np.array_equal(data[key][first], data[key][again]), key
+    pipe.generate(other)  # rates learned outside collection are forgotten too
+    oracle = OracleScheduler.from_trajectories(data.trajectories)
+    (result,) = evaluate(pipe, {"oracle": oracle}, data.prompts(), COST, max_new_tokens=16)
+    assert result.tokens == sum(p["tokens"] for p in data.meta["prompts"])
+    seconds = sum(p["oracle_seconds"] for p in data.meta["prompts"])
+    assert result.seconds == pytest.approx(seconds, rel=1e-9)  # the same trees, sized alike

@@ -319,6 +319,12 @@ class Drafter(Component):
         drafter (it does not read the target)."""
         return self
 
+    def forget(self) -> None:
+        """Drop what this drafter carries from one generation into the next (rates it learned),
+        so that its next generation starts as a new drafter's would. The scheduler's value
+        system starts every prompt so, in collection and in replay alike: a prompt's states
+        then depend on it alone, not on the prompts before it. Default: nothing carried."""
+
     @abstractmethod
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
         """Record a step's outcome.

@@ -199,6 +199,8 @@ def evaluate(
                 # empty forward times at every prompt, as in collection (`search_decoder`)
                 decoder.times = ModelledTimes(source=target, cost=cost, counter=counter, strong=s)
                 target.expect(p.continuation)
+                for drafter in decoder.drafters:  # fresh drafters, as in collection
+                    drafter.forget()
                 counter.take()
                 for event in replay.steps(p.ids, max_new_tokens=max_new_tokens):
                     totals += _event_cost(event, target.queries[-1], counter.take(), cost)

@@ -149,6 +149,8 @@ class StepSearcher:
         if not isinstance(target, ReplayTarget) or not isinstance(decoder.times, ModelledTimes):
             raise ValueSystemError("StepSearcher needs a decoder made by `search_decoder`")
         target.expect(continuation)
+        for drafter in decoder.drafters:  # each prompt from fresh drafters (`Drafter.forget`)
+            drafter.forget()
         decoder.begin(prompt.to(target.device), stop)
         decoder.times.counter.take()
         cont = torch.tensor(list(continuation), dtype=torch.long, device=target.device)

@@ -233,6 +233,10 @@ class NgramDrafter(Drafter):
                 )
         return cls(config, store=store)
 
+    def forget(self) -> None:
+        """Drop the rates carried over by `memory`: the next generation starts from the prior."""
+        self.calibration = self.store_calibration = None
+
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         self.context, self.index, self.rows = [], defaultdict(list), []
         # the last generation's evidence, faded to `memory` trials per rate (0: none of it)
