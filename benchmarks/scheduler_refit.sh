@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# The zoo:scheduler refit protocol (docs/scheduler.md, "The shipped artifact"): oracle data and
+# The zoo:scheduler refit protocol (docs/scheduler.md, "Current results"): oracle data and
 # evaluation prompts per zoo pair (48 + 144 oracle-trajectory prompts), fit1 on the 48, a
 # DAgger round along fit1, fit2 on the 48 and the DAgger data, fit3 on all of it, a second DAgger
-# round (144 prompts) along fit3, fit4 on all of it (the recipe of the shipped artifact), then
-# replay of the shipped artifact and fit1-fit4 on the evaluation prompts. About two and a half
-# hours on 2 CPU cores; needs Debian's python3-doc (the copy-heavy training prompts).
+# round (144 prompts) along fit3, fit4 on all of it, then replay of the shipped artifact and
+# fit1-fit4 on the evaluation prompts; each zoo drafter in turn is the pipeline's strongest.
+# The states are those of PIPELINE (default: the default pipeline, `treegraft`; the shipped
+# artifact is this recipe's SHORT fit2 on it, 10 minutes on 2 CPU cores). Needs Debian's
+# python3-doc (the copy-heavy training prompts).
 # Training prompts: training_prompts(seed=0)[0:48] and [176:320] (oracle), [56:104] (DAgger
 # along fit1), [320:464] (DAgger along fit3); evaluation [152:176]: disjoint.
 #
 #   bash benchmarks/scheduler_refit.sh runs/sched      # output folder (default runs/sched)
 #   SHORT=1 bash benchmarks/scheduler_refit.sh runs/sched   # only fit1 and fit2 (the oracle 48
-#                                                           # and one DAgger round; ~45 minutes)
+#                                                           # and one DAgger round)
+#   PIPELINE=treegraft-threshold bash benchmarks/scheduler_refit.sh   # another pipeline's states
 set -euo pipefail
 T=${TREEGRAFT:-.venv/bin/treegraft}
-P=${PIPELINE:-treegraft-threshold}
+P=${PIPELINE:-treegraft}
 O=${1:-runs/sched}
 SHORT=${SHORT:-0}
 date
