@@ -121,6 +121,18 @@ def test_shipped_pipeline_equals_plain_greedy(name):
     assert list(out.token_ids) == greedy_reference(res.models["mem:target"], prompt, 20)
 
 
+def exact_generations(pipe, n: int = 4):
+    """Generate from `n` repetitive prompts in turn with one decoder (`zoo_stand_ins(13)`'s
+    target), checking each output against plain greedy decoding; yields each prompt after its
+    generation."""
+    model = pipe.resources.models["mem:target"]
+    for seed in range(n):
+        prompt = repetitive_prompt(seed, 16) % VOCAB
+        out = pipe.generate(prompt)
+        assert list(out.token_ids) == greedy_reference(model, prompt, 20)
+        yield prompt
+
+
 @pytest.mark.parametrize("name", ["treegraft", "ngram-store"])
 def test_rates_carried_across_generations_keep_every_output_exact(name):
     """`memory: 8`: each generation starts from the last one's learned rates (its trees differ
@@ -128,16 +140,12 @@ def test_rates_carried_across_generations_keep_every_output_exact(name):
     generation verifies of the n-gram drafter's rows depends on timed decisions (the adaptive
     size, the call guard, silent chains), so the evidence itself is checked below with a
     fixed-size builder."""
-    res = zoo_stand_ins(13)
     raw = in_memory(name)
     assert next(iter(raw["drafters"].values()))["memory"] == 8
-    pipe = load_pipeline(raw, resources=res)
+    pipe = load_pipeline(raw, resources=zoo_stand_ins(13))
     weak = pipe.decoder.drafters[0]
-    model = res.models["mem:target"]
-    for seed in range(4):
-        prompt = repetitive_prompt(seed, 16) % VOCAB
-        out = pipe.generate(prompt)
-        assert list(out.token_ids) == greedy_reference(model, prompt, 20)
+    for _ in exact_generations(pipe):
+        pass
     before = float(weak.calibration.trials.sum())
     weak.begin(torch.tensor([1, 2, 3]), max_len=64)
     assert weak.calibration.trials.sum() <= before  # carried, capped at 8 per entry
@@ -148,16 +156,11 @@ def test_the_ngram_drafter_carries_its_evidence_to_the_next_generation():
     """With a fixed-size builder (no timed decision) every step verifies the n-gram drafter's
     rows: each generation ends with evidence, and the next begins from it, capped at 8 trials
     per entry, not from nothing."""
-    res = zoo_stand_ins(13)
     raw = in_memory("ngram-store")
     raw["builder"]["adaptive"] = False
-    pipe = load_pipeline(raw, resources=res)
+    pipe = load_pipeline(raw, resources=zoo_stand_ins(13))
     weak = pipe.decoder.drafters[0]
-    model = res.models["mem:target"]
-    for seed in range(4):
-        prompt = repetitive_prompt(seed, 16) % VOCAB
-        out = pipe.generate(prompt)
-        assert list(out.token_ids) == greedy_reference(model, prompt, 20)
+    for prompt in exact_generations(pipe):
         ended = weak.calibration.trials.copy()
         assert ended.sum() > 0
         weak.begin(prompt, max_len=64)
