@@ -169,3 +169,23 @@ def test_modelled_times_keep_the_curve_they_model():
 
     assert ForwardTimes().observes
     assert not ReplayTimes().observes and not ModelledTimes().observes
+
+
+@given(
+    window=st.integers(1, 6),
+    evidence=st.integers(1, 4),
+    forwards=st.lists(
+        st.tuples(st.integers(1, 40), st.sampled_from([0.5, 1.0, 1.0, 2.0, 3.0])), max_size=80
+    ),
+)
+def test_the_kept_medians_give_the_curve_a_fresh_computation_gives(window, evidence, forwards):
+    """`observe` updates one point's median per forward and keeps the corrected curve while no
+    median moves: after any sequence of forwards (repeated ratios included, which leave medians
+    where they were) the curve equals one computed from the ratios alone."""
+    curve = ObservedCurve(measured(), window=window, evidence=evidence)
+    for q, ratio in forwards:
+        curve.observe(q, ratio * curve.measured(q))
+        fresh = ObservedCurve(measured(), window=window, evidence=evidence)
+        fresh.ratios = [list(r) for r in curve.ratios]
+        assert curve.current() == fresh.current()
+        assert curve.scales() == fresh.scales()

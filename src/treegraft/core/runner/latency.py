@@ -95,6 +95,11 @@ class ObservedCurve:
     observed: int = 0
     probed_at: int = attrs.field(default=-(10**9))
     _current: LatencyCurve | None = attrs.field(default=None, init=False, repr=False, eq=False)
+    #: per point: the median of its ratios once it has `evidence` of them (else None), kept up
+    #: to date by `observe` (one point changes per forward; `scales` reads them all)
+    _medians: list[float | None] | None = attrs.field(
+        default=None, init=False, repr=False, eq=False
+    )
     #: per forward size observed: the measured curve's seconds there and its nearest point (the
     #: decode loop observes every forward; most are of a few sizes, plain steps' one token)
     _at: dict[int, tuple[float, int]] = attrs.field(factory=dict, init=False, repr=False, eq=False)
@@ -117,7 +122,20 @@ class ObservedCurve:
         ratios.append(seconds / expected)
         del ratios[: -self.window]
         self.observed += 1
-        self._current = None
+        medians = self.medians()
+        now = median(ratios) if len(ratios) >= self.evidence else None
+        if now != medians[point]:  # else the corrected curve stays what it was
+            medians[point] = now
+            self._current = None
+
+    def medians(self) -> list[float | None]:
+        """Per point, the median of its last `window` ratios once it has `evidence` of them
+        (None before); the list is kept and updated by `observe`: read it, never change it."""
+        if self._medians is None:
+            self._medians = [
+                median(r[-self.window :]) if len(r) >= self.evidence else None for r in self.ratios
+            ]
+        return self._medians
 
     def point(self, tokens: int) -> int:
         """Index of the measured point nearest to `tokens` in log scale."""
@@ -133,18 +151,15 @@ class ObservedCurve:
     def scales(self) -> list[float]:
         """The correction of each point: its median observed / measured ratio, interpolated
         between points with enough observations where it has too few (1.0: none has)."""
-        known = [
-            (i, median(r[-self.window :]))
-            for i, r in enumerate(self.ratios)
-            if len(r) >= self.evidence
-        ]
+        known = [(i, m) for i, m in enumerate(self.medians()) if m is not None]
         if not known:
             return [1.0] * len(self.ratios)
         xs, ys = zip(*known, strict=True)
         return np.interp(np.arange(len(self.ratios)), xs, ys).tolist()
 
     def current(self) -> LatencyCurve:
-        """The measured curve, each point scaled by `scales` (a new curve after each observation)."""
+        """The measured curve, each point scaled by `scales` (a new curve after an observation
+        that changed a point's median)."""
         if self._current is None:
             m = self.measured
             seconds = tuple(s * k for s, k in zip(m.seconds, self.scales(), strict=True))
