@@ -89,6 +89,16 @@ def test_invalid_bytes_in_the_prompt_argument_are_refused(pipeline: Path) -> Non
     assert_clean_process(proc, 2, "--prompt: byte 0xff at position 3 is not UTF-8 text")
 
 
+def test_a_prompt_past_the_models_positions_is_bad_input(pipeline: Path) -> None:
+    """The tiny model takes 512 positions: 8 prompt tokens + 600 new ones do not fit."""
+    assert_clean(
+        generate(pipeline, "--prompt", PROMPT, "--max-new-tokens", "600"),
+        2,
+        "context too long: a prompt of 8 tokens plus max_new_tokens 600 needs 608 positions",
+        "at most 512",
+    )
+
+
 def test_a_directory_as_prompt_file(tmp_path: Path, pipeline: Path) -> None:
     assert_clean(
         generate(pipeline, "--prompt-file", str(tmp_path)),
@@ -224,6 +234,40 @@ def test_bench_out_into_a_read_only_folder(tmp_path: Path, read_only_dir: Path) 
     config = bench_config(tmp_path, suite)
     result = invoke("bench", "run", str(config), "--out", str(read_only_dir / "results"))
     assert_clean(result, 2, "--out:", "cannot create")
+
+
+def test_a_suite_prompt_past_the_models_positions_fails_before_any_generation(
+    tmp_path: Path,
+) -> None:
+    """The zoo target takes 1024 positions. Every too-long prompt is named (not only the first,
+    which the methods also warm up on) and nothing is generated: no request is stored."""
+    suite = tmp_path / "mine.jsonl"
+    rows = [
+        {"id": "fits", "prompt": "def add(a, b):"},
+        {"id": "long", "prompt": "word " * 1100},
+        {"id": "longer", "prompt": "word " * 1200},
+    ]
+    suite.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = tmp_path / "bench.yaml"
+    config = {
+        "pairs": [{"target": "zoo:target", "drafter": "zoo:draft-s"}],
+        "suites": [str(suite)],
+        "max_new_tokens": 16,
+        "baselines": [],
+        "pipelines": ["ngram-only"],
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    out = tmp_path / "out"
+    result = invoke("bench", "run", str(path), "--out", str(out))
+    assert_clean(
+        result,
+        2,
+        "2 prompt(s) do not fit with max_new_tokens 16: mine/long (1101 tokens), "
+        "mine/longer (1201 tokens)",
+        "at most 1024 positions",
+    )
+    assert "mine/fits" not in result.stderr
+    assert not (out / "requests.jsonl").exists() or not (out / "requests.jsonl").read_text()
 
 
 def test_a_malformed_jsonl_line_names_file_and_line(tmp_path: Path) -> None:

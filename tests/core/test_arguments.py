@@ -77,6 +77,9 @@ def test_stop_strings_must_be_non_empty(pipe: Pipeline, stop, message: str) -> N
         ([3, -1, 4], "token id -1 at position 1 is outside the target's vocabulary [0, 40)"),
         ([], "prompt: has no tokens"),
         ([[[1, 2], [3]]], "prompt: expected text or a sequence of int token ids"),
+        (torch.tensor([[1, 2], [3, 4]]), "expected one sequence of token ids ([T] or [1, T])"),
+        (np.ones((1, 3, 2), dtype=np.int64), "got shape [1, 3, 2]: for several prompts, pass a"),
+        ([[[1, 2], [3, 4]]], "got shape [2, 2]"),
         ("t\udcff", "prompt: byte 0xff at position 1 is not UTF-8 text"),
     ],
     ids=[
@@ -88,6 +91,9 @@ def test_stop_strings_must_be_non_empty(pipe: Pipeline, stop, message: str) -> N
         "negative",
         "empty",
         "ragged",
+        "batch-of-two",
+        "batch-inside",
+        "nested-list",
         "bytes",
     ],
 )
@@ -99,5 +105,9 @@ def test_prompt_ids_must_be_integers_inside_the_vocabulary(pipe: Pipeline, promp
 
 def test_integer_prompts_of_any_int_type_decode_alike(pipe: Pipeline) -> None:
     want = pipe.generate(PROMPT).token_ids
-    for prompt in (np.array(PROMPT, dtype=np.int32), torch.tensor(PROMPT, dtype=torch.int16)):
+    for prompt in (
+        np.array(PROMPT, dtype=np.int32),
+        torch.tensor(PROMPT, dtype=torch.int16),
+        torch.tensor([PROMPT]),  # [1, T]: a batch of one
+    ):
         assert pipe.generate(prompt).token_ids == want

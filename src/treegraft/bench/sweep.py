@@ -52,6 +52,7 @@ from treegraft.core.config import ConfigError
 from treegraft.core.registry import Registry
 from treegraft.core.resources import ModelRefError, Resources
 from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner.model_check import max_positions
 
 #: Called after each request with a short description of what runs next.
 Advance = Callable[[str], None]
@@ -228,12 +229,17 @@ def open_session(
     prompt_lengths: list[int],
     registry: Registry | None,
     curves: dict[str, LatencyCurve] | None = None,
+    prompt_names: list[str] | None = None,
 ) -> PairSession:
     """Load the pair's models and methods; with replay, measure the latency curves (unless
-    `curves` brings them, as a resumed sweep does: its replays keep the first segment's)."""
+    `curves` brings them, as a resumed sweep does: its replays keep the first segment's).
+    Raises `ConfigError` before any generation when a prompt (`prompt_names`, in the order of
+    `prompt_lengths`) plus `max_new_tokens` needs more positions than the pair's models take."""
     s = config.settings
     hf = hf_methods(pair, s, resources)
     pipelines = build_pipelines(plans, resources, registry)
+    limit = context_limit(hf["ar"].model, pipelines)
+    check_prompts_fit(pair, prompt_lengths, prompt_names, s.max_new_tokens, limit)
     plain = runner_method(resources, pair, resources.plan.target)  # as the pipelines' target
     max_nodes = max((p.pipeline.decoder.builder.max_nodes() for p in pipelines), default=1)
     replays = []
@@ -257,6 +263,40 @@ def open_session(
         curves=curves,
         extra_tokens=max_nodes + 1,
         memory=PeakMemory(resources.device),
+    )
+
+
+def context_limit(model: Any, pipelines: list[PipelineMethod]) -> int | None:
+    """The least maximum-positions value of the target (`model`, plain decoding's) and every
+    pipeline's models (None when no config states one)."""
+    limits = [max_positions(model.config), *(p.pipeline.decoder.max_positions for p in pipelines)]
+    known = [m for m in limits if m is not None]
+    return min(known) if known else None
+
+
+def check_prompts_fit(
+    pair: Pair,
+    lengths: list[int],
+    names: list[str] | None,
+    max_new_tokens: int,
+    limit: int | None,
+) -> None:
+    """Raise `ConfigError` naming every prompt whose tokens plus `max_new_tokens` exceed `limit`
+    (plain decoding and every pipeline would fail on it, and a sweep's first prompt also warms
+    the methods up)."""
+    if limit is None:
+        return
+    names = names or [f"#{i}" for i in range(len(lengths))]
+    over = [(n, t) for n, t in zip(names, lengths, strict=True) if t + max_new_tokens > limit]
+    if not over:
+        return
+    shown = ", ".join(f"{n} ({t} tokens)" for n, t in over[:5])
+    more = f" and {len(over) - 5} more" if len(over) > 5 else ""
+    raise ConfigError(
+        f"pair {pair.name}: {len(over)} prompt(s) do not fit with max_new_tokens {max_new_tokens}: "
+        f"{shown}{more}; the pair's models take at most {limit} positions (prompt plus new "
+        "tokens; the least of the target's and its pipelines' LM drafters'): shorten or remove "
+        "those prompts, or lower max_new_tokens"
     )
 
 

@@ -148,7 +148,10 @@ class UnitRunner:
             r: LatencyCurve.from_dict(c) for r, c in self.stored_curves.get(pair_name, {}).items()
         }
         plans = pipeline_plans(self.config, pair, self.registry)
-        session = open_session(self.config, pair, plans, res, lengths, self.registry, stored)
+        names = [f"{p.suite}/{p.id}" for p in self.prompts]
+        session = open_session(
+            self.config, pair, plans, res, lengths, self.registry, stored, prompt_names=names
+        )
         session.warm_up(session.encode(self.prompts[0].text))
         self.session = session
         return session

@@ -38,8 +38,9 @@ def check_stop(stop: Any) -> list[str]:
 
 
 def prompt_ids(prompt: Any, vocab: int) -> Tensor:
-    """`[T]` int64 token ids from a sequence or tensor of integers inside `[0, vocab)`; floats
-    and booleans are refused, not truncated."""
+    """`[T]` int64 token ids from a sequence or tensor of integers inside `[0, vocab)` (`[T]`,
+    or `[1, T]` as a batch of one); floats and booleans are refused, not truncated, and a batch
+    of several prompts is refused, not concatenated."""
     try:
         ids = torch.as_tensor(prompt)
     except (TypeError, ValueError, RuntimeError) as exc:
@@ -51,6 +52,11 @@ def prompt_ids(prompt: Any, vocab: int) -> Tensor:
         raise ArgumentError("prompt: has no tokens")
     if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
         raise ArgumentError(f"prompt: expected int token ids, got {ids.dtype} values")
+    if sum(n > 1 for n in ids.shape[:-1]):
+        raise ArgumentError(
+            f"prompt: expected one sequence of token ids ([T] or [1, T]), got shape "
+            f"{list(ids.shape)}: for several prompts, pass a list of them (one per row)"
+        )
     ids = ids.to(torch.long).flatten()
     bad = (ids < 0) | (ids >= vocab)
     if bool(bad.any()):

@@ -237,11 +237,11 @@ class Pipeline:
         self.check_drafter_order()
 
     def check_context(self, prompt_len: int, max_new_tokens: int) -> None:
-        """Raise `ValueError` when the prompt plus `max_new_tokens` needs more positions than
-        the target or an LM drafter takes (checked before any forward)."""
+        """Raise `ArgumentError` (a `ValueError`) when the prompt plus `max_new_tokens` needs
+        more positions than the target or an LM drafter takes (checked before any forward)."""
         limit = self.decoder.max_positions
         if limit is not None and prompt_len + max_new_tokens > limit:
-            raise ValueError(
+            raise ArgumentError(
                 f"context too long: a prompt of {prompt_len} tokens plus max_new_tokens "
                 f"{max_new_tokens} needs {prompt_len + max_new_tokens} positions, but the "
                 f"pipeline's models take at most {limit} (the least of the target's and the LM "
