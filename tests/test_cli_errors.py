@@ -270,6 +270,44 @@ def test_a_suite_prompt_past_the_models_positions_fails_before_any_generation(
     assert not (out / "requests.jsonl").exists() or not (out / "requests.jsonl").read_text()
 
 
+def test_a_repeated_prompt_id_in_a_suite_is_refused(tmp_path: Path) -> None:
+    """Results are kept per (suite, id): a second record with the same id would be lost."""
+    suite = tmp_path / "mine.jsonl"
+    rows = [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}, {"id": "a", "prompt": "z"}]
+    suite.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = invoke(
+        "bench", "run", str(bench_config(tmp_path, suite)), "--out", str(tmp_path / "o")
+    )
+    assert_clean(result, 2, f"{suite}:3: id 'a' repeats line 1's; prompt ids must be unique")
+
+
+def test_two_suites_of_one_name_are_refused(tmp_path: Path) -> None:
+    """A JSONL file is named by its stem: `other/humaneval.jsonl` beside the zoo's `humaneval`
+    would merge their results."""
+    (tmp_path / "other").mkdir()
+    suite = tmp_path / "other" / "humaneval.jsonl"
+    suite.write_text(json.dumps({"prompt": "x"}) + "\n")
+    path = tmp_path / "bench.yaml"
+    pair = {"target": "zoo:target", "drafter": "zoo:draft-s"}
+    path.write_text(
+        yaml.safe_dump({"pairs": [pair], "suites": ["humaneval", "other/humaneval.jsonl"]})
+    )
+    result = invoke("bench", "run", str(path), "--out", str(tmp_path / "o"))
+    assert_clean(
+        result,
+        2,
+        "bench.suites[1]: 'other/humaneval.jsonl' has the name 'humaneval' of bench.suites[0]",
+    )
+
+
+def test_an_empty_suite_list_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "bench.yaml"
+    pair = {"target": "zoo:target", "drafter": "zoo:draft-s"}
+    path.write_text(yaml.safe_dump({"pairs": [pair], "suites": []}))
+    result = invoke("bench", "run", str(path), "--out", str(tmp_path / "o"))
+    assert_clean(result, 2, "bench.suites: expected a non-empty list of zoo suite names")
+
+
 def test_a_malformed_jsonl_line_names_file_and_line(tmp_path: Path) -> None:
     suite = tmp_path / "mine.jsonl"
     suite.write_text(json.dumps({"prompt": "fine"}) + "\n\n" + '{"prompt": "broken\n')

@@ -26,7 +26,7 @@ from treegraft.bench.methods import (
     pipeline_plans,
 )
 from treegraft.bench.records import MEASURED, REPLAY, Request
-from treegraft.bench.suites import Prompt, load_prompts
+from treegraft.bench.suites import Prompt, load_suites
 from treegraft.bench.summary import write_summary_json
 from treegraft.bench.sweep import (
     BenchResult,
@@ -73,9 +73,7 @@ def run_bench(
 
     out = Path(out_dir)
     s = config.settings
-    prompts = [
-        p for suite in s.suites for p in load_prompts(suite, s.prompts_per_suite, config.base_dir)
-    ]
+    prompts = load_suites(s.suites, s.prompts_per_suite, config.base_dir)
     plans = {pair.name: pipeline_plans(config, pair, registry) for pair in config.pairs}
     segment = {"started": _now(), "options": options or {}, "environment": report.environment()}
     with ResultStore.open(out, resume=resume, force=force) as store:

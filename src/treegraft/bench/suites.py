@@ -33,16 +33,47 @@ def suite_file(ref: str, base_dir: Path) -> tuple[str, Path]:
     )
 
 
+def load_suites(refs: list[str], n: int, base_dir: Path) -> list[Prompt]:
+    """The first `n` prompts of every suite, in order. Results are keyed by suite name and
+    prompt id, so an empty list, two suites of one name (a file's stem) and a repeated id within
+    a suite are errors rather than silently merged results."""
+    if not refs:
+        raise ConfigError(
+            "bench.suites: expected a non-empty list of zoo suite names or JSONL files, got []"
+        )
+    names: dict[str, int] = {}
+    prompts: list[Prompt] = []
+    for i, ref in enumerate(refs):
+        name, _ = suite_file(ref, base_dir)
+        if name in names:
+            raise ConfigError(
+                f"bench.suites[{i}]: {ref!r} has the name {name!r} of bench.suites[{names[name]}] "
+                f"({refs[names[name]]!r}); results are kept per suite name: rename one file"
+            )
+        names[name] = i
+        prompts += load_prompts(ref, n, base_dir)
+    return prompts
+
+
 def load_prompts(ref: str, n: int, base_dir: Path) -> list[Prompt]:
-    """The first `n` prompts of a suite; each record needs `prompt` (text) and may carry `id`."""
+    """The first `n` prompts of a suite; each record needs `prompt` (text) and may carry `id`,
+    unique within the suite (default: `<suite>-NN`, its record's index)."""
     name, path = suite_file(ref, base_dir)
     prompts: list[Prompt] = []
+    lines: dict[str, int] = {}
     for i, (line, record) in enumerate(jsonl_records(path, "bench.suites")):
         if len(prompts) == n:
             break
         if not isinstance(record.get("prompt"), str) or not record["prompt"]:
             raise ConfigError(f"{path}:{line}: record {i} has no non-empty 'prompt' string")
-        prompts.append(Prompt(name, str(record.get("id", f"{name}-{i:02d}")), record["prompt"]))
+        prompt_id = str(record.get("id", f"{name}-{i:02d}"))
+        if prompt_id in lines:
+            raise ConfigError(
+                f"{path}:{line}: id {prompt_id!r} repeats line {lines[prompt_id]}'s; prompt ids "
+                "must be unique within a suite (results are kept per id)"
+            )
+        lines[prompt_id] = line
+        prompts.append(Prompt(name, prompt_id, record["prompt"]))
     if not prompts:
         raise ConfigError(f"{path}: suite {name!r} holds no prompts")
     return prompts
