@@ -9,6 +9,7 @@ import torch
 
 from tests.conftest import greedy_reference, word_tokenizer
 from treegraft.core.config import ConfigError, pipeline_spec_from_dict
+from treegraft.core.errors import TreegraftError
 from treegraft.core.pipeline import Generation, is_prompt_list, load_pipeline
 
 VOCAB = 64
@@ -162,3 +163,32 @@ def test_drafters_listed_cheapest_first_do_not_warn():
             pipe.generate("def add(a, b):\n    return a + b\n\ndef add(a, b):")
     assert not [w for w in caught if issubclass(w.category, DrafterOrderWarning)]
     assert len(pipe.decoder.times.drafters) == 2  # both were measured, and judged in order
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
+def test_a_model_folder_without_tokenizer_files_takes_token_ids(
+    tmp_path: Path, model_type: str
+) -> None:
+    """Transformers builds an empty GPT-2 tokenizer for such a folder (every text becomes no
+    tokens) and fails for Llama; the pipeline loads without one, decodes ids exactly and says
+    why text is refused."""
+    from treegraft.testing import tiny_model
+
+    model = tiny_model(model_type, seed=3, vocab=VOCAB)
+    model.save_pretrained(tmp_path)
+    pipe = load_pipeline(spec(str(tmp_path)))
+    assert pipe.tokenizer is None
+    prompt = [5, 9, 5, 9, 5]
+    want = greedy_reference(model, torch.tensor(prompt), 6)
+    assert list(pipe.generate(prompt).token_ids) == want
+    with pytest.raises(TreegraftError, match="no tokenizer \\(none beside the target"):
+        pipe.generate("t5 t9")
+
+
+def test_tokenizer_files_that_do_not_load_name_the_folder(tmp_path: Path) -> None:
+    from treegraft.testing import tiny_model
+
+    tiny_model("llama", seed=3, vocab=VOCAB).save_pretrained(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(TreegraftError, match=f"the tokenizer files in {tmp_path} do not load"):
+        load_pipeline(spec(str(tmp_path)))

@@ -209,7 +209,10 @@ def encode_prompt(
     except ModelRefError as exc:
         raise ConfigError(f"pair {pair.name}: target: {exc}") from None
     if tokenizer is None:
-        raise ConfigError(f"pair {pair.name}: the target has no tokenizer; text prompts need one")
+        raise ConfigError(
+            f"pair {pair.name}: the target has no tokenizer (no tokenizer files beside it); "
+            "text prompts need one"
+        )
     if chat:
         try:
             return torch.tensor(chat_ids(tokenizer, text), dtype=torch.long)

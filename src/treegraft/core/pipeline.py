@@ -183,7 +183,9 @@ class Pipeline:
             check_utf8(prompt, "prompt")
             if self.tokenizer is None:
                 raise ArgumentError(
-                    "this pipeline has no tokenizer: pass token ids instead of text"
+                    f"this pipeline has no tokenizer (none beside the target {self.spec.target!r}"
+                    "): pass token ids instead of text, or name one with the pipeline's "
+                    "`tokenizer:` key"
                 )
             ids = (
                 chat_ids(self.tokenizer, prompt)

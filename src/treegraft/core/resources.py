@@ -43,6 +43,42 @@ class ModelRefError(TreegraftError, ValueError):
     """A model reference names nothing loadable."""
 
 
+#: files one of which a Hugging Face tokenizer folder holds (besides `*.tiktoken`)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tekken.json",
+)
+
+
+def folder_tokenizer(path: Path, ref: str) -> Any:
+    """The tokenizer saved in the model folder `path` (of the reference `ref`); None when the
+    folder holds no tokenizer file (the model then takes token ids, not text). Tokenizer files
+    that do not load, or load as a tokenizer without a vocabulary, are a `ModelRefError`."""
+    if not any((path / name).is_file() for name in TOKENIZER_FILES) and not any(
+        path.glob("*.tiktoken")
+    ):
+        return None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelRefError(
+            f"{ref}: the tokenizer files in {path} do not load ({first}); fix or remove them "
+            "(without them the model takes token ids, not text)"
+        ) from None
+    if not tokenizer.get_vocab() or not getattr(tokenizer, "vocab_size", 1):
+        raise ModelRefError(
+            f"{ref}: the tokenizer files in {path} load as a tokenizer without a vocabulary"
+        )
+    return tokenizer
+
+
 def resolve_device(name: str) -> torch.device:
     """`auto` -> CUDA when present, else CPU; anything else must pass `device_problem`."""
     if name == "auto":
@@ -277,7 +313,8 @@ class Resources:
         return self.datastores[key]
 
     def load_tokenizer(self, ref: str) -> Any:
-        """The tokenizer stored beside the model `ref` (None for in-memory models without one)."""
+        """The tokenizer stored beside the model `ref` (None for in-memory models without one,
+        and for a model folder without tokenizer files: `folder_tokenizer`)."""
         if self.tokenizer is None and ref not in self.in_memory:
-            self.tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(ref))
+            self.tokenizer = folder_tokenizer(resolve_model_path(ref), ref)
         return self.tokenizer
