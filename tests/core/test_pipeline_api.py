@@ -192,3 +192,38 @@ def test_tokenizer_files_that_do_not_load_name_the_folder(tmp_path: Path) -> Non
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(TreegraftError, match=f"the tokenizer files in {tmp_path} do not load"):
         load_pipeline(spec(str(tmp_path)))
+
+
+def _no_config(folder: Path) -> None:
+    (folder / "config.json").write_text("{bad")
+
+
+def _truncated_weights(folder: Path) -> None:
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+
+
+def _no_weights(folder: Path) -> None:
+    (folder / "model.safetensors").unlink()
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (_no_config, "config.json is not valid JSON (Expecting property name"),
+        (_truncated_weights, "model.safetensors: header length"),
+        (_no_weights, "no weights file: expected model.safetensors"),
+    ],
+    ids=["config", "truncated", "no-weights"],
+)
+def test_a_damaged_model_folder_is_named_not_an_internal_error(
+    tmp_path: Path, damage, message: str
+) -> None:
+    from treegraft.testing import tiny_model
+
+    tiny_model("llama", seed=3, vocab=VOCAB).save_pretrained(tmp_path)
+    damage(tmp_path)
+    with pytest.raises(TreegraftError) as info:
+        load_pipeline(spec(str(tmp_path)))
+    assert str(info.value).startswith("pipeline.target: "), info.value
+    assert message in str(info.value)

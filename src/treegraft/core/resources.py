@@ -20,6 +20,7 @@ from transformers.utils import logging as hf_logging
 
 from treegraft.core.devices import device_problem
 from treegraft.core.errors import TreegraftError
+from treegraft.core.model_files import model_folder_problems
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import (
     ModelRefused,
@@ -143,9 +144,17 @@ def model_vocab_size(ref: str, memory: dict[str, PreTrainedModel] | None = None)
     """Vocabulary size from a model's config, without loading its weights."""
     if memory and ref in memory:  # a composite config (Gemma 3, Llava...) has it in its text config
         return int(text_config(memory[ref].config).vocab_size)
-    config = json.loads((resolve_model_path(ref) / "config.json").read_text())
-    cfg = config.get("text_config", config)
-    return int(cfg["vocab_size"])
+    path = resolve_model_path(ref) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+        cfg = config.get("text_config", config)
+        return int(cfg["vocab_size"])
+    except OSError as exc:
+        raise ModelRefError(f"{ref}: cannot read {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ModelRefError(f"{ref}: {path} is not valid JSON ({exc})") from None
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise ModelRefError(f"{ref}: {path} states no integer vocab_size") from None
 
 
 @attrs.define
@@ -222,14 +231,20 @@ class Resources:
             hf_logging.disable_progress_bar()  # our CLI streams text on stdout; keep stderr quiet
             placed = ref in self.device_maps
             kwargs = load_kwargs(self.device_maps[ref], self.offload_folder) if placed else {}
-            model = AutoModelForCausalLM.from_pretrained(
-                path,
-                dtype=self.dtype,
-                attn_implementation=attention_for(path)
-                if self.attention == "sdpa"
-                else self.attention,
-                **kwargs,
-            )
+            try:
+                model = AutoModelForCausalLM.from_pretrained(
+                    path,
+                    dtype=self.dtype,
+                    attn_implementation=attention_for(path)
+                    if self.attention == "sdpa"
+                    else self.attention,
+                    **kwargs,
+                )
+            except Exception:
+                problems = model_folder_problems(path)  # what shows in the files, if anything
+                if problems:
+                    raise ModelRefError(f"{ref}: {'; '.join(problems)}") from None
+                raise
             self.models[ref] = (model if placed else model.to(self.device)).eval()
         return self.models[ref]
 
