@@ -69,6 +69,23 @@ def test_build_and_info_refuse_bad_input_naming_it(tmp_path: Path, model_dir: Pa
     assert_clean(result, 2, "bad.jsonl:1: expected an object with a string 'text' field")
     result = invoke("datastore", "info", str(text))
     assert_clean(result, 2, "cannot read a datastore")
+    empty = tmp_path / "empty.txt"
+    empty.write_text(" \n")
+    result = invoke("datastore", "build", str(empty), "--tokenizer", str(model_dir), "--out", out)
+    assert_clean(result, 2, "INPUTS: no text in", "a datastore needs a corpus")
+    assert not Path(out).exists()
+    blocker = tmp_path / "file"
+    blocker.write_text("x")  # a file where the output's folder should be
+    result = invoke(
+        "datastore",
+        "build",
+        str(text),
+        "--tokenizer",
+        str(model_dir),
+        "--out",
+        str(blocker / "s.npz"),
+    )
+    assert_clean(result, 2, "--out: cannot write", "s.npz")
 
 
 def test_a_pipeline_drafting_from_a_built_store_is_lossless(

@@ -80,6 +80,8 @@ def build_cmd(
             fail(f"INPUTS: {exc}")
         except UnicodeDecodeError as exc:
             fail(f"INPUTS: {path}: not UTF-8 text ({exc.reason})")
+    if not any(t.strip() for t in texts):
+        fail(f"INPUTS: no text in {', '.join(str(p) for p in inputs)}; a datastore needs a corpus")
     with Progress(transient=True) as progress:
         task = progress.add_task("tokenizing", total=len(texts))
         tokens = tokenize_texts(
@@ -89,8 +91,11 @@ def build_cmd(
         store = Datastore.from_tokens(tokens, vocab)
     except DatastoreError as exc:
         fail(f"--tokenizer: {exc}")
-    out.expanduser().parent.mkdir(parents=True, exist_ok=True)
-    store.save(out.expanduser())
+    try:
+        out.expanduser().parent.mkdir(parents=True, exist_ok=True)
+        store.save(out.expanduser())
+    except OSError as exc:
+        fail(f"--out: cannot write {out}: {exc.strerror}")
     typer.echo(
         f"{tokens.size:,} tokens (vocabulary {vocab}, contexts of {store.width} tokens) -> {out}"
     )
