@@ -241,7 +241,7 @@ def open_session(
     s = config.settings
     hf = hf_methods(pair, s, resources)
     pipelines = build_pipelines(plans, resources, registry)
-    limit = context_limit(hf["ar"].model, pipelines)
+    limit = sweep_context_limit(hf["ar"].model, pipelines)
     check_prompts_fit(pair, prompt_lengths, prompt_names, s.max_new_tokens, limit)
     plain = runner_method(resources, pair, resources.plan.target)  # as the pipelines' target
     max_nodes = max((p.pipeline.decoder.builder.max_nodes() for p in pipelines), default=1)
@@ -269,7 +269,7 @@ def open_session(
     )
 
 
-def context_limit(model: Any, pipelines: list[PipelineMethod]) -> int | None:
+def sweep_context_limit(model: Any, pipelines: list[PipelineMethod]) -> int | None:
     """The least maximum-positions value of the target (`model`, plain decoding's) and every
     pipeline's models (None when no config states one)."""
     limits = [max_positions(model.config), *(p.pipeline.decoder.max_positions for p in pipelines)]
