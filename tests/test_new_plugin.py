@@ -63,6 +63,10 @@ BAD = {
     ),
     "name": (("9lives", "drafter", set()), "NAME: expected a package name of letters"),
     "clash": (("ngram", "drafter", {"ngram"}), "NAME: the drafter name 'ngram' is already"),
+    "framework": (("Treegraft", "scheduler", set()), "NAME: a module named 'treegraft' exists"),
+    "library": (("torch", "drafter", set()), "NAME: a module named 'torch' exists already"),
+    "stdlib": (("json", "rescorer", set()), "NAME: a module named 'json' exists already"),
+    "keyword": (("class", "scheduler", set()), "NAME: the import name 'class' is a Python keyword"),
 }
 
 

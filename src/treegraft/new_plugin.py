@@ -3,6 +3,8 @@ tests at once (entry point, component with its config, tests with `treegraft.tes
 
 from __future__ import annotations
 
+import importlib.util
+import keyword
 import re
 from pathlib import Path
 from string import Template
@@ -73,12 +75,30 @@ def plugin_files(dist: str, kind: str) -> dict[str, str]:
     }
 
 
+def module_clash(module: str) -> str | None:
+    """Why a package whose import name is `module` must not be written here (None: it may):
+    a Python keyword cannot be imported, and an importable module (treegraft itself, a library,
+    the standard library) would be shadowed by the new package or would shadow it."""
+    if keyword.iskeyword(module):
+        return f"the import name {module!r} is a Python keyword"
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return None
+    where = spec.origin if spec.origin not in (None, "built-in", "frozen") else "built in"
+    return f"a module named {module!r} exists already ({where}); the new package would shadow it"
+
+
 def write_plugin(dist: str, kind: str, parent: Path, *, registered: set[str] = frozenset()) -> Path:
     """Write the package into `parent/dist` (which must not exist) and return that folder.
 
     `registered`: names already registered for `kind` (a clash would fail at start-up)."""
     files = plugin_files(dist, kind)
     name = names_of(dist, kind)["name"]
+    if clash := module_clash(names_of(dist, kind)["module"]):
+        raise ConfigError(f"NAME: {clash}; choose another NAME (e.g. treegraft-{dist})")
     if name in registered:
         raise ConfigError(
             f"NAME: the {kind} name {name!r} is already registered; choose another NAME"
