@@ -227,3 +227,27 @@ def test_a_damaged_model_folder_is_named_not_an_internal_error(
         load_pipeline(spec(str(tmp_path)))
     assert str(info.value).startswith("pipeline.target: "), info.value
     assert message in str(info.value)
+
+
+def test_a_folder_of_no_causal_lm_or_of_a_headless_checkpoint_is_refused(tmp_path: Path) -> None:
+    """A T5 folder cannot load as a causal LM; a BertModel checkpoint loads as BertLMHeadModel
+    with its LM head at random (transformers only logs that): both are errors naming why."""
+    from transformers import BertConfig, BertModel, T5Config, T5ForConditionalGeneration
+
+    t5 = T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+    T5ForConditionalGeneration(t5).save_pretrained(tmp_path / "t5")
+    bert = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        is_decoder=True,
+    )
+    BertModel(bert).save_pretrained(tmp_path / "bert")
+    with pytest.raises(TreegraftError, match="holds a 't5' model, which transformers does not"):
+        load_pipeline(spec(str(tmp_path / "t5")))
+    with pytest.raises(
+        TreegraftError, match=r"lacks \d+ weight\(s\) of BertLMHeadModel \(e.g. cls.predictions"
+    ):
+        load_pipeline(spec(str(tmp_path / "bert")))

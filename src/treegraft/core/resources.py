@@ -80,6 +80,30 @@ def folder_tokenizer(path: Path, ref: str) -> Any:
     return tokenizer
 
 
+def load_failure(ref: str, path: Path) -> Exception:
+    """What to raise when transformers fails to load the model folder `path` (in an `except`
+    block): a `ModelRefError` naming what is wrong with the files, or that the folder holds no
+    causal LM, else the original exception (a bug, or something this cannot tell)."""
+    import sys
+
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    exc = sys.exc_info()[1]
+    if problems := model_folder_problems(path):
+        return ModelRefError(f"{ref}: {'; '.join(problems)}")
+    try:
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    if isinstance(model_type, str) and model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return ModelRefError(
+            f"{ref}: {path} holds a {model_type!r} model, which transformers does not load as a "
+            "causal language model (AutoModelForCausalLM); treegraft serves decoder-only causal "
+            "LMs (the architectures are listed in docs/models.md)"
+        )
+    return exc if exc is not None else RuntimeError(f"{ref}: loading {path} failed")
+
+
 def resolve_device(name: str) -> torch.device:
     """`auto` -> CUDA when present, else CPU; anything else must pass `device_problem`."""
     if name == "auto":
@@ -232,19 +256,24 @@ class Resources:
             placed = ref in self.device_maps
             kwargs = load_kwargs(self.device_maps[ref], self.offload_folder) if placed else {}
             try:
-                model = AutoModelForCausalLM.from_pretrained(
+                model, info = AutoModelForCausalLM.from_pretrained(
                     path,
                     dtype=self.dtype,
                     attn_implementation=attention_for(path)
                     if self.attention == "sdpa"
                     else self.attention,
+                    output_loading_info=True,
                     **kwargs,
                 )
             except Exception:
-                problems = model_folder_problems(path)  # what shows in the files, if anything
-                if problems:
-                    raise ModelRefError(f"{ref}: {'; '.join(problems)}") from None
-                raise
+                raise load_failure(ref, path) from None
+            if missing := sorted(info.get("missing_keys") or ()):
+                raise ModelRefError(
+                    f"{ref}: the checkpoint in {path} lacks {len(missing)} weight(s) of "
+                    f"{type(model).__name__} (e.g. {', '.join(missing[:3])}), which transformers "
+                    "would fill with random values: use a checkpoint saved from a causal LM "
+                    "(a *ForCausalLM model)"
+                )
             self.models[ref] = (model if placed else model.to(self.device)).eval()
         return self.models[ref]
 
