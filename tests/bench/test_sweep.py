@@ -494,6 +494,27 @@ def test_resume_refuses_another_sweep_or_no_sweep(tmp_path):
     assert result.exit_code == 2 and "--resume: give the results directory" in result.output
 
 
+def test_resume_refuses_prompts_changed_since_the_results_were_measured(tmp_path):
+    """Same sweep file, same ids, but a prompt's text was edited: the stored results of that id
+    were measured on the old text and would be mixed with new ones."""
+    config = resumable_config(tmp_path, replay=False, prompts_per_suite=1)
+    out = tmp_path / "out"
+    run_bench(config, out, resources=pair_resources(), progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["prompts"]) == 2 and all(len(d) == 16 for d in manifest["prompts"].values())
+    suite = Path(config.settings.suites[0])
+    first = json.loads(suite.read_text().splitlines()[0])
+    rows = suite.read_text().splitlines()
+    rows[0] = json.dumps({**first, "prompt": first["prompt"] + " edited"})
+    suite.write_text("\n".join(rows) + "\n")
+    with pytest.raises(
+        ConfigError, match=rf"the suites' prompts changed since .* \({suite.stem}/{first['id']}\)"
+    ):
+        run_bench(config, out, resources=pair_resources(), progress=False, resume=True)
+    suite.write_text("\n".join([json.dumps(first), *rows[1:]]) + "\n")  # restored
+    run_bench(config, out, resources=pair_resources(), progress=False, resume=True)
+
+
 def test_flags_shrink_the_sweep(quick_run: Path, tmp_path):
     out = tmp_path / "small"
     args = ["--suites", "code.jsonl", "--prompts", "1", "--max-new-tokens", "4"]

@@ -7,6 +7,7 @@ decode each prompt with every method live in `treegraft.bench.sweep`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import time
 from collections.abc import Iterator
@@ -77,12 +78,15 @@ def run_bench(
     plans = {pair.name: pipeline_plans(config, pair, registry) for pair in config.pairs}
     segment = {"started": _now(), "options": options or {}, "environment": report.environment()}
     with ResultStore.open(out, resume=resume, force=force) as store:
+        digests = prompt_digests(prompts)
         if resume:
             manifest, curves = resumed_state(out, config, plans, store)
+            check_prompts_unchanged(out, manifest.get("prompts"), digests)
             manifest["segments"].append(segment)
         else:
             manifest = {**segment, "config": config.as_dict(), "segments": [segment]}
             curves = {}
+        manifest["prompts"] = digests
         report.write_json(manifest, out / report.MANIFEST)
         log = report.RequestLog(out / report.REQUESTS, ordered_requests(config, prompts, store))
         todo = work.plan_units(
@@ -246,6 +250,25 @@ def resumed_state(
     latency = out / report.LATENCY
     curves = json.loads(latency.read_text()) if latency.is_file() else {}
     return manifest, curves
+
+
+def prompt_digests(prompts: list[Prompt]) -> dict[str, str]:
+    """Per prompt (`suite/id`), a short SHA-256 of its text: a resumed sweep checks that its
+    suites' prompts are still the ones its stored results were measured on."""
+    return {f"{p.suite}/{p.id}": hashlib.sha256(p.text.encode()).hexdigest()[:16] for p in prompts}
+
+
+def check_prompts_unchanged(out: Path, had: Any, now: dict[str, str]) -> None:
+    """Raise `ConfigError` when the prompts recorded in `out`'s manifest (`had`; None for a
+    sweep written before they were recorded) differ from this sweep's."""
+    if not isinstance(had, dict) or had == now:
+        return
+    changed = sorted(k for k in had.keys() | now.keys() if had.get(k) != now.get(k))
+    shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+    raise ConfigError(
+        f"cannot resume {out}: the suites' prompts changed since its results were measured "
+        f"({shown}); restore them, or start a new sweep (another --out, or --force)"
+    )
 
 
 def write_reports(
