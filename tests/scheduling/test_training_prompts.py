@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from treegraft import zoo
+from treegraft.core.errors import TreegraftError
 from treegraft.scheduling.training_prompts import read_prompt_file, training_prompts
 from treegraft.scheduling.value_system import ValueSystemError
 from treegraft.zoo.sources import DEFAULT_DOCS_DIR
@@ -55,7 +56,26 @@ def test_prompts_are_seeded(prompts):
 def test_a_prompt_file_without_prompts_is_refused(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"prompt": "hello", "id": "a"}\n{"text": "no prompt"}\n')
-    with pytest.raises(ValueSystemError, match=r"p\.jsonl: record 1 has no non-empty 'prompt'"):
+    with pytest.raises(ValueSystemError, match=r"p\.jsonl:2: record 1 has no non-empty 'prompt'"):
         read_prompt_file(path)
     path.write_text('{"prompt": "hello"}\n')
     assert [(p.id, p.text) for p in read_prompt_file(path)] == [("p-000", "hello")]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '{"prompt": "a", "id": "x"}\n\n{"prompt": "b", "id": "x"}\n',
+            r":3: id 'x' repeats line 1's",
+        ),
+        ('{"prompt": "a"}\n{"prompt": \n', r"p\.jsonl:2: malformed JSON at column"),
+        ('["a", "b"]\n', r"p\.jsonl:1: expected a JSON object, got list"),
+    ],
+    ids=["repeated-id", "malformed", "not-an-object"],
+)
+def test_a_bad_prompt_file_names_the_line(tmp_path, text: str, message: str) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text(text)
+    with pytest.raises(TreegraftError, match=message):
+        read_prompt_file(path)

@@ -7,7 +7,6 @@ suite prompt is dropped. `read_prompt_file` reads a user's own JSONL prompts ins
 
 from __future__ import annotations
 
-import json
 import random
 import warnings
 from collections.abc import Callable, Iterator
@@ -16,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from treegraft.core.inputs import jsonl_records
 from treegraft.scheduling.value_system import ValueSystemError
 
 
@@ -138,15 +138,19 @@ def prompt_makers(pool: Any, tries: int) -> dict[str, PromptStream]:
 
 
 def read_prompt_file(path: Path) -> list[TextPrompt]:
-    """Prompts from a JSONL file of `{"prompt": str, "id"?: str}` records (your own data)."""
+    """Prompts from a JSONL file of `{"prompt": str, "id"?: str}` records (your own data); ids
+    must be unique (a dataset keys its trajectories and the oracle's plans by them)."""
     out = []
-    for i, line in enumerate(x for x in path.read_text().splitlines() if x.strip()):
-        record = json.loads(line)
+    lines: dict[str, int] = {}
+    for i, (number, record) in enumerate(jsonl_records(path, "--prompt-file")):
         if not isinstance(record.get("prompt"), str) or not record["prompt"]:
-            raise ValueSystemError(f"{path}: record {i} has no non-empty 'prompt' string")
-        out.append(
-            TextPrompt(
-                str(record.get("id", f"{path.stem}-{i:03d}")), "file", record["prompt"], str(path)
+            raise ValueSystemError(f"{path}:{number}: record {i} has no non-empty 'prompt' string")
+        prompt_id = str(record.get("id", f"{path.stem}-{i:03d}"))
+        if prompt_id in lines:
+            raise ValueSystemError(
+                f"{path}:{number}: id {prompt_id!r} repeats line {lines[prompt_id]}'s; prompt ids "
+                "must be unique"
             )
-        )
+        lines[prompt_id] = number
+        out.append(TextPrompt(prompt_id, "file", record["prompt"], str(path)))
     return out

@@ -13,12 +13,13 @@ from collections.abc import Sequence
 
 import attrs
 
+from treegraft.core.errors import TreegraftError
 from treegraft.core.interfaces import LayerState, Scheduler
 
 MAX_EXHAUSTIVE_DEPTH = 5
 
 
-class ValueSystemError(ValueError):
+class ValueSystemError(TreegraftError, ValueError):
     """The pipeline or the data cannot be used by the value system (the message says why)."""
 
 
