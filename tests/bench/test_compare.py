@@ -40,3 +40,26 @@ def test_a_run_written_before_intervals_gets_a_note(tmp_path) -> None:
     assert len(result.notes) == 1 and result.notes[0].startswith("A (")
     assert "predates paired speedups" in result.notes[0]
     assert result.rows[0][6] == "-"  # no interval on A's side: cannot judge
+
+
+def test_a_suite_neither_run_has_is_an_error_naming_theirs(tmp_path) -> None:
+    """It printed an empty table ('0 of 0 rows differ'), as if the runs agreed."""
+    import csv
+
+    import pytest
+
+    from treegraft.bench.compare import compare
+    from treegraft.core.errors import ArgumentError
+
+    (tmp_path / "run").mkdir()
+    with (tmp_path / "run" / "summary.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, ["pair", "suite", "method", "mode", "speedup"])
+        writer.writeheader()
+        for suite in ("all", "gsm8k", "qa"):
+            writer.writerow({"pair": "p", "suite": suite, "method": "m", "mode": "measured",
+                             "speedup": "1.5"})  # fmt: skip
+    with pytest.raises(
+        ArgumentError, match=r"--suite: neither run has a suite 'gsm8'; they have: gsm8k, qa$"
+    ):
+        compare(tmp_path / "run", tmp_path / "run", suite="gsm8")
+    assert len(compare(tmp_path / "run", tmp_path / "run", suite="qa").rows) == 1

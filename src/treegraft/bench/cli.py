@@ -266,5 +266,8 @@ def compare(
         highlight=False,
     )
     if markdown is not None:
-        markdown.write_text(result.markdown(str(a), str(b)) + "\n")
+        try:
+            markdown.write_text(result.markdown(str(a), str(b)) + "\n")
+        except OSError as exc:
+            _fail(f"--markdown: cannot write {markdown}: {exc.strerror}")
         console.print(f"wrote {markdown}")

@@ -13,6 +13,7 @@ from treegraft.bench.aggregate import ALL
 from treegraft.bench.config import AR
 from treegraft.bench.records import MEASURED
 from treegraft.bench.report import SUMMARY_CSV, markdown_table, read_csv
+from treegraft.core.errors import ArgumentError
 
 HEADERS = (
     "pair",
@@ -110,6 +111,11 @@ def compare(a_dir: Path, b_dir: Path, *, suite: str = ALL) -> Comparison:
         for name, where, rows in (("A", a_dir, a_rows), ("B", b_dir, b_rows))
         if rows and "speedup_lo" not in rows[0]
     )
+    suites = sorted({r["suite"] for r in [*a_rows, *b_rows]} - {ALL})
+    if suite != ALL and suite not in suites:
+        raise ArgumentError(
+            f"--suite: neither run has a suite {suite!r}; they have: {', '.join(suites) or 'none'}"
+        )
     a = {_key(r): r for r in a_rows if r["suite"] == suite}
     b = {_key(r): r for r in b_rows if r["suite"] == suite}
     keys = list(dict.fromkeys([*a, *b]))
