@@ -74,6 +74,10 @@ def test_entries_accept_names_and_mappings():
             "bench.pipelines[0].label: the name 'chain' is already taken",
         ),
         ({"pairs": [PAIR, PAIR]}, "bench.pairs[1]: duplicate pair 'target+draft-s'"),
+        (
+            {"pairs": [PAIR], "executor": {"name": "ray", "workers": 0}},
+            "bench.executor.workers: expected int >= 1, or null, got 0",
+        ),
     ],
 )
 def test_errors_name_the_path(data, message):

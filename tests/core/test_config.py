@@ -159,7 +159,11 @@ BAD_INPUTS = {
     ),
     "optional-wrong-type": (
         override(BASE, "builder.max_strong_calls", "x"),
-        "pipeline.builder.max_strong_calls: expected int or null, got 'x'",
+        "pipeline.builder.max_strong_calls: expected int >= 0, or null, got 'x'",
+    ),
+    "optional-out-of-range": (
+        override(BASE, "builder.max_strong_calls", -1),
+        "pipeline.builder.max_strong_calls: expected int >= 0, or null, got -1",
     ),
 }
 

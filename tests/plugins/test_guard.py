@@ -269,8 +269,12 @@ def test_no_guard_by_default(tmp_path):
 @pytest.mark.parametrize(
     ("key", "value", "expected"),
     [
-        ("guard", 1.0, r"scheduler\.guard: expected float or null with 0 <= value < 1, got 1\.0"),
-        ("guard", -0.1, r"scheduler\.guard: expected float or null with 0 <= value < 1, got -0\.1"),
+        ("guard", 1.0, r"scheduler\.guard: expected float with 0 <= value < 1, or null, got 1\.0"),
+        (
+            "guard",
+            -0.1,
+            r"scheduler\.guard: expected float with 0 <= value < 1, or null, got -0\.1",
+        ),
         ("guard_memory", 0, r"scheduler\.guard_memory: expected int >= 1, got 0"),
     ],
 )

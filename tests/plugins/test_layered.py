@@ -81,7 +81,7 @@ def test_stop_below_ends_a_chain_after_its_first_unsure_token_and_stays_exact():
         {**spec, "builder": {**spec["builder"], "stop_below": None}}, resources=res
     )
     assert all(e.build.unpruned.n_nodes == 21 for e in never.generate(prompt).events)
-    with pytest.raises(ConfigError, match=r"pipeline.builder.stop_below: .*in \(0, 1\] or null"):
+    with pytest.raises(ConfigError, match=r"pipeline.builder.stop_below: .*in \(0, 1\], or null"):
         load_pipeline({**spec, "builder": {**spec["builder"], "stop_below": 1.5}}, resources=res)
 
 

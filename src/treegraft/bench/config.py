@@ -192,7 +192,11 @@ class ExecutorSettings:
 
     name: str = field("local", check=one_of("local", "ray"), doc="'local' or 'ray'")
     address: str | None = field(None, doc="Ray cluster to join (None: start a local one)")
-    workers: int | None = field(None, doc="Ray actors (None: as many as the cluster fits)")
+    workers: int | None = field(
+        None,
+        check=Check(">= 1 or null", lambda v: v is None or v >= 1),
+        doc="Ray actors (None: as many as the cluster fits)",
+    )
     num_cpus: float = field(1.0, check=at_least(0), doc="CPUs each Ray actor requests")
     num_gpus: float = field(0.0, check=at_least(0), doc="GPUs each Ray actor requests")
     retries: int = field(

@@ -148,12 +148,18 @@ def type_name(tp: Any) -> str:
 
 
 def expected(f: attrs.Attribute) -> str:
-    """`int >= 1` for a field of type int with an `at_least(1)` check."""
+    """`int >= 1` for a field of type int with an `at_least(1)` check; `int >= 1, or null` for
+    an optional one (whose check may say `or null` itself)."""
     desc = type_name(f.type)
     if isinstance(f.validator, Check):
-        desc += f" {f.validator.describe}" if not f.validator.describe.startswith("one of") else ""
-        if f.validator.describe.startswith("one of"):
-            desc = f.validator.describe
+        check = f.validator.describe
+        if check.startswith("one of"):
+            return check
+        args = typing.get_args(f.type)
+        if type(None) in args and len(args) == 2:  # Optional[X]
+            inner = type_name(next(a for a in args if a is not type(None)))
+            return f"{inner} {check.removesuffix(' or null')}, or null"
+        desc += f" {check}"
     return desc
 
 

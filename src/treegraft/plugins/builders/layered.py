@@ -61,7 +61,7 @@ class LayeredConfig:
     )
     max_strong_calls: int | None = field(
         None,
-        check=None,
+        check=Check(">= 0 or null", lambda v: v is None or v >= 0),
         doc="cap on strong calls per step (default: floor(T_target / T_strong), measured)",
     )
     adaptive: bool = field(
