@@ -92,7 +92,9 @@ def test_the_step_gate_ends_a_step_predicted_far_below_the_threshold(tmp_path, g
 
 def test_a_negative_step_gate_is_refused(tmp_path):
     layer_rule_artifact().save(tmp_path)
-    with pytest.raises(ConfigError, match=r"scheduler\.step_gate: expected float >= 0, or null, got -0\.1"):
+    with pytest.raises(
+        ConfigError, match=r"scheduler\.step_gate: expected float >= 0, or null, got -0\.1"
+    ):
         load_pipeline(distilled(tmp_path, step_gate=-0.1), resources=stand_in_pair(0))
 
 

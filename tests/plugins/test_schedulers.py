@@ -146,3 +146,61 @@ def test_scheduler_config_errors():
         match=r"pipeline\.rescorer\.weight: expected float with 0.0 <= value <= 1.0, got 1.5",
     ):
         pipeline_spec_from_dict({**base, "rescorer": {"name": "interpolate", "weight": 1.5}})
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "message"),
+    [
+        (
+            {"name": "layers", "layers": [0, 4]},
+            r"pipeline\.scheduler\.layers: 4 is past the builder's depth 4 \(layers 0 \.\. 3\)",
+        ),
+        (
+            {"name": "layers", "layers": [1], "drafter": 2},
+            r"pipeline\.scheduler\.drafter: expected an index of this pipeline's 2 drafters "
+            r"\(-2 \.\. 1\), got 2",
+        ),
+        ({"name": "threshold", "drafter": -3}, r"pipeline\.scheduler\.drafter: .* got -3"),
+        ({"name": "every_k", "k": 2, "drafter": 5}, r"pipeline\.scheduler\.drafter: .* got 5"),
+        ({"name": "budgeted", "drafter": 2}, r"pipeline\.scheduler\.drafter: .* got 2"),
+        ({"name": "plan", "plan": [1, 2]}, r"pipeline\.scheduler\.plan: names drafter 2 but"),
+        (
+            {"name": "plan", "plan": [1, 0, 1, 0, 1]},
+            r"pipeline\.scheduler\.plan: 5 entries, but the builder grows 4 layers",
+        ),
+    ],
+    ids=[
+        "layer-past-depth",
+        "layers-drafter",
+        "threshold",
+        "every-k",
+        "budgeted",
+        "plan-index",
+        "plan-length",
+    ],
+)
+def test_a_scheduler_that_could_never_act_as_configured_is_refused_at_build(
+    scheduler: dict, message: str
+) -> None:
+    """Each once decided silently: a layer past the depth was never reached, and an index
+    wrapped around (`drafter: 2` of two drafters called the cheapest as the strong one)."""
+    res = memory_resources(
+        target=tiny_llama(seed=1),
+        draft=tiny_llama(seed=2, hidden=16, layers=1, heads=2, kv_heads=1),
+    )
+    spec = {
+        "target": "mem:target",
+        "drafters": {"w": {"name": "ngram"}, "s": {"name": "hf_lm", "model": "mem:draft"}},
+        "builder": {"name": "layered", "depth": 4, "top_k": 2, "budget": 10},
+        "grafter": {"name": "reselect"},
+        "scheduler": scheduler,
+        "decoding": {"max_new_tokens": 4, "dtype": "float64"},
+    }
+    with pytest.raises(ConfigError, match=message):
+        load_pipeline(spec, resources=res)
+    fixed = (
+        {k: v for k, v in scheduler.items() if k == "name"}
+        | ({"layers": [0, 3]} if scheduler["name"] == "layers" else {})
+        | ({"plan": [1, 0]} if scheduler["name"] == "plan" else {})
+    )
+    load_pipeline({**spec, "scheduler": fixed}, resources=res)  # the same, within range: fine

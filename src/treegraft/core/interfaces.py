@@ -371,6 +371,32 @@ class Scheduler(Component):
         decisions. Default: False (asked at every layer)."""
         return False
 
+    def check_pipeline(self, n_drafters: int, depth: int | None) -> None:
+        """Raise `ValueError` naming a config field (`"layers: ..."`) when this scheduler, as
+        configured, cannot act in a pipeline of `n_drafters` drafters whose builder grows at most
+        `depth` layers per step (None: unknown): a drafter index past the drafters, a layer past
+        the depth. Called once when the pipeline is built. Default: nothing to check."""
+
+
+class ChecksDrafterIndex:
+    """Mixin: `Scheduler.check_pipeline` for a scheduler whose config's `drafter` field is the
+    index of the drafter it calls."""
+
+    config: Any
+
+    def check_pipeline(self, n_drafters: int, depth: int | None) -> None:
+        check_drafter_index(self.config.drafter, n_drafters)
+
+
+def check_drafter_index(index: int, n_drafters: int, name: str = "drafter") -> None:
+    """Raise `ValueError` unless `index` names one of `n_drafters` drafters (negative indices
+    count from the strongest, -1 being it)."""
+    if not -n_drafters <= index < n_drafters:
+        raise ValueError(
+            f"{name}: expected an index of this pipeline's {n_drafters} drafters "
+            f"({-n_drafters} .. {n_drafters - 1}), got {index}"
+        )
+
 
 class Rescorer(Component):
     """Turns a strong drafter's distributions into new node scores."""

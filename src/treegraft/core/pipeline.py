@@ -168,7 +168,12 @@ class Pipeline:
         try:
             decoder.builder.check_drafters(len(decoder.drafters))
         except ValueError as exc:
-            raise ConfigError(f"{spec.builder.path}: {exc}") from None
+            raise ConfigError(field_message(spec.builder.path, exc)) from None
+        depth = getattr(getattr(decoder.builder, "config", None), "depth", None)
+        try:
+            decoder.scheduler.check_pipeline(len(decoder.drafters), depth)
+        except ValueError as exc:
+            raise ConfigError(field_message(spec.scheduler.path, exc)) from None
         decoder.max_positions = context_limit(target, decoder.drafters)
         tokenizer = pipeline_tokenizer(spec, resources)
         check_chat_template(spec, tokenizer)
@@ -446,6 +451,13 @@ def check_chat_template(spec: PipelineSpec, tokenizer: Any) -> None:
             "decoding.chat: false (prompts are then used as plain text) or point tokenizer: at a "
             "chat model's tokenizer"
         )
+
+
+def field_message(path: str, exc: Exception) -> str:
+    """`path.field: rest` for a component's check that says `field: rest`, else `path: text`."""
+    text = str(exc)
+    field, sep, rest = text.partition(": ")
+    return f"{path}.{field}: {rest}" if sep and field.isidentifier() else f"{path}: {text}"
 
 
 def context_limit(target: CausalLMRunner, drafters: Sequence[Any]) -> int | None:

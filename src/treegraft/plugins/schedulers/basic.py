@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from treegraft.core.config import NoConfig, at_least, each, field
-from treegraft.core.interfaces import LayerState, Scheduler
+from treegraft.core.interfaces import LayerState, Scheduler, check_drafter_index
 
 
 @attrs.define
@@ -56,3 +56,12 @@ class LayersScheduler(Scheduler):
         if state.layer not in self.config.layers:
             return 0
         return self.config.drafter % state.n_drafters
+
+    def check_pipeline(self, n_drafters: int, depth: int | None) -> None:
+        check_drafter_index(self.config.drafter, n_drafters)
+        past = [layer for layer in self.config.layers if depth is not None and layer >= depth]
+        if past:
+            raise ValueError(
+                f"layers: {past[0]} is past the builder's depth {depth} (layers 0 .. "
+                f"{depth - 1}): the drafter would never act there"
+            )

@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 
 from treegraft.core.config import Check, ConfigError, at_least, field
-from treegraft.core.interfaces import LayerState, Scheduler, StepOutcome
+from treegraft.core.interfaces import ChecksDrafterIndex, LayerState, Scheduler, StepOutcome
 from treegraft.core.metrics import AcceptHistory
 from treegraft.core.resources import Resources
 from treegraft.plugins.schedulers.guard import SKIP, CallGuard
@@ -71,7 +71,7 @@ class DistilledConfig:
 
 
 @attrs.define
-class DistilledScheduler(Scheduler):
+class DistilledScheduler(ChecksDrafterIndex, Scheduler):
     """Calls the strong drafter iff a distilled MLP predicts the call beats skipping it.
 
     The prediction is the relative value `(V_call - V_skip) / V_best` of the layer decision

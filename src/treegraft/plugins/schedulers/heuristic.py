@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from treegraft.core.config import ConfigError, at_least, each, field
-from treegraft.core.interfaces import LayerState, Scheduler
+from treegraft.core.interfaces import ChecksDrafterIndex, LayerState, Scheduler
 
 
 def strongest(drafter: int, state: LayerState) -> int:
@@ -23,7 +23,7 @@ class EveryKConfig:
 
 
 @attrs.define
-class EveryKScheduler(Scheduler):
+class EveryKScheduler(ChecksDrafterIndex, Scheduler):
     """Strong call at layers offset, offset + k, offset + 2k, ..."""
 
     Config = EveryKConfig
@@ -56,7 +56,7 @@ class ThresholdConfig:
 
 
 @attrs.define
-class ThresholdScheduler(Scheduler):
+class ThresholdScheduler(ChecksDrafterIndex, Scheduler):
     """A transparent heuristic on cheap frontier statistics.
 
     Calls the strong drafter when the weak frontier collapses (fewer than `min_frontier` nodes),
@@ -91,7 +91,7 @@ class BudgetedConfig:
 
 
 @attrs.define
-class BudgetedScheduler(Scheduler):
+class BudgetedScheduler(ChecksDrafterIndex, Scheduler):
     """At most `floor(T_target / T_strong)` strong calls per step, spread evenly over the layers.
 
     Times are the measured medians of one target forward and one strong-drafter forward; until
@@ -141,3 +141,18 @@ class PlanScheduler(Scheduler):
                 f"{state.n_drafters} drafters (indices 0 to {state.n_drafters - 1})"
             )
         return who
+
+    def check_pipeline(self, n_drafters: int, depth: int | None) -> None:
+        """Every index names a drafter (before the first step, not at the layer that uses it),
+        and no entry lies past the builder's depth, where it would never be used."""
+        for who in self.config.plan:
+            if who >= n_drafters:
+                raise ValueError(
+                    f"plan: names drafter {who} but the pipeline has {n_drafters} drafters "
+                    f"(indices 0 to {n_drafters - 1})"
+                )
+        if depth is not None and len(self.config.plan) > depth:
+            raise ValueError(
+                f"plan: {len(self.config.plan)} entries, but the builder grows {depth} layers: "
+                f"the entries past the first {depth} would never be used"
+            )
