@@ -96,8 +96,9 @@ def write_plugin(dist: str, kind: str, parent: Path, *, registered: set[str] = f
 
     `registered`: names already registered for `kind` (a clash would fail at start-up)."""
     files = plugin_files(dist, kind)
-    name = names_of(dist, kind)["name"]
-    if clash := module_clash(names_of(dist, kind)["module"]):
+    names = names_of(dist, kind)
+    name = names["name"]
+    if clash := module_clash(names["module"]):
         raise ConfigError(f"NAME: {clash}; choose another NAME (e.g. treegraft-{dist})")
     if name in registered:
         raise ConfigError(

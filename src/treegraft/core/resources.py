@@ -80,15 +80,12 @@ def folder_tokenizer(path: Path, ref: str) -> Any:
     return tokenizer
 
 
-def load_failure(ref: str, path: Path) -> Exception:
-    """What to raise when transformers fails to load the model folder `path` (in an `except`
-    block): a `ModelRefError` naming what is wrong with the files, or that the folder holds no
-    causal LM, else the original exception (a bug, or something this cannot tell)."""
-    import sys
-
+def load_failure(ref: str, path: Path, exc: Exception) -> Exception:
+    """What to raise when transformers failed with `exc` to load the model folder `path`: a
+    `ModelRefError` naming what is wrong with the files, or that the folder holds no causal LM,
+    else `exc` itself (a bug, or something this cannot tell)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    exc = sys.exc_info()[1]
     if problems := model_folder_problems(path):
         return ModelRefError(f"{ref}: {'; '.join(problems)}")
     try:
@@ -101,7 +98,7 @@ def load_failure(ref: str, path: Path) -> Exception:
             "causal language model (AutoModelForCausalLM); treegraft serves decoder-only causal "
             "LMs (the architectures are listed in docs/models.md)"
         )
-    return exc if exc is not None else RuntimeError(f"{ref}: loading {path} failed")
+    return exc
 
 
 def resolve_device(name: str) -> torch.device:
@@ -265,8 +262,8 @@ class Resources:
                     output_loading_info=True,
                     **kwargs,
                 )
-            except Exception:
-                raise load_failure(ref, path) from None
+            except Exception as exc:
+                raise load_failure(ref, path, exc) from None
             if missing := sorted(info.get("missing_keys") or ()):
                 raise ModelRefError(
                     f"{ref}: the checkpoint in {path} lacks {len(missing)} weight(s) of "
