@@ -157,12 +157,12 @@ def test_generate_with_an_adaptive_builder_reports_the_curve_measurement_apart(
     adaptive = pipeline_file(tmp_path, str(model_dir), builder=builder)
     result = invoke("generate", "--pipeline", str(adaptive), "--prompt", prompt)
     assert result.exit_code == 0, result.output
-    assert re.search(r"measured the target's latency curve first \([\d.]+ s", result.stderr)
+    assert re.search(r"measured this machine's forward costs first \([\d.]+ s", result.stderr)
     assert "12 new tokens" in result.stderr
     plain = invoke(
         "generate", "--pipeline", str(pipeline_file(tmp_path, str(model_dir))), "--prompt", prompt
     )
-    assert plain.exit_code == 0 and "latency curve" not in plain.stderr
+    assert plain.exit_code == 0 and "forward costs first" not in plain.stderr
 
 
 def test_generate_reads_the_prompt_from_a_file(tmp_path: Path, model_dir: Path) -> None:

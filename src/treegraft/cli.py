@@ -201,7 +201,7 @@ def _run_generation(
         raise KeyboardInterrupt
     if prepared:
         console.print(
-            f"[dim]measured the target's latency curve first ({prepared:.2f} s, once per "
+            f"[dim]measured this machine's forward costs first ({prepared:.2f} s, once per "
             "pipeline; not in the stats)[/]"
         )
     return ids, s.tokens_per_second, events[-1].finish_reason

@@ -333,10 +333,10 @@ def test_small_blocks_run_padded_to_four_rows_with_the_same_results(forward):
     want_sizes = [4 if q in (2, 3) else q for q in sizes[1::2]]
     assert sizes[0::2] == want_sizes and sizes[0::2] != sizes[1::2]
     assert (
-        CausalLMRunner(model, forward="fused", pad_small_blocks=True)._pads_small_blocks() is False
+        CausalLMRunner(model, forward="fused", pad_small_blocks=True).pads_small_blocks() is False
     )
     float64 = CausalLMRunner(tiny_llama(seed=4), pad_small_blocks=True)
-    assert float64._pads_small_blocks() is False
+    assert float64.pads_small_blocks() is False
 
 
 def test_rounding_level_products_are_kept_only_where_bitwise_is_not_asked(monkeypatch):

@@ -28,6 +28,7 @@ from treegraft.core.interfaces import (
 from treegraft.core.metrics import AcceptHistory, Clock, ForwardTimes
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.latency import ObservedCurve, query_grid
+from treegraft.core.runner.padding import settle_padding
 from treegraft.core.tree import DraftTree
 from treegraft.kernels.host_tensor import host_tensor
 
@@ -136,21 +137,25 @@ class Decoder:
         return self._parts[1]
 
     def prepare(self, context: int) -> float:
-        """Measure what the builder reads before decoding, once per decoder: the target's latency
-        curve (forward seconds against tree size, `context` tokens cached) for a builder that
-        wants it. Returns the seconds it took (0.0 when there was nothing to measure).
+        """Measure what decoding reads, once per decoder (the padding choice once per model and
+        thread count in the process): whether each model's runner pads its blocks of 2-3 tokens
+        (`runner.padding`), and the target's latency curve (forward seconds against tree size,
+        `context` tokens cached) for a builder that wants it. Returns the seconds it took (0.0
+        when there was nothing to measure).
 
-        `steps` calls it too; calling it first keeps the one-time measurement out of a timed
-        generation.
+        `steps` measures what is missing too; calling this first keeps the one-time
+        measurements out of a timed generation.
         """
-        builder = self.parts().builder
-        if self.times.target_curve is not None or not builder.wants_target_curve():
-            return 0.0
         start = time.perf_counter()
-        curve = self.target.latency_curve(query_grid(builder.max_nodes()), context=context)
-        # the decode loop's own forwards correct it (where its times are measured, not modelled)
-        self.times.target_curve = ObservedCurve(curve) if self.times.observes else curve
-        return time.perf_counter() - start
+        runners = [self.target, *(getattr(d, "runner", None) for d in self.drafters)]
+        measured = any([settle_padding(r) for r in runners if isinstance(r, CausalLMRunner)])
+        builder = self.parts().builder
+        if self.times.target_curve is None and builder.wants_target_curve():
+            curve = self.target.latency_curve(query_grid(builder.max_nodes()), context=context)
+            # the decode loop's own forwards correct it (where its times are measured, not modelled)
+            self.times.target_curve = ObservedCurve(curve) if self.times.observes else curve
+            measured = True
+        return time.perf_counter() - start if measured else 0.0
 
     def steps(self, prompt: Tensor, stop: StopRule) -> Iterator[StepEvent]:
         """Decode from `prompt` (`[T]` int64), yielding one event per target forward."""

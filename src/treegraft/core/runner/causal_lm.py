@@ -139,7 +139,7 @@ class CausalLMRunner:
     output_rows: Tensor | None = attrs.field(init=False, default=None)
     # the output embedding's `output_rows` rows (weight, bias), gathered once for the lean forward
     _head: tuple[Tensor, Tensor | None] | None = attrs.field(init=False, default=None)
-    # whether the model's blocks of 2-3 tokens may run padded (`_pads_small_blocks`; None: unread)
+    # whether the model's blocks of 2-3 tokens may run padded (`pads_small_blocks`; None: unread)
     _pad_small: bool | None = attrs.field(init=False, default=None)
     #: `[slots, hidden]` final-norm hidden state of the token in each cache slot, kept in step
     #: with the keys and values (`track_hidden`; None: not kept)
@@ -422,19 +422,19 @@ class CausalLMRunner:
 
     def _run(self, ids: Tensor, positions: Tensor, visible: Any, *, n_logits: int) -> Tensor:
         """One model forward writing keys/values at the end of the current region; a block of
-        2 or 3 tokens runs as `PADDED_ROWS` where that is faster (`_pads_small_blocks`).
+        2 or 3 tokens runs as `PADDED_ROWS` where that is faster (`pads_small_blocks`).
 
         `visible`: `[q, kv_len]` bool, or a dict of them by layer type (`_rule_masks`)."""
         q = int(ids.shape[0])
         small = 1 < q < PADDED_ROWS and not isinstance(visible, dict)
-        if not small or not self._pads_small_blocks():
+        if not small or not self.pads_small_blocks():
             return self._forward(ids, positions, visible, n_logits=n_logits)
         pad = PADDED_ROWS - q
         self._ensure_capacity(visible.shape[1] + pad)
         logits = self._forward(*pad_block(ids, positions, visible, pad), n_logits=n_logits + pad)
         return logits[:n_logits]
 
-    def _pads_small_blocks(self) -> bool:
+    def pads_small_blocks(self) -> bool:
         """Whether blocks of 2-3 tokens run padded to `PADDED_ROWS` rows: float32 Llama models
         on a CPU (any forward but `fused`, so the lean and `transformers`' forwards see the same
         blocks) where `pad_small_blocks` says so, or, left unset, where the model's padded small

@@ -57,6 +57,20 @@ def pad_block(
     return ids, positions, padded
 
 
+def padding_decided(model: Any, bitwise: bool) -> bool:
+    """Whether `padding_pays` has measured `model` at the current thread count already."""
+    return (bitwise, torch.get_num_threads()) in _DECIDED.get(model, {})
+
+
+def settle_padding(runner: Any) -> bool:
+    """Settle now, outside any timed generation, whether `runner` (a `CausalLMRunner`) pads its
+    blocks of 2-3 tokens (`pads_small_blocks`, measured once per model and thread count); True
+    when that took a measurement (False: decided already, pinned, or not eligible)."""
+    before = padding_decided(runner.model, runner.bitwise)
+    runner.pads_small_blocks()
+    return not before and padding_decided(runner.model, runner.bitwise)
+
+
 def padding_pays(model: Any, bitwise: bool, make_runner: Callable[[bool], Any]) -> bool:
     """Whether `model`'s blocks of 2-3 tokens run faster padded to `PADDED_ROWS` rows at the
     current torch thread count and products (`bitwise`: `CausalLMRunner.bitwise`): measured
