@@ -33,7 +33,11 @@ def test_encode_prompt_applies_the_chat_template_when_asked(tmp_path, chat):
 
 def test_chat_without_a_template_names_the_pair(tmp_path):
     pair = _target(tmp_path, None)
-    with pytest.raises(ConfigError, match=r"pair .*: chat: the tokenizer .* has no chat template"):
+    with pytest.raises(
+        ConfigError,
+        match=r"pair .*: chat: the tokenizer .* has no chat template; .* set the sweep's chat: "
+        r"false$",
+    ):
         encode_prompt(Resources(), pair, "t1", chat=True)
 
 

@@ -216,8 +216,9 @@ def encode_prompt(
     if chat:
         try:
             return torch.tensor(chat_ids(tokenizer, text), dtype=torch.long)
-        except NoChatTemplateError as exc:
-            raise ConfigError(f"pair {pair.name}: {exc}") from None
+        except NoChatTemplateError as exc:  # the sweep's own key, not a pipeline's, says chat
+            why = str(exc).replace("set decoding.chat to false", "set the sweep's chat: false")
+            raise ConfigError(f"pair {pair.name}: {why}") from None
     return torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
 
 
