@@ -47,44 +47,29 @@ def test_build_and_info_refuse_bad_input_naming_it(tmp_path: Path, model_dir: Pa
     text = tmp_path / "a.txt"
     text.write_text("t1 t2")
     out = str(tmp_path / "s.npz")
-    result = invoke(
-        "datastore", "build", str(tmp_path / "no.txt"), "--tokenizer", str(model_dir), "--out", out
-    )
-    assert_clean(result, 2, "INPUTS: no such file", "no.txt")
-    result = invoke(
-        "datastore",
-        "build",
-        str(text),
-        "--tokenizer",
-        str(model_dir),
-        "--out",
-        str(tmp_path / "s.bin"),
-    )
+
+    def build(source: Path, to: str = out, tokenizer: str = str(model_dir)):
+        return invoke("datastore", "build", str(source), "--tokenizer", tokenizer, "--out", to)
+
+    assert_clean(build(tmp_path / "no.txt"), 2, "INPUTS: no such file", "no.txt")
+    result = build(text, str(tmp_path / "s.bin"))
     assert_clean(result, 2, "--out: expected a file name ending in .npz")
-    result = invoke("datastore", "build", str(text), "--tokenizer", "zoo:nope", "--out", out)
+    result = build(text, tokenizer="zoo:nope")
     assert_clean(result, 2, "--tokenizer:", "zoo:nope")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": 3}\n')
-    result = invoke("datastore", "build", str(bad), "--tokenizer", str(model_dir), "--out", out)
+    result = build(bad)
     assert_clean(result, 2, "bad.jsonl:1: expected an object with a string 'text' field")
     result = invoke("datastore", "info", str(text))
     assert_clean(result, 2, "cannot read a datastore")
     empty = tmp_path / "empty.txt"
     empty.write_text(" \n")
-    result = invoke("datastore", "build", str(empty), "--tokenizer", str(model_dir), "--out", out)
+    result = build(empty)
     assert_clean(result, 2, "INPUTS: no text in", "a datastore needs a corpus")
     assert not Path(out).exists()
     blocker = tmp_path / "file"
     blocker.write_text("x")  # a file where the output's folder should be
-    result = invoke(
-        "datastore",
-        "build",
-        str(text),
-        "--tokenizer",
-        str(model_dir),
-        "--out",
-        str(blocker / "s.npz"),
-    )
+    result = build(text, str(blocker / "s.npz"))
     assert_clean(result, 2, "--out: cannot write", "s.npz")
 
 

@@ -110,7 +110,8 @@ def test_budgeted_spreads_floor_of_time_ratio_calls():
     )  # capped at the layers
 
 
-def test_builder_caps_strong_calls_per_step():
+def two_drafters(scheduler, max_new: int, **builder) -> tuple[dict, object]:
+    """(spec, resources) of an n-gram + tiny LM pipeline over a tiny target, depth 4."""
     res = memory_resources(
         target=tiny_llama(seed=1),
         draft=tiny_llama(seed=2, hidden=16, layers=1, heads=2, kv_heads=1),
@@ -118,11 +119,16 @@ def test_builder_caps_strong_calls_per_step():
     spec = {
         "target": "mem:target",
         "drafters": {"w": {"name": "ngram"}, "s": {"name": "hf_lm", "model": "mem:draft"}},
-        "builder": {"name": "layered", "depth": 4, "top_k": 2, "budget": 10, "max_strong_calls": 2},
+        "builder": {"name": "layered", "depth": 4, "top_k": 2, "budget": 10, **builder},
         "grafter": {"name": "reselect"},
-        "scheduler": "always",
-        "decoding": {"max_new_tokens": 16, "dtype": "float64"},
+        "scheduler": scheduler,
+        "decoding": {"max_new_tokens": max_new, "dtype": "float64"},
     }
+    return spec, res
+
+
+def test_builder_caps_strong_calls_per_step():
+    spec, res = two_drafters("always", 16, max_strong_calls=2)
     events = list(load_pipeline(spec, resources=res).steps(repetitive_prompt(1, 10)))
     assert all(e.calls[:2] == (1, 1) and sum(c > 0 for c in e.calls) == 2 for e in events)
 
@@ -184,18 +190,7 @@ def test_a_scheduler_that_could_never_act_as_configured_is_refused_at_build(
 ) -> None:
     """Each once decided silently: a layer past the depth was never reached, and an index
     wrapped around (`drafter: 2` of two drafters called the cheapest as the strong one)."""
-    res = memory_resources(
-        target=tiny_llama(seed=1),
-        draft=tiny_llama(seed=2, hidden=16, layers=1, heads=2, kv_heads=1),
-    )
-    spec = {
-        "target": "mem:target",
-        "drafters": {"w": {"name": "ngram"}, "s": {"name": "hf_lm", "model": "mem:draft"}},
-        "builder": {"name": "layered", "depth": 4, "top_k": 2, "budget": 10},
-        "grafter": {"name": "reselect"},
-        "scheduler": scheduler,
-        "decoding": {"max_new_tokens": 4, "dtype": "float64"},
-    }
+    spec, res = two_drafters(scheduler, 4)
     with pytest.raises(ConfigError, match=message):
         load_pipeline(spec, resources=res)
     fixed = (

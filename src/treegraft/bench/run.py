@@ -29,9 +29,7 @@ from treegraft.bench.methods import (
 from treegraft.bench.records import MEASURED, REPLAY, Request
 from treegraft.bench.suites import Prompt, load_suites
 from treegraft.bench.summary import write_summary_json
-from treegraft.bench.sweep import (
-    BenchResult,
-)
+from treegraft.bench.sweep import BenchResult, first_few
 from treegraft.core.config import ConfigError
 from treegraft.core.registry import Registry
 from treegraft.core.resources import Resources
@@ -264,10 +262,9 @@ def check_prompts_unchanged(out: Path, had: Any, now: dict[str, str]) -> None:
     if not isinstance(had, dict) or had == now:
         return
     changed = sorted(k for k in had.keys() | now.keys() if had.get(k) != now.get(k))
-    shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
     raise ConfigError(
         f"cannot resume {out}: the suites' prompts changed since its results were measured "
-        f"({shown}); restore them, or start a new sweep (another --out, or --force)"
+        f"({first_few(changed)}); restore them, or start a new sweep (another --out, or --force)"
     )
 
 

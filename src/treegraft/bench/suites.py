@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import attrs
 
 from treegraft import zoo
 from treegraft.core.config import ConfigError
-from treegraft.core.inputs import jsonl_records
+from treegraft.core.inputs import prompt_records
 
 
 @attrs.frozen
@@ -59,21 +60,8 @@ def load_prompts(ref: str, n: int, base_dir: Path) -> list[Prompt]:
     """The first `n` prompts of a suite; each record needs `prompt` (text) and may carry `id`,
     unique within the suite (default: `<suite>-NN`, its record's index)."""
     name, path = suite_file(ref, base_dir)
-    prompts: list[Prompt] = []
-    lines: dict[str, int] = {}
-    for i, (line, record) in enumerate(jsonl_records(path, "bench.suites")):
-        if len(prompts) == n:
-            break
-        if not isinstance(record.get("prompt"), str) or not record["prompt"]:
-            raise ConfigError(f"{path}:{line}: record {i} has no non-empty 'prompt' string")
-        prompt_id = str(record.get("id", f"{name}-{i:02d}"))
-        if prompt_id in lines:
-            raise ConfigError(
-                f"{path}:{line}: id {prompt_id!r} repeats line {lines[prompt_id]}'s; prompt ids "
-                "must be unique within a suite (results are kept per id)"
-            )
-        lines[prompt_id] = line
-        prompts.append(Prompt(name, prompt_id, record["prompt"]))
+    records = prompt_records(path, "bench.suites", lambda i: f"{name}-{i:02d}", ConfigError)
+    prompts = [Prompt(name, i, text) for i, text in itertools.islice(records, n)]
     if not prompts:
         raise ConfigError(f"{path}: suite {name!r} holds no prompts")
     return prompts

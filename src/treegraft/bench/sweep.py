@@ -278,6 +278,11 @@ def sweep_context_limit(model: Any, pipelines: list[PipelineMethod]) -> int | No
     return min(known) if known else None
 
 
+def first_few(items: list[str], k: int = 5) -> str:
+    """The first `k` items, comma-separated, and how many more there are."""
+    return ", ".join(items[:k]) + (f" and {len(items) - k} more" if len(items) > k else "")
+
+
 def check_prompts_fit(
     pair: Pair,
     lengths: list[int],
@@ -294,11 +299,10 @@ def check_prompts_fit(
     over = [(n, t) for n, t in zip(names, lengths, strict=True) if t + max_new_tokens > limit]
     if not over:
         return
-    shown = ", ".join(f"{n} ({t} tokens)" for n, t in over[:5])
-    more = f" and {len(over) - 5} more" if len(over) > 5 else ""
+    shown = first_few([f"{n} ({t} tokens)" for n, t in over])
     raise ConfigError(
         f"pair {pair.name}: {len(over)} prompt(s) do not fit with max_new_tokens {max_new_tokens}: "
-        f"{shown}{more}; the pair's models take at most {limit} positions (prompt plus new "
+        f"{shown}; the pair's models take at most {limit} positions (prompt plus new "
         "tokens; the least of the target's and its pipelines' LM drafters'): shorten or remove "
         "those prompts, or lower max_new_tokens"
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from treegraft.core.errors import ArgumentError
@@ -64,6 +64,29 @@ def jsonl_records(path: Path, what: str) -> Iterator[tuple[int, dict]]:
                 f"{path}:{number}: expected a JSON object, got {type(record).__name__}"
             )
         yield number, record
+
+
+def prompt_records(
+    path: Path,
+    what: str,
+    default_id: Callable[[int], str],
+    error: type[Exception] = ArgumentError,
+) -> Iterator[tuple[str, str]]:
+    """`(id, prompt)` of each `{"prompt": str, "id"?: str}` record of a JSONL file, in order
+    (`default_id(i)` for the i-th record without one). A record without a non-empty prompt and a
+    repeated id (results and datasets are kept per id) raise `error`, naming file and line."""
+    lines: dict[str, int] = {}
+    for i, (line, record) in enumerate(jsonl_records(path, what)):
+        if not isinstance(record.get("prompt"), str) or not record["prompt"]:
+            raise error(f"{path}:{line}: record {i} has no non-empty 'prompt' string")
+        prompt_id = str(record.get("id", default_id(i)))
+        if prompt_id in lines:
+            raise error(
+                f"{path}:{line}: id {prompt_id!r} repeats line {lines[prompt_id]}'s; prompt ids "
+                "must be unique in a file (results are kept per id)"
+            )
+        lines[prompt_id] = line
+        yield prompt_id, record["prompt"]
 
 
 def prepare_output_dir(path: Path, what: str) -> Path:

@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from treegraft.core.inputs import jsonl_records
+from treegraft.core.inputs import prompt_records
 from treegraft.scheduling.value_system import ValueSystemError
 
 
@@ -140,17 +140,7 @@ def prompt_makers(pool: Any, tries: int) -> dict[str, PromptStream]:
 def read_prompt_file(path: Path) -> list[TextPrompt]:
     """Prompts from a JSONL file of `{"prompt": str, "id"?: str}` records (your own data); ids
     must be unique (a dataset keys its trajectories and the oracle's plans by them)."""
-    out = []
-    lines: dict[str, int] = {}
-    for i, (number, record) in enumerate(jsonl_records(path, "--prompt-file")):
-        if not isinstance(record.get("prompt"), str) or not record["prompt"]:
-            raise ValueSystemError(f"{path}:{number}: record {i} has no non-empty 'prompt' string")
-        prompt_id = str(record.get("id", f"{path.stem}-{i:03d}"))
-        if prompt_id in lines:
-            raise ValueSystemError(
-                f"{path}:{number}: id {prompt_id!r} repeats line {lines[prompt_id]}'s; prompt ids "
-                "must be unique"
-            )
-        lines[prompt_id] = number
-        out.append(TextPrompt(prompt_id, "file", record["prompt"], str(path)))
-    return out
+    records = prompt_records(
+        path, "--prompt-file", lambda i: f"{path.stem}-{i:03d}", ValueSystemError
+    )
+    return [TextPrompt(i, "file", text, str(path)) for i, text in records]
