@@ -76,6 +76,20 @@ def test_the_last_steps_verify_only_nodes_inside_the_positions(model_type: str) 
     assert deepest <= 64
 
 
+@pytest.mark.parametrize("prompt_len", [63, 62, 60, 57, 52])
+def test_drafters_may_reach_past_the_positions_near_the_end(prompt_len: int) -> None:
+    """A drafter grows its layers (and forwards its nodes) past the last position before the
+    decoder trims the tree: GPT-2's position table must not be indexed past its end, and the
+    nodes the target verifies stay exact."""
+    target = tiny_model("gpt2", seed=3, max_position_embeddings=64)
+    res = Resources(dtype=torch.float64)
+    res.add_model("mem:target", target)
+    new = 64 - prompt_len  # every position
+    pipe = load_pipeline(_spec(new), resources=res)
+    prompt = torch.tensor([4, 8, 15, 16, 23, 42, 7, 9]).repeat(8)[:prompt_len]
+    assert list(pipe.generate(prompt).token_ids) == greedy_reference(target, prompt, new)
+
+
 def test_trim_keeps_the_nodes_within_the_depth_and_their_origin() -> None:
     from treegraft.core.decoder import trim_to_positions
     from treegraft.core.interfaces import BuildResult

@@ -52,7 +52,7 @@ from treegraft.core.config import ConfigError
 from treegraft.core.registry import Registry
 from treegraft.core.resources import ModelRefError, Resources
 from treegraft.core.runner import CausalLMRunner
-from treegraft.core.runner.model_check import max_positions
+from treegraft.core.runner.attention_rules import max_positions
 
 #: Called after each request with a short description of what runs next.
 Advance = Callable[[str], None]

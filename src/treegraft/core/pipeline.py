@@ -37,8 +37,7 @@ from treegraft.core.registry import (
 )
 from treegraft.core.resources import ModelRefError, Resources, hub_hint, resolve_model_path
 from treegraft.core.runner import CausalLMRunner
-from treegraft.core.runner.attention_rules import ModelRefused
-from treegraft.core.runner.model_check import max_positions
+from treegraft.core.runner.attention_rules import ModelRefused, max_positions
 
 #: a drafter whose measured call costs this many times a later drafter's is listed out of the
 #: cheapest-first order (`Pipeline.check_drafter_order`)

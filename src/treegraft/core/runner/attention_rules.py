@@ -161,3 +161,13 @@ def refused_message(model: Any, ref: str, why: str) -> str:
         "Use another model for this role, or decode it with plain `generate`; docs/models.md "
         "lists the supported architectures"
     )
+
+
+def max_positions(config: Any) -> int | None:
+    """The model's maximum number of positions, when its config states one."""
+    cfg = text_config(config)
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None

@@ -26,7 +26,12 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from treegraft.core.runner.attention_rules import AttentionRules, ModelRefused, attention_rules
+from treegraft.core.runner.attention_rules import (
+    AttentionRules,
+    ModelRefused,
+    attention_rules,
+    max_positions,
+)
 from treegraft.core.runner.kv_cache import TreeKVCache, cache_geometry
 from treegraft.core.runner.latency import measure_latency
 from treegraft.core.runner.lean import FORWARDS, FusedForward, LeanForward, lean_support
@@ -110,14 +115,12 @@ class CausalLMRunner:
     bitwise: bool = attrs.field(default=True, kw_only=True)
 
     @pad_small_blocks.validator
-    def _check_pad(self, attribute: Any, value: Any) -> None:
-        if value is not None and not isinstance(value, bool):
-            raise TypeError(f"pad_small_blocks: expected True, False or None, got {value!r}")
-
     @bitwise.validator
-    def _check_bitwise(self, attribute: Any, value: Any) -> None:
-        if not isinstance(value, bool):
-            raise TypeError(f"bitwise: expected True or False, got {value!r}")
+    def _check_flag(self, attribute: Any, value: Any) -> None:
+        optional = attribute.name == "pad_small_blocks"
+        if not isinstance(value, bool) and not (optional and value is None):
+            expected = "True, False or None" if optional else "True or False"
+            raise TypeError(f"{attribute.name}: expected {expected}, got {value!r}")
 
     cache: TreeKVCache | None = None
     committed: Tensor | None = None
@@ -136,6 +139,7 @@ class CausalLMRunner:
     _device: torch.device = attrs.field(init=False, default=None)
     _dtype: torch.dtype = attrs.field(init=False, default=None)
     _vocab: int = attrs.field(init=False, default=0)
+    _last_position: int = attrs.field(init=False, default=2**62)  # verified nodes stay within it
     output_rows: Tensor | None = attrs.field(init=False, default=None)
     # the output embedding's `output_rows` rows (weight, bias), gathered once for the lean forward
     _head: tuple[Tensor, Tensor | None] | None = attrs.field(init=False, default=None)
@@ -167,6 +171,7 @@ class CausalLMRunner:
     def _read_model(self) -> None:
         self._device, self._dtype = input_device(self.model), self.model.dtype
         self._vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        self._last_position = (max_positions(self.model.config) or 2**62) - 1
 
     def _lean_forward(self) -> LeanForward | None:
         """The lean forward this runner uses, per `forward` and what the model supports."""
@@ -462,6 +467,7 @@ class CausalLMRunner:
         """One model forward of the block as given (`visible` None: every one of the `kv_len`
         keys is visible to every row, on the lean forward only)."""
         cache = self.cache
+        positions = positions.clamp(max=self._last_position)  # a drafter's nodes past it
         if visible is None:
             additive: Any = None
         elif isinstance(visible, dict):

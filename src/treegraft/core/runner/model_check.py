@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from treegraft.core.runner.attention_rules import attention_rules, text_config
+from treegraft.core.runner.attention_rules import attention_rules, max_positions
 from treegraft.core.runner.causal_lm import CausalLMRunner
 from treegraft.core.tree import DraftTree
 
@@ -77,16 +77,6 @@ def probe_prompt_length(model: Any) -> int:
     n = max([BASE_PROMPT, *(2 * s + 3 for s in spans)])
     limit = max_positions(model.config)
     return n if limit is None else max(2, min(n, limit - 16))
-
-
-def max_positions(config: Any) -> int | None:
-    """The model's maximum number of positions, when its config states one."""
-    cfg = text_config(config)
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(cfg, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
 
 
 def _random_tree(
