@@ -21,7 +21,7 @@ from treegraft.core.config import (
     pipeline_spec_from_dict,
 )
 from treegraft.core.pipeline import check_vocabularies, load_pipeline
-from treegraft.core.registry import Registry
+from treegraft.core.registry import Registry, default_registry
 from treegraft.core.resources import Resources
 
 BASE: dict[str, Any] = {
@@ -362,11 +362,11 @@ def _pipeline(target: str, drafter: str) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("drafter_vocab", [72, 60])
+@pytest.mark.parametrize("drafter_vocab", [72, 64])
 def test_a_drafter_with_a_padded_embedding_decodes_exactly_and_never_proposes_padding(
     tmp_path: Path, drafter_vocab: int
 ) -> None:
-    """Same tokenizer (63 words + [UNK]), embeddings of 64 and 72 (or 60) rows."""
+    """Same tokenizer (63 words + [UNK]), embeddings of 64 and 72 (or 64) rows."""
     from tests.conftest import greedy_reference, word_tokenizer
 
     tok = word_tokenizer(64)
@@ -382,6 +382,27 @@ def test_a_drafter_with_a_padded_embedding_decodes_exactly_and_never_proposes_pa
     with torch.inference_mode():
         logp = pipe.decoder.drafters[1].score_tree(out.events[-1].build.unpruned)
     assert logp.shape[1] == 64
+
+
+def test_a_drafter_embedding_fewer_tokens_than_the_target_commits_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A drafter of 60 rows beside a target of 64 sharing one 64-token tokenizer: the target
+    may commit a token the drafter cannot embed (an IndexError mid-generation), so the pipeline
+    is refused when it is built, and by `validate`."""
+    from tests.conftest import word_tokenizer
+
+    tok = word_tokenizer(64)
+    t_dir = _save(tmp_path / "t", tiny_llama(seed=5, vocab=64), tok)
+    d_dir = _save(tmp_path / "d", tiny_llama(seed=6, vocab=60, hidden=16), tok)
+    spec = pipeline_spec_from_dict(_pipeline(t_dir, d_dir), default_registry())
+    with pytest.raises(ConfigError) as info:
+        check_vocabularies(spec, Resources())
+    assert str(info.value) == (
+        f"pipeline.drafters.strong.model: {d_dir!r} embeds 60 tokens, fewer than the 64 the "
+        f"target {t_dir!r} may commit (the tokenizer they share); a drafter must embed every "
+        "token of the target's vocabulary"
+    )
 
 
 def test_two_different_tokenizers_are_refused_naming_both(tmp_path: Path) -> None:

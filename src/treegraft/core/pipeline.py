@@ -481,8 +481,9 @@ def check_vocabularies(spec: PipelineSpec, resources: Resources) -> None:
     """Every LM drafter must share the target's tokenizer (checked without loading weights).
 
     Embedding matrices may be padded to different sizes (as Qwen's checkpoints are) when both
-    models ship the same tokenizer: the drafter then proposes only real tokens. Without
-    tokenizer files to compare, the vocabulary sizes must be equal.
+    models ship the same tokenizer: the drafter then proposes only real tokens, but it embeds
+    every token the target may commit. Without tokenizer files to compare, the vocabulary sizes
+    must be equal.
     """
     target_vocab = _vocab(resources, spec.target, "pipeline.target")
     for _, c in spec.drafters:
@@ -501,6 +502,13 @@ def check_vocabularies(spec: PipelineSpec, resources: Resources) -> None:
             raise ConfigError(
                 f"{c.path}.model: vocabulary mismatch: {ref!r} has {vocab} tokens but the target "
                 f"{spec.target!r} has {target_vocab}; a drafter must share the target's tokenizer"
+            )
+        committed = min(target_vocab, resources.real_vocab(spec.target) or target_vocab)
+        if vocab < committed:  # the target's tokens past its rows would have no embedding
+            raise ConfigError(
+                f"{c.path}.model: {ref!r} embeds {vocab} tokens, fewer than the {committed} "
+                f"the target {spec.target!r} may commit (the tokenizer they share); a drafter "
+                "must embed every token of the target's vocabulary"
             )
 
 
