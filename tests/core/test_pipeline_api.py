@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -207,14 +210,27 @@ def _no_weights(folder: Path) -> None:
     (folder / "model.safetensors").unlink()
 
 
+def _config_edit(**changes: Any) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(config | changes))
+
+    return edit
+
+
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
         (_no_config, "config.json is not valid JSON (Expecting property name"),
         (_truncated_weights, "model.safetensors: header length"),
         (_no_weights, "no weights file: expected model.safetensors"),
+        (_config_edit(pad_token_id=100), "config.json says pad_token_id 100, outside the vocab"),
+        (  # transformers' own refusal, named: not an internal error
+            _config_edit(num_attention_heads=3),
+            "transformers could not load the model in",
+        ),
     ],
-    ids=["config", "truncated", "no-weights"],
+    ids=["config", "truncated", "no-weights", "pad-token", "heads"],
 )
 def test_a_damaged_model_folder_is_named_not_an_internal_error(
     tmp_path: Path, damage, message: str

@@ -124,7 +124,7 @@ def sharded_problems(folder: Path) -> tuple[dict[str, Any], list[str]]:
 
 def config_problems(config: dict[str, Any], tensors: dict[str, Any]) -> list[str]:
     """Tensor shapes against `config.json`: embedding rows = vocab_size, columns = hidden_size,
-    layer indices = num_hidden_layers."""
+    layer indices = num_hidden_layers; a `pad_token_id` inside the vocabulary."""
     cfg = config.get("text_config", config)
     problems = []
     vocab, hidden = cfg.get("vocab_size"), cfg.get("hidden_size")
@@ -138,6 +138,9 @@ def config_problems(config: dict[str, Any], tensors: dict[str, Any]) -> list[str
             problems.append(
                 f"{name} has {shape[1]} columns but config.json says hidden_size {hidden}"
             )
+    pad = cfg.get("pad_token_id")
+    if isinstance(vocab, int) and isinstance(pad, int) and not -vocab <= pad < vocab:
+        problems.append(f"config.json says pad_token_id {pad}, outside the vocabulary [0, {vocab})")
     layers = {int(m.group(1)) for name in tensors if (m := LAYER.search(name))}
     expected = cfg.get("num_hidden_layers")
     if layers and expected is not None and max(layers) + 1 != expected:

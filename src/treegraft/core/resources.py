@@ -82,8 +82,9 @@ def folder_tokenizer(path: Path, ref: str) -> Any:
 
 def load_failure(ref: str, path: Path, exc: Exception) -> Exception:
     """What to raise when transformers failed with `exc` to load the model folder `path`: a
-    `ModelRefError` naming what is wrong with the files, or that the folder holds no causal LM,
-    else `exc` itself (a bug, or something this cannot tell)."""
+    `ModelRefError` naming what is wrong with the files, that the folder holds no causal LM, or
+    else transformers' own reason (a config it refuses, as a `pad_token_id` past the vocabulary);
+    `--debug` shows its traceback."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     if problems := model_folder_problems(path):
@@ -98,7 +99,9 @@ def load_failure(ref: str, path: Path, exc: Exception) -> Exception:
             "causal language model (AutoModelForCausalLM); treegraft serves decoder-only causal "
             "LMs (the architectures are listed in docs/models.md)"
         )
-    return exc
+    return ModelRefError(
+        f"{ref}: transformers could not load the model in {path}: {type(exc).__name__}: {exc}"
+    )
 
 
 def resolve_device(name: str) -> torch.device:
@@ -263,7 +266,7 @@ class Resources:
                     **kwargs,
                 )
             except Exception as exc:
-                raise load_failure(ref, path, exc) from None
+                raise load_failure(ref, path, exc) from exc
             if missing := sorted(info.get("missing_keys") or ()):
                 raise ModelRefError(
                     f"{ref}: the checkpoint in {path} lacks {len(missing)} weight(s) of "
