@@ -173,8 +173,8 @@ def _run_generation(
                     ids.extend(event.tokens)
                     if writer:
                         writer.write(event)
-                    current = pipe.text_of(ids) if event.finished else pipe.decode_text(ids)
-                    if event.finished or not current.endswith("\ufffd"):
+                    current = pipe.shown_text(ids, event.finished, None)
+                    if current != shown:
                         out.print(
                             current[len(shown) :],
                             end="",

@@ -224,6 +224,27 @@ def test_streaming_yields_the_generated_text(tiny_target):
     assert "".join(pipe.stream(prompt)) == pipe.generate(prompt).text
 
 
+def test_a_stop_string_across_steps_is_neither_streamed_nor_kept(tiny_target):
+    """A stop string begun in one step and completed in a later one: streaming holds its first
+    letters back, and the text of `generate(stop=...)` ends before it, as with `decoding.stop`."""
+    res = memory_resources(target=tiny_target)
+    pipe = pipeline(res, {"w": {"name": "ngram"}}, max_new=30)
+    pipe.tokenizer = LetterTokenizer()
+    prompt = repetitive_prompt(7, 12)
+    events = pipe.generate(prompt).events
+    text = LetterTokenizer().decode([t for e in events for t in e.tokens])
+    cuts = [sum(len(e.tokens) for e in events[: i + 1]) for i in range(len(events) - 1)]
+    spans = [c for c in cuts if 2 <= c <= 26]  # letters c-2 .. c: one step, then the next
+    assert spans
+    for b in spans:
+        stop = text[b - 2 : b + 1]
+        want = text[: text.index(stop)]
+        assert pipe.generate(prompt, stop=[stop]).text == want
+        pieces = list(pipe.stream(prompt, stop=[stop]))
+        assert "".join(pieces) == want, (stop, pieces)
+        assert all(pieces)  # no empty piece
+
+
 def test_step_events_report_stage_times_and_sizes(tiny_target, tiny_drafter):
     res = memory_resources(target=tiny_target, draft=tiny_drafter)
     pipe = pipeline(

@@ -341,7 +341,7 @@ class Pipeline:
         seconds = time.perf_counter() - start
         ids = tuple(t for e in events for t in e.tokens)
         return Generation(
-            text=self.text_of(ids),
+            text=self.text_of(ids, stop),
             token_ids=ids,
             finish_reason=events[-1].finish_reason or "length",
             summary=summarize(events, seconds),
@@ -355,24 +355,36 @@ class Pipeline:
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
     ) -> Iterator[str]:
-        """Yield text pieces as steps commit tokens."""
+        """Yield text pieces as steps commit tokens (their concatenation is `generate`'s text)."""
         ids: list[int] = []
         shown = ""
         for event in self.steps(prompt, max_new_tokens=max_new_tokens, stop=stop):
             ids.extend(event.tokens)
-            text = self.text_of(ids) if event.finished else self.decode_text(ids)
-            if event.finished or not text.endswith("\ufffd"):  # wait for complete UTF-8 characters
+            text = self.shown_text(ids, event.finished, stop)
+            if text != shown:
                 yield text[len(shown) :]
                 shown = text
 
-    def text_of(self, ids: Sequence[int]) -> str:
-        """Decoded text with any stop string (and what follows it) removed."""
+    def text_of(self, ids: Sequence[int], stop: Sequence[str] | None = None) -> str:
+        """Decoded text with the first stop string (and what follows it) removed: `stop`, else
+        the pipeline's `decoding.stop`, as in `steps`."""
         text = self.decode_text(ids)
-        for s in self.spec.decoding.stop:
+        for s in self.spec.decoding.stop if stop is None else stop:
             cut = text.find(s)
             if cut >= 0:
                 text = text[:cut]
         return text
+
+    def shown_text(self, ids: Sequence[int], finished: bool, stop: Sequence[str] | None) -> str:
+        """The text of `ids` that streaming may show so far: all of `text_of` once finished;
+        before, the decoded text less an incomplete UTF-8 character or a tail that may begin a
+        stop string (held back until the next tokens say whether it does)."""
+        if finished:
+            return self.text_of(ids, stop)
+        text = self.decode_text(ids).rstrip("\ufffd")
+        stops = self.spec.decoding.stop if stop is None else stop
+        hold = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        return text[: len(text) - hold]
 
 
 @attrs.frozen
