@@ -13,6 +13,8 @@ from typer.testing import CliRunner
 from tests.conftest import greedy_reference, tiny_llama, word_tokenizer
 from treegraft import cli
 from treegraft.core.chat import NoChatTemplateError, chat_ids, messages_of
+from treegraft.core.config import ConfigError
+from treegraft.core.errors import ArgumentError
 from treegraft.core.pipeline import load_pipeline
 
 VOCAB = 64
@@ -112,3 +114,32 @@ def test_messages_of_reads_the_zoo_suites_turn_markers():
 @pytest.mark.parametrize("text", ["def f(x):\n    return x", "a <|user|>\nb", "plain"])
 def test_messages_of_other_text_is_one_user_turn(text):
     assert messages_of(text) == [{"role": "user", "content": text}]
+
+
+@pytest.mark.parametrize("template", ["", "{% for m in messages %}{{ m['content'] }"])
+def test_an_empty_or_broken_template_is_refused_when_the_pipeline_is_built(tmp_path, template):
+    target = _model_dir(tmp_path / "model", template)
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(_pipeline(tmp_path, target, chat=True))
+    message = str(info.value)
+    assert message.startswith(f"pipeline.decoding.chat: the tokenizer of {str(target)!r}")
+    assert ("no chat template" if not template else "does not compile: unexpected '}'") in message
+
+
+def test_a_template_refusing_the_prompts_turns_is_an_argument_error(tmp_path):
+    """Templates that check the roles alternate (Llama 2's, Mistral's) raise for a zoo-formatted
+    prompt starting with an assistant turn: the error names the template and its reason."""
+    template = (
+        "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('roles must alternate user/assistant') }}{% endif %}"
+        "t5 {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}t7{% endif %}"
+    )
+    target = _model_dir(tmp_path / "model", template)
+    pipe = load_pipeline(_pipeline(tmp_path, target, chat=True))
+    assert pipe.encode("t1 t2").tolist() == [5, 1, 2, 7]
+    with pytest.raises(ArgumentError) as info:
+        pipe.generate("<|assistant|>\nt1\n<|user|>\nt2\n<|assistant|>\n")
+    assert str(info.value) == (
+        f"chat: the chat template of {str(target)!r} refused the prompt's 2 message(s): "
+        "TemplateError: roles must alternate user/assistant"
+    )

@@ -38,12 +38,42 @@ def messages_of(text: str) -> list[dict[str, str]]:
 def chat_ids(tokenizer: Any, text: str) -> list[int]:
     """Token ids of `text` (see `messages_of`) followed by the assistant's generation prompt."""
     if not getattr(tokenizer, "chat_template", None):
-        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
         raise NoChatTemplateError(
-            f"chat: the tokenizer {name!r} has no chat template; use a chat model "
+            f"chat: the tokenizer {template_owner(tokenizer)!r} has no chat template; use a chat "
+            "model "
             "(e.g. zoo:smollm2) or set decoding.chat to false"
         )
-    encoded = tokenizer.apply_chat_template(
-        messages_of(text), tokenize=True, add_generation_prompt=True, return_dict=True
-    )
+    import jinja2
+
+    try:
+        encoded = tokenizer.apply_chat_template(
+            messages_of(text), tokenize=True, add_generation_prompt=True, return_dict=True
+        )
+    except jinja2.TemplateError as exc:  # a template that raises (`raise_exception`) or is broken
+        raise ArgumentError(
+            f"chat: the chat template of {template_owner(tokenizer)!r} refused the prompt's "
+            f"{len(messages_of(text))} message(s): {type(exc).__name__}: {exc}"
+        ) from exc
     return [int(i) for i in encoded["input_ids"]]
+
+
+def template_owner(tokenizer: Any) -> str:
+    """The name a tokenizer goes by in messages: its folder, else its class."""
+    return getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+
+
+def template_problem(tokenizer: Any) -> str | None:
+    """What keeps the tokenizer's chat template from compiling (a Jinja syntax error, with its
+    line), rendering one user message with the generation prompt; None when it renders, or when
+    it refuses that message on purpose (`raise_exception`: the prompts themselves will tell)."""
+    import jinja2
+
+    try:
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hello"}], tokenize=False, add_generation_prompt=True
+        )
+    except jinja2.TemplateSyntaxError as exc:
+        return f"its chat template does not compile: {exc.message} (line {exc.lineno})"
+    except jinja2.TemplateError:
+        return None
+    return None

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from treegraft.core.arguments import check_max_new_tokens, check_stop, prompt_ids
 from treegraft.core.boundary import Origin, call_plugin
-from treegraft.core.chat import chat_ids
+from treegraft.core.chat import chat_ids, template_problem
 from treegraft.core.config import (
     ROOT,
     ComponentSpec,
@@ -454,14 +454,18 @@ def tokenizer_path(ref: str) -> Path:
 
 
 def check_chat_template(spec: PipelineSpec, tokenizer: Any) -> None:
-    """`decoding.chat` needs a tokenizer with a chat template."""
-    if spec.decoding.chat and getattr(tokenizer, "chat_template", None) is None:
-        which = spec.tokenizer or spec.target
+    """`decoding.chat` needs a tokenizer with a chat template that compiles."""
+    if not spec.decoding.chat:
+        return
+    which = spec.tokenizer or spec.target
+    if not getattr(tokenizer, "chat_template", None):
         raise ConfigError(
             f"pipeline.decoding.chat: the tokenizer of {which!r} has no chat template; set "
             "decoding.chat: false (prompts are then used as plain text) or point tokenizer: at a "
             "chat model's tokenizer"
         )
+    if problem := template_problem(tokenizer):
+        raise ConfigError(f"pipeline.decoding.chat: the tokenizer of {which!r}: {problem}")
 
 
 def field_message(path: str, exc: Exception) -> str:
