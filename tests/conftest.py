@@ -54,3 +54,29 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory):
     tiny_llama(seed=5, vocab=64).save_pretrained(path)
     word_tokenizer(64).save_pretrained(path)
     return path
+
+
+def longrope_model(model_type: str) -> Any:
+    """A model whose rotary embedding switches from short to long factors at 32 tokens (the
+    long ones far apart, so that a forward on the wrong side of the switch changes tokens)."""
+    head = 8  # tiny_config's head size: 4 frequencies
+    from treegraft.conformance.tiny import tiny_model
+
+    model = tiny_model(
+        model_type,
+        seed=0,
+        max_position_embeddings=256,
+        original_max_position_embeddings=32,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0] * (head // 2),
+            "long_factor": [64.0] * (head // 2),
+            "original_max_position_embeddings": 32,
+        },
+    )
+    with torch.no_grad():  # sharper attention: the factors decide more tokens
+        for name, weight in model.named_parameters():
+            if name.endswith(("qkv_proj.weight", "q_proj.weight", "k_proj.weight")):
+                weight.mul_(6.0)
+    return model

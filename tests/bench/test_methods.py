@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.bench.conftest import char_tokenizer
-from tests.conftest import greedy_reference, memory_resources, tiny_llama
+from tests.conftest import greedy_reference, longrope_model, memory_resources, tiny_llama
 from treegraft.bench.config import AR, AR_RUNNER, BenchSettings, Pair
 from treegraft.bench.methods import HFMethod, RunnerMethod, hf_methods, runner_method
 from treegraft.core.resources import Resources
@@ -62,3 +62,16 @@ def test_runner_method_forwards_as_asked() -> None:
     res.tokenizer = char_tokenizer()
     method = runner_method(res, Pair("mem:t", "mem:t"), "transformers")
     assert not method.runner.lean and method.runner.model is res.models["mem:t"]
+
+
+def test_ar_runner_forwards_everything_again_past_a_phi3_longrope_switch_like_generate() -> None:
+    """Phi-3's `generate` reads the whole sequence again with the long factors once it passes
+    `original_max_position_embeddings` (here 32): so does plain decoding through the runner."""
+    res = Resources(dtype=torch.float64)
+    res.add_model("mem:t", longrope_model("phi3"))
+    res.tokenizer = char_tokenizer()
+    pair = Pair("mem:t", "mem:t")
+    ar = hf_methods(pair, BenchSettings(baselines=[]), res)[AR]
+    runner = runner_method(res, pair, "auto")
+    prompt = torch.randint(0, 60, (26,), generator=torch.Generator().manual_seed(1))
+    assert runner.run(prompt, 16).output_ids == ar.run(prompt, 16).output_ids

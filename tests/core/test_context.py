@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import greedy_reference, memory_resources, tiny_llama
+from tests.conftest import greedy_reference, longrope_model, memory_resources, tiny_llama
 from treegraft.conformance.tiny import tiny_model
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.resources import Resources
@@ -101,3 +101,26 @@ def test_trim_keeps_the_nodes_within_the_depth_and_their_origin() -> None:
     assert trimmed.tree.tokens.tolist() == [5, 6, 8]
     assert trimmed.kept.tolist() == [0, 2, 6]
     assert trim_to_positions(built, 2) is built
+
+
+@pytest.mark.parametrize("model_type", ["phi3", "llama"])
+@pytest.mark.parametrize("prompt_len", [20, 26, 31, 32, 33, 40])
+def test_decoding_across_a_longrope_switch_equals_generate(model_type: str, prompt_len: int):
+    """`longrope` picks one set of factors per forward, from its largest position: a step
+    stops before the switch until the context reaches it. Phi-3's `generate` forwards the whole
+    sequence again when it first passes the switch (every key takes the long factors), as the
+    decoder then does; a Llama with longrope keeps its cache."""
+    from treegraft.core.runner.attention_rules import RopeSwitch
+
+    target = longrope_model(model_type)
+    switch = RopeSwitch.of(target)
+    assert switch == RopeSwitch(32, recompute=model_type == "phi3")
+    res = Resources(dtype=torch.float64)
+    res.add_model("mem:target", target)
+    pipe = load_pipeline(_spec(16), resources=res)
+    prompt = torch.randint(0, 60, (prompt_len,), generator=torch.Generator().manual_seed(1))
+    ids = prompt[None]
+    want = target.generate(
+        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16
+    )[0, prompt_len:]
+    assert list(pipe.generate(prompt).token_ids) == want.tolist()

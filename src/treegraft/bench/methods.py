@@ -37,6 +37,7 @@ from treegraft.core.pipeline import Pipeline, eos_ids_of, resolve_pipeline
 from treegraft.core.registry import Registry
 from treegraft.core.resources import ModelRefError, Resources
 from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner.attention_rules import RopeSwitch
 from treegraft.core.tree import DraftTree
 
 HF_PROMPT_LOOKUP = "hf-prompt-lookup"
@@ -204,6 +205,7 @@ class RunnerMethod:
         runner = self.runner
         prompt = prompt_ids.to(runner.device)
         stop = StopRule(max_new_tokens=max_new_tokens, eos_ids=self.eos_ids)
+        switch = RopeSwitch.of(runner.model)  # as `generate`: Phi-3 reads all again past it
         timer = StageTimer(cuda=runner.device.type == "cuda")
         generated: list[int] = []
         with torch.inference_mode():
@@ -212,6 +214,8 @@ class RunnerMethod:
             runner.begin(prompt, max_len=prompt.numel() + max_new_tokens + 1)
             reason = None
             while reason is None:
+                if switch is not None:
+                    switch.before_step(runner)
                 root = DraftTree.from_root(runner.committed_ids()[-1], device=runner.device)
                 timer.start()
                 logits = runner.forward_tree(root)  # [1, V]

@@ -27,6 +27,7 @@ from treegraft.core.interfaces import (
 )
 from treegraft.core.metrics import AcceptHistory, Clock, ForwardTimes
 from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner.attention_rules import RopeSwitch
 from treegraft.core.runner.latency import ObservedCurve, query_grid
 from treegraft.core.runner.padding import settle_padding
 from treegraft.core.tree import DraftTree
@@ -112,6 +113,9 @@ class Decoder:
     #: positions the models take (the least of the target's and the LM drafters'; None: no
     #: limit): tree nodes at or past it are not verified (`trim_to_positions`)
     max_positions: int | None = None
+    #: where the target's rotary frequencies switch (None: nowhere): until the context reaches
+    #: it, a step verifies only nodes before it
+    rope_switch: RopeSwitch | None = None
     _pinned: Tensor | None = attrs.field(init=False, default=None)
     #: where each component comes from, by role (`drafter0`, ..., `builder`, `scheduler`,
     #: `verifier`, `rescorer`, `grafter`): third-party ones are called through checking proxies
@@ -216,11 +220,11 @@ class Decoder:
         self._counter.step = step
         parts = self.parts()
         ctx = self.context(prompt_len, clock, step, parts)
+        if self.rope_switch is not None:
+            self.rope_switch.before_step(self.target)
         with clock.time("build"):
             built = parts.builder.build(ctx)
-            room = (
-                None if self.max_positions is None else self.max_positions - self.target.n_committed
-            )
+            room = self.room()
             if room is not None and built.tree.n_nodes - 1 > room:  # depth <= n_nodes - 1: no read
                 built = trim_to_positions(built, room)
         with clock.time("target"):
@@ -254,6 +258,15 @@ class Decoder:
             build=built,
             verdict=verdict,
         )
+
+    def room(self) -> int | None:
+        """The deepest tree node this step may verify (None: any): its position must lie within
+        `max_positions` and, while the context has not reached `rope_switch`, before it."""
+        n = self.target.n_committed
+        rooms = [] if self.max_positions is None else [self.max_positions - n]
+        if self.rope_switch is not None and (switch := self.rope_switch.room(n)) is not None:
+            rooms.append(switch)
+        return min(rooms, default=None)
 
     def _commit(self, parts: Parts, accepted: Accepted) -> None:
         """Commit the accepted path and its tokens to the target and every drafter.

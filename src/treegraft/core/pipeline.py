@@ -37,7 +37,7 @@ from treegraft.core.registry import (
 )
 from treegraft.core.resources import ModelRefError, Resources, hub_hint, resolve_model_path
 from treegraft.core.runner import CausalLMRunner
-from treegraft.core.runner.attention_rules import ModelRefused, max_positions
+from treegraft.core.runner.attention_rules import ModelRefused, RopeSwitch, max_positions
 
 #: a drafter whose measured call costs this many times a later drafter's is listed out of the
 #: cheapest-first order (`Pipeline.check_drafter_order`)
@@ -174,6 +174,7 @@ class Pipeline:
         except ValueError as exc:
             raise ConfigError(field_message(spec.scheduler.path, exc)) from None
         decoder.max_positions = context_limit(target, decoder.drafters)
+        decoder.rope_switch = RopeSwitch.of(target.model)
         tokenizer = pipeline_tokenizer(spec, resources)
         check_chat_template(spec, tokenizer)
         return cls(spec, resources, decoder, tokenizer, eos_ids_of(target.model, tokenizer))

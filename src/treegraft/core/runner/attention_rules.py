@@ -14,6 +14,7 @@ tree) and `q - k < W`; with a chunk size `C`, iff `q // C == k // C`.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import attrs
@@ -171,3 +172,55 @@ def max_positions(config: Any) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
+
+
+@attrs.frozen
+class RopeSwitch:
+    """Where the model's rotary embedding switches frequencies for a whole forward: `longrope`
+    (Phi-3's 128k checkpoints) takes its short factors while every position of a forward lies
+    below `at` (`original_max_position_embeddings`) and its long ones as soon as one lies past
+    it, so a forward mixing both sides differs from `generate`'s one token at a time.
+
+    Attributes:
+        at: the switch, in tokens.
+        recompute: the model's `generate` forwards the whole sequence again, without its cache,
+            when it first passes the switch, so that every key takes the long factors (Phi-3's
+            `prepare_inputs_for_generation` does).
+    """
+
+    at: int
+    recompute: bool
+
+    @classmethod
+    def of(cls, model: Any) -> RopeSwitch | None:
+        """The switch of `model`, or None when its frequencies do not depend on the forward."""
+        cfg = text_config(model.config)
+        params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None)
+        if not isinstance(params, dict):
+            return None
+        sets = [params] if "rope_type" in params or "type" in params else list(params.values())
+        found = [
+            p.get("original_max_position_embeddings")
+            or getattr(cfg, "original_max_position_embeddings", None)
+            for p in sets
+            if isinstance(p, dict) and (p.get("rope_type") or p.get("type")) == "longrope"
+        ]
+        at = min((n for n in found if isinstance(n, int) and n > 0), default=None)
+        if at is None:
+            return None
+        try:
+            source = inspect.getsource(type(model).prepare_inputs_for_generation)
+        except (OSError, TypeError):
+            source = ""
+        return cls(at, recompute="original_max_position_embeddings" in source)
+
+    def room(self, n_committed: int) -> int | None:
+        """The deepest node a step from `n_committed` tokens may verify (None: any): before the
+        context reaches the switch, a forward stays below it."""
+        return self.at - n_committed if n_committed <= self.at else None
+
+    def before_step(self, runner: Any) -> None:
+        """As `generate`, forward every committed token again once the sequence passes the
+        switch (`recompute`): the runner drops its cached keys and values, once."""
+        if self.recompute and runner.n_committed == self.at + 1:
+            runner.n_cached = 0
