@@ -18,6 +18,7 @@ import attrs
 import torch
 
 from treegraft.core.config import ConfigError, override, parse_yaml
+from treegraft.core.generation_settings import plain_generation
 
 #: What `--device` accepts (the `decoding.device` field's values).
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
@@ -174,7 +175,7 @@ def plain_decode(pipe: Any, prompt_ids: torch.Tensor, max_new_tokens: int) -> Pl
         }
         torch.manual_seed(pipe.spec.decoding.seed)
     eos = sorted(pipe.eos_ids) if pipe.spec.decoding.stop_at_eos else []
-    with torch.inference_mode():
+    with torch.inference_mode(), plain_generation(model):  # settings the pipeline leaves out
         _sync(ids.device)
         start = time.perf_counter()
         out = model.generate(

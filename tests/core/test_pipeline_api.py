@@ -267,3 +267,26 @@ def test_a_folder_of_no_causal_lm_or_of_a_headless_checkpoint_is_refused(tmp_pat
         TreegraftError, match=r"lacks \d+ weight\(s\) of BertLMHeadModel \(e.g. cls.predictions"
     ):
         load_pipeline(spec(str(tmp_path / "bert")))
+
+
+@pytest.mark.parametrize("generation_eos", [None, "config"], ids=["no-eos", "eos"])
+def test_eos_is_read_as_generate_reads_it(tmp_path: Path, generation_eos) -> None:
+    """A `generation_config.json` without `eos_token_id` makes `generate` stop at no EOS, even
+    where config.json names one: the pipeline stops where `generate` does, in both cases."""
+    from transformers import AutoModelForCausalLM
+
+    from treegraft.testing import tiny_model
+
+    prompt = [5, 9, 13, 5, 9, 13, 5, 9]
+    plain = greedy_reference(tiny_model("llama", seed=3), torch.tensor(prompt), 12)
+    eos = plain[4]  # a token greedy decoding emits
+    tiny_model("llama", seed=3, eos=eos).save_pretrained(tmp_path)
+    generation = {} if generation_eos is None else {"eos_token_id": eos}
+    (tmp_path / "generation_config.json").write_text(json.dumps(generation))
+    pipe = load_pipeline(spec(str(tmp_path), decoding={"max_new_tokens": 12, "dtype": "float64"}))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64)
+    ids = torch.tensor([prompt])
+    want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12)
+    got = pipe.generate(prompt).token_ids
+    assert list(got) == want[0, len(prompt) :].tolist()
+    assert len(got) == (plain.index(eos) + 1 if generation_eos else 12)

@@ -33,6 +33,7 @@ from treegraft.bench.measure import ForwardMeter, StageTimer, synchronize
 from treegraft.bench.pairs import swap_model
 from treegraft.core.config import ConfigError, override, parse_yaml, pipeline_spec_from_dict
 from treegraft.core.decoder import ROOT_PATH, StepEvent, StopRule
+from treegraft.core.generation_settings import plain_generation
 from treegraft.core.pipeline import Pipeline, eos_ids_of, resolve_pipeline
 from treegraft.core.registry import Registry
 from treegraft.core.resources import ModelRefError, Resources
@@ -118,7 +119,8 @@ class HFMethod:
         ):
             synchronize(ids.device)
             start = time.perf_counter()
-            out = self.model.generate(ids, **self._kwargs(ids, max_new_tokens))
+            with plain_generation(self.model):  # as the pipelines decode
+                out = self.model.generate(ids, **self._kwargs(ids, max_new_tokens))
             synchronize(ids.device)
             wall = time.perf_counter() - start
         new = tuple(out[0, ids.shape[1] :].tolist())
@@ -149,7 +151,7 @@ class HFMethod:
         """`extra` more greedy tokens after `generated`, ignoring EOS (for replay)."""
         ids = torch.cat([prompt_ids.cpu(), torch.tensor(list(generated), dtype=torch.long)])
         ids = ids.to(self.model.device)[None, :]
-        with torch.inference_mode():
+        with torch.inference_mode(), plain_generation(self.model):
             out = self.model.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),

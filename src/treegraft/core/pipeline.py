@@ -26,6 +26,7 @@ from treegraft.core.config import (
 )
 from treegraft.core.decoder import Decoder, StepEvent, StopRule
 from treegraft.core.errors import ArgumentError
+from treegraft.core.generation_settings import warn_unapplied
 from treegraft.core.inputs import check_utf8
 from treegraft.core.metrics import Summary, summarize
 from treegraft.core.registry import (
@@ -122,6 +123,7 @@ class Pipeline:
         _load(resources, spec.target, "pipeline.target")
         target = _runner(resources, spec.target, "pipeline.target")
         resources.target_runner = target
+        warn_unapplied(target.model, spec.target)
 
         origins: dict[str, Origin] = {}
 
@@ -486,8 +488,13 @@ def context_limit(target: CausalLMRunner, drafters: Sequence[Any]) -> int | None
 
 
 def eos_ids_of(model: Any, tokenizer: Any) -> frozenset[int]:
-    """EOS token ids from the model's generation config, its config, or the tokenizer."""
-    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+    """EOS token ids as `generate` reads them: from the model's generation config alone (built
+    from its config when the folder has no `generation_config.json`; one without an
+    `eos_token_id` stops at none); a model without a generation config: its config's, else the
+    tokenizer's."""
+    generation = getattr(model, "generation_config", None)
+    sources = (generation,) if generation is not None else (model.config, tokenizer)
+    for source in sources:
         eos = getattr(source, "eos_token_id", None) if source is not None else None
         if eos is not None:
             return frozenset([eos] if isinstance(eos, int) else eos)

@@ -1,0 +1,99 @@
+"""Settings of a model's generation config that `generate` applies even when it decodes greedily.
+
+A checkpoint's `generation_config.json` may ask `generate` to change the logits or the search:
+`repetition_penalty` (Qwen2.5's instruct models ship 1.05), `no_repeat_ngram_size`,
+`suppress_tokens`, `num_beams`, ... treegraft's verifiers decode the target's own distribution
+(greedy, or the pipeline's temperature / top-k / top-p), so such a setting is not applied: the
+pipeline says so when it is built (`GenerationConfigWarning`), and plain decoding it is compared
+with (`generate --compare`, the harness's `ar`) runs `generate` without them, like with like.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+#: generation-config fields that change what `generate(do_sample=False)` emits, and the value
+#: that leaves it unchanged (None, an empty list and `neutral` all do)
+LOGITS_SETTINGS: dict[str, Any] = {
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "min_length": 0,
+    "min_new_tokens": 0,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "sequence_bias": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "exponential_decay_length_penalty": None,
+    "num_beams": 1,
+    "num_beam_groups": 1,
+    "diversity_penalty": 0.0,
+    "penalty_alpha": None,
+    "guidance_scale": 1.0,
+    "dola_layers": None,
+    "constraints": None,
+    "force_words_ids": None,
+    "watermarking_config": None,
+}
+
+
+class GenerationConfigWarning(UserWarning):
+    """The target's generation config asks `generate` for a setting the pipeline does not apply."""
+
+
+def unapplied_settings(model: Any) -> dict[str, Any]:
+    """The `LOGITS_SETTINGS` the model's generation config sets to a value that changes
+    `generate`'s greedy output, by name (empty: none, or no generation config)."""
+    config = getattr(model, "generation_config", None)
+    if config is None:
+        return {}
+    found = {}
+    for name, neutral in LOGITS_SETTINGS.items():
+        value = getattr(config, name, None)
+        empty = isinstance(value, list | tuple | dict) and not value
+        if value is not None and value != neutral and not empty:
+            found[name] = value
+    return found
+
+
+@contextlib.contextmanager
+def plain_generation(model: Any) -> Iterator[None]:
+    """Within it, the model's `generate` decodes as the pipeline does: its generation config is
+    a copy without the `unapplied_settings` (`generate` fills a config passed to it from the
+    model's own, so the model's own is what must change)."""
+    found = unapplied_settings(model)
+    if not found:
+        yield
+        return
+    saved = model.generation_config
+    plain = copy.deepcopy(saved)
+    for name in found:
+        setattr(plain, name, None)
+    model.generation_config = plain
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
+def warn_unapplied(model: Any, ref: str) -> None:
+    """Warn (`GenerationConfigWarning`) naming each of the model's `unapplied_settings`."""
+    found = unapplied_settings(model)
+    if not found:
+        return
+    listed = ", ".join(f"{name}={value!r}" for name, value in found.items())
+    warnings.warn(
+        f"{ref}: its generation config (generation_config.json) sets {listed}, which "
+        "`generate` applies and treegraft does not: the pipeline decodes the target's own "
+        "distribution, as `generate` does without them (the comparisons with plain decoding "
+        "leave them out too)",
+        GenerationConfigWarning,
+        stacklevel=3,
+    )

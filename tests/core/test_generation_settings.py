@@ -1,0 +1,85 @@
+"""Settings of a checkpoint's generation config that `generate` applies even when greedy, and the
+pipeline does not: named when the pipeline is built, and left out of plain decoding's comparisons."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from treegraft.bench.config import AR, BenchSettings, Pair
+from treegraft.bench.methods import hf_methods
+from treegraft.core.generation_settings import (
+    GenerationConfigWarning,
+    plain_generation,
+    unapplied_settings,
+)
+from treegraft.core.pipeline import load_pipeline
+from treegraft.core.resources import Resources
+from treegraft.testing import tiny_model, word_tokenizer
+
+PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
+
+
+@pytest.fixture
+def penalised(tmp_path: Path) -> Path:
+    """A checkpoint whose generation config asks for a repetition penalty and no repeated
+    3-grams (both change greedy decoding of this prompt)."""
+    tiny_model("llama", seed=3).save_pretrained(tmp_path)
+    word_tokenizer(64).save_pretrained(tmp_path)
+    settings = {"repetition_penalty": 1.5, "no_repeat_ngram_size": 3, "num_beams": 1}
+    (tmp_path / "generation_config.json").write_text(json.dumps(settings))
+    return tmp_path
+
+
+def _spec(target: Path) -> dict:
+    return {
+        "target": str(target),
+        "drafters": {"weak": {"name": "ngram"}, "strong": {"name": "hf_lm", "model": str(target)}},
+        "builder": {"name": "layered", "depth": 4, "top_k": 3, "budget": 12},
+        "scheduler": {"name": "always"},
+        "verifier": {"name": "greedy"},
+        "decoding": {"max_new_tokens": 16, "dtype": "float64", "stop_at_eos": False},
+    }
+
+
+def test_settings_that_change_greedy_decoding_are_named_neutral_ones_are_not() -> None:
+    model = tiny_model("llama", seed=3)
+    assert unapplied_settings(model) == {}
+    config = model.generation_config
+    config.repetition_penalty, config.num_beams, config.suppress_tokens = 1.0, 1, []
+    config.min_length, config.no_repeat_ngram_size = 0, 0
+    assert unapplied_settings(model) == {}
+    config.suppress_tokens, config.num_beams = [7], 4
+    assert unapplied_settings(model) == {"suppress_tokens": [7], "num_beams": 4}
+
+
+def test_the_pipeline_names_them_and_decodes_as_generate_without_them(penalised: Path) -> None:
+    with pytest.warns(GenerationConfigWarning) as caught:
+        pipe = load_pipeline(_spec(penalised))
+    message = str(caught[0].message)
+    assert message.startswith(f"{penalised}: its generation config (generation_config.json)")
+    assert "repetition_penalty=1.5, no_repeat_ngram_size=3, which `generate` applies" in message
+    model = AutoModelForCausalLM.from_pretrained(penalised, dtype=torch.float64)
+    ids = torch.tensor([PROMPT])
+    kwargs = {"attention_mask": torch.ones_like(ids), "do_sample": False, "max_new_tokens": 16}
+    with_them = model.generate(ids, **kwargs)[0, len(PROMPT) :].tolist()
+    with plain_generation(model):
+        without = model.generate(ids, **kwargs)[0, len(PROMPT) :].tolist()
+    assert model.generation_config.repetition_penalty == 1.5  # restored
+    got = list(pipe.generate(PROMPT).token_ids)
+    assert got == without and got != with_them
+
+
+def test_the_harness_plain_decoding_leaves_them_out(penalised: Path) -> None:
+    res = Resources(dtype=torch.float64)
+    pair = Pair(str(penalised), str(penalised))
+    ar = hf_methods(pair, BenchSettings(baselines=[]), res)[AR]
+    with pytest.warns(GenerationConfigWarning):
+        pipe = load_pipeline(_spec(penalised))
+    assert list(ar.run(torch.tensor(PROMPT), 16).output_ids) == list(
+        pipe.generate(PROMPT).token_ids
+    )
