@@ -163,6 +163,41 @@ def test_duplicate_keys_name_the_key_and_lines(tmp_path: Path, model_dir: Path) 
     )
 
 
+def test_a_pipeline_file_not_utf8_names_the_file_and_byte(tmp_path: Path, model_dir: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(
+        f"target: {model_dir}\ndrafters: {{weak: {{name: ngram}}}}\n".encode()
+        + b"builder: {name: layered} # caf\xe9\n"
+    )
+    for result in (generate(path, "--prompt", PROMPT), invoke("validate", str(path))):
+        assert (
+            f"pipeline file: {path} is not UTF-8 text: byte 0xe9" in result.stderr + result.stdout
+        )
+
+
+def test_yaml_too_deep_to_read_is_a_file_error(tmp_path: Path, model_dir: Path) -> None:
+    path = tmp_path / "deep.yaml"
+    depth = 3000
+    path.write_text(
+        f"target: {model_dir}\ndrafters: {{weak: {{name: ngram}}}}\n"
+        f"builder: {{name: layered, depth: {'[' * depth}{']' * depth}}}\n"
+    )
+    assert_clean(generate(path, "--prompt", PROMPT), 2, f"{path}: YAML nested too deeply to read")
+
+
+def test_merge_keys_are_yaml_not_duplicates(tmp_path: Path, model_dir: Path) -> None:
+    from treegraft.core.config import load_pipeline_spec
+
+    path = tmp_path / "merge.yaml"
+    path.write_text(
+        f"target: {model_dir}\ndrafters: {{weak: &ngram {{name: ngram, max_ngram: 3}}}}\n"
+        "builder: {<<: {name: layered, depth: 4}, depth: 2, budget: 8}\n"
+    )
+    spec = load_pipeline_spec(path)
+    assert (spec.builder.config.depth, spec.builder.config.budget) == (2, 8)
+    assert invoke("validate", str(path)).exit_code == 0
+
+
 # ---------------------------------------------------------------------------- outputs
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import torch
 
-from treegraft.core.config import ConfigError, override, parse_yaml
+from treegraft.core.config import ConfigError, override, read_pipeline_file
 from treegraft.core.generation_settings import plain_generation
 
 #: What `--device` accepts (the `decoding.device` field's values).
@@ -55,9 +55,7 @@ class GenerateOptions:
 
 def read_pipeline_mapping(path: Path) -> dict[str, Any]:
     """The parsed pipeline YAML (a mapping), or a `ConfigError` naming the file."""
-    if not path.is_file():
-        raise ConfigError(f"{path}: pipeline file not found")
-    data = parse_yaml(path.read_text(), str(path))
+    data = read_pipeline_file(path)
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: expected a pipeline mapping, got {data!r}")
     return dict(data)

@@ -363,11 +363,15 @@ DEFAULTS = {"scheduler": {"name": "never"}, "verifier": {"name": "greedy"}}
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """A safe loader refusing a mapping that repeats a key (PyYAML keeps the last silently)."""
+    """A safe loader refusing a mapping that repeats a key (PyYAML keeps the last silently); a
+    merge key (`<<: *defaults`) is not a repeat of the keys it brings, which the mapping may
+    override."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if isinstance(key, typing.Hashable) and key in seen:
@@ -389,6 +393,8 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
     """Parse YAML text; a syntax error or a repeated key becomes a `ConfigError` with the line."""
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)
+    except RecursionError:
+        raise ConfigError(f"{source}: YAML nested too deeply to read") from None
     except DuplicateKeyError as exc:
         raise ConfigError(f"{source}: {exc}; keep one of them") from None
     except yaml.YAMLError as exc:
@@ -398,8 +404,9 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
         raise ConfigError(f"{source}: malformed YAML{where}: {problem}") from None
 
 
-def load_pipeline_spec(path: str | Path, registry: Registry | None = None) -> PipelineSpec:
-    """Read and validate a pipeline YAML file (no model is loaded)."""
+def read_pipeline_file(path: str | Path) -> Any:
+    """The parsed YAML of a pipeline file; a missing or unreadable file, text that is not UTF-8
+    and malformed YAML are `ConfigError`s naming the file."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: pipeline file not found")
@@ -407,7 +414,12 @@ def load_pipeline_spec(path: str | Path, registry: Registry | None = None) -> Pi
         text = read_text(path, "pipeline file")
     except ArgumentError as exc:
         raise ConfigError(str(exc)) from None
-    return pipeline_spec_from_dict(parse_yaml(text, str(path)), registry, source=str(path))
+    return parse_yaml(text, str(path))
+
+
+def load_pipeline_spec(path: str | Path, registry: Registry | None = None) -> PipelineSpec:
+    """Read and validate a pipeline YAML file (no model is loaded)."""
+    return pipeline_spec_from_dict(read_pipeline_file(path), registry, source=str(path))
 
 
 def pipeline_spec_from_dict(

@@ -20,12 +20,10 @@ from treegraft.core.config import (
     PipelineSpec,
     config_errors,
     load_pipeline_spec,
-    parse_yaml,
+    read_pipeline_file,
     unknown_key_message,
 )
 from treegraft.core.devices import device_problem
-from treegraft.core.errors import ArgumentError
-from treegraft.core.inputs import read_text
 from treegraft.core.model_files import model_folder_problems
 from treegraft.core.pipeline import check_vocabularies
 from treegraft.core.registry import Registry, UnknownComponentError, default_registry
@@ -121,11 +119,9 @@ def pipeline_errors(
 ) -> tuple[PipelineSpec | None, list[str]]:
     """The validated spec (None if any error) and every error found, each starting with `path`."""
     registry = registry or default_registry()
-    if not Path(path).exists():
-        return None, [f"{path}: pipeline file not found"]
     try:
-        data = parse_yaml(read_text(path, "pipeline file"), str(path))
-    except (ConfigError, ArgumentError) as exc:
+        data = read_pipeline_file(path)
+    except ConfigError as exc:
         return None, [str(exc)]
     errors = structure_errors(data, registry)
     spec = None
