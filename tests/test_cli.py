@@ -69,6 +69,23 @@ def test_plugins_shows_builtin_defaults() -> None:
     assert {("scheduler", "never"), ("verifier", "greedy")} <= builtin
 
 
+def test_a_default_computed_from_other_fields_reads_computed() -> None:
+    """`attrs.Factory(..., takes_self=True)` cannot be called without an instance: the listing
+    says so instead of failing for every plugin."""
+    import attrs
+
+    from treegraft.cli import _describe_field
+
+    @attrs.frozen
+    class Config:
+        width: int = 4
+        cells: int = attrs.field(
+            default=attrs.Factory(lambda self: self.width * 2, takes_self=True)
+        )
+
+    assert _describe_field(attrs.fields(Config).cells) == "cells: int (default computed)"
+
+
 # ---------------------------------------------------------------------------- validate
 
 

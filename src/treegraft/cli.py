@@ -317,8 +317,8 @@ def _describe_field(f) -> str:
 def _default_repr(default) -> str:
     import attrs
 
-    if isinstance(default, attrs.Factory):
-        return repr(default.factory())
+    if isinstance(default, attrs.Factory):  # one that reads the other fields is computed
+        return "computed" if default.takes_self else repr(default.factory())
     return repr(default)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import pytest
@@ -441,4 +441,34 @@ def test_sane_upper_bounds_name_the_bound(registry: Registry) -> None:
     }
     assert error_of(data, registry).startswith(
         "pipeline.builder.budget: expected int >= 1 and <= 8192, got 100000"
+    )
+
+
+def test_a_literal_field_lists_its_values() -> None:
+    from treegraft.core.config import structure_config
+
+    @attrs.frozen
+    class Modes:
+        mode: Literal["fast", "exact"] = "exact"
+
+    with pytest.raises(ConfigError) as info:
+        structure_config(Modes, {"mode": "quick"}, "pipeline.drafters.weak")
+    assert str(info.value) == (
+        "pipeline.drafters.weak.mode: expected one of 'fast', 'exact', got 'quick'"
+    )
+    assert structure_config(Modes, {"mode": "fast"}, "p").mode == "fast"
+
+
+def test_a_check_across_fields_names_the_field_and_the_component() -> None:
+    """A Config's `__attrs_post_init__` refusing a combination is a `ConfigError` at its path
+    (the n-gram drafter's `min_ngram` above `max_ngram` never drafted a token)."""
+    data = {
+        "target": "zoo:target",
+        "drafters": {"weak": {"name": "ngram", "min_ngram": 5, "max_ngram": 2}},
+        "builder": {"name": "layered"},
+    }
+    with pytest.raises(ConfigError) as info:
+        pipeline_spec_from_dict(data, default_registry())
+    assert str(info.value) == (
+        "pipeline.drafters.weak.min_ngram: 5 is above max_ngram 2; expected min_ngram <= max_ngram"
     )

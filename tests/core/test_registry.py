@@ -112,6 +112,44 @@ def test_entry_points_of_other_groups_are_ignored(monkeypatch: pytest.MonkeyPatc
     assert "coin" not in Registry.create().names("scheduler")
 
 
+def test_entry_points_of_one_name_in_two_distributions_are_both_loaded(installed) -> None:
+    """Entry-point names are each distribution's own choice: two may agree (or pick
+    `builtins`), and neither plugin is dropped."""
+    installed("dist-a", {"plugin": "fake_a"}, scheduler_plugin("fake_a", "coin_a"))
+    installed("dist-b", {"plugin": "fake_b"}, scheduler_plugin("fake_b", "coin_b"))
+    installed("dist-c", {"builtins": "fake_c"}, scheduler_plugin("fake_c", "coin_c"))
+    registry = Registry.create()
+    found = {
+        name: registry.get("scheduler", name).distribution
+        for name in ("coin_a", "coin_b", "coin_c")
+    }
+    assert found == {"coin_a": "dist-a", "coin_b": "dist-b", "coin_c": "dist-c"}
+    assert registry.get("drafter", "ngram").distribution == "treegraft"
+
+
+def test_a_distribution_found_twice_on_the_path_loads_once(installed) -> None:
+    module = scheduler_plugin("fake_twice", "coin")
+    installed("dist-twice", {"twice": "fake_twice"}, module)
+    installed("dist-twice", {"twice": "fake_twice"}, module)
+    assert Registry.create().get("scheduler", "coin").distribution == "dist-twice"
+
+
+def test_a_config_whose_field_types_do_not_resolve_is_a_plugin_error(installed) -> None:
+    @attrs.frozen
+    class Config:
+        thing: Undefined = 1  # type: ignore[name-defined]  # noqa: F821
+
+    class Unresolved(CoinScheduler):
+        pass
+
+    Unresolved.Config = Config
+    installed("dist-bad", {"bad": "fake_bad"}, scheduler_plugin("fake_bad", "bad", Unresolved))
+    with pytest.raises(PluginError) as info:
+        Registry.create()
+    assert str(info.value).startswith("plugin 'bad': scheduler 'bad' (Unresolved): the types of")
+    assert "NameError: name 'Undefined' is not defined" in str(info.value)
+
+
 def test_name_clash_between_plugins_names_both_distributions(installed) -> None:
     installed("dist-one", {"one": "fake_one"}, scheduler_plugin("fake_one", "coin"))
     installed("dist-two", {"two": "fake_two"}, scheduler_plugin("fake_two", "coin"))

@@ -144,6 +144,8 @@ def type_name(tp: Any) -> str:
         return " or ".join("null" if a is type(None) else type_name(a) for a in args)
     if origin is dict:
         return "mapping"
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
     return getattr(tp, "__name__", str(tp))
 
 
@@ -188,7 +190,17 @@ def structure_config(cls: type, data: Any, path: str) -> Any:
         name: _structure_field(fields[name], value, f"{path}.{name}")
         for name, value in data.items()
     }
-    return cls(**values)
+    try:
+        return cls(**values)
+    except (ValueError, TypeError) as exc:  # a check across fields (`__attrs_post_init__`)
+        raise ConfigError(field_message(path, exc)) from None
+
+
+def field_message(path: str, exc: Exception) -> str:
+    """`path.field: rest` for a component's check that says `field: rest`, else `path: text`."""
+    text = str(exc)
+    field, sep, rest = text.partition(": ")
+    return f"{path}.{field}: {rest}" if sep and field.isidentifier() else f"{path}: {text}"
 
 
 def _structure_field(f: attrs.Attribute, value: Any, path: str) -> Any:

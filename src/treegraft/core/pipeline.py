@@ -21,6 +21,7 @@ from treegraft.core.config import (
     ComponentSpec,
     ConfigError,
     PipelineSpec,
+    field_message,
     load_pipeline_spec,
     pipeline_spec_from_dict,
 )
@@ -469,13 +470,6 @@ def check_chat_template(spec: PipelineSpec, tokenizer: Any) -> None:
         )
     if problem := template_problem(tokenizer):
         raise ConfigError(f"pipeline.decoding.chat: the tokenizer of {which!r}: {problem}")
-
-
-def field_message(path: str, exc: Exception) -> str:
-    """`path.field: rest` for a component's check that says `field: rest`, else `path: text`."""
-    text = str(exc)
-    field, sep, rest = text.partition(": ")
-    return f"{path}.{field}: {rest}" if sep and field.isidentifier() else f"{path}: {text}"
 
 
 def context_limit(target: CausalLMRunner, drafters: Sequence[Any]) -> int | None:

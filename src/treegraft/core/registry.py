@@ -125,15 +125,20 @@ class Registry:
     def _load_entry_points(self) -> None:
         """Import and register every plugin of the entry-point group; one that fails to import
         is recorded in `broken` (and warned about once) instead of failing the whole registry."""
+        taken = {BUILTIN_PLUGIN: BUILTIN_DISTRIBUTION}
         for dist in list(importlib.metadata.distributions()):
             for ep in dist.entry_points:
-                if (
-                    ep.group != ENTRY_POINT_GROUP
-                    or self.pm.has_plugin(ep.name)
-                    or self.pm.is_blocked(ep.name)
-                ):
+                if ep.group != ENTRY_POINT_GROUP or self.pm.is_blocked(ep.name):
                     continue
                 dist_name = dist.metadata["Name"] or f"<unnamed distribution of {ep.value}>"
+                name = ep.name
+                if taken.get(name, dist_name) == dist_name and self.pm.has_plugin(name):
+                    continue  # one distribution found twice on the path, or the built-ins
+                if name in taken:  # another distribution's entry point of the same name
+                    name = f"{dist_name}:{ep.name}"
+                    if self.pm.has_plugin(name):
+                        continue
+                taken.setdefault(ep.name, dist_name)
                 try:
                     plugin = ep.load()
                 except Exception as exc:
@@ -142,12 +147,12 @@ class Registry:
                     warnings.warn(f"{broken}; skipped", BrokenPluginWarning, stacklevel=2)
                     continue
                 try:
-                    self.pm.register(plugin, name=ep.name)
+                    self.pm.register(plugin, name=name)
                 except ValueError as exc:
                     raise PluginError(
                         f"plugin {ep.name!r} (distribution {dist_name!r}): {exc}"
                     ) from None
-                self.distributions[ep.name] = dist_name
+                self.distributions[name] = dist_name
 
     def _collect(self) -> None:
         for kind in KINDS.values():
@@ -237,6 +242,13 @@ def _check_factory(kind: Kind, name: str, factory: type, plugin_name: str) -> No
             f"plugin {plugin_name!r}: {kind.name} {name!r} ({factory.__name__}) needs a nested attrs "
             "class `Config` holding its hyper-parameters"
         )
+    try:  # string annotations (`from __future__ import annotations`) are read here, once
+        attrs.resolve_types(config)
+    except Exception as exc:
+        raise PluginError(
+            f"plugin {plugin_name!r}: {kind.name} {name!r} ({factory.__name__}): the types of "
+            f"its Config's fields do not resolve ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def builtin_plugin() -> object:

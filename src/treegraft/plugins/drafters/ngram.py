@@ -81,6 +81,13 @@ class NgramConfig:
         "generation starts from the Beta(1, 1) prior",
     )
 
+    def __attrs_post_init__(self) -> None:
+        if self.min_ngram > self.max_ngram:  # no suffix length to look up: it would never draft
+            raise ValueError(
+                f"min_ngram: {self.min_ngram} is above max_ngram {self.max_ngram}; expected "
+                "min_ngram <= max_ngram"
+            )
+
 
 @attrs.define
 class Calibration:
