@@ -75,3 +75,20 @@ def test_ar_runner_forwards_everything_again_past_a_phi3_longrope_switch_like_ge
     runner = runner_method(res, pair, "auto")
     prompt = torch.randint(0, 60, (26,), generator=torch.Generator().manual_seed(1))
     assert runner.run(prompt, 16).output_ids == ar.run(prompt, 16).output_ids
+
+
+def test_a_pipelines_device_map_follows_the_models_a_pair_puts_in() -> None:
+    from treegraft.bench.methods import substitute_models
+
+    raw = {
+        "target": "zoo:target",
+        "drafters": {
+            "weak": {"name": "ngram"},
+            "strong": {"name": "hf_lm", "model": "zoo:draft-m"},
+        },
+        "builder": {"name": "layered"},
+        "decoding": {"device_map": {"zoo:target": "auto", "zoo:draft-m": "cpu"}},
+    }
+    out = substitute_models(raw, Pair("models/big", "models/small"), "strongest")
+    assert out["decoding"]["device_map"] == {"models/big": "auto", "models/small": "cpu"}
+    assert raw["decoding"]["device_map"] == {"zoo:target": "auto", "zoo:draft-m": "cpu"}

@@ -472,3 +472,23 @@ def test_a_check_across_fields_names_the_field_and_the_component() -> None:
     assert str(info.value) == (
         "pipeline.drafters.weak.min_ngram: 5 is above max_ngram 2; expected min_ngram <= max_ngram"
     )
+
+
+def test_a_device_map_key_naming_no_model_is_refused() -> None:
+    data = {
+        "target": "zoo:target",
+        "drafters": {
+            "weak": {"name": "ngram"},
+            "strong": {"name": "hf_lm", "model": "zoo:draft-s"},
+        },
+        "builder": {"name": "layered"},
+        "decoding": {"device_map": {"zoo:targte": "auto"}},
+    }
+    with pytest.raises(ConfigError) as info:
+        pipeline_spec_from_dict(data, default_registry())
+    assert str(info.value) == (
+        "pipeline.decoding.device_map: 'zoo:targte' names no model of this pipeline; did you "
+        "mean 'zoo:target'? expected keys: zoo:target, zoo:draft-s"
+    )
+    data["decoding"]["device_map"] = {"zoo:draft-s": "cpu"}
+    assert pipeline_spec_from_dict(data, default_registry()).decoding.device_map

@@ -414,14 +414,22 @@ def substitute_models(raw: dict[str, Any], pair: Pair, which: str) -> dict[str, 
     (`bench.pairs.swap_model`: a non-zoo drafter drops a head ranked by the zoo's token counts),
     then the pair's `drafter_options` into each drafter it went into."""
     raw = copy.deepcopy(raw)
+    moved = {raw["target"]: pair.target} if isinstance(raw.get("target"), str) else {}
     raw["target"] = pair.target
     drafters = raw.get("drafters")
     specs = list(drafters.values()) if isinstance(drafters, Mapping) else list(drafters or [])
     lm = [d for d in specs if isinstance(d, dict) and "model" in d]
     chosen = {"strongest": lm[-1:], "all": lm, "none": []}[which]
     for spec in chosen:
+        if isinstance(spec["model"], str):
+            moved.setdefault(spec["model"], pair.drafter)
         swap_model(spec, pair.drafter)
         spec.update(copy.deepcopy(pair.drafter_options or {}))
+    decoding = raw.get("decoding")
+    if isinstance(decoding, dict) and isinstance(decoding.get("device_map"), dict):
+        decoding["device_map"] = {  # placements follow their models
+            moved.get(ref, ref): where for ref, where in decoding["device_map"].items()
+        }
     return raw
 
 

@@ -457,7 +457,7 @@ def pipeline_spec_from_dict(
     merged = {**DEFAULTS, **{k: v for k, v in data.items() if v is not None}}
     if "grafter" in merged and "rescorer" not in merged:
         merged["rescorer"] = {"name": "overwrite"}  # a graft needs new scores; the paper's rule
-    return PipelineSpec(
+    spec = PipelineSpec(
         target=target,
         drafters=_drafter_specs(data["drafters"], registry),
         builder=component_spec("builder", merged["builder"], f"{ROOT}.builder", registry),
@@ -469,6 +469,23 @@ def pipeline_spec_from_dict(
         source=source,
         tokenizer=_tokenizer_ref(data.get("tokenizer")),
     )
+    check_device_map(spec)
+    return spec
+
+
+def check_device_map(spec: PipelineSpec) -> None:
+    """Each `decoding.device_map` key must name a model of the pipeline (a typo would leave the
+    model where it was, silently)."""
+    refs = [spec.target]
+    refs += [m for _, c in spec.drafters if isinstance(m := getattr(c.config, "model", None), str)]
+    for key in spec.decoding.device_map:
+        if key not in refs:
+            close = difflib.get_close_matches(key, refs, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"{ROOT}.decoding.device_map: {key!r} names no model of this pipeline{hint} "
+                f"expected keys: {', '.join(dict.fromkeys(refs))}"
+            )
 
 
 def _null_given(data: Mapping, key: str) -> str:
