@@ -131,3 +131,48 @@ def test_model_and_device_errors_need_no_weights_loaded(tmp_path: Path, model_co
 def test_a_good_file_validates(tmp_path: Path, good_model: Path) -> None:
     spec_out, errors = pipeline_errors(write(tmp_path, "ok.yaml", spec(str(good_model))))
     assert errors == [] and spec_out is not None
+
+
+def _lm(model: Path, **extra) -> dict:
+    return {"weak": {"name": "ngram"}, "strong": {"name": "hf_lm", "model": str(model), **extra}}
+
+
+BROKEN = {  # what building the pipeline refuses before any weights load
+    "layers-past-depth": {"scheduler": {"name": "layers", "layers": [7]}},
+    "plan-drafter": {"scheduler": {"name": "plan", "plan": [0, 4]}},
+    "budgeted-drafter": {"scheduler": {"name": "budgeted", "drafter": 3}},
+    "silent-drafter": {
+        "drafters": "lm",
+        "builder": {"name": "layered", "depth": 3, "silent_chain": 4, "silent_drafter": 5},
+    },
+    "artifact": {"scheduler": {"name": "distilled", "artifact": "/nonexistent/sched"}},
+    "plans": {"scheduler": {"name": "oracle", "plans": "/nonexistent/plans.json"}},
+    "store": {"drafters": {"weak": {"name": "ngram", "store": "/nonexistent/store.npz"}}},
+    "eagle-head": {
+        "drafters": {"weak": {"name": "ngram"}, "e": {"name": "eagle", "head": "/nonexistent"}}
+    },
+    "token-counts": {"drafters": ("lm", {"head": 8, "token_counts": "/nonexistent.json"})},
+    "head-past-vocab": {"drafters": ("lm", {"head": 100000})},
+    "tokenizer": {"tokenizer": "/nonexistent/tok"},
+    "chat": {"decoding": {"device": "cpu", "chat": True}},
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_validate_reports_what_building_the_pipeline_refuses(
+    tmp_path: Path, good_model: Path, case: str
+) -> None:
+    """`validate` and `load_pipeline` agree: the same error, in the same words."""
+    from treegraft import load_pipeline
+    from treegraft.core.errors import TreegraftError
+
+    overrides = dict(BROKEN[case])
+    drafters = overrides.get("drafters")
+    if drafters == "lm" or isinstance(drafters, tuple):
+        overrides["drafters"] = _lm(good_model, **(drafters[1] if drafters != "lm" else {}))
+    data = spec(str(good_model), **overrides)
+    path = write(tmp_path, "broken.yaml", data)
+    _, errors = pipeline_errors(path)
+    with pytest.raises(TreegraftError) as info:
+        load_pipeline(data)
+    assert errors == [f"{path}: {info.value}"]

@@ -266,6 +266,13 @@ class Drafter(Component):
     #: Whether `score_tree` is available (language-model drafters).
     can_score: ClassVar[bool] = False
 
+    @classmethod
+    def check_config(cls, config: Any, resources: Resources) -> None:
+        """Raise `ValueError` (`field: problem`) for what is wrong with `config` that shows
+        without loading models: a file it names that is missing, a size past the model's
+        vocabulary read from its config. `treegraft validate` builds no drafter (drafters load
+        models) and asks here instead. Default: nothing to check."""
+
     @abstractmethod
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         """Start a new generation from `prompt` (`[T]` int64; its last token is the first root).

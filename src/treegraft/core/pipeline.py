@@ -14,14 +14,14 @@ import torch
 from torch import Tensor
 
 from treegraft.core.arguments import check_max_new_tokens, check_stop, prompt_ids
-from treegraft.core.boundary import Origin, call_plugin
+from treegraft.core.boundary import Origin
 from treegraft.core.chat import chat_ids, template_problem
+from treegraft.core.components import build_component, check_assembly
 from treegraft.core.config import (
     ROOT,
     ComponentSpec,
     ConfigError,
     PipelineSpec,
-    field_message,
     load_pipeline_spec,
     pipeline_spec_from_dict,
 )
@@ -31,9 +31,6 @@ from treegraft.core.generation_settings import warn_unapplied
 from treegraft.core.inputs import check_utf8
 from treegraft.core.metrics import Summary, summarize
 from treegraft.core.registry import (
-    BUILTIN_DISTRIBUTION,
-    KINDS,
-    PluginError,
     Registry,
     default_registry,
 )
@@ -129,30 +126,7 @@ class Pipeline:
         origins: dict[str, Origin] = {}
 
         def build(c: ComponentSpec | None, role: str) -> Any:
-            if c is None:
-                return None
-            reg = registry.get(c.kind, c.name)
-            origin = origins[role] = Origin(c.kind, c.name, reg.distribution, c.path)
-            if reg.distribution == BUILTIN_DISTRIBUTION:
-                try:
-                    return reg.factory.from_config(c.config, resources)
-                except ModelRefused as err:
-                    raise ConfigError(f"{c.path}.model: {err}") from None
-                except ModelRefError as exc:
-                    raise ConfigError(f"{c.path}: {exc}") from None
-                except ValueError as exc:  # a built-in refusing its config (token counts, ...)
-                    if isinstance(exc, ConfigError):
-                        raise
-                    raise ConfigError(f"{c.path}: {exc}") from exc
-            made = call_plugin(
-                origin, None, "from_config", reg.factory.from_config, c.config, resources
-            )
-            if not isinstance(made, KINDS[c.kind].interface):
-                raise PluginError(
-                    f"{origin}: from_config returned {made!r}, expected a "
-                    f"{KINDS[c.kind].interface.__name__}"
-                )
-            return made
+            return build_component(c, role, resources, registry, origins)
 
         decoder = Decoder(
             target=target,
@@ -167,15 +141,7 @@ class Pipeline:
             pinned=resources.device.type == "cuda",
             origins=origins,
         )
-        try:
-            decoder.builder.check_drafters(len(decoder.drafters))
-        except ValueError as exc:
-            raise ConfigError(field_message(spec.builder.path, exc)) from None
-        depth = getattr(getattr(decoder.builder, "config", None), "depth", None)
-        try:
-            decoder.scheduler.check_pipeline(len(decoder.drafters), depth)
-        except ValueError as exc:
-            raise ConfigError(field_message(spec.scheduler.path, exc)) from None
+        check_assembly(spec, decoder.builder, decoder.scheduler)
         decoder.max_positions = context_limit(target, decoder.drafters)
         decoder.rope_switch = RopeSwitch.of(target.model)
         tokenizer = pipeline_tokenizer(spec, resources)

@@ -2,7 +2,9 @@
 
 Unlike `load_pipeline_spec`, which stops at the first error, `pipeline_errors` goes on: every
 unknown, missing or ill-typed key of every section, then (once the structure is sound) each model
-folder's weights and config (`treegraft.core.model_files`), the vocabularies, and the device.
+folder's weights and config (`treegraft.core.model_files`), the vocabularies, and the device; then
+(once those are sound) what building the pipeline would refuse before any weights load: the
+components that load no model are built, each drafter checks its config, the tokenizer loads.
 """
 
 from __future__ import annotations
@@ -11,6 +13,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from treegraft.core.components import (
+    MODEL_FREE,
+    build_component,
+    check_assembly,
+    drafter_config_errors,
+)
 from treegraft.core.config import (
     DEFAULTS,
     ROOT,
@@ -24,8 +32,9 @@ from treegraft.core.config import (
     unknown_key_message,
 )
 from treegraft.core.devices import device_problem
+from treegraft.core.errors import TreegraftError
 from treegraft.core.model_files import model_folder_problems
-from treegraft.core.pipeline import check_vocabularies
+from treegraft.core.pipeline import check_chat_template, check_vocabularies, pipeline_tokenizer
 from treegraft.core.registry import Registry, UnknownComponentError, default_registry
 from treegraft.core.resources import ModelRefError, Resources, resolve_model_path
 
@@ -114,6 +123,32 @@ def model_errors(spec: PipelineSpec) -> list[str]:
     return errors
 
 
+def component_errors_built(spec: PipelineSpec, registry: Registry) -> list[str]:
+    """What building the pipeline would refuse before any weights load: the components that
+    load no model are built (artifacts and plan files read) and checked against the drafters;
+    each drafter's class checks its config (`Drafter.check_config`); the tokenizer loads and
+    fits `decoding.chat`."""
+    resources = Resources()  # models load lazily: none does here
+    resources.target_ref = spec.target
+    errors, built, origins = [], {}, {}
+    for role in MODEL_FREE:
+        try:
+            built[role] = build_component(getattr(spec, role), role, resources, registry, origins)
+        except TreegraftError as exc:
+            errors.append(str(exc))
+    if "builder" in built and "scheduler" in built:
+        try:
+            check_assembly(spec, built["builder"], built["scheduler"])
+        except ConfigError as exc:
+            errors.append(str(exc))
+    errors += drafter_config_errors(spec, resources, registry)
+    try:
+        check_chat_template(spec, pipeline_tokenizer(spec, resources))
+    except TreegraftError as exc:
+        errors.append(str(exc))
+    return errors
+
+
 def pipeline_errors(
     path: Path, registry: Registry | None = None
 ) -> tuple[PipelineSpec | None, list[str]]:
@@ -132,6 +167,8 @@ def pipeline_errors(
             errors.append(str(exc))
     if spec is not None:
         errors += model_errors(spec)
+    if spec is not None and not errors:  # sound folders: what building refuses before weights
+        errors += component_errors_built(spec, registry)
     prefix = f"{path}: "
     return (spec if not errors else None), [
         e if e.startswith(prefix) else prefix + e for e in errors

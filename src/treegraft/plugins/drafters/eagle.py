@@ -31,7 +31,7 @@ from treegraft.core.interfaces import Drafter
 from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree, Proposal
-from treegraft.plugins.drafters.feature_head import FeatureHead, load_head
+from treegraft.plugins.drafters.feature_head import FeatureHead, load_head, resolve_head
 from treegraft.plugins.drafters.hf_lm import most_frequent_ids, scored_rows
 
 
@@ -105,6 +105,17 @@ class EagleDrafter(Drafter):
                 f"hidden size {net.spec.hidden_size}; the target has {vocab} and {hidden}"
             )
         return cls(config, target, net, frequent=_frequent(config, vocab, resources))
+
+    @classmethod
+    def check_config(cls, config: EagleConfig, resources: Resources) -> None:
+        """The head exists and was made for the target's vocabulary; the token counts ranking
+        `top_tokens` fit it (read from the configs; no weights load)."""
+        try:
+            resolve_head(config.head)
+        except FileNotFoundError as exc:
+            raise ValueError(f"head: {exc}") from None
+        if resources.target_ref:
+            _frequent(config, resources.vocab_size(resources.target_ref), resources)
 
     def with_target(self, target: Any) -> EagleDrafter:
         """A copy reading `target`'s hidden states (same head and settings)."""

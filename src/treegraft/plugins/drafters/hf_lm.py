@@ -96,6 +96,12 @@ class HFLMDrafter(Drafter):
             usable=usable,
         )
 
+    @classmethod
+    def check_config(cls, config: HFLMConfig, resources: Resources) -> None:
+        """The token counts ranking a restricted `head` load and fit the model's vocabulary
+        (read from its config; no weights load)."""
+        frequent_tokens(config, resources.vocab_size(config.model), resources)
+
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         self.runner.begin(prompt, max_len=max_len)
         self._prompt = prompt

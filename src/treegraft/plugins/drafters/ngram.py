@@ -230,6 +230,23 @@ class NgramDrafter(Drafter):
             return cls(config)
         except DatastoreError as exc:
             raise DatastoreError(f"store: {exc}") from None
+        cls._check_store(config, store, resources)
+        return cls(config, store=store)
+
+    @classmethod
+    def check_config(cls, config: NgramConfig, resources: Any) -> None:
+        """A datastore file the config names must load and fit the target's vocabulary
+        (`zoo:corpus`, built at first use, is not built here)."""
+        if config.store is None or config.store == "zoo:corpus":
+            return
+        try:
+            store = resources.datastore(config.store)
+        except DatastoreError as exc:
+            raise DatastoreError(f"store: {exc}") from None
+        cls._check_store(config, store, resources)
+
+    @staticmethod
+    def _check_store(config: NgramConfig, store: Datastore, resources: Any) -> None:
         if resources.target_ref:
             vocab = resources.vocab_size(resources.target_ref)
             if store.vocab_size > vocab:
@@ -238,7 +255,6 @@ class NgramDrafter(Drafter):
                     f"{store.vocab_size}, the target {resources.target_ref!r} has {vocab}: "
                     "build the datastore with the target's tokenizer"
                 )
-        return cls(config, store=store)
 
     def forget(self) -> None:
         """Drop the rates carried over by `memory`: the next generation starts from the prior."""

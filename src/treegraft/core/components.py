@@ -1,0 +1,91 @@
+"""Building a pipeline's components from their specs, and the checks across them.
+
+`Pipeline.from_spec` builds every component; `treegraft validate` builds the ones that load no
+model (builder, scheduler, verifier, rescorer, grafter: artifacts and plan files are read) and
+asks each drafter's class what it can tell without its models (`Drafter.check_config`), so that
+both report the same errors, worded the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from treegraft.core.boundary import Origin, call_plugin
+from treegraft.core.config import ComponentSpec, ConfigError, PipelineSpec, field_message
+from treegraft.core.registry import BUILTIN_DISTRIBUTION, KINDS, PluginError, Registry
+from treegraft.core.resources import ModelRefError, Resources
+from treegraft.core.runner.attention_rules import ModelRefused
+
+#: the components that load no model, by role
+MODEL_FREE = ("builder", "scheduler", "verifier", "rescorer", "grafter")
+
+
+def build_component(
+    c: ComponentSpec | None,
+    role: str,
+    resources: Resources,
+    registry: Registry,
+    origins: dict[str, Origin],
+) -> Any:
+    """The component of spec `c` (None for None), its origin recorded under `role`; a built-in
+    refusing its config is a `ConfigError` at its path, a plugin's failure a `PluginError`."""
+    if c is None:
+        return None
+    reg = registry.get(c.kind, c.name)
+    origin = origins[role] = Origin(c.kind, c.name, reg.distribution, c.path)
+    if reg.distribution == BUILTIN_DISTRIBUTION:
+        try:
+            return reg.factory.from_config(c.config, resources)
+        except ModelRefused as err:
+            raise ConfigError(f"{c.path}.model: {err}") from None
+        except ModelRefError as exc:
+            raise ConfigError(f"{c.path}: {exc}") from None
+        except ValueError as exc:  # a built-in refusing its config (token counts, ...)
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"{c.path}: {exc}") from exc
+    made = call_plugin(origin, None, "from_config", reg.factory.from_config, c.config, resources)
+    if not isinstance(made, KINDS[c.kind].interface):
+        raise PluginError(
+            f"{origin}: from_config returned {made!r}, expected a "
+            f"{KINDS[c.kind].interface.__name__}"
+        )
+    return made
+
+
+def check_assembly(spec: PipelineSpec, builder: Any, scheduler: Any) -> None:
+    """The builder and the scheduler fit the pipeline's drafters (and the scheduler the
+    builder's depth): `TreeBuilder.check_drafters`, `Scheduler.check_pipeline`."""
+    n_drafters = len(spec.drafters)
+    try:
+        builder.check_drafters(n_drafters)
+    except ValueError as exc:
+        raise ConfigError(field_message(spec.builder.path, exc)) from None
+    depth = getattr(getattr(builder, "config", None), "depth", None)
+    try:
+        scheduler.check_pipeline(n_drafters, depth)
+    except ValueError as exc:
+        raise ConfigError(field_message(spec.scheduler.path, exc)) from None
+
+
+def drafter_config_errors(
+    spec: PipelineSpec, resources: Resources, registry: Registry
+) -> list[str]:
+    """What each drafter's class tells of its config without loading models
+    (`Drafter.check_config`: the files it names, sizes against the models' configs)."""
+    errors = []
+    for _, c in spec.drafters:
+        reg = registry.get(c.kind, c.name)
+        check = getattr(reg.factory, "check_config", None)
+        if check is None:
+            continue
+        try:
+            check(c.config, resources)
+        except (ConfigError, ModelRefError) as exc:
+            errors.append(str(exc) if str(exc).startswith("pipeline.") else f"{c.path}: {exc}")
+        except ValueError as exc:
+            errors.append(f"{c.path}: {exc}")
+        except Exception as exc:
+            origin = Origin(c.kind, c.name, reg.distribution, c.path)
+            errors.append(f"{origin}: check_config raised {type(exc).__name__}: {exc}")
+    return errors
