@@ -362,7 +362,10 @@ def trace_render(
         int | None, typer.Option(help="step to draw (default: the step that accepted most)")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="PNG path (default: beside the JSON)")
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="image path, .png, .svg or .pdf (default: PNG beside the JSON)"
+        ),
     ] = None,
     hide_pruned: Annotated[
         bool, typer.Option(help="draw only the nodes that were verified")
@@ -370,15 +373,16 @@ def trace_render(
 ) -> None:
     """Draw one step's draft tree: colours per drafter, accepted path in black, pruned nodes hollow."""
     from treegraft.core.trace import load_step
-    from treegraft.viz.trace_render import render_step
+    from treegraft.viz.trace_render import check_image_path, render_step
 
+    if out is not None:  # before any file is read or drawn
+        check_image_path(out)
+    if not source.exists():
+        _fail(f"{source}: no such trace folder or step file (written by `generate --trace DIR`)")
     files = [source] if source.is_file() else sorted(source.glob("step-*.json"))
     if not files:
         _fail(f"{source}: no trace step files (step-NNNNN.json) found")
-    try:
-        records = [load_step(f) for f in files]
-    except ValueError as exc:
-        _fail(str(exc))
+    records = [load_step(f) for f in files]
     if step is not None:
         chosen = [r for r in records if r["step"] == step]
         if not chosen:
