@@ -99,19 +99,26 @@ def generate(
     if chat or pipe.spec.decoding.chat:
         _use_chat(pipe, text)
     if json_out:
-        _print_json(pipe, text, max_new_tokens, compare)
+        _print_json(pipe, text, max_new_tokens, compare, trace)
         return
     ids, tokens_per_s, finish = _run_generation(pipe, text, max_new_tokens, trace)
     if compare:
         _print_comparison(pipe, text, ids, tokens_per_s, finish, max_new_tokens)
 
 
-def _print_json(pipe, text: str, max_new_tokens: int | None, compare: bool) -> None:
+def _print_json(
+    pipe, text: str, max_new_tokens: int | None, compare: bool, trace: Path | None
+) -> None:
     import json
 
     from treegraft.cli_generate import generation_record, plain_decode
+    from treegraft.core.trace import TraceWriter
 
     generation = pipe.generate(text, max_new_tokens=max_new_tokens)
+    if trace is not None:  # after the timed decode: the metrics do not count the writing
+        writer = TraceWriter.create(trace, pipe)
+        for event in generation.events:
+            writer.write(event)
     plain = None
     if compare:
         limit = _plain_limit(pipe, generation.token_ids, generation.finish_reason, max_new_tokens)
