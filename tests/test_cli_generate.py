@@ -42,6 +42,19 @@ def test_json_prints_one_record_with_the_greedy_output(tmp_path: Path, model_dir
     assert record["tau"] >= 1.0 and record["tokens_per_s"] > 0 and "plain" not in record
 
 
+def test_json_writes_the_trace_too(tmp_path: Path, model_dir: Path) -> None:
+    from treegraft.core.trace import load_step
+
+    pipeline = pipeline_file(tmp_path, str(model_dir))
+    args = ["--prompt", PROMPT, "--json", "--trace", str(tmp_path / "tr")]
+    result = invoke("generate", "--pipeline", str(pipeline), *args)
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    steps = [load_step(f) for f in sorted((tmp_path / "tr").glob("step-*.json"))]
+    assert len(steps) == record["steps"] >= 1
+    assert [t for s in steps for t in s["accepted_tokens"]] == record["token_ids"]
+
+
 def test_compare_decodes_plainly_too(tmp_path: Path, model_dir: Path) -> None:
     pipeline = pipeline_file(tmp_path, str(model_dir), decoding={"max_new_tokens": 12})
     args = ["--prompt", PROMPT, "--compare", "--device", "cpu", "--dtype", "float64"]

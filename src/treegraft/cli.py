@@ -99,19 +99,26 @@ def generate(
     if chat or pipe.spec.decoding.chat:
         _use_chat(pipe, text)
     if json_out:
-        _print_json(pipe, text, max_new_tokens, compare)
+        _print_json(pipe, text, max_new_tokens, compare, trace)
         return
     ids, tokens_per_s, finish = _run_generation(pipe, text, max_new_tokens, trace)
     if compare:
         _print_comparison(pipe, text, ids, tokens_per_s, finish, max_new_tokens)
 
 
-def _print_json(pipe, text: str, max_new_tokens: int | None, compare: bool) -> None:
+def _print_json(
+    pipe, text: str, max_new_tokens: int | None, compare: bool, trace: Path | None
+) -> None:
     import json
 
     from treegraft.cli_generate import generation_record, plain_decode
+    from treegraft.core.trace import TraceWriter
 
     generation = pipe.generate(text, max_new_tokens=max_new_tokens)
+    if trace is not None:  # after the timed decode: the metrics do not count the writing
+        writer = TraceWriter.create(trace, pipe)
+        for event in generation.events:
+            writer.write(event)
     plain = None
     if compare:
         limit = _plain_limit(pipe, generation.token_ids, generation.finish_reason, max_new_tokens)
@@ -362,7 +369,10 @@ def trace_render(
         int | None, typer.Option(help="step to draw (default: the step that accepted most)")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="PNG path (default: beside the JSON)")
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="image path, .png, .svg or .pdf (default: PNG beside the JSON)"
+        ),
     ] = None,
     hide_pruned: Annotated[
         bool, typer.Option(help="draw only the nodes that were verified")
@@ -370,15 +380,16 @@ def trace_render(
 ) -> None:
     """Draw one step's draft tree: colours per drafter, accepted path in black, pruned nodes hollow."""
     from treegraft.core.trace import load_step
-    from treegraft.viz.trace_render import render_step
+    from treegraft.viz.trace_render import check_image_path, render_step
 
+    if out is not None:  # before any file is read or drawn
+        check_image_path(out)
+    if not source.exists():
+        _fail(f"{source}: no such trace folder or step file (written by `generate --trace DIR`)")
     files = [source] if source.is_file() else sorted(source.glob("step-*.json"))
     if not files:
         _fail(f"{source}: no trace step files (step-NNNNN.json) found")
-    try:
-        records = [load_step(f) for f in files]
-    except ValueError as exc:
-        _fail(str(exc))
+    records = [load_step(f) for f in files]
     if step is not None:
         chosen = [r for r in records if r["step"] == step]
         if not chosen:

@@ -13,7 +13,8 @@ from tests.conftest import tiny_llama
 from treegraft.plugins.drafters.feature_head import load_head
 from treegraft.zoo import ZOO_DIR
 from treegraft.zoo.corpus import CorpusConfig, build_corpus
-from treegraft.zoo.train import RecipeError, batch_at, load_teacher, load_tokens, tokenizer_dir
+from treegraft.zoo.recipe import RecipeError
+from treegraft.zoo.train import batch_at, load_teacher, load_tokens, tokenizer_dir
 from treegraft.zoo.train_head import (
     CHECKPOINT_FILE,
     load_head_recipe,
@@ -151,7 +152,6 @@ def test_the_output_rows_follow_the_recipes_token_counts(tmp_path, corpus, teach
 
 def test_a_recipes_tokenizer_may_name_a_model(tmp_path, corpus, teacher):
     from treegraft import zoo
-    from treegraft.core.resources import ModelRefError
 
     named = load_head_recipe(
         write_recipe(tmp_path / "r.yaml", corpus, teacher, tokenizer="zoo:draft-m")
@@ -160,8 +160,44 @@ def test_a_recipes_tokenizer_may_name_a_model(tmp_path, corpus, teacher):
     assert tokenizer_dir(load_head_recipe(write_recipe(tmp_path / "d.yaml", corpus, teacher))) == (
         zoo.tokenizer_path()
     )
-    wrong = load_head_recipe(
-        write_recipe(tmp_path / "w.yaml", corpus, teacher, tokenizer="zoo:nope")
-    )
-    with pytest.raises(ModelRefError, match="unknown zoo model 'zoo:nope'"):
-        tokenizer_dir(wrong)
+    wrong = write_recipe(tmp_path / "w.yaml", corpus, teacher, tokenizer="zoo:nope")
+    with pytest.raises(RecipeError, match=r"recipe.tokenizer: unknown zoo model 'zoo:nope'"):
+        load_head_recipe(wrong)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"target": "zoo:nosuch"}, r"recipe.target: unknown zoo model 'zoo:nosuch'"),
+        ({"top_tokens": 0}, r"recipe.top_tokens: expected int >= 1, or null, got 0"),
+        ({"unroll": 0}, r"recipe.unroll: expected int >= 1, got 0"),
+        ({"batch_size": 0}, r"recipe.batch_size: expected int >= 1, got 0"),
+        ({"name": "../up"}, r"recipe.name: expected a plain folder name"),
+        (
+            {"top_tokens": 16, "token_counts": "/nope.json"},
+            r"recipe.token_counts: expected one of 'zoo:token-counts', .* got '/nope.json' "
+            r"\(no such file\)",
+        ),
+    ],
+    ids=["target", "top0", "unroll0", "batch0", "name", "counts"],
+)
+def test_head_recipe_errors_name_file_field_value(tmp_path, teacher, overrides, message):
+    path = write_recipe(tmp_path / "r.yaml", Path("/nonexistent"), teacher, **overrides)
+    with pytest.raises(RecipeError, match=rf"^{path}: {message}"):
+        load_head_recipe(path)
+
+
+def test_top_tokens_above_the_targets_vocabulary_is_refused(tmp_path, corpus, teacher):
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    path = write_recipe(tmp_path / "r.yaml", corpus, teacher, top_tokens=100000)
+    args = ["zoo", "train-head", "--recipe", str(path), "--runs", str(tmp_path / "runs")]
+    result = CliRunner().invoke(app, [*args, "--max-steps", "1", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert (
+        f"{path}: recipe.top_tokens: expected at most the vocabulary of the target "
+        f"'{teacher}' ({VOCAB} tokens), or null for all of it, got 100000"
+    ) in result.stderr
+    assert not (tmp_path / "runs" / "tiny-head" / CHECKPOINT_FILE).exists()

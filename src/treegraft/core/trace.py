@@ -98,11 +98,73 @@ def step_record(event: StepEvent, drafter_names: tuple[str, ...], decode: Any = 
     }
 
 
+#: the keys `trace render` reads, of a step record and of each of its nodes
+STEP_KEYS = ("version", "step", "accepted_tokens", "nodes")
+NODE_KEYS = ("id", "parent", "token", "depth", "score", "proposer", "scorer", "kept", "accepted")
+NODE_TYPES = {
+    "token": int,
+    "depth": int,
+    "score": (int, float),
+    "proposer": int,
+    "scorer": int,
+    "kept": bool,
+    "accepted": bool,
+}
+
+
 def load_step(path: Path) -> dict:
-    """Read one step file, checking its version."""
-    record = json.loads(Path(path).read_text())
+    """Read one step file, checking its version and the keys a renderer reads; a file that is
+    not UTF-8 JSON, or not a step record, is an `ArgumentError` naming it."""
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ArgumentError(
+            f"{path}: not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start} "
+            "(a damaged trace step file)"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise ArgumentError(
+            f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg} "
+            "(a damaged or truncated trace step file)"
+        ) from None
+    if not isinstance(record, dict):
+        raise ArgumentError(
+            f"{path}: expected a JSON object (a trace step record), got a {type(record).__name__}"
+        )
     if record.get("version") != TRACE_VERSION:
-        raise ValueError(
+        raise ArgumentError(
             f"{path}: trace version {record.get('version')!r}, expected {TRACE_VERSION}"
         )
+    problem = step_problem(record)
+    if problem:
+        raise ArgumentError(f"{path}: not a complete trace step: {problem}")
     return record
+
+
+def step_problem(record: dict) -> str | None:
+    """What makes `record` unreadable as a step (a missing key, a node out of order), or None."""
+    missing = [k for k in STEP_KEYS if k not in record]
+    if missing:
+        return f"missing key(s) {', '.join(map(repr, missing))}; expected {', '.join(STEP_KEYS)}"
+    if not isinstance(record["step"], int) or not isinstance(record["accepted_tokens"], list):
+        return "'step' must be an int and 'accepted_tokens' a list"
+    nodes = record["nodes"]
+    if not isinstance(nodes, list) or not nodes:
+        return "'nodes' must be a non-empty list of node objects"
+    for i, node in enumerate(nodes):
+        if not isinstance(node, dict) or any(k not in node for k in NODE_KEYS):
+            return f"nodes[{i}] is not an object with keys {', '.join(NODE_KEYS)}"
+        parent = node["parent"]
+        if node["id"] != i or not isinstance(parent, int) or not -1 <= parent < max(i, 0):
+            return (
+                f"nodes[{i}]: expected id {i} and a parent listed before it, got id "
+                f"{node['id']!r}, parent {parent!r}"
+            )
+        if (parent < 0) != (i == 0):
+            return f"nodes[{i}]: only the first node (the root) has no parent"
+        wrong = [k for k, kind in NODE_TYPES.items() if not isinstance(node[k], kind)]
+        if wrong:
+            return f"nodes[{i}]: {', '.join(f'{k}={node[k]!r}' for k in wrong)} of the wrong type"
+    return None

@@ -7,6 +7,24 @@ from pathlib import Path
 #: One colour per drafter index (cheapest first); the root is grey.
 PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860")
 ROOT_COLOUR = "#9E9E9E"
+#: the image formats `render_step` writes, by file suffix
+FORMATS = (".png", ".svg", ".pdf")
+
+
+def check_image_path(path: Path, what: str = "--out") -> Path:
+    """`path` names an image file `render_step` can write (a suffix of :data:`FORMATS`, not a
+    folder); otherwise an `ArgumentError` naming `what`, before anything is drawn."""
+    from treegraft.core.errors import ArgumentError
+
+    accepted = ", ".join(FORMATS)
+    if path.is_dir():
+        raise ArgumentError(
+            f"{what}: {path} is a directory; expected an image file name ending in {accepted}"
+        )
+    if path.suffix.lower() not in FORMATS:
+        got = f"format {path.suffix!r}" if path.suffix else "no format suffix"
+        raise ArgumentError(f"{what}: {path} has {got}; expected a file name ending in {accepted}")
+    return path
 
 
 def layout(nodes: list[dict]) -> dict[int, tuple[float, float]]:

@@ -14,6 +14,8 @@ import difflib
 import json
 from pathlib import Path
 
+from treegraft.core.errors import TreegraftError
+
 ZOO_DIR = Path(__file__).resolve().parent
 MODELS_DIR = ZOO_DIR / "models"
 SUITES_DIR = ZOO_DIR / "suites"
@@ -27,6 +29,7 @@ __all__ = [
     "ZOO_DIR",
     "UnknownZooModelError",
     "available",
+    "check_name",
     "load_suite",
     "resolve",
     "suite_path",
@@ -34,8 +37,8 @@ __all__ = [
 ]
 
 
-class UnknownZooModelError(LookupError):
-    """A zoo reference names no shipped model."""
+class UnknownZooModelError(TreegraftError, LookupError):
+    """A zoo reference names no shipped model (bad input: the command line exits with 2)."""
 
 
 def available() -> list[str]:
@@ -52,13 +55,22 @@ def resolve(ref: str) -> Path:
     """
     from treegraft.zoo import remote
 
-    name = ref.removeprefix(PREFIX)
-    names = available()
-    if name in names:
+    name = check_name(ref)
+    if name in available():
         return MODELS_DIR / name
-    if name in remote.names():
-        return remote.ensure(name)
-    names = [*names, *remote.names()]
+    return remote.ensure(name)
+
+
+def check_name(ref: str) -> str:
+    """The name of the zoo model ``ref`` (``"zoo:NAME"`` or ``"NAME"``), shipped or fetched at
+    first use; nothing is fetched. An unknown name raises :class:`UnknownZooModelError` naming
+    the close matches."""
+    from treegraft.zoo import remote
+
+    name = ref.removeprefix(PREFIX)
+    names = [*available(), *remote.names()]
+    if name in names:
+        return name
     close = difflib.get_close_matches(name, names, n=3)
     hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
     raise UnknownZooModelError(

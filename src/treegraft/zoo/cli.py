@@ -15,7 +15,7 @@ RecipeOpt = Annotated[
 #: the options `train` and `train-head` share
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue from the run's checkpoint.")]
 MaxStepsOpt = Annotated[
-    int | None, typer.Option(help="Stop after this many steps (stays resumable).")
+    int | None, typer.Option(min=1, help="Stop after this many steps (stays resumable).")
 ]
 RunsOpt = Annotated[Path, typer.Option(help="Directory of run folders.")]
 DEFAULT_RUNS = Path("~/.cache/treegraft/zoo-runs")
@@ -121,9 +121,13 @@ def train_cmd(
     runs: RunsOpt = DEFAULT_RUNS,
 ) -> None:
     """Train (or resume) a recipe; exports to RUNS/NAME/export when it finishes."""
-    from treegraft.zoo.train import load_recipe, train
+    from treegraft.zoo.recipe import load_recipe, recipe_errors
+    from treegraft.zoo.train import train
 
-    state = train(load_recipe(recipe), resume=resume, runs=runs.expanduser(), max_steps=max_steps)
+    with recipe_errors(recipe):
+        state = train(
+            load_recipe(recipe), resume=resume, runs=runs.expanduser(), max_steps=max_steps
+        )
     typer.echo(f"step {state.step}, last losses {state.last_losses}")
 
 
@@ -141,16 +145,18 @@ def train_head_cmd(
     """Distil a feature head (the `eagle` drafter's) from the recipe's target on the corpus."""
     import torch
 
+    from treegraft.zoo.recipe import recipe_errors
     from treegraft.zoo.train_head import load_head_recipe, train_head
 
     torch.set_num_threads(threads)
-    run = train_head(
-        load_head_recipe(recipe),
-        resume=resume,
-        runs=runs.expanduser(),
-        max_steps=max_steps,
-        out=out,
-    )
+    with recipe_errors(recipe):
+        run = train_head(
+            load_head_recipe(recipe),
+            resume=resume,
+            runs=runs.expanduser(),
+            max_steps=max_steps,
+            out=out,
+        )
     typer.echo(f"step {run.step}, last loss {run.last_loss:.4f}, agreement {run.agreement}")
 
 
@@ -271,9 +277,12 @@ def export_cmd(
 ) -> None:
     """Export a run's latest checkpoint in Hugging Face format (bf16 weights + tokenizer)."""
     from treegraft.zoo import MODELS_DIR
-    from treegraft.zoo.train import export_run, load_recipe
+    from treegraft.zoo.recipe import load_recipe, recipe_errors
+    from treegraft.zoo.train import export_run
 
-    for path in export_run(load_recipe(recipe), dest or MODELS_DIR, runs=runs.expanduser()):
+    with recipe_errors(recipe):
+        paths = export_run(load_recipe(recipe), dest or MODELS_DIR, runs=runs.expanduser())
+    for path in paths:
         typer.echo(str(path))
 
 

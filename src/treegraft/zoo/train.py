@@ -12,22 +12,19 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import attrs
-import cattrs
 import numpy as np
 import torch
 import torch.nn.functional as F
-import yaml
 
-from treegraft.core.errors import TreegraftError
 from treegraft.zoo import formats
-from treegraft.zoo.corpus import CORPUS_FILE, DEFAULT_CORPUS_DIR, read_corpus
+from treegraft.zoo.corpus import CORPUS_FILE, read_corpus
+from treegraft.zoo.recipe import ModelSpec, Recipe, RecipeError, check_windows
 from treegraft.zoo.tokenizer import batched
 
 log = logging.getLogger("treegraft.zoo.train")
@@ -37,80 +34,6 @@ CHECKPOINT_FILE = "checkpoint.pt"
 TRAINING_FILE = "training.json"
 VALID_SEED = 2**32 - 1  # seed of the fixed validation windows
 VALID_BATCH_SIZE = 16
-
-
-@attrs.frozen(kw_only=True)
-class ModelSpec:
-    """Shape of one Llama-architecture model."""
-
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    intermediate_size: int
-    max_positions: int = 1024
-    #: ``zoo:NAME`` or a model directory of the same width: start from its embeddings, its
-    #: first ``num_layers`` decoder layers and its final norm instead of a random init
-    init_from: str | None = None
-
-
-@attrs.frozen(kw_only=True)
-class Recipe:
-    """Everything that determines a training run."""
-
-    name: str
-    models: dict[str, ModelSpec]
-    tokens: int
-    seed: int = 0
-    corpus: str = str(DEFAULT_CORPUS_DIR)
-    tokenizer: str | None = None
-    teacher: str | None = None
-    kd_weight: float = 0.0
-    kd_temperature: float = 1.0
-    seq_len: int = 512
-    batch_size: int = 16
-    lr: float = 2e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 50
-    decay_fraction: float = 0.25
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    valid_fraction: float = 0.005
-    valid_batches: int = 4
-    eval_every: int = 200
-    checkpoint_every: int = 50
-    log_every: int = 10
-
-    @property
-    def tokens_per_step(self) -> int:
-        """Training tokens per optimiser step."""
-        return self.batch_size * self.seq_len
-
-    @property
-    def steps(self) -> int:
-        """Number of optimiser steps to reach ``tokens``."""
-        return math.ceil(self.tokens / self.tokens_per_step)
-
-
-_converter = cattrs.Converter(forbid_extra_keys=True)
-
-
-class RecipeError(TreegraftError, ValueError):
-    """A recipe file does not describe a valid :class:`Recipe`."""
-
-
-def load_recipe(path: Path) -> Recipe:
-    """Read a recipe YAML file; unknown keys and wrong types raise :class:`RecipeError`."""
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    try:
-        return _converter.structure(data, Recipe)
-    except (cattrs.BaseValidationError, TypeError) as err:
-        details = (
-            cattrs.transform_error(err, path="recipe")
-            if isinstance(err, cattrs.BaseValidationError)
-            else [str(err)]
-        )
-        raise RecipeError(f"{path}: " + "; ".join(details)) from None
 
 
 @attrs.define
@@ -453,6 +376,9 @@ def prepare(recipe: Recipe) -> tuple[TrainState, np.ndarray, np.ndarray]:
     tok_dir = tokenizer_dir(recipe)
     tokens = load_tokens(Path(recipe.corpus).expanduser(), tok_dir)
     train, valid = split_tokens(tokens, recipe.valid_fraction)
+    check_windows(
+        len(train), len(valid), seq_len=recipe.seq_len, valid_fraction=recipe.valid_fraction
+    )
     models = {
         name: build_model(spec, tok_dir, recipe.seed + i)
         for i, (name, spec) in enumerate(recipe.models.items())
@@ -589,9 +515,10 @@ def _periodic(
 def export_run(recipe: Recipe, dest: Path, *, runs: Path = DEFAULT_RUNS_DIR) -> list[Path]:
     """Export a run's latest checkpoint (finished or not) to ``dest`` in Hugging Face format."""
     ckpt = run_dir(recipe, runs) / CHECKPOINT_FILE
-    if not ckpt.exists():
-        raise FileNotFoundError(
-            f"no checkpoint for recipe {recipe.name!r} at {ckpt}; train it first"
+    if not ckpt.is_file():
+        raise RecipeError(
+            f"no checkpoint of recipe {recipe.name!r} to export: {ckpt} does not exist; train "
+            f"this recipe first (`treegraft zoo train --recipe ... --runs {runs}`)"
         )
     state, _, valid = prepare(recipe)
     load_checkpoint(state, ckpt)

@@ -22,17 +22,28 @@ import time
 from pathlib import Path
 
 import attrs
-import cattrs
 import numpy as np
 import torch
 import torch.nn.functional as F
-import yaml
 
+from treegraft.core.config import Check, at_least, between, field
 from treegraft.plugins.drafters.feature_head import FeatureHead, HeadSpec
 from treegraft.zoo.corpus import DEFAULT_CORPUS_DIR
+from treegraft.zoo.recipe import (
+    NON_NEGATIVE,
+    OPEN_FRACTION,
+    ROOT,
+    STEPS,
+    RecipeError,
+    check_folder_name,
+    check_reference,
+    check_windows,
+    positive,
+    read_recipe_data,
+    structure,
+)
 from treegraft.zoo.train import (
     DEFAULT_RUNS_DIR,
-    RecipeError,
     batch_at,
     load_teacher,
     load_tokens,
@@ -52,34 +63,38 @@ VALID_SEED = 2**32 - 1
 class HeadRecipe:
     """Everything that determines a head's distillation run."""
 
-    name: str
+    name: str = field(doc="the run's folder name under --runs")
     target: str = "zoo:target"
-    intermediate_size: int = 768
-    tokens: int
-    seed: int = 0
+    intermediate_size: int = field(768, check=at_least(1, sane_max=262144))
+    tokens: int = field(check=at_least(1, sane_max=10**13), doc="training tokens of the run")
+    seed: int = field(0, check=at_least(0))
     corpus: str = str(DEFAULT_CORPUS_DIR)
     tokenizer: str | None = None
-    unroll: int = 3
-    kl_weight: float = 1.0
+    unroll: int = field(3, check=at_least(1, sane_max=64), doc="feature steps drafted in a row")
+    kl_weight: float = field(1.0, check=NON_NEGATIVE)
     #: the KL runs over this many of the most frequent tokens (zoo token counts), renormalised
     #: (the `eagle` drafter's `top_tokens`); null: the whole vocabulary
-    top_tokens: int | None = None
+    top_tokens: int | None = field(
+        None,
+        check=Check(">= 1 or null", lambda v: v is None or v >= 1),
+        doc="at most the target's vocabulary; null: all of it",
+    )
     #: the counts ranking the vocabulary for `top_tokens` (a shipped reference such as
     #: `zoo:smollm2-token-counts` for another target's tokenizer, or a JSON file)
     token_counts: str = "zoo:token-counts"
-    seq_len: int = 256
-    batch_size: int = 8
-    lr: float = 2e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 20
-    decay_fraction: float = 0.25
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    valid_fraction: float = 0.005
-    valid_batches: int = 2
-    eval_every: int = 100
-    checkpoint_every: int = 20
-    log_every: int = 5
+    seq_len: int = field(256, check=at_least(1, sane_max=1 << 20))
+    batch_size: int = field(8, check=at_least(1, sane_max=65536))
+    lr: float = field(2e-3, check=positive(sane_max=10))
+    min_lr_ratio: float = field(0.1, check=between(0, 1))
+    warmup_steps: int = field(20, check=at_least(0, sane_max=10**9))
+    decay_fraction: float = field(0.25, check=between(0, 1))
+    weight_decay: float = field(0.0, check=NON_NEGATIVE)
+    grad_clip: float = field(1.0, check=positive())
+    valid_fraction: float = field(0.005, check=OPEN_FRACTION)
+    valid_batches: int = field(2, check=STEPS)
+    eval_every: int = field(100, check=STEPS)
+    checkpoint_every: int = field(20, check=STEPS)
+    log_every: int = field(5, check=STEPS)
 
     @property
     def tokens_per_step(self) -> int:
@@ -91,17 +106,27 @@ class HeadRecipe:
 
 
 def load_head_recipe(path: Path) -> HeadRecipe:
-    """Read a head recipe YAML file; unknown keys and wrong types raise `RecipeError`."""
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    try:
-        return cattrs.Converter(forbid_extra_keys=True).structure(data, HeadRecipe)
-    except (cattrs.BaseValidationError, TypeError) as err:
-        details = (
-            cattrs.transform_error(err, path="recipe")
-            if isinstance(err, cattrs.BaseValidationError)
-            else [str(err)]
+    """Read and check a head recipe file (`treegraft.zoo.recipe`: every error a `RecipeError`
+    naming the file and the field)."""
+    recipe = structure(HeadRecipe, read_recipe_data(path, ("name", "tokens")), path)
+    check_folder_name(recipe.name, f"{path}: {ROOT}.name", path)
+    check_reference(recipe.target, f"{path}: {ROOT}.target", path)
+    check_reference(recipe.tokenizer, f"{path}: {ROOT}.tokenizer", path, "tokenizer.json")
+    if recipe.top_tokens is not None:
+        check_counts(recipe.token_counts, f"{path}: {ROOT}.token_counts")
+    return recipe
+
+
+def check_counts(ref: str, where: str) -> None:
+    """`ref` names shipped token counts or an existing file (read when the run starts)."""
+    from treegraft.zoo.token_counts import named_counts
+
+    named = named_counts()
+    if ref not in named and not Path(ref).expanduser().is_file():
+        raise RecipeError(
+            f"{where}: expected one of {', '.join(map(repr, named))} or a token counts JSON file "
+            f"(written by `treegraft zoo token-counts`), got {ref!r} (no such file)"
         )
-        raise RecipeError(f"{path}: " + "; ".join(details)) from None
 
 
 def features_of(target: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
@@ -118,10 +143,19 @@ def output_rows(target: torch.nn.Module, recipe: HeadRecipe) -> tuple[torch.Tens
         return weight, bias
     from treegraft.zoo.token_counts import load_counts, most_frequent
 
-    counts = load_counts(recipe.token_counts)
+    vocab = weight.shape[0]
+    if recipe.top_tokens > vocab:
+        raise RecipeError(
+            f"{ROOT}.top_tokens: expected at most the vocabulary of the target {recipe.target!r} "
+            f"({vocab} tokens), or null for all of it, got {recipe.top_tokens}"
+        )
+    try:
+        counts = load_counts(recipe.token_counts)
+    except (OSError, ValueError) as exc:
+        raise RecipeError(f"{ROOT}.token_counts: {exc}") from None
     if counts.shape[0] != weight.shape[0]:
         raise RecipeError(
-            f"token_counts: {recipe.token_counts!r} counts {counts.shape[0]} token ids, the "
+            f"{ROOT}.token_counts: {recipe.token_counts!r} counts {counts.shape[0]} token ids, the "
             f"target {recipe.target!r} has {weight.shape[0]}"
         )
     rows = torch.from_numpy(most_frequent(counts, recipe.top_tokens).copy())
@@ -235,7 +269,11 @@ def train_head(
     setup_logging(folder / "train.log")
     tokens = load_tokens(Path(recipe.corpus).expanduser(), tokenizer_dir(recipe))
     train, valid = split_tokens(tokens, recipe.valid_fraction)
+    check_windows(
+        len(train), len(valid), seq_len=recipe.seq_len, valid_fraction=recipe.valid_fraction
+    )
     target = load_teacher(recipe.target)
+    output_rows(target, recipe)  # the counts and top_tokens checked before the first step
     run = new_run(recipe, target)
     ckpt = folder / CHECKPOINT_FILE
     if resume and ckpt.exists():
