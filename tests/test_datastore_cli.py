@@ -4,6 +4,7 @@ errors a wrong datastore gives."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.conftest import greedy_reference, memory_resources, tiny_llama
+from tests.plugins.test_datastore import damaged_copies
 from tests.test_cli import invoke, pipeline_file, wide_consoles  # noqa: F401
 from tests.test_cli_errors import assert_clean
 from treegraft.core.config import ConfigError
@@ -71,6 +73,41 @@ def test_build_and_info_refuse_bad_input_naming_it(tmp_path: Path, model_dir: Pa
     blocker.write_text("x")  # a file where the output's folder should be
     result = build(text, str(blocker / "s.npz"))
     assert_clean(result, 2, "--out: cannot write", "s.npz")
+
+
+def test_build_refuses_a_tokenizer_file_that_is_not_one_and_text_that_is_not_utf8(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    text = tmp_path / "corpus.txt"
+    text.write_text("def f(x):\n    return x\n")
+    out = tmp_path / "s.npz"
+    args = ("datastore", "build", str(text), "--out", str(out))
+    result = invoke(*args, "--tokenizer", str(text))
+    assert_clean(result, 2, f"--tokenizer: {text} is not a tokenizer.json (expected value at")
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"caf\xe9 t1 t2\n")
+    result = invoke(
+        "datastore", "build", str(latin), "--out", str(out), "--tokenizer", str(model_dir)
+    )
+    assert_clean(result, 2, f"INPUTS: {latin} is not UTF-8 text: byte 0xe9 at offset 3 (line 1)")
+    assert not out.exists()
+
+
+def test_info_and_pipelines_refuse_damaged_stores_naming_the_file(tmp_path: Path) -> None:
+    for name, message in damaged_copies(tmp_path).items():
+        path = tmp_path / f"{name}.npz"
+        stderr = assert_clean(invoke("datastore", "info", str(path)), 2, str(path))
+        assert re.search(f"{path}: {message}", stderr), stderr
+    res = memory_resources(target=tiny_llama(seed=1, vocab=40))
+    spec = {
+        "target": "mem:target",
+        "drafters": {"weak": {"name": "ngram", "store": str(tmp_path / "trunc.npz")}},
+        "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4},
+    }
+    with pytest.raises(
+        ConfigError, match=r"drafters.weak: store: .*trunc.npz: cannot read a datastore \(a damaged"
+    ):
+        load_pipeline(spec, resources=res)
 
 
 def test_a_pipeline_drafting_from_a_built_store_is_lossless(

@@ -57,12 +57,8 @@ def build_cmd(
     from rich.progress import Progress
     from tokenizers import Tokenizer
 
-    from treegraft.core.datastore import (
-        Datastore,
-        DatastoreError,
-        read_texts,
-        tokenize_texts,
-    )
+    from treegraft.core.datastore import Datastore, DatastoreError, read_texts, tokenize_texts
+    from treegraft.core.errors import ArgumentError
     from treegraft.zoo.datastore import eos_of
 
     missing = [str(p) for p in inputs if not p.expanduser().is_file()]
@@ -70,16 +66,19 @@ def build_cmd(
         fail(f"INPUTS: no such file: {', '.join(missing)}")
     if out.suffix != ".npz":
         fail(f"--out: expected a file name ending in .npz, got {str(out)!r}")
-    tok = Tokenizer.from_file(str(tokenizer_json(tokenizer)))
+    source = tokenizer_json(tokenizer)
+    try:
+        tok = Tokenizer.from_file(str(source))
+    except Exception as exc:  # the tokenizers library raises a bare Exception
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        fail(f"--tokenizer: {source} is not a tokenizer.json ({reason})")
     vocab = vocab_of(tokenizer, tok)
     texts: list[str] = []
     for path in inputs:
         try:
-            texts.extend(read_texts(path, field))
-        except DatastoreError as exc:
-            fail(f"INPUTS: {exc}")
-        except UnicodeDecodeError as exc:
-            fail(f"INPUTS: {path}: not UTF-8 text ({exc.reason})")
+            texts.extend(read_texts(path, field, "INPUTS"))
+        except ArgumentError as exc:
+            fail(str(exc))
     if not any(t.strip() for t in texts):
         fail(f"INPUTS: no text in {', '.join(str(p) for p in inputs)}; a datastore needs a corpus")
     with Progress(transient=True) as progress:

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treegraft.core.datastore import Datastore, DatastoreError, read_texts
+from treegraft.core.errors import ArgumentError
 from treegraft.core.tree import DraftTree
 from treegraft.plugins.drafters.ngram import STORE_PROBE, NgramConfig, NgramDrafter
 
@@ -157,11 +158,51 @@ def test_corpus_files_are_read_one_text_per_line_or_file(tmp_path):
     assert read_texts(tmp_path / "a.txt") == ["one text\nstill the same text\n"]
     assert read_texts(tmp_path / "b.jsonl") == ["first", "second"]
     (tmp_path / "c.jsonl").write_text('{"text": "ok"}\n{"body": "no text field"}\n')
-    with pytest.raises(DatastoreError, match=r"c.jsonl:2: expected an object with a string 'text'"):
+    with pytest.raises(ArgumentError, match=r"c.jsonl:2: expected an object with a string 'text'"):
         read_texts(tmp_path / "c.jsonl")
     (tmp_path / "d.jsonl").write_text("{oops\n")
-    with pytest.raises(DatastoreError, match=r"d.jsonl:1: not JSON"):
+    with pytest.raises(ArgumentError, match=r"d.jsonl:1: malformed JSON at column 2"):
         read_texts(tmp_path / "d.jsonl")
+    (tmp_path / "e.jsonl").write_text('{"text": "ok"}\n["a list"]\n')
+    with pytest.raises(ArgumentError, match=r"e.jsonl:2: expected a JSON object, got list"):
+        read_texts(tmp_path / "e.jsonl")
+    (tmp_path / "f.txt").write_bytes(b"caf\xe9\n")  # Latin-1, not UTF-8
+    with pytest.raises(
+        ArgumentError, match=r"INPUTS: .*f.txt is not UTF-8 text: byte 0xe9 at offset 3 \(line 1\)"
+    ):
+        read_texts(tmp_path / "f.txt")
+    with pytest.raises(ArgumentError, match=r"--corpus: .*missing.txt not found"):
+        read_texts(tmp_path / "missing.txt", what="--corpus")
+
+
+def damaged_copies(tmp_path) -> dict[str, str]:
+    """Files that are not a datastore `save` wrote, and the message each is refused with."""
+    good = Datastore.from_tokens(np.arange(40) % 9, vocab_size=9)
+    good.save(tmp_path / "good.npz")
+    saved = dict(np.load(tmp_path / "good.npz"))
+    (tmp_path / "trunc.npz").write_bytes((tmp_path / "good.npz").read_bytes()[:300])
+    (tmp_path / "empty.npz").write_bytes(b"")
+    (tmp_path / "text.npz").write_text("def f(x):\n    return x\n")
+    np.savez(tmp_path / "tok2d.npz", **{**saved, "tokens": saved["tokens"].reshape(2, -1)})
+    np.savez(tmp_path / "tokf.npz", **{**saved, "tokens": saved["tokens"].astype(float)})
+    np.savez(tmp_path / "vocab.npz", **{**saved, "vocab_size": np.array(4)})
+    np.savez(tmp_path / "vstr.npz", **{**saved, "vocab_size": np.array("nine")})
+    return {
+        "trunc": r"cannot read a datastore \(a damaged or incomplete .npz file: ",
+        "empty": r"cannot read a datastore \(an empty file\); a datastore is the .npz file",
+        "text": r"cannot read a datastore \(not an .npz file\); a datastore is the .npz file",
+        "tok2d": r"a damaged datastore \(tokens: expected a 1-D array of ints, got int32 of shape "
+        r"\[2, 20\]\)",
+        "tokf": r"a damaged datastore \(tokens: expected a 1-D array of ints, got float64",
+        "vocab": r"a damaged datastore \(its token ids 0 \.\. 8 do not fit its vocab_size 4\)",
+        "vstr": r"a damaged datastore \(vocab_size: expected an int in 1 \.\. 2\*\*32, got nine\)",
+    }
+
+
+def test_damaged_or_foreign_files_are_refused_naming_the_file(tmp_path):
+    for name, message in damaged_copies(tmp_path).items():
+        with pytest.raises(DatastoreError, match=f"{tmp_path}/{name}.npz: {message}"):
+            Datastore.load(tmp_path / f"{name}.npz")
 
 
 # ---------------------------------------------------------------------------- the n-gram drafter

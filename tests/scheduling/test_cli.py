@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 import attrs
@@ -200,3 +201,133 @@ def test_pipelines_the_value_system_cannot_label_are_refused():
     del raw["grafter"]
     with pytest.raises(ValueSystemError, match="needs a grafter"):
         check_pipeline(load_pipeline(raw, resources=res), -1)
+
+
+def no_models(monkeypatch):
+    """Make loading a pipeline fail loudly: the checks under test must come before it."""
+
+    def load_pipeline(*args, **kwargs):
+        raise AssertionError("a pipeline was loaded before the options were checked")
+
+    monkeypatch.setattr("treegraft.core.pipeline.load_pipeline", load_pipeline)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--prompts", "0"], "--prompts: expected int >= 1, got 0"),
+        (["--prompts=-1"], "--prompts: expected int >= 1, got -1"),
+        (["--skip=-1"], "--skip: expected int >= 0, got -1"),
+        (["--repeats", "0"], "--repeats: expected int >= 1, got 0"),
+        (["--max-new-tokens", "0"], "--max-new-tokens: expected int >= 1, got 0"),
+    ],
+    ids=["prompts-0", "prompts-neg", "skip-neg", "repeats-0", "tokens-0"],
+)
+def test_collect_refuses_bad_numbers_before_any_model_loads(tmp_path, monkeypatch, args, message):
+    no_models(monkeypatch)
+    result = runner.invoke(app, ["collect", "--out", str(tmp_path / "d"), *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "d").exists()
+
+
+def test_collect_and_fit_refuse_an_out_that_is_a_file_before_any_work(
+    dataset_dir, tmp_path, monkeypatch
+):
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    no_models(monkeypatch)
+    result = runner.invoke(app, ["collect", "--out", str(blocker), "--prompts", "1"])
+    assert result.exit_code == 2, result.output
+    assert f"--out: {blocker} is a file; expected a directory" in result.output
+
+    def fit_artifact(*args, **kwargs):
+        raise AssertionError("the fit ran before --out was checked")
+
+    monkeypatch.setattr("treegraft.scheduling.fit.fit_artifact", fit_artifact)
+    result = runner.invoke(app, ["fit", str(dataset_dir), "--out", str(blocker)])
+    assert result.exit_code == 2, result.output
+    assert f"--out: {blocker} is a file; expected a directory" in result.output
+    assert blocker.read_text() == "x"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--epochs", "0"], "--epochs: expected int >= 1, got 0"),
+        (["--epochs=-5"], "--epochs: expected int >= 1, got -5"),
+        (["--hidden=-3"], "--hidden: expected widths >= 1, got [-3]"),
+        (["--hidden", "8,0"], "--hidden: expected widths >= 1, got [8, 0]"),
+        (["--seed=-1"], "--seed: expected int with 0 <= value < 2**63, got -1"),
+    ],
+    ids=["epochs-0", "epochs-neg", "hidden-neg", "hidden-0", "seed-neg"],
+)
+def test_fit_refuses_bad_numbers_naming_the_option(dataset_dir, tmp_path, args, message):
+    result = runner.invoke(app, ["fit", str(dataset_dir), "--out", str(tmp_path / "a"), *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--prompts", "0"], "--prompts: expected int >= 1, got 0"),
+        (["--prompts=-1"], "--prompts: expected int >= 1, got -1"),
+        (["--threshold", "nan"], "--threshold: expected a finite number, got nan"),
+        (["--threshold", "inf"], "--threshold: expected a finite number, got inf"),
+        (["--json", "{blocker}/rows.json"], "--json: cannot write {blocker}/rows.json: {blocker} "
+         "is a file; expected a directory"),
+        (["--json", "{tmp}"], "--json: {tmp} is a directory; expected a file"),
+        (["--plot", "{blocker}/g.png"], "--plot: cannot write {blocker}/g.png"),
+    ],
+    ids=["prompts-0", "prompts-neg", "threshold-nan", "threshold-inf", "json-under-a-file",
+         "json-a-folder", "plot-under-a-file"],
+)  # fmt: skip
+def test_evaluate_refuses_bad_numbers_and_outputs_before_the_replay(
+    dataset_dir, tmp_path, monkeypatch, args, message
+):
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    no_models(monkeypatch)
+    fill = {"blocker": blocker, "tmp": tmp_path}
+    args = [a.format(**fill) for a in args]
+    result = runner.invoke(app, ["evaluate", str(dataset_dir), *args])
+    assert result.exit_code == 2 and message.format(**fill) in result.output, result.output
+
+
+def test_loo_and_explain_refuse_bad_numbers(dataset_dir, tmp_path):
+    result = runner.invoke(app, ["loo", str(dataset_dir), str(dataset_dir), "--prompts", "0"])
+    assert result.exit_code == 2 and "--prompts: expected int >= 1, got 0" in result.output
+    result = runner.invoke(app, ["loo", str(dataset_dir), "--threshold", "nan"])
+    assert result.exit_code == 2 and "--threshold: expected a finite number" in result.output
+    result = runner.invoke(app, ["explain", "zoo:scheduler", "--top", "0"])
+    assert result.exit_code == 2 and "--top: expected int >= 1, got 0" in result.output
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("meta.json", "meta.json: malformed JSON at line 2 column 12"),
+        ("data.safetensors", "data.safetensors: cannot be read"),
+        ("meta-list", "meta.json: expected a JSON object, got list"),
+    ],
+    ids=["meta-truncated", "arrays-truncated", "meta-a-list"],
+)
+@pytest.mark.parametrize("command", ["fit", "explain", "evaluate"])
+def test_damaged_datasets_are_refused_naming_the_file(
+    dataset_dir, tmp_path, damage, message, command
+):
+    bad = tmp_path / "bad"
+    shutil.copytree(dataset_dir, bad)
+    if damage == "meta-list":
+        (bad / "meta.json").write_text("[]\n")
+    else:
+        (bad / damage).write_bytes((dataset_dir / damage).read_bytes()[:40])
+    args = {
+        "fit": ["fit", str(bad), "--out", str(tmp_path / "a")],
+        "explain": ["explain", "zoo:scheduler", str(bad)],
+        "evaluate": ["evaluate", str(bad)],
+    }[command]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert f"{bad / message.split(':')[0]}:" in result.output and message in result.output
+    assert "not a complete scheduler dataset file; collect it again" in result.output

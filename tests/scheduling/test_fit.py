@@ -119,6 +119,16 @@ def test_unknown_loss_and_empty_ensembles_are_refused():
         fit_rows(separable(n=50), attrs.evolve(FAST, drop=("log_weak_ms",)))
 
 
+def test_bad_widths_epochs_and_seeds_are_refused_by_field():
+    with pytest.raises(ValueError, match=r"hidden: expected widths >= 1, got \[8, 0\]"):
+        FitConfig(hidden=(8, 0))
+    with pytest.raises(ValueError, match="epochs: expected int >= 1, got 0"):
+        FitConfig(epochs=0)
+    with pytest.raises(ValueError, match=r"seed: expected int with 0 <= value < 2\*\*63, got -1"):
+        FitConfig(seed=-1)
+    assert FitConfig(hidden=()).hidden == ()  # no hidden layer: one linear layer, allowed
+
+
 def test_a_fit_without_a_feature_decodes_without_it():
     """A fit that drops `log_weak_ms` names every other feature; the scheduler reads their
     columns from the full feature vector, so its value equals the artifact's prediction on them

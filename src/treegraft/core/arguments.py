@@ -1,10 +1,12 @@
-"""The arguments of `Pipeline.generate`, `stream` and `steps`, validated like YAML fields.
+"""The arguments of `Pipeline.generate`, `stream` and `steps` (and command-line numbers),
+validated like YAML fields.
 
 Each check raises `ArgumentError` naming the argument, the value and what was expected.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +27,18 @@ def check_max_new_tokens(value: Any) -> None:
         raise ArgumentError(
             f"max_new_tokens: expected int with 1 <= value <= {MAX_NEW_TOKENS}, got {value}"
         )
+
+
+def check_at_least(option: str, value: int | None, low: int) -> None:
+    """None (not given) or an int >= `low` for the command-line option `option` (`--prompts`)."""
+    if value is not None and value < low:
+        raise ArgumentError(f"{option}: expected int >= {low}, got {value}")
+
+
+def check_finite(option: str, value: float | None) -> None:
+    """None (not given) or a finite number (not nan or inf) for the option `option`."""
+    if value is not None and not math.isfinite(value):
+        raise ArgumentError(f"{option}: expected a finite number, got {value}")
 
 
 def check_stop(stop: Any) -> list[str]:

@@ -13,13 +13,17 @@ datastore takes 16 bytes per corpus token (the token, its position in key order,
 
 from __future__ import annotations
 
-import json
+import zipfile
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 import numpy as np
+
+from treegraft.core.errors import ArgumentError
+from treegraft.core.inputs import jsonl_records, read_text
 
 #: the format tag of a saved datastore (`Datastore.save`)
 FORMAT = "treegraft-datastore-1"
@@ -90,21 +94,10 @@ class Datastore:
 
     @classmethod
     def load(cls, path: str | Path) -> Datastore:
+        """Read a file written by `save`; a missing, damaged or foreign file is a
+        `DatastoreError` naming it and what is wrong."""
         path = Path(path).expanduser()
-        try:
-            with np.load(path) as data:
-                if str(data.get("format", "")) != FORMAT:
-                    raise DatastoreError(
-                        f"{path}: not a treegraft datastore (expected format {FORMAT!r}); build "
-                        "one with `treegraft datastore build`"
-                    )
-                tokens = data["tokens"].astype(np.int32, copy=False)
-                positions = data["positions"].astype(_position_type(tokens.size), copy=False)
-                vocab_size = int(data["vocab_size"])
-        except (OSError, ValueError, KeyError) as exc:
-            if isinstance(exc, DatastoreError):
-                raise
-            raise DatastoreError(f"{path}: cannot read a datastore ({exc})") from None
+        tokens, positions, vocab_size = _read_arrays(path)
         width, bits = _layout(vocab_size)
         if positions.size != max(0, tokens.size - width) or (
             positions.size and (positions.min() < width or positions.max() >= tokens.size)
@@ -189,27 +182,76 @@ def tokenize_texts(
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
 
 
-def read_texts(path: str | Path, field: str = "text") -> list[str]:
+def read_texts(path: str | Path, field: str = "text", what: str = "INPUTS") -> list[str]:
     """The texts of a corpus file: one per line of a `.jsonl` file (its `field`), else the
-    whole file as one text."""
+    whole file as one text. A missing file, text that is not UTF-8, a malformed line or one
+    without the string `field` is an `ArgumentError` naming the file (and line); `what` names
+    the argument (`core.inputs`)."""
     path = Path(path).expanduser()
     if path.suffix != ".jsonl":
-        return [path.read_text(encoding="utf-8")]
+        return [read_text(path, what)]
     texts = []
-    with path.open(encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatastoreError(f"{path}:{number}: not JSON ({exc.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get(field), str):
-                raise DatastoreError(
-                    f"{path}:{number}: expected an object with a string {field!r} field"
-                )
-            texts.append(row[field])
+    for number, row in jsonl_records(path, what):
+        if not isinstance(row.get(field), str):
+            raise ArgumentError(
+                f"{path}:{number}: expected an object with a string {field!r} field"
+            )
+        texts.append(row[field])
     return texts
+
+
+def _read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, int]:
+    """The corpus (`[N]` int32), positions (`[M]`) and vocabulary size saved in `path`, their
+    shapes, kinds and ranges checked."""
+    _check_npz(path)
+    try:
+        with np.load(path) as data:
+            if str(data.get("format", "")) != FORMAT:
+                raise DatastoreError(
+                    f"{path}: not a treegraft datastore (expected format {FORMAT!r}); build one "
+                    "with `treegraft datastore build`"
+                )
+            tokens, positions, vocab = data["tokens"], data["positions"], data["vocab_size"]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        if isinstance(exc, DatastoreError):
+            raise
+        raise DatastoreError(
+            f"{path}: cannot read a datastore (a damaged or incomplete .npz file: {exc})"
+        ) from None
+    for name, array in (("tokens", tokens), ("positions", positions)):
+        if array.ndim != 1 or array.dtype.kind not in "iu":
+            raise DatastoreError(
+                f"{path}: a damaged datastore ({name}: expected a 1-D array of ints, got "
+                f"{array.dtype} of shape {list(array.shape)})"
+            )
+    if vocab.shape != () or vocab.dtype.kind not in "iu" or not 1 <= int(vocab) <= 2**32:
+        raise DatastoreError(
+            f"{path}: a damaged datastore (vocab_size: expected an int in 1 .. 2**32, got {vocab})"
+        )
+    vocab_size = int(vocab)
+    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise DatastoreError(
+            f"{path}: a damaged datastore (its token ids {int(tokens.min())} .. "
+            f"{int(tokens.max())} do not fit its vocab_size {vocab_size})"
+        )
+    tokens = tokens.astype(np.int32, copy=False)
+    return tokens, positions.astype(_position_type(tokens.size), copy=False), vocab_size
+
+
+def _check_npz(path: Path) -> None:
+    """Refuse a file that is missing or not a zip archive (an .npz file) before numpy reads it
+    (which would take a text file for pickled data)."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(4)
+    except OSError as exc:
+        raise DatastoreError(f"{path}: cannot read a datastore ({exc.strerror or exc})") from None
+    if head not in (b"PK\x03\x04", b"PK\x05\x06"):
+        what = "an empty file" if not head else "not an .npz file"
+        raise DatastoreError(
+            f"{path}: cannot read a datastore ({what}); a datastore is the .npz file "
+            "`treegraft datastore build` writes"
+        )
 
 
 def _layout(vocab_size: int) -> tuple[int, int]:

@@ -106,3 +106,17 @@ def prepare_output_dir(path: Path, what: str) -> Path:
     except OSError as exc:
         raise ArgumentError(f"{what}: {path} is not writable: {exc.strerror}") from None
     return path
+
+
+def prepare_output_file(path: Path, what: str) -> Path:
+    """Check, before any expensive work, that the file `path` can be written: not a directory,
+    its folder created and writable (`prepare_output_dir`); an `ArgumentError` otherwise."""
+    path = Path(path)
+    if path.is_dir():
+        raise ArgumentError(f"{what}: {path} is a directory; expected a file")
+    try:
+        prepare_output_dir(path.parent, what)
+    except ArgumentError as exc:
+        reason = str(exc).removeprefix(f"{what}: ")
+        raise ArgumentError(f"{what}: cannot write {path}: {reason}") from None
+    return path

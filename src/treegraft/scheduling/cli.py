@@ -37,9 +37,24 @@ def set_threads(threads: int | None) -> None:
     import torch
 
     if threads is not None:
-        if threads < 1:
-            _fail(f"--threads: expected int >= 1, got {threads}")
+        _check_numbers(("--threads", threads, 1))
         torch.set_num_threads(threads)
+
+
+def _check_numbers(
+    *ints: tuple[str, int | None, int], finite: tuple[tuple[str, float], ...] = ()
+) -> None:
+    """Refuse, before any work, an int option below its least (`(option, value, least)`; None:
+    not given) or a float option (`(option, value)`) that is nan or inf."""
+    from treegraft.core.arguments import check_at_least, check_finite
+
+    try:
+        for option, value, least in ints:
+            check_at_least(option, value, least)
+        for option, number in finite:
+            check_finite(option, number)
+    except ValueError as exc:  # an ArgumentError naming the option
+        _fail(str(exc))
 
 
 THREADS_HELP = "torch CPU threads (1 on a shared CPU: steadier timings; default: torch's)"
@@ -170,20 +185,23 @@ def collect(
     import time
 
     set_threads(threads)
+    _check_numbers(("--prompts", prompts, 1), ("--skip", skip, 0), ("--repeats", repeats, 1),
+                   ("--max-new-tokens", max_new_tokens, 1))  # fmt: skip
     shards = executor_options(executor, ray_address, workers, num_cpus, num_gpus)
 
     from treegraft.core.config import ConfigError
+    from treegraft.core.errors import ArgumentError
+    from treegraft.core.inputs import prepare_output_dir
     from treegraft.core.pipeline import load_pipeline
     from treegraft.scheduling.value_costs import check_jitter
     from treegraft.scheduling.value_eval import measure_costs
     from treegraft.scheduling.value_shards import collect_sharded, follow_scheduler
     from treegraft.scheduling.value_system import CostModel, Dataset, PromptIds, ValueSystemError
-    from treegraft.scheduling.value_system import (
-        collect as run_collect,
-    )
+    from treegraft.scheduling.value_system import collect as run_collect
 
     try:
         check_jitter(cost_jitter, jitter_spread)
+        prepare_output_dir(out_dir, "--out")  # before the models load: a file there is refused
         raw = pipeline_mapping(pipeline, target=target, strong=strong, device=device, dtype=dtype)
         pipe = load_pipeline(raw)
         if policy_labels and follow is None:
@@ -214,7 +232,7 @@ def collect(
                     pipe, ids, cost, raw=raw, shards=shards, follow=follow, threads=threads,
                     progress=bar, extra_meta=meta, **settings,
                 )  # fmt: skip
-    except (ConfigError, ValueSystemError, FileNotFoundError) as exc:
+    except (ArgumentError, ConfigError, ValueSystemError, FileNotFoundError) as exc:
         _fail(str(exc))
     data.save(out_dir)
     out.print(json.dumps(data.meta["summary"], indent=1))
@@ -302,12 +320,14 @@ def fit(
 ) -> None:
     """Fit the MLP on the labels of one or more datasets; write the artifact."""
     set_threads(threads)
+    from treegraft.core.inputs import prepare_output_dir
     from treegraft.scheduling.fit import fit_artifact
     from treegraft.scheduling.value_system import Dataset, ValueSystemError
 
     try:
         cfg = fit_config(hidden, epochs, val_fraction, seed, loss, ensemble, drop)
-        result = fit_artifact([Dataset.load(d) for d in datasets], cfg, out_dir)
+        data = [Dataset.load(d) for d in datasets]
+        result = fit_artifact(data, cfg, prepare_output_dir(out_dir, "--out"))
     except (ValueError, ValueSystemError) as exc:
         _fail(str(exc))
     out.print(json.dumps(result.metrics, indent=1))
@@ -360,6 +380,7 @@ def explain(
     from treegraft.scheduling.fit import rows_of
     from treegraft.scheduling.value_system import Dataset, ValueSystemError
 
+    _check_numbers(("--top", top, 1))
     try:
         _check_plot(plot)
         art = SchedulerArtifact.load(artifact)
@@ -423,11 +444,13 @@ def evaluate(
     from treegraft.scheduling.value_system import Dataset, ValueSystemError
 
     set_threads(threads)
+    _check_numbers(("--prompts", prompts, 1), finite=(("--threshold", threshold),))
+    _check_plot(plot)
+    _check_plot(json_path, "--json")
     from treegraft.core.config import ConfigError
 
     artifacts = {"distilled": artifact} if artifact is not None else {}
     try:
-        _check_plot(plot)
         data = Dataset.load(dataset)
         results = replay_dataset(
             dataset, data, names=BASELINES, artifacts=artifacts, threshold=threshold,
@@ -461,12 +484,16 @@ def evaluate(
         console.print(f"wrote {plot_scheduler_gains({str(dataset): rows}, _parent(plot), title)}")
 
 
-def _check_plot(path: Path | None) -> None:
+def _check_plot(path: Path | None, option: str = "--plot") -> None:
+    """Refuse, before any work, an unwritable output file (`--plot`, `--json`) or a non-image plot."""
+    from treegraft.core.inputs import prepare_output_file
     from treegraft.scheduling.plots import check_plot_path
 
     if path is not None:
         try:
-            check_plot_path(path)
+            if option == "--plot":
+                check_plot_path(path)
+            prepare_output_file(path, option)
         except ValueError as exc:
             _fail(str(exc))
 
@@ -535,16 +562,19 @@ def loo(
     Writes OUT/all, OUT/without-<i>-<name> (the artifacts) and OUT/loo.json.
     """
     from treegraft.core.config import ConfigError
+    from treegraft.core.inputs import prepare_output_dir
     from treegraft.scheduling.loo import leave_one_pair_out, load_loo_inputs, loo_table
     from treegraft.scheduling.replay import ratio_text
     from treegraft.scheduling.value_system import ValueSystemError
 
     set_threads(threads)
+    _check_numbers(("--prompts", prompts, 1), finite=(("--threshold", threshold),))
     _check_plot(plot)
     evals = list(evals or [])
     try:
         train, held, more = load_loo_inputs(list(datasets), evals, list(extra or []))
         cfg = fit_config(hidden, epochs, val_fraction, seed, loss, ensemble, drop)
+        prepare_output_dir(out_dir, "--out")
         report = leave_one_pair_out(
             list(datasets), train, evals, held, cfg, out_dir,
             threshold=threshold, prompts=prompts, extra=more,

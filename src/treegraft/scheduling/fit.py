@@ -89,6 +89,12 @@ class FitConfig:
         return tuple(n for n in FEATURE_NAMES if n not in self.drop)
 
     def __attrs_post_init__(self) -> None:
+        if any(w < 1 for w in self.hidden):
+            raise ValueError(f"hidden: expected widths >= 1, got {list(self.hidden)}")
+        if self.epochs < 1:
+            raise ValueError(f"epochs: expected int >= 1, got {self.epochs}")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed: expected int with 0 <= value < 2**63, got {self.seed}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {self.activation!r}")
         if self.loss not in LOSSES:

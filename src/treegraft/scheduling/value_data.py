@@ -156,21 +156,18 @@ class Dataset:
 
     @classmethod
     def load(cls, directory: Path | str) -> Dataset:
-        """Read a dataset directory written by `save`."""
+        """Read a dataset directory written by `save`; a missing, damaged or foreign file is a
+        `ValueSystemError` naming it."""
         path = Path(directory)
         if not (path / DATA_FILE).is_file() or not (path / META_FILE).is_file():
             raise ValueSystemError(
                 f"{path}: not a scheduler dataset (expected {DATA_FILE} and {META_FILE}, written "
                 "by `treegraft scheduler collect`)"
             )
-        meta = json.loads((path / META_FILE).read_text())
-        if meta.get("format") != DATA_FORMAT:
-            raise ValueSystemError(
-                f"{path / META_FILE}: expected format {DATA_FORMAT!r}, got {meta.get('format')!r}"
-            )
-        arrays = {k: v.numpy() for k, v in load_file(str(path / DATA_FILE)).items()}
+        meta = read_meta(path / META_FILE)
+        arrays = read_arrays(path / DATA_FILE, len(meta["feature_names"]))
         plans = path / PLANS_FILE
-        return cls(arrays, meta, read_plans(plans) if plans.is_file() else ())
+        return cls(arrays, meta, read_dataset_plans(plans) if plans.is_file() else ())
 
     def prompts(self) -> list[PromptIds]:
         """The collected prompts with their continuations (for `evaluate` and the oracle)."""
@@ -178,6 +175,67 @@ class Dataset:
             PromptIds(p["id"], torch.tensor(p["ids"], dtype=torch.long), tuple(p["continuation"]))
             for p in self.meta["prompts"]
         ]
+
+
+DAMAGED = "not a complete scheduler dataset file; collect it again"
+META_KEYS = {"feature_names": list, "cost": dict, "prompts": list, "max_new_tokens": int}
+ARRAYS = ("features", "label", "label_rel", "layer", "prompt", "step", "capped")
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """A dataset's `meta.json`: a JSON object of this format with the keys the tools read."""
+    try:
+        meta = json.loads(path.read_bytes())
+    except json.JSONDecodeError as exc:
+        raise ValueSystemError(
+            f"{path}: malformed JSON at line {exc.lineno} column {exc.colno} ({exc.msg}); {DAMAGED}"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueSystemError(f"{path}: cannot be read ({exc}); {DAMAGED}") from None
+    if not isinstance(meta, dict):
+        raise ValueSystemError(
+            f"{path}: expected a JSON object, got {type(meta).__name__}; {DAMAGED}"
+        )
+    if meta.get("format") != DATA_FORMAT:
+        raise ValueSystemError(
+            f"{path}: expected format {DATA_FORMAT!r}, got {meta.get('format')!r}"
+        )
+    bad = [k for k, kind in META_KEYS.items() if not isinstance(meta.get(k), kind)]
+    if bad:
+        raise ValueSystemError(f"{path}: lacks {', '.join(bad)} (or of the wrong type); {DAMAGED}")
+    return meta
+
+
+def read_arrays(path: Path, n_features: int) -> dict[str, np.ndarray]:
+    """A dataset's `data.safetensors`: the arrays the tools read, of one row count, `features`
+    `[N, n_features]`."""
+    try:
+        arrays = {k: v.numpy() for k, v in load_file(str(path)).items()}
+    except Exception as exc:  # safetensors raises its own SafetensorError (an Exception)
+        raise ValueSystemError(f"{path}: cannot be read ({exc}); {DAMAGED}") from None
+    missing = [k for k in ARRAYS if k not in arrays]
+    if missing:
+        raise ValueSystemError(f"{path}: lacks the arrays {', '.join(missing)}; {DAMAGED}")
+    n = arrays["label"].shape[:1]
+    if arrays["features"].shape != (*n, n_features) or any(
+        arrays[k].shape[:1] != n for k in ARRAYS
+    ):
+        shapes = ", ".join(f"{k} {list(arrays[k].shape)}" for k in ARRAYS)
+        raise ValueSystemError(
+            f"{path}: arrays of mismatched shapes ({shapes}; {n_features} features); {DAMAGED}"
+        )
+    return arrays
+
+
+def read_dataset_plans(path: Path) -> tuple[Trajectory, ...]:
+    """A dataset's `plans.json` (`read_plans`, its errors as `ValueSystemError`s)."""
+    from treegraft.core.config import ConfigError
+
+    try:
+        return read_plans(path)
+    except ConfigError as exc:
+        reason = str(exc).removeprefix("pipeline.scheduler.plans: ")
+        raise ValueSystemError(f"{reason}; {DAMAGED}") from None
 
 
 def prompt_meta(record: PromptRecord) -> dict[str, Any]:
