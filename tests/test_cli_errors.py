@@ -99,6 +99,27 @@ def test_a_prompt_past_the_models_positions_is_bad_input(pipeline: Path) -> None
     )
 
 
+def test_the_prompt_file_dash_reads_standard_input(pipeline: Path) -> None:
+    from typer.testing import CliRunner
+
+    args = ["generate", "--pipeline", str(pipeline), "--prompt-file", "-", "--json"]
+    result = CliRunner().invoke(app, args, input=PROMPT.encode())
+    assert result.exit_code == 0, result.output
+    given = generate(pipeline, "--prompt", PROMPT, "--json")
+    tokens = [json.loads(r.stdout)["token_ids"] for r in (result, given)]
+    assert tokens[0] == tokens[1] and tokens[0]
+    bad = CliRunner().invoke(app, args, input=b"t1 \xff")
+    assert_clean(bad, 2, "--prompt-file -: standard input is not UTF-8 text: byte 0xff at offset 3")
+
+
+def test_max_new_tokens_past_the_limit_names_the_flag_before_loading(tmp_path: Path) -> None:
+    missing = tmp_path / "none.yaml"  # nothing loads: the flag is checked first
+    result = generate(missing, "--prompt", PROMPT, "--max-new-tokens", "1000001")
+    assert_clean(
+        result, 2, "--max-new-tokens: expected int with 1 <= value <= 1000000, got 1000001"
+    )
+
+
 def test_a_directory_as_prompt_file(tmp_path: Path, pipeline: Path) -> None:
     assert_clean(
         generate(pipeline, "--prompt-file", str(tmp_path)),

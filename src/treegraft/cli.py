@@ -30,7 +30,8 @@ DEFAULT_PIPELINE = "treegraft"
 def generate(
     prompt: Annotated[str | None, typer.Option("--prompt", "-p", help="prompt text")] = None,
     prompt_file: Annotated[
-        Path | None, typer.Option("--prompt-file", help="read the prompt from a file")
+        Path | None,
+        typer.Option("--prompt-file", help="read the prompt from a file ('-': standard input)"),
     ] = None,
     pipeline: Annotated[
         Path, typer.Option("--pipeline", help="pipeline YAML file")
@@ -83,12 +84,14 @@ def generate(
 ) -> None:
     """Decode a prompt with a pipeline, streaming the text, then print a stats line."""
     from treegraft.cli_generate import GenerateOptions, flag_error, load_generate_pipeline
-    from treegraft.core.config import ConfigError
+    from treegraft.core.config import MAX_NEW_TOKENS, ConfigError
     from treegraft.core.trace import prepare_trace_dir
 
     text = _read_prompt(prompt, prompt_file)
-    if max_new_tokens is not None and max_new_tokens < 1:
-        _fail(f"--max-new-tokens: expected int >= 1, got {max_new_tokens}")
+    if max_new_tokens is not None and not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        _fail(
+            f"--max-new-tokens: expected int with 1 <= value <= {MAX_NEW_TOKENS}, got {max_new_tokens}"
+        )
     if trace is not None:  # before the models load: a wrong folder fails at once
         prepare_trace_dir(trace, replace=replace_trace)
     options = GenerateOptions(device, dtype, temperature, top_p, seed, forward)
@@ -148,8 +151,12 @@ def _use_chat(pipe, text: str) -> None:
     pipe.spec = attrs.evolve(pipe.spec, decoding=attrs.evolve(pipe.spec.decoding, chat=True))
     try:
         pipe.encode(text)
-    except NoChatTemplateError as exc:
-        _fail(str(exc))
+    except NoChatTemplateError:
+        which = pipe.spec.tokenizer or pipe.spec.target
+        _fail(
+            f"--chat: the tokenizer of {which!r} has no chat template; use a chat model's "
+            "pipeline (e.g. --pipeline smollm2-ngram) or leave out --chat"
+        )
 
 
 def _run_generation(
@@ -250,11 +257,13 @@ def _forward_kind(runner) -> str:
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
-    from treegraft.core.inputs import check_utf8, read_text
+    from treegraft.core.inputs import check_utf8, read_stdin, read_text
 
     if (prompt is None) == (prompt_file is None):
         _fail("give exactly one of --prompt or --prompt-file")
-    if prompt_file is not None:
+    if prompt_file == Path("-"):  # standard input
+        prompt = read_stdin("--prompt-file -")
+    elif prompt_file is not None:
         prompt = read_text(prompt_file, "--prompt-file")
     else:
         prompt = check_utf8(prompt, "--prompt")

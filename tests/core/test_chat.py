@@ -100,6 +100,9 @@ def test_chat_without_a_template_is_a_clear_cli_error(tmp_path, plain_model, fla
     result = CliRunner().invoke(cli.app, args)
     assert result.exit_code == 2
     assert "has no chat template" in result.stderr
+    # the advice names what the user set: the flag, or the pipeline's key
+    assert ("leave out --chat" in result.stderr) == flag
+    assert ("decoding.chat: false" in result.stderr) == (not flag)
 
 
 def test_messages_of_reads_the_zoo_suites_turn_markers():

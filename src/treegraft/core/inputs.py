@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,18 +20,28 @@ def read_text(path: Path, what: str) -> str:
     path = Path(path)
     if path.is_dir():
         raise ArgumentError(f"{what}: {path} is a directory; expected a file")
-    if not path.is_file():
+    if not path.exists():  # a pipe or a device (/dev/stdin) is read as a file is
         raise ArgumentError(f"{what}: {path} not found")
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise ArgumentError(f"{what}: cannot read {path}: {exc.strerror}") from None
+    return utf8_text(data, what, str(path))
+
+
+def read_stdin(what: str) -> str:
+    """The UTF-8 text of standard input (`what` names it in errors: `--prompt-file -`)."""
+    return utf8_text(sys.stdin.buffer.read(), what, "standard input")
+
+
+def utf8_text(data: bytes, what: str, source: str) -> str:
+    """`data` decoded as UTF-8; else an error naming `source` and the first bad byte."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ArgumentError(
-            f"{what}: {path} is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset "
+            f"{what}: {source} is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset "
             f"{exc.start} (line {line}); save it as UTF-8"
         ) from None
 
