@@ -91,3 +91,13 @@ def test_ray_options_on_a_local_run_are_refused_not_ignored(sweep: Path, tmp_pat
         in " ".join(result.output.split())
     )
     assert not out.exists()
+
+
+def test_resume_and_force_together_are_refused(sweep: Path, tmp_path: Path):
+    """`--force` (start over) was silently ignored: the sweep was resumed."""
+    out = tmp_path / "out"
+    args = ["bench", "run", str(sweep), "--out", str(out), "--resume", "--force"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert "--resume and --force: choose one" in result.output
+    assert not out.exists()

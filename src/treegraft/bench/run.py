@@ -64,7 +64,8 @@ def run_bench(
             as done is kept, the others (cut short, failed or never started) run, pairs with
             nothing left load no model, and the replays reuse the latency curves the sweep
             stored first. Raises `ConfigError` when `out_dir` holds another sweep (or none).
-        force: overwrite the results in a non-empty `out_dir` instead of refusing.
+        force: overwrite the results in a non-empty `out_dir` instead of refusing (not with
+            `resume`: `ConfigError`).
     """
     from treegraft.bench import units as work
     from treegraft.bench.progress import UnitProgress
