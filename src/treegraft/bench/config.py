@@ -290,12 +290,9 @@ def bench_config_from_dict(
 
 
 def load_bench_config(path: str | Path) -> BenchConfig:
-    """Read and validate a sweep YAML file (no model is loaded)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: benchmark config file not found")
-    data = parse_yaml(path.read_text(), str(path))
-    return bench_config_from_dict(data, base_dir=path.parent, source=str(path))
+    """Read and validate a sweep YAML file (no model is loaded); an error names the file and the
+    field: `sweep.yaml: bench.max_new_tokens: expected int >= 1, got 0`."""
+    return load_bench_config_with(path)
 
 
 def _hint(name: object, known: list[str]) -> str:
@@ -355,8 +352,10 @@ def load_bench_config_with(
     prompts: int | None = None,
     max_new_tokens: int | None = None,
 ) -> BenchConfig:
-    """`load_bench_config` with command-line overrides of the sweep file, validated as its fields
-    (a bad value names the flag and the field: `--prompts (bench.prompts_per_suite): ...`).
+    """`load_bench_config` with command-line overrides of the sweep file, validated as its fields.
+    A bad value names where it came from: the flag and the field where a flag gave it
+    (`--prompts (bench.prompts_per_suite): ...`), else the file and the field
+    (`sweep.yaml: bench.prompts_per_suite: ...`).
 
     `suites` replaces the file's suites; `pairs` keeps only the pairs of those names (labels, or
     `target+drafter`), in the order given.
@@ -365,13 +364,14 @@ def load_bench_config_with(
     if not path.is_file():
         raise ConfigError(f"{path}: benchmark config file not found")
     data = parse_yaml(path.read_text(), str(path))
+    flags = {"suites": suites, "prompts_per_suite": prompts, "max_new_tokens": max_new_tokens}
+    given = {k: v for k, v in flags.items() if v is not None}
     if isinstance(data, Mapping):
-        flags = {"suites": suites, "prompts_per_suite": prompts, "max_new_tokens": max_new_tokens}
-        data = {**data, **{k: v for k, v in flags.items() if v is not None}}
+        data = {**data, **given}
     try:
         config = bench_config_from_dict(data, base_dir=path.parent, source=str(path))
     except ConfigError as exc:
-        raise ConfigError(_name_flag(str(exc))) from None
+        raise ConfigError(_name_source(str(exc), path, set(given))) from None
     return config if pairs is None else select_pairs(config, pairs)
 
 
@@ -383,12 +383,15 @@ FLAGS = {
 }
 
 
-def _name_flag(message: str) -> str:
-    for key, flag in FLAGS.items():
-        path = f"{ROOT}.{key}"
-        if message.startswith((path + ":", path + "[")):
-            return f"{flag} ({message.split(':', 1)[0]}):{message.split(':', 1)[1]}"
-    return message
+def _name_source(message: str, path: Path, given: set[str]) -> str:
+    """`message` (`bench.FIELD...: ...`) prefixed with its source: the flag that gave the field
+    (one of `given`), else the sweep file."""
+    for key in given:
+        field_path = f"{ROOT}.{key}"
+        if message.startswith((field_path + ":", field_path + "[")):
+            where, rest = message.split(":", 1)
+            return f"{FLAGS[key]} ({where}):{rest}"
+    return f"{path}: {message}"
 
 
 def select_pairs(config: BenchConfig, names: list[str]) -> BenchConfig:
