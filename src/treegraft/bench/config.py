@@ -34,6 +34,7 @@ from treegraft.core.config import (
     parse_yaml,
     structure_config,
 )
+from treegraft.core.devices import DEVICE_NAMES
 from treegraft.core.runner.forwards import FORWARD_SETTINGS
 from treegraft.core.runner.placement import valid_device_maps
 from treegraft.zoo import SUITES
@@ -69,6 +70,9 @@ HF_ASSISTED = "hf-assisted"
 #: (`eagle-only`) and the n-gram drafter with the zoo's datastore (`ngram-store`: the default
 #: pipeline's weak drafter alone).
 ENDPOINTS = ("ngram-only", "lm-only", "eagle-only", "ngram-store")
+
+#: A count that may be left to Hugging Face's default (null).
+COUNT_OR_NULL = Check(">= 1 or null", lambda v: v is None or v >= 1)
 
 
 @attrs.frozen
@@ -157,7 +161,13 @@ class BenchSettings:
     dtype: str = field(
         "float32", check=one_of("float32", "float64", "bfloat16", "float16"), doc="model precision"
     )
-    device: str = field("auto", doc="'auto' (CUDA when present), 'cpu' or 'cuda:N'")
+    device: str = field(
+        "auto",
+        check=Check(
+            "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'", lambda v: bool(DEVICE_NAMES.fullmatch(v))
+        ),
+        doc="every pipeline's decoding.device; one this machine lacks is refused at start",
+    )
     forward: str = field(
         "auto",
         check=one_of(*FORWARD_SETTINGS),
@@ -171,13 +181,17 @@ class BenchSettings:
     warmup_tokens: int = field(8, check=at_least(0), doc="tokens of one untimed warm-up per method")
     latency_repeats: int = field(5, check=at_least(1), doc="timed forwards per latency-curve point")
     hf_assistant_tokens: int | None = field(
-        None, doc="num_assistant_tokens of HF assisted generation (None: the HF default)"
+        None,
+        check=COUNT_OR_NULL,
+        doc="num_assistant_tokens of HF assisted generation (None: the HF default)",
     )
     hf_prompt_lookup_tokens: int = field(
         10, check=at_least(1), doc="prompt_lookup_num_tokens of HF prompt-lookup decoding"
     )
     hf_max_ngram: int | None = field(
-        None, doc="max_matching_ngram_size of HF prompt-lookup decoding (None: the HF default)"
+        None,
+        check=COUNT_OR_NULL,
+        doc="max_matching_ngram_size of HF prompt-lookup decoding (None: the HF default)",
     )
     chat: bool = field(
         False,
@@ -194,7 +208,7 @@ class ExecutorSettings:
     address: str | None = field(None, doc="Ray cluster to join (None: start a local one)")
     workers: int | None = field(
         None,
-        check=Check(">= 1 or null", lambda v: v is None or v >= 1),
+        check=COUNT_OR_NULL,
         doc="Ray actors (None: as many as the cluster fits)",
     )
     num_cpus: float = field(1.0, check=at_least(0), doc="CPUs each Ray actor requests")

@@ -73,6 +73,7 @@ def run_bench(
 
     out = Path(out_dir)
     s = config.settings
+    check_device(config)
     prompts = load_suites(s.suites, s.prompts_per_suite, config.base_dir)
     plans = {pair.name: pipeline_plans(config, pair, registry) for pair in config.pairs}
     segment = {"started": _now(), "options": options or {}, "environment": report.environment()}
@@ -128,6 +129,15 @@ def run_bench(
         (out / report.MANIFEST, *files),
         tuple(failed),
     )
+
+
+def check_device(config: BenchConfig) -> None:
+    """Refuse, before any model loads, a device this machine lacks (`cuda` without CUDA, ...).
+    Ray workers run on machines of their own: there the check is theirs."""
+    from treegraft.core.devices import device_problem
+
+    if config.executor.name == "local" and (problem := device_problem(config.settings.device)):
+        raise ConfigError(f"bench.device: {problem}")
 
 
 def check_models(
