@@ -263,9 +263,11 @@ def compare(
     for note in result.notes:
         out.print(f"note: {note}", highlight=False)
     beyond = [r[1] for r in rows if r[4].startswith("yes")]
+    unjudged = sum(r[4] == "-" for r in rows)
     out.print(
         f"{len(beyond)} of {len(rows)} rows differ beyond their 95% speedup intervals"
-        + (f": {', '.join(beyond)}" if beyond else ""),
+        + (f": {', '.join(beyond)}" if beyond else "")
+        + (f" ({unjudged} without intervals to judge)" if unjudged else ""),
         highlight=False,
     )
     if markdown is not None:
