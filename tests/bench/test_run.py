@@ -8,7 +8,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from tests.bench.conftest import write_suites
+from tests.bench.conftest import pair_resources, write_suites
 from tests.conftest import memory_resources
 from treegraft.bench import bench_config_from_dict, run_bench
 from treegraft.bench.run import check_device
@@ -42,3 +42,37 @@ def test_a_device_this_machine_lacks_is_refused_before_any_model_loads(tmp_path)
     assert not out.exists()
     ray = attrs.evolve(config, executor=attrs.evolve(config.executor, name="ray"))
     check_device(ray)  # Ray workers run elsewhere: their devices are theirs to check
+
+
+DAMAGED = {
+    "truncated": (b'{"started": "2026-', "malformed JSON at line 1 column 13: Unterminated"),
+    "a-list": (b"[1, 2]", "expected a JSON object, got a list"),
+    "not-utf8": (b"\xff\xfe{}", "not UTF-8 text: byte 0xff at offset 0"),
+    "no-config": (b'{"started": "x"}', "no 'config' object in it"),
+    "config-a-list": (b'{"config": []}', "no 'config' object in it"),
+    "segments": (b'{"config": {}, "segments": {}}', "its 'segments' is not a list"),
+    "prompts": (b'{"config": {}, "prompts": [1]}', "its 'prompts' is not a dict"),
+}
+
+
+@pytest.mark.parametrize(("content", "why"), DAMAGED.values(), ids=DAMAGED.keys())
+def test_a_damaged_manifest_is_named_not_an_internal_error(tmp_path, content: bytes, why: str):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_bytes(content)
+    with pytest.raises(ConfigError) as info:
+        run_bench(
+            small_config(tmp_path), out, resources=memory_resources(), progress=False, resume=True
+        )
+    assert str(info.value).startswith(
+        f"cannot resume {out}: {out / 'manifest.json'} is not a results manifest ({why}"
+    )
+
+
+def test_damaged_latency_curves_are_named(tmp_path):
+    config = small_config(tmp_path, replay=True, latency_repeats=1)
+    out = tmp_path / "out"
+    run_bench(config, out, resources=pair_resources(), progress=False)
+    (out / "latency.json").write_text('{"target+draft": {"target": [1.0,')
+    with pytest.raises(ConfigError, match=r"latency\.json is not latency curves \(malformed JSON"):
+        run_bench(config, out, resources=memory_resources(), progress=False, resume=True)

@@ -26,11 +26,13 @@ from treegraft.bench.methods import (
     PipelinePlan,
     pipeline_plans,
 )
+from treegraft.bench.readback import read_json_object
 from treegraft.bench.records import MEASURED, REPLAY, Request
 from treegraft.bench.suites import Prompt, load_suites
 from treegraft.bench.summary import write_summary_json
 from treegraft.bench.sweep import BenchResult, first_few
 from treegraft.core.config import ConfigError
+from treegraft.core.errors import ArgumentError
 from treegraft.core.registry import Registry
 from treegraft.core.resources import Resources
 
@@ -232,14 +234,9 @@ def resumed_state(
     """
     from treegraft.bench.store import legacy_records
 
-    path = out / report.MANIFEST
-    if not path.is_file():
-        raise ConfigError(
-            f"cannot resume {out}: no {report.MANIFEST} there (not a results directory)"
-        )
-    manifest = json.loads(path.read_text())
+    manifest = read_manifest(out)
     wanted = json.loads(json.dumps(config.as_dict()))
-    had = manifest.get("config", {})
+    had = manifest["config"]
     differ = sorted(k for k in wanted.keys() | had.keys() if wanted.get(k) != had.get(k))
     if differ:
         raise ConfigError(
@@ -257,8 +254,33 @@ def resumed_state(
             if record.pair in expected and expected[record.pair] <= got:
                 store.append(record)
     latency = out / report.LATENCY
-    curves = json.loads(latency.read_text()) if latency.is_file() else {}
+    try:
+        curves = read_json_object(latency, "latency curves") if latency.is_file() else {}
+    except ArgumentError as exc:
+        raise ConfigError(f"cannot resume {out}: {exc}") from None
     return manifest, curves
+
+
+def read_manifest(out: Path) -> dict[str, Any]:
+    """The manifest of the results directory `out`, checked to be one (`ConfigError` naming the
+    file where it is missing or damaged)."""
+    path = out / report.MANIFEST
+    if not path.is_file():
+        raise ConfigError(
+            f"cannot resume {out}: no {report.MANIFEST} there (not a results directory)"
+        )
+    try:
+        manifest = read_json_object(path, "a results manifest")
+        if not isinstance(manifest.get("config"), dict):
+            raise ArgumentError(f"{path} is not a results manifest (no 'config' object in it)")
+        for key, kind in (("segments", list), ("prompts", dict)):
+            if not isinstance(manifest.get(key, kind()), kind):
+                raise ArgumentError(
+                    f"{path} is not a results manifest (its {key!r} is not a {kind.__name__})"
+                )
+    except ArgumentError as exc:
+        raise ConfigError(f"cannot resume {out}: {exc}") from None
+    return manifest
 
 
 def prompt_digests(prompts: list[Prompt]) -> dict[str, str]:
