@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import attrs
 import pytest
+import yaml
 
 from tests.bench.conftest import pair_resources, write_suites
 from tests.conftest import memory_resources
@@ -42,6 +44,41 @@ def test_a_device_this_machine_lacks_is_refused_before_any_model_loads(tmp_path)
     assert not out.exists()
     ray = attrs.evolve(config, executor=attrs.evolve(config.executor, name="ray"))
     check_device(ray)  # Ray workers run elsewhere: their devices are theirs to check
+
+
+def test_resume_refuses_a_pipeline_whose_file_changed(tmp_path):
+    """Same sweep file, same pipeline path, but the pipeline's content was edited: its stored
+    results were measured with the old one and would be mixed with new ones under one label."""
+    config = small_config(tmp_path)
+    out = tmp_path / "out"
+    run_bench(config, out, resources=pair_resources(), progress=False)
+    digests = json.loads((out / "manifest.json").read_text())["pipelines"]
+    assert list(digests) == ["target+draft/mine"] and len(digests["target+draft/mine"]) == 16
+    pipeline = tmp_path / "mine.yaml"
+    original = pipeline.read_text()
+    edited = yaml.safe_load(original)
+    edited["builder"]["budget"] = 1
+    pipeline.write_text(yaml.safe_dump(edited))
+    with pytest.raises(ConfigError) as info:
+        run_bench(config, out, resources=pair_resources(), progress=False, resume=True)
+    assert str(info.value) == (
+        f"cannot resume {out}: pipeline mine ({pipeline}) changed since its results were "
+        "measured; restore it, or start a new sweep (another --out, or --force)"
+    )
+    pipeline.write_text(original + "\n# a comment changes nothing\n")  # restored
+    run_bench(config, out, resources=pair_resources(), progress=False, resume=True)
+
+
+def test_a_manifest_without_pipeline_digests_resumes_with_a_warning(tmp_path):
+    config = small_config(tmp_path)
+    out = tmp_path / "out"
+    run_bench(config, out, resources=pair_resources(), progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    recorded = manifest.pop("pipelines")
+    (out / "manifest.json").write_text(json.dumps(manifest))  # as an older treegraft wrote it
+    with pytest.warns(UserWarning, match=r"records no pipeline digests \(an older sweep\)"):
+        run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
+    assert json.loads((out / "manifest.json").read_text())["pipelines"] == recorded
 
 
 DAMAGED = {

@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import time
+import warnings
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -89,6 +90,7 @@ def run_bench(
             manifest = {**segment, "config": config.as_dict(), "segments": [segment]}
             curves = {}
         manifest["prompts"] = digests
+        manifest["pipelines"] = pipeline_digests(plans)
         report.write_json(manifest, out / report.MANIFEST)
         log = report.RequestLog(out / report.REQUESTS, ordered_requests(config, prompts, store))
         todo = work.plan_units(
@@ -242,6 +244,7 @@ def resumed_state(
         raise ConfigError(
             f"cannot resume {out}: its sweep differs from this one in {', '.join(differ)}"
         )
+    check_pipelines_unchanged(out, manifest.get("pipelines"), plans)
     manifest.setdefault(
         "segments",
         [{k: manifest[k] for k in ("started", "options", "environment") if k in manifest}],
@@ -273,7 +276,7 @@ def read_manifest(out: Path) -> dict[str, Any]:
         manifest = read_json_object(path, "a results manifest")
         if not isinstance(manifest.get("config"), dict):
             raise ArgumentError(f"{path} is not a results manifest (no 'config' object in it)")
-        for key, kind in (("segments", list), ("prompts", dict)):
+        for key, kind in (("segments", list), ("prompts", dict), ("pipelines", dict)):
             if not isinstance(manifest.get(key, kind()), kind):
                 raise ArgumentError(
                     f"{path} is not a results manifest (its {key!r} is not a {kind.__name__})"
@@ -283,10 +286,56 @@ def read_manifest(out: Path) -> dict[str, Any]:
     return manifest
 
 
+def pipeline_digests(plans: dict[str, list[PipelinePlan]]) -> dict[str, str]:
+    """Per pipeline of each pair (`pair/label`), a short SHA-256 of the mapping it is built from
+    (its file's content, the pair's models, the overrides, the bench's decoding): a resumed sweep
+    checks that its pipelines are still the ones its stored results were measured with."""
+    return {
+        f"{pair}/{plan.label}": _plan_digest(plan)
+        for pair, pair_plans in plans.items()
+        for plan in pair_plans
+    }
+
+
+def check_pipelines_unchanged(
+    out: Path, had: dict[str, str] | None, plans: dict[str, list[PipelinePlan]]
+) -> None:
+    """Raise `ConfigError` naming each pipeline whose mapping differs from the one recorded in
+    `out`'s manifest (`had`); a manifest written before they were recorded (None) is resumed
+    with a warning that its pipelines cannot be checked."""
+    if had is None:
+        warnings.warn(
+            f"{out / report.MANIFEST} records no pipeline digests (an older sweep): the stored "
+            "results cannot be checked against the pipelines' files; keep them unchanged",
+            stacklevel=3,
+        )
+        return
+    changed = {
+        plan.label: plan.source
+        for pair, pair_plans in plans.items()
+        for plan in pair_plans
+        if had.get(f"{pair}/{plan.label}") != _plan_digest(plan)
+    }
+    if changed:
+        named = [f"{label} ({source})" for label, source in changed.items()]
+        raise ConfigError(
+            f"cannot resume {out}: pipeline {first_few(named)} changed since its results were "
+            "measured; restore it, or start a new sweep (another --out, or --force)"
+        )
+
+
+def _plan_digest(plan: PipelinePlan) -> str:
+    return _digest(json.dumps(plan.raw, sort_keys=True, default=str))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def prompt_digests(prompts: list[Prompt]) -> dict[str, str]:
     """Per prompt (`suite/id`), a short SHA-256 of its text: a resumed sweep checks that its
     suites' prompts are still the ones its stored results were measured on."""
-    return {f"{p.suite}/{p.id}": hashlib.sha256(p.text.encode()).hexdigest()[:16] for p in prompts}
+    return {f"{p.suite}/{p.id}": _digest(p.text) for p in prompts}
 
 
 def check_prompts_unchanged(out: Path, had: Any, now: dict[str, str]) -> None:
