@@ -91,3 +91,43 @@ def test_ray_options_on_a_local_run_are_refused_not_ignored(sweep: Path, tmp_pat
         in " ".join(result.output.split())
     )
     assert not out.exists()
+
+
+FILE_BAD = {
+    "max_new_tokens": ({"max_new_tokens": 0}, "bench.max_new_tokens: expected int >= 1, got 0"),
+    "prompts": (
+        {"prompts_per_suite": "3"},
+        "bench.prompts_per_suite: expected int >= 1, got '3'",
+    ),
+    "suites": ({"suites": "s.jsonl"}, "bench.suites: expected list of str, got 's.jsonl'"),
+}
+
+
+@pytest.mark.parametrize(("change", "message"), FILE_BAD.values(), ids=FILE_BAD.keys())
+def test_a_mistake_in_the_file_names_the_file_not_a_flag(
+    tmp_path: Path, change: dict, message: str
+):
+    """It was blamed on `--max-new-tokens` (`--prompts`, `--suites`), which nobody gave."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({**SWEEP, **change}))
+    with pytest.raises(ConfigError) as info:
+        load_bench_config_with(path)
+    assert str(info.value).startswith(f"{path}: {message}")
+    other = {"prompts": 2} if "max_new_tokens" in change else {"max_new_tokens": 16}
+    with pytest.raises(ConfigError) as info:  # another flag given: still the file's mistake
+        load_bench_config_with(path, **other)
+    assert str(info.value).startswith(f"{path}: {message}")
+    result = CliRunner().invoke(app, ["bench", "run", str(path), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert f"{path.name}: {message}" in " ".join(result.output.split())
+    assert "--" not in result.output.replace(str(tmp_path), "")
+
+
+def test_resume_and_force_together_are_refused(sweep: Path, tmp_path: Path):
+    """`--force` (start over) was silently ignored: the sweep was resumed."""
+    out = tmp_path / "out"
+    args = ["bench", "run", str(sweep), "--out", str(out), "--resume", "--force"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert "--resume and --force: choose one" in result.output
+    assert not out.exists()

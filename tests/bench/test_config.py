@@ -300,3 +300,34 @@ def test_the_silent_chain_sweep_runs_the_default_with_and_without_chains():
     ]
     assert plans["treegraft-no-chain"]["builder"]["silent_chain"] == 0
     assert plans["treegraft-strong-chain"]["builder"]["silent_drafter"] == -1
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {"device": "gpu"},
+            "bench.device: expected str 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got 'gpu'",
+        ),
+        ({"device": "cuda:x"}, "bench.device: expected str 'auto', 'cpu', 'cuda', 'cuda:N'"),
+        (
+            {"hf_assistant_tokens": -3},
+            "bench.hf_assistant_tokens: expected int >= 1, or null, got -3",
+        ),
+        ({"hf_max_ngram": 0}, "bench.hf_max_ngram: expected int >= 1, or null, got 0"),
+        ({"hf_max_ngram": "2"}, "bench.hf_max_ngram: expected int >= 1, or null, got '2'"),
+    ],
+)
+def test_settings_passed_to_the_models_are_checked_when_read(data, message):
+    """They were not: the sweep started, and every unit failed after its models loaded."""
+    with pytest.raises(ConfigError) as exc:
+        bench_config_from_dict({"pairs": [PAIR], **data})
+    assert message in str(exc.value)
+
+
+def test_null_hf_settings_and_every_device_name_are_accepted():
+    for device in ("auto", "cpu", "cuda", "cuda:1", "mps"):
+        cfg = bench_config_from_dict({"pairs": [PAIR], "device": device, "hf_max_ngram": None})
+        assert cfg.settings.device == device and cfg.settings.hf_max_ngram is None
+    cfg = bench_config_from_dict({"pairs": [PAIR], "hf_assistant_tokens": 5, "hf_max_ngram": 3})
+    assert (cfg.settings.hf_assistant_tokens, cfg.settings.hf_max_ngram) == (5, 3)

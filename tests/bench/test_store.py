@@ -106,3 +106,10 @@ def test_a_file_in_place_of_the_folder_is_a_clear_error(tmp_path):
     refused = r"--out .*taken: cannot write a results folder there"
     with pytest.raises(OutDirError, match=refused), ResultStore.open(tmp_path / "taken"):
         pass
+
+
+def test_resume_and_force_together_are_refused(tmp_path):
+    refused = pytest.raises(OutDirError, match=r"^--resume and --force: choose one \(--resume")
+    with refused, ResultStore.open(tmp_path / "out", resume=True, force=True):
+        pass
+    assert not (tmp_path / "out").exists()

@@ -144,6 +144,7 @@ def run(
     """Run a sweep: pairs x suites x (plain decoding, baselines, pipelines); write the reports."""
     from treegraft.bench.config import load_bench_config_with
     from treegraft.bench.run import run_bench
+    from treegraft.bench.store import RESUME_OR_FORCE
     from treegraft.core.config import ConfigError
     from treegraft.core.inputs import prepare_output_dir
 
@@ -162,6 +163,8 @@ def run(
         _fail(f"--repeat: expected int >= 1, got {repeat}")
     if resume and out_dir is None:
         _fail("--resume: give the results directory to continue with --out DIR")
+    if resume and force:
+        _fail(RESUME_OR_FORCE)
     cfg = cfg.quick() if quick else cfg
     cfg = cfg.with_settings(**{k: v for k, v in overrides.items() if v is not None})
     cfg = cfg.with_settings(repeat=repeat) if repeat is not None else cfg
@@ -260,9 +263,11 @@ def compare(
     for note in result.notes:
         out.print(f"note: {note}", highlight=False)
     beyond = [r[1] for r in rows if r[4].startswith("yes")]
+    unjudged = sum(r[4] == "-" for r in rows)
     out.print(
         f"{len(beyond)} of {len(rows)} rows differ beyond their 95% speedup intervals"
-        + (f": {', '.join(beyond)}" if beyond else ""),
+        + (f": {', '.join(beyond)}" if beyond else "")
+        + (f" ({unjudged} without intervals to judge)" if unjudged else ""),
         highlight=False,
     )
     if markdown is not None:

@@ -4,15 +4,19 @@ for two independent runs of equal precision)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import attrs
 
 from treegraft.bench.aggregate import ALL
 from treegraft.bench.config import AR
+from treegraft.bench.readback import read_json_object, read_summary_csv
 from treegraft.bench.records import MEASURED
-from treegraft.bench.report import SUMMARY_CSV, markdown_table, read_csv
+from treegraft.bench.report import MANIFEST, SUMMARY_CSV, markdown_table
+from treegraft.bench.stats import MIN_PROMPTS
 from treegraft.core.errors import ArgumentError
 
 HEADERS = (
@@ -50,6 +54,7 @@ class Comparison:
         return (
             f"A: `{a}` · B: `{b}` · suite: {self.suite} · {self.baseline_note()}\n\n"
             + markdown_table(HEADERS, self.rows)
+            + "".join(f"\n\nNote: {note}" for note in self.notes)
         )
 
     def compact(self) -> tuple[tuple[str, ...], ...]:
@@ -79,11 +84,14 @@ def _point(cell: str) -> str:
 
 def differ(a: dict | None, b: dict | None) -> str:
     """Whether two rows' speedup intervals are disjoint: `yes (B faster)`, `yes (A faster)`, `no`
-    (they overlap), or `-` when either run has no interval (a run written before intervals)."""
+    (they overlap), or `-` when either run has no interval (a run written before intervals, or a
+    row of one prompt: its interval is a point)."""
     try:
         lo_a, hi_a = float(a["speedup_lo"]), float(a["speedup_hi"])  # type: ignore[index]
         lo_b, hi_b = float(b["speedup_lo"]), float(b["speedup_hi"])  # type: ignore[index]
     except (TypeError, KeyError, ValueError):
+        return "-"
+    if min(_prompts(a), _prompts(b)) < 2:
         return "-"
     if lo_b > hi_a:
         return "yes (B faster)"
@@ -92,37 +100,93 @@ def differ(a: dict | None, b: dict | None) -> str:
     return "no"
 
 
+def _prompts(row: dict) -> float:
+    """A row's prompt count (enough, for a run written before rows counted them)."""
+    try:
+        return float(row.get("prompts") or MIN_PROMPTS)
+    except ValueError:
+        return MIN_PROMPTS
+
+
 def load_summary(result_dir: Path) -> list[dict[str, str]]:
-    """The rows of `summary.csv` in a result directory."""
+    """The rows of `summary.csv` in a result directory (`ArgumentError` if it is damaged)."""
     path = Path(result_dir) / SUMMARY_CSV
     if not path.is_file():
         raise FileNotFoundError(
             f"{result_dir}: no {SUMMARY_CSV}; is this a `treegraft bench` result directory?"
         )
-    return read_csv(path)
+    return read_summary_csv(path)
+
+
+def load_settings(result_dir: Path) -> dict[str, Any] | None:
+    """The sweep config recorded in a result directory's manifest (None: it has no manifest)."""
+    path = Path(result_dir) / MANIFEST
+    if not path.is_file():
+        return None
+    config = read_json_object(path, "a results manifest").get("config")
+    if not isinstance(config, dict):
+        raise ArgumentError(f"{path} is not a results manifest (no 'config' object in it)")
+    return config
 
 
 def compare(a_dir: Path, b_dir: Path, *, suite: str = ALL) -> Comparison:
     """Match the rows of two runs; a method present in only one run shows '-' on the other side."""
     a_rows, b_rows = load_summary(a_dir), load_summary(b_dir)
-    notes = tuple(
-        f"{name} ({where}) predates paired speedups: its speedup is the ratio of medians, "
-        "without intervals; rerun it to compare like with like"
-        for name, where, rows in (("A", a_dir, a_rows), ("B", b_dir, b_rows))
-        if rows and "speedup_lo" not in rows[0]
-    )
+    runs = (("A", a_dir, a_rows), ("B", b_dir, b_rows))
     suites = sorted({r["suite"] for r in [*a_rows, *b_rows]} - {ALL})
     if suite != ALL and suite not in suites:
         raise ArgumentError(
             f"--suite: neither run has a suite {suite!r}; they have: {', '.join(suites) or 'none'}"
         )
+    notes = settings_notes(a_dir, b_dir)
+    notes += [
+        f"{name} ({where}) predates paired speedups: its speedup is the ratio of medians, "
+        "without intervals; rerun it to compare like with like"
+        for name, where, rows in runs
+        if "speedup_lo" not in rows[0]
+    ]
+    notes += [n for name, where, rows in runs if (n := few_prompts(name, where, rows, suite))]
     a = {_key(r): r for r in a_rows if r["suite"] == suite}
     b = {_key(r): r for r in b_rows if r["suite"] == suite}
     keys = list(dict.fromkeys([*a, *b]))
     if len({k[0] for k in keys} - {ALL}) == 1:  # one pair: its rows are the overall rows
         keys = [k for k in keys if k[0] != ALL]
     rows = tuple(_row(k, a.get(k), b.get(k)) for k in keys)
-    return Comparison(suite, rows, notes, baselines=(_baseline(a.values()), _baseline(b.values())))
+    baselines = (_baseline(a.values()), _baseline(b.values()))
+    return Comparison(suite, rows, tuple(notes), baselines=baselines)
+
+
+def settings_notes(a_dir: Path, b_dir: Path) -> list[str]:
+    """A note naming the sweep settings two runs differ in (`max_new_tokens 8 vs 16`), or one
+    saying which run has no manifest to compare."""
+    a, b = load_settings(a_dir), load_settings(b_dir)
+    if a is None or b is None:
+        lacking = [f"{n} ({d})" for n, d, c in (("A", a_dir, a), ("B", b_dir, b)) if c is None]
+        return [f"{' and '.join(lacking)}: no {MANIFEST}, so the runs' settings are not compared"]
+    changed = [k for k in sorted(a.keys() | b.keys()) if k != "source" and a.get(k) != b.get(k)]
+    if not changed:
+        return []
+    shown = ", ".join(_setting(k, a.get(k), b.get(k)) for k in changed)
+    return [f"A and B ran different sweeps ({shown}): their numbers may not be comparable"]
+
+
+def _setting(key: str, a: Any, b: Any) -> str:
+    """`max_new_tokens 8 vs 16`; a long value (the pairs, the pipelines) by its key alone."""
+    x, y = (json.dumps(v, ensure_ascii=False) for v in (a, b))
+    return f"{key} {x} vs {y}" if max(len(x), len(y)) <= 40 else key
+
+
+def few_prompts(name: str, where: Path, rows: list[dict[str, str]], suite: str) -> str | None:
+    """A note when a run's rows of `suite` have too few prompts for their intervals to mean much."""
+    counts = [_prompts(r) for r in rows if r["suite"] == suite]
+    fewest = min(counts, default=MIN_PROMPTS)
+    if fewest >= MIN_PROMPTS:
+        return None
+    if fewest < 2:
+        why = "one prompt's speedup has no interval, so 'differ?' is not judged"
+    else:
+        why = f"intervals from fewer than {MIN_PROMPTS} prompts are unreliable"
+    return f"{name} ({where}): {fewest:g} prompt(s) per method in {suite}: {why}; run more prompts"
 
 
 def _baseline(rows: Iterable[dict[str, str]]) -> str:

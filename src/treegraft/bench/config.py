@@ -34,6 +34,7 @@ from treegraft.core.config import (
     parse_yaml,
     structure_config,
 )
+from treegraft.core.devices import DEVICE_NAMES
 from treegraft.core.runner.forwards import FORWARD_SETTINGS
 from treegraft.core.runner.placement import valid_device_maps
 from treegraft.zoo import SUITES
@@ -69,6 +70,9 @@ HF_ASSISTED = "hf-assisted"
 #: (`eagle-only`) and the n-gram drafter with the zoo's datastore (`ngram-store`: the default
 #: pipeline's weak drafter alone).
 ENDPOINTS = ("ngram-only", "lm-only", "eagle-only", "ngram-store")
+
+#: A count that may be left to Hugging Face's default (null).
+COUNT_OR_NULL = Check(">= 1 or null", lambda v: v is None or v >= 1)
 
 
 @attrs.frozen
@@ -157,7 +161,13 @@ class BenchSettings:
     dtype: str = field(
         "float32", check=one_of("float32", "float64", "bfloat16", "float16"), doc="model precision"
     )
-    device: str = field("auto", doc="'auto' (CUDA when present), 'cpu' or 'cuda:N'")
+    device: str = field(
+        "auto",
+        check=Check(
+            "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'", lambda v: bool(DEVICE_NAMES.fullmatch(v))
+        ),
+        doc="every pipeline's decoding.device; one this machine lacks is refused at start",
+    )
     forward: str = field(
         "auto",
         check=one_of(*FORWARD_SETTINGS),
@@ -171,13 +181,17 @@ class BenchSettings:
     warmup_tokens: int = field(8, check=at_least(0), doc="tokens of one untimed warm-up per method")
     latency_repeats: int = field(5, check=at_least(1), doc="timed forwards per latency-curve point")
     hf_assistant_tokens: int | None = field(
-        None, doc="num_assistant_tokens of HF assisted generation (None: the HF default)"
+        None,
+        check=COUNT_OR_NULL,
+        doc="num_assistant_tokens of HF assisted generation (None: the HF default)",
     )
     hf_prompt_lookup_tokens: int = field(
         10, check=at_least(1), doc="prompt_lookup_num_tokens of HF prompt-lookup decoding"
     )
     hf_max_ngram: int | None = field(
-        None, doc="max_matching_ngram_size of HF prompt-lookup decoding (None: the HF default)"
+        None,
+        check=COUNT_OR_NULL,
+        doc="max_matching_ngram_size of HF prompt-lookup decoding (None: the HF default)",
     )
     chat: bool = field(
         False,
@@ -194,7 +208,7 @@ class ExecutorSettings:
     address: str | None = field(None, doc="Ray cluster to join (None: start a local one)")
     workers: int | None = field(
         None,
-        check=Check(">= 1 or null", lambda v: v is None or v >= 1),
+        check=COUNT_OR_NULL,
         doc="Ray actors (None: as many as the cluster fits)",
     )
     num_cpus: float = field(1.0, check=at_least(0), doc="CPUs each Ray actor requests")
@@ -290,12 +304,9 @@ def bench_config_from_dict(
 
 
 def load_bench_config(path: str | Path) -> BenchConfig:
-    """Read and validate a sweep YAML file (no model is loaded)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: benchmark config file not found")
-    data = parse_yaml(path.read_text(), str(path))
-    return bench_config_from_dict(data, base_dir=path.parent, source=str(path))
+    """Read and validate a sweep YAML file (no model is loaded); an error names the file and the
+    field: `sweep.yaml: bench.max_new_tokens: expected int >= 1, got 0`."""
+    return load_bench_config_with(path)
 
 
 def _hint(name: object, known: list[str]) -> str:
@@ -355,8 +366,10 @@ def load_bench_config_with(
     prompts: int | None = None,
     max_new_tokens: int | None = None,
 ) -> BenchConfig:
-    """`load_bench_config` with command-line overrides of the sweep file, validated as its fields
-    (a bad value names the flag and the field: `--prompts (bench.prompts_per_suite): ...`).
+    """`load_bench_config` with command-line overrides of the sweep file, validated as its fields.
+    A bad value names where it came from: the flag and the field where a flag gave it
+    (`--prompts (bench.prompts_per_suite): ...`), else the file and the field
+    (`sweep.yaml: bench.prompts_per_suite: ...`).
 
     `suites` replaces the file's suites; `pairs` keeps only the pairs of those names (labels, or
     `target+drafter`), in the order given.
@@ -365,13 +378,14 @@ def load_bench_config_with(
     if not path.is_file():
         raise ConfigError(f"{path}: benchmark config file not found")
     data = parse_yaml(path.read_text(), str(path))
+    flags = {"suites": suites, "prompts_per_suite": prompts, "max_new_tokens": max_new_tokens}
+    given = {k: v for k, v in flags.items() if v is not None}
     if isinstance(data, Mapping):
-        flags = {"suites": suites, "prompts_per_suite": prompts, "max_new_tokens": max_new_tokens}
-        data = {**data, **{k: v for k, v in flags.items() if v is not None}}
+        data = {**data, **given}
     try:
         config = bench_config_from_dict(data, base_dir=path.parent, source=str(path))
     except ConfigError as exc:
-        raise ConfigError(_name_flag(str(exc))) from None
+        raise ConfigError(_name_source(str(exc), path, set(given))) from None
     return config if pairs is None else select_pairs(config, pairs)
 
 
@@ -383,12 +397,15 @@ FLAGS = {
 }
 
 
-def _name_flag(message: str) -> str:
-    for key, flag in FLAGS.items():
-        path = f"{ROOT}.{key}"
-        if message.startswith((path + ":", path + "[")):
-            return f"{flag} ({message.split(':', 1)[0]}):{message.split(':', 1)[1]}"
-    return message
+def _name_source(message: str, path: Path, given: set[str]) -> str:
+    """`message` (`bench.FIELD...: ...`) prefixed with its source: the flag that gave the field
+    (one of `given`), else the sweep file."""
+    for key in given:
+        field_path = f"{ROOT}.{key}"
+        if message.startswith((field_path + ":", field_path + "[")):
+            where, rest = message.split(":", 1)
+            return f"{FLAGS[key]} ({where}):{rest}"
+    return f"{path}: {message}"
 
 
 def select_pairs(config: BenchConfig, names: list[str]) -> BenchConfig:

@@ -316,11 +316,13 @@ def run_of_events(events: list[StepEvent], wall: float, strong: frozenset[int]) 
 
 @attrs.frozen
 class PipelinePlan:
-    """A pipeline to build for one pair: its label, its validated mapping and where it came from."""
+    """A pipeline to build for one pair: its label, its validated mapping, where it came from
+    (the sweep's entry) and the pipeline file it was read from."""
 
     label: str
     raw: dict[str, Any]
     where: str
+    source: str = ""
 
 
 #: Hugging Face assisted generation's draft schedule when the assistant's generation config sets
@@ -373,7 +375,8 @@ def pipeline_plans(
             pipeline_spec_from_dict(raw, registry, source=where)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
-        plans.append(PipelinePlan(entry.name, raw, where))
+        source = str(pipeline_file(entry, config.base_dir, where))
+        plans.append(PipelinePlan(entry.name, raw, where, source))
     return plans
 
 
@@ -381,13 +384,7 @@ def pipeline_mapping(
     entry: PipelineEntry, pair: Pair, settings: BenchSettings, base_dir: Path, where: str
 ) -> dict[str, Any]:
     """The entry's pipeline mapping with the pair's models, its overrides and the bench decoding."""
-    local = (
-        Path(entry.pipeline) if Path(entry.pipeline).is_absolute() else base_dir / entry.pipeline
-    )
-    try:
-        path = local if local.is_file() else resolve_pipeline(entry.pipeline)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}.pipeline: {exc}") from None
+    path = pipeline_file(entry, base_dir, where)
     raw = parse_yaml(path.read_text(), str(path))
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}.pipeline: {path} does not hold a pipeline mapping")
@@ -407,6 +404,17 @@ def pipeline_mapping(
         "forward": settings.forward,
     }
     return raw
+
+
+def pipeline_file(entry: PipelineEntry, base_dir: Path, where: str) -> Path:
+    """The file of the entry's pipeline: a YAML path (relative to the sweep file) or a shipped name."""
+    local = (
+        Path(entry.pipeline) if Path(entry.pipeline).is_absolute() else base_dir / entry.pipeline
+    )
+    try:
+        return local if local.is_file() else resolve_pipeline(entry.pipeline)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}.pipeline: {exc}") from None
 
 
 def substitute_models(raw: dict[str, Any], pair: Pair, which: str) -> dict[str, Any]:

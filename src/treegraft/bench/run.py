@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import time
+import warnings
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,11 +27,13 @@ from treegraft.bench.methods import (
     PipelinePlan,
     pipeline_plans,
 )
+from treegraft.bench.readback import read_json_object
 from treegraft.bench.records import MEASURED, REPLAY, Request
 from treegraft.bench.suites import Prompt, load_suites
 from treegraft.bench.summary import write_summary_json
 from treegraft.bench.sweep import BenchResult, first_few
 from treegraft.core.config import ConfigError
+from treegraft.core.errors import ArgumentError
 from treegraft.core.registry import Registry
 from treegraft.core.resources import Resources
 
@@ -64,7 +67,8 @@ def run_bench(
             as done is kept, the others (cut short, failed or never started) run, pairs with
             nothing left load no model, and the replays reuse the latency curves the sweep
             stored first. Raises `ConfigError` when `out_dir` holds another sweep (or none).
-        force: overwrite the results in a non-empty `out_dir` instead of refusing.
+        force: overwrite the results in a non-empty `out_dir` instead of refusing (not with
+            `resume`: `ConfigError`).
     """
     from treegraft.bench import units as work
     from treegraft.bench.progress import UnitProgress
@@ -72,6 +76,7 @@ def run_bench(
 
     out = Path(out_dir)
     s = config.settings
+    check_device(config)
     prompts = load_suites(s.suites, s.prompts_per_suite, config.base_dir)
     plans = {pair.name: pipeline_plans(config, pair, registry) for pair in config.pairs}
     segment = {"started": _now(), "options": options or {}, "environment": report.environment()}
@@ -85,6 +90,7 @@ def run_bench(
             manifest = {**segment, "config": config.as_dict(), "segments": [segment]}
             curves = {}
         manifest["prompts"] = digests
+        manifest["pipelines"] = pipeline_digests(plans)
         report.write_json(manifest, out / report.MANIFEST)
         log = report.RequestLog(out / report.REQUESTS, ordered_requests(config, prompts, store))
         todo = work.plan_units(
@@ -127,6 +133,15 @@ def run_bench(
         (out / report.MANIFEST, *files),
         tuple(failed),
     )
+
+
+def check_device(config: BenchConfig) -> None:
+    """Refuse, before any model loads, a device this machine lacks (`cuda` without CUDA, ...).
+    Ray workers run on machines of their own: there the check is theirs."""
+    from treegraft.core.devices import device_problem
+
+    if config.executor.name == "local" and (problem := device_problem(config.settings.device)):
+        raise ConfigError(f"bench.device: {problem}")
 
 
 def check_models(
@@ -221,19 +236,15 @@ def resumed_state(
     """
     from treegraft.bench.store import legacy_records
 
-    path = out / report.MANIFEST
-    if not path.is_file():
-        raise ConfigError(
-            f"cannot resume {out}: no {report.MANIFEST} there (not a results directory)"
-        )
-    manifest = json.loads(path.read_text())
+    manifest = read_manifest(out)
     wanted = json.loads(json.dumps(config.as_dict()))
-    had = manifest.get("config", {})
+    had = manifest["config"]
     differ = sorted(k for k in wanted.keys() | had.keys() if wanted.get(k) != had.get(k))
     if differ:
         raise ConfigError(
             f"cannot resume {out}: its sweep differs from this one in {', '.join(differ)}"
         )
+    check_pipelines_unchanged(out, manifest.get("pipelines"), plans)
     manifest.setdefault(
         "segments",
         [{k: manifest[k] for k in ("started", "options", "environment") if k in manifest}],
@@ -246,14 +257,85 @@ def resumed_state(
             if record.pair in expected and expected[record.pair] <= got:
                 store.append(record)
     latency = out / report.LATENCY
-    curves = json.loads(latency.read_text()) if latency.is_file() else {}
+    try:
+        curves = read_json_object(latency, "latency curves") if latency.is_file() else {}
+    except ArgumentError as exc:
+        raise ConfigError(f"cannot resume {out}: {exc}") from None
     return manifest, curves
+
+
+def read_manifest(out: Path) -> dict[str, Any]:
+    """The manifest of the results directory `out`, checked to be one (`ConfigError` naming the
+    file where it is missing or damaged)."""
+    path = out / report.MANIFEST
+    if not path.is_file():
+        raise ConfigError(
+            f"cannot resume {out}: no {report.MANIFEST} there (not a results directory)"
+        )
+    try:
+        manifest = read_json_object(path, "a results manifest")
+        if not isinstance(manifest.get("config"), dict):
+            raise ArgumentError(f"{path} is not a results manifest (no 'config' object in it)")
+        for key, kind in (("segments", list), ("prompts", dict), ("pipelines", dict)):
+            if not isinstance(manifest.get(key, kind()), kind):
+                raise ArgumentError(
+                    f"{path} is not a results manifest (its {key!r} is not a {kind.__name__})"
+                )
+    except ArgumentError as exc:
+        raise ConfigError(f"cannot resume {out}: {exc}") from None
+    return manifest
+
+
+def pipeline_digests(plans: dict[str, list[PipelinePlan]]) -> dict[str, str]:
+    """Per pipeline of each pair (`pair/label`), a short SHA-256 of the mapping it is built from
+    (its file's content, the pair's models, the overrides, the bench's decoding): a resumed sweep
+    checks that its pipelines are still the ones its stored results were measured with."""
+    return {
+        f"{pair}/{plan.label}": _plan_digest(plan)
+        for pair, pair_plans in plans.items()
+        for plan in pair_plans
+    }
+
+
+def check_pipelines_unchanged(
+    out: Path, had: dict[str, str] | None, plans: dict[str, list[PipelinePlan]]
+) -> None:
+    """Raise `ConfigError` naming each pipeline whose mapping differs from the one recorded in
+    `out`'s manifest (`had`); a manifest written before they were recorded (None) is resumed
+    with a warning that its pipelines cannot be checked."""
+    if had is None:
+        warnings.warn(
+            f"{out / report.MANIFEST} records no pipeline digests (an older sweep): the stored "
+            "results cannot be checked against the pipelines' files; keep them unchanged",
+            stacklevel=3,
+        )
+        return
+    changed = {
+        plan.label: plan.source
+        for pair, pair_plans in plans.items()
+        for plan in pair_plans
+        if had.get(f"{pair}/{plan.label}") != _plan_digest(plan)
+    }
+    if changed:
+        named = [f"{label} ({source})" for label, source in changed.items()]
+        raise ConfigError(
+            f"cannot resume {out}: pipeline {first_few(named)} changed since its results were "
+            "measured; restore it, or start a new sweep (another --out, or --force)"
+        )
+
+
+def _plan_digest(plan: PipelinePlan) -> str:
+    return _digest(json.dumps(plan.raw, sort_keys=True, default=str))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def prompt_digests(prompts: list[Prompt]) -> dict[str, str]:
     """Per prompt (`suite/id`), a short SHA-256 of its text: a resumed sweep checks that its
     suites' prompts are still the ones its stored results were measured on."""
-    return {f"{p.suite}/{p.id}": hashlib.sha256(p.text.encode()).hexdigest()[:16] for p in prompts}
+    return {f"{p.suite}/{p.id}": _digest(p.text) for p in prompts}
 
 
 def check_prompts_unchanged(out: Path, had: Any, now: dict[str, str]) -> None:

@@ -42,6 +42,13 @@ class OutDirError(ConfigError):
     """A results directory that this run may not write into (not empty, or locked by another run)."""
 
 
+#: `--resume` keeps a sweep's results, `--force` throws them away: never both.
+RESUME_OR_FORCE = (
+    "--resume and --force: choose one (--resume continues the sweep in --out, --force starts "
+    "it over)"
+)
+
+
 @attrs.frozen
 class UnitRecord:
     """What became of one work unit: its requests, or the error it failed with.
@@ -163,9 +170,11 @@ class ResultStore:
     def open(cls, out_dir: Path, *, resume: bool = False, force: bool = False) -> Any:
         """Lock `out_dir`, check it may be written, and yield the store ready to append.
 
-        Raises `OutDirError` when another run holds the folder, or when it is not empty and neither
-        `resume` (continue its sweep) nor `force` (start over) is given.
+        Raises `OutDirError` when another run holds the folder, when it is not empty and neither
+        `resume` (continue its sweep) nor `force` (start over) is given, or when both are.
         """
+        if resume and force:
+            raise OutDirError(RESUME_OR_FORCE)
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
             lock = acquire_lock(out_dir)

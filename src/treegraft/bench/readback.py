@@ -1,0 +1,121 @@
+"""Reading back what a sweep wrote (`manifest.json`, `latency.json`, `summary.csv`) for `--resume`
+and `bench compare`: a damaged file (cut short, emptied, not UTF-8, not what it should hold) is an
+`ArgumentError` naming it and what is wrong, never rows silently missing or an internal error."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from treegraft.bench.aggregate import ALL
+from treegraft.bench.config import PLAIN
+from treegraft.bench.records import MEASURED, REPLAY
+from treegraft.core.errors import ArgumentError
+
+#: Columns every `summary.csv` has had (older runs lack the intervals and the baseline).
+KEY_COLUMNS = ("pair", "suite", "method", "mode")
+REQUIRED_COLUMNS = (*KEY_COLUMNS, "speedup")
+#: Columns of `summary.csv` that are not numbers.
+TEXT_COLUMNS = (*KEY_COLUMNS, "acceptance_per_depth", "baseline")
+
+
+def read_json_object(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object in `path`, which should hold `what` (`a results manifest`)."""
+    try:
+        data = json.loads(_text(path, what))
+    except json.JSONDecodeError as exc:
+        raise ArgumentError(
+            f"{path} is not {what} (malformed JSON at line {exc.lineno} column {exc.colno}: "
+            f"{exc.msg.removesuffix(' at')})"
+        ) from None
+    if not isinstance(data, dict):
+        raise ArgumentError(f"{path} is not {what} (expected a JSON object, got {_kind(data)})")
+    return data
+
+
+def read_summary_csv(path: Path) -> list[dict[str, str]]:
+    """The rows of a sweep's `summary.csv`, checked whole: a header with the key columns, every
+    row complete, numbers where numbers go, and every overall row its rows imply (a file cut at
+    a line's end loses the overall rows, written last)."""
+    text = _text(path, "a sweep's summary")
+    if not text.strip():
+        raise _damaged(path, "the file is empty")
+    if not text.endswith("\n"):
+        lines = text.count("\n") + 1
+        raise _damaged(path, f"its last line ({lines}) ends without a line break: cut short?")
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        if missing := [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]:
+            raise _damaged(path, f"no column {', '.join(missing)} in its header")
+        rows = [_checked_row(path, reader.line_num, row) for row in reader]
+    except csv.Error as exc:
+        raise _damaged(path, f"line {reader.line_num}: {exc}") from None
+    if not rows:
+        raise _damaged(path, "only a header, no rows")
+    _check_overall_rows(path, rows)
+    return rows
+
+
+def _checked_row(path: Path, line: int, row: dict[str, Any]) -> dict[str, str]:
+    if None in row:
+        raise _damaged(path, f"line {line} has more fields than the header")
+    if None in row.values():
+        raise _damaged(path, f"line {line} has fewer fields than the header")
+    if empty := [c for c in KEY_COLUMNS if not row[c]]:
+        raise _damaged(path, f"line {line}: no {', '.join(empty)}")
+    if row["mode"] not in (MEASURED, REPLAY):
+        raise _damaged(path, f"line {line}: mode {row['mode']!r}, expected {MEASURED} or {REPLAY}")
+    for column, value in row.items():
+        if column not in TEXT_COLUMNS and value and not _is_number(value):
+            raise _damaged(path, f"line {line}: {column} {value!r} is not a number")
+    baseline = row.get("baseline")
+    if baseline and not set(baseline.split("/")) <= set(PLAIN):
+        raise _damaged(path, f"line {line}: baseline {baseline!r} is not {' or '.join(PLAIN)}")
+    return row
+
+
+def _check_overall_rows(path: Path, rows: list[dict[str, str]]) -> None:
+    """Each (pair, suite, method, mode) row implies that pair's, that suite's and the overall
+    row of its method (`aggregate` writes them all)."""
+    keys = {tuple(r[c] for c in KEY_COLUMNS) for r in rows}
+    for pair, suite, method, mode in sorted(keys):
+        for implied in ((pair, ALL), (ALL, suite), (ALL, ALL)):
+            if (*implied, method, mode) not in keys:
+                raise _damaged(
+                    path,
+                    f"no row for pair {implied[0]!r}, suite {implied[1]!r} of {method} ({mode}), "
+                    f"which its pair {pair!r}, suite {suite!r} row implies: cut short?",
+                )
+
+
+def _damaged(path: Path, why: str) -> ArgumentError:
+    return ArgumentError(
+        f"{path} is not a sweep's summary ({why}); rerun its sweep with --resume to write it again"
+    )
+
+
+def _text(path: Path, what: str) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ArgumentError(
+            f"{path} is not {what} (not UTF-8 text: byte 0x{data[exc.start]:02x} at offset "
+            f"{exc.start})"
+        ) from None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _kind(value: Any) -> str:
+    names = {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
