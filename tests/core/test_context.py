@@ -124,3 +124,28 @@ def test_decoding_across_a_longrope_switch_equals_generate(model_type: str, prom
         ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16
     )[0, prompt_len:]
     assert list(pipe.generate(prompt).token_ids) == want.tolist()
+
+
+@pytest.mark.parametrize("prompt_len", [40, 52, 58, 62, 63, 64, 100])
+def test_llama4_temperature_tuning_stays_exact_across_its_floor_scale(prompt_len: int) -> None:
+    """Llama 4's no-RoPE layers scale queries by `floor((row + 1) / floor_scale)`, reading the
+    position from the forward's row: a step's tree stops at the next multiple, so that every
+    node's row stands for its position (real checkpoints: 8192; here 64)."""
+    from treegraft.core.runner.attention_rules import RowScale
+
+    target = tiny_model(
+        "llama4_text", seed=42, floor_scale=64, attn_scale=100.0, no_rope_layers=[0, 0, 0, 0]
+    )
+    assert RowScale.of(target) == RowScale(64)
+    assert RowScale.of(tiny_model("llama4_text", seed=42, attn_temperature_tuning=False)) is None
+    res = Resources(dtype=torch.float64)
+    res.add_model("mem:target", target)
+    spec = _spec(24)
+    spec["builder"] = {"name": "layered", "depth": 3, "top_k": 6, "budget": 30}
+    pipe = load_pipeline(spec, resources=res)
+    prompt = torch.randint(0, 90, (prompt_len,), generator=torch.Generator().manual_seed(94))
+    ids = prompt[None]
+    want = target.generate(
+        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24
+    )[0, prompt_len:]
+    assert list(pipe.generate(prompt).token_ids) == want.tolist()

@@ -216,6 +216,21 @@ def test_stop_string_inside_an_accepted_block(tiny_target):
     assert "".join(pipe.stream(prompt)) == out.text
 
 
+def test_the_text_ends_before_the_stop_string_that_starts_first(tiny_target):
+    """Stop strings that overlap: the text ends where the earliest one starts, whatever their
+    order in the list."""
+    res = memory_resources(target=tiny_target)
+    pipe = pipeline(res, {"w": {"name": "ngram"}}, max_new=30)
+    pipe.tokenizer = LetterTokenizer()
+    prompt = repetitive_prompt(7, 12)
+    text = pipe.generate(prompt).text
+    # `early` (3 letters) starts first, `late` (its last letter, new in the text) ends with it
+    i = next(i for i in range(len(text) - 3) if text[i + 2] not in text[: i + 2])
+    early, late = text[i : i + 3], text[i + 2]
+    for stops in ([late, early], [early, late]):
+        assert pipe.generate(prompt, stop=stops).text == text[:i], stops
+
+
 def test_streaming_yields_the_generated_text(tiny_target):
     res = memory_resources(target=tiny_target)
     pipe = pipeline(res, {"w": {"name": "ngram"}}, max_new=20)

@@ -57,6 +57,16 @@ def test_one_prompt_of_token_ids_is_not_a_list_of_prompts():
     assert not is_prompt_list([1, 2, 3]) and not is_prompt_list("t1") and not is_prompt_list([])
     assert is_prompt_list(["a", "b"]) and is_prompt_list([[1, 2], [3]])
     assert is_prompt_list([torch.tensor([1, 2])])
+    ids = torch.tensor([5, 9, 13])  # `list(ids)` and `tuple(ids)` give 0-d tensors: token ids
+    assert not is_prompt_list(list(ids)) and not is_prompt_list(tuple(ids))
+
+
+def test_a_list_of_0d_tensors_is_one_prompt(model_dir: Path):
+    pipe = load_pipeline(spec(str(model_dir)))
+    ids = torch.tensor([5, 9, 13, 5, 9])
+    out = pipe.generate(list(ids))
+    assert isinstance(out, Generation)
+    assert out.token_ids == pipe.generate(ids).token_ids
 
 
 @pytest.mark.parametrize("ref", ["gpt2", "HuggingFaceTB/SmolLM2-135M"])

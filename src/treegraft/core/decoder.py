@@ -27,7 +27,7 @@ from treegraft.core.interfaces import (
 )
 from treegraft.core.metrics import AcceptHistory, Clock, ForwardTimes
 from treegraft.core.runner import CausalLMRunner
-from treegraft.core.runner.attention_rules import RopeSwitch
+from treegraft.core.runner.attention_rules import RopeSwitch, RowScale
 from treegraft.core.runner.latency import ObservedCurve, query_grid
 from treegraft.core.runner.padding import settle_padding
 from treegraft.core.tree import DraftTree
@@ -116,6 +116,9 @@ class Decoder:
     #: where the target's rotary frequencies switch (None: nowhere): until the context reaches
     #: it, a step verifies only nodes before it
     rope_switch: RopeSwitch | None = None
+    #: the target's query scale read from forward rows (Llama 4; None: none): a step's tree is
+    #: cut to the nodes whose rows stand for their positions (`RowScale.max_nodes`)
+    row_scale: RowScale | None = None
     _pinned: Tensor | None = attrs.field(init=False, default=None)
     #: where each component comes from, by role (`drafter0`, ..., `builder`, `scheduler`,
     #: `verifier`, `rescorer`, `grafter`): third-party ones are called through checking proxies
@@ -227,6 +230,8 @@ class Decoder:
             room = self.room()
             if room is not None and built.tree.n_nodes - 1 > room:  # depth <= n_nodes - 1: no read
                 built = trim_to_positions(built, room)
+            if self.row_scale is not None:
+                built = trim_to_nodes(built, self.row_scale.max_nodes(self.target.n_committed))
         with clock.time("target"):
             logits = self.target.forward_tree(built.tree)  # [n, V]
         with clock.time("verify"):
@@ -325,6 +330,15 @@ def trim_to_positions(built: BuildResult, max_depth: int) -> BuildResult:
     if built.tree.n_nodes == 1 or int(depth.max()) <= max_depth:
         return built
     keep = torch.nonzero(depth <= max(max_depth, 0)).flatten()
+    return attrs.evolve(built, tree=built.tree.select(keep), kept=built.kept[keep])
+
+
+def trim_to_nodes(built: BuildResult, n_nodes: int) -> BuildResult:
+    """`built` with its first `n_nodes` nodes (parents come first: they form a tree), unchanged
+    when it has no more."""
+    if built.tree.n_nodes <= n_nodes:
+        return built
+    keep = torch.arange(max(n_nodes, 1), device=built.tree.device)
     return attrs.evolve(built, tree=built.tree.select(keep), kept=built.kept[keep])
 
 

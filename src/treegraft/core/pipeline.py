@@ -36,7 +36,12 @@ from treegraft.core.registry import (
 )
 from treegraft.core.resources import ModelRefError, Resources, hub_hint, resolve_model_path
 from treegraft.core.runner import CausalLMRunner
-from treegraft.core.runner.attention_rules import ModelRefused, RopeSwitch, max_positions
+from treegraft.core.runner.attention_rules import (
+    ModelRefused,
+    RopeSwitch,
+    RowScale,
+    max_positions,
+)
 
 #: a drafter whose measured call costs this many times a later drafter's is listed out of the
 #: cheapest-first order (`Pipeline.check_drafter_order`)
@@ -144,6 +149,7 @@ class Pipeline:
         check_assembly(spec, decoder.builder, decoder.scheduler)
         decoder.max_positions = context_limit(target, decoder.drafters)
         decoder.rope_switch = RopeSwitch.of(target.model)
+        decoder.row_scale = RowScale.of(target.model)
         tokenizer = pipeline_tokenizer(spec, resources)
         check_chat_template(spec, tokenizer)
         return cls(spec, resources, decoder, tokenizer, eos_ids_of(target.model, tokenizer))
@@ -339,11 +345,8 @@ class Pipeline:
         """Decoded text with the first stop string (and what follows it) removed: `stop`, else
         the pipeline's `decoding.stop`, as in `steps`."""
         text = self.decode_text(ids)
-        for s in self.spec.decoding.stop if stop is None else stop:
-            cut = text.find(s)
-            if cut >= 0:
-                text = text[:cut]
-        return text
+        found = [text.find(s) for s in (self.spec.decoding.stop if stop is None else stop)]
+        return text[: min((cut for cut in found if cut >= 0), default=len(text))]
 
     def shown_text(self, ids: Sequence[int], finished: bool, stop: Sequence[str] | None) -> str:
         """The text of `ids` that streaming may show so far: all of `text_of` once finished;
@@ -380,8 +383,10 @@ class StopStrings:
 def is_prompt_list(prompt: Any) -> bool:
     """A list or tuple of prompts (texts or token-id sequences), not one prompt's token ids."""
     if not isinstance(prompt, (list, tuple)) or not prompt:
-        return False
-    return all(isinstance(p, (str, list, tuple, Tensor)) for p in prompt)
+        return False  # a 0-d tensor is one token id (`list(tensor)` gives those), not a prompt
+    return all(
+        isinstance(p, (str, list, tuple)) or (isinstance(p, Tensor) and p.ndim > 0) for p in prompt
+    )
 
 
 def pipeline_tokenizer(spec: PipelineSpec, resources: Resources) -> Any:

@@ -224,3 +224,30 @@ class RopeSwitch:
         switch (`recompute`): the runner drops its cached keys and values, once."""
         if self.recompute and runner.n_committed == self.at + 1:
             runner.n_cached = 0
+
+
+@attrs.frozen
+class RowScale:
+    """Llama 4's attention temperature tuning: its no-RoPE layers scale a query by a factor that
+    steps up at every multiple of `size` positions (`floor_scale`), and `transformers` reads the
+    position from the forward's row (the cache's length plus the row), not from the positions it
+    is given. A tree node's row stands for its position while the block's rows do not cross such
+    a multiple: a step verifies at most `max_nodes` nodes (root included)."""
+
+    size: int
+
+    @classmethod
+    def of(cls, model: Any) -> RowScale | None:
+        """The rule of `model`, or None when no layer scales by row."""
+        cfg = text_config(model.config)
+        size = getattr(cfg, "floor_scale", None)
+        if not getattr(cfg, "attn_temperature_tuning", False) or not isinstance(size, int):
+            return None
+        rope = getattr(cfg, "no_rope_layers", None)  # 1: the layer uses RoPE (no scale)
+        if isinstance(rope, list | tuple) and rope and all(rope):
+            return None
+        return cls(size) if size > 0 else None
+
+    def max_nodes(self, n_committed: int) -> int:
+        """Nodes a step from `n_committed` tokens may verify: rows up to the next multiple."""
+        return self.size * (n_committed // self.size + 1) - n_committed
