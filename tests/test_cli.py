@@ -200,7 +200,7 @@ GENERATE_ERRORS = {
     "missing-prompt-file": (["--prompt-file", "nope.txt"], "--prompt-file: nope.txt not found"),
     "bad-max-new-tokens": (
         ["--prompt", "t1", "--max-new-tokens", "0"],
-        "--max-new-tokens: expected int >= 1, got 0",
+        "--max-new-tokens: expected int with 1 <= value <= 1000000, got 0",
     ),
 }
 

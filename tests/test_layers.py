@@ -31,6 +31,8 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("treegraft.zoo.gguf_convert", 0),
     ("treegraft.zoo.truncate", 0),
     ("treegraft.core", 1),
+    # the error classes every layer raises (imports nothing of treegraft)
+    ("treegraft.core.errors", 0),
     # the zoo's corpus builder, which `zoo:corpus` (a datastore) runs at first use, like `remote`
     ("treegraft.zoo.datastore", 1),
     ("treegraft.zoo.corpus", 1),
