@@ -76,7 +76,7 @@ def test_stop_strings_must_be_non_empty(pipe: Pipeline, stop, message: str) -> N
         ([3, VOCAB], f"token id {VOCAB} at position 1 is outside the target's vocabulary"),
         ([3, -1, 4], "token id -1 at position 1 is outside the target's vocabulary [0, 40)"),
         ([], "prompt: has no tokens"),
-        ([[[1, 2], [3]]], "prompt: expected text or a sequence of int token ids"),
+        ([[[1, 2], [3]]], "prompt[0]: expected text or a sequence of int token ids"),
         (torch.tensor([[1, 2], [3, 4]]), "expected one sequence of token ids ([T] or [1, T])"),
         (np.ones((1, 3, 2), dtype=np.int64), "got shape [1, 3, 2]: for several prompts, pass a"),
         ([[[1, 2], [3, 4]]], "got shape [2, 2]"),

@@ -300,3 +300,79 @@ def test_eos_is_read_as_generate_reads_it(tmp_path: Path, generation_eos) -> Non
     got = pipe.generate(prompt).token_ids
     assert list(got) == want[0, len(prompt) :].tolist()
     assert len(got) == (plain.index(eos) + 1 if generation_eos else 12)
+
+
+def test_a_second_generation_while_one_is_open_is_refused(model_dir: Path) -> None:
+    """One decoder state: `generate` inside an open `stream()`, or a second `steps()`, raised an
+    IndexError or silently decoded the other prompt's state. Refused now; the open one finishes
+    exactly, and a closed iterator frees the pipeline."""
+    import threading
+
+    from treegraft.core.errors import BusyError
+
+    pipe = load_pipeline(spec(str(model_dir), decoding={"max_new_tokens": 8, "dtype": "float64"}))
+    prompt = [5, 9, 13, 5, 9, 13]
+    want = pipe.generate(prompt).token_ids
+    steps = pipe.steps(prompt)
+    first = next(steps)
+    with pytest.raises(BusyError, match="a generation of this pipeline is still open"):
+        pipe.generate([7, 8, 9])
+    with pytest.raises(BusyError):
+        next(pipe.steps([7, 8, 9]))
+    caught: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _record(caught, pipe.generate, [7, 8, 9]))
+    thread.start()
+    thread.join()
+    assert len(caught) == 1 and isinstance(caught[0], BusyError)
+    rest = [t for e in steps for t in e.tokens]
+    assert (*first.tokens, *rest) == want
+    stream = pipe.stream(prompt)
+    next(stream)
+    stream.close()  # an iterator closed half way frees the pipeline
+    assert pipe.generate(prompt).token_ids == want
+
+
+def _record(caught: list[BaseException], call, *args) -> None:
+    try:
+        call(*args)
+    except BaseException as exc:  # the test reads it
+        caught.append(exc)
+
+
+def test_a_pipeline_refuses_to_be_pickled_or_copied(model_dir: Path) -> None:
+    import copy
+    import pickle
+
+    pipe = load_pipeline(spec(str(model_dir)))
+    for attempt in (copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match="holds loaded models and their caches"):
+            attempt(pipe)
+
+
+def test_prompt_containers(model_dir: Path) -> None:
+    import numpy as np
+
+    pipe = load_pipeline(spec(str(model_dir)))
+    ids = torch.tensor([5, 9, 13, 5, 9])
+    by_list = [g.token_ids for g in pipe.generate([ids.tolist(), ids[:3].tolist()])]
+    assert [g.token_ids for g in pipe.generate([ids.numpy(), ids[:3].numpy()])] == by_list
+    assert pipe.generate(ids, max_new_tokens=np.int64(3)).token_ids == by_list[0][:3]
+    for bad, message in [
+        (ids.to("meta"), "prompt: expected token ids in a dense tensor, got a meta tensor"),
+        (ids.to_sparse(), "got a torch.sparse_coo tensor"),
+        (
+            np.array([2**63 + 5], dtype=np.uint64),
+            f"prompt: token id {2**63 + 5} at position 0 is outside the target's vocabulary",
+        ),
+    ]:
+        with pytest.raises(TreegraftError, match=message.replace("(", r"\(").replace("[", r"\[")):
+            pipe.generate(bad)
+
+
+def test_a_batch_is_checked_before_any_prompt_is_decoded(model_dir: Path) -> None:
+    pipe = load_pipeline(spec(str(model_dir)))
+    decoded = pipe.decoder.target.forwards
+    with pytest.raises(TreegraftError) as info:
+        pipe.generate([[5, 9], [7, 8], [1, 999]])
+    assert str(info.value).startswith("prompt[2]: token id 999 at position 1 is outside")
+    assert pipe.decoder.target.forwards == decoded  # nothing decoded

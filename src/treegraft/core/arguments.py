@@ -7,6 +7,7 @@ Each check raises `ArgumentError` naming the argument, the value and what was ex
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ def check_max_new_tokens(value: Any) -> None:
     """None (the pipeline's `decoding.max_new_tokens`) or an int in `[1, MAX_NEW_TOKENS]`."""
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # numpy ints too
         raise ArgumentError(f"max_new_tokens: expected int >= 1, got {value!r}")
     if not 1 <= value <= MAX_NEW_TOKENS:
         raise ArgumentError(
@@ -55,6 +56,11 @@ def prompt_ids(prompt: Any, vocab: int) -> Tensor:
     """`[T]` int64 token ids from a sequence or tensor of integers inside `[0, vocab)` (`[T]`,
     or `[1, T]` as a batch of one); floats and booleans are refused, not truncated, and a batch
     of several prompts is refused, not concatenated."""
+    if isinstance(prompt, Tensor) and (prompt.is_meta or prompt.layout != torch.strided):
+        raise ArgumentError(
+            f"prompt: expected token ids in a dense tensor, got a "
+            f"{'meta' if prompt.is_meta else str(prompt.layout)} tensor"
+        )
     try:
         ids = torch.as_tensor(prompt)
     except (TypeError, ValueError, RuntimeError) as exc:
@@ -62,6 +68,15 @@ def prompt_ids(prompt: Any, vocab: int) -> Tensor:
             f"prompt: expected text or a sequence of int token ids, got {type(prompt).__name__} "
             f"({exc})"
         ) from None
+    if ids.dtype in (torch.uint16, torch.uint32, torch.uint64):  # beyond int64's range: wraps
+        past = (ids.to(torch.float64) >= vocab).flatten()
+        if bool(past.any()):
+            i = int(torch.nonzero(past).flatten()[0])
+            raise ArgumentError(
+                f"prompt: token id {ids.flatten()[i].item()} at position {i} is outside the "
+                f"target's vocabulary [0, {vocab})"
+            )
+        ids = ids.to(torch.long)
     if ids.numel() == 0:
         raise ArgumentError("prompt: has no tokens")
     if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():

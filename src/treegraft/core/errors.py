@@ -15,3 +15,8 @@ class TreegraftError(Exception):
 
 class ArgumentError(TreegraftError, ValueError):
     """An argument, an input file or an output location is wrong (the message names which)."""
+
+
+class BusyError(TreegraftError, RuntimeError):
+    """A pipeline was asked to decode while a generation of it is still open (a `stream()` or
+    `steps()` iterator not finished, or another thread): its models' caches hold that one."""

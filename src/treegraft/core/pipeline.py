@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any, overload
 
 import attrs
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -26,7 +28,7 @@ from treegraft.core.config import (
     pipeline_spec_from_dict,
 )
 from treegraft.core.decoder import Decoder, StepEvent, StopRule
-from treegraft.core.errors import ArgumentError
+from treegraft.core.errors import ArgumentError, BusyError
 from treegraft.core.generation_settings import warn_unapplied
 from treegraft.core.inputs import check_utf8
 from treegraft.core.metrics import Summary, summarize
@@ -101,6 +103,15 @@ class Pipeline:
     eos_ids: frozenset[int] = frozenset()
     #: whether `check_drafter_order` has judged the drafters (it warns once, or never)
     _order_judged: bool = attrs.field(default=False, init=False)
+    #: held while a generation is open: one decoder state, one generation at a time
+    _busy: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(
+            "a Pipeline holds loaded models and their caches and cannot be pickled or copied; "
+            "build another with load_pipeline (two pipelines may share models through one "
+            "Resources)"
+        )
 
     @classmethod
     def from_spec(
@@ -196,7 +207,7 @@ class Pipeline:
                 raise ArgumentError("stop strings need a tokenizer; this pipeline has none")
             check = StopStrings(tuple(stop), self.decode_text)
         return StopRule(
-            max_new_tokens=dec.max_new_tokens if max_new_tokens is None else max_new_tokens,
+            max_new_tokens=dec.max_new_tokens if max_new_tokens is None else int(max_new_tokens),
             eos_ids=self.eos_ids if dec.stop_at_eos else frozenset(),
             check=check,
         )
@@ -214,8 +225,13 @@ class Pipeline:
         ids = self.encode(prompt).to(self.resources.device)
         rule = self.stop_rule(max_new_tokens, stop)
         self.check_context(int(ids.numel()), rule.max_new_tokens)
-        with torch.inference_mode():
-            yield from self.decoder.steps(ids, rule)
+        if not self._busy.acquire(blocking=False):
+            raise BusyError(BUSY)
+        try:
+            with torch.inference_mode():
+                yield from self.decoder.steps(ids, rule)
+        finally:
+            self._busy.release()
         self.check_drafter_order()
 
     def check_context(self, prompt_len: int, max_new_tokens: int) -> None:
@@ -304,13 +320,37 @@ class Pipeline:
         sequence), each exactly as it would be alone.
         """
         if is_prompt_list(prompt):  # one level: each element is one prompt
-            return [self._generate_one(p, max_new_tokens, stop) for p in prompt]
+            prompts = self._check_all(prompt, max_new_tokens, stop)
+            return [self._generate_one(p, max_new_tokens, stop) for p in prompts]
         return self._generate_one(prompt, max_new_tokens, stop)
+
+    def _check_all(
+        self, prompts: Sequence[Any], max_new_tokens: int | None, stop: Sequence[str] | None
+    ) -> list[Tensor]:
+        """Every prompt of a batch as token ids, checked (and the arguments) before any of them
+        is decoded: a bad one is named by its index, and no decoded work is lost."""
+        limit = self.stop_rule(max_new_tokens, stop).max_new_tokens
+        encoded = []
+        for i, prompt in enumerate(prompts):
+            try:
+                ids = self.encode(prompt)
+                self.check_context(int(ids.numel()), limit)
+            except ArgumentError as exc:
+                text = str(exc)
+                raise ArgumentError(
+                    f"prompt[{i}]{text.removeprefix('prompt')}"
+                    if text.startswith("prompt:")
+                    else f"prompt[{i}]: {text}"
+                ) from None
+            encoded.append(ids)
+        return encoded
 
     def _generate_one(
         self, prompt: Any, max_new_tokens: int | None, stop: Sequence[str] | None
     ) -> Generation:
         ids = self.encode(prompt)
+        if self._busy.locked():  # before `prepare`'s measurements (`steps` holds the lock)
+            raise BusyError(BUSY)
         self.prepare(ids)
         start = time.perf_counter()
         events = tuple(self.steps(ids, max_new_tokens=max_new_tokens, stop=stop))
@@ -360,6 +400,13 @@ class Pipeline:
         return text[: len(text) - hold]
 
 
+BUSY = (
+    "pipeline: a generation of this pipeline is still open (a stream() or steps() iterator not "
+    "finished, or another thread's); finish or close() it first, or decode with a second "
+    "pipeline (load_pipeline(..., resources=pipe.resources) shares the models)"
+)
+
+
 @attrs.frozen
 class StopStrings:
     """Stop check: the number of tokens up to the one that completes the first stop string."""
@@ -385,7 +432,8 @@ def is_prompt_list(prompt: Any) -> bool:
     if not isinstance(prompt, (list, tuple)) or not prompt:
         return False  # a 0-d tensor is one token id (`list(tensor)` gives those), not a prompt
     return all(
-        isinstance(p, (str, list, tuple)) or (isinstance(p, Tensor) and p.ndim > 0) for p in prompt
+        isinstance(p, (str, list, tuple)) or (isinstance(p, (Tensor, np.ndarray)) and p.ndim > 0)
+        for p in prompt
     )
 
 
