@@ -12,7 +12,7 @@ import torch
 
 from tests.conftest import greedy_reference, word_tokenizer
 from treegraft.core.config import ConfigError, pipeline_spec_from_dict
-from treegraft.core.errors import TreegraftError
+from treegraft.core.errors import ArgumentError, TreegraftError
 from treegraft.core.pipeline import Generation, is_prompt_list, load_pipeline
 
 VOCAB = 64
@@ -300,3 +300,17 @@ def test_eos_is_read_as_generate_reads_it(tmp_path: Path, generation_eos) -> Non
     got = pipe.generate(prompt).token_ids
     assert list(got) == want[0, len(prompt) :].tolist()
     assert len(got) == (plain.index(eos) + 1 if generation_eos else 12)
+
+
+@pytest.mark.parametrize(
+    ("source", "shown"),
+    [(None, "NoneType None"), (b"ngram-only", "bytes b'ngram-only'"), (5, "int 5")],
+    ids=["none", "bytes", "int"],
+)
+def test_load_pipeline_refuses_a_source_of_another_type(source: Any, shown: str) -> None:
+    with pytest.raises(ArgumentError) as info:
+        load_pipeline(source)
+    assert str(info.value) == (
+        "load_pipeline: source: expected a shipped pipeline's name, a path to a YAML file or a "
+        f"mapping, got {shown}"
+    )
