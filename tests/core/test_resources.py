@@ -65,8 +65,8 @@ def test_a_second_pipeline_with_another_forward_is_refused() -> None:
         load_pipeline(spec("mem:target", "tree"), resources=res)
     assert str(info.value) == (
         "pipeline.decoding.forward: 'tree', but these Resources already serve a pipeline with "
-        "'lean' (its models would switch attention under it); build this pipeline on a "
-        "separate Resources"
+        "'lean' (one decoding.forward per Resources: it sets how the shared models attend); "
+        "build this pipeline on a separate Resources"
     )
     with pytest.raises(ArgumentError, match=r"^forward: 'tree', but these Resources already"):
         res.use_forward("tree")  # called directly

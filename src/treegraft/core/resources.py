@@ -299,8 +299,8 @@ class Resources:
             return None
         return (
             f"{setting!r}, but these Resources already serve a pipeline with {self.forward!r} "
-            "(its models would switch attention under it); build this pipeline on a separate "
-            "Resources"
+            "(one decoding.forward per Resources: it sets how the shared models attend); "
+            "build this pipeline on a separate Resources"
         )
 
     def add_model(self, ref: str, model: PreTrainedModel, *, tokenizer: Any = None) -> None:
