@@ -210,21 +210,25 @@ def test_a_lean_only_pipeline_with_the_tree_kernel_is_refused_naming_why(name):
         load_pipeline(raw, resources=zoo_stand_ins(13))
 
 
-def test_forward_setting_reaches_every_model_and_can_switch_back():
+def test_forward_setting_reaches_every_model_and_is_fixed_once_a_pipeline_is_built():
     res = zoo_stand_ins(3)
+    attention = lambda: {m.config._attn_implementation for m in res.models.values()}  # noqa: E731
+    res.use_forward("tree")
+    res.use_forward("auto")  # no pipeline yet: the models switch back (auto on CPU: SDPA)
+    assert attention() == {"sdpa"} and res.attention == "sdpa"
     tree = load_pipeline({**in_memory("cascade3"), "decoding": {"forward": "tree"}}, resources=res)
-    assert {m.config._attn_implementation for m in res.models.values()} == {"treegraft_tree"}
-    sdpa = load_pipeline({**in_memory("cascade3"), "decoding": {"forward": "lean"}}, resources=res)
-    assert {m.config._attn_implementation for m in res.models.values()} == {"sdpa"}
-    assert all(r.attention == "sdpa" and r.lean for r in pipeline_runners(sdpa))
+    assert attention() == {"treegraft_tree"}
+    with pytest.raises(TreegraftError) as info:  # it would switch the models under `tree`
+        load_pipeline({**in_memory("cascade3"), "decoding": {"forward": "lean"}}, resources=res)
+    assert str(info.value).startswith(
+        "pipeline.decoding.forward: 'lean', but these Resources already serve a pipeline with "
+        "'tree'"
+    )
+    assert attention() == {"treegraft_tree"}
     prompt = repetitive_prompt(3, 12) % VOCAB
     expected = greedy_reference(res.models["mem:target"], prompt, 12)
-    # the first pipeline's runners still say tree until their next generation starts
-    assert all(r.attention == "tree" for r in pipeline_runners(tree))
     assert list(tree.generate(prompt, max_new_tokens=12).token_ids) == expected
-    assert all(r.attention == "sdpa" for r in pipeline_runners(tree))  # noticed at `begin`
-    auto = load_pipeline(in_memory("cascade3"), resources=res)  # auto on CPU: sdpa
-    assert auto.resources.attention == "sdpa"
+    assert all(r.attention == "tree" for r in pipeline_runners(tree))
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import attrs
 import pytest
 import torch
 
+from treegraft.core.errors import ArgumentError
 from treegraft.core.hookspecs import hookimpl
 from treegraft.core.interfaces import Verdict
 from treegraft.core.registry import Registry
@@ -121,3 +122,22 @@ def test_the_pytest_plugin_is_declared_and_provides_fixtures(tmp_path: Path) -> 
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
+
+
+def test_greedy_reference_stops_at_any_eos_of_the_generation_config() -> None:
+    model = tiny_model("llama", seed=3)
+    plain = greedy_reference(model, PROMPT, 8)
+    model.config.eos_token_id = None  # `generate` reads the generation config alone
+    model.generation_config.eos_token_id = [plain[2], 63]
+    want = model.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False)
+    assert greedy_reference(model, PROMPT, 8) == plain[:3] == want[0, len(PROMPT) :].tolist()
+    assert_lossless(PIPELINE, [PROMPT], target=model, max_new_tokens=8)
+
+
+def test_assert_lossless_refuses_an_empty_prompt_list() -> None:
+    with pytest.raises(ArgumentError) as info:
+        assert_lossless(PIPELINE, [])
+    assert str(info.value) == (
+        "assert_lossless: prompts: expected at least one prompt, got [] (an empty list checks "
+        "nothing)"
+    )

@@ -31,8 +31,9 @@ import torch
 from torch import Tensor
 
 from treegraft.core.config import parse_yaml
+from treegraft.core.errors import ArgumentError
 from treegraft.core.interfaces import LayerState
-from treegraft.core.pipeline import Pipeline, load_pipeline
+from treegraft.core.pipeline import Pipeline, eos_ids_of, load_pipeline
 from treegraft.core.registry import Registry
 from treegraft.core.resources import Resources
 
@@ -144,17 +145,18 @@ def layer_state(**changes: Any) -> LayerState:
 
 
 def greedy_reference(model: Any, prompt: Tensor | Sequence[int], max_new_tokens: int) -> list[int]:
-    """Plain greedy decoding, one full forward per token (no cache), stopping after the model's
-    EOS token: what a lossless greedy pipeline must produce."""
+    """Plain greedy decoding, one full forward per token (no cache), stopping after an EOS token
+    read as the pipeline and `generate` read it (`eos_ids_of`: the generation config first, one
+    id or a list): what a lossless greedy pipeline must produce."""
     ids = [int(t) for t in torch.as_tensor(prompt).flatten()]
-    eos = model.config.eos_token_id
+    eos = eos_ids_of(model, None)
     out: list[int] = []
     with torch.no_grad():
         for _ in range(max_new_tokens):
             token = int(model(torch.tensor([ids])).logits[0, -1].argmax())
             out.append(token)
             ids.append(token)
-            if eos is not None and token == eos:
+            if token in eos:
                 break
     return out
 
@@ -230,7 +232,7 @@ def assert_lossless(
     Args:
         pipeline: a pipeline mapping or YAML file; `target` may be left out (it is then
             `mem:target`), and so may `decoding` (float64 on the CPU).
-        prompts: token-id prompts.
+        prompts: token-id prompts (at least one; an empty list is an `ArgumentError`).
         target: the target model, added to the resources as `mem:target` (default: a
             `tiny_model("llama", seed=1)`).
         models: more in-memory models, by name (`{"draft": m}` serves `model: mem:draft`).
@@ -246,6 +248,11 @@ def assert_lossless(
     tokens must pass a chi-square test (level 1e-3) against the exact laws computed from the
     target (`sampling_reference`).
     """
+    if len(prompts) == 0:
+        raise ArgumentError(
+            f"assert_lossless: prompts: expected at least one prompt, got {prompts!r} (an empty "
+            "list checks nothing)"
+        )
     target = target if target is not None else tiny_model("llama", seed=1)
     data = _pipeline_mapping(pipeline)
     resources = memory_resources(target=target, **dict(models or {}))

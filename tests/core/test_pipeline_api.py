@@ -12,7 +12,7 @@ import torch
 
 from tests.conftest import greedy_reference, word_tokenizer
 from treegraft.core.config import ConfigError, pipeline_spec_from_dict
-from treegraft.core.errors import TreegraftError
+from treegraft.core.errors import ArgumentError, TreegraftError
 from treegraft.core.pipeline import Generation, is_prompt_list, load_pipeline
 
 VOCAB = 64
@@ -376,3 +376,17 @@ def test_a_batch_is_checked_before_any_prompt_is_decoded(model_dir: Path) -> Non
         pipe.generate([[5, 9], [7, 8], [1, 999]])
     assert str(info.value).startswith("prompt[2]: token id 999 at position 1 is outside")
     assert pipe.decoder.target.forwards == decoded  # nothing decoded
+
+
+@pytest.mark.parametrize(
+    ("source", "shown"),
+    [(None, "NoneType None"), (b"ngram-only", "bytes b'ngram-only'"), (5, "int 5")],
+    ids=["none", "bytes", "int"],
+)
+def test_load_pipeline_refuses_a_source_of_another_type(source: Any, shown: str) -> None:
+    with pytest.raises(ArgumentError) as info:
+        load_pipeline(source)
+    assert str(info.value) == (
+        "load_pipeline: source: expected a shipped pipeline's name, a path to a YAML file or a "
+        f"mapping, got {shown}"
+    )

@@ -1,22 +1,71 @@
-"""`python -m treegraft.conformance PAGE`: run the conformance matrix, rewrite PAGE's table."""
+"""`python -m treegraft.conformance PAGE`: run the conformance matrix, rewrite PAGE's table.
+
+The page is checked before the matrix runs (minutes): it must exist, hold the table's markers
+(`matrix.BEGIN` then `matrix.END`) and be writable; otherwise the command exits with status 2
+and one line naming the page and the problem.
+"""
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from pathlib import Path
 
 import torch
 from rich.progress import Progress
 
-from treegraft.conformance.matrix import WRONG, render_table, run_matrix, write_table
+from treegraft.conformance.matrix import (
+    BEGIN,
+    END,
+    WRONG,
+    render_table,
+    run_matrix,
+    write_table,
+)
 from treegraft.conformance.tiny import causal_lm_types
 
+PROG = "python -m treegraft.conformance"
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m treegraft.conformance PAGE.md", file=sys.stderr)
+
+def page_problem(page: Path) -> str | None:
+    """Why the table cannot be written into `page` (None: it can)."""
+    if not page.exists():
+        return "no such file; expected the Markdown page of the conformance table (docs/models.md)"
+    if not page.is_file():
+        return "not a file; expected the Markdown page of the conformance table (docs/models.md)"
+    try:
+        text = page.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"cannot be read ({exc})"
+    start = text.find(BEGIN)
+    if start < 0 or text.find(END, start) < 0:
+        return f"holds no table to rewrite: expected the lines {BEGIN} and then {END}"
+    if not os.access(page, os.W_OK):
+        return "is not writable"
+    return None
+
+
+def parser() -> argparse.ArgumentParser:
+    parse = argparse.ArgumentParser(
+        prog=PROG,
+        description="Run the architecture conformance matrix (every causal LM transformers can "
+        "build, in both roles; minutes) and rewrite the table between the markers of PAGE.",
+    )
+    parse.add_argument(
+        "page",
+        type=Path,
+        metavar="PAGE",
+        help="the Markdown page holding the table: docs/models.md",
+    )
+    return parse
+
+
+def main(argv: list[str] | None = None) -> int:
+    page = parser().parse_args(argv).page  # --help and usage errors exit here (0, 2)
+    if problem := page_problem(page):
+        print(f"{PROG}: {page}: {problem}", file=sys.stderr)
         return 2
-    page = Path(argv[0])
     torch.set_num_threads(1)
     types = causal_lm_types()
     with Progress() as progress:
@@ -33,4 +82,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

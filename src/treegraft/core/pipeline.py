@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import os
+import reprlib
 import threading
 import time
 import warnings
@@ -126,13 +128,15 @@ class Pipeline:
         if resources is None:
             try:
                 resources = Resources.create(device=spec.decoding.device, dtype=spec.decoding.dtype)
-            except ValueError as exc:
-                raise ConfigError(f"{ROOT}.decoding.device: {exc}") from None
+            except ValueError as exc:  # "device: ..." or "dtype: ..."
+                raise ConfigError(f"{ROOT}.decoding.{exc}") from None
+        if problem := resources.forward_conflict(spec.decoding.forward):  # before any change
+            raise ConfigError(f"{ROOT}.decoding.forward: {problem}")
+        resources.use_forward(spec.decoding.forward)
         resources.target_ref = spec.target
         resources.check_model = spec.decoding.check_model
         resources.device_maps |= spec.decoding.device_map
         resources.offload_folder = resources.offload_folder or spec.decoding.offload_folder
-        resources.use_forward(spec.decoding.forward)
         check_vocabularies(spec, resources)
         _load(resources, spec.target, "pipeline.target")
         target = _runner(resources, spec.target, "pipeline.target")
@@ -438,8 +442,9 @@ def is_prompt_list(prompt: Any) -> bool:
 
 
 def pipeline_tokenizer(spec: PipelineSpec, resources: Resources) -> Any:
-    """The `tokenizer:` of the spec (a folder or zoo reference), else the target's; a tokenizer
-    with more tokens than the target's vocabulary is refused."""
+    """The `tokenizer:` of the spec (a folder or zoo reference; this pipeline's alone, not put
+    into the shared `resources`), else the target's; a tokenizer with more tokens than the
+    target's vocabulary is refused."""
     if spec.tokenizer is None:
         return resources.load_tokenizer(spec.target)
     from transformers import AutoTokenizer
@@ -455,7 +460,6 @@ def pipeline_tokenizer(spec: PipelineSpec, resources: Resources) -> Any:
             f"pipeline.tokenizer: {spec.tokenizer!r} has {len(tokenizer)} tokens but the target "
             f"{spec.target!r} has a vocabulary of {vocab}; use the target's tokenizer"
         )
-    resources.tokenizer = tokenizer
     return tokenizer
 
 
@@ -591,9 +595,15 @@ def load_pipeline(
     resources: Resources | None = None,
     registry: Registry | None = None,
 ) -> Pipeline:
-    """Build a pipeline from a YAML file path, a shipped pipeline's name, or a parsed mapping."""
+    """Build a pipeline from a YAML file path, a shipped pipeline's name, or a parsed mapping
+    (anything else is an `ArgumentError`)."""
     if isinstance(source, Mapping):
         spec = pipeline_spec_from_dict(source, registry)
-    else:
+    elif isinstance(source, (str, os.PathLike)):
         spec = load_pipeline_spec(resolve_pipeline(source), registry)
+    else:
+        raise ArgumentError(
+            f"load_pipeline: source: expected a shipped pipeline's name, a path to a YAML file or "
+            f"a mapping, got {type(source).__name__} {reprlib.repr(source)}"
+        )
     return Pipeline.from_spec(spec, resources=resources, registry=registry)

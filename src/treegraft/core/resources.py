@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from treegraft.core.devices import device_problem
-from treegraft.core.errors import TreegraftError
+from treegraft.core.errors import ArgumentError, TreegraftError
 from treegraft.core.model_files import model_folder_problems
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import (
@@ -105,13 +105,41 @@ def load_failure(ref: str, path: Path, exc: Exception) -> Exception:
 
 
 def resolve_device(name: str) -> torch.device:
-    """`auto` -> CUDA when present, else CPU; anything else must pass `device_problem`."""
+    """`auto` -> CUDA when present, else CPU; anything else must pass `device_problem` (else an
+    `ArgumentError`, a `ValueError`)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     problem = device_problem(name)
     if problem:
-        raise ValueError(problem)
+        raise ArgumentError(problem)
     return torch.device(name)
+
+
+def as_dtype(value: Any) -> torch.dtype:
+    """`Resources.dtype` from a torch floating dtype of `DTYPES` or its name (`"float64"`)."""
+    if isinstance(value, str) and value in DTYPES:
+        return DTYPES[value]
+    if isinstance(value, torch.dtype) and value in DTYPES.values():
+        return value
+    raise ArgumentError(
+        f"Resources: dtype: expected one of {', '.join(DTYPES)} (a name or the torch dtype), "
+        f"got {value!r}"
+    )
+
+
+def as_device(value: Any) -> torch.device:
+    """`Resources.device` from a `torch.device` or a device name (`resolve_device`)."""
+    if isinstance(value, torch.device):
+        return value
+    if isinstance(value, str):
+        try:
+            return resolve_device(value)
+        except ArgumentError as exc:
+            raise ArgumentError(f"Resources: device: {exc}") from None
+    raise ArgumentError(
+        f"Resources: device: expected a torch.device or a device name ('cpu', 'cuda:0', 'auto'), "
+        f"got {value!r}"
+    )
 
 
 def attention_for(path: Path) -> str:
@@ -183,12 +211,23 @@ def model_vocab_size(ref: str, memory: dict[str, PreTrainedModel] | None = None)
 
 @attrs.define
 class Resources:
-    """Loads and shares models and the tokenizer for one pipeline."""
+    """Loads and shares models and tokenizers for one pipeline, or several pipelines that use
+    one `decoding.forward` (`use_forward`).
 
-    device: torch.device = attrs.field(factory=lambda: torch.device("cpu"))
-    dtype: torch.dtype = torch.float32
+    Tokenizers are per model reference (`load_tokenizer`): a model folder's own tokenizer files
+    serve that model alone. `tokenizer`, when set explicitly (tests, notebooks), serves the
+    models that have none of their own: in-memory models (`add_model` without a tokenizer) and
+    folders without tokenizer files; it is never handed out for a folder with its own files.
+    """
+
+    device: torch.device = attrs.field(factory=lambda: torch.device("cpu"), converter=as_device)
+    dtype: torch.dtype = attrs.field(default=torch.float32, converter=as_dtype)
     models: dict[str, PreTrainedModel] = attrs.field(factory=dict)
+    #: the tokenizer of the models without one of their own (set explicitly; never loaded here)
     tokenizer: Any = None
+    #: tokenizers by model reference: a folder's own (None: it has no tokenizer files), or one
+    #: given to `add_model`
+    tokenizers: dict[str, Any] = attrs.field(factory=dict)
     target_ref: str = ""
     in_memory: set[str] = attrs.field(factory=set)
     #: how runners forward models (`decoding.forward`, `runner.forwards`); set by `use_forward`
@@ -210,9 +249,15 @@ class Resources:
     def create(
         cls, *, device: str = "auto", dtype: str = "float32", forward: str = "auto"
     ) -> Resources:
+        """Resources on `device` (`auto`: CUDA when present) in `dtype` (a name of `DTYPES`);
+        a bad value is an `ArgumentError` (a `ValueError`)."""
         if dtype not in DTYPES:
-            raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
-        res = cls(device=resolve_device(device), dtype=DTYPES[dtype])
+            raise ArgumentError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+        try:
+            resolved = resolve_device(device)
+        except ArgumentError as exc:
+            raise ArgumentError(f"device: {exc}") from None
+        res = cls(device=resolved, dtype=DTYPES[dtype])
         res.use_forward(forward)
         return res
 
@@ -224,7 +269,10 @@ class Resources:
     def use_forward(self, setting: str) -> None:
         """Forward models as `decoding.forward: setting` says: load them with its attention
         implementation and switch every model loaded already (runners notice at their next
-        `begin`)."""
+        `begin`). Once a pipeline is built on these resources, another setting is an
+        `ArgumentError` (`forward_conflict`)."""
+        if problem := self.forward_conflict(setting):
+            raise ArgumentError(f"forward: {problem}")
         tree = plan_forward(setting, self.device).tree_kernel
         self.forward = setting
         if tree:
@@ -243,10 +291,32 @@ class Resources:
                 )
             # other implementations (eager where SDPA is not supported, a user's own) stay
 
-    def add_model(self, ref: str, model: PreTrainedModel) -> None:
-        """Make an in-memory model available under `ref` (moved to this device and dtype)."""
+    def forward_conflict(self, setting: str) -> str | None:
+        """Why these resources cannot forward as `setting` (None: they can): a pipeline built on
+        them (`target_runner`) forwards otherwise, and switching would change how its models
+        attend (and the forwards its runners and cost curves assume) under it."""
+        if self.target_runner is None or setting == self.forward:
+            return None
+        return (
+            f"{setting!r}, but these Resources already serve a pipeline with {self.forward!r} "
+            "(one decoding.forward per Resources: it sets how the shared models attend); "
+            "build this pipeline on a separate Resources"
+        )
+
+    def add_model(self, ref: str, model: PreTrainedModel, *, tokenizer: Any = None) -> None:
+        """Make an in-memory model available under `ref` (moved to this device and dtype), with
+        its `tokenizer` (default: none of its own; `load_tokenizer` then gives `tokenizer`)."""
+        if not isinstance(ref, str) or not ref:
+            raise ArgumentError(f"add_model: ref: expected a non-empty string, got {ref!r}")
+        if not isinstance(model, PreTrainedModel) or getattr(model, "config", None) is None:
+            raise ArgumentError(
+                f"add_model: model {ref!r}: expected a transformers PreTrainedModel with a "
+                f"config (e.g. from AutoModelForCausalLM), got {type(model).__name__}"
+            )
         self.models[ref] = model.to(device=self.device, dtype=self.dtype).eval()
         self.in_memory.add(ref)
+        if tokenizer is not None:
+            self.tokenizers[ref] = tokenizer
 
     def model(self, ref: str) -> PreTrainedModel:
         """The model behind `ref`, loaded on first use with `AutoModelForCausalLM.from_pretrained`."""
@@ -357,8 +427,10 @@ class Resources:
         return self.datastores[key]
 
     def load_tokenizer(self, ref: str) -> Any:
-        """The tokenizer stored beside the model `ref` (None for in-memory models without one,
-        and for a model folder without tokenizer files: `folder_tokenizer`)."""
-        if self.tokenizer is None and ref not in self.in_memory:
-            self.tokenizer = folder_tokenizer(resolve_model_path(ref), ref)
-        return self.tokenizer
+        """The tokenizer of the model `ref`: its own (the folder's files, loaded once:
+        `folder_tokenizer`; or the one given to `add_model`), else the explicitly set
+        `tokenizer`, else None (the model takes token ids, not text)."""
+        if ref not in self.tokenizers and ref not in self.in_memory:
+            self.tokenizers[ref] = folder_tokenizer(resolve_model_path(ref), ref)
+        own = self.tokenizers.get(ref)
+        return own if own is not None else self.tokenizer
