@@ -20,9 +20,10 @@ from treegraft.core.config import (
     parse_yaml,
     pipeline_spec_from_dict,
 )
-from treegraft.core.pipeline import check_vocabularies, load_pipeline
+from treegraft.core.pipeline import load_pipeline
 from treegraft.core.registry import Registry, default_registry
 from treegraft.core.resources import Resources
+from treegraft.core.vocabularies import check_vocabularies
 
 BASE: dict[str, Any] = {
     "target": "mem:target",

@@ -34,9 +34,9 @@ from treegraft.core.config import (
 from treegraft.core.devices import device_problem
 from treegraft.core.errors import TreegraftError
 from treegraft.core.model_files import model_folder_problems
-from treegraft.core.pipeline import check_chat_template, check_vocabularies, pipeline_tokenizer
 from treegraft.core.registry import Registry, UnknownComponentError, default_registry
 from treegraft.core.resources import ModelRefError, Resources, resolve_model_path
+from treegraft.core.vocabularies import check_chat_template, check_vocabularies, pipeline_tokenizer
 
 
 def component_errors(kind: str, raw: Any, path: str, registry: Registry) -> list[str]:

@@ -1,0 +1,124 @@
+"""What a pipeline's tokenizer and models must agree on, checked before any weights load:
+the drafters share the target's tokenizer and embed every token it may commit, a `tokenizer:`
+fits the target's vocabulary, `decoding.chat` has a template that compiles. `Pipeline.from_spec`
+and `treegraft validate` both call these.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from treegraft.core.chat import template_problem
+from treegraft.core.config import ConfigError, PipelineSpec
+from treegraft.core.resources import ModelRefError, Resources, hub_hint, resolve_model_path
+
+
+def pipeline_tokenizer(spec: PipelineSpec, resources: Resources) -> Any:
+    """The `tokenizer:` of the spec (a folder or zoo reference; this pipeline's alone, not put
+    into the shared `resources`), else the target's; a tokenizer with more tokens than the
+    target's vocabulary is refused."""
+    if spec.tokenizer is None:
+        return resources.load_tokenizer(spec.target)
+    from transformers import AutoTokenizer
+
+    try:
+        path = tokenizer_path(spec.tokenizer)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (ModelRefError, OSError, ValueError) as exc:
+        raise ConfigError(f"pipeline.tokenizer: cannot load {spec.tokenizer!r}: {exc}") from None
+    vocab = _vocab(resources, spec.target, "pipeline.target")
+    if len(tokenizer) > vocab:
+        raise ConfigError(
+            f"pipeline.tokenizer: {spec.tokenizer!r} has {len(tokenizer)} tokens but the target "
+            f"{spec.target!r} has a vocabulary of {vocab}; use the target's tokenizer"
+        )
+    return tokenizer
+
+
+def tokenizer_path(ref: str) -> Path:
+    """Folder of a tokenizer reference: `zoo:NAME` (a zoo model's), `zoo:tokenizer`, or a path."""
+    if ref == "zoo:tokenizer":
+        from treegraft import zoo
+
+        return zoo.tokenizer_path()
+    if ref.startswith("zoo:"):
+        return resolve_model_path(ref)
+    path = Path(ref).expanduser()
+    if not path.is_dir():
+        raise ModelRefError(
+            f"tokenizer folder {ref!r} not found: expected 'zoo:NAME' or a folder written by "
+            "save_pretrained (tokenizer.json / tokenizer_config.json)" + hub_hint(ref)
+        )
+    return path
+
+
+def check_chat_template(spec: PipelineSpec, tokenizer: Any) -> None:
+    """`decoding.chat` needs a tokenizer with a chat template that compiles."""
+    if not spec.decoding.chat:
+        return
+    which = spec.tokenizer or spec.target
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(
+            f"pipeline.decoding.chat: the tokenizer of {which!r} has no chat template; set "
+            "decoding.chat: false (prompts are then used as plain text) or point tokenizer: at a "
+            "chat model's tokenizer"
+        )
+    if problem := template_problem(tokenizer):
+        raise ConfigError(f"pipeline.decoding.chat: the tokenizer of {which!r}: {problem}")
+
+
+def check_vocabularies(spec: PipelineSpec, resources: Resources) -> None:
+    """Every LM drafter must share the target's tokenizer (checked without loading weights).
+
+    Embedding matrices may be padded to different sizes (as Qwen's checkpoints are) when both
+    models ship the same tokenizer: the drafter then proposes only real tokens, but it embeds
+    every token the target may commit. Without tokenizer files to compare, the vocabulary sizes
+    must be equal.
+    """
+    target_vocab = _vocab(resources, spec.target, "pipeline.target")
+    for _, c in spec.drafters:
+        ref = getattr(c.config, "model", None)
+        if not isinstance(ref, str):
+            continue
+        vocab = _vocab(resources, ref, f"{c.path}.model")
+        same = same_tokenizer(resources, spec.target, ref)
+        if same is False:
+            raise ConfigError(
+                f"{c.path}.model: tokenizer mismatch: {ref!r} and the target {spec.target!r} "
+                "ship different tokenizers (their token-to-id maps differ); a drafter must "
+                "share the target's tokenizer"
+            )
+        if vocab != target_vocab and same is not True:
+            raise ConfigError(
+                f"{c.path}.model: vocabulary mismatch: {ref!r} has {vocab} tokens but the target "
+                f"{spec.target!r} has {target_vocab}; a drafter must share the target's tokenizer"
+            )
+        committed = min(target_vocab, resources.real_vocab(spec.target) or target_vocab)
+        if vocab < committed:  # the target's tokens past its rows would have no embedding
+            raise ConfigError(
+                f"{c.path}.model: {ref!r} embeds {vocab} tokens, fewer than the {committed} "
+                f"the target {spec.target!r} may commit (the tokenizer they share); a drafter "
+                "must embed every token of the target's vocabulary"
+            )
+
+
+def same_tokenizer(resources: Resources, a: str, b: str) -> bool | None:
+    """Whether the models `a` and `b` ship the same tokenizer (None: one has no tokenizer
+    files, e.g. an in-memory model, so it cannot be told)."""
+    if a == b:
+        return True
+    files = [resources.tokenizer_file(ref) for ref in (a, b)]
+    if None in files:
+        return None
+    if files[0].read_bytes() == files[1].read_bytes():
+        return True
+    vocabs = [resources.tokenizer_of(ref).get_vocab() for ref in (a, b)]
+    return vocabs[0] == vocabs[1]
+
+
+def _vocab(resources: Resources, ref: str, path: str) -> int:
+    try:
+        return resources.vocab_size(ref)
+    except ModelRefError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
