@@ -493,3 +493,18 @@ def test_a_device_map_key_naming_no_model_is_refused() -> None:
     )
     data["decoding"]["device_map"] = {"zoo:draft-s": "cpu"}
     assert pipeline_spec_from_dict(data, default_registry()).decoding.device_map
+
+
+@pytest.mark.parametrize("field", ["scheduler.threshold", "builder.stop_below"])
+def test_nan_is_no_setting(field: str) -> None:
+    """NaN compares false with everything: a threshold of NaN silently called at every layer."""
+    section, key = field.split(".")
+    names = {"scheduler": "distilled", "builder": "layered"}
+    data = {
+        "target": "zoo:target",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered"},
+        section: {"name": names[section], key: float("nan")},
+    }
+    with pytest.raises(ConfigError, match=rf"^pipeline\.{field}: expected .*, not NaN, got nan"):
+        pipeline_spec_from_dict(data, default_registry())

@@ -10,6 +10,7 @@ Every error names the path, the value, what was expected, and a hint where one h
 from __future__ import annotations
 
 import difflib
+import math
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -208,6 +209,8 @@ def _structure_field(f: attrs.Attribute, value: Any, path: str) -> Any:
         out = CONVERTER.structure(value, f.type)
     except Exception:
         raise ConfigError(f"{path}: expected {expected(f)}, got {value!r}{_hint(f)}") from None
+    if isinstance(out, float) and math.isnan(out):  # compares false with everything: no setting
+        raise ConfigError(f"{path}: expected {expected(f)}, not NaN, got {value!r}{_hint(f)}")
     if f.validator is not None:
         try:
             f.validator(None, f, out)
