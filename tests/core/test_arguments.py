@@ -59,6 +59,7 @@ def test_max_new_tokens_none_means_the_pipelines_value(pipe: Pipeline, target) -
         ([""], "stop[0]: expected a non-empty string, got ''"),
         (["ok", 3], "stop[1]: expected a non-empty string, got 3"),
         ("###", "stop: expected a list of non-empty strings, got '###'"),
+        (["a\udcff"], "stop[0]: byte 0xff at position 1 is not UTF-8 text"),
     ],
 )
 def test_stop_strings_must_be_non_empty(pipe: Pipeline, stop, message: str) -> None:

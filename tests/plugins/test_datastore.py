@@ -301,3 +301,10 @@ def test_memory_carries_the_store_rates_but_not_the_gate():
     prop = d.expand(DraftTree.from_root(3), torch.tensor([0]), k=4)
     rates = [(1.5 + 1) / (2 + 2), (1 + 1) / (0.5 + 2)]
     assert prop.logp[0].exp().tolist() == pytest.approx([rates[0], (2 / 3) * rates[1]], rel=1e-6)
+
+
+def test_a_datastore_error_is_a_treegraft_error() -> None:
+    """The command line reports it as bad input, and so does any caller catching TreegraftError."""
+    from treegraft.core.errors import TreegraftError
+
+    assert issubclass(DatastoreError, TreegraftError) and issubclass(DatastoreError, ValueError)

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from treegraft.core.config import MAX_NEW_TOKENS
 from treegraft.core.errors import ArgumentError
+from treegraft.core.inputs import check_utf8
 
 
 def check_max_new_tokens(value: Any) -> None:
@@ -49,6 +50,7 @@ def check_stop(stop: Any) -> list[str]:
     for i, s in enumerate(stop):
         if not isinstance(s, str) or not s:
             raise ArgumentError(f"stop[{i}]: expected a non-empty string, got {s!r}")
+        check_utf8(s, f"stop[{i}]")  # a lone surrogate is no text a tokenizer decodes to
     return list(stop)
 
 

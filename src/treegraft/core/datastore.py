@@ -22,14 +22,14 @@ from typing import Any
 import attrs
 import numpy as np
 
-from treegraft.core.errors import ArgumentError
+from treegraft.core.errors import ArgumentError, TreegraftError
 from treegraft.core.inputs import jsonl_records, read_text
 
 #: the format tag of a saved datastore (`Datastore.save`)
 FORMAT = "treegraft-datastore-1"
 
 
-class DatastoreError(ValueError):
+class DatastoreError(TreegraftError, ValueError):
     """A datastore file that cannot be read or does not fit the model."""
 
 
