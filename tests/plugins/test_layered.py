@@ -258,3 +258,48 @@ def test_the_never_scheduler_is_asked_once_per_step(monkeypatch):
     assert any(len(e.calls) > 1 for e in grown)  # steps of several layers, asked once each
     assert asked == [0] * len(grown) and len(read) == len(grown)
     assert all(set(e.calls) == {0} for e in grown)
+
+
+def test_beside_weak_keeps_the_cheapest_drafters_layer_at_a_strong_call_and_stays_exact():
+    """`beside_weak`: at a strong call's layer the n-gram drafter expands the same frontier too
+    (its proposals hang beside the strong drafter's); the output is still greedy decoding."""
+
+    from tests.conftest import greedy_reference, memory_resources, tiny_llama
+    from tests.core.test_decoder import repetitive_prompt
+    from treegraft.core.pipeline import load_pipeline
+
+    target = tiny_llama(seed=5, vocab=40)
+    draft = tiny_llama(seed=6, vocab=40, hidden=16, layers=1, heads=2, kv_heads=1)
+    res = memory_resources(target=target, draft=draft)
+    prompt = repetitive_prompt(5, 12) % 40
+    want = greedy_reference(target, prompt, 24)
+    depth_one_by = {}
+    for beside in (False, True):
+        for scheduler in ({"name": "layers", "layers": [0]}, {"name": "always"}):
+            spec = {
+                "target": "mem:target",
+                "drafters": {
+                    "w": {"name": "ngram", "max_ngram": 3, "chain_len": 2},
+                    "s": {"name": "hf_lm", "model": "mem:draft"},
+                },
+                "builder": {
+                    "name": "layered", "depth": 3, "top_k": 3, "budget": 24,
+                    "beside_weak": beside,
+                },
+                "rescorer": {"name": "interpolate", "weight": 0.5},
+                "grafter": {"name": "reselect", "lookback": 1},
+                "scheduler": scheduler,
+                "decoding": {"max_new_tokens": 24, "dtype": "float64"},
+            }  # fmt: skip
+            out = load_pipeline(spec, resources=res).generate(prompt)
+            assert list(out.token_ids) == want, (beside, scheduler)
+            if scheduler["name"] == "layers":
+                trees = [e.build.unpruned for e in out.events if e.calls[:1] == (1,)]
+                depth_one_by[beside] = {
+                    int(p)
+                    for t in trees
+                    for p, d in zip(t.proposer, t.depth, strict=True)
+                    if d == 1
+                }
+    assert depth_one_by[False] == {1}  # the strong call replaced the n-gram drafter's layer
+    assert depth_one_by[True] == {0, 1}  # beside it, both drafters' children hang under the root

@@ -105,6 +105,11 @@ class LayeredConfig:
         check=Check("in (0, 1]", lambda v: 0 < v <= 1),
         doc="`silent_chain` ends after a token whose probability under the drafter is below this",
     )
+    beside_weak: bool = field(
+        False,
+        doc="at a strong call's layer the cheapest drafter expands the same frontier too (after "
+        "the call; the next frontier is the best of both), instead of the call replacing it",
+    )
     silent_drafter: int = field(
         -1,
         check=Check("!= 0 (0 is the cheapest drafter)", lambda v: v != 0),
@@ -258,7 +263,11 @@ class LayeredBuilder(TreeBuilder):
             graft = step.grafter.graft(
                 tree, strong_logp, rescoring, frontier=frontier, k=k, drafter=who
             )
-            return graft.tree, graft.frontier
+            if not self.config.beside_weak or frontier.numel() == 0:
+                return graft.tree, graft.frontier
+            grown, weak = expand_frontier(step.drafters[0], 0, graft.tree, frontier, k)
+            both = torch.unique(torch.cat([weak, graft.frontier]))
+            return grown, grown.best(both, k)
         if frontier.numel() == 0:
             return tree, frontier
         return expand_frontier(drafter, who, tree, frontier, k)
