@@ -284,6 +284,7 @@ def test_config_fields_are_the_attrs_fields(builtins_only: Registry) -> None:
         "silent_chain",
         "silent_stop",
         "silent_drafter",
+        "beside_weak",
     ]
     assert builtins_only.get("verifier", "greedy").config_fields() == []
 

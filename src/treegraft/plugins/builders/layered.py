@@ -105,17 +105,17 @@ class LayeredConfig:
         check=Check("in (0, 1]", lambda v: 0 < v <= 1),
         doc="`silent_chain` ends after a token whose probability under the drafter is below this",
     )
-    beside_weak: bool = field(
-        False,
-        doc="at a strong call's layer the cheapest drafter expands the same frontier too (after "
-        "the call; the next frontier is the best of both), instead of the call replacing it",
-    )
     silent_drafter: int = field(
         -1,
         check=Check("!= 0 (0 is the cheapest drafter)", lambda v: v != 0),
         doc="the drafter whose chains `silent_chain` drafts: its index among the pipeline's "
         "drafters, cheapest first (negative: counted from the strongest, -1); a cheap LM drafter "
         "beside a strong one drafts chains at less cost",
+    )
+    beside_weak: bool = field(
+        False,
+        doc="at a strong call's layer the cheapest drafter expands the same frontier too (after "
+        "the call; the next frontier is the best of both), instead of the call replacing it",
     )
 
 
