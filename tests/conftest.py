@@ -80,3 +80,13 @@ def longrope_model(model_type: str) -> Any:
             if name.endswith(("qkv_proj.weight", "q_proj.weight", "k_proj.weight")):
                 weight.mul_(6.0)
     return model
+
+
+def hf_generate(model: Any, prompt: torch.Tensor, max_new_tokens: int) -> list[int]:
+    """The new tokens of the model's own cached `generate(do_sample=False)` after `prompt`
+    (`[T]`): what "the target alone" means where it differs from a full forward per token."""
+    ids = prompt[None]
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens
+    )
+    return out[0, ids.shape[1] :].tolist()

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import greedy_reference, longrope_model, memory_resources, tiny_llama
+from tests.conftest import (
+    greedy_reference,
+    hf_generate,
+    longrope_model,
+    memory_resources,
+    tiny_llama,
+)
 from treegraft.conformance.tiny import tiny_model
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.resources import Resources
@@ -119,11 +125,7 @@ def test_decoding_across_a_longrope_switch_equals_generate(model_type: str, prom
     res.add_model("mem:target", target)
     pipe = load_pipeline(_spec(16), resources=res)
     prompt = torch.randint(0, 60, (prompt_len,), generator=torch.Generator().manual_seed(1))
-    ids = prompt[None]
-    want = target.generate(
-        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16
-    )[0, prompt_len:]
-    assert list(pipe.generate(prompt).token_ids) == want.tolist()
+    assert list(pipe.generate(prompt).token_ids) == hf_generate(target, prompt, 16)
 
 
 @pytest.mark.parametrize("prompt_len", [40, 52, 58, 62, 63, 64, 100])
@@ -144,8 +146,4 @@ def test_llama4_temperature_tuning_stays_exact_across_its_floor_scale(prompt_len
     spec["builder"] = {"name": "layered", "depth": 3, "top_k": 6, "budget": 30}
     pipe = load_pipeline(spec, resources=res)
     prompt = torch.randint(0, 90, (prompt_len,), generator=torch.Generator().manual_seed(94))
-    ids = prompt[None]
-    want = target.generate(
-        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24
-    )[0, prompt_len:]
-    assert list(pipe.generate(prompt).token_ids) == want.tolist()
+    assert list(pipe.generate(prompt).token_ids) == hf_generate(target, prompt, 24)

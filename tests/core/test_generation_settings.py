@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from tests.conftest import hf_generate
 from treegraft.bench.config import AR, BenchSettings, Pair
 from treegraft.bench.methods import hf_methods
 from treegraft.core.generation_settings import (
@@ -64,11 +65,9 @@ def test_the_pipeline_names_them_and_decodes_as_generate_without_them(penalised:
     assert message.startswith(f"{penalised}: its generation config (generation_config.json)")
     assert "repetition_penalty=1.5, no_repeat_ngram_size=3, which `generate` applies" in message
     model = AutoModelForCausalLM.from_pretrained(penalised, dtype=torch.float64)
-    ids = torch.tensor([PROMPT])
-    kwargs = {"attention_mask": torch.ones_like(ids), "do_sample": False, "max_new_tokens": 16}
-    with_them = model.generate(ids, **kwargs)[0, len(PROMPT) :].tolist()
+    with_them = hf_generate(model, torch.tensor(PROMPT), 16)
     with plain_generation(model):
-        without = model.generate(ids, **kwargs)[0, len(PROMPT) :].tolist()
+        without = hf_generate(model, torch.tensor(PROMPT), 16)
     assert model.generation_config.repetition_penalty == 1.5  # restored
     got = list(pipe.generate(PROMPT).token_ids)
     assert got == without and got != with_them

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import greedy_reference, word_tokenizer
+from tests.conftest import greedy_reference, hf_generate, word_tokenizer
 from treegraft.core.config import ConfigError, pipeline_spec_from_dict
 from treegraft.core.errors import ArgumentError, TreegraftError
 from treegraft.core.pipeline import Generation, is_prompt_list, load_pipeline
@@ -295,10 +295,8 @@ def test_eos_is_read_as_generate_reads_it(tmp_path: Path, generation_eos) -> Non
     (tmp_path / "generation_config.json").write_text(json.dumps(generation))
     pipe = load_pipeline(spec(str(tmp_path), decoding={"max_new_tokens": 12, "dtype": "float64"}))
     model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64)
-    ids = torch.tensor([prompt])
-    want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12)
     got = pipe.generate(prompt).token_ids
-    assert list(got) == want[0, len(prompt) :].tolist()
+    assert list(got) == hf_generate(model, torch.tensor(prompt), 12)
     assert len(got) == (plain.index(eos) + 1 if generation_eos else 12)
 
 

@@ -45,6 +45,15 @@ def test_kept_is_the_reference_prune_without_dead_nodes(tree, dead, budget, monk
         assert kept(tree, budget).tolist() == want
 
 
+def lm_pair(seed: int):
+    """A tiny float64 target (vocabulary 40) and a one-layer LM drafter of it (`seed + 1`)."""
+    from tests.conftest import tiny_llama
+
+    return tiny_llama(seed=seed, vocab=40), tiny_llama(
+        seed=seed + 1, vocab=40, hidden=16, layers=1, heads=2, kv_heads=1
+    )
+
+
 def test_stop_below_ends_a_chain_after_its_first_unsure_token_and_stays_exact():
     """`stop_below` (Hugging Face assisted generation's confidence stop): a chain stops growing
     after the first layer whose node the drafter gives less than the threshold; that node is
@@ -53,13 +62,12 @@ def test_stop_below_ends_a_chain_after_its_first_unsure_token_and_stays_exact():
 
     import pytest
 
-    from tests.conftest import greedy_reference, memory_resources, tiny_llama
+    from tests.conftest import greedy_reference, memory_resources
     from tests.core.test_decoder import repetitive_prompt
     from treegraft.core.config import ConfigError
     from treegraft.core.pipeline import load_pipeline
 
-    target = tiny_llama(seed=5, vocab=40)
-    draft = tiny_llama(seed=6, vocab=40, hidden=16, layers=1, heads=2, kv_heads=1)
+    target, draft = lm_pair(seed=5)
     spec = {
         "target": "mem:target",
         "drafters": {"s": {"name": "hf_lm", "model": "mem:draft"}},
@@ -121,12 +129,11 @@ def test_silent_chain_drafts_the_strong_chain_where_the_weak_drafter_has_nothing
 
     import pytest
 
-    from tests.conftest import greedy_reference, memory_resources, tiny_llama
+    from tests.conftest import greedy_reference, memory_resources
     from treegraft.core.config import ConfigError
     from treegraft.core.pipeline import load_pipeline
 
-    target = tiny_llama(seed=7, vocab=40)
-    draft = tiny_llama(seed=8, vocab=40, hidden=16, layers=1, heads=2, kv_heads=1)
+    target, draft = lm_pair(seed=7)
     res = memory_resources(target=target, draft=draft)
     prompt = torch.randperm(40, generator=torch.Generator().manual_seed(3))[:14]  # no repeats
     want = greedy_reference(target, prompt, 32)
@@ -200,8 +207,7 @@ def test_silent_drafter_names_the_lm_drafter_whose_chains_silent_steps_draft():
     from tests.conftest import greedy_reference, memory_resources, tiny_llama
     from treegraft.core.config import ConfigError
 
-    target = tiny_llama(seed=7, vocab=40)
-    draft = tiny_llama(seed=8, vocab=40, hidden=16, layers=1, heads=2, kv_heads=1)
+    target, draft = lm_pair(seed=7)
     mid = tiny_llama(seed=9, vocab=40, hidden=16, layers=1, heads=2, kv_heads=1)
     res = memory_resources(target=target, draft=draft, mid=mid)
     prompt = torch.randperm(40, generator=torch.Generator().manual_seed(3))[:14]  # no repeats
@@ -247,8 +253,7 @@ def test_the_never_scheduler_is_asked_once_per_step(monkeypatch):
         NeverScheduler, "decide", lambda s, st: asked.append(st.layer) or decide(s, st)
     )
     monkeypatch.setattr(layered, "tree_facts", lambda *a: read.append(1) or facts(*a))
-    target = tiny_llama(seed=7, vocab=40)
-    draft = tiny_llama(seed=8, vocab=40, hidden=16, layers=1, heads=2, kv_heads=1)
+    target, draft = lm_pair(seed=7)
     mid = tiny_llama(seed=9, vocab=40, hidden=16, layers=1, heads=2, kv_heads=1)
     res = memory_resources(target=target, draft=draft, mid=mid)
     prompt = repetitive_prompt(5, 16) % 40
@@ -263,13 +268,11 @@ def test_the_never_scheduler_is_asked_once_per_step(monkeypatch):
 def test_beside_weak_keeps_the_cheapest_drafters_layer_at_a_strong_call_and_stays_exact():
     """`beside_weak`: at a strong call's layer the n-gram drafter expands the same frontier too
     (its proposals hang beside the strong drafter's); the output is still greedy decoding."""
-
-    from tests.conftest import greedy_reference, memory_resources, tiny_llama
+    from tests.conftest import greedy_reference, memory_resources
     from tests.core.test_decoder import repetitive_prompt
     from treegraft.core.pipeline import load_pipeline
 
-    target = tiny_llama(seed=5, vocab=40)
-    draft = tiny_llama(seed=6, vocab=40, hidden=16, layers=1, heads=2, kv_heads=1)
+    target, draft = lm_pair(seed=5)
     res = memory_resources(target=target, draft=draft)
     prompt = repetitive_prompt(5, 12) % 40
     want = greedy_reference(target, prompt, 24)

@@ -61,8 +61,26 @@ class ModelSpec:
     init_from: str | None = None
 
 
+class StepsOfTokens:
+    """The optimiser steps of a recipe with `tokens`, `batch_size` and `seq_len` fields."""
+
+    tokens: int
+    batch_size: int
+    seq_len: int
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Training tokens per optimiser step."""
+        return self.batch_size * self.seq_len
+
+    @property
+    def steps(self) -> int:
+        """Number of optimiser steps to reach ``tokens``."""
+        return math.ceil(self.tokens / self.tokens_per_step)
+
+
 @attrs.frozen(kw_only=True)
-class Recipe:
+class Recipe(StepsOfTokens):
     """Everything that determines a training run."""
 
     name: str = field(doc="the run's folder name under --runs")
@@ -87,16 +105,6 @@ class Recipe:
     eval_every: int = field(200, check=STEPS)
     checkpoint_every: int = field(50, check=STEPS)
     log_every: int = field(10, check=STEPS)
-
-    @property
-    def tokens_per_step(self) -> int:
-        """Training tokens per optimiser step."""
-        return self.batch_size * self.seq_len
-
-    @property
-    def steps(self) -> int:
-        """Number of optimiser steps to reach ``tokens``."""
-        return math.ceil(self.tokens / self.tokens_per_step)
 
 
 # ---------------------------------------------------------------- reading

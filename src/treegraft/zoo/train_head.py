@@ -17,7 +17,6 @@ target's, at each unrolled depth) in `training.json`.
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from treegraft.zoo.recipe import (
     ROOT,
     STEPS,
     RecipeError,
+    StepsOfTokens,
     check_folder_name,
     check_reference,
     check_windows,
@@ -60,7 +60,7 @@ VALID_SEED = 2**32 - 1
 
 
 @attrs.frozen(kw_only=True)
-class HeadRecipe:
+class HeadRecipe(StepsOfTokens):
     """Everything that determines a head's distillation run."""
 
     name: str = field(doc="the run's folder name under --runs")
@@ -95,14 +95,6 @@ class HeadRecipe:
     eval_every: int = field(100, check=STEPS)
     checkpoint_every: int = field(20, check=STEPS)
     log_every: int = field(5, check=STEPS)
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch_size * self.seq_len
-
-    @property
-    def steps(self) -> int:
-        return math.ceil(self.tokens / self.tokens_per_step)
 
 
 def load_head_recipe(path: Path) -> HeadRecipe:
