@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import CONFIG_MAPPING
 
-from tests.conftest import greedy_reference
+from tests.conftest import greedy_reference, hf_generate
 from treegraft.conformance.matrix import (
     EXACT,
     REFUSED,
@@ -99,6 +99,58 @@ def test_sliding_window_models_decode_a_200_token_prompt_exactly(
     assert all(e.tree_size > 0 for e in out.events)  # every step verified a draft tree
     if own_drafter:  # the target drafting for itself: its drafts are its own greedy tokens
         assert out.summary.tau > 2.0
+
+
+def _learned_dynamic_mask(model) -> None:
+    """Doge's dynamic-mask rates (`A`) as a trained checkpoint has them (its init is zeros, under
+    which every key scores the same and nothing is ranked)."""
+    rng = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".A"):
+                param.copy_(torch.randn(param.shape, generator=rng, dtype=param.dtype))
+
+
+#: (model type, config overrides, words of the build-time refusal; None: must decode exactly)
+CONFIG_VARIANTS = [
+    ("qwen2", {"sliding_window": 8, "max_window_layers": 1}, None),
+    ("qwen3_moe", {"sliding_window": 8}, None),
+    ("smollm3", {"sliding_window": 8}, None),
+    ("gpt_oss", {"sliding_window": 8}, None),
+    ("gemma2", {"sliding_window": 8, "attn_logit_softcapping": 1.0}, None),
+    ("llama4_text", {"attention_chunk_size": 12}, None),
+    ("doge", {"keep_window_size": 40, "sliding_window": 16}, None),  # the window bounds the keys
+    ("doge", {"keep_window_size": 40, "sliding_window": None}, "keep_window_size"),
+]
+
+
+@pytest.mark.parametrize(
+    ("model_type", "extra", "refused"),
+    CONFIG_VARIANTS,
+    ids=[f"{t}-{'-'.join(f'{k}={v}' for k, v in e.items())}" for t, e, _ in CONFIG_VARIANTS],
+)
+def test_config_variants_decode_exactly_or_are_refused(
+    model_type: str, extra: dict, refused: str | None
+) -> None:
+    """Config values the matrix's tiny defaults leave alone (short windows and chunks, ranked
+    keys, softcaps), with the target drafting wide deep trees for itself over a 100-token prompt:
+    the output is `generate`'s, or the build refuses the model naming why."""
+    target = tiny_model(model_type, seed=0, **extra)
+    _learned_dynamic_mask(target)
+    res = Resources(dtype=torch.float64)
+    res.add_model("mem:target", target)
+    spec = _pipeline("mem:target", "mem:target", 24)
+    spec["builder"] = {"name": "layered", "depth": 6, "top_k": 3, "budget": 24}
+    if refused is not None:
+        with pytest.raises(ConfigError, match=refused):
+            load_pipeline(spec, resources=res)
+        return
+    pipe = load_pipeline(spec, resources=res)
+    rng = torch.Generator().manual_seed(5)
+    motif = torch.randint(0, 90, (13,), generator=rng)
+    prompt = motif.repeat(8)[:100]
+    prompt[::5] = torch.randint(0, 90, (20,), generator=rng)
+    assert list(pipe.generate(prompt).token_ids) == hf_generate(target, prompt, 24)
 
 
 def test_without_the_window_rule_the_output_would_differ(monkeypatch) -> None:

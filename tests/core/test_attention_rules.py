@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from transformers import (
     BloomConfig,
+    DogeConfig,
     FalconConfig,
     Gemma3TextConfig,
     LlamaConfig,
@@ -84,6 +85,8 @@ class _Stub:
         (BloomConfig(), "ALiBi"),
         (FalconConfig(alibi=True), "ALiBi"),
         (Gemma3TextConfig(use_bidirectional_attention=True), "bidirectional"),
+        # Doge's dynamic mask keeps the top `keep_window_size` keys; ties follow their layout
+        (DogeConfig(keep_window_size=40, max_position_embeddings=512), "keep_window_size"),
     ],
 )
 def test_refusals_name_the_reason(config, words: str) -> None:
@@ -93,3 +96,6 @@ def test_refusals_name_the_reason(config, words: str) -> None:
 def test_servable_configs_are_not_refused() -> None:
     assert refusal(_Stub(MistralConfig(sliding_window=8))) is None
     assert refusal(_Stub(FalconConfig(alibi=False))) is None
+    # Doge whose top-k never drops a visible key: no more positions, or a narrower window
+    assert refusal(_Stub(DogeConfig(keep_window_size=2048, max_position_embeddings=2048))) is None
+    assert refusal(_Stub(DogeConfig(keep_window_size=40, sliding_window=16))) is None

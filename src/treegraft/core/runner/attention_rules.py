@@ -152,7 +152,29 @@ def refusal(model: Any) -> str | None:
         attention_rules(model.config)
     except ModelRefused as err:
         return str(err)
+    if (why := _ranked_keys(cfg)) is not None:
+        return why
     return None
+
+
+def _ranked_keys(cfg: Any) -> str | None:
+    """Why a model whose attention keeps only the keys of highest score per query (Doge's
+    dynamic mask, `keep_window_size`) cannot be served exactly, or None where that never drops
+    a visible key (no more positions, or a window at most that wide on every layer)."""
+    keep = _positive(getattr(cfg, "keep_window_size", None))
+    limit = max_positions(cfg)
+    if keep is None or (limit is not None and keep >= limit):
+        return None
+    rules = attention_rules(cfg)
+    layers = [rules.single] if rules.by_type is None else list(rules.by_type.values())
+    if all(rule.window is not None and rule.window <= keep for rule in layers):
+        return None
+    return (
+        f"its attention keeps only the {keep} keys of highest score per query "
+        "(`keep_window_size`, fewer than its positions), and ties between equal scores (a "
+        "token repeated in the context scores the same at the first layer) are broken by where "
+        "the keys sit, which a tree forward changes"
+    )
 
 
 def refused_message(model: Any, ref: str, why: str) -> str:
