@@ -128,6 +128,23 @@ def test_decoding_across_a_longrope_switch_equals_generate(model_type: str, prom
     assert list(pipe.generate(prompt).token_ids) == hf_generate(target, prompt, 16)
 
 
+def test_a_model_whose_generate_loses_its_context_at_the_longrope_switch_is_refused() -> None:
+    """Phi-4-multimodal's `generate` drops its cache when the sequence first passes the switch,
+    as Phi-3's does, but then forwards only the newest token: what it decodes from there follows
+    from that token alone, which no tree forward reproduces. The build refuses it, naming why."""
+    from treegraft.core.config import ConfigError
+    from treegraft.core.runner.attention_rules import RopeSwitch
+
+    target = longrope_model("phi4_multimodal")
+    assert RopeSwitch.of(target) == RopeSwitch(32, recompute=False, truncates=True)
+    prompt = torch.randint(0, 60, (28,), generator=torch.Generator().manual_seed(1))
+    assert hf_generate(target, prompt, 16) != greedy_reference(target, prompt, 16)
+    res = Resources(dtype=torch.float64)
+    res.add_model("mem:target", target)
+    with pytest.raises(ConfigError, match=r"Phi4MultimodalForCausalLM\).*only the newest token"):
+        load_pipeline(_spec(16), resources=res)
+
+
 @pytest.mark.parametrize("prompt_len", [40, 52, 58, 62, 63, 64, 100])
 def test_llama4_temperature_tuning_stays_exact_across_its_floor_scale(prompt_len: int) -> None:
     """Llama 4's no-RoPE layers scale queries by `floor((row + 1) / floor_scale)`, reading the

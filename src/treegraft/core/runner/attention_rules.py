@@ -18,6 +18,7 @@ import inspect
 from typing import Any
 
 import attrs
+import torch
 
 #: layer types whose keys are those of plain causal attention (with or without a window)
 FULL_TYPES = frozenset({"full_attention", "attention", "global", "global_attention"})
@@ -154,6 +155,14 @@ def refusal(model: Any) -> str | None:
         return str(err)
     if (why := _ranked_keys(cfg)) is not None:
         return why
+    switch = RopeSwitch.of(model)
+    if switch is not None and switch.breaks_generate(model.config):
+        return (
+            f"its own `generate` ({type(model).__name__}.prepare_inputs_for_generation) drops "
+            f"its cache when the sequence first passes the longrope switch at {switch.at} tokens "
+            "(`original_max_position_embeddings`) but then forwards only the newest token, so "
+            f"its output past {switch.at} tokens does not follow from the sequence"
+        )
     return None
 
 
@@ -208,10 +217,14 @@ class RopeSwitch:
         recompute: the model's `generate` forwards the whole sequence again, without its cache,
             when it first passes the switch, so that every key takes the long factors (Phi-3's
             `prepare_inputs_for_generation` does).
+        truncates: the model's `generate` drops its cache there but forwards only the newest
+            token (`transformers`' Phi-4-multimodal): past the switch its output no longer
+            follows from the sequence, and `refusal` refuses the model.
     """
 
     at: int
     recompute: bool
+    truncates: bool = False
 
     @classmethod
     def of(cls, model: Any) -> RopeSwitch | None:
@@ -231,10 +244,20 @@ class RopeSwitch:
         if at is None:
             return None
         try:
-            source = inspect.getsource(type(model).prepare_inputs_for_generation)
-        except (OSError, TypeError):
-            source = ""
-        return cls(at, recompute="original_max_position_embeddings" in source)
+            dropped, fed = _generate_at_switch(model, at)
+        except Exception:  # a model whose inputs need more than ids: read its source
+            try:
+                source = inspect.getsource(type(model).prepare_inputs_for_generation)
+            except (OSError, TypeError, AttributeError):
+                source = ""
+            dropped, fed = "original_max_position_embeddings" in source, at + 1
+        return cls(at, recompute=dropped and fed > 1, truncates=dropped and fed == 1)
+
+    def breaks_generate(self, config: Any) -> bool:
+        """Whether the model's own `generate` loses its context at the switch (`truncates`)
+        within the positions `config` allows."""
+        limit = max_positions(config)
+        return self.truncates and (limit is None or self.at + 1 < limit)
 
     def room(self, n_committed: int) -> int | None:
         """The deepest node a step from `n_committed` tokens may verify (None: any): before the
@@ -246,6 +269,29 @@ class RopeSwitch:
         switch (`recompute`): the runner drops its cached keys and values, once."""
         if self.recompute and runner.n_committed == self.at + 1:
             runner.n_cached = 0
+
+
+def _generate_at_switch(model: Any, at: int) -> tuple[bool, int]:
+    """What `model`'s `generate` hands its forward at the step whose sequence first passes `at`
+    tokens, read from its `prepare_inputs_for_generation` over a cache of `at` tokens: whether it
+    drops the cache, and how many tokens it forwards."""
+    from treegraft.core.runner.kv_cache import TreeKVCache  # it imports transformers' caches
+
+    cache = TreeKVCache(1, at + 1, dtype=torch.float32, device=torch.device("cpu"))
+    cache.write_start = at  # its sequence length
+    ids = torch.zeros(1, at + 1, dtype=torch.long)
+    prepare = model.prepare_inputs_for_generation
+    key = "cache" if "cache" in inspect.signature(prepare).parameters else "past_key_values"
+    inputs = prepare(
+        ids,
+        **{key: cache},
+        attention_mask=torch.ones_like(ids),
+        use_cache=True,
+        next_sequence_length=1,
+    )
+    kept = inputs.get("cache", inputs.get("past_key_values")) is not None
+    fed = inputs.get("input_ids")
+    return not kept, int(fed.shape[-1]) if fed is not None else 1
 
 
 @attrs.frozen
