@@ -121,6 +121,10 @@ CONFIG_VARIANTS = [
     ("llama4_text", {"attention_chunk_size": 12}, None),
     ("doge", {"keep_window_size": 40, "sliding_window": 16}, None),  # the window bounds the keys
     ("doge", {"keep_window_size": 40, "sliding_window": None}, "keep_window_size"),
+    ("mistral", {"sliding_window": 2}, None),
+    ("mistral", {"sliding_window": 1}, "`sliding_window` is 1 token"),
+    ("gemma2", {"sliding_window": 1}, "`sliding_window` is 1 token"),
+    ("llama4_text", {"attention_chunk_size": 1}, "`attention_chunk_size` is 1 token"),
 ]
 
 

@@ -9,6 +9,7 @@ from transformers import (
     DogeConfig,
     FalconConfig,
     Gemma3TextConfig,
+    Llama4TextConfig,
     LlamaConfig,
     MistralConfig,
     Qwen2Config,
@@ -61,6 +62,21 @@ def test_unknown_layer_type_is_refused_naming_it() -> None:
     cfg.layer_types = ["full_attention", "mamba"]
     with pytest.raises(ModelRefused, match="'mamba'"):
         attention_rules(cfg)
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        (MistralConfig(sliding_window=1), "sliding_window"),
+        (Gemma3TextConfig(num_hidden_layers=6, sliding_window=1), "sliding_window"),
+        (Llama4TextConfig(attention_chunk_size=1), "attention_chunk_size"),
+    ],
+)
+def test_one_token_windows_and_chunks_are_refused(config, field: str) -> None:
+    """`generate` keeps such a layer's whole cache (its `[-(window - 1):]` slice is `[0:]`)."""
+    with pytest.raises(ModelRefused, match=f"`{field}` is 1 token"):
+        attention_rules(config)
+    assert attention_rules(MistralConfig(sliding_window=2)).single == LayerRule(window=2)
 
 
 def test_window_rule_matches_transformers_definition() -> None:

@@ -89,8 +89,22 @@ def _rule_text(rule: LayerRule | None) -> str:
 
 
 def attention_rules(config: Any) -> AttentionRules:
-    """The attention rules of a model config (`ModelRefused` for layer types not understood)."""
-    cfg = text_config(config)
+    """The attention rules of a model config (`ModelRefused` for layer types not understood,
+    and for windows or chunks of one token: `transformers`' own `generate` keeps the last
+    `window - 1` keys of such a layer with a slice that keeps them all, so it decodes otherwise
+    than the model's forward)."""
+    rules = _read_rules(text_config(config))
+    for rule in [rules.single] if rules.by_type is None else rules.by_type.values():
+        if rule is not None and 1 in (rule.window, rule.chunk):
+            field = "sliding_window" if rule.window == 1 else "attention_chunk_size"
+            raise ModelRefused(
+                f"its `{field}` is 1 token: transformers' own `generate` then keeps the layer's "
+                "whole cache instead of none and decodes otherwise than the model's forward"
+            )
+    return rules
+
+
+def _read_rules(cfg: Any) -> AttentionRules:
     window = _positive(getattr(cfg, "sliding_window", None))
     if getattr(cfg, "use_sliding_window", True) is False:
         window = None
