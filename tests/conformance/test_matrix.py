@@ -122,6 +122,8 @@ CONFIG_VARIANTS = [
     ("doge", {"keep_window_size": 40, "sliding_window": 16}, None),  # the window bounds the keys
     ("doge", {"keep_window_size": 40, "sliding_window": None}, "keep_window_size"),
     ("mistral", {"sliding_window": 2}, None),
+    ("mistral", {"sliding_window": 70}, None),  # longer than the probe crosses
+    ("llama", {"sliding_window": 70}, "differ from the model's own forward"),  # Llama ignores it
     ("mistral", {"sliding_window": 1}, "`sliding_window` is 1 token"),
     ("gemma2", {"sliding_window": 1}, "`sliding_window` is 1 token"),
     ("llama4_text", {"attention_chunk_size": 1}, "`attention_chunk_size` is 1 token"),

@@ -49,6 +49,18 @@ def test_probe_refuses_a_window_the_runner_ignores(monkeypatch) -> None:
     assert probe_model(model) is not None
 
 
+def test_probe_checks_a_long_window_on_a_short_one() -> None:
+    """A window longer than the probe crosses is shrunk for it: one the model applies passes;
+    one its mask ignores (a Llama config carrying `sliding_window`, whose `generate` cache then
+    windows decoding steps only) is refused; the config is restored either way."""
+    mistral = tiny_model("mistral", sliding_window=100)
+    assert probe_model(mistral) is None
+    llama = tiny_model("llama", sliding_window=100)
+    why = probe_model(llama)
+    assert why is not None and "differ from the model's own forward" in why
+    assert (mistral.config.sliding_window, llama.config.sliding_window) == (100, 100)
+
+
 def test_a_pipeline_refuses_a_broken_model_at_build_time_naming_it() -> None:
     broken = tiny_llama(seed=4)
     res = memory_resources(target=broken)

@@ -8,18 +8,23 @@ architecture exactly, whatever the reason (an attention rule not reproduced, a c
 does not write through, a layer with state). It catches architectures no one special-cased.
 
 The prompt crosses the smallest sliding window or chunk when that is short (at most
-`MAX_CROSSED_WINDOW` tokens), so window rules are checked on the model itself; longer windows are
-reproduced by the same code and checked in the test suite on small windows.
+`MAX_CROSSED_WINDOW` tokens), so window rules are checked on the model itself. A longer
+`sliding_window` is shrunk to `PROBE_WINDOW` tokens for the probe (the rule is the same code at
+any width): a window the config states but the model's own mask ignores (a Llama config carrying
+one, which `generate`'s cache then applies to decoding steps only) is refused, not met only past
+its width.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from treegraft.core.runner.attention_rules import attention_rules, max_positions
+from treegraft.core.runner.attention_rules import attention_rules, max_positions, text_config
 from treegraft.core.runner.causal_lm import CausalLMRunner
 from treegraft.core.tree import DraftTree
 
@@ -29,6 +34,8 @@ SECOND_TREE = (-1, 0, 1, 0)
 #: windows and chunks up to this length are crossed by the probe's prompt
 MAX_CROSSED_WINDOW = 64
 BASE_PROMPT = 12
+#: the width a longer `sliding_window` takes during the probe
+PROBE_WINDOW = 16
 
 
 def tolerance(dtype: torch.dtype) -> float:
@@ -40,6 +47,35 @@ def tolerance(dtype: torch.dtype) -> float:
 
 def probe_model(model: Any, *, forward: str = "auto", seed: int = 0) -> str | None:
     """None when tree forwards of `model` match its own sequential forwards, else what differed."""
+    with _crossable_window(model):
+        return _probe(model, forward, seed)
+
+
+@contextlib.contextmanager
+def _crossable_window(model: Any) -> Iterator[None]:
+    """`model`'s `sliding_window` set to `PROBE_WINDOW` for the block where it is longer than
+    `MAX_CROSSED_WINDOW` (and switched on), then restored."""
+    cfg = text_config(model.config)
+    window = getattr(cfg, "sliding_window", None)
+    shrink = (
+        isinstance(window, int)
+        and not isinstance(window, bool)
+        and window > MAX_CROSSED_WINDOW
+        and getattr(cfg, "use_sliding_window", True) is not False
+    )
+    if shrink:
+        try:
+            cfg.sliding_window = PROBE_WINDOW
+        except (AttributeError, TypeError, ValueError):  # a derived or validated field
+            shrink = False
+    try:
+        yield
+    finally:
+        if shrink:
+            cfg.sliding_window = window
+
+
+def _probe(model: Any, forward: str, seed: int) -> str | None:
     try:  # an output head that is not one matrix (a head per codebook) fails here too
         vocab = int(model.get_output_embeddings().weight.shape[0])
         n_prompt = probe_prompt_length(model)
