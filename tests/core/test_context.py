@@ -82,6 +82,21 @@ def test_the_last_steps_verify_only_nodes_inside_the_positions(model_type: str) 
     assert deepest <= 64
 
 
+def test_whispers_decoder_positions_are_its_max_target_positions() -> None:
+    """Whisper's decoder states its position table's size as `max_target_positions`: a request
+    past it is refused before decoding (not an IndexError mid-way); up to it, decoding is exact."""
+    target = tiny_model("whisper", seed=0, max_target_positions=64)
+    target.generation_config.begin_suppress_tokens = None  # ids of the full vocabulary
+    res = Resources(dtype=torch.float64)
+    res.add_model("mem:target", target)
+    pipe = load_pipeline(_spec(24), resources=res)
+    assert pipe.decoder.max_positions == 64
+    prompt = torch.tensor([4, 8, 15, 16, 23, 42, 7, 9]).repeat(5)  # 40 + 24 = 64
+    assert list(pipe.generate(prompt).token_ids) == hf_generate(target, prompt, 24)
+    with pytest.raises(ValueError, match=r"context too long.*needs 65 positions.*at most 64"):
+        pipe.generate(torch.cat([prompt, prompt[:1]]))
+
+
 @pytest.mark.parametrize("prompt_len", [63, 62, 60, 57, 52])
 def test_drafters_may_reach_past_the_positions_near_the_end(prompt_len: int) -> None:
     """A drafter grows its layers (and forwards its nodes) past the last position before the

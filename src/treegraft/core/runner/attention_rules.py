@@ -209,10 +209,21 @@ def refused_message(model: Any, ref: str, why: str) -> str:
     )
 
 
+#: config fields stating a model's maximum positions, first found first (`max_target_positions`:
+#: Whisper's decoder, whose position table has that many rows)
+POSITION_FIELDS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_target_positions",
+    "max_sequence_length",
+    "seq_length",
+)
+
+
 def max_positions(config: Any) -> int | None:
     """The model's maximum number of positions, when its config states one."""
     cfg = text_config(config)
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+    for name in POSITION_FIELDS:
         value = getattr(cfg, name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
