@@ -124,6 +124,7 @@ CONFIG_VARIANTS = [
     ("mistral", {"sliding_window": 2}, None),
     ("mistral", {"sliding_window": 70}, None),  # longer than the probe crosses
     ("llama", {"sliding_window": 70}, "differ from the model's own forward"),  # Llama ignores it
+    ("llama", {"attention_chunk_size": 20}, "without chunked layers"),  # generate's cache does not
     ("mistral", {"sliding_window": 1}, "`sliding_window` is 1 token"),
     ("gemma2", {"sliding_window": 1}, "`sliding_window` is 1 token"),
     ("llama4_text", {"attention_chunk_size": 1}, "`attention_chunk_size` is 1 token"),

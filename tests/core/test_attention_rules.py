@@ -79,6 +79,15 @@ def test_one_token_windows_and_chunks_are_refused(config, field: str) -> None:
     assert attention_rules(MistralConfig(sliding_window=2)).single == LayerRule(window=2)
 
 
+def test_a_chunk_size_without_chunked_layers_is_refused() -> None:
+    """`generate`'s cache keeps `chunk - 1` keys of every layer then, while the mask keeps all."""
+    cfg = LlamaConfig()
+    cfg.attention_chunk_size = 20
+    with pytest.raises(ModelRefused, match=r"`attention_chunk_size` \(20\) without chunked layers"):
+        attention_rules(cfg)
+    assert attention_rules(MistralConfig(sliding_window=8)).single == LayerRule(window=8)
+
+
 def test_window_rule_matches_transformers_definition() -> None:
     """A key at position k is visible from a query at q iff q - k < window (and visible at all)."""
     q_pos, k_pos = np.array([5, 9]), np.arange(10)

@@ -111,6 +111,13 @@ def _read_rules(cfg: Any) -> AttentionRules:
     chunk = _positive(getattr(cfg, "attention_chunk_size", None))
     types = getattr(cfg, "layer_types", None)
     if not types:
+        if window is None and chunk is not None:
+            raise ModelRefused(
+                f"its config sets `attention_chunk_size` ({chunk}) without chunked layers "
+                "(`layer_types`): transformers' own `generate` then keeps only the last "
+                f"{chunk - 1} keys of every layer's cache, which the model's mask does not, so "
+                "its output depends on how the sequence is split into forwards"
+            )
         return AttentionRules(single=LayerRule(window=window))
     rules: dict[str, LayerRule] = {}
     for kind in dict.fromkeys(types):
