@@ -98,15 +98,48 @@ def weights_problems(folder: Path) -> tuple[dict[str, Any], list[str]]:
         return sharded_problems(folder)
     if any((folder / name).is_file() for name in PICKLED):
         return {}, []  # a pickled checkpoint: no header to read without loading it
-    return {}, [f"no weights file: expected {SINGLE}, {INDEX} or {PICKLED[0]} in {folder}"]
+    return {}, [
+        f"no weights file: expected {SINGLE}, {INDEX} or {PICKLED[0]} in {folder}"
+        + other_format_hint(folder)
+    ]
+
+
+def other_format_hint(folder: Path) -> str:
+    """What to do with a folder holding a PEFT adapter or a GGUF file instead of a model."""
+    if (folder / "adapter_config.json").is_file():
+        return (
+            "; it holds a PEFT adapter (adapter_config.json), not a model: merge it into its "
+            "base model (peft's `merge_and_unload()`) and save that with save_pretrained"
+        )
+    if gguf := sorted(p.name for p in folder.glob("*.gguf")):
+        return (
+            f"; it holds a GGUF file ({gguf[0]}), which treegraft does not load: convert it once "
+            f"with `AutoModelForCausalLM.from_pretrained(folder, gguf_file={gguf[0]!r})"
+            ".save_pretrained(...)` (needs the gguf package)"
+        )
+    return ""
 
 
 def sharded_problems(folder: Path) -> tuple[dict[str, Any], list[str]]:
     """A sharded checkpoint: the index parses, every shard exists and holds what it maps."""
-    try:
-        weight_map = json.loads((folder / INDEX).read_text())["weight_map"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}, [f"{INDEX}: not a valid index (expected a JSON object with 'weight_map')"]
+    index, problem = json_object(folder / INDEX)
+    if problem or index is None:
+        return {}, [problem or INDEX]
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        return {}, [
+            f"{INDEX}: 'weight_map' is not a mapping of tensor names to shard file names "
+            f"(got {type(weight_map).__name__})"
+        ]
+    if not isinstance(index.get("metadata"), dict):
+        return {}, [
+            f"{INDEX}: no 'metadata' mapping, which transformers requires (save_pretrained "
+            'writes {"metadata": {...}, "weight_map": {...}})'
+        ]
+    if outside := sorted({s for s in weight_map.values() if Path(s).name != s}):
+        return {}, [f"{INDEX}: shard {outside[0]!r} is not a file name inside the model folder"]
     tensors: dict[str, Any] = {}
     problems: list[str] = []
     for shard in sorted(set(weight_map.values())):
@@ -122,41 +155,192 @@ def sharded_problems(folder: Path) -> tuple[dict[str, Any], list[str]]:
     return tensors, problems
 
 
-def config_problems(config: dict[str, Any], tensors: dict[str, Any]) -> list[str]:
-    """Tensor shapes against `config.json`: embedding rows = vocab_size, columns = hidden_size,
-    layer indices = num_hidden_layers; a `pad_token_id` inside the vocabulary."""
-    cfg = config.get("text_config", config)
+def config_problems(folder: Path, config: dict[str, Any], tensors: dict[str, Any]) -> list[str]:
+    """`config.json` against transformers and the weights: its `model_type` names a causal LM
+    transformers builds without running the folder's own code, and the tensors the weights
+    announce have the shapes of the model it describes (`shape_problems`)."""
+    if problem := model_type_problem(config):
+        return [problem]
+    hf = hf_config(folder)
+    if isinstance(hf, str):
+        return [hf]
+    text = hf.get_text_config()
+    vocab, pad = getattr(text, "vocab_size", None), getattr(text, "pad_token_id", None)
+    if isinstance(vocab, int) and isinstance(pad, int) and not -vocab <= pad < vocab:
+        return [f"config.json says pad_token_id {pad}, outside the vocabulary [0, {vocab})"]
+    built = meta_model(folder, hf)
+    if isinstance(built, str):
+        return [built]
+    return shape_problems(config, text, built, tensors)[:5]
+
+
+def model_type_problem(config: dict[str, Any]) -> str | None:
+    """Why transformers cannot build a causal LM from `config` itself (None: it can)."""
+    from transformers import CONFIG_MAPPING
+
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        return (
+            f"config.json states no model_type (got {model_type!r}); expected the architecture's "
+            "name, as save_pretrained writes it (e.g. 'llama')"
+        )
+    if model_type in CONFIG_MAPPING:
+        return None
+    if isinstance(config.get("auto_map"), dict):
+        return (
+            f"config.json names model_type {model_type!r}, which transformers does not know, and "
+            "an auto_map to the folder's own Python code (trust_remote_code); treegraft never "
+            "runs a checkpoint's code: use a checkpoint of an architecture transformers ships"
+        )
+    return (
+        f"config.json names model_type {model_type!r}, which this transformers version does "
+        "not know; expected one of its architectures (upgrade transformers if it is new)"
+    )
+
+
+def hf_config(folder: Path) -> Any:
+    """The transformers config of the folder (never running its code); a string saying why
+    transformers refuses `config.json`."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    except Exception as exc:  # transformers' own validation of the values
+        lines = [line.strip() for line in str(exc).strip().splitlines()] or [type(exc).__name__]
+        return (
+            f"transformers could not load the model in {folder}: config.json: {' '.join(lines[:2])}"
+        )
+
+
+def meta_model(folder: Path, config: Any) -> Any:
+    """The causal LM of the transformers `config`, built on the meta device (no memory, no
+    weights); a string saying why transformers cannot build it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    except Exception as exc:
+        if "Unrecognized configuration class" in str(exc):
+            return (
+                f"{folder} holds a {config.model_type!r} model, which transformers does not "
+                "load as a causal language model (AutoModelForCausalLM); treegraft serves "
+                "decoder-only causal LMs (the architectures are listed in docs/models.md)"
+            )
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"transformers could not load the model in {folder}: {type(exc).__name__}: {first}"
+
+
+def shape_problems(
+    config: dict[str, Any], text: Any, model: Any, tensors: dict[str, Any]
+) -> list[str]:
+    """Tensors of the weights whose shape is not the model's, and the model's tensors the weights
+    lack (told only where every tensor name of the weights is the model's: no renaming at load)."""
+    expected = {name: list(t.shape) for name, t in model.state_dict().items()}
     problems = []
-    vocab, hidden = cfg.get("vocab_size"), cfg.get("hidden_size")
     for name, info in tensors.items():
         shape = info.get("shape") if isinstance(info, dict) else None
-        if not EMBEDDING.search(name) or not isinstance(shape, list) or len(shape) != 2:
-            continue
-        if vocab is not None and shape[0] != vocab:
-            problems.append(f"{name} has {shape[0]} rows but config.json says vocab_size {vocab}")
-        if hidden is not None and shape[1] != hidden:
-            problems.append(
-                f"{name} has {shape[1]} columns but config.json says hidden_size {hidden}"
-            )
-    pad = cfg.get("pad_token_id")
-    if isinstance(vocab, int) and isinstance(pad, int) and not -vocab <= pad < vocab:
-        problems.append(f"config.json says pad_token_id {pad}, outside the vocabulary [0, {vocab})")
-    layers = {int(m.group(1)) for name in tensors if (m := LAYER.search(name))}
-    expected = cfg.get("num_hidden_layers")
-    if layers and expected is not None and max(layers) + 1 != expected:
-        problems.append(
-            f"the weights hold {max(layers) + 1} layers but config.json says num_hidden_layers {expected}"
+        if name in expected and isinstance(shape, list) and shape != expected[name]:
+            problems.append(mismatch(name, shape, expected[name], config, text))
+    tied = set(getattr(model, "all_tied_weights_keys", None) or ())
+    missing = sorted(set(expected) - set(tensors) - tied)
+    if tensors and missing and set(tensors) <= set(expected):
+        problems.append(missing_message(missing, tensors, config, text))
+    return problems
+
+
+def shape_message(folder: Path, text: Any, mismatched: list[tuple[str, Any, Any]]) -> str:
+    """The weights' tensors whose shapes are not those of the model config.json describes, as
+    transformers found them at load: (name, shape in the weights, the model's shape) triples;
+    `text` is the loaded model's text config."""
+    config = json_object(folder / "config.json")[0] or {}
+    found = [
+        mismatch(name, list(have), list(want), config, text) for name, have, want in mismatched
+    ]
+    return (
+        f"the weights in {folder} do not fit the model its config.json describes: "
+        f"{'; '.join(found[:3])}" + (f" (and {len(found) - 3} more)" if len(found) > 3 else "")
+    )
+
+
+def said(config: dict[str, Any], text: Any, field: str) -> str:
+    """How the config states `field`: `config.json says F V`, or its default when it does not."""
+    source = config.get("text_config", config)
+    value = getattr(text, field, None)
+    if isinstance(source, dict) and field in source:
+        return f"config.json says {field} {value}"
+    return f"the config's {field} is {value} (its default: config.json states none)"
+
+
+def mismatch(name: str, shape: list, want: list, config: dict[str, Any], text: Any) -> str:
+    if EMBEDDING.search(name) and len(shape) == len(want) == 2:
+        if shape[0] != want[0] and want[0] == getattr(text, "vocab_size", None):
+            return f"{name} has {shape[0]} rows but {said(config, text, 'vocab_size')}"
+        if shape[1] != want[1] and want[1] == getattr(text, "hidden_size", None):
+            return f"{name} has {shape[1]} columns but {said(config, text, 'hidden_size')}"
+    return f"{name} has shape {shape} in the weights but {want} in the model config.json describes"
+
+
+def missing_message(missing: list[str], tensors: dict[str, Any], config: dict, text: Any) -> str:
+    held = {int(m.group(1)) for name in tensors if (m := LAYER.search(name))}
+    past = [m for name in missing if (m := LAYER.search(name))]
+    if held and len(past) == len(missing) and all(int(m.group(1)) > max(held) for m in past):
+        return (
+            f"the weights hold {max(held) + 1} layers but {said(config, text, 'num_hidden_layers')}"
         )
-    return problems[:5]
+    return (
+        f"the weights lack {len(missing)} tensor(s) of the model config.json describes (e.g. "
+        f"{', '.join(missing[:3])}), which transformers would fill with random values"
+    )
+
+
+def json_object(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The JSON object in `path` and None, or None and what is wrong with the file."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        return None, f"cannot read {path}: {exc.strerror}"
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, f"{path} is not valid JSON ({exc})"
+    if not isinstance(data, dict):
+        return (
+            None,
+            f"{path} is not a JSON object (got {type(data).__name__})",
+        )
+    return data, None
+
+
+def file_problems(folder: Path) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """What is wrong with the files of a model folder, read without transformers: `config.json`
+    and `generation_config.json` are JSON objects, the weights files are whole; with the config
+    and the tensors the weights announce."""
+    config, problem = json_object(folder / "config.json")
+    if problem:
+        return {}, {}, [problem]
+    problems = generation_problems(folder / "generation_config.json")
+    tensors, found = weights_problems(folder)
+    return config or {}, tensors, problems + found
+
+
+def generation_problems(path: Path) -> list[str]:
+    """A `generation_config.json` (optional) is a JSON object whose EOS ids are token ids."""
+    if not path.exists():
+        return []
+    data, problem = json_object(path)
+    if problem:
+        return [problem]
+    eos = data.get("eos_token_id") if data else None
+    ids = eos if isinstance(eos, list) else [eos]
+    if eos is not None and not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        return [
+            f"generation_config.json: eos_token_id: expected a token id or a list of token ids, "
+            f"got {eos!r}"
+        ]
+    return []
 
 
 def model_folder_problems(folder: Path) -> list[str]:
-    """Everything wrong with a Hugging Face model folder that shows without loading it."""
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return [f"config.json in {folder} is missing or not valid JSON"]
-    if not isinstance(config, dict):
-        return [f"config.json in {folder} is not a JSON object"]
-    tensors, problems = weights_problems(folder)
-    return problems + (config_problems(config, tensors) if not problems else [])
+    """Everything wrong with a Hugging Face model folder that shows without loading its weights."""
+    config, tensors, problems = file_problems(folder)
+    return problems or config_problems(folder, config, tensors)

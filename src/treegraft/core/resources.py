@@ -7,7 +7,6 @@ loaded once per `Resources`, so a target used as its own drafter is not loaded t
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,13 @@ from transformers.utils import logging as hf_logging
 
 from treegraft.core.devices import device_problem
 from treegraft.core.errors import ArgumentError, TreegraftError
-from treegraft.core.model_files import model_folder_problems
+from treegraft.core.model_files import (
+    file_problems,
+    json_object,
+    model_folder_problems,
+    other_format_hint,
+    shape_message,
+)
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import (
     ModelRefused,
@@ -57,17 +62,25 @@ TOKENIZER_FILES = (
 )
 
 
+#: the JSON files of a tokenizer folder, each a JSON object when present
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
 def folder_tokenizer(path: Path, ref: str) -> Any:
     """The tokenizer saved in the model folder `path` (of the reference `ref`); None when the
     folder holds no tokenizer file (the model then takes token ids, not text). Tokenizer files
-    that do not load, or load as a tokenizer without a vocabulary, are a `ModelRefError`."""
+    that do not load, or load as a tokenizer without a vocabulary, are a `ModelRefError`; the
+    folder's own tokenizer code (an `auto_map`) is never run."""
     if not any((path / name).is_file() for name in TOKENIZER_FILES) and not any(
         path.glob("*.tiktoken")
     ):
         return None
+    for name in TOKENIZER_JSON:
+        if (path / name).exists() and (problem := json_object(path / name)[1]):
+            raise ModelRefError(f"{ref}: the tokenizer files in {path} do not load: {problem}")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, TypeError, KeyError) as exc:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except Exception as exc:  # transformers' failures have no common type
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelRefError(
             f"{ref}: the tokenizer files in {path} do not load ({first}); fix or remove them "
@@ -82,23 +95,11 @@ def folder_tokenizer(path: Path, ref: str) -> Any:
 
 def load_failure(ref: str, path: Path, exc: Exception) -> Exception:
     """What to raise when transformers failed with `exc` to load the model folder `path`: a
-    `ModelRefError` naming what is wrong with the files, that the folder holds no causal LM, or
-    else transformers' own reason (a config it refuses, as a `pad_token_id` past the vocabulary);
-    `--debug` shows its traceback."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
+    `ModelRefError` naming what is wrong with the folder (`model_folder_problems`: its files, a
+    config transformers refuses or that holds no causal LM, weights of other shapes), else
+    transformers' own reason; `--debug` shows its traceback."""
     if problems := model_folder_problems(path):
         return ModelRefError(f"{ref}: {'; '.join(problems)}")
-    try:
-        model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        model_type = None
-    if isinstance(model_type, str) and model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        return ModelRefError(
-            f"{ref}: {path} holds a {model_type!r} model, which transformers does not load as a "
-            "causal language model (AutoModelForCausalLM); treegraft serves decoder-only causal "
-            "LMs (the architectures are listed in docs/models.md)"
-        )
     return ModelRefError(
         f"{ref}: transformers could not load the model in {path}: {type(exc).__name__}: {exc}"
     )
@@ -150,7 +151,8 @@ def attention_for(path: Path) -> str:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     try:
-        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(path))]
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     except (KeyError, ValueError, OSError):
         return "sdpa"  # from_pretrained names the problem itself
     return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
@@ -166,12 +168,26 @@ def resolve_model_path(ref: str) -> Path:
         except (KeyError, LookupError, FileNotFoundError, ValueError) as exc:
             raise ModelRefError(str(exc).strip("'\"")) from None
     path = Path(ref).expanduser()
-    if not (path / "config.json").is_file():
+    try:
+        if (path / "config.json").is_file():
+            return path
+    except OSError as exc:  # a folder without read or search permission
         raise ModelRefError(
-            f"model {ref!r} not found: expected 'zoo:NAME' or a directory holding a Hugging Face "
-            "model (config.json + weights)" + hub_hint(ref)
+            f"model {ref!r}: cannot read the folder {path}: {exc.strerror}"
+        ) from None
+    expected = (
+        "expected 'zoo:NAME' or a directory holding a Hugging Face model (config.json + weights)"
+    )
+    if path.is_file():
+        hint = other_format_hint(path.parent)
+        if not hint and (path.parent / "config.json").is_file():
+            hint = f"; use the folder that holds it, {str(path.parent)!r}"
+        raise ModelRefError(f"model {ref!r} is a file, not a folder: {expected}" + hint)
+    if path.is_dir():
+        raise ModelRefError(
+            f"model {ref!r} holds no config.json: {expected}" + other_format_hint(path)
         )
-    return path
+    raise ModelRefError(f"model {ref!r} not found: {expected}" + hub_hint(ref))
 
 
 #: A Hugging Face Hub model id: `name` or `owner/name`.
@@ -196,17 +212,16 @@ def model_vocab_size(ref: str, memory: dict[str, PreTrainedModel] | None = None)
     """Vocabulary size from a model's config, without loading its weights."""
     if memory and ref in memory:  # a composite config (Gemma 3, Llava...) has it in its text config
         return int(text_config(memory[ref].config).vocab_size)
-    path = resolve_model_path(ref) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-        cfg = config.get("text_config", config)
-        return int(cfg["vocab_size"])
-    except OSError as exc:
-        raise ModelRefError(f"{ref}: cannot read {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ModelRefError(f"{ref}: {path} is not valid JSON ({exc})") from None
-    except (AttributeError, KeyError, TypeError, ValueError):
-        raise ModelRefError(f"{ref}: {path} states no integer vocab_size") from None
+    folder = resolve_model_path(ref)
+    config = json_object(folder / "config.json")[0] or {}
+    cfg = config.get("text_config", config)
+    vocab = cfg.get("vocab_size") if isinstance(cfg, dict) else None
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0:
+        return vocab
+    problems = model_folder_problems(folder) or [
+        f"{folder / 'config.json'} states no vocab_size (expected a positive integer)"
+    ]
+    raise ModelRefError(f"{ref}: {'; '.join(problems)}")
 
 
 @attrs.define
@@ -323,6 +338,8 @@ class Resources:
         if ref not in self.models:
             path = resolve_model_path(ref)
             hf_logging.disable_progress_bar()  # our CLI streams text on stdout; keep stderr quiet
+            if problems := file_problems(path)[2]:
+                raise ModelRefError(f"{ref}: {'; '.join(problems)}")
             placed = ref in self.device_maps
             kwargs = load_kwargs(self.device_maps[ref], self.offload_folder) if placed else {}
             try:
@@ -333,11 +350,19 @@ class Resources:
                     if self.attention == "sdpa"
                     else self.attention,
                     output_loading_info=True,
+                    ignore_mismatched_sizes=True,  # told below, naming the tensors
+                    trust_remote_code=False,
                     **kwargs,
                 )
             except Exception as exc:
                 raise load_failure(ref, path, exc) from exc
+            if mismatched := sorted(info.get("mismatched_keys") or ()):  # as validate says
+                text = model.config.get_text_config()
+                problems = model_folder_problems(path) or [shape_message(path, text, mismatched)]
+                raise ModelRefError(f"{ref}: {'; '.join(problems)}")
             if missing := sorted(info.get("missing_keys") or ()):
+                if problems := model_folder_problems(path):  # as `treegraft validate` says
+                    raise ModelRefError(f"{ref}: {'; '.join(problems)}")
                 raise ModelRefError(
                     f"{ref}: the checkpoint in {path} lacks {len(missing)} weight(s) of "
                     f"{type(model).__name__} (e.g. {', '.join(missing[:3])}), which transformers "
@@ -383,8 +408,9 @@ class Resources:
         return path if path.is_file() else None
 
     def tokenizer_of(self, ref: str) -> Any:
-        """The tokenizer stored beside the model `ref` (loaded each call; not cached)."""
-        return AutoTokenizer.from_pretrained(resolve_model_path(ref))
+        """The tokenizer stored beside the model `ref` (loaded each call; not cached; files that
+        do not load are a `ModelRefError`, `folder_tokenizer`)."""
+        return folder_tokenizer(resolve_model_path(ref), ref)
 
     def real_vocab(self, ref: str) -> int | None:
         """Token ids the tokenizer of `ref` defines (its embedding may have padding rows past
