@@ -409,15 +409,16 @@ class Resources:
 
     def tokenizer_of(self, ref: str) -> Any:
         """The tokenizer stored beside the model `ref` (loaded each call; not cached; files that
-        do not load are a `ModelRefError`, `folder_tokenizer`)."""
+        do not load are a `ModelRefError`, `folder_tokenizer`); None: in memory, or no files."""
+        if ref in self.in_memory:
+            return None
         return folder_tokenizer(resolve_model_path(ref), ref)
 
     def real_vocab(self, ref: str) -> int | None:
         """Token ids the tokenizer of `ref` defines (its embedding may have padding rows past
         them); None without a tokenizer."""
-        if self.tokenizer_file(ref) is None:
-            return None
-        return len(self.tokenizer_of(ref))
+        tokenizer = self.tokenizer_of(ref)
+        return None if tokenizer is None else len(tokenizer)
 
     def token_counts(self, ref: str) -> np.ndarray:
         """`[V]` int64 per-token counts from `zoo:token-counts` (the zoo tokenizer's) or a JSON

@@ -125,17 +125,18 @@ def check_vocabularies(spec: PipelineSpec, resources: Resources) -> None:
 
 
 def same_tokenizer(resources: Resources, a: str, b: str) -> bool | None:
-    """Whether the models `a` and `b` ship the same tokenizer (None: one has no tokenizer
-    files, e.g. an in-memory model, so it cannot be told)."""
+    """Whether the models `a` and `b` ship the same tokenizer: the same `tokenizer.json`, else
+    the same token-to-id map of whatever tokenizer files they hold (None: one has none, e.g. an
+    in-memory model, so it cannot be told)."""
     if a == b:
         return True
     files = [resources.tokenizer_file(ref) for ref in (a, b)]
-    if None in files:
-        return None
-    if files[0].read_bytes() == files[1].read_bytes():
+    if None not in files and files[0].read_bytes() == files[1].read_bytes():
         return True
-    vocabs = [resources.tokenizer_of(ref).get_vocab() for ref in (a, b)]
-    return vocabs[0] == vocabs[1]
+    tokenizers = [resources.tokenizer_of(ref) for ref in (a, b)]
+    if None in tokenizers:
+        return None
+    return tokenizers[0].get_vocab() == tokenizers[1].get_vocab()
 
 
 def _vocab(resources: Resources, ref: str, path: str) -> int:
