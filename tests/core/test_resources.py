@@ -235,3 +235,19 @@ def test_a_drafter_whose_tokenizer_does_not_load_is_named_by_validate_and_load(
     want = f"pipeline.drafters.strong.model: {drafter}: the tokenizer files in {drafter} do not"
     assert str(info.value).startswith(want)
     assert errors == [f"{tmp_path / 'p.yaml'}: {info.value}"]
+
+
+def test_a_tokenizer_key_naming_a_file_or_a_folder_without_one_says_so(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    (tmp_path / "config.json").write_text("{}")  # a model folder without tokenizer files
+    cases = {
+        str(model_dir / "tokenizer.json"): f"is a file, not a folder: expected 'zoo:NAME' or the "
+        f"folder written by save_pretrained that holds it ({str(model_dir)!r})",
+        str(tmp_path): "holds no tokenizer files: expected a folder written by save_pretrained",
+    }
+    for ref, needle in cases.items():
+        data = spec(str(model_dir)) | {"tokenizer": ref}
+        with pytest.raises(ConfigError) as info:
+            load_pipeline(data)
+        assert str(info.value).startswith("pipeline.tokenizer: ") and needle in str(info.value)

@@ -57,6 +57,11 @@ def tokenizer_path(ref: str) -> Path:
     if ref.startswith("zoo:"):
         return resolve_model_path(ref)
     path = Path(ref).expanduser()
+    if path.is_file():
+        raise ModelRefError(
+            f"tokenizer {ref!r} is a file, not a folder: expected 'zoo:NAME' or the folder "
+            f"written by save_pretrained that holds it ({str(path.parent)!r})"
+        )
     if not path.is_dir():
         raise ModelRefError(
             f"tokenizer folder {ref!r} not found: expected 'zoo:NAME' or a folder written by "
