@@ -139,6 +139,17 @@ def test_a_tensor_of_another_shape_fails_validate_and_load_alike(
     assert raised is not None and needle in str(raised) and "above report" not in str(raised)
 
 
+def test_a_config_leaving_vocab_size_to_its_default_loads(tmp_path: Path) -> None:
+    """config.json without `vocab_size` describes the class default (32000 for Llama): weights
+    of that size load, by validate and by the pipeline."""
+    folder = tmp_path / "model"
+    tiny_llama(seed=5, vocab=32000, hidden=16, layers=1, heads=2, kv_heads=1).save_pretrained(
+        folder
+    )
+    _edit_config(folder, vocab_size=None)
+    assert _agree(tmp_path, folder) == ([], None)
+
+
 @pytest.mark.parametrize(
     ("changes", "needle"),
     [

@@ -21,6 +21,7 @@ from treegraft.core.devices import device_problem
 from treegraft.core.errors import ArgumentError, TreegraftError
 from treegraft.core.model_files import (
     file_problems,
+    hf_config,
     json_object,
     model_folder_problems,
     other_format_hint,
@@ -218,10 +219,14 @@ def model_vocab_size(ref: str, memory: dict[str, PreTrainedModel] | None = None)
     vocab = cfg.get("vocab_size") if isinstance(cfg, dict) else None
     if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0:
         return vocab
-    problems = model_folder_problems(folder) or [
-        f"{folder / 'config.json'} states no vocab_size (expected a positive integer)"
-    ]
-    raise ModelRefError(f"{ref}: {'; '.join(problems)}")
+    if problems := model_folder_problems(folder):
+        raise ModelRefError(f"{ref}: {'; '.join(problems)}")
+    vocab = getattr(hf_config(folder).get_text_config(), "vocab_size", None)  # a class default
+    if isinstance(vocab, int) and vocab > 0:
+        return vocab
+    raise ModelRefError(
+        f"{ref}: {folder / 'config.json'} states no vocab_size (expected a positive integer)"
+    )
 
 
 @attrs.define
