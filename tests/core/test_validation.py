@@ -345,3 +345,22 @@ def test_validate_reports_what_building_the_pipeline_refuses(
     with pytest.raises(TreegraftError) as info:
         load_pipeline(data)
     assert errors == [f"{path}: {info.value}"]
+
+
+@pytest.mark.parametrize("role", ["target", "drafter"])
+def test_a_damaged_folder_reads_the_same_in_validate_and_load(
+    tmp_path: Path, good_model: Path, model_copy: Path, role: str
+) -> None:
+    """The same words, at the same field (`pipeline.target`, a drafter's `.model`)."""
+    (model_copy / "generation_config.json").write_text("[]")
+    if role == "target":
+        data = spec(str(model_copy))
+    else:
+        data = spec(str(good_model), drafters=_lm(model_copy))
+    path = write(tmp_path, "damaged.yaml", data)
+    _, errors = pipeline_errors(path)
+    with pytest.raises(TreegraftError) as info:
+        load_pipeline(data)
+    field = "pipeline.target" if role == "target" else "pipeline.drafters.strong.model"
+    assert str(info.value).startswith(f"{field}: {model_copy}: ")
+    assert errors == [f"{path}: {info.value}"]
