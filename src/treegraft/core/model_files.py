@@ -238,16 +238,38 @@ def shape_problems(
     """Tensors of the weights whose shape is not the model's, and the model's tensors the weights
     lack (told only where every tensor name of the weights is the model's: no renaming at load)."""
     expected = {name: list(t.shape) for name, t in model.state_dict().items()}
+    converted = converted_names(model, tensors)  # transformers renames or reshapes these
     problems = []
     for name, info in tensors.items():
         shape = info.get("shape") if isinstance(info, dict) else None
-        if name in expected and isinstance(shape, list) and shape != expected[name]:
+        if name in converted or not isinstance(shape, list):
+            continue
+        if name in expected and shape != expected[name]:
             problems.append(mismatch(name, shape, expected[name], config, text))
     tied = set(getattr(model, "all_tied_weights_keys", None) or ())
     missing = sorted(set(expected) - set(tensors) - tied)
-    if tensors and missing and set(tensors) <= set(expected):
+    if tensors and missing and not converted and set(tensors) <= set(expected):
         problems.append(missing_message(missing, tensors, config, text))
     return problems
+
+
+def converted_names(model: Any, tensors: dict[str, Any]) -> set[str]:
+    """The tensor names of the weights that transformers' conversions for `model` rename or
+    reshape at load (a legacy layout: per-expert weights, a padded vocabulary, ...)."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+
+        patterns = [p for t in get_model_conversion_mapping(model) for p in t.source_patterns]
+    except Exception:  # an older transformers, without conversions
+        return set()
+    found = set()
+    for pattern in patterns:
+        try:
+            compiled = re.compile(pattern)
+        except (re.error, TypeError):
+            continue
+        found |= {name for name in tensors if compiled.search(name)}
+    return found
 
 
 def shape_message(folder: Path, text: Any, mismatched: list[tuple[str, Any, Any]]) -> str:
