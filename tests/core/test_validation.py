@@ -365,3 +365,11 @@ def test_a_damaged_folder_reads_the_same_in_validate_and_load(
     field = "pipeline.target" if role == "target" else "pipeline.drafters.strong.model"
     assert str(info.value).startswith(f"{field}: {model_copy}: ")
     assert errors == [f"{path}: {info.value}"]
+
+
+def test_a_quantized_checkpoint_is_not_held_to_the_unquantized_shapes(model_copy: Path) -> None:
+    """A bitsandbytes 4-bit checkpoint packs `weight` tensors under their own names: their
+    shapes are the quantizer's business (transformers reads them at load), not a mismatch."""
+    _reshape(model_copy, "model.layers.0.mlp.up_proj.weight", (1024, 1))
+    _edit_config(model_copy, quantization_config={"quant_method": "bitsandbytes"})
+    assert model_folder_problems(model_copy) == []
