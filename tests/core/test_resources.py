@@ -197,8 +197,11 @@ def test_a_checkpoint_with_its_own_code_is_refused_without_running_or_asking(
         ),
         ("tokenizer.json", "{bad", "tokenizer.json is not valid JSON"),
         ("special_tokens_map.json", '"x"', "special_tokens_map.json is not a JSON object"),
+        ("added_tokens.json", "[1]", "added_tokens.json is not a JSON object \\(got list\\)"),
+        ("chat_template.json", "{bad", "chat_template.json is not valid JSON"),
+        ("tokenizer.json", '{"model": 5}', "do not load \\(a key is missing: 'added_tokens'\\)"),
     ],
-    ids=["config-list", "tokenizer-not-json", "special-str"],
+    ids=["config-list", "tokenizer-not-json", "special-str", "added-list", "chat", "no-key"],
 )
 def test_tokenizer_files_that_do_not_load_name_the_file(
     tmp_path: Path, model_dir: Path, name: str, text: str, needle: str

@@ -64,7 +64,13 @@ TOKENIZER_FILES = (
 
 
 #: the JSON files of a tokenizer folder, each a JSON object when present
-TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_JSON = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.json",
+)
 
 
 def folder_tokenizer(path: Path, ref: str) -> Any:
@@ -83,6 +89,8 @@ def folder_tokenizer(path: Path, ref: str) -> Any:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except Exception as exc:  # transformers' failures have no common type
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, KeyError):  # a key the files lack: say so, not just its name
+            first = f"a key is missing: {first}"
         raise ModelRefError(
             f"{ref}: the tokenizer files in {path} do not load ({first}); fix or remove them "
             "(without them the model takes token ids, not text)"
