@@ -373,3 +373,51 @@ def test_a_quantized_checkpoint_is_not_held_to_the_unquantized_shapes(model_copy
     _reshape(model_copy, "model.layers.0.mlp.up_proj.weight", (1024, 1))
     _edit_config(model_copy, quantization_config={"quant_method": "bitsandbytes"})
     assert model_folder_problems(model_copy) == []
+
+
+def _to_pickled(folder: Path) -> Path:
+    from safetensors.torch import load_file
+
+    weights = folder / "pytorch_model.bin"
+    torch.save(load_file(folder / "model.safetensors"), weights)
+    (folder / "model.safetensors").unlink()
+    return weights
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        (lambda data: data[: len(data) // 2], "zip directory does not read; the file is truncated"),
+        (lambda data: b"", "pytorch_model.bin is empty (0 bytes)"),
+        (lambda data: b"<html>404</html>", "not a PyTorch checkpoint (it starts with b'<htm')"),
+    ],
+    ids=["truncated", "empty", "html"],
+)
+def test_a_damaged_pickled_checkpoint_fails_validate_and_load_alike(
+    tmp_path: Path, model_copy: Path, damage, needle: str
+) -> None:
+    weights = _to_pickled(model_copy)
+    weights.write_bytes(damage(weights.read_bytes()))
+    errors, raised = _agree(tmp_path, model_copy)
+    assert len(errors) == 1 and needle in errors[0], errors
+    assert raised is not None and needle in str(raised)
+
+
+def test_a_sharded_pickled_checkpoint_with_a_missing_shard(
+    tmp_path: Path, model_copy: Path
+) -> None:
+    weights = _to_pickled(model_copy)
+    weights.rename(model_copy / "pytorch_model-00001-of-00002.bin")
+    tensors = torch.load(model_copy / "pytorch_model-00001-of-00002.bin")
+    weight_map = dict.fromkeys(tensors, "pytorch_model-00001-of-00002.bin")
+    weight_map["lm_head.weight"] = "pytorch_model-00002-of-00002.bin"
+    index = {"metadata": {}, "weight_map": weight_map}
+    (model_copy / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    errors, raised = _agree(tmp_path, model_copy)
+    assert len(errors) == 1 and "pytorch_model-00002-of-00002.bin is missing" in errors[0]
+    assert raised is not None and "pytorch_model-00002-of-00002.bin is missing" in str(raised)
+
+
+def test_a_pickled_checkpoint_loads_exactly(tmp_path: Path, model_copy: Path) -> None:
+    _to_pickled(model_copy)
+    assert _agree(tmp_path, model_copy) == ([], None)

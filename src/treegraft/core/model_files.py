@@ -12,6 +12,7 @@ import json
 import math
 import re
 import struct
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -96,12 +97,50 @@ def weights_problems(folder: Path) -> tuple[dict[str, Any], list[str]]:
         return safetensors_header(folder / SINGLE)
     if (folder / INDEX).is_file():
         return sharded_problems(folder)
-    if any((folder / name).is_file() for name in PICKLED):
-        return {}, []  # a pickled checkpoint: no header to read without loading it
+    if (folder / PICKLED[0]).is_file():
+        return {}, pickled_problems(folder / PICKLED[0])  # no tensor header without loading it
+    if (folder / PICKLED[1]).is_file():
+        return {}, pickled_index_problems(folder)
     return {}, [
         f"no weights file: expected {SINGLE}, {INDEX} or {PICKLED[0]} in {folder}"
         + other_format_hint(folder)
     ]
+
+
+def pickled_index_problems(folder: Path) -> list[str]:
+    """A sharded `torch.save` checkpoint: the index maps tensors to shard files inside the
+    folder, each whole as far as `pickled_problems` tells."""
+    index, problem = json_object(folder / PICKLED[1])
+    shards = (index or {}).get("weight_map")
+    if problem or not isinstance(shards, dict):
+        return [problem or f"{PICKLED[1]}: no 'weight_map' mapping of tensor names to shards"]
+    names = sorted({str(shard) for shard in shards.values()})
+    if outside := [name for name in names if Path(name).name != name]:
+        return [f"{PICKLED[1]}: shard {outside[0]!r} is not a file name inside the model folder"]
+    return [p for name in names for p in pickled_problems(folder / name)][:5]
+
+
+def pickled_problems(path: Path) -> list[str]:
+    """What is wrong with a `torch.save` checkpoint that shows without unpickling it: missing,
+    empty, a zip archive (torch >= 1.6) whose directory does not read (truncated), or neither
+    a zip archive nor a legacy pickle (an HTML error page, ...)."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(4)
+        if head[:2] == b"PK":
+            with zipfile.ZipFile(path) as archive:
+                archive.namelist()
+    except FileNotFoundError:
+        return [f"{path.name} is missing"]
+    except OSError as exc:
+        return [f"{path.name}: cannot read: {exc.strerror}"]
+    except zipfile.BadZipFile:
+        return [f"{path.name}: its zip directory does not read; the file is truncated or corrupt"]
+    if not head:
+        return [f"{path.name} is empty (0 bytes)"]
+    if head[:2] != b"PK" and head[:1] != b"\x80":
+        return [f"{path.name}: not a PyTorch checkpoint (it starts with {head!r}); corrupt file"]
+    return []
 
 
 def other_format_hint(folder: Path) -> str:
