@@ -1,9 +1,12 @@
-"""Checks of a model folder that need no weights loaded: the weights file is there and readable,
-its safetensors header parses, the data it announces fits the file, and the tensor shapes agree
-with `config.json` (vocabulary, hidden size, layer count).
+"""Checks of a model folder that need no weights loaded: `config.json` and
+`generation_config.json` parse, the weights files are there and whole (a safetensors header that
+parses and announces data that fits the file, a `torch.save` zip whose directory reads), and
+`config.json` describes a causal LM transformers builds without running the folder's code, whose
+tensors have the shapes the weights announce (the model is built on the meta device: no memory).
 
 `treegraft validate` runs them so that a folder without weights, a truncated download or a
-config from another model fails there, not after `generate` has spent minutes loading.
+config from another model fails there, not after `generate` has spent minutes loading; loading
+runs the file checks first and names any failure of transformers the same way.
 """
 
 from __future__ import annotations
@@ -337,6 +340,8 @@ def said(config: dict[str, Any], text: Any, field: str) -> str:
 
 
 def mismatch(name: str, shape: list, want: list, config: dict[str, Any], text: Any) -> str:
+    """One tensor of `shape` in the weights where the model has `want`, in the config's terms
+    where it is an embedding (rows: vocab_size, columns: hidden_size)."""
     if EMBEDDING.search(name) and len(shape) == len(want) == 2:
         if shape[0] != want[0] and want[0] == getattr(text, "vocab_size", None):
             return f"{name} has {shape[0]} rows but {said(config, text, 'vocab_size')}"

@@ -229,7 +229,8 @@ def model_vocab_size(ref: str, memory: dict[str, PreTrainedModel] | None = None)
         return vocab
     if problems := model_folder_problems(folder):
         raise ModelRefError(f"{ref}: {'; '.join(problems)}")
-    vocab = getattr(hf_config(folder).get_text_config(), "vocab_size", None)  # a class default
+    config = hf_config(folder)  # config.json leaves vocab_size to the class default
+    vocab = None if isinstance(config, str) else config.get_text_config().vocab_size
     if isinstance(vocab, int) and vocab > 0:
         return vocab
     raise ModelRefError(
