@@ -421,3 +421,17 @@ def test_a_sharded_pickled_checkpoint_with_a_missing_shard(
 def test_a_pickled_checkpoint_loads_exactly(tmp_path: Path, model_copy: Path) -> None:
     _to_pickled(model_copy)
     assert _agree(tmp_path, model_copy) == ([], None)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
+def test_a_broken_symbolic_link_is_named_as_one(
+    tmp_path: Path, model_copy: Path, name: str
+) -> None:
+    """A Hugging Face cache snapshot links its files to blobs; a deleted blob leaves a link to
+    nothing, which is not 'no weights file' nor 'no config.json'."""
+    (model_copy / name).unlink()
+    (model_copy / name).symlink_to(tmp_path / "blobs" / "deadbeef")
+    errors, raised = _agree(tmp_path, model_copy)
+    needle = f"{name} in {model_copy} is a broken symbolic link (to {tmp_path / 'blobs'}"
+    assert len(errors) == 1 and needle in errors[0], errors
+    assert raised is not None and needle in str(raised)

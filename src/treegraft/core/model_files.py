@@ -94,8 +94,18 @@ def tensor_problems(name: str, header: dict[str, Any], data_bytes: int) -> list[
     return problems[:5]
 
 
+def broken_link(path: Path) -> str | None:
+    """What to say of `path` when it is a symbolic link to nothing (a Hugging Face cache whose
+    blobs were deleted), else None."""
+    if path.is_symlink() and not path.exists():
+        return f"{path.name} in {path.parent} is a broken symbolic link (to {path.readlink()})"
+    return None
+
+
 def weights_problems(folder: Path) -> tuple[dict[str, Any], list[str]]:
     """The tensors of a model folder's safetensors files and what is wrong with them."""
+    if links := [b for name in (SINGLE, INDEX, *PICKLED) if (b := broken_link(folder / name))]:
+        return {}, links
     if (folder / SINGLE).is_file():
         return safetensors_header(folder / SINGLE)
     if (folder / INDEX).is_file():
@@ -186,7 +196,7 @@ def sharded_problems(folder: Path) -> tuple[dict[str, Any], list[str]]:
     problems: list[str] = []
     for shard in sorted(set(weight_map.values())):
         if not (folder / shard).is_file():
-            problems.append(f"{INDEX}: shard {shard} is missing")
+            problems.append(broken_link(folder / shard) or f"{INDEX}: shard {shard} is missing")
             continue
         header, found = safetensors_header(folder / shard)
         tensors.update(header)

@@ -20,6 +20,7 @@ from transformers.utils import logging as hf_logging
 from treegraft.core.devices import device_problem
 from treegraft.core.errors import ArgumentError, TreegraftError
 from treegraft.core.model_files import (
+    broken_link,
     file_problems,
     hf_config,
     json_object,
@@ -192,6 +193,8 @@ def resolve_model_path(ref: str) -> Path:
         if not hint and (path.parent / "config.json").is_file():
             hint = f"; use the folder that holds it, {str(path.parent)!r}"
         raise ModelRefError(f"model {ref!r} is a file, not a folder: {expected}" + hint)
+    if path.is_dir() and (link := broken_link(path / "config.json")):
+        raise ModelRefError(f"model {ref!r}: {link}; {expected}")
     if path.is_dir():
         raise ModelRefError(
             f"model {ref!r} holds no config.json: {expected}" + other_format_hint(path)
