@@ -129,6 +129,10 @@ def _folder_like(tmp_path: Path, model_dir: Path, case: str) -> str:
         (tmp_path / "adapter_model.safetensors").write_bytes(b"")
     if case == "gguf":
         (tmp_path / "model.Q4.gguf").write_bytes(b"GGUF")
+    if case == "hub-cache":
+        import shutil
+
+        shutil.copytree(model_dir, tmp_path / "snapshots" / "abc123")
     return str(tmp_path)
 
 
@@ -139,8 +143,9 @@ def _folder_like(tmp_path: Path, model_dir: Path, case: str) -> str:
         ("adapter", "holds no config.json: .* it holds a PEFT adapter \\(adapter_config.json\\)"),
         ("gguf", "holds no config.json: .* it holds a GGUF file \\(model.Q4.gguf\\)"),
         ("empty", "holds no config.json: expected 'zoo:NAME' or a directory"),
+        ("hub-cache", "holds no config.json: .* it is a Hugging Face cache folder: use a snapshot"),
     ],
-    ids=["file", "adapter", "gguf", "empty"],
+    ids=["file", "adapter", "gguf", "empty", "hub-cache"],
 )
 def test_a_path_to_no_model_folder_says_what_it_holds(
     tmp_path: Path, model_dir: Path, case: str, needle: str

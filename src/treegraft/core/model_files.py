@@ -157,12 +157,15 @@ def pickled_problems(path: Path) -> list[str]:
 
 
 def other_format_hint(folder: Path) -> str:
-    """What to do with a folder holding a PEFT adapter or a GGUF file instead of a model."""
+    """What to do with a folder holding a PEFT adapter, a Hugging Face cache (its `snapshots/`)
+    or a GGUF file instead of a model."""
     if (folder / "adapter_config.json").is_file():
         return (
             "; it holds a PEFT adapter (adapter_config.json), not a model: merge it into its "
             "base model (peft's `merge_and_unload()`) and save that with save_pretrained"
         )
+    if snapshots := sorted(p.parent for p in folder.glob("snapshots/*/config.json")):
+        return f"; it is a Hugging Face cache folder: use a snapshot in it, e.g. {str(snapshots[-1])!r}"
     if gguf := sorted(p.name for p in folder.glob("*.gguf")):
         return (
             f"; it holds a GGUF file ({gguf[0]}), which treegraft does not load: convert it once "
