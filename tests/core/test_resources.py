@@ -259,3 +259,28 @@ def test_a_tokenizer_key_naming_a_file_or_a_folder_without_one_says_so(
         with pytest.raises(ConfigError) as info:
             load_pipeline(data)
         assert str(info.value).startswith("pipeline.tokenizer: ") and needle in str(info.value)
+
+
+def test_own_code_beside_a_known_architecture_is_not_run_and_said(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """Phi-3 style: `auto_map` names the folder's module although transformers ships the
+    architecture; transformers' class is loaded (the output is its greedy decoding), the module
+    never runs, and a warning says so."""
+    import json
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from treegraft.core.resources import OwnCodeWarning
+
+    folder = tmp_path / "model"
+    shutil.copytree(model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "mod.MyLlama"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "mod.py").write_text("raise SystemExit('the folder code ran')\n")
+    with pytest.warns(OwnCodeWarning, match=r"folder's own code \(mod\.MyLlama\), which treegraft"):
+        pipe = load_pipeline(spec(str(folder)))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
+    assert list(pipe.generate(PROMPT).token_ids) == greedy_reference(model, PROMPT, 6)

@@ -255,6 +255,17 @@ def model_type_problem(config: dict[str, Any]) -> str | None:
     )
 
 
+def own_code(config: dict[str, Any]) -> str | None:
+    """The folder's own module `config.json` maps a causal LM (or its config) to (`auto_map`,
+    read by transformers under `trust_remote_code` only), where the `model_type` is one that
+    transformers ships: it then builds its own class instead."""
+    auto_map = config.get("auto_map")
+    if not isinstance(auto_map, dict) or model_type_problem(config):
+        return None
+    entry = auto_map.get("AutoModelForCausalLM") or auto_map.get("AutoConfig")
+    return entry if isinstance(entry, str) else None
+
+
 def hf_config(folder: Path) -> Any:
     """The transformers config of the folder (never running its code); a string saying why
     transformers refuses `config.json`."""

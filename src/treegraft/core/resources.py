@@ -8,6 +8,7 @@ loaded once per `Resources`, so a target used as its own drafter is not loaded t
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from treegraft.core.model_files import (
     json_object,
     model_folder_problems,
     other_format_hint,
+    own_code,
     shape_message,
 )
 from treegraft.core.runner import CausalLMRunner
@@ -49,6 +51,11 @@ DTYPES = {
 
 class ModelRefError(TreegraftError, ValueError):
     """A model reference names nothing loadable."""
+
+
+class OwnCodeWarning(UserWarning):
+    """A checkpoint's `config.json` maps its model to the folder's own code (`auto_map`), which
+    treegraft never runs: transformers' own class of its `model_type` is loaded instead."""
 
 
 #: files one of which a Hugging Face tokenizer folder holds (besides `*.tiktoken`)
@@ -387,6 +394,14 @@ class Resources:
                     "(a *ForCausalLM model)"
                 )
             self.models[ref] = (model if placed else model.to(self.device)).eval()
+            if module := own_code(json_object(path / "config.json")[0] or {}):
+                warnings.warn(
+                    f"{ref}: config.json maps the model to the folder's own code ({module}), "
+                    f"which treegraft never runs: it loads transformers' {type(model).__name__} "
+                    "instead, as from_pretrained does without trust_remote_code",
+                    OwnCodeWarning,
+                    stacklevel=2,
+                )
         return self.models[ref]
 
     def runner(self, ref: str, *, forward: str | None = None) -> CausalLMRunner:
