@@ -284,3 +284,24 @@ def test_own_code_beside_a_known_architecture_is_not_run_and_said(
         pipe = load_pipeline(spec(str(folder)))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
     assert list(pipe.generate(PROMPT).token_ids) == greedy_reference(model, PROMPT, 6)
+
+
+def test_a_failure_transformers_explains_at_length_is_told_in_its_line(
+    model_dir: Path, monkeypatch
+) -> None:
+    """What transformers or torch raise may be a page (colour codes, advice): the error keeps
+    the line that says what is wrong; `--debug` shows the rest."""
+    from transformers import AutoModelForCausalLM
+
+    def fail(*args, **kwargs):
+        raise RuntimeError(
+            "\x1b[1mAdvice first.\x1b[0m\n\tWeightsUnpickler error: bad global\nmore"
+        )
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", fail)
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(spec(str(model_dir)))
+    assert str(info.value) == (
+        f"pipeline.target: {model_dir}: transformers could not load the model in {model_dir}: "
+        "RuntimeError: WeightsUnpickler error: bad global"
+    )

@@ -435,3 +435,19 @@ def test_a_broken_symbolic_link_is_named_as_one(
     needle = f"{name} in {model_copy} is a broken symbolic link (to {tmp_path / 'blobs'}"
     assert len(errors) == 1 and needle in errors[0], errors
     assert raised is not None and needle in str(raised)
+
+
+def test_a_pickled_checkpoint_holding_other_objects_fails_validate_and_load_alike(
+    tmp_path: Path, model_copy: Path
+) -> None:
+    """torch unpickles tensors only (weights_only): an object of another class in the pickle
+    fails loading after pages of advice; validate reads the pickle's opcodes and names it."""
+    import datetime
+
+    weights = _to_pickled(model_copy)
+    tensors = torch.load(weights)
+    torch.save({**tensors, "saved_at": datetime.datetime(2020, 1, 1)}, weights)
+    errors, raised = _agree(tmp_path, model_copy)
+    needle = "pytorch_model.bin holds Python objects other than tensors (datetime.datetime)"
+    assert len(errors) == 1 and needle in errors[0], errors
+    assert raised is not None and needle in str(raised)

@@ -142,7 +142,12 @@ def pickled_problems(path: Path) -> list[str]:
             head = fh.read(4)
         if head[:2] == b"PK":
             with zipfile.ZipFile(path) as archive:
-                archive.namelist()
+                if unsafe := unpicklable_globals(archive):
+                    return [
+                        f"{path.name} holds Python objects other than tensors ({unsafe[0]}), "
+                        "which torch does not unpickle without running code (weights_only): "
+                        "re-save the model with save_pretrained (safetensors)"
+                    ]
     except FileNotFoundError:
         return [f"{path.name} is missing"]
     except OSError as exc:
@@ -154,6 +159,29 @@ def pickled_problems(path: Path) -> list[str]:
     if head[:2] != b"PK" and head[:1] != b"\x80":
         return [f"{path.name}: not a PyTorch checkpoint (it starts with {head!r}); corrupt file"]
     return []
+
+
+def unpicklable_globals(archive: zipfile.ZipFile) -> list[str]:
+    """The classes and functions the pickle of a `torch.save` zip names that torch's
+    `weights_only` unpickler refuses (read from its opcodes: nothing is unpickled; torch's own
+    names are left to it)."""
+    import pickletools
+
+    try:
+        from torch._weights_only_unpickler import _get_allowed_globals
+        from torch.serialization import get_safe_globals
+
+        allowed = set(_get_allowed_globals()) | {
+            f"{g.__module__}.{g.__qualname__}"
+            for g in get_safe_globals()
+            if hasattr(g, "__module__")
+        }
+        pickled = [n for n in archive.namelist() if n.endswith("/data.pkl")]
+        ops = pickletools.genops(archive.read(pickled[0])) if pickled else ()
+        named = [str(arg).replace(" ", ".") for op, arg, _ in ops if op.name == "GLOBAL"]
+    except Exception:  # another torch, or a pickle pickletools cannot walk: torch will tell
+        return []
+    return sorted({n for n in named if not n.startswith("torch") and n not in allowed})
 
 
 def other_format_hint(folder: Path) -> str:

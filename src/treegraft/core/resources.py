@@ -118,8 +118,19 @@ def load_failure(ref: str, path: Path, exc: Exception) -> Exception:
     if problems := model_folder_problems(path):
         return ModelRefError(f"{ref}: {'; '.join(problems)}")
     return ModelRefError(
-        f"{ref}: transformers could not load the model in {path}: {type(exc).__name__}: {exc}"
+        f"{ref}: transformers could not load the model in {path}: {type(exc).__name__}: "
+        + reason_line(exc)
     )
+
+
+def reason_line(exc: Exception) -> str:
+    """The line of `exc`'s message that says what is wrong (torch's refusal to unpickle an
+    object other than a tensor is a page of advice around one such line), without terminal
+    colour codes."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]
+    lines = [line for line in lines if line] or [type(exc).__name__]
+    found = [line for line in lines if line.startswith("WeightsUnpickler error:")]
+    return found[0] if found else lines[0]
 
 
 def resolve_device(name: str) -> torch.device:
