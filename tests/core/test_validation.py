@@ -451,3 +451,21 @@ def test_a_pickled_checkpoint_holding_other_objects_fails_validate_and_load_alik
     needle = "pytorch_model.bin holds Python objects other than tensors (datetime.datetime)"
     assert len(errors) == 1 and needle in errors[0], errors
     assert raised is not None and needle in str(raised)
+
+
+@pytest.mark.parametrize("saved", ["LlamaModel", "LlamaForSequenceClassification"])
+def test_a_checkpoint_without_the_lm_head_fails_validate_and_load_alike(
+    tmp_path: Path, model_copy: Path, saved: str
+) -> None:
+    """A base model's checkpoint (its names lack the `model.` prefix loading adds) or a
+    classifier's (a `score` head) holds no `lm_head`: transformers would make one at random."""
+    import transformers
+
+    config = tiny_llama(seed=5, vocab=VOCAB).config
+    (model_copy / "model.safetensors").unlink()
+    getattr(transformers, saved)(config).save_pretrained(model_copy)
+    _edit_config(model_copy, architectures=["LlamaForCausalLM"])
+    errors, raised = _agree(tmp_path, model_copy)
+    needle = "lacks 1 weight(s) of LlamaForCausalLM (e.g. lm_head.weight)"
+    assert len(errors) == 1 and needle in errors[0], errors
+    assert raised is not None and needle in str(raised)

@@ -256,7 +256,7 @@ def config_problems(folder: Path, config: dict[str, Any], tensors: dict[str, Any
         return [built]
     if "quantization_config" in config:  # packed weights: their shapes are the quantizer's
         return []
-    return shape_problems(config, text, built, tensors)[:5]
+    return shape_problems(folder, config, built, tensors)[:5]
 
 
 def model_type_problem(config: dict[str, Any]) -> str | None:
@@ -329,23 +329,33 @@ def meta_model(folder: Path, config: Any) -> Any:
 
 
 def shape_problems(
-    config: dict[str, Any], text: Any, model: Any, tensors: dict[str, Any]
+    folder: Path, config: dict[str, Any], model: Any, tensors: dict[str, Any]
 ) -> list[str]:
     """Tensors of the weights whose shape is not the model's, and the model's tensors the weights
-    lack (told only where every tensor name of the weights is the model's: no renaming at load)."""
+    lack (a base model's checkpoint gets the model's prefix, as at load; told only where no
+    conversion of transformers renames tensors at load, and past what the model may lack)."""
+    text = model.config.get_text_config()
     expected = {name: list(t.shape) for name, t in model.state_dict().items()}
     converted = converted_names(model, tensors)  # transformers renames or reshapes these
-    problems = []
+    prefix = getattr(model, "base_model_prefix", "")
+    problems, held = [], set()
     for name, info in tensors.items():
+        key = f"{prefix}.{name}" if name not in expected else name  # a base model's checkpoint
+        held.add(key if key in expected else name)
         shape = info.get("shape") if isinstance(info, dict) else None
-        if name in converted or not isinstance(shape, list):
+        if name in converted or key not in expected or not isinstance(shape, list):
             continue
-        if name in expected and shape != expected[name]:
-            problems.append(mismatch(name, shape, expected[name], config, text))
+        if shape != expected[key]:
+            problems.append(mismatch(key, shape, expected[key], config, text))
     tied = set(getattr(model, "all_tied_weights_keys", None) or ())
-    missing = sorted(set(expected) - set(tensors) - tied)
-    if tensors and missing and not converted and set(tensors) <= set(expected):
-        problems.append(missing_message(missing, tensors, config, text))
+    optional = getattr(model, "_keys_to_ignore_on_load_missing", None) or []
+    missing = sorted(
+        name
+        for name in set(expected) - held - tied
+        if not any(re.search(pattern, name) for pattern in optional)
+    )
+    if held and missing and not converted:
+        problems.append(missing_message(folder, model, missing, tensors, config))
     return problems
 
 
@@ -402,16 +412,25 @@ def mismatch(name: str, shape: list, want: list, config: dict[str, Any], text: A
     return f"{name} has shape {shape} in the weights but {want} in the model config.json describes"
 
 
-def missing_message(missing: list[str], tensors: dict[str, Any], config: dict, text: Any) -> str:
+def missing_message(
+    folder: Path, model: Any, missing: list[str], tensors: dict[str, Any], config: dict
+) -> str:
+    """The `missing` tensors of `model`: the layers past the weights' last one, as the config's
+    layer count; else as loading says it (transformers would fill them at random)."""
     held = {int(m.group(1)) for name in tensors if (m := LAYER.search(name))}
     past = [m for name in missing if (m := LAYER.search(name))]
     if held and len(past) == len(missing) and all(int(m.group(1)) > max(held) for m in past):
-        return (
-            f"the weights hold {max(held) + 1} layers but {said(config, text, 'num_hidden_layers')}"
-        )
+        layers = said(config, model.config.get_text_config(), "num_hidden_layers")
+        return f"the weights hold {max(held) + 1} layers but {layers}"
+    return lacking_message(folder, type(model).__name__, missing)
+
+
+def lacking_message(folder: Path, cls: str, missing: list[str]) -> str:
+    """The checkpoint in `folder` lacks the `missing` weights of the model class `cls`."""
     return (
-        f"the weights lack {len(missing)} tensor(s) of the model config.json describes (e.g. "
-        f"{', '.join(missing[:3])}), which transformers would fill with random values"
+        f"the checkpoint in {folder} lacks {len(missing)} weight(s) of {cls} (e.g. "
+        f"{', '.join(missing[:3])}), which transformers would fill with random values: use a "
+        "checkpoint saved from a causal LM (a *ForCausalLM model)"
     )
 
 

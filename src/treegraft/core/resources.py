@@ -25,6 +25,7 @@ from treegraft.core.model_files import (
     file_problems,
     hf_config,
     json_object,
+    lacking_message,
     model_folder_problems,
     other_format_hint,
     own_code,
@@ -399,10 +400,7 @@ class Resources:
                 if problems := model_folder_problems(path):  # as `treegraft validate` says
                     raise ModelRefError(f"{ref}: {'; '.join(problems)}")
                 raise ModelRefError(
-                    f"{ref}: the checkpoint in {path} lacks {len(missing)} weight(s) of "
-                    f"{type(model).__name__} (e.g. {', '.join(missing[:3])}), which transformers "
-                    "would fill with random values: use a checkpoint saved from a causal LM "
-                    "(a *ForCausalLM model)"
+                    f"{ref}: {lacking_message(path, type(model).__name__, missing)}"
                 )
             self.models[ref] = (model if placed else model.to(self.device)).eval()
             if module := own_code(json_object(path / "config.json")[0] or {}):
