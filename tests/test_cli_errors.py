@@ -583,3 +583,25 @@ def test_validate_lists_every_error_of_every_file(tmp_path: Path, model_dir: Pat
 def test_describe_sorts_errors_into_exit_codes(exc, message: str, code: int) -> None:
     text, exit_code, _ = describe(exc)
     assert message in text and exit_code == code
+
+
+def test_a_checkpoint_with_its_own_code_is_refused_by_generate_and_validate_alike(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """A folder whose config.json maps an unknown model_type to its own modules
+    (trust_remote_code): no question on the terminal, the modules never run, one line."""
+    import shutil
+
+    folder = tmp_path / "custom"
+    shutil.copytree(model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config |= {"model_type": "custom", "auto_map": {"AutoConfig": "conf.C"}}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "conf.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    pipeline = pipeline_file(tmp_path, str(folder))
+    needle = "treegraft never runs a checkpoint's code"
+    err = assert_clean(generate(pipeline, "--prompt", PROMPT), 2, needle)
+    assert "Do you wish to run the custom code" not in err
+    result = invoke("validate", str(pipeline))
+    assert result.exit_code == 1 and needle in result.stdout + result.stderr
+    assert not (tmp_path / "ran").exists()

@@ -348,7 +348,8 @@ def test_override_through_a_non_mapping_fails() -> None:
 
 def _save(path: Path, model, tokenizer) -> str:
     model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
     return str(path)
 
 
@@ -418,6 +419,26 @@ def test_two_different_tokenizers_are_refused_naming_both(tmp_path: Path) -> Non
     message = str(info.value)
     assert message.startswith("pipeline.drafters.strong.model: tokenizer mismatch")
     assert repr(t_dir) in message and repr(d_dir) in message
+
+
+def test_a_drafter_tokenizer_without_tokenizer_json_is_compared_too(tmp_path: Path) -> None:
+    """A drafter whose tokenizer is in `vocab.json` (no `tokenizer.json` to compare byte for
+    byte): its token-to-id map is compared with the target's, not taken on trust."""
+    import json
+
+    from tests.conftest import word_tokenizer
+
+    t_dir = _save(tmp_path / "t", tiny_llama(seed=5, vocab=64), word_tokenizer(64))
+    d_dir = _save(tmp_path / "d", tiny_llama(seed=6, vocab=64, hidden=16), None)
+    vocab = {f"w{i}": i for i in range(63)} | {"<|endoftext|>": 63}
+    (Path(d_dir) / "vocab.json").write_text(json.dumps(vocab))
+    (Path(d_dir) / "merges.txt").write_text("#version: 0.2\n")
+    (Path(d_dir) / "tokenizer_config.json").write_text('{"tokenizer_class": "GPT2Tokenizer"}')
+    spec = pipeline_spec_from_dict(_pipeline(t_dir, d_dir), default_registry())
+    with pytest.raises(
+        ConfigError, match=r"^pipeline\.drafters\.strong\.model: tokenizer mismatch"
+    ):
+        check_vocabularies(spec, Resources())
 
 
 # ---------------------------------------------------------------------------- found by fuzzing

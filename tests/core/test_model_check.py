@@ -85,3 +85,13 @@ def test_a_pipeline_refuses_a_broken_model_at_build_time_naming_it() -> None:
 
 def test_tolerance_grows_with_the_dtype_epsilon() -> None:
     assert tolerance(torch.float64) < tolerance(torch.float32) < tolerance(torch.bfloat16)
+
+
+def test_probe_names_nan_logits_as_such() -> None:
+    """A checkpoint whose weights hold NaN (a corrupt file) is refused saying so, not as a
+    difference of `nan (allowed: nan)`."""
+    model = tiny_llama(seed=4)
+    with torch.no_grad():
+        model.model.norm.weight[0] = float("nan")
+    why = probe_model(model)
+    assert why is not None and "gives NaN logits" in why and "nan (allowed" not in why

@@ -3,6 +3,7 @@ arguments (models, dtype, device)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,190 @@ def test_create_refuses_a_bad_device_or_dtype_as_an_argument_error() -> None:
     with pytest.raises(ArgumentError, match=r"^device: expected 'auto', .* got 'tpu'$") as info:
         Resources.create(device="tpu")
     assert isinstance(info.value, ValueError)  # callers catching ValueError still do
+
+
+def _folder_like(tmp_path: Path, model_dir: Path, case: str) -> str:
+    """A model reference of the kind `case` names, beside a copy of a good model folder."""
+    if case == "file":
+        return str(model_dir / "config.json")
+    if case == "adapter":
+        (tmp_path / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+        (tmp_path / "adapter_model.safetensors").write_bytes(b"")
+    if case == "gguf":
+        (tmp_path / "model.Q4.gguf").write_bytes(b"GGUF")
+    if case == "hub-cache":
+        import shutil
+
+        shutil.copytree(model_dir, tmp_path / "snapshots" / "abc123")
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("case", "needle"),
+    [
+        ("file", "is a file, not a folder: expected 'zoo:NAME' or a directory .* use the folder"),
+        ("adapter", "holds no config.json: .* it holds a PEFT adapter \\(adapter_config.json\\)"),
+        ("gguf", "holds no config.json: .* it holds a GGUF file \\(model.Q4.gguf\\)"),
+        ("empty", "holds no config.json: expected 'zoo:NAME' or a directory"),
+        ("hub-cache", "holds no config.json: .* it is a Hugging Face cache folder: use a snapshot"),
+    ],
+    ids=["file", "adapter", "gguf", "empty", "hub-cache"],
+)
+def test_a_path_to_no_model_folder_says_what_it_holds(
+    tmp_path: Path, model_dir: Path, case: str, needle: str
+) -> None:
+    ref = _folder_like(tmp_path, model_dir, case)
+    with pytest.raises(ConfigError, match=f"^pipeline.target: model '{ref}' {needle}"):
+        load_pipeline(spec(ref))
+
+
+def test_a_folder_without_read_permission_is_named(tmp_path: Path, monkeypatch) -> None:
+    """As root the test cannot take the permission away: `stat` is made to fail as it would."""
+    real = Path.stat
+
+    def stat(self, *args, **kwargs):
+        if self.parent == tmp_path:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(spec(str(tmp_path)))
+    assert str(info.value) == (
+        f"pipeline.target: model '{tmp_path}': cannot read the folder {tmp_path}: Permission denied"
+    )
+
+
+def test_a_checkpoint_with_its_own_code_is_refused_without_running_or_asking(
+    tmp_path: Path, model_dir: Path, monkeypatch
+) -> None:
+    """An `auto_map` to the folder's modules (trust_remote_code): transformers would ask on the
+    terminal whether to run them; treegraft never runs them and says so at once."""
+    import json
+    import shutil
+
+    folder = tmp_path / "custom"
+    shutil.copytree(model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config |= {"model_type": "custom", "auto_map": {"AutoConfig": "conf.C", "AutoModel": "mod.M"}}
+    (folder / "config.json").write_text(json.dumps(config))
+    for module in ("conf", "mod"):
+        (folder / f"{module}.py").write_text("raise SystemExit('the folder code ran')\n")
+    monkeypatch.setattr("builtins.input", lambda *a: pytest.fail("asked on the terminal"))
+    with pytest.raises(ConfigError, match="treegraft never runs a checkpoint's code"):
+        load_pipeline(spec(str(folder)))
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "needle"),
+    [
+        (
+            "tokenizer_config.json",
+            "[]",
+            "tokenizer_config.json is not a JSON object \\(got list\\)",
+        ),
+        ("tokenizer.json", "{bad", "tokenizer.json is not valid JSON"),
+        ("special_tokens_map.json", '"x"', "special_tokens_map.json is not a JSON object"),
+        ("added_tokens.json", "[1]", "added_tokens.json is not a JSON object \\(got list\\)"),
+        ("chat_template.json", "{bad", "chat_template.json is not valid JSON"),
+        ("tokenizer.json", '{"model": 5}', "do not load \\(a key is missing: 'added_tokens'\\)"),
+    ],
+    ids=["config-list", "tokenizer-not-json", "special-str", "added-list", "chat", "no-key"],
+)
+def test_tokenizer_files_that_do_not_load_name_the_file(
+    tmp_path: Path, model_dir: Path, name: str, text: str, needle: str
+) -> None:
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(model_dir, folder)
+    (folder / name).write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(spec(str(folder)))
+    assert str(info.value).startswith(f"pipeline.target: {folder}: the tokenizer files in")
+    assert re.search(needle, str(info.value)), info.value
+
+
+def test_a_drafter_whose_tokenizer_does_not_load_is_named_by_validate_and_load(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    import shutil
+
+    import yaml
+
+    from treegraft.core.validation import pipeline_errors
+
+    drafter = tmp_path / "drafter"
+    shutil.copytree(model_dir, drafter)
+    (drafter / "tokenizer.json").write_text("{bad")
+    data = spec(str(model_dir))
+    data["drafters"]["strong"] = {"name": "hf_lm", "model": str(drafter)}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
+    _, errors = pipeline_errors(tmp_path / "p.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(data)
+    want = f"pipeline.drafters.strong.model: {drafter}: the tokenizer files in {drafter} do not"
+    assert str(info.value).startswith(want)
+    assert errors == [f"{tmp_path / 'p.yaml'}: {info.value}"]
+
+
+def test_a_tokenizer_key_naming_a_file_or_a_folder_without_one_says_so(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    (tmp_path / "config.json").write_text("{}")  # a model folder without tokenizer files
+    cases = {
+        str(model_dir / "tokenizer.json"): f"is a file, not a folder: expected 'zoo:NAME' or the "
+        f"folder written by save_pretrained that holds it ({str(model_dir)!r})",
+        str(tmp_path): "holds no tokenizer files: expected a folder written by save_pretrained",
+    }
+    for ref, needle in cases.items():
+        data = spec(str(model_dir)) | {"tokenizer": ref}
+        with pytest.raises(ConfigError) as info:
+            load_pipeline(data)
+        assert str(info.value).startswith("pipeline.tokenizer: ") and needle in str(info.value)
+
+
+def test_own_code_beside_a_known_architecture_is_not_run_and_said(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """Phi-3 style: `auto_map` names the folder's module although transformers ships the
+    architecture; transformers' class is loaded (the output is its greedy decoding), the module
+    never runs, and a warning says so."""
+    import json
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from treegraft.core.resources import OwnCodeWarning
+
+    folder = tmp_path / "model"
+    shutil.copytree(model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "mod.MyLlama"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "mod.py").write_text("raise SystemExit('the folder code ran')\n")
+    with pytest.warns(OwnCodeWarning, match=r"folder's own code \(mod\.MyLlama\), which treegraft"):
+        pipe = load_pipeline(spec(str(folder)))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
+    assert list(pipe.generate(PROMPT).token_ids) == greedy_reference(model, PROMPT, 6)
+
+
+def test_a_failure_transformers_explains_at_length_is_told_in_its_line(
+    model_dir: Path, monkeypatch
+) -> None:
+    """What transformers or torch raise may be a page (colour codes, advice): the error keeps
+    the line that says what is wrong; `--debug` shows the rest."""
+    from transformers import AutoModelForCausalLM
+
+    def fail(*args, **kwargs):
+        raise RuntimeError(
+            "\x1b[1mAdvice first.\x1b[0m\n\tWeightsUnpickler error: bad global\nmore"
+        )
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", fail)
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(spec(str(model_dir)))
+    assert str(info.value) == (
+        f"pipeline.target: {model_dir}: transformers could not load the model in {model_dir}: "
+        "RuntimeError: WeightsUnpickler error: bad global"
+    )

@@ -7,10 +7,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from tests.conftest import tiny_llama, word_tokenizer
+from treegraft.conformance.tiny import tiny_model
+from treegraft.core.errors import TreegraftError
 from treegraft.core.model_files import model_folder_problems
+from treegraft.core.pipeline import load_pipeline
 from treegraft.core.validation import pipeline_errors
 
 VOCAB = 32
@@ -86,6 +90,172 @@ def test_a_config_of_another_model(model_copy: Path) -> None:
     assert any(
         "the weights hold 2 layers but config.json says num_hidden_layers 5" in p for p in problems
     )
+
+
+def _edit_config(folder: Path, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    for key in [k for k, v in changes.items() if v is None]:
+        del config[key]
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def _reshape(folder: Path, name: str, shape: tuple[int, ...]) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    tensors[name] = torch.zeros(shape, dtype=tensors[name].dtype)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def _agree(tmp_path: Path, folder: Path) -> tuple[list[str], Exception | None]:
+    """`validate`'s errors and what `load_pipeline` raises (None: it loads) for one folder."""
+    data = spec(str(folder))
+    _, errors = pipeline_errors(write(tmp_path, "p.yaml", data))
+    try:
+        load_pipeline(data)
+    except TreegraftError as exc:
+        return errors, exc
+    return errors, None
+
+
+def test_a_field_config_json_leaves_out_is_checked_at_its_default(model_copy: Path) -> None:
+    """Without `hidden_size`, transformers builds the class default (4096 for Llama): the
+    weights do not fit it, and validate says so as loading does."""
+    _edit_config(model_copy, hidden_size=None)
+    problems = model_folder_problems(model_copy)
+    assert any(
+        "has 32 columns but the config's hidden_size is 4096 (its default" in p for p in problems
+    ), problems
+
+
+def test_a_tensor_of_another_shape_fails_validate_and_load_alike(
+    tmp_path: Path, model_copy: Path
+) -> None:
+    _reshape(model_copy, "model.layers.0.mlp.up_proj.weight", (60, 32))
+    errors, raised = _agree(tmp_path, model_copy)
+    needle = "model.layers.0.mlp.up_proj.weight has shape [60, 32] in the weights but [64, 32]"
+    assert len(errors) == 1 and needle in errors[0]
+    assert raised is not None and needle in str(raised) and "above report" not in str(raised)
+
+
+def test_a_config_leaving_vocab_size_to_its_default_loads(tmp_path: Path) -> None:
+    """config.json without `vocab_size` describes the class default (32000 for Llama): weights
+    of that size load, by validate and by the pipeline."""
+    folder = tmp_path / "model"
+    tiny_llama(seed=5, vocab=32000, hidden=16, layers=1, heads=2, kv_heads=1).save_pretrained(
+        folder
+    )
+    _edit_config(folder, vocab_size=None)
+    assert _agree(tmp_path, folder) == ([], None)
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"model_type": None}, "config.json states no model_type"),
+        ({"model_type": "nosuch"}, "model_type 'nosuch', which this transformers version"),
+        (
+            {"model_type": "custom", "auto_map": {"AutoConfig": "c.CustomConfig"}},
+            "treegraft never runs a checkpoint's code",
+        ),
+        ({"model_type": "t5"}, "holds a 't5' model, which transformers does not load"),
+        ({"vocab_size": "32"}, "Field 'vocab_size' expected int, got str"),
+    ],
+    ids=["no-type", "unknown-type", "remote-code", "not-causal", "vocab-str"],
+)
+def test_a_config_transformers_cannot_build_fails_validate_and_load_alike(
+    tmp_path: Path, model_copy: Path, changes: dict, needle: str
+) -> None:
+    (model_copy / "c.py").write_text("raise SystemExit('the folder code ran')\n")
+    _edit_config(model_copy, **changes)
+    errors, raised = _agree(tmp_path, model_copy)
+    assert len(errors) == 1 and needle in errors[0], errors
+    assert raised is not None and needle in str(raised)
+
+
+@pytest.mark.parametrize("model_type", ["electra", "dory", "mixtral"])
+def test_checkpoints_whose_embeddings_or_layers_read_otherwise_validate(
+    tmp_path: Path, model_type: str
+) -> None:
+    """Electra embeds in `embedding_size` columns, not `hidden_size`; Dory numbers its layers
+    its own way; Mixtral saves its experts one by one, fused at load: their own checkpoints have
+    no problem."""
+    tiny_model(model_type, seed=0).save_pretrained(tmp_path)
+    assert model_folder_problems(tmp_path) == []
+
+
+def test_weights_with_layers_past_the_config_load_exactly_and_validate(
+    tmp_path: Path, model_copy: Path
+) -> None:
+    """transformers builds the layers config.json names and ignores the rest (as DeepSeek's
+    multi-token-prediction layer): both validate and load accept it."""
+    _edit_config(model_copy, num_hidden_layers=1)
+    errors, raised = _agree(tmp_path, model_copy)
+    assert errors == [] and raised is None
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("{bad", "generation_config.json is not valid JSON"),
+        ("[]", "generation_config.json is not a JSON object (got list)"),
+        ('{"eos_token_id": "x"}', "eos_token_id: expected a token id or a list of token ids"),
+    ],
+    ids=["not-json", "list", "eos-str"],
+)
+def test_a_broken_generation_config_fails_validate_and_load_alike(
+    tmp_path: Path, model_copy: Path, text: str, needle: str
+) -> None:
+    """transformers skips a generation_config.json that does not parse (its EOS ids with it) or
+    fails on one that is a list: both are an error naming the file."""
+    (model_copy / "generation_config.json").write_text(text)
+    errors, raised = _agree(tmp_path, model_copy)
+    assert len(errors) == 1 and needle in errors[0], errors
+    assert raised is not None and needle in str(raised)
+
+
+def test_an_index_naming_a_tensor_its_shard_lacks_fails_load_as_validate(
+    tmp_path: Path, model_copy: Path
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(model_copy / "model.safetensors")
+    (model_copy / "model.safetensors").unlink()
+    names = sorted(tensors)
+    weight_map = {}
+    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):
+        shard = f"model-0000{i + 1}-of-00002.safetensors"
+        save_file({n: tensors[n] for n in part}, model_copy / shard, metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(part, shard)
+    weight_map["model.extra.weight"] = "model-00001-of-00002.safetensors"
+    (model_copy / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
+    errors, raised = _agree(tmp_path, model_copy)
+    assert (
+        len(errors) == 1 and "1 tensors not in their shards, e.g. 'model.extra.weight'" in errors[0]
+    )
+    assert raised is not None and "1 tensors not in their shards" in str(raised)
+
+
+@pytest.mark.parametrize(
+    ("index", "needle"),
+    [
+        ({"weight_map": {"a": "model.safetensors"}}, "no 'metadata' mapping, which transformers"),
+        ({"metadata": {}, "weight_map": ["a"]}, "'weight_map' is not a mapping of tensor names"),
+        ({"metadata": {}, "weight_map": {"a": "../x.safetensors"}}, "is not a file name inside"),
+    ],
+    ids=["no-metadata", "list-map", "outside"],
+)
+def test_a_malformed_shard_index_fails_validate_and_load_alike(
+    tmp_path: Path, model_copy: Path, index: dict, needle: str
+) -> None:
+    (model_copy / "model.safetensors").rename(model_copy / "shard.safetensors")
+    (model_copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    errors, raised = _agree(tmp_path, model_copy)
+    assert len(errors) == 1 and needle in errors[0], errors
+    assert raised is not None and needle in str(raised)
 
 
 def test_every_error_of_a_file_is_reported_with_its_name(tmp_path: Path, good_model: Path) -> None:
@@ -176,3 +346,126 @@ def test_validate_reports_what_building_the_pipeline_refuses(
     with pytest.raises(TreegraftError) as info:
         load_pipeline(data)
     assert errors == [f"{path}: {info.value}"]
+
+
+@pytest.mark.parametrize("role", ["target", "drafter"])
+def test_a_damaged_folder_reads_the_same_in_validate_and_load(
+    tmp_path: Path, good_model: Path, model_copy: Path, role: str
+) -> None:
+    """The same words, at the same field (`pipeline.target`, a drafter's `.model`)."""
+    (model_copy / "generation_config.json").write_text("[]")
+    if role == "target":
+        data = spec(str(model_copy))
+    else:
+        data = spec(str(good_model), drafters=_lm(model_copy))
+    path = write(tmp_path, "damaged.yaml", data)
+    _, errors = pipeline_errors(path)
+    with pytest.raises(TreegraftError) as info:
+        load_pipeline(data)
+    field = "pipeline.target" if role == "target" else "pipeline.drafters.strong.model"
+    assert str(info.value).startswith(f"{field}: {model_copy}: ")
+    assert errors == [f"{path}: {info.value}"]
+
+
+def test_a_quantized_checkpoint_is_not_held_to_the_unquantized_shapes(model_copy: Path) -> None:
+    """A bitsandbytes 4-bit checkpoint packs `weight` tensors under their own names: their
+    shapes are the quantizer's business (transformers reads them at load), not a mismatch."""
+    _reshape(model_copy, "model.layers.0.mlp.up_proj.weight", (1024, 1))
+    _edit_config(model_copy, quantization_config={"quant_method": "bitsandbytes"})
+    assert model_folder_problems(model_copy) == []
+
+
+def _to_pickled(folder: Path) -> Path:
+    from safetensors.torch import load_file
+
+    weights = folder / "pytorch_model.bin"
+    torch.save(load_file(folder / "model.safetensors"), weights)
+    (folder / "model.safetensors").unlink()
+    return weights
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        (lambda data: data[: len(data) // 2], "zip directory does not read; the file is truncated"),
+        (lambda data: b"", "pytorch_model.bin is empty (0 bytes)"),
+        (lambda data: b"<html>404</html>", "not a PyTorch checkpoint (it starts with b'<htm')"),
+    ],
+    ids=["truncated", "empty", "html"],
+)
+def test_a_damaged_pickled_checkpoint_fails_validate_and_load_alike(
+    tmp_path: Path, model_copy: Path, damage, needle: str
+) -> None:
+    weights = _to_pickled(model_copy)
+    weights.write_bytes(damage(weights.read_bytes()))
+    errors, raised = _agree(tmp_path, model_copy)
+    assert len(errors) == 1 and needle in errors[0], errors
+    assert raised is not None and needle in str(raised)
+
+
+def test_a_sharded_pickled_checkpoint_with_a_missing_shard(
+    tmp_path: Path, model_copy: Path
+) -> None:
+    weights = _to_pickled(model_copy)
+    weights.rename(model_copy / "pytorch_model-00001-of-00002.bin")
+    tensors = torch.load(model_copy / "pytorch_model-00001-of-00002.bin")
+    weight_map = dict.fromkeys(tensors, "pytorch_model-00001-of-00002.bin")
+    weight_map["lm_head.weight"] = "pytorch_model-00002-of-00002.bin"
+    index = {"metadata": {}, "weight_map": weight_map}
+    (model_copy / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    errors, raised = _agree(tmp_path, model_copy)
+    assert len(errors) == 1 and "pytorch_model-00002-of-00002.bin is missing" in errors[0]
+    assert raised is not None and "pytorch_model-00002-of-00002.bin is missing" in str(raised)
+
+
+def test_a_pickled_checkpoint_loads_exactly(tmp_path: Path, model_copy: Path) -> None:
+    _to_pickled(model_copy)
+    assert _agree(tmp_path, model_copy) == ([], None)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
+def test_a_broken_symbolic_link_is_named_as_one(
+    tmp_path: Path, model_copy: Path, name: str
+) -> None:
+    """A Hugging Face cache snapshot links its files to blobs; a deleted blob leaves a link to
+    nothing, which is not 'no weights file' nor 'no config.json'."""
+    (model_copy / name).unlink()
+    (model_copy / name).symlink_to(tmp_path / "blobs" / "deadbeef")
+    errors, raised = _agree(tmp_path, model_copy)
+    needle = f"{name} in {model_copy} is a broken symbolic link (to {tmp_path / 'blobs'}"
+    assert len(errors) == 1 and needle in errors[0], errors
+    assert raised is not None and needle in str(raised)
+
+
+def test_a_pickled_checkpoint_holding_other_objects_fails_validate_and_load_alike(
+    tmp_path: Path, model_copy: Path
+) -> None:
+    """torch unpickles tensors only (weights_only): an object of another class in the pickle
+    fails loading after pages of advice; validate reads the pickle's opcodes and names it."""
+    import datetime
+
+    weights = _to_pickled(model_copy)
+    tensors = torch.load(weights)
+    torch.save({**tensors, "saved_at": datetime.datetime(2020, 1, 1)}, weights)
+    errors, raised = _agree(tmp_path, model_copy)
+    needle = "pytorch_model.bin holds Python objects other than tensors (datetime.datetime)"
+    assert len(errors) == 1 and needle in errors[0], errors
+    assert raised is not None and needle in str(raised)
+
+
+@pytest.mark.parametrize("saved", ["LlamaModel", "LlamaForSequenceClassification"])
+def test_a_checkpoint_without_the_lm_head_fails_validate_and_load_alike(
+    tmp_path: Path, model_copy: Path, saved: str
+) -> None:
+    """A base model's checkpoint (its names lack the `model.` prefix loading adds) or a
+    classifier's (a `score` head) holds no `lm_head`: transformers would make one at random."""
+    import transformers
+
+    config = tiny_llama(seed=5, vocab=VOCAB).config
+    (model_copy / "model.safetensors").unlink()
+    getattr(transformers, saved)(config).save_pretrained(model_copy)
+    _edit_config(model_copy, architectures=["LlamaForCausalLM"])
+    errors, raised = _agree(tmp_path, model_copy)
+    needle = "lacks 1 weight(s) of LlamaForCausalLM (e.g. lm_head.weight)"
+    assert len(errors) == 1 and needle in errors[0], errors
+    assert raised is not None and needle in str(raised)

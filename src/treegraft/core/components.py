@@ -38,8 +38,9 @@ def build_component(
             return reg.factory.from_config(c.config, resources)
         except ModelRefused as err:
             raise ConfigError(f"{c.path}.model: {err}") from None
-        except ModelRefError as exc:
-            raise ConfigError(f"{c.path}: {exc}") from None
+        except ModelRefError as exc:  # its model reference: at `.model` where it has one
+            field = ".model" if isinstance(getattr(c.config, "model", None), str) else ""
+            raise ConfigError(f"{c.path}{field}: {exc}") from None
         except ValueError as exc:  # a built-in refusing its config (token counts, ...)
             if isinstance(exc, ConfigError):
                 raise

@@ -7,8 +7,8 @@ loaded once per `Resources`, so a target used as its own drafter is not loaded t
 
 from __future__ import annotations
 
-import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,17 @@ from transformers.utils import logging as hf_logging
 
 from treegraft.core.devices import device_problem
 from treegraft.core.errors import ArgumentError, TreegraftError
-from treegraft.core.model_files import model_folder_problems
+from treegraft.core.model_files import (
+    broken_link,
+    file_problems,
+    hf_config,
+    json_object,
+    lacking_message,
+    model_folder_problems,
+    other_format_hint,
+    own_code,
+    shape_message,
+)
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import (
     ModelRefused,
@@ -44,6 +54,11 @@ class ModelRefError(TreegraftError, ValueError):
     """A model reference names nothing loadable."""
 
 
+class OwnCodeWarning(UserWarning):
+    """A checkpoint's `config.json` maps its model to the folder's own code (`auto_map`), which
+    treegraft never runs: transformers' own class of its `model_type` is loaded instead."""
+
+
 #: files one of which a Hugging Face tokenizer folder holds (besides `*.tiktoken`)
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -57,18 +72,34 @@ TOKENIZER_FILES = (
 )
 
 
+#: the JSON files of a tokenizer folder, each a JSON object when present
+TOKENIZER_JSON = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.json",
+)
+
+
 def folder_tokenizer(path: Path, ref: str) -> Any:
     """The tokenizer saved in the model folder `path` (of the reference `ref`); None when the
     folder holds no tokenizer file (the model then takes token ids, not text). Tokenizer files
-    that do not load, or load as a tokenizer without a vocabulary, are a `ModelRefError`."""
+    that do not load, or load as a tokenizer without a vocabulary, are a `ModelRefError`; the
+    folder's own tokenizer code (an `auto_map`) is never run."""
     if not any((path / name).is_file() for name in TOKENIZER_FILES) and not any(
         path.glob("*.tiktoken")
     ):
         return None
+    for name in TOKENIZER_JSON:
+        if (path / name).exists() and (problem := json_object(path / name)[1]):
+            raise ModelRefError(f"{ref}: the tokenizer files in {path} do not load: {problem}")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, TypeError, KeyError) as exc:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except Exception as exc:  # transformers' failures have no common type
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, KeyError):  # a key the files lack: say so, not just its name
+            first = f"a key is missing: {first}"
         raise ModelRefError(
             f"{ref}: the tokenizer files in {path} do not load ({first}); fix or remove them "
             "(without them the model takes token ids, not text)"
@@ -82,26 +113,25 @@ def folder_tokenizer(path: Path, ref: str) -> Any:
 
 def load_failure(ref: str, path: Path, exc: Exception) -> Exception:
     """What to raise when transformers failed with `exc` to load the model folder `path`: a
-    `ModelRefError` naming what is wrong with the files, that the folder holds no causal LM, or
-    else transformers' own reason (a config it refuses, as a `pad_token_id` past the vocabulary);
-    `--debug` shows its traceback."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
+    `ModelRefError` naming what is wrong with the folder (`model_folder_problems`: its files, a
+    config transformers refuses or that holds no causal LM, weights of other shapes), else
+    transformers' own reason; `--debug` shows its traceback."""
     if problems := model_folder_problems(path):
         return ModelRefError(f"{ref}: {'; '.join(problems)}")
-    try:
-        model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        model_type = None
-    if isinstance(model_type, str) and model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        return ModelRefError(
-            f"{ref}: {path} holds a {model_type!r} model, which transformers does not load as a "
-            "causal language model (AutoModelForCausalLM); treegraft serves decoder-only causal "
-            "LMs (the architectures are listed in docs/models.md)"
-        )
     return ModelRefError(
-        f"{ref}: transformers could not load the model in {path}: {type(exc).__name__}: {exc}"
+        f"{ref}: transformers could not load the model in {path}: {type(exc).__name__}: "
+        + reason_line(exc)
     )
+
+
+def reason_line(exc: Exception) -> str:
+    """The line of `exc`'s message that says what is wrong (torch's refusal to unpickle an
+    object other than a tensor is a page of advice around one such line), without terminal
+    colour codes."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]
+    lines = [line for line in lines if line] or [type(exc).__name__]
+    found = [line for line in lines if line.startswith("WeightsUnpickler error:")]
+    return found[0] if found else lines[0]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -150,7 +180,8 @@ def attention_for(path: Path) -> str:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     try:
-        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(path))]
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     except (KeyError, ValueError, OSError):
         return "sdpa"  # from_pretrained names the problem itself
     return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
@@ -166,12 +197,28 @@ def resolve_model_path(ref: str) -> Path:
         except (KeyError, LookupError, FileNotFoundError, ValueError) as exc:
             raise ModelRefError(str(exc).strip("'\"")) from None
     path = Path(ref).expanduser()
-    if not (path / "config.json").is_file():
+    try:
+        if (path / "config.json").is_file():
+            return path
+    except OSError as exc:  # a folder without read or search permission
         raise ModelRefError(
-            f"model {ref!r} not found: expected 'zoo:NAME' or a directory holding a Hugging Face "
-            "model (config.json + weights)" + hub_hint(ref)
+            f"model {ref!r}: cannot read the folder {path}: {exc.strerror}"
+        ) from None
+    expected = (
+        "expected 'zoo:NAME' or a directory holding a Hugging Face model (config.json + weights)"
+    )
+    if path.is_file():
+        hint = other_format_hint(path.parent)
+        if not hint and (path.parent / "config.json").is_file():
+            hint = f"; use the folder that holds it, {str(path.parent)!r}"
+        raise ModelRefError(f"model {ref!r} is a file, not a folder: {expected}" + hint)
+    if path.is_dir() and (link := broken_link(path / "config.json")):
+        raise ModelRefError(f"model {ref!r}: {link}; {expected}")
+    if path.is_dir():
+        raise ModelRefError(
+            f"model {ref!r} holds no config.json: {expected}" + other_format_hint(path)
         )
-    return path
+    raise ModelRefError(f"model {ref!r} not found: {expected}" + hub_hint(ref))
 
 
 #: A Hugging Face Hub model id: `name` or `owner/name`.
@@ -196,17 +243,21 @@ def model_vocab_size(ref: str, memory: dict[str, PreTrainedModel] | None = None)
     """Vocabulary size from a model's config, without loading its weights."""
     if memory and ref in memory:  # a composite config (Gemma 3, Llava...) has it in its text config
         return int(text_config(memory[ref].config).vocab_size)
-    path = resolve_model_path(ref) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-        cfg = config.get("text_config", config)
-        return int(cfg["vocab_size"])
-    except OSError as exc:
-        raise ModelRefError(f"{ref}: cannot read {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ModelRefError(f"{ref}: {path} is not valid JSON ({exc})") from None
-    except (AttributeError, KeyError, TypeError, ValueError):
-        raise ModelRefError(f"{ref}: {path} states no integer vocab_size") from None
+    folder = resolve_model_path(ref)
+    config = json_object(folder / "config.json")[0] or {}
+    cfg = config.get("text_config", config)
+    vocab = cfg.get("vocab_size") if isinstance(cfg, dict) else None
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0:
+        return vocab
+    if problems := model_folder_problems(folder):
+        raise ModelRefError(f"{ref}: {'; '.join(problems)}")
+    config = hf_config(folder)  # config.json leaves vocab_size to the class default
+    vocab = None if isinstance(config, str) else config.get_text_config().vocab_size
+    if isinstance(vocab, int) and vocab > 0:
+        return vocab
+    raise ModelRefError(
+        f"{ref}: {folder / 'config.json'} states no vocab_size (expected a positive integer)"
+    )
 
 
 @attrs.define
@@ -323,6 +374,8 @@ class Resources:
         if ref not in self.models:
             path = resolve_model_path(ref)
             hf_logging.disable_progress_bar()  # our CLI streams text on stdout; keep stderr quiet
+            if problems := file_problems(path)[2]:
+                raise ModelRefError(f"{ref}: {'; '.join(problems)}")
             placed = ref in self.device_maps
             kwargs = load_kwargs(self.device_maps[ref], self.offload_folder) if placed else {}
             try:
@@ -333,18 +386,31 @@ class Resources:
                     if self.attention == "sdpa"
                     else self.attention,
                     output_loading_info=True,
+                    ignore_mismatched_sizes=True,  # told below, naming the tensors
+                    trust_remote_code=False,
                     **kwargs,
                 )
             except Exception as exc:
                 raise load_failure(ref, path, exc) from exc
+            if mismatched := sorted(info.get("mismatched_keys") or ()):  # as validate says
+                text = model.config.get_text_config()
+                problems = model_folder_problems(path) or [shape_message(path, text, mismatched)]
+                raise ModelRefError(f"{ref}: {'; '.join(problems)}")
             if missing := sorted(info.get("missing_keys") or ()):
+                if problems := model_folder_problems(path):  # as `treegraft validate` says
+                    raise ModelRefError(f"{ref}: {'; '.join(problems)}")
                 raise ModelRefError(
-                    f"{ref}: the checkpoint in {path} lacks {len(missing)} weight(s) of "
-                    f"{type(model).__name__} (e.g. {', '.join(missing[:3])}), which transformers "
-                    "would fill with random values: use a checkpoint saved from a causal LM "
-                    "(a *ForCausalLM model)"
+                    f"{ref}: {lacking_message(path, type(model).__name__, missing)}"
                 )
             self.models[ref] = (model if placed else model.to(self.device)).eval()
+            if module := own_code(json_object(path / "config.json")[0] or {}):
+                warnings.warn(
+                    f"{ref}: config.json maps the model to the folder's own code ({module}), "
+                    f"which treegraft never runs: it loads transformers' {type(model).__name__} "
+                    "instead, as from_pretrained does without trust_remote_code",
+                    OwnCodeWarning,
+                    stacklevel=2,
+                )
         return self.models[ref]
 
     def runner(self, ref: str, *, forward: str | None = None) -> CausalLMRunner:
@@ -383,15 +449,17 @@ class Resources:
         return path if path.is_file() else None
 
     def tokenizer_of(self, ref: str) -> Any:
-        """The tokenizer stored beside the model `ref` (loaded each call; not cached)."""
-        return AutoTokenizer.from_pretrained(resolve_model_path(ref))
+        """The tokenizer stored beside the model `ref` (loaded each call; not cached; files that
+        do not load are a `ModelRefError`, `folder_tokenizer`); None: in memory, or no files."""
+        if ref in self.in_memory:
+            return None
+        return folder_tokenizer(resolve_model_path(ref), ref)
 
     def real_vocab(self, ref: str) -> int | None:
         """Token ids the tokenizer of `ref` defines (its embedding may have padding rows past
         them); None without a tokenizer."""
-        if self.tokenizer_file(ref) is None:
-            return None
-        return len(self.tokenizer_of(ref))
+        tokenizer = self.tokenizer_of(ref)
+        return None if tokenizer is None else len(tokenizer)
 
     def token_counts(self, ref: str) -> np.ndarray:
         """`[V]` int64 per-token counts from `zoo:token-counts` (the zoo tokenizer's) or a JSON

@@ -111,7 +111,7 @@ def model_errors(spec: PipelineSpec) -> list[str]:
         except ModelRefError as exc:
             errors.append(f"{path}: {exc}")
             continue
-        errors += [f"{path}: {ref!r}: {problem}" for problem in model_folder_problems(folder)]
+        errors += [f"{path}: {ref}: {problem}" for problem in model_folder_problems(folder)]
     if not errors:
         try:
             check_vocabularies(spec, Resources())

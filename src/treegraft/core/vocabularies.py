@@ -11,7 +11,13 @@ from typing import Any
 
 from treegraft.core.chat import template_problem
 from treegraft.core.config import ConfigError, PipelineSpec
-from treegraft.core.resources import ModelRefError, Resources, hub_hint, resolve_model_path
+from treegraft.core.resources import (
+    ModelRefError,
+    Resources,
+    folder_tokenizer,
+    hub_hint,
+    resolve_model_path,
+)
 
 
 def pipeline_tokenizer(spec: PipelineSpec, resources: Resources) -> Any:
@@ -19,14 +25,20 @@ def pipeline_tokenizer(spec: PipelineSpec, resources: Resources) -> Any:
     into the shared `resources`), else the target's; a tokenizer with more tokens than the
     target's vocabulary is refused."""
     if spec.tokenizer is None:
-        return resources.load_tokenizer(spec.target)
-    from transformers import AutoTokenizer
-
+        try:
+            return resources.load_tokenizer(spec.target)
+        except ModelRefError as exc:
+            raise ConfigError(f"pipeline.target: {exc}") from None
     try:
         path = tokenizer_path(spec.tokenizer)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (ModelRefError, OSError, ValueError) as exc:
+        tokenizer = folder_tokenizer(path, spec.tokenizer)
+    except ModelRefError as exc:
         raise ConfigError(f"pipeline.tokenizer: cannot load {spec.tokenizer!r}: {exc}") from None
+    if tokenizer is None:
+        raise ConfigError(
+            f"pipeline.tokenizer: {spec.tokenizer!r} holds no tokenizer files: expected a folder "
+            "written by save_pretrained (tokenizer.json / tokenizer_config.json)"
+        )
     vocab = _vocab(resources, spec.target, "pipeline.target")
     if len(tokenizer) > vocab:
         raise ConfigError(
@@ -45,6 +57,11 @@ def tokenizer_path(ref: str) -> Path:
     if ref.startswith("zoo:"):
         return resolve_model_path(ref)
     path = Path(ref).expanduser()
+    if path.is_file():
+        raise ModelRefError(
+            f"tokenizer {ref!r} is a file, not a folder: expected 'zoo:NAME' or the folder "
+            f"written by save_pretrained that holds it ({str(path.parent)!r})"
+        )
     if not path.is_dir():
         raise ModelRefError(
             f"tokenizer folder {ref!r} not found: expected 'zoo:NAME' or a folder written by "
@@ -82,7 +99,13 @@ def check_vocabularies(spec: PipelineSpec, resources: Resources) -> None:
         if not isinstance(ref, str):
             continue
         vocab = _vocab(resources, ref, f"{c.path}.model")
-        same = same_tokenizer(resources, spec.target, ref)
+        try:
+            same = same_tokenizer(resources, spec.target, ref)
+        except ModelRefError as exc:  # tokenizer files that do not load, the target's or its own
+            which = (
+                "pipeline.target" if str(exc).startswith(f"{spec.target}:") else f"{c.path}.model"
+            )
+            raise ConfigError(f"{which}: {exc}") from None
         if same is False:
             raise ConfigError(
                 f"{c.path}.model: tokenizer mismatch: {ref!r} and the target {spec.target!r} "
@@ -94,7 +117,10 @@ def check_vocabularies(spec: PipelineSpec, resources: Resources) -> None:
                 f"{c.path}.model: vocabulary mismatch: {ref!r} has {vocab} tokens but the target "
                 f"{spec.target!r} has {target_vocab}; a drafter must share the target's tokenizer"
             )
-        committed = min(target_vocab, resources.real_vocab(spec.target) or target_vocab)
+        try:
+            committed = min(target_vocab, resources.real_vocab(spec.target) or target_vocab)
+        except ModelRefError as exc:
+            raise ConfigError(f"pipeline.target: {exc}") from None
         if vocab < committed:  # the target's tokens past its rows would have no embedding
             raise ConfigError(
                 f"{c.path}.model: {ref!r} embeds {vocab} tokens, fewer than the {committed} "
@@ -104,17 +130,18 @@ def check_vocabularies(spec: PipelineSpec, resources: Resources) -> None:
 
 
 def same_tokenizer(resources: Resources, a: str, b: str) -> bool | None:
-    """Whether the models `a` and `b` ship the same tokenizer (None: one has no tokenizer
-    files, e.g. an in-memory model, so it cannot be told)."""
+    """Whether the models `a` and `b` ship the same tokenizer: the same `tokenizer.json`, else
+    the same token-to-id map of whatever tokenizer files they hold (None: one has none, e.g. an
+    in-memory model, so it cannot be told)."""
     if a == b:
         return True
     files = [resources.tokenizer_file(ref) for ref in (a, b)]
-    if None in files:
-        return None
-    if files[0].read_bytes() == files[1].read_bytes():
+    if None not in files and files[0].read_bytes() == files[1].read_bytes():
         return True
-    vocabs = [resources.tokenizer_of(ref).get_vocab() for ref in (a, b)]
-    return vocabs[0] == vocabs[1]
+    tokenizers = [resources.tokenizer_of(ref) for ref in (a, b)]
+    if None in tokenizers:
+        return None
+    return tokenizers[0].get_vocab() == tokenizers[1].get_vocab()
 
 
 def _vocab(resources: Resources, ref: str, path: str) -> int:

@@ -139,6 +139,12 @@ def _compare(
         path = tree.tokens[tree.path_to(node)][1:]
         ids = torch.cat([prompt, path]).to(device)
         own = model(input_ids=ids[None], use_cache=False).logits[0, -1].float()
+        if bool(own.isnan().any()):
+            return (
+                "its own forward gives NaN logits, so no decoding of it can be checked: its "
+                "weights hold NaN or overflow in this dtype (a corrupt checkpoint, or one to load "
+                "in a wider dtype)"
+            )
         scale = 1.0 + float(own.abs().max())
         diff = float((logits[node] - own).abs().max())
         if not diff <= tol * scale:
