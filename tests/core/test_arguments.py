@@ -39,12 +39,19 @@ def pipe(target) -> Pipeline:
         (10**9, "got 1000000000"),
         (True, "max_new_tokens: expected int >= 1, got True"),
         (2.0, "max_new_tokens: expected int >= 1, got 2.0"),
+        pytest.param(
+            10**5000,
+            "max_new_tokens: expected int with 1 <= value <= 1000000, got <int of about",
+            id="too-long-to-print",
+        ),
+        pytest.param("x" * 500, "max_new_tokens: expected int >= 1, got 'xxxxxx", id="long"),
     ],
 )
 def test_max_new_tokens_must_be_a_positive_int(pipe: Pipeline, value, message: str) -> None:
     with pytest.raises(ArgumentError) as info:
         pipe.generate(PROMPT, max_new_tokens=value)
     assert message in str(info.value)
+    assert len(str(info.value)) < 200  # a long value is shortened
 
 
 def test_max_new_tokens_none_means_the_pipelines_value(pipe: Pipeline, target) -> None:
@@ -82,6 +89,9 @@ def test_stop_strings_must_be_non_empty(pipe: Pipeline, stop, message: str) -> N
         (np.ones((1, 3, 2), dtype=np.int64), "got shape [1, 3, 2]: for several prompts, pass a"),
         ([[[1, 2], [3, 4]]], "got shape [2, 2]"),
         ("t\udcff", "prompt: byte 0xff at position 1 is not UTF-8 text"),
+        (5, "prompt: expected text or a sequence of int token ids ([T] or [1, T]), got int 5"),
+        (torch.tensor(5), "([T] or [1, T]), got Tensor tensor(5)"),
+        ([[3, 7], 5], "prompt[1]: expected text or a sequence of int token ids ([T] or [1, T])"),
     ],
     ids=[
         "floats",
@@ -96,6 +106,9 @@ def test_stop_strings_must_be_non_empty(pipe: Pipeline, stop, message: str) -> N
         "batch-inside",
         "nested-list",
         "bytes",
+        "one-int",
+        "0d-tensor",
+        "int-in-a-list-of-prompts",
     ],
 )
 def test_prompt_ids_must_be_integers_inside_the_vocabulary(pipe: Pipeline, prompt, message) -> None:
@@ -112,3 +125,9 @@ def test_integer_prompts_of_any_int_type_decode_alike(pipe: Pipeline) -> None:
         torch.tensor([PROMPT]),  # [1, T]: a batch of one
     ):
         assert pipe.generate(prompt).token_ids == want
+
+
+def test_stop_values_are_shortened_in_messages(pipe: Pipeline) -> None:
+    with pytest.raises(ArgumentError) as info:
+        pipe.generate(PROMPT, stop="#" * 5000)
+    assert str(info.value).endswith("#' (5000 characters)") and len(str(info.value)) < 200

@@ -388,3 +388,15 @@ def test_load_pipeline_refuses_a_source_of_another_type(source: Any, shown: str)
         "load_pipeline: source: expected a shipped pipeline's name, a path to a YAML file or a "
         f"mapping, got {shown}"
     )
+
+
+def test_a_prompt_of_no_tokens_is_named_in_a_batch(model_dir: Path) -> None:
+    pipe = load_pipeline(spec(str(model_dir)))
+    with pytest.raises(ArgumentError) as info:
+        pipe.generate(["t1 t2", ""])
+    assert str(info.value) == (
+        "prompt[1]: '' is empty after tokenization; expected text the tokenizer turns into at "
+        "least one token"
+    )
+    with pytest.raises(ArgumentError, match=r"^prompt\[1\]: expected text or a sequence of int"):
+        pipe.generate(["t1 t2", 3])  # not taken for one prompt's token ids

@@ -30,7 +30,7 @@ from treegraft.core.config import (
     pipeline_spec_from_dict,
 )
 from treegraft.core.decoder import Decoder, StepEvent, StopRule
-from treegraft.core.errors import ArgumentError, BusyError
+from treegraft.core.errors import ArgumentError, BusyError, shown
 from treegraft.core.generation_settings import warn_unapplied
 from treegraft.core.inputs import check_utf8
 from treegraft.core.metrics import Summary, summarize
@@ -193,7 +193,10 @@ class Pipeline:
                 else self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
             )
             if not ids:
-                raise ArgumentError("prompt is empty after tokenization")
+                raise ArgumentError(
+                    f"prompt: {shown(prompt)} is empty after tokenization; expected text the "
+                    "tokenizer turns into at least one token"
+                )
             return torch.tensor(ids, dtype=torch.long)
         return prompt_ids(prompt, self.decoder.target.vocab_size)
 
@@ -437,10 +440,12 @@ class StopStrings:
 
 
 def is_prompt_list(prompt: Any) -> bool:
-    """A list or tuple of prompts (texts or token-id sequences), not one prompt's token ids."""
+    """A list or tuple of prompts (texts or token-id sequences), not one prompt's token ids: one
+    with a text or a sequence among its elements (any other element is then refused by its
+    index, `prompt[1]: ...`)."""
     if not isinstance(prompt, (list, tuple)) or not prompt:
         return False  # a 0-d tensor is one token id (`list(tensor)` gives those), not a prompt
-    return all(
+    return any(
         isinstance(p, (str, list, tuple)) or (isinstance(p, (Tensor, np.ndarray)) and p.ndim > 0)
         for p in prompt
     )
