@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from treegraft.core.errors import ArgumentError
+from treegraft.core.errors import ArgumentError, shown
 
-#: The zoo suites' own turn markers (`<|user|>\n ... \n<|assistant|>\n`).
-_ZOO_TURN = re.compile(r"<\|(user|assistant)\|>\n")
+#: The zoo suites' own turn markers (`<|user|>\n ... \n<|assistant|>\n`), and a system turn's.
+_ZOO_TURN = re.compile(r"<\|(system|user|assistant)\|>\n")
 
 
 class NoChatTemplateError(ArgumentError):
@@ -22,9 +22,10 @@ class NoChatTemplateError(ArgumentError):
 
 
 def messages_of(text: str) -> list[dict[str, str]]:
-    """Chat messages of a prompt: the turns of a zoo-formatted prompt (`<|user|>` / `<|assistant|>`
-    markers, as in the zoo suites; a trailing empty assistant turn is the generation prompt), else
-    the whole text as one user turn."""
+    """Chat messages of a prompt: the turns of a zoo-formatted prompt (`<|system|>` / `<|user|>` /
+    `<|assistant|>` markers, as in the zoo suites; a trailing empty assistant turn is the
+    generation prompt, a trailing assistant turn with text an answer to continue), else the whole
+    text as one user turn."""
     parts = _ZOO_TURN.split(text)
     if len(parts) < 3 or parts[0].strip():
         return [{"role": "user", "content": text}]
@@ -36,7 +37,9 @@ def messages_of(text: str) -> list[dict[str, str]]:
 
 
 def chat_ids(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of `text` (see `messages_of`) followed by the assistant's generation prompt."""
+    """Token ids of `text` (see `messages_of`) followed by the assistant's generation prompt, or,
+    when the last turn is the assistant's with text, ending inside that turn (the answer goes on:
+    `continue_final_message`)."""
     if not getattr(tokenizer, "chat_template", None):
         raise NoChatTemplateError(
             f"chat: the tokenizer {template_owner(tokenizer)!r} has no chat template; use a chat "
@@ -45,14 +48,26 @@ def chat_ids(tokenizer: Any, text: str) -> list[int]:
         )
     import jinja2
 
+    messages = messages_of(text)
+    if not messages:
+        raise ArgumentError(
+            f"chat: the prompt {shown(text)} holds no message, only the empty assistant turn "
+            "that asks for an answer; write a turn before it ('<|user|>\\n...')"
+        )
+    answering = messages[-1]["role"] == "assistant"  # its text is the answer's beginning
     try:
         encoded = tokenizer.apply_chat_template(
-            messages_of(text), tokenize=True, add_generation_prompt=True, return_dict=True
+            messages,
+            tokenize=True,
+            add_generation_prompt=not answering,
+            continue_final_message=answering,
+            return_dict=True,
         )
-    except jinja2.TemplateError as exc:  # a template that raises (`raise_exception`) or is broken
+    except (jinja2.TemplateError, ValueError) as exc:  # a template that raises or is broken;
+        # transformers' own refusals (a final message the template does not show verbatim)
         raise ArgumentError(
             f"chat: the chat template of {template_owner(tokenizer)!r} refused the prompt's "
-            f"{len(messages_of(text))} message(s): {type(exc).__name__}: {exc}"
+            f"{len(messages)} message(s): {type(exc).__name__}: {exc}"
         ) from exc
     return [int(i) for i in encoded["input_ids"]]
 
