@@ -196,7 +196,8 @@ def test_generate_reads_the_prompt_from_a_file(tmp_path: Path, model_dir: Path) 
 GENERATE_ERRORS = {
     "no-prompt": ([], "give exactly one of --prompt or --prompt-file"),
     "both-prompts": (["--prompt", "t1", "--prompt-file", "p.txt"], "give exactly one of"),
-    "empty-prompt": (["--prompt", ""], "the prompt is empty"),
+    "empty-prompt": (["--prompt", ""], "--prompt: the prompt is empty; expected the text"),
+    "empty-prompt-file": (["--prompt-file", "/dev/null"], "--prompt-file: /dev/null is empty"),
     "missing-prompt-file": (["--prompt-file", "nope.txt"], "--prompt-file: nope.txt not found"),
     "bad-max-new-tokens": (
         ["--prompt", "t1", "--max-new-tokens", "0"],

@@ -262,13 +262,13 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     if (prompt is None) == (prompt_file is None):
         _fail("give exactly one of --prompt or --prompt-file")
     if prompt_file == Path("-"):  # standard input
-        prompt = read_stdin("--prompt-file -")
+        prompt, source = read_stdin("--prompt-file -"), "--prompt-file -: standard input"
     elif prompt_file is not None:
-        prompt = read_text(prompt_file, "--prompt-file")
+        prompt, source = read_text(prompt_file, "--prompt-file"), f"--prompt-file: {prompt_file}"
     else:
-        prompt = check_utf8(prompt, "--prompt")
+        prompt, source = check_utf8(prompt, "--prompt"), "--prompt: the prompt"
     if not prompt:
-        _fail("the prompt is empty")
+        _fail(f"{source} is empty; expected the text to continue")
     return prompt
 
 
