@@ -121,6 +121,18 @@ def test_validate_missing_file(tmp_path: Path) -> None:
     assert "pipeline file not found" in result.stderr
 
 
+def test_validate_names_the_file_first_for_a_folder(tmp_path: Path) -> None:
+    result = invoke("validate", str(tmp_path))
+    assert result.exit_code == 1
+    assert f"✗ {tmp_path}: pipeline file: {tmp_path} is a directory" in result.stderr
+
+
+def test_validate_takes_a_shipped_pipelines_name_as_generate_does() -> None:
+    result = invoke("validate", "ngram-only")
+    assert result.exit_code == 0, result.output
+    assert "pipelines/ngram-only.yaml: target zoo:target; drafters ngram" in result.stdout
+
+
 # ---------------------------------------------------------------------------- generate
 
 

@@ -274,15 +274,22 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 
 @app.command()
 def validate(
-    files: Annotated[list[Path], typer.Argument(help="pipeline YAML files")],
+    files: Annotated[
+        list[Path], typer.Argument(help="pipeline YAML files or shipped pipelines' names")
+    ],
 ) -> None:
-    """Check pipeline files without loading models: structure, components, configs, model folders
-    (weights file, safetensors header, shapes against config.json), vocabularies, device. Lists
-    every error of every file, each prefixed by the file's name; exit 1 if any."""
+    """Check pipeline files (or shipped pipelines, by name) without loading models: structure,
+    components, configs, model folders (weights file, safetensors header, shapes against
+    config.json), vocabularies, device. Lists every error of every file, each prefixed by the
+    file's name; exit 1 if any."""
+    from treegraft.core.pipeline import PIPELINES_DIR
     from treegraft.core.validation import pipeline_errors
 
     failed = 0
     for path in files:
+        shipped = PIPELINES_DIR / f"{path}.yaml"
+        if not path.exists() and path.name == str(path) and shipped.is_file():
+            path = shipped  # a shipped pipeline's name, as `generate --pipeline` takes
         spec, errors = pipeline_errors(path)
         for error in errors:
             console.print(f"[red]✗[/] {escape(error)}", highlight=False)
