@@ -131,3 +131,14 @@ def test_stop_values_are_shortened_in_messages(pipe: Pipeline) -> None:
     with pytest.raises(ArgumentError) as info:
         pipe.generate(PROMPT, stop="#" * 5000)
     assert str(info.value).endswith("#' (5000 characters)") and len(str(info.value)) < 200
+
+
+@pytest.mark.parametrize("method", ["stream", "steps"])
+def test_stream_and_steps_check_their_arguments_when_called(pipe: Pipeline, method: str) -> None:
+    """Not only once iterated: the error points at the call that passed the value."""
+    with pytest.raises(ArgumentError, match=r"^max_new_tokens: expected int with 1 <= value"):
+        getattr(pipe, method)(PROMPT, max_new_tokens=0)
+    with pytest.raises(ArgumentError, match=r"^prompt: has no tokens"):
+        getattr(pipe, method)([])
+    list(getattr(pipe, method)(PROMPT, max_new_tokens=2))  # good arguments decode
+    assert sum(len(e.tokens) for e in pipe.steps(PROMPT, max_new_tokens=2)) == 2

@@ -233,10 +233,15 @@ class Pipeline:
     ) -> Iterator[StepEvent]:
         """The decode loop: one `StepEvent` per target forward (at its end, once the drafters
         have measured calls, a check that they are listed cheapest first:
-        `check_drafter_order`)."""
+        `check_drafter_order`). The arguments are checked by the call itself, before the first
+        event is asked for."""
         ids = self.encode(prompt).to(self.resources.device)
         rule = self.stop_rule(max_new_tokens, stop)
         self.check_context(int(ids.numel()), rule.max_new_tokens)
+        return self._events(ids, rule)
+
+    def _events(self, ids: Tensor, rule: StopRule) -> Iterator[StepEvent]:
+        """`steps`' generator, once its arguments are checked."""
         if not self._busy.acquire(blocking=False):
             raise BusyError(BUSY)
         try:
@@ -383,15 +388,20 @@ class Pipeline:
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
     ) -> Iterator[str]:
-        """Yield text pieces as steps commit tokens (their concatenation is `generate`'s text)."""
+        """Yield text pieces as steps commit tokens (their concatenation is `generate`'s text);
+        the arguments are checked by the call, as `steps` checks them."""
+        return self._pieces(self.steps(prompt, max_new_tokens=max_new_tokens, stop=stop), stop)
+
+    def _pieces(self, events: Iterator[StepEvent], stop: Sequence[str] | None) -> Iterator[str]:
+        """`stream`'s generator: the text each event adds to what was shown."""
         ids: list[int] = []
-        shown = ""
-        for event in self.steps(prompt, max_new_tokens=max_new_tokens, stop=stop):
+        shown_so_far = ""
+        for event in events:
             ids.extend(event.tokens)
             text = self.shown_text(ids, event.finished, stop)
-            if text != shown:
-                yield text[len(shown) :]
-                shown = text
+            if text != shown_so_far:
+                yield text[len(shown_so_far) :]
+                shown_so_far = text
 
     def text_of(self, ids: Sequence[int], stop: Sequence[str] | None = None) -> str:
         """Decoded text with the first stop string (and what follows it) removed: `stop`, else
