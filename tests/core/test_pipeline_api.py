@@ -400,3 +400,31 @@ def test_a_prompt_of_no_tokens_is_named_in_a_batch(model_dir: Path) -> None:
     )
     with pytest.raises(ArgumentError, match=r"^prompt\[1\]: expected text or a sequence of int"):
         pipe.generate(["t1 t2", 3])  # not taken for one prompt's token ids
+
+
+def test_chat_messages_are_encoded_with_the_template(model_dir: Path, chat_tokenizer_dir: Path):
+    pipe = load_pipeline(spec(str(model_dir), tokenizer=str(chat_tokenizer_dir)))  # chat: off
+    messages = [{"role": "system", "content": "t3"}, {"role": "user", "content": "t1 t2"}]
+    ids = pipe.tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+    assert ids[:2] == [60, 3] and ids[-1] == 62
+    assert pipe.encode(messages).tolist() == ids
+    result = pipe.generate(messages)
+    want = greedy_reference(pipe.decoder.target.model, torch.tensor(ids), 6)
+    assert list(result.token_ids) == want
+    batch = pipe.generate([messages, [{"role": "user", "content": "t4"}]])
+    assert batch[0].token_ids == result.token_ids and len(batch) == 2
+    for bad, message in [
+        ([{"role": "user"}], "prompt: message 0: expected a mapping with a 'role' and a 'content'"),
+        ([messages[0], 5], "prompt: message 1: expected a mapping with a 'role' and a 'content'"),
+        ([{"role": "user", "content": "t\udcff"}], "prompt: message 0: content: byte 0xff"),
+    ]:
+        with pytest.raises(ArgumentError) as info:
+            pipe.encode(bad)
+        assert str(info.value).startswith(message)
+
+
+def test_chat_messages_without_a_template_are_refused(model_dir: Path) -> None:
+    pipe = load_pipeline(spec(str(model_dir)))
+    with pytest.raises(ArgumentError) as info:
+        pipe.generate([{"role": "user", "content": "t1"}])
+    assert str(info.value).startswith("prompt: chat messages need a chat template; the tokenizer")

@@ -9,9 +9,11 @@ sweep file apply it to every text prompt.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from treegraft.core.errors import ArgumentError, shown
+from treegraft.core.inputs import check_utf8
 
 #: The zoo suites' own turn markers (`<|user|>\n ... \n<|assistant|>\n`), and a system turn's.
 _ZOO_TURN = re.compile(r"<\|(system|user|assistant)\|>\n")
@@ -46,14 +48,47 @@ def chat_ids(tokenizer: Any, text: str) -> list[int]:
             "model "
             "(e.g. zoo:smollm2) or set decoding.chat to false"
         )
-    import jinja2
-
     messages = messages_of(text)
     if not messages:
         raise ArgumentError(
             f"chat: the prompt {shown(text)} holds no message, only the empty assistant turn "
             "that asks for an answer; write a turn before it ('<|user|>\\n...')"
         )
+    return messages_ids(tokenizer, messages)
+
+
+def is_messages(prompt: Any) -> bool:
+    """Whether `prompt` is meant as chat messages: a list or tuple holding a mapping."""
+    return isinstance(prompt, (list, tuple)) and any(isinstance(m, Mapping) for m in prompt)
+
+
+def checked_messages(prompt: Sequence[Any]) -> list[dict[str, Any]]:
+    """`prompt`'s messages, each a mapping with a non-empty `role` string and a `content`
+    string (other keys kept for the template); an `ArgumentError` naming the first that is not."""
+    for i, m in enumerate(prompt):
+        if not (
+            isinstance(m, Mapping)
+            and isinstance(m.get("role"), str)
+            and m["role"]
+            and isinstance(m.get("content"), str)
+        ):
+            raise ArgumentError(
+                f"prompt: message {i}: expected a mapping with a 'role' and a 'content' string "
+                f"({{'role': 'user', 'content': 'Hello'}}), got {shown(m)}"
+            )
+        check_utf8(m["content"], f"prompt: message {i}: content")
+    return [dict(m) for m in prompt]
+
+
+def messages_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    """Token ids of chat `messages` in the tokenizer's template, as `chat_ids` makes them."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise NoChatTemplateError(
+            f"prompt: chat messages need a chat template; the tokenizer "
+            f"{template_owner(tokenizer)!r} has none: pass the prompt as text or token ids"
+        )
+    import jinja2
+
     answering = messages[-1]["role"] == "assistant"  # its text is the answer's beginning
     try:
         encoded = tokenizer.apply_chat_template(

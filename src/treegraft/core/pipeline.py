@@ -19,7 +19,7 @@ from torch import Tensor
 
 from treegraft.core.arguments import check_max_new_tokens, check_stop, prompt_ids
 from treegraft.core.boundary import Origin
-from treegraft.core.chat import chat_ids
+from treegraft.core.chat import chat_ids, checked_messages, is_messages, messages_ids
 from treegraft.core.components import build_component, check_assembly
 from treegraft.core.config import (
     ROOT,
@@ -178,27 +178,35 @@ class Pipeline:
 
     def encode(self, prompt: str | Sequence[int] | Tensor) -> Tensor:
         """`[T]` int64 token ids of a prompt given as text or ids (text in the tokenizer's chat
-        template when `decoding.chat` is set)."""
-        if isinstance(prompt, str):
+        template when `decoding.chat` is set), or as chat messages (`[{"role": "user",
+        "content": ...}]`, always in the chat template)."""
+        if is_messages(prompt):
+            ids = messages_ids(self._text_tokenizer(), checked_messages(prompt))
+        elif isinstance(prompt, str):
             check_utf8(prompt, "prompt")
-            if self.tokenizer is None:
-                raise ArgumentError(
-                    f"this pipeline has no tokenizer (none beside the target {self.spec.target!r}"
-                    "): pass token ids instead of text, or name one with the pipeline's "
-                    "`tokenizer:` key"
-                )
             ids = (
-                chat_ids(self.tokenizer, prompt)
+                chat_ids(self._text_tokenizer(), prompt)
                 if self.spec.decoding.chat
-                else self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+                else self._text_tokenizer()(prompt, add_special_tokens=False)["input_ids"]
             )
-            if not ids:
-                raise ArgumentError(
-                    f"prompt: {shown(prompt)} is empty after tokenization; expected text the "
-                    "tokenizer turns into at least one token"
-                )
-            return torch.tensor(ids, dtype=torch.long)
-        return prompt_ids(prompt, self.decoder.target.vocab_size)
+        else:
+            return prompt_ids(prompt, self.decoder.target.vocab_size)
+        if not ids:
+            raise ArgumentError(
+                f"prompt: {shown(prompt)} is empty after tokenization; expected text the "
+                "tokenizer turns into at least one token"
+            )
+        return torch.tensor(ids, dtype=torch.long)
+
+    def _text_tokenizer(self) -> Any:
+        """The tokenizer, for a prompt given as text or messages; an error without one."""
+        if self.tokenizer is None:
+            raise ArgumentError(
+                f"this pipeline has no tokenizer (none beside the target {self.spec.target!r}"
+                "): pass token ids instead of text, or name one with the pipeline's "
+                "`tokenizer:` key"
+            )
+        return self.tokenizer
 
     def decode_text(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
@@ -332,7 +340,9 @@ class Pipeline:
         """Decode to the end and return the text, the token ids and the metrics (the decoder's
         one-time measurements, see `prepare`, are not in the timed generation).
 
-        A list of prompts (texts, or token-id lists) gives a list of generations, in order. The
+        A prompt may also be chat messages (`[{"role": "user", "content": "Hi"}]`, encoded
+        with the tokenizer's chat template). A list of prompts (texts, token-id lists or message
+        lists) gives a list of generations, in order. The
         prompts are decoded one after the other (batch size 1: the decoder's trees are per
         sequence), each exactly as it would be alone.
         """
