@@ -127,6 +127,14 @@ def test_validate_names_the_file_first_for_a_folder(tmp_path: Path) -> None:
     assert f"✗ {tmp_path}: pipeline file: {tmp_path} is a directory" in result.stderr
 
 
+def test_validate_and_generate_shorten_a_path_too_long_for_the_file_system() -> None:
+    long = "x" * 3000
+    for args in (["validate", long], ["generate", "--prompt-file", long]):
+        result = invoke(*args)
+        assert result.exit_code == (1 if args[0] == "validate" else 2), result.output
+        assert "(3000 characters)" in result.stderr and "not found" in result.stderr
+
+
 def test_validate_takes_a_shipped_pipelines_name_as_generate_does() -> None:
     result = invoke("validate", "ngram-only")
     assert result.exit_code == 0, result.output

@@ -282,13 +282,14 @@ def validate(
     components, configs, model folders (weights file, safetensors header, shapes against
     config.json), vocabularies, device. Lists every error of every file, each prefixed by the
     file's name; exit 1 if any."""
+    from treegraft.core.inputs import exists, is_file
     from treegraft.core.pipeline import PIPELINES_DIR
     from treegraft.core.validation import pipeline_errors
 
     failed = 0
     for path in files:
         shipped = PIPELINES_DIR / f"{path}.yaml"
-        if not path.exists() and path.name == str(path) and shipped.is_file():
+        if not exists(path) and path.name == str(path) and is_file(shipped):
             path = shipped  # a shipped pipeline's name, as `generate --pipeline` takes
         spec, errors = pipeline_errors(path)
         for error in errors:

@@ -428,3 +428,20 @@ def test_chat_messages_without_a_template_are_refused(model_dir: Path) -> None:
     with pytest.raises(ArgumentError) as info:
         pipe.generate([{"role": "user", "content": "t1"}])
     assert str(info.value).startswith("prompt: chat messages need a chat template; the tokenizer")
+
+
+@pytest.mark.parametrize("where", ["source", "target", "drafter-model", "tokenizer"])
+def test_a_path_too_long_for_the_file_system_is_not_found(where: str) -> None:
+    """Not an `OSError` (File name too long): a `ConfigError` showing the path shortened."""
+    long = "x" * 3000
+    base = spec("zoo:target")
+    source = {
+        "source": long,
+        "target": {**base, "target": long},
+        "drafter-model": {**base, "drafters": {"s": {"name": "hf_lm", "model": long}}},
+        "tokenizer": {**base, "tokenizer": long},
+    }[where]
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(source)
+    assert "not found" in str(info.value) and "(3000 characters)" in str(info.value)
+    assert len(str(info.value)) < 600

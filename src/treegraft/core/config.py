@@ -21,8 +21,8 @@ import attrs
 import yaml
 
 from treegraft.core.devices import DEVICE_NAMES
-from treegraft.core.errors import ArgumentError, TreegraftError, shown
-from treegraft.core.inputs import read_text
+from treegraft.core.errors import ArgumentError, TreegraftError, clipped, shown
+from treegraft.core.inputs import exists, read_text
 from treegraft.core.registry import (
     Registry,
     UnknownComponentError,
@@ -403,8 +403,8 @@ def read_pipeline_file(path: str | Path) -> Any:
     """The parsed YAML of a pipeline file; a missing or unreadable file, text that is not UTF-8
     and malformed YAML are `ConfigError`s naming the file."""
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"{path}: pipeline file not found")
+    if not exists(path):
+        raise ConfigError(f"{clipped(str(path))}: pipeline file not found")
     try:
         text = read_text(path, "pipeline file")
     except ArgumentError as exc:

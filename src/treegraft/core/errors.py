@@ -68,3 +68,12 @@ def shown(value: object) -> str:
             return short
         return f"{short} ({n} item{'s' if n != 1 else ''})"
     return short
+
+
+def clipped(text: str) -> str:
+    """`text` itself (a path, a name: no quotes) for an error message, shortened as `shown`
+    shortens a string when it is longer than `SHOWN_CHARS`."""
+    if len(text) <= SHOWN_CHARS:
+        return text
+    half = SHOWN_CHARS // 4
+    return f"{text[:half]}...{text[-half:]} ({len(text)} characters)"

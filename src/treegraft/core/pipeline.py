@@ -32,7 +32,7 @@ from treegraft.core.config import (
 from treegraft.core.decoder import Decoder, StepEvent, StopRule
 from treegraft.core.errors import ArgumentError, BusyError, shown
 from treegraft.core.generation_settings import warn_unapplied
-from treegraft.core.inputs import check_utf8
+from treegraft.core.inputs import check_utf8, is_dir, is_file
 from treegraft.core.metrics import Summary, summarize
 from treegraft.core.registry import (
     Registry,
@@ -75,15 +75,15 @@ def builtin_pipelines() -> list[str]:
 def resolve_pipeline(name_or_path: str | Path) -> Path:
     """A pipeline file path, or the shipped pipeline of that name."""
     path = Path(name_or_path)
-    if path.is_file():
+    if is_file(path):
         return path
-    if path.is_dir():
+    if is_dir(path):
         raise ConfigError(f"pipeline {str(name_or_path)!r} is a directory; expected a YAML file")
     shipped = PIPELINES_DIR / f"{name_or_path}.yaml"
-    if shipped.is_file():
+    if is_file(shipped):
         return shipped
     raise ConfigError(
-        f"pipeline {str(name_or_path)!r} not found: expected a YAML file or one of the shipped "
+        f"pipeline {shown(str(name_or_path))} not found: expected a YAML file or one of the shipped "
         f"pipelines: {', '.join(builtin_pipelines())}"
     )
 

@@ -19,7 +19,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from treegraft.core.devices import device_problem
-from treegraft.core.errors import ArgumentError, TreegraftError
+from treegraft.core.errors import ArgumentError, TreegraftError, shown
+from treegraft.core.inputs import is_dir, is_file
 from treegraft.core.model_files import model_folder_problems
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import (
@@ -166,9 +167,9 @@ def resolve_model_path(ref: str) -> Path:
         except (KeyError, LookupError, FileNotFoundError, ValueError) as exc:
             raise ModelRefError(str(exc).strip("'\"")) from None
     path = Path(ref).expanduser()
-    if not (path / "config.json").is_file():
+    if not is_file(path / "config.json"):
         raise ModelRefError(
-            f"model {ref!r} not found: expected 'zoo:NAME' or a directory holding a Hugging Face "
+            f"model {shown(ref)} not found: expected 'zoo:NAME' or a directory holding a Hugging Face "
             "model (config.json + weights)" + hub_hint(ref)
         )
     return path
@@ -176,11 +177,13 @@ def resolve_model_path(ref: str) -> Path:
 
 #: A Hugging Face Hub model id: `name` or `owner/name`.
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+#: the longest Hub id (the Hub's own limit on `owner/name`)
+HUB_ID_CHARS = 96
 
 
 def hub_hint(ref: str) -> str:
     """How to use a Hub model here, when `ref` looks like a Hub id and is not a local path."""
-    if not HUB_ID.fullmatch(ref) or Path(ref).expanduser().exists():
+    if len(ref) > HUB_ID_CHARS or not HUB_ID.fullmatch(ref) or is_dir(Path(ref).expanduser()):
         return ""
     folder = f"models/{ref.rsplit('/', 1)[-1]}"
     return (

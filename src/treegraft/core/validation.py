@@ -32,7 +32,7 @@ from treegraft.core.config import (
     unknown_key_message,
 )
 from treegraft.core.devices import device_problem
-from treegraft.core.errors import TreegraftError
+from treegraft.core.errors import TreegraftError, clipped
 from treegraft.core.model_files import model_folder_problems
 from treegraft.core.registry import Registry, UnknownComponentError, default_registry
 from treegraft.core.resources import ModelRefError, Resources, resolve_model_path
@@ -154,7 +154,7 @@ def pipeline_errors(
 ) -> tuple[PipelineSpec | None, list[str]]:
     """The validated spec (None if any error) and every error found, each starting with `path`."""
     registry = registry or default_registry()
-    prefix = f"{path}: "
+    prefix = f"{clipped(str(path))}: "
     try:
         data = read_pipeline_file(path)
     except ConfigError as exc:  # `pipeline file: PATH is a directory`: the name first too

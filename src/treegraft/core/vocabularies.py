@@ -11,6 +11,8 @@ from typing import Any
 
 from treegraft.core.chat import template_problem
 from treegraft.core.config import ConfigError, PipelineSpec
+from treegraft.core.errors import shown
+from treegraft.core.inputs import is_dir
 from treegraft.core.resources import ModelRefError, Resources, hub_hint, resolve_model_path
 
 
@@ -26,7 +28,9 @@ def pipeline_tokenizer(spec: PipelineSpec, resources: Resources) -> Any:
         path = tokenizer_path(spec.tokenizer)
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (ModelRefError, OSError, ValueError) as exc:
-        raise ConfigError(f"pipeline.tokenizer: cannot load {spec.tokenizer!r}: {exc}") from None
+        raise ConfigError(
+            f"pipeline.tokenizer: cannot load {shown(spec.tokenizer)}: {exc}"
+        ) from None
     vocab = _vocab(resources, spec.target, "pipeline.target")
     if len(tokenizer) > vocab:
         raise ConfigError(
@@ -45,9 +49,9 @@ def tokenizer_path(ref: str) -> Path:
     if ref.startswith("zoo:"):
         return resolve_model_path(ref)
     path = Path(ref).expanduser()
-    if not path.is_dir():
+    if not is_dir(path):
         raise ModelRefError(
-            f"tokenizer folder {ref!r} not found: expected 'zoo:NAME' or a folder written by "
+            f"tokenizer folder {shown(ref)} not found: expected 'zoo:NAME' or a folder written by "
             "save_pretrained (tokenizer.json / tokenizer_config.json)" + hub_hint(ref)
         )
     return path
