@@ -171,6 +171,8 @@ class Pipeline:
         decoder.rope_switch = RopeSwitch.of(target.model)
         decoder.row_scale = RowScale.of(target.model)
         tokenizer = pipeline_tokenizer(spec, resources)
+        if spec.decoding.stop and tokenizer is None:  # else every generation would fail
+            raise ConfigError(f"{ROOT}.decoding.stop: {NO_TOKENIZER_FOR_STOP}")
         check_chat_template(spec, tokenizer)
         return cls(spec, resources, decoder, tokenizer, eos_ids_of(target.model, tokenizer))
 
@@ -224,7 +226,7 @@ class Pipeline:
         check = None
         if stop:
             if self.tokenizer is None:
-                raise ArgumentError("stop strings need a tokenizer; this pipeline has none")
+                raise ArgumentError(f"stop: {NO_TOKENIZER_FOR_STOP}")
             check = StopStrings(tuple(stop), self.decode_text)
         return StopRule(
             max_new_tokens=dec.max_new_tokens if max_new_tokens is None else int(max_new_tokens),
@@ -432,6 +434,10 @@ class Pipeline:
         return text[: len(text) - hold]
 
 
+NO_TOKENIZER_FOR_STOP = (
+    "stop strings need a tokenizer (they are matched in the decoded text), and this pipeline has "
+    "none: name one with the pipeline's `tokenizer:` key, or leave the stop strings out"
+)
 BUSY = (
     "pipeline: a generation of this pipeline is still open (a stream() or steps() iterator not "
     "finished, or another thread's); finish or close() it first, or decode with a second "
