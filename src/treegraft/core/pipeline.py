@@ -204,7 +204,7 @@ class Pipeline:
         """The tokenizer, for a prompt given as text or messages; an error without one."""
         if self.tokenizer is None:
             raise ArgumentError(
-                f"this pipeline has no tokenizer (none beside the target {self.spec.target!r}"
+                f"prompt: this pipeline has no tokenizer (none beside the target {self.spec.target!r}"
                 "): pass token ids instead of text, or name one with the pipeline's "
                 "`tokenizer:` key"
             )
