@@ -573,6 +573,12 @@ def test_long_values_are_shortened_in_messages(
     assert f"got {shown}" in message and len(message) < 400
 
 
+def test_a_long_unknown_key_is_shortened(registry: Registry) -> None:
+    message = error_of({**BASE, "k" * 3000: 1}, registry)
+    assert message.startswith("pipeline." + "k" * 30 + "...") and len(message) < 400
+    assert "(3000 characters): unknown key" in message
+
+
 def test_an_int_too_long_to_read_names_its_line(tmp_path: Path, registry: Registry) -> None:
     path = write(tmp_path, "target: mem:target\nseed: " + "1" * 5000 + "\n")
     with pytest.raises(ConfigError) as info:
