@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from treegraft.console import console, out
+from treegraft.console import console, out, write_out
 from treegraft.console import fail as _fail
 from treegraft.exits import ReportingGroup
 
@@ -126,8 +126,7 @@ def _print_json(
     if compare:
         limit = _plain_limit(pipe, generation.token_ids, generation.finish_reason, max_new_tokens)
         plain = plain_decode(pipe, pipe.encode(text), limit)
-    out.print(json.dumps(generation_record(generation, plain)), markup=False, highlight=False,
-              soft_wrap=True)  # fmt: skip
+    write_out(json.dumps(generation_record(generation, plain)) + "\n")
 
 
 def _plain_limit(pipe, ids, finish: str | None, max_new_tokens: int | None) -> int:
@@ -189,18 +188,12 @@ def _run_generation(
                         writer.write(event)
                     current = pipe.shown_text(ids, event.finished, None)
                     if current != shown:
-                        out.print(
-                            current[len(shown) :],
-                            end="",
-                            markup=False,
-                            highlight=False,
-                            soft_wrap=True,
-                        )
+                        write_out(current[len(shown) :])
                         shown = current
         except KeyboardInterrupt:  # Ctrl-C: the stats of what was decoded, then exit 130
             interrupted = True
     seconds = time.perf_counter() - start
-    out.print()
+    write_out("\n")
     for w in caught:
         warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     if events:
