@@ -445,3 +445,11 @@ def test_a_path_too_long_for_the_file_system_is_not_found(where: str) -> None:
         load_pipeline(source)
     assert "not found" in str(info.value) and "(3000 characters)" in str(info.value)
     assert len(str(info.value)) < 600
+
+
+@pytest.mark.parametrize("keyword", ["resources", "registry"])
+def test_load_pipeline_refuses_resources_or_registry_of_another_type(keyword: str) -> None:
+    with pytest.raises(ArgumentError) as info:
+        load_pipeline(spec("zoo:target"), **{keyword: "x"})
+    kind = {"resources": "Resources", "registry": "Registry"}[keyword]
+    assert str(info.value) == f"load_pipeline: {keyword}: expected a {kind} or None, got str 'x'"

@@ -129,6 +129,8 @@ class Pipeline:
         registry: Registry | None = None,
     ) -> Pipeline:
         """Load the models and build every component of `spec`."""
+        check_optional("Pipeline.from_spec", resources=(resources, Resources))
+        check_optional("Pipeline.from_spec", registry=(registry, Registry))
         registry = registry or default_registry()
         if resources is None:
             try:
@@ -515,6 +517,16 @@ def _load(resources: Resources, ref: str, path: str) -> Any:
         raise ConfigError(f"{path}: {exc}") from None
 
 
+def check_optional(where: str, **given: tuple[Any, type]) -> None:
+    """An `ArgumentError` for a keyword argument that is neither None nor of its type."""
+    for name, (value, kind) in given.items():
+        if value is not None and not isinstance(value, kind):
+            raise ArgumentError(
+                f"{where}: {name}: expected a {kind.__name__} or None, got "
+                f"{type(value).__name__} {shown(value)}"
+            )
+
+
 def load_pipeline(
     source: str | Path | Mapping,
     *,
@@ -523,6 +535,8 @@ def load_pipeline(
 ) -> Pipeline:
     """Build a pipeline from a YAML file path, a shipped pipeline's name, or a parsed mapping
     (anything else is an `ArgumentError`)."""
+    check_optional("load_pipeline", resources=(resources, Resources))
+    check_optional("load_pipeline", registry=(registry, Registry))
     if isinstance(source, Mapping):
         spec = pipeline_spec_from_dict(source, registry)
     elif isinstance(source, (str, os.PathLike)):
