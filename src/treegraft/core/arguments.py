@@ -64,6 +64,13 @@ def prompt_ids(prompt: Any, vocab: int) -> Tensor:
             f"prompt: expected token ids in a dense tensor, got a "
             f"{'meta' if prompt.is_meta else str(prompt.layout)} tensor"
         )
+    if isinstance(prompt, (list, tuple)):  # ids past int64, which torch cannot hold
+        for i, t in enumerate(prompt):
+            if isinstance(t, int) and not isinstance(t, bool) and not 0 <= t < vocab:
+                raise ArgumentError(
+                    f"prompt: token id {shown(t)} at position {i} is outside the target's "
+                    f"vocabulary [0, {vocab})"
+                )
     try:
         ids = torch.as_tensor(prompt)
     except (TypeError, ValueError, RuntimeError) as exc:
