@@ -578,10 +578,16 @@ def test_validate_lists_every_error_of_every_file(tmp_path: Path, model_dir: Pat
             2,
         ),
         (OSError(28, "No space left on device"), "No space left on device", 1),
+        (
+            OSError(36, "File name too long", "/x/" + "a" * 3000),
+            "/x/aaaaaaaaaaaaaaaaaaaaaaaaaaa...aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa (3003 characters): File "
+            "name too long",
+            2,
+        ),
         (MemoryError("cannot allocate"), "out of memory: cannot allocate", 1),
         (KeyError("k"), "internal error: KeyError: 'k'", 1),
     ],
-    ids=["file", "system", "memory", "bug"],
+    ids=["file", "system", "long-file-name", "memory", "bug"],
 )
 def test_describe_sorts_errors_into_exit_codes(exc, message: str, code: int) -> None:
     text, exit_code, _ = describe(exc)

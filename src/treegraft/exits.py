@@ -106,7 +106,7 @@ def describe(exc: BaseException) -> tuple[str, int, str]:
     """(message, exit code, hint line or '') for an exception reaching the command line."""
     import pluggy
 
-    from treegraft.core.errors import TreegraftError
+    from treegraft.core.errors import TreegraftError, clipped
     from treegraft.core.registry import PluginError
 
     debug_hint = f"rerun with {DEBUG_FLAG} (or {DEBUG_ENV}=1) to see the traceback"
@@ -118,7 +118,7 @@ def describe(exc: BaseException) -> tuple[str, int, str]:
         return f"plugin {exc.plugin!r}: {exc}", EXIT_FAILED, ""
     if isinstance(exc, OSError):  # a path the user gave, or the system (disk full, ...)
         if exc.filename:
-            return f"{exc.filename}: {exc.strerror or exc}", EXIT_BAD_INPUT, ""
+            return f"{clipped(str(exc.filename))}: {exc.strerror or exc}", EXIT_BAD_INPUT, ""
         return str(exc), EXIT_FAILED, debug_hint
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         return f"out of memory: {exc}", EXIT_FAILED, "a smaller budget, model or dtype needs less"
