@@ -453,3 +453,14 @@ def test_load_pipeline_refuses_resources_or_registry_of_another_type(keyword: st
         load_pipeline(spec("zoo:target"), **{keyword: "x"})
     kind = {"resources": "Resources", "registry": "Registry"}[keyword]
     assert str(info.value) == f"load_pipeline: {keyword}: expected a {kind} or None, got str 'x'"
+
+
+@pytest.mark.parametrize("method", ["stream", "steps"])
+def test_stream_and_steps_take_one_prompt(model_dir: Path, method: str) -> None:
+    pipe = load_pipeline(spec(str(model_dir)))
+    with pytest.raises(ArgumentError) as info:
+        getattr(pipe, method)(["t1 t2", "t3"])
+    assert str(info.value) == (
+        "prompt: steps() and stream() decode one prompt, got a list of 2 prompts: call them "
+        "once per prompt, or pass the list to generate()"
+    )

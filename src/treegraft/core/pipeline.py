@@ -247,6 +247,11 @@ class Pipeline:
         have measured calls, a check that they are listed cheapest first:
         `check_drafter_order`). The arguments are checked by the call itself, before the first
         event is asked for."""
+        if is_prompt_list(prompt):
+            raise ArgumentError(
+                f"prompt: steps() and stream() decode one prompt, got a list of {len(prompt)} "
+                "prompts: call them once per prompt, or pass the list to generate()"
+            )
         ids = self.encode(prompt).to(self.resources.device)
         rule = self.stop_rule(max_new_tokens, stop)
         self.check_context(int(ids.numel()), rule.max_new_tokens)
