@@ -411,6 +411,8 @@ def test_chat_messages_are_encoded_with_the_template(model_dir: Path, chat_token
     result = pipe.generate(messages)
     want = greedy_reference(pipe.decoder.target.model, torch.tensor(ids), 6)
     assert list(result.token_ids) == want
+    empty_answer = [*messages, {"role": "assistant", "content": ""}]  # the generation prompt
+    assert pipe.encode(empty_answer).tolist() == ids
     batch = pipe.generate([messages, [{"role": "user", "content": "t4"}]])
     assert batch[0].token_ids == result.token_ids and len(batch) == 2
     for bad, message in [

@@ -89,7 +89,9 @@ def messages_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
         )
     import jinja2
 
-    answering = messages[-1]["role"] == "assistant"  # its text is the answer's beginning
+    if messages[-1]["role"] == "assistant" and not messages[-1]["content"]:
+        messages = messages[:-1]  # an empty answer: the generation prompt, as in `messages_of`
+    answering = bool(messages) and messages[-1]["role"] == "assistant"  # the answer's beginning
     try:
         encoded = tokenizer.apply_chat_template(
             messages,
