@@ -13,7 +13,7 @@ from click.testing import Result
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
-from tests.conftest import greedy_reference
+from tests.conftest import greedy_reference, tiny_llama
 from treegraft import cli
 from treegraft.cli import _describe_field, app
 from treegraft.core.registry import default_registry
@@ -233,6 +233,17 @@ def test_generate_argument_errors(
     result = invoke("generate", "--pipeline", str(pipeline_file(tmp_path, str(model_dir))), *args)
     assert result.exit_code == 2
     assert message in result.stderr
+
+
+def test_generate_with_a_target_without_a_tokenizer_says_what_to_do(tmp_path: Path) -> None:
+    target = tmp_path / "bare"
+    tiny_llama(seed=5, vocab=64).save_pretrained(target)  # no tokenizer files beside it
+    result = invoke("generate", "--pipeline", str(pipeline_file(tmp_path, str(target))), "-p", "t1")
+    assert result.exit_code == 2
+    assert "has no tokenizer to encode the prompt with: name one with the pipeline's" in (
+        result.stderr
+    )
+    assert "token ids" not in result.stderr  # the command line takes text only
 
 
 def test_generate_missing_pipeline_file(tmp_path: Path) -> None:

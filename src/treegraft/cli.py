@@ -99,6 +99,11 @@ def generate(
         pipe = load_generate_pipeline(pipeline, options)
     except (ConfigError, ValueError) as exc:
         _fail(flag_error(exc, options))
+    if pipe.tokenizer is None:  # the API takes token ids then; the command line takes text
+        _fail(
+            f"{pipe.spec.source}: the target {pipe.spec.target!r} has no tokenizer to encode "
+            "the prompt with: name one with the pipeline's `tokenizer:` key"
+        )
     if chat or pipe.spec.decoding.chat:
         _use_chat(pipe, text)
     if json_out:
