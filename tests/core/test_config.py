@@ -549,6 +549,10 @@ def test_numpy_scalars_are_the_numbers_they_equal(registry: Registry) -> None:
     assert spec.builder.config.budget == 32 and type(spec.builder.config.budget) is int
     assert spec.decoding.seed == 3 and spec.decoding.chat is True
     assert spec.verifier.config.temperature == 0.5
+    layers = override(BASE, "scheduler", {"name": "layers", "layers": np.array([0, 2])})
+    assert pipeline_spec_from_dict(layers, registry).scheduler.config.layers == [0, 2]
+    grid = override(BASE, "scheduler", {"name": "layers", "layers": np.zeros((2, 2), int)})
+    assert error_of(grid, registry).startswith("pipeline.scheduler.layers: expected list of int")
     assert error_of(override(BASE, "builder.budget", np.True_), registry).startswith(
         "pipeline.builder.budget: expected int >= 1, got np.True_"
     )

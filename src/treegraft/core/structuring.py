@@ -1,5 +1,6 @@
 """Strict structuring of YAML values into typed config fields: an int is an int (not a bool, not
-a float, inside 64 bits), a list is a list; NumPy scalars count as the numbers they are."""
+a float, inside 64 bits), a list is a list; NumPy scalars count as the numbers they are, a 1-d
+NumPy array as the list of its items."""
 
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ def _strict_converter() -> cattrs.Converter:
         return typing.get_origin(tp) in (list, tuple)
 
     def strict_list(value: Any, tp: Any) -> Any:
+        if isinstance(value, np.ndarray) and value.ndim == 1:  # its items as Python scalars
+            value = value.tolist()
         if not isinstance(value, (list, tuple)):  # a string or mapping is not a list of items
             raise TypeError("expected a list")
         item = typing.get_args(tp)[0] if typing.get_args(tp) else Any
