@@ -19,6 +19,7 @@ from click.testing import Result
 from tests import faulty
 from tests.core.test_registry import FakeDistribution, scheduler_plugin
 from tests.test_cli import VOCAB, invoke, pipeline_file, wide_consoles  # noqa: F401
+from treegraft import cli as cli_module
 from treegraft.cli import app
 from treegraft.core import registry as registry_module
 from treegraft.core.registry import AUTOLOAD_ENV, Registry
@@ -490,6 +491,20 @@ def test_debug_lets_an_unexpected_error_through(monkeypatch: pytest.MonkeyPatch)
     assert_clean(result, 1, "internal error: ZeroDivisionError: division by zero", "--debug")
     monkeypatch.setenv(DEBUG_ENV, "1")
     assert isinstance(invoke("plugins").exception, ZeroDivisionError)
+
+
+def test_a_reader_gone_from_stdout_ends_quietly(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`treegraft generate ... | head`: no 'Broken pipe' error and no hint to debug."""
+
+    def gone(text: str) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli_module, "write_out", gone)
+    path = pipeline_file(tmp_path, str(model_dir))
+    result = invoke("generate", "--pipeline", str(path), "--prompt", PROMPT)
+    assert result.exit_code == 1 and result.stderr == "", result.stderr
 
 
 def test_ctrl_c_prints_the_stats_so_far_and_exits_130(tmp_path: Path, model_dir: Path) -> None:
