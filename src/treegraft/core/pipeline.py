@@ -351,9 +351,8 @@ class Pipeline:
 
         A prompt may also be chat messages (`[{"role": "user", "content": "Hi"}]`, encoded
         with the tokenizer's chat template). A list of prompts (texts, token-id lists or message
-        lists) gives a list of generations, in order. The
-        prompts are decoded one after the other (batch size 1: the decoder's trees are per
-        sequence), each exactly as it would be alone.
+        lists) gives a list of generations, in order. The prompts are decoded one after the other
+        (batch size 1: the decoder's trees are per sequence), each exactly as it would be alone.
         """
         if is_prompt_list(prompt):  # one level: each element is one prompt
             prompts = self._check_all(prompt, max_new_tokens, stop)
