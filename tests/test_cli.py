@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -211,6 +212,20 @@ def test_generate_reads_the_prompt_from_a_file(tmp_path: Path, model_dir: Path) 
     assert result.exit_code == 0, result.output
     assert len(result.stdout.split()) == 3
     assert "3 new tokens" in result.stderr
+
+
+def test_a_prompt_files_byte_order_mark_is_no_part_of_the_prompt(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    pipeline = str(pipeline_file(tmp_path, str(model_dir)))
+    plain, marked = tmp_path / "plain.txt", tmp_path / "marked.txt"
+    plain.write_text("t5 t6 t7")
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())  # UTF-8 with a BOM (Notepad)
+    outputs = [
+        invoke("generate", "--pipeline", pipeline, "--prompt-file", str(p), "--json").stdout
+        for p in (plain, marked)
+    ]
+    assert json.loads(outputs[0])["token_ids"] == json.loads(outputs[1])["token_ids"]
 
 
 GENERATE_ERRORS = {

@@ -60,9 +60,10 @@ def read_stdin(what: str) -> str:
 
 
 def utf8_text(data: bytes, what: str, source: str) -> str:
-    """`data` decoded as UTF-8; else an error naming `source` and the first bad byte."""
+    """`data` decoded as UTF-8, less a leading byte-order mark (editors on Windows write one: it
+    is no part of the text); else an error naming `source` and the first bad byte."""
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ArgumentError(
