@@ -233,6 +233,8 @@ GENERATE_ERRORS = {
     "both-prompts": (["--prompt", "t1", "--prompt-file", "p.txt"], "give exactly one of"),
     "empty-prompt": (["--prompt", ""], "--prompt: the prompt is empty; expected the text"),
     "empty-prompt-file": (["--prompt-file", "/dev/null"], "--prompt-file: /dev/null is empty"),
+    "empty-prompt-file-name": (["--prompt-file", ""], "--prompt-file: expected a path, got an"),
+    "empty-trace-name": (["-p", "t1", "--trace", ""], "--trace: expected a path, got an empty"),
     "missing-prompt-file": (["--prompt-file", "nope.txt"], "--prompt-file: nope.txt not found"),
     "bad-max-new-tokens": (
         ["--prompt", "t1", "--max-new-tokens", "0"],

@@ -30,7 +30,7 @@ DEFAULT_PIPELINE = "treegraft"
 def generate(
     prompt: Annotated[str | None, typer.Option("--prompt", "-p", help="prompt text")] = None,
     prompt_file: Annotated[
-        Path | None,
+        str | None,
         typer.Option("--prompt-file", help="read the prompt from a file ('-': standard input)"),
     ] = None,
     pipeline: Annotated[
@@ -40,7 +40,7 @@ def generate(
         int | None, typer.Option(help="override decoding.max_new_tokens")
     ] = None,
     trace: Annotated[
-        Path | None, typer.Option("--trace", help="write each step's tree as JSON here")
+        str | None, typer.Option("--trace", help="write each step's tree as JSON here")
     ] = None,
     replace_trace: Annotated[
         bool,
@@ -87,13 +87,14 @@ def generate(
     from treegraft.core.config import MAX_NEW_TOKENS, ConfigError
     from treegraft.core.trace import prepare_trace_dir
 
-    text = _read_prompt(prompt, prompt_file)
+    text = _read_prompt(prompt, _path_option("--prompt-file", prompt_file))
+    trace_dir = _path_option("--trace", trace)
     if max_new_tokens is not None and not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
         _fail(
             f"--max-new-tokens: expected int with 1 <= value <= {MAX_NEW_TOKENS}, got {max_new_tokens}"
         )
-    if trace is not None:  # before the models load: a wrong folder fails at once
-        prepare_trace_dir(trace, replace=replace_trace)
+    if trace_dir is not None:  # before the models load: a wrong folder fails at once
+        prepare_trace_dir(trace_dir, replace=replace_trace)
     options = GenerateOptions(device, dtype, temperature, top_p, seed, forward)
     try:
         pipe = load_generate_pipeline(pipeline, options)
@@ -107,9 +108,9 @@ def generate(
     if chat or pipe.spec.decoding.chat:
         _use_chat(pipe, text)
     if json_out:
-        _print_json(pipe, text, max_new_tokens, compare, trace)
+        _print_json(pipe, text, max_new_tokens, compare, trace_dir)
         return
-    ids, tokens_per_s, finish = _run_generation(pipe, text, max_new_tokens, trace)
+    ids, tokens_per_s, finish = _run_generation(pipe, text, max_new_tokens, trace_dir)
     if compare:
         _print_comparison(pipe, text, ids, tokens_per_s, finish, max_new_tokens)
 
@@ -252,6 +253,14 @@ def _forward_kind(runner) -> str:
     if runner.forward == "fused":
         return "fused"
     return "lean" if runner.bitwise or not runner.transposed_products else "lean-fast"
+
+
+def _path_option(option: str, value: str | None) -> Path | None:
+    """The path an option names; an empty one (an unset shell variable: `--trace "$DIR"`) is
+    refused, not read as the current folder."""
+    if value == "":
+        _fail(f"{option}: expected a path, got an empty string")
+    return None if value is None else Path(value)
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
