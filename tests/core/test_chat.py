@@ -156,6 +156,14 @@ def test_messages_of_reads_a_system_turn():
     assert messages_of("<|system|>\nBe brief.\n") == [{"role": "system", "content": "Be brief."}]
 
 
+def test_messages_of_reads_windows_line_ends():
+    text = "<|system|>\r\nBe brief.\r\n<|user|>\r\nt1\r\nt2\r\n<|assistant|>\r\n"
+    assert messages_of(text) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "t1\r\nt2"},
+    ]
+
+
 def test_a_last_assistant_turn_with_text_is_continued(chat_model):
     """The answer's beginning is in the prompt: the template's text stops inside that turn (no
     end of turn, no new generation prompt)."""

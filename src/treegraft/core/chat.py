@@ -16,7 +16,7 @@ from treegraft.core.errors import ArgumentError, shown
 from treegraft.core.inputs import check_utf8
 
 #: The zoo suites' own turn markers (`<|user|>\n ... \n<|assistant|>\n`), and a system turn's.
-_ZOO_TURN = re.compile(r"<\|(system|user|assistant)\|>\n")
+_ZOO_TURN = re.compile(r"<\|(system|user|assistant)\|>\r?\n")  # Windows line ends too
 
 
 class NoChatTemplateError(ArgumentError):
@@ -32,7 +32,10 @@ def messages_of(text: str) -> list[dict[str, str]]:
     if len(parts) < 3 or parts[0].strip():
         return [{"role": "user", "content": text}]
     turns = zip(parts[1::2], parts[2::2], strict=True)
-    messages = [{"role": role, "content": body.removesuffix("\n")} for role, body in turns]
+    messages = [
+        {"role": role, "content": body.removesuffix("\n").removesuffix("\r")}
+        for role, body in turns
+    ]
     if messages[-1] == {"role": "assistant", "content": ""}:
         messages.pop()
     return messages
