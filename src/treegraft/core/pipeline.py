@@ -173,8 +173,6 @@ class Pipeline:
         decoder.rope_switch = RopeSwitch.of(target.model)
         decoder.row_scale = RowScale.of(target.model)
         tokenizer = pipeline_tokenizer(spec, resources)
-        if spec.decoding.stop and tokenizer is None:  # else every generation would fail
-            raise ConfigError(f"{ROOT}.decoding.stop: {NO_TOKENIZER_FOR_STOP}")
         check_chat_template(spec, tokenizer)
         return cls(spec, resources, decoder, tokenizer, eos_ids_of(target.model, tokenizer))
 
