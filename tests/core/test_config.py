@@ -532,8 +532,14 @@ def test_nan_is_no_setting(field: str) -> None:
             "pipeline.decoding.max_new_tokens: expected int >= 1 and <= 1000000, got <int of "
             "about 5001 digits>",
         ),
+        (
+            "builder.max_strong_calls",
+            2**80,
+            "pipeline.builder.max_strong_calls: expected int >= 0 and <= 9223372036854775807, or "
+            "null, got 1208925819614629174706176",
+        ),
     ],
-    ids=["seed", "sane-bound", "negative", "too-long-to-print"],
+    ids=["seed", "sane-bound", "negative", "too-long-to-print", "optional"],
 )
 def test_an_int_past_64_bits_names_the_range(
     field: str, value: int, message: str, registry: Registry

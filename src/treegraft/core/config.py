@@ -185,10 +185,11 @@ def _in_range(f: attrs.Attribute, value: Any) -> str:
     check = f.validator if isinstance(f.validator, Check) else None
     if not isinstance(value, numbers.Integral) or (check and not check.test(value)):
         return expected(f)
+    want, null, _ = expected(f).partition(", or null")  # the bound goes before `or null`
     if check is None:
-        return f"{expected(f)} with {INT64_MIN} <= value <= {INT64_MAX}"
+        return f"{want} with {INT64_MIN} <= value <= {INT64_MAX}{null}"
     bound = f"<= {check.sane_max or INT64_MAX}" if value > 0 else f">= {INT64_MIN}"
-    return f"{expected(f)} and {bound}"
+    return f"{want} and {bound}{null}"
 
 
 def config_errors(cls: type, data: Any, path: str) -> list[str]:
