@@ -425,6 +425,15 @@ def test_chat_messages_are_encoded_with_the_template(model_dir: Path, chat_token
         assert str(info.value).startswith(message)
 
 
+def test_one_message_outside_a_list_is_refused_saying_so(model_dir: Path) -> None:
+    pipe = load_pipeline(spec(str(model_dir)))
+    with pytest.raises(ArgumentError) as info:
+        pipe.generate({"role": "user", "content": "t1"})
+    assert str(info.value).startswith(
+        "prompt: expected text, token ids or a list of chat messages, got one mapping"
+    )
+
+
 def test_chat_messages_without_a_template_are_refused(model_dir: Path) -> None:
     pipe = load_pipeline(spec(str(model_dir)))
     with pytest.raises(ArgumentError) as info:

@@ -182,6 +182,11 @@ class Pipeline:
         """`[T]` int64 token ids of a prompt given as text or ids (text in the tokenizer's chat
         template when `decoding.chat` is set), or as chat messages (`[{"role": "user",
         "content": ...}]`, always in the chat template)."""
+        if isinstance(prompt, Mapping):
+            raise ArgumentError(
+                f"prompt: expected text, token ids or a list of chat messages, got one mapping "
+                f"{shown(prompt)}: put a message in a list ([{{'role': ..., 'content': ...}}])"
+            )
         if is_messages(prompt):
             ids = messages_ids(self._text_tokenizer(), checked_messages(prompt))
         elif isinstance(prompt, str):
