@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from click.testing import Result
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
-from tests.conftest import greedy_reference
+from tests.conftest import greedy_reference, tiny_llama
 from treegraft import cli
 from treegraft.cli import _describe_field, app
 from treegraft.core.registry import default_registry
@@ -121,6 +122,26 @@ def test_validate_missing_file(tmp_path: Path) -> None:
     assert "pipeline file not found" in result.stderr
 
 
+def test_validate_names_the_file_first_for_a_folder(tmp_path: Path) -> None:
+    result = invoke("validate", str(tmp_path))
+    assert result.exit_code == 1
+    assert f"✗ {tmp_path}: pipeline file: {tmp_path} is a directory" in result.stderr
+
+
+def test_validate_and_generate_shorten_a_path_too_long_for_the_file_system() -> None:
+    long = "x" * 3000
+    for args in (["validate", long], ["generate", "--prompt-file", long]):
+        result = invoke(*args)
+        assert result.exit_code == (1 if args[0] == "validate" else 2), result.output
+        assert "(3000 characters)" in result.stderr and "not found" in result.stderr
+
+
+def test_validate_takes_a_shipped_pipelines_name_as_generate_does() -> None:
+    result = invoke("validate", "ngram-only")
+    assert result.exit_code == 0, result.output
+    assert "pipelines/ngram-only.yaml: target zoo:target; drafters ngram" in result.stdout
+
+
 # ---------------------------------------------------------------------------- generate
 
 
@@ -193,10 +214,27 @@ def test_generate_reads_the_prompt_from_a_file(tmp_path: Path, model_dir: Path) 
     assert "3 new tokens" in result.stderr
 
 
+def test_a_prompt_files_byte_order_mark_is_no_part_of_the_prompt(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    pipeline = str(pipeline_file(tmp_path, str(model_dir)))
+    plain, marked = tmp_path / "plain.txt", tmp_path / "marked.txt"
+    plain.write_text("t5 t6 t7")
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())  # UTF-8 with a BOM (Notepad)
+    outputs = [
+        invoke("generate", "--pipeline", pipeline, "--prompt-file", str(p), "--json").stdout
+        for p in (plain, marked)
+    ]
+    assert json.loads(outputs[0])["token_ids"] == json.loads(outputs[1])["token_ids"]
+
+
 GENERATE_ERRORS = {
     "no-prompt": ([], "give exactly one of --prompt or --prompt-file"),
     "both-prompts": (["--prompt", "t1", "--prompt-file", "p.txt"], "give exactly one of"),
-    "empty-prompt": (["--prompt", ""], "the prompt is empty"),
+    "empty-prompt": (["--prompt", ""], "--prompt: the prompt is empty; expected the text"),
+    "empty-prompt-file": (["--prompt-file", "/dev/null"], "--prompt-file: /dev/null is empty"),
+    "empty-prompt-file-name": (["--prompt-file", ""], "--prompt-file: expected a path, got an"),
+    "empty-trace-name": (["-p", "t1", "--trace", ""], "--trace: expected a path, got an empty"),
     "missing-prompt-file": (["--prompt-file", "nope.txt"], "--prompt-file: nope.txt not found"),
     "bad-max-new-tokens": (
         ["--prompt", "t1", "--max-new-tokens", "0"],
@@ -212,6 +250,17 @@ def test_generate_argument_errors(
     result = invoke("generate", "--pipeline", str(pipeline_file(tmp_path, str(model_dir))), *args)
     assert result.exit_code == 2
     assert message in result.stderr
+
+
+def test_generate_with_a_target_without_a_tokenizer_says_what_to_do(tmp_path: Path) -> None:
+    target = tmp_path / "bare"
+    tiny_llama(seed=5, vocab=64).save_pretrained(target)  # no tokenizer files beside it
+    result = invoke("generate", "--pipeline", str(pipeline_file(tmp_path, str(target))), "-p", "t1")
+    assert result.exit_code == 2
+    assert "has no tokenizer to encode the prompt with: name one with the pipeline's" in (
+        result.stderr
+    )
+    assert "token ids" not in result.stderr  # the command line takes text only
 
 
 def test_generate_missing_pipeline_file(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from click.testing import Result
 from tests import faulty
 from tests.core.test_registry import FakeDistribution, scheduler_plugin
 from tests.test_cli import VOCAB, invoke, pipeline_file, wide_consoles  # noqa: F401
+from treegraft import cli as cli_module
 from treegraft.cli import app
 from treegraft.core import registry as registry_module
 from treegraft.core.registry import AUTOLOAD_ENV, Registry
@@ -159,7 +160,10 @@ def test_bad_decoding_fields(tmp_path: Path, model_dir: Path, decoding, message)
 @pytest.mark.parametrize(
     ("budget", "message"),
     [
-        (10**20, "pipeline.builder.budget: expected int >= 1, got 100000000000000000000"),
+        (
+            10**20,
+            "pipeline.builder.budget: expected int >= 1 and <= 8192, got 100000000000000000000",
+        ),
         ("1e20", "pipeline.builder.budget: expected int >= 1, got '1e20'"),
         (10**6, "pipeline.builder.budget: expected int >= 1 and <= 8192, got 1000000"),
     ],
@@ -489,6 +493,20 @@ def test_debug_lets_an_unexpected_error_through(monkeypatch: pytest.MonkeyPatch)
     assert isinstance(invoke("plugins").exception, ZeroDivisionError)
 
 
+def test_a_reader_gone_from_stdout_ends_quietly(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`treegraft generate ... | head`: no 'Broken pipe' error and no hint to debug."""
+
+    def gone(text: str) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli_module, "write_out", gone)
+    path = pipeline_file(tmp_path, str(model_dir))
+    result = invoke("generate", "--pipeline", str(path), "--prompt", PROMPT)
+    assert result.exit_code == 1 and result.stderr == "", result.stderr
+
+
 def test_ctrl_c_prints_the_stats_so_far_and_exits_130(tmp_path: Path, model_dir: Path) -> None:
     """A slow third-party drafter keeps the generation going until SIGINT arrives."""
     drafters = {"weak": {"name": "faulty", "fault": "slow", "at_call": -1}}
@@ -552,7 +570,7 @@ def test_validate_lists_every_error_of_every_file(tmp_path: Path, model_dir: Pat
     expected = {
         "weights.yaml": ["pipeline.target: ", "no weights file"],
         "fields.yaml": [
-            "pipeline.builder.budget: expected int >= 1, got 100000000000000000000",
+            "pipeline.builder.budget: expected int >= 1 and <= 8192, got 100000000000000000000",
             "pipeline.builder.depth: expected int >= 1, got 'deep'",
             "pipeline.decoding.device: expected str 'auto'",
         ],
@@ -575,10 +593,16 @@ def test_validate_lists_every_error_of_every_file(tmp_path: Path, model_dir: Pat
             2,
         ),
         (OSError(28, "No space left on device"), "No space left on device", 1),
+        (
+            OSError(36, "File name too long", "/x/" + "a" * 3000),
+            "/x/aaaaaaaaaaaaaaaaaaaaaaaaaaa...aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa (3003 characters): File "
+            "name too long",
+            2,
+        ),
         (MemoryError("cannot allocate"), "out of memory: cannot allocate", 1),
         (KeyError("k"), "internal error: KeyError: 'k'", 1),
     ],
-    ids=["file", "system", "memory", "bug"],
+    ids=["file", "system", "long-file-name", "memory", "bug"],
 )
 def test_describe_sorts_errors_into_exit_codes(exc, message: str, code: int) -> None:
     text, exit_code, _ = describe(exc)

@@ -183,3 +183,20 @@ def test_a_warning_while_the_text_streams_gets_its_own_line_after_it(
     at = next(i for i, line in enumerate(lines) if "list 'weak' before 'strong'" in line)
     assert lines[at].startswith("warning: pipeline.drafters.strong: ")  # a line of its own
     assert "new tokens" in lines[at + 1]  # the stats follow it
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["stream", "json"])
+def test_the_generated_text_is_printed_as_it_is(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch, as_json: bool
+) -> None:
+    """Tabs, carriage returns, `:smile:` and `[bold]` are text, not console markup."""
+    from treegraft.core.pipeline import Pipeline
+
+    odd = "\tdef f():\r\n\t\treturn ':smile:' [bold]x[/]"
+    monkeypatch.setattr(Pipeline, "decode_text", lambda self, ids: odd if ids else "")
+    pipeline = pipeline_file(tmp_path, str(model_dir))
+    args = ["--prompt", PROMPT, "--max-new-tokens", "2"] + (["--json"] if as_json else [])
+    result = invoke("generate", "--pipeline", str(pipeline), *args)
+    assert result.exit_code == 0, result.output
+    printed = result.stdout_bytes.decode()  # (`stdout` turns \r\n into \n)
+    assert (json.loads(printed)["text"] if as_json else printed) == odd + ("" if as_json else "\n")

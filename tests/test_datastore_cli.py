@@ -73,6 +73,9 @@ def test_build_and_info_refuse_bad_input_naming_it(tmp_path: Path, model_dir: Pa
     blocker.write_text("x")  # a file where the output's folder should be
     result = build(text, str(blocker / "s.npz"))
     assert_clean(result, 2, "--out: cannot write", "s.npz")
+    long = tmp_path / ("x" * 3000)  # too long for the file system: no raw OSError
+    assert_clean(build(long), 2, "INPUTS: no such file", "characters)")
+    assert_clean(build(text, tokenizer=str(long)), 2, "--tokenizer:", "not found")
 
 
 def test_build_refuses_a_tokenizer_file_that_is_not_one_and_text_that_is_not_utf8(

@@ -112,3 +112,18 @@ def test_the_guides_sweep_file_is_valid() -> None:
     sweep = next(b for b in blocks if "pairs" in b)
     config = bench_config_from_dict(sweep)
     assert config.pipelines[0].override == {"scheduler": {"name": "gated_scheduler"}}
+
+
+def test_a_dir_that_is_a_file_is_named_as_dir(tmp_path: Path) -> None:
+    afile = tmp_path / "notes.txt"
+    afile.write_text("x")
+    result = CliRunner().invoke(app, ["new-plugin", "my-x", "--dir", str(afile)])
+    assert result.exit_code == 2
+    assert f"--dir: {afile} is a file; expected a directory" in result.output
+
+
+def test_a_name_too_long_for_the_file_system_leaves_nothing_behind(tmp_path: Path) -> None:
+    long = "a" * 300
+    with pytest.raises(ConfigError, match=r"^NAME: cannot write .*\(\d+ characters\): File name"):
+        write_plugin(long, "scheduler", tmp_path)
+    assert list(tmp_path.iterdir()) == []

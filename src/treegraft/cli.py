@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from treegraft.console import console, out
+from treegraft.console import console, out, write_out
 from treegraft.console import fail as _fail
 from treegraft.exits import ReportingGroup
 
@@ -30,7 +30,7 @@ DEFAULT_PIPELINE = "treegraft"
 def generate(
     prompt: Annotated[str | None, typer.Option("--prompt", "-p", help="prompt text")] = None,
     prompt_file: Annotated[
-        Path | None,
+        str | None,
         typer.Option("--prompt-file", help="read the prompt from a file ('-': standard input)"),
     ] = None,
     pipeline: Annotated[
@@ -40,7 +40,7 @@ def generate(
         int | None, typer.Option(help="override decoding.max_new_tokens")
     ] = None,
     trace: Annotated[
-        Path | None, typer.Option("--trace", help="write each step's tree as JSON here")
+        str | None, typer.Option("--trace", help="write each step's tree as JSON here")
     ] = None,
     replace_trace: Annotated[
         bool,
@@ -87,24 +87,30 @@ def generate(
     from treegraft.core.config import MAX_NEW_TOKENS, ConfigError
     from treegraft.core.trace import prepare_trace_dir
 
-    text = _read_prompt(prompt, prompt_file)
+    text = _read_prompt(prompt, _path_option("--prompt-file", prompt_file))
+    trace_dir = _path_option("--trace", trace)
     if max_new_tokens is not None and not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
         _fail(
             f"--max-new-tokens: expected int with 1 <= value <= {MAX_NEW_TOKENS}, got {max_new_tokens}"
         )
-    if trace is not None:  # before the models load: a wrong folder fails at once
-        prepare_trace_dir(trace, replace=replace_trace)
+    if trace_dir is not None:  # before the models load: a wrong folder fails at once
+        prepare_trace_dir(trace_dir, replace=replace_trace)
     options = GenerateOptions(device, dtype, temperature, top_p, seed, forward)
     try:
         pipe = load_generate_pipeline(pipeline, options)
     except (ConfigError, ValueError) as exc:
         _fail(flag_error(exc, options))
+    if pipe.tokenizer is None:  # the API takes token ids then; the command line takes text
+        _fail(
+            f"{pipe.spec.source}: the target {pipe.spec.target!r} has no tokenizer to encode "
+            "the prompt with: name one with the pipeline's `tokenizer:` key"
+        )
     if chat or pipe.spec.decoding.chat:
         _use_chat(pipe, text)
     if json_out:
-        _print_json(pipe, text, max_new_tokens, compare, trace)
+        _print_json(pipe, text, max_new_tokens, compare, trace_dir)
         return
-    ids, tokens_per_s, finish = _run_generation(pipe, text, max_new_tokens, trace)
+    ids, tokens_per_s, finish = _run_generation(pipe, text, max_new_tokens, trace_dir)
     if compare:
         _print_comparison(pipe, text, ids, tokens_per_s, finish, max_new_tokens)
 
@@ -126,8 +132,7 @@ def _print_json(
     if compare:
         limit = _plain_limit(pipe, generation.token_ids, generation.finish_reason, max_new_tokens)
         plain = plain_decode(pipe, pipe.encode(text), limit)
-    out.print(json.dumps(generation_record(generation, plain)), markup=False, highlight=False,
-              soft_wrap=True)  # fmt: skip
+    write_out(json.dumps(generation_record(generation, plain)) + "\n")
 
 
 def _plain_limit(pipe, ids, finish: str | None, max_new_tokens: int | None) -> int:
@@ -189,18 +194,12 @@ def _run_generation(
                         writer.write(event)
                     current = pipe.shown_text(ids, event.finished, None)
                     if current != shown:
-                        out.print(
-                            current[len(shown) :],
-                            end="",
-                            markup=False,
-                            highlight=False,
-                            soft_wrap=True,
-                        )
+                        write_out(current[len(shown) :])
                         shown = current
         except KeyboardInterrupt:  # Ctrl-C: the stats of what was decoded, then exit 130
             interrupted = True
     seconds = time.perf_counter() - start
-    out.print()
+    write_out("\n")
     for w in caught:
         warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     if events:
@@ -256,33 +255,49 @@ def _forward_kind(runner) -> str:
     return "lean" if runner.bitwise or not runner.transposed_products else "lean-fast"
 
 
+def _path_option(option: str, value: str | None) -> Path | None:
+    """The path an option names; an empty one (an unset shell variable: `--trace "$DIR"`) is
+    refused, not read as the current folder."""
+    if value == "":
+        _fail(f"{option}: expected a path, got an empty string")
+    return None if value is None else Path(value)
+
+
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     from treegraft.core.inputs import check_utf8, read_stdin, read_text
 
     if (prompt is None) == (prompt_file is None):
         _fail("give exactly one of --prompt or --prompt-file")
     if prompt_file == Path("-"):  # standard input
-        prompt = read_stdin("--prompt-file -")
+        prompt, source = read_stdin("--prompt-file -"), "--prompt-file -: standard input"
     elif prompt_file is not None:
-        prompt = read_text(prompt_file, "--prompt-file")
+        prompt, source = read_text(prompt_file, "--prompt-file"), f"--prompt-file: {prompt_file}"
     else:
-        prompt = check_utf8(prompt, "--prompt")
+        prompt, source = check_utf8(prompt, "--prompt"), "--prompt: the prompt"
     if not prompt:
-        _fail("the prompt is empty")
+        _fail(f"{source} is empty; expected the text to continue")
     return prompt
 
 
 @app.command()
 def validate(
-    files: Annotated[list[Path], typer.Argument(help="pipeline YAML files")],
+    files: Annotated[
+        list[Path], typer.Argument(help="pipeline YAML files or shipped pipelines' names")
+    ],
 ) -> None:
-    """Check pipeline files without loading models: structure, components, configs, model folders
-    (weights file, safetensors header, shapes against config.json), vocabularies, device. Lists
-    every error of every file, each prefixed by the file's name; exit 1 if any."""
+    """Check pipeline files (or shipped pipelines, by name) without loading models: structure,
+    components, configs, model folders (weights file, safetensors header, shapes against
+    config.json), vocabularies, device. Lists every error of every file, each prefixed by the
+    file's name; exit 1 if any."""
+    from treegraft.core.inputs import exists, is_file
+    from treegraft.core.pipeline import PIPELINES_DIR
     from treegraft.core.validation import pipeline_errors
 
     failed = 0
     for path in files:
+        shipped = PIPELINES_DIR / f"{path}.yaml"
+        if not exists(path) and path.name == str(path) and is_file(shipped):
+            path = shipped  # a shipped pipeline's name, as `generate --pipeline` takes
         spec, errors = pipeline_errors(path)
         for error in errors:
             console.print(f"[red]✗[/] {escape(error)}", highlight=False)

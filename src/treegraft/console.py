@@ -11,10 +11,19 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-#: Errors and progress go to stderr, never wrapped mid-word (CI logs are not terminals).
-console = Console(stderr=True, soft_wrap=True)
-#: Results (generated text, tables) go to stdout.
-out = Console()
+#: Errors and progress go to stderr, never wrapped mid-word (CI logs are not terminals); text
+#: such as `:smile:` in a message (a file name, a value) stays text, not an emoji.
+console = Console(stderr=True, soft_wrap=True, emoji=False)
+#: Results (tables) go to stdout.
+out = Console(emoji=False)
+
+
+def write_out(text: str) -> None:
+    """Write `text` to stdout as it is (generated text, a JSON record): not through rich, which
+    expands tabs, drops carriage returns and other control characters and reads `:name:` as an
+    emoji."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def fail(message: str) -> NoReturn:

@@ -16,8 +16,10 @@ app = typer.Typer(
 
 def tokenizer_json(ref: str) -> Path:
     """The `tokenizer.json` of a model reference (`zoo:NAME`, a model folder) or the file itself."""
+    from treegraft.core.inputs import is_file
+
     path = Path(ref).expanduser()
-    if path.is_file():
+    if is_file(path):
         return path
     from treegraft.core.resources import ModelRefError, Resources
 
@@ -58,10 +60,11 @@ def build_cmd(
     from tokenizers import Tokenizer
 
     from treegraft.core.datastore import Datastore, DatastoreError, read_texts, tokenize_texts
-    from treegraft.core.errors import ArgumentError
+    from treegraft.core.errors import ArgumentError, clipped
+    from treegraft.core.inputs import is_file
     from treegraft.zoo.datastore import eos_of
 
-    missing = [str(p) for p in inputs if not p.expanduser().is_file()]
+    missing = [clipped(str(p)) for p in inputs if not is_file(p.expanduser())]
     if missing:
         fail(f"INPUTS: no such file: {', '.join(missing)}")
     if out.suffix != ".npz":

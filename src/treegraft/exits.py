@@ -54,10 +54,24 @@ class ReportingGroup(TyperGroup):
                 raise
             console.print("[bold red]interrupted[/]", highlight=False)
             raise typer.Exit(EXIT_INTERRUPTED) from None
+        except BrokenPipeError:
+            raise typer.Exit(reader_gone()) from None
         except Exception as exc:
             if _is_cli_control(exc) or debugging():
                 raise
             raise typer.Exit(report(exc)) from None
+
+
+def reader_gone() -> int:
+    """Standard output's reader went away (`treegraft generate ... | head`): no message, as
+    other commands in a pipe; stdout then points at the null device so that Python's last flush
+    does not fail again. The status is `EXIT_FAILED`: the output was cut short."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # a stdout without a file descriptor (a test's)
+        pass
+    return EXIT_FAILED
 
 
 def _is_cli_control(exc: BaseException) -> bool:
@@ -81,6 +95,8 @@ def run_cli(app: Callable[..., object], argv: Sequence[str]) -> int:
             raise
         console.print("[bold red]interrupted[/]", highlight=False)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return reader_gone()
     except Exception as exc:  # raised outside any command (while parsing, say)
         if debug:
             raise
@@ -106,7 +122,7 @@ def describe(exc: BaseException) -> tuple[str, int, str]:
     """(message, exit code, hint line or '') for an exception reaching the command line."""
     import pluggy
 
-    from treegraft.core.errors import TreegraftError
+    from treegraft.core.errors import TreegraftError, clipped
     from treegraft.core.registry import PluginError
 
     debug_hint = f"rerun with {DEBUG_FLAG} (or {DEBUG_ENV}=1) to see the traceback"
@@ -118,7 +134,7 @@ def describe(exc: BaseException) -> tuple[str, int, str]:
         return f"plugin {exc.plugin!r}: {exc}", EXIT_FAILED, ""
     if isinstance(exc, OSError):  # a path the user gave, or the system (disk full, ...)
         if exc.filename:
-            return f"{exc.filename}: {exc.strerror or exc}", EXIT_BAD_INPUT, ""
+            return f"{clipped(str(exc.filename))}: {exc.strerror or exc}", EXIT_BAD_INPUT, ""
         return str(exc), EXIT_FAILED, debug_hint
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         return f"out of memory: {exc}", EXIT_FAILED, "a smaller budget, model or dtype needs less"

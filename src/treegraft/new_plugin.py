@@ -6,10 +6,13 @@ from __future__ import annotations
 import importlib.util
 import keyword
 import re
+import shutil
 from pathlib import Path
 from string import Template
 
 from treegraft.core.config import ConfigError
+from treegraft.core.errors import clipped
+from treegraft.core.inputs import exists, prepare_output_dir
 
 TEMPLATES = Path(__file__).resolve().parent / "plugin_templates"
 #: Kinds with a template: a working component of that kind and its tests.
@@ -104,11 +107,15 @@ def write_plugin(dist: str, kind: str, parent: Path, *, registered: set[str] = f
         raise ConfigError(
             f"NAME: the {kind} name {name!r} is already registered; choose another NAME"
         )
-    root = Path(parent) / dist
-    if root.exists():
+    root = prepare_output_dir(Path(parent), "--dir") / dist
+    if exists(root):
         raise ConfigError(f"NAME: {root} already exists; choose another NAME or --dir")
-    for relative, text in files.items():
-        path = root / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    try:
+        for relative, text in files.items():
+            path = root / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    except OSError as exc:  # a name too long for the file system, a full disk
+        shutil.rmtree(root, ignore_errors=True)  # no half-written package left behind
+        raise ConfigError(f"NAME: cannot write {clipped(str(root))}: {exc.strerror}") from None
     return root

@@ -72,3 +72,22 @@ def test_a_good_page_gets_its_table_rewritten(
     monkeypatch.setattr(cli, "render_table", lambda rows: "| new |\n")
     assert cli.main([str(page)]) == 0
     assert page.read_text() == f"# Models\n{BEGIN}\n| new |\n{END}\nafter\n"
+
+
+def test_ctrl_c_during_the_matrix_exits_130_and_leaves_the_page(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page = tmp_path / "models.md"
+    page.write_text(f"{BEGIN}\n{END}\n")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "causal_lm_types", lambda: ["llama"])
+    monkeypatch.setattr(cli, "run_matrix", interrupted)
+    assert cli.main([str(page)]) == 130
+    assert (
+        capsys.readouterr().err
+        == f"python -m treegraft.conformance: interrupted; {page} is unchanged\n"
+    )
+    assert page.read_text() == f"{BEGIN}\n{END}\n"

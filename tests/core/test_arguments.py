@@ -39,12 +39,19 @@ def pipe(target) -> Pipeline:
         (10**9, "got 1000000000"),
         (True, "max_new_tokens: expected int >= 1, got True"),
         (2.0, "max_new_tokens: expected int >= 1, got 2.0"),
+        pytest.param(
+            10**5000,
+            "max_new_tokens: expected int with 1 <= value <= 1000000, got <int of about",
+            id="too-long-to-print",
+        ),
+        pytest.param("x" * 500, "max_new_tokens: expected int >= 1, got 'xxxxxx", id="long"),
     ],
 )
 def test_max_new_tokens_must_be_a_positive_int(pipe: Pipeline, value, message: str) -> None:
     with pytest.raises(ArgumentError) as info:
         pipe.generate(PROMPT, max_new_tokens=value)
     assert message in str(info.value)
+    assert len(str(info.value)) < 200  # a long value is shortened
 
 
 def test_max_new_tokens_none_means_the_pipelines_value(pipe: Pipeline, target) -> None:
@@ -76,12 +83,16 @@ def test_stop_strings_must_be_non_empty(pipe: Pipeline, stop, message: str) -> N
         ([True, False], "got torch.bool values"),
         ([3, VOCAB], f"token id {VOCAB} at position 1 is outside the target's vocabulary"),
         ([3, -1, 4], "token id -1 at position 1 is outside the target's vocabulary [0, 40)"),
+        ([3, 2**70], f"prompt: token id {2**70} at position 1 is outside the target's vocab"),
         ([], "prompt: has no tokens"),
         ([[[1, 2], [3]]], "prompt[0]: expected text or a sequence of int token ids"),
         (torch.tensor([[1, 2], [3, 4]]), "expected one sequence of token ids ([T] or [1, T])"),
         (np.ones((1, 3, 2), dtype=np.int64), "got shape [1, 3, 2]: for several prompts, pass a"),
         ([[[1, 2], [3, 4]]], "got shape [2, 2]"),
         ("t\udcff", "prompt: byte 0xff at position 1 is not UTF-8 text"),
+        (5, "prompt: expected text or a sequence of int token ids ([T] or [1, T]), got int 5"),
+        (torch.tensor(5), "([T] or [1, T]), got Tensor tensor(5)"),
+        ([[3, 7], 5], "prompt[1]: expected text or a sequence of int token ids ([T] or [1, T])"),
     ],
     ids=[
         "floats",
@@ -90,12 +101,16 @@ def test_stop_strings_must_be_non_empty(pipe: Pipeline, stop, message: str) -> N
         "bools",
         "vocab",
         "negative",
+        "past-int64",
         "empty",
         "ragged",
         "batch-of-two",
         "batch-inside",
         "nested-list",
         "bytes",
+        "one-int",
+        "0d-tensor",
+        "int-in-a-list-of-prompts",
     ],
 )
 def test_prompt_ids_must_be_integers_inside_the_vocabulary(pipe: Pipeline, prompt, message) -> None:
@@ -112,3 +127,25 @@ def test_integer_prompts_of_any_int_type_decode_alike(pipe: Pipeline) -> None:
         torch.tensor([PROMPT]),  # [1, T]: a batch of one
     ):
         assert pipe.generate(prompt).token_ids == want
+
+
+def test_stop_values_are_shortened_in_messages(pipe: Pipeline) -> None:
+    with pytest.raises(ArgumentError) as info:
+        pipe.generate(PROMPT, stop="#" * 5000)
+    assert str(info.value).endswith("#' (5000 characters)") and len(str(info.value)) < 200
+
+
+@pytest.mark.parametrize("method", ["stream", "steps"])
+def test_stream_and_steps_check_their_arguments_when_called(pipe: Pipeline, method: str) -> None:
+    """Not only once iterated: the error points at the call that passed the value."""
+    with pytest.raises(ArgumentError, match=r"^max_new_tokens: expected int with 1 <= value"):
+        getattr(pipe, method)(PROMPT, max_new_tokens=0)
+    with pytest.raises(ArgumentError, match=r"^prompt: has no tokens"):
+        getattr(pipe, method)([])
+    list(getattr(pipe, method)(PROMPT, max_new_tokens=2))  # good arguments decode
+    assert sum(len(e.tokens) for e in pipe.steps(PROMPT, max_new_tokens=2)) == 2
+
+
+def test_stop_strings_without_a_tokenizer_are_refused_naming_stop(pipe: Pipeline) -> None:
+    with pytest.raises(ArgumentError, match=r"^stop: stop strings need a tokenizer"):
+        pipe.generate(PROMPT, stop=["x"])

@@ -146,3 +146,36 @@ def test_a_template_refusing_the_prompts_turns_is_an_argument_error(tmp_path):
         f"chat: the chat template of {str(target)!r} refused the prompt's 2 message(s): "
         "TemplateError: roles must alternate user/assistant"
     )
+
+
+def test_messages_of_reads_a_system_turn():
+    assert messages_of("<|system|>\nBe brief.\n<|user|>\nt1\n<|assistant|>\n") == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "t1"},
+    ]
+    assert messages_of("<|system|>\nBe brief.\n") == [{"role": "system", "content": "Be brief."}]
+
+
+def test_messages_of_reads_windows_line_ends():
+    text = "<|system|>\r\nBe brief.\r\n<|user|>\r\nt1\r\nt2\r\n<|assistant|>\r\n"
+    assert messages_of(text) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "t1\r\nt2"},
+    ]
+
+
+def test_a_last_assistant_turn_with_text_is_continued(chat_model):
+    """The answer's beginning is in the prompt: the template's text stops inside that turn (no
+    end of turn, no new generation prompt)."""
+    tokenizer = AutoTokenizer.from_pretrained(chat_model)
+    assert chat_ids(tokenizer, "<|user|>\nt1\n<|assistant|>\nt2 t3") == [5, 1, 6, 5, 2, 3]
+    assert chat_ids(tokenizer, "<|user|>\nt1\n<|assistant|>\n") == [5, 1, 6, 7]
+
+
+def test_a_prompt_of_only_the_generation_prompt_is_an_argument_error(chat_model):
+    tokenizer = AutoTokenizer.from_pretrained(chat_model)
+    with pytest.raises(ArgumentError) as info:
+        chat_ids(tokenizer, "<|assistant|>\n")
+    assert str(info.value).startswith(
+        "chat: the prompt '<|assistant|>\\n' holds no message, only the empty assistant turn"
+    )

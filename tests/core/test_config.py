@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import attrs
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -529,3 +530,90 @@ def test_nan_is_no_setting(field: str) -> None:
     }
     with pytest.raises(ConfigError, match=rf"^pipeline\.{field}: expected .*, not NaN, got nan"):
         pipeline_spec_from_dict(data, default_registry())
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        (
+            "decoding.seed",
+            2**80,
+            "pipeline.decoding.seed: expected int with -9223372036854775808 <= value <= "
+            "9223372036854775807, got 1208925819614629174706176",
+        ),
+        (
+            "builder.budget",
+            10**30,
+            "pipeline.builder.budget: expected int >= 1 and <= 8192, got 10" + "0" * 29,
+        ),
+        ("builder.budget", -(10**30), "pipeline.builder.budget: expected int >= 1, got -10"),
+        (
+            "decoding.max_new_tokens",
+            10**5000,  # past the digits Python converts to text
+            "pipeline.decoding.max_new_tokens: expected int >= 1 and <= 1000000, got <int of "
+            "about 5001 digits>",
+        ),
+        (
+            "builder.max_strong_calls",
+            2**80,
+            "pipeline.builder.max_strong_calls: expected int >= 0 and <= 9223372036854775807, or "
+            "null, got 1208925819614629174706176",
+        ),
+    ],
+    ids=["seed", "sane-bound", "negative", "too-long-to-print", "optional"],
+)
+def test_an_int_past_64_bits_names_the_range(
+    field: str, value: int, message: str, registry: Registry
+) -> None:
+    assert error_of(override({**BASE, "decoding": {}}, field, value), registry).startswith(message)
+
+
+def test_numpy_scalars_are_the_numbers_they_equal(registry: Registry) -> None:
+    data = override(BASE, "builder.budget", np.int64(32))
+    data = override(data, "decoding", {"seed": np.uint8(3), "chat": np.True_})
+    data = override(data, "verifier", {"name": "pointmass", "temperature": np.float32(0.5)})
+    spec = pipeline_spec_from_dict(data, registry)
+    assert spec.builder.config.budget == 32 and type(spec.builder.config.budget) is int
+    assert spec.decoding.seed == 3 and spec.decoding.chat is True
+    assert spec.verifier.config.temperature == 0.5
+    layers = override(BASE, "scheduler", {"name": "layers", "layers": np.array([0, 2])})
+    assert pipeline_spec_from_dict(layers, registry).scheduler.config.layers == [0, 2]
+    grid = override(BASE, "scheduler", {"name": "layers", "layers": np.zeros((2, 2), int)})
+    assert error_of(grid, registry).startswith("pipeline.scheduler.layers: expected list of int")
+    assert error_of(override(BASE, "builder.budget", np.True_), registry).startswith(
+        "pipeline.builder.budget: expected int >= 1, got np.True_"
+    )
+    assert error_of(override(BASE, "builder.budget", np.float64(2.5)), registry).startswith(
+        "pipeline.builder.budget: expected int >= 1, got np.float64(2.5)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "shown"),
+    [
+        ("decoding.device", "x" * 5000, "'" + "x" * 27 + "..." + "x" * 28 + "' (5000 characters)"),
+        ("decoding.stop", [""] * 3000, "['', '', '', '', '', '', '', '', ...] (3000 items)"),
+        ("target", list(range(3000)), "[0, 1, 2, 3, 4, 5, 6, 7, ...] (3000 items)"),
+    ],
+    ids=["string", "list", "target"],
+)
+def test_long_values_are_shortened_in_messages(
+    field: str, value: Any, shown: str, registry: Registry
+) -> None:
+    message = error_of(override({**BASE, "decoding": {}}, field, value), registry)
+    assert f"got {shown}" in message and len(message) < 400
+
+
+def test_a_long_unknown_key_is_shortened(registry: Registry) -> None:
+    message = error_of({**BASE, "k" * 3000: 1}, registry)
+    assert message.startswith("pipeline." + "k" * 30 + "...") and len(message) < 400
+    assert "(3000 characters): unknown key" in message
+
+
+def test_an_int_too_long_to_read_names_its_line(tmp_path: Path, registry: Registry) -> None:
+    path = write(tmp_path, "target: mem:target\nseed: " + "1" * 5000 + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_pipeline_spec(path, registry)
+    assert str(info.value) == (
+        f"{path}: malformed YAML at line 2, column 7: an int of 5000 digits is too long"
+    )

@@ -388,3 +388,90 @@ def test_load_pipeline_refuses_a_source_of_another_type(source: Any, shown: str)
         "load_pipeline: source: expected a shipped pipeline's name, a path to a YAML file or a "
         f"mapping, got {shown}"
     )
+
+
+def test_a_prompt_of_no_tokens_is_named_in_a_batch(model_dir: Path) -> None:
+    pipe = load_pipeline(spec(str(model_dir)))
+    with pytest.raises(ArgumentError) as info:
+        pipe.generate(["t1 t2", ""])
+    assert str(info.value) == (
+        "prompt[1]: '' is empty after tokenization; expected text the tokenizer turns into at "
+        "least one token"
+    )
+    with pytest.raises(ArgumentError, match=r"^prompt\[1\]: expected text or a sequence of int"):
+        pipe.generate(["t1 t2", 3])  # not taken for one prompt's token ids
+
+
+def test_chat_messages_are_encoded_with_the_template(model_dir: Path, chat_tokenizer_dir: Path):
+    pipe = load_pipeline(spec(str(model_dir), tokenizer=str(chat_tokenizer_dir)))  # chat: off
+    messages = [{"role": "system", "content": "t3"}, {"role": "user", "content": "t1 t2"}]
+    ids = pipe.tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+    assert ids[:2] == [60, 3] and ids[-1] == 62
+    assert pipe.encode(messages).tolist() == ids
+    result = pipe.generate(messages)
+    want = greedy_reference(pipe.decoder.target.model, torch.tensor(ids), 6)
+    assert list(result.token_ids) == want
+    empty_answer = [*messages, {"role": "assistant", "content": ""}]  # the generation prompt
+    assert pipe.encode(empty_answer).tolist() == ids
+    batch = pipe.generate([messages, [{"role": "user", "content": "t4"}]])
+    assert batch[0].token_ids == result.token_ids and len(batch) == 2
+    for bad, message in [
+        ([{"role": "user"}], "prompt: message 0: expected a mapping with a 'role' and a 'content'"),
+        ([messages[0], 5], "prompt: message 1: expected a mapping with a 'role' and a 'content'"),
+        ([{"role": "user", "content": "t\udcff"}], "prompt: message 0: content: byte 0xff"),
+    ]:
+        with pytest.raises(ArgumentError) as info:
+            pipe.encode(bad)
+        assert str(info.value).startswith(message)
+
+
+def test_one_message_outside_a_list_is_refused_saying_so(model_dir: Path) -> None:
+    pipe = load_pipeline(spec(str(model_dir)))
+    with pytest.raises(ArgumentError) as info:
+        pipe.generate({"role": "user", "content": "t1"})
+    assert str(info.value).startswith(
+        "prompt: expected text, token ids or a list of chat messages, got one mapping"
+    )
+
+
+def test_chat_messages_without_a_template_are_refused(model_dir: Path) -> None:
+    pipe = load_pipeline(spec(str(model_dir)))
+    with pytest.raises(ArgumentError) as info:
+        pipe.generate([{"role": "user", "content": "t1"}])
+    assert str(info.value).startswith("prompt: chat messages need a chat template; the tokenizer")
+
+
+@pytest.mark.parametrize("where", ["source", "target", "drafter-model", "tokenizer"])
+def test_a_path_too_long_for_the_file_system_is_not_found(where: str) -> None:
+    """Not an `OSError` (File name too long): a `ConfigError` showing the path shortened."""
+    long = "x" * 3000
+    base = spec("zoo:target")
+    source = {
+        "source": long,
+        "target": {**base, "target": long},
+        "drafter-model": {**base, "drafters": {"s": {"name": "hf_lm", "model": long}}},
+        "tokenizer": {**base, "tokenizer": long},
+    }[where]
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(source)
+    assert "not found" in str(info.value) and "(3000 characters)" in str(info.value)
+    assert len(str(info.value)) < 600
+
+
+@pytest.mark.parametrize("keyword", ["resources", "registry"])
+def test_load_pipeline_refuses_resources_or_registry_of_another_type(keyword: str) -> None:
+    with pytest.raises(ArgumentError) as info:
+        load_pipeline(spec("zoo:target"), **{keyword: "x"})
+    kind = {"resources": "Resources", "registry": "Registry"}[keyword]
+    assert str(info.value) == f"load_pipeline: {keyword}: expected a {kind} or None, got str 'x'"
+
+
+@pytest.mark.parametrize("method", ["stream", "steps"])
+def test_stream_and_steps_take_one_prompt(model_dir: Path, method: str) -> None:
+    pipe = load_pipeline(spec(str(model_dir)))
+    with pytest.raises(ArgumentError) as info:
+        getattr(pipe, method)(["t1 t2", "t3"])
+    assert str(info.value) == (
+        "prompt: steps() and stream() decode one prompt, got a list of 2 prompts: call them "
+        "once per prompt, or pass the list to generate()"
+    )

@@ -54,7 +54,7 @@ def test_a_pipeline_over_a_model_without_a_tokenizer_gets_none_from_shared_resou
     assert load_pipeline(spec(str(model_dir)), resources=res).tokenizer is not None
     pipe = load_pipeline(spec("mem:target"), resources=res)
     assert pipe.tokenizer is None
-    with pytest.raises(ArgumentError, match=r"this pipeline has no tokenizer"):
+    with pytest.raises(ArgumentError, match=r"^prompt: this pipeline has no tokenizer"):
         pipe.generate("t1 t2")
 
 

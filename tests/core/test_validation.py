@@ -275,7 +275,7 @@ def test_every_error_of_a_file_is_reported_with_its_name(tmp_path: Path, good_mo
         "pipeline.builder.bugdet: unknown key",
         "pipeline.builder.depth: expected int >= 1, got 0",
         "pipeline.builder.top_k: expected int >= 1, got 'two'",
-        "pipeline.builder.budget: expected int >= 1, got 100000000000000000000",
+        "pipeline.builder.budget: expected int >= 1 and <= 8192, got 100000000000000000000",
         "pipeline.decoding.device: expected str 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got 'gpu'",
         "pipeline.decoding.stop: expected list of str each non-empty",
         "pipeline.decoding.max_new_tokens: expected int >= 1, got -1",

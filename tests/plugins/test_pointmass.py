@@ -536,6 +536,11 @@ def test_same_seed_same_output_end_to_end(tiny_target: Any, draft_model: Any) ->
     ("key", "value", "message"),
     [
         ("temperature", 0, "pipeline.verifier.temperature: expected float > 0, got 0"),
+        (
+            "temperature",
+            float("inf"),
+            "pipeline.verifier.temperature: expected float > 0, not infinite, got inf",
+        ),
         ("top_p", 1.5, "pipeline.verifier.top_p: expected float with 0 < value <= 1, got 1.5"),
         ("top_k", -1, "pipeline.verifier.top_k: expected int >= 0, got -1"),
     ],

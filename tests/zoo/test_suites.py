@@ -92,3 +92,16 @@ def test_select_skips_leaking_and_duplicate_candidates(fingerprint: Fingerprint)
     fresh = [SuiteItem(f"prompt {random.Random(i).random()}", "ref", "s") for i in range(3)]
     picked = select(iter([leaking, fresh[0], fresh[0], fresh[1], fresh[2]]), fingerprint, n=3)
     assert picked == fresh
+
+
+def test_build_suites_refuses_a_corpus_folder_without_a_fingerprint(tmp_path: Path) -> None:
+    """A mistyped --corpus was ignored: the fingerprint was recomputed from the sources."""
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    args = ["zoo", "build-suites", "--corpus", str(tmp_path / "nope"), "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert f"--corpus: {tmp_path / 'nope'} holds no corpus fingerprint" in result.output
+    assert list(tmp_path.iterdir()) == []  # nothing built

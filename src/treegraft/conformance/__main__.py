@@ -24,6 +24,7 @@ from treegraft.conformance.matrix import (
     write_table,
 )
 from treegraft.conformance.tiny import causal_lm_types
+from treegraft.exits import EXIT_INTERRUPTED
 
 PROG = "python -m treegraft.conformance"
 
@@ -67,18 +68,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {page}: {problem}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    types = causal_lm_types()
+    try:
+        rows = _run(causal_lm_types())
+    except KeyboardInterrupt:  # Ctrl-C: one line and the treegraft command's status, no traceback
+        print(f"{PROG}: interrupted; {page} is unchanged", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    page.write_text(write_table(page.read_text(), render_table(rows)))
+    wrong = [r.model_type for r in rows if WRONG in (r.target.status, r.drafter.status)]
+    print(f"{page}: {len(rows)} architectures; wrong: {', '.join(wrong) or 'none'}")
+    return 1 if wrong else 0
+
+
+def _run(types: list[str]) -> list:
+    """The matrix's rows, with a progress bar."""
     with Progress() as progress:
         task = progress.add_task("architectures", total=len(types))
 
         def step(model_type: str) -> None:
             progress.update(task, advance=1, description=model_type)
 
-        rows = run_matrix(types, progress=step)
-    page.write_text(write_table(page.read_text(), render_table(rows)))
-    wrong = [r.model_type for r in rows if WRONG in (r.target.status, r.drafter.status)]
-    print(f"{page}: {len(rows)} architectures; wrong: {', '.join(wrong) or 'none'}")
-    return 1 if wrong else 0
+        return run_matrix(types, progress=step)
 
 
 if __name__ == "__main__":

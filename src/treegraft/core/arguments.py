@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from treegraft.core.config import MAX_NEW_TOKENS
-from treegraft.core.errors import ArgumentError
+from treegraft.core.errors import ArgumentError, shown
 from treegraft.core.inputs import check_utf8
 
 
@@ -24,10 +24,11 @@ def check_max_new_tokens(value: Any) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # numpy ints too
-        raise ArgumentError(f"max_new_tokens: expected int >= 1, got {value!r}")
+        raise ArgumentError(f"max_new_tokens: expected int >= 1, got {shown(value)}")
     if not 1 <= value <= MAX_NEW_TOKENS:
         raise ArgumentError(
-            f"max_new_tokens: expected int with 1 <= value <= {MAX_NEW_TOKENS}, got {value}"
+            f"max_new_tokens: expected int with 1 <= value <= {MAX_NEW_TOKENS}, got "
+            f"{shown(int(value))}"
         )
 
 
@@ -46,10 +47,10 @@ def check_finite(option: str, value: float | None) -> None:
 def check_stop(stop: Any) -> list[str]:
     """A list of non-empty stop strings (an empty one would end every generation at once)."""
     if isinstance(stop, str) or not isinstance(stop, Sequence):
-        raise ArgumentError(f"stop: expected a list of non-empty strings, got {stop!r}")
+        raise ArgumentError(f"stop: expected a list of non-empty strings, got {shown(stop)}")
     for i, s in enumerate(stop):
         if not isinstance(s, str) or not s:
-            raise ArgumentError(f"stop[{i}]: expected a non-empty string, got {s!r}")
+            raise ArgumentError(f"stop[{i}]: expected a non-empty string, got {shown(s)}")
         check_utf8(s, f"stop[{i}]")  # a lone surrogate is no text a tokenizer decodes to
     return list(stop)
 
@@ -63,6 +64,13 @@ def prompt_ids(prompt: Any, vocab: int) -> Tensor:
             f"prompt: expected token ids in a dense tensor, got a "
             f"{'meta' if prompt.is_meta else str(prompt.layout)} tensor"
         )
+    if isinstance(prompt, (list, tuple)):  # ids past int64, which torch cannot hold
+        for i, t in enumerate(prompt):
+            if isinstance(t, int) and not isinstance(t, bool) and not 0 <= t < vocab:
+                raise ArgumentError(
+                    f"prompt: token id {shown(t)} at position {i} is outside the target's "
+                    f"vocabulary [0, {vocab})"
+                )
     try:
         ids = torch.as_tensor(prompt)
     except (TypeError, ValueError, RuntimeError) as exc:
@@ -79,6 +87,11 @@ def prompt_ids(prompt: Any, vocab: int) -> Tensor:
                 f"target's vocabulary [0, {vocab})"
             )
         ids = ids.to(torch.long)
+    if ids.ndim == 0:  # one number, not a sequence of them (`generate(5)`)
+        raise ArgumentError(
+            f"prompt: expected text or a sequence of int token ids ([T] or [1, T]), got "
+            f"{type(prompt).__name__} {shown(prompt)}"
+        )
     if ids.numel() == 0:
         raise ArgumentError("prompt: has no tokens")
     if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():

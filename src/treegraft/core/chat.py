@@ -9,12 +9,14 @@ sweep file apply it to every text prompt.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from treegraft.core.errors import ArgumentError
+from treegraft.core.errors import ArgumentError, shown
+from treegraft.core.inputs import check_utf8
 
-#: The zoo suites' own turn markers (`<|user|>\n ... \n<|assistant|>\n`).
-_ZOO_TURN = re.compile(r"<\|(user|assistant)\|>\n")
+#: The zoo suites' own turn markers (`<|user|>\n ... \n<|assistant|>\n`), and a system turn's.
+_ZOO_TURN = re.compile(r"<\|(system|user|assistant)\|>\r?\n")  # Windows line ends too
 
 
 class NoChatTemplateError(ArgumentError):
@@ -22,37 +24,90 @@ class NoChatTemplateError(ArgumentError):
 
 
 def messages_of(text: str) -> list[dict[str, str]]:
-    """Chat messages of a prompt: the turns of a zoo-formatted prompt (`<|user|>` / `<|assistant|>`
-    markers, as in the zoo suites; a trailing empty assistant turn is the generation prompt), else
-    the whole text as one user turn."""
+    """Chat messages of a prompt: the turns of a zoo-formatted prompt (`<|system|>` / `<|user|>` /
+    `<|assistant|>` markers, as in the zoo suites; a trailing empty assistant turn is the
+    generation prompt, a trailing assistant turn with text an answer to continue), else the whole
+    text as one user turn."""
     parts = _ZOO_TURN.split(text)
     if len(parts) < 3 or parts[0].strip():
         return [{"role": "user", "content": text}]
     turns = zip(parts[1::2], parts[2::2], strict=True)
-    messages = [{"role": role, "content": body.removesuffix("\n")} for role, body in turns]
+    messages = [
+        {"role": role, "content": body.removesuffix("\n").removesuffix("\r")}
+        for role, body in turns
+    ]
     if messages[-1] == {"role": "assistant", "content": ""}:
         messages.pop()
     return messages
 
 
 def chat_ids(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of `text` (see `messages_of`) followed by the assistant's generation prompt."""
+    """Token ids of `text` (see `messages_of`) followed by the assistant's generation prompt, or,
+    when the last turn is the assistant's with text, ending inside that turn (the answer goes on:
+    `continue_final_message`)."""
     if not getattr(tokenizer, "chat_template", None):
         raise NoChatTemplateError(
             f"chat: the tokenizer {template_owner(tokenizer)!r} has no chat template; use a chat "
             "model "
             "(e.g. zoo:smollm2) or set decoding.chat to false"
         )
+    messages = messages_of(text)
+    if not messages:
+        raise ArgumentError(
+            f"chat: the prompt {shown(text)} holds no message, only the empty assistant turn "
+            "that asks for an answer; write a turn before it ('<|user|>\\n...')"
+        )
+    return messages_ids(tokenizer, messages)
+
+
+def is_messages(prompt: Any) -> bool:
+    """Whether `prompt` is meant as chat messages: a list or tuple holding a mapping."""
+    return isinstance(prompt, (list, tuple)) and any(isinstance(m, Mapping) for m in prompt)
+
+
+def checked_messages(prompt: Sequence[Any]) -> list[dict[str, Any]]:
+    """`prompt`'s messages, each a mapping with a non-empty `role` string and a `content`
+    string (other keys kept for the template); an `ArgumentError` naming the first that is not."""
+    for i, m in enumerate(prompt):
+        if not (
+            isinstance(m, Mapping)
+            and isinstance(m.get("role"), str)
+            and m["role"]
+            and isinstance(m.get("content"), str)
+        ):
+            raise ArgumentError(
+                f"prompt: message {i}: expected a mapping with a 'role' and a 'content' string "
+                f"({{'role': 'user', 'content': 'Hello'}}), got {shown(m)}"
+            )
+        check_utf8(m["content"], f"prompt: message {i}: content")
+    return [dict(m) for m in prompt]
+
+
+def messages_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    """Token ids of chat `messages` in the tokenizer's template, as `chat_ids` makes them."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise NoChatTemplateError(
+            f"prompt: chat messages need a chat template; the tokenizer "
+            f"{template_owner(tokenizer)!r} has none: pass the prompt as text or token ids"
+        )
     import jinja2
 
+    if messages[-1]["role"] == "assistant" and not messages[-1]["content"]:
+        messages = messages[:-1]  # an empty answer: the generation prompt, as in `messages_of`
+    answering = bool(messages) and messages[-1]["role"] == "assistant"  # the answer's beginning
     try:
         encoded = tokenizer.apply_chat_template(
-            messages_of(text), tokenize=True, add_generation_prompt=True, return_dict=True
+            messages,
+            tokenize=True,
+            add_generation_prompt=not answering,
+            continue_final_message=answering,
+            return_dict=True,
         )
-    except jinja2.TemplateError as exc:  # a template that raises (`raise_exception`) or is broken
+    except (jinja2.TemplateError, ValueError) as exc:  # a template that raises or is broken;
+        # transformers' own refusals (a final message the template does not show verbatim)
         raise ArgumentError(
             f"chat: the chat template of {template_owner(tokenizer)!r} refused the prompt's "
-            f"{len(messages_of(text))} message(s): {type(exc).__name__}: {exc}"
+            f"{len(messages)} message(s): {type(exc).__name__}: {exc}"
         ) from exc
     return [int(i) for i in encoded["input_ids"]]
 

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import difflib
 import math
+import numbers
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
-import cattrs
 import yaml
 
 from treegraft.core.devices import DEVICE_NAMES
-from treegraft.core.errors import ArgumentError, TreegraftError
-from treegraft.core.inputs import read_text
+from treegraft.core.errors import ArgumentError, TreegraftError, clipped, shown
+from treegraft.core.inputs import exists, read_text
 from treegraft.core.registry import (
     Registry,
     UnknownComponentError,
@@ -30,6 +30,7 @@ from treegraft.core.registry import (
 )
 from treegraft.core.runner.forwards import FORWARD_SETTINGS
 from treegraft.core.runner.placement import valid_device_maps
+from treegraft.core.structuring import CONVERTER, INT64_MAX, INT64_MIN, OutOfRange, type_name
 
 ROOT = "pipeline"
 
@@ -52,7 +53,7 @@ class Check:
 
     def __call__(self, instance: object, attribute: attrs.Attribute, value: Any) -> None:
         if not self.test(value) or self.too_large(value):
-            raise ValueError(f"{attribute.name}: expected {self.describe}, got {value!r}")
+            raise ValueError(f"{attribute.name}: expected {self.describe}, got {shown(value)}")
 
     def too_large(self, value: Any) -> bool:
         return self.sane_max is not None and value > self.sane_max
@@ -95,59 +96,7 @@ class NoConfig:
 
 
 # ---------------------------------------------------------------------------- strict structuring
-
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-
-
-def _strict_converter() -> cattrs.Converter:
-    conv = cattrs.Converter(forbid_extra_keys=True)
-
-    def strict(kind: type, accept: tuple[type, ...]) -> Callable[[Any, type], Any]:
-        def hook(value: Any, _: type) -> Any:
-            if (isinstance(value, bool) and kind is not bool) or not isinstance(value, accept):
-                raise TypeError(f"expected {kind.__name__}")
-            if kind is int and not INT64_MIN <= value <= INT64_MAX:
-                raise TypeError("expected a 64-bit int")
-            return kind(value)
-
-        return hook
-
-    conv.register_structure_hook(int, strict(int, (int,)))
-    conv.register_structure_hook(float, strict(float, (int, float)))
-    conv.register_structure_hook(str, strict(str, (str,)))
-    conv.register_structure_hook(bool, strict(bool, (bool,)))
-
-    def is_list(tp: Any) -> bool:
-        return typing.get_origin(tp) in (list, tuple)
-
-    def strict_list(value: Any, tp: Any) -> Any:
-        if not isinstance(value, (list, tuple)):  # a string or mapping is not a list of items
-            raise TypeError("expected a list")
-        item = typing.get_args(tp)[0] if typing.get_args(tp) else Any
-        items = [conv.structure(v, item) for v in value]
-        return tuple(items) if typing.get_origin(tp) is tuple else items
-
-    conv.register_structure_hook_func(is_list, strict_list)
-    return conv
-
-
-CONVERTER = _strict_converter()
-
-
-def type_name(tp: Any) -> str:
-    """Human name of a field type: `int`, `list of str`, `float or null`."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (list, tuple) or origin is typing.Sequence:
-        return f"list of {type_name(args[0])}" if args else "list"
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        return " or ".join("null" if a is type(None) else type_name(a) for a in args)
-    if origin is dict:
-        return "mapping"
-    if origin is typing.Literal:
-        return "one of " + ", ".join(repr(a) for a in args)
-    return getattr(tp, "__name__", str(tp))
+# (the converter itself: `treegraft.core.structuring`)
 
 
 def expected(f: attrs.Attribute) -> str:
@@ -177,7 +126,9 @@ def structure_config(cls: type, data: Any, path: str) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{path}: expected a mapping of {cls.__qualname__} fields, got {data!r}")
+        raise ConfigError(
+            f"{path}: expected a mapping of {cls.__qualname__} fields, got {shown(data)}"
+        )
     fields = {f.name: f for f in attrs.fields(cls)}
     for key in data:
         if key not in fields:
@@ -207,10 +158,14 @@ def field_message(path: str, exc: Exception) -> str:
 def _structure_field(f: attrs.Attribute, value: Any, path: str) -> Any:
     try:
         out = CONVERTER.structure(value, f.type)
+    except OutOfRange:
+        raise ConfigError(
+            f"{path}: expected {_in_range(f, value)}, got {shown(value)}{_hint(f)}"
+        ) from None
     except Exception:
-        raise ConfigError(f"{path}: expected {expected(f)}, got {value!r}{_hint(f)}") from None
+        raise ConfigError(f"{path}: expected {expected(f)}, got {shown(value)}{_hint(f)}") from None
     if isinstance(out, float) and math.isnan(out):  # compares false with everything: no setting
-        raise ConfigError(f"{path}: expected {expected(f)}, not NaN, got {value!r}{_hint(f)}")
+        raise ConfigError(f"{path}: expected {expected(f)}, not NaN, got {shown(value)}{_hint(f)}")
     if f.validator is not None:
         try:
             f.validator(None, f, out)
@@ -218,8 +173,23 @@ def _structure_field(f: attrs.Attribute, value: Any, path: str) -> Any:
             want = expected(f)
             if isinstance(f.validator, Check) and f.validator.too_large(out):
                 want += f" and <= {f.validator.sane_max}"
-            raise ConfigError(f"{path}: expected {want}, got {value!r}{_hint(f)}") from None
+            elif isinstance(out, float) and math.isinf(out):  # `> 0` alone reads as met
+                want += ", not infinite"
+            raise ConfigError(f"{path}: expected {want}, got {shown(value)}{_hint(f)}") from None
     return out
+
+
+def _in_range(f: attrs.Attribute, value: Any) -> str:
+    """What an int field takes, for a value past the 64-bit range: its own check's words where
+    the value fails that check, else the bound it passed."""
+    check = f.validator if isinstance(f.validator, Check) else None
+    if not isinstance(value, numbers.Integral) or (check and not check.test(value)):
+        return expected(f)
+    want, null, _ = expected(f).partition(", or null")  # the bound goes before `or null`
+    if check is None:
+        return f"{want} with {INT64_MIN} <= value <= {INT64_MAX}{null}"
+    bound = f"<= {check.sane_max or INT64_MAX}" if value > 0 else f">= {INT64_MIN}"
+    return f"{want} and {bound}{null}"
 
 
 def config_errors(cls: type, data: Any, path: str) -> list[str]:
@@ -228,7 +198,7 @@ def config_errors(cls: type, data: Any, path: str) -> list[str]:
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        return [f"{path}: expected a mapping of {cls.__qualname__} fields, got {data!r}"]
+        return [f"{path}: expected a mapping of {cls.__qualname__} fields, got {shown(data)}"]
     fields = {f.name: f for f in attrs.fields(cls)}
     moved = moved_keys(cls)
     errors = [
@@ -257,7 +227,7 @@ def unknown_key_message(
         return f"{path}.{key}: no longer a key: {moved[key]}"
     close = difflib.get_close_matches(str(key), known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"{path}.{key}: unknown key{hint} expected keys: {', '.join(known) or '(none)'}"
+    return f"{path}.{clipped(str(key))}: unknown key{hint} expected keys: {', '.join(known) or '(none)'}"
 
 
 def moved_keys(cls: type) -> Mapping[str, str]:
@@ -395,12 +365,23 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:  # more digits than Python converts (`sys.get_int_max_str_digits`)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an int of {len(node.value)} digits is too long", node.start_mark
+            ) from None
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+
 
 class DuplicateKeyError(yaml.YAMLError):
     """A mapping repeats a key."""
 
     def __init__(self, key: Any, line: int, first: int) -> None:
-        super().__init__(f"duplicate key {key!r} at line {line} (first at line {first})")
+        super().__init__(f"duplicate key {shown(key)} at line {line} (first at line {first})")
         self.key, self.line, self.first = key, line, first
 
 
@@ -423,8 +404,8 @@ def read_pipeline_file(path: str | Path) -> Any:
     """The parsed YAML of a pipeline file; a missing or unreadable file, text that is not UTF-8
     and malformed YAML are `ConfigError`s naming the file."""
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"{path}: pipeline file not found")
+    if not exists(path):
+        raise ConfigError(f"{clipped(str(path))}: pipeline file not found")
     try:
         text = read_text(path, "pipeline file")
     except ArgumentError as exc:
@@ -444,7 +425,7 @@ def pipeline_spec_from_dict(
     registry = registry or default_registry()
     if not isinstance(data, Mapping):
         raise ConfigError(
-            f"{ROOT}: expected a mapping with keys {', '.join(TOP_KEYS)}, got {data!r}"
+            f"{ROOT}: expected a mapping with keys {', '.join(TOP_KEYS)}, got {shown(data)}"
         )
     for key in data:
         if key not in TOP_KEYS:
@@ -455,7 +436,7 @@ def pipeline_spec_from_dict(
     target = data["target"]
     if not isinstance(target, str) or not target:
         raise ConfigError(
-            f"{ROOT}.target: expected a model reference string (zoo:NAME or a path), got {target!r}"
+            f"{ROOT}.target: expected a model reference string (zoo:NAME or a path), got {shown(target)}"
         )
     merged = {**DEFAULTS, **{k: v for k, v in data.items() if v is not None}}
     if "grafter" in merged and "rescorer" not in merged:
@@ -486,7 +467,7 @@ def check_device_map(spec: PipelineSpec) -> None:
             close = difflib.get_close_matches(key, refs, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(
-                f"{ROOT}.decoding.device_map: {key!r} names no model of this pipeline{hint} "
+                f"{ROOT}.decoding.device_map: {shown(key)} names no model of this pipeline{hint} "
                 f"expected keys: {', '.join(dict.fromkeys(refs))}"
             )
 
@@ -502,7 +483,7 @@ def _tokenizer_ref(raw: Any) -> str | None:
     if not isinstance(raw, str) or not raw:
         raise ConfigError(
             f"{ROOT}.tokenizer: expected a tokenizer reference string (zoo:NAME or a folder "
-            f"saved with save_pretrained), got {raw!r}"
+            f"saved with save_pretrained), got {shown(raw)}"
         )
     return raw
 
@@ -521,7 +502,7 @@ def _drafter_specs(raw: Any, registry: Registry) -> tuple[tuple[str, ComponentSp
         items = [(f"drafter{i}", value, f"{path}[{i}]") for i, value in enumerate(raw)]
     else:
         raise ConfigError(
-            f"{path}: expected a mapping of role -> drafter (cheapest first), got {raw!r}"
+            f"{path}: expected a mapping of role -> drafter (cheapest first), got {shown(raw)}"
         )
     if not items:
         raise ConfigError(f"{path}: expected at least one drafter, got none")
@@ -534,13 +515,15 @@ def component_spec(kind: str, raw: Any, path: str, registry: Registry) -> Compon
         raw = {"name": raw}
     if not isinstance(raw, Mapping):
         raise ConfigError(
-            f"{path}: expected a mapping with a 'name' key naming a {kind}, got {raw!r}"
+            f"{path}: expected a mapping with a 'name' key naming a {kind}, got {shown(raw)}"
         )
     if "name" not in raw:
         raise ConfigError(f"{path}.name: missing required key (the registered {kind} name)")
     name = raw["name"]
     if not isinstance(name, str):
-        raise ConfigError(f"{path}.name: expected str naming a registered {kind}, got {name!r}")
+        raise ConfigError(
+            f"{path}.name: expected str naming a registered {kind}, got {shown(name)}"
+        )
     try:
         reg = registry.get(kind, name)
     except UnknownComponentError:

@@ -8,6 +8,9 @@ Any other exception is a bug (in treegraft or in a plugin it could not attribute
 
 from __future__ import annotations
 
+import math
+import reprlib
+
 
 class TreegraftError(Exception):
     """Base of the errors treegraft raises for bad input, broken plugins and bad references."""
@@ -20,3 +23,57 @@ class ArgumentError(TreegraftError, ValueError):
 class BusyError(TreegraftError, RuntimeError):
     """A pipeline was asked to decode while a generation of it is still open (a `stream()` or
     `steps()` iterator not finished, or another thread): its models' caches hold that one."""
+
+
+#: the longest value an error message quotes in full; a longer one is shortened (`shown`)
+SHOWN_CHARS = 120
+
+
+class _Shortened(reprlib.Repr):
+    """`reprlib`'s shortening, with ints past Python's digit limit named by their size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxstring = self.maxother = SHOWN_CHARS // 2
+        self.maxlist = self.maxtuple = self.maxset = self.maxdict = 8
+        self.maxlong = 40
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 256:  # str() may refuse it (sys.get_int_max_str_digits)
+            sign = "negative " if x < 0 else ""
+            return f"<{sign}int of about {int(x.bit_length() * math.log10(2)) + 1} digits>"
+        return super().repr_int(x, level)
+
+
+_SHORTENED = _Shortened()
+
+
+def shown(value: object) -> str:
+    """`repr(value)` for an error message: in full up to `SHOWN_CHARS` characters, else
+    shortened (`'xxxx...xxxx' (5000 characters)`, `[0, 1, 2, 3, 4, 5, 6, 7, ...] (3000 items)`), so that a
+    message stays readable whatever it was given."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long to convert to text
+        text = None
+    if text is not None and len(text) <= SHOWN_CHARS:
+        return text
+    short = _SHORTENED.repr(value)
+    if isinstance(value, (str, bytes)):
+        return f"{short} ({len(value)} characters)"
+    if hasattr(value, "__len__") and not isinstance(value, int):
+        try:
+            n = len(value)  # type: ignore[arg-type]
+        except TypeError:
+            return short
+        return f"{short} ({n} item{'s' if n != 1 else ''})"
+    return short
+
+
+def clipped(text: str) -> str:
+    """`text` itself (a path, a name: no quotes) for an error message, shortened as `shown`
+    shortens a string when it is longer than `SHOWN_CHARS`."""
+    if len(text) <= SHOWN_CHARS:
+        return text
+    half = SHOWN_CHARS // 4
+    return f"{text[:half]}...{text[-half:]} ({len(text)} characters)"

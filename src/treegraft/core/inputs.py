@@ -12,16 +12,41 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from treegraft.core.errors import ArgumentError
+from treegraft.core.errors import ArgumentError, clipped
+
+
+def is_file(path: Path) -> bool:
+    """`path.is_file()`, False for a path the system refuses to look up (a name too long for
+    the file system, a NUL byte) rather than an `OSError` or `ValueError`."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def exists(path: Path) -> bool:
+    """`path.exists()`, False for a path the system refuses to look up (as `is_file`)."""
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):
+        return False
+
+
+def is_dir(path: Path) -> bool:
+    """`path.is_dir()`, False for a path the system refuses to look up (as `is_file`)."""
+    try:
+        return Path(path).is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def read_text(path: Path, what: str) -> str:
     """The UTF-8 text of the file `path` (`what` names it in errors: `--prompt-file`)."""
     path = Path(path)
-    if path.is_dir():
+    if is_dir(path):
         raise ArgumentError(f"{what}: {path} is a directory; expected a file")
-    if not path.exists():  # a pipe or a device (/dev/stdin) is read as a file is
-        raise ArgumentError(f"{what}: {path} not found")
+    if not exists(path):  # a pipe or a device (/dev/stdin) is read as a file is
+        raise ArgumentError(f"{what}: {clipped(str(path))} not found")
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -35,9 +60,10 @@ def read_stdin(what: str) -> str:
 
 
 def utf8_text(data: bytes, what: str, source: str) -> str:
-    """`data` decoded as UTF-8; else an error naming `source` and the first bad byte."""
+    """`data` decoded as UTF-8, less a leading byte-order mark (editors on Windows write one: it
+    is no part of the text); else an error naming `source` and the first bad byte."""
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ArgumentError(
@@ -104,7 +130,7 @@ def prepare_output_dir(path: Path, what: str) -> Path:
     """Create the folder `path` (and its parents) if needed and check it can be written, before
     any expensive work; an existing file or an unwritable place is an `ArgumentError`."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
+    if exists(path) and not is_dir(path):
         raise ArgumentError(f"{what}: {path} is a file; expected a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)

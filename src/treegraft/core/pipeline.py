@@ -19,7 +19,7 @@ from torch import Tensor
 
 from treegraft.core.arguments import check_max_new_tokens, check_stop, prompt_ids
 from treegraft.core.boundary import Origin
-from treegraft.core.chat import chat_ids
+from treegraft.core.chat import chat_ids, checked_messages, is_messages, messages_ids
 from treegraft.core.components import build_component, check_assembly
 from treegraft.core.config import (
     ROOT,
@@ -30,9 +30,9 @@ from treegraft.core.config import (
     pipeline_spec_from_dict,
 )
 from treegraft.core.decoder import Decoder, StepEvent, StopRule
-from treegraft.core.errors import ArgumentError, BusyError
+from treegraft.core.errors import ArgumentError, BusyError, shown
 from treegraft.core.generation_settings import warn_unapplied
-from treegraft.core.inputs import check_utf8
+from treegraft.core.inputs import check_utf8, is_dir, is_file
 from treegraft.core.metrics import Summary, summarize
 from treegraft.core.registry import (
     Registry,
@@ -75,15 +75,15 @@ def builtin_pipelines() -> list[str]:
 def resolve_pipeline(name_or_path: str | Path) -> Path:
     """A pipeline file path, or the shipped pipeline of that name."""
     path = Path(name_or_path)
-    if path.is_file():
+    if is_file(path):
         return path
-    if path.is_dir():
+    if is_dir(path):
         raise ConfigError(f"pipeline {str(name_or_path)!r} is a directory; expected a YAML file")
     shipped = PIPELINES_DIR / f"{name_or_path}.yaml"
-    if shipped.is_file():
+    if is_file(shipped):
         return shipped
     raise ConfigError(
-        f"pipeline {str(name_or_path)!r} not found: expected a YAML file or one of the shipped "
+        f"pipeline {shown(str(name_or_path))} not found: expected a YAML file or one of the shipped "
         f"pipelines: {', '.join(builtin_pipelines())}"
     )
 
@@ -129,6 +129,8 @@ class Pipeline:
         registry: Registry | None = None,
     ) -> Pipeline:
         """Load the models and build every component of `spec`."""
+        check_optional("Pipeline.from_spec", resources=(resources, Resources))
+        check_optional("Pipeline.from_spec", registry=(registry, Registry))
         registry = registry or default_registry()
         if resources is None:
             try:
@@ -178,24 +180,40 @@ class Pipeline:
 
     def encode(self, prompt: str | Sequence[int] | Tensor) -> Tensor:
         """`[T]` int64 token ids of a prompt given as text or ids (text in the tokenizer's chat
-        template when `decoding.chat` is set)."""
-        if isinstance(prompt, str):
-            check_utf8(prompt, "prompt")
-            if self.tokenizer is None:
-                raise ArgumentError(
-                    f"this pipeline has no tokenizer (none beside the target {self.spec.target!r}"
-                    "): pass token ids instead of text, or name one with the pipeline's "
-                    "`tokenizer:` key"
-                )
-            ids = (
-                chat_ids(self.tokenizer, prompt)
-                if self.spec.decoding.chat
-                else self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        template when `decoding.chat` is set), or as chat messages (`[{"role": "user",
+        "content": ...}]`, always in the chat template)."""
+        if isinstance(prompt, Mapping):
+            raise ArgumentError(
+                f"prompt: expected text, token ids or a list of chat messages, got one mapping "
+                f"{shown(prompt)}: put a message in a list ([{{'role': ..., 'content': ...}}])"
             )
-            if not ids:
-                raise ArgumentError("prompt is empty after tokenization")
-            return torch.tensor(ids, dtype=torch.long)
-        return prompt_ids(prompt, self.decoder.target.vocab_size)
+        if is_messages(prompt):
+            ids = messages_ids(self._text_tokenizer(), checked_messages(prompt))
+        elif isinstance(prompt, str):
+            check_utf8(prompt, "prompt")
+            ids = (
+                chat_ids(self._text_tokenizer(), prompt)
+                if self.spec.decoding.chat
+                else self._text_tokenizer()(prompt, add_special_tokens=False)["input_ids"]
+            )
+        else:
+            return prompt_ids(prompt, self.decoder.target.vocab_size)
+        if not ids:
+            raise ArgumentError(
+                f"prompt: {shown(prompt)} is empty after tokenization; expected text the "
+                "tokenizer turns into at least one token"
+            )
+        return torch.tensor(ids, dtype=torch.long)
+
+    def _text_tokenizer(self) -> Any:
+        """The tokenizer, for a prompt given as text or messages; an error without one."""
+        if self.tokenizer is None:
+            raise ArgumentError(
+                f"prompt: this pipeline has no tokenizer (none beside the target {self.spec.target!r}"
+                "): pass token ids instead of text, or name one with the pipeline's "
+                "`tokenizer:` key"
+            )
+        return self.tokenizer
 
     def decode_text(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
@@ -213,7 +231,7 @@ class Pipeline:
         check = None
         if stop:
             if self.tokenizer is None:
-                raise ArgumentError("stop strings need a tokenizer; this pipeline has none")
+                raise ArgumentError(f"stop: {NO_TOKENIZER_FOR_STOP}")
             check = StopStrings(tuple(stop), self.decode_text)
         return StopRule(
             max_new_tokens=dec.max_new_tokens if max_new_tokens is None else int(max_new_tokens),
@@ -230,10 +248,20 @@ class Pipeline:
     ) -> Iterator[StepEvent]:
         """The decode loop: one `StepEvent` per target forward (at its end, once the drafters
         have measured calls, a check that they are listed cheapest first:
-        `check_drafter_order`)."""
+        `check_drafter_order`). The arguments are checked by the call itself, before the first
+        event is asked for."""
+        if is_prompt_list(prompt):
+            raise ArgumentError(
+                f"prompt: steps() and stream() decode one prompt, got a list of {len(prompt)} "
+                "prompts: call them once per prompt, or pass the list to generate()"
+            )
         ids = self.encode(prompt).to(self.resources.device)
         rule = self.stop_rule(max_new_tokens, stop)
         self.check_context(int(ids.numel()), rule.max_new_tokens)
+        return self._events(ids, rule)
+
+    def _events(self, ids: Tensor, rule: StopRule) -> Iterator[StepEvent]:
+        """`steps`' generator, once its arguments are checked."""
         if not self._busy.acquire(blocking=False):
             raise BusyError(BUSY)
         try:
@@ -324,9 +352,10 @@ class Pipeline:
         """Decode to the end and return the text, the token ids and the metrics (the decoder's
         one-time measurements, see `prepare`, are not in the timed generation).
 
-        A list of prompts (texts, or token-id lists) gives a list of generations, in order. The
-        prompts are decoded one after the other (batch size 1: the decoder's trees are per
-        sequence), each exactly as it would be alone.
+        A prompt may also be chat messages (`[{"role": "user", "content": "Hi"}]`, encoded
+        with the tokenizer's chat template). A list of prompts (texts, token-id lists or message
+        lists) gives a list of generations, in order. The prompts are decoded one after the other
+        (batch size 1: the decoder's trees are per sequence), each exactly as it would be alone.
         """
         if is_prompt_list(prompt):  # one level: each element is one prompt
             prompts = self._check_all(prompt, max_new_tokens, stop)
@@ -380,15 +409,20 @@ class Pipeline:
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
     ) -> Iterator[str]:
-        """Yield text pieces as steps commit tokens (their concatenation is `generate`'s text)."""
+        """Yield text pieces as steps commit tokens (their concatenation is `generate`'s text);
+        the arguments are checked by the call, as `steps` checks them."""
+        return self._pieces(self.steps(prompt, max_new_tokens=max_new_tokens, stop=stop), stop)
+
+    def _pieces(self, events: Iterator[StepEvent], stop: Sequence[str] | None) -> Iterator[str]:
+        """`stream`'s generator: the text each event adds to what was shown."""
         ids: list[int] = []
-        shown = ""
-        for event in self.steps(prompt, max_new_tokens=max_new_tokens, stop=stop):
+        shown_so_far = ""
+        for event in events:
             ids.extend(event.tokens)
             text = self.shown_text(ids, event.finished, stop)
-            if text != shown:
-                yield text[len(shown) :]
-                shown = text
+            if text != shown_so_far:
+                yield text[len(shown_so_far) :]
+                shown_so_far = text
 
     def text_of(self, ids: Sequence[int], stop: Sequence[str] | None = None) -> str:
         """Decoded text with the first stop string (and what follows it) removed: `stop`, else
@@ -409,6 +443,10 @@ class Pipeline:
         return text[: len(text) - hold]
 
 
+NO_TOKENIZER_FOR_STOP = (
+    "stop strings need a tokenizer (they are matched in the decoded text), and this pipeline has "
+    "none: name one with the pipeline's `tokenizer:` key, or leave the stop strings out"
+)
 BUSY = (
     "pipeline: a generation of this pipeline is still open (a stream() or steps() iterator not "
     "finished, or another thread's); finish or close() it first, or decode with a second "
@@ -437,10 +475,12 @@ class StopStrings:
 
 
 def is_prompt_list(prompt: Any) -> bool:
-    """A list or tuple of prompts (texts or token-id sequences), not one prompt's token ids."""
+    """A list or tuple of prompts (texts or token-id sequences), not one prompt's token ids: one
+    with a text or a sequence among its elements (any other element is then refused by its
+    index, `prompt[1]: ...`)."""
     if not isinstance(prompt, (list, tuple)) or not prompt:
         return False  # a 0-d tensor is one token id (`list(tensor)` gives those), not a prompt
-    return all(
+    return any(
         isinstance(p, (str, list, tuple)) or (isinstance(p, (Tensor, np.ndarray)) and p.ndim > 0)
         for p in prompt
     )
@@ -484,6 +524,16 @@ def _load(resources: Resources, ref: str, path: str) -> Any:
         raise ConfigError(f"{path}: {exc}") from None
 
 
+def check_optional(where: str, **given: tuple[Any, type]) -> None:
+    """An `ArgumentError` for a keyword argument that is neither None nor of its type."""
+    for name, (value, kind) in given.items():
+        if value is not None and not isinstance(value, kind):
+            raise ArgumentError(
+                f"{where}: {name}: expected a {kind.__name__} or None, got "
+                f"{type(value).__name__} {shown(value)}"
+            )
+
+
 def load_pipeline(
     source: str | Path | Mapping,
     *,
@@ -492,6 +542,8 @@ def load_pipeline(
 ) -> Pipeline:
     """Build a pipeline from a YAML file path, a shipped pipeline's name, or a parsed mapping
     (anything else is an `ArgumentError`)."""
+    check_optional("load_pipeline", resources=(resources, Resources))
+    check_optional("load_pipeline", registry=(registry, Registry))
     if isinstance(source, Mapping):
         spec = pipeline_spec_from_dict(source, registry)
     elif isinstance(source, (str, os.PathLike)):

@@ -7,6 +7,7 @@ loaded once per `Resources`, so a target used as its own drafter is not loaded t
 
 from __future__ import annotations
 
+import errno
 import re
 import warnings
 from pathlib import Path
@@ -19,7 +20,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from treegraft.core.devices import device_problem
-from treegraft.core.errors import ArgumentError, TreegraftError
+from treegraft.core.errors import ArgumentError, TreegraftError, clipped, shown
+from treegraft.core.inputs import is_dir, is_file
 from treegraft.core.model_files import (
     broken_link,
     file_problems,
@@ -201,33 +203,38 @@ def resolve_model_path(ref: str) -> Path:
         if (path / "config.json").is_file():
             return path
     except OSError as exc:  # a folder without read or search permission
-        raise ModelRefError(
-            f"model {ref!r}: cannot read the folder {path}: {exc.strerror}"
-        ) from None
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise ModelRefError(
+                f"model {shown(ref)}: cannot read the folder {clipped(str(path))}: {exc.strerror}"
+            ) from None
+    except ValueError:  # a NUL byte: no such file
+        pass
     expected = (
         "expected 'zoo:NAME' or a directory holding a Hugging Face model (config.json + weights)"
     )
-    if path.is_file():
+    if is_file(path):
         hint = other_format_hint(path.parent)
-        if not hint and (path.parent / "config.json").is_file():
+        if not hint and is_file(path.parent / "config.json"):
             hint = f"; use the folder that holds it, {str(path.parent)!r}"
-        raise ModelRefError(f"model {ref!r} is a file, not a folder: {expected}" + hint)
-    if path.is_dir() and (link := broken_link(path / "config.json")):
-        raise ModelRefError(f"model {ref!r}: {link}; {expected}")
-    if path.is_dir():
+        raise ModelRefError(f"model {shown(ref)} is a file, not a folder: {expected}" + hint)
+    if is_dir(path) and (link := broken_link(path / "config.json")):
+        raise ModelRefError(f"model {shown(ref)}: {link}; {expected}")
+    if is_dir(path):
         raise ModelRefError(
-            f"model {ref!r} holds no config.json: {expected}" + other_format_hint(path)
+            f"model {shown(ref)} holds no config.json: {expected}" + other_format_hint(path)
         )
-    raise ModelRefError(f"model {ref!r} not found: {expected}" + hub_hint(ref))
+    raise ModelRefError(f"model {shown(ref)} not found: {expected}" + hub_hint(ref))
 
 
 #: A Hugging Face Hub model id: `name` or `owner/name`.
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+#: the longest Hub id (the Hub's own limit on `owner/name`)
+HUB_ID_CHARS = 96
 
 
 def hub_hint(ref: str) -> str:
     """How to use a Hub model here, when `ref` looks like a Hub id and is not a local path."""
-    if not HUB_ID.fullmatch(ref) or Path(ref).expanduser().exists():
+    if len(ref) > HUB_ID_CHARS or not HUB_ID.fullmatch(ref) or is_dir(Path(ref).expanduser()):
         return ""
     folder = f"models/{ref.rsplit('/', 1)[-1]}"
     return (

@@ -32,7 +32,7 @@ from treegraft.core.config import (
     unknown_key_message,
 )
 from treegraft.core.devices import device_problem
-from treegraft.core.errors import TreegraftError
+from treegraft.core.errors import TreegraftError, clipped
 from treegraft.core.model_files import model_folder_problems
 from treegraft.core.registry import Registry, UnknownComponentError, default_registry
 from treegraft.core.resources import ModelRefError, Resources, resolve_model_path
@@ -154,10 +154,11 @@ def pipeline_errors(
 ) -> tuple[PipelineSpec | None, list[str]]:
     """The validated spec (None if any error) and every error found, each starting with `path`."""
     registry = registry or default_registry()
+    prefix = f"{clipped(str(path))}: "
     try:
         data = read_pipeline_file(path)
-    except ConfigError as exc:
-        return None, [str(exc)]
+    except ConfigError as exc:  # `pipeline file: PATH is a directory`: the name first too
+        return None, [str(exc) if str(exc).startswith(prefix) else prefix + str(exc)]
     errors = structure_errors(data, registry)
     spec = None
     if not errors:
@@ -169,7 +170,6 @@ def pipeline_errors(
         errors += model_errors(spec)
     if spec is not None and not errors:  # sound folders: what building refuses before weights
         errors += component_errors_built(spec, registry)
-    prefix = f"{path}: "
     return (spec if not errors else None), [
         e if e.startswith(prefix) else prefix + e for e in errors
     ]

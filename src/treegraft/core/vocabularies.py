@@ -11,6 +11,8 @@ from typing import Any
 
 from treegraft.core.chat import template_problem
 from treegraft.core.config import ConfigError, PipelineSpec
+from treegraft.core.errors import shown
+from treegraft.core.inputs import is_dir, is_file
 from treegraft.core.resources import (
     ModelRefError,
     Resources,
@@ -33,11 +35,13 @@ def pipeline_tokenizer(spec: PipelineSpec, resources: Resources) -> Any:
         path = tokenizer_path(spec.tokenizer)
         tokenizer = folder_tokenizer(path, spec.tokenizer)
     except ModelRefError as exc:
-        raise ConfigError(f"pipeline.tokenizer: cannot load {spec.tokenizer!r}: {exc}") from None
+        raise ConfigError(
+            f"pipeline.tokenizer: cannot load {shown(spec.tokenizer)}: {exc}"
+        ) from None
     if tokenizer is None:
         raise ConfigError(
-            f"pipeline.tokenizer: {spec.tokenizer!r} holds no tokenizer files: expected a folder "
-            "written by save_pretrained (tokenizer.json / tokenizer_config.json)"
+            f"pipeline.tokenizer: {shown(spec.tokenizer)} holds no tokenizer files: expected a "
+            "folder written by save_pretrained (tokenizer.json / tokenizer_config.json)"
         )
     vocab = _vocab(resources, spec.target, "pipeline.target")
     if len(tokenizer) > vocab:
@@ -57,14 +61,14 @@ def tokenizer_path(ref: str) -> Path:
     if ref.startswith("zoo:"):
         return resolve_model_path(ref)
     path = Path(ref).expanduser()
-    if path.is_file():
+    if is_file(path):
         raise ModelRefError(
-            f"tokenizer {ref!r} is a file, not a folder: expected 'zoo:NAME' or the folder "
+            f"tokenizer {shown(ref)} is a file, not a folder: expected 'zoo:NAME' or the folder "
             f"written by save_pretrained that holds it ({str(path.parent)!r})"
         )
-    if not path.is_dir():
+    if not is_dir(path):
         raise ModelRefError(
-            f"tokenizer folder {ref!r} not found: expected 'zoo:NAME' or a folder written by "
+            f"tokenizer folder {shown(ref)} not found: expected 'zoo:NAME' or a folder written by "
             "save_pretrained (tokenizer.json / tokenizer_config.json)" + hub_hint(ref)
         )
     return path

@@ -14,7 +14,7 @@ import difflib
 import json
 from pathlib import Path
 
-from treegraft.core.errors import TreegraftError
+from treegraft.core.errors import TreegraftError, shown
 
 ZOO_DIR = Path(__file__).resolve().parent
 MODELS_DIR = ZOO_DIR / "models"
@@ -74,7 +74,7 @@ def check_name(ref: str) -> str:
     close = difflib.get_close_matches(name, names, n=3)
     hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
     raise UnknownZooModelError(
-        f"unknown zoo model {ref!r}; available: {', '.join(names) or '(none)'}.{hint}"
+        f"unknown zoo model {shown(ref)}; available: {', '.join(names) or '(none)'}.{hint}"
     )
 
 

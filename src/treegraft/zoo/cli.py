@@ -105,8 +105,15 @@ def build_suites_cmd(
     ] = None,
 ) -> None:
     """Build the six held-out task suites (30 prompts each)."""
+    from treegraft.console import fail
+    from treegraft.zoo.corpus import FINGERPRINT_FILE
     from treegraft.zoo.suites import build_suites
 
+    if corpus is not None and not (corpus.expanduser() / FINGERPRINT_FILE).is_file():
+        fail(  # else silently recomputed from the sources: minutes, and not the corpus named
+            f"--corpus: {corpus} holds no corpus fingerprint ({FINGERPRINT_FILE}); expected a "
+            "folder built by `treegraft zoo build-corpus`, or leave out --corpus to recompute it"
+        )
     paths = build_suites(
         out=out, seed=seed, docs=docs, corpus=corpus.expanduser() if corpus else None
     )
