@@ -67,13 +67,21 @@ def test_entries_accept_names_and_mappings():
         ),
         (
             {"pairs": [PAIR], "pipelines": [{"pipeline": "treegraft-threshold", "label": 3}]},
-            "bench.pipelines[0].label: expected str or null, got 3",
+            "bench.pipelines[0].label: expected str non-empty, or null, got 3",
         ),
         (
             {"pairs": [PAIR], "pipelines": ["chain"]},
             "bench.pipelines[0].label: the name 'chain' is already taken",
         ),
         ({"pairs": [PAIR, PAIR]}, "bench.pairs[1]: duplicate pair 'target+draft-s'"),
+        (  # an empty label fell back to the default name, unnoticed
+            {"pairs": [{**PAIR, "label": ""}]},
+            "bench.pairs[0].label: expected str non-empty, or null, got ''",
+        ),
+        (
+            {"pairs": [PAIR], "pipelines": [{"pipeline": "chain", "label": " "}]},
+            "bench.pipelines[0].label: expected str non-empty, or null, got ' '",
+        ),
         (
             {"pairs": [PAIR], "executor": {"name": "ray", "workers": 0}},
             "bench.executor.workers: expected int >= 1, or null, got 0",
@@ -331,3 +339,15 @@ def test_null_hf_settings_and_every_device_name_are_accepted():
         assert cfg.settings.device == device and cfg.settings.hf_max_ngram is None
     cfg = bench_config_from_dict({"pairs": [PAIR], "hf_assistant_tokens": 5, "hf_max_ngram": 3})
     assert (cfg.settings.hf_assistant_tokens, cfg.settings.hf_max_ngram) == (5, 3)
+
+
+def test_a_sweep_file_that_is_not_utf8_is_named(tmp_path):
+    """It was an internal error (UnicodeDecodeError)."""
+    path = tmp_path / "sweep.yaml"
+    path.write_bytes("pairs: [{target: zoo:target, drafter: caf\xe9}]\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as exc:
+        load_bench_config(path)
+    assert str(exc.value) == (
+        f"benchmark config: {path} is not UTF-8 text: byte 0xe9 at offset 41 (line 1); "
+        "save it as UTF-8"
+    )

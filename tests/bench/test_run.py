@@ -9,11 +9,13 @@ from pathlib import Path
 import attrs
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from tests.bench.conftest import pair_resources, write_suites
 from tests.conftest import memory_resources
 from treegraft.bench import bench_config_from_dict, run_bench
 from treegraft.bench.run import check_device
+from treegraft.cli import app
 from treegraft.core.config import ConfigError
 from treegraft.core.pipeline import resolve_pipeline
 
@@ -113,3 +115,58 @@ def test_damaged_latency_curves_are_named(tmp_path):
     (out / "latency.json").write_text('{"target+draft": {"target": [1.0,')
     with pytest.raises(ConfigError, match=r"latency\.json is not latency curves \(malformed JSON"):
         run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
+
+
+REFUSED_BEFORE_THE_FOLDER = {
+    "device": ({"device": "cuda:99"}, [], "bench.device: device 'cuda:99'"),
+    "zoo-model": (
+        {"pairs": [{"target": "zoo:nosuch", "drafter": "zoo:draft-s"}]},
+        [],
+        "bench.pairs[0].target (nosuch+draft-s): unknown zoo model 'zoo:nosuch'",
+    ),
+    "model-folder": (
+        {"pairs": [{"target": "zoo:target", "drafter": "no/such/folder"}]},
+        [],
+        "bench.pairs[0].drafter (target+folder): model 'no/such/folder' not found",
+    ),
+    "mem-model": (
+        {"pairs": [{"target": "mem:target", "drafter": "zoo:draft-s"}]},
+        [],
+        "bench.pairs[0].target (target+draft-s): in-memory model 'mem:target': none is held",
+    ),
+    "pipeline-not-utf8": (
+        {"pipelines": ["latin1.yaml"]},
+        [],
+        "bench.pipelines[0].pipeline: pipeline file: ",
+    ),
+    "resume-nothing": ({}, ["--resume"], "cannot resume"),
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "flags", "message"),
+    REFUSED_BEFORE_THE_FOLDER.values(),
+    ids=REFUSED_BEFORE_THE_FOLDER.keys(),
+)
+def test_the_command_refuses_before_it_makes_the_results_folder(
+    tmp_path, change: dict, flags: list[str], message: str
+):
+    """`--out` was created (and, for a missing model, a manifest written into it, so the same
+    command then refused the folder as not empty) before these checks refused the sweep."""
+    (tmp_path / "latin1.yaml").write_bytes("target: caf\xe9\n".encode("latin-1"))
+    sweep = {
+        "pairs": [{"target": "zoo:target", "drafter": "zoo:draft-s"}],
+        "suites": write_suites(tmp_path)[:1],
+        "prompts_per_suite": 1,
+        "max_new_tokens": 2,
+        "baselines": [],
+        "device": "cpu",
+        **change,
+    }
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    out = tmp_path / "runs" / "out"
+    result = CliRunner().invoke(app, ["bench", "run", str(path), "--out", str(out), *flags])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert not (tmp_path / "runs").exists()

@@ -331,3 +331,16 @@ def test_damaged_datasets_are_refused_naming_the_file(
     assert result.exit_code == 2, result.output
     assert f"{bad / message.split(':')[0]}:" in result.output and message in result.output
     assert "not a complete scheduler dataset file; collect it again" in result.output
+
+
+def test_collect_refuses_a_bad_pipeline_file_before_it_makes_the_out_folder(tmp_path):
+    """A pipeline file that is not UTF-8 was an internal error, after `--out` was created."""
+    pipeline = tmp_path / "latin1.yaml"
+    pipeline.write_bytes("target: caf\xe9\n".encode("latin-1"))
+    out = tmp_path / "data" / "train"
+    result = runner.invoke(app, ["collect", str(pipeline), "--out", str(out), "--prompts", "1"])
+    assert result.exit_code == 2, result.output
+    assert f"pipeline file: {pipeline} is not UTF-8 text: byte 0xe9" in " ".join(
+        result.output.split()
+    )
+    assert not (tmp_path / "data").exists()

@@ -35,6 +35,8 @@ from treegraft.core.config import (
     structure_config,
 )
 from treegraft.core.devices import DEVICE_NAMES
+from treegraft.core.errors import ArgumentError
+from treegraft.core.inputs import read_text
 from treegraft.core.runner.forwards import FORWARD_SETTINGS
 from treegraft.core.runner.placement import valid_device_maps
 from treegraft.zoo import SUITES
@@ -71,6 +73,10 @@ HF_ASSISTED = "hf-assisted"
 #: pipeline's weak drafter alone).
 ENDPOINTS = ("ngram-only", "lm-only", "eagle-only", "ngram-store")
 
+#: A name in the reports: an empty one would silently fall back to the default name.
+NAME_OR_NULL = Check(
+    "non-empty or null", lambda v: v is None or (isinstance(v, str) and bool(v.strip()))
+)
 #: A count that may be left to Hugging Face's default (null).
 COUNT_OR_NULL = Check(">= 1 or null", lambda v: v is None or v >= 1)
 
@@ -81,7 +87,9 @@ class Pair:
 
     target: str = field(doc="target model reference: zoo:NAME, a directory or mem:NAME")
     drafter: str = field(doc="LM drafter reference substituted into the pipelines' LM drafters")
-    label: str | None = field(None, doc="name in the reports (default: target+drafter)")
+    label: str | None = field(
+        None, check=NAME_OR_NULL, doc="name in the reports (default: target+drafter)"
+    )
     drafter_options: dict[str, Any] | None = field(
         None,
         check=Check(
@@ -128,7 +136,9 @@ class PipelineEntry:
     """One pipeline of the sweep: a shipped name or YAML file, with optional overrides."""
 
     pipeline: str = field(doc="a shipped pipeline name or a pipeline YAML file")
-    label: str | None = field(None, doc="name in the reports (default: the pipeline's name)")
+    label: str | None = field(
+        None, check=NAME_OR_NULL, doc="name in the reports (default: the pipeline's name)"
+    )
     override: dict[str, Any] = field(
         attrs.Factory(dict),
         doc="component -> replacement mapping (or dotted key -> value), e.g. {scheduler: {name: never}}",
@@ -377,7 +387,10 @@ def load_bench_config_with(
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: benchmark config file not found")
-    data = parse_yaml(path.read_text(), str(path))
+    try:
+        data = parse_yaml(read_text(path, "benchmark config"), str(path))
+    except ArgumentError as exc:
+        raise ConfigError(str(exc)) from None
     flags = {"suites": suites, "prompts_per_suite": prompts, "max_new_tokens": max_new_tokens}
     given = {k: v for k, v in flags.items() if v is not None}
     if isinstance(data, Mapping):

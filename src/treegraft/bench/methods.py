@@ -31,7 +31,12 @@ from treegraft.bench.config import (
 )
 from treegraft.bench.measure import ForwardMeter, StageTimer, synchronize
 from treegraft.bench.pairs import swap_model
-from treegraft.core.config import ConfigError, override, parse_yaml, pipeline_spec_from_dict
+from treegraft.core.config import (
+    ConfigError,
+    override,
+    pipeline_spec_from_dict,
+    read_pipeline_file,
+)
 from treegraft.core.decoder import ROOT_PATH, StepEvent, StopRule
 from treegraft.core.generation_settings import plain_generation
 from treegraft.core.pipeline import Pipeline, eos_ids_of, resolve_pipeline
@@ -385,7 +390,10 @@ def pipeline_mapping(
 ) -> dict[str, Any]:
     """The entry's pipeline mapping with the pair's models, its overrides and the bench decoding."""
     path = pipeline_file(entry, base_dir, where)
-    raw = parse_yaml(path.read_text(), str(path))
+    try:
+        raw = read_pipeline_file(path)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}.pipeline: {exc}") from None
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}.pipeline: {path} does not hold a pipeline mapping")
     raw = substitute_models(dict(raw), pair, entry.substitute)

@@ -33,7 +33,7 @@ from treegraft.bench.suites import Prompt, load_suites
 from treegraft.bench.summary import write_summary_json
 from treegraft.bench.sweep import BenchResult, first_few
 from treegraft.core.config import ConfigError
-from treegraft.core.errors import ArgumentError
+from treegraft.core.errors import ArgumentError, TreegraftError
 from treegraft.core.registry import Registry
 from treegraft.core.resources import Resources
 
@@ -79,6 +79,8 @@ def run_bench(
     check_device(config)
     prompts = load_suites(s.suites, s.prompts_per_suite, config.base_dir)
     plans = {pair.name: pipeline_plans(config, pair, registry) for pair in config.pairs}
+    check_out_dir(out, resume=resume, force=force)
+    check_model_refs(config, resources, pending_pairs(config, prompts, out if resume else None))
     segment = {"started": _now(), "options": options or {}, "environment": report.environment()}
     with ResultStore.open(out, resume=resume, force=force) as store:
         digests = prompt_digests(prompts)
@@ -142,6 +144,58 @@ def check_device(config: BenchConfig) -> None:
 
     if config.executor.name == "local" and (problem := device_problem(config.settings.device)):
         raise ConfigError(f"bench.device: {problem}")
+
+
+def pending_pairs(config: BenchConfig, prompts: list[Prompt], resumed: Path | None) -> set[str]:
+    """The pairs with prompts left to run: every pair, or those the store of the `resumed`
+    results folder does not hold as done (read only: nothing is created or locked)."""
+    from treegraft.bench.store import DONE, STORE, read_store
+    from treegraft.bench.units import sweep_order
+
+    stored = read_store(resumed / STORE).records if resumed is not None else ()
+    done = {key for r in stored if r.status == DONE for key in r.keys}
+    return {key[0] for key in sweep_order(config, prompts) if key not in done}
+
+
+def check_model_refs(config: BenchConfig, resources: Resources | None, pairs: set[str]) -> None:
+    """Refuse, before the results folder is made, one of `pairs` naming a model that is not
+    there (an unknown zoo name, a folder without `config.json`, a `mem:` name no `resources`
+    holds), so the mistake costs no model load and leaves no folder behind. Ray workers resolve
+    theirs."""
+    from treegraft import zoo
+    from treegraft.core.resources import resolve_model_path
+
+    held = set(resources.models) if resources is not None else set()
+    if config.executor.name != "local":
+        return
+    for i, pair in enumerate(config.pairs):
+        if pair.name not in pairs:
+            continue
+        for role, ref in (("target", pair.target), ("drafter", pair.drafter)):
+            if ref in held:
+                continue
+            try:
+                if ref.startswith("mem:"):
+                    raise ConfigError(
+                        f"in-memory model {ref!r}: none is held; mem:NAME models come from the "
+                        "Python API (run_bench(..., resources=Resources holding them))"
+                    )
+                zoo.check_name(ref) if ref.startswith("zoo:") else resolve_model_path(ref)
+            except TreegraftError as exc:
+                raise ConfigError(f"bench.pairs[{i}].{role} ({pair.name}): {exc}") from None
+
+
+def check_out_dir(out: Path, *, resume: bool, force: bool) -> None:
+    """Refuse, before the folder is created or locked, what `ResultStore.open` would: `--resume`
+    of a folder that holds no sweep, a non-empty folder without `--resume` or `--force`."""
+    from treegraft.bench.store import RESUME_OR_FORCE, OutDirError, refuse_non_empty
+
+    if resume and force:
+        raise OutDirError(RESUME_OR_FORCE)
+    if resume:
+        read_manifest(out)
+    elif not force and out.is_dir():
+        refuse_non_empty(out)
 
 
 def check_models(

@@ -119,6 +119,23 @@ def prepare_output_dir(path: Path, what: str) -> Path:
     return path
 
 
+def check_output_dir(path: Path, what: str) -> Path:
+    """Check, creating nothing, that the folder `path` exists or could be created and written:
+    a refusal found later (a bad setting, a missing file) then leaves no empty folder behind.
+    An existing file there, or above it, or an unwritable place is an `ArgumentError`."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ArgumentError(f"{what}: {path} is a file; expected a directory")
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ArgumentError(f"{what}: cannot create {path}: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ArgumentError(f"{what}: {path} is not writable: {existing} is read-only")
+    return path
+
+
 def prepare_output_file(path: Path, what: str) -> Path:
     """Check, before any expensive work, that the file `path` can be written: not a directory,
     its folder created and writable (`prepare_output_dir`); an `ArgumentError` otherwise."""

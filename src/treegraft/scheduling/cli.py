@@ -71,11 +71,11 @@ def pipeline_mapping(
     `strong` replaces the model of the strongest (last) LM drafter.
     """
     from treegraft.bench.pairs import swap_model
-    from treegraft.core.config import ConfigError, parse_yaml
+    from treegraft.core.config import ConfigError, read_pipeline_file
     from treegraft.core.pipeline import resolve_pipeline
 
     path = resolve_pipeline(pipeline)
-    raw = dict(parse_yaml(path.read_text(), str(path)))
+    raw = dict(read_pipeline_file(path))
     raw["target"] = target or raw["target"]
     if strong:
         drafters = raw.get("drafters") or {}
@@ -191,7 +191,7 @@ def collect(
 
     from treegraft.core.config import ConfigError
     from treegraft.core.errors import ArgumentError
-    from treegraft.core.inputs import prepare_output_dir
+    from treegraft.core.inputs import check_output_dir
     from treegraft.core.pipeline import load_pipeline
     from treegraft.scheduling.value_costs import check_jitter
     from treegraft.scheduling.value_eval import measure_costs
@@ -201,7 +201,7 @@ def collect(
 
     try:
         check_jitter(cost_jitter, jitter_spread)
-        prepare_output_dir(out_dir, "--out")  # before the models load: a file there is refused
+        check_output_dir(out_dir, "--out")  # before the models load; made once data is there
         raw = pipeline_mapping(pipeline, target=target, strong=strong, device=device, dtype=dtype)
         pipe = load_pipeline(raw)
         if policy_labels and follow is None:
