@@ -344,3 +344,55 @@ def test_collect_refuses_a_bad_pipeline_file_before_it_makes_the_out_folder(tmp_
         result.output.split()
     )
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("command", ["collect", "fit", "evaluate", "loo"])
+@pytest.mark.parametrize("threads", ["0", "100000"])
+def test_threads_beyond_the_machines_cpus_are_refused_before_any_work(tmp_path, command, threads):
+    """`--threads 999` was accepted (torch takes any count; the threads only contend)."""
+    from treegraft.core.arguments import usable_cpus
+
+    out = tmp_path / "out"
+    data = [] if command == "collect" else [str(tmp_path)]
+    written = ["--json" if command == "evaluate" else "--out", str(out)]
+    result = runner.invoke(app, [command, *data, "--threads", threads, *written])
+    assert result.exit_code == 2, result.output
+    assert (
+        f"--threads: expected int with 1 <= value <= {usable_cpus()} (the CPUs this process may "
+        f"use), got {threads}"
+    ) in " ".join(result.output.split())
+    assert not out.exists()
+
+
+EVALUATE_EARLY = {
+    "guard-above-1": (["--artifact", "zoo:scheduler", "--guard", "1.5"], "--guard: expected float "
+                      "with 0 <= value < 1, got 1.5"),
+    "guard-nan": (["--artifact", "zoo:scheduler", "--guard", "nan"], "--guard: expected float "
+                  "with 0 <= value < 1, got nan"),
+    "guard-alone": (["--guard", "0.1"], "--guard 0.1: the call guard is the distilled row's; "
+                    "give --artifact too"),
+    "artifact-missing": (["--artifact", "no-such-artifact"], "--artifact: scheduler artifact "
+                         "'no-such-artifact' not found"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "message"), EVALUATE_EARLY.values(), ids=EVALUATE_EARLY.keys())
+def test_evaluate_checks_its_options_before_the_dataset_loads(tmp_path, args, message):
+    """A bad --guard was named as `pipeline.scheduler (distilled).guard` only after the dataset
+    and its pipeline had loaded; without --artifact it was ignored; a missing or damaged
+    artifact was found after the pipeline loaded, named as `pipeline.scheduler.artifact`."""
+    result = runner.invoke(app, ["evaluate", str(tmp_path / "no-dataset"), *args])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+
+
+def test_collect_checks_the_followed_artifact_before_the_pipeline_loads(tmp_path):
+    art = tmp_path / "art"
+    art.mkdir()
+    (art / "scheduler.json").write_text('{"format": "treegraft-scheduler/1"}')
+    (art / "scheduler.safetensors").write_bytes(b"")
+    result = runner.invoke(app, ["collect", "no-such-pipeline", "--follow", str(art)])
+    assert result.exit_code == 2, result.output
+    assert f"--follow: {art / 'scheduler.json'}: 'layers': expected int >= 1" in " ".join(
+        result.output.split()
+    )
