@@ -170,3 +170,22 @@ def test_the_command_refuses_before_it_makes_the_results_folder(
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_suite_shorter_than_prompts_per_suite_is_said_not_reported_as_full(tmp_path):
+    """Each suite holds 2 prompts: `prompts_per_suite: 3` ran 2 of each silently, and the
+    report's header said 3 per suite."""
+    config = small_config(tmp_path, prompts_per_suite=3, max_new_tokens=2)
+    with pytest.warns(UserWarning) as caught:
+        run_bench(config, tmp_path / "out", resources=pair_resources(), progress=False)
+    said = [str(w.message) for w in caught if "prompts_per_suite" in str(w.message)]
+    assert said == [
+        f"bench.prompts_per_suite: 3, but suite '{suite}' holds 2 prompt(s) "
+        f"({tmp_path / f'{suite}.jsonl'}): all of them run"
+        for suite in ("code", "chat")
+    ]
+    header = (tmp_path / "out" / "summary.md").read_text().splitlines()[2]
+    assert "· prompts per suite: code 2, chat 2 ·" in header
+    short = small_config(tmp_path, max_new_tokens=2)  # 1 of each: as asked, said as before
+    run_bench(short, tmp_path / "again", resources=pair_resources(), progress=False)
+    assert "· 1 prompt(s) per suite ·" in (tmp_path / "again" / "summary.md").read_text()

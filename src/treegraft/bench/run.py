@@ -414,9 +414,9 @@ def write_reports(
     """summary.csv, summary.md, the PNG plots and (replay) latency.json."""
     s = config.settings
     header = (
-        f"{len(config.pairs)} pair(s) · suites {', '.join(s.suites)} · {s.prompts_per_suite} "
-        f"prompt(s) per suite · max {s.max_new_tokens} new tokens · {s.dtype} · greedy, batch 1 · "
-        f"{s.repeat} repetition(s)"
+        f"{len(config.pairs)} pair(s) · suites {', '.join(s.suites)} · "
+        f"{prompts_per_suite(requests, s.prompts_per_suite)} · max {s.max_new_tokens} new tokens · "
+        f"{s.dtype} · greedy, batch 1 · {s.repeat} repetition(s)"
     )
     files = [out / report.REQUESTS, out / report.SUMMARY_CSV, out / report.SUMMARY_MD]
     report.write_csv(rows, files[1])
@@ -430,6 +430,18 @@ def write_reports(
         report.write_json(curves, out / report.LATENCY)
         files.append(out / report.LATENCY)
     return files
+
+
+def prompts_per_suite(requests: list[Request], wanted: int) -> str:
+    """`N prompt(s) per suite`, or each suite's count where a suite held fewer than `wanted`
+    (or a sweep cut short measured fewer)."""
+    prompts: dict[str, set[str]] = {}
+    for r in requests:
+        prompts.setdefault(r.suite, set()).add(r.prompt_id)
+    counts = {suite: len(ids) for suite, ids in prompts.items()}
+    if all(n == wanted for n in counts.values()):
+        return f"{wanted} prompt(s) per suite"
+    return "prompts per suite: " + ", ".join(f"{s} {n}" for s, n in counts.items())
 
 
 def _now() -> str:

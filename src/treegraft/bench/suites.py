@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 from pathlib import Path
 
 import attrs
@@ -64,4 +65,10 @@ def load_prompts(ref: str, n: int, base_dir: Path) -> list[Prompt]:
     prompts = [Prompt(name, i, text) for i, text in itertools.islice(records, n)]
     if not prompts:
         raise ConfigError(f"{path}: suite {name!r} holds no prompts")
+    if len(prompts) < n:
+        warnings.warn(
+            f"bench.prompts_per_suite: {n}, but suite {name!r} holds {len(prompts)} prompt(s) "
+            f"({path}): all of them run",
+            stacklevel=3,
+        )
     return prompts
