@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 
@@ -396,3 +397,55 @@ def test_collect_checks_the_followed_artifact_before_the_pipeline_loads(tmp_path
     assert f"--follow: {art / 'scheduler.json'}: 'layers': expected int >= 1" in " ".join(
         result.output.split()
     )
+
+
+COLLECT_EARLY = {
+    "seed": (["--seed", "-1"], "--seed: expected int >= 0, got -1"),
+    "skip-past-the-suite": (
+        ["--suite", "qa", "--skip", "10000"],
+        "--skip 10000: suite 'qa' holds 30 prompt(s), none is left to collect on",
+    ),
+    "skip-past-the-file": (
+        ["--prompt-file", "{file}", "--skip", "1"],
+        "--skip 1: --prompt-file {file} holds 1 prompt(s), none is left to collect on",
+    ),
+    "costs-missing": (["--costs", "{tmp}/nothing"], "--costs: {tmp}/nothing: not a scheduler"),
+    "costs-damaged": (["--costs", "{data}"], "--costs: meta.json 'cost': not a recorded cost "
+                      "model (KeyError: 'strong'); the dataset is damaged"),
+    "spread-nan": (["--cost-jitter", "1", "--jitter-spread", "nan"],
+                   "--jitter-spread: expected a finite number >= 1, got nan"),
+    "spread-inf": (["--cost-jitter", "1", "--jitter-spread", "inf"],
+                   "--jitter-spread: expected a finite number >= 1, got inf"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "message"), COLLECT_EARLY.values(), ids=COLLECT_EARLY.keys())
+def test_collect_refuses_bad_prompts_seeds_and_costs_before_the_pipeline_loads(
+    dataset_dir, tmp_path, args, message
+):
+    """--seed -1 and a --skip past the prompts were internal errors (numpy's, `max()` of an
+    empty sequence) after the pipeline loaded; a bad --costs dataset was found after it loaded,
+    without naming the option; a nan or inf --jitter-spread was 'below 1' or accepted."""
+    file = tmp_path / "one.jsonl"
+    file.write_text('{"prompt": "def f():"}\n')
+    data = tmp_path / "data"
+    shutil.copytree(dataset_dir, data)
+    meta = json.loads((data / "meta.json").read_text())
+    meta["cost"] = {"target": meta["cost"]["target"]}
+    (data / "meta.json").write_text(json.dumps(meta))
+    fill = {"file": file, "tmp": tmp_path, "data": data}
+    args = [a.format(**fill) for a in args]
+    result = runner.invoke(
+        app, ["collect", "no-such-pipeline", *args, "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 2, result.output
+    assert message.format(**fill) in " ".join(result.output.split())
+
+
+def test_collect_says_when_the_prompt_file_holds_fewer_prompts_than_asked(tmp_path):
+    file = tmp_path / "one.jsonl"
+    file.write_text('{"prompt": "def f():"}\n')
+    with pytest.warns(UserWarning, match=r"--prompts 3: --prompt-file .*one\.jsonl holds 1 after"):
+        result = runner.invoke(app, ["collect", "no-such-pipeline", "--prompt-file", str(file),
+                                     "--prompts", "3", "--out", str(tmp_path / "o")])  # fmt: skip
+    assert result.exit_code == 2 and "no-such-pipeline" in result.output  # after the prompts

@@ -28,6 +28,7 @@ from treegraft.scheduling.cli_setup import (
     check_guard,
     executor_options,
     pipeline_mapping,
+    recorded_costs,
     set_threads,
     text_prompts,
 )
@@ -121,7 +122,7 @@ def collect(
 
     set_threads(threads)
     _check_numbers(("--prompts", prompts, 1), ("--skip", skip, 0), ("--repeats", repeats, 1),
-                   ("--max-new-tokens", max_new_tokens, 1))  # fmt: skip
+                   ("--max-new-tokens", max_new_tokens, 1), ("--seed", seed, 0))  # fmt: skip
     shards = executor_options(executor, ray_address, workers, num_cpus, num_gpus)
     check_artifact("--follow", follow)
 
@@ -132,23 +133,24 @@ def collect(
     from treegraft.scheduling.value_costs import check_jitter
     from treegraft.scheduling.value_eval import measure_costs
     from treegraft.scheduling.value_shards import collect_sharded, follow_scheduler
-    from treegraft.scheduling.value_system import CostModel, Dataset, PromptIds, ValueSystemError
+    from treegraft.scheduling.value_system import PromptIds, ValueSystemError
     from treegraft.scheduling.value_system import collect as run_collect
 
     try:
         check_jitter(cost_jitter, jitter_spread)
         check_output_dir(out_dir, "--out")  # before the models load; made once data is there
-        raw = pipeline_mapping(pipeline, target=target, strong=strong, device=device, dtype=dtype)
-        pipe = load_pipeline(raw)
         if policy_labels and follow is None:
             raise ValueSystemError("--policy-labels: needs --follow ARTIFACT (the policy)")
-        policy = None if follow is None else follow_scheduler(follow, pipe)
+        recorded = recorded_costs(costs)
         texts, how = text_prompts(prompts, seed, skip, prompt_file, suite)
+        raw = pipeline_mapping(pipeline, target=target, strong=strong, device=device, dtype=dtype)
+        pipe = load_pipeline(raw)
+        policy = None if follow is None else follow_scheduler(follow, pipe)
         ids = [PromptIds(p.id, pipe.encode(p.text)) for p in texts]
         start = time.perf_counter()
         cost = (
-            CostModel.from_dict(Dataset.load(costs).meta["cost"])
-            if costs
+            recorded
+            if recorded is not None
             else measure_costs(pipe, [p.ids for p in ids], repeats=repeats)
         )
         console.print(f"costs ready in {time.perf_counter() - start:.1f}s: {_cost_line(cost)}")

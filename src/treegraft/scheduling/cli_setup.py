@@ -3,6 +3,7 @@ collected pipeline's mapping and prompts, the executor options (`treegraft.sched
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -75,15 +76,30 @@ def text_prompts(
     if suite is not None:
         if suite not in zoo.SUITES:
             _fail(f"--suite: expected one of {', '.join(zoo.SUITES)}, got {suite!r}")
-        records = zoo.load_suite(suite)[skip : skip + n]
+        records = zoo.load_suite(suite)
         prompts = [TextPrompt(r["id"], suite, r["prompt"], r.get("source", "")) for r in records]
-        return prompts, {"purpose": "evaluation", "prompts_from": f"suite {suite}"}
+        chosen = taken(prompts, n, skip, f"suite {suite!r}")
+        return chosen, {"purpose": "evaluation", "prompts_from": f"suite {suite}"}
     if prompt_file is not None:
-        prompts = read_prompt_file(prompt_file)[skip : skip + n]
-        return prompts, {"purpose": "training", "prompts_from": str(prompt_file)}
+        chosen = taken(read_prompt_file(prompt_file), n, skip, f"--prompt-file {prompt_file}")
+        return chosen, {"purpose": "training", "prompts_from": str(prompt_file)}
     prompts = training_prompts(skip + n, seed=seed)[skip:]
     source = f"zoo training side, training_prompts(seed={seed})[{skip}:{skip + n}]"
     return prompts, {"purpose": "training", "prompts_from": source}
+
+
+def taken(prompts: list[Any], n: int, skip: int, source: str) -> list[Any]:
+    """`prompts[skip : skip + n]`; none left is refused (the collection had nothing to label),
+    fewer than `n` is said."""
+    chosen = prompts[skip : skip + n]
+    if not chosen:
+        _fail(f"--skip {skip}: {source} holds {len(prompts)} prompt(s), none is left to collect on")
+    if len(chosen) < n:
+        warnings.warn(
+            f"--prompts {n}: {source} holds {len(chosen)} after --skip {skip}; collecting on those",
+            stacklevel=3,
+        )
+    return chosen
 
 
 def executor_options(
@@ -152,3 +168,16 @@ def check_guard(guard: float | None, artifact: str | None) -> None:
     check = attrs.fields(DistilledConfig).guard.validator
     if not check.test(guard):
         _fail(f"--guard: expected float {check.describe}, got {guard}")
+
+
+def recorded_costs(path: Path | None) -> Any:
+    """The cost model recorded in the dataset `path` (`collect --costs`; None: not given), read
+    before the pipeline loads; a missing or damaged dataset names the option."""
+    from treegraft.scheduling.value_system import CostModel, Dataset, ValueSystemError
+
+    if path is None:
+        return None
+    try:
+        return CostModel.from_dict(Dataset.load(path).meta["cost"])
+    except ValueSystemError as exc:
+        _fail(f"--costs: {exc}")
