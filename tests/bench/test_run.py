@@ -189,3 +189,24 @@ def test_a_suite_shorter_than_prompts_per_suite_is_said_not_reported_as_full(tmp
     short = small_config(tmp_path, max_new_tokens=2)  # 1 of each: as asked, said as before
     run_bench(short, tmp_path / "again", resources=pair_resources(), progress=False)
     assert "· 1 prompt(s) per suite ·" in (tmp_path / "again" / "summary.md").read_text()
+
+
+def test_resume_accepts_the_sweep_file_by_another_path(tmp_path, monkeypatch):
+    """`bench sweep.yaml --out o`, then `bench /abs/sweep.yaml --out o --resume` (or from
+    another folder) was refused: 'its sweep differs from this one in source'."""
+    from treegraft.bench import load_bench_config
+
+    config = small_config(tmp_path, max_new_tokens=2)
+    sweep = {**config.as_dict(), "pipelines": ["mine.yaml"]}
+    del sweep["source"]
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
+    monkeypatch.chdir(tmp_path)
+    first = load_bench_config("sweep.yaml")
+    run_bench(first, tmp_path / "out", resources=pair_resources(), progress=False)
+    again = load_bench_config(tmp_path / "sweep.yaml")
+    assert again.source != first.source
+    run_bench(again, tmp_path / "out", resources=memory_resources(), progress=False, resume=True)
+    edited = {**sweep, "max_new_tokens": 3}  # what the sweep measures is still compared
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(edited))
+    with pytest.raises(ConfigError, match=r"differs from this one in max_new_tokens$"):
+        run_bench(load_bench_config("sweep.yaml"), tmp_path / "out", resume=True)
