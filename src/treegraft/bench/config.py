@@ -381,8 +381,9 @@ def load_bench_config_with(
     (`--prompts (bench.prompts_per_suite): ...`), else the file and the field
     (`sweep.yaml: bench.prompts_per_suite: ...`).
 
-    `suites` replaces the file's suites; `pairs` keeps only the pairs of those names (labels, or
-    `target+drafter`), in the order given.
+    `suites` replaces the file's suites (a relative JSONL path is taken from the current
+    folder, as the command line gave it, not the sweep file's); `pairs` keeps only the pairs of
+    those names (labels, or `target+drafter`), in the order given.
     """
     path = Path(path)
     if not path.is_file():
@@ -391,6 +392,10 @@ def load_bench_config_with(
         data = parse_yaml(read_text(path, "benchmark config"), str(path))
     except ArgumentError as exc:
         raise ConfigError(str(exc)) from None
+    if suites is not None:  # files named on the command line are where the user stands
+        suites = [
+            s if s in SUITES or Path(s).is_absolute() else str(Path.cwd() / s) for s in suites
+        ]
     flags = {"suites": suites, "prompts_per_suite": prompts, "max_new_tokens": max_new_tokens}
     given = {k: v for k, v in flags.items() if v is not None}
     if isinstance(data, Mapping):

@@ -30,8 +30,10 @@ def suite_file(ref: str, base_dir: Path) -> tuple[str, Path]:
     path = path if path.is_absolute() else base_dir / path
     if path.suffix == ".jsonl" and path.is_file():
         return path.stem, path
+    why = "not a .jsonl file" if path.suffix != ".jsonl" else f"{path} is not a file"
     raise ConfigError(
-        f"bench.suites: {ref!r} is neither a zoo suite ({', '.join(zoo.SUITES)}) nor a JSONL file"
+        f"bench.suites: {ref!r} is neither a zoo suite ({', '.join(zoo.SUITES)}) nor a JSONL "
+        f"file ({why})"
     )
 
 
