@@ -210,3 +210,18 @@ def test_resume_accepts_the_sweep_file_by_another_path(tmp_path, monkeypatch):
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(edited))
     with pytest.raises(ConfigError, match=r"differs from this one in max_new_tokens$"):
         run_bench(load_bench_config("sweep.yaml"), tmp_path / "out", resume=True)
+
+
+def test_force_leaves_nothing_of_the_sweep_it_replaces(tmp_path):
+    """`--force` kept the earlier sweep's latency.json (read by a `--resume` of the new sweep
+    as the curves its replays must reuse) and its replay.png (taken for the new sweep's)."""
+    out = tmp_path / "out"
+    replayed = small_config(tmp_path, replay=True, latency_repeats=1, max_new_tokens=2)
+    run_bench(replayed, out, resources=pair_resources(), progress=False)
+    assert (out / "latency.json").is_file() and (out / "replay.png").is_file()
+    (out / "notes.txt").write_text("mine")
+    plain = small_config(tmp_path, max_new_tokens=2)
+    run_bench(plain, out, resources=pair_resources(), progress=False, force=True)
+    assert not (out / "latency.json").exists() and not (out / "replay.png").exists()
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (out / "summary.md").is_file()

@@ -89,6 +89,7 @@ def run_bench(
             check_prompts_unchanged(out, manifest.get("prompts"), digests)
             manifest["segments"].append(segment)
         else:
+            remove_outputs(out)  # `--force`: nothing of the sweep it replaces stays behind
             manifest = {**segment, "config": config.as_dict(), "segments": [segment]}
             curves = {}
         manifest["prompts"] = digests
@@ -135,6 +136,22 @@ def run_bench(
         (out / report.MANIFEST, *files),
         tuple(failed),
     )
+
+
+#: What a sweep writes into its folder besides `units.jsonl` (which the store empties itself).
+OUTPUTS = (
+    report.MANIFEST, report.REQUESTS, report.SUMMARY_CSV, report.SUMMARY_MD,
+    report.SUMMARY_JSON, report.LATENCY, "speedup.png", "tau.png", "time_split.png",
+    "replay.png",
+)  # fmt: skip
+
+
+def remove_outputs(out: Path) -> None:
+    """Delete the files an earlier sweep wrote into `out` (a sweep started over with `--force`):
+    its latency curves would be read by a `--resume` of the new sweep, and a plot the new one
+    does not draw (`replay.png`) would be taken for its own. Other files are left alone."""
+    for name in OUTPUTS:
+        (out / name).unlink(missing_ok=True)
 
 
 def check_device(config: BenchConfig) -> None:
