@@ -53,7 +53,11 @@ def test_entries_accept_names_and_mappings():
             {"pairs": [PAIR, {"target": "zoo:target"}]},
             "bench.pairs[1].drafter: missing required key",
         ),
-        ({"pairs": [PAIR], "max_new_tokens": 0}, "bench.max_new_tokens: expected int >= 1, got 0"),
+        ({"pairs": [PAIR], "max_new_tokens": 0}, "bench.max_new_tokens: expected int >= 1"),
+        (  # it was refused as a pipeline's `decoding.max_new_tokens`, not the bench's field
+            {"pairs": [PAIR], "max_new_tokens": 10**11},
+            "bench.max_new_tokens: expected int >= 1 and <= 1000000, got 100000000000",
+        ),
         (
             {"pairs": [PAIR], "baselines": ["hf-assisted", "medusa"]},
             "bench.baselines[1]: unknown baseline 'medusa'",

@@ -225,3 +225,22 @@ def test_force_leaves_nothing_of_the_sweep_it_replaces(tmp_path):
     assert not (out / "latency.json").exists() and not (out / "replay.png").exists()
     assert (out / "notes.txt").read_text() == "mine"
     assert (out / "summary.md").is_file()
+
+
+def test_a_sweep_refused_once_its_models_load_leaves_no_folder(tmp_path):
+    """A prompt too long for the pair is found when the models load: the folder was left with
+    a manifest, and the corrected command was refused ('the folder is not empty')."""
+    out = tmp_path / "runs" / "out"
+    too_long = small_config(tmp_path, max_new_tokens=100_000)
+    with pytest.raises(ConfigError, match=r"do not fit with max_new_tokens 100000"):
+        run_bench(too_long, out, resources=pair_resources(), progress=False)
+    assert not out.exists()
+    out.mkdir(parents=True)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"do not fit"):  # into a folder of the user's
+        run_bench(too_long, out, resources=pair_resources(), progress=False, force=True)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    (out / "notes.txt").unlink()
+    run_bench(small_config(tmp_path, max_new_tokens=2), out, resources=pair_resources(),
+              progress=False)  # fmt: skip
+    assert (out / "summary.md").is_file()

@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 
 from treegraft.core.config import (
+    MAX_NEW_TOKENS,
     Check,
     ConfigError,
     at_least,
@@ -162,7 +163,11 @@ class BenchSettings:
         attrs.Factory(lambda: list(SUITES)), doc="zoo suite names or JSONL suite files"
     )
     prompts_per_suite: int = field(10, check=at_least(1), doc="first N prompts of each suite")
-    max_new_tokens: int = field(128, check=at_least(1), doc="tokens generated per prompt at most")
+    max_new_tokens: int = field(
+        128,
+        check=at_least(1, sane_max=MAX_NEW_TOKENS),
+        doc="tokens generated per prompt at most",
+    )
     baselines: list[str] = field(
         attrs.Factory(lambda: list(BASELINES)),
         check=each(one_of(*BASELINES)),

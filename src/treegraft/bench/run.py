@@ -82,7 +82,11 @@ def run_bench(
     check_out_dir(out, resume=resume, force=force)
     check_model_refs(config, resources, pending_pairs(config, prompts, out if resume else None))
     segment = {"started": _now(), "options": options or {}, "environment": report.environment()}
-    with ResultStore.open(out, resume=resume, force=force) as store:
+    made = not out.exists()
+    with (
+        ResultStore.open(out, resume=resume, force=force) as store,
+        _nothing_left_if_refused(out, made=made, store=store, resume=resume),
+    ):
         digests = prompt_digests(prompts)
         if resume:
             manifest, curves = resumed_state(out, config, plans, store)
@@ -152,6 +156,24 @@ def remove_outputs(out: Path) -> None:
     does not draw (`replay.png`) would be taken for its own. Other files are left alone."""
     for name in OUTPUTS:
         (out / name).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _nothing_left_if_refused(out: Path, *, made: bool, store: Any, resume: bool) -> Iterator[None]:
+    """A new sweep refused once its models loaded, before any unit was stored (a prompt too
+    long for the pair, a model a pipeline refuses), takes its files back, and its folder when
+    it made it: the same command, corrected, then runs without `--force`."""
+    from treegraft.bench.store import LOCK, STORE
+
+    try:
+        yield
+    except ConfigError:
+        if not resume and not store.records:
+            for name in (*OUTPUTS, STORE, LOCK):
+                (out / name).unlink(missing_ok=True)
+            if made and not any(out.iterdir()):
+                out.rmdir()
+        raise
 
 
 def check_device(config: BenchConfig) -> None:
