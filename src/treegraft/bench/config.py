@@ -386,9 +386,9 @@ def load_bench_config_with(
     (`--prompts (bench.prompts_per_suite): ...`), else the file and the field
     (`sweep.yaml: bench.prompts_per_suite: ...`).
 
-    `suites` replaces the file's suites (a relative JSONL path is taken from the current
-    folder, as the command line gave it, not the sweep file's); `pairs` keeps only the pairs of
-    those names (labels, or `target+drafter`), in the order given.
+    `suites` replaces the file's suites (a relative JSONL path is taken from the current folder
+    where a file is there, else from the sweep file's, as the file's own suites are); `pairs`
+    keeps only the pairs of those names (labels, or `target+drafter`), in the order given.
     """
     path = Path(path)
     if not path.is_file():
@@ -397,10 +397,8 @@ def load_bench_config_with(
         data = parse_yaml(read_text(path, "benchmark config"), str(path))
     except ArgumentError as exc:
         raise ConfigError(str(exc)) from None
-    if suites is not None:  # files named on the command line are where the user stands
-        suites = [
-            s if s in SUITES or Path(s).is_absolute() else str(Path.cwd() / s) for s in suites
-        ]
+    if suites is not None:  # a file named on the command line: from where the user stands
+        suites = [str(Path.cwd() / s) if _typed_here(s) else s for s in suites]
     flags = {"suites": suites, "prompts_per_suite": prompts, "max_new_tokens": max_new_tokens}
     given = {k: v for k, v in flags.items() if v is not None}
     if isinstance(data, Mapping):
@@ -410,6 +408,11 @@ def load_bench_config_with(
     except ConfigError as exc:
         raise ConfigError(_name_source(str(exc), path, set(given))) from None
     return config if pairs is None else select_pairs(config, pairs)
+
+
+def _typed_here(ref: str) -> bool:
+    """Whether the suite `ref` given on the command line is a file of the current folder."""
+    return ref not in SUITES and not Path(ref).is_absolute() and (Path.cwd() / ref).is_file()
 
 
 #: Command-line flag of each sweep field it overrides.
