@@ -120,9 +120,10 @@ def prepare_output_dir(path: Path, what: str) -> Path:
 
 
 def check_output_dir(path: Path, what: str) -> Path:
-    """Check, creating nothing, that the folder `path` exists or could be created and written:
-    a refusal found later (a bad setting, a missing file) then leaves no empty folder behind.
-    An existing file there, or above it, or an unwritable place is an `ArgumentError`."""
+    """Check, leaving nothing behind, that the folder `path` exists or could be created, and
+    written: a refusal found later (a bad setting, a missing file) then leaves no empty folder.
+    A file there or above it, or a place that cannot be written, is an `ArgumentError` worded
+    as `prepare_output_dir`'s."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ArgumentError(f"{what}: {path} is a file; expected a directory")
@@ -131,8 +132,14 @@ def check_output_dir(path: Path, what: str) -> Path:
         existing = existing.parent
     if not existing.is_dir():
         raise ArgumentError(f"{what}: cannot create {path}: {existing} is a file")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ArgumentError(f"{what}: {path} is not writable: {existing} is read-only")
+    probe = existing / f".treegraft-write-check-{os.getpid()}"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        if existing == path.absolute():
+            raise ArgumentError(f"{what}: {path} is not writable: {exc.strerror}") from None
+        raise ArgumentError(f"{what}: cannot create {path}: {exc.strerror}") from None
     return path
 
 
