@@ -201,27 +201,36 @@ def check_model_refs(config: BenchConfig, resources: Resources | None, pairs: se
     there (an unknown zoo name, a folder without `config.json`, a `mem:` name no `resources`
     holds), so the mistake costs no model load and leaves no folder behind. Ray workers resolve
     theirs."""
-    from treegraft import zoo
-    from treegraft.core.resources import resolve_model_path
-
-    held = set(resources.models) if resources is not None else set()
     if config.executor.name != "local":
         return
+    held = set(resources.models) if resources is not None else set()
     for i, pair in enumerate(config.pairs):
         if pair.name not in pairs:
             continue
         for role, ref in (("target", pair.target), ("drafter", pair.drafter)):
-            if ref in held:
-                continue
             try:
-                if ref.startswith("mem:"):
-                    raise ConfigError(
-                        f"in-memory model {ref!r}: none is held; mem:NAME models come from the "
-                        "Python API (run_bench(..., resources=Resources holding them))"
-                    )
-                zoo.check_name(ref) if ref.startswith("zoo:") else resolve_model_path(ref)
+                if ref not in held:
+                    check_model_ref(ref)
             except TreegraftError as exc:
                 raise ConfigError(f"bench.pairs[{i}].{role} ({pair.name}): {exc}") from None
+
+
+def check_model_ref(ref: str) -> None:
+    """Raise a `TreegraftError` unless the model `ref` can be had without loading it: a known
+    zoo name (nothing is fetched), or a folder with a `config.json`; a `mem:` name only ever
+    comes from a `Resources` of the Python API."""
+    from treegraft import zoo
+    from treegraft.core.resources import resolve_model_path
+
+    if ref.startswith("mem:"):
+        raise ConfigError(
+            f"in-memory model {ref!r}: none is held; mem:NAME models come from the Python API "
+            "(run_bench(..., resources=Resources holding them))"
+        )
+    if ref.startswith("zoo:"):
+        zoo.check_name(ref)
+    else:
+        resolve_model_path(ref)
 
 
 def check_out_dir(out: Path, *, resume: bool, force: bool) -> None:
