@@ -449,3 +449,18 @@ def test_collect_says_when_the_prompt_file_holds_fewer_prompts_than_asked(tmp_pa
         result = runner.invoke(app, ["collect", "no-such-pipeline", "--prompt-file", str(file),
                                      "--prompts", "3", "--out", str(tmp_path / "o")])  # fmt: skip
     assert result.exit_code == 2 and "no-such-pipeline" in result.output  # after the prompts
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("- a\n", "expected a pipeline mapping, got list"), ("3\n", "got int"),
+     ("drafters: {}\n", "pipeline.target: missing required key")],
+)  # fmt: skip
+def test_collect_names_a_pipeline_file_that_is_no_pipeline(tmp_path, text, message):
+    """A list or a number in the file, or a pipeline without a target, was an internal error
+    (dict() of a list, KeyError 'target')."""
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text(text)
+    result = runner.invoke(app, ["collect", str(pipeline), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())

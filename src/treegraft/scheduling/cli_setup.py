@@ -52,8 +52,12 @@ def pipeline_mapping(
     from treegraft.core.pipeline import resolve_pipeline
 
     path = resolve_pipeline(pipeline)
-    raw = dict(read_pipeline_file(path))
-    raw["target"] = target or raw["target"]
+    raw = read_pipeline_file(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a pipeline mapping, got {type(raw).__name__}")
+    raw = dict(raw)
+    if target is not None:
+        raw["target"] = target
     if strong:
         drafters = raw.get("drafters") or {}
         specs = list(drafters.values()) if isinstance(drafters, dict) else list(drafters)
