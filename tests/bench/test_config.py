@@ -186,6 +186,24 @@ def test_a_bad_override_is_reported_with_the_entry_path():
         pipeline_plans(cfg, cfg.pairs[0])
 
 
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("target: zoo:target\ndecoding: 3\n", "pipeline.decoding: expected a mapping, got 3"),
+        ("target: zoo:target\ndrafters: 3\n", "pipeline.builder: missing required key"),
+        ("target: zoo:target\ndrafters: 3\nbuilder: {name: layered}\n", "pipeline.drafters"),
+    ],
+)
+def test_a_pipeline_file_of_the_wrong_shape_is_named(tmp_path, body, message):
+    """`decoding: 3` or `drafters: 3` in a sweep's pipeline file was an internal TypeError."""
+    (tmp_path / "p.yaml").write_text(body)
+    cfg = bench_config_from_dict({"pairs": [PAIR], "baselines": [], "pipelines": ["p.yaml"]},
+                                 base_dir=tmp_path)  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        pipeline_plans(cfg, cfg.pairs[0])
+    assert str(info.value).startswith(f"bench.pipelines[0]: {message}")
+
+
 @pytest.mark.parametrize(("name", "max_new"), [("paper.yaml", 128), ("paper-cpu.yaml", 64)])
 def test_the_shipped_paper_configs_are_valid(name: str, max_new: int):
     from pathlib import Path

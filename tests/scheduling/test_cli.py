@@ -454,7 +454,8 @@ def test_collect_says_when_the_prompt_file_holds_fewer_prompts_than_asked(tmp_pa
 @pytest.mark.parametrize(
     ("text", "message"),
     [("- a\n", "expected a pipeline mapping, got list"), ("3\n", "got int"),
-     ("drafters: {}\n", "pipeline.target: missing required key")],
+     ("drafters: {}\n", "pipeline.target: missing required key"),
+     ("target: zoo:target\ndecoding: 3\n", "pipeline.decoding: expected a mapping, got 3")],
 )  # fmt: skip
 def test_collect_names_a_pipeline_file_that_is_no_pipeline(tmp_path, text, message):
     """A list or a number in the file, or a pipeline without a target, was an internal error

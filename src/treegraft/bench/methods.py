@@ -402,8 +402,11 @@ def pipeline_mapping(
             raw = override(raw, key, value)
         except ConfigError as exc:
             raise ConfigError(f"{where}.override.{key}: {exc}") from None
+    decoding = raw.get("decoding") or {}
+    if not isinstance(decoding, Mapping):
+        raise ConfigError(f"{where}: pipeline.decoding: expected a mapping, got {decoding!r}")
     raw["decoding"] = {
-        **(raw.get("decoding") or {}),
+        **decoding,
         "max_new_tokens": settings.max_new_tokens,
         "stop": [],
         "stop_at_eos": True,
@@ -433,8 +436,13 @@ def substitute_models(raw: dict[str, Any], pair: Pair, which: str) -> dict[str, 
     moved = {raw["target"]: pair.target} if isinstance(raw.get("target"), str) else {}
     raw["target"] = pair.target
     drafters = raw.get("drafters")
-    specs = list(drafters.values()) if isinstance(drafters, Mapping) else list(drafters or [])
-    lm = [d for d in specs if isinstance(d, dict) and "model" in d]
+    # anything but a mapping or a list is left for the pipeline's own check to name
+    specs = list(drafters.values()) if isinstance(drafters, Mapping) else drafters
+    lm = (
+        [d for d in specs if isinstance(d, dict) and "model" in d]
+        if isinstance(specs, list)
+        else []
+    )
     chosen = {"strongest": lm[-1:], "all": lm, "none": []}[which]
     for spec in chosen:
         if isinstance(spec["model"], str):

@@ -60,13 +60,20 @@ def pipeline_mapping(
         raw["target"] = target
     if strong:
         drafters = raw.get("drafters") or {}
-        specs = list(drafters.values()) if isinstance(drafters, dict) else list(drafters)
-        lms = [d for d in specs if isinstance(d, dict) and "model" in d]
+        specs = list(drafters.values()) if isinstance(drafters, dict) else drafters
+        lms = (
+            [d for d in specs if isinstance(d, dict) and "model" in d]
+            if isinstance(specs, list)
+            else []
+        )
         if not lms:
             raise ConfigError(f"--strong: pipeline {pipeline!r} has no LM drafter")
         swap_model(lms[-1], strong)
+    decoding = raw.get("decoding") or {}
+    if not isinstance(decoding, dict):
+        raise ConfigError(f"{path}: pipeline.decoding: expected a mapping, got {decoding!r}")
     raw["verifier"] = {"name": "greedy"}
-    raw["decoding"] = {**(raw.get("decoding") or {}), "device": device, "dtype": dtype, "stop": []}
+    raw["decoding"] = {**decoding, "device": device, "dtype": dtype, "stop": []}
     return raw
 
 
