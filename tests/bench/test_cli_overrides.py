@@ -131,3 +131,24 @@ def test_resume_and_force_together_are_refused(sweep: Path, tmp_path: Path):
     assert result.exit_code == 2
     assert "--resume and --force: choose one" in result.output
     assert not out.exists()
+
+
+def test_suites_given_on_the_command_line_are_found_from_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """`treegraft bench sweeps/s.yaml --suites mine.jsonl` looked for sweeps/mine.jsonl (the
+    file's suites are relative to the file; a path typed on the command line is not)."""
+    from treegraft.bench.suites import load_suites
+
+    (tmp_path / "sweeps").mkdir()
+    path = tmp_path / "sweeps" / "s.yaml"
+    path.write_text(yaml.safe_dump({**SWEEP, "suites": ["beside.jsonl"]}))
+    for name in ("mine.jsonl", "sweeps/beside.jsonl"):
+        (tmp_path / name).write_text('{"id": "a", "prompt": "def f():"}\n')
+    monkeypatch.chdir(tmp_path)
+    cfg = load_bench_config_with(Path("sweeps/s.yaml"), suites=["mine.jsonl", "gsm8k"])
+    assert cfg.settings.suites == [str(tmp_path / "mine.jsonl"), "gsm8k"]
+    prompts = load_suites(cfg.settings.suites, 1, cfg.base_dir)
+    assert [(p.suite, p.id) for p in prompts] == [("mine", "a"), ("gsm8k", "gsm8k-00")]
+    own = load_bench_config_with(Path("sweeps/s.yaml"))  # the file's own: beside the file
+    assert [p.suite for p in load_suites(own.settings.suites, 1, own.base_dir)] == ["beside"]

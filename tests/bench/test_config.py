@@ -53,7 +53,11 @@ def test_entries_accept_names_and_mappings():
             {"pairs": [PAIR, {"target": "zoo:target"}]},
             "bench.pairs[1].drafter: missing required key",
         ),
-        ({"pairs": [PAIR], "max_new_tokens": 0}, "bench.max_new_tokens: expected int >= 1, got 0"),
+        ({"pairs": [PAIR], "max_new_tokens": 0}, "bench.max_new_tokens: expected int >= 1"),
+        (  # it was refused as a pipeline's `decoding.max_new_tokens`, not the bench's field
+            {"pairs": [PAIR], "max_new_tokens": 10**11},
+            "bench.max_new_tokens: expected int >= 1 and <= 1000000, got 100000000000",
+        ),
         (
             {"pairs": [PAIR], "baselines": ["hf-assisted", "medusa"]},
             "bench.baselines[1]: unknown baseline 'medusa'",
@@ -67,13 +71,21 @@ def test_entries_accept_names_and_mappings():
         ),
         (
             {"pairs": [PAIR], "pipelines": [{"pipeline": "treegraft-threshold", "label": 3}]},
-            "bench.pipelines[0].label: expected str or null, got 3",
+            "bench.pipelines[0].label: expected str non-empty, or null, got 3",
         ),
         (
             {"pairs": [PAIR], "pipelines": ["chain"]},
             "bench.pipelines[0].label: the name 'chain' is already taken",
         ),
         ({"pairs": [PAIR, PAIR]}, "bench.pairs[1]: duplicate pair 'target+draft-s'"),
+        (  # an empty label fell back to the default name, unnoticed
+            {"pairs": [{**PAIR, "label": ""}]},
+            "bench.pairs[0].label: expected str non-empty, or null, got ''",
+        ),
+        (
+            {"pairs": [PAIR], "pipelines": [{"pipeline": "chain", "label": " "}]},
+            "bench.pipelines[0].label: expected str non-empty, or null, got ' '",
+        ),
         (
             {"pairs": [PAIR], "executor": {"name": "ray", "workers": 0}},
             "bench.executor.workers: expected int >= 1, or null, got 0",
@@ -172,6 +184,24 @@ def test_a_bad_override_is_reported_with_the_entry_path():
         ConfigError, match=r"bench.pipelines\[0\]: pipeline.scheduler.name: unknown scheduler"
     ):
         pipeline_plans(cfg, cfg.pairs[0])
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("target: zoo:target\ndecoding: 3\n", "pipeline.decoding: expected a mapping, got 3"),
+        ("target: zoo:target\ndrafters: 3\n", "pipeline.builder: missing required key"),
+        ("target: zoo:target\ndrafters: 3\nbuilder: {name: layered}\n", "pipeline.drafters"),
+    ],
+)
+def test_a_pipeline_file_of_the_wrong_shape_is_named(tmp_path, body, message):
+    """`decoding: 3` or `drafters: 3` in a sweep's pipeline file was an internal TypeError."""
+    (tmp_path / "p.yaml").write_text(body)
+    cfg = bench_config_from_dict({"pairs": [PAIR], "baselines": [], "pipelines": ["p.yaml"]},
+                                 base_dir=tmp_path)  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        pipeline_plans(cfg, cfg.pairs[0])
+    assert str(info.value).startswith(f"bench.pipelines[0]: {message}")
 
 
 @pytest.mark.parametrize(("name", "max_new"), [("paper.yaml", 128), ("paper-cpu.yaml", 64)])
@@ -331,3 +361,15 @@ def test_null_hf_settings_and_every_device_name_are_accepted():
         assert cfg.settings.device == device and cfg.settings.hf_max_ngram is None
     cfg = bench_config_from_dict({"pairs": [PAIR], "hf_assistant_tokens": 5, "hf_max_ngram": 3})
     assert (cfg.settings.hf_assistant_tokens, cfg.settings.hf_max_ngram) == (5, 3)
+
+
+def test_a_sweep_file_that_is_not_utf8_is_named(tmp_path):
+    """It was an internal error (UnicodeDecodeError)."""
+    path = tmp_path / "sweep.yaml"
+    path.write_bytes("pairs: [{target: zoo:target, drafter: caf\xe9}]\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as exc:
+        load_bench_config(path)
+    assert str(exc.value) == (
+        f"benchmark config: {path} is not UTF-8 text: byte 0xe9 at offset 41 (line 1); "
+        "save it as UTF-8"
+    )

@@ -69,3 +69,31 @@ def test_speedup_and_replay_plots_with_fifteen_methods(tmp_path: Path) -> None:
     assert low[0] == pytest.approx(overall[0].speedup - interval.lo) and low[0] > 0
     assert high[0] == pytest.approx(interval.hi - overall[0].speedup) and high[0] > 0
     assert error_bars([None]) == [[0.0], [0.0]]
+
+
+@pytest.mark.parametrize("suites", [1, 6])
+def test_plain_decoding_is_its_own_family_and_the_legends_do_not_overlap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suites: int
+) -> None:
+    """`ar` beside its faster `ar-runner` was drawn and listed as a pipeline; with few methods
+    the suites' legend ran into the families' legend, which listed families not plotted."""
+    from treegraft.bench import plots
+
+    assert family_of("ar") == family_of("ar-runner") == "plain decoding"
+    requests = []
+    for k in range(suites):
+        for i in range(3):
+            wall = 1.0 + 0.1 * i
+            requests += [req("ar", f"q{i}", wall, suite=f"s{k}"),
+                         req("ar-runner", f"q{i}", wall / 1.2, suite=f"s{k}"),
+                         req("ngram-only", f"q{i}", wall / 1.5, suite=f"s{k}")]  # fmt: skip
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig) or path)
+    plot_speedup(aggregate(requests), tmp_path / "speedup.png")
+    fig = figures[0]
+    fig.canvas.draw()
+    legends = [a for a in fig.axes[-1].get_children() if type(a).__name__ == "Legend"]
+    boxes = [legend.get_window_extent() for legend in legends]
+    assert len(boxes) == 2 and not boxes[0].overlaps(boxes[1])
+    families = [t.get_text() for t in legends[-1].get_texts()]
+    assert families == ["endpoints and chain", "plain decoding"]

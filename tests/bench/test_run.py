@@ -9,11 +9,13 @@ from pathlib import Path
 import attrs
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from tests.bench.conftest import pair_resources, write_suites
 from tests.conftest import memory_resources
 from treegraft.bench import bench_config_from_dict, run_bench
 from treegraft.bench.run import check_device
+from treegraft.cli import app
 from treegraft.core.config import ConfigError
 from treegraft.core.pipeline import resolve_pipeline
 
@@ -113,3 +115,132 @@ def test_damaged_latency_curves_are_named(tmp_path):
     (out / "latency.json").write_text('{"target+draft": {"target": [1.0,')
     with pytest.raises(ConfigError, match=r"latency\.json is not latency curves \(malformed JSON"):
         run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
+
+
+REFUSED_BEFORE_THE_FOLDER = {
+    "device": ({"device": "cuda:99"}, [], "bench.device: device 'cuda:99'"),
+    "zoo-model": (
+        {"pairs": [{"target": "zoo:nosuch", "drafter": "zoo:draft-s"}]},
+        [],
+        "bench.pairs[0].target (nosuch+draft-s): unknown zoo model 'zoo:nosuch'",
+    ),
+    "model-folder": (
+        {"pairs": [{"target": "zoo:target", "drafter": "no/such/folder"}]},
+        [],
+        "bench.pairs[0].drafter (target+folder): model 'no/such/folder' not found",
+    ),
+    "mem-model": (
+        {"pairs": [{"target": "mem:target", "drafter": "zoo:draft-s"}]},
+        [],
+        "bench.pairs[0].target (target+draft-s): in-memory model 'mem:target': none is held",
+    ),
+    "pipeline-not-utf8": (
+        {"pipelines": ["latin1.yaml"]},
+        [],
+        "bench.pipelines[0].pipeline: pipeline file: ",
+    ),
+    "resume-nothing": ({}, ["--resume"], "cannot resume"),
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "flags", "message"),
+    REFUSED_BEFORE_THE_FOLDER.values(),
+    ids=REFUSED_BEFORE_THE_FOLDER.keys(),
+)
+def test_the_command_refuses_before_it_makes_the_results_folder(
+    tmp_path, change: dict, flags: list[str], message: str
+):
+    """`--out` was created (and, for a missing model, a manifest written into it, so the same
+    command then refused the folder as not empty) before these checks refused the sweep."""
+    (tmp_path / "latin1.yaml").write_bytes("target: caf\xe9\n".encode("latin-1"))
+    sweep = {
+        "pairs": [{"target": "zoo:target", "drafter": "zoo:draft-s"}],
+        "suites": write_suites(tmp_path)[:1],
+        "prompts_per_suite": 1,
+        "max_new_tokens": 2,
+        "baselines": [],
+        "device": "cpu",
+        **change,
+    }
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    out = tmp_path / "runs" / "out"
+    result = CliRunner().invoke(app, ["bench", "run", str(path), "--out", str(out), *flags])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_suite_shorter_than_prompts_per_suite_is_said_not_reported_as_full(tmp_path):
+    """Each suite holds 2 prompts: `prompts_per_suite: 3` ran 2 of each silently, and the
+    report's header said 3 per suite."""
+    config = small_config(tmp_path, prompts_per_suite=3, max_new_tokens=2)
+    with pytest.warns(UserWarning) as caught:
+        run_bench(config, tmp_path / "out", resources=pair_resources(), progress=False)
+    said = [str(w.message) for w in caught if "prompts_per_suite" in str(w.message)]
+    assert said == [
+        f"bench.prompts_per_suite: 3, but suite '{suite}' holds 2 prompt(s) "
+        f"({tmp_path / f'{suite}.jsonl'}): all of them run"
+        for suite in ("code", "chat")
+    ]
+    header = (tmp_path / "out" / "summary.md").read_text().splitlines()[2]
+    assert "· prompts per suite: code 2, chat 2 ·" in header
+    short = small_config(tmp_path, max_new_tokens=2)  # 1 of each: as asked, said as before
+    run_bench(short, tmp_path / "again", resources=pair_resources(), progress=False)
+    assert "· 1 prompt(s) per suite ·" in (tmp_path / "again" / "summary.md").read_text()
+
+
+def test_resume_accepts_the_sweep_file_by_another_path(tmp_path, monkeypatch):
+    """`bench sweep.yaml --out o`, then `bench /abs/sweep.yaml --out o --resume` (or from
+    another folder) was refused: 'its sweep differs from this one in source'."""
+    from treegraft.bench import load_bench_config
+
+    config = small_config(tmp_path, max_new_tokens=2)
+    sweep = {**config.as_dict(), "pipelines": ["mine.yaml"]}
+    del sweep["source"]
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
+    monkeypatch.chdir(tmp_path)
+    first = load_bench_config("sweep.yaml")
+    run_bench(first, tmp_path / "out", resources=pair_resources(), progress=False)
+    again = load_bench_config(tmp_path / "sweep.yaml")
+    assert again.source != first.source
+    run_bench(again, tmp_path / "out", resources=memory_resources(), progress=False, resume=True)
+    edited = {**sweep, "max_new_tokens": 3}  # what the sweep measures is still compared
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(edited))
+    with pytest.raises(ConfigError, match=r"differs from this one in max_new_tokens$"):
+        run_bench(load_bench_config("sweep.yaml"), tmp_path / "out", resume=True)
+
+
+def test_force_leaves_nothing_of_the_sweep_it_replaces(tmp_path):
+    """`--force` kept the earlier sweep's latency.json (read by a `--resume` of the new sweep
+    as the curves its replays must reuse) and its replay.png (taken for the new sweep's)."""
+    out = tmp_path / "out"
+    replayed = small_config(tmp_path, replay=True, latency_repeats=1, max_new_tokens=2)
+    run_bench(replayed, out, resources=pair_resources(), progress=False)
+    assert (out / "latency.json").is_file() and (out / "replay.png").is_file()
+    (out / "notes.txt").write_text("mine")
+    plain = small_config(tmp_path, max_new_tokens=2)
+    run_bench(plain, out, resources=pair_resources(), progress=False, force=True)
+    assert not (out / "latency.json").exists() and not (out / "replay.png").exists()
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (out / "summary.md").is_file()
+
+
+def test_a_sweep_refused_once_its_models_load_leaves_no_folder(tmp_path):
+    """A prompt too long for the pair is found when the models load: the folder was left with
+    a manifest, and the corrected command was refused ('the folder is not empty')."""
+    out = tmp_path / "runs" / "out"
+    too_long = small_config(tmp_path, max_new_tokens=100_000)
+    with pytest.raises(ConfigError, match=r"do not fit with max_new_tokens 100000"):
+        run_bench(too_long, out, resources=pair_resources(), progress=False)
+    assert not out.exists()
+    out.mkdir(parents=True)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"do not fit"):  # into a folder of the user's
+        run_bench(too_long, out, resources=pair_resources(), progress=False, force=True)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    (out / "notes.txt").unlink()
+    run_bench(small_config(tmp_path, max_new_tokens=2), out, resources=pair_resources(),
+              progress=False)  # fmt: skip
+    assert (out / "summary.md").is_file()

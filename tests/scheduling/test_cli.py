@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 
@@ -331,3 +332,136 @@ def test_damaged_datasets_are_refused_naming_the_file(
     assert result.exit_code == 2, result.output
     assert f"{bad / message.split(':')[0]}:" in result.output and message in result.output
     assert "not a complete scheduler dataset file; collect it again" in result.output
+
+
+def test_collect_refuses_a_bad_pipeline_file_before_it_makes_the_out_folder(tmp_path):
+    """A pipeline file that is not UTF-8 was an internal error, after `--out` was created."""
+    pipeline = tmp_path / "latin1.yaml"
+    pipeline.write_bytes("target: caf\xe9\n".encode("latin-1"))
+    out = tmp_path / "data" / "train"
+    result = runner.invoke(app, ["collect", str(pipeline), "--out", str(out), "--prompts", "1"])
+    assert result.exit_code == 2, result.output
+    assert f"pipeline file: {pipeline} is not UTF-8 text: byte 0xe9" in " ".join(
+        result.output.split()
+    )
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("command", ["collect", "fit", "evaluate", "loo"])
+@pytest.mark.parametrize("threads", ["0", "100000"])
+def test_threads_beyond_the_machines_cpus_are_refused_before_any_work(tmp_path, command, threads):
+    """`--threads 999` was accepted (torch takes any count; the threads only contend)."""
+    from treegraft.core.arguments import usable_cpus
+
+    out = tmp_path / "out"
+    data = [] if command == "collect" else [str(tmp_path)]
+    written = ["--json" if command == "evaluate" else "--out", str(out)]
+    result = runner.invoke(app, [command, *data, "--threads", threads, *written])
+    assert result.exit_code == 2, result.output
+    assert (
+        f"--threads: expected int with 1 <= value <= {usable_cpus()} (the CPUs this process may "
+        f"use), got {threads}"
+    ) in " ".join(result.output.split())
+    assert not out.exists()
+
+
+EVALUATE_EARLY = {
+    "guard-above-1": (["--artifact", "zoo:scheduler", "--guard", "1.5"], "--guard: expected float "
+                      "with 0 <= value < 1, got 1.5"),
+    "guard-nan": (["--artifact", "zoo:scheduler", "--guard", "nan"], "--guard: expected float "
+                  "with 0 <= value < 1, got nan"),
+    "guard-alone": (["--guard", "0.1"], "--guard 0.1: the call guard is the distilled row's; "
+                    "give --artifact too"),
+    "artifact-missing": (["--artifact", "no-such-artifact"], "--artifact: scheduler artifact "
+                         "'no-such-artifact' not found"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "message"), EVALUATE_EARLY.values(), ids=EVALUATE_EARLY.keys())
+def test_evaluate_checks_its_options_before_the_dataset_loads(tmp_path, args, message):
+    """A bad --guard was named as `pipeline.scheduler (distilled).guard` only after the dataset
+    and its pipeline had loaded; without --artifact it was ignored; a missing or damaged
+    artifact was found after the pipeline loaded, named as `pipeline.scheduler.artifact`."""
+    result = runner.invoke(app, ["evaluate", str(tmp_path / "no-dataset"), *args])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+
+
+def test_collect_checks_the_followed_artifact_before_the_pipeline_loads(tmp_path):
+    art = tmp_path / "art"
+    art.mkdir()
+    (art / "scheduler.json").write_text('{"format": "treegraft-scheduler/1"}')
+    (art / "scheduler.safetensors").write_bytes(b"")
+    result = runner.invoke(app, ["collect", "no-such-pipeline", "--follow", str(art)])
+    assert result.exit_code == 2, result.output
+    assert f"--follow: {art / 'scheduler.json'}: 'layers': expected int >= 1" in " ".join(
+        result.output.split()
+    )
+
+
+COLLECT_EARLY = {
+    "seed": (["--seed", "-1"], "--seed: expected int >= 0, got -1"),
+    "skip-past-the-suite": (
+        ["--suite", "qa", "--skip", "10000"],
+        "--skip 10000: suite 'qa' holds 30 prompt(s), none is left to collect on",
+    ),
+    "skip-past-the-file": (
+        ["--prompt-file", "{file}", "--skip", "1"],
+        "--skip 1: --prompt-file {file} holds 1 prompt(s), none is left to collect on",
+    ),
+    "costs-missing": (["--costs", "{tmp}/nothing"], "--costs: {tmp}/nothing: not a scheduler"),
+    "costs-damaged": (["--costs", "{data}"], "--costs: meta.json 'cost': not a recorded cost "
+                      "model (KeyError: 'strong'); the dataset is damaged"),
+    "spread-nan": (["--cost-jitter", "1", "--jitter-spread", "nan"],
+                   "--jitter-spread: expected a finite number >= 1, got nan"),
+    "spread-inf": (["--cost-jitter", "1", "--jitter-spread", "inf"],
+                   "--jitter-spread: expected a finite number >= 1, got inf"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "message"), COLLECT_EARLY.values(), ids=COLLECT_EARLY.keys())
+def test_collect_refuses_bad_prompts_seeds_and_costs_before_the_pipeline_loads(
+    dataset_dir, tmp_path, args, message
+):
+    """--seed -1 and a --skip past the prompts were internal errors (numpy's, `max()` of an
+    empty sequence) after the pipeline loaded; a bad --costs dataset was found after it loaded,
+    without naming the option; a nan or inf --jitter-spread was 'below 1' or accepted."""
+    file = tmp_path / "one.jsonl"
+    file.write_text('{"prompt": "def f():"}\n')
+    data = tmp_path / "data"
+    shutil.copytree(dataset_dir, data)
+    meta = json.loads((data / "meta.json").read_text())
+    meta["cost"] = {"target": meta["cost"]["target"]}
+    (data / "meta.json").write_text(json.dumps(meta))
+    fill = {"file": file, "tmp": tmp_path, "data": data}
+    args = [a.format(**fill) for a in args]
+    result = runner.invoke(
+        app, ["collect", "no-such-pipeline", *args, "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 2, result.output
+    assert message.format(**fill) in " ".join(result.output.split())
+
+
+def test_collect_says_when_the_prompt_file_holds_fewer_prompts_than_asked(tmp_path):
+    file = tmp_path / "one.jsonl"
+    file.write_text('{"prompt": "def f():"}\n')
+    with pytest.warns(UserWarning, match=r"--prompts 3: --prompt-file .*one\.jsonl holds 1 after"):
+        result = runner.invoke(app, ["collect", "no-such-pipeline", "--prompt-file", str(file),
+                                     "--prompts", "3", "--out", str(tmp_path / "o")])  # fmt: skip
+    assert result.exit_code == 2 and "no-such-pipeline" in result.output  # after the prompts
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("- a\n", "expected a pipeline mapping, got list"), ("3\n", "got int"),
+     ("drafters: {}\n", "pipeline.target: missing required key"),
+     ("target: zoo:target\ndecoding: 3\n", "pipeline.decoding: expected a mapping, got 3")],
+)  # fmt: skip
+def test_collect_names_a_pipeline_file_that_is_no_pipeline(tmp_path, text, message):
+    """A list or a number in the file, or a pipeline without a target, was an internal error
+    (dict() of a list, KeyError 'target')."""
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text(text)
+    result = runner.invoke(app, ["collect", str(pipeline), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())

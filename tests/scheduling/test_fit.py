@@ -14,6 +14,7 @@ from treegraft.scheduling.fit import (
     FitConfig,
     Rows,
     explain,
+    fit,
     fit_rows,
     merge_members,
     rows_of,
@@ -104,6 +105,26 @@ def test_a_dataset_missing_a_feature_is_refused_by_name():
     data = dataset_with(names, np.zeros((4, F - 1)))
     with pytest.raises(ValueSystemError, match=r"dataset 0: .*\['ema_accepted'\].*collect"):
         rows_of([data])
+
+
+def test_a_non_finite_label_or_feature_is_refused_naming_the_row():
+    """One NaN made every epoch's loss NaN: an internal TypeError (no best epoch to load)."""
+    features = np.zeros((12, F))
+    features[9, FEATURE_NAMES.index("log_nodes")] = np.inf
+    data = dataset_with(list(FEATURE_NAMES), features)
+    with pytest.raises(ValueSystemError) as info:
+        rows_of([data])
+    assert str(info.value) == (
+        "dataset 0: row 9 (prompt 2) has a non-finite feature 'log_nodes' (inf); the data is "
+        "damaged: collect it again"
+    )
+    data["label_rel"][5] = np.nan
+    with pytest.raises(ValueSystemError, match=r"row 5 \(prompt 1\) has a non-finite label_rel"):
+        fit([data], attrs.evolve(FAST, epochs=2))
+    data["label_rel"][5] = 0.0
+    data["features"][9] = 0.0
+    data["label_rel"][6] = np.nan  # a capped row: left out of the fit, so not refused
+    assert rows_of([data]).n == 11
 
 
 def test_unknown_loss_and_empty_ensembles_are_refused():

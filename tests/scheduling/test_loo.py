@@ -205,7 +205,7 @@ def test_evaluate_replays_the_distilled_row_with_a_call_guard(pairs, tmp_path):
     assert rows["distilled"]["tokens_per_s"] > 0 and "oracle" in rows
     result = runner.invoke(app, [*args, "--guard", "1.5"])
     assert result.exit_code == 2
-    assert "guard: expected float with 0 <= value < 1, or null, got 1.5" in result.output
+    assert "--guard: expected float with 0 <= value < 1, got 1.5" in result.output
 
 
 # ---------------------------------------------------------------------------- bad input

@@ -146,7 +146,7 @@ def run(
     from treegraft.bench.run import run_bench
     from treegraft.bench.store import RESUME_OR_FORCE
     from treegraft.core.config import ConfigError
-    from treegraft.core.inputs import prepare_output_dir
+    from treegraft.core.inputs import check_output_dir
 
     overrides = {"prompts_per_suite": prompts, "max_new_tokens": max_new_tokens}
     try:
@@ -179,7 +179,7 @@ def run(
     if problem:
         _fail(problem)
     target = out_dir or Path("runs") / f"bench-{config.stem}-{datetime.now():%Y%m%d-%H%M%S}"
-    prepare_output_dir(target, "--out")  # before any model loads
+    check_output_dir(target, "--out")  # created by run_bench, once every check has passed
     options = {
         "quick": quick,
         "repeat": repeat,

@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 
 from treegraft.core.config import (
+    MAX_NEW_TOKENS,
     Check,
     ConfigError,
     at_least,
@@ -35,6 +36,8 @@ from treegraft.core.config import (
     structure_config,
 )
 from treegraft.core.devices import DEVICE_NAMES
+from treegraft.core.errors import ArgumentError
+from treegraft.core.inputs import read_text
 from treegraft.core.runner.forwards import FORWARD_SETTINGS
 from treegraft.core.runner.placement import valid_device_maps
 from treegraft.zoo import SUITES
@@ -71,6 +74,10 @@ HF_ASSISTED = "hf-assisted"
 #: pipeline's weak drafter alone).
 ENDPOINTS = ("ngram-only", "lm-only", "eagle-only", "ngram-store")
 
+#: A name in the reports: an empty one would silently fall back to the default name.
+NAME_OR_NULL = Check(
+    "non-empty or null", lambda v: v is None or (isinstance(v, str) and bool(v.strip()))
+)
 #: A count that may be left to Hugging Face's default (null).
 COUNT_OR_NULL = Check(">= 1 or null", lambda v: v is None or v >= 1)
 
@@ -81,7 +88,9 @@ class Pair:
 
     target: str = field(doc="target model reference: zoo:NAME, a directory or mem:NAME")
     drafter: str = field(doc="LM drafter reference substituted into the pipelines' LM drafters")
-    label: str | None = field(None, doc="name in the reports (default: target+drafter)")
+    label: str | None = field(
+        None, check=NAME_OR_NULL, doc="name in the reports (default: target+drafter)"
+    )
     drafter_options: dict[str, Any] | None = field(
         None,
         check=Check(
@@ -128,7 +137,9 @@ class PipelineEntry:
     """One pipeline of the sweep: a shipped name or YAML file, with optional overrides."""
 
     pipeline: str = field(doc="a shipped pipeline name or a pipeline YAML file")
-    label: str | None = field(None, doc="name in the reports (default: the pipeline's name)")
+    label: str | None = field(
+        None, check=NAME_OR_NULL, doc="name in the reports (default: the pipeline's name)"
+    )
     override: dict[str, Any] = field(
         attrs.Factory(dict),
         doc="component -> replacement mapping (or dotted key -> value), e.g. {scheduler: {name: never}}",
@@ -152,7 +163,11 @@ class BenchSettings:
         attrs.Factory(lambda: list(SUITES)), doc="zoo suite names or JSONL suite files"
     )
     prompts_per_suite: int = field(10, check=at_least(1), doc="first N prompts of each suite")
-    max_new_tokens: int = field(128, check=at_least(1), doc="tokens generated per prompt at most")
+    max_new_tokens: int = field(
+        128,
+        check=at_least(1, sane_max=MAX_NEW_TOKENS),
+        doc="tokens generated per prompt at most",
+    )
     baselines: list[str] = field(
         attrs.Factory(lambda: list(BASELINES)),
         check=each(one_of(*BASELINES)),
@@ -371,13 +386,19 @@ def load_bench_config_with(
     (`--prompts (bench.prompts_per_suite): ...`), else the file and the field
     (`sweep.yaml: bench.prompts_per_suite: ...`).
 
-    `suites` replaces the file's suites; `pairs` keeps only the pairs of those names (labels, or
-    `target+drafter`), in the order given.
+    `suites` replaces the file's suites (a relative JSONL path is taken from the current folder
+    where a file is there, else from the sweep file's, as the file's own suites are); `pairs`
+    keeps only the pairs of those names (labels, or `target+drafter`), in the order given.
     """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: benchmark config file not found")
-    data = parse_yaml(path.read_text(), str(path))
+    try:
+        data = parse_yaml(read_text(path, "benchmark config"), str(path))
+    except ArgumentError as exc:
+        raise ConfigError(str(exc)) from None
+    if suites is not None:  # a file named on the command line: from where the user stands
+        suites = [str(Path.cwd() / s) if _typed_here(s) else s for s in suites]
     flags = {"suites": suites, "prompts_per_suite": prompts, "max_new_tokens": max_new_tokens}
     given = {k: v for k, v in flags.items() if v is not None}
     if isinstance(data, Mapping):
@@ -387,6 +408,11 @@ def load_bench_config_with(
     except ConfigError as exc:
         raise ConfigError(_name_source(str(exc), path, set(given))) from None
     return config if pairs is None else select_pairs(config, pairs)
+
+
+def _typed_here(ref: str) -> bool:
+    """Whether the suite `ref` given on the command line is a file of the current folder."""
+    return ref not in SUITES and not Path(ref).is_absolute() and (Path.cwd() / ref).is_file()
 
 
 #: Command-line flag of each sweep field it overrides.

@@ -31,7 +31,12 @@ from treegraft.bench.config import (
 )
 from treegraft.bench.measure import ForwardMeter, StageTimer, synchronize
 from treegraft.bench.pairs import swap_model
-from treegraft.core.config import ConfigError, override, parse_yaml, pipeline_spec_from_dict
+from treegraft.core.config import (
+    ConfigError,
+    override,
+    pipeline_spec_from_dict,
+    read_pipeline_file,
+)
 from treegraft.core.decoder import ROOT_PATH, StepEvent, StopRule
 from treegraft.core.generation_settings import plain_generation
 from treegraft.core.pipeline import Pipeline, eos_ids_of, resolve_pipeline
@@ -385,7 +390,10 @@ def pipeline_mapping(
 ) -> dict[str, Any]:
     """The entry's pipeline mapping with the pair's models, its overrides and the bench decoding."""
     path = pipeline_file(entry, base_dir, where)
-    raw = parse_yaml(path.read_text(), str(path))
+    try:
+        raw = read_pipeline_file(path)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}.pipeline: {exc}") from None
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}.pipeline: {path} does not hold a pipeline mapping")
     raw = substitute_models(dict(raw), pair, entry.substitute)
@@ -394,8 +402,11 @@ def pipeline_mapping(
             raw = override(raw, key, value)
         except ConfigError as exc:
             raise ConfigError(f"{where}.override.{key}: {exc}") from None
+    decoding = raw.get("decoding") or {}
+    if not isinstance(decoding, Mapping):
+        raise ConfigError(f"{where}: pipeline.decoding: expected a mapping, got {decoding!r}")
     raw["decoding"] = {
-        **(raw.get("decoding") or {}),
+        **decoding,
         "max_new_tokens": settings.max_new_tokens,
         "stop": [],
         "stop_at_eos": True,
@@ -425,8 +436,13 @@ def substitute_models(raw: dict[str, Any], pair: Pair, which: str) -> dict[str, 
     moved = {raw["target"]: pair.target} if isinstance(raw.get("target"), str) else {}
     raw["target"] = pair.target
     drafters = raw.get("drafters")
-    specs = list(drafters.values()) if isinstance(drafters, Mapping) else list(drafters or [])
-    lm = [d for d in specs if isinstance(d, dict) and "model" in d]
+    # anything but a mapping or a list is left for the pipeline's own check to name
+    specs = list(drafters.values()) if isinstance(drafters, Mapping) else drafters
+    lm = (
+        [d for d in specs if isinstance(d, dict) and "model" in d]
+        if isinstance(specs, list)
+        else []
+    )
     chosen = {"strongest": lm[-1:], "all": lm, "none": []}[which]
     for spec in chosen:
         if isinstance(spec["model"], str):

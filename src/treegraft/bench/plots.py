@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from treegraft.bench.aggregate import ALL, Row
-from treegraft.bench.config import AR, BASELINES, ENDPOINTS
+from treegraft.bench.config import AR, BASELINES, ENDPOINTS, PLAIN
 from treegraft.bench.records import MEASURED, REPLAY, SPLIT_KEYS, Request
 
 SPLIT_COLOURS = {
@@ -29,6 +29,7 @@ FAMILIES = (
     ("scheduler variants", "Greens"),
     ("endpoints and chain", "Purples"),
     ("Hugging Face", "Oranges"),
+    ("plain decoding", "Greys"),
 )
 #: The shipped pipelines (`treegraft-threshold` is `treegraft` in a sweep): black edge, bold label.
 SHIPPED = ("treegraft", "treegraft-threshold", "treegraft-distilled")
@@ -36,6 +37,8 @@ SHIPPED = ("treegraft", "treegraft-threshold", "treegraft-distilled")
 
 def family_of(method: str) -> str:
     """Which family a method belongs to (by its harness name)."""
+    if method in PLAIN:
+        return "plain decoding"
     if method.startswith("hf-"):
         return "Hugging Face"
     if method in (*ENDPOINTS, "chain"):
@@ -73,7 +76,9 @@ def plot_speedup(rows: Sequence[Row], path: Path) -> Path:
     methods = method_order(list(dict.fromkeys(r.method for r in measured)), overall)
     colours = method_colours(methods)
     markers = "osD^v<>PX*"
-    height = 0.32 * len(methods) + 1.6
+    # tall enough for the two legends beside the last panel (suites above, families below)
+    families = [(f, c) for f, c in FAMILIES if any(family_of(m) == f for m in methods)]
+    height = max(0.32 * len(methods) + 1.6, 0.22 * (len(suites) + len(families)) + 1.9)
     fig, axes = plt.subplots(1, len(pairs), figsize=(5.2 * len(pairs) + 2.5, height),
                              squeeze=False, sharey=True)  # fmt: skip
     for ax, pair in zip(axes[0], pairs, strict=True):
@@ -100,11 +105,11 @@ def plot_speedup(rows: Sequence[Row], path: Path) -> Path:
         ax.set_xlabel(f"speedup vs {baseline} (bar: all suites, 95% CI)")
         ax.set_title(pair, fontsize="medium")
         ax.grid(axis="x", alpha=0.3)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=plt.get_cmap(c)(0.75)) for _, c in FAMILIES]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=plt.get_cmap(c)(0.75)) for _, c in families]
     legend = axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small",
                                 title="per suite", frameon=False)  # fmt: skip
     axes[0, -1].add_artist(legend)
-    axes[0, -1].legend(handles, [f for f, _ in FAMILIES], loc="lower left",
+    axes[0, -1].legend(handles, [f for f, _ in families], loc="lower left",
                        bbox_to_anchor=(1.02, 0.0), fontsize="small", title="family",
                        frameon=False)  # fmt: skip
     return save_figure(fig, path)

@@ -33,7 +33,7 @@ from treegraft.bench.suites import Prompt, load_suites
 from treegraft.bench.summary import write_summary_json
 from treegraft.bench.sweep import BenchResult, first_few
 from treegraft.core.config import ConfigError
-from treegraft.core.errors import ArgumentError
+from treegraft.core.errors import ArgumentError, TreegraftError
 from treegraft.core.registry import Registry
 from treegraft.core.resources import Resources
 
@@ -79,14 +79,21 @@ def run_bench(
     check_device(config)
     prompts = load_suites(s.suites, s.prompts_per_suite, config.base_dir)
     plans = {pair.name: pipeline_plans(config, pair, registry) for pair in config.pairs}
+    check_out_dir(out, resume=resume, force=force)
+    check_model_refs(config, resources, pending_pairs(config, prompts, out if resume else None))
     segment = {"started": _now(), "options": options or {}, "environment": report.environment()}
-    with ResultStore.open(out, resume=resume, force=force) as store:
+    made = not out.exists()
+    with (
+        ResultStore.open(out, resume=resume, force=force) as store,
+        _nothing_left_if_refused(out, made=made, store=store, resume=resume),
+    ):
         digests = prompt_digests(prompts)
         if resume:
             manifest, curves = resumed_state(out, config, plans, store)
             check_prompts_unchanged(out, manifest.get("prompts"), digests)
             manifest["segments"].append(segment)
         else:
+            remove_outputs(out)  # `--force`: nothing of the sweep it replaces stays behind
             manifest = {**segment, "config": config.as_dict(), "segments": [segment]}
             curves = {}
         manifest["prompts"] = digests
@@ -135,6 +142,40 @@ def run_bench(
     )
 
 
+#: What a sweep writes into its folder besides `units.jsonl` (which the store empties itself).
+OUTPUTS = (
+    report.MANIFEST, report.REQUESTS, report.SUMMARY_CSV, report.SUMMARY_MD,
+    report.SUMMARY_JSON, report.LATENCY, "speedup.png", "tau.png", "time_split.png",
+    "replay.png",
+)  # fmt: skip
+
+
+def remove_outputs(out: Path) -> None:
+    """Delete the files an earlier sweep wrote into `out` (a sweep started over with `--force`):
+    its latency curves would be read by a `--resume` of the new sweep, and a plot the new one
+    does not draw (`replay.png`) would be taken for its own. Other files are left alone."""
+    for name in OUTPUTS:
+        (out / name).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _nothing_left_if_refused(out: Path, *, made: bool, store: Any, resume: bool) -> Iterator[None]:
+    """A new sweep refused once its models loaded, before any unit was stored (a prompt too
+    long for the pair, a model a pipeline refuses), takes its files back, and its folder when
+    it made it: the same command, corrected, then runs without `--force`."""
+    from treegraft.bench.store import LOCK, STORE
+
+    try:
+        yield
+    except ConfigError:
+        if not resume and not store.records:
+            for name in (*OUTPUTS, STORE, LOCK):
+                (out / name).unlink(missing_ok=True)
+            if made and not any(out.iterdir()):
+                out.rmdir()
+        raise
+
+
 def check_device(config: BenchConfig) -> None:
     """Refuse, before any model loads, a device this machine lacks (`cuda` without CUDA, ...).
     Ray workers run on machines of their own: there the check is theirs."""
@@ -142,6 +183,67 @@ def check_device(config: BenchConfig) -> None:
 
     if config.executor.name == "local" and (problem := device_problem(config.settings.device)):
         raise ConfigError(f"bench.device: {problem}")
+
+
+def pending_pairs(config: BenchConfig, prompts: list[Prompt], resumed: Path | None) -> set[str]:
+    """The pairs with prompts left to run: every pair, or those the store of the `resumed`
+    results folder does not hold as done (read only: nothing is created or locked)."""
+    from treegraft.bench.store import DONE, STORE, read_store
+    from treegraft.bench.units import sweep_order
+
+    stored = read_store(resumed / STORE).records if resumed is not None else ()
+    done = {key for r in stored if r.status == DONE for key in r.keys}
+    return {key[0] for key in sweep_order(config, prompts) if key not in done}
+
+
+def check_model_refs(config: BenchConfig, resources: Resources | None, pairs: set[str]) -> None:
+    """Refuse, before the results folder is made, one of `pairs` naming a model that is not
+    there (an unknown zoo name, a folder without `config.json`, a `mem:` name no `resources`
+    holds), so the mistake costs no model load and leaves no folder behind. Ray workers resolve
+    theirs."""
+    if config.executor.name != "local":
+        return
+    held = set(resources.models) if resources is not None else set()
+    for i, pair in enumerate(config.pairs):
+        if pair.name not in pairs:
+            continue
+        for role, ref in (("target", pair.target), ("drafter", pair.drafter)):
+            try:
+                if ref not in held:
+                    check_model_ref(ref)
+            except TreegraftError as exc:
+                raise ConfigError(f"bench.pairs[{i}].{role} ({pair.name}): {exc}") from None
+
+
+def check_model_ref(ref: str) -> None:
+    """Raise a `TreegraftError` unless the model `ref` can be had without loading it: a known
+    zoo name (nothing is fetched), or a folder with a `config.json`; a `mem:` name only ever
+    comes from a `Resources` of the Python API."""
+    from treegraft import zoo
+    from treegraft.core.resources import resolve_model_path
+
+    if ref.startswith("mem:"):
+        raise ConfigError(
+            f"in-memory model {ref!r}: none is held; mem:NAME models come from the Python API "
+            "(run_bench(..., resources=Resources holding them))"
+        )
+    if ref.startswith("zoo:"):
+        zoo.check_name(ref)
+    else:
+        resolve_model_path(ref)
+
+
+def check_out_dir(out: Path, *, resume: bool, force: bool) -> None:
+    """Refuse, before the folder is created or locked, what `ResultStore.open` would: `--resume`
+    of a folder that holds no sweep, a non-empty folder without `--resume` or `--force`."""
+    from treegraft.bench.store import RESUME_OR_FORCE, OutDirError, refuse_non_empty
+
+    if resume and force:
+        raise OutDirError(RESUME_OR_FORCE)
+    if resume:
+        read_manifest(out)
+    elif not force and out.is_dir():
+        refuse_non_empty(out)
 
 
 def check_models(
@@ -239,7 +341,11 @@ def resumed_state(
     manifest = read_manifest(out)
     wanted = json.loads(json.dumps(config.as_dict()))
     had = manifest["config"]
-    differ = sorted(k for k in wanted.keys() | had.keys() if wanted.get(k) != had.get(k))
+    # where the sweep file lies, and how the command spelled it, does not change what it
+    # measures when the prompts and pipelines are checked by their digests
+    same_file = {"source"} if {"prompts", "pipelines"} <= manifest.keys() else set()
+    keys = (wanted.keys() | had.keys()) - same_file
+    differ = sorted(k for k in keys if wanted.get(k) != had.get(k))
     if differ:
         raise ConfigError(
             f"cannot resume {out}: its sweep differs from this one in {', '.join(differ)}"
@@ -360,9 +466,9 @@ def write_reports(
     """summary.csv, summary.md, the PNG plots and (replay) latency.json."""
     s = config.settings
     header = (
-        f"{len(config.pairs)} pair(s) · suites {', '.join(s.suites)} · {s.prompts_per_suite} "
-        f"prompt(s) per suite · max {s.max_new_tokens} new tokens · {s.dtype} · greedy, batch 1 · "
-        f"{s.repeat} repetition(s)"
+        f"{len(config.pairs)} pair(s) · suites {', '.join(s.suites)} · "
+        f"{prompts_per_suite(requests, s.prompts_per_suite)} · max {s.max_new_tokens} new tokens · "
+        f"{s.dtype} · greedy, batch 1 · {s.repeat} repetition(s)"
     )
     files = [out / report.REQUESTS, out / report.SUMMARY_CSV, out / report.SUMMARY_MD]
     report.write_csv(rows, files[1])
@@ -376,6 +482,18 @@ def write_reports(
         report.write_json(curves, out / report.LATENCY)
         files.append(out / report.LATENCY)
     return files
+
+
+def prompts_per_suite(requests: list[Request], wanted: int) -> str:
+    """`N prompt(s) per suite`, or each suite's count where a suite held fewer than `wanted`
+    (or a sweep cut short measured fewer)."""
+    prompts: dict[str, set[str]] = {}
+    for r in requests:
+        prompts.setdefault(r.suite, set()).add(r.prompt_id)
+    counts = {suite: len(ids) for suite, ids in prompts.items()}
+    if all(n == wanted for n in counts.values()):
+        return f"{wanted} prompt(s) per suite"
+    return "prompts per suite: " + ", ".join(f"{s} {n}" for s, n in counts.items())
 
 
 def _now() -> str:

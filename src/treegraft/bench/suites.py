@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 from pathlib import Path
 
 import attrs
@@ -29,8 +30,10 @@ def suite_file(ref: str, base_dir: Path) -> tuple[str, Path]:
     path = path if path.is_absolute() else base_dir / path
     if path.suffix == ".jsonl" and path.is_file():
         return path.stem, path
+    why = "not a .jsonl file" if path.suffix != ".jsonl" else f"{path} is not a file"
     raise ConfigError(
-        f"bench.suites: {ref!r} is neither a zoo suite ({', '.join(zoo.SUITES)}) nor a JSONL file"
+        f"bench.suites: {ref!r} is neither a zoo suite ({', '.join(zoo.SUITES)}) nor a JSONL "
+        f"file ({why})"
     )
 
 
@@ -64,4 +67,10 @@ def load_prompts(ref: str, n: int, base_dir: Path) -> list[Prompt]:
     prompts = [Prompt(name, i, text) for i, text in itertools.islice(records, n)]
     if not prompts:
         raise ConfigError(f"{path}: suite {name!r} holds no prompts")
+    if len(prompts) < n:
+        warnings.warn(
+            f"bench.prompts_per_suite: {n}, but suite {name!r} holds {len(prompts)} prompt(s) "
+            f"({path}): all of them run",
+            stacklevel=3,
+        )
     return prompts

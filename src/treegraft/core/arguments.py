@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +37,26 @@ def check_at_least(option: str, value: int | None, low: int) -> None:
     """None (not given) or an int >= `low` for the command-line option `option` (`--prompts`)."""
     if value is not None and value < low:
         raise ArgumentError(f"{option}: expected int >= {low}, got {value}")
+
+
+def usable_cpus() -> int:
+    """How many CPUs this process may run on (its affinity where the system says; else all)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def check_threads(option: str, value: int | None) -> None:
+    """None (torch's default) or a thread count from 1 to the CPUs this process may use: more
+    threads than CPUs only contend for them (torch accepts any count, and timings suffer)."""
+    if value is None:
+        return
+    most = usable_cpus()
+    if not 1 <= value <= most:
+        raise ArgumentError(
+            f"{option}: expected int with 1 <= value <= {most} (the CPUs this process may use), "
+            f"got {value}"
+        )
 
 
 def check_finite(option: str, value: float | None) -> None:

@@ -145,6 +145,30 @@ def prepare_output_dir(path: Path, what: str) -> Path:
     return path
 
 
+def check_output_dir(path: Path, what: str) -> Path:
+    """Check, leaving nothing behind, that the folder `path` exists or could be created, and
+    written: a refusal found later (a bad setting, a missing file) then leaves no empty folder.
+    A file there or above it, or a place that cannot be written, is an `ArgumentError` worded
+    as `prepare_output_dir`'s."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ArgumentError(f"{what}: {path} is a file; expected a directory")
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ArgumentError(f"{what}: cannot create {path}: {existing} is a file")
+    probe = existing / f".treegraft-write-check-{os.getpid()}"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        if existing == path.absolute():
+            raise ArgumentError(f"{what}: {path} is not writable: {exc.strerror}") from None
+        raise ArgumentError(f"{what}: cannot create {path}: {exc.strerror}") from None
+    return path
+
+
 def prepare_output_file(path: Path, what: str) -> Path:
     """Check, before any expensive work, that the file `path` can be written: not a directory,
     its folder created and writable (`prepare_output_dir`); an `ArgumentError` otherwise."""

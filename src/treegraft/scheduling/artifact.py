@@ -112,6 +112,7 @@ class SchedulerArtifact:
                 f"{tensors['mean'].shape}"
             )
         n = meta["layers"]
+        _check_tensors(directory / WEIGHTS_FILE, tensors, n)
         return cls(
             feature_names=names,
             mean=tensors["mean"],
@@ -161,14 +162,24 @@ def artifact_dir(ref: Path | str) -> Path:
 
 def _read_meta(directory: Path) -> dict[str, Any]:
     try:
-        meta = json.loads((directory / META_FILE).read_text())
-    except json.JSONDecodeError as exc:
+        meta = json.loads((directory / META_FILE).read_bytes().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ArtifactError(f"{directory / META_FILE}: not valid JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != ARTIFACT_FORMAT:
         got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise ArtifactError(
             f"{directory / META_FILE}: expected format {ARTIFACT_FORMAT!r}, got {got!r}"
         )
+    layers, names = meta.get("layers"), meta.get("feature_names")
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ArtifactError(f"{directory / META_FILE}: 'layers': expected int >= 1, got {layers!r}")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ArtifactError(
+            f"{directory / META_FILE}: 'feature_names': expected a list of feature names, "
+            f"got {names!r}"
+        )
+    if not isinstance(meta.get("metadata", {}), dict):
+        raise ArtifactError(f"{directory / META_FILE}: 'metadata': expected an object")
     if meta.get("activation", "relu") not in ACTIVATIONS:
         raise ArtifactError(
             f"{directory / META_FILE}: activation must be one of {ACTIVATIONS}, "
@@ -189,6 +200,28 @@ def _read_tensors(directory: Path, n_layers: int) -> dict[str, np.ndarray]:
     if missing:
         raise ArtifactError(f"{directory / WEIGHTS_FILE}: missing tensors {', '.join(missing)}")
     return {k: raw[k].double().numpy() for k in needed}
+
+
+def _check_tensors(path: Path, tensors: dict[str, np.ndarray], n_layers: int) -> None:
+    """Raise `ArtifactError` unless the layers chain from the features to one output, and every
+    number is finite (with positive `std`): else predictions fail, or are silently NaN."""
+    width = tensors["mean"].shape[0]
+    if tensors["std"].shape != (width,):
+        raise ArtifactError(f"{path}: std of shape {tensors['std'].shape}, expected ({width},)")
+    for i in range(n_layers):
+        w, b = tensors[f"layers.{i}.weight"], tensors[f"layers.{i}.bias"]
+        out = 1 if i == n_layers - 1 or w.ndim != 2 else w.shape[0]
+        if w.shape != (out, width) or b.shape != (out,):
+            raise ArtifactError(
+                f"{path}: layers.{i} has weight {w.shape} and bias {b.shape}, expected "
+                f"{(out, width)} and {(out,)} (the layers chain from the {tensors['mean'].shape[0]} "
+                "features to one output)"
+            )
+        width = out
+    bad = [k for k, v in tensors.items() if not np.isfinite(v).all()]
+    if bad or not (tensors["std"] > 0).all():
+        what = f"non-finite values in {', '.join(bad)}" if bad else "std values <= 0"
+        raise ArtifactError(f"{path}: {what}; refit it with `treegraft scheduler fit`")
 
 
 def check_feature_names(artifact: SchedulerArtifact, source: str) -> None:

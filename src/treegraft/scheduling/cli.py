@@ -23,6 +23,17 @@ from treegraft.bench.cli import (
 from treegraft.bench.progress import prompt_progress
 from treegraft.console import console, out
 from treegraft.console import fail as _fail
+from treegraft.scheduling.cli_setup import (
+    check_artifact,
+    check_guard,
+    executor_options,
+    pipeline_mapping,
+    recorded_costs,
+    set_threads,
+    text_prompts,
+)
+from treegraft.scheduling.cli_setup import check_numbers as _check_numbers
+from treegraft.scheduling.cli_setup import cost_line as _cost_line
 
 app = typer.Typer(
     help="Collect value labels, fit the distilled scheduler, explain and evaluate it.",
@@ -32,83 +43,8 @@ app = typer.Typer(
 )
 
 
-def set_threads(threads: int | None) -> None:
-    """Set torch's CPU threads (None: leave the default)."""
-    import torch
-
-    if threads is not None:
-        _check_numbers(("--threads", threads, 1))
-        torch.set_num_threads(threads)
-
-
-def _check_numbers(
-    *ints: tuple[str, int | None, int], finite: tuple[tuple[str, float], ...] = ()
-) -> None:
-    """Refuse, before any work, an int option below its least (`(option, value, least)`; None:
-    not given) or a float option (`(option, value)`) that is nan or inf."""
-    from treegraft.core.arguments import check_at_least, check_finite
-
-    try:
-        for option, value, least in ints:
-            check_at_least(option, value, least)
-        for option, number in finite:
-            check_finite(option, number)
-    except ValueError as exc:  # an ArgumentError naming the option
-        _fail(str(exc))
-
-
 THREADS_HELP = "torch CPU threads (1 on a shared CPU: steadier timings; default: torch's)"
 PLOT_HELP = "also draw the result into this image (.png, .svg or .pdf)"
-
-# ---------------------------------------------------------------------------- pipeline set-up
-
-
-def pipeline_mapping(
-    pipeline: str, *, target: str | None, strong: str | None, device: str, dtype: str
-) -> dict[str, Any]:
-    """The pipeline's mapping with the pair substituted and the collection's decoding settings.
-
-    `strong` replaces the model of the strongest (last) LM drafter.
-    """
-    from treegraft.bench.pairs import swap_model
-    from treegraft.core.config import ConfigError, parse_yaml
-    from treegraft.core.pipeline import resolve_pipeline
-
-    path = resolve_pipeline(pipeline)
-    raw = dict(parse_yaml(path.read_text(), str(path)))
-    raw["target"] = target or raw["target"]
-    if strong:
-        drafters = raw.get("drafters") or {}
-        specs = list(drafters.values()) if isinstance(drafters, dict) else list(drafters)
-        lms = [d for d in specs if isinstance(d, dict) and "model" in d]
-        if not lms:
-            raise ConfigError(f"--strong: pipeline {pipeline!r} has no LM drafter")
-        swap_model(lms[-1], strong)
-    raw["verifier"] = {"name": "greedy"}
-    raw["decoding"] = {**(raw.get("decoding") or {}), "device": device, "dtype": dtype, "stop": []}
-    return raw
-
-
-def text_prompts(
-    n: int, seed: int, skip: int, prompt_file: Path | None, suite: str | None
-) -> tuple[list[Any], dict[str, Any]]:
-    """The prompts to collect on and how they were chosen (for the dataset's metadata)."""
-    from treegraft import zoo
-    from treegraft.scheduling.training_prompts import TextPrompt, read_prompt_file, training_prompts
-
-    if suite is not None:
-        if suite not in zoo.SUITES:
-            _fail(f"--suite: expected one of {', '.join(zoo.SUITES)}, got {suite!r}")
-        records = zoo.load_suite(suite)[skip : skip + n]
-        prompts = [TextPrompt(r["id"], suite, r["prompt"], r.get("source", "")) for r in records]
-        return prompts, {"purpose": "evaluation", "prompts_from": f"suite {suite}"}
-    if prompt_file is not None:
-        prompts = read_prompt_file(prompt_file)[skip : skip + n]
-        return prompts, {"purpose": "training", "prompts_from": str(prompt_file)}
-    prompts = training_prompts(skip + n, seed=seed)[skip:]
-    source = f"zoo training side, training_prompts(seed={seed})[{skip}:{skip + n}]"
-    return prompts, {"purpose": "training", "prompts_from": source}
-
 
 # ---------------------------------------------------------------------------- collect
 
@@ -186,33 +122,35 @@ def collect(
 
     set_threads(threads)
     _check_numbers(("--prompts", prompts, 1), ("--skip", skip, 0), ("--repeats", repeats, 1),
-                   ("--max-new-tokens", max_new_tokens, 1))  # fmt: skip
+                   ("--max-new-tokens", max_new_tokens, 1), ("--seed", seed, 0))  # fmt: skip
     shards = executor_options(executor, ray_address, workers, num_cpus, num_gpus)
+    check_artifact("--follow", follow)
 
     from treegraft.core.config import ConfigError
     from treegraft.core.errors import ArgumentError
-    from treegraft.core.inputs import prepare_output_dir
+    from treegraft.core.inputs import check_output_dir
     from treegraft.core.pipeline import load_pipeline
     from treegraft.scheduling.value_costs import check_jitter
     from treegraft.scheduling.value_eval import measure_costs
     from treegraft.scheduling.value_shards import collect_sharded, follow_scheduler
-    from treegraft.scheduling.value_system import CostModel, Dataset, PromptIds, ValueSystemError
+    from treegraft.scheduling.value_system import PromptIds, ValueSystemError
     from treegraft.scheduling.value_system import collect as run_collect
 
     try:
         check_jitter(cost_jitter, jitter_spread)
-        prepare_output_dir(out_dir, "--out")  # before the models load: a file there is refused
-        raw = pipeline_mapping(pipeline, target=target, strong=strong, device=device, dtype=dtype)
-        pipe = load_pipeline(raw)
+        check_output_dir(out_dir, "--out")  # before the models load; made once data is there
         if policy_labels and follow is None:
             raise ValueSystemError("--policy-labels: needs --follow ARTIFACT (the policy)")
-        policy = None if follow is None else follow_scheduler(follow, pipe)
+        recorded = recorded_costs(costs)
         texts, how = text_prompts(prompts, seed, skip, prompt_file, suite)
+        raw = pipeline_mapping(pipeline, target=target, strong=strong, device=device, dtype=dtype)
+        pipe = load_pipeline(raw)
+        policy = None if follow is None else follow_scheduler(follow, pipe)
         ids = [PromptIds(p.id, pipe.encode(p.text)) for p in texts]
         start = time.perf_counter()
         cost = (
-            CostModel.from_dict(Dataset.load(costs).meta["cost"])
-            if costs
+            recorded
+            if recorded is not None
             else measure_costs(pipe, [p.ids for p in ids], repeats=repeats)
         )
         console.print(f"costs ready in {time.perf_counter() - start:.1f}s: {_cost_line(cost)}")
@@ -237,45 +175,6 @@ def collect(
     data.save(out_dir)
     out.print(json.dumps(data.meta["summary"], indent=1))
     console.print(f"wrote {data.n_rows} decisions to {out_dir}")
-
-
-def executor_options(
-    executor: str | None,
-    address: str | None,
-    workers: int | None,
-    num_cpus: float | None,
-    num_gpus: float | None,
-) -> dict[str, Any] | None:
-    """`map_items`' options for `--executor ray` (None: the local collection); a bad executor,
-    or Ray missing, is an argument error."""
-    from treegraft.bench.cli import local_only_flags
-    from treegraft.bench.ray_executor import import_ray
-    from treegraft.core.config import ConfigError
-
-    if executor in (None, "local"):
-        given = {"address": address, "workers": workers, "num_cpus": num_cpus}
-        problem = local_only_flags("local", given | {"num_gpus": num_gpus})
-        if problem:
-            _fail(problem)
-        return None
-    if executor != "ray":
-        _fail(f"--executor: expected local or ray, got {executor!r}")
-    try:
-        import_ray()
-    except ConfigError as exc:
-        _fail(str(exc))
-    options = {"workers": workers, "num_cpus": num_cpus or 1.0, "num_gpus": num_gpus or 0.0}
-    return {"executor": "ray", "address": address, **options}
-
-
-def _cost_line(cost: Any) -> str:
-    t, s = cost.target, cost.strong
-    return (
-        f"target {1e3 * t(1):.2f}..{1e3 * t(t.queries[-1]):.2f} ms, strong {1e3 * s(1):.2f}.."
-        f"{1e3 * s(s.queries[-1]):.2f} ms (1..{t.queries[-1]} tokens), weak layer "
-        f"{1e3 * cost.weak_layer_s:.2f} ms, call extra {1e3 * cost.strong_extra_s:.2f} ms, "
-        f"step overhead {1e3 * cost.step_overhead_s:.2f} ms"
-    )
 
 
 # ---------------------------------------------------------------------------- fit
@@ -445,8 +344,10 @@ def evaluate(
 
     set_threads(threads)
     _check_numbers(("--prompts", prompts, 1), finite=(("--threshold", threshold),))
+    check_guard(guard, artifact)
     _check_plot(plot)
     _check_plot(json_path, "--json")
+    check_artifact("--artifact", artifact)
     from treegraft.core.config import ConfigError
 
     artifacts = {"distilled": artifact} if artifact is not None else {}

@@ -164,6 +164,7 @@ def rows_of(datasets: Sequence[Dataset], features: Sequence[str] = FEATURE_NAMES
     for i, ds in enumerate(datasets):
         columns = feature_columns(ds, f"dataset {i}", features)
         live = ~ds["capped"].astype(bool)
+        check_finite_rows(ds, live, columns, f"dataset {i}")
         group = ds["prompt"][live].astype(np.int64) + (i << 32)
         parts.append(
             Rows(
@@ -177,6 +178,24 @@ def rows_of(datasets: Sequence[Dataset], features: Sequence[str] = FEATURE_NAMES
         raise ValueSystemError("no uncapped decisions to fit on")
     return Rows(
         *(np.concatenate([getattr(p, f) for p in parts]) for f in ("x", "y", "layer", "group"))
+    )
+
+
+def check_finite_rows(ds: Dataset, live: np.ndarray, columns: list[int], where: str) -> None:
+    """Raise `ValueSystemError` naming the first fitted (`live`) row whose label or feature is
+    NaN or infinite (one such row makes every epoch's loss NaN)."""
+    names = list(ds.meta.get("feature_names", FEATURE_NAMES))
+    x = ds["features"][:, columns]  # [N, F']
+    bad = live & ~(np.isfinite(ds["label_rel"]) & np.isfinite(x).all(1))
+    if not bad.any():
+        return
+    row = int(np.argmax(bad))
+    col = next((c for c, v in zip(columns, x[row], strict=True) if not np.isfinite(v)), None)
+    what = "label_rel" if col is None else f"feature {names[col]!r}"
+    value = ds["label_rel"][row] if col is None else ds["features"][row, col]
+    raise ValueSystemError(
+        f"{where}: row {row} (prompt {int(ds['prompt'][row])}) has a non-finite {what} "
+        f"({value}); the data is damaged: collect it again"
     )
 
 

@@ -97,12 +97,20 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> CostModel:
-        scalars = {k: float(v) for k, v in raw.items() if k not in ("target", "strong")}
-        return cls(
-            target=LatencyCurve.from_dict(raw["target"]),
-            strong=LatencyCurve.from_dict(raw["strong"]),
-            **scalars,
-        )
+        """The cost model recorded in a dataset's `meta.json` (`as_dict`); a damaged one is a
+        `ValueSystemError` saying what is wrong."""
+        try:
+            scalars = {k: float(v) for k, v in raw.items() if k not in ("target", "strong")}
+            return cls(
+                target=LatencyCurve.from_dict(raw["target"]),
+                strong=LatencyCurve.from_dict(raw["strong"]),
+                **scalars,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueSystemError(
+                f"meta.json 'cost': not a recorded cost model ({type(exc).__name__}: {exc}); "
+                "the dataset is damaged: collect it again"
+            ) from None
 
 
 def _scaled_curve(curve: LatencyCurve, factor: float) -> LatencyCurve:
@@ -131,7 +139,9 @@ def check_jitter(draws: int, spread: float) -> None:
     """Refuse a negative number of cost-jitter draws or a spread below 1 (`ValueSystemError`)."""
     if draws < 0:
         raise ValueSystemError(f"--cost-jitter: {draws} draws per step (expected 0 or more)")
-    if not spread >= 1.0:
+    if not math.isfinite(spread):
+        raise ValueSystemError(f"--jitter-spread: expected a finite number >= 1, got {spread}")
+    if spread < 1.0:
         raise ValueSystemError(
             f"--jitter-spread: {spread} is below 1 (the upper bound of a cost factor)"
         )
