@@ -14,23 +14,25 @@
 #   SHORT=1 bash benchmarks/scheduler_refit.sh runs/sched   # only fit1 and fit2 (the oracle 48
 #                                                           # and one DAgger round)
 #   PIPELINE=treegraft-threshold bash benchmarks/scheduler_refit.sh   # another pipeline's states
+#   THREADS=1 bash benchmarks/scheduler_refit.sh   # a machine with one CPU (default: 2 threads)
 set -euo pipefail
 T=${TREEGRAFT:-.venv/bin/treegraft}
+THREADS=${THREADS:-2}  # torch threads of each collect (at most the CPUs this process may use)
 P=${PIPELINE:-treegraft}
 O=${1:-runs/sched}
 SHORT=${SHORT:-0}
 date
 for d in draft-s draft-m draft-l; do
-  $T scheduler collect $P --strong zoo:$d --out $O/$d --prompts 48 --max-new-tokens 48 --threads 2
-  $T scheduler collect $P --strong zoo:$d --out $O/eval-$d --prompts 24 --skip 152 --costs $O/$d --max-new-tokens 48 --threads 2
+  $T scheduler collect $P --strong zoo:$d --out $O/$d --prompts 48 --max-new-tokens 48 --threads "$THREADS"
+  $T scheduler collect $P --strong zoo:$d --out $O/eval-$d --prompts 24 --skip 152 --costs $O/$d --max-new-tokens 48 --threads "$THREADS"
   if [ "$SHORT" = 0 ]; then
-    $T scheduler collect $P --strong zoo:$d --out $O/more-$d --prompts 144 --skip 176 --costs $O/$d --max-new-tokens 48 --threads 2
+    $T scheduler collect $P --strong zoo:$d --out $O/more-$d --prompts 144 --skip 176 --costs $O/$d --max-new-tokens 48 --threads "$THREADS"
   fi
 done
 date
 $T scheduler fit $O/draft-{s,m,l} --ensemble 5 --out $O/fit1
 for d in draft-s draft-m draft-l; do
-  $T scheduler collect $P --strong zoo:$d --out $O/follow-$d --prompts 48 --skip 56 --costs $O/$d --follow $O/fit1 --max-new-tokens 48 --threads 2
+  $T scheduler collect $P --strong zoo:$d --out $O/follow-$d --prompts 48 --skip 56 --costs $O/$d --follow $O/fit1 --max-new-tokens 48 --threads "$THREADS"
 done
 $T scheduler fit $O/draft-{s,m,l} $O/follow-draft-{s,m,l} --ensemble 5 --out $O/fit2
 if [ "$SHORT" != 0 ]; then
@@ -44,7 +46,7 @@ if [ "$SHORT" != 0 ]; then
 fi
 $T scheduler fit $O/draft-{s,m,l} $O/more-draft-{s,m,l} $O/follow-draft-{s,m,l} --ensemble 5 --out $O/fit3
 for d in draft-s draft-m draft-l; do
-  $T scheduler collect $P --strong zoo:$d --out $O/follow2-$d --prompts 144 --skip 320 --costs $O/$d --follow $O/fit3 --max-new-tokens 48 --threads 2
+  $T scheduler collect $P --strong zoo:$d --out $O/follow2-$d --prompts 144 --skip 320 --costs $O/$d --follow $O/fit3 --max-new-tokens 48 --threads "$THREADS"
 done
 $T scheduler fit $O/draft-{s,m,l} $O/more-draft-{s,m,l} $O/follow-draft-{s,m,l} $O/follow2-draft-{s,m,l} --ensemble 5 --out $O/fit4
 date

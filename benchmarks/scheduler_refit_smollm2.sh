@@ -8,13 +8,14 @@
 #   bash benchmarks/scheduler_refit_smollm2.sh runs/sched-smollm2
 set -euo pipefail
 T=${TREEGRAFT:-.venv/bin/treegraft}
+THREADS=${THREADS:-2}  # torch threads of each collect (at most the CPUs this process may use)
 O=${1:-runs/sched-smollm2}
 P=benchmarks/smollm2-collect.yaml
 date
-$T scheduler collect $P --out $O/train --prompts 48 --max-new-tokens 96 --threads 2 --no-progress
-$T scheduler collect $P --out $O/eval --prompts 16 --skip 152 --costs $O/train --max-new-tokens 96 --threads 2 --no-progress
+$T scheduler collect $P --out $O/train --prompts 48 --max-new-tokens 96 --threads "$THREADS" --no-progress
+$T scheduler collect $P --out $O/eval --prompts 16 --skip 152 --costs $O/train --max-new-tokens 96 --threads "$THREADS" --no-progress
 $T scheduler fit $O/train --ensemble 5 --out $O/fit1
-$T scheduler collect $P --out $O/follow --prompts 48 --skip 56 --costs $O/train --follow $O/fit1 --max-new-tokens 96 --threads 2 --no-progress
+$T scheduler collect $P --out $O/follow --prompts 48 --skip 56 --costs $O/train --follow $O/fit1 --max-new-tokens 96 --threads "$THREADS" --no-progress
 $T scheduler fit $O/train $O/follow --ensemble 5 --out $O/fit2
 date
 for a in zoo:scheduler $O/fit1 $O/fit2; do
