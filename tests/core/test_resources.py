@@ -117,3 +117,32 @@ def test_create_refuses_a_bad_device_or_dtype_as_an_argument_error() -> None:
     with pytest.raises(ArgumentError, match=r"^device: expected 'auto', .* got 'tpu'$") as info:
         Resources.create(device="tpu")
     assert isinstance(info.value, ValueError)  # callers catching ValueError still do
+
+
+def test_a_stated_dtype_or_device_must_agree_with_the_resources() -> None:
+    res = memory_resources(target=tiny_llama(seed=1))  # float64 on the CPU
+    for decoding, message in [
+        ({"dtype": "float32"}, "pipeline.decoding.dtype: the pipeline states 'float32', but the "
+         "Resources it is built on hold their models in 'float64' (one dtype per Resources): "
+         "give Resources(dtype='float32'), or leave decoding.dtype out to use the Resources' "
+         "dtype"),
+        ({"device": "cuda:3"}, "pipeline.decoding.device: device 'cuda:3' requested but CUDA "
+         "is not available; use 'cpu' or 'auto'")
+        if not torch.cuda.is_available() else
+        ({"device": "cuda:99"}, "pipeline.decoding.device: device 'cuda:99': this machine has "),
+    ]:  # fmt: skip
+        with pytest.raises(ConfigError) as info:
+            load_pipeline({**spec("mem:target", "lean"), "decoding": decoding}, resources=res)
+        assert str(info.value).startswith(message)
+    # left out, or stated as the resources hold them: the resources' dtype and device
+    for decoding in ({}, {"dtype": "float64", "device": "cpu"}):
+        pipe = load_pipeline({**spec("mem:target", "lean"), "decoding": decoding}, resources=res)
+        assert pipe.decoder.target.model.dtype == torch.float64
+    res.device = torch.device("cuda", 1)  # where a GPU machine's Resources would hold them
+    with pytest.raises(ConfigError) as info:
+        load_pipeline({**spec("mem:target"), "decoding": {"device": "cpu"}}, resources=res)
+    assert str(info.value) == (
+        "pipeline.decoding.device: the pipeline states 'cpu' (cpu), but the Resources it is "
+        "built on hold their models on 'cuda:1': give Resources(device='cpu'), or leave "
+        "decoding.device out to use the Resources' device"
+    )

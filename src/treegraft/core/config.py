@@ -292,14 +292,18 @@ class DecodingConfig:
     )
     stop_at_eos: bool = field(True, doc="end when the target emits its EOS token")
     dtype: str = field(
-        "float32", check=one_of("float32", "float64", "bfloat16", "float16"), doc="model precision"
+        "float32",
+        check=one_of("float32", "float64", "bfloat16", "float16"),
+        doc="model precision; built on a given `Resources`, left out: the Resources' dtype, "
+        "stated: it must be theirs (docs/quickstart.md#pipelines-from-python)",
     )
     device: str = field(
         "auto",
         check=Check(
             "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'", lambda v: bool(DEVICE_NAMES.fullmatch(v))
         ),
-        doc="'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:N' or 'mps'",
+        doc="'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:N' or 'mps'; on a given "
+        "`Resources`, as `dtype`",
     )
     forward: str = field(
         "auto",
@@ -361,6 +365,10 @@ class PipelineSpec:
     decoding: DecodingConfig
     source: str = "<dict>"
     tokenizer: str | None = None
+    #: the `decoding` keys the mapping states (the others hold their defaults): a `Resources`
+    #: handed to `load_pipeline` must agree with a stated `dtype` and `device`; not part of what
+    #: the spec is (two specs with equal values are equal)
+    decoding_keys: frozenset[str] = attrs.field(default=frozenset(), eq=False, repr=False)
 
 
 TOP_KEYS = (
@@ -471,6 +479,7 @@ def pipeline_spec_from_dict(
         decoding=structure_config(DecodingConfig, data.get("decoding"), f"{ROOT}.decoding"),
         source=source,
         tokenizer=_tokenizer_ref(data.get("tokenizer")),
+        decoding_keys=frozenset(data.get("decoding") or ()),
     )
     check_device_map(spec)
     return spec

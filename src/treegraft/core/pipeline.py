@@ -38,7 +38,7 @@ from treegraft.core.registry import (
     Registry,
     default_registry,
 )
-from treegraft.core.resources import ModelRefError, Resources
+from treegraft.core.resources import DTYPES, ModelRefError, Resources, resolve_device
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import (
     ModelRefused,
@@ -135,6 +135,7 @@ class Pipeline:
                 resources = Resources.create(device=spec.decoding.device, dtype=spec.decoding.dtype)
             except ValueError as exc:  # "device: ..." or "dtype: ..."
                 raise ConfigError(f"{ROOT}.decoding.{exc}") from None
+        check_resources(spec, resources)
         if problem := resources.forward_conflict(spec.decoding.forward):  # before any change
             raise ConfigError(f"{ROOT}.decoding.forward: {problem}")
         resources.use_forward(spec.decoding.forward)
@@ -453,6 +454,33 @@ def context_limit(target: CausalLMRunner, drafters: Sequence[Any]) -> int | None
     limits = [max_positions(r.model.config) for r in runners if isinstance(r, CausalLMRunner)]
     known = [m for m in limits if m is not None]
     return min(known) if known else None
+
+
+def check_resources(spec: PipelineSpec, resources: Resources) -> None:
+    """Raise `ConfigError` where `spec` states a `decoding.dtype` or `decoding.device` other than
+    the `resources`' (which hold the models: a spec that leaves them out takes the Resources')."""
+    stated = spec.decoding_keys
+    if "dtype" in stated and DTYPES[spec.decoding.dtype] != resources.dtype:
+        theirs = str(resources.dtype).removeprefix("torch.")
+        raise ConfigError(
+            f"{ROOT}.decoding.dtype: the pipeline states {spec.decoding.dtype!r}, but the "
+            f"Resources it is built on hold their models in {theirs!r} (one dtype per Resources): "
+            f"give Resources(dtype={spec.decoding.dtype!r}), or leave decoding.dtype out to "
+            "use the Resources' dtype"
+        )
+    if "device" not in stated:
+        return
+    try:
+        device = resolve_device(spec.decoding.device)
+    except ArgumentError as exc:
+        raise ConfigError(f"{ROOT}.decoding.device: {exc}") from None
+    if (device.type, device.index or 0) != (resources.device.type, resources.device.index or 0):
+        raise ConfigError(
+            f"{ROOT}.decoding.device: the pipeline states {spec.decoding.device!r} ({device}), "
+            f"but the Resources it is built on hold their models on {str(resources.device)!r}: "
+            f"give Resources(device={spec.decoding.device!r}), or leave decoding.device out to "
+            "use the Resources' device"
+        )
 
 
 def eos_ids_of(model: Any, tokenizer: Any) -> frozenset[int]:
