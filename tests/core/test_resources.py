@@ -119,7 +119,7 @@ def test_create_refuses_a_bad_device_or_dtype_as_an_argument_error() -> None:
     assert isinstance(info.value, ValueError)  # callers catching ValueError still do
 
 
-def test_a_stated_dtype_or_device_must_agree_with_the_resources() -> None:
+def test_a_stated_dtype_or_device_must_agree_with_the_resources(monkeypatch) -> None:
     res = memory_resources(target=tiny_llama(seed=1))  # float64 on the CPU
     for decoding, message in [
         ({"dtype": "float32"}, "pipeline.decoding.dtype: the pipeline states 'float32', but the "
@@ -138,6 +138,7 @@ def test_a_stated_dtype_or_device_must_agree_with_the_resources() -> None:
     for decoding in ({}, {"dtype": "float64", "device": "cpu"}):
         pipe = load_pipeline({**spec("mem:target", "lean"), "decoding": decoding}, resources=res)
         assert pipe.decoder.target.model.dtype == torch.float64
+    monkeypatch.setattr("treegraft.core.resources.device_problem", lambda name: None)
     res.device = torch.device("cuda", 1)  # where a GPU machine's Resources would hold them
     with pytest.raises(ConfigError) as info:
         load_pipeline({**spec("mem:target"), "decoding": {"device": "cpu"}}, resources=res)
@@ -146,3 +147,28 @@ def test_a_stated_dtype_or_device_must_agree_with_the_resources() -> None:
         "built on hold their models on 'cuda:1': give Resources(device='cpu'), or leave "
         "decoding.device out to use the Resources' device"
     )
+
+
+def test_create_takes_what_the_constructor_takes() -> None:
+    res = Resources.create(device=torch.device("cpu", 0), dtype=torch.float64)
+    assert res.device == torch.device("cpu") and res.dtype == torch.float64
+    with pytest.raises(ArgumentError, match=r"^dtype: expected one of float32, .* got \['f'\]$"):
+        Resources.create(dtype=["f"])  # unhashable: not a TypeError
+    with pytest.raises(ArgumentError, match=r"^forward: expected one of auto, .* got 'fast'$"):
+        Resources.create(forward="fast")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        (torch.device("cuda"), "device 'cuda' requested but CUDA is not available"),
+        (torch.device("cuda", 1), "device 'cuda:1' requested but CUDA is not available"),
+        (torch.device("meta"), "expected 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got 'meta'"),
+    ],
+    ids=["cuda", "cuda-1", "meta"],
+)
+def test_a_torch_device_this_machine_lacks_is_refused(device, message: str) -> None:
+    with pytest.raises(ArgumentError) as info:
+        Resources(device=device)
+    assert str(info.value).startswith(f"Resources: device: {message}")

@@ -128,8 +128,13 @@ def as_dtype(value: Any) -> torch.dtype:
 
 
 def as_device(value: Any) -> torch.device:
-    """`Resources.device` from a `torch.device` or a device name (`resolve_device`)."""
+    """`Resources.device` from a `torch.device` or a device name (`resolve_device`); either must
+    name a device this machine has (`device_problem`)."""
     if isinstance(value, torch.device):
+        if value.type == "cpu":  # `cpu:0` is the one CPU device
+            return torch.device("cpu")
+        if problem := device_problem(str(value)):
+            raise ArgumentError(f"Resources: device: {problem}")
         return value
     if isinstance(value, str):
         try:
@@ -247,17 +252,19 @@ class Resources:
 
     @classmethod
     def create(
-        cls, *, device: str = "auto", dtype: str = "float32", forward: str = "auto"
+        cls,
+        *,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "float32",
+        forward: str = "auto",
     ) -> Resources:
-        """Resources on `device` (`auto`: CUDA when present) in `dtype` (a name of `DTYPES`);
-        a bad value is an `ArgumentError` (a `ValueError`)."""
-        if dtype not in DTYPES:
-            raise ArgumentError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+        """Resources on `device` (`auto`: CUDA when present) in `dtype` (a name of `DTYPES`, or
+        either as torch's own object, as the constructor takes them); a bad value is an
+        `ArgumentError` (a `ValueError`) naming the argument."""
         try:
-            resolved = resolve_device(device)
+            res = cls(device=device, dtype=dtype)
         except ArgumentError as exc:
-            raise ArgumentError(f"device: {exc}") from None
-        res = cls(device=resolved, dtype=DTYPES[dtype])
+            raise ArgumentError(str(exc).removeprefix("Resources: ")) from None
         res.use_forward(forward)
         return res
 
