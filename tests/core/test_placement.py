@@ -87,3 +87,55 @@ def test_device_maps_are_checked_with_their_path():
         )
     assert load_kwargs({"model": "disk"}, None)["offload_folder"]  # a temporary folder
     assert load_kwargs({"model": "cpu"}, None) == {"device_map": {"model": "cpu"}}
+    assert not is_device_map("disk")  # from_pretrained offloads modules, not a whole model
+
+
+def saved_pair(tmp_path: Path) -> tuple[Path, Path]:
+    for name, seed in (("target", 3), ("drafter", 4)):
+        tiny_llama(seed=seed, vocab=VOCAB, layers=2).save_pretrained(tmp_path / name)
+    return tmp_path / "target", tmp_path / "drafter"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+@pytest.mark.parametrize(
+    ("device_map", "message"),
+    [
+        ({"model": 1, "lm_head": "cpu"}, "'model': device 'cuda:1' requested but CUDA is not "
+         "available; use 'cpu' or 'auto'"),
+        ("cuda:7", "device 'cuda:7' requested but CUDA is not available; use 'cpu' or 'auto'"),
+        ({"model": "xpu", "lm_head": "cpu"}, "'model': device 'xpu' requested but XPU is not "
+         "available"),
+    ],
+    ids=["index", "whole", "xpu"],
+)  # fmt: skip
+def test_a_placement_on_a_device_this_machine_lacks_is_refused_before_loading(
+    tmp_path: Path, device_map, message: str
+) -> None:
+    target, drafter = saved_pair(tmp_path)
+    spec = pipeline(target, drafter, tmp_path / "off", {str(target): device_map})
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(spec)
+    assert str(info.value) == f"pipeline.decoding.device_map: {str(target)!r}: {message}"
+
+
+def test_a_device_map_key_naming_no_module_is_refused(tmp_path: Path) -> None:
+    target, drafter = saved_pair(tmp_path)
+    maps = {str(target): {"model": "cpu", "lm_head": "cpu", "model.layer.1": "disk"}}  # layers
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(pipeline(target, drafter, tmp_path / "off", maps))
+    assert str(info.value).startswith(
+        f"pipeline.target: {target}: device_map: 'model.layer.1' names no module or parameter of "
+        "LlamaForCausalLM (its modules: model, model.embed_tokens, model.layers, model.norm, "
+    )
+
+
+def test_an_offload_folder_that_cannot_be_written_is_refused(tmp_path: Path) -> None:
+    target, drafter = saved_pair(tmp_path)
+    (tmp_path / "file").write_text("")
+    maps = {str(target): {"model": "cpu", "lm_head": "disk"}}
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(pipeline(target, drafter, tmp_path / "file" / "off", maps))
+    assert str(info.value) == (
+        f"pipeline.decoding.offload_folder: {str(tmp_path / 'file' / 'off')!r}: "
+        f"{str(tmp_path / 'file')!r} is a file, not a folder"
+    )

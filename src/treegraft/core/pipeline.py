@@ -46,6 +46,7 @@ from treegraft.core.runner.attention_rules import (
     RowScale,
     max_positions,
 )
+from treegraft.core.runner.placement import placement_problems
 from treegraft.core.vocabularies import (
     check_chat_template,
     check_vocabularies,
@@ -141,6 +142,8 @@ class Pipeline:
         resources.use_forward(spec.decoding.forward)
         resources.target_ref = spec.target
         resources.check_model = spec.decoding.check_model
+        if problems := placement_problems(spec.decoding.device_map, spec.decoding.offload_folder):
+            raise ConfigError(f"{ROOT}.decoding.{problems[0]}")
         resources.device_maps |= spec.decoding.device_map
         resources.offload_folder = resources.offload_folder or spec.decoding.offload_folder
         check_vocabularies(spec, resources)

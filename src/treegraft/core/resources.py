@@ -29,7 +29,7 @@ from treegraft.core.runner.attention_rules import (
     text_config,
 )
 from treegraft.core.runner.forwards import ForwardPlan, plan_forward
-from treegraft.core.runner.placement import load_kwargs
+from treegraft.core.runner.placement import load_kwargs, unknown_modules
 from treegraft.kernels.tree_attention.hf import IMPLEMENTATION as TREE_IMPLEMENTATION
 
 DTYPES = {
@@ -350,6 +350,13 @@ class Resources:
                     f"{type(model).__name__} (e.g. {', '.join(missing[:3])}), which transformers "
                     "would fill with random values: use a checkpoint saved from a causal LM "
                     "(a *ForCausalLM model)"
+                )
+            if placed and (unknown := unknown_modules(model, self.device_maps[ref])):
+                top = [name for name, _ in model.named_modules() if name and name.count(".") < 2]
+                raise ModelRefError(
+                    f"{ref}: device_map: {unknown[0]!r} names no module or parameter of "
+                    f"{type(model).__name__} (its modules: {', '.join(top[:8])}, ...; "
+                    "model.named_modules() lists them all)"
                 )
             self.models[ref] = (model if placed else model.to(self.device)).eval()
         return self.models[ref]

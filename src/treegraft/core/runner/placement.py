@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from treegraft.core.devices import device_problem
 
 #: Strategy names `from_pretrained(device_map=...)` accepts.
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -40,12 +43,69 @@ def is_placement(value: Any) -> bool:
 
 
 def is_device_map(value: Any) -> bool:
-    """Whether `value` is a device map: a strategy name, one placement, or module -> placement."""
+    """Whether `value` is a device map: a strategy name, one device for the whole model (not
+    `disk`: `from_pretrained` offloads modules, not a whole model), or module -> placement."""
     if isinstance(value, str) and value in STRATEGIES:
         return True
     if isinstance(value, Mapping):
         return bool(value) and all(isinstance(k, str) and is_placement(v) for k, v in value.items())
-    return is_placement(value)
+    return is_placement(value) and value != "disk"
+
+
+def placement_problem(value: Any) -> str | None:
+    """Why the placement (or strategy) `value` names a device this machine lacks (None: it has
+    it; `cpu`, `disk` and the strategies are always there)."""
+    if isinstance(value, str) and (value in OFFLOAD or value in STRATEGIES):
+        return None
+    name = f"cuda:{value}" if isinstance(value, int) else value
+    device = torch.device(name)
+    if device.type == "xpu" and not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+        return f"device {value!r} requested but XPU is not available"
+    if device.type in ("cpu", "xpu"):
+        return None
+    return device_problem(name)
+
+
+def placement_problems(device_maps: Mapping[str, Any], offload_folder: str | None) -> list[str]:
+    """What is wrong with valid `decoding.device_map` entries on this machine: placements on
+    devices it lacks, and an `offload_folder` that cannot be created or written (checked only
+    when some map is given)."""
+    problems = []
+    for ref, device_map in device_maps.items():
+        entries = device_map.items() if isinstance(device_map, Mapping) else [(None, device_map)]
+        for module, value in entries:
+            if problem := placement_problem(value):
+                where = f"{ref!r}" if module is None else f"{ref!r}: {module!r}"
+                problems.append(f"device_map: {where}: {problem}")
+    if device_maps and offload_folder and (problem := folder_problem(offload_folder)):
+        problems.append(f"offload_folder: {offload_folder!r}: {problem}")
+    return problems
+
+
+def folder_problem(folder: str) -> str | None:
+    """Why weights cannot be offloaded into `folder` (None: it is a writable folder, or one that
+    can be created in its nearest existing parent); no folder is created here."""
+    path = Path(folder).expanduser().absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        return f"{str(existing)!r} is a file, not a folder"
+    try:  # a probe file (removed at once): os.access says yes to root on read-only mounts
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        what = "the folder" if existing == path else f"its parent {str(existing)!r}"
+        return f"{what} is not writable ({exc.strerror or exc})"
+    return None
+
+
+def unknown_modules(model: Any, device_map: Any) -> list[str]:
+    """The keys of an explicit `device_map` that name neither a module nor a parameter of
+    `model` (accelerate would leave them unused: a misspelt key places nothing)."""
+    if not isinstance(device_map, Mapping):
+        return []
+    names = {name for name, _ in model.named_modules()}
+    names |= {name for name, _ in model.named_parameters()}
+    return [key for key in device_map if key not in names]
 
 
 def valid_device_maps(value: Any) -> bool:
