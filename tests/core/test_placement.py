@@ -11,6 +11,7 @@ from tests.conftest import greedy_reference, tiny_llama, word_tokenizer
 from tests.core.test_decoder import repetitive_prompt
 from treegraft.core.config import ConfigError, pipeline_spec_from_dict
 from treegraft.core.pipeline import load_pipeline
+from treegraft.core.resources import Resources
 from treegraft.core.runner.placement import input_device, is_device_map, layer_devices, load_kwargs
 
 pytest.importorskip("accelerate")
@@ -139,3 +140,31 @@ def test_an_offload_folder_that_cannot_be_written_is_refused(tmp_path: Path) -> 
         f"pipeline.decoding.offload_folder: {str(tmp_path / 'file' / 'off')!r}: "
         f"{str(tmp_path / 'file')!r} is a file, not a folder"
     )
+
+
+def test_a_device_map_for_a_model_already_held_is_refused(tmp_path: Path) -> None:
+    target, drafter = saved_pair(tmp_path)
+    plain = pipeline(target, drafter, tmp_path / "off", {})
+    res = Resources(dtype="float64", device="cpu")
+    load_pipeline(plain, resources=res)
+    placed = {str(target): {"model": "cpu", "lm_head": "disk"}}
+    with pytest.raises(
+        ConfigError
+    ) as info:  # the target is loaded, unplaced: the map would not apply
+        load_pipeline(pipeline(target, drafter, tmp_path / "off", placed), resources=res)
+    assert str(info.value) == (
+        f"pipeline.decoding.device_map: {str(target)!r}: a device map applies when a model "
+        "loads, and this one was loaded by an earlier pipeline on these Resources under another "
+        "placement: give its map to the first pipeline, or use a separate Resources"
+    )
+    res = Resources(dtype="float64", device="cpu")
+    first = load_pipeline(pipeline(target, drafter, tmp_path / "off", placed), resources=res)
+    again = load_pipeline(pipeline(target, drafter, tmp_path / "off", placed), resources=res)
+    assert again.decoder.target.model is first.decoder.target.model  # the same placement: shared
+    with pytest.raises(ConfigError, match=r"^pipeline\.decoding\.offload_folder: '.*other', but"):
+        load_pipeline(pipeline(target, drafter, tmp_path / "other", placed), resources=res)
+    res.add_model("mem:target", tiny_llama(seed=3, vocab=VOCAB, layers=2))
+    in_memory = {**plain, "target": "mem:target", "drafters": {"weak": {"name": "ngram"}}}
+    in_memory["decoding"] = {**plain["decoding"], "device_map": {"mem:target": "cpu"}}
+    with pytest.raises(ConfigError, match=r"this one was added in memory \(add_model\): save it"):
+        load_pipeline(in_memory, resources=res)

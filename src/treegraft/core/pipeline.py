@@ -144,8 +144,10 @@ class Pipeline:
         resources.check_model = spec.decoding.check_model
         if problems := placement_problems(spec.decoding.device_map, spec.decoding.offload_folder):
             raise ConfigError(f"{ROOT}.decoding.{problems[0]}")
-        resources.device_maps |= spec.decoding.device_map
-        resources.offload_folder = resources.offload_folder or spec.decoding.offload_folder
+        try:
+            resources.place(spec.decoding.device_map, spec.decoding.offload_folder)
+        except ArgumentError as exc:
+            raise ConfigError(f"{ROOT}.decoding.{exc}") from None
         check_vocabularies(spec, resources)
         _load(resources, spec.target, "pipeline.target")
         target = _runner(resources, spec.target, "pipeline.target")

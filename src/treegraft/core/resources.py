@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -309,6 +310,35 @@ class Resources:
             "(one decoding.forward per Resources: it sets how the shared models attend); "
             "build this pipeline on a separate Resources"
         )
+
+    def place(self, device_maps: Mapping[str, Any], offload_folder: str | None) -> None:
+        """Load the models of `device_maps` as their maps say (`runner.placement`), sending
+        weights to disk in `offload_folder` (the first one given stays). A map cannot apply to a
+        model held already (added with `add_model`, or loaded by an earlier pipeline under
+        another map), nor a second folder to these Resources: `ArgumentError`s."""
+        for ref, device_map in device_maps.items():
+            if ref in self.models and self.device_maps.get(ref) != device_map:
+                how = (
+                    "was added in memory (add_model): save it (save_pretrained) and name its folder "
+                    "to have it placed"
+                    if ref in self.in_memory
+                    else "was loaded by an earlier pipeline on these Resources under another "
+                    "placement: give its map to the first pipeline, or use a separate Resources"
+                )
+                raise ArgumentError(
+                    f"device_map: {ref!r}: a device map applies when a model loads, and this one {how}"
+                )
+        if (
+            device_maps
+            and offload_folder
+            and offload_folder != (self.offload_folder or offload_folder)
+        ):
+            raise ArgumentError(
+                f"offload_folder: {offload_folder!r}, but these Resources offload weights into "
+                f"{self.offload_folder!r} already (one folder per Resources); use a separate Resources"
+            )
+        self.device_maps |= device_maps
+        self.offload_folder = self.offload_folder or offload_folder
 
     def add_model(self, ref: str, model: PreTrainedModel, *, tokenizer: Any = None) -> None:
         """Make an in-memory model available under `ref` (moved to this device and dtype), with
