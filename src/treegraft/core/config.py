@@ -292,18 +292,14 @@ class DecodingConfig:
     )
     stop_at_eos: bool = field(True, doc="end when the target emits its EOS token")
     dtype: str = field(
-        "float32",
-        check=one_of("float32", "float64", "bfloat16", "float16"),
-        doc="model precision; built on a given `Resources`, left out: the Resources' dtype, "
-        "stated: it must be theirs (docs/quickstart.md#pipelines-from-python)",
+        "float32", check=one_of("float32", "float64", "bfloat16", "float16"), doc="model precision"
     )
     device: str = field(
         "auto",
         check=Check(
             "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'", lambda v: bool(DEVICE_NAMES.fullmatch(v))
         ),
-        doc="'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:N' or 'mps'; on a given "
-        "`Resources`, as `dtype`",
+        doc="'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:N' or 'mps'",
     )
     forward: str = field(
         "auto",
