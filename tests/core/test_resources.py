@@ -172,3 +172,12 @@ def test_a_torch_device_this_machine_lacks_is_refused(device, message: str) -> N
     with pytest.raises(ArgumentError) as info:
         Resources(device=device)
     assert str(info.value).startswith(f"Resources: device: {message}")
+
+
+def test_add_model_refuses_a_model_on_the_meta_device() -> None:
+    with torch.device("meta"):
+        model = tiny_llama(seed=1)
+    with pytest.raises(
+        ArgumentError, match=r"^add_model: model 'mem:t': its weights are on the meta "
+    ):
+        Resources().add_model("mem:t", model)  # was torch's NotImplementedError

@@ -350,6 +350,12 @@ class Resources:
                 f"add_model: model {ref!r}: expected a transformers PreTrainedModel with a "
                 f"config (e.g. from AutoModelForCausalLM), got {type(model).__name__}"
             )
+        if any(p.device.type == "meta" for p in model.parameters()):
+            raise ArgumentError(
+                f"add_model: model {ref!r}: its weights are on the meta device (shapes without "
+                "data, as a model built under `torch.device('meta')`); load them first, e.g. "
+                "with from_pretrained"
+            )
         self.models[ref] = model.to(device=self.device, dtype=self.dtype).eval()
         self.in_memory.add(ref)
         if tokenizer is not None:
