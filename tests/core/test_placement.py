@@ -88,6 +88,8 @@ def test_device_maps_are_checked_with_their_path():
         )
     assert load_kwargs({"model": "disk"}, None)["offload_folder"]  # a temporary folder
     assert load_kwargs({"model": "cpu"}, None) == {"device_map": {"model": "cpu"}}
+    home = str(Path("~/off").expanduser())
+    assert load_kwargs({"model": "disk"}, "~/off")["offload_folder"] == home  # not a "~" folder
     assert not is_device_map("disk")  # from_pretrained offloads modules, not a whole model
 
 

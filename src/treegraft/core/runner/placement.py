@@ -123,7 +123,8 @@ def load_kwargs(device_map: Any, offload_folder: str | None) -> dict[str, Any]:
     }
     sends_to_disk = isinstance(device_map, Mapping) and "disk" in device_map.values()
     if offload_folder or sends_to_disk or device_map in STRATEGIES:
-        kwargs["offload_folder"] = offload_folder or tempfile.mkdtemp(prefix="treegraft-offload-")
+        folder = str(Path(offload_folder).expanduser()) if offload_folder else None  # `~/...`
+        kwargs["offload_folder"] = folder or tempfile.mkdtemp(prefix="treegraft-offload-")
     return kwargs
 
 
