@@ -163,6 +163,11 @@ def test_a_device_map_for_a_model_already_held_is_refused(tmp_path: Path) -> Non
     first = load_pipeline(pipeline(target, drafter, tmp_path / "off", placed), resources=res)
     again = load_pipeline(pipeline(target, drafter, tmp_path / "off", placed), resources=res)
     assert again.decoder.target.model is first.decoder.target.model  # the same placement: shared
+    other = {str(target): {"model": "cpu", "lm_head": "cpu"}}
+    fresh = Resources(dtype="float64", device="cpu")
+    fresh.place(placed, None)  # as a benchmark pair does before its pipelines load
+    with pytest.raises(ConfigError, match=r"these Resources place it as \{'model': 'cpu', 'lm_"):
+        load_pipeline(pipeline(target, drafter, tmp_path / "off", other), resources=fresh)
     with pytest.raises(ConfigError, match=r"^pipeline\.decoding\.offload_folder: '.*other', but"):
         load_pipeline(pipeline(target, drafter, tmp_path / "other", placed), resources=res)
     res.add_model("mem:target", tiny_llama(seed=3, vocab=VOCAB, layers=2))

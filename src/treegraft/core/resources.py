@@ -315,8 +315,15 @@ class Resources:
         """Load the models of `device_maps` as their maps say (`runner.placement`), sending
         weights to disk in `offload_folder` (the first one given stays). A map cannot apply to a
         model held already (added with `add_model`, or loaded by an earlier pipeline under
-        another map), nor a second folder to these Resources: `ArgumentError`s."""
+        another map), nor a second map to one model or a second folder to these Resources:
+        `ArgumentError`s."""
         for ref, device_map in device_maps.items():
+            if self.device_maps.get(ref, device_map) != device_map and ref not in self.models:
+                raise ArgumentError(
+                    f"device_map: {ref!r}: {device_map!r}, but these Resources place it as "
+                    f"{self.device_maps[ref]!r} already (one placement per model and Resources); "
+                    "use a separate Resources"
+                )
             if ref in self.models and self.device_maps.get(ref) != device_map:
                 how = (
                     "was added in memory (add_model): save it (save_pretrained) and name its folder "
