@@ -113,3 +113,16 @@ def test_damaged_latency_curves_are_named(tmp_path):
     (out / "latency.json").write_text('{"target+draft": {"target": [1.0,')
     with pytest.raises(ConfigError, match=r"latency\.json is not latency curves \(malformed JSON"):
         run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
+
+
+def test_the_ray_executor_without_ray_says_how_to_install_it(tmp_path, monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where it is missing
+    config = small_config(tmp_path).with_executor(name="ray")
+    with pytest.raises(ConfigError) as info:
+        run_bench(config, tmp_path / "out", resources=pair_resources(), progress=False)
+    assert str(info.value) == (
+        "--executor ray: Ray is not installed; install the extra with `pip install "
+        "'treegraft[ray]'`"
+    )
