@@ -150,10 +150,11 @@ def test_a_device_map_for_a_model_already_held_is_refused(tmp_path: Path) -> Non
     res = Resources(dtype="float64", device="cpu")
     load_pipeline(plain, resources=res)
     placed = {str(target): {"model": "cpu", "lm_head": "disk"}}
-    with pytest.raises(
-        ConfigError
-    ) as info:  # the target is loaded, unplaced: the map would not apply
-        load_pipeline(pipeline(target, drafter, tmp_path / "off", placed), resources=res)
+    refused = pipeline(target, drafter, tmp_path / "off", placed)
+    refused["decoding"]["check_model"] = False
+    with pytest.raises(ConfigError) as info:  # the target is loaded unplaced: no map can apply
+        load_pipeline(refused, resources=res)
+    assert res.check_model  # a refused pipeline changes nothing of the shared Resources
     assert str(info.value) == (
         f"pipeline.decoding.device_map: {str(target)!r}: a device map applies when a model "
         "loads, and this one was loaded by an earlier pipeline on these Resources under another "

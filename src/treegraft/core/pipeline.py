@@ -139,15 +139,15 @@ class Pipeline:
         check_resources(spec, resources)
         if problem := resources.forward_conflict(spec.decoding.forward):  # before any change
             raise ConfigError(f"{ROOT}.decoding.forward: {problem}")
-        resources.use_forward(spec.decoding.forward)
-        resources.target_ref = spec.target
-        resources.check_model = spec.decoding.check_model
         if problems := placement_problems(spec.decoding.device_map, spec.decoding.offload_folder):
             raise ConfigError(f"{ROOT}.decoding.{problems[0]}")
-        try:
+        try:  # checks all before it changes them
             resources.place(spec.decoding.device_map, spec.decoding.offload_folder)
         except ArgumentError as exc:
             raise ConfigError(f"{ROOT}.decoding.{exc}") from None
+        resources.use_forward(spec.decoding.forward)
+        resources.target_ref = spec.target
+        resources.check_model = spec.decoding.check_model
         check_vocabularies(spec, resources)
         _load(resources, spec.target, "pipeline.target")
         target = _runner(resources, spec.target, "pipeline.target")
