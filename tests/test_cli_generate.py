@@ -183,3 +183,17 @@ def test_a_warning_while_the_text_streams_gets_its_own_line_after_it(
     at = next(i for i, line in enumerate(lines) if "list 'weak' before 'strong'" in line)
     assert lines[at].startswith("warning: pipeline.drafters.strong: ")  # a line of its own
     assert "new tokens" in lines[at + 1]  # the stats follow it
+
+
+def test_a_low_precision_difference_says_where_it_is_explained() -> None:
+    from treegraft.cli_generate import PlainRun, comparison_line
+
+    plain = PlainRun((1, 2, 3), 1.0)
+    line = comparison_line(6.0, (1, 2, 4), plain, False, "bfloat16")
+    assert line.endswith(
+        "identical: no (bfloat16: a near-tie rounded otherwise by the two batchings; every "
+        "token is still the target's argmax, docs/losslessness.md#low-precision; float64 "
+        "decodes identically)"
+    )
+    assert comparison_line(6.0, (1, 2, 4), plain, False, "float32").endswith("identical: no")
+    assert comparison_line(6.0, (1, 2, 3), plain, False, "float16").endswith("identical: yes")
