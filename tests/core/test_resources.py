@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
 from tests.conftest import greedy_reference, tiny_llama, word_tokenizer
-from treegraft.core.config import ConfigError
+from treegraft.core.config import ConfigError, pipeline_spec_from_dict
 from treegraft.core.errors import ArgumentError
-from treegraft.core.pipeline import load_pipeline
+from treegraft.core.pipeline import Pipeline, load_pipeline
 from treegraft.core.resources import Resources
 from treegraft.testing import memory_resources
 
@@ -134,6 +135,10 @@ def test_a_stated_dtype_or_device_must_agree_with_the_resources(monkeypatch) -> 
         with pytest.raises(ConfigError) as info:
             load_pipeline({**spec("mem:target", "lean"), "decoding": decoding}, resources=res)
         assert str(info.value).startswith(message)
+    built = pipeline_spec_from_dict(spec("mem:target"))  # in code, without a mapping's keys
+    built = attrs.evolve(built, decoding=attrs.evolve(built.decoding, dtype="bfloat16"))
+    with pytest.raises(ConfigError, match=r"^pipeline\.decoding\.dtype: the pipeline states 'bf"):
+        Pipeline.from_spec(attrs.evolve(built, decoding_keys=frozenset()), resources=res)
     # left out, or stated as the resources hold them: the resources' dtype and device
     for decoding in ({}, {"dtype": "float64", "device": "cpu"}):
         pipe = load_pipeline({**spec("mem:target", "lean"), "decoding": decoding}, resources=res)

@@ -463,8 +463,11 @@ def context_limit(target: CausalLMRunner, drafters: Sequence[Any]) -> int | None
 
 def check_resources(spec: PipelineSpec, resources: Resources) -> None:
     """Raise `ConfigError` where `spec` states a `decoding.dtype` or `decoding.device` other than
-    the `resources`' (which hold the models: a spec that leaves them out takes the Resources')."""
-    stated = spec.decoding_keys
+    the `resources`' (which hold the models: a spec that leaves them out takes the Resources').
+    Stated: given in the spec's mapping, or other than the default (a spec built in code)."""
+    defaults = attrs.fields_dict(type(spec.decoding))
+    stated = {k for k in ("dtype", "device") if getattr(spec.decoding, k) != defaults[k].default}
+    stated |= spec.decoding_keys
     if "dtype" in stated and DTYPES[spec.decoding.dtype] != resources.dtype:
         theirs = str(resources.dtype).removeprefix("torch.")
         raise ConfigError(
