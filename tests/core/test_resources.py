@@ -186,3 +186,11 @@ def test_add_model_refuses_a_model_on_the_meta_device() -> None:
         ArgumentError, match=r"^add_model: model 'mem:t': its weights are on the meta "
     ):
         Resources().add_model("mem:t", model)  # was torch's NotImplementedError
+
+
+@pytest.mark.parametrize(
+    "given", ["cpu", Resources, {"device": "cpu"}], ids=["str", "class", "dict"]
+)
+def test_resources_of_another_type_are_an_argument_error(given) -> None:
+    with pytest.raises(ArgumentError, match=r"^resources: expected a treegraft Resources \(e\.g\."):
+        load_pipeline(spec("mem:target"), resources=given)  # was an AttributeError or TypeError

@@ -131,6 +131,12 @@ class Pipeline:
     ) -> Pipeline:
         """Load the models and build every component of `spec`."""
         registry = registry or default_registry()
+        if resources is not None and not isinstance(resources, Resources):
+            raise ArgumentError(
+                "resources: expected a treegraft Resources (e.g. Resources.create(device='cpu', "
+                f"dtype='float64')) or None, got {type(resources).__name__} "
+                f"{reprlib.repr(resources)}"
+            )
         if resources is None:
             try:
                 resources = Resources.create(device=spec.decoding.device, dtype=spec.decoding.dtype)
