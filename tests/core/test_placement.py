@@ -176,3 +176,18 @@ def test_a_device_map_for_a_model_already_held_is_refused(tmp_path: Path) -> Non
     in_memory["decoding"] = {**plain["decoding"], "device_map": {"mem:target": "cpu"}}
     with pytest.raises(ConfigError, match=r"this one was added in memory \(add_model\): save it"):
         load_pipeline(in_memory, resources=res)
+
+
+def test_map_keys_may_name_tied_parameters_and_buffers() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from treegraft.core.runner.placement import unknown_modules
+
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
+    named = {"lm_head.weight": "cpu", "model.rotary_emb.inv_freq": "cpu", "model": "cpu"}
+    assert unknown_modules(model, named) == []  # the head's weight is the embeddings'
+    assert unknown_modules(model, {"model.layer.0": "disk"}) == ["model.layer.0"]

@@ -99,12 +99,13 @@ def folder_problem(folder: str) -> str | None:
 
 
 def unknown_modules(model: Any, device_map: Any) -> list[str]:
-    """The keys of an explicit `device_map` that name neither a module nor a parameter of
+    """The keys of an explicit `device_map` that name no module, parameter or buffer of
     `model` (accelerate would leave them unused: a misspelt key places nothing)."""
     if not isinstance(device_map, Mapping):
         return []
     names = {name for name, _ in model.named_modules()}
-    names |= {name for name, _ in model.named_parameters()}
+    names |= {name for name, _ in model.named_parameters(remove_duplicate=False)}  # tied ones too
+    names |= {name for name, _ in model.named_buffers(remove_duplicate=False)}
     return [key for key in device_map if key not in names]
 
 
