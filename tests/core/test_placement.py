@@ -191,3 +191,22 @@ def test_map_keys_may_name_tied_parameters_and_buffers() -> None:
     named = {"lm_head.weight": "cpu", "model.rotary_emb.inv_freq": "cpu", "model": "cpu"}
     assert unknown_modules(model, named) == []  # the head's weight is the embeddings'
     assert unknown_modules(model, {"model.layer.0": "disk"}) == ["model.layer.0"]
+
+
+def test_tied_embeddings_split_across_disk_are_refused_before_loading(tmp_path: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "tied")
+    tied, drafter = tmp_path / "tied", saved_pair(tmp_path)[1]
+    maps = {str(tied): {"model": "cpu", "lm_head": "disk"}}
+    with pytest.raises(ConfigError) as info:  # was a KeyError from the tree forward's probe
+        load_pipeline(pipeline(tied, drafter, tmp_path / "off", maps))
+    assert str(info.value) == (
+        f"pipeline.target: {tied}: device_map: 'lm_head' shares its weight with "
+        "'model.embed_tokens' (tied embeddings), but goes to 'disk' and 'model.embed_tokens' to "
+        "'cpu': place both alike"
+    )

@@ -30,7 +30,7 @@ from treegraft.core.runner.attention_rules import (
     text_config,
 )
 from treegraft.core.runner.forwards import ForwardPlan, plan_forward
-from treegraft.core.runner.placement import load_kwargs, unknown_modules
+from treegraft.core.runner.placement import load_kwargs, map_problem
 from treegraft.kernels.tree_attention.hf import IMPLEMENTATION as TREE_IMPLEMENTATION
 
 DTYPES = {
@@ -374,6 +374,8 @@ class Resources:
             path = resolve_model_path(ref)
             hf_logging.disable_progress_bar()  # our CLI streams text on stdout; keep stderr quiet
             placed = ref in self.device_maps
+            if placed and (problem := map_problem(path, self.device_maps[ref])):
+                raise ModelRefError(f"{ref}: device_map: {problem}")
             kwargs = load_kwargs(self.device_maps[ref], self.offload_folder) if placed else {}
             try:
                 model, info = AutoModelForCausalLM.from_pretrained(
@@ -393,13 +395,6 @@ class Resources:
                     f"{type(model).__name__} (e.g. {', '.join(missing[:3])}), which transformers "
                     "would fill with random values: use a checkpoint saved from a causal LM "
                     "(a *ForCausalLM model)"
-                )
-            if placed and (unknown := unknown_modules(model, self.device_maps[ref])):
-                top = [name for name, _ in model.named_modules() if name and name.count(".") < 2]
-                raise ModelRefError(
-                    f"{ref}: device_map: {unknown[0]!r} names no module or parameter of "
-                    f"{type(model).__name__} (its modules: {', '.join(top[:8])}, ...; "
-                    "model.named_modules() lists them all)"
                 )
             self.models[ref] = (model if placed else model.to(self.device)).eval()
         return self.models[ref]

@@ -109,6 +109,58 @@ def unknown_modules(model: Any, device_map: Any) -> list[str]:
     return [key for key in device_map if key not in names]
 
 
+def placement_of(device_map: Mapping[str, Any], name: str) -> Any:
+    """Where the module `name` went under the resolved map `device_map` (`hf_device_map`): the
+    placement of its longest key that is `name` or a parent of it (None: none is)."""
+    keys = [k for k in device_map if k == "" or name == k or name.startswith(f"{k}.")]
+    return device_map[max(keys, key=len)] if keys else None
+
+
+def tied_head_problem(model: Any, device_map: Any) -> str | None:
+    """Why an explicit `device_map` cannot place `model` (None: it can) because its input and
+    output embeddings share one weight and the map sends one of them to `disk` and the other
+    elsewhere: the checkpoint stores the weight once, and the offloaded copy is never found."""
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    if not isinstance(device_map, Mapping) or head is None or head.weight is not embeddings.weight:
+        return None
+    names = {id(m): n for n, m in model.named_modules()}
+    head_name, embeddings_name = names[id(head)], names[id(embeddings)]
+    where = placement_of(device_map, head_name), placement_of(device_map, embeddings_name)
+    if where[0] == where[1] or "disk" not in where:
+        return None
+    return (
+        f"{head_name!r} shares its weight with {embeddings_name!r} (tied embeddings), but goes "
+        f"to {where[0]!r} and {embeddings_name!r} to {where[1]!r}: place both alike"
+    )
+
+
+def skeleton(path: Any) -> Any:
+    """The causal LM of the model folder `path` on the meta device (no weights read), to check a
+    device map against before loading; None where it cannot be built (loading then says why)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    except Exception:  # from_pretrained reports the folder's problem itself
+        return None
+
+
+def map_problem(path: Any, device_map: Any) -> str | None:
+    """Why an explicit `device_map` cannot place the model in the folder `path` (None: no reason
+    known before loading): a key naming nothing of it (`unknown_modules`), or tied embeddings
+    split across `disk` (`tied_head_problem`)."""
+    if not isinstance(device_map, Mapping) or (model := skeleton(path)) is None:
+        return None
+    if unknown := unknown_modules(model, device_map):
+        top = [name for name, _ in model.named_modules() if name and name.count(".") < 2]
+        return (
+            f"{unknown[0]!r} names no module or parameter of {type(model).__name__} (its "
+            f"modules: {', '.join(top[:8])}, ...; model.named_modules() lists them all)"
+        )
+    return tied_head_problem(model, device_map)
+
+
 def valid_device_maps(value: Any) -> bool:
     """Whether `value` maps model references to device maps (the `decoding.device_map` check)."""
     return isinstance(value, Mapping) and all(
