@@ -200,3 +200,17 @@ def test_the_generated_text_is_printed_as_it_is(
     assert result.exit_code == 0, result.output
     printed = result.stdout_bytes.decode()  # (`stdout` turns \r\n into \n)
     assert (json.loads(printed)["text"] if as_json else printed) == odd + ("" if as_json else "\n")
+
+
+def test_a_low_precision_difference_says_where_it_is_explained() -> None:
+    from treegraft.cli_generate import PlainRun, comparison_line
+
+    plain = PlainRun((1, 2, 3), 1.0)
+    line = comparison_line(6.0, (1, 2, 4), plain, False, "bfloat16")
+    assert line.endswith(
+        "identical: no (bfloat16: a near-tie rounded otherwise by the two batchings; every "
+        "token is still the target's argmax, docs/losslessness.md#low-precision; float64 "
+        "decodes identically)"
+    )
+    assert comparison_line(6.0, (1, 2, 4), plain, False, "float32").endswith("identical: no")
+    assert comparison_line(6.0, (1, 2, 3), plain, False, "float16").endswith("identical: yes")

@@ -144,7 +144,9 @@ def _print_comparison(pipe, text, ids, tokens_per_s, finish, max_new_tokens) -> 
     from treegraft.cli_generate import comparison_line, is_sampling, plain_decode
 
     plain = plain_decode(pipe, pipe.encode(text), _plain_limit(pipe, ids, finish, max_new_tokens))
-    console.print(comparison_line(tokens_per_s, ids, plain, is_sampling(pipe)), highlight=False)
+    dtype = str(pipe.resources.dtype).removeprefix("torch.")
+    line = comparison_line(tokens_per_s, ids, plain, is_sampling(pipe), dtype)
+    console.print(line, highlight=False)
 
 
 def _use_chat(pipe, text: str) -> None:

@@ -201,13 +201,24 @@ def is_sampling(pipe: Any) -> bool:
     return pipe.spec.verifier.name != "greedy"
 
 
+#: dtypes whose rounding may flip a near-tie between a tree forward and a one-token forward
+LOW_PRECISION = ("bfloat16", "float16")
+
+
 def comparison_line(
-    tree_tps: float, tree_ids: Sequence[int], plain: PlainRun, sampling: bool
+    tree_tps: float, tree_ids: Sequence[int], plain: PlainRun, sampling: bool, dtype: str = ""
 ) -> str:
-    """`plain decoding X tokens/s · pipeline Y tokens/s · Zx · identical: yes`."""
+    """`plain decoding X tokens/s · pipeline Y tokens/s · Zx · identical: yes`; a greedy
+    difference in a low-precision `dtype` says where the docs explain it."""
     speedup = tree_tps / plain.tokens_per_second if plain.tokens_per_second > 0 else 0.0
     same = tuple(tree_ids) == plain.token_ids
     note = " (sampling: equal in distribution, not token for token)" if sampling else ""
+    if not same and not sampling and dtype in LOW_PRECISION:
+        note = (
+            f" ({dtype}: a near-tie rounded otherwise by the two batchings; every token is "
+            "still the target's argmax, docs/losslessness.md#low-precision; float64 decodes "
+            "identically)"
+        )
     return (
         f"plain decoding {plain.tokens_per_second:.1f} tokens/s · pipeline {tree_tps:.1f} "
         f"tokens/s · {speedup:.2f}x · identical: {'yes' if same else 'no'}{note}"

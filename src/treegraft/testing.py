@@ -35,7 +35,7 @@ from treegraft.core.errors import ArgumentError
 from treegraft.core.interfaces import LayerState
 from treegraft.core.pipeline import Pipeline, eos_ids_of, load_pipeline
 from treegraft.core.registry import Registry
-from treegraft.core.resources import Resources
+from treegraft.core.resources import DTYPES, Resources
 
 __all__ = [
     "ARCHITECTURES",
@@ -231,7 +231,8 @@ def assert_lossless(
 
     Args:
         pipeline: a pipeline mapping or YAML file; `target` may be left out (it is then
-            `mem:target`), and so may `decoding` (float64 on the CPU).
+            `mem:target`), and so may `decoding` (float64 on the CPU; the models are decoded
+            in the `decoding.dtype` it states).
         prompts: token-id prompts (at least one; an empty list is an `ArgumentError`).
         target: the target model, added to the resources as `mem:target` (default: a
             `tiny_model("llama", seed=1)`).
@@ -255,7 +256,9 @@ def assert_lossless(
         )
     target = target if target is not None else tiny_model("llama", seed=1)
     data = _pipeline_mapping(pipeline)
-    resources = memory_resources(target=target, **dict(models or {}))
+    stated = data["decoding"]["dtype"]  # a bad value is load_pipeline's to name
+    dtype = DTYPES.get(stated, torch.float64) if isinstance(stated, str) else torch.float64
+    resources = memory_resources(dtype, target=target, **dict(models or {}))
     pipe = load_pipeline(data, resources=resources, registry=registry)
     if sampling is None:
         sampling = law is not None or hasattr(pipe.spec.verifier.config, "temperature")

@@ -17,6 +17,7 @@ from tests.bench.test_units import (
 )
 from treegraft.bench import run_bench
 from treegraft.bench.store import STORE, read_store
+from treegraft.core.config import ConfigError
 
 ray = pytest.importorskip("ray")
 
@@ -106,3 +107,24 @@ def test_map_items_on_two_actors_merges_in_item_order(cluster):
     spread = map_items(pid_setup, square_with_pid, items, executor="ray", workers=2)
     assert [r for r, _ in spread] == [r for r, _ in local] == [i * i for i in items]
     assert len({pid for _, pid in spread}) == 2 and os.getpid() not in {p for _, p in spread}
+
+
+@pytest.mark.parametrize(
+    ("executor", "message"),
+    [
+        ({"num_gpus": 1}, "executor.num_gpus (--num-gpus): each Ray actor requests 1 GPU(s), but "
+         "the Ray cluster has 0: no actor could start; lower --num-gpus (0: actors on CPUs alone)"),
+        ({"num_cpus": 3}, "executor.num_cpus (--num-cpus): each Ray actor requests 3 CPU(s), but "
+         "the Ray cluster has 2: no actor could start; lower --num-cpus"),
+    ],
+    ids=["gpus", "cpus"],
+)  # fmt: skip
+def test_an_actor_request_the_cluster_cannot_hold_is_refused(
+    tmp_path, cluster, executor, message
+) -> None:  # it waited for an actor forever
+    if executor.get("num_gpus") and ray.cluster_resources().get("GPU", 0) >= 1:
+        pytest.skip("the cluster has a GPU")
+    config = sweep_config(tmp_path).with_executor(name="ray", **executor)
+    with pytest.raises(ConfigError) as info:
+        run_bench(config, tmp_path / "out", resources=pair_resources(), progress=False)
+    assert str(info.value) == message

@@ -244,3 +244,16 @@ def test_a_sweep_refused_once_its_models_load_leaves_no_folder(tmp_path):
     run_bench(small_config(tmp_path, max_new_tokens=2), out, resources=pair_resources(),
               progress=False)  # fmt: skip
     assert (out / "summary.md").is_file()
+
+
+def test_the_ray_executor_without_ray_says_how_to_install_it(tmp_path, monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where it is missing
+    config = small_config(tmp_path).with_executor(name="ray")
+    with pytest.raises(ConfigError) as info:
+        run_bench(config, tmp_path / "out", resources=pair_resources(), progress=False)
+    assert str(info.value) == (
+        "--executor ray: Ray is not installed; install the extra with `pip install "
+        "'treegraft[ray]'`"
+    )

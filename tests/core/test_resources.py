@@ -6,13 +6,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
 from tests.conftest import greedy_reference, tiny_llama, word_tokenizer
-from treegraft.core.config import ConfigError
+from treegraft.core.config import ConfigError, pipeline_spec_from_dict
 from treegraft.core.errors import ArgumentError
-from treegraft.core.pipeline import load_pipeline
+from treegraft.core.pipeline import Pipeline, load_pipeline
 from treegraft.core.resources import Resources
 from treegraft.testing import memory_resources
 
@@ -305,3 +306,71 @@ def test_a_failure_transformers_explains_at_length_is_told_in_its_line(
         f"pipeline.target: {model_dir}: transformers could not load the model in {model_dir}: "
         "RuntimeError: WeightsUnpickler error: bad global"
     )
+
+
+def test_a_stated_dtype_or_device_must_agree_with_the_resources(monkeypatch) -> None:
+    res = memory_resources(target=tiny_llama(seed=1))  # float64 on the CPU
+    for decoding, message in [
+        ({"dtype": "float32"}, "pipeline.decoding.dtype: the pipeline states 'float32', but the "
+         "Resources it is built on hold their models in 'float64' (one dtype per Resources): "
+         "give Resources(dtype='float32'), or leave decoding.dtype out to use the Resources' "
+         "dtype"),
+        ({"device": "cuda:3"}, "pipeline.decoding.device: device 'cuda:3' requested but CUDA "
+         "is not available; use 'cpu' or 'auto'")
+        if not torch.cuda.is_available() else
+        ({"device": "cuda:99"}, "pipeline.decoding.device: device 'cuda:99': this machine has "),
+    ]:  # fmt: skip
+        with pytest.raises(ConfigError) as info:
+            load_pipeline({**spec("mem:target", "lean"), "decoding": decoding}, resources=res)
+        assert str(info.value).startswith(message)
+    built = pipeline_spec_from_dict(spec("mem:target"))  # in code, without a mapping's keys
+    built = attrs.evolve(built, decoding=attrs.evolve(built.decoding, dtype="bfloat16"))
+    with pytest.raises(ConfigError, match=r"^pipeline\.decoding\.dtype: the pipeline states 'bf"):
+        Pipeline.from_spec(attrs.evolve(built, decoding_keys=frozenset()), resources=res)
+    # left out, or stated as the resources hold them: the resources' dtype and device
+    for decoding in ({}, {"dtype": "float64", "device": "cpu"}):
+        pipe = load_pipeline({**spec("mem:target", "lean"), "decoding": decoding}, resources=res)
+        assert pipe.decoder.target.model.dtype == torch.float64
+    monkeypatch.setattr("treegraft.core.resources.device_problem", lambda name: None)
+    res.device = torch.device("cuda", 1)  # where a GPU machine's Resources would hold them
+    with pytest.raises(ConfigError) as info:
+        load_pipeline({**spec("mem:target"), "decoding": {"device": "cpu"}}, resources=res)
+    assert str(info.value) == (
+        "pipeline.decoding.device: the pipeline states 'cpu' (cpu), but the Resources it is "
+        "built on hold their models on 'cuda:1': give Resources(device='cpu'), or leave "
+        "decoding.device out to use the Resources' device"
+    )
+
+
+def test_create_takes_what_the_constructor_takes() -> None:
+    res = Resources.create(device=torch.device("cpu", 0), dtype=torch.float64)
+    assert res.device == torch.device("cpu") and res.dtype == torch.float64
+    with pytest.raises(ArgumentError, match=r"^dtype: expected one of float32, .* got \['f'\]$"):
+        Resources.create(dtype=["f"])  # unhashable: not a TypeError
+    with pytest.raises(ArgumentError, match=r"^forward: expected one of auto, .* got 'fast'$"):
+        Resources.create(forward="fast")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        (torch.device("cuda"), "device 'cuda' requested but CUDA is not available"),
+        (torch.device("cuda", 1), "device 'cuda:1' requested but CUDA is not available"),
+        (torch.device("meta"), "expected 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got 'meta'"),
+    ],
+    ids=["cuda", "cuda-1", "meta"],
+)
+def test_a_torch_device_this_machine_lacks_is_refused(device, message: str) -> None:
+    with pytest.raises(ArgumentError) as info:
+        Resources(device=device)
+    assert str(info.value).startswith(f"Resources: device: {message}")
+
+
+def test_add_model_refuses_a_model_on_the_meta_device() -> None:
+    with torch.device("meta"):
+        model = tiny_llama(seed=1)
+    with pytest.raises(
+        ArgumentError, match=r"^add_model: model 'mem:t': its weights are on the meta "
+    ):
+        Resources().add_model("mem:t", model)  # was torch's NotImplementedError

@@ -298,6 +298,23 @@ def test_model_and_device_errors_need_no_weights_loaded(tmp_path: Path, model_co
         assert "pipeline.decoding.device: device 'cuda:7'" in text
 
 
+def test_placement_errors_are_reported(tmp_path: Path, good_model: Path) -> None:
+    (tmp_path / "file").write_text("")
+    placed = {str(good_model): {"model": 9, "lm_head": "cpu"}}
+    decoding = {"device_map": placed, "offload_folder": str(tmp_path / "file" / "off")}
+    _, errors = pipeline_errors(
+        write(tmp_path, "placed.yaml", spec(str(good_model), decoding=decoding))
+    )
+    text = "\n".join(errors)
+    assert f"pipeline.decoding.offload_folder: {str(tmp_path / 'file' / 'off')!r}: " in text
+    import torch
+
+    if torch.cuda.device_count() < 10:
+        assert (
+            f"pipeline.decoding.device_map: {str(good_model)!r}: 'model': device 'cuda:9'" in text
+        )
+
+
 def test_a_good_file_validates(tmp_path: Path, good_model: Path) -> None:
     spec_out, errors = pipeline_errors(write(tmp_path, "ok.yaml", spec(str(good_model))))
     assert errors == [] and spec_out is not None

@@ -460,10 +460,13 @@ def substitute_models(raw: dict[str, Any], pair: Pair, which: str) -> dict[str, 
 def build_pipelines(
     plans: list[PipelinePlan], resources: Resources, registry: Registry | None = None
 ) -> list[PipelineMethod]:
-    """Load every planned pipeline on shared resources (each model is loaded once)."""
+    """Load every planned pipeline on shared resources (each model is loaded once), in their
+    dtype and on their device (made from the settings', or a caller's own)."""
     methods = []
     for plan in plans:
-        spec = pipeline_spec_from_dict(plan.raw, registry, source=plan.where)
+        decoding = {k: v for k, v in plan.raw["decoding"].items() if k not in ("dtype", "device")}
+        raw = {**plan.raw, "decoding": decoding}
+        spec = pipeline_spec_from_dict(raw, registry, source=plan.where)
         pipe = Pipeline.from_spec(spec, resources=resources, registry=registry)
         methods.append(PipelineMethod.create(plan.label, pipe))
     return methods

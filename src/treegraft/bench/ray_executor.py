@@ -51,6 +51,20 @@ def fit_workers(
     return max(1, min([*fit, n_items] if fit else [n_items]))
 
 
+def check_fits(ray: Any, num_cpus: float, num_gpus: float) -> None:
+    """Raise `ConfigError` where one actor's request (`num_cpus`, `num_gpus`) exceeds what the
+    whole cluster has: no actor could start, and the sweep would wait for one forever."""
+    total = ray.cluster_resources()
+    for flag, asked, kind in (("--num-cpus", num_cpus, "CPU"), ("--num-gpus", num_gpus, "GPU")):
+        if asked > total.get(kind, 0):
+            raise ConfigError(
+                f"executor.{flag[2:].replace('-', '_')} ({flag}): each Ray actor requests "
+                f"{asked:g} {kind}(s), but the Ray cluster has {total.get(kind, 0):g}: no actor "
+                f"could start; lower {flag}"
+                + (" (0: actors on CPUs alone)" if kind == "GPU" else "")
+            )
+
+
 class RayUnitWorker:
     """The actor class: a `UnitRunner` living in a Ray worker process."""
 
@@ -110,6 +124,8 @@ class RayExecutor:
     def _run(self, ray: Any, units: list[Unit], progress: Progress) -> Iterator[UnitResult]:
         if not units:
             return
+        if self.address is None:  # a cluster joined by address may add nodes as it needs them
+            check_fits(ray, self.num_cpus, self.num_gpus)
         actor_class = ray.remote(num_cpus=self.num_cpus, num_gpus=self.num_gpus)(RayUnitWorker)
         queues: dict[str, collections.deque[tuple[Unit, int]]] = {}
         for unit in units:

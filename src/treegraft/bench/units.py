@@ -141,8 +141,7 @@ class UnitRunner:
         res = self.resources or self.loaded.setdefault(
             pair.target, Resources.create(device=s.device, dtype=s.dtype, forward=s.forward)
         )
-        res.device_maps.update(pair.device_maps())
-        res.offload_folder = res.offload_folder or pair.offload_folder
+        res.place(pair.device_maps(), pair.offload_folder)
         lengths = [int(encode_prompt(res, pair, p.text, chat=s.chat).numel()) for p in self.prompts]
         stored = {
             r: LatencyCurve.from_dict(c) for r, c in self.stored_curves.get(pair_name, {}).items()

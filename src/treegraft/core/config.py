@@ -331,6 +331,10 @@ class PipelineSpec:
     decoding: DecodingConfig
     source: str = "<dict>"
     tokenizer: str | None = None
+    #: the `decoding` keys the mapping states (the others hold their defaults): a `Resources`
+    #: handed to `load_pipeline` must agree with a stated `dtype` and `device`; not part of what
+    #: the spec is (two specs with equal values are equal)
+    decoding_keys: frozenset[str] = attrs.field(default=frozenset(), eq=False, repr=False)
 
 
 TOP_KEYS = (
@@ -452,6 +456,7 @@ def pipeline_spec_from_dict(
         decoding=structure_config(DecodingConfig, data.get("decoding"), f"{ROOT}.decoding"),
         source=source,
         tokenizer=_tokenizer_ref(data.get("tokenizer")),
+        decoding_keys=frozenset(data.get("decoding") or ()),
     )
     check_device_map(spec)
     return spec

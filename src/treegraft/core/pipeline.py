@@ -38,7 +38,7 @@ from treegraft.core.registry import (
     Registry,
     default_registry,
 )
-from treegraft.core.resources import ModelRefError, Resources
+from treegraft.core.resources import DTYPES, ModelRefError, Resources, resolve_device
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import (
     ModelRefused,
@@ -46,6 +46,7 @@ from treegraft.core.runner.attention_rules import (
     RowScale,
     max_positions,
 )
+from treegraft.core.runner.placement import placement_problems
 from treegraft.core.vocabularies import (
     check_chat_template,
     check_vocabularies,
@@ -137,13 +138,18 @@ class Pipeline:
                 resources = Resources.create(device=spec.decoding.device, dtype=spec.decoding.dtype)
             except ValueError as exc:  # "device: ..." or "dtype: ..."
                 raise ConfigError(f"{ROOT}.decoding.{exc}") from None
+        check_resources(spec, resources)
         if problem := resources.forward_conflict(spec.decoding.forward):  # before any change
             raise ConfigError(f"{ROOT}.decoding.forward: {problem}")
+        if problems := placement_problems(spec.decoding.device_map, spec.decoding.offload_folder):
+            raise ConfigError(f"{ROOT}.decoding.{problems[0]}")
+        try:  # checks all before it changes them
+            resources.place(spec.decoding.device_map, spec.decoding.offload_folder)
+        except ArgumentError as exc:
+            raise ConfigError(f"{ROOT}.decoding.{exc}") from None
         resources.use_forward(spec.decoding.forward)
         resources.target_ref = spec.target
         resources.check_model = spec.decoding.check_model
-        resources.device_maps |= spec.decoding.device_map
-        resources.offload_folder = resources.offload_folder or spec.decoding.offload_folder
         check_vocabularies(spec, resources)
         _load(resources, spec.target, "pipeline.target")
         target = _runner(resources, spec.target, "pipeline.target")
@@ -493,6 +499,36 @@ def context_limit(target: CausalLMRunner, drafters: Sequence[Any]) -> int | None
     limits = [max_positions(r.model.config) for r in runners if isinstance(r, CausalLMRunner)]
     known = [m for m in limits if m is not None]
     return min(known) if known else None
+
+
+def check_resources(spec: PipelineSpec, resources: Resources) -> None:
+    """Raise `ConfigError` where `spec` states a `decoding.dtype` or `decoding.device` other than
+    the `resources`' (which hold the models: a spec that leaves them out takes the Resources').
+    Stated: given in the spec's mapping, or other than the default (a spec built in code)."""
+    defaults = attrs.fields_dict(type(spec.decoding))
+    stated = {k for k in ("dtype", "device") if getattr(spec.decoding, k) != defaults[k].default}
+    stated |= spec.decoding_keys
+    if "dtype" in stated and DTYPES[spec.decoding.dtype] != resources.dtype:
+        theirs = str(resources.dtype).removeprefix("torch.")
+        raise ConfigError(
+            f"{ROOT}.decoding.dtype: the pipeline states {spec.decoding.dtype!r}, but the "
+            f"Resources it is built on hold their models in {theirs!r} (one dtype per Resources): "
+            f"give Resources(dtype={spec.decoding.dtype!r}), or leave decoding.dtype out to "
+            "use the Resources' dtype"
+        )
+    if "device" not in stated:
+        return
+    try:
+        device = resolve_device(spec.decoding.device)
+    except ArgumentError as exc:
+        raise ConfigError(f"{ROOT}.decoding.device: {exc}") from None
+    if (device.type, device.index or 0) != (resources.device.type, resources.device.index or 0):
+        raise ConfigError(
+            f"{ROOT}.decoding.device: the pipeline states {spec.decoding.device!r} ({device}), "
+            f"but the Resources it is built on hold their models on {str(resources.device)!r}: "
+            f"give Resources(device={spec.decoding.device!r}), or leave decoding.device out to "
+            "use the Resources' device"
+        )
 
 
 def eos_ids_of(model: Any, tokenizer: Any) -> frozenset[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import re
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from treegraft.core.runner.attention_rules import (
     text_config,
 )
 from treegraft.core.runner.forwards import ForwardPlan, plan_forward
-from treegraft.core.runner.placement import load_kwargs
+from treegraft.core.runner.placement import load_kwargs, map_problem
 from treegraft.kernels.tree_attention.hf import IMPLEMENTATION as TREE_IMPLEMENTATION
 
 DTYPES = {
@@ -160,8 +161,13 @@ def as_dtype(value: Any) -> torch.dtype:
 
 
 def as_device(value: Any) -> torch.device:
-    """`Resources.device` from a `torch.device` or a device name (`resolve_device`)."""
+    """`Resources.device` from a `torch.device` or a device name (`resolve_device`); either must
+    name a device this machine has (`device_problem`)."""
     if isinstance(value, torch.device):
+        if value.type == "cpu":  # `cpu:0` is the one CPU device
+            return torch.device("cpu")
+        if problem := device_problem(str(value)):
+            raise ArgumentError(f"Resources: device: {problem}")
         return value
     if isinstance(value, str):
         try:
@@ -305,17 +311,19 @@ class Resources:
 
     @classmethod
     def create(
-        cls, *, device: str = "auto", dtype: str = "float32", forward: str = "auto"
+        cls,
+        *,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "float32",
+        forward: str = "auto",
     ) -> Resources:
-        """Resources on `device` (`auto`: CUDA when present) in `dtype` (a name of `DTYPES`);
-        a bad value is an `ArgumentError` (a `ValueError`)."""
-        if dtype not in DTYPES:
-            raise ArgumentError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+        """Resources on `device` (`auto`: CUDA when present) in `dtype` (a name of `DTYPES`, or
+        either as torch's own object, as the constructor takes them); a bad value is an
+        `ArgumentError` (a `ValueError`) naming the argument."""
         try:
-            resolved = resolve_device(device)
+            res = cls(device=device, dtype=dtype)
         except ArgumentError as exc:
-            raise ArgumentError(f"device: {exc}") from None
-        res = cls(device=resolved, dtype=DTYPES[dtype])
+            raise ArgumentError(str(exc).removeprefix("Resources: ")) from None
         res.use_forward(forward)
         return res
 
@@ -361,6 +369,42 @@ class Resources:
             "build this pipeline on a separate Resources"
         )
 
+    def place(self, device_maps: Mapping[str, Any], offload_folder: str | None) -> None:
+        """Load the models of `device_maps` as their maps say (`runner.placement`), sending
+        weights to disk in `offload_folder` (the first one given stays). A map cannot apply to a
+        model held already (added with `add_model`, or loaded by an earlier pipeline under
+        another map), nor a second map to one model or a second folder to these Resources:
+        `ArgumentError`s."""
+        for ref, device_map in device_maps.items():
+            if self.device_maps.get(ref, device_map) != device_map and ref not in self.models:
+                raise ArgumentError(
+                    f"device_map: {ref!r}: {device_map!r}, but these Resources place it as "
+                    f"{self.device_maps[ref]!r} already (one placement per model and Resources); "
+                    "use a separate Resources"
+                )
+            if ref in self.models and self.device_maps.get(ref) != device_map:
+                how = (
+                    "was added in memory (add_model): save it (save_pretrained) and name its folder "
+                    "to have it placed"
+                    if ref in self.in_memory
+                    else "was loaded by an earlier pipeline on these Resources under another "
+                    "placement: give its map to the first pipeline, or use a separate Resources"
+                )
+                raise ArgumentError(
+                    f"device_map: {ref!r}: a device map applies when a model loads, and this one {how}"
+                )
+        if (
+            device_maps
+            and offload_folder
+            and offload_folder != (self.offload_folder or offload_folder)
+        ):
+            raise ArgumentError(
+                f"offload_folder: {offload_folder!r}, but these Resources offload weights into "
+                f"{self.offload_folder!r} already (one folder per Resources); use a separate Resources"
+            )
+        self.device_maps |= device_maps
+        self.offload_folder = self.offload_folder or offload_folder
+
     def add_model(self, ref: str, model: PreTrainedModel, *, tokenizer: Any = None) -> None:
         """Make an in-memory model available under `ref` (moved to this device and dtype), with
         its `tokenizer` (default: none of its own; `load_tokenizer` then gives `tokenizer`)."""
@@ -370,6 +414,12 @@ class Resources:
             raise ArgumentError(
                 f"add_model: model {ref!r}: expected a transformers PreTrainedModel with a "
                 f"config (e.g. from AutoModelForCausalLM), got {type(model).__name__}"
+            )
+        if any(p.device.type == "meta" for p in model.parameters()):
+            raise ArgumentError(
+                f"add_model: model {ref!r}: its weights are on the meta device (shapes without "
+                "data, as a model built under `torch.device('meta')`); load them first, e.g. "
+                "with from_pretrained"
             )
         self.models[ref] = model.to(device=self.device, dtype=self.dtype).eval()
         self.in_memory.add(ref)
@@ -384,6 +434,8 @@ class Resources:
             if problems := file_problems(path)[2]:
                 raise ModelRefError(f"{ref}: {'; '.join(problems)}")
             placed = ref in self.device_maps
+            if placed and (problem := map_problem(path, self.device_maps[ref])):
+                raise ModelRefError(f"{ref}: device_map: {problem}")
             kwargs = load_kwargs(self.device_maps[ref], self.offload_folder) if placed else {}
             try:
                 model, info = AutoModelForCausalLM.from_pretrained(

@@ -36,6 +36,7 @@ from treegraft.core.errors import TreegraftError, clipped
 from treegraft.core.model_files import model_folder_problems
 from treegraft.core.registry import Registry, UnknownComponentError, default_registry
 from treegraft.core.resources import ModelRefError, Resources, resolve_model_path
+from treegraft.core.runner.placement import placement_problems
 from treegraft.core.vocabularies import check_chat_template, check_vocabularies, pipeline_tokenizer
 
 
@@ -120,6 +121,8 @@ def model_errors(spec: PipelineSpec) -> list[str]:
     if spec.decoding.device != "auto":
         problem = device_problem(spec.decoding.device)
         errors += [f"{ROOT}.decoding.device: {problem}"] if problem else []
+    problems = placement_problems(spec.decoding.device_map, spec.decoding.offload_folder)
+    errors += [f"{ROOT}.decoding.{problem}" for problem in problems]
     return errors
 
 

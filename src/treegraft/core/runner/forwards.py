@@ -23,6 +23,8 @@ from __future__ import annotations
 import attrs
 import torch
 
+from treegraft.core.errors import ArgumentError
+
 #: the values of `decoding.forward`
 FORWARD_SETTINGS = ("auto", "lean", "transformers", "tree", "lean-fast")
 
@@ -63,7 +65,9 @@ class ForwardPlan:
 def plan_forward(setting: str, device: torch.device) -> ForwardPlan:
     """The `ForwardPlan` of `decoding.forward: setting` on `device`."""
     if setting not in FORWARD_SETTINGS:
-        raise ValueError(f"forward: expected one of {', '.join(FORWARD_SETTINGS)}, got {setting!r}")
+        raise ArgumentError(
+            f"forward: expected one of {', '.join(FORWARD_SETTINGS)}, got {setting!r}"
+        )
     if setting == "tree" or (setting == "auto" and device.type == "cuda"):
         return ForwardPlan(setting, True, "transformers", "transformers")
     if setting == "transformers":
