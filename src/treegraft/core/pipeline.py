@@ -381,6 +381,14 @@ class Pipeline:
         stop: Sequence[str] | None = None,
     ) -> Iterator[str]:
         """Yield text pieces as steps commit tokens (their concatenation is `generate`'s text)."""
+        if self.tokenizer is None:
+            self.encode(prompt)  # bad arguments are named first, as by steps()
+            self.stop_rule(max_new_tokens, stop)
+            raise ArgumentError(
+                f"stream: this pipeline has no tokenizer (none beside the target "
+                f"{self.spec.target!r}) to turn tokens into text; iterate over steps() for "
+                "the token ids, or name one with the pipeline's `tokenizer:` key"
+            )
         ids: list[int] = []
         shown = ""
         for event in self.steps(prompt, max_new_tokens=max_new_tokens, stop=stop):
