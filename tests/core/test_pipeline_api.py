@@ -196,7 +196,7 @@ def test_a_model_folder_without_tokenizer_files_takes_token_ids(
     assert list(pipe.generate(prompt).token_ids) == want
     with pytest.raises(TreegraftError, match="no tokenizer \\(none beside the target"):
         pipe.generate("t5 t9")
-    with pytest.raises(ArgumentError, match="stream: this pipeline has no tokenizer.*steps"):
+    with pytest.raises(ArgumentError, match=r"stream: this pipeline has no tokenizer.*steps"):
         next(pipe.stream(prompt))  # text of ids it cannot decode: refused, not empty
 
 
