@@ -390,3 +390,9 @@ def test_load_pipeline_refuses_a_source_of_another_type(source: Any, shown: str)
         "load_pipeline: source: expected a shipped pipeline's name, a path to a YAML file or a "
         f"mapping, got {shown}"
     )
+
+
+@pytest.mark.parametrize("name", ["", " "])
+def test_an_empty_pipeline_name_is_not_found(name: str) -> None:
+    with pytest.raises(ConfigError, match=rf"pipeline '{name}' not found: expected a YAML file"):
+        load_pipeline(name)

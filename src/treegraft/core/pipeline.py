@@ -77,7 +77,7 @@ def resolve_pipeline(name_or_path: str | Path) -> Path:
     path = Path(name_or_path)
     if path.is_file():
         return path
-    if path.is_dir():
+    if path.is_dir() and str(name_or_path).strip():  # Path("") is the current folder
         raise ConfigError(f"pipeline {str(name_or_path)!r} is a directory; expected a YAML file")
     shipped = PIPELINES_DIR / f"{name_or_path}.yaml"
     if shipped.is_file():
