@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -306,3 +309,14 @@ def test_a_subcommand_whose_import_fails_is_shown_with_its_error(monkeypatch) ->
         assert "No module named 'sklearn'" in used.output
     finally:
         importlib.reload(cli)
+
+
+def test_python_dash_m_treegraft_runs_the_command() -> None:
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-m", "treegraft", "generate", "--pipeline", "nowhere.yaml", "-p", "x"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: pipeline 'nowhere.yaml' not found")

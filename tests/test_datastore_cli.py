@@ -108,7 +108,8 @@ def test_info_and_pipelines_refuse_damaged_stores_naming_the_file(tmp_path: Path
         "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4},
     }
     with pytest.raises(
-        ConfigError, match=r"drafters.weak: store: .*trunc.npz: cannot read a datastore \(a damaged"
+        ConfigError,
+        match=r"drafters\.weak\.store: .*trunc.npz: cannot read a datastore \(a damaged",
     ):
         load_pipeline(spec, resources=res)
 
@@ -156,17 +157,17 @@ def test_a_store_of_another_vocabulary_or_an_unknown_zoo_store_is_refused(tmp_pa
     }
     with pytest.raises(
         ConfigError,
-        match=r"drafters.weak: store: .* vocabulary of 100, the target 'mem:target' has 40",
+        match=r"drafters\.weak\.store: .* vocabulary of 100, the target 'mem:target' has 40",
     ):
         load_pipeline(spec, resources=res)
     spec["drafters"]["weak"]["store"] = "zoo:nope"
     with pytest.raises(
-        ConfigError, match=r"drafters.weak: store: unknown zoo datastore 'zoo:nope'"
+        ConfigError, match=r"drafters\.weak\.store: unknown zoo datastore 'zoo:nope'"
     ):
         load_pipeline(spec, resources=res)
     spec["drafters"]["weak"]["store"] = str(tmp_path / "missing.npz")
     with pytest.raises(
-        ConfigError, match=r"drafters.weak: store: .*missing.npz: cannot read a datastore"
+        ConfigError, match=r"drafters\.weak\.store: .*missing.npz: cannot read a datastore"
     ):
         load_pipeline(spec, resources=res)
 

@@ -87,3 +87,64 @@ def test_every_page_is_in_the_nav_and_in_the_index():
 @pytest.mark.parametrize(("page", "most"), [("scheduler.md", 350), ("benchmarks.md", 350)])
 def test_guides_stay_guides(page: str, most: int):
     assert len((DOCS / page).read_text().splitlines()) <= most
+
+
+#: every page a reader may copy a command from, the example packages' READMEs included
+COMMAND_PAGES = sorted([*DOCS.rglob("*.md"), ROOT / "README.md"])
+SPAN_COMMAND = re.compile(r"`(?:\$ )?treegraft ([^`\n]*)`")
+LINE_COMMAND = re.compile(r"^\s*(?:\$ )?treegraft (.*)$", re.M)
+
+
+def commands(text: str) -> list[str]:
+    """The `treegraft ...` command lines of `text`: inline code spans and lines of shell and text
+    code blocks (continuation lines joined), each cut at a shell comment, pipe or separator."""
+    shell = ("", "bash", "sh", "console", "text")
+    blocks = [m.group(0) for m in FENCE.finditer(text)]
+    blocks = [b for b in blocks if b.split("\n", 1)[0].strip("`~ ") in shell]
+    found = SPAN_COMMAND.findall(FENCE.sub("", text))
+    for block in blocks:
+        found += LINE_COMMAND.findall(block.replace("\\\n", " "))
+    return [re.split(r"\s(?:#|\||;|&&)", line)[0].strip() for line in found]
+
+
+def command_problems(line: str) -> list[str]:
+    """What in one command line names no subcommand or option of the `treegraft` CLI."""
+    import typer
+
+    from treegraft.cli import app
+
+    command = typer.main.get_command(app)
+    words = line.split()
+    # a plain lowercase word after a group names a subcommand; a path (`bench CONFIG.yaml`,
+    # short for `bench run CONFIG.yaml`) or a placeholder (`NAME`) is an argument
+    while hasattr(command, "commands") and words and re.fullmatch(r"[a-z][a-z0-9-]*", words[0]):
+        if words[0] not in command.commands:
+            return [f"{words[0]} (no such subcommand)"]
+        command = command.commands[words.pop(0)]
+    subs = command.commands.values() if hasattr(command, "commands") else ()
+    accepted = {"--help", "--debug"}
+    for each in [command, *subs]:
+        accepted.update(o for p in each.params for o in [*p.opts, *p.secondary_opts])
+    flags = [w.split("=")[0] for w in words if re.fullmatch(r"--[a-z][a-z0-9-]*(=\S*)?", w)]
+    return [f"{flag} (no such option)" for flag in flags if flag not in accepted]
+
+
+@pytest.mark.parametrize("page", COMMAND_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_command_names_real_subcommands_and_options(page: Path):
+    bad = {
+        line: problems
+        for line in commands(page.read_text())
+        if (problems := command_problems(line))
+    }
+    assert bad == {}, f"{page.relative_to(ROOT)}: commands the CLI does not take"
+
+
+def test_the_command_check_catches_unknown_options():
+    text = "Run `treegraft generate --promt x`.\n```bash\ntreegraft bench a.yaml \\\n  --quik  # c\n```\n"
+    python = '```python\n"""treegraft imports this"""\n```\n'
+    assert commands(text + python) == ["generate --promt x", "bench a.yaml    --quik"]
+    assert command_problems("generate --promt x") == ["--promt (no such option)"]
+    assert command_problems("bench a.yaml --quik") == ["--quik (no such option)"]
+    assert command_problems("bench a.yaml --quick --out=runs/x") == []
+    assert command_problems("scheduler evaluate runs/d --guard 0.1") == []
+    assert command_problems("scheduler colect x.yaml") == ["colect (no such subcommand)"]

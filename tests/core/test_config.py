@@ -21,6 +21,7 @@ from treegraft.core.config import (
     parse_yaml,
     pipeline_spec_from_dict,
 )
+from treegraft.core.errors import ArgumentError
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.registry import Registry, default_registry
 from treegraft.core.resources import Resources
@@ -342,6 +343,22 @@ def test_override_through_a_non_mapping_fails() -> None:
         override(BASE, "target.x", 1)
     with pytest.raises(ConfigError, match=r"^pipeline\.decoding: cannot override"):
         override(BASE, "decoding.seed", 1)
+    deep = "drafters.weak.name.x"
+    with pytest.raises(
+        ConfigError, match=rf"^pipeline\.drafters\.weak\.name: cannot override '{deep}'"
+    ):
+        override(BASE, deep, 1)
+
+
+@pytest.mark.parametrize("key", ["", "builder..budget", "builder.", 3, None])
+def test_override_refuses_a_malformed_key(key: object) -> None:
+    with pytest.raises(ConfigError, match=r"^override: expected a key or dotted path of keys"):
+        override(BASE, key, 1)  # type: ignore[arg-type]
+
+
+def test_override_refuses_a_non_mapping() -> None:
+    with pytest.raises(ArgumentError, match="override: expected a pipeline mapping, got list"):
+        override([], "builder.budget", 1)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------- shared tokenizers

@@ -196,6 +196,8 @@ def test_a_model_folder_without_tokenizer_files_takes_token_ids(
     assert list(pipe.generate(prompt).token_ids) == want
     with pytest.raises(TreegraftError, match="no tokenizer \\(none beside the target"):
         pipe.generate("t5 t9")
+    with pytest.raises(ArgumentError, match=r"stream: this pipeline has no tokenizer.*steps"):
+        next(pipe.stream(prompt))  # text of ids it cannot decode: refused, not empty
 
 
 def test_tokenizer_files_that_do_not_load_name_the_folder(tmp_path: Path) -> None:
@@ -475,3 +477,9 @@ def test_stream_and_steps_take_one_prompt(model_dir: Path, method: str) -> None:
         "prompt: steps() and stream() decode one prompt, got a list of 2 prompts: call them "
         "once per prompt, or pass the list to generate()"
     )
+
+
+@pytest.mark.parametrize("name", ["", " "])
+def test_an_empty_pipeline_name_is_not_found(name: str) -> None:
+    with pytest.raises(ConfigError, match=rf"pipeline '{name}' not found: expected a YAML file"):
+        load_pipeline(name)

@@ -183,7 +183,7 @@ def test_head_errors_name_the_field(head_dir, tmp_path):
     from treegraft.core.config import ConfigError
 
     with pytest.raises(
-        ConfigError, match=r"drafters\.\w+: head: head 'zoo:nope' not found: expected"
+        ConfigError, match=r"drafters\.\w+\.head: head 'zoo:nope' not found: expected"
     ):
         load_pipeline(spec("zoo:nope", "eagle"), resources=res)
     torch.manual_seed(0)

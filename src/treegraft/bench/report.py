@@ -402,7 +402,8 @@ def warnings(rows: Sequence[Row]) -> list[str]:
     if fewest < MIN_PROMPTS:
         out.append(
             f"Only {fewest} prompt(s) per method: intervals from fewer than {MIN_PROMPTS} prompts "
-            "are unreliable and too wide to separate methods; run more prompts (without --quick)."
+            "are unreliable and too wide to separate methods; run more prompts (`prompts_per_suite`; "
+            "`--quick` keeps 2 per suite)."
         )
     cells = [
         r.prompts

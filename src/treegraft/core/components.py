@@ -44,7 +44,7 @@ def build_component(
         except ValueError as exc:  # a built-in refusing its config (token counts, ...)
             if isinstance(exc, ConfigError):
                 raise
-            raise ConfigError(f"{c.path}: {exc}") from exc
+            raise ConfigError(field_message(c.path, exc)) from exc
     made = call_plugin(origin, None, "from_config", reg.factory.from_config, c.config, resources)
     if not isinstance(made, KINDS[c.kind].interface):
         raise PluginError(
@@ -83,9 +83,10 @@ def drafter_config_errors(
         try:
             check(c.config, resources)
         except (ConfigError, ModelRefError) as exc:
-            errors.append(str(exc) if str(exc).startswith("pipeline.") else f"{c.path}: {exc}")
+            text = str(exc)
+            errors.append(text if text.startswith("pipeline.") else field_message(c.path, exc))
         except ValueError as exc:
-            errors.append(f"{c.path}: {exc}")
+            errors.append(field_message(c.path, exc))
         except Exception as exc:
             origin = Origin(c.kind, c.name, reg.distribution, c.path)
             errors.append(f"{origin}: check_config raised {type(exc).__name__}: {exc}")

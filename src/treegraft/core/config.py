@@ -539,13 +539,24 @@ def component_spec(kind: str, raw: Any, path: str, registry: Registry) -> Compon
 
 def override(data: Mapping, dotted: str, value: Any) -> dict:
     """A copy of a raw pipeline mapping with one key replaced (`"scheduler"`, `"builder.budget"`)."""
+    if not isinstance(data, Mapping):
+        raise ArgumentError(f"override: expected a pipeline mapping, got {type(data).__name__}")
+    if not isinstance(dotted, str) or not all(k.strip() for k in dotted.split(".")):
+        raise ConfigError(
+            f"override: expected a key or dotted path of keys (e.g. 'builder.budget'), "
+            f"got {dotted!r}"
+        )
+    return _override(data, dotted.split("."), value, ROOT, dotted)
+
+
+def _override(data: Mapping, keys: list[str], value: Any, path: str, dotted: str) -> dict:
     out = dict(data)
-    head, _, rest = dotted.partition(".")
+    head, *rest = keys
     if not rest:
         out[head] = value
         return out
     inner = out.get(head)
     if not isinstance(inner, Mapping):
-        raise ConfigError(f"{ROOT}.{head}: cannot override {dotted!r}: not a mapping")
-    out[head] = override(inner, rest, value)
+        raise ConfigError(f"{path}.{head}: cannot override {dotted!r}: not a mapping")
+    out[head] = _override(inner, rest, value, f"{path}.{head}", dotted)
     return out

@@ -78,7 +78,7 @@ def resolve_pipeline(name_or_path: str | Path) -> Path:
     path = Path(name_or_path)
     if is_file(path):
         return path
-    if is_dir(path):
+    if is_dir(path) and str(name_or_path).strip():  # Path("") is the current folder
         raise ConfigError(f"pipeline {str(name_or_path)!r} is a directory; expected a YAML file")
     shipped = PIPELINES_DIR / f"{name_or_path}.yaml"
     if is_file(shipped):
@@ -417,7 +417,14 @@ class Pipeline:
     ) -> Iterator[str]:
         """Yield text pieces as steps commit tokens (their concatenation is `generate`'s text);
         the arguments are checked by the call, as `steps` checks them."""
-        return self._pieces(self.steps(prompt, max_new_tokens=max_new_tokens, stop=stop), stop)
+        events = self.steps(prompt, max_new_tokens=max_new_tokens, stop=stop)
+        if self.tokenizer is None:
+            raise ArgumentError(
+                f"stream: this pipeline has no tokenizer (none beside the target "
+                f"{self.spec.target!r}) to turn tokens into text; iterate over steps() for "
+                "the token ids, or name one with the pipeline's `tokenizer:` key"
+            )
+        return self._pieces(events, stop)
 
     def _pieces(self, events: Iterator[StepEvent], stop: Sequence[str] | None) -> Iterator[str]:
         """`stream`'s generator: the text each event adds to what was shown."""

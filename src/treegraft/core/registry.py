@@ -216,7 +216,7 @@ class Registry:
 def unknown_name_message(kind: str, name: object, known: list[str]) -> str:
     """`unknown drafter 'ngarm'; did you mean 'ngram'? known: ...`"""
     close = difflib.get_close_matches(str(name), known, n=3, cutoff=0.6)
-    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ";"
     return f"unknown {kind} {shown(name)}{hint} known {kind}s: {', '.join(known) or '(none)'}"
 
 
