@@ -52,6 +52,7 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("treegraft.zoo.", 4),  # the zoo's build tools (corpus, suites, training)
     ("treegraft.viz", 4),
     ("treegraft.cli", 5),
+    ("treegraft.__main__", 5),  # `python -m treegraft`: the cli
     ("treegraft.datastore_cli", 5),  # `treegraft datastore`, mounted by the cli
 )
 
