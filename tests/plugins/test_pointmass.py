@@ -456,6 +456,21 @@ def test_target_probs_filters_like_the_plain_reference() -> None:
     torch.testing.assert_close(plain, torch.softmax(logits / 2.0, dim=-1), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("temperature", [1e-6, 1e-200, 1e-310, 5e-324])
+def test_tiny_temperature_keeps_the_top_tokens_not_nan(temperature: float) -> None:
+    """A temperature that overflows `logits / temperature` still gives the limit law: the top
+    logits share the mass (a tie splits it), every other token has none."""
+    logits = torch.tensor([[3.0, 1.0, 3.0, -2.0], [-5.0, 0.5, 0.25, 0.0]], dtype=torch.float64)
+    expected = torch.tensor([[0.5, 0.0, 0.5, 0.0], [0.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    for top_k, top_p in ((0, 1.0), (3, 1.0), (0, 0.9)):
+        probs = target_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+        assert torch.equal(probs, expected), (top_k, top_p)
+    tree = DraftTree.from_parents(torch.tensor([0, 1, 0]), torch.tensor([-1, 0, 1]))
+    config = PointMassConfig(temperature=temperature)
+    sampled = verifier(PointMassVerifier, config, 0).verify_batch(tree, logits[[1, 1, 1]], 20)
+    assert sampled.bonus.tolist() == [1] * 20  # node 1 (token 1) accepted, its leaf 2 rejected
+
+
 @pytest.mark.parametrize(
     ("logits", "match"),
     [

@@ -96,7 +96,10 @@ def target_probs(
     Returns:
         `[n, V]` float64 probabilities; filtered-out tokens are exactly 0.
     """
-    scaled = logits.to(torch.float64) / temperature  # [n, V]
+    wide = logits.to(torch.float64)  # [n, V]
+    # shifted so the top logit is 0 before dividing: a tiny temperature then sends the others
+    # to -inf (the top token keeps its mass) instead of every logit overflowing to +-inf (NaN)
+    scaled = (wide - wide.max(dim=-1, keepdim=True).values) / temperature  # [n, V]
     vocab = scaled.shape[-1]
     if (top_k == 0 or top_k >= vocab) and top_p >= 1.0:
         return torch.softmax(scaled, dim=-1)
