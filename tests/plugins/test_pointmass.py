@@ -478,6 +478,18 @@ def test_tiny_temperature_keeps_the_top_tokens_not_nan(temperature: float) -> No
         (torch.zeros(3), r"expected shape \[n, V\] = \[3, V\].*got \[3\]"),
         (torch.zeros(3, V, dtype=torch.long), "expected a floating dtype"),
         (torch.zeros(3, 5), r"tree tokens span \[2, 6\], outside the vocabulary \[0, 5\)"),
+        (
+            torch.zeros(3, V).index_fill_(1, torch.tensor([4]), math.nan),
+            r"row 0 \(tree node 0\) has no finite largest logit",
+        ),
+        (
+            torch.zeros(3, V, dtype=torch.float64).index_fill_(0, torch.tensor([2]), -math.inf),
+            r"row 2 \(tree node 2\) has no finite largest logit",
+        ),
+        (
+            torch.zeros(3, V, dtype=torch.float16).index_fill_(0, torch.tensor([1]), math.inf),
+            r"row 1 \(tree node 1\) has no finite largest logit",
+        ),
     ],
 )
 def test_bad_inputs_are_rejected_clearly(logits: Tensor, match: str) -> None:

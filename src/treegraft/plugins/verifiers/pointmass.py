@@ -292,9 +292,17 @@ def _check_inputs(tree: DraftTree, target_logits: Tensor, samples: int) -> int:
         raise ValueError(f"target_logits: expected a floating dtype, got {target_logits.dtype}")
     if samples < 1:
         raise ValueError(f"samples: expected int >= 1, got {samples}")
-    extent = torch.stack([tree.depth.max(), tree.tokens.min(), tree.tokens.max()])
-    max_depth, low, high = extent.tolist()
+    top = target_logits.amax(dim=-1)  # [n], NaN where a row holds one
+    bad_row = torch.where(torch.isfinite(top), n, torch.arange(n, device=top.device)).min()
+    extent = [tree.depth.max(), tree.tokens.min(), tree.tokens.max(), bad_row.to(tree.device)]
+    max_depth, low, high, bad = torch.stack(extent).tolist()
     vocab = target_logits.shape[1]
     if low < 0 or high >= vocab:
         raise ValueError(f"tree tokens span [{low}, {high}], outside the vocabulary [0, {vocab})")
+    if bad < n:
+        raise ValueError(
+            f"target_logits: row {bad} (tree node {bad}) has no finite largest logit (NaN, +inf "
+            "or all -inf), so it defines no target law: the target's forward overflowed or holds "
+            "NaN (load it in a wider dtype)"
+        )
     return int(max_depth)
