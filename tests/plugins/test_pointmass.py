@@ -471,6 +471,17 @@ def test_tiny_temperature_keeps_the_top_tokens_not_nan(temperature: float) -> No
     assert sampled.bonus.tolist() == [1] * 20  # node 1 (token 1) accepted, its leaf 2 rejected
 
 
+def test_huge_temperature_ranks_by_the_logits() -> None:
+    """At a temperature where the logits' gaps divided by it round to 0, top-k still keeps the
+    largest logits (`top_k = 1` is greedy at any temperature), not the lowest token ids."""
+    logits = torch.tensor([[0.0, 1e-20, -1e-20, 2e-20]], dtype=torch.float64)
+    for temperature in (1e300, 1e305):
+        probs = target_probs(logits, temperature=temperature, top_k=1)
+        assert probs[0].tolist() == [0.0, 0.0, 0.0, 1.0]
+        probs = target_probs(logits, temperature=temperature, top_k=2)
+        assert probs[0].tolist() == [0.0, 0.5, 0.0, 0.5]
+
+
 @pytest.mark.parametrize(
     ("logits", "match"),
     [

@@ -103,7 +103,9 @@ def target_probs(
     vocab = scaled.shape[-1]
     if (top_k == 0 or top_k >= vocab) and top_p >= 1.0:
         return torch.softmax(scaled, dim=-1)
-    ranked, order = torch.sort(scaled, dim=-1, descending=True, stable=True)  # [n, V]
+    # ranked by the logits themselves: a huge temperature may round distinct scaled ones equal
+    order = torch.sort(wide, dim=-1, descending=True, stable=True).indices  # [n, V]
+    ranked = scaled.gather(-1, order)  # [n, V]
     if 0 < top_k < vocab:
         ranked[:, top_k:] = -math.inf
     probs = torch.softmax(ranked, dim=-1)  # [n, V], ranked order
