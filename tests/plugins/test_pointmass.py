@@ -26,6 +26,7 @@ from treegraft.core.pipeline import load_pipeline
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.plugins.verifiers.greedy import GreedyVerifier
 from treegraft.plugins.verifiers.pointmass import PointMassConfig, PointMassVerifier, target_probs
+from treegraft.testing import chi_square_p_value
 
 V = 8
 NOTHING = V  # law cell of a token -1: a (wrong) verifier found no mass left to draw from
@@ -568,6 +569,29 @@ def test_same_seed_same_output_end_to_end(tiny_target: Any, draft_model: Any) ->
     assert first not in others
     if draft_model is tiny_target:
         assert accepted > 0
+
+
+def test_first_two_tokens_follow_the_targets_joint_law(tiny_target: Any) -> None:
+    """End to end (drafts, tree forward, commit, next step): the pair of the first two tokens,
+    over many seeds, passes a chi-square test against `P(x1) * P(x2 | x1)` of the target."""
+    config = PointMassConfig(temperature=0.5, top_k=6, top_p=0.9)
+    spec = pipeline_dict({"name": "pointmass", **attrs.asdict(config)}, **FIXED_CAP)
+    pipe = load_pipeline(spec, resources=memory_resources(target=tiny_target, draft=tiny_target))
+    law = lambda logits: target_probs(logits, **attrs.asdict(config))  # noqa: E731
+    with torch.no_grad():
+        first = law(tiny_target(torch.tensor([PROMPT])).logits[0, -1:])[0]  # [V]
+        after = torch.tensor([[*PROMPT, t] for t in range(first.numel())])  # [V, T + 1]
+        second = law(tiny_target(after).logits[:, -1])  # [V, V]
+    joint = (first[:, None] * second).flatten()  # [V * V]
+    counts = torch.zeros_like(joint)
+    accepted = 0
+    for seed in range(600):
+        pipe.decoder.seed = seed
+        out = pipe.generate(PROMPT, max_new_tokens=2)
+        counts[out.token_ids[0] * first.numel() + out.token_ids[1]] += 1
+        accepted += sum(e.accepted for e in out.events)
+    assert accepted > 150  # the pairs really come from accepted drafts too
+    assert chi_square_p_value(counts, joint) > 1e-3
 
 
 @pytest.mark.parametrize(
