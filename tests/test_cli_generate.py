@@ -214,3 +214,34 @@ def test_a_low_precision_difference_says_where_it_is_explained() -> None:
     )
     assert comparison_line(6.0, (1, 2, 4), plain, False, "float32").endswith("identical: no")
     assert comparison_line(6.0, (1, 2, 3), plain, False, "float16").endswith("identical: yes")
+
+
+@pytest.mark.parametrize(
+    "checkpoint",
+    [{}, {"top_k": 2}, {"min_p": 0.9999999}, {"typical_p": 0.1}, {"epsilon_cutoff": 0.5}],
+)
+def test_compare_samples_with_the_pipelines_filters_only(checkpoint: dict) -> None:
+    """`--compare`'s plain sampling keeps every token the pipeline's law keeps: top-k off stays
+    off, and a checkpoint's own filters (`min_p`, `typical_p`, cutoffs) are not applied."""
+    from tests.conftest import memory_resources, tiny_llama
+    from treegraft.cli_generate import plain_decode
+    from treegraft.core.pipeline import load_pipeline
+
+    model = tiny_llama(seed=1)
+    for name, value in checkpoint.items():
+        setattr(model.generation_config, name, value)
+    spec = {
+        "target": "mem:target",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered", "depth": 3, "top_k": 2, "budget": 8},
+        "verifier": {"name": "pointmass", "temperature": 1000.0},
+        "decoding": {"max_new_tokens": 40, "dtype": "float64", "seed": 0},
+    }
+    pipe = load_pipeline(spec, resources=memory_resources(target=model))
+    prompt = torch.tensor([3, 17, 5, 3, 17, 9])
+    ids = list(plain_decode(pipe, prompt, 40).token_ids)
+    with torch.no_grad():
+        logits = model(torch.cat([prompt, torch.tensor(ids)])[None]).logits[0, prompt.numel() - 1 :]
+    ranks = [int((row > row[t]).sum()) for row, t in zip(logits, ids, strict=False)]
+    assert max(ranks) >= 50  # near-uniform over 64 tokens: the likeliest 50 hold every token
+    assert sum(rank >= 2 for rank in ranks) >= 20

@@ -166,10 +166,11 @@ def plain_decode(pipe: Any, prompt_ids: torch.Tensor, max_new_tokens: int) -> Pl
     kwargs: dict[str, Any] = {"do_sample": False}
     if sampling:
         kwargs = {
+            **sampling_filters_off(model),
             "do_sample": True,
             "temperature": temperature,
             "top_p": float(getattr(config, "top_p", 1.0)),
-            "top_k": int(getattr(config, "top_k", 0)) or None,
+            "top_k": int(getattr(config, "top_k", 0)),  # 0 = off
         }
         torch.manual_seed(pipe.spec.decoding.seed)
     eos = sorted(pipe.eos_ids) if pipe.spec.decoding.stop_at_eos else []
@@ -189,6 +190,24 @@ def plain_decode(pipe: Any, prompt_ids: torch.Tensor, max_new_tokens: int) -> Pl
         _sync(ids.device)
         seconds = time.perf_counter() - start
     return PlainRun(tuple(out[0, ids.shape[1] :].tolist()), seconds)
+
+
+#: `generate`'s sampling filters other than temperature / top-k / top-p, each at its "off"
+#: value: a checkpoint's generation config (or `generate`'s own defaults) may set them
+SAMPLING_FILTERS_OFF: dict[str, Any] = {
+    "min_p": None,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "top_h": None,
+}
+
+
+def sampling_filters_off(model: Any) -> dict[str, Any]:
+    """`SAMPLING_FILTERS_OFF`, for the fields this `transformers` version's generation config
+    has (an unknown keyword would be passed on to the model's forward)."""
+    config = getattr(model, "generation_config", None)
+    return {name: off for name, off in SAMPLING_FILTERS_OFF.items() if hasattr(config, name)}
 
 
 def _sync(device: torch.device) -> None:

@@ -404,6 +404,23 @@ def test_a_drafter_with_a_padded_embedding_decodes_exactly_and_never_proposes_pa
     assert logp.shape[1] == 64
 
 
+def test_a_sampled_padding_token_of_a_wider_target_does_not_break_a_narrower_drafter(
+    tmp_path: Path,
+) -> None:
+    """Target of 72 rows, drafter of 64, one 64-token tokenizer: sampling (as plain sampling
+    from the target would) may commit a padding id the drafter cannot embed; the drafter reads
+    it as one of its own rows instead of failing mid-generation (an IndexError before)."""
+    from tests.conftest import word_tokenizer
+
+    tok = word_tokenizer(64)
+    t_dir = _save(tmp_path / "t", tiny_llama(seed=5, vocab=72), tok)
+    d_dir = _save(tmp_path / "d", tiny_llama(seed=6, vocab=64, hidden=16), tok)
+    spec = _pipeline(t_dir, d_dir) | {"verifier": {"name": "pointmass", "temperature": 50.0}}
+    pipe = load_pipeline(spec, resources=Resources(dtype=torch.float64))
+    out = pipe.generate(torch.tensor([3, 9, 27, 3, 9, 27, 3, 9]), max_new_tokens=40)
+    assert len(out.token_ids) == 40 and max(out.token_ids) >= 64  # padding ids were committed
+
+
 def test_a_drafter_embedding_fewer_tokens_than_the_target_commits_is_refused(
     tmp_path: Path,
 ) -> None:

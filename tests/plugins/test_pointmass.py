@@ -26,6 +26,7 @@ from treegraft.core.pipeline import load_pipeline
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.plugins.verifiers.greedy import GreedyVerifier
 from treegraft.plugins.verifiers.pointmass import PointMassConfig, PointMassVerifier, target_probs
+from treegraft.testing import chi_square_p_value
 
 V = 8
 NOTHING = V  # law cell of a token -1: a (wrong) verifier found no mass left to draw from
@@ -456,6 +457,32 @@ def test_target_probs_filters_like_the_plain_reference() -> None:
     torch.testing.assert_close(plain, torch.softmax(logits / 2.0, dim=-1), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("temperature", [1e-6, 1e-200, 1e-310, 5e-324])
+def test_tiny_temperature_keeps_the_top_tokens_not_nan(temperature: float) -> None:
+    """A temperature that overflows `logits / temperature` still gives the limit law: the top
+    logits share the mass (a tie splits it), every other token has none."""
+    logits = torch.tensor([[3.0, 1.0, 3.0, -2.0], [-5.0, 0.5, 0.25, 0.0]], dtype=torch.float64)
+    expected = torch.tensor([[0.5, 0.0, 0.5, 0.0], [0.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    for top_k, top_p in ((0, 1.0), (3, 1.0), (0, 0.9)):
+        probs = target_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+        assert torch.equal(probs, expected), (top_k, top_p)
+    tree = DraftTree.from_parents(torch.tensor([0, 1, 0]), torch.tensor([-1, 0, 1]))
+    config = PointMassConfig(temperature=temperature)
+    sampled = verifier(PointMassVerifier, config, 0).verify_batch(tree, logits[[1, 1, 1]], 20)
+    assert sampled.bonus.tolist() == [1] * 20  # node 1 (token 1) accepted, its leaf 2 rejected
+
+
+def test_huge_temperature_ranks_by_the_logits() -> None:
+    """At a temperature where the logits' gaps divided by it round to 0, top-k still keeps the
+    largest logits (`top_k = 1` is greedy at any temperature), not the lowest token ids."""
+    logits = torch.tensor([[0.0, 1e-20, -1e-20, 2e-20]], dtype=torch.float64)
+    for temperature in (1e300, 1e305):
+        probs = target_probs(logits, temperature=temperature, top_k=1)
+        assert probs[0].tolist() == [0.0, 0.0, 0.0, 1.0]
+        probs = target_probs(logits, temperature=temperature, top_k=2)
+        assert probs[0].tolist() == [0.0, 0.5, 0.0, 0.5]
+
+
 @pytest.mark.parametrize(
     ("logits", "match"),
     [
@@ -463,6 +490,18 @@ def test_target_probs_filters_like_the_plain_reference() -> None:
         (torch.zeros(3), r"expected shape \[n, V\] = \[3, V\].*got \[3\]"),
         (torch.zeros(3, V, dtype=torch.long), "expected a floating dtype"),
         (torch.zeros(3, 5), r"tree tokens span \[2, 6\], outside the vocabulary \[0, 5\)"),
+        (
+            torch.zeros(3, V).index_fill_(1, torch.tensor([4]), math.nan),
+            r"row 0 \(tree node 0\) has no finite largest logit",
+        ),
+        (
+            torch.zeros(3, V, dtype=torch.float64).index_fill_(0, torch.tensor([2]), -math.inf),
+            r"row 2 \(tree node 2\) has no finite largest logit",
+        ),
+        (
+            torch.zeros(3, V, dtype=torch.float16).index_fill_(0, torch.tensor([1]), math.inf),
+            r"row 1 \(tree node 1\) has no finite largest logit",
+        ),
     ],
 )
 def test_bad_inputs_are_rejected_clearly(logits: Tensor, match: str) -> None:
@@ -530,6 +569,29 @@ def test_same_seed_same_output_end_to_end(tiny_target: Any, draft_model: Any) ->
     assert first not in others
     if draft_model is tiny_target:
         assert accepted > 0
+
+
+def test_first_two_tokens_follow_the_targets_joint_law(tiny_target: Any) -> None:
+    """End to end (drafts, tree forward, commit, next step): the pair of the first two tokens,
+    over many seeds, passes a chi-square test against `P(x1) * P(x2 | x1)` of the target."""
+    config = PointMassConfig(temperature=0.5, top_k=6, top_p=0.9)
+    spec = pipeline_dict({"name": "pointmass", **attrs.asdict(config)}, **FIXED_CAP)
+    pipe = load_pipeline(spec, resources=memory_resources(target=tiny_target, draft=tiny_target))
+    law = lambda logits: target_probs(logits, **attrs.asdict(config))  # noqa: E731
+    with torch.no_grad():
+        first = law(tiny_target(torch.tensor([PROMPT])).logits[0, -1:])[0]  # [V]
+        after = torch.tensor([[*PROMPT, t] for t in range(first.numel())])  # [V, T + 1]
+        second = law(tiny_target(after).logits[:, -1])  # [V, V]
+    joint = (first[:, None] * second).flatten()  # [V * V]
+    counts = torch.zeros_like(joint)
+    accepted = 0
+    for seed in range(600):
+        pipe.decoder.seed = seed
+        out = pipe.generate(PROMPT, max_new_tokens=2)
+        counts[out.token_ids[0] * first.numel() + out.token_ids[1]] += 1
+        accepted += sum(e.accepted for e in out.events)
+    assert accepted > 150  # the pairs really come from accepted drafts too
+    assert chi_square_p_value(counts, joint) > 1e-3
 
 
 @pytest.mark.parametrize(

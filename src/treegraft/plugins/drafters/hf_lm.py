@@ -103,6 +103,7 @@ class HFLMDrafter(Drafter):
         frequent_tokens(config, resources.vocab_size(config.model), resources)
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
+        prompt = self._embeddable(prompt)
         self.runner.begin(prompt, max_len=max_len)
         self._prompt = prompt
         self.node_logp = self._chain_rows = None
@@ -128,6 +129,8 @@ class HFLMDrafter(Drafter):
             self.node_logp = torch.cat([self.node_logp, self._full(self._chain_rows)])
             self._chain_rows = None
         if tree.n_nodes > self.runner.n_seen:
+            if self.runner.vocab_size < self.vocab:
+                tree = attrs.evolve(tree, tokens=self._embeddable(tree.tokens))
             if self._prompt is not None:  # the generation's first forward
                 self._restrict(self._prompt)
                 self._prompt = None
@@ -199,8 +202,15 @@ class HFLMDrafter(Drafter):
         self.node_logp = self._chain_rows = None
 
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
-        self.runner.commit(accepted, tokens)
+        self.runner.commit(accepted, self._embeddable(tokens))
         self.node_logp = self._chain_rows = None
+
+    def _embeddable(self, tokens: Tensor) -> Tensor:
+        """`tokens` with the ids past this model's rows (padding rows of a wider target, which
+        sampling may commit) read as its last row: drafts only steer, so any row will do."""
+        if self.runner.vocab_size >= self.vocab:
+            return tokens
+        return tokens.clamp(max=self.runner.vocab_size - 1)
 
 
 def shared_vocabulary(model: str, own: int, resources: Resources) -> tuple[int, int]:

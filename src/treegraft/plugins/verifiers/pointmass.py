@@ -96,11 +96,16 @@ def target_probs(
     Returns:
         `[n, V]` float64 probabilities; filtered-out tokens are exactly 0.
     """
-    scaled = logits.to(torch.float64) / temperature  # [n, V]
+    wide = logits.to(torch.float64)  # [n, V]
+    # shifted so the top logit is 0 before dividing: a tiny temperature then sends the others
+    # to -inf (the top token keeps its mass) instead of every logit overflowing to +-inf (NaN)
+    scaled = (wide - wide.max(dim=-1, keepdim=True).values) / temperature  # [n, V]
     vocab = scaled.shape[-1]
     if (top_k == 0 or top_k >= vocab) and top_p >= 1.0:
         return torch.softmax(scaled, dim=-1)
-    ranked, order = torch.sort(scaled, dim=-1, descending=True, stable=True)  # [n, V]
+    # ranked by the logits themselves: a huge temperature may round distinct scaled ones equal
+    order = torch.sort(wide, dim=-1, descending=True, stable=True).indices  # [n, V]
+    ranked = scaled.gather(-1, order)  # [n, V]
     if 0 < top_k < vocab:
         ranked[:, top_k:] = -math.inf
     probs = torch.softmax(ranked, dim=-1)  # [n, V], ranked order
@@ -289,9 +294,17 @@ def _check_inputs(tree: DraftTree, target_logits: Tensor, samples: int) -> int:
         raise ValueError(f"target_logits: expected a floating dtype, got {target_logits.dtype}")
     if samples < 1:
         raise ValueError(f"samples: expected int >= 1, got {samples}")
-    extent = torch.stack([tree.depth.max(), tree.tokens.min(), tree.tokens.max()])
-    max_depth, low, high = extent.tolist()
+    top = target_logits.amax(dim=-1)  # [n], NaN where a row holds one
+    bad_row = torch.where(torch.isfinite(top), n, torch.arange(n, device=top.device)).min()
+    extent = [tree.depth.max(), tree.tokens.min(), tree.tokens.max(), bad_row.to(tree.device)]
+    max_depth, low, high, bad = torch.stack(extent).tolist()
     vocab = target_logits.shape[1]
     if low < 0 or high >= vocab:
         raise ValueError(f"tree tokens span [{low}, {high}], outside the vocabulary [0, {vocab})")
+    if bad < n:
+        raise ValueError(
+            f"target_logits: row {bad} (tree node {bad}) has no finite largest logit (NaN, +inf "
+            "or all -inf), so it defines no target law: the target's forward overflowed or holds "
+            "NaN (load it in a wider dtype)"
+        )
     return int(max_depth)
