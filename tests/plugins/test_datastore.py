@@ -86,6 +86,19 @@ def test_lookup_prefers_the_longer_suffix_and_backs_off():
     assert store.lookup([8, 8], min_n=2, length=3, cap=100) is None
 
 
+def test_tokens_outside_the_stores_vocabulary_match_nowhere():
+    """A target with more tokens than the store's tokenizer writes ids the store never holds:
+    only the suffix after the last such token is looked up (no overflowing key, no crash)."""
+    tokens = [0, 0, 0, 0, 1, 2, 3, 4, 9, 2, 3, 5]
+    store = Datastore.from_tokens(np.array(tokens), vocab_size=2**16)  # 4 tokens of 16 bits
+    assert store.lookup([1, 2, 2**16 + 4], min_n=1, length=2, cap=100) is None
+    assert store.lookup([1, 2, -1], min_n=1, length=2, cap=100) is None
+    got = store.lookup([7, 2**16 + 1, 2, 3], min_n=1, length=2, cap=100)
+    assert (got.n, got.support) == (2, 2)
+    small = Datastore.from_tokens(np.array(tokens), vocab_size=10)  # 4 tokens of 4 bits
+    assert small.lookup([1, 17, 3], min_n=1, length=2, cap=100).n == 1
+
+
 def test_the_vote_is_capped_to_evenly_spread_positions():
     tokens = [1, 2] * 50 + [1, 3] * 50  # after 1: 2 fifty times, then 3 fifty times
     store = Datastore.from_tokens(np.array(tokens), vocab_size=4)

@@ -117,11 +117,15 @@ class Datastore:
         `min_n` tokens) found in the corpus, `length` tokens at most; None where no suffix of
         `min_n` is found. Its first `vote` tokens are voted among at most `cap` of the suffix's
         positions (evenly spread over them), each among the positions that agreed so far; the
-        rest is the continuation of the earliest position left."""
-        for n in range(min(self.width, len(context)), min_n - 1, -1):
+        rest is the continuation of the earliest position left. A token outside the store's
+        vocabulary (a target with more tokens) occurs nowhere in the corpus: only the suffix
+        after it is looked up."""
+        tail = [int(tok) for tok in context[-self.width :]][::-1]  # most recent first
+        outside = (j for j, tok in enumerate(tail) if not 0 <= tok < self.vocab_size)
+        for n in range(next(outside, len(tail)), min_n - 1, -1):
             low = 0
             for j in range(n):
-                low |= int(context[-1 - j]) << (self.bits * (self.width - 1 - j))
+                low |= tail[j] << (self.bits * (self.width - 1 - j))
             high = low + (1 << (self.bits * (self.width - n)))
             a = int(np.searchsorted(self.keys, np.uint64(low), "left"))
             if high >= 2**64:
