@@ -172,6 +172,27 @@ def test_a_store_of_another_vocabulary_or_an_unknown_zoo_store_is_refused(tmp_pa
         load_pipeline(spec, resources=res)
 
 
+def test_a_min_ngram_above_the_stores_context_width_is_refused(tmp_path: Path) -> None:
+    """The store keys at most `width` tokens: a longer `min_ngram` would never draft from it."""
+    store = tmp_path / "s.npz"
+    Datastore.from_tokens(np.array([1, 2, 3, 4, 5, 6]), vocab_size=40).save(store)
+    res = memory_resources(target=tiny_llama(seed=1, vocab=40))
+    weak = {"name": "ngram", "store": str(store), "min_ngram": 5, "max_ngram": 6}
+    spec = {
+        "target": "mem:target",
+        "drafters": {"weak": weak},
+        "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4},
+    }
+    with pytest.raises(
+        ConfigError,
+        match=r"drafters\.weak\.min_ngram: 5 is above the context width of the store .*s\.npz' "
+        r"\(4 tokens .*expected min_ngram <= 4",
+    ):
+        load_pipeline(spec, resources=res)
+    weak["min_ngram"] = 4
+    assert load_pipeline(spec, resources=res).decoder.drafters[0].store.width == 4
+
+
 def test_a_target_zoo_corpus_cannot_be_built_for_drafts_from_its_context_and_says_so() -> None:
     """`zoo:corpus` is built from the tokenizer.json beside the target: a target without one (an
     in-memory model, a checkpoint with only a slow tokenizer) keeps the pipeline working, its

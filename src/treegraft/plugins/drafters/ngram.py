@@ -247,6 +247,12 @@ class NgramDrafter(Drafter):
 
     @staticmethod
     def _check_store(config: NgramConfig, store: Datastore, resources: Any) -> None:
+        if config.min_ngram > store.width:  # no suffix the store keys: it would never draft
+            raise DatastoreError(
+                f"min_ngram: {config.min_ngram} is above the context width of the store "
+                f"{config.store!r} ({store.width} tokens for its vocabulary of "
+                f"{store.vocab_size}); expected min_ngram <= {store.width}"
+            )
         if resources.target_ref:
             vocab = resources.vocab_size(resources.target_ref)
             if store.vocab_size > vocab:
