@@ -47,7 +47,7 @@ def test_build_tokenizes_text_and_jsonl_files_with_the_models_tokenizer(
 
 def test_build_and_info_refuse_bad_input_naming_it(tmp_path: Path, model_dir: Path) -> None:
     text = tmp_path / "a.txt"
-    text.write_text("t1 t2")
+    text.write_text("t1 t2 t3 t4 t5 t6")
     out = str(tmp_path / "s.npz")
 
     def build(source: Path, to: str = out, tokenizer: str = str(model_dir)):
@@ -73,6 +73,16 @@ def test_build_and_info_refuse_bad_input_naming_it(tmp_path: Path, model_dir: Pa
     blocker.write_text("x")  # a file where the output's folder should be
     result = build(text, str(blocker / "s.npz"))
     assert_clean(result, 2, "--out: cannot write", "s.npz")
+    result = build(tmp_path)  # a folder: its files are named, not guessed
+    assert_clean(result, 2, "INPUTS:", "a folder, expected files; name its files")
+    short = tmp_path / "short.txt"
+    short.write_text("t1 t2")  # no position has the 4 tokens of context a key needs
+    result = build(short)
+    assert_clean(result, 2, "INPUTS: the corpus is 2 tokens long", "needs more than 4 (its")
+    assert not Path(out).exists()
+    upper = tmp_path / "b.JSONL"
+    upper.write_text('{"text": 3}\n')  # a JSONL file whatever the suffix's case
+    assert_clean(build(upper), 2, "b.JSONL:1: expected an object with a string 'text' field")
     long = tmp_path / ("x" * 3000)  # too long for the file system: no raw OSError
     assert_clean(build(long), 2, "INPUTS: no such file", "characters)")
     assert_clean(build(text, tokenizer=str(long)), 2, "--tokenizer:", "not found")

@@ -61,9 +61,15 @@ def build_cmd(
 
     from treegraft.core.datastore import Datastore, DatastoreError, read_texts, tokenize_texts
     from treegraft.core.errors import ArgumentError, clipped
-    from treegraft.core.inputs import is_file
+    from treegraft.core.inputs import is_dir, is_file
     from treegraft.zoo.datastore import eos_of
 
+    folders = [clipped(str(p)) for p in inputs if is_dir(p.expanduser())]
+    if folders:
+        fail(
+            f"INPUTS: {', '.join(folders)}: a folder, expected files; name its files "
+            "(for example folder/*.txt)"
+        )
     missing = [clipped(str(p)) for p in inputs if not is_file(p.expanduser())]
     if missing:
         fail(f"INPUTS: no such file: {', '.join(missing)}")
@@ -93,6 +99,11 @@ def build_cmd(
         store = Datastore.from_tokens(tokens, vocab)
     except DatastoreError as exc:
         fail(f"--tokenizer: {exc}")
+    if not store.positions.size:  # no position has `width` tokens before it: nothing to draft
+        fail(
+            f"INPUTS: the corpus is {tokens.size} tokens long; a datastore needs more than "
+            f"{store.width} (its context width) to draft anything"
+        )
     try:
         out.expanduser().parent.mkdir(parents=True, exist_ok=True)
         store.save(out.expanduser())

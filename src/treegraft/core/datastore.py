@@ -192,7 +192,7 @@ def read_texts(path: str | Path, field: str = "text", what: str = "INPUTS") -> l
     without the string `field` is an `ArgumentError` naming the file (and line); `what` names
     the argument (`core.inputs`)."""
     path = Path(path).expanduser()
-    if path.suffix != ".jsonl":
+    if path.suffix.lower() != ".jsonl":
         return [read_text(path, what)]
     texts = []
     for number, row in jsonl_records(path, what):
