@@ -156,6 +156,43 @@ def test_a_pipeline_drafting_from_a_built_store_is_lossless(
     assert result.exit_code == 0 and "identical: yes" in result.stderr, result.output
 
 
+def test_a_store_built_with_another_tokenizer_of_the_same_size_is_refused(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """Same vocabulary size, other ids: the store records its tokenizer and a target whose
+    tokenizer.json differs refuses it, naming both (a store that recorded none still loads)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {f"t{i}": 62 - i for i in range(63)} | {"[UNK]": 63}  # the ids reversed
+    other = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    other.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    other.save(str(tmp_path / "tokenizer.json"))
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("t1 t2 t3 t4 t5 t6 t7")
+    for name, tokenizer in (("other", tmp_path / "tokenizer.json"), ("own", model_dir)):
+        built = invoke(
+            "datastore", "build", str(corpus), "--tokenizer", str(tokenizer),
+            "--out", str(tmp_path / f"{name}.npz"),
+        )  # fmt: skip
+        assert built.exit_code == 0, built.output
+    assert Datastore.load(tmp_path / "other.npz").vocab_size == 64
+
+    def load(store: Path) -> object:
+        weak = {"name": "ngram", "store": str(store)}
+        return load_pipeline(pipeline_file(tmp_path, str(model_dir), drafters={"weak": weak}))
+
+    with pytest.raises(
+        ConfigError,
+        match=r"drafters\.weak\.store: '.*other\.npz' was built with another tokenizer than "
+        r"the target's \(.*tokenizer\.json\).*--tokenizer",
+    ):
+        load(tmp_path / "other.npz")
+    assert load(tmp_path / "own.npz").decoder.drafters[0].store.tokenizer is not None
+    unrecorded = tmp_path / "unrecorded.npz"  # a store saved without its tokenizer
+    Datastore.from_tokens(Datastore.load(tmp_path / "other.npz").tokens, 64).save(unrecorded)
+    assert load(unrecorded).decoder.drafters[0].store.tokenizer is None
+
+
 def test_a_store_of_another_vocabulary_or_an_unknown_zoo_store_is_refused(tmp_path: Path) -> None:
     big = tmp_path / "big.npz"
     Datastore.from_tokens(np.array([1, 2, 99]), vocab_size=100).save(big)

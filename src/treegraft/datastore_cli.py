@@ -59,7 +59,13 @@ def build_cmd(
     from rich.progress import Progress
     from tokenizers import Tokenizer
 
-    from treegraft.core.datastore import Datastore, DatastoreError, read_texts, tokenize_texts
+    from treegraft.core.datastore import (
+        Datastore,
+        DatastoreError,
+        read_texts,
+        tokenize_texts,
+        tokenizer_fingerprint,
+    )
     from treegraft.core.errors import ArgumentError, clipped
     from treegraft.core.inputs import is_dir, is_file
     from treegraft.zoo.datastore import eos_of
@@ -96,7 +102,7 @@ def build_cmd(
             texts, tok, eos_id=eos_of(tok), advance=lambda n: progress.advance(task, n)
         )
     try:
-        store = Datastore.from_tokens(tokens, vocab)
+        store = Datastore.from_tokens(tokens, vocab, tokenizer=tokenizer_fingerprint(tok))
     except DatastoreError as exc:
         fail(f"--tokenizer: {exc}")
     if not store.positions.size:  # no position has `width` tokens before it: nothing to draft

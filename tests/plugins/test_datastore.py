@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,6 +134,24 @@ def test_a_saved_datastore_loads_the_same(tmp_path):
         assert back.lookup(context, min_n=1, length=4, cap=64) == store.lookup(
             context, min_n=1, length=4, cap=64
         )
+
+
+def test_a_save_writes_the_tokenizer_and_an_interrupted_one_keeps_the_old_file(
+    tmp_path, monkeypatch
+):
+    path = tmp_path / "s.npz"
+    Datastore.from_tokens(np.arange(8), vocab_size=10, tokenizer="abc").save(path)
+    assert Datastore.load(path).tokenizer == "abc"
+
+    def interrupted(file, **arrays):
+        Path(file).write_bytes(b"PK\x03\x04 half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(np, "savez", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Datastore.from_tokens(np.arange(6), vocab_size=10).save(path)
+    assert Datastore.load(path).tokens.tolist() == list(range(8))  # the old store, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["s.npz"]  # no partial file left
 
 
 def test_bad_datastores_are_refused_naming_the_problem(tmp_path):
