@@ -219,6 +219,8 @@ def damaged_copies(tmp_path) -> dict[str, str]:
     np.savez(tmp_path / "tokf.npz", **{**saved, "tokens": saved["tokens"].astype(float)})
     np.savez(tmp_path / "vocab.npz", **{**saved, "vocab_size": np.array(4)})
     np.savez(tmp_path / "vstr.npz", **{**saved, "vocab_size": np.array("nine")})
+    np.savez(tmp_path / "tokint.npz", **{**saved, "tokenizer": np.array([1, 2])})
+    np.savez(tmp_path / "old.npz", **{**saved, "format": np.array("treegraft-datastore-0")})
     return {
         "trunc": r"cannot read a datastore \(a damaged or incomplete .npz file: ",
         "empty": r"cannot read a datastore \(an empty file\); a datastore is the .npz file",
@@ -228,6 +230,9 @@ def damaged_copies(tmp_path) -> dict[str, str]:
         "tokf": r"a damaged datastore \(tokens: expected a 1-D array of ints, got float64",
         "vocab": r"a damaged datastore \(its token ids 0 \.\. 8 do not fit its vocab_size 4\)",
         "vstr": r"a damaged datastore \(vocab_size: expected an int in 1 \.\. 2\*\*32, got nine\)",
+        "tokint": r"a damaged datastore \(tokenizer: expected a string, got int64 of shape \[2\]\)",
+        "old": r"a datastore of format 'treegraft-datastore-0', this version reads "
+        r"'treegraft-datastore-1'; build it again",
     }
 
 

@@ -255,13 +255,9 @@ def _read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, int, str | None]:
     _check_npz(path)
     try:
         with np.load(path) as data:
-            if str(data.get("format", "")) != FORMAT:
-                raise DatastoreError(
-                    f"{path}: not a treegraft datastore (expected format {FORMAT!r}); build one "
-                    "with `treegraft datastore build`"
-                )
+            _check_format(path, str(data.get("format", "")))
             tokens, positions, vocab = data["tokens"], data["positions"], data["vocab_size"]
-            tokenizer = str(data["tokenizer"]) if "tokenizer" in data else None
+            tokenizer = data.get("tokenizer")
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         if isinstance(exc, DatastoreError):
             raise
@@ -278,6 +274,11 @@ def _read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, int, str | None]:
         raise DatastoreError(
             f"{path}: a damaged datastore (vocab_size: expected an int in 1 .. 2**32, got {vocab})"
         )
+    if tokenizer is not None and (tokenizer.shape != () or tokenizer.dtype.kind != "U"):
+        raise DatastoreError(
+            f"{path}: a damaged datastore (tokenizer: expected a string, got {tokenizer.dtype} "
+            f"of shape {list(tokenizer.shape)})"
+        )
     vocab_size = int(vocab)
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
         raise DatastoreError(
@@ -286,7 +287,22 @@ def _read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, int, str | None]:
         )
     tokens = tokens.astype(np.int32, copy=False)
     positions = positions.astype(_position_type(tokens.size), copy=False)
-    return tokens, positions, vocab_size, tokenizer
+    return tokens, positions, vocab_size, None if tokenizer is None else str(tokenizer)
+
+
+def _check_format(path: Path, found: str) -> None:
+    """Refuse a file of another kind, or of another version of this format."""
+    if found == FORMAT:
+        return
+    if found.startswith(FORMAT.rpartition("-")[0] + "-"):
+        raise DatastoreError(
+            f"{path}: a datastore of format {found!r}, this version reads {FORMAT!r}; build it "
+            "again with `treegraft datastore build`"
+        )
+    raise DatastoreError(
+        f"{path}: not a treegraft datastore (expected format {FORMAT!r}); build one with "
+        "`treegraft datastore build`"
+    )
 
 
 def _check_npz(path: Path) -> None:
