@@ -163,6 +163,12 @@ def test_bad_datastores_are_refused_naming_the_problem(tmp_path):
         Datastore.from_tokens(np.zeros((2, 2)), vocab_size=10)
     with pytest.raises(DatastoreError, match="cannot read a datastore"):
         Datastore.load(tmp_path / "missing.npz")
+    with pytest.raises(DatastoreError, match=r"expected a datastore file, got ''"):
+        Datastore.load("")  # not the current folder
+    with pytest.raises(DatastoreError, match=r"cannot read a datastore \(embedded null byte\)"):
+        Datastore.load(f"{tmp_path}/s\0.npz")
+    with pytest.raises(DatastoreError, match=r"x\.\.\.x+ \(3000 characters\): cannot read"):
+        Datastore.load("x" * 3000)  # the name shortened in the message
     np.savez(tmp_path / "other.npz", tokens=np.zeros(3))
     with pytest.raises(
         DatastoreError, match=r"not a treegraft datastore.*treegraft datastore build"

@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from treegraft.core.errors import ArgumentError, TreegraftError
+from treegraft.core.errors import ArgumentError, TreegraftError, clipped
 from treegraft.core.inputs import jsonl_records, read_text
 
 #: the format tag of a saved datastore (`Datastore.save`)
@@ -112,6 +112,8 @@ class Datastore:
     def load(cls, path: str | Path) -> Datastore:
         """Read a file written by `save`; a missing, damaged or foreign file is a
         `DatastoreError` naming it and what is wrong."""
+        if not str(path).strip():  # Path("") is the current folder
+            raise DatastoreError(f"expected a datastore file, got {str(path)!r}")
         path = Path(path).expanduser()
         tokens, positions, vocab_size, tokenizer = _read_arrays(path)
         width, bits = _layout(vocab_size)
@@ -311,8 +313,9 @@ def _check_npz(path: Path) -> None:
     try:
         with path.open("rb") as fh:
             head = fh.read(4)
-    except OSError as exc:
-        raise DatastoreError(f"{path}: cannot read a datastore ({exc.strerror or exc})") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
+        reason = getattr(exc, "strerror", None) or exc
+        raise DatastoreError(f"{clipped(str(path))}: cannot read a datastore ({reason})") from None
     if head not in (b"PK\x03\x04", b"PK\x05\x06"):
         what = "an empty file" if not head else "not an .npz file"
         raise DatastoreError(
