@@ -176,6 +176,19 @@ def test_a_store_built_with_another_tokenizer_of_the_same_size_is_refused(
         )  # fmt: skip
         assert built.exit_code == 0, built.output
     assert Datastore.load(tmp_path / "other.npz").vocab_size == 64
+    info = invoke("datastore", "info", str(tmp_path / "other.npz"))
+    assert re.search(r"tokenizer [0-9a-f]{16}$", info.stdout.strip()), info.stdout
+    alone = tmp_path / "tokenizer-only"  # a folder holding a tokenizer.json and no model
+    alone.mkdir()
+    (alone / "tokenizer.json").write_bytes((tmp_path / "tokenizer.json").read_bytes())
+    built = invoke(
+        "datastore", "build", str(corpus), "--tokenizer", str(alone),
+        "--out", str(tmp_path / "alone.npz"),
+    )  # fmt: skip
+    assert built.exit_code == 0, built.output
+    assert Datastore.load(tmp_path / "alone.npz").tokenizer == (
+        Datastore.load(tmp_path / "other.npz").tokenizer
+    )
 
     def load(store: Path) -> object:
         weak = {"name": "ngram", "store": str(store)}

@@ -15,12 +15,15 @@ app = typer.Typer(
 
 
 def tokenizer_json(ref: str) -> Path:
-    """The `tokenizer.json` of a model reference (`zoo:NAME`, a model folder) or the file itself."""
+    """The `tokenizer.json` of a model reference (`zoo:NAME`, a model folder), of a folder
+    holding one, or the file itself."""
     from treegraft.core.inputs import is_file
 
     path = Path(ref).expanduser()
     if is_file(path):
         return path
+    if is_file(path / "tokenizer.json") and not is_file(path / "config.json"):
+        return path / "tokenizer.json"  # a tokenizer's folder, no model beside it
     from treegraft.core.resources import ModelRefError, Resources
 
     try:
@@ -129,7 +132,8 @@ def info_cmd(path: Annotated[Path, typer.Argument(help="A datastore file.")]) ->
         store = Datastore.load(path)
     except DatastoreError as exc:
         fail(str(exc))
+    tokenizer = "not recorded" if store.tokenizer is None else store.tokenizer
     typer.echo(
         f"{path}: {store.tokens.size:,} tokens, vocabulary {store.vocab_size}, "
-        f"contexts of up to {store.width} tokens"
+        f"contexts of up to {store.width} tokens, tokenizer {tokenizer}"
     )
