@@ -47,7 +47,7 @@ def test_build_tokenizes_text_and_jsonl_files_with_the_models_tokenizer(
 
 def test_build_and_info_refuse_bad_input_naming_it(tmp_path: Path, model_dir: Path) -> None:
     text = tmp_path / "a.txt"
-    text.write_text("t1 t2")
+    text.write_text("t1 t2 t3 t4 t5 t6")
     out = str(tmp_path / "s.npz")
 
     def build(source: Path, to: str = out, tokenizer: str = str(model_dir)):
@@ -73,6 +73,16 @@ def test_build_and_info_refuse_bad_input_naming_it(tmp_path: Path, model_dir: Pa
     blocker.write_text("x")  # a file where the output's folder should be
     result = build(text, str(blocker / "s.npz"))
     assert_clean(result, 2, "--out: cannot write", "s.npz")
+    result = build(tmp_path)  # a folder: its files are named, not guessed
+    assert_clean(result, 2, "INPUTS:", "a folder, expected files; name its files")
+    short = tmp_path / "short.txt"
+    short.write_text("t1 t2")  # no position has the 4 tokens of context a key needs
+    result = build(short)
+    assert_clean(result, 2, "INPUTS: the corpus is 2 tokens long", "needs more than 4 (its")
+    assert not Path(out).exists()
+    upper = tmp_path / "b.JSONL"
+    upper.write_text('{"text": 3}\n')  # a JSONL file whatever the suffix's case
+    assert_clean(build(upper), 2, "b.JSONL:1: expected an object with a string 'text' field")
     long = tmp_path / ("x" * 3000)  # too long for the file system: no raw OSError
     assert_clean(build(long), 2, "INPUTS: no such file", "characters)")
     assert_clean(build(text, tokenizer=str(long)), 2, "--tokenizer:", "not found")
@@ -146,6 +156,56 @@ def test_a_pipeline_drafting_from_a_built_store_is_lossless(
     assert result.exit_code == 0 and "identical: yes" in result.stderr, result.output
 
 
+def test_a_store_built_with_another_tokenizer_of_the_same_size_is_refused(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """Same vocabulary size, other ids: the store records its tokenizer and a target whose
+    tokenizer.json differs refuses it, naming both (a store that recorded none still loads)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {f"t{i}": 62 - i for i in range(63)} | {"[UNK]": 63}  # the ids reversed
+    other = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    other.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    other.save(str(tmp_path / "tokenizer.json"))
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("t1 t2 t3 t4 t5 t6 t7")
+    for name, tokenizer in (("other", tmp_path / "tokenizer.json"), ("own", model_dir)):
+        built = invoke(
+            "datastore", "build", str(corpus), "--tokenizer", str(tokenizer),
+            "--out", str(tmp_path / f"{name}.npz"),
+        )  # fmt: skip
+        assert built.exit_code == 0, built.output
+    assert Datastore.load(tmp_path / "other.npz").vocab_size == 64
+    info = invoke("datastore", "info", str(tmp_path / "other.npz"))
+    assert re.search(r"tokenizer [0-9a-f]{16}$", info.stdout.strip()), info.stdout
+    alone = tmp_path / "tokenizer-only"  # a folder holding a tokenizer.json and no model
+    alone.mkdir()
+    (alone / "tokenizer.json").write_bytes((tmp_path / "tokenizer.json").read_bytes())
+    built = invoke(
+        "datastore", "build", str(corpus), "--tokenizer", str(alone),
+        "--out", str(tmp_path / "alone.npz"),
+    )  # fmt: skip
+    assert built.exit_code == 0, built.output
+    assert Datastore.load(tmp_path / "alone.npz").tokenizer == (
+        Datastore.load(tmp_path / "other.npz").tokenizer
+    )
+
+    def load(store: Path) -> object:
+        weak = {"name": "ngram", "store": str(store)}
+        return load_pipeline(pipeline_file(tmp_path, str(model_dir), drafters={"weak": weak}))
+
+    with pytest.raises(
+        ConfigError,
+        match=r"drafters\.weak\.store: '.*other\.npz' was built with another tokenizer than "
+        r"the target's \(.*tokenizer\.json\).*--tokenizer",
+    ):
+        load(tmp_path / "other.npz")
+    assert load(tmp_path / "own.npz").decoder.drafters[0].store.tokenizer is not None
+    unrecorded = tmp_path / "unrecorded.npz"  # a store saved without its tokenizer
+    Datastore.from_tokens(Datastore.load(tmp_path / "other.npz").tokens, 64).save(unrecorded)
+    assert load(unrecorded).decoder.drafters[0].store.tokenizer is None
+
+
 def test_a_store_of_another_vocabulary_or_an_unknown_zoo_store_is_refused(tmp_path: Path) -> None:
     big = tmp_path / "big.npz"
     Datastore.from_tokens(np.array([1, 2, 99]), vocab_size=100).save(big)
@@ -170,6 +230,27 @@ def test_a_store_of_another_vocabulary_or_an_unknown_zoo_store_is_refused(tmp_pa
         ConfigError, match=r"drafters\.weak\.store: .*missing.npz: cannot read a datastore"
     ):
         load_pipeline(spec, resources=res)
+
+
+def test_a_min_ngram_above_the_stores_context_width_is_refused(tmp_path: Path) -> None:
+    """The store keys at most `width` tokens: a longer `min_ngram` would never draft from it."""
+    store = tmp_path / "s.npz"
+    Datastore.from_tokens(np.array([1, 2, 3, 4, 5, 6]), vocab_size=40).save(store)
+    res = memory_resources(target=tiny_llama(seed=1, vocab=40))
+    weak = {"name": "ngram", "store": str(store), "min_ngram": 5, "max_ngram": 6}
+    spec = {
+        "target": "mem:target",
+        "drafters": {"weak": weak},
+        "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4},
+    }
+    with pytest.raises(
+        ConfigError,
+        match=r"drafters\.weak\.min_ngram: 5 is above the context width of the store .*s\.npz' "
+        r"\(4 tokens .*expected min_ngram <= 4",
+    ):
+        load_pipeline(spec, resources=res)
+    weak["min_ngram"] = 4
+    assert load_pipeline(spec, resources=res).decoder.drafters[0].store.width == 4
 
 
 def test_a_target_zoo_corpus_cannot_be_built_for_drafts_from_its_context_and_says_so() -> None:

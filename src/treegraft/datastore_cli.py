@@ -15,12 +15,15 @@ app = typer.Typer(
 
 
 def tokenizer_json(ref: str) -> Path:
-    """The `tokenizer.json` of a model reference (`zoo:NAME`, a model folder) or the file itself."""
+    """The `tokenizer.json` of a model reference (`zoo:NAME`, a model folder), of a folder
+    holding one, or the file itself."""
     from treegraft.core.inputs import is_file
 
     path = Path(ref).expanduser()
     if is_file(path):
         return path
+    if is_file(path / "tokenizer.json") and not is_file(path / "config.json"):
+        return path / "tokenizer.json"  # a tokenizer's folder, no model beside it
     from treegraft.core.resources import ModelRefError, Resources
 
     try:
@@ -59,11 +62,23 @@ def build_cmd(
     from rich.progress import Progress
     from tokenizers import Tokenizer
 
-    from treegraft.core.datastore import Datastore, DatastoreError, read_texts, tokenize_texts
+    from treegraft.core.datastore import (
+        Datastore,
+        DatastoreError,
+        read_texts,
+        tokenize_texts,
+        tokenizer_fingerprint,
+    )
     from treegraft.core.errors import ArgumentError, clipped
-    from treegraft.core.inputs import is_file
+    from treegraft.core.inputs import is_dir, is_file
     from treegraft.zoo.datastore import eos_of
 
+    folders = [clipped(str(p)) for p in inputs if is_dir(p.expanduser())]
+    if folders:
+        fail(
+            f"INPUTS: {', '.join(folders)}: a folder, expected files; name its files "
+            "(for example folder/*.txt)"
+        )
     missing = [clipped(str(p)) for p in inputs if not is_file(p.expanduser())]
     if missing:
         fail(f"INPUTS: no such file: {', '.join(missing)}")
@@ -90,9 +105,14 @@ def build_cmd(
             texts, tok, eos_id=eos_of(tok), advance=lambda n: progress.advance(task, n)
         )
     try:
-        store = Datastore.from_tokens(tokens, vocab)
+        store = Datastore.from_tokens(tokens, vocab, tokenizer=tokenizer_fingerprint(tok))
     except DatastoreError as exc:
         fail(f"--tokenizer: {exc}")
+    if not store.positions.size:  # no position has `width` tokens before it: nothing to draft
+        fail(
+            f"INPUTS: the corpus is {tokens.size} tokens long; a datastore needs more than "
+            f"{store.width} (its context width) to draft anything"
+        )
     try:
         out.expanduser().parent.mkdir(parents=True, exist_ok=True)
         store.save(out.expanduser())
@@ -112,7 +132,8 @@ def info_cmd(path: Annotated[Path, typer.Argument(help="A datastore file.")]) ->
         store = Datastore.load(path)
     except DatastoreError as exc:
         fail(str(exc))
+    tokenizer = "not recorded" if store.tokenizer is None else store.tokenizer
     typer.echo(
         f"{path}: {store.tokens.size:,} tokens, vocabulary {store.vocab_size}, "
-        f"contexts of up to {store.width} tokens"
+        f"contexts of up to {store.width} tokens, tokenizer {tokenizer}"
     )

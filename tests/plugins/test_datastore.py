@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -86,6 +87,19 @@ def test_lookup_prefers_the_longer_suffix_and_backs_off():
     assert store.lookup([8, 8], min_n=2, length=3, cap=100) is None
 
 
+def test_tokens_outside_the_stores_vocabulary_match_nowhere():
+    """A target with more tokens than the store's tokenizer writes ids the store never holds:
+    only the suffix after the last such token is looked up (no overflowing key, no crash)."""
+    tokens = [0, 0, 0, 0, 1, 2, 3, 4, 9, 2, 3, 5]
+    store = Datastore.from_tokens(np.array(tokens), vocab_size=2**16)  # 4 tokens of 16 bits
+    assert store.lookup([1, 2, 2**16 + 4], min_n=1, length=2, cap=100) is None
+    assert store.lookup([1, 2, -1], min_n=1, length=2, cap=100) is None
+    got = store.lookup([7, 2**16 + 1, 2, 3], min_n=1, length=2, cap=100)
+    assert (got.n, got.support) == (2, 2)
+    small = Datastore.from_tokens(np.array(tokens), vocab_size=10)  # 4 tokens of 4 bits
+    assert small.lookup([1, 17, 3], min_n=1, length=2, cap=100).n == 1
+
+
 def test_the_vote_is_capped_to_evenly_spread_positions():
     tokens = [1, 2] * 50 + [1, 3] * 50  # after 1: 2 fifty times, then 3 fifty times
     store = Datastore.from_tokens(np.array(tokens), vocab_size=4)
@@ -122,6 +136,24 @@ def test_a_saved_datastore_loads_the_same(tmp_path):
         )
 
 
+def test_a_save_writes_the_tokenizer_and_an_interrupted_one_keeps_the_old_file(
+    tmp_path, monkeypatch
+):
+    path = tmp_path / "s.npz"
+    Datastore.from_tokens(np.arange(8), vocab_size=10, tokenizer="abc").save(path)
+    assert Datastore.load(path).tokenizer == "abc"
+
+    def interrupted(file, **arrays):
+        Path(file).write_bytes(b"PK\x03\x04 half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(np, "savez", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Datastore.from_tokens(np.arange(6), vocab_size=10).save(path)
+    assert Datastore.load(path).tokens.tolist() == list(range(8))  # the old store, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["s.npz"]  # no partial file left
+
+
 def test_bad_datastores_are_refused_naming_the_problem(tmp_path):
     with pytest.raises(
         DatastoreError, match=r"ids must lie in 0 \.\. 9 \(vocab_size\), got 0 \.\. 12"
@@ -131,6 +163,12 @@ def test_bad_datastores_are_refused_naming_the_problem(tmp_path):
         Datastore.from_tokens(np.zeros((2, 2)), vocab_size=10)
     with pytest.raises(DatastoreError, match="cannot read a datastore"):
         Datastore.load(tmp_path / "missing.npz")
+    with pytest.raises(DatastoreError, match=r"expected a datastore file, got ''"):
+        Datastore.load("")  # not the current folder
+    with pytest.raises(DatastoreError, match=r"cannot read a datastore \(embedded null byte\)"):
+        Datastore.load(f"{tmp_path}/s\0.npz")
+    with pytest.raises(DatastoreError, match=r"x\.\.\.x+ \(3000 characters\): cannot read"):
+        Datastore.load("x" * 3000)  # the name shortened in the message
     np.savez(tmp_path / "other.npz", tokens=np.zeros(3))
     with pytest.raises(
         DatastoreError, match=r"not a treegraft datastore.*treegraft datastore build"
@@ -187,6 +225,8 @@ def damaged_copies(tmp_path) -> dict[str, str]:
     np.savez(tmp_path / "tokf.npz", **{**saved, "tokens": saved["tokens"].astype(float)})
     np.savez(tmp_path / "vocab.npz", **{**saved, "vocab_size": np.array(4)})
     np.savez(tmp_path / "vstr.npz", **{**saved, "vocab_size": np.array("nine")})
+    np.savez(tmp_path / "tokint.npz", **{**saved, "tokenizer": np.array([1, 2])})
+    np.savez(tmp_path / "old.npz", **{**saved, "format": np.array("treegraft-datastore-0")})
     return {
         "trunc": r"cannot read a datastore \(a damaged or incomplete .npz file: ",
         "empty": r"cannot read a datastore \(an empty file\); a datastore is the .npz file",
@@ -196,6 +236,9 @@ def damaged_copies(tmp_path) -> dict[str, str]:
         "tokf": r"a damaged datastore \(tokens: expected a 1-D array of ints, got float64",
         "vocab": r"a damaged datastore \(its token ids 0 \.\. 8 do not fit its vocab_size 4\)",
         "vstr": r"a damaged datastore \(vocab_size: expected an int in 1 \.\. 2\*\*32, got nine\)",
+        "tokint": r"a damaged datastore \(tokenizer: expected a string, got int64 of shape \[2\]\)",
+        "old": r"a datastore of format 'treegraft-datastore-0', this version reads "
+        r"'treegraft-datastore-1'; build it again",
     }
 
 

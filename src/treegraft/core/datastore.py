@@ -13,6 +13,9 @@ datastore takes 16 bytes per corpus token (the token, its position in key order,
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import os
 import zipfile
 import zlib
 from collections.abc import Callable, Sequence
@@ -22,7 +25,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from treegraft.core.errors import ArgumentError, TreegraftError
+from treegraft.core.errors import ArgumentError, TreegraftError, clipped
 from treegraft.core.inputs import jsonl_records, read_text
 
 #: the format tag of a saved datastore (`Datastore.save`)
@@ -63,9 +66,13 @@ class Datastore:
     vocab_size: int
     width: int  # context tokens per key
     bits: int  # bits per token in a key
+    #: `tokenizer_fingerprint` of the tokenizer that wrote the corpus (None: not recorded)
+    tokenizer: str | None = None
 
     @classmethod
-    def from_tokens(cls, tokens: np.ndarray, vocab_size: int) -> Datastore:
+    def from_tokens(
+        cls, tokens: np.ndarray, vocab_size: int, *, tokenizer: str | None = None
+    ) -> Datastore:
         if not 1 <= vocab_size <= 2**32:
             raise DatastoreError(f"vocab_size: expected 1 .. 2**32, got {vocab_size}")
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
@@ -80,24 +87,35 @@ class Datastore:
         positions = np.arange(width, tokens.size, dtype=_position_type(tokens.size))
         keys = _keys(tokens, positions, width, bits)
         order = np.argsort(keys, kind="stable")
-        return cls(tokens, positions[order], keys[order], vocab_size, width, bits)
+        return cls(tokens, positions[order], keys[order], vocab_size, width, bits, tokenizer)
 
     def save(self, path: str | Path) -> None:
-        """Write the corpus and its order (`.npz`; the keys are recomputed at load)."""
-        np.savez(
-            Path(path),
-            format=np.array(FORMAT),
-            tokens=self.tokens,
-            positions=self.positions,
-            vocab_size=np.array(self.vocab_size),
-        )
+        """Write the corpus and its order (`.npz`; the keys are recomputed at load), through a
+        temporary file beside it: an interrupted save leaves an existing file as it was."""
+        path = Path(path)
+        extra = {} if self.tokenizer is None else {"tokenizer": np.array(self.tokenizer)}
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial.npz")
+        try:
+            np.savez(
+                partial,
+                format=np.array(FORMAT),
+                tokens=self.tokens,
+                positions=self.positions,
+                vocab_size=np.array(self.vocab_size),
+                **extra,
+            )
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
 
     @classmethod
     def load(cls, path: str | Path) -> Datastore:
         """Read a file written by `save`; a missing, damaged or foreign file is a
         `DatastoreError` naming it and what is wrong."""
+        if not str(path).strip():  # Path("") is the current folder
+            raise DatastoreError(f"expected a datastore file, got {str(path)!r}")
         path = Path(path).expanduser()
-        tokens, positions, vocab_size = _read_arrays(path)
+        tokens, positions, vocab_size, tokenizer = _read_arrays(path)
         width, bits = _layout(vocab_size)
         if positions.size != max(0, tokens.size - width) or (
             positions.size and (positions.min() < width or positions.max() >= tokens.size)
@@ -108,7 +126,7 @@ class Datastore:
         keys = _keys(tokens, positions, width, bits)
         if np.any(keys[1:] < keys[:-1]):
             raise DatastoreError(f"{path}: a damaged datastore (its positions are out of order)")
-        return cls(tokens, positions, keys, vocab_size, width, bits)
+        return cls(tokens, positions, keys, vocab_size, width, bits, tokenizer)
 
     def lookup(
         self, context: Sequence[int], *, min_n: int, length: int, cap: int, vote: int = 2
@@ -117,11 +135,15 @@ class Datastore:
         `min_n` tokens) found in the corpus, `length` tokens at most; None where no suffix of
         `min_n` is found. Its first `vote` tokens are voted among at most `cap` of the suffix's
         positions (evenly spread over them), each among the positions that agreed so far; the
-        rest is the continuation of the earliest position left."""
-        for n in range(min(self.width, len(context)), min_n - 1, -1):
+        rest is the continuation of the earliest position left. A token outside the store's
+        vocabulary (a target with more tokens) occurs nowhere in the corpus: only the suffix
+        after it is looked up."""
+        tail = [int(tok) for tok in context[-self.width :]][::-1]  # most recent first
+        outside = (j for j, tok in enumerate(tail) if not 0 <= tok < self.vocab_size)
+        for n in range(next(outside, len(tail)), min_n - 1, -1):
             low = 0
             for j in range(n):
-                low |= int(context[-1 - j]) << (self.bits * (self.width - 1 - j))
+                low |= tail[j] << (self.bits * (self.width - 1 - j))
             high = low + (1 << (self.bits * (self.width - n)))
             a = int(np.searchsorted(self.keys, np.uint64(low), "left"))
             if high >= 2**64:
@@ -188,7 +210,7 @@ def read_texts(path: str | Path, field: str = "text", what: str = "INPUTS") -> l
     without the string `field` is an `ArgumentError` naming the file (and line); `what` names
     the argument (`core.inputs`)."""
     path = Path(path).expanduser()
-    if path.suffix != ".jsonl":
+    if path.suffix.lower() != ".jsonl":
         return [read_text(path, what)]
     texts = []
     for number, row in jsonl_records(path, what):
@@ -200,18 +222,44 @@ def read_texts(path: str | Path, field: str = "text", what: str = "INPUTS") -> l
     return texts
 
 
-def _read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, int]:
-    """The corpus (`[N]` int32), positions (`[M]`) and vocabulary size saved in `path`, their
-    shapes, kinds and ranges checked."""
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """What a token id means to a `tokenizers.Tokenizer`: a digest of its vocabulary (every
+    token and its id, added tokens included). Two tokenizers with the same one write the same
+    ids for the same tokens."""
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    text = "\n".join(f"{i} {tok}" for tok, i in sorted(vocab.items(), key=lambda kv: kv[1]))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def file_fingerprint(path: Path) -> str | None:
+    """`tokenizer_fingerprint` of a `tokenizer.json` (None: it does not load), read once per
+    version of the file."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return _file_fingerprint(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _file_fingerprint(path: str, mtime_ns: int, size: int) -> str | None:
+    from tokenizers import Tokenizer
+
+    try:
+        return tokenizer_fingerprint(Tokenizer.from_file(path))
+    except Exception:  # the tokenizers library raises a bare Exception
+        return None
+
+
+def _read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, int, str | None]:
+    """The corpus (`[N]` int32), positions (`[M]`), vocabulary size and tokenizer fingerprint
+    (None where not recorded) saved in `path`, their shapes, kinds and ranges checked."""
     _check_npz(path)
     try:
         with np.load(path) as data:
-            if str(data.get("format", "")) != FORMAT:
-                raise DatastoreError(
-                    f"{path}: not a treegraft datastore (expected format {FORMAT!r}); build one "
-                    "with `treegraft datastore build`"
-                )
+            _check_format(path, str(data.get("format", "")))
             tokens, positions, vocab = data["tokens"], data["positions"], data["vocab_size"]
+            tokenizer = data.get("tokenizer")
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         if isinstance(exc, DatastoreError):
             raise
@@ -228,6 +276,11 @@ def _read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, int]:
         raise DatastoreError(
             f"{path}: a damaged datastore (vocab_size: expected an int in 1 .. 2**32, got {vocab})"
         )
+    if tokenizer is not None and (tokenizer.shape != () or tokenizer.dtype.kind != "U"):
+        raise DatastoreError(
+            f"{path}: a damaged datastore (tokenizer: expected a string, got {tokenizer.dtype} "
+            f"of shape {list(tokenizer.shape)})"
+        )
     vocab_size = int(vocab)
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
         raise DatastoreError(
@@ -235,7 +288,23 @@ def _read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray, int]:
             f"{int(tokens.max())} do not fit its vocab_size {vocab_size})"
         )
     tokens = tokens.astype(np.int32, copy=False)
-    return tokens, positions.astype(_position_type(tokens.size), copy=False), vocab_size
+    positions = positions.astype(_position_type(tokens.size), copy=False)
+    return tokens, positions, vocab_size, None if tokenizer is None else str(tokenizer)
+
+
+def _check_format(path: Path, found: str) -> None:
+    """Refuse a file of another kind, or of another version of this format."""
+    if found == FORMAT:
+        return
+    if found.startswith(FORMAT.rpartition("-")[0] + "-"):
+        raise DatastoreError(
+            f"{path}: a datastore of format {found!r}, this version reads {FORMAT!r}; build it "
+            "again with `treegraft datastore build`"
+        )
+    raise DatastoreError(
+        f"{path}: not a treegraft datastore (expected format {FORMAT!r}); build one with "
+        "`treegraft datastore build`"
+    )
 
 
 def _check_npz(path: Path) -> None:
@@ -244,8 +313,9 @@ def _check_npz(path: Path) -> None:
     try:
         with path.open("rb") as fh:
             head = fh.read(4)
-    except OSError as exc:
-        raise DatastoreError(f"{path}: cannot read a datastore ({exc.strerror or exc})") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
+        reason = getattr(exc, "strerror", None) or exc
+        raise DatastoreError(f"{clipped(str(path))}: cannot read a datastore ({reason})") from None
     if head not in (b"PK\x03\x04", b"PK\x05\x06"):
         what = "an empty file" if not head else "not an .npz file"
         raise DatastoreError(

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from treegraft.core.datastore import Datastore, tokenize_texts
+from treegraft.core.datastore import Datastore, tokenize_texts, tokenizer_fingerprint
 from treegraft.zoo.corpus import CorpusConfig
 from treegraft.zoo.remote import cache_dir, file_sha256
 
@@ -61,7 +61,9 @@ def _build(cfg: CorpusConfig, tokenizer_file: Path, vocab_size: int, path: Path)
         texts = [doc.text for doc in read_corpus(Path(tmp) / "corpus.jsonl")]
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
         tokens = tokenize_texts(texts, tokenizer, eos_id=eos_of(tokenizer))
-        store = Datastore.from_tokens(tokens, vocab_size)
+        store = Datastore.from_tokens(
+            tokens, vocab_size, tokenizer=tokenizer_fingerprint(tokenizer)
+        )
         partial = Path(tmp) / "store.npz"
         store.save(partial)
         os.replace(partial, path)

@@ -39,6 +39,7 @@ from treegraft.core.datastore import (
     DatastoreUnavailable,
     DatastoreWarning,
     Match,
+    file_fingerprint,
 )
 from treegraft.core.interfaces import Drafter, Peek
 from treegraft.core.tree import DraftTree, Proposal
@@ -247,7 +248,14 @@ class NgramDrafter(Drafter):
 
     @staticmethod
     def _check_store(config: NgramConfig, store: Datastore, resources: Any) -> None:
+        if config.min_ngram > store.width:  # no suffix the store keys: it would never draft
+            raise DatastoreError(
+                f"min_ngram: {config.min_ngram} is above the context width of the store "
+                f"{config.store!r} ({store.width} tokens for its vocabulary of "
+                f"{store.vocab_size}); expected min_ngram <= {store.width}"
+            )
         if resources.target_ref:
+            NgramDrafter._check_tokenizer(config, store, resources)
             vocab = resources.vocab_size(resources.target_ref)
             if store.vocab_size > vocab:
                 raise DatastoreError(
@@ -255,6 +263,19 @@ class NgramDrafter(Drafter):
                     f"{store.vocab_size}, the target {resources.target_ref!r} has {vocab}: "
                     "build the datastore with the target's tokenizer"
                 )
+
+    @staticmethod
+    def _check_tokenizer(config: NgramConfig, store: Datastore, resources: Any) -> None:
+        """A store that recorded its tokenizer must have been built with the target's (where
+        the target has a `tokenizer.json` to compare): other ids mean other tokens."""
+        found = resources.tokenizer_file(resources.target_ref) if store.tokenizer else None
+        if found is None or file_fingerprint(found) in (None, store.tokenizer):
+            return
+        raise DatastoreError(
+            f"store: {config.store!r} was built with another tokenizer than the target's "
+            f"({found}): its token ids mean other tokens; build it again with `treegraft "
+            f"datastore build --tokenizer {resources.target_ref}`"
+        )
 
     def forget(self) -> None:
         """Drop the rates carried over by `memory`: the next generation starts from the prior."""
