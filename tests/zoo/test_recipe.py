@@ -87,7 +87,7 @@ def test_a_recipe_not_utf8_names_the_file(tmp_path: Path) -> None:
         ({"models": {"../m": TINY_MODEL}}, r"recipe.models: model name: expected a plain folder"),
         (
             {"learning_rate": 1.0},
-            r"recipe.learning_rate: unknown key expected keys: name, models, tokens",
+            r"recipe.learning_rate: unknown key; expected keys: name, models, tokens",
         ),
     ],
     ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v)),

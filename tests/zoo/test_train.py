@@ -107,7 +107,7 @@ def test_distillation_and_partial_export(tmp_path: Path, corpus: Path) -> None:
 
 def test_recipe_rejects_unknown_keys(tmp_path: Path, corpus: Path) -> None:
     with pytest.raises(
-        RecipeError, match=r"recipe.learning_rate: unknown key expected keys: .* lr,"
+        RecipeError, match=r"recipe.learning_rate: unknown key; expected keys: .* lr,"
     ):
         load_recipe(write_recipe(tmp_path / "r.yaml", corpus, learning_rate=1.0))
 

@@ -226,7 +226,7 @@ def unknown_key_message(
     if moved and key in moved:
         return f"{path}.{key}: no longer a key: {moved[key]}"
     close = difflib.get_close_matches(str(key), known, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+    hint = f"; did you mean {close[0]!r}?" if close else ";"
     return f"{path}.{clipped(str(key))}: unknown key{hint} expected keys: {', '.join(known) or '(none)'}"
 
 
