@@ -62,6 +62,14 @@ def test_build_and_info_refuse_bad_input_naming_it(tmp_path: Path, model_dir: Pa
     bad.write_text('{"text": 3}\n')
     result = build(bad)
     assert_clean(result, 2, "bad.jsonl:1: expected an object with a string 'text' field")
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"id": 1, "content": "a b c"}\n')
+    assert_clean(
+        build(other),
+        2,
+        "other.jsonl:1: expected an object with a string 'text' field; its string fields: "
+        "'content' (read one of them with --field NAME)",
+    )
     result = invoke("datastore", "info", str(text))
     assert_clean(result, 2, "cannot read a datastore")
     empty = tmp_path / "empty.txt"

@@ -215,8 +215,17 @@ def read_texts(path: str | Path, field: str = "text", what: str = "INPUTS") -> l
     texts = []
     for number, row in jsonl_records(path, what):
         if not isinstance(row.get(field), str):
+            others = (
+                [k for k, v in row.items() if isinstance(v, str)] if isinstance(row, dict) else []
+            )
+            hint = (
+                f"; its string fields: {', '.join(repr(k) for k in others[:8])} (read one of "
+                "them with --field NAME)"
+                if others
+                else ""
+            )
             raise ArgumentError(
-                f"{path}:{number}: expected an object with a string {field!r} field"
+                f"{path}:{number}: expected an object with a string {field!r} field{hint}"
             )
         texts.append(row[field])
     return texts
