@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from tests.core.test_trace import traced_run
 from treegraft.cli import app
+from treegraft.viz.trace_render import layout, title
 
 
 def test_trace_render_draws_a_png(tmp_path):
@@ -113,3 +114,38 @@ def test_trace_render_names_a_missing_folder(tmp_path):
     code, err = render(tmp_path / "nothere")
     assert code == 2, err
     assert f"{tmp_path / 'nothere'}: no such trace folder or step file" in err
+
+
+def test_trace_render_titles_a_cut_step_by_its_accepted_count(tmp_path):
+    _, files = traced_run(tmp_path)
+    record = json.loads(files[-1].read_text())
+    record.update(accepted=3, accepted_tokens=[8], finish_reason="length")
+    assert title(record, "0, 1").endswith("accepted 3 · ended by length, emitted 1")
+    del record["accepted"], record["finish_reason"]  # a trace written before these keys
+    assert title(record, "0, 1").endswith("· accepted 0")
+    record["accepted"] = "3"
+    files[-1].write_text(json.dumps(record))
+    code, err = render(files[-1])
+    assert code == 2 and "'accepted' must be an int (draft tokens accepted), got '3'" in err
+
+
+def _chain(n: int, **root) -> dict:
+    nodes = [
+        {"id": i, "parent": i - 1, "token": i, "text": None, "depth": i, "score": -i, "proposer": 0}
+        | {"scorer": 0, "kept": i < 3, "accepted": i < 2, "edge_logp": -1.0}
+        for i in range(n)
+    ]
+    nodes[0].update(root)
+    return {"version": 1, "step": 0, "accepted_tokens": [1, 2], "nodes": nodes}
+
+
+def test_layout_places_a_chain_deeper_than_the_recursion_limit():
+    pos = layout(_chain(5000, parent=-1)["nodes"])
+    assert pos[4999] == (4999.0, 0.0) and len(pos) == 5000
+
+
+def test_trace_render_hide_pruned_keeps_the_root(tmp_path):
+    step = tmp_path / "step-00000.json"
+    step.write_text(json.dumps(_chain(4, parent=-1, kept=False)))
+    code, err = render(step, "--hide-pruned")
+    assert code == 0 and (tmp_path / "step-00000.png").exists(), err

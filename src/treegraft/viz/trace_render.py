@@ -28,26 +28,30 @@ def check_image_path(path: Path, what: str = "--out") -> Path:
 
 
 def layout(nodes: list[dict]) -> dict[int, tuple[float, float]]:
-    """(x = depth, y = row) for every node: leaves get consecutive rows, parents sit at their children's mean."""
+    """(x = depth, y = row) for every node: leaves get consecutive rows, parents sit at their children's mean.
+
+    Walks the tree with an explicit stack, so a chain thousands of nodes deep lays out too."""
     children: dict[int, list[int]] = {n["id"]: [] for n in nodes}
     for n in nodes:
         if n["parent"] >= 0:
             children[n["parent"]].append(n["id"])
+    for kids in children.values():
+        kids.sort(key=lambda c: -_score(nodes, c))
     pos: dict[int, tuple[float, float]] = {}
-    depth = {n["id"]: n["depth"] for n in nodes}
-    next_row = [0.0]
-
-    def place(node: int) -> float:
-        kids = sorted(children[node], key=lambda c: -_score(nodes, c))
-        if not kids:
-            y = next_row[0]
-            next_row[0] += 1.0
+    next_row = 0.0
+    stack = [(0, False)]
+    while stack:
+        node, placed_kids = stack.pop()
+        kids = children[node]
+        if not placed_kids:  # first visit: place the children (best first), then come back
+            stack.append((node, True))
+            stack.extend((c, False) for c in reversed(kids))
+            continue
+        if kids:
+            y = sum(pos[c][1] for c in kids) / len(kids)
         else:
-            y = sum(place(c) for c in kids) / len(kids)
-        pos[node] = (float(depth[node]), y)
-        return y
-
-    place(0)
+            y, next_row = next_row, next_row + 1.0
+        pos[node] = (float(nodes[node]["depth"]), y)
     return pos
 
 
@@ -72,7 +76,8 @@ def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    nodes = [n for n in record["nodes"] if show_pruned or n["kept"]]
+    # the root stays drawn with --hide-pruned even where a step file marks it pruned
+    nodes = [n for n in record["nodes"] if show_pruned or n["kept"] or n["parent"] < 0]
     keep_ids = {n["id"] for n in nodes}
     pos = layout(record["nodes"])
     rows = max((y for _, y in pos.values()), default=0) + 1
@@ -129,15 +134,30 @@ def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
         handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8
     )
     calls = ", ".join(str(c) for c in record.get("calls", []))
-    ax.set_title(
-        f"step {record['step']} · drafter per layer [{calls}] · accepted {len(record['accepted_tokens']) - 1}",
-        fontsize=10,
-    )
+    ax.set_title(title(record, calls), fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=130)
     plt.close(fig)
     return out
+
+
+def accepted_count(record: dict) -> int:
+    """Draft tokens the verifier accepted at this step; a trace written before the record had
+    `accepted` counts its emitted tokens less the bonus (too few where a stop cut them)."""
+    return record.get("accepted", len(record["accepted_tokens"]) - 1)
+
+
+def title(record: dict, calls: str) -> str:
+    """The step, its drafter calls and acceptance, and, on the last step, why decoding ended
+    (a stop can emit fewer tokens than were accepted)."""
+    text = (
+        f"step {record['step']} · drafter per layer [{calls}] · accepted {accepted_count(record)}"
+    )
+    finish = record.get("finish_reason")
+    if finish:
+        text += f" · ended by {finish}, emitted {len(record['accepted_tokens'])}"
+    return text
 
 
 def _draw_node(ax, n: dict, xy: tuple[float, float]) -> None:
