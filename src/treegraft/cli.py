@@ -425,7 +425,7 @@ def trace_render(
         record = chosen[0]
     else:
         record = max(records, key=lambda r: (accepted_count(r), -r["step"]))
-    target = out or (files[0].parent / f"step-{record['step']:05d}.png")
+    target = out or check_image_path(files[0].parent / f"step-{record['step']:05d}.png")
     path = render_step(record, target, show_pruned=not hide_pruned)
     console.print(f"wrote {path}")
 

@@ -149,3 +149,14 @@ def test_trace_render_hide_pruned_keeps_the_root(tmp_path):
     step.write_text(json.dumps(_chain(4, parent=-1, kept=False)))
     code, err = render(step, "--hide-pruned")
     assert code == 0 and (tmp_path / "step-00000.png").exists(), err
+
+
+def test_trace_render_names_an_out_path_it_cannot_write(tmp_path):
+    _, files = traced_run(tmp_path)
+    (tmp_path / "afile").write_text("")
+    code, err = render(files[0], "--out", tmp_path / "afile" / "tree.png")
+    assert code == 2 and "internal error" not in err, err
+    assert (
+        f"--out: cannot write {tmp_path / 'afile' / 'tree.png'}: {tmp_path / 'afile'} is a file; "
+        "expected a directory" in err
+    )
