@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 
 import pytest
 from typer.testing import CliRunner
@@ -160,3 +161,13 @@ def test_trace_render_names_an_out_path_it_cannot_write(tmp_path):
         f"--out: cannot write {tmp_path / 'afile' / 'tree.png'}: {tmp_path / 'afile'} is a file; "
         "expected a directory" in err
     )
+
+
+def test_trace_render_gives_a_root_only_step_room_for_title_and_legend(tmp_path):
+    step = tmp_path / "step-00000.json"
+    step.write_text(json.dumps(_chain(1, parent=-1, kept=True) | {"drafters": ["weak:ngram"]}))
+    code, err = render(step)
+    assert code == 0 and "warning" not in err, err  # was: 'Tight layout not applied', clipped
+    header = (tmp_path / "step-00000.png").read_bytes()[16:24]
+    width, _ = struct.unpack(">II", header)
+    assert width > 1000  # the 2.2-inch figure was 286 pixels wide, title and legend cut off

@@ -7,6 +7,8 @@ from pathlib import Path
 #: One colour per drafter index (cheapest first); the root is grey.
 PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860")
 ROOT_COLOUR = "#9E9E9E"
+#: the narrowest figure, in inches: room for the title and the legend right of the tree
+MIN_WIDTH = 9.0
 #: the image formats `render_step` writes, by file suffix
 FORMATS = (".png", ".svg", ".pdf")
 
@@ -88,7 +90,9 @@ def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
     keep_ids = {n["id"] for n in nodes}
     pos = layout(record["nodes"])
     rows = max((y for _, y in pos.values()), default=0) + 1
-    fig, ax = plt.subplots(figsize=(2.2 + 1.9 * max(n["depth"] for n in nodes), 0.8 + 0.42 * rows))
+    depth = max(n["depth"] for n in nodes)
+    # never narrower than the title and the legend beside the tree need (a shallow tree too)
+    fig, ax = plt.subplots(figsize=(max(2.2 + 1.9 * depth, MIN_WIDTH), 0.8 + 0.42 * rows))
     for n in nodes:
         if n["parent"] >= 0 and n["parent"] in keep_ids:
             (x0, y0), (x1, y1) = pos[n["parent"]], pos[n["id"]]
@@ -103,7 +107,7 @@ def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
     for n in nodes:
         _draw_node(ax, n, pos[n["id"]])
     ax.set_xlabel("depth")
-    ax.set_xticks(range(max(n["depth"] for n in nodes) + 1))
+    ax.set_xticks(range(depth + 1))
     ax.margins(x=0.08, y=0.15)
     ax.set_yticks([])
     ax.invert_yaxis()
@@ -144,7 +148,7 @@ def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
     ax.set_title(title(record, calls), fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=130)
+    fig.savefig(out, dpi=130, bbox_inches="tight")
     plt.close(fig)
     return out
 
