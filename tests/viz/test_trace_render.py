@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tests.core.test_trace import traced_run
 from treegraft.cli import app
-from treegraft.viz.trace_render import layout, title
+from treegraft.viz.trace_render import layout, render_step, title
 
 
 def test_trace_render_draws_a_png(tmp_path):
@@ -171,3 +171,17 @@ def test_trace_render_gives_a_root_only_step_room_for_title_and_legend(tmp_path)
     header = (tmp_path / "step-00000.png").read_bytes()[16:24]
     width, _ = struct.unpack(">II", header)
     assert width > 1000  # the 2.2-inch figure was 286 pixels wide, title and legend cut off
+
+
+def test_render_step_draws_a_big_tree_as_a_few_collections(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    record = _chain(300, parent=-1)
+    for node in record["nodes"][2:]:  # a wide tree: the rest hang off node 1, some rescored
+        node.update(parent=1, depth=2, scorer=node["id"] % 2)
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    render_step(record, tmp_path / "wide.png")
+    (ax,) = figures[0].axes
+    # one scatter of nodes, one of rescoring diamonds, two of edges; was one artist per node
+    assert len(ax.collections) + len(ax.lines) == 4

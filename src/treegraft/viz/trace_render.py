@@ -93,19 +93,8 @@ def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
     depth = max(n["depth"] for n in nodes)
     # never narrower than the title and the legend beside the tree need (a shallow tree too)
     fig, ax = plt.subplots(figsize=(max(2.2 + 1.9 * depth, MIN_WIDTH), 0.8 + 0.42 * rows))
-    for n in nodes:
-        if n["parent"] >= 0 and n["parent"] in keep_ids:
-            (x0, y0), (x1, y1) = pos[n["parent"]], pos[n["id"]]
-            accepted = n["accepted"]
-            ax.plot(
-                [x0, x1],
-                [y0, y1],
-                color="black" if accepted else "#BBBBBB",
-                lw=2.6 if accepted else 0.9,
-                zorder=1,
-            )
-    for n in nodes:
-        _draw_node(ax, n, pos[n["id"]])
+    _draw_edges(ax, [n for n in nodes if n["parent"] in keep_ids], pos)
+    _draw_nodes(ax, nodes, pos)
     ax.set_xlabel("depth")
     ax.set_xticks(range(depth + 1))
     ax.margins(x=0.08, y=0.15)
@@ -146,7 +135,6 @@ def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
     )
     calls = ", ".join(str(c) for c in record.get("calls", []))
     ax.set_title(title(record, calls), fontsize=10)
-    fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=130, bbox_inches="tight")
     plt.close(fig)
@@ -171,22 +159,49 @@ def title(record: dict, calls: str) -> str:
     return text
 
 
-def _draw_node(ax, n: dict, xy: tuple[float, float]) -> None:
-    x, y = xy
-    colour = ROOT_COLOUR if n["parent"] < 0 else PALETTE[n["proposer"] % len(PALETTE)]
-    rescored = n["scorer"] != n["proposer"] and n["parent"] >= 0
-    face = colour if n["kept"] else "white"
+def _draw_edges(ax, nodes: list[dict], pos: dict[int, tuple[float, float]]) -> None:
+    """Each node's edge to its parent, in two collections (the accepted path drawn heavy)."""
+    from matplotlib.collections import LineCollection
+
+    for accepted, colour, width in ((False, "#BBBBBB", 0.9), (True, "black", 2.6)):
+        segments = [(pos[n["parent"]], pos[n["id"]]) for n in nodes if n["accepted"] == accepted]
+        ax.add_collection(LineCollection(segments, colors=colour, linewidths=width, zorder=1))
+
+
+def _draw_nodes(ax, nodes: list[dict], pos: dict[int, tuple[float, float]]) -> None:
+    """All the nodes in one scatter (one per rescoring marker), then their labels: a tree of
+    thousands of nodes draws in seconds, not one artist per marker."""
+    colours = [ROOT_COLOUR if n["parent"] < 0 else _colour(n["proposer"]) for n in nodes]
+    xs, ys = zip(*(pos[n["id"]] for n in nodes), strict=True)
     ax.scatter(
-        [x],
-        [y],
+        xs,
+        ys,
         s=160,
-        color=face,
-        edgecolors="black" if n["accepted"] else colour,
-        linewidths=2.2 if n["accepted"] else 1.2,
+        c=[c if n["kept"] else "white" for n, c in zip(nodes, colours, strict=True)],
+        edgecolors=["black" if n["accepted"] else c for n, c in zip(nodes, colours, strict=True)],
+        linewidths=[2.2 if n["accepted"] else 1.2 for n in nodes],
         zorder=3,
     )
+    rescored = [n for n in nodes if n["scorer"] != n["proposer"] and n["parent"] >= 0]
     if rescored:
-        ax.scatter([x], [y], s=30, color=PALETTE[n["scorer"] % len(PALETTE)], zorder=4, marker="D")
+        ax.scatter(
+            [pos[n["id"]][0] for n in rescored],
+            [pos[n["id"]][1] for n in rescored],
+            s=30,
+            c=[_colour(n["scorer"]) for n in rescored],
+            zorder=4,
+            marker="D",
+        )
+    for n in nodes:
+        _label_node(ax, n, pos[n["id"]])
+
+
+def _colour(drafter: int) -> str:
+    return PALETTE[drafter % len(PALETTE)]
+
+
+def _label_node(ax, n: dict, xy: tuple[float, float]) -> None:
+    x, y = xy
     ax.annotate(
         label(n),
         (x, y),
