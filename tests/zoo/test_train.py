@@ -13,6 +13,7 @@ import yaml
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from treegraft.core.errors import ArgumentError
 from treegraft.zoo import ZOO_DIR
 from treegraft.zoo.corpus import CorpusConfig, build_corpus
 from treegraft.zoo.recipe import RecipeError, load_recipe
@@ -71,6 +72,11 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path: Path, corpus: Path) -> N
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
     log = (tmp_path / "resumed" / "tiny" / "train.log").read_text()
     assert "resumed tiny at step 3" in log and "step 6/6" in log
+    # a finished run started again without --resume is refused, its checkpoint kept
+    before = (tmp_path / "resumed" / "tiny" / CHECKPOINT_FILE).read_bytes()
+    with pytest.raises(ArgumentError, match=r"^--resume: .* holds an earlier run's checkpoint"):
+        train(recipe, runs=tmp_path / "resumed", max_steps=1)
+    assert (tmp_path / "resumed" / "tiny" / CHECKPOINT_FILE).read_bytes() == before
 
 
 def test_export_is_loadable_with_tokenizer_and_record(tmp_path: Path, corpus: Path) -> None:
