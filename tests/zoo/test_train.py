@@ -152,6 +152,25 @@ def test_cli_train_then_export(tmp_path: Path, corpus: Path) -> None:
     assert (tmp_path / "models" / "m" / "model.safetensors").is_file()
 
 
+def test_export_names_a_dest_file_and_a_damaged_checkpoint(tmp_path: Path, corpus: Path) -> None:
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    recipe = write_recipe(tmp_path / "r.yaml", corpus)
+    args = ["zoo", "export", "--recipe", str(recipe), "--runs", str(tmp_path / "runs")]
+    train(load_recipe(recipe), runs=tmp_path / "runs", max_steps=1)
+    (tmp_path / "afile").write_text("")
+    result = CliRunner().invoke(app, [*args, "--dest", str(tmp_path / "afile")])
+    assert result.exit_code == 2, result.output
+    assert f"--dest: {tmp_path / 'afile'} is a file; expected a directory" in result.stderr
+    ckpt = tmp_path / "runs" / "tiny" / CHECKPOINT_FILE
+    ckpt.write_bytes(ckpt.read_bytes()[:100])  # truncated
+    result = CliRunner().invoke(app, [*args, "--dest", str(tmp_path / "models")])
+    assert result.exit_code == 2 and "internal error" not in result.stderr, result.output
+    assert f"export: cannot continue from {ckpt}: " in result.stderr
+
+
 def test_token_cache_follows_the_corpus(tmp_path: Path, tiny_config: CorpusConfig) -> None:
     from treegraft.zoo.corpus import CORPUS_FILE
     from treegraft.zoo.train import load_tokens

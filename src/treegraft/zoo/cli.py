@@ -283,10 +283,13 @@ def export_cmd(
     ),
 ) -> None:
     """Export a run's latest checkpoint in Hugging Face format (bf16 weights + tokenizer)."""
+    from treegraft.core.inputs import check_output_dir
     from treegraft.zoo import MODELS_DIR
     from treegraft.zoo.recipe import load_recipe, recipe_errors
     from treegraft.zoo.train import export_run
 
+    if dest is not None:  # before the checkpoint loads: a file there fails at once
+        check_output_dir(dest, "--dest")
     with recipe_errors(recipe):
         paths = export_run(load_recipe(recipe), dest or MODELS_DIR, runs=runs.expanduser())
     for path in paths:

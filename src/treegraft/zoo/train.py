@@ -325,9 +325,9 @@ def check_fresh_start(ckpt: Path, resume: bool) -> None:
 
 
 @contextlib.contextmanager
-def resume_errors(ckpt: Path) -> Iterator[None]:
-    """A checkpoint `--resume` cannot load (written for other model sizes, or damaged) is an
-    `ArgumentError` naming it, not a raw loading error."""
+def resume_errors(ckpt: Path, what: str = "--resume") -> Iterator[None]:
+    """A checkpoint `--resume` (or `what`) cannot load (written for other model sizes, or
+    damaged) is an `ArgumentError` naming it, not a raw loading error."""
     from treegraft.core.errors import ArgumentError
 
     try:
@@ -335,7 +335,7 @@ def resume_errors(ckpt: Path) -> Iterator[None]:
     except (RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError) as exc:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise ArgumentError(
-            f"--resume: cannot continue from {ckpt}: {reason}; it was written by a recipe with "
+            f"{what}: cannot continue from {ckpt}: {reason}; it was written by a recipe with "
             f"other model settings, or is damaged: restore that recipe, or delete {ckpt.parent} "
             "to start over"
         ) from None
@@ -562,7 +562,8 @@ def export_run(recipe: Recipe, dest: Path, *, runs: Path = DEFAULT_RUNS_DIR) -> 
             f"this recipe first (`treegraft zoo train --recipe ... --runs {runs}`)"
         )
     state, _, valid = prepare(recipe)
-    load_checkpoint(state, ckpt)
+    with resume_errors(ckpt, "export"):
+        load_checkpoint(state, ckpt)
     if not state.valid_losses:
         state.valid_losses = evaluate(state.models, valid, recipe)
     return export_models(state, recipe, dest)
