@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tests.core.test_trace import traced_run
 from treegraft.cli import app
-from treegraft.viz.trace_render import layout, render_step, title
+from treegraft.viz.trace_render import label, layout, render_step, title
 
 
 def test_trace_render_draws_a_png(tmp_path):
@@ -185,3 +185,14 @@ def test_render_step_draws_a_big_tree_as_a_few_collections(tmp_path, monkeypatch
     (ax,) = figures[0].axes
     # one scatter of nodes, one of rescoring diamonds, two of edges; was one artist per node
     assert len(ax.collections) + len(ax.lines) == 4
+
+
+def test_trace_render_draws_dollar_tokens_as_text(tmp_path):
+    record = _chain(4, parent=-1) | {"drafters": ["weak $x^$"]}
+    for node, text in zip(record["nodes"][1:], ["$$", "${x^}", "$\\frac"], strict=True):
+        node["text"] = text  # shell and LaTeX tokens: were parsed as matplotlib math
+    step = tmp_path / "step-00000.json"
+    step.write_text(json.dumps(record))
+    code, err = render(step, "--out", tmp_path / "t.png")
+    assert code == 0 and (tmp_path / "t.png").exists(), err  # was: internal error: ValueError: $$
+    assert label({"text": "$x$"}) == r"\$x\$"

@@ -74,7 +74,13 @@ def label(node: dict) -> str:
     text = node.get("text")
     if text is None:
         return str(node["token"])
-    return repr(text)[1:-1].replace(" ", "\u2423")[:12] or "\u2205"
+    return plain(repr(text)[1:-1].replace(" ", "\u2423")[:12] or "\u2205")
+
+
+def plain(text: str) -> str:
+    """`text` drawn as written: each `$` escaped, so a token such as `$x$` or `$$` is not read
+    as matplotlib math (which drew it as a formula, or failed the whole render)."""
+    return text.replace("$", r"\$")
 
 
 def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
@@ -104,7 +110,9 @@ def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
         ax.spines[side].set_visible(False)
     names = record.get("drafters") or []
     handles = [
-        Line2D([], [], marker="o", ls="", color=PALETTE[i % len(PALETTE)], label=f"{i}: {name}")
+        Line2D(
+            [], [], marker="o", ls="", color=PALETTE[i % len(PALETTE)], label=plain(f"{i}: {name}")
+        )
         for i, name in enumerate(names)
     ]
     handles.append(
