@@ -67,8 +67,23 @@ def render(*args):
             lambda t: _edit_node(t, 1, depth="2"),
             r"not a complete trace step: nodes\[1\]: depth='2' of the wrong type",
         ),
+        (
+            lambda t: _edit(t, calls=5),
+            r"not a complete trace step: 'calls' must be a list of drafter indices, got 5",
+        ),
+        (
+            lambda t: _edit(t, drafters="ab"),
+            r"not a complete trace step: 'drafters' must be a list of names, got 'ab'",
+        ),
+        (
+            lambda t: _edit_node(t, 1, text=7),
+            r"not a complete trace step: nodes\[1\]: text=7 of the wrong type",
+        ),
     ],
-    ids=["truncated", "not-utf8", "list", "no-nodes", "no-accepted", "bad-parent", "bad-depth"],
+    ids=[
+        *("truncated", "not-utf8", "list", "no-nodes", "no-accepted", "bad-parent", "bad-depth"),
+        *("bad-calls", "bad-drafters", "bad-text"),
+    ],
 )
 def test_trace_render_names_a_damaged_step_file(tmp_path, damage, message):
     _, files = traced_run(tmp_path)
@@ -85,8 +100,12 @@ def _without(text: bytes, key: str) -> bytes:
     return json.dumps(record).encode()
 
 
-def _edit_node(text: bytes, i: int, **changes) -> bytes:
-    record = json.loads(text)
+def _edit(text: bytes, **changes) -> bytes:
+    return json.dumps(json.loads(text) | changes).encode()
+
+
+def _edit_node(data: bytes, i: int, **changes) -> bytes:
+    record = json.loads(data)
     record["nodes"][i].update(changes)
     return json.dumps(record).encode()
 

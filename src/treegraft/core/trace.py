@@ -156,6 +156,10 @@ def step_problem(record: dict) -> str | None:
         return "'step' must be an int and 'accepted_tokens' a list"
     if not isinstance(record.get("accepted", 0), int):
         return f"'accepted' must be an int (draft tokens accepted), got {record['accepted']!r}"
+    for key, kind, what in (("drafters", str, "names"), ("calls", int, "drafter indices")):
+        value = record.get(key, [])  # optional; drawn when present
+        if not isinstance(value, list) or not all(isinstance(v, kind) for v in value):
+            return f"{key!r} must be a list of {what}, got {value!r}"[:200]
     nodes = record["nodes"]
     if not isinstance(nodes, list) or not nodes:
         return "'nodes' must be a non-empty list of node objects"
@@ -171,6 +175,8 @@ def step_problem(record: dict) -> str | None:
         if (parent < 0) != (i == 0):
             return f"nodes[{i}]: only the first node (the root) has no parent"
         wrong = [k for k, kind in NODE_TYPES.items() if not isinstance(node[k], kind)]
+        if not isinstance(node.get("text"), str | None):
+            wrong.append("text")
         if wrong:
             return f"nodes[{i}]: {', '.join(f'{k}={node[k]!r}' for k in wrong)} of the wrong type"
     return None
