@@ -51,6 +51,21 @@ def build_corpus_cmd(
     typer.echo(f"{manifest['documents']} documents, {manifest['characters']:,} characters -> {out}")
 
 
+def corpus_option(corpus: Path) -> Path:
+    """The `--corpus` folder (or its corpus.jsonl), checked before any work: one without the
+    corpus file fails naming the option and how to build it."""
+    from treegraft.console import fail
+    from treegraft.zoo.corpus import CORPUS_FILE
+
+    path = corpus.expanduser()
+    if not (path / CORPUS_FILE).is_file() and not (path.is_file() and path.suffix == ".jsonl"):
+        fail(
+            f"--corpus: {corpus} holds no {CORPUS_FILE}; expected a corpus folder: build one "
+            f"with `treegraft zoo build-corpus --out {corpus}`"
+        )
+    return path
+
+
 @app.command("build-tokenizer")
 def build_tokenizer_cmd(
     corpus: Annotated[Path, typer.Option(help="Corpus directory.")] = Path(
@@ -65,9 +80,8 @@ def build_tokenizer_cmd(
     from treegraft.zoo.corpus import read_corpus
     from treegraft.zoo.tokenizer import train_tokenizer
 
-    dest = train_tokenizer(
-        (d.text for d in read_corpus(corpus.expanduser())), out or tokenizer_path()
-    )
+    texts = (d.text for d in read_corpus(corpus_option(corpus)))
+    dest = train_tokenizer(texts, out or tokenizer_path())
     typer.echo(f"tokenizer -> {dest}")
 
 
@@ -82,13 +96,15 @@ def token_counts_cmd(
     ] = None,
 ) -> None:
     """Count the zoo tokenizer's tokens on the corpus (ranks the vocabulary for `hf_lm`'s `head`)."""
+    from treegraft.core.inputs import prepare_output_file
     from treegraft.zoo.corpus import read_corpus
     from treegraft.zoo.token_counts import count_tokens, save_counts, zoo_counts_path
     from treegraft.zoo.tokenizer import load_tokenizer
 
+    source = corpus_option(corpus)
+    dest = prepare_output_file(out, "--out") if out is not None else zoo_counts_path()
     tok = load_tokenizer()
-    counts = count_tokens((d.text for d in read_corpus(corpus.expanduser())), tok, len(tok))
-    dest = out or zoo_counts_path()
+    counts = count_tokens((d.text for d in read_corpus(source)), tok, len(tok))
     save_counts(dest, counts, source="the zoo training corpus (treegraft zoo build-corpus)")
     typer.echo(f"{int(counts.sum()):,} tokens, {int((counts > 0).sum())} ids seen -> {dest}")
 
