@@ -319,6 +319,8 @@ def fetch_cmd(
     ] = None,
 ) -> None:
     """Fetch, convert and cache real models (`zoo:smollm2`, ...) now; without names, list them."""
+    import difflib
+
     from treegraft.zoo import remote
 
     if not names:
@@ -332,8 +334,11 @@ def fetch_cmd(
     for ref in names:
         name = ref.removeprefix("zoo:")
         if name not in remote.names():
+            close = difflib.get_close_matches(name, remote.names(), n=2)
+            hint = f"; did you mean {' or '.join(f'zoo:{c}' for c in close)}?" if close else ""
             raise typer.BadParameter(
-                f"{ref!r} is not a fetched model; expected one of: {', '.join(remote.names())}"
+                f"{ref!r} is not a fetched model; expected one of: "
+                f"{', '.join(remote.names())}{hint}"
             )
         try:
             typer.echo(str(remote.ensure(name)))
