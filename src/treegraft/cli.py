@@ -406,7 +406,7 @@ def trace_render(
 ) -> None:
     """Draw one step's draft tree: colours per drafter, accepted path in black, pruned nodes hollow."""
     from treegraft.core.trace import load_step
-    from treegraft.viz.trace_render import check_image_path, render_step
+    from treegraft.viz.trace_render import accepted_count, check_image_path, render_step
 
     if out is not None:  # before any file is read or drawn
         check_image_path(out)
@@ -424,8 +424,8 @@ def trace_render(
             )
         record = chosen[0]
     else:
-        record = max(records, key=lambda r: (len(r["accepted_tokens"]), -r["step"]))
-    target = out or (files[0].parent / f"step-{record['step']:05d}.png")
+        record = max(records, key=lambda r: (accepted_count(r), -r["step"]))
+    target = out or check_image_path(files[0].parent / f"step-{record['step']:05d}.png")
     path = render_step(record, target, show_pruned=not hide_pruned)
     console.print(f"wrote {path}")
 

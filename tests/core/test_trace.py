@@ -44,3 +44,20 @@ def test_trace_records_every_node_and_the_accepted_path(tmp_path):
         assert record["drafters"] == ["weak:ngram", "strong:hf_lm"]
     # layer 1 called the LM, which rescored: some node was proposed by one drafter, scored by the other
     assert any(n["scorer"] != n["proposer"] for f in files for n in load_step(f)["nodes"][1:])
+
+
+def test_trace_records_the_accepted_count_and_finish_of_a_cut_step(tmp_path):
+    res = memory_resources(
+        target=tiny_llama(seed=1),
+        draft=tiny_llama(seed=2, hidden=16, layers=1, heads=2, kv_heads=1),
+    )
+    pipe = load_pipeline(SPEC, resources=res)
+    writer = TraceWriter.create(tmp_path, pipe)
+    events = list(pipe.steps(repetitive_prompt(3, 12), max_new_tokens=10))
+    records = [load_step(writer.write(e)) for e in events]
+    last = records[-1]
+    # the last step accepted 3 drafts but the length limit let only one token out
+    assert (last["accepted"], last["accepted_tokens"], last["finish_reason"]) == (3, [8], "length")
+    assert sum(n["accepted"] for n in last["nodes"]) == last["accepted"] + 1
+    assert [r["accepted"] for r in records] == [e.accepted for e in events]
+    assert [r["finish_reason"] for r in records[:-1]] == [None] * (len(records) - 1)

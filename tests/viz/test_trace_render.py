@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 
 import pytest
 from typer.testing import CliRunner
 
 from tests.core.test_trace import traced_run
 from treegraft.cli import app
+from treegraft.viz.trace_render import label, layout, render_step, title
 
 
 def test_trace_render_draws_a_png(tmp_path):
@@ -65,8 +67,23 @@ def render(*args):
             lambda t: _edit_node(t, 1, depth="2"),
             r"not a complete trace step: nodes\[1\]: depth='2' of the wrong type",
         ),
+        (
+            lambda t: _edit(t, calls=5),
+            r"not a complete trace step: 'calls' must be a list of drafter indices, got 5",
+        ),
+        (
+            lambda t: _edit(t, drafters="ab"),
+            r"not a complete trace step: 'drafters' must be a list of names, got 'ab'",
+        ),
+        (
+            lambda t: _edit_node(t, 1, text=7),
+            r"not a complete trace step: nodes\[1\]: text=7 of the wrong type",
+        ),
     ],
-    ids=["truncated", "not-utf8", "list", "no-nodes", "no-accepted", "bad-parent", "bad-depth"],
+    ids=[
+        *("truncated", "not-utf8", "list", "no-nodes", "no-accepted", "bad-parent", "bad-depth"),
+        *("bad-calls", "bad-drafters", "bad-text"),
+    ],
 )
 def test_trace_render_names_a_damaged_step_file(tmp_path, damage, message):
     _, files = traced_run(tmp_path)
@@ -83,8 +100,12 @@ def _without(text: bytes, key: str) -> bytes:
     return json.dumps(record).encode()
 
 
-def _edit_node(text: bytes, i: int, **changes) -> bytes:
-    record = json.loads(text)
+def _edit(text: bytes, **changes) -> bytes:
+    return json.dumps(json.loads(text) | changes).encode()
+
+
+def _edit_node(data: bytes, i: int, **changes) -> bytes:
+    record = json.loads(data)
     record["nodes"][i].update(changes)
     return json.dumps(record).encode()
 
@@ -113,3 +134,84 @@ def test_trace_render_names_a_missing_folder(tmp_path):
     code, err = render(tmp_path / "nothere")
     assert code == 2, err
     assert f"{tmp_path / 'nothere'}: no such trace folder or step file" in err
+
+
+def test_trace_render_titles_a_cut_step_by_its_accepted_count(tmp_path):
+    _, files = traced_run(tmp_path)
+    record = json.loads(files[-1].read_text())
+    record.update(accepted=3, accepted_tokens=[8], finish_reason="length")
+    assert title(record, "0, 1").endswith("accepted 3 · ended by length, emitted 1")
+    del record["accepted"], record["finish_reason"]  # a trace written before these keys
+    assert title(record, "0, 1").endswith("· accepted 0")
+    record["accepted"] = "3"
+    files[-1].write_text(json.dumps(record))
+    code, err = render(files[-1])
+    assert code == 2 and "'accepted' must be an int (draft tokens accepted), got '3'" in err
+
+
+def _chain(n: int, **root) -> dict:
+    nodes = [
+        {"id": i, "parent": i - 1, "token": i, "text": None, "depth": i, "score": -i, "proposer": 0}
+        | {"scorer": 0, "kept": i < 3, "accepted": i < 2, "edge_logp": -1.0}
+        for i in range(n)
+    ]
+    nodes[0].update(root)
+    return {"version": 1, "step": 0, "accepted_tokens": [1, 2], "nodes": nodes}
+
+
+def test_layout_places_a_chain_deeper_than_the_recursion_limit():
+    pos = layout(_chain(5000, parent=-1)["nodes"])
+    assert pos[4999] == (4999.0, 0.0) and len(pos) == 5000
+
+
+def test_trace_render_hide_pruned_keeps_the_root(tmp_path):
+    step = tmp_path / "step-00000.json"
+    step.write_text(json.dumps(_chain(4, parent=-1, kept=False)))
+    code, err = render(step, "--hide-pruned")
+    assert code == 0 and (tmp_path / "step-00000.png").exists(), err
+
+
+def test_trace_render_names_an_out_path_it_cannot_write(tmp_path):
+    _, files = traced_run(tmp_path)
+    (tmp_path / "afile").write_text("")
+    code, err = render(files[0], "--out", tmp_path / "afile" / "tree.png")
+    assert code == 2 and "internal error" not in err, err
+    assert (
+        f"--out: cannot write {tmp_path / 'afile' / 'tree.png'}: {tmp_path / 'afile'} is a file; "
+        "expected a directory" in err
+    )
+
+
+def test_trace_render_gives_a_root_only_step_room_for_title_and_legend(tmp_path):
+    step = tmp_path / "step-00000.json"
+    step.write_text(json.dumps(_chain(1, parent=-1, kept=True) | {"drafters": ["weak:ngram"]}))
+    code, err = render(step)
+    assert code == 0 and "warning" not in err, err  # was: 'Tight layout not applied', clipped
+    header = (tmp_path / "step-00000.png").read_bytes()[16:24]
+    width, _ = struct.unpack(">II", header)
+    assert width > 1000  # the 2.2-inch figure was 286 pixels wide, title and legend cut off
+
+
+def test_render_step_draws_a_big_tree_as_a_few_collections(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    record = _chain(300, parent=-1)
+    for node in record["nodes"][2:]:  # a wide tree: the rest hang off node 1, some rescored
+        node.update(parent=1, depth=2, scorer=node["id"] % 2)
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    render_step(record, tmp_path / "wide.png")
+    (ax,) = figures[0].axes
+    # one scatter of nodes, one of rescoring diamonds, two of edges; was one artist per node
+    assert len(ax.collections) + len(ax.lines) == 4
+
+
+def test_trace_render_draws_dollar_tokens_as_text(tmp_path):
+    record = _chain(4, parent=-1) | {"drafters": ["weak $x^$"]}
+    for node, text in zip(record["nodes"][1:], ["$$", "${x^}", "$\\frac"], strict=True):
+        node["text"] = text  # shell and LaTeX tokens: were parsed as matplotlib math
+    step = tmp_path / "step-00000.json"
+    step.write_text(json.dumps(record))
+    code, err = render(step, "--out", tmp_path / "t.png")
+    assert code == 0 and (tmp_path / "t.png").exists(), err  # was: internal error: ValueError: $$
+    assert label({"text": "$x$"}) == r"\$x\$"

@@ -270,6 +270,9 @@ def test_zoo_fetch_command_fetches_lists_and_reports_errors(fake_remote, tmp_pat
     failed = run(app, ["zoo", "fetch", "fake-other"])
     assert failed.exit_code == 2 and "cannot fetch zoo:fake-other" in failed.stderr
     assert run(app, ["zoo", "fetch", "target"]).exit_code == 2
+    typo = run(app, ["zoo", "fetch", "zoo:fake-tin"])  # was: no hint, only the full list
+    shown = " ".join(typo.stderr.replace("│", " ").split())  # the message box wraps it
+    assert typo.exit_code == 2 and "; did you mean zoo:fake-tiny or zoo:fake-other?" in shown, shown
     # a model built from files made here: listed with the command, and refused until they exist
     assert (
         "zoo:smollm2-draft\tnot built: its files are made here, by `treegraft zoo distil-exit"

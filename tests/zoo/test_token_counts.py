@@ -37,3 +37,25 @@ def test_the_cli_counts_the_zoo_tokenizer_on_a_corpus(tmp_path: Path) -> None:
     assert counts.sum() % 3 == 0 and (counts % 3 == 0).all()  # three equal documents
     assert int(counts.sum()) > 0 and str(out) in result.output
     assert np.count_nonzero(counts) < 30
+
+
+def test_the_cli_names_a_missing_corpus_and_an_unwritable_out(tmp_path: Path) -> None:
+    from treegraft.cli import app as main_app
+
+    args = ["zoo", "token-counts", "--out", str(tmp_path / "c.json")]
+    result = CliRunner().invoke(main_app, [*args, "--corpus", str(tmp_path / "none")])
+    assert result.exit_code == 2, result.output
+    assert (  # was: '/.../none: No such file or directory', naming no option
+        f"--corpus: {tmp_path / 'none'} holds no corpus.jsonl; expected a corpus folder: build "
+        f"one with `treegraft zoo build-corpus --out {tmp_path / 'none'}`"
+    ) in result.stderr
+    tokenizer = ["zoo", "build-tokenizer", "--out", str(tmp_path / "tok")]
+    result = CliRunner().invoke(main_app, [*tokenizer, "--corpus", str(tmp_path / "none")])
+    assert result.exit_code == 2 and "--corpus: " in result.stderr, result.output
+    (tmp_path / "corpus.jsonl").write_text('{"key": "k", "kind": "task", "text": "x"}\n')
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" / "c.json"
+    result = CliRunner().invoke(
+        main_app, ["zoo", "token-counts", "--corpus", str(tmp_path), "--out", str(out)]
+    )
+    assert result.exit_code == 2 and f"--out: cannot write {out}: " in result.stderr, result.output

@@ -13,6 +13,7 @@ import yaml
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from treegraft.core.errors import ArgumentError
 from treegraft.zoo import ZOO_DIR
 from treegraft.zoo.corpus import CorpusConfig, build_corpus
 from treegraft.zoo.recipe import RecipeError, load_recipe
@@ -71,6 +72,11 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path: Path, corpus: Path) -> N
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
     log = (tmp_path / "resumed" / "tiny" / "train.log").read_text()
     assert "resumed tiny at step 3" in log and "step 6/6" in log
+    # a finished run started again without --resume is refused, its checkpoint kept
+    before = (tmp_path / "resumed" / "tiny" / CHECKPOINT_FILE).read_bytes()
+    with pytest.raises(ArgumentError, match=r"^--resume: .* holds an earlier run's checkpoint"):
+        train(recipe, runs=tmp_path / "resumed", max_steps=1)
+    assert (tmp_path / "resumed" / "tiny" / CHECKPOINT_FILE).read_bytes() == before
 
 
 def test_export_is_loadable_with_tokenizer_and_record(tmp_path: Path, corpus: Path) -> None:
@@ -144,6 +150,25 @@ def test_cli_train_then_export(tmp_path: Path, corpus: Path) -> None:
     result = runner.invoke(app, ["export", *args, "--dest", str(tmp_path / "models")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "models" / "m" / "model.safetensors").is_file()
+
+
+def test_export_names_a_dest_file_and_a_damaged_checkpoint(tmp_path: Path, corpus: Path) -> None:
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    recipe = write_recipe(tmp_path / "r.yaml", corpus)
+    args = ["zoo", "export", "--recipe", str(recipe), "--runs", str(tmp_path / "runs")]
+    train(load_recipe(recipe), runs=tmp_path / "runs", max_steps=1)
+    (tmp_path / "afile").write_text("")
+    result = CliRunner().invoke(app, [*args, "--dest", str(tmp_path / "afile")])
+    assert result.exit_code == 2, result.output
+    assert f"--dest: {tmp_path / 'afile'} is a file; expected a directory" in result.stderr
+    ckpt = tmp_path / "runs" / "tiny" / CHECKPOINT_FILE
+    ckpt.write_bytes(ckpt.read_bytes()[:100])  # truncated
+    result = CliRunner().invoke(app, [*args, "--dest", str(tmp_path / "models")])
+    assert result.exit_code == 2 and "internal error" not in result.stderr, result.output
+    assert f"export: cannot continue from {ckpt}: " in result.stderr
 
 
 def test_token_cache_follows_the_corpus(tmp_path: Path, tiny_config: CorpusConfig) -> None:

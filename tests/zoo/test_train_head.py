@@ -201,3 +201,58 @@ def test_top_tokens_above_the_targets_vocabulary_is_refused(tmp_path, corpus, te
         f"'{teacher}' ({VOCAB} tokens), or null for all of it, got 100000"
     ) in result.stderr
     assert not (tmp_path / "runs" / "tiny-head" / CHECKPOINT_FILE).exists()
+
+
+def test_a_corpus_folder_without_the_corpus_is_named(tmp_path, teacher):
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    path = write_recipe(tmp_path / "r.yaml", tmp_path / "nocorpus", teacher)
+    args = ["zoo", "train-head", "--recipe", str(path), "--runs", str(tmp_path / "runs")]
+    result = CliRunner().invoke(app, [*args, "--max-steps", "1"])
+    assert result.exit_code == 2, result.output
+    assert (
+        f"{path}: recipe.corpus: {tmp_path / 'nocorpus'} holds no corpus.jsonl; expected a corpus "
+        f"folder: build one with `treegraft zoo build-corpus --out {tmp_path / 'nocorpus'}`"
+    ) in result.stderr
+
+
+def test_a_run_without_resume_does_not_overwrite_an_earlier_checkpoint(tmp_path, corpus, teacher):
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    path = write_recipe(tmp_path / "r.yaml", corpus, teacher)
+    args = ["zoo", "train-head", "--recipe", str(path), "--runs", str(tmp_path / "runs")]
+    assert CliRunner().invoke(app, [*args, "--max-steps", "2"]).exit_code == 0
+    ckpt = tmp_path / "runs" / "tiny-head" / CHECKPOINT_FILE
+    before = ckpt.read_bytes()
+    result = CliRunner().invoke(app, [*args, "--max-steps", "1"])  # --resume forgotten
+    assert result.exit_code == 2, result.output
+    assert (
+        f"--resume: {ckpt.parent} holds an earlier run's checkpoint ({CHECKPOINT_FILE}); "
+        "pass --resume to continue it"
+    ) in result.stderr
+    assert ckpt.read_bytes() == before  # was: restarted at step 0 and saved over it
+    result = CliRunner().invoke(app, [*args, "--max-steps", "1", "--resume"])
+    assert result.exit_code == 0 and "step 3, last loss" in result.stdout, result.output
+
+
+def test_resuming_with_other_model_settings_is_named(tmp_path, corpus, teacher):
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    runs = ["--runs", str(tmp_path / "runs"), "--max-steps", "1"]
+    path = write_recipe(tmp_path / "r.yaml", corpus, teacher)
+    assert (
+        CliRunner().invoke(app, ["zoo", "train-head", "--recipe", str(path), *runs]).exit_code == 0
+    )
+    path = write_recipe(tmp_path / "r.yaml", corpus, teacher, intermediate_size=24)
+    args = ["zoo", "train-head", "--recipe", str(path), *runs, "--resume"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "internal error" not in result.stderr, result.output
+    ckpt = tmp_path / "runs" / "tiny-head" / CHECKPOINT_FILE
+    assert f"--resume: cannot continue from {ckpt}: Error(s) in loading state_dict" in result.stderr
+    assert "written by a recipe with other model settings, or is damaged" in result.stderr

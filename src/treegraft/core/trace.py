@@ -2,7 +2,9 @@
 
 One file per step, `step-00000.json`, holding the unpruned tree the drafters built (every node,
 with its parent, token id and text, depth, score, edge log-prob, which drafter proposed it and
-which scored it last), which nodes survived the budget prune, and the accepted path.
+which scored it last), which nodes survived the budget prune, and the accepted path; with the
+tokens the step emitted (`accepted_tokens`: cut where decoding stopped), the draft tokens it
+accepted (`accepted`, counted before any cut) and, on the last step, its `finish_reason`.
 """
 
 from __future__ import annotations
@@ -92,6 +94,8 @@ def step_record(event: StepEvent, drafter_names: tuple[str, ...], decode: Any = 
         "drafters": list(drafter_names),
         "calls": list(built.calls),
         "accepted_tokens": list(event.tokens),
+        "accepted": int(event.accepted),
+        "finish_reason": event.finish_reason,
         "bonus": int(event.verdict.bonus),
         "times": dict(event.times),
         "nodes": nodes,
@@ -150,6 +154,12 @@ def step_problem(record: dict) -> str | None:
         return f"missing key(s) {', '.join(map(repr, missing))}; expected {', '.join(STEP_KEYS)}"
     if not isinstance(record["step"], int) or not isinstance(record["accepted_tokens"], list):
         return "'step' must be an int and 'accepted_tokens' a list"
+    if not isinstance(record.get("accepted", 0), int):
+        return f"'accepted' must be an int (draft tokens accepted), got {record['accepted']!r}"
+    for key, kind, what in (("drafters", str, "names"), ("calls", int, "drafter indices")):
+        value = record.get(key, [])  # optional; drawn when present
+        if not isinstance(value, list) or not all(isinstance(v, kind) for v in value):
+            return f"{key!r} must be a list of {what}, got {value!r}"[:200]
     nodes = record["nodes"]
     if not isinstance(nodes, list) or not nodes:
         return "'nodes' must be a non-empty list of node objects"
@@ -165,6 +175,8 @@ def step_problem(record: dict) -> str | None:
         if (parent < 0) != (i == 0):
             return f"nodes[{i}]: only the first node (the root) has no parent"
         wrong = [k for k, kind in NODE_TYPES.items() if not isinstance(node[k], kind)]
+        if not isinstance(node.get("text"), str | None):
+            wrong.append("text")
         if wrong:
             return f"nodes[{i}]: {', '.join(f'{k}={node[k]!r}' for k in wrong)} of the wrong type"
     return None

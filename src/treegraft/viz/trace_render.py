@@ -7,14 +7,18 @@ from pathlib import Path
 #: One colour per drafter index (cheapest first); the root is grey.
 PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860")
 ROOT_COLOUR = "#9E9E9E"
+#: the narrowest figure, in inches: room for the title and the legend right of the tree
+MIN_WIDTH = 9.0
 #: the image formats `render_step` writes, by file suffix
 FORMATS = (".png", ".svg", ".pdf")
 
 
 def check_image_path(path: Path, what: str = "--out") -> Path:
     """`path` names an image file `render_step` can write (a suffix of :data:`FORMATS`, not a
-    folder); otherwise an `ArgumentError` naming `what`, before anything is drawn."""
+    folder, in a folder that exists or can be created, and written); otherwise an
+    `ArgumentError` naming `what`, before anything is drawn. Nothing is created."""
     from treegraft.core.errors import ArgumentError
+    from treegraft.core.inputs import check_output_dir
 
     accepted = ", ".join(FORMATS)
     if path.is_dir():
@@ -24,30 +28,39 @@ def check_image_path(path: Path, what: str = "--out") -> Path:
     if path.suffix.lower() not in FORMATS:
         got = f"format {path.suffix!r}" if path.suffix else "no format suffix"
         raise ArgumentError(f"{what}: {path} has {got}; expected a file name ending in {accepted}")
+    try:
+        check_output_dir(path.parent, what)
+    except ArgumentError as exc:
+        reason = str(exc).removeprefix(f"{what}: ")
+        raise ArgumentError(f"{what}: cannot write {path}: {reason}") from None
     return path
 
 
 def layout(nodes: list[dict]) -> dict[int, tuple[float, float]]:
-    """(x = depth, y = row) for every node: leaves get consecutive rows, parents sit at their children's mean."""
+    """(x = depth, y = row) for every node: leaves get consecutive rows, parents sit at their children's mean.
+
+    Walks the tree with an explicit stack, so a chain thousands of nodes deep lays out too."""
     children: dict[int, list[int]] = {n["id"]: [] for n in nodes}
     for n in nodes:
         if n["parent"] >= 0:
             children[n["parent"]].append(n["id"])
+    for kids in children.values():
+        kids.sort(key=lambda c: -_score(nodes, c))
     pos: dict[int, tuple[float, float]] = {}
-    depth = {n["id"]: n["depth"] for n in nodes}
-    next_row = [0.0]
-
-    def place(node: int) -> float:
-        kids = sorted(children[node], key=lambda c: -_score(nodes, c))
-        if not kids:
-            y = next_row[0]
-            next_row[0] += 1.0
+    next_row = 0.0
+    stack = [(0, False)]
+    while stack:
+        node, placed_kids = stack.pop()
+        kids = children[node]
+        if not placed_kids:  # first visit: place the children (best first), then come back
+            stack.append((node, True))
+            stack.extend((c, False) for c in reversed(kids))
+            continue
+        if kids:
+            y = sum(pos[c][1] for c in kids) / len(kids)
         else:
-            y = sum(place(c) for c in kids) / len(kids)
-        pos[node] = (float(depth[node]), y)
-        return y
-
-    place(0)
+            y, next_row = next_row, next_row + 1.0
+        pos[node] = (float(nodes[node]["depth"]), y)
     return pos
 
 
@@ -61,7 +74,13 @@ def label(node: dict) -> str:
     text = node.get("text")
     if text is None:
         return str(node["token"])
-    return repr(text)[1:-1].replace(" ", "\u2423")[:12] or "\u2205"
+    return plain(repr(text)[1:-1].replace(" ", "\u2423")[:12] or "\u2205")
+
+
+def plain(text: str) -> str:
+    """`text` drawn as written: each `$` escaped, so a token such as `$x$` or `$$` is not read
+    as matplotlib math (which drew it as a formula, or failed the whole render)."""
+    return text.replace("$", r"\$")
 
 
 def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
@@ -72,26 +91,18 @@ def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    nodes = [n for n in record["nodes"] if show_pruned or n["kept"]]
+    # the root stays drawn with --hide-pruned even where a step file marks it pruned
+    nodes = [n for n in record["nodes"] if show_pruned or n["kept"] or n["parent"] < 0]
     keep_ids = {n["id"] for n in nodes}
     pos = layout(record["nodes"])
     rows = max((y for _, y in pos.values()), default=0) + 1
-    fig, ax = plt.subplots(figsize=(2.2 + 1.9 * max(n["depth"] for n in nodes), 0.8 + 0.42 * rows))
-    for n in nodes:
-        if n["parent"] >= 0 and n["parent"] in keep_ids:
-            (x0, y0), (x1, y1) = pos[n["parent"]], pos[n["id"]]
-            accepted = n["accepted"]
-            ax.plot(
-                [x0, x1],
-                [y0, y1],
-                color="black" if accepted else "#BBBBBB",
-                lw=2.6 if accepted else 0.9,
-                zorder=1,
-            )
-    for n in nodes:
-        _draw_node(ax, n, pos[n["id"]])
+    depth = max(n["depth"] for n in nodes)
+    # never narrower than the title and the legend beside the tree need (a shallow tree too)
+    fig, ax = plt.subplots(figsize=(max(2.2 + 1.9 * depth, MIN_WIDTH), 0.8 + 0.42 * rows))
+    _draw_edges(ax, [n for n in nodes if n["parent"] in keep_ids], pos)
+    _draw_nodes(ax, nodes, pos)
     ax.set_xlabel("depth")
-    ax.set_xticks(range(max(n["depth"] for n in nodes) + 1))
+    ax.set_xticks(range(depth + 1))
     ax.margins(x=0.08, y=0.15)
     ax.set_yticks([])
     ax.invert_yaxis()
@@ -99,7 +110,9 @@ def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
         ax.spines[side].set_visible(False)
     names = record.get("drafters") or []
     handles = [
-        Line2D([], [], marker="o", ls="", color=PALETTE[i % len(PALETTE)], label=f"{i}: {name}")
+        Line2D(
+            [], [], marker="o", ls="", color=PALETTE[i % len(PALETTE)], label=plain(f"{i}: {name}")
+        )
         for i, name in enumerate(names)
     ]
     handles.append(
@@ -129,33 +142,74 @@ def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
         handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8
     )
     calls = ", ".join(str(c) for c in record.get("calls", []))
-    ax.set_title(
-        f"step {record['step']} · drafter per layer [{calls}] · accepted {len(record['accepted_tokens']) - 1}",
-        fontsize=10,
-    )
-    fig.tight_layout()
+    ax.set_title(title(record, calls), fontsize=10)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=130)
+    fig.savefig(out, dpi=130, bbox_inches="tight")
     plt.close(fig)
     return out
 
 
-def _draw_node(ax, n: dict, xy: tuple[float, float]) -> None:
-    x, y = xy
-    colour = ROOT_COLOUR if n["parent"] < 0 else PALETTE[n["proposer"] % len(PALETTE)]
-    rescored = n["scorer"] != n["proposer"] and n["parent"] >= 0
-    face = colour if n["kept"] else "white"
+def accepted_count(record: dict) -> int:
+    """Draft tokens the verifier accepted at this step; a trace written before the record had
+    `accepted` counts its emitted tokens less the bonus (too few where a stop cut them)."""
+    return record.get("accepted", len(record["accepted_tokens"]) - 1)
+
+
+def title(record: dict, calls: str) -> str:
+    """The step, its drafter calls and acceptance, and, on the last step, why decoding ended
+    (a stop can emit fewer tokens than were accepted)."""
+    text = (
+        f"step {record['step']} · drafter per layer [{calls}] · accepted {accepted_count(record)}"
+    )
+    finish = record.get("finish_reason")
+    if finish:
+        text += f" · ended by {finish}, emitted {len(record['accepted_tokens'])}"
+    return text
+
+
+def _draw_edges(ax, nodes: list[dict], pos: dict[int, tuple[float, float]]) -> None:
+    """Each node's edge to its parent, in two collections (the accepted path drawn heavy)."""
+    from matplotlib.collections import LineCollection
+
+    for accepted, colour, width in ((False, "#BBBBBB", 0.9), (True, "black", 2.6)):
+        segments = [(pos[n["parent"]], pos[n["id"]]) for n in nodes if n["accepted"] == accepted]
+        ax.add_collection(LineCollection(segments, colors=colour, linewidths=width, zorder=1))
+
+
+def _draw_nodes(ax, nodes: list[dict], pos: dict[int, tuple[float, float]]) -> None:
+    """All the nodes in one scatter (one per rescoring marker), then their labels: a tree of
+    thousands of nodes draws in seconds, not one artist per marker."""
+    colours = [ROOT_COLOUR if n["parent"] < 0 else _colour(n["proposer"]) for n in nodes]
+    xs, ys = zip(*(pos[n["id"]] for n in nodes), strict=True)
     ax.scatter(
-        [x],
-        [y],
+        xs,
+        ys,
         s=160,
-        color=face,
-        edgecolors="black" if n["accepted"] else colour,
-        linewidths=2.2 if n["accepted"] else 1.2,
+        c=[c if n["kept"] else "white" for n, c in zip(nodes, colours, strict=True)],
+        edgecolors=["black" if n["accepted"] else c for n, c in zip(nodes, colours, strict=True)],
+        linewidths=[2.2 if n["accepted"] else 1.2 for n in nodes],
         zorder=3,
     )
+    rescored = [n for n in nodes if n["scorer"] != n["proposer"] and n["parent"] >= 0]
     if rescored:
-        ax.scatter([x], [y], s=30, color=PALETTE[n["scorer"] % len(PALETTE)], zorder=4, marker="D")
+        ax.scatter(
+            [pos[n["id"]][0] for n in rescored],
+            [pos[n["id"]][1] for n in rescored],
+            s=30,
+            c=[_colour(n["scorer"]) for n in rescored],
+            zorder=4,
+            marker="D",
+        )
+    for n in nodes:
+        _label_node(ax, n, pos[n["id"]])
+
+
+def _colour(drafter: int) -> str:
+    return PALETTE[drafter % len(PALETTE)]
+
+
+def _label_node(ax, n: dict, xy: tuple[float, float]) -> None:
+    x, y = xy
     ax.annotate(
         label(n),
         (x, y),

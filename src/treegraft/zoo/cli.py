@@ -51,6 +51,21 @@ def build_corpus_cmd(
     typer.echo(f"{manifest['documents']} documents, {manifest['characters']:,} characters -> {out}")
 
 
+def corpus_option(corpus: Path) -> Path:
+    """The `--corpus` folder (or its corpus.jsonl), checked before any work: one without the
+    corpus file fails naming the option and how to build it."""
+    from treegraft.console import fail
+    from treegraft.zoo.corpus import CORPUS_FILE
+
+    path = corpus.expanduser()
+    if not (path / CORPUS_FILE).is_file() and not (path.is_file() and path.suffix == ".jsonl"):
+        fail(
+            f"--corpus: {corpus} holds no {CORPUS_FILE}; expected a corpus folder: build one "
+            f"with `treegraft zoo build-corpus --out {corpus}`"
+        )
+    return path
+
+
 @app.command("build-tokenizer")
 def build_tokenizer_cmd(
     corpus: Annotated[Path, typer.Option(help="Corpus directory.")] = Path(
@@ -65,9 +80,8 @@ def build_tokenizer_cmd(
     from treegraft.zoo.corpus import read_corpus
     from treegraft.zoo.tokenizer import train_tokenizer
 
-    dest = train_tokenizer(
-        (d.text for d in read_corpus(corpus.expanduser())), out or tokenizer_path()
-    )
+    texts = (d.text for d in read_corpus(corpus_option(corpus)))
+    dest = train_tokenizer(texts, out or tokenizer_path())
     typer.echo(f"tokenizer -> {dest}")
 
 
@@ -82,13 +96,15 @@ def token_counts_cmd(
     ] = None,
 ) -> None:
     """Count the zoo tokenizer's tokens on the corpus (ranks the vocabulary for `hf_lm`'s `head`)."""
+    from treegraft.core.inputs import prepare_output_file
     from treegraft.zoo.corpus import read_corpus
     from treegraft.zoo.token_counts import count_tokens, save_counts, zoo_counts_path
     from treegraft.zoo.tokenizer import load_tokenizer
 
+    source = corpus_option(corpus)
+    dest = prepare_output_file(out, "--out") if out is not None else zoo_counts_path()
     tok = load_tokenizer()
-    counts = count_tokens((d.text for d in read_corpus(corpus.expanduser())), tok, len(tok))
-    dest = out or zoo_counts_path()
+    counts = count_tokens((d.text for d in read_corpus(source)), tok, len(tok))
     save_counts(dest, counts, source="the zoo training corpus (treegraft zoo build-corpus)")
     typer.echo(f"{int(counts.sum()):,} tokens, {int((counts > 0).sum())} ids seen -> {dest}")
 
@@ -283,10 +299,13 @@ def export_cmd(
     ),
 ) -> None:
     """Export a run's latest checkpoint in Hugging Face format (bf16 weights + tokenizer)."""
+    from treegraft.core.inputs import check_output_dir
     from treegraft.zoo import MODELS_DIR
     from treegraft.zoo.recipe import load_recipe, recipe_errors
     from treegraft.zoo.train import export_run
 
+    if dest is not None:  # before the checkpoint loads: a file there fails at once
+        check_output_dir(dest, "--dest")
     with recipe_errors(recipe):
         paths = export_run(load_recipe(recipe), dest or MODELS_DIR, runs=runs.expanduser())
     for path in paths:
@@ -300,6 +319,8 @@ def fetch_cmd(
     ] = None,
 ) -> None:
     """Fetch, convert and cache real models (`zoo:smollm2`, ...) now; without names, list them."""
+    import difflib
+
     from treegraft.zoo import remote
 
     if not names:
@@ -313,8 +334,11 @@ def fetch_cmd(
     for ref in names:
         name = ref.removeprefix("zoo:")
         if name not in remote.names():
+            close = difflib.get_close_matches(name, remote.names(), n=2)
+            hint = f"; did you mean {' or '.join(f'zoo:{c}' for c in close)}?" if close else ""
             raise typer.BadParameter(
-                f"{ref!r} is not a fetched model; expected one of: {', '.join(remote.names())}"
+                f"{ref!r} is not a fetched model; expected one of: "
+                f"{', '.join(remote.names())}{hint}"
             )
         try:
             typer.echo(str(remote.ensure(name)))

@@ -9,11 +9,14 @@ uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import pickle
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +70,15 @@ def load_tokens(corpus: Path, tok_dir: Path) -> np.ndarray:
     """The corpus as one uint16 token stream (documents joined by EOS), cached next to it.
 
     The cache is keyed by both the tokenizer and the corpus file, so a rebuilt corpus is
-    tokenized again.
+    tokenized again. A folder without the corpus file is a `RecipeError` naming `corpus`.
     """
     from transformers import AutoTokenizer
+
+    if not (corpus / CORPUS_FILE).is_file():
+        raise RecipeError(
+            f"recipe.corpus: {corpus} holds no {CORPUS_FILE}; expected a corpus folder: build "
+            f"one with `treegraft zoo build-corpus --out {corpus}`"
+        )
 
     digest = hashlib.sha256()
     digest.update((tok_dir / "tokenizer.json").read_bytes())
@@ -302,6 +311,36 @@ def run_dir(recipe: Recipe, runs: Path = DEFAULT_RUNS_DIR) -> Path:
     return runs / recipe.name
 
 
+def check_fresh_start(ckpt: Path, resume: bool) -> None:
+    """A run started without `--resume` over an earlier run's checkpoint would overwrite it
+    from step 0: an `ArgumentError` instead, before anything is written."""
+    from treegraft.core.errors import ArgumentError
+
+    if ckpt.exists() and not resume:
+        raise ArgumentError(
+            f"--resume: {ckpt.parent} holds an earlier run's checkpoint ({ckpt.name}); pass "
+            "--resume to continue it, or delete that folder (or choose another --runs) to "
+            "start over"
+        )
+
+
+@contextlib.contextmanager
+def resume_errors(ckpt: Path, what: str = "--resume") -> Iterator[None]:
+    """A checkpoint `--resume` (or `what`) cannot load (written for other model sizes, or
+    damaged) is an `ArgumentError` naming it, not a raw loading error."""
+    from treegraft.core.errors import ArgumentError
+
+    try:
+        yield
+    except (RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ArgumentError(
+            f"{what}: cannot continue from {ckpt}: {reason}; it was written by a recipe with "
+            f"other model settings, or is damaged: restore that recipe, or delete {ckpt.parent} "
+            "to start over"
+        ) from None
+
+
 def save_checkpoint(state: TrainState, path: Path) -> None:
     """Atomically write models, optimisers and counters to ``path``."""
     payload = {
@@ -429,13 +468,15 @@ def train(
     the run stays resumable and is exported only when it reaches ``recipe.steps``.
     """
     out = run_dir(recipe, runs)
+    ckpt = out / CHECKPOINT_FILE
+    check_fresh_start(ckpt, resume)
     out.mkdir(parents=True, exist_ok=True)
     setup_logging(out / "train.log")
     torch.manual_seed(recipe.seed)
     state, train_tokens, valid_tokens = prepare(recipe)
-    ckpt = out / CHECKPOINT_FILE
     if resume and ckpt.exists():
-        load_checkpoint(state, ckpt)
+        with resume_errors(ckpt):
+            load_checkpoint(state, ckpt)
         log.info("resumed %s at step %d", recipe.name, state.step)
     teacher = load_teacher(recipe.teacher) if recipe.teacher else None
     params = {k: parameter_count(m) for k, m in state.models.items()}
@@ -521,7 +562,8 @@ def export_run(recipe: Recipe, dest: Path, *, runs: Path = DEFAULT_RUNS_DIR) -> 
             f"this recipe first (`treegraft zoo train --recipe ... --runs {runs}`)"
         )
     state, _, valid = prepare(recipe)
-    load_checkpoint(state, ckpt)
+    with resume_errors(ckpt, "export"):
+        load_checkpoint(state, ckpt)
     if not state.valid_losses:
         state.valid_losses = evaluate(state.models, valid, recipe)
     return export_models(state, recipe, dest)

@@ -45,10 +45,12 @@ from treegraft.zoo.recipe import (
 from treegraft.zoo.train import (
     DEFAULT_RUNS_DIR,
     batch_at,
+    check_fresh_start,
     load_teacher,
     load_tokens,
     log,
     lr_at,
+    resume_errors,
     setup_logging,
     split_tokens,
     tokenizer_dir,
@@ -257,6 +259,8 @@ def train_head(
     """Run (or resume) a head recipe; exports the head to `out` (default `RUNS/NAME/export`)
     once the run reaches `recipe.steps`. `max_steps` stops this call early (resumable)."""
     folder = runs / recipe.name
+    ckpt = folder / CHECKPOINT_FILE
+    check_fresh_start(ckpt, resume)
     folder.mkdir(parents=True, exist_ok=True)
     setup_logging(folder / "train.log")
     tokens = load_tokens(Path(recipe.corpus).expanduser(), tokenizer_dir(recipe))
@@ -267,9 +271,9 @@ def train_head(
     target = load_teacher(recipe.target)
     output_rows(target, recipe)  # the counts and top_tokens checked before the first step
     run = new_run(recipe, target)
-    ckpt = folder / CHECKPOINT_FILE
     if resume and ckpt.exists():
-        run.load(ckpt)
+        with resume_errors(ckpt):
+            run.load(ckpt)
         log.info("resumed %s at step %d", recipe.name, run.step)
     log.info(
         "head recipe %s: %d steps of %d tokens", recipe.name, recipe.steps, recipe.tokens_per_step
