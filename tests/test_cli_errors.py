@@ -312,6 +312,7 @@ def test_a_suite_prompt_past_the_models_positions_fails_before_any_generation(
     config = {
         "pairs": [{"target": "zoo:target", "drafter": "zoo:draft-s"}],
         "suites": [str(suite)],
+        "prompts_per_suite": 3,  # all of them (more would be said in a warning)
         "max_new_tokens": 16,
         "baselines": [],
         "pipelines": ["ngram-only"],
