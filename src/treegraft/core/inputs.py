@@ -175,8 +175,14 @@ def prepare_output_file(path: Path, what: str) -> Path:
     path = Path(path)
     if path.is_dir():
         raise ArgumentError(f"{what}: {path} is a directory; expected a file")
+    return check_file_folder(path, what, create=True)
+
+
+def check_file_folder(path: Path, what: str, *, create: bool) -> Path:
+    """`path`, once its folder is made (`create`: `prepare_output_dir`) or known to be makeable
+    (`check_output_dir`) and writable; an `ArgumentError` saying the file cannot be written."""
     try:
-        prepare_output_dir(path.parent, what)
+        (prepare_output_dir if create else check_output_dir)(path.parent, what)
     except ArgumentError as exc:
         reason = str(exc).removeprefix(f"{what}: ")
         raise ArgumentError(f"{what}: cannot write {path}: {reason}") from None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import reprlib
 import threading
 import time
 import warnings
@@ -594,6 +593,6 @@ def load_pipeline(
     else:
         raise ArgumentError(
             f"load_pipeline: source: expected a shipped pipeline's name, a path to a YAML file or "
-            f"a mapping, got {type(source).__name__} {reprlib.repr(source)}"
+            f"a mapping, got {type(source).__name__} {shown(source)}"
         )
     return Pipeline.from_spec(spec, resources=resources, registry=registry)

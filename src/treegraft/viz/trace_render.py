@@ -18,7 +18,7 @@ def check_image_path(path: Path, what: str = "--out") -> Path:
     folder, in a folder that exists or can be created, and written); otherwise an
     `ArgumentError` naming `what`, before anything is drawn. Nothing is created."""
     from treegraft.core.errors import ArgumentError
-    from treegraft.core.inputs import check_output_dir
+    from treegraft.core.inputs import check_file_folder
 
     accepted = ", ".join(FORMATS)
     if path.is_dir():
@@ -28,12 +28,7 @@ def check_image_path(path: Path, what: str = "--out") -> Path:
     if path.suffix.lower() not in FORMATS:
         got = f"format {path.suffix!r}" if path.suffix else "no format suffix"
         raise ArgumentError(f"{what}: {path} has {got}; expected a file name ending in {accepted}")
-    try:
-        check_output_dir(path.parent, what)
-    except ArgumentError as exc:
-        reason = str(exc).removeprefix(f"{what}: ")
-        raise ArgumentError(f"{what}: cannot write {path}: {reason}") from None
-    return path
+    return check_file_folder(path, what, create=False)
 
 
 def layout(nodes: list[dict]) -> dict[int, tuple[float, float]]:
