@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from transformers import AttentionInterface
@@ -95,3 +97,37 @@ def test_probe_names_nan_logits_as_such() -> None:
         model.model.norm.weight[0] = float("nan")
     why = probe_model(model)
     assert why is not None and "gives NaN logits" in why and "nan (allowed" not in why
+
+
+def test_a_target_whose_own_generate_decodes_otherwise_is_refused() -> None:
+    """A cache rule only `generate` applies (here: its decoding steps see positions shifted by
+    one) makes `generate` differ from the full forward the pipeline reproduces: the probe says
+    so, and a pipeline refuses it as its target at build, not as a drafter."""
+    from treegraft.core.runner.model_check import probe_generate
+
+    model = tiny_llama(seed=5)
+    assert probe_generate(model) is None
+    own = model.prepare_inputs_for_generation
+
+    @functools.wraps(own)  # generate reads its signature
+    def shifted(*args, **kwargs):
+        inputs = own(*args, **kwargs)
+        if inputs["input_ids"].shape[1] == 1:  # a decoding step (the prompt is longer)
+            inputs["position_ids"] = inputs["position_ids"] + 1
+        return inputs
+
+    model.prepare_inputs_for_generation = shifted
+    why = probe_generate(model)
+    assert why is not None and "own cached `generate` gives logits that differ" in why, why
+    assert "at decoding step 2" in why  # the first step forwards the prompt, without a cache
+    assert probe_model(model) is None  # the tree forwards match the full forward
+    spec = {
+        "target": "mem:t",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4},
+        "scheduler": {"name": "never"},
+    }
+    with pytest.raises(ConfigError, match=r"pipeline\.target: .*own cached `generate`"):
+        load_pipeline(spec, resources=memory_resources(t=model))
+    spec = {**spec, "drafters": {"weak": {"name": "hf_lm", "model": "mem:d"}}}
+    load_pipeline(spec, resources=memory_resources(t=tiny_llama(seed=5), d=model))

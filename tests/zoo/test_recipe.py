@@ -146,3 +146,23 @@ def test_cli_export_without_a_checkpoint_says_to_train_first(
     assert code == 2 and "rerun with --debug" not in err, err
     want = f"{path}: no checkpoint of recipe 'tiny' to export: {runs / 'tiny' / 'checkpoint.pt'}"
     assert want in err and f"treegraft zoo train --recipe ... --runs {runs}" in err, err
+
+
+def test_the_default_corpus_and_runs_follow_the_cache_setting(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    corpus: Path,  # noqa: F811
+) -> None:
+    """`TREEGRAFT_CACHE` moves every default of the zoo tools (the models, datastores and deltas
+    moved; the corpus and the run folders stayed in ~/.cache/treegraft)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TREEGRAFT_CACHE", str(cache))
+    path = text_recipe(
+        tmp_path, yaml.safe_dump({"name": "p", "models": {"m": TINY_MODEL}, "tokens": 1})
+    )
+    assert load_recipe(path).corpus == str(cache / "corpus")
+    path = write_recipe(tmp_path / "r.yaml", corpus)
+    code, err = run_cli("zoo", "export", "--recipe", str(path))
+    assert code == 2 and str(cache / "zoo-runs" / "tiny" / "checkpoint.pt") in err, err
+    code, err = run_cli("zoo", "token-counts")
+    assert code == 2 and f"--corpus: {cache / 'corpus'} holds no corpus.jsonl" in err, err

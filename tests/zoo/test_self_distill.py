@@ -139,6 +139,24 @@ def test_answers_cut_short_or_for_other_prompts(answers, corpus, target_dir, tmp
         self_distill.generate_answers(target_dir, others, answers, max_new_tokens=12)
 
 
+def test_answers_of_another_model_or_settings_are_refused(answers, corpus, target_dir, tmp_path):
+    """A work folder's answers resumed by another base model or answer length would train the
+    drafter on another target's labels: the answers' sidecar names the difference."""
+    prompts = self_distill.training_prompts(corpus, per_kind=10, seed=1)
+    mine = tmp_path / "answers.jsonl"
+    mine.write_text(answers.read_text())
+    assert self_distill.generate_answers(target_dir, prompts, mine, max_new_tokens=12) == 60
+    assert json.loads(mine.with_suffix(".json").read_text())["max_new_tokens"] == 12
+    with pytest.raises(ValueError, match=r"another max_new_tokens than this run's \(.*12 there"):
+        self_distill.generate_answers(target_dir, prompts, mine, max_new_tokens=20)
+    other = tmp_path / "other"
+    shutil.copytree(target_dir, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-3}))
+    with pytest.raises(ValueError, match=r"answers\.jsonl: answers of another model than"):
+        self_distill.generate_answers(other, prompts, mine, max_new_tokens=12)
+
+
 def test_distilling_raises_the_early_exits_agreement_and_the_delta_rebuilds_it(
     answers, target_dir, tmp_path
 ):

@@ -554,7 +554,7 @@ def eos_ids_of(model: Any, tokenizer: Any) -> frozenset[int]:
 def _runner(resources: Resources, ref: str, path: str) -> CausalLMRunner:
     """The runner of the model `ref` once `Resources.check` has passed it."""
     try:
-        return resources.runner(ref)
+        return resources.runner(ref, target=True)
     except ModelRefused as err:
         raise ConfigError(f"{path}: {err}") from None
 

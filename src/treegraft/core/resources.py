@@ -472,30 +472,36 @@ class Resources:
                 )
         return self.models[ref]
 
-    def runner(self, ref: str, *, forward: str | None = None) -> CausalLMRunner:
+    def runner(
+        self, ref: str, *, forward: str | None = None, target: bool = False
+    ) -> CausalLMRunner:
         """A fresh `CausalLMRunner` over the model `ref`, forwarding as `forward` says (a runner
         forward; default: the target's under `decoding.forward`, `plan.target`), once `check` has
-        passed it."""
+        passed it (as the pipeline's target with `target`)."""
         forward = forward or self.plan.target
-        self.check(ref, forward)
+        self.check(ref, forward, target=target)
         return CausalLMRunner(self.model(ref), forward=forward, bitwise=self.plan.bitwise)
 
-    def check(self, ref: str, forward: str | None = None) -> None:
+    def check(self, ref: str, forward: str | None = None, *, target: bool = False) -> None:
         """Raise `ModelRefused` unless the model `ref` can be served exactly: no architecture
         rule excludes it (`attention_rules.refusal`) and, with `check_model`, its tree forwards
-        match its own forward (`model_check.probe_model`). Each (model, forward, attention) is checked
-        once."""
-        key = (ref, forward or self.plan.target, self.attention)
-        if key not in self.checked:
-            from treegraft.core.runner.model_check import probe_model  # it imports the runner
+        match its own forward (`model_check.probe_model`) and, as a `target`, its own `generate`
+        decodes as that forward does (`model_check.probe_generate`). Each (model, forward,
+        attention) is checked once."""
+        from treegraft.core.runner.model_check import probe_generate, probe_model  # -> runner
 
-            model = self.model(ref)
-            why = refusal(model)
-            if why is None and self.check_model:
-                why = probe_model(model, forward=key[1])
-            self.checked[key] = None if why is None else refused_message(model, ref, why)
-        if self.checked[key] is not None:
-            raise ModelRefused(self.checked[key])
+        keys = [(ref, forward or self.plan.target, self.attention)]
+        keys += [(ref, "generate", self.attention)] if target and self.check_model else []
+        for key in keys:
+            if key not in self.checked:
+                model = self.model(ref)
+                why = refusal(model)
+                if why is None and self.check_model:
+                    generate = key[1] == "generate"
+                    why = probe_generate(model) if generate else probe_model(model, forward=key[1])
+                self.checked[key] = None if why is None else refused_message(model, ref, why)
+            if self.checked[key] is not None:
+                raise ModelRefused(self.checked[key])
 
     def vocab_size(self, ref: str) -> int:
         return model_vocab_size(ref, self.models)

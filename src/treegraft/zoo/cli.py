@@ -17,15 +17,18 @@ ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue from the run
 MaxStepsOpt = Annotated[
     int | None, typer.Option(min=1, help="Stop after this many steps (stays resumable).")
 ]
-RunsOpt = Annotated[Path, typer.Option(help="Directory of run folders.")]
-DEFAULT_RUNS = Path("~/.cache/treegraft/zoo-runs")
+RunsOpt = Annotated[
+    Path | None, typer.Option(help="Directory of run folders (default: <cache>/zoo-runs).")
+]
+#: the corpus folder option; <cache> is TREEGRAFT_CACHE, else ~/.cache/treegraft
+CorpusOpt = Annotated[Path | None, typer.Option(help="Corpus directory (default: <cache>/corpus).")]
 
 
 @app.command("build-corpus")
 def build_corpus_cmd(
-    out: Annotated[Path, typer.Option(help="Output directory.")] = Path(
-        "~/.cache/treegraft/corpus"
-    ),
+    out: Annotated[
+        Path | None, typer.Option(help="Output directory (default: <cache>/corpus).")
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the synthetic data.")] = 0,
     stdlib: Annotated[
         Path | None, typer.Option(help="Standard-library directory (default: this Python's).")
@@ -36,7 +39,7 @@ def build_corpus_cmd(
     ] = False,
 ) -> None:
     """Build the training corpus (stdlib code, docs text, synthetic tasks) under OUT."""
-    from treegraft.zoo.corpus import CorpusConfig, build_corpus
+    from treegraft.zoo.corpus import CorpusConfig, build_corpus, default_corpus_dir
     from treegraft.zoo.sources import DEFAULT_DOCS_DIR, MissingSourceError, stdlib_dir
 
     cfg = CorpusConfig(
@@ -45,18 +48,20 @@ def build_corpus_cmd(
         docs=None if no_docs else (docs or DEFAULT_DOCS_DIR),
     )
     try:
-        manifest = build_corpus(cfg, out.expanduser())
+        out = (out or default_corpus_dir()).expanduser()
+        manifest = build_corpus(cfg, out)
     except MissingSourceError as err:
         raise typer.BadParameter(str(err), param_hint="--docs") from err
     typer.echo(f"{manifest['documents']} documents, {manifest['characters']:,} characters -> {out}")
 
 
-def corpus_option(corpus: Path) -> Path:
-    """The `--corpus` folder (or its corpus.jsonl), checked before any work: one without the
-    corpus file fails naming the option and how to build it."""
+def corpus_option(corpus: Path | None) -> Path:
+    """The `--corpus` folder (or its corpus.jsonl; None: `<cache>/corpus`), checked before any
+    work: one without the corpus file fails naming the option and how to build it."""
     from treegraft.console import fail
-    from treegraft.zoo.corpus import CORPUS_FILE
+    from treegraft.zoo.corpus import CORPUS_FILE, default_corpus_dir
 
+    corpus = corpus or default_corpus_dir()
     path = corpus.expanduser()
     if not (path / CORPUS_FILE).is_file() and not (path.is_file() and path.suffix == ".jsonl"):
         fail(
@@ -68,9 +73,7 @@ def corpus_option(corpus: Path) -> Path:
 
 @app.command("build-tokenizer")
 def build_tokenizer_cmd(
-    corpus: Annotated[Path, typer.Option(help="Corpus directory.")] = Path(
-        "~/.cache/treegraft/corpus"
-    ),
+    corpus: CorpusOpt = None,
     out: Annotated[
         Path | None, typer.Option(help="Output directory (default: the packaged tokenizer).")
     ] = None,
@@ -87,9 +90,7 @@ def build_tokenizer_cmd(
 
 @app.command("token-counts")
 def token_counts_cmd(
-    corpus: Annotated[Path, typer.Option(help="Corpus directory.")] = Path(
-        "~/.cache/treegraft/corpus"
-    ),
+    corpus: CorpusOpt = None,
     out: Annotated[
         Path | None,
         typer.Option(help="Output JSON file (default: the packaged zoo:token-counts)."),
@@ -141,7 +142,7 @@ def train_cmd(
     recipe: RecipeOpt,
     resume: ResumeOpt = False,
     max_steps: MaxStepsOpt = None,
-    runs: RunsOpt = DEFAULT_RUNS,
+    runs: RunsOpt = None,
 ) -> None:
     """Train (or resume) a recipe; exports to RUNS/NAME/export when it finishes."""
     from treegraft.zoo.recipe import load_recipe, recipe_errors
@@ -149,7 +150,10 @@ def train_cmd(
 
     with recipe_errors(recipe):
         state = train(
-            load_recipe(recipe), resume=resume, runs=runs.expanduser(), max_steps=max_steps
+            load_recipe(recipe),
+            resume=resume,
+            runs=runs.expanduser() if runs else None,
+            max_steps=max_steps,
         )
     typer.echo(f"step {state.step}, last losses {state.last_losses}")
 
@@ -159,7 +163,7 @@ def train_head_cmd(
     recipe: RecipeOpt,
     resume: ResumeOpt = False,
     max_steps: MaxStepsOpt = None,
-    runs: RunsOpt = DEFAULT_RUNS,
+    runs: RunsOpt = None,
     out: Annotated[
         Path | None, typer.Option(help="Where the finished head goes (default: RUNS/NAME/export).")
     ] = None,
@@ -176,7 +180,7 @@ def train_head_cmd(
         run = train_head(
             load_head_recipe(recipe),
             resume=resume,
-            runs=runs.expanduser(),
+            runs=runs.expanduser() if runs else None,
             max_steps=max_steps,
             out=out,
         )
@@ -203,9 +207,7 @@ def distil_exit_cmd(
             "<cache> is TREEGRAFT_CACHE or ~/.cache/treegraft)."
         ),
     ] = None,
-    corpus: Annotated[Path, typer.Option(help="Corpus directory.")] = Path(
-        "~/.cache/treegraft/corpus"
-    ),
+    corpus: CorpusOpt = None,
     per_kind: Annotated[int, typer.Option(min=1, help="Prompts per kind (six kinds).")] = 200,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest answer.")] = 96,
     batch_size: Annotated[int, typer.Option(min=1, help="Prompts answered at once.")] = 32,
@@ -239,10 +241,10 @@ def distil_exit_cmd(
 
     from treegraft.core.resources import ModelRefError
     from treegraft.zoo import remote
-    from treegraft.zoo.corpus import CORPUS_FILE
+    from treegraft.zoo.corpus import CORPUS_FILE, default_corpus_dir
     from treegraft.zoo.self_distill import run
 
-    corpus = corpus.expanduser()
+    corpus = (corpus or default_corpus_dir()).expanduser()
     if not (corpus / CORPUS_FILE).is_file():
         typer.echo(
             f"error: --corpus: no {CORPUS_FILE} in {corpus}; build it with "
@@ -258,9 +260,7 @@ def distil_exit_cmd(
     name = "smollm2-draft" if fresh else "smollm2-draft-l"
     # a fresh drafter is not shipped (the zoo's size budget): its layers stay in the cache, where
     # zoo:smollm2-draft is built from
-    out = out or (
-        remote.local_deltas_dir() / name if fresh else Path("src/treegraft/zoo/deltas") / name
-    )
+    out = out or (remote.local_deltas_dir() / name if fresh else remote.DELTAS_DIR / name)
     work = work or remote.cache_dir() / "zoo-runs" / name
     try:
         record = run(
@@ -294,9 +294,7 @@ def export_cmd(
     dest: Annotated[
         Path | None, typer.Option(help="Destination (default: the packaged models dir).")
     ] = None,
-    runs: Annotated[Path, typer.Option(help="Directory of run folders.")] = Path(
-        "~/.cache/treegraft/zoo-runs"
-    ),
+    runs: RunsOpt = None,
 ) -> None:
     """Export a run's latest checkpoint in Hugging Face format (bf16 weights + tokenizer)."""
     from treegraft.core.inputs import check_output_dir
@@ -307,7 +305,9 @@ def export_cmd(
     if dest is not None:  # before the checkpoint loads: a file there fails at once
         check_output_dir(dest, "--dest")
     with recipe_errors(recipe):
-        paths = export_run(load_recipe(recipe), dest or MODELS_DIR, runs=runs.expanduser())
+        paths = export_run(
+            load_recipe(recipe), dest or MODELS_DIR, runs=runs.expanduser() if runs else None
+        )
     for path in paths:
         typer.echo(str(path))
 

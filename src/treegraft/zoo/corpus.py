@@ -33,7 +33,14 @@ from treegraft.zoo.sources import (
 )
 from treegraft.zoo.split import Fingerprint, is_heldout, shingle_hashes, text_hash
 
-DEFAULT_CORPUS_DIR = Path("~/.cache/treegraft/corpus").expanduser()
+
+def default_corpus_dir() -> Path:
+    """`<cache>/corpus` (the cache: `treegraft.zoo.remote.cache_dir`, read at the call)."""
+    from treegraft.zoo.remote import cache_dir
+
+    return cache_dir() / "corpus"
+
+
 CORPUS_FILE = "corpus.jsonl"
 FINGERPRINT_FILE = "fingerprint.npz"
 MANIFEST_FILE = "manifest.json"

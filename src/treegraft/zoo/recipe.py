@@ -23,7 +23,7 @@ from treegraft.core.config import Check, ConfigError, at_least, between, field, 
 from treegraft.core.config import structure_config as _structure_config
 from treegraft.core.errors import ArgumentError, TreegraftError
 from treegraft.core.inputs import read_text
-from treegraft.zoo.corpus import DEFAULT_CORPUS_DIR
+from treegraft.zoo.corpus import default_corpus_dir
 
 ROOT = "recipe"
 #: a run's (and an exported model's) folder name: no separators, no `..`
@@ -87,7 +87,7 @@ class Recipe(StepsOfTokens):
     models: dict[str, ModelSpec] = field(doc="model names mapped to their shapes")
     tokens: int = field(check=at_least(1, sane_max=10**13), doc="training tokens of the run")
     seed: int = field(0, check=at_least(0))
-    corpus: str = str(DEFAULT_CORPUS_DIR)
+    corpus: str = attrs.field(factory=lambda: str(default_corpus_dir()))
     tokenizer: str | None = None
     teacher: str | None = None
     kd_weight: float = field(0.0, check=between(0, 1), doc="needs a teacher when > 0")

@@ -147,6 +147,9 @@ def generate_answers(
     pad = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model.config.eos_token_id
     )
+    _check_answerer(
+        out, model_dir, max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens
+    )
     done = _answered(out, prompts)
     todo = [
         (i, p, chat_ids(tokenizer, p.text)[-max_prompt_tokens:])
@@ -195,6 +198,29 @@ def generate_answers(
 
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _check_answerer(out: Path, model_dir: Path, **settings: int) -> None:
+    """Refuse to add to `out` answers of another model or settings: its sidecar `<out>.json`
+    holds the digest of the answering model's config and weights and the answer settings."""
+    digest = hashlib.sha256()
+    for file in sorted(model_dir.iterdir()):
+        if file.name == "config.json" or file.suffix in (".safetensors", ".bin"):
+            digest.update(file.name.encode() + file.read_bytes())
+    mine = {"model": digest.hexdigest()[:16], **settings}
+    sidecar = out.with_suffix(".json")
+    if sidecar.is_file():
+        theirs = json.loads(sidecar.read_text())
+        changed = sorted(k for k in mine if theirs.get(k) != mine[k])
+        if changed and out.exists():
+            raise ValueError(
+                f"{out}: answers of another {' and '.join(changed)} than this run's "
+                f"({', '.join(f'{k} {theirs.get(k)} there, {mine[k]} here' for k in changed)}); "
+                "use another work folder or delete the file"
+            )
+    elif out.exists():
+        log.warning("%s: no %s to tell which model wrote these answers", out, sidecar.name)
+    sidecar.write_text(json.dumps(mine) + "\n")
 
 
 def _answered(out: Path, prompts: list[Prompt]) -> set[int]:

@@ -32,7 +32,14 @@ from treegraft.zoo.tokenizer import batched
 
 log = logging.getLogger("treegraft.zoo.train")
 
-DEFAULT_RUNS_DIR = Path("~/.cache/treegraft/zoo-runs").expanduser()
+
+def default_runs_dir() -> Path:
+    """`<cache>/zoo-runs` (the cache: `treegraft.zoo.remote.cache_dir`, read at the call)."""
+    from treegraft.zoo.remote import cache_dir
+
+    return cache_dir() / "zoo-runs"
+
+
 CHECKPOINT_FILE = "checkpoint.pt"
 TRAINING_FILE = "training.json"
 VALID_SEED = 2**32 - 1  # seed of the fixed validation windows
@@ -306,9 +313,9 @@ def evaluate(
 # ---------------------------------------------------------------- checkpoints and export
 
 
-def run_dir(recipe: Recipe, runs: Path = DEFAULT_RUNS_DIR) -> Path:
-    """Where a recipe's checkpoints, logs and exports live."""
-    return runs / recipe.name
+def run_dir(recipe: Recipe, runs: Path | None = None) -> Path:
+    """Where a recipe's checkpoints, logs and exports live (`runs`: `default_runs_dir()`)."""
+    return (runs or default_runs_dir()) / recipe.name
 
 
 def check_fresh_start(ckpt: Path, resume: bool) -> None:
@@ -459,7 +466,7 @@ def train(
     recipe: Recipe,
     *,
     resume: bool = False,
-    runs: Path = DEFAULT_RUNS_DIR,
+    runs: Path | None = None,
     max_steps: int | None = None,
 ) -> TrainState:
     """Run (or resume) a recipe to its end, checkpointing along the way, then export it.
@@ -553,8 +560,9 @@ def _periodic(
         save_checkpoint(state, ckpt)
 
 
-def export_run(recipe: Recipe, dest: Path, *, runs: Path = DEFAULT_RUNS_DIR) -> list[Path]:
+def export_run(recipe: Recipe, dest: Path, *, runs: Path | None = None) -> list[Path]:
     """Export a run's latest checkpoint (finished or not) to ``dest`` in Hugging Face format."""
+    runs = runs or default_runs_dir()
     ckpt = run_dir(recipe, runs) / CHECKPOINT_FILE
     if not ckpt.is_file():
         raise RecipeError(

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from treegraft.core.config import Check, at_least, between, field
 from treegraft.plugins.drafters.feature_head import FeatureHead, HeadSpec
-from treegraft.zoo.corpus import DEFAULT_CORPUS_DIR
+from treegraft.zoo.corpus import default_corpus_dir
 from treegraft.zoo.recipe import (
     NON_NEGATIVE,
     OPEN_FRACTION,
@@ -43,9 +43,9 @@ from treegraft.zoo.recipe import (
     structure,
 )
 from treegraft.zoo.train import (
-    DEFAULT_RUNS_DIR,
     batch_at,
     check_fresh_start,
+    default_runs_dir,
     load_teacher,
     load_tokens,
     log,
@@ -70,7 +70,7 @@ class HeadRecipe(StepsOfTokens):
     intermediate_size: int = field(768, check=at_least(1, sane_max=262144))
     tokens: int = field(check=at_least(1, sane_max=10**13), doc="training tokens of the run")
     seed: int = field(0, check=at_least(0))
-    corpus: str = str(DEFAULT_CORPUS_DIR)
+    corpus: str = attrs.field(factory=lambda: str(default_corpus_dir()))
     tokenizer: str | None = None
     unroll: int = field(3, check=at_least(1, sane_max=64), doc="feature steps drafted in a row")
     kl_weight: float = field(1.0, check=NON_NEGATIVE)
@@ -252,13 +252,13 @@ def train_head(
     recipe: HeadRecipe,
     *,
     resume: bool = False,
-    runs: Path = DEFAULT_RUNS_DIR,
+    runs: Path | None = None,
     max_steps: int | None = None,
     out: Path | None = None,
 ) -> HeadRun:
     """Run (or resume) a head recipe; exports the head to `out` (default `RUNS/NAME/export`)
     once the run reaches `recipe.steps`. `max_steps` stops this call early (resumable)."""
-    folder = runs / recipe.name
+    folder = (runs or default_runs_dir()) / recipe.name
     ckpt = folder / CHECKPOINT_FILE
     check_fresh_start(ckpt, resume)
     folder.mkdir(parents=True, exist_ok=True)

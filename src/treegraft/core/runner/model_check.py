@@ -13,6 +13,11 @@ The prompt crosses the smallest sliding window or chunk when that is short (at m
 any width): a window the config states but the model's own mask ignores (a Llama config carrying
 one, which `generate`'s cache then applies to decoding steps only) is refused, not met only past
 its width.
+
+`probe_generate` checks the other side of the promise: that the model's own cached `generate`
+(the reference every output is compared with) decodes as its full forward does. Where it does not
+(a cache rule of this transformers version that the full forward lacks), the pipeline, exact to
+the full forward, would decode other tokens than `generate`: the target is refused.
 """
 
 from __future__ import annotations
@@ -98,6 +103,52 @@ def _probe(model: Any, forward: str, seed: int) -> str | None:
             return _compare(model, runner, prompt, second, "a tree forward after a commit")
     except Exception as err:  # any failure means: not servable; the message says which
         return f"a tree forward failed with {type(err).__name__}: {_first_line(err)}"
+
+
+#: tokens `probe_generate` decodes
+GENERATE_STEPS = 6
+
+
+def probe_generate(model: Any, *, seed: int = 1) -> str | None:
+    """None when the model's cached greedy `generate` gives, at each of `GENERATE_STEPS` steps
+    from a random prompt, the logits of its own full forward of the same tokens, else what
+    differed. A `generate` that fails is not checked (None): the pipeline does not call it."""
+    from treegraft.core.generation_settings import plain_generation
+
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    n = probe_prompt_length(model)
+    rng = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    prompt = torch.randint(0, vocab, (1, n), generator=rng).to(device)
+    with _crossable_window(model), plain_generation(model), torch.inference_mode():
+        try:
+            out = model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=GENERATE_STEPS,
+                min_new_tokens=GENERATE_STEPS,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+                pad_token_id=0,
+            )
+            steps = torch.stack(list(out.logits), dim=1)[0].float()  # [k, V]
+            ids = out.sequences[:, : n + steps.shape[0] - 1]
+            own = model(input_ids=ids, use_cache=False).logits[0, n - 1 :].float()
+        except Exception:  # a generate that fails is not the reference
+            return None
+    tol = tolerance(next(model.parameters()).dtype)
+    for step, (cached, full) in enumerate(zip(steps, own, strict=True)):
+        scale = 1.0 + float(full.abs().max())
+        diff = float((cached - full).abs().max())
+        if not diff <= tol * scale:
+            return (
+                f"its own cached `generate` gives logits that differ from its full forward by "
+                f"{diff:.3g} (allowed: {tol * scale:.3g}) at decoding step {step + 1}: a cache "
+                "rule of this transformers version the pipeline cannot reproduce, so it would "
+                "decode other tokens than `generate`"
+            )
+    return None
 
 
 def probe_prompt_length(model: Any) -> int:
