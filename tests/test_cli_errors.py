@@ -134,6 +134,25 @@ def test_a_directory_as_pipeline(tmp_path: Path) -> None:
     assert_clean(result, 2, "is a directory; expected a YAML file")
 
 
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        (["generate", "--pipeline", "", "--prompt", "t1"], "'--pipeline'"),
+        (["bench", "run", "x.yaml", "--out", ""], "'--out'"),
+        (["bench", "run", " "], "'config'"),
+        (["zoo", "train", "--runs=", "--recipe", "r.yaml"], "'--runs'"),
+        (["datastore", "info", ""], "'path'"),
+    ],
+    ids=["generate", "bench-out", "bench-config", "zoo-runs", "datastore-info"],
+)
+def test_an_empty_path_is_refused_naming_the_option(args: list[str], name: str) -> None:
+    """An unset shell variable (`--out "$DIR"`) is an empty path: refused, not the current
+    folder (`bench --out ""` wrote the sweep into it)."""
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert name in result.output and "expected a path, got an empty string" in result.output
+
+
 # ---------------------------------------------------------------------------- pipeline fields
 
 

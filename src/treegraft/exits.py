@@ -14,6 +14,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -47,6 +48,7 @@ class ReportingGroup(TyperGroup):
     the same happens, so tests see what users see."""
 
     def invoke(self, ctx: Any) -> Any:
+        refuse_empty_paths(self)
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
@@ -60,6 +62,29 @@ class ReportingGroup(TyperGroup):
             if _is_cli_control(exc) or debugging():
                 raise
             raise typer.Exit(report(exc)) from None
+
+
+def refuse_empty_paths(group: Any) -> None:
+    """Every path option or argument under `group` refuses an empty string (an unset shell
+    variable: `--out "$DIR"`) naming the option, where it would be read as the current folder.
+    Typer builds the command tree afresh for each call: this patches that call's parameters."""
+    for command in group.commands.values():
+        if hasattr(command, "commands"):
+            refuse_empty_paths(command)
+            continue
+        for param in command.params:
+            if getattr(getattr(param, "type_descriptor", None), "annotation", None) is Path:
+                param.process_value = _nonempty_path(param.process_value, param)
+
+
+def _nonempty_path(process: Callable[..., Any], param: Any) -> Callable[..., Any]:
+    def checked(ctx: Any, value: Any) -> Any:
+        values = value if isinstance(value, list | tuple) else [value]
+        if any(isinstance(v, str) and not v.strip() for v in values):
+            raise typer.BadParameter("expected a path, got an empty string", ctx, param)
+        return process(ctx, value)
+
+    return checked
 
 
 def reader_gone() -> int:
