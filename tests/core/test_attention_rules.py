@@ -124,3 +124,28 @@ def test_servable_configs_are_not_refused() -> None:
     # Doge whose top-k never drops a visible key: no more positions, or a narrower window
     assert refusal(_Stub(DogeConfig(keep_window_size=2048, max_position_embeddings=2048))) is None
     assert refusal(_Stub(DogeConfig(keep_window_size=40, sliding_window=16))) is None
+
+
+@pytest.mark.parametrize("check_model", [True, False])
+def test_a_base_model_without_an_output_layer_is_refused_at_build(check_model: bool) -> None:
+    """`AutoModel` builds a model that returns hidden states (no `lm_head`): refused naming
+    that, also with the probe off (it failed mid-generation with an AttributeError)."""
+    import torch
+    from transformers import LlamaModel
+
+    from treegraft.conformance.tiny import tiny_config
+    from treegraft.core.config import ConfigError
+    from treegraft.core.pipeline import load_pipeline
+    from treegraft.core.resources import Resources
+
+    res = Resources(dtype=torch.float64)
+    res.add_model("mem:base", LlamaModel(tiny_config("llama")))
+    spec = {
+        "target": "mem:base",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4},
+        "decoding": {"max_new_tokens": 4, "dtype": "float64", "check_model": check_model},
+    }
+    with pytest.raises(ConfigError, match=r"\(LlamaModel\) .* it has no output layer") as info:
+        load_pipeline(spec, resources=res)
+    assert "AutoModelForCausalLM" in str(info.value)

@@ -158,6 +158,8 @@ def refusal(model: Any) -> str | None:
     Architectures not ruled out here still pass the load-time probe (`probe_model`) before
     they decode.
     """
+    if (head := _no_output_head(model)) is not None:
+        return head
     cfg = text_config(model.config)
     kind = getattr(cfg, "model_type", "")
     if (
@@ -188,6 +190,19 @@ def refusal(model: Any) -> str | None:
             f"its output past {switch.at} tokens does not follow from the sequence"
         )
     return None
+
+
+def _no_output_head(model: Any) -> str | None:
+    """Why `model` gives no logits to verify or draft with: a base model (`LlamaModel`, built by
+    `AutoModel`) has no output layer and returns hidden states. None where it has one."""
+    get = getattr(model, "get_output_embeddings", None)
+    if get is None or get() is not None:
+        return None
+    return (
+        "it has no output layer (`get_output_embeddings()` is None), so it gives hidden states, "
+        "not logits: a base model, as `AutoModel` builds; load the checkpoint with "
+        "`AutoModelForCausalLM`"
+    )
 
 
 def _ranked_keys(cfg: Any) -> str | None:
