@@ -118,6 +118,17 @@ def test_refusals_name_the_reason(config, words: str) -> None:
     assert words in refusal(_Stub(config))
 
 
+@pytest.mark.parametrize("impl", ["flash_attention_2", "flash_attention_3"])
+def test_flash_attention_is_refused_naming_the_implementation(impl: str) -> None:
+    """Flash-attention kernels apply causal and padding masks only: a model loaded with one is
+    refused before any forward (with the probe off too), naming what to load it with."""
+    config = MistralConfig(sliding_window=8)
+    config._attn_implementation = impl
+    why = refusal(_Stub(config))
+    assert why is not None and f"attention implementation {impl!r}" in why
+    assert "attn_implementation='sdpa'" in why
+
+
 def test_servable_configs_are_not_refused() -> None:
     assert refusal(_Stub(MistralConfig(sliding_window=8))) is None
     assert refusal(_Stub(FalconConfig(alibi=False))) is None

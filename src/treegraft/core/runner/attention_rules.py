@@ -158,8 +158,8 @@ def refusal(model: Any) -> str | None:
     Architectures not ruled out here still pass the load-time probe (`probe_model`) before
     they decode.
     """
-    if (head := _no_output_head(model)) is not None:
-        return head
+    if (why := _no_output_head(model) or _maskless_attention(model.config)) is not None:
+        return why
     cfg = text_config(model.config)
     kind = getattr(cfg, "model_type", "")
     if (
@@ -202,6 +202,20 @@ def _no_output_head(model: Any) -> str | None:
         "it has no output layer (`get_output_embeddings()` is None), so it gives hidden states, "
         "not logits: a base model, as `AutoModel` builds; load the checkpoint with "
         "`AutoModelForCausalLM`"
+    )
+
+
+def _maskless_attention(config: Any) -> str | None:
+    """Why the attention implementation `config` names cannot take a draft tree's mask: the
+    flash-attention kernels apply only causal and padding masks. None for the others (SDPA,
+    eager, treegraft's tree kernel; one nobody special-cased still meets the probe)."""
+    impl = getattr(config, "_attn_implementation", None)
+    if not isinstance(impl, str) or "flash" not in impl:
+        return None
+    return (
+        f"its attention implementation {impl!r} applies only causal and padding masks, not a "
+        "draft tree's; load it with attn_implementation='sdpa' (or 'eager'), or call "
+        "model.set_attn_implementation('sdpa')"
     )
 
 
