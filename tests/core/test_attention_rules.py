@@ -13,6 +13,8 @@ from transformers import (
     LlamaConfig,
     MistralConfig,
     Qwen2Config,
+    RwkvConfig,
+    xLSTMConfig,
 )
 
 from treegraft.core.runner.attention_rules import (
@@ -110,6 +112,8 @@ class _Stub:
         (BloomConfig(), "ALiBi"),
         (FalconConfig(alibi=True), "ALiBi"),
         (Gemma3TextConfig(use_bidirectional_attention=True), "bidirectional"),
+        (RwkvConfig(), "recurrent"),  # no `layer_types` to read it from
+        (xLSTMConfig(), "recurrent"),
         # Doge's dynamic mask keeps the top `keep_window_size` keys; ties follow their layout
         (DogeConfig(keep_window_size=40, max_position_embeddings=512), "keep_window_size"),
     ],

@@ -150,6 +150,8 @@ def _positive(value: Any) -> int | None:
 
 #: model types whose position information is an ALiBi bias built from a 2D padding mask
 ALIBI_TYPES = frozenset({"bloom", "mpt"})
+#: recurrent architectures whose configs state no `layer_types` (Mamba's and others' do)
+RECURRENT_TYPES = frozenset({"rwkv", "xlstm"})
 
 
 def refusal(model: Any) -> str | None:
@@ -170,6 +172,11 @@ def refusal(model: Any) -> str | None:
         return (
             "its ALiBi attention biases are built from a 2D padding mask and cannot take the "
             "per-node positions of a draft tree"
+        )
+    if kind in RECURRENT_TYPES:
+        return (
+            "its layers are recurrent: each token updates a state carried to the next one, "
+            "which a tree forward cannot branch into several continuations"
         )
     if getattr(cfg, "is_encoder_decoder", False):
         return "it is an encoder-decoder model; treegraft serves decoder-only causal LMs"
