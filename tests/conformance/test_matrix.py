@@ -128,6 +128,9 @@ CONFIG_VARIANTS = [
     ("mistral", {"sliding_window": 1}, "`sliding_window` is 1 token"),
     ("gemma2", {"sliding_window": 1}, "`sliding_window` is 1 token"),
     ("llama4_text", {"attention_chunk_size": 1}, "`attention_chunk_size` is 1 token"),
+    # router logits a fine-tuned MoE checkpoint keeps on: their loss reads a 2D padding mask
+    ("mixtral", {"output_router_logits": True}, None),
+    ("qwen2_moe", {"output_router_logits": True}, None),
 ]
 
 

@@ -13,6 +13,8 @@ from transformers import (
     LlamaConfig,
     MistralConfig,
     Qwen2Config,
+    RwkvConfig,
+    xLSTMConfig,
 )
 
 from treegraft.core.runner.attention_rules import (
@@ -110,6 +112,8 @@ class _Stub:
         (BloomConfig(), "ALiBi"),
         (FalconConfig(alibi=True), "ALiBi"),
         (Gemma3TextConfig(use_bidirectional_attention=True), "bidirectional"),
+        (RwkvConfig(), "recurrent"),  # no `layer_types` to read it from
+        (xLSTMConfig(), "recurrent"),
         # Doge's dynamic mask keeps the top `keep_window_size` keys; ties follow their layout
         (DogeConfig(keep_window_size=40, max_position_embeddings=512), "keep_window_size"),
     ],
@@ -118,9 +122,45 @@ def test_refusals_name_the_reason(config, words: str) -> None:
     assert words in refusal(_Stub(config))
 
 
+@pytest.mark.parametrize("impl", ["flash_attention_2", "flash_attention_3"])
+def test_flash_attention_is_refused_naming_the_implementation(impl: str) -> None:
+    """Flash-attention kernels apply causal and padding masks only: a model loaded with one is
+    refused before any forward (with the probe off too), naming what to load it with."""
+    config = MistralConfig(sliding_window=8)
+    config._attn_implementation = impl
+    why = refusal(_Stub(config))
+    assert why is not None and f"attention implementation {impl!r}" in why
+    assert "attn_implementation='sdpa'" in why
+
+
 def test_servable_configs_are_not_refused() -> None:
     assert refusal(_Stub(MistralConfig(sliding_window=8))) is None
     assert refusal(_Stub(FalconConfig(alibi=False))) is None
     # Doge whose top-k never drops a visible key: no more positions, or a narrower window
     assert refusal(_Stub(DogeConfig(keep_window_size=2048, max_position_embeddings=2048))) is None
     assert refusal(_Stub(DogeConfig(keep_window_size=40, sliding_window=16))) is None
+
+
+@pytest.mark.parametrize("check_model", [True, False])
+def test_a_base_model_without_an_output_layer_is_refused_at_build(check_model: bool) -> None:
+    """`AutoModel` builds a model that returns hidden states (no `lm_head`): refused naming
+    that, also with the probe off (it failed mid-generation with an AttributeError)."""
+    import torch
+    from transformers import LlamaModel
+
+    from treegraft.conformance.tiny import tiny_config
+    from treegraft.core.config import ConfigError
+    from treegraft.core.pipeline import load_pipeline
+    from treegraft.core.resources import Resources
+
+    res = Resources(dtype=torch.float64)
+    res.add_model("mem:base", LlamaModel(tiny_config("llama")))
+    spec = {
+        "target": "mem:base",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4},
+        "decoding": {"max_new_tokens": 4, "dtype": "float64", "check_model": check_model},
+    }
+    with pytest.raises(ConfigError, match=r"\(LlamaModel\) .* it has no output layer") as info:
+        load_pipeline(spec, resources=res)
+    assert "AutoModelForCausalLM" in str(info.value)

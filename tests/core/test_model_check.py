@@ -42,6 +42,18 @@ def test_probe_refuses_a_broken_attention() -> None:
     model.config._attn_implementation = "treegraft_test_broken"
     why = probe_model(model, forward="transformers")
     assert why is not None and "differ from the model's own forward" in why
+    assert "it attends with 'treegraft_test_broken'" in why  # the likely cause, and the fix
+    assert "set_attn_implementation('sdpa')" in why
+
+
+def test_probe_names_a_paged_attention_that_ignores_the_tree_mask() -> None:
+    """`paged|eager` (continuous batching) decodes as eager in `generate` but takes no tree
+    mask: refused, naming the implementation to switch from."""
+    model = tiny_llama(seed=4)
+    model.set_attn_implementation("paged|eager")
+    why = probe_model(model, forward="transformers")
+    assert why is not None and "it attends with 'paged|eager'" in why
+    assert probe_model(tiny_llama(seed=4)) is None  # sdpa: no hint, no refusal
 
 
 def test_probe_refuses_a_window_the_runner_ignores(monkeypatch) -> None:

@@ -108,9 +108,14 @@ def _reshape(folder: Path, name: str, shape: tuple[int, ...]) -> None:
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
 
 
-def _agree(tmp_path: Path, folder: Path) -> tuple[list[str], Exception | None]:
-    """`validate`'s errors and what `load_pipeline` raises (None: it loads) for one folder."""
+def _agree(
+    tmp_path: Path, folder: Path, drafter: dict | None = None
+) -> tuple[list[str], Exception | None]:
+    """`validate`'s errors and what `load_pipeline` raises (None: it loads) for one folder
+    (with `drafter` as a second drafter, where given)."""
     data = spec(str(folder))
+    if drafter is not None:
+        data["drafters"]["strong"] = drafter
     _, errors = pipeline_errors(write(tmp_path, "p.yaml", data))
     try:
         load_pipeline(data)
@@ -161,16 +166,32 @@ def test_a_config_leaving_vocab_size_to_its_default_loads(tmp_path: Path) -> Non
         ),
         ({"model_type": "t5"}, "holds a 't5' model, which transformers does not load"),
         ({"vocab_size": "32"}, "Field 'vocab_size' expected int, got str"),
+        ({"rope_parameters": 5}, "config.json: Validation error for field 'rope_parameters'"),
+        ({"quantization_config": "yes"}, "quantization_config: expected an object naming"),
+        ({"quantization_config": {"bits": 4}}, "got an object without one: {'bits': 4}"),
     ],
-    ids=["no-type", "unknown-type", "remote-code", "not-causal", "vocab-str"],
+    ids=[
+        "no-type",
+        "unknown-type",
+        "remote-code",
+        "not-causal",
+        "vocab-str",
+        "rope",
+        "quant",
+        "quant-",
+    ],
 )
+@pytest.mark.parametrize("lm_drafter", [False, True], ids=["ngram", "lm-drafter"])
 def test_a_config_transformers_cannot_build_fails_validate_and_load_alike(
-    tmp_path: Path, model_copy: Path, changes: dict, needle: str
+    tmp_path: Path, model_copy: Path, changes: dict, needle: str, lm_drafter: bool
 ) -> None:
+    """With an LM drafter the folders' tokenizers are compared first: a config.json they cannot
+    be read past is named as such, not as tokenizer files that do not load."""
     (model_copy / "c.py").write_text("raise SystemExit('the folder code ran')\n")
     _edit_config(model_copy, **changes)
-    errors, raised = _agree(tmp_path, model_copy)
-    assert len(errors) == 1 and needle in errors[0], errors
+    drafter = {"name": "hf_lm", "model": str(model_copy)} if lm_drafter else None
+    errors, raised = _agree(tmp_path, model_copy, drafter)
+    assert len(errors) == 1 + lm_drafter and all(needle in e for e in errors), errors
     assert raised is not None and needle in str(raised)
 
 

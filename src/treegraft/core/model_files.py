@@ -242,7 +242,7 @@ def config_problems(folder: Path, config: dict[str, Any], tensors: dict[str, Any
     """`config.json` against transformers and the weights: its `model_type` names a causal LM
     transformers builds without running the folder's own code, and the tensors the weights
     announce have the shapes of the model it describes (`shape_problems`)."""
-    if problem := model_type_problem(config):
+    if problem := model_type_problem(config) or quantization_problem(config):
         return [problem]
     hf = hf_config(folder)
     if isinstance(hf, str):
@@ -257,6 +257,28 @@ def config_problems(folder: Path, config: dict[str, Any], tensors: dict[str, Any
     if "quantization_config" in config:  # packed weights: their shapes are the quantizer's
         return []
     return shape_problems(folder, config, built, tensors)[:5]
+
+
+def config_json_problem(folder: Path, config: dict[str, Any]) -> str | None:
+    """Why transformers cannot build a config from `config.json` (read as `config`), in the
+    words of the field at fault where one is known; None when it can."""
+    problem = model_type_problem(config) or quantization_problem(config)
+    if problem is None and isinstance(hf := hf_config(folder), str):
+        problem = hf
+    return problem
+
+
+def quantization_problem(config: dict[str, Any]) -> str | None:
+    """`quantization_config`, where present, is an object with a `quant_method` (transformers
+    fails on others; it skips a method it does not know, loading the weights as they are)."""
+    quant = config.get("quantization_config")
+    if quant is None or (isinstance(quant, dict) and "quant_method" in quant):
+        return None
+    got = f"an object without one: {quant!r}" if isinstance(quant, dict) else repr(quant)
+    return (
+        "config.json: quantization_config: expected an object naming the quantizer in "
+        f"`quant_method` (e.g. 'gptq', 'awq', 'bitsandbytes', 'fp8'), got {got}"
+    )
 
 
 def model_type_problem(config: dict[str, Any]) -> str | None:

@@ -25,6 +25,7 @@ from treegraft.core.errors import ArgumentError, TreegraftError, clipped, shown
 from treegraft.core.inputs import is_dir, is_file
 from treegraft.core.model_files import (
     broken_link,
+    config_json_problem,
     file_problems,
     hf_config,
     json_object,
@@ -100,6 +101,9 @@ def folder_tokenizer(path: Path, ref: str) -> Any:
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except Exception as exc:  # transformers' failures have no common type
+        config, _ = json_object(path / "config.json")
+        if config is not None and (problem := config_json_problem(path, config)):
+            raise ModelRefError(f"{ref}: {problem}") from None  # read before the tokenizer
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if isinstance(exc, KeyError):  # a key the files lack: say so, not just its name
             first = f"a key is missing: {first}"

@@ -150,6 +150,8 @@ def _positive(value: Any) -> int | None:
 
 #: model types whose position information is an ALiBi bias built from a 2D padding mask
 ALIBI_TYPES = frozenset({"bloom", "mpt"})
+#: recurrent architectures whose configs state no `layer_types` (Mamba's and others' do)
+RECURRENT_TYPES = frozenset({"rwkv", "xlstm"})
 
 
 def refusal(model: Any) -> str | None:
@@ -158,6 +160,8 @@ def refusal(model: Any) -> str | None:
     Architectures not ruled out here still pass the load-time probe (`probe_model`) before
     they decode.
     """
+    if (why := _no_output_head(model) or _maskless_attention(model.config)) is not None:
+        return why
     cfg = text_config(model.config)
     kind = getattr(cfg, "model_type", "")
     if (
@@ -168,6 +172,11 @@ def refusal(model: Any) -> str | None:
         return (
             "its ALiBi attention biases are built from a 2D padding mask and cannot take the "
             "per-node positions of a draft tree"
+        )
+    if kind in RECURRENT_TYPES:
+        return (
+            "its layers are recurrent: each token updates a state carried to the next one, "
+            "which a tree forward cannot branch into several continuations"
         )
     if getattr(cfg, "is_encoder_decoder", False):
         return "it is an encoder-decoder model; treegraft serves decoder-only causal LMs"
@@ -188,6 +197,33 @@ def refusal(model: Any) -> str | None:
             f"its output past {switch.at} tokens does not follow from the sequence"
         )
     return None
+
+
+def _no_output_head(model: Any) -> str | None:
+    """Why `model` gives no logits to verify or draft with: a base model (`LlamaModel`, built by
+    `AutoModel`) has no output layer and returns hidden states. None where it has one."""
+    get = getattr(model, "get_output_embeddings", None)
+    if get is None or get() is not None:
+        return None
+    return (
+        "it has no output layer (`get_output_embeddings()` is None), so it gives hidden states, "
+        "not logits: a base model, as `AutoModel` builds; load the checkpoint with "
+        "`AutoModelForCausalLM`"
+    )
+
+
+def _maskless_attention(config: Any) -> str | None:
+    """Why the attention implementation `config` names cannot take a draft tree's mask: the
+    flash-attention kernels apply only causal and padding masks. None for the others (SDPA,
+    eager, treegraft's tree kernel; one nobody special-cased still meets the probe)."""
+    impl = getattr(config, "_attn_implementation", None)
+    if not isinstance(impl, str) or "flash" not in impl:
+        return None
+    return (
+        f"its attention implementation {impl!r} applies only causal and padding masks, not a "
+        "draft tree's; load it with attn_implementation='sdpa' (or 'eager'), or call "
+        "model.set_attn_implementation('sdpa')"
+    )
 
 
 def _ranked_keys(cfg: Any) -> str | None:

@@ -15,7 +15,6 @@ into contiguous slots); nothing is ever recomputed.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -32,6 +31,7 @@ from treegraft.core.runner.attention_rules import (
     attention_rules,
     max_positions,
 )
+from treegraft.core.runner.forwards import cache_kwarg, quiet_outputs
 from treegraft.core.runner.kv_cache import TreeKVCache, cache_geometry
 from treegraft.core.runner.latency import measure_latency
 from treegraft.core.runner.lean import FORWARDS, FusedForward, LeanForward, lean_support
@@ -75,11 +75,6 @@ def _unwatched(model: Any) -> Iterator[None]:
     finally:
         if watchers is not None:
             _WATCHERS[model] = watchers
-
-
-def _cache_kwarg(model: PreTrainedModel) -> str:
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 @attrs.define
@@ -130,6 +125,7 @@ class CausalLMRunner:
     n_seen: int = 0
     forwards: int = 0
     _cache_kwarg: str = attrs.field(init=False, default="")
+    _quiet: dict[str, bool] = attrs.field(init=False, factory=dict)  # `forwards.quiet_outputs`
     _tree_kernel: bool = attrs.field(init=False, default=False)
     _lean: LeanForward | None = attrs.field(init=False, default=None)
     _rules: AttentionRules = attrs.field(init=False, default=None)
@@ -151,7 +147,8 @@ class CausalLMRunner:
 
     def __attrs_post_init__(self) -> None:
         self._read_model()
-        self._cache_kwarg = _cache_kwarg(self.model)
+        self._cache_kwarg = cache_kwarg(self.model)
+        self._quiet = quiet_outputs(self.model)
         self._rules = attention_rules(self.model.config)
         self._read_attention()
 
@@ -492,7 +489,7 @@ class CausalLMRunner:
                 head=self._head,
                 hidden=rows,
             )
-        extra = {self._cache_kwarg: cache}
+        extra = {self._cache_kwarg: cache, **self._quiet}
         if self._tree_kernel:  # the fused kernel takes the compact mask: prefix length + tree block
             extra |= {PREFIX_LEN_KWARG: self.n_cached, TREE_MASK_KWARG: visible[:, self.n_cached :]}
         out = self.model(

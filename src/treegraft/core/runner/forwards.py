@@ -20,6 +20,9 @@ debugging (docs/kernels.md); it does not change which forward runs.
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import attrs
 import torch
 
@@ -76,3 +79,19 @@ def plan_forward(setting: str, device: torch.device) -> ForwardPlan:
         return ForwardPlan(setting, False, "lean", "fused", bitwise=False)
     # `auto` off CUDA: lean where supported, with `lean-fast`'s cheaper products
     return ForwardPlan(setting, False, setting, "fused", bitwise=setting == "lean")
+
+
+def cache_kwarg(model: Any) -> str:
+    """The name `model`'s forward takes its key/value cache under."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def quiet_outputs(model: Any) -> dict[str, bool]:
+    """Keyword arguments that switch off outputs a tree forward must not compute although the
+    config asks for them: a mixture of experts' router logits (`output_router_logits`, kept
+    on in checkpoints fine-tuned with a load-balancing loss), whose auxiliary loss reads the
+    attention mask as a `[batch, tokens]` padding mask and fails on a tree's. They change no
+    logits."""
+    params = inspect.signature(model.forward).parameters
+    return {"output_router_logits": False} if "output_router_logits" in params else {}

@@ -50,10 +50,22 @@ def tolerance(dtype: torch.dtype) -> float:
     return max(float(torch.finfo(dtype).eps) ** 0.5, 1e-5)
 
 
+#: attention implementations known to take a tree's mask (others get a hint when refused)
+MASKED_ATTENTION = ("sdpa", "eager", "treegraft_tree")
+
+
 def probe_model(model: Any, *, forward: str = "auto", seed: int = 0) -> str | None:
-    """None when tree forwards of `model` match its own sequential forwards, else what differed."""
+    """None when tree forwards of `model` match its own sequential forwards, else what differed
+    (naming the attention implementation where it is not one known to take a tree's mask)."""
     with _crossable_window(model):
-        return _probe(model, forward, seed)
+        why = _probe(model, forward, seed)
+    impl = getattr(model.config, "_attn_implementation", None)
+    if why is not None and isinstance(impl, str) and impl not in MASKED_ATTENTION:
+        why += (
+            f" (it attends with {impl!r}, which may not apply a draft tree's mask: try "
+            "model.set_attn_implementation('sdpa'))"
+        )
+    return why
 
 
 @contextlib.contextmanager
