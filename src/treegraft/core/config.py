@@ -455,7 +455,7 @@ def pipeline_spec_from_dict(
         grafter=_optional("grafter", merged, registry),
         decoding=structure_config(DecodingConfig, data.get("decoding"), f"{ROOT}.decoding"),
         source=source,
-        tokenizer=_tokenizer_ref(data.get("tokenizer")),
+        tokenizer=tokenizer_ref(data.get("tokenizer")),
         decoding_keys=frozenset(data.get("decoding") or ()),
     )
     check_device_map(spec)
@@ -481,7 +481,7 @@ def _null_given(data: Mapping, key: str) -> str:
     return " (null given)" if key in data else ""
 
 
-def _tokenizer_ref(raw: Any) -> str | None:
+def tokenizer_ref(raw: Any) -> str | None:
     """The `tokenizer:` key: a tokenizer folder or model reference (None: the target's)."""
     if raw is None:
         return None
@@ -499,18 +499,31 @@ def _optional(kind: str, data: Mapping, registry: Registry) -> ComponentSpec | N
     return component_spec(kind, data[kind], f"{ROOT}.{kind}", registry)
 
 
-def _drafter_specs(raw: Any, registry: Registry) -> tuple[tuple[str, ComponentSpec], ...]:
+def drafter_items(raw: Any) -> list[tuple[str, Any, str]]:
+    """`(role, raw drafter, path)` of each drafter of the `drafters` key, cheapest first; a
+    role is a non-empty string (YAML reads `1:`, `null:` or `yes:` as other types)."""
     path = f"{ROOT}.drafters"
-    if isinstance(raw, Mapping):
-        items = [(str(role), value, f"{path}.{role}") for role, value in raw.items()]
-    elif isinstance(raw, list):
+    if isinstance(raw, list):
         items = [(f"drafter{i}", value, f"{path}[{i}]") for i, value in enumerate(raw)]
+    elif isinstance(raw, Mapping):
+        for role in raw:
+            if not isinstance(role, str) or not role.strip():
+                raise ConfigError(
+                    f"{path}: expected role names (non-empty strings) as keys, got {shown(role)}"
+                    " (quote a role that YAML reads as a number, a boolean or null)"
+                )
+        items = [(role, value, f"{path}.{clipped(role)}") for role, value in raw.items()]
     else:
         raise ConfigError(
             f"{path}: expected a mapping of role -> drafter (cheapest first), got {shown(raw)}"
         )
     if not items:
         raise ConfigError(f"{path}: expected at least one drafter, got none")
+    return items
+
+
+def _drafter_specs(raw: Any, registry: Registry) -> tuple[tuple[str, ComponentSpec], ...]:
+    items = drafter_items(raw)
     return tuple((role, component_spec("drafter", value, p, registry)) for role, value, p in items)
 
 
