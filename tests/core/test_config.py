@@ -69,6 +69,50 @@ def test_yaml_syntax_error_in_a_mapping() -> None:
         parse_yaml("builder: name: layered\n", "p.yaml")
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "budget: 010",
+            "010 is an octal number in YAML 1.1 (8), text or another number to other "
+            "readers: write 8 or 10 (no leading 0), or quote '010' for text",
+        ),
+        (
+            "budget: 1:30",
+            "1:30 is a base-60 number in YAML 1.1 (90), text or another number to "
+            "other readers: write 90, or quote '1:30' for text",
+        ),
+        ("weight: -0:30.5", "-0:30.5 is a base-60 number in YAML 1.1 (-30.5)"),
+        (
+            "budget: !!int '0_7'",
+            "0_7 is an octal number in YAML 1.1 (7), text or another number "
+            "to other readers: write 7, or quote",
+        ),
+    ],
+)
+def test_yaml_11_numbers_other_readers_read_otherwise_are_refused(text: str, message: str) -> None:
+    """PyYAML read `budget: 010` as 8 and `1:30` as 90, silently; now a line-numbered error."""
+    with pytest.raises(ConfigError) as info:
+        parse_yaml(f"builder:\n  {text}\n", "p.yaml")
+    assert str(info.value).startswith(f"p.yaml: malformed YAML at line 2, column 11: {message}")
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("0", 0),
+        ("-0", 0),
+        ("0x10", 16),
+        ("0b11", 3),
+        ("1_000", 1000),
+        ("01.5", 1.5),
+        ("'010'", "010"),
+    ],
+)
+def test_yaml_numbers_every_reader_agrees_on_are_read(text: str, value: object) -> None:
+    assert parse_yaml(f"a: {text}\n") == {"a": value}
+
+
 def test_missing_file(tmp_path: Path, registry: Registry) -> None:
     with pytest.raises(ConfigError, match="pipeline file not found"):
         load_pipeline_spec(tmp_path / "nope.yaml", registry)

@@ -31,6 +31,7 @@ from treegraft.core.registry import (
 from treegraft.core.runner.forwards import FORWARD_SETTINGS
 from treegraft.core.runner.placement import valid_device_maps
 from treegraft.core.structuring import CONVERTER, INT64_MAX, INT64_MIN, OutOfRange, type_name
+from treegraft.core.yaml_loader import DuplicateKeyError, StrictLoader
 
 ROOT = "pipeline"
 
@@ -351,48 +352,10 @@ TOP_KEYS = (
 DEFAULTS = {"scheduler": {"name": "never"}, "verifier": {"name": "greedy"}}
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A safe loader refusing a mapping that repeats a key (PyYAML keeps the last silently); a
-    merge key (`<<: *defaults`) is not a repeat of the keys it brings, which the mapping may
-    override."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            if isinstance(key, typing.Hashable) and key in seen:
-                raise DuplicateKeyError(key, line, seen[key])
-            if isinstance(key, typing.Hashable):
-                seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
-        try:
-            return super().construct_yaml_int(node)
-        except ValueError:  # more digits than Python converts (`sys.get_int_max_str_digits`)
-            raise yaml.constructor.ConstructorError(
-                None, None, f"an int of {len(node.value)} digits is too long", node.start_mark
-            ) from None
-
-
-_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
-
-
-class DuplicateKeyError(yaml.YAMLError):
-    """A mapping repeats a key."""
-
-    def __init__(self, key: Any, line: int, first: int) -> None:
-        super().__init__(f"duplicate key {shown(key)} at line {line} (first at line {first})")
-        self.key, self.line, self.first = key, line, first
-
-
 def parse_yaml(text: str, source: str = "<string>") -> Any:
     """Parse YAML text; a syntax error or a repeated key becomes a `ConfigError` with the line."""
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
+        return yaml.load(text, Loader=StrictLoader)
     except RecursionError:
         raise ConfigError(f"{source}: YAML nested too deeply to read") from None
     except DuplicateKeyError as exc:
