@@ -143,6 +143,35 @@ BAD_INPUTS = {
         override(BASE, "builder.depth", True),
         "pipeline.builder.depth: expected int >= 1, got True",
     ),
+    "yes-for-int": (
+        override(BASE, "builder.depth", parse_yaml("yes")),
+        "pipeline.builder.depth: expected int >= 1, got True (a boolean: YAML reads unquoted "
+        "true/false, yes/no and on/off as booleans) (layers",
+    ),
+    "no-for-str": (
+        override(BASE, "decoding", parse_yaml("{device: no}")),
+        "pipeline.decoding.device: expected str 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got "
+        "False (a boolean: YAML reads",
+    ),
+    "exponent-text-for-int": (
+        override(BASE, "builder.budget", parse_yaml("1e3")),
+        "pipeline.builder.budget: expected int >= 1, got '1e3' (text, as YAML reads a quoted "
+        "number and PyYAML 1e3 or 1e-3; write 1000) (draft nodes",
+    ),
+    "exponent-text-for-float": (
+        override(BASE, "verifier", parse_yaml("{name: pointmass, temperature: 5e-1}")),
+        "pipeline.verifier.temperature: expected float > 0, got '5e-1' (text, as YAML reads a "
+        "quoted number and PyYAML 1e3 or 1e-3; write 0.5) (softmax",
+    ),
+    "quoted-int": (
+        override(BASE, "builder.budget", "64"),
+        "pipeline.builder.budget: expected int >= 1, got '64' (text, as YAML reads a quoted "
+        "number and PyYAML 1e3 or 1e-3; write 64)",
+    ),
+    "fraction-text-for-int": (
+        override(BASE, "builder.budget", "2.5e0"),
+        "pipeline.builder.budget: expected int >= 1, got '2.5e0' (draft nodes",
+    ),
     "float-for-int": (
         override(BASE, "builder.top_k", 2.5),
         "pipeline.builder.top_k: expected int >= 1, got 2.5",

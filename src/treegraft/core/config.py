@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+import re
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -164,7 +165,9 @@ def _structure_field(f: attrs.Attribute, value: Any, path: str) -> Any:
             f"{path}: expected {_in_range(f, value)}, got {shown(value)}{_hint(f)}"
         ) from None
     except Exception:
-        raise ConfigError(f"{path}: expected {expected(f)}, got {shown(value)}{_hint(f)}") from None
+        raise ConfigError(
+            f"{path}: expected {expected(f)}, got {shown(value)}{_read_as(f, value)}{_hint(f)}"
+        ) from None
     if isinstance(out, float) and math.isnan(out):  # compares false with everything: no setting
         raise ConfigError(f"{path}: expected {expected(f)}, not NaN, got {shown(value)}{_hint(f)}")
     if f.validator is not None:
@@ -178,6 +181,29 @@ def _structure_field(f: attrs.Attribute, value: Any, path: str) -> Any:
                 want += ", not infinite"
             raise ConfigError(f"{path}: expected {want}, got {shown(value)}{_hint(f)}") from None
     return out
+
+
+#: text YAML leaves a string although it reads as a number: quoted, or `1e3`, `1e-3` (PyYAML
+#: wants a `.` in the mantissa and a sign in the exponent)
+NUMBER_TEXT = re.compile(r"[-+]?(\d[\d_]*\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def _read_as(f: attrs.Attribute, value: Any) -> str:
+    """A note on what YAML made of a value meant as a number, for a field of numbers: text
+    (`'1e-3'`: write 0.001) or a boolean (`yes`, `on`)."""
+    kinds = set(typing.get_args(f.type)) or {f.type}
+    if isinstance(value, bool) and kinds & {int, float, str}:
+        return " (a boolean: YAML reads unquoted true/false, yes/no and on/off as booleans)"
+    if not (isinstance(value, str) and NUMBER_TEXT.fullmatch(value.strip())):
+        return ""
+    number = float(value.replace("_", ""))
+    if int in kinds and number.is_integer() and abs(number) <= INT64_MAX:
+        write: float = int(number)
+    elif float in kinds and math.isfinite(number):
+        write = number
+    else:
+        return ""
+    return f" (text, as YAML reads a quoted number and PyYAML 1e3 or 1e-3; write {write})"
 
 
 def _in_range(f: attrs.Attribute, value: Any) -> str:
