@@ -411,10 +411,23 @@ def test_override_creates_missing_leaf_keys() -> None:
     assert override(BASE, "drafters.weak.chain_len", 2)["drafters"]["weak"]["chain_len"] == 2
 
 
+def test_override_reaches_into_a_component_given_by_name_alone(registry: Registry) -> None:
+    """`verifier: pointmass` is short for `{name: pointmass}`: overriding one of its keys was
+    'cannot override ...: not a mapping'."""
+    data = {**BASE, "verifier": "pointmass", "drafters": {"weak": "ngram"}}
+    changed = override(override(data, "verifier.temperature", 0.5), "drafters.weak.chain_len", 2)
+    assert changed["verifier"] == {"name": "pointmass", "temperature": 0.5}
+    assert changed["drafters"]["weak"] == {"name": "ngram", "chain_len": 2}
+    spec = pipeline_spec_from_dict(changed, registry)
+    assert spec.verifier.config.temperature == 0.5
+    with pytest.raises(ConfigError, match=r"^pipeline\.target: cannot override 'target\.x': not"):
+        override(data, "target.x", 1)  # a model reference is no component
+
+
 def test_override_through_a_non_mapping_fails() -> None:
     with pytest.raises(ConfigError, match=r"^pipeline\.target: cannot override 'target\.x'"):
         override(BASE, "target.x", 1)
-    with pytest.raises(ConfigError, match=r"^pipeline\.decoding: cannot override"):
+    with pytest.raises(ConfigError, match=r"^pipeline\.decoding: cannot override .*: absent$"):
         override(BASE, "decoding.seed", 1)
     deep = "drafters.weak.name.x"
     with pytest.raises(

@@ -558,7 +558,17 @@ def _override(data: Mapping, keys: list[str], value: Any, path: str, dotted: str
         out[head] = value
         return out
     inner = out.get(head)
+    if isinstance(inner, str) and _is_component(f"{path}.{head}"):
+        inner = {"name": inner}  # `verifier: greedy` is short for `{name: greedy}`
     if not isinstance(inner, Mapping):
-        raise ConfigError(f"{path}.{head}: cannot override {dotted!r}: not a mapping")
+        what = "absent" if inner is None else "not a mapping"
+        raise ConfigError(f"{path}.{head}: cannot override {dotted!r}: {what}")
     out[head] = _override(inner, rest, value, f"{path}.{head}", dotted)
     return out
+
+
+def _is_component(path: str) -> bool:
+    """Whether `path` holds a component (`pipeline.builder`, `pipeline.drafters.weak`)."""
+    parts = path.split(".")
+    kinds = ("builder", "scheduler", "verifier", "rescorer", "grafter")
+    return (len(parts) == 2 and parts[1] in kinds) or (len(parts) == 3 and parts[1] == "drafters")
