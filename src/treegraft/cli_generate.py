@@ -8,7 +8,6 @@ by the same check as in YAML, and the message names the flag and the field
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,11 +17,12 @@ import attrs
 import torch
 
 from treegraft.core.config import ConfigError, override, read_pipeline_file
+from treegraft.core.devices import DEVICE_NAMES
 from treegraft.core.errors import shown
 from treegraft.core.generation_settings import plain_generation
 
 #: What `--device` accepts (the `decoding.device` field's values).
-DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+DEVICE_PATTERN = DEVICE_NAMES
 #: The verifier that samples losslessly (`--temperature` > 0).
 SAMPLING_VERIFIER = "pointmass"
 
