@@ -724,6 +724,32 @@ def test_long_values_are_shortened_in_messages(
     assert f"got {shown}" in message and len(message) < 400
 
 
+@pytest.mark.parametrize("key", ["target", "builder", "decoding.stop", "scheduler.layers"])
+def test_yaml_aliases_nesting_billions_of_items_are_shown_at_once(
+    key: str, tmp_path: Path, registry: Registry
+) -> None:
+    """A 600-byte file nests 9 lists of 9 through aliases ten deep (3.4e9 items); its error
+    message spelled them all out first (`repr`), for minutes, out of memory; now it is shown
+    shortened at once."""
+
+    def nested(depth: int) -> str:
+        if depth == 0:
+            return "&a0 [" + ", ".join(["lol"] * 9) + "]"
+        return f"&a{depth} [{nested(depth - 1)}" + f", *a{depth - 1}" * 8 + "]"
+
+    data = override(
+        {**BASE, "scheduler": {"name": "layers", "layers": [0]}, "decoding": {}}, key, "BOMB"
+    )
+    path = write(tmp_path, yaml.safe_dump(data).replace("BOMB", nested(9)))
+    assert path.stat().st_size < 700
+    with pytest.raises(ConfigError) as info:
+        load_pipeline_spec(path, registry)
+    assert "got [[...], [...], [...], [...], [...], [...], [...], [...], ...] (9 items)" in str(
+        info.value
+    )
+    assert len(str(info.value)) < 400
+
+
 def test_a_long_unknown_key_is_shortened(registry: Registry) -> None:
     message = error_of({**BASE, "k" * 3000: 1}, registry)
     assert message.startswith("pipeline." + "k" * 30 + "...") and len(message) < 400
