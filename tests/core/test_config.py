@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -600,6 +602,68 @@ def test_a_literal_field_lists_its_values() -> None:
         "pipeline.drafters.weak.mode: expected one of 'fast', 'exact', got 'quick'"
     )
     assert structure_config(Modes, {"mode": "fast"}, "p").mode == "fast"
+
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+@attrs.frozen
+class Inner:
+    a: int = 1
+
+
+@attrs.frozen
+class PluginTypes:
+    """Field types a third-party plugin's Config may use besides the built-ins' own."""
+
+    pair: tuple[int, str] = (1, "a")
+    names: Sequence[str] = ()
+    ids: frozenset[int] = frozenset()
+    either: int | str = 0
+    table: dict[str, int] = attrs.Factory(dict)
+    color: Color = Color.RED
+    inner: Inner = Inner()
+
+
+PLUGIN_TYPES_BAD = {
+    "pair-short": ("pair", [1], "p.pair: expected list of 2 items (int, str), got [1]"),
+    "pair-type": ("pair", [1, 2], "p.pair: expected list of 2 items (int, str), got [1, 2]"),
+    "sequence-letters": ("names", "abc", "p.names: expected list of str, got 'abc'"),
+    "sequence-keys": ("names", {"a": 1}, "p.names: expected list of str, got {'a': 1}"),
+    "set-letters": ("ids", "12", "p.ids: expected list of int, got '12'"),
+    "union": ("either", 1.5, "p.either: expected int or str, got 1.5"),
+    "dict": ("table", {"a": "1"}, "p.table: expected mapping of str to int, got {'a': '1'}"),
+    "enum": ("color", "RED", "p.color: expected one of 'red', 'blue', got 'RED'"),
+    "nested-key": ("inner", {"a": 2.5}, "p.inner.a: expected int, got 2.5"),
+    "nested-type": ("inner", 5, "p.inner: expected mapping of Inner fields, got 5"),
+}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"), PLUGIN_TYPES_BAD.values(), ids=PLUGIN_TYPES_BAD
+)
+def test_plugin_field_types_are_structured_strictly(key: str, value: Any, message: str) -> None:
+    """A `tuple[int, str]` was read as a list of ints (`[1, 'a']` refused, `[1]` taken), a
+    `Sequence[str]` or `frozenset[str]` took a string's letters or a mapping's keys, `int | str`
+    refused both, a nested config's error named no key, an Enum or a dict named no values."""
+    from treegraft.core.config import config_errors, structure_config
+
+    with pytest.raises(ConfigError) as info:
+        structure_config(PluginTypes, {key: value}, "p")
+    assert str(info.value) == message
+    assert config_errors(PluginTypes, {key: value}, "p") == [message]
+
+
+def test_plugin_field_types_take_their_values() -> None:
+    from treegraft.core.config import structure_config
+
+    data = {"pair": [2, "b"], "names": ["x"], "ids": [3, 3], "either": "s", "color": "blue"}
+    got = structure_config(PluginTypes, {**data, "table": {"k": 1}, "inner": {"a": 4}}, "p")
+    assert (got.pair, got.names, got.ids, got.either) == ((2, "b"), ["x"], frozenset({3}), "s")
+    assert (got.table, got.color, got.inner) == ({"k": 1}, Color.BLUE, Inner(4))
+    assert structure_config(PluginTypes, {"either": 7}, "p").either == 7
 
 
 def test_a_check_across_fields_names_the_field_and_the_component() -> None:

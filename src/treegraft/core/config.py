@@ -13,6 +13,7 @@ import difflib
 import math
 import numbers
 import re
+import types
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -158,6 +159,8 @@ def field_message(path: str, exc: Exception) -> str:
 
 
 def _structure_field(f: attrs.Attribute, value: Any, path: str) -> Any:
+    if attrs.has(f.type) and isinstance(value, Mapping):  # a nested config: errors at its keys
+        return structure_config(f.type, value, path)
     try:
         out = CONVERTER.structure(value, f.type)
     except OutOfRange:
@@ -191,7 +194,8 @@ NUMBER_TEXT = re.compile(r"[-+]?(\d[\d_]*\.?\d*|\.\d+)([eE][-+]?\d+)?")
 def _read_as(f: attrs.Attribute, value: Any) -> str:
     """A note on what YAML made of a value meant as a number, for a field of numbers: text
     (`'1e-3'`: write 0.001) or a boolean (`yes`, `on`)."""
-    kinds = set(typing.get_args(f.type)) or {f.type}
+    union = typing.get_origin(f.type) in (typing.Union, types.UnionType)
+    kinds = set(typing.get_args(f.type)) if union else {f.type}
     if isinstance(value, bool) and kinds & {int, float, str}:
         return " (a boolean: YAML reads unquoted true/false, yes/no and on/off as booleans)"
     if not (isinstance(value, str) and NUMBER_TEXT.fullmatch(value.strip())):
