@@ -105,7 +105,9 @@ def type_name(tp: Any) -> str:
     if origin in (typing.Union, types.UnionType):
         return " or ".join("null" if a is type(None) else type_name(a) for a in args)
     if origin in (dict, Mapping) or tp in (dict, Mapping):
-        return f"mapping of {type_name(args[0])} to {type_name(args[1])}" if args else "mapping"
+        if not args or args == (str, Any):  # `dict[str, Any]`: its check says the rest
+            return "mapping"
+        return f"mapping of {type_name(args[0])} to {type_name(args[1])}"
     if origin is typing.Literal:
         return "one of " + ", ".join(repr(a) for a in args)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
