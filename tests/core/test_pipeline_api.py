@@ -483,3 +483,15 @@ def test_stream_and_steps_take_one_prompt(model_dir: Path, method: str) -> None:
 def test_an_empty_pipeline_name_is_not_found(name: str) -> None:
     with pytest.raises(ConfigError, match=rf"pipeline '{name}' not found: expected a YAML file"):
         load_pipeline(name)
+
+
+def test_a_pipeline_file_under_home_is_named_with_a_tilde(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`load_pipeline("~/p.yaml")` was 'not found' where every model reference expands `~`."""
+    from treegraft.core.pipeline import resolve_pipeline
+
+    (tmp_path / "p.yaml").write_text("target: zoo:target\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve_pipeline("~/p.yaml") == tmp_path / "p.yaml"
+    assert resolve_pipeline("ngram-only").name == "ngram-only.yaml"

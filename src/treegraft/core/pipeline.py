@@ -73,8 +73,9 @@ def builtin_pipelines() -> list[str]:
 
 
 def resolve_pipeline(name_or_path: str | Path) -> Path:
-    """A pipeline file path, or the shipped pipeline of that name."""
-    path = Path(name_or_path)
+    """A pipeline file path (`~` expanded, as in model references), or the shipped pipeline of
+    that name."""
+    path = Path(name_or_path).expanduser()
     if is_file(path):
         return path
     if is_dir(path) and str(name_or_path).strip():  # Path("") is the current folder
