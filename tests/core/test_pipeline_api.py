@@ -13,7 +13,7 @@ import torch
 from tests.conftest import greedy_reference, hf_generate, word_tokenizer
 from treegraft.core.config import ConfigError, pipeline_spec_from_dict
 from treegraft.core.errors import ArgumentError, TreegraftError
-from treegraft.core.pipeline import Generation, is_prompt_list, load_pipeline
+from treegraft.core.pipeline import Generation, Pipeline, is_prompt_list, load_pipeline
 
 VOCAB = 64
 CHAT = "{% for m in messages %}t60 {{ m['content'] }} t61{% endfor %}{% if add_generation_prompt %} t62{% endif %}"
@@ -376,6 +376,19 @@ def test_a_batch_is_checked_before_any_prompt_is_decoded(model_dir: Path) -> Non
         pipe.generate([[5, 9], [7, 8], [1, 999]])
     assert str(info.value).startswith("prompt[2]: token id 999 at position 1 is outside")
     assert pipe.decoder.target.forwards == decoded  # nothing decoded
+
+
+@pytest.mark.parametrize(
+    "spec", [{"target": "zoo:target"}, None, "ngram-only"], ids=["mapping", "none", "name"]
+)
+def test_from_spec_refuses_what_is_not_a_spec(spec: Any) -> None:
+    """`Pipeline.from_spec({...})` was a raw AttributeError ('dict' has no 'decoding')."""
+    with pytest.raises(ArgumentError) as info:
+        Pipeline.from_spec(spec)
+    assert str(info.value).startswith(
+        f"Pipeline.from_spec: spec: expected a PipelineSpec (`pipeline_spec_from_dict`, "
+        f"`load_pipeline_spec`), got {type(spec).__name__} {spec!r}; `load_pipeline` takes"
+    )
 
 
 @pytest.mark.parametrize(
