@@ -115,6 +115,32 @@ def test_yaml_numbers_every_reader_agrees_on_are_read(text: str, value: object) 
     assert parse_yaml(f"a: {text}\n") == {"a": value}
 
 
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: load_pipeline_spec(5),
+            "load_pipeline_spec: path: expected a file path, got int 5",
+        ),
+        (
+            lambda: load_pipeline_spec(None),
+            "load_pipeline_spec: path: expected a file path, got NoneType None",
+        ),
+        (
+            lambda: pipeline_spec_from_dict(BASE, "x"),
+            "pipeline_spec_from_dict: registry: expected a Registry, got str 'x'",
+        ),
+        (lambda: parse_yaml(None), "parse_yaml: text: expected YAML text, got NoneType None"),
+    ],
+    ids=["path-int", "path-none", "registry", "text"],
+)
+def test_api_arguments_of_another_type_are_named(call: Any, message: str) -> None:
+    """Each was a raw TypeError or AttributeError ('str' object has no attribute 'get')."""
+    with pytest.raises(ArgumentError) as info:
+        call()
+    assert str(info.value) == message
+
+
 def test_missing_file(tmp_path: Path, registry: Registry) -> None:
     with pytest.raises(ConfigError, match="pipeline file not found"):
         load_pipeline_spec(tmp_path / "nope.yaml", registry)

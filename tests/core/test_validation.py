@@ -520,3 +520,16 @@ def test_validate_lists_exactly_the_error_load_raises(data: object) -> None:
         pipeline_spec_from_dict(data)
     assert structure_errors(data, default_registry()) == [str(info.value)]
     assert len(str(info.value)) < 400
+
+
+def test_pipeline_errors_names_arguments_of_another_type() -> None:
+    """`pipeline_errors('x.yaml', 'x')` was a raw AttributeError; `pipeline_errors(5)` a
+    TypeError."""
+    from treegraft.core.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match=r"^pipeline_errors: registry: expected a Registry"):
+        pipeline_errors(Path("x.yaml"), "x")  # type: ignore[arg-type]
+    with pytest.raises(
+        ArgumentError, match=r"^pipeline_errors: path: expected a file path, got int"
+    ):
+        pipeline_errors(5)  # type: ignore[arg-type]

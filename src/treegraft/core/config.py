@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+import os
 import re
 import types
 import typing
@@ -384,6 +385,7 @@ DEFAULTS = {"scheduler": {"name": "never"}, "verifier": {"name": "greedy"}}
 
 def parse_yaml(text: str, source: str = "<string>") -> Any:
     """Parse YAML text; a syntax error or a repeated key becomes a `ConfigError` with the line."""
+    check_argument("parse_yaml", "text", text, (str, bytes), "YAML text")
     try:
         return yaml.load(text, Loader=StrictLoader)
     except RecursionError:
@@ -397,9 +399,18 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
         raise ConfigError(f"{source}: malformed YAML{where}: {problem}") from None
 
 
+def check_argument(where: str, name: str, value: Any, kinds: Any, what: str) -> None:
+    """An `ArgumentError` for a function's argument of another type."""
+    if not isinstance(value, kinds):
+        raise ArgumentError(
+            f"{where}: {name}: expected {what}, got {type(value).__name__} {shown(value)}"
+        )
+
+
 def read_pipeline_file(path: str | Path) -> Any:
     """The parsed YAML of a pipeline file; a missing or unreadable file, text that is not UTF-8
     and malformed YAML are `ConfigError`s naming the file."""
+    check_argument("read_pipeline_file", "path", path, (str, os.PathLike), "a file path")
     path = Path(path)
     if not exists(path):
         raise ConfigError(f"{clipped(str(path))}: pipeline file not found")
@@ -412,6 +423,7 @@ def read_pipeline_file(path: str | Path) -> Any:
 
 def load_pipeline_spec(path: str | Path, registry: Registry | None = None) -> PipelineSpec:
     """Read and validate a pipeline YAML file (no model is loaded)."""
+    check_argument("load_pipeline_spec", "path", path, (str, os.PathLike), "a file path")
     return pipeline_spec_from_dict(read_pipeline_file(path), registry, source=str(path))
 
 
@@ -419,6 +431,8 @@ def pipeline_spec_from_dict(
     data: Any, registry: Registry | None = None, *, source: str = "<dict>"
 ) -> PipelineSpec:
     """Validate an already-parsed pipeline mapping."""
+    if registry is not None:
+        check_argument("pipeline_spec_from_dict", "registry", registry, Registry, "a Registry")
     registry = registry or default_registry()
     if not isinstance(data, Mapping):
         raise ConfigError(

@@ -9,6 +9,7 @@ components that load no model are built, each drafter checks its config, the tok
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from treegraft.core.config import (
     ConfigError,
     DecodingConfig,
     PipelineSpec,
+    check_argument,
     config_errors,
     drafter_items,
     load_pipeline_spec,
@@ -158,6 +160,9 @@ def pipeline_errors(
     path: Path, registry: Registry | None = None
 ) -> tuple[PipelineSpec | None, list[str]]:
     """The validated spec (None if any error) and every error found, each starting with `path`."""
+    if registry is not None:
+        check_argument("pipeline_errors", "registry", registry, Registry, "a Registry")
+    check_argument("pipeline_errors", "path", path, (str, os.PathLike), "a file path")
     registry = registry or default_registry()
     prefix = f"{clipped(str(path))}: "
     try:
