@@ -216,6 +216,15 @@ BAD_INPUTS = {
         override(BASE, "verifier", {"name": "greedy", "temperature": 0.5}),
         "pipeline.verifier.temperature: unknown key",
     ),
+    "lookalike-name": (
+        override(BASE, "drafters.weak.name", "ngr\u0430m"),  # a Cyrillic a
+        "pipeline.drafters.weak.name: unknown drafter 'ngr\u0430m' (holds non-ASCII U+0430); "
+        "did you mean 'ngram'?",
+    ),
+    "lookalike-key": (
+        override(BASE, "builder.d\u0435pth", 3),  # a Cyrillic e
+        "pipeline.builder.d\u0435pth: unknown key (holds non-ASCII U+0435); did you mean 'depth'?",
+    ),
     "unknown-top-level-key": (
         {**BASE, "verifer": {"name": "greedy"}},
         "pipeline.verifer: unknown key; did you mean 'verifier'? expected keys: target, drafters",

@@ -24,7 +24,7 @@ import attrs
 import yaml
 
 from treegraft.core.devices import DEVICE_NAMES
-from treegraft.core.errors import ArgumentError, TreegraftError, clipped, shown
+from treegraft.core.errors import ArgumentError, TreegraftError, clipped, lookalike_note, shown
 from treegraft.core.inputs import exists, read_text
 from treegraft.core.registry import (
     Registry,
@@ -259,7 +259,10 @@ def unknown_key_message(
         return f"{path}.{key}: no longer a key: {moved[key]}"
     close = difflib.get_close_matches(str(key), known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ";"
-    return f"{path}.{clipped(str(key))}: unknown key{hint} expected keys: {', '.join(known) or '(none)'}"
+    return (
+        f"{path}.{clipped(str(key))}: unknown key{lookalike_note(key)}{hint} expected keys: "
+        f"{', '.join(known) or '(none)'}"
+    )
 
 
 def moved_keys(cls: type) -> Mapping[str, str]:

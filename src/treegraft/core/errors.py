@@ -106,3 +106,13 @@ def clipped(text: str) -> str:
         return text
     half = SHOWN_CHARS // 4
     return f"{text[:half]}...{text[-half:]} ({len(text)} characters)"
+
+
+def lookalike_note(text: object) -> str:
+    """` (holds non-ASCII U+0430)` for a name or key with characters that may look like ASCII
+    ones (a Cyrillic `а` in `ngrаm`), else `''`: a message suggesting `'ngram'` would otherwise
+    seem to name what was written."""
+    if not isinstance(text, str) or text.isascii():
+        return ""
+    odd = dict.fromkeys(f"U+{ord(c):04X}" for c in text if not c.isascii())
+    return f" (holds non-ASCII {', '.join(list(odd)[:4])})"
