@@ -141,6 +141,27 @@ def test_api_arguments_of_another_type_are_named(call: Any, message: str) -> Non
     assert str(info.value) == message
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("!!float x", "malformed YAML at line 1, column 4: !!float cannot read 'x'"),
+        ("!!bool x", "malformed YAML at line 1, column 4: !!bool cannot read 'x'"),
+        ("!!timestamp x", "malformed YAML at line 1, column 4: !!timestamp cannot read 'x'"),
+        ("!!int x", "malformed YAML at line 1, column 4: !!int cannot read 'x'"),
+        ("[1, !!float y]", "malformed YAML at line 1, column 8: !!float cannot read 'y'"),
+        ("!!map [1]", "malformed YAML at line 1, column 4: expected a mapping node, but found"),
+        ("{x: 1, x: 2}", "duplicate key 'x' at line 1, column 11 (first at line 1, column 5)"),
+    ],
+)
+def test_a_value_its_tag_cannot_read_names_its_line(text: str, message: str) -> None:
+    """`!!float x` was a raw ValueError, `!!bool x` a KeyError, `!!timestamp x` an
+    AttributeError, `!!map [1]` a TypeError, `!!int x` 'an int of 1 digits is too long'; two
+    keys of one flow mapping read 'at line 1 (first at line 1)'."""
+    with pytest.raises(ConfigError) as info:
+        parse_yaml(f"a: {text}\n", "p.yaml")
+    assert str(info.value).startswith(f"p.yaml: {message}")
+
+
 def test_missing_file(tmp_path: Path, registry: Registry) -> None:
     with pytest.raises(ConfigError, match="pipeline file not found"):
         load_pipeline_spec(tmp_path / "nope.yaml", registry)

@@ -17,22 +17,39 @@ class StrictLoader(yaml.SafeLoader):
     override."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, int] = {}
+        seen: dict[Any, yaml.Mark] = {}
+        if not isinstance(node, yaml.MappingNode):  # `!!map [1]`: PyYAML's own error
+            return super().construct_mapping(node, deep=deep)
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
             key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
+            mark = key_node.start_mark
             if isinstance(key, typing.Hashable) and key in seen:
-                raise DuplicateKeyError(key, line, seen[key])
+                raise DuplicateKeyError(key, _where(mark, seen[key]), _where(seen[key], mark))
             if isinstance(key, typing.Hashable):
-                seen[key] = line
+                seen[key] = mark
         return super().construct_mapping(node, deep=deep)
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        """PyYAML's, with a value an explicit tag cannot read (`!!float x`, `!!bool x`,
+        `!!map [1]`: a raw ValueError, KeyError, TypeError) a `ConstructorError` at its line."""
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+            what = shown(node.value) if isinstance(node, yaml.ScalarNode) else node.id
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{tag} cannot read {what}", node.start_mark
+            ) from None
+
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        digits = node.value.replace("_", "").lstrip("+-")
         try:
             value = super().construct_yaml_int(node)
         except ValueError:  # more digits than Python converts (`sys.get_int_max_str_digits`)
+            if not digits.isdigit():
+                raise  # `!!int x`: what `construct_object` words
             raise yaml.constructor.ConstructorError(
                 None, None, f"an int of {len(node.value)} digits is too long", node.start_mark
             ) from None
@@ -71,9 +88,15 @@ StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yam
 StrictLoader.add_constructor("tag:yaml.org,2002:float", StrictLoader.construct_yaml_float)
 
 
+def _where(mark: yaml.Mark, other: yaml.Mark) -> str:
+    """`6`, or `2, column 12` where `other` is on the same line."""
+    column = f", column {mark.column + 1}" if mark.line == other.line else ""
+    return f"{mark.line + 1}{column}"
+
+
 class DuplicateKeyError(yaml.YAMLError):
     """A mapping repeats a key."""
 
-    def __init__(self, key: Any, line: int, first: int) -> None:
+    def __init__(self, key: Any, line: str, first: str) -> None:
         super().__init__(f"duplicate key {shown(key)} at line {line} (first at line {first})")
         self.key, self.line, self.first = key, line, first
