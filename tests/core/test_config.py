@@ -162,6 +162,15 @@ def test_a_value_its_tag_cannot_read_names_its_line(text: str, message: str) -> 
     assert str(info.value).startswith(f"p.yaml: {message}")
 
 
+def test_a_tab_where_yaml_wants_spaces_says_so() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_yaml("builder:\n\tname: layered\n", "p.yaml")
+    assert str(info.value) == (
+        "p.yaml: malformed YAML at line 2, column 1: found character '\\t' that cannot start any "
+        "token (a tab: YAML indents and separates with spaces; write spaces instead)"
+    )
+
+
 def test_missing_file(tmp_path: Path, registry: Registry) -> None:
     with pytest.raises(ConfigError, match="pipeline file not found"):
         load_pipeline_spec(tmp_path / "nope.yaml", registry)

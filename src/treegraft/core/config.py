@@ -399,6 +399,8 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
+        if "'\\t'" in problem:  # PyYAML's words for a tab where a token would start
+            problem += " (a tab: YAML indents and separates with spaces; write spaces instead)"
         raise ConfigError(f"{source}: malformed YAML{where}: {problem}") from None
 
 
