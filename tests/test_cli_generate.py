@@ -119,6 +119,37 @@ def test_apply_options_maps_flags_to_fields() -> None:
     assert spec.verifier.name == "pointmass" and spec.verifier.config.temperature == 0.7
 
 
+MALFORMED_VERIFIERS = [5, [["name", "greedy"]], ["x"], 2.5]
+
+
+@pytest.mark.parametrize(
+    ("verifier", "options"),
+    [(v, GenerateOptions()) for v in [*MALFORMED_VERIFIERS, {}, "", False]]
+    + [(v, GenerateOptions(seed=1)) for v in [*MALFORMED_VERIFIERS, {}, "", False]]
+    + [(v, GenerateOptions(temperature=0.5)) for v in MALFORMED_VERIFIERS],
+)
+def test_a_malformed_verifier_is_the_files_error_with_or_without_flags(
+    verifier: object, options: GenerateOptions
+) -> None:
+    """A verifier of no verifier's shape was a raw TypeError (`5`), or silently read as a
+    mapping (a list of pairs) or as greedy (`{}`, `''`, `false`); now the file's ConfigError,
+    as `treegraft validate` reports it, flags or not (`--temperature T` replaces a verifier
+    mapping or name by `pointmass`, by design)."""
+    base = {"target": "zoo:target", "drafters": {"w": "ngram"}, "builder": "layered"}
+    data = apply_options({**base, "verifier": verifier}, options)
+    with pytest.raises(ConfigError, match=r"^pipeline\.verifier"):
+        pipeline_spec_from_dict(data)
+
+
+@pytest.mark.parametrize("decoding", [7, [1], "fast"])
+def test_a_decoding_flag_keeps_a_malformed_decoding_for_validation(decoding: object) -> None:
+    """`--seed 1` on a file whose `decoding` is not a mapping used to drop it silently."""
+    base = {"target": "zoo:target", "drafters": {"w": "ngram"}, "builder": "layered"}
+    data = apply_options({**base, "decoding": decoding}, GenerateOptions(seed=1, device="cpu"))
+    with pytest.raises(ConfigError, match=r"^pipeline\.decoding: expected a mapping"):
+        pipeline_spec_from_dict(data)
+
+
 BAD_FLAGS = {
     "dtype": (["--dtype", "float8"], "--dtype (pipeline.decoding.dtype): expected one of"),
     "device": (["--device", "gpu"], "--device (pipeline.decoding.device): expected 'auto'"),

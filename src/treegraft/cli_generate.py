@@ -8,7 +8,6 @@ by the same check as in YAML, and the message names the flag and the field
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,10 +17,12 @@ import attrs
 import torch
 
 from treegraft.core.config import ConfigError, override, read_pipeline_file
+from treegraft.core.devices import DEVICE_NAMES
+from treegraft.core.errors import shown
 from treegraft.core.generation_settings import plain_generation
 
 #: What `--device` accepts (the `decoding.device` field's values).
-DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+DEVICE_PATTERN = DEVICE_NAMES
 #: The verifier that samples losslessly (`--temperature` > 0).
 SAMPLING_VERIFIER = "pointmass"
 
@@ -57,7 +58,7 @@ def read_pipeline_mapping(path: Path) -> dict[str, Any]:
     """The parsed pipeline YAML (a mapping), or a `ConfigError` naming the file."""
     data = read_pipeline_file(path)
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{path}: expected a pipeline mapping, got {data!r}")
+        raise ConfigError(f"{path}: expected a pipeline mapping, got {shown(data)}")
     return dict(data)
 
 
@@ -96,18 +97,28 @@ def apply_options(data: Mapping[str, Any], options: GenerateOptions) -> dict[str
 
 
 def _set_decoding(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
-    if not isinstance(data.get("decoding"), Mapping):
+    if data.get("decoding") is None:
         data = {**data, "decoding": {}}
+    elif not isinstance(data["decoding"], Mapping):  # the file's error, reported by validation
+        return data
     return override(data, f"decoding.{key}", value)
 
 
-def _verifier(data: Mapping[str, Any]) -> dict[str, Any]:
-    raw = data.get("verifier") or {"name": "greedy"}
-    return {"name": raw} if isinstance(raw, str) else dict(raw)
+def _verifier(data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The file's verifier as a mapping (None: not a verifier's shape, for validation to
+    report; a flag does not silently replace it)."""
+    raw = data.get("verifier")
+    if raw is None:
+        return {"name": "greedy"}
+    if isinstance(raw, str):
+        return {"name": raw}
+    return dict(raw) if isinstance(raw, Mapping) else None
 
 
 def _apply_sampling(data: dict[str, Any], options: GenerateOptions) -> dict[str, Any]:
     verifier = _verifier(data)
+    if verifier is None:
+        return data
     if options.temperature is not None:
         if options.temperature < 0:
             raise ConfigError(

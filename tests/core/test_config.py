@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -69,6 +71,106 @@ def test_yaml_syntax_error_in_a_mapping() -> None:
         parse_yaml("builder: name: layered\n", "p.yaml")
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "budget: 010",
+            "010 is an octal number in YAML 1.1 (8), text or another number to other "
+            "readers: write 8 or 10 (no leading 0), or quote '010' for text",
+        ),
+        (
+            "budget: 1:30",
+            "1:30 is a base-60 number in YAML 1.1 (90), text or another number to "
+            "other readers: write 90, or quote '1:30' for text",
+        ),
+        ("weight: -0:30.5", "-0:30.5 is a base-60 number in YAML 1.1 (-30.5)"),
+        (
+            "budget: !!int '0_7'",
+            "0_7 is an octal number in YAML 1.1 (7), text or another number "
+            "to other readers: write 7, or quote",
+        ),
+    ],
+)
+def test_yaml_11_numbers_other_readers_read_otherwise_are_refused(text: str, message: str) -> None:
+    """PyYAML read `budget: 010` as 8 and `1:30` as 90, silently; now a line-numbered error."""
+    with pytest.raises(ConfigError) as info:
+        parse_yaml(f"builder:\n  {text}\n", "p.yaml")
+    assert str(info.value).startswith(f"p.yaml: malformed YAML at line 2, column 11: {message}")
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("0", 0),
+        ("-0", 0),
+        ("0x10", 16),
+        ("0b11", 3),
+        ("1_000", 1000),
+        ("01.5", 1.5),
+        ("'010'", "010"),
+    ],
+)
+def test_yaml_numbers_every_reader_agrees_on_are_read(text: str, value: object) -> None:
+    assert parse_yaml(f"a: {text}\n") == {"a": value}
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: load_pipeline_spec(5),
+            "load_pipeline_spec: path: expected a file path, got int 5",
+        ),
+        (
+            lambda: load_pipeline_spec(None),
+            "load_pipeline_spec: path: expected a file path, got NoneType None",
+        ),
+        (
+            lambda: pipeline_spec_from_dict(BASE, "x"),
+            "pipeline_spec_from_dict: registry: expected a Registry, got str 'x'",
+        ),
+        (lambda: parse_yaml(None), "parse_yaml: text: expected YAML text, got NoneType None"),
+    ],
+    ids=["path-int", "path-none", "registry", "text"],
+)
+def test_api_arguments_of_another_type_are_named(call: Any, message: str) -> None:
+    """Each was a raw TypeError or AttributeError ('str' object has no attribute 'get')."""
+    with pytest.raises(ArgumentError) as info:
+        call()
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("!!float x", "malformed YAML at line 1, column 4: !!float cannot read 'x'"),
+        ("!!bool x", "malformed YAML at line 1, column 4: !!bool cannot read 'x'"),
+        ("!!timestamp x", "malformed YAML at line 1, column 4: !!timestamp cannot read 'x'"),
+        ("!!int x", "malformed YAML at line 1, column 4: !!int cannot read 'x'"),
+        ("[1, !!float y]", "malformed YAML at line 1, column 8: !!float cannot read 'y'"),
+        ("!!map [1]", "malformed YAML at line 1, column 4: expected a mapping node, but found"),
+        ("{x: 1, x: 2}", "duplicate key 'x' at line 1, column 11 (first at line 1, column 5)"),
+    ],
+)
+def test_a_value_its_tag_cannot_read_names_its_line(text: str, message: str) -> None:
+    """`!!float x` was a raw ValueError, `!!bool x` a KeyError, `!!timestamp x` an
+    AttributeError, `!!map [1]` a TypeError, `!!int x` 'an int of 1 digits is too long'; two
+    keys of one flow mapping read 'at line 1 (first at line 1)'."""
+    with pytest.raises(ConfigError) as info:
+        parse_yaml(f"a: {text}\n", "p.yaml")
+    assert str(info.value).startswith(f"p.yaml: {message}")
+
+
+def test_a_tab_where_yaml_wants_spaces_says_so() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_yaml("builder:\n\tname: layered\n", "p.yaml")
+    assert str(info.value) == (
+        "p.yaml: malformed YAML at line 2, column 1: found character '\\t' that cannot start any "
+        "token (a tab: YAML indents and separates with spaces; write spaces instead)"
+    )
+
+
 def test_missing_file(tmp_path: Path, registry: Registry) -> None:
     with pytest.raises(ConfigError, match="pipeline file not found"):
         load_pipeline_spec(tmp_path / "nope.yaml", registry)
@@ -99,6 +201,35 @@ BAD_INPUTS = {
         override(BASE, "builder.depth", True),
         "pipeline.builder.depth: expected int >= 1, got True",
     ),
+    "yes-for-int": (
+        override(BASE, "builder.depth", parse_yaml("yes")),
+        "pipeline.builder.depth: expected int >= 1, got True (a boolean: YAML reads unquoted "
+        "true/false, yes/no and on/off as booleans) (layers",
+    ),
+    "no-for-str": (
+        override(BASE, "decoding", parse_yaml("{device: no}")),
+        "pipeline.decoding.device: expected str 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got "
+        "False (a boolean: YAML reads",
+    ),
+    "exponent-text-for-int": (
+        override(BASE, "builder.budget", parse_yaml("1e3")),
+        "pipeline.builder.budget: expected int >= 1, got '1e3' (text, as YAML reads a quoted "
+        "number and PyYAML 1e3 or 1e-3; write 1000) (draft nodes",
+    ),
+    "exponent-text-for-float": (
+        override(BASE, "verifier", parse_yaml("{name: pointmass, temperature: 5e-1}")),
+        "pipeline.verifier.temperature: expected float > 0, got '5e-1' (text, as YAML reads a "
+        "quoted number and PyYAML 1e3 or 1e-3; write 0.5) (softmax",
+    ),
+    "quoted-int": (
+        override(BASE, "builder.budget", "64"),
+        "pipeline.builder.budget: expected int >= 1, got '64' (text, as YAML reads a quoted "
+        "number and PyYAML 1e3 or 1e-3; write 64)",
+    ),
+    "fraction-text-for-int": (
+        override(BASE, "builder.budget", "2.5e0"),
+        "pipeline.builder.budget: expected int >= 1, got '2.5e0' (draft nodes",
+    ),
     "float-for-int": (
         override(BASE, "builder.top_k", 2.5),
         "pipeline.builder.top_k: expected int >= 1, got 2.5",
@@ -114,6 +245,15 @@ BAD_INPUTS = {
     "extra-key-no-config": (
         override(BASE, "verifier", {"name": "greedy", "temperature": 0.5}),
         "pipeline.verifier.temperature: unknown key",
+    ),
+    "lookalike-name": (
+        override(BASE, "drafters.weak.name", "ngr\u0430m"),  # a Cyrillic a
+        "pipeline.drafters.weak.name: unknown drafter 'ngr\u0430m' (holds non-ASCII U+0430); "
+        "did you mean 'ngram'?",
+    ),
+    "lookalike-key": (
+        override(BASE, "builder.d\u0435pth", 3),  # a Cyrillic e
+        "pipeline.builder.d\u0435pth: unknown key (holds non-ASCII U+0435); did you mean 'depth'?",
     ),
     "unknown-top-level-key": (
         {**BASE, "verifer": {"name": "greedy"}},
@@ -338,10 +478,23 @@ def test_override_creates_missing_leaf_keys() -> None:
     assert override(BASE, "drafters.weak.chain_len", 2)["drafters"]["weak"]["chain_len"] == 2
 
 
+def test_override_reaches_into_a_component_given_by_name_alone(registry: Registry) -> None:
+    """`verifier: pointmass` is short for `{name: pointmass}`: overriding one of its keys was
+    'cannot override ...: not a mapping'."""
+    data = {**BASE, "verifier": "pointmass", "drafters": {"weak": "ngram"}}
+    changed = override(override(data, "verifier.temperature", 0.5), "drafters.weak.chain_len", 2)
+    assert changed["verifier"] == {"name": "pointmass", "temperature": 0.5}
+    assert changed["drafters"]["weak"] == {"name": "ngram", "chain_len": 2}
+    spec = pipeline_spec_from_dict(changed, registry)
+    assert spec.verifier.config.temperature == 0.5
+    with pytest.raises(ConfigError, match=r"^pipeline\.target: cannot override 'target\.x': not"):
+        override(data, "target.x", 1)  # a model reference is no component
+
+
 def test_override_through_a_non_mapping_fails() -> None:
     with pytest.raises(ConfigError, match=r"^pipeline\.target: cannot override 'target\.x'"):
         override(BASE, "target.x", 1)
-    with pytest.raises(ConfigError, match=r"^pipeline\.decoding: cannot override"):
+    with pytest.raises(ConfigError, match=r"^pipeline\.decoding: cannot override .*: absent$"):
         override(BASE, "decoding.seed", 1)
     deep = "drafters.weak.name.x"
     with pytest.raises(
@@ -516,6 +669,68 @@ def test_a_literal_field_lists_its_values() -> None:
     assert structure_config(Modes, {"mode": "fast"}, "p").mode == "fast"
 
 
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+@attrs.frozen
+class Inner:
+    a: int = 1
+
+
+@attrs.frozen
+class PluginTypes:
+    """Field types a third-party plugin's Config may use besides the built-ins' own."""
+
+    pair: tuple[int, str] = (1, "a")
+    names: Sequence[str] = ()
+    ids: frozenset[int] = frozenset()
+    either: int | str = 0
+    table: dict[str, int] = attrs.Factory(dict)
+    color: Color = Color.RED
+    inner: Inner = Inner()
+
+
+PLUGIN_TYPES_BAD = {
+    "pair-short": ("pair", [1], "p.pair: expected list of 2 items (int, str), got [1]"),
+    "pair-type": ("pair", [1, 2], "p.pair: expected list of 2 items (int, str), got [1, 2]"),
+    "sequence-letters": ("names", "abc", "p.names: expected list of str, got 'abc'"),
+    "sequence-keys": ("names", {"a": 1}, "p.names: expected list of str, got {'a': 1}"),
+    "set-letters": ("ids", "12", "p.ids: expected list of int, got '12'"),
+    "union": ("either", 1.5, "p.either: expected int or str, got 1.5"),
+    "dict": ("table", {"a": "1"}, "p.table: expected mapping of str to int, got {'a': '1'}"),
+    "enum": ("color", "RED", "p.color: expected one of 'red', 'blue', got 'RED'"),
+    "nested-key": ("inner", {"a": 2.5}, "p.inner.a: expected int, got 2.5"),
+    "nested-type": ("inner", 5, "p.inner: expected mapping of Inner fields, got 5"),
+}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"), PLUGIN_TYPES_BAD.values(), ids=PLUGIN_TYPES_BAD
+)
+def test_plugin_field_types_are_structured_strictly(key: str, value: Any, message: str) -> None:
+    """A `tuple[int, str]` was read as a list of ints (`[1, 'a']` refused, `[1]` taken), a
+    `Sequence[str]` or `frozenset[str]` took a string's letters or a mapping's keys, `int | str`
+    refused both, a nested config's error named no key, an Enum or a dict named no values."""
+    from treegraft.core.config import config_errors, structure_config
+
+    with pytest.raises(ConfigError) as info:
+        structure_config(PluginTypes, {key: value}, "p")
+    assert str(info.value) == message
+    assert config_errors(PluginTypes, {key: value}, "p") == [message]
+
+
+def test_plugin_field_types_take_their_values() -> None:
+    from treegraft.core.config import structure_config
+
+    data = {"pair": [2, "b"], "names": ["x"], "ids": [3, 3], "either": "s", "color": "blue"}
+    got = structure_config(PluginTypes, {**data, "table": {"k": 1}, "inner": {"a": 4}}, "p")
+    assert (got.pair, got.names, got.ids, got.either) == ((2, "b"), ["x"], frozenset({3}), "s")
+    assert (got.table, got.color, got.inner) == ({"k": 1}, Color.BLUE, Inner(4))
+    assert structure_config(PluginTypes, {"either": 7}, "p").either == 7
+
+
 def test_a_check_across_fields_names_the_field_and_the_component() -> None:
     """A Config's `__attrs_post_init__` refusing a combination is a `ConfigError` at its path
     (the n-gram drafter's `min_ngram` above `max_ngram` never drafted a token)."""
@@ -636,6 +851,32 @@ def test_long_values_are_shortened_in_messages(
 ) -> None:
     message = error_of(override({**BASE, "decoding": {}}, field, value), registry)
     assert f"got {shown}" in message and len(message) < 400
+
+
+@pytest.mark.parametrize("key", ["target", "builder", "decoding.stop", "scheduler.layers"])
+def test_yaml_aliases_nesting_billions_of_items_are_shown_at_once(
+    key: str, tmp_path: Path, registry: Registry
+) -> None:
+    """A 600-byte file nests 9 lists of 9 through aliases ten deep (3.4e9 items); its error
+    message spelled them all out first (`repr`), for minutes, out of memory; now it is shown
+    shortened at once."""
+
+    def nested(depth: int) -> str:
+        if depth == 0:
+            return "&a0 [" + ", ".join(["lol"] * 9) + "]"
+        return f"&a{depth} [{nested(depth - 1)}" + f", *a{depth - 1}" * 8 + "]"
+
+    data = override(
+        {**BASE, "scheduler": {"name": "layers", "layers": [0]}, "decoding": {}}, key, "BOMB"
+    )
+    path = write(tmp_path, yaml.safe_dump(data).replace("BOMB", nested(9)))
+    assert path.stat().st_size < 700
+    with pytest.raises(ConfigError) as info:
+        load_pipeline_spec(path, registry)
+    assert "got [[...], [...], [...], [...], [...], [...], [...], [...], ...] (9 items)" in str(
+        info.value
+    )
+    assert len(str(info.value)) < 400
 
 
 def test_a_long_unknown_key_is_shortened(registry: Registry) -> None:

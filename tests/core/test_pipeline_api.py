@@ -13,7 +13,7 @@ import torch
 from tests.conftest import greedy_reference, hf_generate, word_tokenizer
 from treegraft.core.config import ConfigError, pipeline_spec_from_dict
 from treegraft.core.errors import ArgumentError, TreegraftError
-from treegraft.core.pipeline import Generation, is_prompt_list, load_pipeline
+from treegraft.core.pipeline import Generation, Pipeline, is_prompt_list, load_pipeline
 
 VOCAB = 64
 CHAT = "{% for m in messages %}t60 {{ m['content'] }} t61{% endfor %}{% if add_generation_prompt %} t62{% endif %}"
@@ -379,6 +379,19 @@ def test_a_batch_is_checked_before_any_prompt_is_decoded(model_dir: Path) -> Non
 
 
 @pytest.mark.parametrize(
+    "spec", [{"target": "zoo:target"}, None, "ngram-only"], ids=["mapping", "none", "name"]
+)
+def test_from_spec_refuses_what_is_not_a_spec(spec: Any) -> None:
+    """`Pipeline.from_spec({...})` was a raw AttributeError ('dict' has no 'decoding')."""
+    with pytest.raises(ArgumentError) as info:
+        Pipeline.from_spec(spec)
+    assert str(info.value).startswith(
+        f"Pipeline.from_spec: spec: expected a PipelineSpec (`pipeline_spec_from_dict`, "
+        f"`load_pipeline_spec`), got {type(spec).__name__} {spec!r}; `load_pipeline` takes"
+    )
+
+
+@pytest.mark.parametrize(
     ("source", "shown"),
     [(None, "NoneType None"), (b"ngram-only", "bytes b'ngram-only'"), (5, "int 5")],
     ids=["none", "bytes", "int"],
@@ -483,3 +496,15 @@ def test_stream_and_steps_take_one_prompt(model_dir: Path, method: str) -> None:
 def test_an_empty_pipeline_name_is_not_found(name: str) -> None:
     with pytest.raises(ConfigError, match=rf"pipeline '{name}' not found: expected a YAML file"):
         load_pipeline(name)
+
+
+def test_a_pipeline_file_under_home_is_named_with_a_tilde(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`load_pipeline("~/p.yaml")` was 'not found' where every model reference expands `~`."""
+    from treegraft.core.pipeline import resolve_pipeline
+
+    (tmp_path / "p.yaml").write_text("target: zoo:target\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve_pipeline("~/p.yaml") == tmp_path / "p.yaml"
+    assert resolve_pipeline("ngram-only").name == "ngram-only.yaml"

@@ -374,3 +374,23 @@ def test_add_model_refuses_a_model_on_the_meta_device() -> None:
         ArgumentError, match=r"^add_model: model 'mem:t': its weights are on the meta "
     ):
         Resources().add_model("mem:t", model)  # was torch's NotImplementedError
+
+
+def test_device_names_take_ascii_digits_and_any_length_of_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`cuda:٣` (an Arabic-Indic 3) passed `decoding.device`, which torch then refused raw;
+    `cuda:` and 5000 digits was a raw ValueError on a CUDA machine (int() refuses them)."""
+    from treegraft.core.config import pipeline_spec_from_dict
+    from treegraft.core.devices import device_problem
+
+    data = {"target": "zoo:target", "drafters": {"w": "ngram"}, "builder": "layered"}
+    with pytest.raises(ConfigError, match=r"^pipeline\.decoding\.device: expected str 'auto'"):
+        pipeline_spec_from_dict({**data, "decoding": {"device": "cuda:\u0663"}})
+    assert device_problem("cuda:\u0663").startswith("expected 'auto', 'cpu', 'cuda', 'cuda:N'")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    problem = device_problem("cuda:" + "9" * 5000)
+    assert problem is not None and problem.endswith("this machine has 2 CUDA device(s)")
+    assert "(5005 characters)" in problem
+    assert device_problem("cuda:1") is None

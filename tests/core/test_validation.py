@@ -507,3 +507,50 @@ def test_a_checkpoint_without_the_lm_head_fails_validate_and_load_alike(
     needle = "lacks 1 weight(s) of LlamaForCausalLM (e.g. lm_head.weight)"
     assert len(errors) == 1 and needle in errors[0], errors
     assert raised is not None and needle in str(raised)
+
+
+LONG = list(range(500))
+GOOD = {"target": "zoo:target", "drafters": {"weak": "ngram"}, "builder": "layered"}
+ONE_ERROR = {
+    "not a mapping": LONG,
+    "missing target": {k: v for k, v in GOOD.items() if k != "target"},
+    "target a list": {**GOOD, "target": LONG},
+    "drafters a string": {**GOOD, "drafters": "x" * 500},
+    "drafter a list": {**GOOD, "drafters": {"weak": LONG}},
+    "component a list": {**GOOD, "builder": LONG},
+    "name a list": {**GOOD, "builder": {"name": LONG}},
+    "int role": {**GOOD, "drafters": {1: "ngram"}},
+    "null role": {**GOOD, "drafters": {None: "ngram"}},
+    "empty role": {**GOOD, "drafters": {"": "ngram"}},
+    "tokenizer a list": {**GOOD, "tokenizer": ["a"]},
+    "tokenizer empty": {**GOOD, "tokenizer": ""},
+}
+
+
+@pytest.mark.parametrize("data", ONE_ERROR.values(), ids=ONE_ERROR.keys())
+def test_validate_lists_exactly_the_error_load_raises(data: object) -> None:
+    """Each malformed mapping has one error, which `treegraft validate`'s pass over every key
+    words as loading does: values shortened alike (they were printed whole), a missing target
+    once (it was also `got ''`), roles and the tokenizer checked there too (a bad tokenizer
+    showed only once every other key was sound)."""
+    from treegraft.core.config import ConfigError, pipeline_spec_from_dict
+    from treegraft.core.registry import default_registry
+    from treegraft.core.validation import structure_errors
+
+    with pytest.raises(ConfigError) as info:
+        pipeline_spec_from_dict(data)
+    assert structure_errors(data, default_registry()) == [str(info.value)]
+    assert len(str(info.value)) < 400
+
+
+def test_pipeline_errors_names_arguments_of_another_type() -> None:
+    """`pipeline_errors('x.yaml', 'x')` was a raw AttributeError; `pipeline_errors(5)` a
+    TypeError."""
+    from treegraft.core.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match=r"^pipeline_errors: registry: expected a Registry"):
+        pipeline_errors(Path("x.yaml"), "x")  # type: ignore[arg-type]
+    with pytest.raises(
+        ArgumentError, match=r"^pipeline_errors: path: expected a file path, got int"
+    ):
+        pipeline_errors(5)  # type: ignore[arg-type]

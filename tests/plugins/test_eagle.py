@@ -207,6 +207,12 @@ def test_a_saved_head_loads_back_equal(head_dir):
     torch.testing.assert_close(net(x, e), again(x, e))
 
 
+def test_a_head_folder_under_home_is_named_with_a_tilde(head_dir, monkeypatch):
+    """`head: ~/h` was 'not found' where model references, stores and artifacts expand `~`."""
+    monkeypatch.setenv("HOME", str(head_dir.parent))
+    assert resolve_head(f"~/{head_dir.name}") == head_dir
+
+
 def test_a_replay_drafts_from_the_features_the_measured_run_drafts_from(head_dir):
     """The benchmark's replay never runs the target in the generation: its stand-in hands the
     eagle drafter (a copy reading it) the hidden states of the prompt and its recorded

@@ -168,6 +168,11 @@ def test_scheduler_config_errors():
         ),
         ({"name": "threshold", "drafter": -3}, r"pipeline\.scheduler\.drafter: .* got -3"),
         ({"name": "every_k", "k": 2, "drafter": 5}, r"pipeline\.scheduler\.drafter: .* got 5"),
+        (
+            {"name": "every_k", "offset": 4},
+            r"pipeline\.scheduler\.offset: 4 is past the builder's depth 4 \(layers 0 \.\. 3\): "
+            r"the drafter would never act$",
+        ),
         ({"name": "budgeted", "drafter": 2}, r"pipeline\.scheduler\.drafter: .* got 2"),
         ({"name": "plan", "plan": [1, 2]}, r"pipeline\.scheduler\.plan: names drafter 2 but"),
         (
@@ -180,6 +185,7 @@ def test_scheduler_config_errors():
         "layers-drafter",
         "threshold",
         "every-k",
+        "every-k-offset",
         "budgeted",
         "plan-index",
         "plan-length",

@@ -12,6 +12,9 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+import os
+import re
+import types
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -21,7 +24,7 @@ import attrs
 import yaml
 
 from treegraft.core.devices import DEVICE_NAMES
-from treegraft.core.errors import ArgumentError, TreegraftError, clipped, shown
+from treegraft.core.errors import ArgumentError, TreegraftError, clipped, lookalike_note, shown
 from treegraft.core.inputs import exists, read_text
 from treegraft.core.registry import (
     Registry,
@@ -31,6 +34,7 @@ from treegraft.core.registry import (
 from treegraft.core.runner.forwards import FORWARD_SETTINGS
 from treegraft.core.runner.placement import valid_device_maps
 from treegraft.core.structuring import CONVERTER, INT64_MAX, INT64_MIN, OutOfRange, type_name
+from treegraft.core.yaml_loader import DuplicateKeyError, StrictLoader
 
 ROOT = "pipeline"
 
@@ -156,6 +160,8 @@ def field_message(path: str, exc: Exception) -> str:
 
 
 def _structure_field(f: attrs.Attribute, value: Any, path: str) -> Any:
+    if attrs.has(f.type) and isinstance(value, Mapping):  # a nested config: errors at its keys
+        return structure_config(f.type, value, path)
     try:
         out = CONVERTER.structure(value, f.type)
     except OutOfRange:
@@ -163,7 +169,9 @@ def _structure_field(f: attrs.Attribute, value: Any, path: str) -> Any:
             f"{path}: expected {_in_range(f, value)}, got {shown(value)}{_hint(f)}"
         ) from None
     except Exception:
-        raise ConfigError(f"{path}: expected {expected(f)}, got {shown(value)}{_hint(f)}") from None
+        raise ConfigError(
+            f"{path}: expected {expected(f)}, got {shown(value)}{_read_as(f, value)}{_hint(f)}"
+        ) from None
     if isinstance(out, float) and math.isnan(out):  # compares false with everything: no setting
         raise ConfigError(f"{path}: expected {expected(f)}, not NaN, got {shown(value)}{_hint(f)}")
     if f.validator is not None:
@@ -177,6 +185,30 @@ def _structure_field(f: attrs.Attribute, value: Any, path: str) -> Any:
                 want += ", not infinite"
             raise ConfigError(f"{path}: expected {want}, got {shown(value)}{_hint(f)}") from None
     return out
+
+
+#: text YAML leaves a string although it reads as a number: quoted, or `1e3`, `1e-3` (PyYAML
+#: wants a `.` in the mantissa and a sign in the exponent)
+NUMBER_TEXT = re.compile(r"[-+]?(\d[\d_]*\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def _read_as(f: attrs.Attribute, value: Any) -> str:
+    """A note on what YAML made of a value meant as a number, for a field of numbers: text
+    (`'1e-3'`: write 0.001) or a boolean (`yes`, `on`)."""
+    union = typing.get_origin(f.type) in (typing.Union, types.UnionType)
+    kinds = set(typing.get_args(f.type)) if union else {f.type}
+    if isinstance(value, bool) and kinds & {int, float, str}:
+        return " (a boolean: YAML reads unquoted true/false, yes/no and on/off as booleans)"
+    if not (isinstance(value, str) and NUMBER_TEXT.fullmatch(value.strip())):
+        return ""
+    number = float(value.replace("_", ""))
+    if int in kinds and number.is_integer() and abs(number) <= INT64_MAX:
+        write: float = int(number)
+    elif float in kinds and math.isfinite(number):
+        write = number
+    else:
+        return ""
+    return f" (text, as YAML reads a quoted number and PyYAML 1e3 or 1e-3; write {write})"
 
 
 def _in_range(f: attrs.Attribute, value: Any) -> str:
@@ -227,7 +259,10 @@ def unknown_key_message(
         return f"{path}.{key}: no longer a key: {moved[key]}"
     close = difflib.get_close_matches(str(key), known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ";"
-    return f"{path}.{clipped(str(key))}: unknown key{hint} expected keys: {', '.join(known) or '(none)'}"
+    return (
+        f"{path}.{clipped(str(key))}: unknown key{lookalike_note(key)}{hint} expected keys: "
+        f"{', '.join(known) or '(none)'}"
+    )
 
 
 def moved_keys(cls: type) -> Mapping[str, str]:
@@ -351,48 +386,11 @@ TOP_KEYS = (
 DEFAULTS = {"scheduler": {"name": "never"}, "verifier": {"name": "greedy"}}
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A safe loader refusing a mapping that repeats a key (PyYAML keeps the last silently); a
-    merge key (`<<: *defaults`) is not a repeat of the keys it brings, which the mapping may
-    override."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            if isinstance(key, typing.Hashable) and key in seen:
-                raise DuplicateKeyError(key, line, seen[key])
-            if isinstance(key, typing.Hashable):
-                seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
-        try:
-            return super().construct_yaml_int(node)
-        except ValueError:  # more digits than Python converts (`sys.get_int_max_str_digits`)
-            raise yaml.constructor.ConstructorError(
-                None, None, f"an int of {len(node.value)} digits is too long", node.start_mark
-            ) from None
-
-
-_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
-
-
-class DuplicateKeyError(yaml.YAMLError):
-    """A mapping repeats a key."""
-
-    def __init__(self, key: Any, line: int, first: int) -> None:
-        super().__init__(f"duplicate key {shown(key)} at line {line} (first at line {first})")
-        self.key, self.line, self.first = key, line, first
-
-
 def parse_yaml(text: str, source: str = "<string>") -> Any:
     """Parse YAML text; a syntax error or a repeated key becomes a `ConfigError` with the line."""
+    check_argument("parse_yaml", "text", text, (str, bytes), "YAML text")
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
+        return yaml.load(text, Loader=StrictLoader)
     except RecursionError:
         raise ConfigError(f"{source}: YAML nested too deeply to read") from None
     except DuplicateKeyError as exc:
@@ -401,12 +399,23 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
+        if "'\\t'" in problem:  # PyYAML's words for a tab where a token would start
+            problem += " (a tab: YAML indents and separates with spaces; write spaces instead)"
         raise ConfigError(f"{source}: malformed YAML{where}: {problem}") from None
+
+
+def check_argument(where: str, name: str, value: Any, kinds: Any, what: str) -> None:
+    """An `ArgumentError` for a function's argument of another type."""
+    if not isinstance(value, kinds):
+        raise ArgumentError(
+            f"{where}: {name}: expected {what}, got {type(value).__name__} {shown(value)}"
+        )
 
 
 def read_pipeline_file(path: str | Path) -> Any:
     """The parsed YAML of a pipeline file; a missing or unreadable file, text that is not UTF-8
     and malformed YAML are `ConfigError`s naming the file."""
+    check_argument("read_pipeline_file", "path", path, (str, os.PathLike), "a file path")
     path = Path(path)
     if not exists(path):
         raise ConfigError(f"{clipped(str(path))}: pipeline file not found")
@@ -419,6 +428,7 @@ def read_pipeline_file(path: str | Path) -> Any:
 
 def load_pipeline_spec(path: str | Path, registry: Registry | None = None) -> PipelineSpec:
     """Read and validate a pipeline YAML file (no model is loaded)."""
+    check_argument("load_pipeline_spec", "path", path, (str, os.PathLike), "a file path")
     return pipeline_spec_from_dict(read_pipeline_file(path), registry, source=str(path))
 
 
@@ -426,6 +436,8 @@ def pipeline_spec_from_dict(
     data: Any, registry: Registry | None = None, *, source: str = "<dict>"
 ) -> PipelineSpec:
     """Validate an already-parsed pipeline mapping."""
+    if registry is not None:
+        check_argument("pipeline_spec_from_dict", "registry", registry, Registry, "a Registry")
     registry = registry or default_registry()
     if not isinstance(data, Mapping):
         raise ConfigError(
@@ -455,7 +467,7 @@ def pipeline_spec_from_dict(
         grafter=_optional("grafter", merged, registry),
         decoding=structure_config(DecodingConfig, data.get("decoding"), f"{ROOT}.decoding"),
         source=source,
-        tokenizer=_tokenizer_ref(data.get("tokenizer")),
+        tokenizer=tokenizer_ref(data.get("tokenizer")),
         decoding_keys=frozenset(data.get("decoding") or ()),
     )
     check_device_map(spec)
@@ -481,7 +493,7 @@ def _null_given(data: Mapping, key: str) -> str:
     return " (null given)" if key in data else ""
 
 
-def _tokenizer_ref(raw: Any) -> str | None:
+def tokenizer_ref(raw: Any) -> str | None:
     """The `tokenizer:` key: a tokenizer folder or model reference (None: the target's)."""
     if raw is None:
         return None
@@ -499,18 +511,31 @@ def _optional(kind: str, data: Mapping, registry: Registry) -> ComponentSpec | N
     return component_spec(kind, data[kind], f"{ROOT}.{kind}", registry)
 
 
-def _drafter_specs(raw: Any, registry: Registry) -> tuple[tuple[str, ComponentSpec], ...]:
+def drafter_items(raw: Any) -> list[tuple[str, Any, str]]:
+    """`(role, raw drafter, path)` of each drafter of the `drafters` key, cheapest first; a
+    role is a non-empty string (YAML reads `1:`, `null:` or `yes:` as other types)."""
     path = f"{ROOT}.drafters"
-    if isinstance(raw, Mapping):
-        items = [(str(role), value, f"{path}.{role}") for role, value in raw.items()]
-    elif isinstance(raw, list):
+    if isinstance(raw, list):
         items = [(f"drafter{i}", value, f"{path}[{i}]") for i, value in enumerate(raw)]
+    elif isinstance(raw, Mapping):
+        for role in raw:
+            if not isinstance(role, str) or not role.strip():
+                raise ConfigError(
+                    f"{path}: expected role names (non-empty strings) as keys, got {shown(role)}"
+                    " (quote a role that YAML reads as a number, a boolean or null)"
+                )
+        items = [(role, value, f"{path}.{clipped(role)}") for role, value in raw.items()]
     else:
         raise ConfigError(
             f"{path}: expected a mapping of role -> drafter (cheapest first), got {shown(raw)}"
         )
     if not items:
         raise ConfigError(f"{path}: expected at least one drafter, got none")
+    return items
+
+
+def _drafter_specs(raw: Any, registry: Registry) -> tuple[tuple[str, ComponentSpec], ...]:
+    items = drafter_items(raw)
     return tuple((role, component_spec("drafter", value, p, registry)) for role, value, p in items)
 
 
@@ -556,7 +581,17 @@ def _override(data: Mapping, keys: list[str], value: Any, path: str, dotted: str
         out[head] = value
         return out
     inner = out.get(head)
+    if isinstance(inner, str) and _is_component(f"{path}.{head}"):
+        inner = {"name": inner}  # `verifier: greedy` is short for `{name: greedy}`
     if not isinstance(inner, Mapping):
-        raise ConfigError(f"{path}.{head}: cannot override {dotted!r}: not a mapping")
+        what = "absent" if inner is None else "not a mapping"
+        raise ConfigError(f"{path}.{head}: cannot override {dotted!r}: {what}")
     out[head] = _override(inner, rest, value, f"{path}.{head}", dotted)
     return out
+
+
+def _is_component(path: str) -> bool:
+    """Whether `path` holds a component (`pipeline.builder`, `pipeline.drafters.weak`)."""
+    parts = path.split(".")
+    kinds = ("builder", "scheduler", "verifier", "rescorer", "grafter")
+    return (len(parts) == 2 and parts[1] in kinds) or (len(parts) == 3 and parts[1] == "drafters")

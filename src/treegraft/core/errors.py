@@ -8,6 +8,7 @@ Any other exception is a bug (in treegraft or in a plugin it could not attribute
 
 from __future__ import annotations
 
+import itertools
 import math
 import reprlib
 
@@ -53,12 +54,12 @@ def shown(value: object) -> str:
     shortened (`'xxxx...xxxx' (5000 characters)`, `[0, 1, 2, 3, 4, 5, 6, 7, ...] (3000 items)`), so that a
     message stays readable whatever it was given."""
     try:
-        text = repr(value)
+        text = repr(value) if _few_items(value) else None
     except ValueError:  # an int too long to convert to text
         text = None
     if text is not None and len(text) <= SHOWN_CHARS:
         return text
-    short = _SHORTENED.repr(value)
+    short = _short_repr(value)
     if isinstance(value, (str, bytes)):
         return f"{short} ({len(value)} characters)"
     if hasattr(value, "__len__") and not isinstance(value, int):
@@ -70,6 +71,34 @@ def shown(value: object) -> str:
     return short
 
 
+def _short_repr(value: object) -> str:
+    """`reprlib`'s shortening, nested levels dropped until it fits twice `SHOWN_CHARS` (8 lists
+    of 8 lists of 8 would still spell out 512 items)."""
+    for level in (3, 2, 1):
+        _SHORTENED.maxlevel = level
+        short = _SHORTENED.repr(value)
+        if len(short) <= 2 * SHOWN_CHARS:
+            break
+    return short
+
+
+def _few_items(value: object, most: int = SHOWN_CHARS) -> bool:
+    """Whether `value` holds at most `most` items, nested ones counted each time they appear:
+    a full `repr` of more is never shown, and YAML aliases nest 9 lists of 9 a few levels deep
+    into billions of items that `repr` would spell out."""
+    stack, seen = [value], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > most:
+            return False
+        if isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(itertools.islice(item, most + 1))
+        elif isinstance(item, dict):
+            stack.extend(itertools.islice(itertools.chain.from_iterable(item.items()), most + 1))
+    return True
+
+
 def clipped(text: str) -> str:
     """`text` itself (a path, a name: no quotes) for an error message, shortened as `shown`
     shortens a string when it is longer than `SHOWN_CHARS`."""
@@ -77,3 +106,13 @@ def clipped(text: str) -> str:
         return text
     half = SHOWN_CHARS // 4
     return f"{text[:half]}...{text[-half:]} ({len(text)} characters)"
+
+
+def lookalike_note(text: object) -> str:
+    """` (holds non-ASCII U+0430)` for a name or key with characters that may look like ASCII
+    ones (a Cyrillic `а` in `ngrаm`), else `''`: a message suggesting `'ngram'` would otherwise
+    seem to name what was written."""
+    if not isinstance(text, str) or text.isascii():
+        return ""
+    odd = dict.fromkeys(f"U+{ord(c):04X}" for c in text if not c.isascii())
+    return f" (holds non-ASCII {', '.join(list(odd)[:4])})"

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from treegraft.core.arguments import check_max_new_tokens, check_stop, prompt_ids
+from treegraft.core.arguments import check_max_new_tokens, check_optional, check_stop, prompt_ids
 from treegraft.core.boundary import Origin
 from treegraft.core.chat import chat_ids, checked_messages, is_messages, messages_ids
 from treegraft.core.components import build_component, check_assembly
@@ -73,8 +73,9 @@ def builtin_pipelines() -> list[str]:
 
 
 def resolve_pipeline(name_or_path: str | Path) -> Path:
-    """A pipeline file path, or the shipped pipeline of that name."""
-    path = Path(name_or_path)
+    """A pipeline file path (`~` expanded, as in model references), or the shipped pipeline of
+    that name."""
+    path = Path(name_or_path).expanduser()
     if is_file(path):
         return path
     if is_dir(path) and str(name_or_path).strip():  # Path("") is the current folder
@@ -129,6 +130,12 @@ class Pipeline:
         registry: Registry | None = None,
     ) -> Pipeline:
         """Load the models and build every component of `spec`."""
+        if not isinstance(spec, PipelineSpec):  # a mapping or a file: `load_pipeline`
+            raise ArgumentError(
+                f"Pipeline.from_spec: spec: expected a PipelineSpec (`pipeline_spec_from_dict`, "
+                f"`load_pipeline_spec`), got {type(spec).__name__} {shown(spec)}; "
+                "`load_pipeline` takes a mapping, a file or a shipped pipeline's name"
+            )
         check_optional("Pipeline.from_spec", resources=(resources, Resources))
         check_optional("Pipeline.from_spec", registry=(registry, Registry))
         registry = registry or default_registry()
@@ -564,16 +571,6 @@ def _load(resources: Resources, ref: str, path: str) -> Any:
         return resources.model(ref)
     except ModelRefError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-
-
-def check_optional(where: str, **given: tuple[Any, type]) -> None:
-    """An `ArgumentError` for a keyword argument that is neither None nor of its type."""
-    for name, (value, kind) in given.items():
-        if value is not None and not isinstance(value, kind):
-            raise ArgumentError(
-                f"{where}: {name}: expected a {kind.__name__} or None, got "
-                f"{type(value).__name__} {shown(value)}"
-            )
 
 
 def load_pipeline(

@@ -17,7 +17,7 @@ import attrs
 import pluggy
 
 from treegraft.core import hookspecs
-from treegraft.core.errors import TreegraftError, shown
+from treegraft.core.errors import TreegraftError, lookalike_note, shown
 from treegraft.core.interfaces import (
     Drafter,
     Grafter,
@@ -217,7 +217,10 @@ def unknown_name_message(kind: str, name: object, known: list[str]) -> str:
     """`unknown drafter 'ngarm'; did you mean 'ngram'? known: ...`"""
     close = difflib.get_close_matches(str(name), known, n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ";"
-    return f"unknown {kind} {shown(name)}{hint} known {kind}s: {', '.join(known) or '(none)'}"
+    return (
+        f"unknown {kind} {shown(name)}{lookalike_note(name)}{hint} known {kind}s: "
+        f"{', '.join(known) or '(none)'}"
+    )
 
 
 def _distribution_of(plugin_name: str, dist: str | None) -> str:

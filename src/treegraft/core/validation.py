@@ -9,6 +9,7 @@ components that load no model are built, each drafter checks its config, the tok
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,13 +27,16 @@ from treegraft.core.config import (
     ConfigError,
     DecodingConfig,
     PipelineSpec,
+    check_argument,
     config_errors,
+    drafter_items,
     load_pipeline_spec,
     read_pipeline_file,
+    tokenizer_ref,
     unknown_key_message,
 )
 from treegraft.core.devices import device_problem
-from treegraft.core.errors import TreegraftError, clipped
+from treegraft.core.errors import TreegraftError, clipped, shown
 from treegraft.core.model_files import model_folder_problems
 from treegraft.core.registry import Registry, UnknownComponentError, default_registry
 from treegraft.core.resources import ModelRefError, Resources, resolve_model_path
@@ -45,11 +49,11 @@ def component_errors(kind: str, raw: Any, path: str, registry: Registry) -> list
     if isinstance(raw, str):
         raw = {"name": raw}
     if not isinstance(raw, Mapping):
-        return [f"{path}: expected a mapping with a 'name' key naming a {kind}, got {raw!r}"]
+        return [f"{path}: expected a mapping with a 'name' key naming a {kind}, got {shown(raw)}"]
     if "name" not in raw:
         return [f"{path}.name: missing required key (the registered {kind} name)"]
     if not isinstance(raw["name"], str):
-        return [f"{path}.name: expected str naming a registered {kind}, got {raw['name']!r}"]
+        return [f"{path}.name: expected str naming a registered {kind}, got {shown(raw['name'])}"]
     try:
         reg = registry.get(kind, raw["name"])
     except UnknownComponentError:
@@ -61,17 +65,18 @@ def component_errors(kind: str, raw: Any, path: str, registry: Registry) -> list
 def structure_errors(data: Any, registry: Registry) -> list[str]:
     """Every structural error of a parsed pipeline mapping."""
     if not isinstance(data, Mapping):
-        return [f"{ROOT}: expected a mapping with keys {', '.join(TOP_KEYS)}, got {data!r}"]
+        return [f"{ROOT}: expected a mapping with keys {', '.join(TOP_KEYS)}, got {shown(data)}"]
     errors = [unknown_key_message(ROOT, key, list(TOP_KEYS)) for key in data if key not in TOP_KEYS]
     errors += [
         f"{ROOT}.{k}: missing required key{' (null given)' if k in data else ''}"
         for k in ("target", "drafters", "builder")
         if data.get(k) is None
     ]
-    target = data.get("target", "")
+    target = data.get("target")
     if target is not None and (not isinstance(target, str) or not target):
         errors.append(
-            f"{ROOT}.target: expected a model reference string (zoo:NAME or a path), got {target!r}"
+            f"{ROOT}.target: expected a model reference string (zoo:NAME or a path), "
+            f"got {shown(target)}"
         )
     if data.get("drafters") is not None:
         errors += drafters_errors(data["drafters"], registry)
@@ -80,20 +85,19 @@ def structure_errors(data: Any, registry: Registry) -> list[str]:
         if kind in merged:
             errors += component_errors(kind, merged[kind], f"{ROOT}.{kind}", registry)
     errors += config_errors(DecodingConfig, data.get("decoding"), f"{ROOT}.decoding")
+    try:
+        tokenizer_ref(data.get("tokenizer"))
+    except ConfigError as exc:
+        errors.append(str(exc))
     return errors
 
 
 def drafters_errors(raw: Any, registry: Registry) -> list[str]:
-    path = f"{ROOT}.drafters"
-    if isinstance(raw, Mapping):
-        items = [(value, f"{path}.{role}") for role, value in raw.items()]
-    elif isinstance(raw, list):
-        items = [(value, f"{path}[{i}]") for i, value in enumerate(raw)]
-    else:
-        return [f"{path}: expected a mapping of role -> drafter (cheapest first), got {raw!r}"]
-    if not items:
-        return [f"{path}: expected at least one drafter, got none"]
-    return [e for value, p in items for e in component_errors("drafter", value, p, registry)]
+    try:
+        items = drafter_items(raw)
+    except ConfigError as exc:
+        return [str(exc)]
+    return [e for _, value, p in items for e in component_errors("drafter", value, p, registry)]
 
 
 def model_errors(spec: PipelineSpec) -> list[str]:
@@ -156,6 +160,9 @@ def pipeline_errors(
     path: Path, registry: Registry | None = None
 ) -> tuple[PipelineSpec | None, list[str]]:
     """The validated spec (None if any error) and every error found, each starting with `path`."""
+    if registry is not None:
+        check_argument("pipeline_errors", "registry", registry, Registry, "a Registry")
+    check_argument("pipeline_errors", "path", path, (str, os.PathLike), "a file path")
     registry = registry or default_registry()
     prefix = f"{clipped(str(path))}: "
     try:

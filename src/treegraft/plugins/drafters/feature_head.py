@@ -78,8 +78,11 @@ class FeatureHead(nn.Module):
 
 
 def resolve_head(ref: str) -> Path:
-    """The folder of head `ref`: `zoo:NAME` (shipped) or a folder holding `head.json`."""
-    path = HEADS_DIR / ref.removeprefix("zoo:") if ref.startswith("zoo:") else Path(ref)
+    """The folder of head `ref`: `zoo:NAME` (shipped) or a folder holding `head.json` (`~`
+    expanded, as in model references)."""
+    path = (
+        HEADS_DIR / ref.removeprefix("zoo:") if ref.startswith("zoo:") else Path(ref).expanduser()
+    )
     if not (path / CONFIG_FILE).is_file():
         shipped = sorted(p.name for p in HEADS_DIR.glob("*") if (p / CONFIG_FILE).is_file())
         raise FileNotFoundError(

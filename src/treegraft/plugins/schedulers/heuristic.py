@@ -29,6 +29,14 @@ class EveryKScheduler(ChecksDrafterIndex, Scheduler):
     Config = EveryKConfig
     config: EveryKConfig
 
+    def check_pipeline(self, n_drafters: int, depth: int | None) -> None:
+        super().check_pipeline(n_drafters, depth)
+        if depth is not None and self.config.offset >= depth:
+            raise ValueError(
+                f"offset: {self.config.offset} is past the builder's depth {depth} (layers 0 .. "
+                f"{depth - 1}): the drafter would never act"
+            )
+
     def decide(self, state: LayerState) -> int:
         c = self.config
         hit = state.layer >= c.offset and (state.layer - c.offset) % c.k == 0
