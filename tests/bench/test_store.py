@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import pytest
 
 from treegraft.bench.records import Request
@@ -60,11 +63,34 @@ def test_resume_cuts_a_torn_tail_and_appends_after_it(tmp_path):
     contents = read_store(path)
     assert [r.prompt_ids for r in contents.records] == [("a",), ("b",)]
     assert contents.valid_bytes == len(whole) and contents.corrupt_lines == 1
-    with ResultStore.open(tmp_path, resume=True) as store:
+    skipped = pytest.warns(UserWarning, match=r"1 damaged line\(s\) skipped .*run again")
+    with skipped, ResultStore.open(tmp_path, resume=True) as store:
         assert set(store.finished()) == {("p", "s", "a", 0), ("p", "s", "b", 0)}
         store.append(record("c"))
     assert [r.prompt_ids for r in read_store(path).records] == [("a",), ("b",), ("c",)]
     assert read_store(path).corrupt_lines == 0
+
+
+def rewritten(line: bytes, change) -> bytes:
+    """A store line whose record `change` edited, with a matching checksum (another version's)."""
+    body = json.loads(line)["record"]
+    change(body)
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+    return (json.dumps({"sha256": digest.hexdigest(), "record": body}) + "\n").encode()
+
+
+def test_records_of_another_version_are_read_or_refused_never_cut_off(tmp_path):
+    path = tmp_path / STORE
+    newer = rewritten(encode_line(record("a")), lambda body: body.update(queue_s=0.5))
+    older = rewritten(encode_line(record("b")), lambda body: body["requests"][0].pop("committed"))
+    path.write_bytes(newer)  # a later version's extra field is left out
+    with ResultStore.open(tmp_path, resume=True) as store:
+        assert store.records == [record("a")]
+    path.write_bytes(newer + older)  # it was cut off as torn, and its unit silently ran again
+    refused = r"units\.jsonl, line 2: a unit record this version of treegraft cannot read \(a "
+    with pytest.raises(OutDirError, match=refused + r"request without 'committed'\); written by"):
+        ResultStore.open(tmp_path, resume=True).__enter__()
+    assert path.read_bytes() == newer + older
 
 
 def test_failed_units_are_those_not_done_since(tmp_path):
