@@ -15,6 +15,7 @@ from tests.bench.conftest import pair_resources, write_suites
 from tests.conftest import memory_resources
 from treegraft.bench import bench_config_from_dict, run_bench
 from treegraft.bench.run import check_device
+from treegraft.bench.store import read_store
 from treegraft.cli import app
 from treegraft.core.config import ConfigError
 from treegraft.core.pipeline import resolve_pipeline
@@ -115,6 +116,28 @@ def test_damaged_latency_curves_are_named(tmp_path):
     (out / "latency.json").write_text('{"target+draft": {"target": [1.0,')
     with pytest.raises(ConfigError, match=r"latency\.json is not latency curves \(malformed JSON"):
         run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
+
+
+def test_an_older_sweep_cut_mid_line_resumes_and_a_damaged_line_is_named(tmp_path):
+    """A sweep from before the result store holds `requests.jsonl` alone, its last line torn
+    where the run was killed (it was a raw JSONDecodeError)."""
+    config = small_config(tmp_path)
+    out = tmp_path / "out"
+    run_bench(config, out, resources=pair_resources(), progress=False)
+    (out / "units.jsonl").unlink()
+    lines = (out / "requests.jsonl").read_text().splitlines(keepends=True)
+    (out / "requests.jsonl").write_text("".join(lines[:-1]) + lines[-1][:40])
+    resumed = run_bench(config, out, resources=pair_resources(), progress=False, resume=True)
+    assert len(resumed.requests) == len(lines)
+    workers = [r.worker["worker"] for r in read_store(out / "units.jsonl").records]
+    assert workers == ["unknown", "local"]  # the whole prompt imported, the cut one run again
+    (out / "units.jsonl").unlink()
+    (out / "requests.jsonl").write_text("".join([lines[0], "{not json\n", *lines[2:]]))
+    with pytest.raises(ConfigError) as info:
+        run_bench(config, out, resources=pair_resources(), progress=False, resume=True)
+    assert str(info.value).startswith(
+        f"cannot resume {out}: {out / 'requests.jsonl'}, line 2: not a request (Expecting"
+    )
 
 
 REFUSED_BEFORE_THE_FOLDER = {

@@ -19,7 +19,8 @@ from tests.conftest import greedy_reference, memory_resources
 from treegraft.bench import bench_config_from_dict, run_bench
 from treegraft.bench.cli import app as bench_app
 from treegraft.bench.measure import first_difference, logit_margin
-from treegraft.bench.report import CSV_COLUMNS, read_requests
+from treegraft.bench.readback import read_requests
+from treegraft.bench.report import CSV_COLUMNS
 from treegraft.core.config import ConfigError
 from treegraft.core.hookspecs import hookimpl
 from treegraft.core.interfaces import Verdict

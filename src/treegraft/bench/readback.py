@@ -1,5 +1,5 @@
-"""Reading back what a sweep wrote (`manifest.json`, `latency.json`, `summary.csv`) for `--resume`
-and `bench compare`: a damaged file (cut short, emptied, not UTF-8, not what it should hold) is an
+"""Reading back what a sweep wrote (`manifest.json`, `latency.json`, `summary.csv`, an older
+sweep's `requests.jsonl`) for `--resume` and `bench compare`: a damaged file (cut short, emptied, not UTF-8, not what it should hold) is an
 `ArgumentError` naming it and what is wrong, never rows silently missing or an internal error."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from treegraft.bench.aggregate import ALL
 from treegraft.bench.config import PLAIN
-from treegraft.bench.records import MEASURED, REPLAY
+from treegraft.bench.records import MEASURED, REPLAY, Request, request_from_json
 from treegraft.core.errors import ArgumentError
 
 #: Columns every `summary.csv` has had (older runs lack the intervals and the baseline).
@@ -34,6 +34,23 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ArgumentError(f"{path} is not {what} (expected a JSON object, got {_kind(data)})")
     return data
+
+
+def read_requests(path: Path) -> list[Request]:
+    """The requests of a `requests.jsonl` file. A last line without a line break (a run killed
+    while writing it) is left out, as its prompt's requests are then incomplete; any other line
+    that is not a request is an `ArgumentError` naming it."""
+    lines = _text(path, "a sweep's requests").split("\n")
+    requests = []
+    for number, line in enumerate(lines[:-1], 1):
+        if not line.strip():
+            continue
+        try:
+            requests.append(request_from_json(json.loads(line)))
+        except (ValueError, TypeError, AttributeError) as exc:
+            why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+            raise ArgumentError(f"{path}, line {number}: not a request ({why})") from None
+    return requests
 
 
 def read_summary_csv(path: Path) -> list[dict[str, str]]:

@@ -90,14 +90,6 @@ class RequestLog:
             fh.write(json.dumps(request_to_json(request, speedup)) + "\n")
 
 
-def read_requests(path: Path) -> list[Request]:
-    """Requests back from a `requests.jsonl` file."""
-    from treegraft.bench.records import request_from_json
-
-    with path.open(encoding="utf-8") as fh:
-        return [request_from_json(json.loads(line)) for line in fh if line.strip()]
-
-
 # ---------------------------------------------------------------------------- CSV
 
 

@@ -27,7 +27,7 @@ from treegraft.bench.methods import (
     PipelinePlan,
     pipeline_plans,
 )
-from treegraft.bench.readback import read_json_object
+from treegraft.bench.readback import read_json_object, read_requests
 from treegraft.bench.records import MEASURED, REPLAY, Request
 from treegraft.bench.suites import Prompt, load_suites
 from treegraft.bench.summary import write_summary_json
@@ -336,8 +336,6 @@ def resumed_state(
     A results directory written before the result store existed has only `requests.jsonl`: its
     prompts whose requests are all there are imported into the store as done units.
     """
-    from treegraft.bench.store import legacy_records
-
     manifest = read_manifest(out)
     wanted = json.loads(json.dumps(config.as_dict()))
     had = manifest["config"]
@@ -356,18 +354,27 @@ def resumed_state(
         [{k: manifest[k] for k in ("started", "options", "environment") if k in manifest}],
     )
     legacy = out / report.REQUESTS
-    if not store.records and legacy.is_file():
-        expected = {name: expected_methods(config.settings, p) for name, p in plans.items()}
-        for record in legacy_records(report.read_requests(legacy)):
-            got = {(r.method, r.mode) for r in record.requests}
-            if record.pair in expected and expected[record.pair] <= got:
-                store.append(record)
     latency = out / report.LATENCY
     try:
+        if not store.records and legacy.is_file():
+            import_legacy(store, read_requests(legacy), config.settings, plans)
         curves = read_json_object(latency, "latency curves") if latency.is_file() else {}
     except ArgumentError as exc:
         raise ConfigError(f"cannot resume {out}: {exc}") from None
     return manifest, curves
+
+
+def import_legacy(
+    store: Any, requests: list[Request], settings: BenchSettings, plans: dict[str, list]
+) -> None:
+    """Store as done each prompt of an older sweep's `requests` that has every request it needs."""
+    from treegraft.bench.store import legacy_records
+
+    expected = {name: expected_methods(settings, p) for name, p in plans.items()}
+    for record in legacy_records(requests):
+        got = {(r.method, r.mode) for r in record.requests}
+        if record.pair in expected and expected[record.pair] <= got:
+            store.append(record)
 
 
 def read_manifest(out: Path) -> dict[str, Any]:
