@@ -84,6 +84,21 @@ def test_a_manifest_without_pipeline_digests_resumes_with_a_warning(tmp_path):
     assert json.loads((out / "manifest.json").read_text())["pipelines"] == recorded
 
 
+def test_a_resume_on_another_environment_is_said_not_pooled_silently(tmp_path):
+    config = small_config(tmp_path)
+    out = tmp_path / "out"
+    run_bench(config, out, resources=pair_resources(), progress=False)
+    run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
+    assert "## Segments on different environments" not in (out / "summary.md").read_text()
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["segments"][0]["environment"].update(torch="1.0", cpu="Other CPU")
+    (out / "manifest.json").write_text(json.dumps(manifest))  # as if run elsewhere first
+    with pytest.warns(UserWarning, match=r"segments ran on different environments \(torch 1\.0"):
+        run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
+    summary = (out / "summary.md").read_text()
+    assert "This sweep ran in 3 segments" in summary and "cpu Other CPU vs " in summary
+
+
 DAMAGED = {
     "truncated": (b'{"started": "2026-', "malformed JSON at line 1 column 13: Unterminated"),
     "a-list": (b"[1, 2]", "expected a JSON object, got a list"),

@@ -92,6 +92,13 @@ def run_bench(
             manifest, curves = resumed_state(out, config, plans, store)
             check_prompts_unchanged(out, manifest.get("prompts"), digests)
             manifest["segments"].append(segment)
+            if changes := environment_changes(manifest["segments"]):
+                warnings.warn(
+                    f"{out}: this sweep's segments ran on different environments "
+                    f"({first_few(changes)}): its timings pool measurements made on them; "
+                    "resume on the machine and code of the first segment",
+                    stacklevel=2,
+                )
         else:
             remove_outputs(out)  # `--force`: nothing of the sweep it replaces stays behind
             manifest = {**segment, "config": config.as_dict(), "segments": [segment]}
@@ -123,6 +130,7 @@ def run_bench(
         files = write_reports(out, rows, requests, config, curves)
         failed = store.failed()
         write_placement(out / report.SUMMARY_MD, config.executor.name, store, failed)
+        write_environment_changes(out / report.SUMMARY_MD, manifest["segments"])
         seconds = time.perf_counter() - start
         segment.update(finished=_now(), seconds=seconds, executor=config.executor.name)
         manifest.update(
@@ -174,6 +182,45 @@ def _nothing_left_if_refused(out: Path, *, made: bool, store: Any, resume: bool)
             if made and not any(out.iterdir()):
                 out.rmdir()
         raise
+
+
+#: Environment entries (`report.environment`) whose change between the segments of a resumed
+#: sweep changes what its timings measure.
+TIMING_ENVIRONMENT = (
+    "python", "torch", "transformers", "treegraft", "machine", "cpu", "cpu_count",
+    "torch_threads", "cuda",
+)  # fmt: skip
+
+
+def environment_changes(segments: list[Any]) -> list[str]:
+    """What the environments of a sweep's later segments change from its first's, as `torch
+    2.1 vs 2.2` (software versions, the git commit, the CPU, GPU and thread count)."""
+    envs = [s["environment"] for s in segments if isinstance(s, dict)]
+    envs = [_timing_environment(e) for e in envs if isinstance(e, dict)]
+    changes: list[str] = []
+    for env in envs[1:]:
+        for key, value in env.items():
+            text = f"{key} {envs[0].get(key)} vs {value}"
+            if value != envs[0].get(key) and text not in changes:
+                changes.append(text)
+    return changes
+
+
+def _timing_environment(env: dict[str, Any]) -> dict[str, Any]:
+    git = env.get("git")
+    commit = git.get("commit") if isinstance(git, dict) else None
+    return {**{key: env.get(key) for key in TIMING_ENVIRONMENT}, "commit": commit}
+
+
+def write_environment_changes(path: Path, segments: list[Any]) -> None:
+    """Append to summary.md what differs between the environments of the sweep's segments."""
+    if changes := environment_changes(segments):
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(
+                f"\n## Segments on different environments\n\nThis sweep ran in {len(segments)} "
+                "segments (`manifest.json`: `segments`) whose environments differ: "
+                f"{'; '.join(changes)}. Its figures pool timings measured on them.\n"
+            )
 
 
 def check_device(config: BenchConfig) -> None:
