@@ -4,7 +4,9 @@ two actors, a failing unit reported while the sweep finishes. Skipped where Ray 
 from __future__ import annotations
 
 import os
+import re
 import sys
+import threading
 
 import pytest
 
@@ -88,6 +90,36 @@ def test_a_unit_whose_worker_dies_runs_again_on_a_fresh_worker(tmp_path, cluster
     assert sorted(r.attempts for r in records) == [1, 1, 1, 2]
     assert not result.failed and len(result.requests) == 4 * 4  # ar, ar-runner, ngram-only, tg
     assert all(r.exact for r in result.requests)
+
+
+class LockedTokenizer:
+    """Delegates to the test tokenizer while holding a lock, which nothing can pickle."""
+
+    def __init__(self, inner):
+        self.inner, self.lock = inner, threading.Lock()
+
+    def __call__(self, text, **kw):
+        return self.inner(text, **kw)
+
+
+UNPICKLABLE = r"--executor ray: {} cannot be sent to the Ray workers \(TypeError: cannot pickle "
+
+
+def test_what_ray_cannot_pickle_is_refused_naming_it(tmp_path, cluster):
+    """It was Ray's TypeError with the whole runner's repr, and a folder left to --force."""
+    config = sweep_config(tmp_path).with_executor(name="ray", workers=1)
+    res = pair_resources()
+    res.tokenizer = LockedTokenizer(res.tokenizer)
+    what = re.escape("the sweep's resources= (its models and tokenizer) or registry=")
+    with pytest.raises(ConfigError, match=UNPICKLABLE.format(what)):
+        run_bench(config, tmp_path / "out", resources=res, progress=False)
+    assert not (tmp_path / "out").exists()
+    from treegraft.bench.shards import map_items
+
+    lock = threading.Lock()
+    what = re.escape("the setup and work functions (with what they hold)")
+    with pytest.raises(ConfigError, match=UNPICKLABLE.format(what)):
+        map_items(lambda: lock, square_with_pid, [1, 2], executor="ray", workers=1)
 
 
 def pid_setup():

@@ -14,6 +14,7 @@ reported failed and the sweep goes on.
 from __future__ import annotations
 
 import collections
+import pickle
 from collections.abc import Iterator
 from typing import Any
 
@@ -63,6 +64,25 @@ def check_fits(ray: Any, num_cpus: float, num_gpus: float) -> None:
                 f"could start; lower {flag}"
                 + (" (0: actors on CPUs alone)" if kind == "GPU" else "")
             )
+
+
+def start_actor(actor_class: Any, what: str, *args: Any) -> Any:
+    """`actor_class.remote(*args)`; a `ConfigError` naming `what` (the arguments, in the user's
+    terms) where Ray cannot pickle them, instead of its error holding their whole repr."""
+    try:
+        return actor_class.remote(*args)
+    except (TypeError, pickle.PicklingError) as exc:
+        cause = exc.__cause__ or exc
+        reason = (str(cause).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(
+            f"--executor ray: {what} cannot be sent to the Ray workers ({type(cause).__name__}: "
+            f"{reason}); every worker gets a pickled copy: keep unpicklable objects (locks, open "
+            "files, lambdas) out of it, or use --executor local"
+        ) from None
+
+
+#: What each Ray actor of a sweep receives, in `run_bench`'s terms.
+WHAT_TRAVELS = "the sweep's resources= (its models and tokenizer) or registry="
 
 
 class RayUnitWorker:
@@ -159,7 +179,7 @@ class RayExecutor:
         name = f"ray-{index}"
         self.spawned += 1
         runner = attrs.evolve(self.runner, name=name, session=None, loaded={})
-        return Slot(name, actor_class.remote(runner))
+        return Slot(name, start_actor(actor_class, WHAT_TRAVELS, runner))
 
     def _dispatch(
         self,

@@ -94,8 +94,11 @@ def _map_on_ray(
     num_gpus: float,
     report: Callable[[int, Any], None],
 ) -> list[Any]:
+    from treegraft.bench.ray_executor import start_actor
+
     actor_class = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(ShardWorker)
-    actors = [actor_class.remote(setup, work) for _ in range(workers)] if items else []
+    what = "the setup and work functions (with what they hold)"
+    actors = [start_actor(actor_class, what, setup, work) for _ in range(workers)] if items else []
     todo = list(enumerate(items))[::-1]
     results: dict[int, Any] = {}
     running: dict[Any, tuple[Any, int]] = {}
