@@ -122,6 +122,31 @@ def test_what_ray_cannot_pickle_is_refused_naming_it(tmp_path, cluster):
         map_items(lambda: lock, square_with_pid, [1, 2], executor="ray", workers=1)
 
 
+class FakeCluster:
+    """What `fit_workers` asks of Ray: the cluster's resources."""
+
+    def __init__(self, **resources):
+        self.resources = resources
+
+    def cluster_resources(self):
+        return self.resources
+
+
+@pytest.mark.parametrize(
+    ("cpus", "gpus", "expected"),
+    [(1, 0, 8), (2, 0, 4), (0, 1, 2), (1, 1, 2), (0, 0, 8)],
+    ids=["cpu", "2cpu", "gpu", "both", "neither"],
+)
+def test_workers_by_default_are_what_the_cluster_fits(cpus, gpus, expected):
+    """Actors requesting neither CPUs nor GPUs started one per unit (hundreds of model loads)."""
+    from treegraft.bench.ray_executor import fit_workers
+
+    cluster = FakeCluster(CPU=8.0, GPU=2.0)
+    assert fit_workers(cluster, None, cpus, gpus, 100) == expected
+    assert fit_workers(cluster, None, cpus, gpus, 3) == min(3, expected)
+    assert fit_workers(cluster, 5, cpus, gpus, 3) == 3
+
+
 def pid_setup():
     return os.getpid()
 

@@ -42,14 +42,15 @@ def fit_workers(
     ray: Any, workers: int | None, num_cpus: float, num_gpus: float, n_items: int
 ) -> int:
     """Actors to start: `workers`, or (None) as many as the cluster's resources fit with
-    `num_cpus` and `num_gpus` each; at most one per item, at least one."""
+    `num_cpus` and `num_gpus` each (one per CPU where they request neither: nothing else bounds
+    them); at most one per item, at least one."""
     if workers is not None:
         return max(1, min(workers, n_items))
     total = ray.cluster_resources()
     fit = [int(total.get("CPU", 1) // num_cpus)] if num_cpus else []
     if num_gpus:
         fit.append(int(total.get("GPU", 0) // num_gpus))
-    return max(1, min([*fit, n_items] if fit else [n_items]))
+    return max(1, min(*fit, n_items) if fit else min(int(total.get("CPU", 1)), n_items))
 
 
 def check_fits(ray: Any, num_cpus: float, num_gpus: float) -> None:
