@@ -136,3 +136,31 @@ def _is_number(text: str) -> bool:
 def _kind(value: Any) -> str:
     names = {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
     return names.get(type(value), "a number")
+
+
+#: Environment entries (`report.environment`) whose change between the segments of a resumed
+#: sweep (or two runs compared) changes what its timings measure.
+TIMING_ENVIRONMENT = (
+    "python", "torch", "transformers", "treegraft", "machine", "cpu", "cpu_count",
+    "torch_threads", "cuda",
+)  # fmt: skip
+
+
+def environment_changes(segments: list[Any]) -> list[str]:
+    """What the environments of a sweep's later segments change from its first's, as `torch
+    2.1 vs 2.2` (software versions, the git commit, the CPU, GPU and thread count)."""
+    envs = [s.get("environment") for s in segments if isinstance(s, dict)]
+    envs = [_timing_environment(e) for e in envs if isinstance(e, dict)]
+    changes: list[str] = []
+    for env in envs[1:]:
+        for key, value in env.items():
+            text = f"{key} {envs[0].get(key)} vs {value}"
+            if value != envs[0].get(key) and text not in changes:
+                changes.append(text)
+    return changes
+
+
+def _timing_environment(env: dict[str, Any]) -> dict[str, Any]:
+    git = env.get("git")
+    commit = git.get("commit") if isinstance(git, dict) else None
+    return {**{key: env.get(key) for key in TIMING_ENVIRONMENT}, "commit": commit}

@@ -27,7 +27,7 @@ from treegraft.bench.methods import (
     PipelinePlan,
     pipeline_plans,
 )
-from treegraft.bench.readback import read_json_object, read_requests
+from treegraft.bench.readback import environment_changes, read_json_object, read_requests
 from treegraft.bench.records import MEASURED, REPLAY, Request
 from treegraft.bench.suites import Prompt, load_suites
 from treegraft.bench.summary import write_summary_json
@@ -182,34 +182,6 @@ def _nothing_left_if_refused(out: Path, *, made: bool, store: Any, resume: bool)
             if made and not any(out.iterdir()):
                 out.rmdir()
         raise
-
-
-#: Environment entries (`report.environment`) whose change between the segments of a resumed
-#: sweep changes what its timings measure.
-TIMING_ENVIRONMENT = (
-    "python", "torch", "transformers", "treegraft", "machine", "cpu", "cpu_count",
-    "torch_threads", "cuda",
-)  # fmt: skip
-
-
-def environment_changes(segments: list[Any]) -> list[str]:
-    """What the environments of a sweep's later segments change from its first's, as `torch
-    2.1 vs 2.2` (software versions, the git commit, the CPU, GPU and thread count)."""
-    envs = [s["environment"] for s in segments if isinstance(s, dict)]
-    envs = [_timing_environment(e) for e in envs if isinstance(e, dict)]
-    changes: list[str] = []
-    for env in envs[1:]:
-        for key, value in env.items():
-            text = f"{key} {envs[0].get(key)} vs {value}"
-            if value != envs[0].get(key) and text not in changes:
-                changes.append(text)
-    return changes
-
-
-def _timing_environment(env: dict[str, Any]) -> dict[str, Any]:
-    git = env.get("git")
-    commit = git.get("commit") if isinstance(git, dict) else None
-    return {**{key: env.get(key) for key in TIMING_ENVIRONMENT}, "commit": commit}
 
 
 def write_environment_changes(path: Path, segments: list[Any]) -> None:
