@@ -131,6 +131,15 @@ def test_damaged_latency_curves_are_named(tmp_path):
     (out / "latency.json").write_text('{"target+draft": {"target": [1.0,')
     with pytest.raises(ConfigError, match=r"latency\.json is not latency curves \(malformed JSON"):
         run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
+    curves = {"target+draft": {"mem:target": {"context": 4, "queries": [1], "seconds": [0.1]}}}
+    (out / "latency.json").write_text(json.dumps(curves))  # each unit of the pair failed on it
+    refused = r"latency\.json is not latency curves \(pair 'target\+draft', model 'mem:target': no"
+    with pytest.raises(ConfigError, match=refused + " 'model'"):
+        run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
+    curves["target+draft"]["mem:target"].update(model="mem:target", seconds=[])
+    (out / "latency.json").write_text(json.dumps(curves))
+    with pytest.raises(ConfigError, match=refused.removesuffix(" no") + " expected as many"):
+        run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
 
 
 def test_an_older_sweep_cut_mid_line_resumes_and_a_damaged_line_is_named(tmp_path):

@@ -53,6 +53,32 @@ def read_requests(path: Path) -> list[Request]:
     return requests
 
 
+def read_latency_curves(path: Path) -> dict[str, dict[str, Any]]:
+    """A sweep's `latency.json`: per pair, per model reference, a latency curve; an entry that is
+    not one (a later edit, another version's) is an `ArgumentError` naming it, where each of the
+    pair's units would otherwise fail on it in turn."""
+    from treegraft.core.runner.latency import LatencyCurve
+
+    curves = read_json_object(path, "latency curves")
+    for pair, per_model in curves.items():
+        if not isinstance(per_model, dict):
+            raise ArgumentError(
+                f"{path} is not latency curves (pair {pair!r}: expected an object of curves per "
+                f"model, got {_kind(per_model)})"
+            )
+        for ref, curve in per_model.items():
+            try:
+                read = LatencyCurve.from_dict(curve)
+                if not read.queries or len(read.queries) != len(read.seconds):
+                    raise ValueError("expected as many 'seconds' as 'queries', at least one")
+            except (KeyError, TypeError, ValueError) as exc:
+                why = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
+                raise ArgumentError(
+                    f"{path} is not latency curves (pair {pair!r}, model {ref!r}: {why})"
+                ) from None
+    return curves
+
+
 def read_summary_csv(path: Path) -> list[dict[str, str]]:
     """The rows of a sweep's `summary.csv`, checked whole: a header with the key columns, every
     row complete, numbers where numbers go, and every overall row its rows imply (a file cut at

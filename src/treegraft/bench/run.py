@@ -27,7 +27,12 @@ from treegraft.bench.methods import (
     PipelinePlan,
     pipeline_plans,
 )
-from treegraft.bench.readback import environment_changes, read_json_object, read_requests
+from treegraft.bench.readback import (
+    environment_changes,
+    read_json_object,
+    read_latency_curves,
+    read_requests,
+)
 from treegraft.bench.records import MEASURED, REPLAY, Request
 from treegraft.bench.suites import Prompt, load_suites
 from treegraft.bench.summary import write_summary_json
@@ -377,7 +382,7 @@ def resumed_state(
     try:
         if not store.records and legacy.is_file():
             import_legacy(store, read_requests(legacy), config.settings, plans)
-        curves = read_json_object(latency, "latency curves") if latency.is_file() else {}
+        curves = read_latency_curves(latency) if latency.is_file() else {}
     except ArgumentError as exc:
         raise ConfigError(f"cannot resume {out}: {exc}") from None
     return manifest, curves
