@@ -20,6 +20,7 @@ from tests.bench.test_units import (
 from treegraft.bench import run_bench
 from treegraft.bench.store import STORE, read_store
 from treegraft.core.config import ConfigError
+from treegraft.core.errors import ArgumentError
 
 ray = pytest.importorskip("ray")
 
@@ -145,6 +146,34 @@ def test_workers_by_default_are_what_the_cluster_fits(cpus, gpus, expected):
     assert fit_workers(cluster, None, cpus, gpus, 100) == expected
     assert fit_workers(cluster, None, cpus, gpus, 3) == min(3, expected)
     assert fit_workers(cluster, 5, cpus, gpus, 3) == 3
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"executor": "dask"}, "executor: expected 'local' or 'ray', got 'dask'"),
+        ({"workers": 0}, "workers: expected an int >= 1 or None, got 0"),
+        ({"workers": -2}, "workers: expected an int >= 1 or None, got -2"),
+        ({"workers": "2"}, "workers: expected an int >= 1 or None, got '2'"),
+        ({"num_cpus": -1}, "num_cpus: expected a number >= 0, got -1"),
+        ({"num_gpus": float("nan")}, "num_gpus: expected a number >= 0, got nan"),
+    ],
+    ids=["executor", "zero", "negative", "text", "cpus", "gpus"],
+)
+def test_map_items_options_out_of_range_are_named(options, message):
+    """`workers=0` or `-2` started one actor, a negative request went to Ray as it was."""
+    from treegraft.bench.shards import map_items
+
+    with pytest.raises(ArgumentError) as info:
+        map_items(pid_setup, square_with_pid, [1], **{"executor": "ray", **options})
+    assert str(info.value) == message
+
+
+def test_a_ray_sweep_with_nothing_left_starts_no_cluster(tmp_path, monkeypatch):
+    from treegraft.bench.ray_executor import RayExecutor
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("a cluster was started"))
+    assert list(RayExecutor(runner=None).run([], progress=None)) == []
 
 
 def pid_setup():

@@ -128,6 +128,8 @@ class RayExecutor:
     spawned: int = 0
 
     def run(self, units: list[Unit], progress: Progress) -> Iterator[UnitResult]:
+        if not units:  # a resumed sweep with nothing left starts no cluster, joins none
+            return
         ray = import_ray()
         started = not ray.is_initialized()
         if started:
@@ -143,8 +145,6 @@ class RayExecutor:
         return fit_workers(ray, self.workers, self.num_cpus, self.num_gpus, n_units)
 
     def _run(self, ray: Any, units: list[Unit], progress: Progress) -> Iterator[UnitResult]:
-        if not units:
-            return
         if self.address is None:  # a cluster joined by address may add nodes as it needs them
             check_fits(ray, self.num_cpus, self.num_gpus)
         actor_class = ray.remote(num_cpus=self.num_cpus, num_gpus=self.num_gpus)(RayUnitWorker)
