@@ -176,6 +176,31 @@ def test_a_ray_sweep_with_nothing_left_starts_no_cluster(tmp_path, monkeypatch):
     assert list(RayExecutor(runner=None).run([], progress=None)) == []
 
 
+class MissingFileTokenizer(DyingTokenizer):
+    """Delegates to the test tokenizer, but a chat prompt needs a file not there (a model folder
+    missing on one machine of a cluster)."""
+
+    def __call__(self, text, **kw):
+        if text.startswith("the cat sat"):
+            raise FileNotFoundError(f"[Errno 2] No such file or directory: {self.marker!r}")
+        return self.inner(text, **kw)
+
+
+def test_a_configuration_error_on_a_worker_names_the_unit_and_worker(tmp_path, cluster):
+    """It stopped the sweep with the bare error: which machine lacked the file went unsaid."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    config = sweep_config(tmp_path).with_executor(name="ray", workers=1)
+    res = pair_resources()
+    res.tokenizer = MissingFileTokenizer(res.tokenizer, "/models/elsewhere")
+    with pytest.raises(ConfigError) as info:
+        run_bench(config, tmp_path / "out", resources=res, progress=False)
+    assert re.fullmatch(
+        r"\[Errno 2\] No such file or directory: '/models/elsewhere' \(unit target\+draft · "
+        r"code-0, on Ray worker ray-0 at .+\)",  # a session encodes every prompt as it opens
+        str(info.value),
+    )
+
+
 def pid_setup():
     return os.getpid()
 

@@ -164,8 +164,12 @@ class RayExecutor:
                 unit, attempt = slot.unit, slot.attempt
                 slot.unit = None
                 assert unit is not None
-                if result.fatal:
-                    raise ConfigError(result.fatal)
+                if result.fatal:  # the worker may be another machine: say which
+                    where = result.record.worker
+                    raise ConfigError(
+                        f"{result.fatal} (unit {unit.name}, on Ray worker {where.get('worker')} "
+                        f"at {where.get('host')})"
+                    )
                 if result.record.status == FAILED and attempt <= self.retries:
                     queues.setdefault(unit.pair, collections.deque()).appendleft(
                         (unit, attempt + 1)
