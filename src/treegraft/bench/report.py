@@ -59,6 +59,11 @@ CSV_COLUMNS = (
     "baseline",
 )
 
+#: What `summary.md` and the terminal say of a sweep whose every unit failed.
+NOTHING_MEASURED = (
+    "Nothing was measured: every unit failed (listed below); rerun them with --resume."
+)
+
 #: Markdown placeholder the lead replaces with the headline table of a real zoo run.
 HEADLINE_PLACEHOLDER = "<!-- headline table: filled in from a full zoo run -->"
 
@@ -497,7 +502,9 @@ STATISTICS_NOTE = (
 
 
 def markdown_report(rows: Sequence[Row], requests: Sequence[Request], header: str) -> str:
-    """The whole `summary.md`."""
+    """The whole `summary.md` (a line saying so where nothing was measured: no empty tables)."""
+    if not rows:
+        return f"# treegraft benchmark\n\n{header}\n\n{NOTHING_MEASURED}\n"
     parts = ["# treegraft benchmark", header, "## Baseline", baseline_section(requests)]
     cautions = warnings_section(rows)
     if cautions:

@@ -11,7 +11,7 @@ import hashlib
 import json
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -132,7 +132,8 @@ def run_bench(
         requests = ordered_requests(config, prompts, store)
         report.RequestLog(out / report.REQUESTS, requests)  # rewritten in sweep order
         rows = aggregate(requests)
-        files = write_reports(out, rows, requests, config, curves)
+        suites = list(dict.fromkeys(p.suite for p in prompts))
+        files = write_reports(out, rows, requests, config, curves, suites=suites)
         failed = store.failed()
         write_placement(out / report.SUMMARY_MD, config.executor.name, store, failed)
         write_environment_changes(out / report.SUMMARY_MD, manifest["segments"])
@@ -493,32 +494,37 @@ def write_reports(
     requests: list[Request],
     config: BenchConfig,
     curves: dict[str, dict[str, Any]],
+    *,
+    suites: Sequence[str] = (),
 ) -> list[Path]:
-    """summary.csv, summary.md, the PNG plots and (replay) latency.json."""
+    """summary.csv, summary.md, the PNG plots and (replay) latency.json (`suites`: the names
+    of the sweep's suites, each counted in the header, measured or not)."""
     s = config.settings
     header = (
         f"{len(config.pairs)} pair(s) · suites {', '.join(s.suites)} · "
-        f"{prompts_per_suite(requests, s.prompts_per_suite)} · max {s.max_new_tokens} new tokens · "
+        f"{prompts_per_suite(requests, s.prompts_per_suite, suites)} · max {s.max_new_tokens} new tokens · "
         f"{s.dtype} · greedy, batch 1 · {s.repeat} repetition(s)"
     )
     files = [out / report.REQUESTS, out / report.SUMMARY_CSV, out / report.SUMMARY_MD]
     report.write_csv(rows, files[1])
     files[2].write_text(report.markdown_report(rows, requests, header))
     files.append(write_summary_json(rows, requests, out))
-    files.append(plots.plot_speedup(rows, out / "speedup.png"))
-    files.append(plots.plot_tau(requests, out / "tau.png"))
-    files.append(plots.plot_time_split(rows, out / "time_split.png"))
+    if rows:  # plots of nothing would be empty axes
+        files.append(plots.plot_speedup(rows, out / "speedup.png"))
+        files.append(plots.plot_tau(requests, out / "tau.png"))
+        files.append(plots.plot_time_split(rows, out / "time_split.png"))
     if s.replay:
-        files.append(plots.plot_replay(rows, out / "replay.png"))
+        if rows:
+            files.append(plots.plot_replay(rows, out / "replay.png"))
         report.write_json(curves, out / report.LATENCY)
         files.append(out / report.LATENCY)
     return files
 
 
-def prompts_per_suite(requests: list[Request], wanted: int) -> str:
+def prompts_per_suite(requests: list[Request], wanted: int, suites: Sequence[str] = ()) -> str:
     """`N prompt(s) per suite`, or each suite's count where a suite held fewer than `wanted`
-    (or a sweep cut short measured fewer)."""
-    prompts: dict[str, set[str]] = {}
+    (or a sweep cut short measured fewer, none where each of its units failed)."""
+    prompts: dict[str, set[str]] = {suite: set() for suite in suites}
     for r in requests:
         prompts.setdefault(r.suite, set()).add(r.prompt_id)
     counts = {suite: len(ids) for suite, ids in prompts.items()}
