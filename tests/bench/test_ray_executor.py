@@ -169,6 +169,26 @@ def test_map_items_options_out_of_range_are_named(options, message):
     assert str(info.value) == message
 
 
+def test_a_cluster_that_does_not_answer_is_named_and_leaves_no_folder(tmp_path, monkeypatch):
+    """`--ray-address auto` without a cluster was Ray's ConnectionError (an internal error on
+    the command line) and left a results folder that only --force would write again."""
+
+    def no_cluster(address=None, **kw):
+        raise ConnectionError("Could not find any running Ray instance. Please specify one.")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", no_cluster)
+    config = sweep_config(tmp_path).with_executor(name="ray", address="auto")
+    with pytest.raises(ConfigError) as info:
+        run_bench(config, tmp_path / "out", resources=pair_resources(), progress=False)
+    assert str(info.value) == (
+        "executor.address (--ray-address): cannot join a Ray cluster at 'auto' (Could not find "
+        "any running Ray instance. Please specify one.); start one there (`ray start --head`), "
+        "or leave the address out to start a local one"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_ray_sweep_with_nothing_left_starts_no_cluster(tmp_path, monkeypatch):
     from treegraft.bench.ray_executor import RayExecutor
 

@@ -38,6 +38,25 @@ def import_ray() -> Any:
     return ray
 
 
+def init_ray(ray: Any, address: str | None) -> None:
+    """`ray.init(address)`: join the cluster at `address`, or (None) start a local one; a
+    `ConfigError` naming `--ray-address` where none answers there (Ray's `ConnectionError` was an
+    internal error, and the results folder was left for `--force`)."""
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if address is None:
+            raise ConfigError(
+                f"--executor ray: cannot start a local Ray cluster ({reason})"
+            ) from None
+        raise ConfigError(
+            f"executor.address (--ray-address): cannot join a Ray cluster at {address!r} "
+            f"({reason}); start one there (`ray start --head`), or leave the address out to "
+            "start a local one"
+        ) from None
+
+
 def fit_workers(
     ray: Any, workers: int | None, num_cpus: float, num_gpus: float, n_items: int
 ) -> int:
@@ -133,7 +152,7 @@ class RayExecutor:
         ray = import_ray()
         started = not ray.is_initialized()
         if started:
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            init_ray(ray, self.address)
         try:
             yield from self._run(ray, units, progress)
         finally:

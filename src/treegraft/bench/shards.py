@@ -66,12 +66,12 @@ def map_items(
     if executor == "local":
         state = setup()
         return [_reported(report, i, work(state, item)) for i, item in enumerate(items)]
-    from treegraft.bench.ray_executor import fit_workers, import_ray
+    from treegraft.bench.ray_executor import fit_workers, import_ray, init_ray
 
     ray = import_ray()
     started = not ray.is_initialized()
     if started:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        init_ray(ray, address)
     try:
         count = fit_workers(ray, workers, num_cpus, num_gpus, len(items))
         return _map_on_ray(ray, setup, work, items, count, num_cpus, num_gpus, report)
