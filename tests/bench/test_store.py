@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+import attrs
 import pytest
 
 from treegraft.bench.records import Request
@@ -18,6 +19,7 @@ from treegraft.bench.store import (
     UnitRecord,
     decode_line,
     encode_line,
+    legacy_records,
     read_store,
 )
 
@@ -91,6 +93,16 @@ def test_records_of_another_version_are_read_or_refused_never_cut_off(tmp_path):
     with pytest.raises(OutDirError, match=refused + r"request without 'committed'\); written by"):
         ResultStore.open(tmp_path, resume=True).__enter__()
     assert path.read_bytes() == newer + older
+
+
+def test_an_older_sweep_prompt_measured_twice_counts_once():
+    """A prompt cut short, then run again, had both plain decodings in its record: the prompt's
+    `ar` counted twice in the aggregates."""
+    first = record("a").requests[0]
+    again = attrs.evolve(first, wall_s=0.5)
+    other = attrs.evolve(first, method="m")
+    (imported,) = legacy_records([first, again, other])
+    assert imported.requests == (again, other)
 
 
 def test_failed_units_are_those_not_done_since(tmp_path):

@@ -299,12 +299,18 @@ def release_lock(fh: Any) -> None:
 
 
 def legacy_records(requests: Iterable[Request]) -> list[UnitRecord]:
-    """One `done` record per prompt of a `requests.jsonl` written before the store existed."""
-    groups: dict[PromptKey, list[Request]] = {}
+    """One `done` record per prompt of a `requests.jsonl` written before the store existed. A
+    prompt measured twice (cut short, then run again by a resume) keeps the last request of each
+    method and mode, so that none counts twice."""
+    groups: dict[PromptKey, dict[tuple[str, str], Request]] = {}
     for r in requests:
-        groups.setdefault(r.key, []).append(r)
+        group = groups.setdefault(r.key, {})
+        group.pop((r.method, r.mode), None)  # the rerun's requests, in the order they ran
+        group[(r.method, r.mode)] = r
     return [
-        UnitRecord(pair, suite, repeat, (prompt,), DONE, tuple(group), {"worker": "unknown"})
+        UnitRecord(
+            pair, suite, repeat, (prompt,), DONE, tuple(group.values()), {"worker": "unknown"}
+        )
         for (pair, suite, prompt, repeat), group in groups.items()
     ]
 
