@@ -21,6 +21,7 @@ from treegraft.bench.store import (
     encode_line,
     legacy_records,
     read_store,
+    write_placement,
 )
 
 
@@ -103,6 +104,20 @@ def test_an_older_sweep_prompt_measured_twice_counts_once():
     other = attrs.evolve(first, method="m")
     (imported,) = legacy_records([first, again, other])
     assert imported.requests == (again, other)
+
+
+def test_where_cells_ran_is_said_when_units_ran_on_several_workers(tmp_path):
+    """A Ray sweep resumed with the local executor pooled two hosts without a word."""
+    summary = tmp_path / "summary.md"
+    here = {"worker": "local", "host": "a", "pid": 1}
+    with ResultStore.open(tmp_path / "out") as store:
+        store.append(attrs.evolve(record("a"), worker=here))
+        store.append(attrs.evolve(record("b"), worker={**here, "pid": 2}))  # a resume
+        write_placement(summary, "local", store, [])
+        assert not summary.exists()
+        store.append(attrs.evolve(record("c"), worker={"worker": "ray-0", "host": "b", "pid": 3}))
+        write_placement(summary, "local", store, [])
+    assert "| p | s | 3 | 3 | a, b |" in summary.read_text()
 
 
 def test_failed_units_are_those_not_done_since(tmp_path):

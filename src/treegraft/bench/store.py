@@ -337,9 +337,11 @@ def placement(store: ResultStore) -> list[dict[str, Any]]:
 def write_placement(
     path: Path, executor: str, store: ResultStore, failed: list[UnitRecord]
 ) -> None:
-    """Append to summary.md where each cell ran (Ray runs) and every failed unit."""
+    """Append to summary.md where each cell ran (Ray runs, and any sweep whose units ran on
+    more than one worker or host: a resumed Ray sweep finished locally) and every failed unit."""
     text = ""
-    if executor != "local":
+    ran_on = {(r.worker.get("worker"), r.worker.get("host")) for r in store.finished().values()}
+    if executor != "local" or len(ran_on) > 1:
         text += (
             "\n## Where each cell ran\n\nPer-prompt speedups divide two timings of one worker; "
             "a cell's ratio of medians pools the prompts of the workers listed.\n\n"
