@@ -15,7 +15,7 @@ from tests.bench.conftest import pair_resources, write_suites
 from tests.conftest import memory_resources
 from treegraft.bench import bench_config_from_dict, run_bench
 from treegraft.bench.run import check_device
-from treegraft.bench.store import read_store
+from treegraft.bench.store import encode_line, read_store
 from treegraft.cli import app
 from treegraft.core.config import ConfigError
 from treegraft.core.pipeline import resolve_pipeline
@@ -82,6 +82,34 @@ def test_a_manifest_without_pipeline_digests_resumes_with_a_warning(tmp_path):
     with pytest.warns(UserWarning, match=r"records no pipeline digests \(an older sweep\)"):
         run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
     assert json.loads((out / "manifest.json").read_text())["pipelines"] == recorded
+
+
+def test_units_of_another_sweep_merged_into_the_store_are_refused(tmp_path):
+    """They were reported as this sweep's: an extra prompt, or a method it never ran."""
+    config = small_config(tmp_path)
+    out = tmp_path / "out"
+    run_bench(config, out, resources=pair_resources(), progress=False)
+    store = out / "units.jsonl"
+    whole = store.read_bytes()
+    first = read_store(store).records[0]
+    other_prompt = attrs.evolve(
+        first,
+        prompt_ids=("code-7",),
+        requests=tuple(attrs.evolve(r, prompt_id="code-7") for r in first.requests),
+    )
+    other_method = attrs.evolve(
+        first, requests=tuple(attrs.evolve(r, method="theirs") for r in first.requests[-1:])
+    )
+    store.write_bytes(whole + encode_line(other_prompt) + encode_line(other_method))
+    with pytest.raises(ConfigError) as info:
+        run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
+    assert str(info.value) == (
+        f"cannot resume {out}: its units.jsonl holds units of prompts or methods this sweep "
+        "does not have (target+draft/code/code-7 r0, target+draft: theirs (measured)): another "
+        "sweep's, merged into it? Keep each sweep's units in its own folder"
+    )
+    store.write_bytes(whole)
+    run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
 
 
 def test_a_resume_on_another_environment_is_said_not_pooled_silently(tmp_path):

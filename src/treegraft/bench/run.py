@@ -96,6 +96,7 @@ def run_bench(
         if resume:
             manifest, curves = resumed_state(out, config, plans, store)
             check_prompts_unchanged(out, manifest.get("prompts"), digests)
+            check_store_is_this_sweep(out, store.records, config, prompts, plans)
             manifest["segments"].append(segment)
             if changes := environment_changes(manifest["segments"]):
                 warnings.warn(
@@ -400,6 +401,38 @@ def import_legacy(
         got = {(r.method, r.mode) for r in record.requests}
         if record.pair in expected and expected[record.pair] <= got:
             store.append(record)
+
+
+def check_store_is_this_sweep(
+    out: Path,
+    records: list[Any],
+    config: BenchConfig,
+    prompts: list[Prompt],
+    plans: dict[str, list[PipelinePlan]],
+) -> None:
+    """Raise `ConfigError` naming the stored units whose prompt (pair, suite, id, repetition) or
+    method this sweep does not have: units of another sweep merged into its store, which the
+    reports would count as this sweep's."""
+    from treegraft.bench.store import STORE
+    from treegraft.bench.units import sweep_order
+
+    keys = set(sweep_order(config, prompts))
+    methods = {name: expected_methods(config.settings, p) for name, p in plans.items()}
+    foreign: list[str] = []
+    for record in records:
+        unknown = [f"{p}/{s}/{i} r{k}" for p, s, i, k in record.keys if (p, s, i, k) not in keys]
+        unknown += [
+            f"{r.pair}: {r.method} ({r.mode})"
+            for r in record.requests
+            if (r.method, r.mode) not in methods.get(r.pair, ())
+        ]
+        foreign += [u for u in unknown if u not in foreign]
+    if foreign:
+        raise ConfigError(
+            f"cannot resume {out}: its {STORE} holds units of prompts or methods this sweep does "
+            f"not have ({first_few(foreign)}): another sweep's, merged into it? Keep each "
+            "sweep's units in its own folder"
+        )
 
 
 def read_manifest(out: Path) -> dict[str, Any]:
