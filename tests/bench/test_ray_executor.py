@@ -189,11 +189,15 @@ def test_a_cluster_that_does_not_answer_is_named_and_leaves_no_folder(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
-def test_a_ray_sweep_with_nothing_left_starts_no_cluster(tmp_path, monkeypatch):
+def test_a_ray_sweep_or_map_with_nothing_left_starts_no_cluster(tmp_path, monkeypatch):
     from treegraft.bench.ray_executor import RayExecutor
 
     monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("a cluster was started"))
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
     assert list(RayExecutor(runner=None).run([], progress=None)) == []
+    from treegraft.bench.shards import map_items
+
+    assert map_items(pid_setup, square_with_pid, [], executor="ray") == []
 
 
 class MissingFileTokenizer(DyingTokenizer):

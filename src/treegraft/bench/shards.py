@@ -66,6 +66,8 @@ def map_items(
     if executor == "local":
         state = setup()
         return [_reported(report, i, work(state, item)) for i, item in enumerate(items)]
+    if not items:  # nothing to shard: no cluster started or joined
+        return []
     from treegraft.bench.ray_executor import fit_workers, import_ray, init_ray
 
     ray = import_ray()
