@@ -225,6 +225,35 @@ def test_a_configuration_error_on_a_worker_names_the_unit_and_worker(tmp_path, c
     )
 
 
+class Interrupted(BaseException):
+    """Not an `Exception`: it passes the runner's own handling, out of the Ray task."""
+
+
+class InterruptingTokenizer(DyingTokenizer):
+    """Delegates to the test tokenizer, but raises `Interrupted` when the second chat prompt is
+    encoded a second time on a worker (the first: its length, as the worker's session opens)."""
+
+    def __call__(self, text, **kw):
+        if text.startswith("the cat sat"):
+            self.seen = getattr(self, "seen", 0) + 1
+            if self.seen == 2:
+                raise Interrupted("stopped mid-unit")
+        return self.inner(text, **kw)
+
+
+def test_a_task_ray_fails_otherwise_is_a_failed_unit_and_the_sweep_goes_on(tmp_path, cluster):
+    """Ray's RayTaskError (not an actor death) ended the whole sweep with a raw Ray error."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    config = sweep_config(tmp_path).with_executor(name="ray", workers=1, retries=0)
+    res = pair_resources()
+    res.tokenizer = InterruptingTokenizer(res.tokenizer, "unused")
+    result = run_bench(config, tmp_path / "out", resources=res, progress=False)
+    assert [r.prompt_ids for r in result.failed] == [("chat-1",)]
+    assert result.failed[0].error.startswith("Interrupted: stopped mid-unit")
+    assert result.failed[0].worker["worker"] == "ray-0 (replaced)"
+    assert {r.prompt_id for r in result.requests} == {"code-0", "code-1", "chat-0"}
+
+
 def pid_setup():
     return os.getpid()
 

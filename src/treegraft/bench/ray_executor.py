@@ -223,12 +223,20 @@ class RayExecutor:
     def _collect(
         self, ray: Any, ref: Any, slot: Slot, actor_class: Any, slots: list[Slot]
     ) -> UnitResult:
-        """The unit's result; an actor that died is replaced and the unit counts as failed."""
+        """The unit's result. An actor that died, or whose task Ray failed otherwise (an error
+        past the runner's, such as a `BaseException`; a lost object), is replaced and the unit
+        counts as failed, with the error: the sweep goes on, as after a unit's own error."""
         try:
             return ray.get(ref)
-        except ray.exceptions.RayActorError as exc:
-            unit, dead = slot.unit, slot.name
+        except ray.exceptions.RayError as exc:
+            unit, old = slot.unit, slot.name
             assert unit is not None
+            if isinstance(exc, ray.exceptions.RayActorError):
+                where, error = f"{old} (died)", f"the Ray worker died: {exc}"
+            else:
+                cause = getattr(exc, "cause", None) or exc
+                where, error = f"{old} (replaced)", f"{type(cause).__name__}: {cause}"
+                ray.kill(slot.actor)
             fresh = self._new_slot(actor_class, self.spawned)
             slot.actor, slot.pair, slot.name = fresh.actor, None, fresh.name
             record = UnitRecord(
@@ -237,8 +245,8 @@ class RayExecutor:
                 repeat=unit.repeat,
                 prompt_ids=tuple(p.id for p in unit.prompts),
                 status=FAILED,
-                worker={"host": None, "pid": None, "worker": f"{dead} (died)"},
+                worker={"host": None, "pid": None, "worker": where},
                 attempts=slot.attempt,
-                error=f"the Ray worker died: {exc}",
+                error=error,
             )
             return UnitResult(record)
