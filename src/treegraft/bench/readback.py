@@ -37,17 +37,19 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
 
 
 def read_requests(path: Path) -> list[Request]:
-    """The requests of a `requests.jsonl` file. A last line without a line break (a run killed
-    while writing it) is left out, as its prompt's requests are then incomplete; any other line
-    that is not a request is an `ArgumentError` naming it."""
+    """The requests of a `requests.jsonl` file. A last line without a line break that is not a
+    whole request (a run killed while writing it) is left out, as its prompt's requests are then
+    incomplete; any other line that is not a request is an `ArgumentError` naming it."""
     lines = _text(path, "a sweep's requests").split("\n")
     requests = []
-    for number, line in enumerate(lines[:-1], 1):
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             requests.append(request_from_json(json.loads(line)))
         except (ValueError, TypeError, AttributeError) as exc:
+            if number == len(lines):  # torn
+                break
             why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
             raise ArgumentError(f"{path}, line {number}: not a request ({why})") from None
     return requests
