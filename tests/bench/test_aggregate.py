@@ -20,7 +20,7 @@ from treegraft.bench.records import (
     request_to_json,
 )
 from treegraft.bench.report import baseline_section, markdown_report, standing_table, warnings
-from treegraft.bench.summary import summary_data
+from treegraft.bench.summary import summary_data, terminal_rows
 
 
 def req(
@@ -269,3 +269,14 @@ def test_no_warning_for_a_clear_result_on_enough_prompts(plain):
     rows = aggregate(requests)
     assert {r.baseline for r in rows} == {plain}
     assert warnings(rows) == []
+
+
+def test_the_terminal_leaves_out_the_baseline_whichever_plain_decoding_it_is():
+    """With `ar-runner` the faster, the terminal listed it at 1.00 [1.00, 1.00] and left `ar`
+    out."""
+    requests = [
+        r
+        for q, wall in (("a", 1.0), ("b", 2.0))
+        for r in (req("ar", q, wall), req("ar-runner", q, wall / 2), req("m", q, wall / 3))
+    ]
+    assert [row[0] for row in terminal_rows(aggregate(requests))] == ["m", "ar"]

@@ -107,6 +107,32 @@ def test_runs_of_different_settings_are_noted(tmp_path) -> None:
     )
 
 
+def test_runs_that_measured_other_pipelines_prompts_or_machines_are_noted(tmp_path) -> None:
+    """Same sweep file, but a pipeline's or a prompt's content edited, or another machine: the
+    rows were compared without a word."""
+    env = {"torch": "2.1", "cpu": "Xeon", "git": {"commit": "abc", "dirty": False}}
+    measured = {
+        "pipelines": {"p/mine": "1111", "p/tg": "2222"},
+        "prompts": {"code/0": "aaaa"},
+        "environment": env,
+    }
+    for name, changes in (("a", {}), ("b", {"p/mine": "1112", "code/0": "aaab", "cpu": "EPYC"})):
+        write_summary(tmp_path / name, INTERVALS, prompts="20")
+        write_manifest(tmp_path / name)
+        manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+        for key, values in measured.items():
+            manifest[key] = {k: changes.get(k, v) for k, v in values.items()}
+        (tmp_path / name / "manifest.json").write_text(json.dumps(manifest))
+    assert compare(tmp_path / "a", tmp_path / "b").notes == (
+        "pipeline p/mine differs between A and B under the same name (its content changed): "
+        "their rows measured different things",
+        "prompt code/0 differs between A and B under the same name (its content changed): "
+        "their rows measured different things",
+        "A and B ran on different environments (cpu Xeon vs EPYC)",
+    )
+    assert compare(tmp_path / "a", tmp_path / "a").notes == ()
+
+
 def test_runs_of_too_few_prompts_are_noted(tmp_path) -> None:
     write_summary(tmp_path / "one", INTERVALS, prompts="1")
     write_summary(tmp_path / "few", INTERVALS, prompts="3")

@@ -97,3 +97,35 @@ def test_plain_decoding_is_its_own_family_and_the_legends_do_not_overlap(
     assert len(boxes) == 2 and not boxes[0].overlaps(boxes[1])
     families = [t.get_text() for t in legends[-1].get_texts()]
     assert families == ["endpoints and chain", "plain decoding"]
+
+
+def test_long_names_are_shortened_in_every_plot(tmp_path: Path, monkeypatch) -> None:
+    """A 300-character pipeline label squeezed the speedup panel to a sliver; two labels alike
+    but for their middles were one bar of the time split once shortened."""
+    from treegraft.bench import plots
+
+    long_a, long_b = "a" * 150 + "-one-" + "z" * 150, "a" * 150 + "-two-" + "z" * 150
+    requests = []
+    for i in range(2):
+        for method, wall in (("ar", 1.0), ("ar-runner", 1.1), (long_a, 0.5), (long_b, 0.6)):
+            requests.append(req(method, f"q{i}", wall, suite="s" * 200, pair="p" * 200))
+    rows = aggregate(requests)
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig) or path)
+    plots.plot_speedup(rows, tmp_path / "speedup.png")
+    plots.plot_time_split(rows, tmp_path / "time_split.png")
+    plots.plot_tau(requests, tmp_path / "tau.png")
+    speedup, split, tau = figures
+    for fig in figures:
+        fig.tight_layout()
+        fig.canvas.draw()
+    ticks = [t.get_text() for t in speedup.axes[0].get_yticklabels()]
+    assert len(ticks) == 3 and all(len(t) <= plots.LABEL_CHARS for t in ticks)
+    assert ticks[0].startswith("aaaa") and "…" in ticks[0] and ticks[0].endswith("zzzz")
+    assert len(speedup.axes[0].get_title()) <= 2 * plots.LABEL_CHARS
+    suites = speedup.axes[0].get_legend_handles_labels()[1]
+    assert suites and all(len(label) <= plots.LABEL_CHARS for label in suites)
+    panel = speedup.axes[0].get_window_extent().width / speedup.get_window_extent().width
+    assert panel > 0.3
+    assert len(split.axes[0].patches) == 4 * 4  # four rows (ar, ar-runner, both long), 4 parts
+    assert all(len(t.get_text()) <= plots.LABEL_CHARS for t in tau.axes[0].get_xticklabels())

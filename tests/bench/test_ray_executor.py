@@ -4,7 +4,9 @@ two actors, a failing unit reported while the sweep finishes. Skipped where Ray 
 from __future__ import annotations
 
 import os
+import re
 import sys
+import threading
 
 import pytest
 
@@ -18,6 +20,7 @@ from tests.bench.test_units import (
 from treegraft.bench import run_bench
 from treegraft.bench.store import STORE, read_store
 from treegraft.core.config import ConfigError
+from treegraft.core.errors import ArgumentError
 
 ray = pytest.importorskip("ray")
 
@@ -88,6 +91,167 @@ def test_a_unit_whose_worker_dies_runs_again_on_a_fresh_worker(tmp_path, cluster
     assert sorted(r.attempts for r in records) == [1, 1, 1, 2]
     assert not result.failed and len(result.requests) == 4 * 4  # ar, ar-runner, ngram-only, tg
     assert all(r.exact for r in result.requests)
+
+
+class LockedTokenizer:
+    """Delegates to the test tokenizer while holding a lock, which nothing can pickle."""
+
+    def __init__(self, inner):
+        self.inner, self.lock = inner, threading.Lock()
+
+    def __call__(self, text, **kw):
+        return self.inner(text, **kw)
+
+
+UNPICKLABLE = r"--executor ray: {} cannot be sent to the Ray workers \(TypeError: cannot pickle "
+
+
+def test_what_ray_cannot_pickle_is_refused_naming_it(tmp_path, cluster):
+    """It was Ray's TypeError with the whole runner's repr, and a folder left to --force."""
+    config = sweep_config(tmp_path).with_executor(name="ray", workers=1)
+    res = pair_resources()
+    res.tokenizer = LockedTokenizer(res.tokenizer)
+    what = re.escape("the sweep's resources= (its models and tokenizer) or registry=")
+    with pytest.raises(ConfigError, match=UNPICKLABLE.format(what)):
+        run_bench(config, tmp_path / "out", resources=res, progress=False)
+    assert not (tmp_path / "out").exists()
+    from treegraft.bench.shards import map_items
+
+    lock = threading.Lock()
+    what = re.escape("the setup and work functions (with what they hold)")
+    with pytest.raises(ConfigError, match=UNPICKLABLE.format(what)):
+        map_items(lambda: lock, square_with_pid, [1, 2], executor="ray", workers=1)
+
+
+class FakeCluster:
+    """What `fit_workers` asks of Ray: the cluster's resources."""
+
+    def __init__(self, **resources):
+        self.resources = resources
+
+    def cluster_resources(self):
+        return self.resources
+
+
+@pytest.mark.parametrize(
+    ("cpus", "gpus", "expected"),
+    [(1, 0, 8), (2, 0, 4), (0, 1, 2), (1, 1, 2), (0, 0, 8)],
+    ids=["cpu", "2cpu", "gpu", "both", "neither"],
+)
+def test_workers_by_default_are_what_the_cluster_fits(cpus, gpus, expected):
+    """Actors requesting neither CPUs nor GPUs started one per unit (hundreds of model loads)."""
+    from treegraft.bench.ray_executor import fit_workers
+
+    cluster = FakeCluster(CPU=8.0, GPU=2.0)
+    assert fit_workers(cluster, None, cpus, gpus, 100) == expected
+    assert fit_workers(cluster, None, cpus, gpus, 3) == min(3, expected)
+    assert fit_workers(cluster, 5, cpus, gpus, 3) == 3
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"executor": "dask"}, "executor: expected 'local' or 'ray', got 'dask'"),
+        ({"workers": 0}, "workers: expected an int >= 1 or None, got 0"),
+        ({"workers": -2}, "workers: expected an int >= 1 or None, got -2"),
+        ({"workers": "2"}, "workers: expected an int >= 1 or None, got '2'"),
+        ({"num_cpus": -1}, "num_cpus: expected a number >= 0, got -1"),
+        ({"num_gpus": float("nan")}, "num_gpus: expected a number >= 0, got nan"),
+    ],
+    ids=["executor", "zero", "negative", "text", "cpus", "gpus"],
+)
+def test_map_items_options_out_of_range_are_named(options, message):
+    """`workers=0` or `-2` started one actor, a negative request went to Ray as it was."""
+    from treegraft.bench.shards import map_items
+
+    with pytest.raises(ArgumentError) as info:
+        map_items(pid_setup, square_with_pid, [1], **{"executor": "ray", **options})
+    assert str(info.value) == message
+
+
+def test_a_cluster_that_does_not_answer_is_named_and_leaves_no_folder(tmp_path, monkeypatch):
+    """`--ray-address auto` without a cluster was Ray's ConnectionError (an internal error on
+    the command line) and left a results folder that only --force would write again."""
+
+    def no_cluster(address=None, **kw):
+        raise ConnectionError("Could not find any running Ray instance. Please specify one.")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", no_cluster)
+    config = sweep_config(tmp_path).with_executor(name="ray", address="auto")
+    with pytest.raises(ConfigError) as info:
+        run_bench(config, tmp_path / "out", resources=pair_resources(), progress=False)
+    assert str(info.value) == (
+        "executor.address (--ray-address): cannot join a Ray cluster at 'auto' (Could not find "
+        "any running Ray instance. Please specify one.); start one there (`ray start --head`), "
+        "or leave the address out to start a local one"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_ray_sweep_or_map_with_nothing_left_starts_no_cluster(tmp_path, monkeypatch):
+    from treegraft.bench.ray_executor import RayExecutor
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("a cluster was started"))
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    assert list(RayExecutor(runner=None).run([], progress=None)) == []
+    from treegraft.bench.shards import map_items
+
+    assert map_items(pid_setup, square_with_pid, [], executor="ray") == []
+
+
+class MissingFileTokenizer(DyingTokenizer):
+    """Delegates to the test tokenizer, but a chat prompt needs a file not there (a model folder
+    missing on one machine of a cluster)."""
+
+    def __call__(self, text, **kw):
+        if text.startswith("the cat sat"):
+            raise FileNotFoundError(f"[Errno 2] No such file or directory: {self.marker!r}")
+        return self.inner(text, **kw)
+
+
+def test_a_configuration_error_on_a_worker_names_the_unit_and_worker(tmp_path, cluster):
+    """It stopped the sweep with the bare error: which machine lacked the file went unsaid."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    config = sweep_config(tmp_path).with_executor(name="ray", workers=1)
+    res = pair_resources()
+    res.tokenizer = MissingFileTokenizer(res.tokenizer, "/models/elsewhere")
+    with pytest.raises(ConfigError) as info:
+        run_bench(config, tmp_path / "out", resources=res, progress=False)
+    assert re.fullmatch(
+        r"\[Errno 2\] No such file or directory: '/models/elsewhere' \(unit target\+draft · "
+        r"code-0, on Ray worker ray-0 at .+\)",  # a session encodes every prompt as it opens
+        str(info.value),
+    )
+
+
+class Interrupted(BaseException):
+    """Not an `Exception`: it passes the runner's own handling, out of the Ray task."""
+
+
+class InterruptingTokenizer(DyingTokenizer):
+    """Delegates to the test tokenizer, but raises `Interrupted` when the second chat prompt is
+    encoded a second time on a worker (the first: its length, as the worker's session opens)."""
+
+    def __call__(self, text, **kw):
+        if text.startswith("the cat sat"):
+            self.seen = getattr(self, "seen", 0) + 1
+            if self.seen == 2:
+                raise Interrupted("stopped mid-unit")
+        return self.inner(text, **kw)
+
+
+def test_a_task_ray_fails_otherwise_is_a_failed_unit_and_the_sweep_goes_on(tmp_path, cluster):
+    """Ray's RayTaskError (not an actor death) ended the whole sweep with a raw Ray error."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    config = sweep_config(tmp_path).with_executor(name="ray", workers=1, retries=0)
+    res = pair_resources()
+    res.tokenizer = InterruptingTokenizer(res.tokenizer, "unused")
+    result = run_bench(config, tmp_path / "out", resources=res, progress=False)
+    assert [r.prompt_ids for r in result.failed] == [("chat-1",)]
+    assert result.failed[0].error.startswith("Interrupted: stopped mid-unit")
+    assert result.failed[0].worker["worker"] == "ray-0 (replaced)"
+    assert {r.prompt_id for r in result.requests} == {"code-0", "code-1", "chat-0"}
 
 
 def pid_setup():

@@ -86,3 +86,23 @@ def test_a_file_not_holding_a_json_object_is_named(tmp_path, text: str, why: str
     with pytest.raises(ArgumentError) as info:
         read_json_object(path, "a results manifest")
     assert str(info.value) == f"{path} is not a results manifest ({why}"
+
+
+def test_requests_read_back_leaving_out_a_torn_last_line_only(tmp_path: Path) -> None:
+    import json
+
+    from tests.bench.test_store import record
+    from treegraft.bench.readback import read_requests
+    from treegraft.bench.records import request_to_json
+
+    request = record("a").requests[0]
+    line = json.dumps(request_to_json(request))
+    path = tmp_path / "requests.jsonl"
+    path.write_text(f"{line}\n{line}")  # a whole last line without its line break
+    assert read_requests(path) == [request, request]
+    path.write_text(f"{line}\n{line[:30]}")  # torn where a kill stopped the write
+    assert read_requests(path) == [request]
+    path.write_text(f"{line}\n{{}}\n{line}\n")
+    with pytest.raises(ArgumentError) as info:
+        read_requests(path)
+    assert str(info.value).startswith(f"{path}, line 2: not a request (a request without 'pair'")

@@ -15,6 +15,7 @@ from tests.bench.conftest import pair_resources, write_suites
 from tests.conftest import memory_resources
 from treegraft.bench import bench_config_from_dict, run_bench
 from treegraft.bench.run import check_device
+from treegraft.bench.store import encode_line, read_store
 from treegraft.cli import app
 from treegraft.core.config import ConfigError
 from treegraft.core.pipeline import resolve_pipeline
@@ -83,6 +84,49 @@ def test_a_manifest_without_pipeline_digests_resumes_with_a_warning(tmp_path):
     assert json.loads((out / "manifest.json").read_text())["pipelines"] == recorded
 
 
+def test_units_of_another_sweep_merged_into_the_store_are_refused(tmp_path):
+    """They were reported as this sweep's: an extra prompt, or a method it never ran."""
+    config = small_config(tmp_path)
+    out = tmp_path / "out"
+    run_bench(config, out, resources=pair_resources(), progress=False)
+    store = out / "units.jsonl"
+    whole = store.read_bytes()
+    first = read_store(store).records[0]
+    other_prompt = attrs.evolve(
+        first,
+        prompt_ids=("code-7",),
+        requests=tuple(attrs.evolve(r, prompt_id="code-7") for r in first.requests),
+    )
+    other_method = attrs.evolve(
+        first, requests=tuple(attrs.evolve(r, method="theirs") for r in first.requests[-1:])
+    )
+    store.write_bytes(whole + encode_line(other_prompt) + encode_line(other_method))
+    with pytest.raises(ConfigError) as info:
+        run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
+    assert str(info.value) == (
+        f"cannot resume {out}: its units.jsonl holds units of prompts or methods this sweep "
+        "does not have (target+draft/code/code-7 r0, target+draft: theirs (measured)): another "
+        "sweep's, merged into it? Keep each sweep's units in its own folder"
+    )
+    store.write_bytes(whole)
+    run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
+
+
+def test_a_resume_on_another_environment_is_said_not_pooled_silently(tmp_path):
+    config = small_config(tmp_path)
+    out = tmp_path / "out"
+    run_bench(config, out, resources=pair_resources(), progress=False)
+    run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
+    assert "## Segments on different environments" not in (out / "summary.md").read_text()
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["segments"][0]["environment"].update(torch="1.0", cpu="Other CPU")
+    (out / "manifest.json").write_text(json.dumps(manifest))  # as if run elsewhere first
+    with pytest.warns(UserWarning, match=r"segments ran on different environments \(torch 1\.0"):
+        run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
+    summary = (out / "summary.md").read_text()
+    assert "This sweep ran in 3 segments" in summary and "cpu Other CPU vs " in summary
+
+
 DAMAGED = {
     "truncated": (b'{"started": "2026-', "malformed JSON at line 1 column 13: Unterminated"),
     "a-list": (b"[1, 2]", "expected a JSON object, got a list"),
@@ -115,6 +159,37 @@ def test_damaged_latency_curves_are_named(tmp_path):
     (out / "latency.json").write_text('{"target+draft": {"target": [1.0,')
     with pytest.raises(ConfigError, match=r"latency\.json is not latency curves \(malformed JSON"):
         run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
+    curves = {"target+draft": {"mem:target": {"context": 4, "queries": [1], "seconds": [0.1]}}}
+    (out / "latency.json").write_text(json.dumps(curves))  # each unit of the pair failed on it
+    refused = r"latency\.json is not latency curves \(pair 'target\+draft', model 'mem:target': no"
+    with pytest.raises(ConfigError, match=refused + " 'model'"):
+        run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
+    curves["target+draft"]["mem:target"].update(model="mem:target", seconds=[])
+    (out / "latency.json").write_text(json.dumps(curves))
+    with pytest.raises(ConfigError, match=refused.removesuffix(" no") + " expected as many"):
+        run_bench(config, out, resources=memory_resources(), progress=False, resume=True)
+
+
+def test_an_older_sweep_cut_mid_line_resumes_and_a_damaged_line_is_named(tmp_path):
+    """A sweep from before the result store holds `requests.jsonl` alone, its last line torn
+    where the run was killed (it was a raw JSONDecodeError)."""
+    config = small_config(tmp_path)
+    out = tmp_path / "out"
+    run_bench(config, out, resources=pair_resources(), progress=False)
+    (out / "units.jsonl").unlink()
+    lines = (out / "requests.jsonl").read_text().splitlines(keepends=True)
+    (out / "requests.jsonl").write_text("".join(lines[:-1]) + lines[-1][:40])
+    resumed = run_bench(config, out, resources=pair_resources(), progress=False, resume=True)
+    assert len(resumed.requests) == len(lines)
+    workers = [r.worker["worker"] for r in read_store(out / "units.jsonl").records]
+    assert workers == ["unknown", "local"]  # the whole prompt imported, the cut one run again
+    (out / "units.jsonl").unlink()
+    (out / "requests.jsonl").write_text("".join([lines[0], "{not json\n", *lines[2:]]))
+    with pytest.raises(ConfigError) as info:
+        run_bench(config, out, resources=pair_resources(), progress=False, resume=True)
+    assert str(info.value).startswith(
+        f"cannot resume {out}: {out / 'requests.jsonl'}, line 2: not a request (Expecting"
+    )
 
 
 REFUSED_BEFORE_THE_FOLDER = {

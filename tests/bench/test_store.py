@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+
+import attrs
 import pytest
 
 from treegraft.bench.records import Request
@@ -15,7 +19,9 @@ from treegraft.bench.store import (
     UnitRecord,
     decode_line,
     encode_line,
+    legacy_records,
     read_store,
+    write_placement,
 )
 
 
@@ -60,11 +66,58 @@ def test_resume_cuts_a_torn_tail_and_appends_after_it(tmp_path):
     contents = read_store(path)
     assert [r.prompt_ids for r in contents.records] == [("a",), ("b",)]
     assert contents.valid_bytes == len(whole) and contents.corrupt_lines == 1
-    with ResultStore.open(tmp_path, resume=True) as store:
+    skipped = pytest.warns(UserWarning, match=r"1 damaged line\(s\) skipped .*run again")
+    with skipped, ResultStore.open(tmp_path, resume=True) as store:
         assert set(store.finished()) == {("p", "s", "a", 0), ("p", "s", "b", 0)}
         store.append(record("c"))
     assert [r.prompt_ids for r in read_store(path).records] == [("a",), ("b",), ("c",)]
     assert read_store(path).corrupt_lines == 0
+
+
+def rewritten(line: bytes, change) -> bytes:
+    """A store line whose record `change` edited, with a matching checksum (another version's)."""
+    body = json.loads(line)["record"]
+    change(body)
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+    return (json.dumps({"sha256": digest.hexdigest(), "record": body}) + "\n").encode()
+
+
+def test_records_of_another_version_are_read_or_refused_never_cut_off(tmp_path):
+    path = tmp_path / STORE
+    newer = rewritten(encode_line(record("a")), lambda body: body.update(queue_s=0.5))
+    older = rewritten(encode_line(record("b")), lambda body: body["requests"][0].pop("committed"))
+    path.write_bytes(newer)  # a later version's extra field is left out
+    with ResultStore.open(tmp_path, resume=True) as store:
+        assert store.records == [record("a")]
+    path.write_bytes(newer + older)  # it was cut off as torn, and its unit silently ran again
+    refused = r"units\.jsonl, line 2: a unit record this version of treegraft cannot read \(a "
+    with pytest.raises(OutDirError, match=refused + r"request without 'committed'\); written by"):
+        ResultStore.open(tmp_path, resume=True).__enter__()
+    assert path.read_bytes() == newer + older
+
+
+def test_an_older_sweep_prompt_measured_twice_counts_once():
+    """A prompt cut short, then run again, had both plain decodings in its record: the prompt's
+    `ar` counted twice in the aggregates."""
+    first = record("a").requests[0]
+    again = attrs.evolve(first, wall_s=0.5)
+    other = attrs.evolve(first, method="m")
+    (imported,) = legacy_records([first, again, other])
+    assert imported.requests == (again, other)
+
+
+def test_where_cells_ran_is_said_when_units_ran_on_several_workers(tmp_path):
+    """A Ray sweep resumed with the local executor pooled two hosts without a word."""
+    summary = tmp_path / "summary.md"
+    here = {"worker": "local", "host": "a", "pid": 1}
+    with ResultStore.open(tmp_path / "out") as store:
+        store.append(attrs.evolve(record("a"), worker=here))
+        store.append(attrs.evolve(record("b"), worker={**here, "pid": 2}))  # a resume
+        write_placement(summary, "local", store, [])
+        assert not summary.exists()
+        store.append(attrs.evolve(record("c"), worker={"worker": "ray-0", "host": "b", "pid": 3}))
+        write_placement(summary, "local", store, [])
+    assert "| p | s | 3 | 3 | a, b |" in summary.read_text()
 
 
 def test_failed_units_are_those_not_done_since(tmp_path):

@@ -19,7 +19,8 @@ from tests.conftest import greedy_reference, memory_resources
 from treegraft.bench import bench_config_from_dict, run_bench
 from treegraft.bench.cli import app as bench_app
 from treegraft.bench.measure import first_difference, logit_margin
-from treegraft.bench.report import CSV_COLUMNS, read_requests
+from treegraft.bench.readback import read_requests
+from treegraft.bench.report import CSV_COLUMNS
 from treegraft.core.config import ConfigError
 from treegraft.core.hookspecs import hookimpl
 from treegraft.core.interfaces import Verdict
@@ -100,7 +101,11 @@ def test_terminal_gets_a_short_summary(quick_run: Path):
     summary = text[text.index("top 8 methods") :]
     assert "speedup [95% CI]" in summary and "…" not in summary  # no column cut short
     assert re.search(r"treegraft-every2 +[\d.]+ \[[\d.]+, [\d.]+\]", text)
-    assert not re.search(r"^ ar ", text, re.M)  # the baseline is not ranked
+    with (quick_run / "summary.csv").open() as fh:
+        (baseline,) = {r["baseline"] for r in csv.DictReader(fh) if r["pair"] == "all"}
+    assert not re.search(rf"^ {baseline} ", text, re.M)  # the baseline (the faster) is not ranked
+    other = next(m for m in ("ar", "ar-runner") if m != baseline)
+    assert re.search(rf"^ {other} +[\d.]+ \[", text, re.M)  # the other plain decoding is
     assert "warning: Only 4 prompt(s)" in text
     assert "full report:" in text and "summary.md" in text
     assert "## Per pair" not in text and len(text.splitlines()) < 30

@@ -191,6 +191,28 @@ def test_a_failing_unit_is_retried_then_reported_and_the_sweep_finishes(tmp_path
     assert again.requests == result.requests
 
 
+def test_a_sweep_whose_every_unit_failed_says_nothing_was_measured(tmp_path, capsys):
+    """It wrote empty tables, 'All 0 outputs equal plain decoding', '1 prompt(s) per suite',
+    empty plots (with matplotlib's legend warning) and an empty top-methods table."""
+    from treegraft.bench.cli import print_summary
+
+    config = sweep_config(tmp_path, prompts_per_suite=1).with_executor(retries=0)
+    for path in tmp_path.glob("*.jsonl"):
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({**r, "prompt": r["prompt"] + BROKEN}) + "\n"
+                                for r in records))  # fmt: skip
+    out = tmp_path / "out"
+    result = run_bench(config, out, resources=resources_with_broken_tokenizer(), progress=False)
+    assert len(result.failed) == 2 and not result.requests and not result.rows
+    summary = (out / "summary.md").read_text()
+    assert "prompts per suite: code 0, chat 0 ·" in summary
+    assert "Nothing was measured: every unit failed (listed below)" in summary
+    assert "## Failed units (2)" in summary and "## Overall" not in summary
+    assert not list(out.glob("*.png"))
+    print_summary(result.rows, out)
+    assert "Nothing was measured" in capsys.readouterr().out
+
+
 def test_the_command_line_refuses_a_non_empty_out_and_forces_over_it(tmp_path):
     from tests.bench.test_sweep import cli
 

@@ -213,9 +213,13 @@ def _split(text: str | None) -> list[str] | None:
 
 def print_summary(rows: list, out_dir: Path) -> None:
     """The fastest methods overall with their intervals, the warnings, and where the report is."""
-    from treegraft.bench.report import SUMMARY_MD, warnings
+    from treegraft.bench.report import NOTHING_MEASURED, SUMMARY_MD, warnings
     from treegraft.bench.summary import TERMINAL_HEADERS, TOP_ROWS, prompt_count, terminal_rows
 
+    if not rows:
+        out.print(NOTHING_MEASURED, highlight=False)
+        console.print(f"full report: {out_dir / SUMMARY_MD} (results in {out_dir})")
+        return
     out.print(
         f"top {TOP_ROWS} methods, all pairs and suites, {prompt_count(rows)} prompts per method, "
         "speedup over plain decoding:"

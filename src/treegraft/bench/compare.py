@@ -13,10 +13,11 @@ import attrs
 
 from treegraft.bench.aggregate import ALL
 from treegraft.bench.config import AR
-from treegraft.bench.readback import read_json_object, read_summary_csv
+from treegraft.bench.readback import environment_changes, read_json_object, read_summary_csv
 from treegraft.bench.records import MEASURED
 from treegraft.bench.report import MANIFEST, SUMMARY_CSV, markdown_table
 from treegraft.bench.stats import MIN_PROMPTS
+from treegraft.bench.sweep import first_few
 from treegraft.core.errors import ArgumentError
 
 HEADERS = (
@@ -118,15 +119,21 @@ def load_summary(result_dir: Path) -> list[dict[str, str]]:
     return read_summary_csv(path)
 
 
-def load_settings(result_dir: Path) -> dict[str, Any] | None:
-    """The sweep config recorded in a result directory's manifest (None: it has no manifest)."""
+def load_manifest(result_dir: Path) -> dict[str, Any] | None:
+    """A result directory's manifest, checked to hold a sweep config (None: it has none)."""
     path = Path(result_dir) / MANIFEST
     if not path.is_file():
         return None
-    config = read_json_object(path, "a results manifest").get("config")
-    if not isinstance(config, dict):
+    manifest = read_json_object(path, "a results manifest")
+    if not isinstance(manifest.get("config"), dict):
         raise ArgumentError(f"{path} is not a results manifest (no 'config' object in it)")
-    return config
+    return manifest
+
+
+def load_settings(result_dir: Path) -> dict[str, Any] | None:
+    """The sweep config recorded in a result directory's manifest (None: it has no manifest)."""
+    manifest = load_manifest(result_dir)
+    return None if manifest is None else manifest["config"]
 
 
 def compare(a_dir: Path, b_dir: Path, *, suite: str = ALL) -> Comparison:
@@ -159,15 +166,34 @@ def compare(a_dir: Path, b_dir: Path, *, suite: str = ALL) -> Comparison:
 def settings_notes(a_dir: Path, b_dir: Path) -> list[str]:
     """A note naming the sweep settings two runs differ in (`max_new_tokens 8 vs 16`), or one
     saying which run has no manifest to compare."""
-    a, b = load_settings(a_dir), load_settings(b_dir)
-    if a is None or b is None:
-        lacking = [f"{n} ({d})" for n, d, c in (("A", a_dir, a), ("B", b_dir, b)) if c is None]
+    manifests = load_manifest(a_dir), load_manifest(b_dir)
+    if manifests[0] is None or manifests[1] is None:
+        runs = (("A", a_dir, manifests[0]), ("B", b_dir, manifests[1]))
+        lacking = [f"{n} ({d})" for n, d, m in runs if m is None]
         return [f"{' and '.join(lacking)}: no {MANIFEST}, so the runs' settings are not compared"]
+    a, b = (m["config"] for m in manifests)
     changed = [k for k in sorted(a.keys() | b.keys()) if k != "source" and a.get(k) != b.get(k)]
-    if not changed:
-        return []
-    shown = ", ".join(_setting(k, a.get(k), b.get(k)) for k in changed)
-    return [f"A and B ran different sweeps ({shown}): their numbers may not be comparable"]
+    notes = []
+    if changed:
+        shown = ", ".join(_setting(k, a.get(k), b.get(k)) for k in changed)
+        notes.append(f"A and B ran different sweeps ({shown}): their numbers may not be comparable")
+    return notes + measured_notes(*manifests)
+
+
+def measured_notes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Notes on two manifests whose sweeps read alike but measured other things: a pipeline or
+    prompt of one name whose content differs (their digests), another machine or code."""
+    notes = []
+    for key, what in (("pipelines", "pipeline"), ("prompts", "prompt")):
+        x, y = (m.get(key) if isinstance(m.get(key), dict) else {} for m in (a, b))
+        if differs := [name for name in x if name in y and x[name] != y[name]]:
+            notes.append(
+                f"{what} {first_few(differs)} differs between A and B under the same name "
+                "(its content changed): their rows measured different things"
+            )
+    if changes := environment_changes([a, b]):
+        notes.append(f"A and B ran on different environments ({first_few(changes)})")
+    return notes
 
 
 def _setting(key: str, a: Any, b: Any) -> str:

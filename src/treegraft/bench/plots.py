@@ -35,6 +35,19 @@ FAMILIES = (
 SHIPPED = ("treegraft", "treegraft-threshold", "treegraft-distilled")
 
 
+#: Longest method, pair or suite name drawn in full; longer ones keep their head and tail.
+LABEL_CHARS = 36
+
+
+def short(name: str, limit: int = LABEL_CHARS) -> str:
+    """`name`, or its head and tail around an ellipsis when longer than `limit` characters (a
+    300-character label squeezed the panels to a sliver)."""
+    if len(name) <= limit:
+        return name
+    head = (limit - 1) // 2
+    return f"{name[:head]}…{name[len(name) - (limit - 1 - head) :]}"
+
+
 def family_of(method: str) -> str:
     """Which family a method belongs to (by its harness name)."""
     if method in PLAIN:
@@ -94,16 +107,16 @@ def plot_speedup(rows: Sequence[Row], path: Path) -> Path:
                       if (m, suite) in cell]  # fmt: skip
             if points:
                 ax.scatter(*zip(*points, strict=True), s=12, marker=markers[k % len(markers)],
-                           color="black", alpha=0.55, zorder=3, label=suite)  # fmt: skip
+                           color="black", alpha=0.55, zorder=3, label=short(suite))  # fmt: skip
         ax.axvline(1.0, color="black", linewidth=0.8)
-        ax.set_yticks(ys, methods)
+        ax.set_yticks(ys, [short(m) for m in methods])
         for label in ax.get_yticklabels():
             if label.get_text() in SHIPPED:
                 label.set_fontweight("bold")
         ax.invert_yaxis()
         baseline = next((r.baseline for r in rows if r.pair == pair), AR)
         ax.set_xlabel(f"speedup vs {baseline} (bar: all suites, 95% CI)")
-        ax.set_title(pair, fontsize="medium")
+        ax.set_title(short(pair, 2 * LABEL_CHARS), fontsize="medium")
         ax.grid(axis="x", alpha=0.3)
     handles = [plt.Rectangle((0, 0), 1, 1, color=plt.get_cmap(c)(0.75)) for _, c in families]
     legend = axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small",
@@ -134,7 +147,8 @@ def plot_tau(requests: Sequence[Request], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(methods) + 2), 4.5))
     if methods:
         ax.boxplot(data)
-        ax.set_xticks(range(1, len(methods) + 1), methods, rotation=45, ha="right")
+        ax.set_xticks(range(1, len(methods) + 1), [short(m) for m in methods], rotation=45,
+                      ha="right")  # fmt: skip
     ax.set_ylabel("tau (tokens per target forward, bonus included)")
     ax.set_title("tau per request")
     return save_figure(fig, path)
@@ -143,13 +157,15 @@ def plot_tau(requests: Sequence[Request], path: Path) -> Path:
 def plot_time_split(rows: Sequence[Row], path: Path) -> Path:
     """Stacked bars: fraction of wall time in target / strong / weak forwards and framework."""
     chosen = [r for r in rows if r.pair == ALL and r.suite == ALL]
-    labels = [r.method if r.mode == MEASURED else f"{r.method} ({r.mode})" for r in chosen]
+    labels = [short(r.method) + ("" if r.mode == MEASURED else f" ({r.mode})") for r in chosen]
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(chosen) + 1.5))
     left = [0.0] * len(chosen)
+    ys = list(range(len(chosen)))  # positions, not labels: two shortened alike stay two bars
     for key in SPLIT_KEYS:
         values = [r.split[key] for r in chosen]
-        ax.barh(labels, values, left=left, label=key, color=SPLIT_COLOURS[key])
+        ax.barh(ys, values, left=left, label=key, color=SPLIT_COLOURS[key])
         left = [a + b for a, b in zip(left, values, strict=True)]
+    ax.set_yticks(ys, labels)
     ax.set_xlabel("fraction of wall time")
     ax.invert_yaxis()
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -173,7 +189,8 @@ def plot_replay(rows: Sequence[Row], path: Path) -> Path:
         ax.scatter([x], [y], color=colours[label], edgecolor="black", linewidth=0.5, zorder=3)
     placed = spread_labels([y for _, y, _ in points], min_gap=top / 28)
     for (x, y, label), ty in zip(points, placed, strict=True):
-        ax.annotate(label, (x, y), xytext=(top * 1.03, ty), textcoords="data", fontsize="small",
+        ax.annotate(short(label), (x, y), xytext=(top * 1.03, ty), textcoords="data",
+                    fontsize="small",
                     va="center", annotation_clip=False,
                     arrowprops={"arrowstyle": "-", "color": "grey", "linewidth": 0.5})  # fmt: skip
     ax.set_xlim(0, top)

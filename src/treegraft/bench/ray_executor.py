@@ -14,6 +14,7 @@ reported failed and the sweep goes on.
 from __future__ import annotations
 
 import collections
+import pickle
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,18 +38,38 @@ def import_ray() -> Any:
     return ray
 
 
+def init_ray(ray: Any, address: str | None) -> None:
+    """`ray.init(address)`: join the cluster at `address`, or (None) start a local one; a
+    `ConfigError` naming `--ray-address` where none answers there (Ray's `ConnectionError` was an
+    internal error, and the results folder was left for `--force`)."""
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if address is None:
+            raise ConfigError(
+                f"--executor ray: cannot start a local Ray cluster ({reason})"
+            ) from None
+        raise ConfigError(
+            f"executor.address (--ray-address): cannot join a Ray cluster at {address!r} "
+            f"({reason}); start one there (`ray start --head`), or leave the address out to "
+            "start a local one"
+        ) from None
+
+
 def fit_workers(
     ray: Any, workers: int | None, num_cpus: float, num_gpus: float, n_items: int
 ) -> int:
     """Actors to start: `workers`, or (None) as many as the cluster's resources fit with
-    `num_cpus` and `num_gpus` each; at most one per item, at least one."""
+    `num_cpus` and `num_gpus` each (one per CPU where they request neither: nothing else bounds
+    them); at most one per item, at least one."""
     if workers is not None:
         return max(1, min(workers, n_items))
     total = ray.cluster_resources()
     fit = [int(total.get("CPU", 1) // num_cpus)] if num_cpus else []
     if num_gpus:
         fit.append(int(total.get("GPU", 0) // num_gpus))
-    return max(1, min([*fit, n_items] if fit else [n_items]))
+    return max(1, min(*fit, n_items) if fit else min(int(total.get("CPU", 1)), n_items))
 
 
 def check_fits(ray: Any, num_cpus: float, num_gpus: float) -> None:
@@ -63,6 +84,25 @@ def check_fits(ray: Any, num_cpus: float, num_gpus: float) -> None:
                 f"could start; lower {flag}"
                 + (" (0: actors on CPUs alone)" if kind == "GPU" else "")
             )
+
+
+def start_actor(actor_class: Any, what: str, *args: Any) -> Any:
+    """`actor_class.remote(*args)`; a `ConfigError` naming `what` (the arguments, in the user's
+    terms) where Ray cannot pickle them, instead of its error holding their whole repr."""
+    try:
+        return actor_class.remote(*args)
+    except (TypeError, pickle.PicklingError) as exc:
+        cause = exc.__cause__ or exc
+        reason = (str(cause).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(
+            f"--executor ray: {what} cannot be sent to the Ray workers ({type(cause).__name__}: "
+            f"{reason}); every worker gets a pickled copy: keep unpicklable objects (locks, open "
+            "files, lambdas) out of it, or use --executor local"
+        ) from None
+
+
+#: What each Ray actor of a sweep receives, in `run_bench`'s terms.
+WHAT_TRAVELS = "the sweep's resources= (its models and tokenizer) or registry="
 
 
 class RayUnitWorker:
@@ -107,10 +147,12 @@ class RayExecutor:
     spawned: int = 0
 
     def run(self, units: list[Unit], progress: Progress) -> Iterator[UnitResult]:
+        if not units:  # a resumed sweep with nothing left starts no cluster, joins none
+            return
         ray = import_ray()
         started = not ray.is_initialized()
         if started:
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            init_ray(ray, self.address)
         try:
             yield from self._run(ray, units, progress)
         finally:
@@ -122,8 +164,6 @@ class RayExecutor:
         return fit_workers(ray, self.workers, self.num_cpus, self.num_gpus, n_units)
 
     def _run(self, ray: Any, units: list[Unit], progress: Progress) -> Iterator[UnitResult]:
-        if not units:
-            return
         if self.address is None:  # a cluster joined by address may add nodes as it needs them
             check_fits(ray, self.num_cpus, self.num_gpus)
         actor_class = ray.remote(num_cpus=self.num_cpus, num_gpus=self.num_gpus)(RayUnitWorker)
@@ -143,8 +183,12 @@ class RayExecutor:
                 unit, attempt = slot.unit, slot.attempt
                 slot.unit = None
                 assert unit is not None
-                if result.fatal:
-                    raise ConfigError(result.fatal)
+                if result.fatal:  # the worker may be another machine: say which
+                    where = result.record.worker
+                    raise ConfigError(
+                        f"{result.fatal} (unit {unit.name}, on Ray worker {where.get('worker')} "
+                        f"at {where.get('host')})"
+                    )
                 if result.record.status == FAILED and attempt <= self.retries:
                     queues.setdefault(unit.pair, collections.deque()).appendleft(
                         (unit, attempt + 1)
@@ -159,7 +203,7 @@ class RayExecutor:
         name = f"ray-{index}"
         self.spawned += 1
         runner = attrs.evolve(self.runner, name=name, session=None, loaded={})
-        return Slot(name, actor_class.remote(runner))
+        return Slot(name, start_actor(actor_class, WHAT_TRAVELS, runner))
 
     def _dispatch(
         self,
@@ -179,12 +223,20 @@ class RayExecutor:
     def _collect(
         self, ray: Any, ref: Any, slot: Slot, actor_class: Any, slots: list[Slot]
     ) -> UnitResult:
-        """The unit's result; an actor that died is replaced and the unit counts as failed."""
+        """The unit's result. An actor that died, or whose task Ray failed otherwise (an error
+        past the runner's, such as a `BaseException`; a lost object), is replaced and the unit
+        counts as failed, with the error: the sweep goes on, as after a unit's own error."""
         try:
             return ray.get(ref)
-        except ray.exceptions.RayActorError as exc:
-            unit, dead = slot.unit, slot.name
+        except ray.exceptions.RayError as exc:
+            unit, old = slot.unit, slot.name
             assert unit is not None
+            if isinstance(exc, ray.exceptions.RayActorError):
+                where, error = f"{old} (died)", f"the Ray worker died: {exc}"
+            else:
+                cause = getattr(exc, "cause", None) or exc
+                where, error = f"{old} (replaced)", f"{type(cause).__name__}: {cause}"
+                ray.kill(slot.actor)
             fresh = self._new_slot(actor_class, self.spawned)
             slot.actor, slot.pair, slot.name = fresh.actor, None, fresh.name
             record = UnitRecord(
@@ -193,8 +245,8 @@ class RayExecutor:
                 repeat=unit.repeat,
                 prompt_ids=tuple(p.id for p in unit.prompts),
                 status=FAILED,
-                worker={"host": None, "pid": None, "worker": f"{dead} (died)"},
+                worker={"host": None, "pid": None, "worker": where},
                 attempts=slot.attempt,
-                error=f"the Ray worker died: {exc}",
+                error=error,
             )
             return UnitResult(record)

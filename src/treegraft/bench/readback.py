@@ -1,5 +1,5 @@
-"""Reading back what a sweep wrote (`manifest.json`, `latency.json`, `summary.csv`) for `--resume`
-and `bench compare`: a damaged file (cut short, emptied, not UTF-8, not what it should hold) is an
+"""Reading back what a sweep wrote (`manifest.json`, `latency.json`, `summary.csv`, an older
+sweep's `requests.jsonl`) for `--resume` and `bench compare`: a damaged file (cut short, emptied, not UTF-8, not what it should hold) is an
 `ArgumentError` naming it and what is wrong, never rows silently missing or an internal error."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from treegraft.bench.aggregate import ALL
 from treegraft.bench.config import PLAIN
-from treegraft.bench.records import MEASURED, REPLAY
+from treegraft.bench.records import MEASURED, REPLAY, Request, request_from_json
 from treegraft.core.errors import ArgumentError
 
 #: Columns every `summary.csv` has had (older runs lack the intervals and the baseline).
@@ -34,6 +34,51 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ArgumentError(f"{path} is not {what} (expected a JSON object, got {_kind(data)})")
     return data
+
+
+def read_requests(path: Path) -> list[Request]:
+    """The requests of a `requests.jsonl` file. A last line without a line break that is not a
+    whole request (a run killed while writing it) is left out, as its prompt's requests are then
+    incomplete; any other line that is not a request is an `ArgumentError` naming it."""
+    lines = _text(path, "a sweep's requests").split("\n")
+    requests = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            requests.append(request_from_json(json.loads(line)))
+        except (ValueError, TypeError, AttributeError) as exc:
+            if number == len(lines):  # torn
+                break
+            why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+            raise ArgumentError(f"{path}, line {number}: not a request ({why})") from None
+    return requests
+
+
+def read_latency_curves(path: Path) -> dict[str, dict[str, Any]]:
+    """A sweep's `latency.json`: per pair, per model reference, a latency curve; an entry that is
+    not one (a later edit, another version's) is an `ArgumentError` naming it, where each of the
+    pair's units would otherwise fail on it in turn."""
+    from treegraft.core.runner.latency import LatencyCurve
+
+    curves = read_json_object(path, "latency curves")
+    for pair, per_model in curves.items():
+        if not isinstance(per_model, dict):
+            raise ArgumentError(
+                f"{path} is not latency curves (pair {pair!r}: expected an object of curves per "
+                f"model, got {_kind(per_model)})"
+            )
+        for ref, curve in per_model.items():
+            try:
+                read = LatencyCurve.from_dict(curve)
+                if not read.queries or len(read.queries) != len(read.seconds):
+                    raise ValueError("expected as many 'seconds' as 'queries', at least one")
+            except (KeyError, TypeError, ValueError) as exc:
+                why = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
+                raise ArgumentError(
+                    f"{path} is not latency curves (pair {pair!r}, model {ref!r}: {why})"
+                ) from None
+    return curves
 
 
 def read_summary_csv(path: Path) -> list[dict[str, str]]:
@@ -119,3 +164,31 @@ def _is_number(text: str) -> bool:
 def _kind(value: Any) -> str:
     names = {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
     return names.get(type(value), "a number")
+
+
+#: Environment entries (`report.environment`) whose change between the segments of a resumed
+#: sweep (or two runs compared) changes what its timings measure.
+TIMING_ENVIRONMENT = (
+    "python", "torch", "transformers", "treegraft", "machine", "cpu", "cpu_count",
+    "torch_threads", "cuda",
+)  # fmt: skip
+
+
+def environment_changes(segments: list[Any]) -> list[str]:
+    """What the environments of a sweep's later segments change from its first's, as `torch
+    2.1 vs 2.2` (software versions, the git commit, the CPU, GPU and thread count)."""
+    envs = [s.get("environment") for s in segments if isinstance(s, dict)]
+    envs = [_timing_environment(e) for e in envs if isinstance(e, dict)]
+    changes: list[str] = []
+    for env in envs[1:]:
+        for key, value in env.items():
+            text = f"{key} {envs[0].get(key)} vs {value}"
+            if value != envs[0].get(key) and text not in changes:
+                changes.append(text)
+    return changes
+
+
+def _timing_environment(env: dict[str, Any]) -> dict[str, Any]:
+    git = env.get("git")
+    commit = git.get("commit") if isinstance(git, dict) else None
+    return {**{key: env.get(key) for key in TIMING_ENVIRONMENT}, "commit": commit}

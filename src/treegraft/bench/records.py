@@ -100,10 +100,24 @@ def request_to_json(request: Request, speedup: float | None = None) -> dict[str,
     return out
 
 
+def known_fields(cls: type, data: Any, what: str) -> dict[str, Any]:
+    """The items of the JSON object `data` that are fields of the attrs class `cls` (others, such
+    as derived keys or a later version's fields, are left out); a `ValueError` saying which
+    field is missing, or that `data` is no object, where `cls` cannot be built from it."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} is a JSON {type(data).__name__}, expected an object")
+    fields = attrs.fields(cls)
+    missing = [f.name for f in fields if f.default is attrs.NOTHING and f.name not in data]
+    if missing:
+        raise ValueError(f"{what} without {', '.join(repr(m) for m in missing)}")
+    names = {f.name for f in fields}
+    return {k: v for k, v in data.items() if k in names}
+
+
 def request_from_json(data: dict[str, Any]) -> Request:
-    """Inverse of `request_to_json` (derived keys are dropped)."""
-    names = {f.name for f in attrs.fields(Request)}
-    values = {k: v for k, v in data.items() if k in names}
+    """Inverse of `request_to_json` (derived keys, and fields this version does not know, are
+    dropped); a `ValueError` names a missing field."""
+    values = known_fields(Request, data, "a request")
     for key in ("output_ids", "accept_lengths", "strong_calls", "step_times"):
         values[key] = tuple(values.get(key, ()))
     if values.get("mismatch") is not None:

@@ -59,6 +59,11 @@ CSV_COLUMNS = (
     "baseline",
 )
 
+#: What `summary.md` and the terminal say of a sweep whose every unit failed.
+NOTHING_MEASURED = (
+    "Nothing was measured: every unit failed (listed below); rerun them with --resume."
+)
+
 #: Markdown placeholder the lead replaces with the headline table of a real zoo run.
 HEADLINE_PLACEHOLDER = "<!-- headline table: filled in from a full zoo run -->"
 
@@ -88,14 +93,6 @@ class RequestLog:
         speedup = speedup_of(request, self.ar)
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(request_to_json(request, speedup)) + "\n")
-
-
-def read_requests(path: Path) -> list[Request]:
-    """Requests back from a `requests.jsonl` file."""
-    from treegraft.bench.records import request_from_json
-
-    with path.open(encoding="utf-8") as fh:
-        return [request_from_json(json.loads(line)) for line in fh if line.strip()]
 
 
 # ---------------------------------------------------------------------------- CSV
@@ -505,7 +502,9 @@ STATISTICS_NOTE = (
 
 
 def markdown_report(rows: Sequence[Row], requests: Sequence[Request], header: str) -> str:
-    """The whole `summary.md`."""
+    """The whole `summary.md` (a line saying so where nothing was measured: no empty tables)."""
+    if not rows:
+        return f"# treegraft benchmark\n\n{header}\n\n{NOTHING_MEASURED}\n"
     parts = ["# treegraft benchmark", header, "## Baseline", baseline_section(requests)]
     cautions = warnings_section(rows)
     if cautions:

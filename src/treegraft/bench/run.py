@@ -11,7 +11,7 @@ import hashlib
 import json
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,12 @@ from treegraft.bench.methods import (
     PipelinePlan,
     pipeline_plans,
 )
-from treegraft.bench.readback import read_json_object
+from treegraft.bench.readback import (
+    environment_changes,
+    read_json_object,
+    read_latency_curves,
+    read_requests,
+)
 from treegraft.bench.records import MEASURED, REPLAY, Request
 from treegraft.bench.suites import Prompt, load_suites
 from treegraft.bench.summary import write_summary_json
@@ -91,7 +96,15 @@ def run_bench(
         if resume:
             manifest, curves = resumed_state(out, config, plans, store)
             check_prompts_unchanged(out, manifest.get("prompts"), digests)
+            check_store_is_this_sweep(out, store.records, config, prompts, plans)
             manifest["segments"].append(segment)
+            if changes := environment_changes(manifest["segments"]):
+                warnings.warn(
+                    f"{out}: this sweep's segments ran on different environments "
+                    f"({first_few(changes)}): its timings pool measurements made on them; "
+                    "resume on the machine and code of the first segment",
+                    stacklevel=2,
+                )
         else:
             remove_outputs(out)  # `--force`: nothing of the sweep it replaces stays behind
             manifest = {**segment, "config": config.as_dict(), "segments": [segment]}
@@ -120,9 +133,11 @@ def run_bench(
         requests = ordered_requests(config, prompts, store)
         report.RequestLog(out / report.REQUESTS, requests)  # rewritten in sweep order
         rows = aggregate(requests)
-        files = write_reports(out, rows, requests, config, curves)
+        suites = list(dict.fromkeys(p.suite for p in prompts))
+        files = write_reports(out, rows, requests, config, curves, suites=suites)
         failed = store.failed()
         write_placement(out / report.SUMMARY_MD, config.executor.name, store, failed)
+        write_environment_changes(out / report.SUMMARY_MD, manifest["segments"])
         seconds = time.perf_counter() - start
         segment.update(finished=_now(), seconds=seconds, executor=config.executor.name)
         manifest.update(
@@ -174,6 +189,17 @@ def _nothing_left_if_refused(out: Path, *, made: bool, store: Any, resume: bool)
             if made and not any(out.iterdir()):
                 out.rmdir()
         raise
+
+
+def write_environment_changes(path: Path, segments: list[Any]) -> None:
+    """Append to summary.md what differs between the environments of the sweep's segments."""
+    if changes := environment_changes(segments):
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(
+                f"\n## Segments on different environments\n\nThis sweep ran in {len(segments)} "
+                "segments (`manifest.json`: `segments`) whose environments differ: "
+                f"{'; '.join(changes)}. Its figures pool timings measured on them.\n"
+            )
 
 
 def check_device(config: BenchConfig) -> None:
@@ -336,8 +362,6 @@ def resumed_state(
     A results directory written before the result store existed has only `requests.jsonl`: its
     prompts whose requests are all there are imported into the store as done units.
     """
-    from treegraft.bench.store import legacy_records
-
     manifest = read_manifest(out)
     wanted = json.loads(json.dumps(config.as_dict()))
     had = manifest["config"]
@@ -356,18 +380,59 @@ def resumed_state(
         [{k: manifest[k] for k in ("started", "options", "environment") if k in manifest}],
     )
     legacy = out / report.REQUESTS
-    if not store.records and legacy.is_file():
-        expected = {name: expected_methods(config.settings, p) for name, p in plans.items()}
-        for record in legacy_records(report.read_requests(legacy)):
-            got = {(r.method, r.mode) for r in record.requests}
-            if record.pair in expected and expected[record.pair] <= got:
-                store.append(record)
     latency = out / report.LATENCY
     try:
-        curves = read_json_object(latency, "latency curves") if latency.is_file() else {}
+        if not store.records and legacy.is_file():
+            import_legacy(store, read_requests(legacy), config.settings, plans)
+        curves = read_latency_curves(latency) if latency.is_file() else {}
     except ArgumentError as exc:
         raise ConfigError(f"cannot resume {out}: {exc}") from None
     return manifest, curves
+
+
+def import_legacy(
+    store: Any, requests: list[Request], settings: BenchSettings, plans: dict[str, list]
+) -> None:
+    """Store as done each prompt of an older sweep's `requests` that has every request it needs."""
+    from treegraft.bench.store import legacy_records
+
+    expected = {name: expected_methods(settings, p) for name, p in plans.items()}
+    for record in legacy_records(requests):
+        got = {(r.method, r.mode) for r in record.requests}
+        if record.pair in expected and expected[record.pair] <= got:
+            store.append(record)
+
+
+def check_store_is_this_sweep(
+    out: Path,
+    records: list[Any],
+    config: BenchConfig,
+    prompts: list[Prompt],
+    plans: dict[str, list[PipelinePlan]],
+) -> None:
+    """Raise `ConfigError` naming the stored units whose prompt (pair, suite, id, repetition) or
+    method this sweep does not have: units of another sweep merged into its store, which the
+    reports would count as this sweep's."""
+    from treegraft.bench.store import STORE
+    from treegraft.bench.units import sweep_order
+
+    keys = set(sweep_order(config, prompts))
+    methods = {name: expected_methods(config.settings, p) for name, p in plans.items()}
+    foreign: list[str] = []
+    for record in records:
+        unknown = [f"{p}/{s}/{i} r{k}" for p, s, i, k in record.keys if (p, s, i, k) not in keys]
+        unknown += [
+            f"{r.pair}: {r.method} ({r.mode})"
+            for r in record.requests
+            if (r.method, r.mode) not in methods.get(r.pair, ())
+        ]
+        foreign += [u for u in unknown if u not in foreign]
+    if foreign:
+        raise ConfigError(
+            f"cannot resume {out}: its {STORE} holds units of prompts or methods this sweep does "
+            f"not have ({first_few(foreign)}): another sweep's, merged into it? Keep each "
+            "sweep's units in its own folder"
+        )
 
 
 def read_manifest(out: Path) -> dict[str, Any]:
@@ -462,32 +527,37 @@ def write_reports(
     requests: list[Request],
     config: BenchConfig,
     curves: dict[str, dict[str, Any]],
+    *,
+    suites: Sequence[str] = (),
 ) -> list[Path]:
-    """summary.csv, summary.md, the PNG plots and (replay) latency.json."""
+    """summary.csv, summary.md, the PNG plots and (replay) latency.json (`suites`: the names
+    of the sweep's suites, each counted in the header, measured or not)."""
     s = config.settings
     header = (
         f"{len(config.pairs)} pair(s) · suites {', '.join(s.suites)} · "
-        f"{prompts_per_suite(requests, s.prompts_per_suite)} · max {s.max_new_tokens} new tokens · "
+        f"{prompts_per_suite(requests, s.prompts_per_suite, suites)} · max {s.max_new_tokens} new tokens · "
         f"{s.dtype} · greedy, batch 1 · {s.repeat} repetition(s)"
     )
     files = [out / report.REQUESTS, out / report.SUMMARY_CSV, out / report.SUMMARY_MD]
     report.write_csv(rows, files[1])
     files[2].write_text(report.markdown_report(rows, requests, header))
     files.append(write_summary_json(rows, requests, out))
-    files.append(plots.plot_speedup(rows, out / "speedup.png"))
-    files.append(plots.plot_tau(requests, out / "tau.png"))
-    files.append(plots.plot_time_split(rows, out / "time_split.png"))
+    if rows:  # plots of nothing would be empty axes
+        files.append(plots.plot_speedup(rows, out / "speedup.png"))
+        files.append(plots.plot_tau(requests, out / "tau.png"))
+        files.append(plots.plot_time_split(rows, out / "time_split.png"))
     if s.replay:
-        files.append(plots.plot_replay(rows, out / "replay.png"))
+        if rows:
+            files.append(plots.plot_replay(rows, out / "replay.png"))
         report.write_json(curves, out / report.LATENCY)
         files.append(out / report.LATENCY)
     return files
 
 
-def prompts_per_suite(requests: list[Request], wanted: int) -> str:
+def prompts_per_suite(requests: list[Request], wanted: int, suites: Sequence[str] = ()) -> str:
     """`N prompt(s) per suite`, or each suite's count where a suite held fewer than `wanted`
-    (or a sweep cut short measured fewer)."""
-    prompts: dict[str, set[str]] = {}
+    (or a sweep cut short measured fewer, none where each of its units failed)."""
+    prompts: dict[str, set[str]] = {suite: set() for suite in suites}
     for r in requests:
         prompts.setdefault(r.suite, set()).add(r.prompt_id)
     counts = {suite: len(ids) for suite, ids in prompts.items()}

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from treegraft.core.errors import ArgumentError, shown
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -57,26 +59,39 @@ def map_items(
     is idle, and the results are merged in the order of `items`; an item that fails raises
     `ShardError`. `ray.init(address)` is called unless Ray is initialised already (a cluster
     started here is shut down at the end). `on_result(index, result)` is called as each item
-    finishes (in completion order).
+    finishes (in completion order). An option out of range is an `ArgumentError` naming it.
     """
+    check_map_options(executor, workers, num_cpus, num_gpus)
     report = on_result or (lambda index, result: None)
     if executor == "local":
         state = setup()
         return [_reported(report, i, work(state, item)) for i, item in enumerate(items)]
-    if executor != "ray":
-        raise ValueError(f"executor: expected 'local' or 'ray', got {executor!r}")
-    from treegraft.bench.ray_executor import fit_workers, import_ray
+    if not items:  # nothing to shard: no cluster started or joined
+        return []
+    from treegraft.bench.ray_executor import fit_workers, import_ray, init_ray
 
     ray = import_ray()
     started = not ray.is_initialized()
     if started:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        init_ray(ray, address)
     try:
         count = fit_workers(ray, workers, num_cpus, num_gpus, len(items))
         return _map_on_ray(ray, setup, work, items, count, num_cpus, num_gpus, report)
     finally:
         if started:
             ray.shutdown()
+
+
+def check_map_options(executor: str, workers: int | None, num_cpus: float, num_gpus: float) -> None:
+    """`ArgumentError` naming the first of `map_items`' options out of its range (it started one
+    actor for `workers=0` or `-2`, and left a negative resource request to Ray)."""
+    if executor not in ("local", "ray"):
+        raise ArgumentError(f"executor: expected 'local' or 'ray', got {shown(executor)}")
+    if workers is not None and (type(workers) is not int or workers < 1):
+        raise ArgumentError(f"workers: expected an int >= 1 or None, got {shown(workers)}")
+    for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ArgumentError(f"{name}: expected a number >= 0, got {shown(value)}")
 
 
 def _reported(report: Callable[[int, Any], None], index: int, result: R) -> R:
@@ -94,8 +109,11 @@ def _map_on_ray(
     num_gpus: float,
     report: Callable[[int, Any], None],
 ) -> list[Any]:
+    from treegraft.bench.ray_executor import start_actor
+
     actor_class = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(ShardWorker)
-    actors = [actor_class.remote(setup, work) for _ in range(workers)] if items else []
+    what = "the setup and work functions (with what they hold)"
+    actors = [start_actor(actor_class, what, setup, work) for _ in range(workers)] if items else []
     todo = list(enumerate(items))[::-1]
     results: dict[int, Any] = {}
     running: dict[Any, tuple[Any, int]] = {}

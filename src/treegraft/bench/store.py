@@ -20,13 +20,14 @@ import fcntl
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from treegraft.bench.records import Request, request_from_json, request_to_json
+from treegraft.bench.records import Request, known_fields, request_from_json, request_to_json
 from treegraft.core.config import ConfigError
 
 STORE = "units.jsonl"
@@ -92,7 +93,9 @@ class UnitRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> UnitRecord:
-        values = dict(data)
+        """Inverse of `to_json`; fields this version does not know (a later version's) are left
+        out, a missing one is a `ValueError` naming it."""
+        values = known_fields(cls, data, "a unit record")
         values["prompt_ids"] = tuple(values["prompt_ids"])
         values["requests"] = tuple(request_from_json(r) for r in values.get("requests", ()))
         return cls(**values)
@@ -105,16 +108,25 @@ def encode_line(record: UnitRecord) -> bytes:
     return (json.dumps({"sha256": digest, "record": body}) + "\n").encode("utf-8")
 
 
+class UnreadableRecord(ValueError):
+    """A store line intact (its checksum matches) whose record this version cannot read."""
+
+
 def decode_line(line: bytes) -> UnitRecord | None:
-    """The record of one store line, or None when the line is torn or does not match its checksum."""
+    """The record of one store line, or None when the line is torn or does not match its
+    checksum; `UnreadableRecord` when it is intact but not a record this version reads (one
+    written by another version), which no resume may take for a torn line and cut off."""
     try:
         data = json.loads(line)
         body = data["record"]
         if hashlib.sha256(_canonical(body)).hexdigest() != data["sha256"]:
             return None
-        return UnitRecord.from_json(body)
     except (ValueError, KeyError, TypeError):
         return None
+    try:
+        return UnitRecord.from_json(body)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UnreadableRecord(str(exc)) from None
 
 
 def _canonical(body: Any) -> bytes:
@@ -131,15 +143,26 @@ class StoreContents:
 
 
 def read_store(path: Path) -> StoreContents:
-    """Every valid record of `path`, in the order written; a torn or corrupt line is skipped."""
+    """Every valid record of `path`, in the order written; a torn or corrupt line is skipped.
+
+    Raises `OutDirError` naming the line where an intact record cannot be read (another
+    version's): skipping it would run its unit again, and cutting it off would lose it.
+    """
     if not path.is_file():
         return StoreContents((), 0, 0)
     records: list[UnitRecord] = []
     valid = corrupt = offset = 0
     with path.open("rb") as fh:
-        for line in fh:
+        for number, line in enumerate(fh, 1):
             offset += len(line)
-            record = decode_line(line) if line.endswith(b"\n") else None
+            try:
+                record = decode_line(line) if line.endswith(b"\n") else None
+            except UnreadableRecord as exc:
+                raise OutDirError(
+                    f"{path}, line {number}: a unit record this version of treegraft cannot "
+                    f"read ({exc}); written by another version? Resume with the version that "
+                    "wrote it, or start a new sweep (another --out, or --force)"
+                ) from None
             if record is None:
                 corrupt += 1
                 continue
@@ -189,6 +212,13 @@ class ResultStore:
             if resume:
                 contents = read_store(store.path)
                 store.records, store.corrupt_lines = list(contents.records), contents.corrupt_lines
+                if contents.corrupt_lines:
+                    warnings.warn(
+                        f"{store.path}: {contents.corrupt_lines} damaged line(s) skipped (torn "
+                        "or not matching their checksum; a run killed mid-write leaves its last "
+                        "line torn): their units run again",
+                        stacklevel=3,
+                    )
                 if store.path.is_file():
                     os.truncate(store.path, contents.valid_bytes)  # cut a torn last line
             elif store.path.exists():
@@ -269,12 +299,18 @@ def release_lock(fh: Any) -> None:
 
 
 def legacy_records(requests: Iterable[Request]) -> list[UnitRecord]:
-    """One `done` record per prompt of a `requests.jsonl` written before the store existed."""
-    groups: dict[PromptKey, list[Request]] = {}
+    """One `done` record per prompt of a `requests.jsonl` written before the store existed. A
+    prompt measured twice (cut short, then run again by a resume) keeps the last request of each
+    method and mode, so that none counts twice."""
+    groups: dict[PromptKey, dict[tuple[str, str], Request]] = {}
     for r in requests:
-        groups.setdefault(r.key, []).append(r)
+        group = groups.setdefault(r.key, {})
+        group.pop((r.method, r.mode), None)  # the rerun's requests, in the order they ran
+        group[(r.method, r.mode)] = r
     return [
-        UnitRecord(pair, suite, repeat, (prompt,), DONE, tuple(group), {"worker": "unknown"})
+        UnitRecord(
+            pair, suite, repeat, (prompt,), DONE, tuple(group.values()), {"worker": "unknown"}
+        )
         for (pair, suite, prompt, repeat), group in groups.items()
     ]
 
@@ -301,9 +337,11 @@ def placement(store: ResultStore) -> list[dict[str, Any]]:
 def write_placement(
     path: Path, executor: str, store: ResultStore, failed: list[UnitRecord]
 ) -> None:
-    """Append to summary.md where each cell ran (Ray runs) and every failed unit."""
+    """Append to summary.md where each cell ran (Ray runs, and any sweep whose units ran on
+    more than one worker or host: a resumed Ray sweep finished locally) and every failed unit."""
     text = ""
-    if executor != "local":
+    ran_on = {(r.worker.get("worker"), r.worker.get("host")) for r in store.finished().values()}
+    if executor != "local" or len(ran_on) > 1:
         text += (
             "\n## Where each cell ran\n\nPer-prompt speedups divide two timings of one worker; "
             "a cell's ratio of medians pools the prompts of the workers listed.\n\n"

@@ -9,7 +9,6 @@ from typing import Any
 import attrs
 
 from treegraft.bench.aggregate import ALL, Row
-from treegraft.bench.config import AR
 from treegraft.bench.records import MEASURED, Request
 from treegraft.bench.report import (
     SUMMARY_JSON,
@@ -81,15 +80,17 @@ def write_summary_json(rows: Sequence[Row], requests: Sequence[Request], out: Pa
     return path
 
 
-def terminal_rows(
-    rows: Sequence[Row], top: int = TOP_ROWS, baseline: str = AR
-) -> list[tuple[str, ...]]:
-    """The `top` measured methods overall besides the baseline, fastest first (primary speedup
+def terminal_rows(rows: Sequence[Row], top: int = TOP_ROWS) -> list[tuple[str, ...]]:
+    """The `top` measured methods overall besides the plain decoding their speedups are against
+    (each row's `baseline`: `ar-runner` where it was the faster), fastest first (primary speedup
     with its interval)."""
     overall = [
         r
         for r in rows
-        if r.pair == ALL and r.suite == ALL and r.mode == MEASURED and r.method != baseline
+        if r.pair == ALL
+        and r.suite == ALL
+        and r.mode == MEASURED
+        and r.method not in r.baseline.split("/")
     ]
     ranked = sorted(overall, key=lambda r: -r.speedup)[:top]
     return [
