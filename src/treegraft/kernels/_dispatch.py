@@ -23,9 +23,13 @@ from typing import Literal
 
 from torch import Tensor
 
+from treegraft.kernels._checks import check_tree
+
 ENV_VAR = "TREEGRAFT_KERNELS"
 #: ops with a numpy implementation (``<op>/host.py``) that ``auto`` picks for CPU tensors
 HOST_OPS = frozenset({"ancestor_mask", "greedy_accept", "prune_to_budget"})
+#: host implementations that check their parent array in the walk they make anyway
+HOST_CHECKED = frozenset({"ancestor_mask", "prune_to_budget"})
 Backend = Literal["reference", "triton", "host"]
 _CHOICES = ("auto", "reference", "triton")
 
@@ -104,3 +108,13 @@ def load_backend(package: str, backend: Backend) -> ModuleType:
 def implementation(package: str, op: str, *tensors: Tensor) -> ModuleType:
     """The module (reference, host or Triton) that should run ``op`` on these tensors."""
     return load_backend(package, choose_backend(op, *tensors))
+
+
+def tree_implementation(package: str, op: str, parents: Tensor, *tensors: Tensor) -> ModuleType:
+    """`implementation` for an op on the parent array `parents`, whose values are checked first
+    (`_checks.check_tree`: CPU tensors only, never a device read) unless the chosen host
+    implementation checks them itself."""
+    backend = choose_backend(op, parents, *tensors)
+    if not (backend == "host" and op in HOST_CHECKED):
+        check_tree(op, parents)
+    return load_backend(package, backend)
