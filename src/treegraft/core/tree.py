@@ -12,6 +12,7 @@ growing operation returns a new tree plus the indices of the nodes it touched.
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, NamedTuple
 
 import attrs
@@ -19,7 +20,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from treegraft.core.errors import ArgumentError, shown
 from treegraft.kernels import ancestor_mask, tree_depth
+from treegraft.kernels._checks import INDEX_DTYPES, described, float_vector, index_vector
 from treegraft.kernels.host_tensor import host_tensor
 
 #: Drafter index stored for the root (it was committed, nobody proposed it).
@@ -97,9 +100,11 @@ class DraftTree:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> DraftTree:
-        """A tree holding only the root `token`."""
+        """A tree holding only the root `token` (an int >= 0, or a one-element integer tensor),
+        its scores in the floating `dtype`."""
+        root = _root_token(token, dtype)
         if torch.device(device).type == "cpu" and dtype in _NUMPY_REALS:
-            return cls._root_host(token, _NUMPY_REALS[dtype])
+            return cls._root_host(token if root is None else root, _NUMPY_REALS[dtype])
         tok = torch.as_tensor(token, dtype=torch.long, device=device).reshape(1)
         zeros_f = torch.zeros(1, dtype=dtype, device=device)
         return cls(
@@ -133,16 +138,22 @@ class DraftTree:
         edge_logp: Tensor | None = None,
         proposer: Tensor | None = None,
     ) -> DraftTree:
-        """Build a tree from raw arrays, validating the parents-first and unique-sibling rules."""
+        """Build a tree from raw arrays, validating the parents-first and unique-sibling rules
+        (`ArgumentError` naming the argument otherwise; tensors on the meta device have no
+        values to check). Integer arrays of any width are taken as int64."""
+        op = "DraftTree.from_parents"
+        tokens, parents = index_vector(op, "tokens", tokens), index_vector(op, "parents", parents)
         check_parent_array(tokens, parents)
-        dtype = edge_logp.dtype if edge_logp is not None else torch.float32
+        n = tokens.shape[0]
         if edge_logp is None:
-            edge_logp = torch.zeros(tokens.shape[0], dtype=dtype, device=tokens.device)
-        edge_logp = edge_logp.clone()
+            edge_logp = torch.zeros(n, dtype=torch.float32, device=tokens.device)
+        edge_logp = float_vector(op, "edge_logp", edge_logp, n).clone()
         edge_logp[0] = 0
         anc = ancestor_mask(parents)
         score = (anc.to(edge_logp.dtype) * edge_logp[None, :]).sum(-1)  # [n]
-        if proposer is None:
+        if proposer is not None:
+            proposer = index_vector(op, "proposer", proposer, n)
+        else:
             proposer = torch.zeros_like(tokens)
             proposer[0] = NO_DRAFTER
         return cls(
@@ -213,6 +224,7 @@ class DraftTree:
 
     def path_to(self, node: int) -> Tensor:
         """Node indices from the root to `node`, `[depth(node) + 1]` int64."""
+        node = _node_index("DraftTree.path_to", "node", node, self.n_nodes)
         anc = self.ancestor_mask()[node]
         nodes = torch.nonzero(anc).flatten()
         return nodes[torch.argsort(self.depth[nodes])]
@@ -291,8 +303,11 @@ class DraftTree:
         microseconds where a dozen small torch ops cost over a hundred, several times per
         layer); elsewhere on the device.
         """
+        _check_k("DraftTree.best", k)
         if self.device.type == "cpu":
             cand = sorted({i for i in nodes.tolist() if i >= 0})
+            if cand and cand[-1] >= self.n_nodes:
+                _node_index("DraftTree.best", "nodes", cand[-1], self.n_nodes)  # raises
             host = self.host()
             return host_tensor(best_host(host.score, host.depth, cand, k))
         return self.best_on_device(nodes, k)
@@ -300,6 +315,7 @@ class DraftTree:
     def best_near(self, frontier: Tensor, lookback: int, k: int) -> Tensor:
         """The best `k` live nodes (as `best`) at depths `[d - lookback, d]`, `d` the deepest
         frontier node's depth (the tree's deepest when the frontier is empty), ascending."""
+        _check_k("DraftTree.best_near", k)
         if self.device.type == "cpu":
             host = self.host()
             depth, front = host.depth, frontier.tolist()
@@ -330,13 +346,24 @@ class DraftTree:
         return attrs.evolve(self, edge_logp=edge_logp, score=score, scorer=scorer)
 
     def select(self, keep: Tensor) -> DraftTree:
-        """The subtree of the nodes `keep` (`[m]` ascending, ancestor-closed, containing the root)."""
+        """The subtree of the nodes `keep` (`[m]` ascending, ancestor-closed, containing the root).
+
+        On CPU trees `keep` is checked (`ArgumentError` naming the first node out of place);
+        elsewhere it is taken as given (a check would read the device)."""
+        keep = index_vector("DraftTree.select", "keep", keep)
         if self.device.type == "cpu":  # numpy indexing: a fraction of torch's per-call cost
             k = keep.numpy()
+            _check_keep(k, self.n_nodes)
             remap = np.full(self.n_nodes, -1, dtype=np.int64)
             remap[k] = np.arange(k.shape[0])
             parents = self.parents.numpy()[k]
             new_parents = np.where(parents >= 0, remap[np.maximum(parents, 0)], -1)
+            if (new_parents[1:] < 0).any():
+                i = int(np.flatnonzero(new_parents[1:] < 0)[0]) + 1
+                raise ArgumentError(
+                    f"DraftTree.select: keep holds node {int(k[i])} but not its parent "
+                    f"{int(parents[i])}; expected an ancestor-closed set of nodes"
+                )
             return DraftTree(
                 parents=torch.from_numpy(new_parents),
                 **{f: torch.from_numpy(getattr(self, f).numpy()[k]) for f in _NODE_FIELDS},
@@ -350,6 +377,62 @@ class DraftTree:
         parents = self.parents[keep]
         new_parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], -1)
         return DraftTree(parents=new_parents, **{f: getattr(self, f)[keep] for f in _NODE_FIELDS})
+
+
+def _node_index(op: str, name: str, node: object, n: int) -> int:
+    """`node` as an int in `[0, n)`, else an `ArgumentError` naming `name` (`node is 9`,
+    `nodes holds 9`)."""
+    try:
+        index = operator.index(node)
+    except TypeError:
+        index = None
+    if index is None or isinstance(node, bool) or not 0 <= index < n:
+        verb = "holds" if name.endswith("s") else "is"
+        raise ArgumentError(f"{op}: {name} {verb} {shown(node)}; expected a node index in [0, {n})")
+    return index
+
+
+def _check_k(op: str, k: object) -> None:
+    """Raise unless `k` (how many nodes to pick) is an int >= 0."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+        raise ArgumentError(f"{op}: k is {shown(k)}; expected an integer >= 0")
+
+
+def _check_keep(k: np.ndarray, n: int) -> None:
+    """Raise unless the node indices `k` start at the root and increase strictly below `n`."""
+    if k.shape[0] == 0 or k[0] != 0:
+        raise ArgumentError(
+            f"DraftTree.select: keep is {shown(k.tolist())}; expected ascending nodes starting "
+            "with the root 0"
+        )
+    if k[-1] >= n or (k.shape[0] > 1 and (k[1:] <= k[:-1]).any()):
+        raise ArgumentError(
+            f"DraftTree.select: keep is {shown(k.tolist())}; expected strictly ascending node "
+            f"indices in [0, {n})"
+        )
+
+
+def _root_token(token: object, dtype: object) -> int | None:
+    """`from_root`'s token as an int (None for a device tensor, whose value is not read), or
+    an `ArgumentError` naming what is wrong with it or with the score `dtype`."""
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ArgumentError(f"DraftTree.from_root: dtype={shown(dtype)}; expected a floating dtype")
+    if isinstance(token, Tensor):
+        if token.numel() != 1 or token.dtype not in INDEX_DTYPES:
+            raise ArgumentError(
+                f"DraftTree.from_root: token has {described(token)}; expected one integer token id"
+            )
+        root = int(token) if token.device.type == "cpu" else None
+    elif isinstance(token, (int, np.integer)) and not isinstance(token, bool):
+        root = int(token)
+    else:
+        raise ArgumentError(
+            f"DraftTree.from_root: token is {shown(token)} ({type(token).__name__}); "
+            "expected an integer token id"
+        )
+    if root is not None and root < 0:
+        raise ArgumentError(f"DraftTree.from_root: token is {root}; expected a token id >= 0")
+    return root
 
 
 #: torch float dtypes numpy holds (`from_root` builds CPU roots from numpy)
@@ -374,27 +457,37 @@ def _first_occurrence(parent: Tensor, tok: Tensor, live: Tensor) -> Tensor:
 
 
 def check_parent_array(tokens: Tensor, parents: Tensor) -> None:
-    """Raise `ValueError` unless `parents` is a parents-first tree with unique tokens among siblings.
+    """Raise `ArgumentError` (a `ValueError`) unless `parents` is a parents-first tree whose
+    tokens are non-negative and unique among siblings.
 
-    Synchronises with the device (validation only; not called on the per-step path).
+    Synchronises with the device (validation only; not called on the per-step path). Tensors on
+    the meta device have no values: only their shapes are checked.
     """
     if tokens.ndim != 1 or parents.shape != tokens.shape:
-        raise ValueError(
+        raise ArgumentError(
             f"tokens and parents must be [n] tensors of equal length, got {tuple(tokens.shape)} and {tuple(parents.shape)}"
         )
-    if tokens.shape[0] == 0 or int(parents[0]) != -1:
-        raise ValueError("parents[0] must be -1 (node 0 is the root)")
+    if tokens.shape[0] == 0:
+        raise ArgumentError("parents[0] must be -1 (node 0 is the root), got an empty tree")
+    if tokens.device.type == "meta" or parents.device.type == "meta":
+        return
+    if int(parents[0]) != -1:
+        raise ArgumentError(f"parents[0] must be -1 (node 0 is the root), got {int(parents[0])}")
     idx = torch.arange(tokens.shape[0], device=tokens.device)
     bad = torch.nonzero((parents[1:] < 0) | (parents[1:] >= idx[1:])).flatten()
     if bad.numel():
         i = int(bad[0]) + 1
-        raise ValueError(
+        raise ArgumentError(
             f"parents[{i}] = {int(parents[i])}: expected 0 <= parent < {i} (parents before children)"
         )
+    negative = torch.nonzero(tokens < 0).flatten()
+    if negative.numel():
+        i = int(negative[0])
+        raise ArgumentError(f"tokens[{i}] = {int(tokens[i])}: expected a token id >= 0")
     dup = _first_occurrence(parents, tokens, torch.ones_like(tokens, dtype=torch.bool)) != idx
     if bool(dup[1:].any()):
         i = int(torch.nonzero(dup).flatten()[0])
-        raise ValueError(
+        raise ArgumentError(
             f"node {i} repeats token {int(tokens[i])} under parent {int(parents[i])}: siblings must be unique"
         )
 
