@@ -66,6 +66,7 @@ BAD_CALLS = [
     ({"src": torch.tensor([[5, 6]])}, r"src has shape \(1, 2\)"),
     ({"kv": KV[0]}, r"kv has shape \(2, 2, 10, 4\).*max_len, head_dim\]"),
     ({"kv": KV.long()}, r"kv has .*torch.int64.*expected a floating"),
+    ({"kv": KV[:, :, :1].expand(2, 2, 2, 10, 4)}, r"kv is expanded \(strides \(160, 80, 0, 4, 1\)"),
     (
         {"kv": KV.numpy()},
         r"kv is an array of shape \(2, 2, 2, 10, 4\) \(ndarray\); expected a torch",

@@ -36,6 +36,14 @@ def kv_compact(kv: Tensor, src: Tensor, dst_start: int) -> None:
         fail(
             op, f"kv has {described(kv)}", "a floating [n_layers, 2, n_kv_heads, max_len, head_dim]"
         )
+    if 0 in kv.stride() and any(
+        st == 0 < n - 1 for st, n in zip(kv.stride(), kv.shape, strict=True)
+    ):
+        fail(
+            op,
+            f"kv is expanded (strides {kv.stride()}, shape {tuple(kv.shape)})",
+            "a cache whose slots own their memory (a write would land in several): pass kv.clone()",
+        )
     src, dst_start = index_vector(op, "src", src), count_arg(op, "dst_start", dst_start)
     same_device(op, kv=kv, src=src)
     max_len = kv.shape[SLOT_DIM]
