@@ -365,3 +365,22 @@ def test_node_arguments_out_of_range_are_named() -> None:
             SMALL.best(T([1, 2, 3]), k)
         with pytest.raises(ArgumentError, match=f"best_near: k is {k}"):
             SMALL.best_near(T([1]), 1, k)
+
+
+@pytest.mark.parametrize(
+    ("parents", "tokens", "logp", "message"),
+    [
+        ([9], [[5]], [[0.0]], r"proposal.parents holds 9; expected nodes of the tree, in \[0, 4\)"),
+        ([0, 4], [[5], [6]], [[0.0], [0.0]], r"proposal.parents holds 4"),  # a node not yet there
+        ([0, 1], [[5]], [[0.0]], r"proposal.tokens has shape \(1, 1\).*\[m=2, c\]"),
+        ([0], [5], [0.0], r"proposal.tokens has shape \(1,\).*2-D integer"),
+        ([0], [[5]], [[0.0, 0.0]], r"proposal.logp has shape \(1, 2\); expected the tokens'"),
+        ([0], [[5.0]], [[0.0]], r"proposal.tokens has .*torch.float32"),
+    ],
+)
+def test_extend_names_a_malformed_proposal(parents, tokens, logp, message) -> None:
+    """These raised IndexError or ValueError from inside, or (a parent that the same proposal
+    creates first, on the host) silently hung a chain under a node the proposal did not name."""
+    proposal = Proposal(T(parents), T(tokens), T(logp))
+    with pytest.raises(ArgumentError, match=f"^DraftTree.extend: {message}"):
+        SMALL.extend(proposal, 0)

@@ -12,7 +12,6 @@ growing operation returns a new tree plus the indices of the nodes it touched.
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any, NamedTuple
 
 import attrs
@@ -20,9 +19,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from treegraft.core.errors import ArgumentError, shown
+from treegraft.core.errors import ArgumentError
+from treegraft.core.tree_checks import (
+    check_k,
+    check_keep,
+    check_parent_array,
+    check_proposal,
+    first_occurrence,
+    node_index,
+    root_token,
+)
 from treegraft.kernels import ancestor_mask, tree_depth
-from treegraft.kernels._checks import INDEX_DTYPES, described, float_vector, index_vector
+from treegraft.kernels._checks import float_vector, index_vector
 from treegraft.kernels.host_tensor import host_tensor
 
 #: Drafter index stored for the root (it was committed, nobody proposed it).
@@ -102,7 +110,7 @@ class DraftTree:
     ) -> DraftTree:
         """A tree holding only the root `token` (an int >= 0, or a one-element integer tensor),
         its scores in the floating `dtype`."""
-        root = _root_token(token, dtype)
+        root = root_token(token, dtype)
         if torch.device(device).type == "cpu" and dtype in _NUMPY_REALS:
             return cls._root_host(token if root is None else root, _NUMPY_REALS[dtype])
         tok = torch.as_tensor(token, dtype=torch.long, device=device).reshape(1)
@@ -224,7 +232,7 @@ class DraftTree:
 
     def path_to(self, node: int) -> Tensor:
         """Node indices from the root to `node`, `[depth(node) + 1]` int64."""
-        node = _node_index("DraftTree.path_to", "node", node, self.n_nodes)
+        node = node_index("DraftTree.path_to", "node", node, self.n_nodes)
         anc = self.ancestor_mask()[node]
         nodes = torch.nonzero(anc).flatten()
         return nodes[torch.argsort(self.depth[nodes])]
@@ -242,9 +250,13 @@ class DraftTree:
         entry where the tensor version costs some twenty small torch ops per column); elsewhere
         on the device (`extend_on_device`); both give identical trees.
         """
-        if self.device.type == "cpu":
-            return extend_host(self, proposal, drafter)
-        return self.extend_on_device(proposal, drafter)
+        try:
+            if self.device.type == "cpu":
+                return extend_host(self, proposal, drafter)
+            return self.extend_on_device(proposal, drafter)
+        except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
+            check_proposal(proposal, self.n_nodes)  # an ArgumentError naming the bad field
+            raise
 
     def extend_on_device(self, proposal: Proposal, drafter: int) -> tuple[DraftTree, Tensor]:
         """`extend` with torch ops on the tree's device (one pass per proposal column)."""
@@ -271,7 +283,7 @@ class DraftTree:
         has_existing = existing.any(-1)
         existing_idx = torch.where(has_existing, existing.long().argmax(-1), -1)
         fresh = live & ~has_existing
-        first = _first_occurrence(parent, tok, fresh)  # [m] row index of the first equal fresh row
+        first = first_occurrence(parent, tok, fresh)  # [m] row index of the first equal fresh row
         is_new = fresh & (first == torch.arange(parent.shape[0], device=self.device))
         new_rows = torch.nonzero(is_new).flatten()
         new_index = torch.full_like(parent, -1)
@@ -303,11 +315,11 @@ class DraftTree:
         microseconds where a dozen small torch ops cost over a hundred, several times per
         layer); elsewhere on the device.
         """
-        _check_k("DraftTree.best", k)
+        check_k("DraftTree.best", k)
         if self.device.type == "cpu":
             cand = sorted({i for i in nodes.tolist() if i >= 0})
             if cand and cand[-1] >= self.n_nodes:
-                _node_index("DraftTree.best", "nodes", cand[-1], self.n_nodes)  # raises
+                node_index("DraftTree.best", "nodes", cand[-1], self.n_nodes)  # raises
             host = self.host()
             return host_tensor(best_host(host.score, host.depth, cand, k))
         return self.best_on_device(nodes, k)
@@ -315,7 +327,7 @@ class DraftTree:
     def best_near(self, frontier: Tensor, lookback: int, k: int) -> Tensor:
         """The best `k` live nodes (as `best`) at depths `[d - lookback, d]`, `d` the deepest
         frontier node's depth (the tree's deepest when the frontier is empty), ascending."""
-        _check_k("DraftTree.best_near", k)
+        check_k("DraftTree.best_near", k)
         if self.device.type == "cpu":
             host = self.host()
             depth, front = host.depth, frontier.tolist()
@@ -353,7 +365,7 @@ class DraftTree:
         keep = index_vector("DraftTree.select", "keep", keep)
         if self.device.type == "cpu":  # numpy indexing: a fraction of torch's per-call cost
             k = keep.numpy()
-            _check_keep(k, self.n_nodes)
+            check_keep(k, self.n_nodes)
             remap = np.full(self.n_nodes, -1, dtype=np.int64)
             remap[k] = np.arange(k.shape[0])
             parents = self.parents.numpy()[k]
@@ -379,62 +391,6 @@ class DraftTree:
         return DraftTree(parents=new_parents, **{f: getattr(self, f)[keep] for f in _NODE_FIELDS})
 
 
-def _node_index(op: str, name: str, node: object, n: int) -> int:
-    """`node` as an int in `[0, n)`, else an `ArgumentError` naming `name` (`node is 9`,
-    `nodes holds 9`)."""
-    try:
-        index = operator.index(node)
-    except TypeError:
-        index = None
-    if index is None or isinstance(node, bool) or not 0 <= index < n:
-        verb = "holds" if name.endswith("s") else "is"
-        raise ArgumentError(f"{op}: {name} {verb} {shown(node)}; expected a node index in [0, {n})")
-    return index
-
-
-def _check_k(op: str, k: object) -> None:
-    """Raise unless `k` (how many nodes to pick) is an int >= 0."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-        raise ArgumentError(f"{op}: k is {shown(k)}; expected an integer >= 0")
-
-
-def _check_keep(k: np.ndarray, n: int) -> None:
-    """Raise unless the node indices `k` start at the root and increase strictly below `n`."""
-    if k.shape[0] == 0 or k[0] != 0:
-        raise ArgumentError(
-            f"DraftTree.select: keep is {shown(k.tolist())}; expected ascending nodes starting "
-            "with the root 0"
-        )
-    if k[-1] >= n or (k.shape[0] > 1 and (k[1:] <= k[:-1]).any()):
-        raise ArgumentError(
-            f"DraftTree.select: keep is {shown(k.tolist())}; expected strictly ascending node "
-            f"indices in [0, {n})"
-        )
-
-
-def _root_token(token: object, dtype: object) -> int | None:
-    """`from_root`'s token as an int (None for a device tensor, whose value is not read), or
-    an `ArgumentError` naming what is wrong with it or with the score `dtype`."""
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ArgumentError(f"DraftTree.from_root: dtype={shown(dtype)}; expected a floating dtype")
-    if isinstance(token, Tensor):
-        if token.numel() != 1 or token.dtype not in INDEX_DTYPES:
-            raise ArgumentError(
-                f"DraftTree.from_root: token has {described(token)}; expected one integer token id"
-            )
-        root = int(token) if token.device.type == "cpu" else None
-    elif isinstance(token, (int, np.integer)) and not isinstance(token, bool):
-        root = int(token)
-    else:
-        raise ArgumentError(
-            f"DraftTree.from_root: token is {shown(token)} ({type(token).__name__}); "
-            "expected an integer token id"
-        )
-    if root is not None and root < 0:
-        raise ArgumentError(f"DraftTree.from_root: token is {root}; expected a token id >= 0")
-    return root
-
-
 #: torch float dtypes numpy holds (`from_root` builds CPU roots from numpy)
 _NUMPY_REALS = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
 
@@ -445,51 +401,6 @@ _NODE_FIELDS = ("tokens", "depth", "edge_logp", "score", "proposer", "scorer")
 def _find_children(tree: DraftTree, parent: Tensor, tok: Tensor) -> Tensor:
     """`[m, n]` bool: node j is a child of `parent[r]` carrying token `tok[r]`."""
     return (tree.parents[None, :] == parent[:, None]) & (tree.tokens[None, :] == tok[:, None])
-
-
-def _first_occurrence(parent: Tensor, tok: Tensor, live: Tensor) -> Tensor:
-    """`[m]` index of the first live row with the same (parent, token) as each row."""
-    m = parent.shape[0]
-    same = (parent[:, None] == parent[None, :]) & (tok[:, None] == tok[None, :])
-    same &= live[None, :] & live[:, None]
-    same |= torch.eye(m, dtype=torch.bool, device=parent.device)
-    return same.long().argmax(-1)
-
-
-def check_parent_array(tokens: Tensor, parents: Tensor) -> None:
-    """Raise `ArgumentError` (a `ValueError`) unless `parents` is a parents-first tree whose
-    tokens are non-negative and unique among siblings.
-
-    Synchronises with the device (validation only; not called on the per-step path). Tensors on
-    the meta device have no values: only their shapes are checked.
-    """
-    if tokens.ndim != 1 or parents.shape != tokens.shape:
-        raise ArgumentError(
-            f"tokens and parents must be [n] tensors of equal length, got {tuple(tokens.shape)} and {tuple(parents.shape)}"
-        )
-    if tokens.shape[0] == 0:
-        raise ArgumentError("parents[0] must be -1 (node 0 is the root), got an empty tree")
-    if tokens.device.type == "meta" or parents.device.type == "meta":
-        return
-    if int(parents[0]) != -1:
-        raise ArgumentError(f"parents[0] must be -1 (node 0 is the root), got {int(parents[0])}")
-    idx = torch.arange(tokens.shape[0], device=tokens.device)
-    bad = torch.nonzero((parents[1:] < 0) | (parents[1:] >= idx[1:])).flatten()
-    if bad.numel():
-        i = int(bad[0]) + 1
-        raise ArgumentError(
-            f"parents[{i}] = {int(parents[i])}: expected 0 <= parent < {i} (parents before children)"
-        )
-    negative = torch.nonzero(tokens < 0).flatten()
-    if negative.numel():
-        i = int(negative[0])
-        raise ArgumentError(f"tokens[{i}] = {int(tokens[i])}: expected a token id >= 0")
-    dup = _first_occurrence(parents, tokens, torch.ones_like(tokens, dtype=torch.bool)) != idx
-    if bool(dup[1:].any()):
-        i = int(torch.nonzero(dup).flatten()[0])
-        raise ArgumentError(
-            f"node {i} repeats token {int(tokens[i])} under parent {int(parents[i])}: siblings must be unique"
-        )
 
 
 def best_host(score: list[float], depth: list[int], nodes: list[int], k: int) -> list[int]:
@@ -516,6 +427,13 @@ def extend_host(tree: DraftTree, proposal: Proposal, drafter: int) -> tuple[Draf
     toks, logps = proposal.tokens.tolist(), proposal.logp.numpy().astype(score_np.dtype).tolist()
     parent_of_row = proposal.parents.tolist()
     n = tree.n_nodes
+    if (
+        len(parent_of_row) != m
+        or max(parent_of_row, default=-1) >= n
+        or proposal.logp.shape != proposal.tokens.shape
+        or proposal.tokens.dtype.is_floating_point
+    ):
+        check_proposal(proposal, n)  # raises
     host = tree.host()
     child = dict(zip(zip(host.parents, host.tokens, strict=True), range(n), strict=True))
     depth, score = list(host.depth), list(host.score)  # copies: the new tree's lists
