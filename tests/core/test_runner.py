@@ -271,7 +271,7 @@ def test_kv_cache_update_rejects_what_it_would_write_wrongly() -> None:
     cache.update(block, block, 0)
     for states, start, layer in ((block.repeat(2, 1, 1, 1), 0, 1), (block, 6, 1), (block, 0, 2)):
         cache.write_start = start
-        with pytest.raises(ArgumentError, match="^TreeKVCache.update: layer"):
+        with pytest.raises(ArgumentError, match=r"^TreeKVCache\.update: layer"):
             cache.update(states, states, layer)
     cache.grow(2)  # shrinking keeps the first slots (it used to raise torch's shape error)
     assert torch.equal(cache.kv[0, 0, :, :2], block[0, :, :2])

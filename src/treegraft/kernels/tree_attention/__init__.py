@@ -33,6 +33,20 @@ def tree_attention(
     dtypes and devices are checked (no values are read).
     """
     prefix_len = check_arguments(query, key, value, prefix_len, tree_mask, scale)
+    return run_unchecked(query, key, value, prefix_len=prefix_len, tree_mask=tree_mask, scale=scale)
+
+
+def run_unchecked(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    prefix_len: int,
+    tree_mask: Tensor,
+    scale: float | None = None,
+) -> Tensor:
+    """`tree_attention` without `check_arguments`: for callers that checked them once for many
+    calls (the Hugging Face integration checks at a model's first attention layer)."""
     if query.dtype == torch.float64 and requested_backend() == "auto":
         from treegraft.kernels.tree_attention import reference as impl
     else:
