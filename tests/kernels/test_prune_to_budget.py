@@ -145,6 +145,7 @@ BAD_CALLS = [
     ({"depth": torch.tensor([0, 1, 1])}, r"depth has shape \(3,\).*of length 4"),
     ({"parents": torch.tensor([-1, 0, 9, 1])}, r"parents\[2\] = 9"),
     ({"parents": torch.tensor([-1, 3, 0, 1])}, "parents has a cycle through node 1"),
+    ({"depth": torch.tensor([0, 3, 1, 2])}, r"depth\[1\] = 3; expected 1 \(the root 0, a child"),
     ({"parents": torch.tensor([2, 0, 0, 1])}, r"parents\[0\] = 2; expected -1"),
 ]
 

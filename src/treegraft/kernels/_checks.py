@@ -113,3 +113,12 @@ def _check_acyclic(op: str, par: list[int]) -> None:
             node = par[node]
         for node in chain:
             done[node] = True
+
+
+def check_depths(op: str, par: list[int], depth: list[int]) -> None:
+    """Raise unless `depth` is each node's depth in the tree `par` (root 0, a child one below
+    its parent): the prune's tie-break by depth keeps the result ancestor-closed only then."""
+    for i, d in enumerate(depth):
+        want = 0 if i == 0 else depth[par[i]] + 1
+        if d != want:
+            fail(op, f"depth[{i}] = {d}", f"{want} (the root 0, a child its parent's depth + 1)")

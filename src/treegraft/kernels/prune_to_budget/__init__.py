@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from treegraft.kernels._checks import count_arg, float_vector, index_vector, same_device
+from treegraft.kernels._checks import (
+    check_depths,
+    check_parent_list,
+    count_arg,
+    float_vector,
+    index_vector,
+    same_device,
+)
 from treegraft.kernels._dispatch import tree_implementation
 
 __all__ = ["prune_to_budget"]
@@ -24,5 +31,9 @@ def prune_to_budget(parents: Tensor, score: Tensor, depth: Tensor, budget: int) 
     depth = index_vector(op, "depth", depth, n)
     budget = count_arg(op, "budget", budget)
     same_device(op, parents=parents, score=score, depth=depth)
+    if parents.device.type == "cpu":  # (the layered builder's host lists skip this entry)
+        par = parents.tolist()
+        check_parent_list(op, par)
+        check_depths(op, par, depth.tolist())
     impl = tree_implementation(__name__, op, parents, score, depth)
     return impl.prune_to_budget(parents=parents, score=score, depth=depth, budget=budget)
