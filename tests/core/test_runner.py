@@ -258,3 +258,20 @@ def test_forward_chain_is_the_plain_forward_of_the_chain(architecture: str, forw
     with torch.no_grad():
         final = runner.forward_tree(DraftTree.from_root(seq[-1]))[0]
     torch.testing.assert_close(final, plain_logits(model, seq), rtol=tol, atol=tol)
+
+
+def test_kv_cache_update_rejects_what_it_would_write_wrongly() -> None:
+    """A batch of two used to be cut to its first row silently; a block past the capacity or an
+    unknown layer raised torch's shape errors."""
+    from treegraft.core.errors import ArgumentError
+    from treegraft.core.runner.kv_cache import TreeKVCache
+
+    cache = TreeKVCache(2, 8, dtype=torch.float64, device=torch.device("cpu"))
+    block = torch.randn(1, 2, 3, 4, dtype=torch.float64)
+    cache.update(block, block, 0)
+    for states, start, layer in ((block.repeat(2, 1, 1, 1), 0, 1), (block, 6, 1), (block, 0, 2)):
+        cache.write_start = start
+        with pytest.raises(ArgumentError, match=r"^TreeKVCache\.update: layer"):
+            cache.update(states, states, layer)
+    cache.grow(2)  # shrinking keeps the first slots (it used to raise torch's shape error)
+    assert torch.equal(cache.kv[0, 0, :, :2], block[0, :, :2])

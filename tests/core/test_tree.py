@@ -10,6 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from treegraft.core.errors import ArgumentError
 from treegraft.core.tree import DraftTree, Proposal, check_parent_array
 
 
@@ -280,3 +281,106 @@ def test_a_root_tree_holds_the_root_and_nothing_else(token, dtype) -> None:
     tree.proposer[0] = 3
     assert tree.score.tolist() == [0.0] and tree.scorer.tolist() == [-1]
     assert tree.parents.tolist() == [-1] and tree.depth.tolist() == [0]
+
+
+T = torch.tensor
+FROM_PARENTS_ERRORS = [
+    ({"tokens": [1, 2, 3]}, r"tokens is \[1, 2, 3\] \(list\); expected a torch.Tensor"),
+    ({"tokens": T([1.0, 2.0, 3.0])}, r"tokens has shape \(3,\), dtype torch.float32"),
+    ({"tokens": T([1, -2, 3])}, r"tokens\[1\] = -2: expected a token id >= 0"),
+    ({"parents": T([[-1, 0, 0]])}, r"parents has shape \(1, 3\)"),
+    ({"edge_logp": torch.zeros(2)}, r"edge_logp has shape \(2,\).*floating tensor of length 3"),
+    ({"edge_logp": torch.zeros(3, dtype=torch.int64)}, r"edge_logp has .*torch.int64"),
+    ({"proposer": T([0, 0])}, r"proposer has shape \(2,\).*of length 3"),
+    ({"tokens": T([], dtype=torch.int64), "parents": T([], dtype=torch.int64)}, "empty tree"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), FROM_PARENTS_ERRORS, ids=lambda x: str(x)[:30])
+def test_from_parents_names_the_bad_argument(change: dict, message: str) -> None:
+    """These used to raise AttributeError, TypeError or a torch RuntimeError, or (proposer of
+    the wrong length, integer edge log-probs, negative tokens) build a broken tree."""
+    args = {"tokens": T([1, 2, 3]), "parents": T([-1, 0, 0])}
+    with pytest.raises(ArgumentError, match=message):
+        DraftTree.from_parents(**(args | change))
+
+
+def test_from_parents_takes_int32_and_meta_tensors() -> None:
+    tree = DraftTree.from_parents(T([1, 2, 3], dtype=torch.int32), T([-1, 0, 0], dtype=torch.int32))
+    assert tree.tokens.dtype == tree.parents.dtype == tree.depth.dtype == torch.int64
+    meta = DraftTree.from_parents(T([1, 2, 3]).to("meta"), T([-1, 0, 0]).to("meta"))
+    assert meta.depth.device.type == "meta" and meta.n_nodes == 3
+
+
+@pytest.mark.parametrize(
+    ("token", "dtype", "message"),
+    [
+        (-1, torch.float32, "token is -1; expected a token id >= 0"),
+        (5.7, torch.float32, r"token is 5.7 \(float\); expected an integer token id"),
+        (True, torch.float32, r"token is True \(bool\)"),
+        (T([5, 6]), torch.float32, r"token has shape \(2,\).*expected one integer token id"),
+        (T(5.0), torch.float32, r"token has shape \(\), dtype torch.float32"),
+        (5, torch.int64, "dtype=torch.int64; expected a floating dtype"),
+    ],
+)
+def test_from_root_names_the_bad_argument(token, dtype, message) -> None:
+    with pytest.raises(ArgumentError, match=f"^DraftTree.from_root: {message}"):
+        DraftTree.from_root(token, dtype=dtype)
+
+
+SMALL = DraftTree.from_parents(T([1, 2, 3, 4]), T([-1, 0, 0, 1]))
+
+
+@pytest.mark.parametrize(
+    ("keep", "message"),
+    [
+        ([0, 3], "keep holds node 3 but not its parent 1; expected an ancestor-closed"),
+        ([1, 3], r"keep is \[1, 3\]; expected ascending nodes starting with the root 0"),
+        ([], r"keep is \[\]; expected ascending nodes starting with the root"),
+        ([0, 9], r"keep is \[0, 9\]; expected strictly ascending node indices in \[0, 4\)"),
+        ([0, 3, 1], r"keep is \[0, 3, 1\]; expected strictly ascending"),
+        ([0, 1, 1], r"keep is \[0, 1, 1\]; expected strictly ascending"),
+        ([0, -1], r"keep is \[0, -1\]; expected strictly ascending"),
+    ],
+)
+def test_select_rejects_node_lists_that_do_not_make_a_tree(keep, message) -> None:
+    """A missing root, parent or order used to give a tree with two roots or children before
+    their parents (or an IndexError); the subtree must be ancestor-closed and ascending."""
+    with pytest.raises(ArgumentError, match=f"^DraftTree.select: {message}"):
+        SMALL.select(T(keep, dtype=torch.int64))
+    assert SMALL.select(T([0, 1, 3], dtype=torch.int32)).parents.tolist() == [-1, 0, 1]
+
+
+def test_node_arguments_out_of_range_are_named() -> None:
+    with pytest.raises(
+        ArgumentError, match=r"path_to: node is 9; expected a node index in \[0, 4\)"
+    ):
+        SMALL.path_to(9)
+    with pytest.raises(ArgumentError, match="path_to: node is -1"):  # used to give node 3's path
+        SMALL.path_to(-1)
+    with pytest.raises(ArgumentError, match=r"best: nodes holds 9; expected a node index"):
+        SMALL.best(T([1, 9]), 1)
+    for k in (-1, 1.5):  # -1 used to drop the best node (a [:-1] slice)
+        with pytest.raises(ArgumentError, match=f"best: k is {k}; expected an integer >= 0"):
+            SMALL.best(T([1, 2, 3]), k)
+        with pytest.raises(ArgumentError, match=f"best_near: k is {k}"):
+            SMALL.best_near(T([1]), 1, k)
+
+
+@pytest.mark.parametrize(
+    ("parents", "tokens", "logp", "message"),
+    [
+        ([9], [[5]], [[0.0]], r"proposal.parents holds 9; expected nodes of the tree, in \[0, 4\)"),
+        ([0, 4], [[5], [6]], [[0.0], [0.0]], r"proposal.parents holds 4"),  # a node not yet there
+        ([0, 1], [[5]], [[0.0]], r"proposal.tokens has shape \(1, 1\).*\[m=2, c\]"),
+        ([0], [5], [0.0], r"proposal.tokens has shape \(1,\).*2-D integer"),
+        ([0], [[5]], [[0.0, 0.0]], r"proposal.logp has shape \(1, 2\); expected the tokens'"),
+        ([0], [[5.0]], [[0.0]], r"proposal.tokens has .*torch.float32"),
+    ],
+)
+def test_extend_names_a_malformed_proposal(parents, tokens, logp, message) -> None:
+    """These raised IndexError or ValueError from inside, or (a parent that the same proposal
+    creates first, on the host) silently hung a chain under a node the proposal did not name."""
+    proposal = Proposal(T(parents), T(tokens), T(logp))
+    with pytest.raises(ArgumentError, match=f"^DraftTree.extend: {message}"):
+        SMALL.extend(proposal, 0)

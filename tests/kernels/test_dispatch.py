@@ -9,6 +9,7 @@ import textwrap
 import pytest
 import torch
 
+from treegraft.core.errors import ArgumentError, TreegraftError
 from treegraft.kernels import _dispatch, ancestor_mask, greedy_accept, tree_depth
 
 
@@ -38,7 +39,7 @@ def test_cpu_tensors_take_the_host_implementation_where_an_op_has_one(
 
 def test_unknown_override_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TREEGRAFT_KERNELS", "cuda")
-    with pytest.raises(ValueError, match="TREEGRAFT_KERNELS='cuda' is not one of"):
+    with pytest.raises(ArgumentError, match="TREEGRAFT_KERNELS='cuda' is not one of"):
         ancestor_mask(torch.tensor([-1]))
 
 
@@ -49,8 +50,21 @@ def test_forcing_triton_on_cpu_without_interpreter_explains(
     if _dispatch.interpreter_enabled():
         pytest.skip("this process runs Triton in the interpreter")
     monkeypatch.setenv("TREEGRAFT_KERNELS", "triton")
-    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+    with pytest.raises(_dispatch.KernelUnavailable, match="TRITON_INTERPRET=1") as caught:
         ancestor_mask(torch.tensor([-1, 0]))
+    assert isinstance(caught.value, TreegraftError) and isinstance(caught.value, RuntimeError)
+
+
+def test_forcing_triton_on_meta_tensors_names_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Meta tensors used to be called CPU tensors in the message (and sent to the interpreter)."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TREEGRAFT_KERNELS", "triton")
+    with pytest.raises(
+        _dispatch.KernelUnavailable, match="on tensors on meta; Triton kernels take"
+    ):
+        tree_depth(torch.zeros(3, dtype=torch.int64, device="meta"))
+    monkeypatch.setenv("TREEGRAFT_KERNELS", "auto")  # meta tensors take the reference
+    assert tree_depth(torch.zeros(3, dtype=torch.int64, device="meta")).device.type == "meta"
 
 
 def test_kernels_work_without_triton_installed() -> None:
@@ -67,7 +81,9 @@ def test_kernels_work_without_triton_installed() -> None:
         try:
             k.ancestor_mask(parents)
         except RuntimeError as error:
-            assert "not installed" in str(error), error
+            from treegraft.core.errors import TreegraftError
+            assert isinstance(error, TreegraftError), error
+            assert "not installed" in str(error) and "pip install" in str(error), error
         else:
             raise AssertionError("forcing triton without triton must fail")
         """

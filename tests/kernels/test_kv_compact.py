@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.kernels.kernel_strategies import INTERPRETED, REFERENCE
+from treegraft.core.errors import ArgumentError
 from treegraft.kernels import kv_compact
 from treegraft.kernels.kv_compact import reference
 
@@ -51,6 +52,58 @@ def test_overlapping_ranges(dtype: torch.dtype) -> None:
     assert torch.equal(kv[..., 4:6, :], original[..., 5:7, :])
     assert torch.equal(kv[..., :4, :], original[..., :4, :])
     assert torch.equal(kv[..., 6:, :], original[..., 6:, :])
+
+
+KV = torch.zeros(2, 2, 2, 10, 4)
+BAD_CALLS = [
+    ({"src": torch.tensor([5, 60])}, r"src\[1\] = 60 \(src \[5, 60\], dst_start 4\)"),
+    ({"src": torch.tensor([6, 5])}, r"src\[1\] = 5 .*strictly increasing"),
+    ({"src": torch.tensor([3, 6])}, r"src\[0\] = 3 .*dst_start \+ i <= src\[i\] < 10"),
+    ({"src": torch.tensor([5, 6]), "dst_start": 9}, "dst_start 9 \\+ 2 slots ends past"),
+    ({"dst_start": -1}, "dst_start is -1; expected a non-negative integer"),
+    ({"dst_start": 4.0}, r"dst_start is 4.0 \(float\)"),
+    ({"src": torch.tensor([5.0, 6.0])}, r"src has shape \(2,\), dtype torch.float32"),
+    ({"src": torch.tensor([[5, 6]])}, r"src has shape \(1, 2\)"),
+    ({"kv": KV[0]}, r"kv has shape \(2, 2, 10, 4\).*max_len, head_dim\]"),
+    ({"kv": KV.long()}, r"kv has .*torch.int64.*expected a floating"),
+    ({"kv": KV[:, :, :1].expand(2, 2, 2, 10, 4)}, r"kv is expanded \(strides \(160, 80, 0, 4, 1\)"),
+    (
+        {"kv": KV.numpy()},
+        r"kv is an array of shape \(2, 2, 2, 10, 4\) \(ndarray\); expected a torch",
+    ),
+]
+
+
+@pytest.mark.parametrize("kernels", ["auto", "reference"])
+@pytest.mark.parametrize(("change", "message"), BAD_CALLS, ids=lambda x: str(x)[:30])
+def test_bad_arguments_are_named_in_a_treegraft_error(
+    change: dict, message: str, kernels: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not an IndexError or a torch RuntimeError from inside, and the cache is left as it was."""
+    monkeypatch.setenv("TREEGRAFT_KERNELS", kernels)
+    kv = torch.randn(2, 2, 2, 10, 4)
+    before = kv.clone()
+    args = {"kv": kv, "src": torch.tensor([5, 6]), "dst_start": 4}
+    with pytest.raises(ArgumentError, match=f"^kv_compact: {message}"):
+        kv_compact(**(args | change))
+    assert torch.equal(kv, before)
+
+
+def test_int32_slots_and_a_tensor_dst_start() -> None:
+    kv = torch.randn(1, 2, 1, 8, 2)
+    want = expected_after(kv, torch.tensor([3, 7]), 1)
+    kv_compact(kv, torch.tensor([3, 7], dtype=torch.int32), torch.tensor(1))
+    assert torch.equal(kv, want)
+
+
+def test_a_long_accepted_path_in_a_cache_view() -> None:
+    """Hundreds of slots moved at once through a non-contiguous view (head_dim sliced)."""
+    base = torch.randn(2, 2, 2, 600, 6)
+    kv = base[..., :4]
+    src = torch.arange(100, 400)  # [300]
+    want = expected_after(kv.clone(), src, 50)
+    kv_compact(kv, src, 50)
+    assert torch.equal(kv, want)
 
 
 class TestTriton:

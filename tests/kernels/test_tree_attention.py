@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from unittest import mock
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.kernels.kernel_strategies import INTERPRETED, REFERENCE, parent_arrays
+from treegraft.core.errors import ArgumentError
 from treegraft.kernels import ancestor_mask, tree_attention
 from treegraft.kernels.tree_attention import reference
 
@@ -129,3 +131,48 @@ class TestTriton:
         got = triton.tree_attention(**to_device(case, triton_device))
         want = reference.tree_attention(**case)
         torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+
+
+def _args() -> dict:
+    mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    kv = torch.randn(1, 2, 10, 8)
+    return {
+        "query": torch.randn(1, 4, 3, 8),
+        "key": kv,
+        "value": kv,
+        "prefix_len": 7,
+        "tree_mask": mask,
+    }
+
+
+BAD_CALLS = [
+    ({"prefix_len": 8}, "prefix_len 8 \\+ S_tree 3 exceeds the 10 keys"),
+    ({"prefix_len": -1}, "prefix_len is -1; expected a non-negative integer"),
+    ({"prefix_len": 7.0}, r"prefix_len is 7.0 \(float\)"),
+    ({"tree_mask": torch.ones(2, 3, dtype=torch.bool)}, r"tree_mask has shape \(2, 3\).*q = 3"),
+    ({"tree_mask": torch.ones(3, 3)}, r"tree_mask has .*torch.float32.*2-D bool tensor"),
+    ({"query": torch.randn(1, 3, 3, 8)}, r"query \(1, 3, 3, 8\), key \(1, 2, 10, 8\)"),
+    ({"query": torch.randn(2, 4, 3, 8)}, r"query \(2, 4, 3, 8\).*\[B, Hkv, S, D\]"),
+    ({"query": torch.randn(1, 4, 3, 4)}, r"query \(1, 4, 3, 4\)"),
+    ({"value": torch.randn(1, 2, 9, 8)}, r"query .*, value \(1, 2, 9, 8\)"),
+    ({"query": torch.randn(4, 3, 8)}, r"query has shape \(4, 3, 8\).*4-D"),
+    ({"query": torch.ones(1, 4, 3, 8, dtype=torch.int64)}, r"query has .*torch.int64"),
+    (
+        {"query": torch.randn(1, 4, 3, 8).double()},
+        "query, key, value are torch.float64, torch.float32",
+    ),
+    ({"scale": "x"}, r"scale is 'x' \(str\); expected a float or None"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BAD_CALLS, ids=lambda x: str(x)[:30])
+def test_bad_arguments_are_named_in_a_treegraft_error(change: dict, message: str) -> None:
+    """Broadcasting used to hide a batch mismatch (and torch errors named no argument)."""
+    with pytest.raises(ArgumentError, match=f"^tree_attention: {message}"):
+        tree_attention(**(_args() | change))
+
+
+def test_meta_tensors_give_the_output_shape() -> None:
+    args = {k: v.to("meta") if torch.is_tensor(v) else v for k, v in _args().items()}
+    out = tree_attention(**args)
+    assert out.device.type == "meta" and out.shape == (1, 4, 3, 8)

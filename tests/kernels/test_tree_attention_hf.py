@@ -69,13 +69,13 @@ def sdpa_logits() -> torch.Tensor:
 def count_tree_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Spy on the kernel entry point used by the HF function; returns the list of call marks."""
     calls: list[int] = []
-    kernel = hf.tree_attention
+    kernel = hf.run_unchecked
 
-    def spy(**kwargs):
+    def spy(*args, **kwargs):
         calls.append(1)
-        return kernel(**kwargs)
+        return kernel(*args, **kwargs)
 
-    monkeypatch.setattr(hf, "tree_attention", spy)
+    monkeypatch.setattr(hf, "run_unchecked", spy)
     return calls
 
 
@@ -107,3 +107,23 @@ class TestTriton:
         got = tree_logits(tiny_gqa_llama(), hf.register(), triton_device)
         assert len(calls) == 2
         torch.testing.assert_close(got, sdpa_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_a_wrong_compact_mask_is_named_once_per_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tree path checks its arguments at the first layer only (not at every layer), and a
+    mask of the wrong shape is an ArgumentError, not a torch error from inside the kernel."""
+    from treegraft.core.errors import ArgumentError
+
+    hf.register()
+    model = tiny_gqa_llama()
+    model.set_attn_implementation(hf.IMPLEMENTATION)
+    checks: list[int] = []
+    check = hf.check_arguments
+    monkeypatch.setattr(hf, "check_arguments", lambda *a: checks.append(1) or check(*a))
+    inputs = tree_inputs(0)
+    with torch.no_grad():
+        model(**inputs)
+        assert checks == [1]  # two layers, one check
+        inputs[hf.TREE_MASK_KWARG] = inputs[hf.TREE_MASK_KWARG][:-1]
+        with pytest.raises(ArgumentError, match=r"^tree_attention: tree_mask has shape"):
+            model(**inputs)

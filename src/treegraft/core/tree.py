@@ -19,7 +19,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from treegraft.core.errors import ArgumentError
+from treegraft.core.tree_checks import (
+    check_k,
+    check_keep,
+    check_parent_array,
+    check_proposal,
+    first_occurrence,
+    node_index,
+    root_token,
+)
 from treegraft.kernels import ancestor_mask, tree_depth
+from treegraft.kernels._checks import float_vector, index_vector
 from treegraft.kernels.host_tensor import host_tensor
 
 #: Drafter index stored for the root (it was committed, nobody proposed it).
@@ -97,9 +108,11 @@ class DraftTree:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> DraftTree:
-        """A tree holding only the root `token`."""
+        """A tree holding only the root `token` (an int >= 0, or a one-element integer tensor),
+        its scores in the floating `dtype`."""
+        root = root_token(token, dtype)
         if torch.device(device).type == "cpu" and dtype in _NUMPY_REALS:
-            return cls._root_host(token, _NUMPY_REALS[dtype])
+            return cls._root_host(token if root is None else root, _NUMPY_REALS[dtype])
         tok = torch.as_tensor(token, dtype=torch.long, device=device).reshape(1)
         zeros_f = torch.zeros(1, dtype=dtype, device=device)
         return cls(
@@ -133,16 +146,22 @@ class DraftTree:
         edge_logp: Tensor | None = None,
         proposer: Tensor | None = None,
     ) -> DraftTree:
-        """Build a tree from raw arrays, validating the parents-first and unique-sibling rules."""
+        """Build a tree from raw arrays, validating the parents-first and unique-sibling rules
+        (`ArgumentError` naming the argument otherwise; tensors on the meta device have no
+        values to check). Integer arrays of any width are taken as int64."""
+        op = "DraftTree.from_parents"
+        tokens, parents = index_vector(op, "tokens", tokens), index_vector(op, "parents", parents)
         check_parent_array(tokens, parents)
-        dtype = edge_logp.dtype if edge_logp is not None else torch.float32
+        n = tokens.shape[0]
         if edge_logp is None:
-            edge_logp = torch.zeros(tokens.shape[0], dtype=dtype, device=tokens.device)
-        edge_logp = edge_logp.clone()
+            edge_logp = torch.zeros(n, dtype=torch.float32, device=tokens.device)
+        edge_logp = float_vector(op, "edge_logp", edge_logp, n).clone()
         edge_logp[0] = 0
         anc = ancestor_mask(parents)
         score = (anc.to(edge_logp.dtype) * edge_logp[None, :]).sum(-1)  # [n]
-        if proposer is None:
+        if proposer is not None:
+            proposer = index_vector(op, "proposer", proposer, n)
+        else:
             proposer = torch.zeros_like(tokens)
             proposer[0] = NO_DRAFTER
         return cls(
@@ -213,6 +232,7 @@ class DraftTree:
 
     def path_to(self, node: int) -> Tensor:
         """Node indices from the root to `node`, `[depth(node) + 1]` int64."""
+        node = node_index("DraftTree.path_to", "node", node, self.n_nodes)
         anc = self.ancestor_mask()[node]
         nodes = torch.nonzero(anc).flatten()
         return nodes[torch.argsort(self.depth[nodes])]
@@ -230,9 +250,13 @@ class DraftTree:
         entry where the tensor version costs some twenty small torch ops per column); elsewhere
         on the device (`extend_on_device`); both give identical trees.
         """
-        if self.device.type == "cpu":
-            return extend_host(self, proposal, drafter)
-        return self.extend_on_device(proposal, drafter)
+        try:
+            if self.device.type == "cpu":
+                return extend_host(self, proposal, drafter)
+            return self.extend_on_device(proposal, drafter)
+        except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
+            check_proposal(proposal, self.n_nodes)  # an ArgumentError naming the bad field
+            raise
 
     def extend_on_device(self, proposal: Proposal, drafter: int) -> tuple[DraftTree, Tensor]:
         """`extend` with torch ops on the tree's device (one pass per proposal column)."""
@@ -259,7 +283,7 @@ class DraftTree:
         has_existing = existing.any(-1)
         existing_idx = torch.where(has_existing, existing.long().argmax(-1), -1)
         fresh = live & ~has_existing
-        first = _first_occurrence(parent, tok, fresh)  # [m] row index of the first equal fresh row
+        first = first_occurrence(parent, tok, fresh)  # [m] row index of the first equal fresh row
         is_new = fresh & (first == torch.arange(parent.shape[0], device=self.device))
         new_rows = torch.nonzero(is_new).flatten()
         new_index = torch.full_like(parent, -1)
@@ -291,8 +315,11 @@ class DraftTree:
         microseconds where a dozen small torch ops cost over a hundred, several times per
         layer); elsewhere on the device.
         """
+        check_k("DraftTree.best", k)
         if self.device.type == "cpu":
             cand = sorted({i for i in nodes.tolist() if i >= 0})
+            if cand and cand[-1] >= self.n_nodes:
+                node_index("DraftTree.best", "nodes", cand[-1], self.n_nodes)  # raises
             host = self.host()
             return host_tensor(best_host(host.score, host.depth, cand, k))
         return self.best_on_device(nodes, k)
@@ -300,6 +327,7 @@ class DraftTree:
     def best_near(self, frontier: Tensor, lookback: int, k: int) -> Tensor:
         """The best `k` live nodes (as `best`) at depths `[d - lookback, d]`, `d` the deepest
         frontier node's depth (the tree's deepest when the frontier is empty), ascending."""
+        check_k("DraftTree.best_near", k)
         if self.device.type == "cpu":
             host = self.host()
             depth, front = host.depth, frontier.tolist()
@@ -330,13 +358,24 @@ class DraftTree:
         return attrs.evolve(self, edge_logp=edge_logp, score=score, scorer=scorer)
 
     def select(self, keep: Tensor) -> DraftTree:
-        """The subtree of the nodes `keep` (`[m]` ascending, ancestor-closed, containing the root)."""
+        """The subtree of the nodes `keep` (`[m]` ascending, ancestor-closed, containing the root).
+
+        On CPU trees `keep` is checked (`ArgumentError` naming the first node out of place);
+        elsewhere it is taken as given (a check would read the device)."""
+        keep = index_vector("DraftTree.select", "keep", keep)
         if self.device.type == "cpu":  # numpy indexing: a fraction of torch's per-call cost
             k = keep.numpy()
+            check_keep(k, self.n_nodes)
             remap = np.full(self.n_nodes, -1, dtype=np.int64)
             remap[k] = np.arange(k.shape[0])
             parents = self.parents.numpy()[k]
             new_parents = np.where(parents >= 0, remap[np.maximum(parents, 0)], -1)
+            if (new_parents[1:] < 0).any():
+                i = int(np.flatnonzero(new_parents[1:] < 0)[0]) + 1
+                raise ArgumentError(
+                    f"DraftTree.select: keep holds node {int(k[i])} but not its parent "
+                    f"{int(parents[i])}; expected an ancestor-closed set of nodes"
+                )
             return DraftTree(
                 parents=torch.from_numpy(new_parents),
                 **{f: torch.from_numpy(getattr(self, f).numpy()[k]) for f in _NODE_FIELDS},
@@ -364,41 +403,6 @@ def _find_children(tree: DraftTree, parent: Tensor, tok: Tensor) -> Tensor:
     return (tree.parents[None, :] == parent[:, None]) & (tree.tokens[None, :] == tok[:, None])
 
 
-def _first_occurrence(parent: Tensor, tok: Tensor, live: Tensor) -> Tensor:
-    """`[m]` index of the first live row with the same (parent, token) as each row."""
-    m = parent.shape[0]
-    same = (parent[:, None] == parent[None, :]) & (tok[:, None] == tok[None, :])
-    same &= live[None, :] & live[:, None]
-    same |= torch.eye(m, dtype=torch.bool, device=parent.device)
-    return same.long().argmax(-1)
-
-
-def check_parent_array(tokens: Tensor, parents: Tensor) -> None:
-    """Raise `ValueError` unless `parents` is a parents-first tree with unique tokens among siblings.
-
-    Synchronises with the device (validation only; not called on the per-step path).
-    """
-    if tokens.ndim != 1 or parents.shape != tokens.shape:
-        raise ValueError(
-            f"tokens and parents must be [n] tensors of equal length, got {tuple(tokens.shape)} and {tuple(parents.shape)}"
-        )
-    if tokens.shape[0] == 0 or int(parents[0]) != -1:
-        raise ValueError("parents[0] must be -1 (node 0 is the root)")
-    idx = torch.arange(tokens.shape[0], device=tokens.device)
-    bad = torch.nonzero((parents[1:] < 0) | (parents[1:] >= idx[1:])).flatten()
-    if bad.numel():
-        i = int(bad[0]) + 1
-        raise ValueError(
-            f"parents[{i}] = {int(parents[i])}: expected 0 <= parent < {i} (parents before children)"
-        )
-    dup = _first_occurrence(parents, tokens, torch.ones_like(tokens, dtype=torch.bool)) != idx
-    if bool(dup[1:].any()):
-        i = int(torch.nonzero(dup).flatten()[0])
-        raise ValueError(
-            f"node {i} repeats token {int(tokens[i])} under parent {int(parents[i])}: siblings must be unique"
-        )
-
-
 def best_host(score: list[float], depth: list[int], nodes: list[int], k: int) -> list[int]:
     """`DraftTree.best` on the host: the best `k` live entries of `nodes` (distinct indices into
     the per-node `score` and `depth` lists) by score, ties to the shallower, then the older node;
@@ -423,6 +427,13 @@ def extend_host(tree: DraftTree, proposal: Proposal, drafter: int) -> tuple[Draf
     toks, logps = proposal.tokens.tolist(), proposal.logp.numpy().astype(score_np.dtype).tolist()
     parent_of_row = proposal.parents.tolist()
     n = tree.n_nodes
+    if (
+        len(parent_of_row) != m
+        or max(parent_of_row, default=-1) >= n
+        or proposal.logp.shape != proposal.tokens.shape
+        or proposal.tokens.dtype.is_floating_point
+    ):
+        check_proposal(proposal, n)  # raises
     host = tree.host()
     child = dict(zip(zip(host.parents, host.tokens, strict=True), range(n), strict=True))
     depth, score = list(host.depth), list(host.score)  # copies: the new tree's lists

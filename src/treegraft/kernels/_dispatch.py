@@ -4,7 +4,8 @@ Rules, in order:
 
 1. ``TREEGRAFT_KERNELS=reference`` always selects the reference.
 2. ``TREEGRAFT_KERNELS=triton`` always selects Triton. On CPU tensors this only works under the
-   Triton interpreter (``TRITON_INTERPRET=1``); otherwise a clear ``RuntimeError`` is raised.
+   Triton interpreter (``TRITON_INTERPRET=1``); otherwise (and without triton installed) a clear
+   :class:`KernelUnavailable` is raised.
 3. Unset or ``auto``: Triton when every tensor argument lives on CUDA and ``triton`` is
    importable; on CPU tensors the op's numpy ``host`` implementation where it has one (a few
    microseconds where small torch ops cost tens), the reference otherwise.
@@ -23,11 +24,21 @@ from typing import Literal
 
 from torch import Tensor
 
+from treegraft.core.errors import ArgumentError, TreegraftError
+from treegraft.kernels._checks import check_tree
+
 ENV_VAR = "TREEGRAFT_KERNELS"
 #: ops with a numpy implementation (``<op>/host.py``) that ``auto`` picks for CPU tensors
 HOST_OPS = frozenset({"ancestor_mask", "greedy_accept", "prune_to_budget"})
+#: host implementations that check their parent array in the walk they make anyway
+HOST_CHECKED = frozenset({"ancestor_mask", "prune_to_budget"})
 Backend = Literal["reference", "triton", "host"]
 _CHOICES = ("auto", "reference", "triton")
+
+
+class KernelUnavailable(TreegraftError, RuntimeError):
+    """The implementation ``TREEGRAFT_KERNELS`` forces cannot run here (no triton, or tensors
+    a compiled Triton kernel cannot take)."""
 
 
 @functools.cache
@@ -58,7 +69,7 @@ def requested_backend() -> str:
     """The value of ``TREEGRAFT_KERNELS`` (``auto`` when unset), validated."""
     value = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
     if value not in _CHOICES:
-        raise ValueError(
+        raise ArgumentError(
             f"{ENV_VAR}={value!r} is not one of {', '.join(_CHOICES)}; "
             f"unset it to pick Triton on CUDA and the numpy host or torch reference elsewhere"
         )
@@ -72,14 +83,24 @@ def choose_backend(op: str, *tensors: Tensor) -> Backend:
     if requested != "triton":
         return _unforced_backend(op, requested, devices)
     if not triton_available():
-        raise RuntimeError(f"{ENV_VAR}=triton but triton is not installed (needed by {op})")
-    if not all(d == "cuda" for d in devices) and not interpreter_enabled():
-        raise RuntimeError(
+        raise KernelUnavailable(
+            f"{ENV_VAR}=triton but triton is not installed (needed by {op}): install it "
+            f"(pip install treegraft[triton]), or unset {ENV_VAR} or set it to reference"
+        )
+    if all(d == "cuda" for d in devices) or (
+        all(d == "cpu" for d in devices) and interpreter_enabled()
+    ):
+        return "triton"
+    if all(d in ("cuda", "cpu") for d in devices):
+        raise KernelUnavailable(
             f"{ENV_VAR}=triton was forced for {op} on CPU tensors; Triton kernels run on CPU only "
             f"in the interpreter: set TRITON_INTERPRET=1 before triton is first imported (it is read "
             f"once, at import), or use {ENV_VAR}=reference"
         )
-    return "triton"
+    raise KernelUnavailable(
+        f"{ENV_VAR}=triton was forced for {op} on tensors on {', '.join(sorted(set(devices)))}; "
+        f"Triton kernels take CUDA tensors (CPU ones in the interpreter): use {ENV_VAR}=reference"
+    )
 
 
 @functools.cache
@@ -104,3 +125,13 @@ def load_backend(package: str, backend: Backend) -> ModuleType:
 def implementation(package: str, op: str, *tensors: Tensor) -> ModuleType:
     """The module (reference, host or Triton) that should run ``op`` on these tensors."""
     return load_backend(package, choose_backend(op, *tensors))
+
+
+def tree_implementation(package: str, op: str, parents: Tensor, *tensors: Tensor) -> ModuleType:
+    """`implementation` for an op on the parent array `parents`, whose values are checked first
+    (`_checks.check_tree`: CPU tensors only, never a device read) unless the chosen host
+    implementation checks them itself."""
+    backend = choose_backend(op, parents, *tensors)
+    if not (backend == "host" and op in HOST_CHECKED):
+        check_tree(op, parents)
+    return load_backend(package, backend)

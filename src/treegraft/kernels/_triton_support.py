@@ -15,7 +15,7 @@ import torch
 import triton
 from triton.runtime.interpreter import InterpretedFunction
 
-from treegraft.kernels._dispatch import interpreter_enabled
+from treegraft.kernels._dispatch import KernelUnavailable, interpreter_enabled
 
 
 @functools.cache
@@ -42,7 +42,7 @@ def next_power_of_2(n: int, minimum: int = 1) -> int:
 def check_device(*tensors: torch.Tensor) -> None:
     """Raise a clear error when CPU tensors reach a compiled (non-interpreted) kernel."""
     if not interpreter_enabled() and not all(t.is_cuda for t in tensors):
-        raise RuntimeError(
+        raise KernelUnavailable(
             "Triton kernels need CUDA tensors; on CPU set TRITON_INTERPRET=1 before triton is "
             "first imported to use the Triton interpreter, or call the reference implementation"
         )

@@ -11,6 +11,8 @@ from torch import Tensor
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
+from treegraft.core.errors import ArgumentError
+
 
 class TreeKVCache(Cache):
     """A Hugging Face `Cache` that writes into the runner's preallocated tensor.
@@ -41,13 +43,15 @@ class TreeKVCache(Cache):
         return self.kv
 
     def grow(self, capacity: int) -> None:
-        """Keep the first `capacity` slots' contents and make room for `capacity` slots."""
+        """Make room for `capacity` slots, keeping the contents of the first `capacity` (all of
+        them when the cache grows)."""
         if self.kv is not None:
             old = self.kv
             shape = list(old.shape)
             shape[3] = capacity
             self.kv = torch.zeros(shape, dtype=old.dtype, device=old.device)
-            self.kv[:, :, :, : old.shape[3]] = old
+            kept = min(capacity, old.shape[3])
+            self.kv[:, :, :, :kept] = old[:, :, :, :kept]
         self.capacity = capacity
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
@@ -61,6 +65,12 @@ class TreeKVCache(Cache):
                 f"{self.widths[1]}: layers of different shapes are not supported"
             )
         end = self.write_start + key_states.shape[-2]
+        if key_states.shape[0] != 1 or end > self.capacity or not 0 <= layer_idx < self.n_layers:
+            raise ArgumentError(
+                f"TreeKVCache.update: layer {layer_idx} of {self.n_layers}, a batch of "
+                f"{key_states.shape[0]}, slots {self.write_start}..{end} of {self.capacity}; "
+                "expected one sequence (batch 1) written within the cache by one of its layers"
+            )
         layer = self.kv[layer_idx]  # [2, H, capacity, D]
         layer[0, :, self.write_start : end, :kw] = key_states[0]
         layer[1, :, self.write_start : end, :vw] = value_states[0]

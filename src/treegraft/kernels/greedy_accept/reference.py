@@ -15,8 +15,8 @@ def greedy_accept(tokens: Tensor, parents: Tensor, target_argmax: Tensor) -> Gre
 
     A node ``i > 0`` is accepted iff ``tokens[i] == target_argmax[parents[i]]`` and its parent is
     accepted; the root is always accepted. Siblings carry distinct tokens, so the accepted nodes form
-    one path. (If that precondition is violated, the deepest accepted node with the smallest index
-    ends the path and the choice among same-depth nodes in ``path`` is unspecified.)
+    one path. (Where siblings repeat a token, only the first of them, the smallest index, counts,
+    as in the host walk and the Triton kernel.)
 
     Args:
         tokens: [n] int64 draft token of each node (the root's is ignored).
@@ -27,6 +27,7 @@ def greedy_accept(tokens: Tensor, parents: Tensor, target_argmax: Tensor) -> Gre
         :class:`GreedyAcceptance` with device tensors only (no host sync).
     """
     matches = tokens == target_argmax[parents_rooted_at_self(parents)]  # [n]
+    matches &= first_among_equal_siblings(tokens, parents)
     matches[0] = True
     accepted = fold_ancestors(parents, matches, torch.logical_and)  # [n]
     depth = tree_depth(parents)  # [n]
@@ -44,3 +45,14 @@ def _path_from_accepted(accepted: Tensor, depth: Tensor) -> Tensor:
     nodes = torch.arange(n, dtype=torch.int64, device=depth.device)  # [n]
     path = torch.full((n + 1,), -1, dtype=torch.int64, device=depth.device)  # [n + 1]
     return path.scatter(0, slot, nodes)[:n]
+
+
+def first_among_equal_siblings(tokens: Tensor, parents: Tensor) -> Tensor:
+    """[n] bool: no sibling of smaller index carries the same token. Sorted by (parent, token,
+    index) with two stable sorts, each node is compared with its predecessor; no host sync."""
+    order = torch.sort(tokens, stable=True).indices  # [n]; equal tokens keep index order
+    order = order[torch.sort(parents[order], stable=True).indices]
+    par, tok = parents[order], tokens[order]  # [n] each
+    first = torch.ones_like(tok, dtype=torch.bool)  # [n], in sorted order
+    first[1:] = (par[1:] != par[:-1]) | (tok[1:] != tok[:-1])
+    return torch.empty_like(first).scatter_(0, order, first)

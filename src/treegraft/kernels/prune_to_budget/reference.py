@@ -13,6 +13,8 @@ def effective_score(parents: Tensor, score: Tensor) -> Tensor:
 
     With scores non-increasing along paths (the contract) this changes nothing but the root; when
     the input violates monotonicity it restores it, which is what makes the top-k ancestor-closed.
+    A NaN score counts as -inf (the node ranks with the logically deleted ones, as in
+    ``DraftTree.best``), so that every implementation ranks it the same way.
 
     Args:
         parents: [n] int64 parent array.
@@ -21,7 +23,7 @@ def effective_score(parents: Tensor, score: Tensor) -> Tensor:
     Returns:
         [n] same dtype as ``score``.
     """
-    values = score.clone()  # [n]
+    values = torch.where(score.isnan(), -torch.inf, score)  # [n], a new tensor
     values[0] = torch.inf
     return fold_ancestors(parents, values, torch.minimum)
 
@@ -44,7 +46,7 @@ def prune_to_budget(parents: Tensor, score: Tensor, depth: Tensor, budget: int) 
 
     Args:
         parents: [n] int64 parent array.
-        score: [n] floating cumulative path score of each node (NaN not allowed).
+        score: [n] floating cumulative path score of each node (NaN ranks as -inf).
         depth: [n] int64 depth of each node.
         budget: number of non-root nodes to keep; ``budget >= n - 1`` keeps all.
 

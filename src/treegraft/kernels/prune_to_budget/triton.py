@@ -93,6 +93,7 @@ def prune_to_budget(parents: Tensor, score: Tensor, depth: Tensor, budget: int) 
     if budget >= n - 1:
         return torch.arange(n, dtype=torch.int64, device=device)
     n_keep = max(budget, 0) + 1
+    score = torch.where(score.isnan(), -torch.inf, score)  # [n]; NaN ranks as -inf
     effective = torch.empty_like(score)  # [n]
     keep = torch.empty(n, dtype=torch.int8, device=device)  # [n]
     kept = torch.empty(n_keep, dtype=torch.int64, device=device)  # [m]

@@ -8,8 +8,9 @@ extra model kwargs (they travel down to every attention layer):
 - ``treegraft_prefix_len`` (int): number of cached prefix positions, all visible;
 - ``treegraft_tree_mask`` ([q, S_tree] bool): visibility of the key positions after the prefix.
 
-With both present the layer runs :func:`treegraft.kernels.tree_attention`; otherwise (prefill,
-plain decoding) it behaves exactly like ``"sdpa"``, including the mask the model builds for it.
+With both present the layer runs :func:`treegraft.kernels.tree_attention` (its arguments are
+checked at the first layer, ``layer_idx`` 0, once per forward); otherwise (prefill, plain
+decoding) it behaves exactly like ``"sdpa"``, including the mask the model builds for it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from treegraft.kernels.tree_attention import tree_attention
+from treegraft.kernels.tree_attention import check_arguments, run_unchecked
 
 IMPLEMENTATION = "treegraft_tree"
 PREFIX_LEN_KWARG = "treegraft_prefix_len"
@@ -59,7 +60,9 @@ def treegraft_tree_attention(
         )
     if dropout:
         raise ValueError(f"{IMPLEMENTATION} attention does not support dropout (got {dropout})")
-    out = tree_attention(
+    if getattr(module, "layer_idx", 0) == 0:  # checked once per forward, not at every layer
+        prefix_len = check_arguments(query, key, value, prefix_len, tree_mask, scaling)
+    out = run_unchecked(
         query=query, key=key, value=value, prefix_len=prefix_len, tree_mask=tree_mask, scale=scaling
     )  # [B, Hq, q, D]
     return out.transpose(1, 2).contiguous(), None
