@@ -178,6 +178,12 @@ def test_a_cache_without_recorded_sizes_is_checked_by_its_files(fake_remote):
     assert remote.is_cached("fake-tiny")
     _cut_weights(path)
     assert "truncated" in remote.cache_problem("fake-tiny")
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    listed = CliRunner().invoke(app, ["zoo", "fetch"]).stdout
+    assert "zoo:fake-tiny\tto fetch or build again: model.safetensors: " in listed
 
 
 def test_an_unwritable_cache_is_a_clear_error_before_any_download(
