@@ -192,13 +192,15 @@ def test_a_cache_without_recorded_sizes_is_checked_by_its_files(fake_remote):
     (path / remote.SOURCE_FILE).write_text(json.dumps(source))
     assert remote.is_cached("fake-tiny")
     _cut_weights(path)
-    assert "truncated" in remote.cache_problem("fake-tiny")
+    assert "announces more (cut short)" in remote.cache_problem("fake-tiny")
     from typer.testing import CliRunner
 
     from treegraft.cli import app
 
     listed = CliRunner().invoke(app, ["zoo", "fetch"]).stdout
-    assert "zoo:fake-tiny\tto fetch or build again: model.safetensors: " in listed
+    assert "zoo:fake-tiny\tto fetch or build again: its model.safetensors holds " in listed
+    (path / "model.safetensors").write_bytes(b"\x00" * 4)
+    assert "no readable safetensors header" in remote.cache_problem("fake-tiny")
 
 
 def test_an_unwritable_cache_is_a_clear_error_before_any_download(

@@ -24,6 +24,7 @@ import io
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -248,8 +249,6 @@ def folder_problem(folder: Path, stored: dict) -> str | None:
     """What is missing or cut short in a cached model folder: the files its source file records
     (with their sizes), else (a folder cached before sizes were recorded) the config, the
     tokenizer and whole weights; None when nothing is."""
-    from treegraft.core.model_files import weights_problems
-
     files = stored.get("files")
     if not isinstance(files, dict):
         files = dict.fromkeys(REQUIRED_FILES)
@@ -259,8 +258,26 @@ def folder_problem(folder: Path, stored: dict) -> str | None:
             return f"its {file} is missing"
         if isinstance(size, int) and path.stat().st_size != size:
             return f"its {file} holds {path.stat().st_size} bytes, {size} were written"
-    if "files" not in stored and (problems := weights_problems(folder)[1]):
-        return problems[0]
+    if "files" not in stored:
+        return _cut_short(folder / "model.safetensors")
+    return None
+
+
+def _cut_short(path: Path) -> str | None:
+    """What says a safetensors file is cut short: its header, or its tensors' data, goes past the
+    file's end; None when neither does."""
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(length)) if 8 + length <= size else None
+        ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
+    except (OSError, struct.error, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        header = None
+    if header is None:
+        return f"its {path.name} has no readable safetensors header (cut short or corrupt)"
+    if 8 + length + max(ends, default=0) > size:
+        return f"its {path.name} holds {size} bytes, its header announces more (cut short)"
     return None
 
 
