@@ -201,6 +201,41 @@ def test_misspelled_hook_fails_check_pending(installed) -> None:
         Registry.create()
 
 
+def test_a_misspelled_hook_is_a_plugin_error_naming_the_distribution(installed) -> None:
+    """Once pluggy's bare `PluginValidationError` (not a `TreegraftError`, no distribution)."""
+    typo = plugin_module("fake_typo", "treegraft_register_drafter", lambda register: None)
+    installed("treegraft-typo", {"typo": "fake_typo"}, typo)
+    with pytest.raises(PluginError) as info:
+        Registry.create()
+    message = str(info.value)
+    assert "plugin 'typo' (distribution 'treegraft-typo')" in message
+    assert "unknown hook 'treegraft_register_drafter'" in message
+    assert "did you mean 'treegraft_register_drafters'?" in message
+
+
+def test_a_hook_taking_an_unknown_argument_is_a_plugin_error(installed) -> None:
+    module = ModuleType("fake_args")
+
+    def treegraft_register_drafters(reg: Register) -> None:
+        pass
+
+    module.treegraft_register_drafters = hookimpl(treegraft_register_drafters)
+    installed("treegraft-args", {"args": "fake_args"}, module)
+    with pytest.raises(PluginError) as info:
+        Registry.create()
+    message = str(info.value)
+    assert "plugin 'args' (distribution 'treegraft-args')" in message
+    assert "{'reg'} are declared in the hookimpl" in message
+    assert "\n" not in message
+
+
+def test_a_plugin_passed_twice_is_a_plugin_error(installed) -> None:
+    """Once pluggy's raw `ValueError`, listing every registered plugin."""
+    coin = scheduler_plugin("fake_twice", "coin")
+    with pytest.raises(PluginError, match="plugin 'fake_twice': Plugin name already registered"):
+        Registry.create(plugins=[coin, coin])
+
+
 def test_class_that_is_not_the_interface_is_rejected(installed) -> None:
     @attrs.define
     class NotAScheduler:

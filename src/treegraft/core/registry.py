@@ -55,8 +55,21 @@ KINDS: dict[str, Kind] = {
 }
 
 
+#: the names of the registration hooks
+HOOKS = tuple(kind.hook for kind in KINDS.values())
+
+
 class PluginError(TreegraftError, RuntimeError):
     """A plugin is broken or two plugins clash."""
+
+
+class HookError(PluginError, pluggy.PluginValidationError):
+    """A plugin's hook implementation matches no hook specification (a misspelled hook name, an
+    argument the hook does not pass): a `PluginError` naming the plugin and its distribution,
+    and also pluggy's `PluginValidationError`."""
+
+    def __init__(self, plugin: object, message: str) -> None:
+        pluggy.PluginValidationError.__init__(self, plugin, message)
 
 
 class UnknownComponentError(LookupError):
@@ -117,10 +130,41 @@ class Registry:
         if autoload:
             registry._load_entry_points()
         for plugin in plugins:
-            pm.register(plugin)
-        pm.check_pending()
+            registry._register(plugin, None, None)
+        try:
+            pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            raise registry._hook_error(exc.plugin, exc) from None
         registry._collect()
         return registry
+
+    def _register(self, plugin: object, name: str | None, dist: str | None) -> None:
+        """`pm.register`; a plugin registered twice or with a malformed hook implementation is
+        a `PluginError` naming it (`dist`: its distribution, None for a plugin passed in)."""
+        try:
+            self.pm.register(plugin, name=name)
+        except pluggy.PluginValidationError as exc:
+            raise self._hook_error(plugin, exc, name, dist) from None
+        except ValueError as exc:  # already registered (the same object, or the same name)
+            shown_name = name or getattr(plugin, "__name__", repr(plugin))
+            where = f" (distribution {dist!r})" if dist else ""
+            first = str(exc).splitlines()[0]  # pluggy appends every registered plugin
+            raise PluginError(f"plugin {shown_name!r}{where}: {first}") from None
+
+    def _hook_error(
+        self, plugin: object, exc: Exception, name: str | None = None, dist: str | None = None
+    ) -> HookError:
+        """`exc` (pluggy's validation error) as a `HookError` naming the plugin, its
+        distribution and, for an unknown hook, the hook names closest to it."""
+        name = name or self.pm.get_name(plugin) or getattr(plugin, "__name__", repr(plugin))
+        dist = dist or _distribution_of(name, self.distributions.get(name))
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        message = f"plugin {name!r} (distribution {dist!r}): {'; '.join(lines)}"
+        unknown = [h for h in dir(plugin) if h.startswith("treegraft_") and h not in HOOKS]
+        for hook in unknown:
+            close = difflib.get_close_matches(hook, HOOKS, n=1, cutoff=0.6)
+            message += f"; did you mean {close[0]!r}?" if close else ""
+        return HookError(plugin, message)
 
     def _load_entry_points(self) -> None:
         """Import and register every plugin of the entry-point group; one that fails to import
@@ -146,12 +190,7 @@ class Registry:
                     self.broken.append(broken)
                     warnings.warn(f"{broken}; skipped", BrokenPluginWarning, stacklevel=2)
                     continue
-                try:
-                    self.pm.register(plugin, name=name)
-                except ValueError as exc:
-                    raise PluginError(
-                        f"plugin {ep.name!r} (distribution {dist_name!r}): {exc}"
-                    ) from None
+                self._register(plugin, name, dist_name)
                 self.distributions[name] = dist_name
 
     def _collect(self) -> None:
