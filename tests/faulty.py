@@ -285,11 +285,16 @@ class FaultyDrafter(Drafter):
     """Proposes `k` random tokens (random log-probs) under each node; scores trees at random."""
 
     Config = FaultConfig
-    can_score = True
     config: FaultConfig
     vocab: int
     expand_faults: Faults
     score_faults: Faults
+
+    @property
+    def can_score(self) -> bool:  # type: ignore[override]
+        if self.config.fault == "can_score_raise":
+            raise AttributeError("no head")
+        return "yes" if self.config.fault == "can_score_str" else True
 
     @classmethod
     def from_config(cls, config: FaultConfig, resources: Any) -> FaultyDrafter:
@@ -361,6 +366,10 @@ class FaultyBuilder(TreeBuilder):
     def max_nodes(self) -> int:
         return max(self.inner.max_nodes(), 12)
 
+    def check_drafters(self, n_drafters: int) -> None:
+        if self.config.fault == "check_raise":
+            raise KeyError("drafters")
+
 
 @attrs.define
 class FaultyGrafter(Grafter):
@@ -424,6 +433,10 @@ class FaultyScheduler(Scheduler):
 
     def decide(self, state: LayerState) -> int:
         return self.decisions.apply(state.n_drafters - 1, 0)
+
+    def check_pipeline(self, n_drafters: int, depth: int | None) -> None:
+        if self.config.fault == "check_raise":
+            raise KeyError("layers")
 
     def wants_peek(self) -> bool:
         return self.flags.apply(False, 0)

@@ -382,3 +382,32 @@ def test_a_bad_chain_is_the_drafters_plugin_error(answer, message) -> None:
     with pytest.raises(PluginError, match=re.escape(message)) as info:
         checked_chain(answer)
     assert "drafter 'chainer' (distribution 'my-dist')" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("builder", "check_drafters raised KeyError: 'drafters'"),
+        ("scheduler", "check_pipeline raised KeyError: 'layers'"),
+    ],
+)
+def test_a_pipeline_check_raising_is_the_plugins_error(target, registry, kind, message) -> None:
+    """`check_drafters` / `check_pipeline` report a misfit with a ValueError; anything else
+    they raise was a raw exception out of `load_pipeline`."""
+    with pytest.raises(PluginError) as info:
+        decode(target, registry, spec(kind, "check_raise"))
+    assert f"{kind} 'faulty' (distribution '{DISTRIBUTION}', pipeline.{kind})" in str(info.value)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ("can_score_raise", "can_score raised AttributeError: no head"),
+        ("can_score_str", "can_score is 'yes', expected a bool"),
+    ],
+)
+def test_a_bad_can_score_is_the_drafters_plugin_error(target, registry, fault, message) -> None:
+    with pytest.raises(PluginError) as info:
+        decode(target, registry, spec("strong", fault))
+    assert_names_component(info.value, "drafter", message)

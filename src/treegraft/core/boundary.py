@@ -214,7 +214,10 @@ class CheckedDrafter(Proxy, Drafter):
 
     @property
     def can_score(self) -> bool:  # type: ignore[override]
-        return bool(self.inner.can_score)
+        can = call_plugin(self.origin, self.counter, "can_score", getattr, self.inner, "can_score")
+        if not isinstance(can, (bool, np.bool_)):
+            self._check(f"can_score is {shown(can)}, expected a bool (True or False)")
+        return bool(can)
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         self._call("begin", prompt, max_len=max_len, watch={"prompt": prompt})
