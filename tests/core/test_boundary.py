@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import attrs
+import numpy as np
 import pytest
 import torch
 
@@ -14,7 +15,7 @@ from tests.conftest import greedy_reference, memory_resources, tiny_llama
 from treegraft.core.boundary import CHECKS_ENV, Origin, StepCounter, guard
 from treegraft.core.config import NoConfig
 from treegraft.core.decoder import StopRule
-from treegraft.core.interfaces import Drafter
+from treegraft.core.interfaces import Drafter, Peek
 from treegraft.core.metrics import Clock
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.registry import PluginError, Registry
@@ -324,7 +325,7 @@ def test_a_bad_verdict_is_the_verifiers_plugin_error(target, registry, fault) ->
 
 @attrs.define
 class ChainDrafter(Drafter):
-    """Drafts `answer` as its chain (and nothing by `expand`)."""
+    """Drafts `answer` as its chain and peeks `answer` (and drafts nothing by `expand`)."""
 
     Config = NoConfig
     config: NoConfig
@@ -339,14 +340,20 @@ class ChainDrafter(Drafter):
     def chain(self, tree: DraftTree, length: int, stop: float) -> Proposal | None:
         return self.answer
 
+    def peek(self, tree: DraftTree) -> Peek | None:
+        return self.answer
+
     def commit(self, accepted: torch.Tensor, tokens: torch.Tensor) -> None:
         pass
 
 
-def checked_chain(answer: object, length: int = 3) -> Proposal | None:
+def checked(answer: object) -> Drafter:
     drafter = ChainDrafter(NoConfig(), answer)
-    proxy = guard(drafter, Origin("drafter", "chainer", "my-dist"), StepCounter(), vocab=VOCAB)
-    return proxy.chain(DraftTree.from_root(3), length, 0.5)
+    return guard(drafter, Origin("drafter", "chainer", "my-dist"), StepCounter(), vocab=VOCAB)
+
+
+def checked_chain(answer: object, length: int = 3) -> Proposal | None:
+    return checked(answer).chain(DraftTree.from_root(3), length, 0.5)
 
 
 def test_a_drafters_chain_goes_through_its_proxy() -> None:
@@ -411,3 +418,31 @@ def test_a_bad_can_score_is_the_drafters_plugin_error(target, registry, fault, m
     with pytest.raises(PluginError) as info:
         decode(target, registry, spec("strong", fault))
     assert_names_component(info.value, "drafter", message)
+
+
+@pytest.mark.parametrize(
+    "peek", [None, Peek(0.0, 0.0, ()), Peek(2.5, 1.0, (1, 2)), Peek(np.float64(0.5), 0.25)]
+)
+def test_a_sound_peek_goes_through(peek) -> None:
+    assert checked(peek).peek(DraftTree.from_root(3)) == peek
+
+
+@pytest.mark.parametrize(
+    ("peek", "message"),
+    [
+        ((1.0, 0.5), "peek returned a tuple, expected a Peek or None"),
+        (Peek(float("nan"), 0.5), "peek.expected nan: expected a finite number >= 0"),
+        (Peek(-3.0, 0.5), "peek.expected -3.0"),
+        (Peek("2", 0.5), "peek.expected '2'"),
+        (Peek(1.0, 2.0), "peek.first 2.0: expected a probability in [0, 1]"),
+        (Peek(1.0, float("nan")), "peek.first nan"),
+        (Peek(1.0, 0.5, [1, 2]), "peek.chain [1, 2]: expected None or a tuple of token ids"),
+        (Peek(1.0, 0.5, (VOCAB,)), f"vocabulary [0, {VOCAB})"),
+        (Peek(1.0, 0.5, (1.0,)), "peek.chain (1.0,)"),
+    ],
+    ids=["tuple", "nan", "negative", "str", "first", "first-nan", "list", "vocab", "float"],
+)
+def test_a_bad_peek_is_the_drafters_plugin_error(peek, message) -> None:
+    """A peek feeds the schedulers' features (`log1p(expected)`: a raw ValueError for -3)."""
+    with pytest.raises(PluginError, match=re.escape(message)):
+        checked(peek).peek(DraftTree.from_root(3))

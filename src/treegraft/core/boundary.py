@@ -235,8 +235,7 @@ class CheckedDrafter(Proxy, Drafter):
 
     def peek(self, tree: DraftTree) -> Peek | None:
         peek = self._call("peek", tree, watch={"tree": tree})
-        if peek is not None and not isinstance(peek, Peek):
-            self._check(f"peek returned {checks.describe(peek)}, expected a Peek or None")
+        self._check(checks.peek_problem(peek, vocab=self.vocab))
         return peek
 
     def chain(self, tree: DraftTree, length: int, stop: float) -> Proposal | None:

@@ -10,13 +10,15 @@ component's output crosses into the decoder.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from treegraft.core.errors import shown
-from treegraft.core.interfaces import BuildResult, Graft, Rescoring, Verdict
+from treegraft.core.interfaces import BuildResult, Graft, Peek, Rescoring, Verdict
 from treegraft.core.tree import DraftTree, Proposal
 
 INT_FIELDS = ("tokens", "parents", "depth", "proposer", "scorer")
@@ -326,3 +328,34 @@ def verdict_problem(verdict: object, tree: DraftTree, *, vocab: int) -> str | No
     if length > 1 and not bool((tree.parents[path[1:]] == path[:-1]).all()):
         return f"verdict.path {path.tolist()}: not a path down the tree (each node's parent first)"
     return None
+
+
+def peek_problem(peek: object, *, vocab: int) -> str | None:
+    """`Drafter.peek`: None, or a `Peek` whose `expected` is a finite number >= 0, `first` a
+    probability in [0, 1] and `chain` None or a tuple of token ids in `[0, vocab)` (host values,
+    read for free)."""
+    if peek is None:
+        return None
+    if not isinstance(peek, Peek):
+        return f"peek returned {describe(peek)}, expected a Peek or None"
+    if not _real(peek.expected) or not 0 <= peek.expected < math.inf:
+        return f"peek.expected {shown(peek.expected)}: expected a finite number >= 0"
+    if not _real(peek.first) or not 0 <= peek.first <= 1:
+        return f"peek.first {shown(peek.first)}: expected a probability in [0, 1]"
+    chain = peek.chain
+    if chain is not None and not (
+        isinstance(chain, tuple) and all(_int(t) and 0 <= t < vocab for t in chain)
+    ):
+        return (
+            f"peek.chain {shown(chain)}: expected None or a tuple of token ids of the target's "
+            f"vocabulary [0, {vocab})"
+        )
+    return None
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def _int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
