@@ -405,3 +405,20 @@ def test_a_registration_hook_raising_names_the_plugin(installed) -> None:
     message = str(info.value)
     assert "plugin 'boom' (distribution 'treegraft-boom')" in message
     assert "treegraft_register_drafters raised KeyError" in message
+
+
+@pytest.mark.parametrize("value", ["fake_hookless", "fake_hookless:NOTHING"])
+def test_an_entry_point_holding_no_hooks_is_skipped_as_broken(installed, value: str) -> None:
+    """An entry point naming the package rather than its hook module (or any object without
+    hooks) was registered silently, and its components were then unknown without a word."""
+    module = ModuleType("fake_hookless")
+    module.NOTHING = None
+    installed("treegraft-hookless", {"hookless": value}, module)
+    installed("treegraft-coin", {"coin": "fake_coin"}, scheduler_plugin("fake_coin", "coin"))
+    with pytest.warns(registry_module.BrokenPluginWarning, match="holds no hook implementation"):
+        registry = Registry.create()
+    (broken,) = registry.broken
+    assert (broken.name, broken.distribution) == ("hookless", "treegraft-hookless")
+    assert f"{value!r} holds no hook implementation" in broken.error
+    assert registry.get("scheduler", "coin").distribution == "treegraft-coin"
+    assert not registry.pm.has_plugin("hookless")

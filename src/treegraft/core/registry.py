@@ -58,6 +58,12 @@ KINDS: dict[str, Kind] = {
 #: the names of the registration hooks
 HOOKS = tuple(kind.hook for kind in KINDS.values())
 
+#: why an entry point whose value holds no hook implementation is skipped
+NO_HOOKS = (
+    "holds no hook implementation (@treegraft.hookimpl def treegraft_register_...): the entry "
+    "point's value must be the module holding the hooks"
+)
+
 
 class PluginError(TreegraftError, RuntimeError):
     """A plugin is broken or two plugins clash."""
@@ -186,12 +192,20 @@ class Registry:
                 try:
                     plugin = ep.load()
                 except Exception as exc:
-                    broken = BrokenPlugin(ep.name, dist_name, f"{type(exc).__name__}: {exc}")
-                    self.broken.append(broken)
-                    warnings.warn(f"{broken}; skipped", BrokenPluginWarning, stacklevel=2)
+                    self._skip(ep.name, dist_name, f"{type(exc).__name__}: {exc}")
                     continue
                 self._register(plugin, name, dist_name)
+                if not self.pm.get_hookcallers(plugin):  # the entry point names no hook module
+                    self.pm.unregister(name=name)
+                    self._skip(ep.name, dist_name, f"{ep.value!r} {NO_HOOKS}")
+                    continue
                 self.distributions[name] = dist_name
+
+    def _skip(self, name: str, dist: str, error: str) -> None:
+        """Record an entry-point plugin that cannot be used in `broken`, with one warning."""
+        broken = BrokenPlugin(name, dist, error)
+        self.broken.append(broken)
+        warnings.warn(f"{broken}; skipped", BrokenPluginWarning, stacklevel=3)
 
     def _collect(self) -> None:
         for kind in KINDS.values():
