@@ -311,7 +311,7 @@ VERDICT_CASES = {
     "int_bonus": "verdict.bonus: expected a Tensor, got a int",
     "bonus_out_of_vocab": f"outside the target's vocabulary [0, {VOCAB})",
     "meta_path": "verdict.path: expected a tensor on cpu, got one on meta",
-    "meta_bonus": "verdict.bonus: expected a tensor on cpu or cpu, got one on meta",
+    "meta_bonus": "verdict.bonus: expected a tensor on cpu, got one on meta",
     "long_length": "verdict.length",
 }
 

@@ -313,7 +313,7 @@ def verdict_problem(verdict: object, tree: DraftTree, *, vocab: int) -> str | No
         value = getattr(verdict, name)
         problem = problem or tensor_problem(f"verdict.{name}", value, ndim=0, floating=False)
         if not problem and value.device not in (device, torch.device("cpu")):
-            where = f"{device} or cpu"
+            where = "cpu" if device.type == "cpu" else f"{device} or cpu"
             problem = f"verdict.{name}: expected a tensor on {where}, got one on {value.device}"
     if problem:
         return problem
