@@ -142,6 +142,7 @@ SCORE_FAULTS: dict[str, Callable[[Tensor, int, torch.Generator], Any]] = {
     "transposed": lambda x, v, g: x.T,
     "list": lambda x, v, g: x.tolist(),
     # valid garbage
+    "scores_nothing": lambda x, v, g: torch.full_like(x, -float("inf")),
     "random": lambda x, v, g: torch.log_softmax(
         torch.randn(x.shape, generator=g, dtype=torch.float64), -1
     ).to(x.dtype),
@@ -241,6 +242,7 @@ VALID_GARBAGE = {
     "duplicate_rows",
     "empty",
     "random",
+    "scores_nothing",
     "random_tree",
     "numpy_int",
     "int_tensor",

@@ -161,6 +161,7 @@ def test_a_graft_that_deletes_nodes_is_an_error(target, registry) -> None:
         ("drafter", "duplicate_rows"),
         ("drafter", "empty"),
         ("strong", "random"),
+        ("strong", "scores_nothing"),
         ("builder", "random_tree"),
         ("grafter", "none"),
     ],
