@@ -280,3 +280,15 @@ def test_a_root_tree_holds_the_root_and_nothing_else(token, dtype) -> None:
     tree.proposer[0] = 3
     assert tree.score.tolist() == [0.0] and tree.scorer.tolist() == [-1]
     assert tree.parents.tolist() == [-1] and tree.depth.tolist() == [0]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_extend_takes_log_probs_of_any_float_dtype(dtype: torch.dtype) -> None:
+    """A bfloat16 model's log-probs once raised numpy's TypeError in the host extend."""
+    tree = DraftTree.from_root(3, dtype=torch.float32)
+    logp = torch.tensor([[-0.5], [-1.0]], dtype=dtype, requires_grad=True)
+    proposal = Proposal(torch.tensor([0, 0]), torch.tensor([[4], [5]]), logp)
+    grown, _ = tree.extend(proposal, 0)
+    assert grown.tokens.tolist() == [3, 4, 5]
+    assert grown.edge_logp.tolist() == [0.0, -0.5, -1.0]
+    assert grown.score.dtype == torch.float32
