@@ -13,7 +13,7 @@ import pluggy
 import pytest
 
 from treegraft.core import registry as registry_module
-from treegraft.core.config import NoConfig
+from treegraft.core.config import NoConfig, pipeline_spec_from_dict
 from treegraft.core.hookspecs import Register, hookimpl
 from treegraft.core.interfaces import LayerState, Scheduler
 from treegraft.core.registry import (
@@ -148,6 +148,35 @@ def test_a_config_whose_field_types_do_not_resolve_is_a_plugin_error(installed) 
         Registry.create()
     assert str(info.value).startswith("plugin 'bad': scheduler 'bad' (Unresolved): the types of")
     assert "NameError: name 'Undefined' is not defined" in str(info.value)
+
+
+def test_a_config_raising_an_unexpected_error_is_a_plugin_error(installed) -> None:
+    """A ValueError or TypeError from a Config's check is the YAML's fault (a ConfigError);
+    anything else escaped `load_pipeline` raw."""
+
+    @attrs.frozen
+    class Config:
+        rate: int = 1
+
+        def __attrs_post_init__(self) -> None:
+            raise KeyError("table")
+
+    class Touchy(CoinScheduler):
+        pass
+
+    Touchy.Config = Config
+    installed(
+        "dist-touchy", {"touchy": "fake_touchy"}, scheduler_plugin("fake_touchy", "touchy", Touchy)
+    )
+    data = {"target": "mem:t", "drafters": {"weak": "ngram"}, "builder": "layered"}
+    data["scheduler"] = {"name": "touchy"}
+    with pytest.raises(PluginError) as info:
+        pipeline_spec_from_dict(data, Registry.create())
+    assert str(info.value) == (
+        "scheduler 'touchy' (distribution 'dist-touchy', pipeline.scheduler): its Config "
+        "(test_a_config_raising_an_unexpected_error_is_a_plugin_error.<locals>.Config) raised "
+        "KeyError: 'table'"
+    )
 
 
 def test_name_clash_between_plugins_names_both_distributions(installed) -> None:
