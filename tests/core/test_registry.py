@@ -451,3 +451,26 @@ def test_an_entry_point_holding_no_hooks_is_skipped_as_broken(installed, value: 
     assert f"{value!r} holds no hook implementation" in broken.error
     assert registry.get("scheduler", "coin").distribution == "treegraft-coin"
     assert not registry.pm.has_plugin("hookless")
+
+
+def test_a_name_clash_inside_one_distribution_names_its_two_plugins(installed) -> None:
+    """Once 'by distribution X and by distribution X. Uninstall one of them'."""
+    first, second = scheduler_plugin("fake_one", "coin"), scheduler_plugin("fake_two", "coin")
+    installed("treegraft-x", {"one": "fake_one", "two": "fake_two"}, first, second)
+    with pytest.raises(PluginError) as info:
+        Registry.create()
+    assert str(info.value) == (
+        "scheduler 'coin' is registered twice in distribution 'treegraft-x': by its plugins "
+        "'one' and 'two'. Rename one of the components."
+    )
+
+
+def test_two_entry_points_naming_one_module_load_it_once(installed) -> None:
+    """Once pluggy's 'Plugin already registered under a different name' stopped everything."""
+    installed(
+        "treegraft-x",
+        {"one": "fake_same", "two": "fake_same"},
+        scheduler_plugin("fake_same", "coin"),
+    )
+    registration = Registry.create().get("scheduler", "coin")
+    assert (registration.distribution, registration.plugin) == ("treegraft-x", "one")

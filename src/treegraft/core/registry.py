@@ -106,6 +106,8 @@ class Registration:
     name: str
     factory: type
     distribution: str
+    #: the plugin (entry point) that registered it
+    plugin: str = ""
 
     def config_fields(self) -> list[attrs.Attribute]:
         """The attrs fields of the component's `Config` (its YAML keys besides `name`)."""
@@ -194,6 +196,8 @@ class Registry:
                 except Exception as exc:
                     self._skip(ep.name, dist_name, f"{type(exc).__name__}: {exc}")
                     continue
+                if self.pm.is_registered(plugin):  # a second entry point naming one module
+                    continue
                 self._register(plugin, name, dist_name)
                 if not self.pm.get_hookcallers(plugin):  # the entry point names no hook module
                     self.pm.unregister(name=name)
@@ -227,12 +231,19 @@ class Registry:
             _check_factory(kind, name, factory, plugin_name)
             key = (kind.name, name)
             if key in self.entries:
-                other = self.entries[key].distribution
+                other = self.entries[key]
+                if other.distribution == dist:  # two plugins of one distribution
+                    raise PluginError(
+                        f"{kind.name} {name!r} is registered twice in distribution {dist!r}: by "
+                        f"its plugins {other.plugin!r} and {plugin_name!r}. Rename one of the "
+                        "components."
+                    )
                 raise PluginError(
-                    f"{kind.name} {name!r} is registered twice: by distribution {other!r} and by "
-                    f"distribution {dist!r}. Uninstall one of them or rename the component."
+                    f"{kind.name} {name!r} is registered twice: by distribution "
+                    f"{other.distribution!r} and by distribution {dist!r}. Uninstall one of "
+                    "them or rename the component."
                 )
-            self.entries[key] = Registration(kind.name, name, factory, dist)
+            self.entries[key] = Registration(kind.name, name, factory, dist, plugin_name)
 
         return register
 
