@@ -335,6 +335,11 @@ class FaultyDrafter(Drafter):
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
         pass
 
+    def with_target(self, target: Any) -> Drafter:
+        if self.config.fault == "adapt_raise":
+            raise RuntimeError("no target here")
+        return None if self.config.fault == "adapt_None" else self  # type: ignore[return-value]
+
 
 @attrs.define
 class FaultyBuilder(TreeBuilder):
@@ -371,6 +376,11 @@ class FaultyBuilder(TreeBuilder):
     def check_drafters(self, n_drafters: int) -> None:
         if self.config.fault == "check_raise":
             raise KeyError("drafters")
+
+    def with_clock(self, now: Callable[[], float]) -> TreeBuilder:
+        if self.config.fault == "adapt_raise":
+            raise RuntimeError("no clock here")
+        return None if self.config.fault == "adapt_None" else self  # type: ignore[return-value]
 
 
 @attrs.define

@@ -12,6 +12,7 @@ import torch
 
 from tests import faulty
 from tests.conftest import greedy_reference, memory_resources, tiny_llama
+from treegraft.bench.replay import replay_pipeline
 from treegraft.core.boundary import CHECKS_ENV, Origin, StepCounter, guard
 from treegraft.core.config import NoConfig
 from treegraft.core.decoder import StopRule
@@ -19,6 +20,7 @@ from treegraft.core.interfaces import Drafter, Peek
 from treegraft.core.metrics import Clock
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.registry import PluginError, Registry
+from treegraft.core.runner.latency import LatencyCurve
 from treegraft.core.tree import DraftTree, Proposal
 
 VOCAB = 48
@@ -447,3 +449,19 @@ def test_a_bad_peek_is_the_drafters_plugin_error(peek, message) -> None:
     """A peek feeds the schedulers' features (`log1p(expected)`: a raw ValueError for -3)."""
     with pytest.raises(PluginError, match=re.escape(message)):
         checked(peek).peek(DraftTree.from_root(3))
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [("adapt_raise", "raised RuntimeError: no"), ("adapt_None", "returned None, expected a")],
+)
+@pytest.mark.parametrize(("kind", "verb"), [("drafter", "with_target"), ("builder", "with_clock")])
+def test_adapting_a_plugin_for_the_replay_names_it(target, registry, kind, verb, fault, message):
+    """The benchmark's replay adapts the components outside the decode loop: a plugin's
+    exception there, or an answer that is not a component, escaped raw (or failed later)."""
+    data = spec(kind, fault)
+    pipe = load_pipeline(data, resources=memory_resources(target=target), registry=registry)
+    with pytest.raises(PluginError) as info:
+        replay_pipeline(pipe, LatencyCurve("t", 8, (1, 64), (1e-3, 2e-3)))
+    assert f"{kind} 'faulty' (distribution '{DISTRIBUTION}'" in str(info.value)
+    assert f"{verb} {message}" in str(info.value)

@@ -46,7 +46,7 @@ from treegraft.core.interfaces import (
     Verdict,
     Verifier,
 )
-from treegraft.core.registry import BUILTIN_DISTRIBUTION, PluginError
+from treegraft.core.registry import BUILTIN_DISTRIBUTION, KINDS, PluginError
 from treegraft.core.tree import DraftTree, Proposal
 
 CHECKS_ENV = "TREEGRAFT_CHECKS"
@@ -339,6 +339,22 @@ class CheckedVerifier(Proxy, Verifier):
         verdict = self._call("verify", tree, target_logits, watch={"tree": tree})
         self._check(checks.verdict_problem(verdict, tree, vocab=self.vocab))
         return verdict
+
+
+def adapt(component: Any, origin: Origin | None, verb: str, *args: Any) -> Any:
+    """`component.verb(*args)` for the offline tools that adapt a decoder's components outside
+    the decode loop (`TreeBuilder.for_search`, `.with_clock`, `Drafter.with_target`, `.forget`):
+    a checked plugin's exception is a `PluginError` naming it, and so is an adapted component
+    (any verb but `forget`) that is not one of its kind."""
+    if not is_checked(origin):
+        return getattr(component, verb)(*args)
+    out = call_plugin(origin, None, verb, getattr(component, verb), *args)
+    interface = KINDS[origin.kind].interface
+    if verb != "forget" and not isinstance(out, interface):
+        raise PluginError(
+            f"{origin}: {verb} returned {checks.describe(out)}, expected a {interface.__name__}"
+        )
+    return out
 
 
 class Parts(NamedTuple):
