@@ -474,3 +474,20 @@ def test_two_entry_points_naming_one_module_load_it_once(installed) -> None:
     )
     registration = Registry.create().get("scheduler", "coin")
     assert (registration.distribution, registration.plugin) == ("treegraft-x", "one")
+
+
+def test_a_registration_hook_that_yields_is_a_plugin_error(installed) -> None:
+    """Calling a generator function runs nothing: its components were silently missing."""
+    module = ModuleType("fake_yields")
+
+    def treegraft_register_schedulers(register: Register):
+        register("coin", CoinScheduler)
+        yield
+
+    module.treegraft_register_schedulers = hookimpl(treegraft_register_schedulers)
+    installed("treegraft-yields", {"yields": "fake_yields"}, module)
+    with pytest.raises(PluginError) as info:
+        Registry.create()
+    message = str(info.value)
+    assert "plugin 'yields' (distribution 'treegraft-yields')" in message
+    assert "treegraft_register_schedulers is a generator function" in message

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata
+import inspect
 import os
 import warnings
 from collections.abc import Iterable
@@ -216,15 +217,19 @@ class Registry:
             for impl in getattr(self.pm.hook, kind.hook).get_hookimpls():
                 dist = _distribution_of(impl.plugin_name, self.distributions.get(impl.plugin_name))
                 register = self._registrar(kind, dist, impl.plugin_name)
+                where = f"plugin {impl.plugin_name!r} (distribution {dist!r}): {kind.hook}"
                 try:
-                    impl.function(register=register)
+                    out = impl.function(register=register)
                 except PluginError:
                     raise
                 except Exception as exc:
+                    raise PluginError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+                if inspect.isgenerator(out):  # its body never ran: nothing registered
+                    out.close()
                     raise PluginError(
-                        f"plugin {impl.plugin_name!r} (distribution {dist!r}): {kind.hook} "
-                        f"raised {type(exc).__name__}: {exc}"
-                    ) from exc
+                        f"{where} is a generator function (it yields), so its body never runs "
+                        "and it registers nothing; call register(name, class) without yield"
+                    )
 
     def _registrar(self, kind: Kind, dist: str, plugin_name: str):
         def register(name: str, factory: type) -> None:
