@@ -1,10 +1,12 @@
-"""A third-party plugin for tests whose drafter, builder and grafter return garbage on demand.
+"""A third-party plugin for tests whose components return garbage on demand.
 
 Each faulty component does honest work (a random drafter proposing valid tokens, the built-in
-layered builder, the built-in reselect grafter) and, at its `at_call`-th call, replaces what it
-returns with the fault named by `fault` (`FAULTS[kind]`): some break an invariant (the decoder
-must raise a `PluginError` naming the component), others are valid garbage (random but
-well-formed trees: decoding must still equal plain decoding).
+layered builder, reselect grafter, overwrite rescorer, always scheduler and greedy verifier)
+and, at its `at_call`-th call, replaces what it returns with the fault named by `fault` (the
+tables below): some break an invariant (the decoder must raise a `PluginError` naming the
+component), others are valid garbage (random but well-formed trees: decoding must still equal
+plain decoding). The faults of `INPUT_FAULTS` write into the tree the component was given
+instead, in place.
 """
 
 from __future__ import annotations
@@ -15,23 +17,31 @@ from types import ModuleType
 from typing import Any
 
 import attrs
+import numpy as np
 import torch
 from torch import Tensor
 
-from treegraft.core.config import field
+from treegraft.core.config import NoConfig, field
 from treegraft.core.hookspecs import hookimpl
 from treegraft.core.interfaces import (
     BuildResult,
     Drafter,
     Graft,
     Grafter,
+    LayerState,
+    Rescorer,
     Rescoring,
+    Scheduler,
     StepContext,
     TreeBuilder,
+    Verdict,
+    Verifier,
 )
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.plugins.builders.layered import LayeredBuilder, LayeredConfig
 from treegraft.plugins.grafters.reselect import ReselectConfig, ReselectGrafter
+from treegraft.plugins.rescorers.basic import OverwriteRescorer
+from treegraft.plugins.verifiers.greedy import GreedyVerifier
 
 #: the distribution name a test registry gives this plugin (`<plugin faulty>`)
 PLUGIN_NAME = "faulty"
@@ -132,6 +142,7 @@ SCORE_FAULTS: dict[str, Callable[[Tensor, int, torch.Generator], Any]] = {
     "transposed": lambda x, v, g: x.T,
     "list": lambda x, v, g: x.tolist(),
     # valid garbage
+    "scores_nothing": lambda x, v, g: torch.full_like(x, -float("inf")),
     "random": lambda x, v, g: torch.log_softmax(
         torch.randn(x.shape, generator=g, dtype=torch.float64), -1
     ).to(x.dtype),
@@ -152,6 +163,77 @@ TREE_FAULTS: dict[str, Callable[[DraftTree, int, torch.Generator], Any]] = {
     "random_tree": _valid_random_tree,
 }
 
+RESCORING_FAULTS: dict[str, Callable[[Rescoring, int, torch.Generator], Any]] = {
+    "none": lambda r, v, g: r,
+    "raise": _raise,
+    "tuple": lambda r, v, g: (r.edge_logp, r.score),
+    "nan": lambda r, v, g: attrs.evolve(r, score=r.score * float("nan")),
+    "short": lambda r, v, g: attrs.evolve(r, score=r.score[:-1]),
+    "meta": lambda r, v, g: attrs.evolve(r, score=r.score.to("meta")),
+    "root_deleted": lambda r, v, g: attrs.evolve(r, score=r.score - float("inf")),
+}
+
+#: decisions for the scheduler's `decide` (the honest one: the strongest drafter)
+DECISION_FAULTS: dict[str, Callable[[int, int, torch.Generator], Any]] = {
+    "none": lambda d, v, g: d,
+    "raise": _raise,
+    "None": lambda d, v, g: None,
+    "float": lambda d, v, g: float(d),
+    "nan": lambda d, v, g: float("nan"),
+    "bool": lambda d, v, g: True,
+    "bool_tensor": lambda d, v, g: torch.tensor(True),
+    "numpy_bool": lambda d, v, g: np.bool_(True),
+    "out_of_range": lambda d, v, g: 7,
+    # valid: an index by any integer type
+    "numpy_int": lambda d, v, g: np.int64(d),
+    "int_tensor": lambda d, v, g: torch.tensor(d),
+}
+
+#: answers of the scheduler's `wants_peek` and `done_for_step` (the honest one: False)
+FLAG_FAULTS: dict[str, Callable[[bool, int, torch.Generator], Any]] = {
+    "none": lambda f, v, g: f,
+    "flag_None": lambda f, v, g: None,
+    "flag_nan": lambda f, v, g: float("nan"),
+    "flag_str": lambda f, v, g: "no",
+    "flag_array": lambda f, v, g: np.array([True, False]),
+    "flag_tensor": lambda f, v, g: torch.tensor([1, 0]),
+    # valid: numpy's bool
+    "flag_numpy": lambda f, v, g: np.bool_(f),
+}
+
+VERDICT_FAULTS: dict[str, Callable[[Verdict, int, torch.Generator], Any]] = {
+    "none": lambda d, v, g: d,
+    "raise": _raise,
+    "tuple": lambda d, v, g: (d.path, d.length, d.bonus),
+    "float_bonus": lambda d, v, g: attrs.evolve(d, bonus=d.bonus.double()),
+    "int_bonus": lambda d, v, g: attrs.evolve(d, bonus=int(d.bonus)),
+    "bonus_out_of_vocab": lambda d, v, g: attrs.evolve(d, bonus=d.bonus + v),
+    "meta_path": lambda d, v, g: attrs.evolve(d, path=d.path.to("meta")),
+    "meta_bonus": lambda d, v, g: attrs.evolve(d, bonus=d.bonus.to("meta")),
+    "long_length": lambda d, v, g: attrs.evolve(d, length=d.length + 10_000),
+}
+
+#: writes into the tree a component was given, in place, before it answers honestly
+INPUT_FAULTS: dict[str, Callable[[DraftTree, int], Any]] = {
+    "write_root": lambda t, v: t.tokens[:1].add_(1).remainder_(v),
+    "write_parents": lambda t, v: t.parents[-1:].fill_(0),
+    "write_depth": lambda t, v: t.depth[-1:].add_(1),
+    "write_score": lambda t, v: t.score.mul_(2),
+}
+
+BUILD_FAULTS: dict[str, Callable[[BuildResult, int, torch.Generator], Any]] = {
+    "calls_None": lambda b, v, g: attrs.evolve(b, calls=None),
+    "calls_out_of_range": lambda b, v, g: attrs.evolve(b, calls=(7, -3)),
+    "calls_bool": lambda b, v, g: attrs.evolve(b, calls=(True,)),
+    "meta_tree": lambda b, v, g: attrs.evolve(b, tree=_on_meta(b.tree), unpruned=_on_meta(b.tree)),
+}
+
+
+def _on_meta(tree: DraftTree) -> DraftTree:
+    fields = ("tokens", "parents", "depth", "edge_logp", "score", "proposer", "scorer")
+    return attrs.evolve(tree, **{f: getattr(tree, f).to("meta") for f in fields})
+
+
 #: the faults of each kind that leave every invariant intact (decoding must not change)
 VALID_GARBAGE = {
     "none",
@@ -160,8 +242,19 @@ VALID_GARBAGE = {
     "duplicate_rows",
     "empty",
     "random",
+    "scores_nothing",
     "random_tree",
+    "numpy_int",
+    "int_tensor",
+    "flag_numpy",
 }
+
+
+def _write_input(config: FaultConfig, faults: Faults, tree: DraftTree, vocab: int) -> None:
+    """Apply `config`'s input fault (`INPUT_FAULTS`) to `tree` at the faulted call (counted by
+    `faults`, the component's output faults, which then stay honest)."""
+    if config.fault in INPUT_FAULTS and config.at_call in (-1, faults.calls):
+        INPUT_FAULTS[config.fault](tree, vocab)
 
 
 @attrs.define
@@ -177,10 +270,12 @@ class Faults:
         self.rng.manual_seed(self.config.seed)
 
     def apply(self, value: Any, vocab: int) -> Any:
+        """`value`, or at the faulted call its fault (`value` itself: not a fault of `table`)."""
         call, self.calls = self.calls, self.calls + 1
-        if self.config.at_call not in (-1, call):
+        fault = self.table.get(self.config.fault)
+        if fault is None or self.config.at_call not in (-1, call):
             return value
-        return self.table[self.config.fault](value, vocab, self.rng)
+        return fault(value, vocab, self.rng)
 
 
 def _vocab(resources: Any) -> int:
@@ -192,11 +287,16 @@ class FaultyDrafter(Drafter):
     """Proposes `k` random tokens (random log-probs) under each node; scores trees at random."""
 
     Config = FaultConfig
-    can_score = True
     config: FaultConfig
     vocab: int
     expand_faults: Faults
     score_faults: Faults
+
+    @property
+    def can_score(self) -> bool:  # type: ignore[override]
+        if self.config.fault == "can_score_raise":
+            raise AttributeError("no head")
+        return "yes" if self.config.fault == "can_score_str" else True
 
     @classmethod
     def from_config(cls, config: FaultConfig, resources: Any) -> FaultyDrafter:
@@ -216,6 +316,7 @@ class FaultyDrafter(Drafter):
         self.expand_faults.rng.manual_seed(self.config.seed)
 
     def expand(self, tree: DraftTree, nodes: Tensor, k: int) -> Proposal:
+        _write_input(self.config, self.expand_faults, tree, self.vocab)
         g = self.expand_faults.rng
         m = nodes.numel() * k
         proposal = Proposal(
@@ -226,12 +327,18 @@ class FaultyDrafter(Drafter):
         return self.expand_faults.apply(proposal, self.vocab)
 
     def score_tree(self, tree: DraftTree) -> Tensor:
+        _write_input(self.config, self.score_faults, tree, self.vocab)
         logits = torch.randn((tree.n_nodes, self.vocab), generator=self.score_faults.rng)
         logp = torch.log_softmax(logits.double(), -1).to(tree.score.dtype)
         return self.score_faults.apply(logp, self.vocab)
 
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
         pass
+
+    def with_target(self, target: Any) -> Drafter:
+        if self.config.fault == "adapt_raise":
+            raise RuntimeError("no target here")
+        return None if self.config.fault == "adapt_None" else self  # type: ignore[return-value]
 
 
 @attrs.define
@@ -247,10 +354,14 @@ class FaultyBuilder(TreeBuilder):
     @classmethod
     def from_config(cls, config: FaultConfig, resources: Any) -> FaultyBuilder:
         inner = LayeredBuilder(LayeredConfig(depth=3, top_k=2, budget=8))
-        return cls(config, inner, _vocab(resources), Faults(config, TREE_FAULTS))
+        return cls(config, inner, _vocab(resources), Faults(config, TREE_FAULTS | BUILD_FAULTS))
 
     def build(self, step: StepContext) -> BuildResult:
+        if self.config.fault == "write_step_root":  # before building: the tree's root follows
+            step.root.add_(1).remainder_(self.vocab)
         built = self.inner.build(step)
+        if self.config.fault in BUILD_FAULTS:
+            return self.faults.apply(built, self.vocab)  # the whole result's fault
         tree = self.faults.apply(built.unpruned, self.vocab)
         if tree is built.unpruned:
             return built
@@ -261,6 +372,15 @@ class FaultyBuilder(TreeBuilder):
 
     def max_nodes(self) -> int:
         return max(self.inner.max_nodes(), 12)
+
+    def check_drafters(self, n_drafters: int) -> None:
+        if self.config.fault == "check_raise":
+            raise KeyError("drafters")
+
+    def with_clock(self, now: Callable[[], float]) -> TreeBuilder:
+        if self.config.fault == "adapt_raise":
+            raise RuntimeError("no clock here")
+        return None if self.config.fault == "adapt_None" else self  # type: ignore[return-value]
 
 
 @attrs.define
@@ -282,6 +402,7 @@ class FaultyGrafter(Grafter):
         return self.inner.positions(tree, frontier, k)
 
     def graft(self, tree: DraftTree, strong_logp: Tensor, rescoring: Rescoring, **kw) -> Graft:
+        _write_input(self.config, self.faults, tree, self.vocab)
         graft = self.inner.graft(tree, strong_logp, rescoring, **kw)
         grown = self.faults.apply(graft.tree, self.vocab)
         if grown is graft.tree or not isinstance(grown, DraftTree):
@@ -290,8 +411,73 @@ class FaultyGrafter(Grafter):
         return Graft(tree=grown, frontier=frontier)
 
 
+@attrs.define
+class FaultyRescorer(Rescorer):
+    """The overwrite rescorer whose rescorings get the fault."""
+
+    Config = FaultConfig
+    config: FaultConfig
+    vocab: int
+    faults: Faults
+
+    @classmethod
+    def from_config(cls, config: FaultConfig, resources: Any) -> FaultyRescorer:
+        return cls(config, _vocab(resources), Faults(config, RESCORING_FAULTS))
+
+    def rescore(self, tree: DraftTree, strong_logp: Tensor) -> Rescoring:
+        _write_input(self.config, self.faults, tree, self.vocab)
+        honest = OverwriteRescorer(NoConfig()).rescore(tree, strong_logp)
+        return self.faults.apply(honest, self.vocab)
+
+
+@attrs.define
+class FaultyScheduler(Scheduler):
+    """Calls the strongest drafter at every layer; its decisions or flags get the fault."""
+
+    Config = FaultConfig
+    config: FaultConfig
+    decisions: Faults
+    flags: Faults
+
+    @classmethod
+    def from_config(cls, config: FaultConfig, resources: Any) -> FaultyScheduler:
+        return cls(config, Faults(config, DECISION_FAULTS), Faults(config, FLAG_FAULTS))
+
+    def decide(self, state: LayerState) -> int:
+        return self.decisions.apply(state.n_drafters - 1, 0)
+
+    def check_pipeline(self, n_drafters: int, depth: int | None) -> None:
+        if self.config.fault == "check_raise":
+            raise KeyError("layers")
+
+    def wants_peek(self) -> bool:
+        return self.flags.apply(False, 0)
+
+    def done_for_step(self) -> bool:
+        return self.flags.apply(False, 0)
+
+
+@attrs.define
+class FaultyVerifier(Verifier):
+    """The greedy verifier whose verdicts get the fault."""
+
+    Config = FaultConfig
+    config: FaultConfig
+    vocab: int
+    faults: Faults
+
+    @classmethod
+    def from_config(cls, config: FaultConfig, resources: Any) -> FaultyVerifier:
+        return cls(config, _vocab(resources), Faults(config, VERDICT_FAULTS))
+
+    def verify(self, tree: DraftTree, target_logits: Tensor) -> Verdict:
+        _write_input(self.config, self.faults, tree, self.vocab)
+        honest = GreedyVerifier(NoConfig()).verify(tree, target_logits)
+        return self.faults.apply(honest, self.vocab)
+
+
 def plugin() -> ModuleType:
-    """The plugin module: registers `faulty` as a drafter, a builder and a grafter."""
+    """The plugin module: registers `faulty` as a component of every kind."""
     module = ModuleType(PLUGIN_NAME)
 
     @hookimpl
@@ -306,10 +492,25 @@ def plugin() -> ModuleType:
     def treegraft_register_grafters(register):
         register("faulty", FaultyGrafter)
 
+    @hookimpl
+    def treegraft_register_rescorers(register):
+        register("faulty", FaultyRescorer)
+
+    @hookimpl
+    def treegraft_register_schedulers(register):
+        register("faulty", FaultyScheduler)
+
+    @hookimpl
+    def treegraft_register_verifiers(register):
+        register("faulty", FaultyVerifier)
+
     for impl in (
         treegraft_register_drafters,
         treegraft_register_builders,
         treegraft_register_grafters,
+        treegraft_register_rescorers,
+        treegraft_register_schedulers,
+        treegraft_register_verifiers,
     ):
         setattr(module, impl.__name__, impl)
     return module

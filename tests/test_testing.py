@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -141,3 +142,34 @@ def test_assert_lossless_refuses_an_empty_prompt_list() -> None:
         "assert_lossless: prompts: expected at least one prompt, got [] (an empty list checks "
         "nothing)"
     )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"vocab": 0}, "tiny_model: vocab: expected an int >= 1, got 0"),
+        ({"layers": 1.5}, "tiny_model: layers: expected an int >= 1, got 1.5"),
+        ({"heads": 5}, "expected heads (5) dividing hidden (32)"),
+        ({"kv_heads": 3}, "kv_heads (3) dividing heads"),
+    ],
+)
+def test_tiny_model_refuses_sizes_it_cannot_build(kwargs: dict, message: str) -> None:
+    """Once a model with no vocabulary, or transformers' own error from deep in a config."""
+    with pytest.raises(ArgumentError, match=re.escape(message)):
+        tiny_model("llama", **kwargs)
+
+
+def test_greedy_reference_checks_its_prompt_and_length() -> None:
+    """Once a raw IndexError from the embedding for an id past the vocabulary."""
+    model = tiny_model("llama", seed=1, vocab=32)
+    with pytest.raises(ArgumentError, match=r"token id 40 at position 1 is outside .* \[0, 32\)"):
+        greedy_reference(model, [1, 40], 3)
+    with pytest.raises(ArgumentError, match="max_new_tokens: expected an int >= 0, got -1"):
+        greedy_reference(model, [1, 2], -1)
+
+
+def test_assert_lossless_refuses_zero_samples() -> None:
+    """Zero samples tested nothing and passed."""
+    sampling = {**PIPELINE, "verifier": {"name": "pointmass", "temperature": 1.0}}
+    with pytest.raises(ArgumentError, match="assert_lossless: samples: expected an int >= 1"):
+        assert_lossless(sampling, [[1, 2]], samples=0)

@@ -23,6 +23,7 @@ Installed with treegraft, it is also a pytest plugin (entry point `pytest11`): t
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from treegraft.core.arguments import prompt_ids
 from treegraft.core.config import parse_yaml
-from treegraft.core.errors import ArgumentError
+from treegraft.core.errors import ArgumentError, shown
 from treegraft.core.interfaces import LayerState
 from treegraft.core.pipeline import Pipeline, eos_ids_of, load_pipeline
 from treegraft.core.registry import Registry
@@ -90,8 +92,16 @@ def _tiny_config(
     from transformers import AutoConfig
 
     if architecture not in ARCHITECTURES:
-        raise ValueError(
-            f"architecture: expected one of {', '.join(ARCHITECTURES)}, got {architecture!r}"
+        raise ArgumentError(
+            f"architecture: expected one of {', '.join(ARCHITECTURES)}, got {shown(architecture)}"
+        )
+    sizes = {"vocab": vocab, "hidden": hidden, "layers": layers, "heads": heads}
+    for name, value in (sizes | {"kv_heads": kv_heads}).items():
+        _check_count(f"tiny_model: {name}", value, 1)
+    if hidden % heads or (architecture != "gpt2" and heads % kv_heads):
+        raise ArgumentError(
+            f"tiny_model: expected heads ({heads}) dividing hidden ({hidden}) and kv_heads "
+            f"({kv_heads}) dividing heads"
         )
     if architecture == "gpt2":
         return AutoConfig.for_model(
@@ -104,6 +114,12 @@ def _tiny_config(
         max_position_embeddings=512, eos_token_id=eos, bos_token_id=None, pad_token_id=None,
         tie_word_embeddings=False,
     )  # fmt: skip
+
+
+def _check_count(name: str, value: Any, low: int) -> None:
+    """An `ArgumentError` unless `value` is an int >= `low`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ArgumentError(f"{name}: expected an int >= {low}, got {shown(value)}")
 
 
 def word_tokenizer(vocab: int = 64) -> Any:
@@ -148,7 +164,8 @@ def greedy_reference(model: Any, prompt: Tensor | Sequence[int], max_new_tokens:
     """Plain greedy decoding, one full forward per token (no cache), stopping after an EOS token
     read as the pipeline and `generate` read it (`eos_ids_of`: the generation config first, one
     id or a list): what a lossless greedy pipeline must produce."""
-    ids = [int(t) for t in torch.as_tensor(prompt).flatten()]
+    ids = prompt_ids(prompt, model.config.get_text_config().vocab_size).tolist()
+    _check_count("greedy_reference: max_new_tokens", max_new_tokens, 0)
     eos = eos_ids_of(model, None)
     out: list[int] = []
     with torch.no_grad():
@@ -254,6 +271,7 @@ def assert_lossless(
             f"assert_lossless: prompts: expected at least one prompt, got {prompts!r} (an empty "
             "list checks nothing)"
         )
+    _check_count("assert_lossless: samples", samples, 1)
     target = target if target is not None else tiny_model("llama", seed=1)
     data = _pipeline_mapping(pipeline)
     stated = data["decoding"]["dtype"]  # a bad value is load_pipeline's to name

@@ -13,7 +13,7 @@ import pluggy
 import pytest
 
 from treegraft.core import registry as registry_module
-from treegraft.core.config import NoConfig
+from treegraft.core.config import NoConfig, pipeline_spec_from_dict
 from treegraft.core.hookspecs import Register, hookimpl
 from treegraft.core.interfaces import LayerState, Scheduler
 from treegraft.core.registry import (
@@ -150,6 +150,35 @@ def test_a_config_whose_field_types_do_not_resolve_is_a_plugin_error(installed) 
     assert "NameError: name 'Undefined' is not defined" in str(info.value)
 
 
+def test_a_config_raising_an_unexpected_error_is_a_plugin_error(installed) -> None:
+    """A ValueError or TypeError from a Config's check is the YAML's fault (a ConfigError);
+    anything else escaped `load_pipeline` raw."""
+
+    @attrs.frozen
+    class Config:
+        rate: int = 1
+
+        def __attrs_post_init__(self) -> None:
+            raise KeyError("table")
+
+    class Touchy(CoinScheduler):
+        pass
+
+    Touchy.Config = Config
+    installed(
+        "dist-touchy", {"touchy": "fake_touchy"}, scheduler_plugin("fake_touchy", "touchy", Touchy)
+    )
+    data = {"target": "mem:t", "drafters": {"weak": "ngram"}, "builder": "layered"}
+    data["scheduler"] = {"name": "touchy"}
+    with pytest.raises(PluginError) as info:
+        pipeline_spec_from_dict(data, Registry.create())
+    assert str(info.value) == (
+        "scheduler 'touchy' (distribution 'dist-touchy', pipeline.scheduler): its Config "
+        "(test_a_config_raising_an_unexpected_error_is_a_plugin_error.<locals>.Config) raised "
+        "KeyError: 'table'"
+    )
+
+
 def test_name_clash_between_plugins_names_both_distributions(installed) -> None:
     installed("dist-one", {"one": "fake_one"}, scheduler_plugin("fake_one", "coin"))
     installed("dist-two", {"two": "fake_two"}, scheduler_plugin("fake_two", "coin"))
@@ -199,6 +228,41 @@ def test_misspelled_hook_fails_check_pending(installed) -> None:
     installed("treegraft-typo", {"typo": "fake_typo"}, typo)
     with pytest.raises(pluggy.PluginValidationError, match="treegraft_register_drafter"):
         Registry.create()
+
+
+def test_a_misspelled_hook_is_a_plugin_error_naming_the_distribution(installed) -> None:
+    """Once pluggy's bare `PluginValidationError` (not a `TreegraftError`, no distribution)."""
+    typo = plugin_module("fake_typo", "treegraft_register_drafter", lambda register: None)
+    installed("treegraft-typo", {"typo": "fake_typo"}, typo)
+    with pytest.raises(PluginError) as info:
+        Registry.create()
+    message = str(info.value)
+    assert "plugin 'typo' (distribution 'treegraft-typo')" in message
+    assert "unknown hook 'treegraft_register_drafter'" in message
+    assert "did you mean 'treegraft_register_drafters'?" in message
+
+
+def test_a_hook_taking_an_unknown_argument_is_a_plugin_error(installed) -> None:
+    module = ModuleType("fake_args")
+
+    def treegraft_register_drafters(reg: Register) -> None:
+        pass
+
+    module.treegraft_register_drafters = hookimpl(treegraft_register_drafters)
+    installed("treegraft-args", {"args": "fake_args"}, module)
+    with pytest.raises(PluginError) as info:
+        Registry.create()
+    message = str(info.value)
+    assert "plugin 'args' (distribution 'treegraft-args')" in message
+    assert "{'reg'} are declared in the hookimpl" in message
+    assert "\n" not in message
+
+
+def test_a_plugin_passed_twice_is_a_plugin_error(installed) -> None:
+    """Once pluggy's raw `ValueError`, listing every registered plugin."""
+    coin = scheduler_plugin("fake_twice", "coin")
+    with pytest.raises(PluginError, match="plugin 'fake_twice': Plugin name already registered"):
+        Registry.create(plugins=[coin, coin])
 
 
 def test_class_that_is_not_the_interface_is_rejected(installed) -> None:
@@ -370,3 +434,60 @@ def test_a_registration_hook_raising_names_the_plugin(installed) -> None:
     message = str(info.value)
     assert "plugin 'boom' (distribution 'treegraft-boom')" in message
     assert "treegraft_register_drafters raised KeyError" in message
+
+
+@pytest.mark.parametrize("value", ["fake_hookless", "fake_hookless:NOTHING"])
+def test_an_entry_point_holding_no_hooks_is_skipped_as_broken(installed, value: str) -> None:
+    """An entry point naming the package rather than its hook module (or any object without
+    hooks) was registered silently, and its components were then unknown without a word."""
+    module = ModuleType("fake_hookless")
+    module.NOTHING = None
+    installed("treegraft-hookless", {"hookless": value}, module)
+    installed("treegraft-coin", {"coin": "fake_coin"}, scheduler_plugin("fake_coin", "coin"))
+    with pytest.warns(registry_module.BrokenPluginWarning, match="holds no hook implementation"):
+        registry = Registry.create()
+    (broken,) = registry.broken
+    assert (broken.name, broken.distribution) == ("hookless", "treegraft-hookless")
+    assert f"{value!r} holds no hook implementation" in broken.error
+    assert registry.get("scheduler", "coin").distribution == "treegraft-coin"
+    assert not registry.pm.has_plugin("hookless")
+
+
+def test_a_name_clash_inside_one_distribution_names_its_two_plugins(installed) -> None:
+    """Once 'by distribution X and by distribution X. Uninstall one of them'."""
+    first, second = scheduler_plugin("fake_one", "coin"), scheduler_plugin("fake_two", "coin")
+    installed("treegraft-x", {"one": "fake_one", "two": "fake_two"}, first, second)
+    with pytest.raises(PluginError) as info:
+        Registry.create()
+    assert str(info.value) == (
+        "scheduler 'coin' is registered twice in distribution 'treegraft-x': by its plugins "
+        "'one' and 'two'. Rename one of the components."
+    )
+
+
+def test_two_entry_points_naming_one_module_load_it_once(installed) -> None:
+    """Once pluggy's 'Plugin already registered under a different name' stopped everything."""
+    installed(
+        "treegraft-x",
+        {"one": "fake_same", "two": "fake_same"},
+        scheduler_plugin("fake_same", "coin"),
+    )
+    registration = Registry.create().get("scheduler", "coin")
+    assert (registration.distribution, registration.plugin) == ("treegraft-x", "one")
+
+
+def test_a_registration_hook_that_yields_is_a_plugin_error(installed) -> None:
+    """Calling a generator function runs nothing: its components were silently missing."""
+    module = ModuleType("fake_yields")
+
+    def treegraft_register_schedulers(register: Register):
+        register("coin", CoinScheduler)
+        yield
+
+    module.treegraft_register_schedulers = hookimpl(treegraft_register_schedulers)
+    installed("treegraft-yields", {"yields": "fake_yields"}, module)
+    with pytest.raises(PluginError) as info:
+        Registry.create()
+    message = str(info.value)
+    assert "plugin 'yields' (distribution 'treegraft-yields')" in message
+    assert "treegraft_register_schedulers is a generator function" in message

@@ -384,3 +384,15 @@ def test_extend_names_a_malformed_proposal(parents, tokens, logp, message) -> No
     proposal = Proposal(T(parents), T(tokens), T(logp))
     with pytest.raises(ArgumentError, match=f"^DraftTree.extend: {message}"):
         SMALL.extend(proposal, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_extend_takes_log_probs_of_any_float_dtype(dtype: torch.dtype) -> None:
+    """A bfloat16 model's log-probs once raised numpy's TypeError in the host extend."""
+    tree = DraftTree.from_root(3, dtype=torch.float32)
+    logp = torch.tensor([[-0.5], [-1.0]], dtype=dtype, requires_grad=True)
+    proposal = Proposal(torch.tensor([0, 0]), torch.tensor([[4], [5]]), logp)
+    grown, _ = tree.extend(proposal, 0)
+    assert grown.tokens.tolist() == [3, 4, 5]
+    assert grown.edge_logp.tolist() == [0.0, -0.5, -1.0]
+    assert grown.score.dtype == torch.float32

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.core.test_tree import assert_valid
+from treegraft.core.config import NoConfig
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.kernels import prune_to_budget
 from treegraft.plugins.builders.layered import chain_tails, chain_tails_on_device
@@ -186,3 +188,18 @@ def test_lookback_reaches_an_abandoned_shallow_branch():
         tree, logp, OverwriteRescorer(None).rescore(tree, logp), frontier=frontier, k=1, drafter=1
     )
     assert int(no_lookback.tree.parents[no_lookback.frontier[0]]) == tail
+
+
+@pytest.mark.parametrize(
+    "rescorer", [OverwriteRescorer(NoConfig()), InterpolateRescorer(InterpolateConfig(0.5))]
+)
+def test_a_node_without_mass_makes_only_its_subtree_minus_inf(rescorer) -> None:
+    """A -inf edge (a grafted child that a restricted head gave no mass, a strong drafter with
+    an empty row) once made every score NaN: path sums were a 0/1 matrix product, 0 * -inf."""
+    tokens, parents = torch.tensor([5, 1, 2, 3, 4]), torch.tensor([-1, 0, 1, 0, 3])
+    edge = torch.tensor([0.0, -0.5, -float("inf"), -0.25, -1.0], dtype=torch.float64)
+    tree = DraftTree.from_parents(tokens, parents, edge_logp=edge)
+    strong = torch.full((5, 8), -float("inf"), dtype=torch.float64)  # [n, V]: scores nothing
+    out = rescorer.rescore(tree, strong)
+    want = torch.tensor([0.0, -0.5, -float("inf"), -0.25, -1.25], dtype=torch.float64)
+    torch.testing.assert_close(out.score, want)

@@ -23,6 +23,7 @@ import attrs
 import torch
 from torch import Tensor
 
+from treegraft.core.boundary import adapt
 from treegraft.core.metrics import ForwardTimes
 from treegraft.core.runner.latency import (  # noqa: F401 - re-exported: bench's public names
     LatencyCurve,
@@ -249,12 +250,17 @@ def replay_pipeline(pipe: Any, curve: LatencyCurve) -> tuple[Any, ReplayTarget]:
         device=pipe.resources.device,
         runner=pipe.decoder.target,
     )
+    origins = pipe.decoder.origins
+    drafters = pipe.decoder.drafters
     decoder = attrs.evolve(
         pipe.decoder,
         target=target,
-        drafters=tuple(d.with_target(target) for d in pipe.decoder.drafters),
+        drafters=tuple(
+            adapt(d, origins.get(f"drafter{i}"), "with_target", target)
+            for i, d in enumerate(drafters)
+        ),
         times=ReplayTimes(source=target),
         scheduler=own_copy(pipe.decoder.scheduler),
-        builder=pipe.decoder.builder.with_clock(target.now),
+        builder=adapt(pipe.decoder.builder, origins.get("builder"), "with_clock", target.now),
     )
     return attrs.evolve(pipe, decoder=decoder), target

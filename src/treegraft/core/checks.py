@@ -10,12 +10,15 @@ component's output crosses into the decoder.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from treegraft.core.interfaces import BuildResult, Graft, Rescoring, Verdict
+from treegraft.core.errors import shown
+from treegraft.core.interfaces import BuildResult, Graft, Peek, Rescoring, Verdict
 from treegraft.core.tree import DraftTree, Proposal
 
 INT_FIELDS = ("tokens", "parents", "depth", "proposer", "scorer")
@@ -58,16 +61,23 @@ def first_index(bad: Tensor) -> int:
     return int(torch.nonzero(bad).flatten()[0])
 
 
-def tree_problem(tree: object, *, vocab: int, root: Tensor | None = None) -> str | None:
-    """The documented invariants of a `DraftTree`: `[n]` tensors of the documented dtypes, n >= 1,
-    parents first (`parents[0] == -1`, `0 <= parents[i] < i`), depth = parent's depth + 1,
-    tokens inside `[0, vocab)`, the root token `root` (the last committed token), siblings
-    carrying distinct tokens, no NaN or +inf score or edge log-prob (-inf marks a deleted node)."""
+def tree_problem(
+    tree: object, *, vocab: int, root: Tensor | None = None, device: torch.device | None = None
+) -> str | None:
+    """The documented invariants of a `DraftTree`: `[n]` tensors of the documented dtypes (on
+    `device` when given), n >= 1, parents first (`parents[0] == -1`, `0 <= parents[i] < i`), depth
+    = parent's depth + 1, tokens inside `[0, vocab)`, the root token `root` (the last committed
+    token), siblings carrying distinct tokens, no NaN or +inf score or edge log-prob (-inf marks a
+    deleted node; the root's score is finite: it is never deleted)."""
     if not isinstance(tree, DraftTree):
         return f"expected a DraftTree, got {describe(tree)}"
     for name in (*INT_FIELDS, *FLOAT_FIELDS):
         problem = tensor_problem(
-            f"tree.{name}", getattr(tree, name), ndim=1, floating=name in FLOAT_FIELDS
+            f"tree.{name}",
+            getattr(tree, name),
+            ndim=1,
+            floating=name in FLOAT_FIELDS,
+            device=device,
         )
         if problem:
             return problem
@@ -97,8 +107,9 @@ def _tree_values_problem(tree: DraftTree, vocab: int, root: Tensor | None) -> st
     bad_score = torch.isnan(tree.score) | (tree.score == float("inf"))
     bad_edge = torch.isnan(tree.edge_logp) | (tree.edge_logp == float("inf"))
     flags = [parents[0] != -1, bad_parent.any(), depth[0] != 0, bad_depth.any(), bad_token.any()]
-    flags += [dup.any(), bad_score.any(), bad_edge.any()]
+    flags += [dup.any(), bad_score.any(), bad_edge.any(), tree.score[0] == float("-inf")]
     messages = ["parents", "parent", "root depth", "depth", "token", "dup", "score", "edge"]
+    messages.append("root score")
     if root is not None:
         flags.append(tokens[0] != root.to(tokens.device))
         messages.append("root")
@@ -136,6 +147,8 @@ def _tree_detail(
         return f"node {i}: token id {int(tokens[i])} outside the target's vocabulary [0, {vocab})"
     if found == "dup":
         return "two children of one parent carry the same token: siblings must be distinct"
+    if found == "root score":
+        return "root score -inf: expected a finite score (-inf deletes a node; the root stays)"
     if found in ("score", "edge"):
         name = "score" if found == "score" else "edge_logp"
         values = getattr(tree, name)
@@ -144,11 +157,14 @@ def _tree_detail(
     return f"root token {int(tokens[0])}: expected the last committed token {int(root)}"
 
 
-def proposal_problem(proposal: object, tree: DraftTree, *, vocab: int) -> str | None:
-    """A `Proposal` from `Drafter.expand`: `parents` `[m]` int64 nodes of `tree`, `tokens` `[m, c]`
-    int64 in `[0, vocab)` or -1 padding, `logp` `[m, c]` floating, no NaN or +inf on a token."""
+def proposal_problem(
+    proposal: object, tree: DraftTree, *, vocab: int, verb: str = "expand"
+) -> str | None:
+    """A `Proposal` from `Drafter.expand` (or `.chain`, `verb`): `parents` `[m]` int64 nodes of
+    `tree`, `tokens` `[m, c]` int64 in `[0, vocab)` or -1 padding, `logp` `[m, c]` floating, no
+    NaN or +inf on a token."""
     if not isinstance(proposal, Proposal):
-        return f"expand returned {describe(proposal)}, expected a Proposal"
+        return f"{verb} returned {describe(proposal)}, expected a Proposal"
     device = tree.device
     for name, ndim, floating in (("parents", 1, False), ("tokens", 2, False), ("logp", 2, True)):
         problem = tensor_problem(
@@ -212,12 +228,15 @@ def nodes_problem(name: str, nodes: object, tree: DraftTree) -> str | None:
 
 
 def rescoring_problem(rescoring: object, tree: DraftTree) -> str | None:
-    """`Rescorer.rescore`: `edge_logp` and `score`, `[n]` floating, no NaN or +inf."""
+    """`Rescorer.rescore`: `edge_logp` and `score`, `[n]` floating on the tree's device, no NaN
+    or +inf, the root's score finite."""
     if not isinstance(rescoring, Rescoring):
         return f"rescore returned {describe(rescoring)}, expected a Rescoring"
     for name in ("edge_logp", "score"):
         value = getattr(rescoring, name)
-        problem = tensor_problem(f"rescoring.{name}", value, ndim=1, floating=True)
+        problem = tensor_problem(
+            f"rescoring.{name}", value, ndim=1, floating=True, device=tree.device
+        )
         if problem:
             return problem
         if value.shape[0] != tree.n_nodes:
@@ -226,6 +245,8 @@ def rescoring_problem(rescoring: object, tree: DraftTree) -> str | None:
             )
         if first_failure([(torch.isnan(value) | (value == float("inf"))).any()], ["x"]):
             return f"rescoring.{name}: NaN or +inf; expected log-probabilities"
+    if first_failure([rescoring.score[0] == float("-inf")], ["x"]):
+        return "rescoring.score: -inf for the root; expected a finite score (the root stays)"
     return None
 
 
@@ -234,7 +255,7 @@ def graft_problem(graft: object, before: DraftTree, *, vocab: int) -> str | None
     and a frontier of its nodes."""
     if not isinstance(graft, Graft):
         return f"graft returned {describe(graft)}, expected a Graft"
-    problem = tree_problem(graft.tree, vocab=vocab, root=before.tokens[0])
+    problem = tree_problem(graft.tree, vocab=vocab, root=before.tokens[0], device=before.device)
     if problem:
         return f"graft tree: {problem}"
     n0 = before.n_nodes
@@ -248,13 +269,14 @@ def graft_problem(graft: object, before: DraftTree, *, vocab: int) -> str | None
     return nodes_problem("graft frontier", graft.frontier, graft.tree)
 
 
-def build_problem(built: object, *, vocab: int, root: Tensor) -> str | None:
-    """`TreeBuilder.build`: both trees valid under the committed root, `kept` mapping each
-    verified node to a node of the unpruned tree carrying the same token and matching parent."""
+def build_problem(built: object, *, vocab: int, root: Tensor, n_drafters: int) -> str | None:
+    """`TreeBuilder.build`: both trees valid under the committed root (on its device), `kept`
+    mapping each verified node to a node of the unpruned tree carrying the same token and
+    matching parent, `calls` indices of the `n_drafters` drafters."""
     if not isinstance(built, BuildResult):
         return f"build returned {describe(built)}, expected a BuildResult"
     for name in ("tree", "unpruned"):
-        problem = tree_problem(getattr(built, name), vocab=vocab, root=root)
+        problem = tree_problem(getattr(built, name), vocab=vocab, root=root, device=root.device)
         if problem:
             return f"{name}: {problem}"
     tree, full = built.tree, built.unpruned
@@ -265,8 +287,14 @@ def build_problem(built: object, *, vocab: int, root: Tensor) -> str | None:
         return (
             f"kept: expected [{tree.n_nodes}] (one per verified node), got {describe(built.kept)}"
         )
-    if not all(isinstance(c, int) for c in built.calls):
-        return f"calls: expected a tuple of drafter indices, got {built.calls!r}"
+    calls = built.calls
+    if not isinstance(calls, (tuple, list)) or not all(
+        isinstance(c, int) and not isinstance(c, bool) and 0 <= c < n_drafters for c in calls
+    ):
+        return (
+            f"calls: expected a tuple of drafter indices (0 <= index < {n_drafters}), "
+            f"got {shown(calls)}"
+        )
     kept = built.kept
     mapped_parent = torch.where(tree.parents >= 0, kept[tree.parents.clamp(min=0)], -1)
     same = (full.tokens[kept] == tree.tokens).all() & (full.parents[kept] == mapped_parent).all()
@@ -279,11 +307,14 @@ def verdict_problem(verdict: object, tree: DraftTree, *, vocab: int) -> str | No
     """`Verifier.verify`: a root-first path down the tree's edges, its length, a bonus token."""
     if not isinstance(verdict, Verdict):
         return f"verify returned {describe(verdict)}, expected a Verdict"
-    problem = tensor_problem("verdict.path", verdict.path, ndim=1, floating=False)
+    device = tree.device
+    problem = tensor_problem("verdict.path", verdict.path, ndim=1, floating=False, device=device)
     for name in ("length", "bonus"):
-        problem = problem or tensor_problem(
-            f"verdict.{name}", getattr(verdict, name), ndim=0, floating=False
-        )
+        value = getattr(verdict, name)
+        problem = problem or tensor_problem(f"verdict.{name}", value, ndim=0, floating=False)
+        if not problem and value.device not in (device, torch.device("cpu")):
+            where = "cpu" if device.type == "cpu" else f"{device} or cpu"
+            problem = f"verdict.{name}: expected a tensor on {where}, got one on {value.device}"
     if problem:
         return problem
     length, bonus = int(verdict.length), int(verdict.bonus)
@@ -297,3 +328,34 @@ def verdict_problem(verdict: object, tree: DraftTree, *, vocab: int) -> str | No
     if length > 1 and not bool((tree.parents[path[1:]] == path[:-1]).all()):
         return f"verdict.path {path.tolist()}: not a path down the tree (each node's parent first)"
     return None
+
+
+def peek_problem(peek: object, *, vocab: int) -> str | None:
+    """`Drafter.peek`: None, or a `Peek` whose `expected` is a finite number >= 0, `first` a
+    probability in [0, 1] and `chain` None or a tuple of token ids in `[0, vocab)` (host values,
+    read for free)."""
+    if peek is None:
+        return None
+    if not isinstance(peek, Peek):
+        return f"peek returned {describe(peek)}, expected a Peek or None"
+    if not _real(peek.expected) or not 0 <= peek.expected < math.inf:
+        return f"peek.expected {shown(peek.expected)}: expected a finite number >= 0"
+    if not _real(peek.first) or not 0 <= peek.first <= 1:
+        return f"peek.first {shown(peek.first)}: expected a probability in [0, 1]"
+    chain = peek.chain
+    if chain is not None and not (
+        isinstance(chain, tuple) and all(_int(t) and 0 <= t < vocab for t in chain)
+    ):
+        return (
+            f"peek.chain {shown(chain)}: expected None or a tuple of token ids of the target's "
+            f"vocabulary [0, {vocab})"
+        )
+    return None
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def _int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)

@@ -54,19 +54,32 @@ def build_component(
     return made
 
 
-def check_assembly(spec: PipelineSpec, builder: Any, scheduler: Any) -> None:
+def check_assembly(
+    spec: PipelineSpec, builder: Any, scheduler: Any, origins: dict[str, Origin] | None = None
+) -> None:
     """The builder and the scheduler fit the pipeline's drafters (and the scheduler the
-    builder's depth): `TreeBuilder.check_drafters`, `Scheduler.check_pipeline`."""
+    builder's depth): `TreeBuilder.check_drafters`, `Scheduler.check_pipeline`. A `ValueError`
+    is a `ConfigError` at the component's path; another exception from a plugin (its `origins`
+    entry) a `PluginError` naming it."""
+    origins = origins or {}
     n_drafters = len(spec.drafters)
-    try:
-        builder.check_drafters(n_drafters)
-    except ValueError as exc:
-        raise ConfigError(field_message(spec.builder.path, exc)) from None
+    _check_fit(spec.builder.path, origins.get("builder"), builder, "check_drafters", n_drafters)
     depth = getattr(getattr(builder, "config", None), "depth", None)
+    path = spec.scheduler.path
+    _check_fit(path, origins.get("scheduler"), scheduler, "check_pipeline", n_drafters, depth)
+
+
+def _check_fit(path: str, origin: Origin | None, component: Any, verb: str, *args: Any) -> None:
     try:
-        scheduler.check_pipeline(n_drafters, depth)
+        getattr(component, verb)(*args)
+    except ConfigError:
+        raise
     except ValueError as exc:
-        raise ConfigError(field_message(spec.scheduler.path, exc)) from None
+        raise ConfigError(field_message(path, exc)) from None
+    except Exception as exc:
+        if origin is None or origin.distribution == BUILTIN_DISTRIBUTION:
+            raise
+        raise PluginError(f"{origin}: {verb} raised {type(exc).__name__}: {exc}") from exc
 
 
 def drafter_config_errors(

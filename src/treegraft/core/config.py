@@ -27,6 +27,8 @@ from treegraft.core.devices import DEVICE_NAMES
 from treegraft.core.errors import ArgumentError, TreegraftError, clipped, lookalike_note, shown
 from treegraft.core.inputs import exists, read_text
 from treegraft.core.registry import (
+    BUILTIN_DISTRIBUTION,
+    PluginError,
     Registry,
     UnknownComponentError,
     default_registry,
@@ -559,7 +561,16 @@ def component_spec(kind: str, raw: Any, path: str, registry: Registry) -> Compon
     except UnknownComponentError:
         raise ConfigError(f"{path}.name: {registry.unknown_message(kind, name)}") from None
     body = {k: v for k, v in raw.items() if k != "name"}
-    return ComponentSpec(kind, name, structure_config(reg.factory.Config, body, path), path)
+    try:
+        config = structure_config(reg.factory.Config, body, path)
+    except Exception as exc:  # a plugin's Config raising what no check raises (KeyError, ...)
+        if isinstance(exc, TreegraftError) or reg.distribution == BUILTIN_DISTRIBUTION:
+            raise
+        raise PluginError(
+            f"{kind} {name!r} (distribution {reg.distribution!r}, {path}): its Config "
+            f"({reg.factory.Config.__qualname__}) raised {type(exc).__name__}: {exc}"
+        ) from exc
+    return ComponentSpec(kind, name, config, path)
 
 
 def override(data: Mapping, dotted: str, value: Any) -> dict:

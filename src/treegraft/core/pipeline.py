@@ -180,7 +180,7 @@ class Pipeline:
             pinned=resources.device.type == "cuda",
             origins=origins,
         )
-        check_assembly(spec, decoder.builder, decoder.scheduler)
+        check_assembly(spec, decoder.builder, decoder.scheduler, origins)
         decoder.max_positions = context_limit(target, decoder.drafters)
         decoder.rope_switch = RopeSwitch.of(target.model)
         decoder.row_scale = RowScale.of(target.model)

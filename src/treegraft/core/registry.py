@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata
+import inspect
 import os
 import warnings
 from collections.abc import Iterable
@@ -55,8 +56,27 @@ KINDS: dict[str, Kind] = {
 }
 
 
+#: the names of the registration hooks
+HOOKS = tuple(kind.hook for kind in KINDS.values())
+
+#: why an entry point whose value holds no hook implementation is skipped
+NO_HOOKS = (
+    "holds no hook implementation (@treegraft.hookimpl def treegraft_register_...): the entry "
+    "point's value must be the module holding the hooks"
+)
+
+
 class PluginError(TreegraftError, RuntimeError):
     """A plugin is broken or two plugins clash."""
+
+
+class HookError(PluginError, pluggy.PluginValidationError):
+    """A plugin's hook implementation matches no hook specification (a misspelled hook name, an
+    argument the hook does not pass): a `PluginError` naming the plugin and its distribution,
+    and also pluggy's `PluginValidationError`."""
+
+    def __init__(self, plugin: object, message: str) -> None:
+        pluggy.PluginValidationError.__init__(self, plugin, message)
 
 
 class UnknownComponentError(LookupError):
@@ -87,6 +107,8 @@ class Registration:
     name: str
     factory: type
     distribution: str
+    #: the plugin (entry point) that registered it
+    plugin: str = ""
 
     def config_fields(self) -> list[attrs.Attribute]:
         """The attrs fields of the component's `Config` (its YAML keys besides `name`)."""
@@ -117,10 +139,41 @@ class Registry:
         if autoload:
             registry._load_entry_points()
         for plugin in plugins:
-            pm.register(plugin)
-        pm.check_pending()
+            registry._register(plugin, None, None)
+        try:
+            pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            raise registry._hook_error(exc.plugin, exc) from None
         registry._collect()
         return registry
+
+    def _register(self, plugin: object, name: str | None, dist: str | None) -> None:
+        """`pm.register`; a plugin registered twice or with a malformed hook implementation is
+        a `PluginError` naming it (`dist`: its distribution, None for a plugin passed in)."""
+        try:
+            self.pm.register(plugin, name=name)
+        except pluggy.PluginValidationError as exc:
+            raise self._hook_error(plugin, exc, name, dist) from None
+        except ValueError as exc:  # already registered (the same object, or the same name)
+            shown_name = name or getattr(plugin, "__name__", repr(plugin))
+            where = f" (distribution {dist!r})" if dist else ""
+            first = str(exc).splitlines()[0]  # pluggy appends every registered plugin
+            raise PluginError(f"plugin {shown_name!r}{where}: {first}") from None
+
+    def _hook_error(
+        self, plugin: object, exc: Exception, name: str | None = None, dist: str | None = None
+    ) -> HookError:
+        """`exc` (pluggy's validation error) as a `HookError` naming the plugin, its
+        distribution and, for an unknown hook, the hook names closest to it."""
+        name = name or self.pm.get_name(plugin) or getattr(plugin, "__name__", repr(plugin))
+        dist = dist or _distribution_of(name, self.distributions.get(name))
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        message = f"plugin {name!r} (distribution {dist!r}): {'; '.join(lines)}"
+        unknown = [h for h in dir(plugin) if h.startswith("treegraft_") and h not in HOOKS]
+        for hook in unknown:
+            close = difflib.get_close_matches(hook, HOOKS, n=1, cutoff=0.6)
+            message += f"; did you mean {close[0]!r}?" if close else ""
+        return HookError(plugin, message)
 
     def _load_entry_points(self) -> None:
         """Import and register every plugin of the entry-point group; one that fails to import
@@ -142,44 +195,60 @@ class Registry:
                 try:
                     plugin = ep.load()
                 except Exception as exc:
-                    broken = BrokenPlugin(ep.name, dist_name, f"{type(exc).__name__}: {exc}")
-                    self.broken.append(broken)
-                    warnings.warn(f"{broken}; skipped", BrokenPluginWarning, stacklevel=2)
+                    self._skip(ep.name, dist_name, f"{type(exc).__name__}: {exc}")
                     continue
-                try:
-                    self.pm.register(plugin, name=name)
-                except ValueError as exc:
-                    raise PluginError(
-                        f"plugin {ep.name!r} (distribution {dist_name!r}): {exc}"
-                    ) from None
+                if self.pm.is_registered(plugin):  # a second entry point naming one module
+                    continue
+                self._register(plugin, name, dist_name)
+                if not self.pm.get_hookcallers(plugin):  # the entry point names no hook module
+                    self.pm.unregister(name=name)
+                    self._skip(ep.name, dist_name, f"{ep.value!r} {NO_HOOKS}")
+                    continue
                 self.distributions[name] = dist_name
+
+    def _skip(self, name: str, dist: str, error: str) -> None:
+        """Record an entry-point plugin that cannot be used in `broken`, with one warning."""
+        broken = BrokenPlugin(name, dist, error)
+        self.broken.append(broken)
+        warnings.warn(f"{broken}; skipped", BrokenPluginWarning, stacklevel=3)
 
     def _collect(self) -> None:
         for kind in KINDS.values():
             for impl in getattr(self.pm.hook, kind.hook).get_hookimpls():
                 dist = _distribution_of(impl.plugin_name, self.distributions.get(impl.plugin_name))
                 register = self._registrar(kind, dist, impl.plugin_name)
+                where = f"plugin {impl.plugin_name!r} (distribution {dist!r}): {kind.hook}"
                 try:
-                    impl.function(register=register)
+                    out = impl.function(register=register)
                 except PluginError:
                     raise
                 except Exception as exc:
+                    raise PluginError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+                if inspect.isgenerator(out):  # its body never ran: nothing registered
+                    out.close()
                     raise PluginError(
-                        f"plugin {impl.plugin_name!r} (distribution {dist!r}): {kind.hook} "
-                        f"raised {type(exc).__name__}: {exc}"
-                    ) from exc
+                        f"{where} is a generator function (it yields), so its body never runs "
+                        "and it registers nothing; call register(name, class) without yield"
+                    )
 
     def _registrar(self, kind: Kind, dist: str, plugin_name: str):
         def register(name: str, factory: type) -> None:
             _check_factory(kind, name, factory, plugin_name)
             key = (kind.name, name)
             if key in self.entries:
-                other = self.entries[key].distribution
+                other = self.entries[key]
+                if other.distribution == dist:  # two plugins of one distribution
+                    raise PluginError(
+                        f"{kind.name} {name!r} is registered twice in distribution {dist!r}: by "
+                        f"its plugins {other.plugin!r} and {plugin_name!r}. Rename one of the "
+                        "components."
+                    )
                 raise PluginError(
-                    f"{kind.name} {name!r} is registered twice: by distribution {other!r} and by "
-                    f"distribution {dist!r}. Uninstall one of them or rename the component."
+                    f"{kind.name} {name!r} is registered twice: by distribution "
+                    f"{other.distribution!r} and by distribution {dist!r}. Uninstall one of "
+                    "them or rename the component."
                 )
-            self.entries[key] = Registration(kind.name, name, factory, dist)
+            self.entries[key] = Registration(kind.name, name, factory, dist, plugin_name)
 
         return register
 

@@ -424,7 +424,8 @@ def extend_host(tree: DraftTree, proposal: Proposal, drafter: int) -> tuple[Draf
         return tree, torch.from_numpy(node_of)
     score_np = tree.score.numpy()
     real = score_np.dtype.type  # float32 + float32 rounds as torch's float32 add does
-    toks, logps = proposal.tokens.tolist(), proposal.logp.numpy().astype(score_np.dtype).tolist()
+    toks = proposal.tokens.tolist()
+    logps = proposal.logp.detach().to(tree.score.dtype).numpy().tolist()  # bfloat16: no numpy
     parent_of_row = proposal.parents.tolist()
     n = tree.n_nodes
     if (

@@ -145,8 +145,8 @@ def component_errors_built(spec: PipelineSpec, registry: Registry) -> list[str]:
             errors.append(str(exc))
     if "builder" in built and "scheduler" in built:
         try:
-            check_assembly(spec, built["builder"], built["scheduler"])
-        except ConfigError as exc:
+            check_assembly(spec, built["builder"], built["scheduler"], origins)
+        except TreegraftError as exc:
             errors.append(str(exc))
     errors += drafter_config_errors(spec, resources, registry)
     try:

@@ -25,6 +25,7 @@ from treegraft.bench.replay import (
     replay_pipeline,
     runner_forward,
 )
+from treegraft.core.boundary import adapt
 from treegraft.core.decoder import StopRule
 from treegraft.core.interfaces import Scheduler
 from treegraft.core.pipeline import Pipeline
@@ -190,17 +191,18 @@ def evaluate(
             replay, target = replay_pipeline(pipe, cost.target)
             # the builder as collection steps it: a switch to plain steps would leave the
             # collected trajectories (`TreeBuilder.for_search`)
-            decoder = attrs.evolve(
-                replay.decoder, scheduler=scheduler, builder=replay.decoder.builder.for_search()
+            builder = adapt(
+                replay.decoder.builder, pipe.decoder.origins.get("builder"), "for_search"
             )
+            decoder = attrs.evolve(replay.decoder, scheduler=scheduler, builder=builder)
             replay = attrs.evolve(replay, decoder=decoder)
             totals = np.zeros(4)
             for p in prompts:
                 # empty forward times at every prompt, as in collection (`search_decoder`)
                 decoder.times = ModelledTimes(source=target, cost=cost, counter=counter, strong=s)
                 target.expect(p.continuation)
-                for drafter in decoder.drafters:  # fresh drafters, as in collection
-                    drafter.forget()
+                for i, drafter in enumerate(decoder.drafters):  # fresh, as in collection
+                    adapt(drafter, pipe.decoder.origins.get(f"drafter{i}"), "forget")
                 counter.take()
                 for event in replay.steps(p.ids, max_new_tokens=max_new_tokens):
                     totals += _event_cost(event, target.queries[-1], counter.take(), cost)

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from treegraft.bench.replay import ReplayTarget
 from treegraft.bench.report import cpu_model
+from treegraft.core.boundary import adapt
 from treegraft.core.decoder import Decoder, StepEvent, StopRule
 from treegraft.core.interfaces import Scheduler
 from treegraft.core.metrics import Clock
@@ -116,7 +117,7 @@ def search_decoder(
         target=target,
         times=times,
         scheduler=PlanRecorder(()),
-        builder=decoder.builder.for_search(),
+        builder=adapt(decoder.builder, decoder.origins.get("builder"), "for_search"),
     )
 
 
@@ -149,8 +150,8 @@ class StepSearcher:
         if not isinstance(target, ReplayTarget) or not isinstance(decoder.times, ModelledTimes):
             raise ValueSystemError("StepSearcher needs a decoder made by `search_decoder`")
         target.expect(continuation)
-        for drafter in decoder.drafters:  # each prompt from fresh drafters (`Drafter.forget`)
-            drafter.forget()
+        for i, drafter in enumerate(decoder.drafters):  # fresh drafters (`Drafter.forget`)
+            adapt(drafter, decoder.origins.get(f"drafter{i}"), "forget")
         decoder.begin(prompt.to(target.device), stop)
         decoder.times.counter.take()
         cont = torch.tensor(list(continuation), dtype=torch.long, device=target.device)

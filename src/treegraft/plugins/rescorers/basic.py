@@ -30,8 +30,11 @@ def strong_edge_logp(tree: DraftTree, strong_logp: Tensor) -> Tensor:
 
 
 def path_sums(tree: DraftTree, edge_logp: Tensor) -> Tensor:
-    """`[n]` cumulative path log-probs from edge log-probs (root 0)."""
-    return tree.ancestor_mask().to(edge_logp.dtype) @ edge_logp
+    """`[n]` cumulative path log-probs from edge log-probs (root 0). A -inf edge (a node no
+    drafter gives any mass) makes its subtree's scores -inf and no other's: summed over each
+    node's path only, not as a 0/1 matrix product (0 * -inf is NaN)."""
+    mask = tree.ancestor_mask()  # [n, n] bool
+    return torch.where(mask, edge_logp, edge_logp.new_zeros(())).sum(-1)
 
 
 @attrs.define
