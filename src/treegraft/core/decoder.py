@@ -164,8 +164,12 @@ class Decoder:
             measured = True
         return time.perf_counter() - start if measured else 0.0
 
+    @torch.inference_mode()  # per resume: the caller's code between events keeps its own mode
     def steps(self, prompt: Tensor, stop: StopRule) -> Iterator[StepEvent]:
-        """Decode from `prompt` (`[T]` int64), yielding one event per target forward."""
+        """Decode from `prompt` (`[T]` int64), yielding one event per target forward. Runs in
+        inference mode each time it resumes, and the caller's mode is back at every event (a
+        `with` around the `yield`s left the caller's loop in inference mode, and two iterators
+        advanced in turn restored each other's modes out of order)."""
         self.begin(prompt, stop)
         generated: list[int] = []
         clock = Clock(sync=self.sync_clock)

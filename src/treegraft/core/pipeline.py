@@ -270,8 +270,7 @@ class Pipeline:
         if not self._busy.acquire(blocking=False):
             raise BusyError(BUSY)
         try:
-            with torch.inference_mode():
-                yield from self.decoder.steps(ids, rule)
+            yield from self.decoder.steps(ids, rule)  # in inference mode, resume by resume
         finally:
             self._busy.release()
         self.check_drafter_order()
