@@ -413,3 +413,20 @@ def test_the_callers_grad_mode_is_kept_between_steps(tiny_target, tiny_drafter):
         got[i].extend(t for e in steps[i] for t in e.tokens)
     assert got == want
     assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+
+
+def test_replaced_drafters_are_the_ones_the_loop_calls(tiny_target):
+    """`Decoder.parts` rebuilt its proxies when a component's id() changed: a replaced tuple of
+    drafters, once freed, could leave its id to the next one, and the loop went on calling the
+    old drafters. Components are compared by identity now."""
+    res = memory_resources(target=tiny_target)
+    pipe = pipeline(res, {"w": {"name": "ngram"}}, max_new=8)
+    others = [pipeline(res, {"w": {"name": "ngram", "max_ngram": 2}}) for _ in range(2)]
+    decoder = pipe.decoder
+    for i in range(20):
+        decoder.parts()
+        decoder.drafters = others[i % 2].decoder.drafters[:1]  # the tuple `parts` saw is freed
+        decoder.drafters = (others[(i + 1) % 2].decoder.drafters[0],)  # may take its id
+        assert decoder.parts().drafters[0] is decoder.drafters[0]
+    prompt = repetitive_prompt(4, 12)
+    assert list(pipe.generate(prompt).token_ids) == greedy_reference(tiny_target, prompt, 8)
