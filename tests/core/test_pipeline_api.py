@@ -479,6 +479,18 @@ def test_stream_and_steps_take_one_prompt(model_dir: Path, method: str) -> None:
     )
 
 
+def test_prepare_takes_one_prompt(model_dir: Path) -> None:
+    """A list of prompts reached the token-id check: "got list (too many dimensions 'str')"."""
+    pipe = load_pipeline(spec(str(model_dir)))
+    with pytest.raises(ArgumentError) as info:
+        pipe.prepare(["t1 t2", "t3"])
+    assert str(info.value) == (
+        "prompt: prepare() takes one prompt, got a list of 2 prompts: pass one of them (its "
+        "length sets the cached context the measurements run at)"
+    )
+    assert pipe.prepare("t1 t2") >= 0.0
+
+
 @pytest.mark.parametrize("name", ["", " "])
 def test_an_empty_pipeline_name_is_not_found(name: str) -> None:
     with pytest.raises(ConfigError, match=rf"pipeline '{name}' not found: expected a YAML file"):

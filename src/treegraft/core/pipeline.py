@@ -33,10 +33,7 @@ from treegraft.core.errors import ArgumentError, BusyError, shown
 from treegraft.core.generation_settings import warn_unapplied
 from treegraft.core.inputs import check_utf8, is_dir, is_file
 from treegraft.core.metrics import Summary, summarize
-from treegraft.core.registry import (
-    Registry,
-    default_registry,
-)
+from treegraft.core.registry import Registry, default_registry
 from treegraft.core.resources import DTYPES, ModelRefError, Resources, resolve_device
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import (
@@ -292,6 +289,11 @@ class Pipeline:
         target, with `prompt`'s length cached) now, not inside the first generation; returns
         their seconds (0.0 when there is nothing left to measure). `generate` calls it before
         starting its clock."""
+        if is_prompt_list(prompt):
+            raise ArgumentError(
+                f"prompt: prepare() takes one prompt, got a list of {len(prompt)} prompts: pass "
+                "one of them (its length sets the cached context the measurements run at)"
+            )
         ids = self.encode(prompt)
         with torch.inference_mode():
             return self.decoder.prepare(int(ids.numel()))
