@@ -93,6 +93,26 @@ class StopRule:
         return keep, reason
 
 
+@attrs.frozen
+class StopStrings:
+    """Stop check: the number of tokens up to the one that completes the first stop string."""
+
+    stops: tuple[str, ...]
+    decode: Callable[[Sequence[int]], str]  # token ids -> text
+
+    def __call__(self, ids: Sequence[int]) -> int | None:
+        if not any(s in self.decode(ids) for s in self.stops):
+            return None
+        lo, hi = 1, len(ids)  # smallest prefix whose text contains a stop string
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if any(s in self.decode(ids[:mid]) for s in self.stops):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+
 @attrs.define
 class Decoder:
     """The components of a pipeline, wired for decoding."""
