@@ -388,3 +388,45 @@ def test_a_scheduler_begins_every_generation_before_its_first_decision(tiny_targ
     assert calls.count("observe") == len(first.events) + len(second.events)
     at = calls.index("begin", 1)
     assert "decide" in calls[1:at] and calls[at - 1] == "observe" and calls[at + 1] == "decide"
+
+
+def test_the_callers_grad_mode_is_kept_between_steps(tiny_target, tiny_drafter):
+    """The loop ran inside one `with torch.inference_mode()` around its `yield`s: a loop over
+    `steps()` ran its own code in inference mode (its autograd failed), and two iterators of two
+    pipelines advanced in turn restored each other's modes out of order (the second then wrote
+    its inference-mode cache outside inference mode: a RuntimeError). Now the mode is the
+    decoder's only while it runs."""
+    res = memory_resources(target=tiny_target, draft=tiny_drafter)
+    first = pipeline(res, DRAFTER_SETS["ngram+lm"], scheduler="always", max_new=12)
+    second = pipeline(res, DRAFTER_SETS["lm"], scheduler="always", max_new=12)
+    prompts = repetitive_prompt(2, 10), repetitive_prompt(5, 9)
+    want = [greedy_reference(tiny_target, p, 12) for p in prompts]
+    steps = first.steps(prompts[0]), second.steps(prompts[1])
+    got: list[list[int]] = [[], []]
+    for i in (0, 1, 0, 1):
+        got[i].extend(next(steps[i]).tokens)
+        assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+        weight = torch.ones(2, requires_grad=True)
+        (weight * 2).sum().backward()  # autograd works in the caller's loop
+        assert weight.grad.tolist() == [2.0, 2.0]
+    for i in (0, 1):  # the first finishes before the second
+        got[i].extend(t for e in steps[i] for t in e.tokens)
+    assert got == want
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+
+
+def test_replaced_drafters_are_the_ones_the_loop_calls(tiny_target):
+    """`Decoder.parts` rebuilt its proxies when a component's id() changed: a replaced tuple of
+    drafters, once freed, could leave its id to the next one, and the loop went on calling the
+    old drafters. Components are compared by identity now."""
+    res = memory_resources(target=tiny_target)
+    pipe = pipeline(res, {"w": {"name": "ngram"}}, max_new=8)
+    others = [pipeline(res, {"w": {"name": "ngram", "max_ngram": 2}}) for _ in range(2)]
+    decoder = pipe.decoder
+    for i in range(20):
+        decoder.parts()
+        decoder.drafters = others[i % 2].decoder.drafters[:1]  # the tuple `parts` saw is freed
+        decoder.drafters = (others[(i + 1) % 2].decoder.drafters[0],)  # may take its id
+        assert decoder.parts().drafters[0] is decoder.drafters[0]
+    prompt = repetitive_prompt(4, 12)
+    assert list(pipe.generate(prompt).token_ids) == greedy_reference(tiny_target, prompt, 8)

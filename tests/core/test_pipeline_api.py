@@ -332,6 +332,39 @@ def test_a_second_generation_while_one_is_open_is_refused(model_dir: Path) -> No
     assert pipe.generate(prompt).token_ids == want
 
 
+def test_an_iterator_only_a_reference_cycle_holds_does_not_keep_the_pipeline_busy(
+    model_dir: Path,
+) -> None:
+    """A loop over steps() left by an exception its consumer kept (`except ... as exc: err =
+    exc`: the traceback holds the frame, the frame the iterator) left the pipeline busy until
+    the cyclic garbage collector happened to run: a BusyError for an iterator nothing reaches.
+    It is collected (and closed) before a generation is refused."""
+    import gc
+
+    pipe = load_pipeline(spec(str(model_dir)))
+    prompt = [5, 9, 13, 5, 9, 13]
+    want = pipe.generate(prompt).token_ids
+
+    def consume() -> None:
+        steps = pipe.steps(prompt)
+        try:
+            for _ in steps:
+                raise ValueError("the consumer fails")
+        except ValueError as exc:
+            kept = exc  # noqa: F841 (a cycle: frame -> exc -> traceback -> frame)
+
+    enabled = gc.isenabled()
+    gc.disable()  # the collector would otherwise run at a moment of its choosing
+    try:
+        consume()
+        assert pipe.generate(prompt).token_ids == want
+        consume()
+        assert [t for e in pipe.steps(prompt) for t in e.tokens] == list(want)
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _record(caught: list[BaseException], call, *args) -> None:
     try:
         call(*args)
@@ -490,6 +523,18 @@ def test_stream_and_steps_take_one_prompt(model_dir: Path, method: str) -> None:
         "prompt: steps() and stream() decode one prompt, got a list of 2 prompts: call them "
         "once per prompt, or pass the list to generate()"
     )
+
+
+def test_prepare_takes_one_prompt(model_dir: Path) -> None:
+    """A list of prompts reached the token-id check: "got list (too many dimensions 'str')"."""
+    pipe = load_pipeline(spec(str(model_dir)))
+    with pytest.raises(ArgumentError) as info:
+        pipe.prepare(["t1 t2", "t3"])
+    assert str(info.value) == (
+        "prompt: prepare() takes one prompt, got a list of 2 prompts: pass one of them (its "
+        "length sets the cached context the measurements run at)"
+    )
+    assert pipe.prepare("t1 t2") >= 0.0
 
 
 @pytest.mark.parametrize("name", ["", " "])

@@ -129,6 +129,34 @@ def test_prefill_is_lazy_and_counts_one_forward() -> None:
     assert runner.forwards == 1
 
 
+def test_a_cache_growth_interrupted_leaves_the_runner_usable(monkeypatch) -> None:
+    """A KeyboardInterrupt (or an error) right after the cache grew, before the committed ids
+    did, left them shorter than the cache: every later generation reusing the cache failed
+    with a RuntimeError once past their end. The ids grow first now."""
+    from treegraft.core.runner.kv_cache import TreeKVCache
+
+    model = tiny_llama(seed=0, vocab=16)
+    runner = CausalLMRunner(model)
+    grow = TreeKVCache.grow
+
+    def interrupted(cache: TreeKVCache, capacity: int) -> None:
+        grow(cache, capacity)
+        raise KeyboardInterrupt
+
+    runner.begin(torch.tensor([1, 2, 3, 4]), max_len=6)  # 6 slots: a forward of 7 grows them
+    monkeypatch.setattr(TreeKVCache, "grow", interrupted)
+    with pytest.raises(KeyboardInterrupt), torch.no_grad():
+        runner.forward_tree(
+            DraftTree.from_parents(torch.tensor([4, 5, 6, 7]), torch.tensor([-1, 0, 1, 2]))
+        )
+    monkeypatch.setattr(TreeKVCache, "grow", grow)
+    prompt = [int(t) % 16 for t in range(3, 3 + 40)]  # past the ids' old end, within the cache
+    runner.begin(torch.tensor(prompt), max_len=64)
+    with torch.no_grad():
+        logits = runner.forward_tree(DraftTree.from_root(prompt[-1]))
+    torch.testing.assert_close(logits[0], plain_logits(model, prompt))
+
+
 def test_begin_rejects_bad_prompts() -> None:
     import pytest
 

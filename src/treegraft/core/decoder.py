@@ -5,6 +5,7 @@ Everything else (generate, streaming, benchmarks, traces, metrics) wraps this lo
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
@@ -92,6 +93,26 @@ class StopRule:
         return keep, reason
 
 
+@attrs.frozen
+class StopStrings:
+    """Stop check: the number of tokens up to the one that completes the first stop string."""
+
+    stops: tuple[str, ...]
+    decode: Callable[[Sequence[int]], str]  # token ids -> text
+
+    def __call__(self, ids: Sequence[int]) -> int | None:
+        if not any(s in self.decode(ids) for s in self.stops):
+            return None
+        lo, hi = 1, len(ids)  # smallest prefix whose text contains a stop string
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if any(s in self.decode(ids[:mid]) for s in self.stops):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+
 @attrs.define
 class Decoder:
     """The components of a pipeline, wired for decoding."""
@@ -124,24 +145,27 @@ class Decoder:
     #: `verifier`, `rescorer`, `grafter`): third-party ones are called through checking proxies
     origins: dict[str, Origin] = attrs.field(factory=dict)
     _counter: StepCounter = attrs.field(factory=StepCounter, init=False)
-    _parts: tuple[tuple, Parts] | None = attrs.field(default=None, init=False)
+    #: the components `parts` was built from (held, so that no new object takes an old one's
+    #: id), the check mode, and the parts
+    _parts: tuple[tuple, str, Parts] | None = attrs.field(default=None, init=False)
 
     def parts(self) -> Parts:
         """The components as the loop calls them: behind checking proxies where `origins` says
         (`treegraft.core.boundary`). Built again when a component is replaced (the scheduler's
         value system swaps schedulers between steps) or `TREEGRAFT_CHECKS` changes."""
-        key = (
-            check_mode(),
-            id(self.drafters),
-            id(self.builder),
-            id(self.scheduler),
-            id(self.verifier),
-            id(self.rescorer),
-            id(self.grafter),
+        components = (
+            self.drafters,
+            self.builder,
+            self.scheduler,
+            self.verifier,
+            self.rescorer,
+            self.grafter,
         )
-        if self._parts is None or self._parts[0] != key:
-            self._parts = (key, guarded_parts(self, self.origins, self._counter))
-        return self._parts[1]
+        mode, cached = check_mode(), self._parts
+        # by identity, not by id(): a replaced tuple of drafters, freed, left its id to a new one
+        if cached is None or cached[1] != mode or any(map(operator.is_not, cached[0], components)):
+            self._parts = (components, mode, guarded_parts(self, self.origins, self._counter))
+        return self._parts[2]
 
     def prepare(self, context: int) -> float:
         """Measure what decoding reads, once per decoder (the padding choice once per model and
@@ -164,8 +188,12 @@ class Decoder:
             measured = True
         return time.perf_counter() - start if measured else 0.0
 
+    @torch.inference_mode()  # per resume: the caller's code between events keeps its own mode
     def steps(self, prompt: Tensor, stop: StopRule) -> Iterator[StepEvent]:
-        """Decode from `prompt` (`[T]` int64), yielding one event per target forward."""
+        """Decode from `prompt` (`[T]` int64), yielding one event per target forward. Runs in
+        inference mode each time it resumes, and the caller's mode is back at every event (a
+        `with` around the `yield`s left the caller's loop in inference mode, and two iterators
+        advanced in turn restored each other's modes out of order)."""
         self.begin(prompt, stop)
         generated: list[int] = []
         clock = Clock(sync=self.sync_clock)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import threading
@@ -28,15 +29,12 @@ from treegraft.core.config import (
     load_pipeline_spec,
     pipeline_spec_from_dict,
 )
-from treegraft.core.decoder import Decoder, StepEvent, StopRule
+from treegraft.core.decoder import Decoder, StepEvent, StopRule, StopStrings
 from treegraft.core.errors import ArgumentError, BusyError, shown
 from treegraft.core.generation_settings import warn_unapplied
 from treegraft.core.inputs import check_utf8, is_dir, is_file
 from treegraft.core.metrics import Summary, summarize
-from treegraft.core.registry import (
-    Registry,
-    default_registry,
-)
+from treegraft.core.registry import Registry, default_registry
 from treegraft.core.resources import DTYPES, ModelRefError, Resources, resolve_device
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import (
@@ -274,14 +272,21 @@ class Pipeline:
 
     def _events(self, ids: Tensor, rule: StopRule) -> Iterator[StepEvent]:
         """`steps`' generator, once its arguments are checked."""
-        if not self._busy.acquire(blocking=False):
+        if self._is_busy() or not self._busy.acquire(blocking=False):
             raise BusyError(BUSY)
         try:
-            with torch.inference_mode():
-                yield from self.decoder.steps(ids, rule)
+            yield from self.decoder.steps(ids, rule)  # in inference mode, resume by resume
         finally:
             self._busy.release()
         self.check_drafter_order()
+
+    def _is_busy(self) -> bool:
+        """Whether a generation is open, once an iterator that only a reference cycle still
+        holds (an exception kept in its consumer's frame holds that frame) is collected: closed,
+        it frees the pipeline."""
+        if self._busy.locked():
+            gc.collect()
+        return self._busy.locked()
 
     def check_context(self, prompt_len: int, max_new_tokens: int) -> None:
         """Raise `ArgumentError` (a `ValueError`) when the prompt plus `max_new_tokens` needs
@@ -300,6 +305,11 @@ class Pipeline:
         target, with `prompt`'s length cached) now, not inside the first generation; returns
         their seconds (0.0 when there is nothing left to measure). `generate` calls it before
         starting its clock."""
+        if is_prompt_list(prompt):
+            raise ArgumentError(
+                f"prompt: prepare() takes one prompt, got a list of {len(prompt)} prompts: pass "
+                "one of them (its length sets the cached context the measurements run at)"
+            )
         ids = self.encode(prompt)
         with torch.inference_mode():
             return self.decoder.prepare(int(ids.numel()))
@@ -399,7 +409,7 @@ class Pipeline:
         self, prompt: Any, max_new_tokens: int | None, stop: Sequence[str] | None
     ) -> Generation:
         ids = self.encode(prompt)
-        if self._busy.locked():  # before `prepare`'s measurements (`steps` holds the lock)
+        if self._is_busy():  # before `prepare`'s measurements (`steps` holds the lock)
             raise BusyError(BUSY)
         self.prepare(ids)
         start = time.perf_counter()
@@ -471,26 +481,6 @@ BUSY = (
     "finished, or another thread's); finish or close() it first, or decode with a second "
     "pipeline (load_pipeline(..., resources=pipe.resources) shares the models)"
 )
-
-
-@attrs.frozen
-class StopStrings:
-    """Stop check: the number of tokens up to the one that completes the first stop string."""
-
-    stops: tuple[str, ...]
-    decode: Any
-
-    def __call__(self, ids: Sequence[int]) -> int | None:
-        if not any(s in self.decode(ids) for s in self.stops):
-            return None
-        lo, hi = 1, len(ids)  # smallest prefix whose text contains a stop string
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if any(s in self.decode(ids[:mid]) for s in self.stops):
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
 
 
 def is_prompt_list(prompt: Any) -> bool:

@@ -296,15 +296,15 @@ class CausalLMRunner:
         return cache
 
     def _ensure_capacity(self, needed: int) -> None:
-        """Grow the cache (by at least `CACHE_CHUNK` slots, or doubling) when a step needs more
-        slots than reserved."""
+        """Grow the cache (by `CACHE_CHUNK` slots at least, or doubling) when a step needs more."""
         if needed <= self.capacity:
             return
         capacity = max(needed, self.capacity + CACHE_CHUNK, 2 * self.capacity)
-        self.cache.grow(capacity)
         committed = torch.zeros(capacity, dtype=torch.long, device=self.device)
         committed[: self.n_committed] = self.committed[: self.n_committed]
+        # ids first: an interrupted grow leaves them longer than the cache's slots, not shorter
         self.committed = committed
+        self.cache.grow(capacity)
 
     @property
     def capacity(self) -> int:
