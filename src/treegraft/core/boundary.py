@@ -184,13 +184,22 @@ class Proxy:
         """`inner.verb(*args, **kw)`, its exception a `PluginError`; a `PluginError` too when it
         wrote into one of the `watch` inputs in place."""
         untouched = Untouched.of(watch) if watch else None
-        out = call_plugin(self.origin, self.counter, verb, getattr(self.inner, verb), *args, **kw)
+        try:
+            out = call_plugin(
+                self.origin, self.counter, verb, getattr(self.inner, verb), *args, **kw
+            )
+        except PluginError:  # a write into its input is the cause of what it raised after it
+            self._check_untouched(verb, untouched)
+            raise
+        self._check_untouched(verb, untouched)
+        return out
+
+    def _check_untouched(self, verb: str, untouched: Untouched | None) -> None:
         if untouched is not None and (name := untouched.changed()):
             self._check(
                 f"{verb} changed its input {name} in place; a component must not write into "
                 "what it is given (trees are immutable: build a new one)"
             )
-        return out
 
     def _check(self, problem: str | None) -> None:
         if problem:
