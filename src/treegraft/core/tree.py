@@ -255,7 +255,9 @@ class DraftTree:
                 return extend_host(self, proposal, drafter)
             return self.extend_on_device(proposal, drafter)
         except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
-            check_proposal(proposal, self.n_nodes)  # an ArgumentError naming the bad field
+            check_proposal(
+                proposal, self.n_nodes, Proposal
+            )  # an ArgumentError naming the bad field
             raise
 
     def extend_on_device(self, proposal: Proposal, drafter: int) -> tuple[DraftTree, Tensor]:
@@ -434,7 +436,7 @@ def extend_host(tree: DraftTree, proposal: Proposal, drafter: int) -> tuple[Draf
         or proposal.logp.shape != proposal.tokens.shape
         or proposal.tokens.dtype.is_floating_point
     ):
-        check_proposal(proposal, n)  # raises
+        check_proposal(proposal, n, Proposal)  # raises
     host = tree.host()
     child = dict(zip(zip(host.parents, host.tokens, strict=True), range(n), strict=True))
     depth, score = list(host.depth), list(host.score)  # copies: the new tree's lists

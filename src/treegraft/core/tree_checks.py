@@ -16,13 +16,12 @@ from treegraft.core.errors import ArgumentError, shown
 from treegraft.kernels._checks import INDEX_DTYPES, described, index_vector
 
 
-def check_proposal(proposal: object, n: int) -> None:
-    """Raise an `ArgumentError` naming what makes `proposal` unfit to extend a tree of `n` nodes
-    (`DraftTree.extend` calls it once the proposal has failed: no cost on the per-step path)."""
+def check_proposal(proposal: object, n: int, proposal_type: type) -> None:
+    """Raise an `ArgumentError` naming what makes `proposal` (meant to be a `proposal_type`,
+    `core.tree.Proposal`) unfit to extend a tree of `n` nodes (`DraftTree.extend` calls it once
+    the proposal has failed: no cost on the per-step path)."""
     op = "DraftTree.extend"
-    from treegraft.core.tree import Proposal
-
-    if not isinstance(proposal, Proposal):
+    if not isinstance(proposal, proposal_type):
         raise ArgumentError(f"{op}: proposal is {shown(proposal)}; expected a Proposal")
     parents = index_vector(op, "proposal.parents", proposal.parents)
     m = parents.shape[0]
