@@ -607,6 +607,47 @@ def test_two_different_tokenizers_are_refused_naming_both(tmp_path: Path) -> Non
     message = str(info.value)
     assert message.startswith("pipeline.drafters.strong.model: tokenizer mismatch")
     assert repr(t_dir) in message and repr(d_dir) in message
+    assert f"(their token-to-id maps differ: {d_dir!r} has token 'zz' (id 64) that " in message
+
+
+@pytest.mark.parametrize(
+    ("edit", "difference"),
+    [
+        ("swap", "token 't4' is id 3 in {d} but 4 in the target's, and 1 more token differs"),
+        ("rename", "{d} has token 'zz' (id 5) that the target's lacks, and 1 more token differs"),
+        ("drop", "{d} lacks the target's token 't62' (id 62)"),
+    ],
+    ids=["swap", "rename", "drop"],
+)
+def test_a_tokenizer_mismatch_says_which_token_differs(
+    tmp_path: Path, edit: str, difference: str
+) -> None:
+    """Two tokenizers for one vocabulary size whose maps differ were refused as 'their
+    token-to-id maps differ', without saying where; the message now names the first token
+    that differs (by id) and how many more do."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.conftest import word_tokenizer
+
+    words = {f"t{i}": i for i in range(63)} | {"[UNK]": 63}
+    if edit == "swap":
+        words |= {"t3": 4, "t4": 3}
+    elif edit == "rename":
+        words = {("zz" if w == "t5" else w): i for w, i in words.items()}
+    else:
+        del words["t62"]
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    other = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")
+    t_dir = _save(tmp_path / "t", tiny_llama(seed=5, vocab=64), word_tokenizer(64))
+    d_dir = _save(tmp_path / "d", tiny_llama(seed=6, vocab=64, hidden=16), other)
+    spec = pipeline_spec_from_dict(_pipeline(t_dir, d_dir), default_registry())
+    with pytest.raises(ConfigError) as info:
+        check_vocabularies(spec, Resources())
+    assert f"(their token-to-id maps differ: {difference.format(d=repr(d_dir))}); " in str(
+        info.value
+    )
 
 
 def test_a_drafter_tokenizer_without_tokenizer_json_is_compared_too(tmp_path: Path) -> None:
