@@ -358,3 +358,22 @@ def test_a_damaged_head_folder_is_named_at_build_and_by_validate(head_dir, tmp_p
         load_pipeline(spec(folder, "eagle"), resources=resources())
     with pytest.raises(ValueError, match=r"^head: head '.*': .*" + pattern):
         EagleDrafter.check_config(EagleDrafter.Config(head=str(folder)), Resources())
+
+
+def test_token_counts_of_another_vocabulary_name_the_target(head_dir, tmp_path):
+    """Counts of 49 token ids for `top_tokens` beside a target of 48 said 'the target has a
+    vocabulary of 48' without saying which; the target is now named."""
+    import numpy as np
+
+    from treegraft.core.config import ConfigError
+    from treegraft.zoo.token_counts import save_counts
+
+    save_counts(tmp_path / "c.json", np.arange(VOCAB + 1), source="test")
+    s = spec(head_dir, "eagle")
+    s["drafters"]["e"] |= {"top_tokens": 4, "token_counts": str(tmp_path / "c.json")}
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(s, resources=resources())
+    assert str(info.value) == (
+        f"pipeline.drafters.e.token_counts: {str(tmp_path / 'c.json')!r} counts {VOCAB + 1} "
+        f"token ids, but the target 'mem:target' has a vocabulary of {VOCAB}"
+    )

@@ -266,6 +266,7 @@ def _frequent(config: EagleConfig, vocab_size: int, resources: Resources) -> Ten
     """The `config.top_tokens` most frequent token ids (None without `top_tokens`)."""
     if config.top_tokens is None:
         return None
+    owner = f"the target {resources.target_ref!r}" if resources.target_ref else "the target"
     return most_frequent_ids(
-        resources, config.token_counts, config.top_tokens, vocab_size, "the target", "top_tokens"
+        resources, config.token_counts, config.top_tokens, vocab_size, owner, "top_tokens"
     )
