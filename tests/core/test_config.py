@@ -607,14 +607,14 @@ def test_two_different_tokenizers_are_refused_naming_both(tmp_path: Path) -> Non
     message = str(info.value)
     assert message.startswith("pipeline.drafters.strong.model: tokenizer mismatch")
     assert repr(t_dir) in message and repr(d_dir) in message
-    assert f"(their token-to-id maps differ: {d_dir!r} has token 'zz' (id 64) that " in message
+    assert f"(their token-to-id maps differ: {d_dir!r} has a token 'zz' at id 64, which " in message
 
 
 @pytest.mark.parametrize(
     ("edit", "difference"),
     [
-        ("swap", "token 't4' is id 3 in {d} but 4 in the target's, and 1 more token differs"),
-        ("rename", "{d} has token 'zz' (id 5) that the target's lacks, and 1 more token differs"),
+        ("swap", "id 3 is 't4' in {d} but 't3' in the target's, and 1 more id differs"),
+        ("rename", "id 5 is 'zz' in {d} but 't5' in the target's"),
         ("drop", "{d} lacks the target's token 't62' (id 62)"),
     ],
     ids=["swap", "rename", "drop"],

@@ -156,26 +156,25 @@ def tokenizer_difference(resources: Resources, target: str, ref: str) -> str | N
 
 
 def vocab_difference(target: dict[str, int], own: dict[str, int], ref: str) -> str:
-    """The first difference of the drafter `ref`'s token-to-id map `own` from the target's (by
-    id; "" when they are equal), and how many tokens differ."""
+    """The first id (lowest) whose token differs between the drafter `ref`'s token-to-id map
+    `own` and the target's, and how many more do ("" when the maps are equal)."""
     if own == target:
         return ""
-    moved = sorted((i, t) for t, i in own.items() if t in target and target[t] != i)
-    extra = sorted((i, t) for t, i in own.items() if t not in target)
-    lacking = sorted((i, t) for t, i in target.items() if t not in own)
-    if moved:
-        i, token = moved[0]
-        first = f"token {token!r} is id {i} in {ref!r} but {target[token]} in the target's"
-    elif extra:
-        i, token = extra[0]
-        first = f"{ref!r} has token {token!r} (id {i}) that the target's lacks"
+    theirs, ours = ({i: t for t, i in vocab.items()} for vocab in (target, own))
+    differ = sorted(i for i in theirs.keys() | ours.keys() if theirs.get(i) != ours.get(i))
+    if not differ:  # two tokens of one id in a map: the inverse maps hide it
+        return "a token has two ids in one of them"
+    i = differ[0]
+    if i not in theirs:
+        first = f"{ref!r} has a token {ours[i]!r} at id {i}, which the target's lacks"
+    elif i not in ours:
+        first = f"{ref!r} lacks the target's token {theirs[i]!r} (id {i})"
     else:
-        i, token = lacking[0]
-        first = f"{ref!r} lacks the target's token {token!r} (id {i})"
-    more = len(moved) + len(extra) + len(lacking) - 1
+        first = f"id {i} is {ours[i]!r} in {ref!r} but {theirs[i]!r} in the target's"
+    more = len(differ) - 1
     if not more:
         return first
-    return first + (", and 1 more token differs" if more == 1 else f", and {more} more differ")
+    return first + (", and 1 more id differs" if more == 1 else f", and {more} more differ")
 
 
 def _vocab(resources: Resources, ref: str, path: str) -> int:
