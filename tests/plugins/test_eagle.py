@@ -377,3 +377,36 @@ def test_token_counts_of_another_vocabulary_name_the_target(head_dir, tmp_path):
         f"pipeline.drafters.e.token_counts: {str(tmp_path / 'c.json')!r} counts {VOCAB + 1} "
         f"token ids, but the target 'mem:target' has a vocabulary of {VOCAB}"
     )
+
+
+@pytest.mark.parametrize("case", ["qwen2-target", "forward-transformers"])
+def test_a_target_without_the_lean_forward_is_refused_by_validate_and_load_alike(
+    head_dir, tmp_path, case
+):
+    """A Qwen2 target (or decoding.forward 'transformers') gives the eagle drafter no hidden
+    states: the build refused it with a list of possible causes and `validate` passed it; both
+    now refuse it in the same words, naming the target and the cause."""
+    from treegraft.conformance.tiny import tiny_model
+
+    folder = tmp_path / "target"
+    model = tiny_model("qwen2" if case == "qwen2-target" else "llama", seed=0)
+    model.save_pretrained(folder)
+    head = FeatureHead(
+        HeadSpec(hidden_size=model.config.hidden_size, intermediate_size=8, vocab_size=96)
+    ).save(tmp_path / "h")
+    data = spec(head, "eagle") | {"target": str(folder)}
+    if case == "forward-transformers":
+        data["decoding"] = data["decoding"] | {"forward": "transformers"}
+    loaded, validated = _load_and_validate_errors(tmp_path, data)
+    assert validated == [loaded]
+    kept = (
+        "pipeline.drafters.e: the eagle drafter reads the target's hidden states, and hidden "
+        "states are kept only on the lean forward"
+    )
+    if case == "qwen2-target":
+        assert loaded == (
+            f"{kept}, which the target {str(folder)!r} cannot run: Qwen2ForCausalLM is not "
+            "LlamaForCausalLM"
+        )
+    else:
+        assert loaded.startswith(f"{kept}; decoding.forward 'transformers' forwards the target")

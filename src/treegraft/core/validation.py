@@ -137,6 +137,7 @@ def component_errors_built(spec: PipelineSpec, registry: Registry) -> list[str]:
     fits `decoding.chat`."""
     resources = Resources()  # models load lazily: none does here
     resources.target_ref = spec.target
+    resources.forward = spec.decoding.forward  # the plan drafters' checks read (`plan`)
     errors, built, origins = [], {}, {}
     for role in MODEL_FREE:
         try:

@@ -29,10 +29,11 @@ from torch import Tensor
 
 from treegraft.core.config import Check, between, field
 from treegraft.core.interfaces import Drafter
-from treegraft.core.model_files import json_object
-from treegraft.core.resources import Resources, resolve_model_path
+from treegraft.core.model_files import hf_config, json_object, meta_model
+from treegraft.core.resources import ModelRefError, Resources, resolve_model_path
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import text_config
+from treegraft.core.runner.lean import lean_support
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.plugins.drafters.feature_head import (
     FeatureHead,
@@ -98,12 +99,8 @@ class EagleDrafter(Drafter):
                 "pipeline (load_pipeline), which hands the target runner to its drafters"
             )
         if not target.lean:  # checked now, not at the first generation
-            raise ValueError(
-                "the eagle drafter reads hidden states, and hidden states are kept only on the "
-                "lean forward; the target forwards through transformers here (decoding.forward "
-                "'transformers' or 'tree', 'auto' on CUDA, or a model the lean forward does not "
-                "support)"
-            )
+            why = None if target.forward == "transformers" else lean_support(target.model)
+            raise ValueError(_not_lean(resources, why))
         embed = target.model.get_input_embeddings().weight  # [V, hidden]
         _fitting_head(config, resources.target_ref, target.vocab_size, embed.shape[1])
         try:
@@ -119,6 +116,10 @@ class EagleDrafter(Drafter):
         counts ranking `top_tokens` fit it (read from the configs and the weights' header; no
         weights load)."""
         target = resources.target_ref
+        if target and resources.plan.target == "transformers":
+            raise ValueError(_not_lean(resources, None))
+        if target and (why := _skeleton_lean_support(target)):
+            raise ValueError(_not_lean(resources, why))
         sizes = _config_sizes(resources, target) if target else None
         folder, spec = _fitting_head(config, target, *(sizes or (None, None)))
         try:
@@ -227,6 +228,34 @@ class EagleDrafter(Drafter):
 
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
         self.node_feature = self.node_logp = None  # the target keeps the committed features
+
+
+def _not_lean(resources: Resources, why: str | None) -> str:
+    """Why the eagle drafter cannot read the target's hidden states: the target `why` cannot
+    run the lean forward (None: `decoding.forward` forwards it through transformers)."""
+    kept = (
+        "the eagle drafter reads the target's hidden states, and hidden states are kept only "
+        "on the lean forward"
+    )
+    if why is not None:
+        return f"{kept}, which the target {resources.target_ref!r} cannot run: {why}"
+    return (
+        f"{kept}; decoding.forward {resources.forward!r} forwards the target through "
+        f"transformers here ({resources.plan.describe()}): use 'lean'"
+    )
+
+
+def _skeleton_lean_support(ref: str) -> str | None:
+    """Why the model folder `ref` cannot run the lean forward, judged from its config (a
+    meta-device skeleton; None: it can, or its config does not build, which the model checks
+    tell)."""
+    try:
+        folder = resolve_model_path(ref)
+    except ModelRefError:
+        return None
+    config = hf_config(folder)
+    model = config if isinstance(config, str) else meta_model(folder, config)
+    return None if isinstance(model, str) else lean_support(model.eval(), skeleton=True)
 
 
 def _fitting_head(
