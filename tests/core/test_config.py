@@ -650,6 +650,32 @@ def test_a_tokenizer_mismatch_says_which_token_differs(
     )
 
 
+def test_an_in_memory_targets_own_tokenizer_is_compared_with_the_drafters(
+    tmp_path: Path,
+) -> None:
+    """A target added in memory with its tokenizer (`add_model(..., tokenizer=)`) beside a
+    drafter folder whose tokenizer maps ids otherwise: only the sizes were compared, and the
+    drafter was accepted; the target's given tokenizer is now compared as a folder's is."""
+    from tests.conftest import word_tokenizer
+
+    other = word_tokenizer(64)
+    other.add_tokens(["zz"])
+    d_dir = _save(tmp_path / "d", tiny_llama(seed=6, vocab=64, hidden=16), other)
+    res = Resources(dtype=torch.float64)
+    res.add_model("mem:target", tiny_llama(seed=5, vocab=64), tokenizer=word_tokenizer(64))
+    spec = pipeline_spec_from_dict(_pipeline("mem:target", d_dir), default_registry())
+    with pytest.raises(ConfigError) as info:
+        check_vocabularies(spec, res)
+    assert str(info.value).startswith(
+        f"pipeline.drafters.strong.model: tokenizer mismatch: {d_dir!r} and the target "
+        f"'mem:target' ship different tokenizers (their token-to-id maps differ: {d_dir!r} has "
+        "a token 'zz' at id 64, which the target's lacks); "
+    )
+    res.add_model("mem:same", tiny_llama(seed=5, vocab=64), tokenizer=word_tokenizer(64))
+    same = pipeline_spec_from_dict(_pipeline("mem:target", "mem:same"), default_registry())
+    check_vocabularies(same, res)  # two in-memory models given one tokenizer: accepted
+
+
 def test_a_drafter_tokenizer_without_tokenizer_json_is_compared_too(tmp_path: Path) -> None:
     """A drafter whose tokenizer is in `vocab.json` (no `tokenizer.json` to compare byte for
     byte): its token-to-id map is compared with the target's, not taken on trust."""
