@@ -607,6 +607,73 @@ def test_two_different_tokenizers_are_refused_naming_both(tmp_path: Path) -> Non
     message = str(info.value)
     assert message.startswith("pipeline.drafters.strong.model: tokenizer mismatch")
     assert repr(t_dir) in message and repr(d_dir) in message
+    assert f"(their token-to-id maps differ: {d_dir!r} has a token 'zz' at id 64, which " in message
+
+
+@pytest.mark.parametrize(
+    ("edit", "difference"),
+    [
+        ("swap", "id 3 is 't4' in {d} but 't3' in the target's, and 1 more id differs"),
+        ("rename", "id 5 is 'zz' in {d} but 't5' in the target's"),
+        ("drop", "{d} lacks the target's token 't62' (id 62)"),
+    ],
+    ids=["swap", "rename", "drop"],
+)
+def test_a_tokenizer_mismatch_says_which_token_differs(
+    tmp_path: Path, edit: str, difference: str
+) -> None:
+    """Two tokenizers for one vocabulary size whose maps differ were refused as 'their
+    token-to-id maps differ', without saying where; the message now names the first token
+    that differs (by id) and how many more do."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.conftest import word_tokenizer
+
+    words = {f"t{i}": i for i in range(63)} | {"[UNK]": 63}
+    if edit == "swap":
+        words |= {"t3": 4, "t4": 3}
+    elif edit == "rename":
+        words = {("zz" if w == "t5" else w): i for w, i in words.items()}
+    else:
+        del words["t62"]
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    other = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")
+    t_dir = _save(tmp_path / "t", tiny_llama(seed=5, vocab=64), word_tokenizer(64))
+    d_dir = _save(tmp_path / "d", tiny_llama(seed=6, vocab=64, hidden=16), other)
+    spec = pipeline_spec_from_dict(_pipeline(t_dir, d_dir), default_registry())
+    with pytest.raises(ConfigError) as info:
+        check_vocabularies(spec, Resources())
+    assert f"(their token-to-id maps differ: {difference.format(d=repr(d_dir))}); " in str(
+        info.value
+    )
+
+
+def test_an_in_memory_targets_own_tokenizer_is_compared_with_the_drafters(
+    tmp_path: Path,
+) -> None:
+    """A target added in memory with its tokenizer (`add_model(..., tokenizer=)`) beside a
+    drafter folder whose tokenizer maps ids otherwise: only the sizes were compared, and the
+    drafter was accepted; the target's given tokenizer is now compared as a folder's is."""
+    from tests.conftest import word_tokenizer
+
+    other = word_tokenizer(64)
+    other.add_tokens(["zz"])
+    d_dir = _save(tmp_path / "d", tiny_llama(seed=6, vocab=64, hidden=16), other)
+    res = Resources(dtype=torch.float64)
+    res.add_model("mem:target", tiny_llama(seed=5, vocab=64), tokenizer=word_tokenizer(64))
+    spec = pipeline_spec_from_dict(_pipeline("mem:target", d_dir), default_registry())
+    with pytest.raises(ConfigError) as info:
+        check_vocabularies(spec, res)
+    assert str(info.value).startswith(
+        f"pipeline.drafters.strong.model: tokenizer mismatch: {d_dir!r} and the target "
+        f"'mem:target' ship different tokenizers (their token-to-id maps differ: {d_dir!r} has "
+        "a token 'zz' at id 64, which the target's lacks); "
+    )
+    res.add_model("mem:same", tiny_llama(seed=5, vocab=64), tokenizer=word_tokenizer(64))
+    same = pipeline_spec_from_dict(_pipeline("mem:target", "mem:same"), default_registry())
+    check_vocabularies(same, res)  # two in-memory models given one tokenizer: accepted
 
 
 def test_a_drafter_tokenizer_without_tokenizer_json_is_compared_too(tmp_path: Path) -> None:

@@ -319,6 +319,29 @@ def test_model_and_device_errors_need_no_weights_loaded(tmp_path: Path, model_co
         assert "pipeline.decoding.device: device 'cuda:7'" in text
 
 
+@pytest.mark.parametrize("role", ["target", "drafter"])
+def test_an_architecture_refused_at_build_is_refused_by_validate_alike(
+    tmp_path: Path, good_model: Path, role: str
+) -> None:
+    """A Bloom model (ALiBi attention) as the target or an LM drafter passed `validate` and was
+    refused only by `load_pipeline`; validate now judges the architecture rules from a
+    meta-device skeleton of its config and says what the build says."""
+    bloom = tmp_path / "bloom"
+    tiny_model("bloom", seed=0, vocab_size=VOCAB).save_pretrained(bloom)
+    word_tokenizer(VOCAB).save_pretrained(bloom)
+    data = spec(str(bloom) if role == "target" else str(good_model))
+    if role == "drafter":
+        data["drafters"]["strong"] = {"name": "hf_lm", "model": str(bloom)}
+        data["scheduler"] = "always"
+    path = write(tmp_path, "p.yaml", data)
+    _, errors = pipeline_errors(path)
+    with pytest.raises(TreegraftError) as info:
+        load_pipeline(data)
+    assert [e.removeprefix(f"{path}: ") for e in errors] == [str(info.value)]
+    field = "pipeline.target" if role == "target" else "pipeline.drafters.strong.model"
+    assert str(info.value).startswith(f"{field}: model {str(bloom)!r} (BloomForCausalLM) cannot")
+
+
 def test_placement_errors_are_reported(tmp_path: Path, good_model: Path) -> None:
     (tmp_path / "file").write_text("")
     placed = {str(good_model): {"model": 9, "lm_head": "cpu"}}

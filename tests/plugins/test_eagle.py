@@ -3,6 +3,7 @@ hidden states without an extra forward."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -268,3 +269,144 @@ def test_a_restricted_head_scores_the_prompts_tokens_gathered_at_its_first_call(
     assert eagle.rows is None and eagle.out is None  # nothing gathered before the first call
     eagle.score_tree(DraftTree.from_root(41))
     assert eagle.rows.tolist() == [0, 1, 2, 3, 40, 41]
+
+
+def _load_and_validate_errors(tmp_path, data) -> tuple[str, list[str]]:
+    """The error of `load_pipeline(data)` and `treegraft validate`'s errors of the same file,
+    each without its file prefix."""
+    import yaml
+
+    from treegraft.core.config import ConfigError
+    from treegraft.core.validation import pipeline_errors
+
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(data))
+    _, errors = pipeline_errors(path)
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(data)
+    return str(info.value), [e.removeprefix(f"{path}: ") for e in errors]
+
+
+def test_a_head_of_another_hidden_size_is_refused_by_validate_and_load_alike(tmp_path):
+    """A head made for a target of hidden size 16 beside one of 32 (same vocabulary):
+    `validate` passed it and only the build refused it; both now say the same, naming the
+    head, the target and both sizes."""
+    folder = tmp_path / "target"
+    target().save_pretrained(folder)
+    torch.manual_seed(0)
+    spec16 = HeadSpec(hidden_size=16, intermediate_size=8, vocab_size=VOCAB, target="mem:small")
+    head = FeatureHead(spec16).save(tmp_path / "h16")
+    data = spec(head, "eagle") | {"target": str(folder)}
+    loaded, validated = _load_and_validate_errors(tmp_path, data)
+    assert validated == [loaded]
+    assert loaded == (
+        f"pipeline.drafters.e.head: {str(head)!r} was made for a vocabulary of {VOCAB} and "
+        f"hidden size 16 (distilled from 'mem:small'); the target {str(folder)!r} has {VOCAB} "
+        f"and {HIDDEN}: use a head distilled from this target (`treegraft zoo train-head`)"
+    )
+
+
+def _edit_json(**changes):
+    def edit(folder: Path) -> None:
+        data = json.loads((folder / "head.json").read_text()) | changes
+        (folder / "head.json").write_text(json.dumps({k: v for k, v in data.items() if v != ...}))
+
+    return edit
+
+
+def _truncate(folder: Path) -> None:
+    weights = folder / "head.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+
+
+DAMAGED_HEADS = {
+    "weights-of-another-shape": (
+        _edit_json(intermediate_size=12),
+        r"head\.safetensors: tensor 'down\.weight' has shape \[32, 24\], but head\.json "
+        r"states a head of shape \[32, 12\]",
+    ),
+    "size-missing": (_edit_json(vocab_size=...), r"vocab_size: missing \(expected an integer"),
+    "size-a-string": (
+        _edit_json(hidden_size="32"),
+        r"hidden_size: expected an integer >= 1, got '32'",
+    ),
+    "unknown-key": (_edit_json(layers=2), r"head\.json: unknown key 'layers'; expected keys"),
+    "not-an-object": (
+        lambda f: (f / "head.json").write_text("[1, 2]"),
+        r"head\.json: expected a JSON object, got \[1, 2\]",
+    ),
+    "truncated-weights": (_truncate, r"head\.safetensors does not load \("),
+    "no-weights": (lambda f: (f / "head.safetensors").unlink(), r"head\.safetensors does not load"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED_HEADS, ids=str)
+def test_a_damaged_head_folder_is_named_at_build_and_by_validate(head_dir, tmp_path, case):
+    """A `head.json` with missing, mistyped or unknown keys, or weights of other shapes or
+    truncated, were raw TypeErrors, RuntimeErrors or SafetensorErrors from `load_pipeline`
+    (and passed `validate`); now both name the field, the head's file and what is wrong."""
+    import shutil
+
+    from treegraft.core.config import ConfigError
+    from treegraft.core.resources import Resources
+
+    edit, pattern = DAMAGED_HEADS[case]
+    folder = tmp_path / "h"
+    shutil.copytree(head_dir, folder)
+    edit(folder)
+    with pytest.raises(ConfigError, match=r"^pipeline\.drafters\.e\.head: head '.*': .*" + pattern):
+        load_pipeline(spec(folder, "eagle"), resources=resources())
+    with pytest.raises(ValueError, match=r"^head: head '.*': .*" + pattern):
+        EagleDrafter.check_config(EagleDrafter.Config(head=str(folder)), Resources())
+
+
+def test_token_counts_of_another_vocabulary_name_the_target(head_dir, tmp_path):
+    """Counts of 49 token ids for `top_tokens` beside a target of 48 said 'the target has a
+    vocabulary of 48' without saying which; the target is now named."""
+    import numpy as np
+
+    from treegraft.core.config import ConfigError
+    from treegraft.zoo.token_counts import save_counts
+
+    save_counts(tmp_path / "c.json", np.arange(VOCAB + 1), source="test")
+    s = spec(head_dir, "eagle")
+    s["drafters"]["e"] |= {"top_tokens": 4, "token_counts": str(tmp_path / "c.json")}
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(s, resources=resources())
+    assert str(info.value) == (
+        f"pipeline.drafters.e.token_counts: {str(tmp_path / 'c.json')!r} counts {VOCAB + 1} "
+        f"token ids, but the target 'mem:target' has a vocabulary of {VOCAB}"
+    )
+
+
+@pytest.mark.parametrize("case", ["qwen2-target", "forward-transformers"])
+def test_a_target_without_the_lean_forward_is_refused_by_validate_and_load_alike(
+    head_dir, tmp_path, case
+):
+    """A Qwen2 target (or decoding.forward 'transformers') gives the eagle drafter no hidden
+    states: the build refused it with a list of possible causes and `validate` passed it; both
+    now refuse it in the same words, naming the target and the cause."""
+    from treegraft.conformance.tiny import tiny_model
+
+    folder = tmp_path / "target"
+    model = tiny_model("qwen2" if case == "qwen2-target" else "llama", seed=0)
+    model.save_pretrained(folder)
+    head = FeatureHead(
+        HeadSpec(hidden_size=model.config.hidden_size, intermediate_size=8, vocab_size=96)
+    ).save(tmp_path / "h")
+    data = spec(head, "eagle") | {"target": str(folder)}
+    if case == "forward-transformers":
+        data["decoding"] = data["decoding"] | {"forward": "transformers"}
+    loaded, validated = _load_and_validate_errors(tmp_path, data)
+    assert validated == [loaded]
+    kept = (
+        "pipeline.drafters.e: the eagle drafter reads the target's hidden states, and hidden "
+        "states are kept only on the lean forward"
+    )
+    if case == "qwen2-target":
+        assert loaded == (
+            f"{kept}, which the target {str(folder)!r} cannot run: Qwen2ForCausalLM is not "
+            "LlamaForCausalLM"
+        )
+    else:
+        assert loaded.startswith(f"{kept}; decoding.forward 'transformers' forwards the target")

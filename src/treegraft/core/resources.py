@@ -520,9 +520,10 @@ class Resources:
 
     def tokenizer_of(self, ref: str) -> Any:
         """The tokenizer stored beside the model `ref` (loaded each call; not cached; files that
-        do not load are a `ModelRefError`, `folder_tokenizer`); None: in memory, or no files."""
+        do not load are a `ModelRefError`, `folder_tokenizer`), or given to `add_model` with it;
+        None: in memory without one, or no files."""
         if ref in self.in_memory:
-            return None
+            return self.tokenizers.get(ref)
         return folder_tokenizer(resolve_model_path(ref), ref)
 
     def real_vocab(self, ref: str) -> int | None:

@@ -37,9 +37,10 @@ from treegraft.core.config import (
 )
 from treegraft.core.devices import device_problem
 from treegraft.core.errors import TreegraftError, clipped, shown
-from treegraft.core.model_files import model_folder_problems
+from treegraft.core.model_files import hf_config, meta_model, model_folder_problems
 from treegraft.core.registry import Registry, UnknownComponentError, default_registry
 from treegraft.core.resources import ModelRefError, Resources, resolve_model_path
+from treegraft.core.runner.attention_rules import refusal, refused_message
 from treegraft.core.runner.placement import placement_problems
 from treegraft.core.vocabularies import check_chat_template, check_vocabularies, pipeline_tokenizer
 
@@ -122,12 +123,25 @@ def model_errors(spec: PipelineSpec) -> list[str]:
             check_vocabularies(spec, Resources())
         except ConfigError as exc:
             errors.append(str(exc))
+        errors += [f"{path}: {why}" for path, ref in refs if (why := architecture_refusal(ref))]
     if spec.decoding.device != "auto":
         problem = device_problem(spec.decoding.device)
         errors += [f"{ROOT}.decoding.device: {problem}"] if problem else []
     problems = placement_problems(spec.decoding.device_map, spec.decoding.offload_folder)
     errors += [f"{ROOT}.decoding.{problem}" for problem in problems]
     return errors
+
+
+def architecture_refusal(ref: str) -> str | None:
+    """The load-time refusal of the model folder `ref` by an architecture rule
+    (`attention_rules.refusal`), judged from a meta-device skeleton of its config (None: no
+    rule refuses it, or the config does not build, which `model_folder_problems` tells)."""
+    folder = resolve_model_path(ref)
+    config = hf_config(folder)
+    model = config if isinstance(config, str) else meta_model(folder, config)
+    if isinstance(model, str) or (why := refusal(model)) is None:
+        return None
+    return refused_message(model, ref, why)
 
 
 def component_errors_built(spec: PipelineSpec, registry: Registry) -> list[str]:
@@ -137,6 +151,7 @@ def component_errors_built(spec: PipelineSpec, registry: Registry) -> list[str]:
     fits `decoding.chat`."""
     resources = Resources()  # models load lazily: none does here
     resources.target_ref = spec.target
+    resources.forward = spec.decoding.forward  # the plan drafters' checks read (`plan`)
     errors, built, origins = [], {}, {}
     for role in MODEL_FREE:
         try:

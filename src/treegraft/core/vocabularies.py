@@ -104,19 +104,19 @@ def check_vocabularies(spec: PipelineSpec, resources: Resources) -> None:
             continue
         vocab = _vocab(resources, ref, f"{c.path}.model")
         try:
-            same = same_tokenizer(resources, spec.target, ref)
+            difference = tokenizer_difference(resources, spec.target, ref)
         except ModelRefError as exc:  # tokenizer files that do not load, the target's or its own
             which = (
                 "pipeline.target" if str(exc).startswith(f"{spec.target}:") else f"{c.path}.model"
             )
             raise ConfigError(f"{which}: {exc}") from None
-        if same is False:
+        if difference:
             raise ConfigError(
                 f"{c.path}.model: tokenizer mismatch: {ref!r} and the target {spec.target!r} "
-                "ship different tokenizers (their token-to-id maps differ); a drafter must "
-                "share the target's tokenizer"
+                f"ship different tokenizers (their token-to-id maps differ: {difference}); a "
+                "drafter must share the target's tokenizer"
             )
-        if vocab != target_vocab and same is not True:
+        if vocab != target_vocab and difference is None:
             raise ConfigError(
                 f"{c.path}.model: vocabulary mismatch: {ref!r} has {vocab} tokens but the target "
                 f"{spec.target!r} has {target_vocab}; a drafter must share the target's tokenizer"
@@ -137,15 +137,44 @@ def same_tokenizer(resources: Resources, a: str, b: str) -> bool | None:
     """Whether the models `a` and `b` ship the same tokenizer: the same `tokenizer.json`, else
     the same token-to-id map of whatever tokenizer files they hold (None: one has none, e.g. an
     in-memory model, so it cannot be told)."""
-    if a == b:
-        return True
-    files = [resources.tokenizer_file(ref) for ref in (a, b)]
+    difference = tokenizer_difference(resources, a, b)
+    return difference if difference is None else difference == ""
+
+
+def tokenizer_difference(resources: Resources, target: str, ref: str) -> str | None:
+    """What differs between the token-to-id maps of the tokenizers of `target` and `ref` (""
+    when they are the same; None where one has no tokenizer files to compare)."""
+    if target == ref:
+        return ""
+    files = [resources.tokenizer_file(r) for r in (target, ref)]
     if None not in files and files[0].read_bytes() == files[1].read_bytes():
-        return True
-    tokenizers = [resources.tokenizer_of(ref) for ref in (a, b)]
+        return ""
+    tokenizers = [resources.tokenizer_of(r) for r in (target, ref)]
     if None in tokenizers:
         return None
-    return tokenizers[0].get_vocab() == tokenizers[1].get_vocab()
+    return vocab_difference(tokenizers[0].get_vocab(), tokenizers[1].get_vocab(), ref)
+
+
+def vocab_difference(target: dict[str, int], own: dict[str, int], ref: str) -> str:
+    """The first id (lowest) whose token differs between the drafter `ref`'s token-to-id map
+    `own` and the target's, and how many more do ("" when the maps are equal)."""
+    if own == target:
+        return ""
+    theirs, ours = ({i: t for t, i in vocab.items()} for vocab in (target, own))
+    differ = sorted(i for i in theirs.keys() | ours.keys() if theirs.get(i) != ours.get(i))
+    if not differ:  # two tokens of one id in a map: the inverse maps hide it
+        return "a token has two ids in one of them"
+    i = differ[0]
+    if i not in theirs:
+        first = f"{ref!r} has a token {ours[i]!r} at id {i}, which the target's lacks"
+    elif i not in ours:
+        first = f"{ref!r} lacks the target's token {theirs[i]!r} (id {i})"
+    else:
+        first = f"id {i} is {ours[i]!r} in {ref!r} but {theirs[i]!r} in the target's"
+    more = len(differ) - 1
+    if not more:
+        return first
+    return first + (", and 1 more id differs" if more == 1 else f", and {more} more differ")
 
 
 def _vocab(resources: Resources, ref: str, path: str) -> int:

@@ -36,8 +36,9 @@ _PROBE_ROWS = (4, 5, 8, 13, 16, 33, 64)
 _LINEARS = (1, 2, 3, 4, 6, 7, 8)
 
 
-def lean_support(model: Any) -> str | None:
-    """Why `model` cannot run the lean forward, or None when it can."""
+def lean_support(model: Any, *, skeleton: bool = False) -> str | None:
+    """Why `model` cannot run the lean forward, or None when it can (`skeleton`: a model built
+    on the meta device from a config, whose weights are not loaded, judged as if they were)."""
     try:
         from transformers import LlamaForCausalLM
     except ImportError:  # pragma: no cover - transformers always ships Llama
@@ -62,7 +63,7 @@ def lean_support(model: Any) -> str | None:
         return "the model has forward hooks"
     if any(hasattr(m, "_hf_hook") for m in model.modules()):
         return "the model has accelerate hooks (offloading or a device map)"
-    if any(p.device.type == "meta" for p in model.parameters()):
+    if not skeleton and any(p.device.type == "meta" for p in model.parameters()):
         return "the model has parameters on the meta device"
     rotary = model.model.rotary_emb
     if getattr(rotary, "rope_type", "default") != "default" or rotary.attention_scaling != 1.0:

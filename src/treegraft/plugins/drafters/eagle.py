@@ -19,6 +19,7 @@ steer what the target verifies, so the output stays exactly the target's.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -28,10 +29,20 @@ from torch import Tensor
 
 from treegraft.core.config import Check, between, field
 from treegraft.core.interfaces import Drafter
-from treegraft.core.resources import Resources
+from treegraft.core.model_files import hf_config, json_object, meta_model
+from treegraft.core.resources import ModelRefError, Resources, resolve_model_path
 from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner.attention_rules import text_config
+from treegraft.core.runner.lean import lean_support
 from treegraft.core.tree import DraftTree, Proposal
-from treegraft.plugins.drafters.feature_head import FeatureHead, load_head, resolve_head
+from treegraft.plugins.drafters.feature_head import (
+    FeatureHead,
+    HeadError,
+    HeadSpec,
+    check_weights,
+    load_head,
+    read_spec,
+)
 from treegraft.plugins.drafters.hf_lm import most_frequent_ids, scored_rows
 
 
@@ -88,34 +99,35 @@ class EagleDrafter(Drafter):
                 "pipeline (load_pipeline), which hands the target runner to its drafters"
             )
         if not target.lean:  # checked now, not at the first generation
-            raise ValueError(
-                "the eagle drafter reads hidden states, and hidden states are kept only on the "
-                "lean forward; the target forwards through transformers here (decoding.forward "
-                "'transformers' or 'tree', 'auto' on CUDA, or a model the lean forward does not "
-                "support)"
-            )
+            why = None if target.forward == "transformers" else lean_support(target.model)
+            raise ValueError(_not_lean(resources, why))
+        embed = target.model.get_input_embeddings().weight  # [V, hidden]
+        _fitting_head(config, resources.target_ref, target.vocab_size, embed.shape[1])
         try:
             net = load_head(config.head, dtype=target.dtype, device=target.device)
-        except FileNotFoundError as exc:  # a ValueError: the pipeline names the drafter's path
+        except (FileNotFoundError, HeadError) as exc:  # the pipeline names the drafter's path
             raise ValueError(f"head: {exc}") from None
-        vocab, hidden = target.vocab_size, target.model.get_input_embeddings().weight.shape[1]
-        if (net.spec.vocab_size, net.spec.hidden_size) != (vocab, hidden):
-            raise ValueError(
-                f"head: {config.head!r} was made for a vocabulary of {net.spec.vocab_size} and "
-                f"hidden size {net.spec.hidden_size}; the target has {vocab} and {hidden}"
-            )
-        return cls(config, target, net, frequent=_frequent(config, vocab, resources))
+        frequent = _frequent(config, target.vocab_size, resources)
+        return cls(config, target, net, frequent=frequent)
 
     @classmethod
     def check_config(cls, config: EagleConfig, resources: Resources) -> None:
-        """The head exists and was made for the target's vocabulary; the token counts ranking
-        `top_tokens` fit it (read from the configs; no weights load)."""
+        """The head loads and was made for the target's vocabulary and hidden size; the token
+        counts ranking `top_tokens` fit it (read from the configs and the weights' header; no
+        weights load)."""
+        target = resources.target_ref
+        if target and resources.plan.target == "transformers":
+            raise ValueError(_not_lean(resources, None))
+        if target and (why := _skeleton_lean_support(target)):
+            raise ValueError(_not_lean(resources, why))
+        sizes = _config_sizes(resources, target) if target else None
+        folder, spec = _fitting_head(config, target, *(sizes or (None, None)))
         try:
-            resolve_head(config.head)
-        except FileNotFoundError as exc:
+            check_weights(config.head, folder, spec)
+        except HeadError as exc:
             raise ValueError(f"head: {exc}") from None
-        if resources.target_ref:
-            _frequent(config, resources.vocab_size(resources.target_ref), resources)
+        if sizes:
+            _frequent(config, sizes[0], resources)
 
     def with_target(self, target: Any) -> EagleDrafter:
         """A copy reading `target`'s hidden states (same head and settings)."""
@@ -218,10 +230,72 @@ class EagleDrafter(Drafter):
         self.node_feature = self.node_logp = None  # the target keeps the committed features
 
 
+def _not_lean(resources: Resources, why: str | None) -> str:
+    """Why the eagle drafter cannot read the target's hidden states: the target `why` cannot
+    run the lean forward (None: `decoding.forward` forwards it through transformers)."""
+    kept = (
+        "the eagle drafter reads the target's hidden states, and hidden states are kept only "
+        "on the lean forward"
+    )
+    if why is not None:
+        return f"{kept}, which the target {resources.target_ref!r} cannot run: {why}"
+    return (
+        f"{kept}; decoding.forward {resources.forward!r} forwards the target through "
+        f"transformers here ({resources.plan.describe()}): use 'lean'"
+    )
+
+
+def _skeleton_lean_support(ref: str) -> str | None:
+    """Why the model folder `ref` cannot run the lean forward, judged from its config (a
+    meta-device skeleton; None: it can, or its config does not build, which the model checks
+    tell)."""
+    try:
+        folder = resolve_model_path(ref)
+    except ModelRefError:
+        return None
+    config = hf_config(folder)
+    model = config if isinstance(config, str) else meta_model(folder, config)
+    return None if isinstance(model, str) else lean_support(model.eval(), skeleton=True)
+
+
+def _fitting_head(
+    config: EagleConfig, target: str, vocab: int | None, hidden: int | None
+) -> tuple[Path, HeadSpec]:
+    """The folder and shape of the head `config.head`, refused (`ValueError` at `head`) unless
+    it was made for a target of `vocab` tokens and `hidden` features (None: not known)."""
+    try:
+        folder, spec = read_spec(config.head)
+    except (FileNotFoundError, HeadError) as exc:
+        raise ValueError(f"head: {exc}") from None
+    if vocab not in (None, spec.vocab_size) or hidden not in (None, spec.hidden_size):
+        made = f" (distilled from {spec.target!r})" if spec.target else ""
+        raise ValueError(
+            f"head: {config.head!r} was made for a vocabulary of {spec.vocab_size} and hidden "
+            f"size {spec.hidden_size}{made}; the target {target!r} has {vocab} and {hidden}: "
+            "use a head distilled from this target (`treegraft zoo train-head`)"
+        )
+    return folder, spec
+
+
+def _config_sizes(resources: Resources, ref: str) -> tuple[int, int | None]:
+    """The vocabulary and hidden size of the model `ref` as its config states them (no weights
+    load; hidden size None where the config states none)."""
+    vocab = resources.vocab_size(ref)
+    if ref in resources.models:
+        config: Any = text_config(resources.models[ref].config).to_dict()
+    else:
+        config = json_object(resolve_model_path(ref) / "config.json")[0] or {}
+        config = config.get("text_config", config)
+    hidden = config.get("hidden_size") if isinstance(config, dict) else None
+    ok = isinstance(hidden, int) and not isinstance(hidden, bool) and hidden > 0
+    return vocab, hidden if ok else None
+
+
 def _frequent(config: EagleConfig, vocab_size: int, resources: Resources) -> Tensor | None:
     """The `config.top_tokens` most frequent token ids (None without `top_tokens`)."""
     if config.top_tokens is None:
         return None
+    owner = f"the target {resources.target_ref!r}" if resources.target_ref else "the target"
     return most_frequent_ids(
-        resources, config.token_counts, config.top_tokens, vocab_size, "the target", "top_tokens"
+        resources, config.token_counts, config.top_tokens, vocab_size, owner, "top_tokens"
     )

@@ -28,10 +28,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from treegraft.core.errors import TreegraftError, shown
+
 CONFIG_FILE = "head.json"
 WEIGHTS_FILE = "head.safetensors"
 #: where `zoo:NAME` heads live (beside the zoo's models, not among them: a head is no causal LM)
 HEADS_DIR = Path(__file__).resolve().parents[2] / "zoo" / "heads"
+#: the sizes `head.json` must state, each a positive integer
+SIZES = ("hidden_size", "intermediate_size", "vocab_size")
+
+
+class HeadError(TreegraftError, ValueError):
+    """A feature head's folder holds no head that loads: `head.json` or the weights are
+    missing, damaged or of other shapes than it states."""
 
 
 @attrs.frozen
@@ -93,12 +102,67 @@ def resolve_head(ref: str) -> Path:
     return path
 
 
+def read_spec(ref: str) -> tuple[Path, HeadSpec]:
+    """The folder of head `ref` and the shape its `head.json` states, checked: a JSON object
+    with positive integer sizes and no unknown key (`HeadError`; a missing folder is the
+    `FileNotFoundError` of `resolve_head`). No weights load."""
+    folder = resolve_head(ref)
+    where = f"head {ref!r}: {folder / CONFIG_FILE}"
+    try:
+        data = json.loads((folder / CONFIG_FILE).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise HeadError(f"{where} does not load ({exc}); write the head again") from None
+    if not isinstance(data, dict):
+        raise HeadError(f"{where}: expected a JSON object, got {shown(data)}")
+    known = [f.name for f in attrs.fields(HeadSpec)]
+    if unknown := sorted(set(data) - set(known)):
+        raise HeadError(f"{where}: unknown key {unknown[0]!r}; expected keys: {', '.join(known)}")
+    for key in SIZES:
+        if key not in data:
+            raise HeadError(f"{where}: {key}: missing (expected an integer >= 1)")
+        value = data[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise HeadError(f"{where}: {key}: expected an integer >= 1, got {shown(value)}")
+    if not isinstance(data.get("target", ""), str):
+        raise HeadError(f"{where}: target: expected a string, got {shown(data['target'])}")
+    eps = data.get("eps", 1e-6)
+    if not isinstance(eps, int | float) or isinstance(eps, bool) or not 0 < eps < 1:
+        raise HeadError(f"{where}: eps: expected a number in (0, 1), got {shown(eps)}")
+    return folder, HeadSpec(**data)
+
+
+def check_weights(ref: str, folder: Path, spec: HeadSpec) -> None:
+    """`head.safetensors` holds the tensors of a head of `spec`'s shape (read from its header;
+    `HeadError` naming the first that differs)."""
+    from safetensors import safe_open
+
+    path = folder / WEIGHTS_FILE
+    with torch.device("meta"):
+        expected = {k: list(v.shape) for k, v in FeatureHead(spec).state_dict().items()}
+    try:
+        with safe_open(str(path), framework="pt") as file:
+            found = {k: list(file.get_slice(k).get_shape()) for k in file.keys()}  # noqa: SIM118
+    except Exception as exc:  # safetensors raises its own error type, or an OSError
+        raise HeadError(
+            f"head {ref!r}: {path} does not load ({str(exc) or type(exc).__name__}); write the "
+            "head again"
+        ) from None
+    for name in sorted(expected.keys() | found.keys()):
+        if expected.get(name) != found.get(name):
+            raise HeadError(
+                f"head {ref!r}: {path}: tensor {name!r} has shape {found.get(name, 'absent')}, "
+                f"but {CONFIG_FILE} states a head of shape {expected.get(name, 'absent')} "
+                f"(hidden_size {spec.hidden_size}, intermediate_size {spec.intermediate_size})"
+            )
+
+
 def load_head(ref: str, *, dtype: torch.dtype, device: Any = "cpu") -> FeatureHead:
-    """The head `ref` (see `resolve_head`) in `dtype` on `device`, in eval mode."""
+    """The head `ref` (see `resolve_head`) in `dtype` on `device`, in eval mode; `head.json`
+    and the weights' shapes are checked first (`read_spec`, `check_weights`)."""
     from safetensors.torch import load_file
 
-    folder = resolve_head(ref)
-    spec = HeadSpec(**json.loads((folder / CONFIG_FILE).read_text()))
+    folder, spec = read_spec(ref)
+    check_weights(ref, folder, spec)
     head = FeatureHead(spec)
     head.load_state_dict(load_file(str(folder / WEIGHTS_FILE)))
     return head.to(device=device, dtype=dtype).eval().requires_grad_(False)
