@@ -168,10 +168,15 @@ def check_runner_forward(where: str, forward: Any) -> None:
         )
 
 
-def check_count(name: str, value: Any, low: int) -> None:
-    """An `ArgumentError` unless `value` is an int (numpy's too, not a bool) >= `low`."""
+def check_count(name: str, value: Any, low: int, high: int | None = None) -> None:
+    """An `ArgumentError` unless `value` is an int (numpy's too, not a bool) >= `low` (and
+    <= `high`, where given: a size past it would hang or overflow deep inside)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
         raise ArgumentError(f"{name}: expected an int >= {low}, got {shown(value)}")
+    if high is not None and value > high:
+        raise ArgumentError(
+            f"{name}: expected an int with {low} <= value <= {high}, got {shown(int(value))}"
+        )
 
 
 def token_list(name: str, ids: Any, vocab: int) -> list[int]:
