@@ -11,7 +11,7 @@ import attrs
 import pytest
 import torch
 
-from treegraft.core.errors import ArgumentError
+from treegraft.core.errors import ArgumentError, TreegraftError
 from treegraft.core.hookspecs import hookimpl
 from treegraft.core.interfaces import Verdict
 from treegraft.core.registry import Registry
@@ -19,11 +19,14 @@ from treegraft.plugins.verifiers.greedy import GreedyVerifier
 from treegraft.testing import (
     ARCHITECTURES,
     assert_lossless,
+    assert_same_distribution,
     chi_square_p_value,
     greedy_reference,
+    layer_state,
     memory_resources,
     sampling_reference,
     tiny_model,
+    word_tokenizer,
 )
 
 PIPELINE = {
@@ -173,3 +176,57 @@ def test_assert_lossless_refuses_zero_samples() -> None:
     sampling = {**PIPELINE, "verifier": {"name": "pointmass", "temperature": 1.0}}
     with pytest.raises(ArgumentError, match="assert_lossless: samples: expected an int >= 1"):
         assert_lossless(sampling, [[1, 2]], samples=0)
+
+
+_MODEL = tiny_model("llama", seed=1, vocab=32)
+_LAW = lambda logits: torch.softmax(logits, -1)  # noqa: E731
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: tiny_model(seed=None), "tiny_model: seed: expected an int >= 0, got None"),
+        (lambda: tiny_model(vocab=2**70), "tiny_model: vocab: expected an int with 1 <= value <="),
+        (lambda: tiny_model(eos="x"), "tiny_model: eos: expected None or token ids in [0, 64)"),
+        (lambda: tiny_model(eos=[1, 99]), "tiny_model: eos: expected None or token ids in [0, 64)"),
+        (lambda: tiny_model(dtype="float64"), "tiny_model: dtype: expected a torch floating dtype"),
+        (lambda: word_tokenizer(None), "word_tokenizer: vocab: expected an int >= 1, got None"),
+        (lambda: word_tokenizer(2**70), "word_tokenizer: vocab: expected an int with 1 <= value"),
+        (lambda: layer_state(layers=2), "layer_state: 'layers' is no LayerState field; expected"),
+        (
+            lambda: greedy_reference(None, [1], 2),
+            "greedy_reference: model: expected a transformers",
+        ),
+        (lambda: greedy_reference(_MODEL, [1], 2**70), "max_new_tokens: expected an int with 0 <="),
+        (lambda: sampling_reference(_MODEL, [1, 40], _LAW), "token id 40 at position 1 is outside"),
+        (lambda: sampling_reference(_MODEL, [1], None), "sampling_reference: law: expected a func"),
+        (
+            lambda: chi_square_p_value([1, 2], torch.ones(2)),
+            "counts: expected a 1-D tensor [V], got",
+        ),
+        (lambda: chi_square_p_value(torch.ones(3), torch.ones(2)), "counts [3] and probs [2]: exp"),
+        (
+            lambda: chi_square_p_value(torch.ones(2), torch.ones(2), None),
+            "min_expected: expected a",
+        ),
+        (
+            lambda: assert_same_distribution(torch.ones(2), torch.ones(2) / 2, what="x", alpha=2),
+            "assert_same_distribution: alpha: expected a level in (0, 1), got 2",
+        ),
+        (lambda: assert_lossless(PIPELINE, None), "prompts: expected a list of token-id prompts"),
+        (lambda: assert_lossless(PIPELINE, [[1]], models=[1]), "models: expected a mapping of na"),
+        (lambda: assert_lossless(PIPELINE, [[1]], law="softmax"), "assert_lossless: law: expected"),
+        (lambda: assert_lossless(PIPELINE, [[1]], sampling="no"), "sampling: expected True, False"),
+        (
+            lambda: assert_lossless(3, [[1]]),
+            "assert_lossless: pipeline: expected a pipeline mapping",
+        ),
+        (lambda: assert_lossless("/nonexistent.yaml", [[1]]), "pipeline file not found"),
+        (lambda: assert_lossless({**PIPELINE, "decoding": "x"}, [[1]]), "pipeline.decoding: exp"),
+    ],
+)
+def test_the_helpers_name_a_bad_argument(call, message: str) -> None:
+    """Once raw TypeErrors, AttributeErrors, torch's overflow, or a hang building 2**70 words."""
+    with pytest.raises(TreegraftError) as info:
+        call()
+    assert message in str(info.value)

@@ -28,12 +28,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 from torch import Tensor
 
-from treegraft.core.arguments import prompt_ids
-from treegraft.core.config import parse_yaml
-from treegraft.core.errors import ArgumentError, shown
+from treegraft.core.arguments import check_count, prompt_ids
+from treegraft.core.config import MAX_NEW_TOKENS, read_pipeline_file
+from treegraft.core.errors import ArgumentError, check_argument, shown
 from treegraft.core.interfaces import LayerState
 from treegraft.core.pipeline import Pipeline, eos_ids_of, load_pipeline
 from treegraft.core.registry import Registry
@@ -55,6 +56,9 @@ __all__ = [
 ARCHITECTURES = ("llama", "qwen2", "mistral", "gpt2")
 #: Reference name of the target in `assert_lossless`'s in-memory resources.
 TARGET = "mem:target"
+#: the most a size of `tiny_model` or `word_tokenizer` may be (more is no tiny model, and
+#: hangs or overflows deep inside torch and tokenizers)
+MAX_SIZE = 2**20
 
 
 # ---------------------------------------------------------------------------- tiny models
@@ -77,6 +81,11 @@ def tiny_model(
     continuations are not near-ties. The same arguments give the same weights."""
     from transformers import AutoModelForCausalLM
 
+    check_count("tiny_model: seed", seed, 0, 2**64 - 1)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ArgumentError(
+            f"tiny_model: dtype: expected a torch floating dtype, got {shown(dtype)}"
+        )
     config = _tiny_config(architecture, vocab, hidden, layers, heads, kv_heads, eos)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
@@ -97,7 +106,14 @@ def _tiny_config(
         )
     sizes = {"vocab": vocab, "hidden": hidden, "layers": layers, "heads": heads}
     for name, value in (sizes | {"kv_heads": kv_heads}).items():
-        _check_count(f"tiny_model: {name}", value, 1)
+        check_count(f"tiny_model: {name}", value, 1, MAX_SIZE)
+    if eos is not None:
+        for token in eos if isinstance(eos, (list, tuple)) else [eos]:
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+                raise ArgumentError(
+                    f"tiny_model: eos: expected None or token ids in [0, {vocab}) (vocab), got "
+                    f"{shown(eos)}"
+                )
     if hidden % heads or (architecture != "gpt2" and heads % kv_heads):
         raise ArgumentError(
             f"tiny_model: expected heads ({heads}) dividing hidden ({hidden}) and kv_heads "
@@ -116,18 +132,13 @@ def _tiny_config(
     )  # fmt: skip
 
 
-def _check_count(name: str, value: Any, low: int) -> None:
-    """An `ArgumentError` unless `value` is an int >= `low`."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ArgumentError(f"{name}: expected an int >= {low}, got {shown(value)}")
-
-
 def word_tokenizer(vocab: int = 64) -> Any:
     """A word-level tokenizer over `t0 .. t{vocab-2}` plus `[UNK]`, split on whitespace: save it
     beside a tiny model (`save_pretrained`) to test text prompts and `treegraft generate`."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    check_count("word_tokenizer: vocab", vocab, 1, MAX_SIZE)
     words = {f"t{i}": i for i in range(vocab - 1)} | {"[UNK]": vocab - 1}
     tokenizer = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -147,6 +158,13 @@ def layer_state(**changes: Any) -> LayerState:
     """A `LayerState` for a scheduler's unit tests: layer 1 of 4 in a two-drafter pipeline, a
     frontier of 2 nodes with best path log-prob -1.0, no strong call yet; `changes` replace any
     field (`layer_state(layer=0, frontier_size=0)`)."""
+    fields = [f.name for f in attrs.fields(LayerState)]
+    for name in changes:
+        if name not in fields:
+            raise ArgumentError(
+                f"layer_state: {shown(name)} is no LayerState field; expected some of: "
+                f"{', '.join(fields)}"
+            )
     values: dict[str, Any] = {
         "layer": 1, "n_layers": 4, "calls": (0,), "n_drafters": 2, "strong_calls": 0,
         "max_strong_calls": 2, "n_nodes": 3, "frontier_size": 2, "frontier_mean_depth": 1.0,
@@ -164,8 +182,8 @@ def greedy_reference(model: Any, prompt: Tensor | Sequence[int], max_new_tokens:
     """Plain greedy decoding, one full forward per token (no cache), stopping after an EOS token
     read as the pipeline and `generate` read it (`eos_ids_of`: the generation config first, one
     id or a list): what a lossless greedy pipeline must produce."""
-    ids = prompt_ids(prompt, model.config.get_text_config().vocab_size).tolist()
-    _check_count("greedy_reference: max_new_tokens", max_new_tokens, 0)
+    ids = prompt_ids(prompt, _vocab("greedy_reference", model)).tolist()
+    check_count("greedy_reference: max_new_tokens", max_new_tokens, 0, MAX_NEW_TOKENS)
     eos = eos_ids_of(model, None)
     out: list[int] = []
     with torch.no_grad():
@@ -184,7 +202,8 @@ def sampling_reference(
     """The exact laws of the first two tokens sampled from `model` after `prompt`: the first
     token's `[V]` probabilities and the second token's `[V]` marginal (summed over the first),
     where `law` maps `[n, V]` logits to `[n, V]` probabilities (the verifier's target law)."""
-    ids = torch.as_tensor(prompt).flatten().tolist()
+    ids = prompt_ids(prompt, _vocab("sampling_reference", model)).tolist()
+    _check_callable("sampling_reference", "law", law)
     with torch.no_grad():
         first = law(model(torch.tensor([ids])).logits[0, -1:])[0]  # [V]
         support = torch.nonzero(first > 0).flatten().tolist()
@@ -197,6 +216,22 @@ def chi_square_p_value(counts: Tensor, probs: Tensor, min_expected: float = 5.0)
     """P-value of Pearson's chi-square test of `counts` against `probs` (outcomes with an
     expected count below `min_expected` pooled into one bin); 0.0 if an impossible outcome
     occurred."""
+    for name, value in (("counts", counts), ("probs", probs)):
+        if not isinstance(value, Tensor) or value.ndim != 1:
+            raise ArgumentError(
+                f"chi_square_p_value: {name}: expected a 1-D tensor [V], got "
+                f"{type(value).__name__} {shown(value)}"
+            )
+    if counts.shape != probs.shape:
+        raise ArgumentError(
+            f"chi_square_p_value: counts {list(counts.shape)} and probs {list(probs.shape)}: "
+            "expected one count per outcome of probs"
+        )
+    min_expected = _real("chi_square_p_value: min_expected", min_expected, "a finite number >= 0")
+    if not 0 <= min_expected < math.inf:
+        raise ArgumentError(
+            f"chi_square_p_value: min_expected: expected a finite number >= 0, got {min_expected}"
+        )
     counts, probs = counts.to(torch.float64), probs.to(torch.float64)
     n = float(counts.sum())
     if bool(((probs == 0) & (counts > 0)).any()):
@@ -218,6 +253,10 @@ def assert_same_distribution(
     counts: Tensor, probs: Tensor, *, what: str, alpha: float = 1e-3
 ) -> None:
     """Fail when a chi-square test rejects `probs` as the law of `counts` at level `alpha`."""
+    if not 0 < _real("assert_same_distribution: alpha", alpha, "a level in (0, 1)") < 1:
+        raise ArgumentError(
+            f"assert_same_distribution: alpha: expected a level in (0, 1), got {alpha}"
+        )
     p = chi_square_p_value(counts, probs)
     if p < alpha:
         top = torch.argsort(probs, descending=True)[:5].tolist()
@@ -266,15 +305,27 @@ def assert_lossless(
     tokens must pass a chi-square test (level 1e-3) against the exact laws computed from the
     target (`sampling_reference`).
     """
+    if not isinstance(prompts, Sequence) or isinstance(prompts, (str, bytes)):
+        raise ArgumentError(
+            f"assert_lossless: prompts: expected a list of token-id prompts, got "
+            f"{type(prompts).__name__} {shown(prompts)}"
+        )
     if len(prompts) == 0:
         raise ArgumentError(
             f"assert_lossless: prompts: expected at least one prompt, got {prompts!r} (an empty "
             "list checks nothing)"
         )
-    _check_count("assert_lossless: samples", samples, 1)
+    check_count("assert_lossless: samples", samples, 1)
+    if models is not None:
+        check_argument("assert_lossless", "models", models, Mapping, "a mapping of name -> model")
+    if law is not None:
+        _check_callable("assert_lossless", "law", law)
+    if sampling is not None:
+        check_argument("assert_lossless", "sampling", sampling, bool, "True, False or None")
     target = target if target is not None else tiny_model("llama", seed=1)
     data = _pipeline_mapping(pipeline)
-    stated = data["decoding"]["dtype"]  # a bad value is load_pipeline's to name
+    decoding = data["decoding"] if isinstance(data["decoding"], Mapping) else {}
+    stated = decoding.get("dtype")  # a bad value (or decoding) is load_pipeline's to name
     dtype = DTYPES.get(stated, torch.float64) if isinstance(stated, str) else torch.float64
     resources = memory_resources(dtype, target=target, **dict(models or {}))
     pipe = load_pipeline(data, resources=resources, registry=registry)
@@ -308,10 +359,46 @@ def assert_lossless(
 
 def _pipeline_mapping(pipeline: Mapping[str, Any] | str | Path) -> dict[str, Any]:
     if not isinstance(pipeline, Mapping):
-        pipeline = parse_yaml(Path(pipeline).read_text(), str(pipeline))
+        check_argument(
+            "assert_lossless", "pipeline", pipeline, (str, Path), "a pipeline mapping or YAML file"
+        )
+        pipeline = read_pipeline_file(pipeline)
+        if not isinstance(pipeline, Mapping):  # load_pipeline names what the file holds
+            return pipeline
     data = {"target": TARGET, **dict(pipeline)}
-    decoding = {"dtype": "float64", "device": "cpu", **dict(data.get("decoding") or {})}
+    decoding = data.get("decoding")
+    if decoding is None or isinstance(decoding, Mapping):  # else load_pipeline names it
+        decoding = {"dtype": "float64", "device": "cpu", **dict(decoding or {})}
     return {**data, "decoding": decoding}
+
+
+def _vocab(where: str, model: Any) -> int:
+    """The vocabulary size of a transformers causal LM (its text config's)."""
+    config = getattr(model, "config", None)
+    if not callable(model) or not hasattr(config, "get_text_config"):
+        raise ArgumentError(
+            f"{where}: model: expected a transformers causal LM (tiny_model, from_pretrained), "
+            f"got {type(model).__name__} {shown(model)}"
+        )
+    return config.get_text_config().vocab_size
+
+
+def _real(name: str, value: Any, what: str) -> float:
+    """`value` as a float, once known to be a real number (not a bool); else an `ArgumentError`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentError(f"{name}: expected {what}, got {type(value).__name__} {shown(value)}")
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def _check_callable(where: str, name: str, value: Any) -> None:
+    if not callable(value):
+        raise ArgumentError(
+            f"{where}: {name}: expected a function of [n, V] logits to [n, V] probabilities, got "
+            f"{type(value).__name__} {shown(value)}"
+        )
 
 
 def _config_law(config: Any) -> Callable[[Tensor], Tensor]:

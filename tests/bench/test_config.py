@@ -8,6 +8,7 @@ import yaml
 from treegraft.bench.config import BASELINES, bench_config_from_dict, load_bench_config
 from treegraft.bench.methods import pipeline_mapping, pipeline_plans, substitute_models
 from treegraft.core.config import ConfigError
+from treegraft.core.errors import ArgumentError
 from treegraft.core.pipeline import resolve_pipeline
 from treegraft.zoo import SUITES
 
@@ -373,3 +374,11 @@ def test_a_sweep_file_that_is_not_utf8_is_named(tmp_path):
         f"benchmark config: {path} is not UTF-8 text: byte 0xe9 at offset 41 (line 1); "
         "save it as UTF-8"
     )
+
+
+def test_load_bench_config_names_a_folder_and_a_path_of_another_type(tmp_path) -> None:
+    """Once a raw TypeError from pathlib, and a folder reported as not found."""
+    with pytest.raises(ArgumentError, match=r"^load_bench_config: path: expected a file path"):
+        load_bench_config(None)
+    with pytest.raises(ConfigError, match="benchmark config file is a directory; expected a YAML"):
+        load_bench_config(tmp_path)

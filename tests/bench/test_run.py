@@ -18,6 +18,7 @@ from treegraft.bench.run import check_device
 from treegraft.bench.store import encode_line, read_store
 from treegraft.cli import app
 from treegraft.core.config import ConfigError
+from treegraft.core.errors import ArgumentError
 from treegraft.core.pipeline import resolve_pipeline
 
 
@@ -332,3 +333,24 @@ def test_the_ray_executor_without_ray_says_how_to_install_it(tmp_path, monkeypat
         "--executor ray: Ray is not installed; install the extra with `pip install "
         "'treegraft[ray]'`"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        (({"pairs": []}, "out"), {}, "run_bench: config: expected a BenchConfig (load_bench_conf"),
+        ((None, None), {}, "run_bench: out_dir: expected a file path (str or Path), got NoneType"),
+        ((None, "out"), {"resources": "mem"}, "run_bench: resources: expected a Resources or N"),
+        ((None, "out"), {"options": ["-v"]}, "run_bench: options: expected a dict or None, got"),
+        ((None, "out"), {"resume": "no"}, "run_bench: resume: expected True or False, got str"),
+    ],
+)
+def test_run_bench_names_an_argument_of_another_type(tmp_path, args, kwargs, message) -> None:
+    """Once an AttributeError or TypeError from deep inside, or 'no' read as resume."""
+    config = bench_config_from_dict(
+        {"pairs": [{"target": "zoo:target", "drafter": "zoo:draft"}], "suites": ["humaneval"]}
+    )
+    given, out = args
+    with pytest.raises(ArgumentError) as info:
+        run_bench(config if given is None else given, out and tmp_path / out, **kwargs)
+    assert message in str(info.value) and not (tmp_path / "out").exists()

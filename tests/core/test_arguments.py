@@ -93,6 +93,8 @@ def test_stop_strings_must_be_non_empty(pipe: Pipeline, stop, message: str) -> N
         (5, "prompt: expected text or a sequence of int token ids ([T] or [1, T]), got int 5"),
         (torch.tensor(5), "([T] or [1, T]), got Tensor tensor(5)"),
         ([[3, 7], 5], "prompt[1]: expected text or a sequence of int token ids ([T] or [1, T])"),
+        (bytearray(b"\x03\x07"), "got bytearray bytearray(b'\\x03\\x07'): decode bytes to str"),
+        (None, "prompt: expected text or a sequence of int token ids, got NoneType None ("),
     ],
     ids=[
         "floats",
@@ -111,6 +113,8 @@ def test_stop_strings_must_be_non_empty(pipe: Pipeline, stop, message: str) -> N
         "one-int",
         "0d-tensor",
         "int-in-a-list-of-prompts",
+        "bytearray",
+        "none",
     ],
 )
 def test_prompt_ids_must_be_integers_inside_the_vocabulary(pipe: Pipeline, prompt, message) -> None:
@@ -151,3 +155,39 @@ def test_stream_and_steps_check_their_arguments_when_called(pipe: Pipeline, meth
 def test_stop_strings_without_a_tokenizer_are_refused_naming_stop(pipe: Pipeline) -> None:
     with pytest.raises(ArgumentError, match=r"^stop: stop strings need a tokenizer"):
         pipe.generate(PROMPT, stop=["x"])
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda p: p.check_context("5", 4), "prompt_len: expected an int >= 1, got '5'"),
+        (lambda p: p.check_context(5, None), "max_new_tokens: expected an int >= 1, got None"),
+        (lambda p: p.check_context(5, 2.5), "max_new_tokens: expected an int >= 1, got 2.5"),
+        (lambda p: p.decode_text(None), "ids: expected a sequence of int token ids, got NoneType"),
+        (lambda p: p.decode_text("t1"), "ids: expected a sequence of int token ids, got str 't1'"),
+        (lambda p: p.decode_text([3, 1.0]), "ids[1]: expected an int token id, got 1.0"),
+        (lambda p: p.decode_text([3, -1]), "ids: token id -1 at position 1 is outside the target"),
+        (
+            lambda p: p.text_of([3], stop="ab"),
+            "stop: expected a list of non-empty strings, got 'ab'",
+        ),
+        (lambda p: p.shown_text([3], False, [3]), "stop[0]: expected a non-empty string, got 3"),
+    ],
+    ids=[
+        "len-str",
+        "new-none",
+        "new-float",
+        "ids-none",
+        "ids-str",
+        "id-float",
+        "id-neg",
+        "stop-str",
+        "stop-int",
+    ],
+)
+def test_the_text_and_context_helpers_check_their_arguments(pipe: Pipeline, call, message) -> None:
+    """Once a raw TypeError or OverflowError, or a stop string read as its characters."""
+    with pytest.raises(ArgumentError) as info:
+        call(pipe)
+    assert message in str(info.value)
+    assert pipe.decode_text(torch.tensor([3, 7])) == "" and pipe.text_of((3, 7), ["x"]) == ""

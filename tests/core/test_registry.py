@@ -14,6 +14,7 @@ import pytest
 
 from treegraft.core import registry as registry_module
 from treegraft.core.config import NoConfig, pipeline_spec_from_dict
+from treegraft.core.errors import ArgumentError, TreegraftError
 from treegraft.core.hookspecs import Register, hookimpl
 from treegraft.core.interfaces import LayerState, Scheduler
 from treegraft.core.registry import (
@@ -491,3 +492,35 @@ def test_a_registration_hook_that_yields_is_a_plugin_error(installed) -> None:
     message = str(info.value)
     assert "plugin 'yields' (distribution 'treegraft-yields')" in message
     assert "treegraft_register_schedulers is a generator function" in message
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda r: r.get("drafter", ["ngram"]), "unknown drafter ['ngram']; did you mean 'ngram'?"),
+        (lambda r: r.get({"kind": 1}, "ngram"), "unknown component kind {'kind': 1}; expected one"),
+        (lambda r: r.names("drafters"), "unknown component kind 'drafters'; expected one of"),
+    ],
+)
+def test_a_name_or_kind_of_another_type_is_unknown_not_a_type_error(
+    builtins_only: Registry, call, message: str
+) -> None:
+    """Once a raw TypeError (unhashable), and `names` of a misspelled kind an empty list."""
+    with pytest.raises(UnknownComponentError) as info:
+        call(builtins_only)
+    assert message in str(info.value) and isinstance(info.value, TreegraftError)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"plugins": None}, "Registry.create: plugins: expected a list of plugin objects"),
+        ({"plugins": "my_plugin"}, "plugins: expected a list of plugin objects (modules or clas"),
+        ({"autoload": "no"}, "Registry.create: autoload: expected True, False or None, got 'no'"),
+    ],
+)
+def test_create_refuses_plugins_or_autoload_of_another_type(kwargs: dict, message: str) -> None:
+    """Once a TypeError, or a string's characters registered as plugins and 'no' read as yes."""
+    with pytest.raises(ArgumentError) as info:
+        Registry.create(**kwargs)
+    assert message in str(info.value)

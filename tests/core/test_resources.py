@@ -394,3 +394,33 @@ def test_device_names_take_ascii_digits_and_any_length_of_them(
     assert problem is not None and problem.endswith("this machine has 2 CUDA device(s)")
     assert "(5005 characters)" in problem
     assert device_problem("cuda:1") is None
+
+
+REF_METHODS = ("model", "runner", "check", "vocab_size", "tokenizer_file", "tokenizer_of")
+
+
+@pytest.mark.parametrize(
+    "method", [*REF_METHODS, "real_vocab", "load_tokenizer", "token_counts", "datastore"]
+)
+@pytest.mark.parametrize("ref", [None, 3, ["mem:t"]], ids=["none", "int", "list"])
+def test_a_model_reference_of_another_type_is_named(method: str, ref) -> None:
+    """Once an AttributeError (`.startswith`) or TypeError (unhashable) from deep inside."""
+    with pytest.raises(ArgumentError, match=rf"^Resources\.{method}: ref: expected a "):
+        getattr(Resources(), method)(ref)
+
+
+def test_a_runner_forward_that_is_no_forward_is_an_argument_error_not_the_models_refusal() -> None:
+    """Once a `ModelRefused` blaming the model for the typo, kept as its verdict."""
+    res = memory_resources(target=tiny_llama(seed=1))
+    for method in ("runner", "check"):
+        with pytest.raises(ArgumentError, match=rf"^Resources\.{method}: forward: expected None "):
+            getattr(res, method)("mem:target", forward="laen")
+    assert not res.checked
+    res.check("mem:target", forward="lean")  # a forward of its own is served
+
+
+def test_place_refuses_a_device_map_that_is_no_mapping() -> None:
+    with pytest.raises(ArgumentError, match=r"^Resources\.place: device_maps: expected a mapping"):
+        Resources().place(["auto"], None)
+    with pytest.raises(ArgumentError, match=r"^Resources\.place: offload_folder: expected a fol"):
+        Resources().place({}, 3)

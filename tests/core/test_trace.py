@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import memory_resources, tiny_llama
 from tests.core.test_decoder import repetitive_prompt
+from treegraft.core.errors import ArgumentError
 from treegraft.core.pipeline import load_pipeline
-from treegraft.core.trace import TraceWriter, load_step
+from treegraft.core.trace import TraceWriter, load_step, step_problem
 
 SPEC = {
     "target": "mem:target",
@@ -61,3 +64,16 @@ def test_trace_records_the_accepted_count_and_finish_of_a_cut_step(tmp_path):
     assert sum(n["accepted"] for n in last["nodes"]) == last["accepted"] + 1
     assert [r["accepted"] for r in records] == [e.accepted for e in events]
     assert [r["finish_reason"] for r in records[:-1]] == [None] * (len(records) - 1)
+
+
+def test_load_step_names_a_missing_file_a_folder_and_a_path_of_another_type(tmp_path) -> None:
+    """Once a raw FileNotFoundError, IsADirectoryError or TypeError."""
+    for path, message in (
+        (tmp_path / "step-00000.json", "step-00000.json: not found; expected a trace step file"),
+        (tmp_path, ": is a directory; expected a trace step file"),
+        (None, "load_step: path: expected a file path (str or Path), got NoneType None"),
+    ):
+        with pytest.raises(ArgumentError) as info:
+            load_step(path)
+        assert message in str(info.value)
+    assert step_problem([1]) == "expected a step record (a mapping), got list [1]"

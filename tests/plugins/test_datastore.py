@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treegraft.core.datastore import Datastore, DatastoreError, read_texts
-from treegraft.core.errors import ArgumentError
+from treegraft.core.errors import ArgumentError, TreegraftError
 from treegraft.core.tree import DraftTree
 from treegraft.plugins.drafters.ngram import STORE_PROBE, NgramConfig, NgramDrafter
 
@@ -351,3 +351,35 @@ def test_a_datastore_error_is_a_treegraft_error() -> None:
     from treegraft.core.errors import TreegraftError
 
     assert issubclass(DatastoreError, TreegraftError) and issubclass(DatastoreError, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: Datastore.from_tokens([1.5, 2.5], 9),
+            "tokens: expected a 1-D array or list of int",
+        ),
+        (lambda: Datastore.from_tokens(np.array([2**40]), 9), "tokens: ids must lie in 0 .. 8"),
+        (lambda: Datastore.from_tokens(None, 9), "tokens: expected a 1-D array or list of int"),
+        (lambda: Datastore.from_tokens([1], "9"), "vocab_size: expected 1 .. 2**32, got '9'"),
+        (lambda: Datastore.load(None), "Datastore.load: path: expected a file path"),
+        (
+            lambda: Datastore.from_tokens([1], 9).save("/"),
+            "/: cannot write a datastore there: a di",
+        ),
+        (lambda: STORE.lookup([1, 2], min_n=None, length=3, cap=8), "lookup: min_n: expected an"),
+        (lambda: STORE.lookup([1, 2], min_n=1, length=3, cap=1.5), "lookup: cap: expected an int"),
+        (lambda: STORE.lookup(None, min_n=1, length=3, cap=8), "lookup: context: expected a seq"),
+        (lambda: read_texts(3), "read_texts: path: expected a file path (str or Path), got int 3"),
+    ],
+)
+def test_the_datastore_api_names_a_bad_argument(call, message: str) -> None:
+    """Once floats truncated and ids past int32 wrapped into a store silently, or raw TypeErrors,
+    an IndexError, IsADirectoryError."""
+    with pytest.raises(TreegraftError) as info:
+        call()
+    assert message in str(info.value)
+
+
+STORE = Datastore.from_tokens(np.arange(40) % 5, 5)

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.scheduling.test_fit import FAST, separable, states
+from treegraft.core.errors import ArgumentError
 from treegraft.plugins.schedulers.distilled import DistilledConfig, DistilledScheduler
 from treegraft.scheduling.artifact import (
     WEIGHTS_FILE,
@@ -116,3 +117,10 @@ def test_weights_that_cannot_predict_are_refused_on_loading(tmp_path, change, me
     with pytest.raises(ArtifactError) as info:
         SchedulerArtifact.load(art)
     assert str(info.value).startswith(f"{art / WEIGHTS_FILE}: {message}")
+
+
+@pytest.mark.parametrize("ref", [None, 3, ["zoo:scheduler"]])
+def test_an_artifact_reference_of_another_type_is_named(ref) -> None:
+    """Once a raw TypeError from pathlib."""
+    with pytest.raises(ArgumentError, match=r"^scheduler artifact: ref: expected a file path"):
+        SchedulerArtifact.load(ref)

@@ -36,8 +36,8 @@ from treegraft.core.config import (
     structure_config,
 )
 from treegraft.core.devices import DEVICE_NAMES
-from treegraft.core.errors import ArgumentError
-from treegraft.core.inputs import read_text
+from treegraft.core.errors import ArgumentError, clipped
+from treegraft.core.inputs import check_path, is_dir, is_file, read_text
 from treegraft.core.runner.forwards import FORWARD_SETTINGS
 from treegraft.core.runner.placement import valid_device_maps
 from treegraft.zoo import SUITES
@@ -390,9 +390,11 @@ def load_bench_config_with(
     where a file is there, else from the sweep file's, as the file's own suites are); `pairs`
     keeps only the pairs of those names (labels, or `target+drafter`), in the order given.
     """
+    check_path("load_bench_config", "path", path)
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: benchmark config file not found")
+    if not is_file(path):
+        what = "is a directory; expected a YAML file" if is_dir(path) else "not found"
+        raise ConfigError(f"{clipped(str(path))}: benchmark config file {what}")
     try:
         data = parse_yaml(read_text(path, "benchmark config"), str(path))
     except ArgumentError as exc:

@@ -37,8 +37,10 @@ from treegraft.bench.records import MEASURED, REPLAY, Request
 from treegraft.bench.suites import Prompt, load_suites
 from treegraft.bench.summary import write_summary_json
 from treegraft.bench.sweep import BenchResult, first_few
+from treegraft.core.arguments import check_optional
 from treegraft.core.config import ConfigError
-from treegraft.core.errors import ArgumentError, TreegraftError
+from treegraft.core.errors import ArgumentError, TreegraftError, check_argument
+from treegraft.core.inputs import check_path
 from treegraft.core.registry import Registry
 from treegraft.core.resources import Resources
 
@@ -79,6 +81,12 @@ def run_bench(
     from treegraft.bench.progress import UnitProgress
     from treegraft.bench.store import DONE, ResultStore, placement, write_placement
 
+    check_argument("run_bench", "config", config, BenchConfig, "a BenchConfig (load_bench_config)")
+    check_path("run_bench", "out_dir", out_dir)
+    check_optional("run_bench", resources=(resources, Resources), registry=(registry, Registry))
+    check_optional("run_bench", options=(options, dict))
+    for name, flag in (("progress", progress), ("resume", resume), ("force", force)):
+        check_argument("run_bench", name, flag, bool, "True or False")
     out = Path(out_dir)
     s = config.settings
     check_device(config)

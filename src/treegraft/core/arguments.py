@@ -12,12 +12,14 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from treegraft.core.config import MAX_NEW_TOKENS
-from treegraft.core.errors import ArgumentError, shown
+from treegraft.core.errors import ArgumentError, check_argument, shown
 from treegraft.core.inputs import check_utf8
+from treegraft.core.runner.lean import FORWARDS
 
 
 def check_max_new_tokens(value: Any) -> None:
@@ -92,12 +94,17 @@ def prompt_ids(prompt: Any, vocab: int) -> Tensor:
                     f"prompt: token id {shown(t)} at position {i} is outside the target's "
                     f"vocabulary [0, {vocab})"
                 )
+    if isinstance(prompt, (bytes, bytearray, memoryview)):  # bytes would be read as ids
+        raise ArgumentError(
+            f"prompt: expected text (str) or a sequence of int token ids, got "
+            f"{type(prompt).__name__} {shown(prompt)}: decode bytes to str first"
+        )
     try:
         ids = torch.as_tensor(prompt)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise ArgumentError(
             f"prompt: expected text or a sequence of int token ids, got {type(prompt).__name__} "
-            f"({exc})"
+            f"{shown(prompt)} ({exc})"
         ) from None
     if ids.dtype in (torch.uint16, torch.uint32, torch.uint64):  # beyond int64's range: wraps
         past = (ids.to(torch.float64) >= vocab).flatten()
@@ -141,3 +148,63 @@ def check_optional(where: str, **given: tuple[Any, type]) -> None:
                 f"{where}: {name}: expected a {kind.__name__} or None, got "
                 f"{type(value).__name__} {shown(value)}"
             )
+
+
+def check_ref(where: str, ref: Any) -> None:
+    """An `ArgumentError` unless `ref` is a model reference: a non-empty string."""
+    check_argument(
+        where, "ref", ref, str, "a model reference string ('zoo:NAME', a folder, 'mem:NAME')"
+    )
+    if not ref.strip():
+        raise ArgumentError(f"{where}: ref: expected a non-empty model reference, got {ref!r}")
+
+
+def check_runner_forward(where: str, forward: Any) -> None:
+    """An `ArgumentError` unless `forward` is None (the target's) or a runner forward
+    (`FORWARDS`): a typo must not be taken for the model's refusal of a tree forward."""
+    if forward is not None and (not isinstance(forward, str) or forward not in FORWARDS):
+        raise ArgumentError(
+            f"{where}: forward: expected None or one of {', '.join(FORWARDS)}, got {shown(forward)}"
+        )
+
+
+def check_count(name: str, value: Any, low: int, high: int | None = None) -> None:
+    """An `ArgumentError` unless `value` is an int (numpy's too, not a bool) >= `low` (and
+    <= `high`, where given: a size past it would hang or overflow deep inside)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ArgumentError(f"{name}: expected an int >= {low}, got {shown(value)}")
+    if high is not None and value > high:
+        raise ArgumentError(
+            f"{name}: expected an int with {low} <= value <= {high}, got {shown(int(value))}"
+        )
+
+
+def token_list(name: str, ids: Any, vocab: int) -> list[int]:
+    """`ids` as a list of ints inside `[0, vocab)`: a sequence of ints or a 1-D integer tensor or
+    array (what `StepEvent.tokens` and `Generation.token_ids` hold), else an `ArgumentError`."""
+    if isinstance(ids, (Tensor, np.ndarray)) and ids.ndim == 1 and not _is_float(ids):
+        out = [int(t) for t in ids.tolist()]
+    elif isinstance(ids, Sequence) and not isinstance(ids, (str, bytes, bytearray)):
+        for i, t in enumerate(ids):
+            if isinstance(t, (Tensor, np.ndarray)) and t.ndim == 0 and not _is_float(t):
+                continue  # one id of a tensor (`list(tensor)`)
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                raise ArgumentError(f"{name}[{i}]: expected an int token id, got {shown(t)}")
+        out = [int(t) for t in ids]
+    else:
+        raise ArgumentError(
+            f"{name}: expected a sequence of int token ids, got {type(ids).__name__} {shown(ids)}"
+        )
+    for i, t in enumerate(out):
+        if not 0 <= t < vocab:
+            raise ArgumentError(
+                f"{name}: token id {shown(t)} at position {i} is outside the target's vocabulary "
+                f"[0, {vocab})"
+            )
+    return out
+
+
+def _is_float(array: Any) -> bool:
+    """Whether a tensor or array holds other than integers (floats, booleans, complex)."""
+    kind = torch.as_tensor(array).dtype
+    return kind == torch.bool or kind.is_floating_point or kind.is_complex

@@ -24,7 +24,14 @@ import attrs
 import yaml
 
 from treegraft.core.devices import DEVICE_NAMES
-from treegraft.core.errors import ArgumentError, TreegraftError, clipped, lookalike_note, shown
+from treegraft.core.errors import (
+    ArgumentError,
+    TreegraftError,
+    check_argument,
+    clipped,
+    lookalike_note,
+    shown,
+)
 from treegraft.core.inputs import exists, read_text
 from treegraft.core.registry import (
     BUILTIN_DISTRIBUTION,
@@ -404,14 +411,6 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
         if "'\\t'" in problem:  # PyYAML's words for a tab where a token would start
             problem += " (a tab: YAML indents and separates with spaces; write spaces instead)"
         raise ConfigError(f"{source}: malformed YAML{where}: {problem}") from None
-
-
-def check_argument(where: str, name: str, value: Any, kinds: Any, what: str) -> None:
-    """An `ArgumentError` for a function's argument of another type."""
-    if not isinstance(value, kinds):
-        raise ArgumentError(
-            f"{where}: {name}: expected {what}, got {type(value).__name__} {shown(value)}"
-        )
 
 
 def read_pipeline_file(path: str | Path) -> Any:

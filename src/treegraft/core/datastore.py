@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import numbers
 import os
 import zipfile
 import zlib
@@ -25,8 +26,9 @@ from typing import Any
 import attrs
 import numpy as np
 
-from treegraft.core.errors import ArgumentError, TreegraftError, clipped
-from treegraft.core.inputs import jsonl_records, read_text
+from treegraft.core.arguments import check_count
+from treegraft.core.errors import ArgumentError, TreegraftError, clipped, shown
+from treegraft.core.inputs import check_path, is_dir, jsonl_records, read_text
 
 #: the format tag of a saved datastore (`Datastore.save`)
 FORMAT = "treegraft-datastore-1"
@@ -73,16 +75,26 @@ class Datastore:
     def from_tokens(
         cls, tokens: np.ndarray, vocab_size: int, *, tokenizer: str | None = None
     ) -> Datastore:
-        if not 1 <= vocab_size <= 2**32:
-            raise DatastoreError(f"vocab_size: expected 1 .. 2**32, got {vocab_size}")
-        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
-        if tokens.ndim != 1:
-            raise DatastoreError(f"tokens: expected a 1-D array, got shape {tokens.shape}")
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
+        if (
+            isinstance(vocab_size, bool)
+            or not isinstance(vocab_size, numbers.Integral)
+            or not 1 <= vocab_size <= 2**32
+        ):
+            raise DatastoreError(f"vocab_size: expected 1 .. 2**32, got {shown(vocab_size)}")
+        raw = np.asarray(tokens) if isinstance(tokens, (np.ndarray, list, tuple)) else None
+        if raw is not None and raw.ndim != 1:
+            raise DatastoreError(f"tokens: expected a 1-D array, got shape {raw.shape}")
+        if raw is None or (raw.dtype.kind not in "iu" and raw.size):  # floats would be truncated
+            kind = f"{raw.dtype} values" if raw is not None else shown(tokens)
+            raise DatastoreError(
+                f"tokens: expected a 1-D array or list of int token ids, got {kind}"
+            )
+        if raw.size and (raw.min() < 0 or raw.max() >= min(vocab_size, 2**31)):  # int32
             raise DatastoreError(
                 f"tokens: ids must lie in 0 .. {vocab_size - 1} (vocab_size), got "
-                f"{int(tokens.min())} .. {int(tokens.max())}"
+                f"{int(raw.min())} .. {int(raw.max())}"
             )
+        tokens = np.ascontiguousarray(raw, dtype=np.int32)
         width, bits = _layout(vocab_size)
         positions = np.arange(width, tokens.size, dtype=_position_type(tokens.size))
         keys = _keys(tokens, positions, width, bits)
@@ -92,7 +104,13 @@ class Datastore:
     def save(self, path: str | Path) -> None:
         """Write the corpus and its order (`.npz`; the keys are recomputed at load), through a
         temporary file beside it: an interrupted save leaves an existing file as it was."""
+        check_path("Datastore.save", "path", path)
         path = Path(path)
+        if is_dir(path) or not is_dir(path.parent):
+            raise DatastoreError(
+                f"{clipped(str(path))}: cannot write a datastore there: "
+                + ("a directory" if is_dir(path) else f"no folder {clipped(str(path.parent))}")
+            )
         extra = {} if self.tokenizer is None else {"tokenizer": np.array(self.tokenizer)}
         partial = path.with_name(f".{path.name}.{os.getpid()}.partial.npz")
         try:
@@ -112,6 +130,7 @@ class Datastore:
     def load(cls, path: str | Path) -> Datastore:
         """Read a file written by `save`; a missing, damaged or foreign file is a
         `DatastoreError` naming it and what is wrong."""
+        check_path("Datastore.load", "path", path)
         if not str(path).strip():  # Path("") is the current folder
             raise DatastoreError(f"expected a datastore file, got {str(path)!r}")
         path = Path(path).expanduser()
@@ -138,6 +157,14 @@ class Datastore:
         rest is the continuation of the earliest position left. A token outside the store's
         vocabulary (a target with more tokens) occurs nowhere in the corpus: only the suffix
         after it is looked up."""
+        for name, value, low in (("min_n", min_n, 1), ("length", length, 0), ("cap", cap, 1)):
+            check_count(f"Datastore.lookup: {name}", value, low)
+        check_count("Datastore.lookup: vote", vote, 0)
+        if not isinstance(context, Sequence | np.ndarray) or isinstance(context, str | bytes):
+            raise ArgumentError(
+                f"Datastore.lookup: context: expected a sequence of token ids, got "
+                f"{type(context).__name__} {shown(context)}"
+            )
         tail = [int(tok) for tok in context[-self.width :]][::-1]  # most recent first
         outside = (j for j, tok in enumerate(tail) if not 0 <= tok < self.vocab_size)
         for n in range(next(outside, len(tail)), min_n - 1, -1):
@@ -209,6 +236,7 @@ def read_texts(path: str | Path, field: str = "text", what: str = "INPUTS") -> l
     whole file as one text. A missing file, text that is not UTF-8, a malformed line or one
     without the string `field` is an `ArgumentError` naming the file (and line); `what` names
     the argument (`core.inputs`)."""
+    check_path("read_texts", "path", path)
     path = Path(path).expanduser()
     if path.suffix.lower() != ".jsonl":
         return [read_text(path, what)]

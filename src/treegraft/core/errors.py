@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import reprlib
+from typing import Any
 
 
 class TreegraftError(Exception):
@@ -116,3 +117,12 @@ def lookalike_note(text: object) -> str:
         return ""
     odd = dict.fromkeys(f"U+{ord(c):04X}" for c in text if not c.isascii())
     return f" (holds non-ASCII {', '.join(list(odd)[:4])})"
+
+
+def check_argument(where: str, name: str, value: Any, kinds: Any, what: str) -> None:
+    """An `ArgumentError` for a function's argument of another type (`kinds`, as `isinstance`
+    takes them), naming the function, the argument, what was expected and what was given."""
+    if not isinstance(value, kinds):
+        raise ArgumentError(
+            f"{where}: {name}: expected {what}, got {type(value).__name__} {shown(value)}"
+        )

@@ -12,7 +12,12 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from treegraft.core.errors import ArgumentError, clipped
+from treegraft.core.errors import ArgumentError, check_argument, clipped
+
+
+def check_path(where: str, name: str, path: object) -> None:
+    """An `ArgumentError` unless `path` is a file system path (a string or `os.PathLike`)."""
+    check_argument(where, name, path, (str, os.PathLike), "a file path (str or Path)")
 
 
 def is_file(path: Path) -> bool:

@@ -17,7 +17,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from treegraft.core.arguments import check_max_new_tokens, check_optional, check_stop, prompt_ids
+from treegraft.core.arguments import (
+    check_count,
+    check_max_new_tokens,
+    check_optional,
+    check_stop,
+    prompt_ids,
+    token_list,
+)
 from treegraft.core.boundary import Origin
 from treegraft.core.chat import chat_ids, checked_messages, is_messages, messages_ids
 from treegraft.core.components import build_component, check_assembly
@@ -226,9 +233,11 @@ class Pipeline:
         return self.tokenizer
 
     def decode_text(self, ids: Sequence[int]) -> str:
+        """The text of the token ids `ids` (special tokens left out); "" without a tokenizer."""
+        ids = token_list("ids", ids, self.decoder.target.vocab_size)
         if self.tokenizer is None:
             return ""
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     # ------------------------------------------------------------------ decoding
 
@@ -291,6 +300,8 @@ class Pipeline:
     def check_context(self, prompt_len: int, max_new_tokens: int) -> None:
         """Raise `ArgumentError` (a `ValueError`) when the prompt plus `max_new_tokens` needs
         more positions than the target or an LM drafter takes (checked before any forward)."""
+        check_count("prompt_len", prompt_len, 1)
+        check_count("max_new_tokens", max_new_tokens, 1)
         limit = self.decoder.max_positions
         if limit is not None and prompt_len + max_new_tokens > limit:
             raise ArgumentError(
@@ -457,7 +468,9 @@ class Pipeline:
         """Decoded text with the first stop string (and what follows it) removed: `stop`, else
         the pipeline's `decoding.stop`, as in `steps`."""
         text = self.decode_text(ids)
-        found = [text.find(s) for s in (self.spec.decoding.stop if stop is None else stop)]
+        found = [
+            text.find(s) for s in (self.spec.decoding.stop if stop is None else check_stop(stop))
+        ]
         return text[: min((cut for cut in found if cut >= 0), default=len(text))]
 
     def shown_text(self, ids: Sequence[int], finished: bool, stop: Sequence[str] | None) -> str:
@@ -467,7 +480,7 @@ class Pipeline:
         if finished:
             return self.text_of(ids, stop)
         text = self.decode_text(ids).rstrip("\ufffd")
-        stops = self.spec.decoding.stop if stop is None else stop
+        stops = self.spec.decoding.stop if stop is None else check_stop(stop)
         hold = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
         return text[: len(text) - hold]
 

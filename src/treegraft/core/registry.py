@@ -12,13 +12,13 @@ import importlib.metadata
 import inspect
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import attrs
 import pluggy
 
 from treegraft.core import hookspecs
-from treegraft.core.errors import TreegraftError, lookalike_note, shown
+from treegraft.core.errors import ArgumentError, TreegraftError, lookalike_note, shown
 from treegraft.core.interfaces import (
     Drafter,
     Grafter,
@@ -79,8 +79,8 @@ class HookError(PluginError, pluggy.PluginValidationError):
         pluggy.PluginValidationError.__init__(self, plugin, message)
 
 
-class UnknownComponentError(LookupError):
-    """No component of this kind has this name."""
+class UnknownComponentError(TreegraftError, LookupError):
+    """No component of this kind has this name (or no kind has this name)."""
 
 
 class BrokenPluginWarning(UserWarning):
@@ -129,6 +129,15 @@ class Registry:
     @classmethod
     def create(cls, *, autoload: bool | None = None, plugins: Iterable[object] = ()) -> Registry:
         """Load the built-ins, the entry-point plugins (unless disabled) and `plugins`."""
+        if autoload is not None and not isinstance(autoload, bool):
+            raise ArgumentError(
+                f"Registry.create: autoload: expected True, False or None, got {shown(autoload)}"
+            )
+        if isinstance(plugins, (str, bytes, Mapping)) or not isinstance(plugins, Iterable):
+            raise ArgumentError(
+                f"Registry.create: plugins: expected a list of plugin objects (modules or "
+                f"classes with hook implementations), got {type(plugins).__name__} {shown(plugins)}"
+            )
         builtin = builtin_plugin()
         pm = pluggy.PluginManager(hookspecs.PROJECT)
         pm.add_hookspecs(hookspecs)
@@ -253,19 +262,23 @@ class Registry:
         return register
 
     def names(self, kind: str) -> list[str]:
-        """Registered names of one kind, sorted."""
+        """Registered names of one kind, sorted (an unknown kind: `UnknownComponentError`)."""
+        self._check_kind(kind)
         return sorted(name for k, name in self.entries if k == kind)
 
     def get(self, kind: str, name: str) -> Registration:
         """The registration of `name`; raises `UnknownComponentError` listing the known names."""
-        if kind not in KINDS:
+        self._check_kind(kind)
+        if not isinstance(name, str) or (kind, name) not in self.entries:
+            raise UnknownComponentError(self.unknown_message(kind, name))
+        return self.entries[(kind, name)]
+
+    @staticmethod
+    def _check_kind(kind: object) -> None:
+        if not isinstance(kind, str) or kind not in KINDS:
             raise UnknownComponentError(
-                f"unknown component kind {kind!r}; expected one of {sorted(KINDS)}"
+                f"unknown component kind {shown(kind)}; expected one of {', '.join(KINDS)}"
             )
-        try:
-            return self.entries[(kind, name)]
-        except KeyError:
-            raise UnknownComponentError(self.unknown_message(kind, name)) from None
 
     def unknown_message(self, kind: str, name: object) -> str:
         """`unknown_name_message`, plus the plugins that failed to load (one may provide it)."""

@@ -20,8 +20,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from treegraft.core.arguments import check_ref, check_runner_forward
 from treegraft.core.devices import device_problem
-from treegraft.core.errors import ArgumentError, TreegraftError, clipped, shown
+from treegraft.core.errors import ArgumentError, TreegraftError, check_argument, clipped, shown
 from treegraft.core.inputs import is_dir, is_file
 from treegraft.core.model_files import (
     broken_link,
@@ -380,6 +381,9 @@ class Resources:
         model held already (added with `add_model`, or loaded by an earlier pipeline under
         another map), nor a second map to one model or a second folder to these Resources:
         `ArgumentError`s."""
+        check_argument("Resources.place", "device_maps", device_maps, Mapping, "a mapping")
+        if offload_folder is not None:
+            check_argument("Resources.place", "offload_folder", offload_folder, str, "a folder")
         for ref, device_map in device_maps.items():
             if self.device_maps.get(ref, device_map) != device_map and ref not in self.models:
                 raise ArgumentError(
@@ -433,6 +437,7 @@ class Resources:
 
     def model(self, ref: str) -> PreTrainedModel:
         """The model behind `ref`, loaded on first use with `AutoModelForCausalLM.from_pretrained`."""
+        check_ref("Resources.model", ref)
         if ref not in self.models:
             path = resolve_model_path(ref)
             hf_logging.disable_progress_bar()  # our CLI streams text on stdout; keep stderr quiet
@@ -483,6 +488,8 @@ class Resources:
         """A fresh `CausalLMRunner` over the model `ref`, forwarding as `forward` says (a runner
         forward; default: the target's under `decoding.forward`, `plan.target`), once `check` has
         passed it (as the pipeline's target with `target`)."""
+        check_ref("Resources.runner", ref)
+        check_runner_forward("Resources.runner", forward)
         forward = forward or self.plan.target
         self.check(ref, forward, target=target)
         return CausalLMRunner(self.model(ref), forward=forward, bitwise=self.plan.bitwise)
@@ -495,6 +502,8 @@ class Resources:
         attention) is checked once."""
         from treegraft.core.runner.model_check import probe_generate, probe_model  # -> runner
 
+        check_ref("Resources.check", ref)
+        check_runner_forward("Resources.check", forward)
         keys = [(ref, forward or self.plan.target, self.attention)]
         keys += [(ref, "generate", self.attention)] if target and self.check_model else []
         for key in keys:
@@ -509,10 +518,12 @@ class Resources:
                 raise ModelRefused(self.checked[key])
 
     def vocab_size(self, ref: str) -> int:
+        check_ref("Resources.vocab_size", ref)
         return model_vocab_size(ref, self.models)
 
     def tokenizer_file(self, ref: str) -> Path | None:
         """The `tokenizer.json` stored beside the model `ref` (None: in memory, or none)."""
+        check_ref("Resources.tokenizer_file", ref)
         if ref in self.in_memory:
             return None
         path = resolve_model_path(ref) / "tokenizer.json"
@@ -522,6 +533,7 @@ class Resources:
         """The tokenizer stored beside the model `ref` (loaded each call; not cached; files that
         do not load are a `ModelRefError`, `folder_tokenizer`), or given to `add_model` with it;
         None: in memory without one, or no files."""
+        check_ref("Resources.tokenizer_of", ref)
         if ref in self.in_memory:
             return self.tokenizers.get(ref)
         return folder_tokenizer(resolve_model_path(ref), ref)
@@ -529,6 +541,7 @@ class Resources:
     def real_vocab(self, ref: str) -> int | None:
         """Token ids the tokenizer of `ref` defines (its embedding may have padding rows past
         them); None without a tokenizer."""
+        check_ref("Resources.real_vocab", ref)
         tokenizer = self.tokenizer_of(ref)
         return None if tokenizer is None else len(tokenizer)
 
@@ -538,12 +551,14 @@ class Resources:
         them (plugins do not import the zoo)."""
         from treegraft.zoo.token_counts import load_counts
 
+        check_argument("Resources.token_counts", "ref", ref, str, "a token counts reference")
         return load_counts(ref)
 
     def datastore(self, ref: str) -> Any:
         """The token datastore `ref`, loaded once and shared by the drafters that name it: a
         file written by `treegraft datastore build`, or `zoo:corpus` (the zoo's training corpus
         in the target's tokens, built at first use and cached: one per target)."""
+        check_argument("Resources.datastore", "ref", ref, str, "a datastore file or 'zoo:corpus'")
         key = f"{ref} for {self.target_ref}" if ref.startswith("zoo:") else ref
         if key not in self.datastores:
             from treegraft.core.datastore import Datastore, DatastoreError, DatastoreUnavailable
@@ -569,6 +584,7 @@ class Resources:
         """The tokenizer of the model `ref`: its own (the folder's files, loaded once:
         `folder_tokenizer`; or the one given to `add_model`), else the explicitly set
         `tokenizer`, else None (the model takes token ids, not text)."""
+        check_ref("Resources.load_tokenizer", ref)
         if ref not in self.tokenizers and ref not in self.in_memory:
             self.tokenizers[ref] = folder_tokenizer(resolve_model_path(ref), ref)
         own = self.tokenizers.get(ref)

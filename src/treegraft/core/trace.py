@@ -16,8 +16,8 @@ from typing import Any
 import attrs
 
 from treegraft.core.decoder import StepEvent
-from treegraft.core.errors import ArgumentError
-from treegraft.core.inputs import prepare_output_dir
+from treegraft.core.errors import ArgumentError, clipped, shown
+from treegraft.core.inputs import check_path, exists, is_dir, prepare_output_dir
 
 TRACE_VERSION = 1
 
@@ -48,6 +48,7 @@ def prepare_trace_dir(directory: Path, *, replace: bool = False, what: str = "--
     """Create (or reuse) a trace folder before any model loads: an existing file, an unwritable
     place, or a folder holding an earlier trace (its step files) is an `ArgumentError`, unless
     `replace`, which deletes the earlier step files (and their renderings) first."""
+    check_path("prepare_trace_dir", "directory", directory)
     directory = prepare_output_dir(directory, what)
     earlier = sorted(directory.glob("step-*.json"))
     if earlier and not replace:
@@ -119,8 +120,17 @@ NODE_TYPES = {
 def load_step(path: Path) -> dict:
     """Read one step file, checking its version and the keys a renderer reads; a file that is
     not UTF-8 JSON, or not a step record, is an `ArgumentError` naming it."""
+    check_path("load_step", "path", path)
     path = Path(path)
-    data = path.read_bytes()
+    if is_dir(path) or not exists(path):
+        raise ArgumentError(
+            f"{clipped(str(path))}: {'is a directory' if is_dir(path) else 'not found'}; expected "
+            "a trace step file (step-NNNNN.json)"
+        )
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ArgumentError(f"{clipped(str(path))}: cannot read: {exc.strerror}") from None
     try:
         record = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -149,6 +159,8 @@ def load_step(path: Path) -> dict:
 
 def step_problem(record: dict) -> str | None:
     """What makes `record` unreadable as a step (a missing key, a node out of order), or None."""
+    if not isinstance(record, dict):
+        return f"expected a step record (a mapping), got {type(record).__name__} {shown(record)}"
     missing = [k for k in STEP_KEYS if k not in record]
     if missing:
         return f"missing key(s) {', '.join(map(repr, missing))}; expected {', '.join(STEP_KEYS)}"

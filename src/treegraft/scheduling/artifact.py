@@ -20,6 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from treegraft.core.errors import TreegraftError
+from treegraft.core.inputs import check_path
 from treegraft.scheduling.features import FEATURE_NAMES
 
 ARTIFACT_FORMAT = "treegraft-scheduler/1"
@@ -126,6 +127,7 @@ class SchedulerArtifact:
 
 def artifact_dir(ref: Path | str) -> Path:
     """The directory of an artifact reference (`zoo:scheduler`, a directory, or one of its files)."""
+    check_path("scheduler artifact", "ref", ref)
     if str(ref).startswith("zoo:"):
         from treegraft import zoo
 
