@@ -20,12 +20,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from treegraft.scheduling.artifact import ACTIVATIONS, SchedulerArtifact
+from treegraft.scheduling.artifact import ACTIVATIONS, LOSSES, SchedulerArtifact
 from treegraft.scheduling.features import FEATURE_NAMES
 from treegraft.scheduling.value_system import Dataset, ValueSystemError
 
 ZERO = 1e-9
-LOSSES = ("mse", "logistic")
 LABELS = {
     "mse": "relative value (V_call - V_skip) / V_best of the step, clipped",
     "logistic": "sign of the relative value, each row weighted by |value| (logit output)",
