@@ -226,6 +226,13 @@ def test_evaluate_names_a_dataset_that_does_not_replay_as_collected(pairs, tmp_p
     (changed / "meta.json").write_text(json.dumps({**meta, "prompts": []}))
     result = runner.invoke(app, ["evaluate", str(changed)])
     assert result.exit_code == 2 and "meta.json lists no prompt to replay" in result.output
+    cost = {**meta["cost"], "step_overhead_s": -1.0}
+    (changed / "meta.json").write_text(json.dumps({**meta, "depth": 3, "cost": cost}))
+    a, b, ae = pairs["a-train"], pairs["b-train"], pairs["a-eval"]
+    out = tmp_path / "o"
+    msg = loo_error(a, b, "--eval", ae, "--eval", changed, "--out", out)  # before any fit
+    assert f"--eval {changed}: meta.json 'cost': not a recorded cost model" in msg
+    assert "step_overhead_s: expected seconds >= 0, got -1.0" in msg and not out.exists()
 
 
 # ---------------------------------------------------------------------------- bad input

@@ -36,12 +36,8 @@ def replay_dataset(
     from treegraft.scheduling.value_eval import evaluate as run_evaluate
     from treegraft.scheduling.value_system import ValueSystemError
 
-    raw = data.meta.get("pipeline_raw")
-    if raw is None:
-        raise ValueSystemError(f"{path}: meta.json has no pipeline_raw (collected without the CLI)")
-    if not data.meta["prompts"]:
-        raise ValueSystemError(f"{path}: meta.json lists no prompt to replay (collected none)")
-    pipe = load_pipeline(raw)
+    cost = check_replayable(path, data)
+    pipe = load_pipeline(data.meta["pipeline_raw"])
     depth = getattr(getattr(pipe.decoder.builder, "config", None), "depth", None)
     if data.meta.get("depth", depth) != depth:
         raise ValueSystemError(
@@ -53,10 +49,6 @@ def replay_dataset(
         guard=guard,
     )  # fmt: skip
     chosen = data.prompts()[:prompts] if prompts else data.prompts()
-    try:
-        cost = cost_model(data)
-    except ValueSystemError as exc:
-        raise ValueSystemError(f"{path}: {exc}") from None
     try:
         return run_evaluate(
             pipe,
@@ -72,6 +64,21 @@ def replay_dataset(
             "(pipeline_raw, prompts, max_new_tokens) and plans.json must be those of one "
             "collection, replayed with the collection's --threads: collect it again"
         ) from None
+
+
+def check_replayable(path: Path, data: Any) -> Any:
+    """The dataset's cost model, once its meta.json holds what a replay reads (a pipeline, a
+    prompt, the costs); else a `ValueSystemError` naming `path` (before any model loads)."""
+    from treegraft.scheduling.value_system import ValueSystemError
+
+    if data.meta.get("pipeline_raw") is None:
+        raise ValueSystemError(f"{path}: meta.json has no pipeline_raw (collected without the CLI)")
+    if not data.meta["prompts"]:
+        raise ValueSystemError(f"{path}: meta.json lists no prompt to replay (collected none)")
+    try:
+        return cost_model(data)
+    except ValueSystemError as exc:
+        raise ValueSystemError(f"{path}: {exc}") from None
 
 
 def cost_model(data: Any) -> Any:
