@@ -127,6 +127,14 @@ def test_missing_artifact_is_a_clear_config_error(tmp_path):
         load_pipeline(distilled(tmp_path), resources=res)
 
 
+def test_an_empty_artifact_path_is_not_the_working_directory(tmp_path, monkeypatch):
+    """`artifact: ''` read the working directory: an artifact there was loaded silently."""
+    layer_rule_artifact().save(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"artifact: scheduler artifact '': .*got an empty path"):
+        load_pipeline(distilled(""), resources=stand_in_pair(0))
+
+
 def test_corrupt_artifact_files_are_clear_errors(tmp_path):
     res = stand_in_pair(0)
     layer_rule_artifact().save(tmp_path)

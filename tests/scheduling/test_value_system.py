@@ -266,6 +266,13 @@ def test_bad_oracle_plans_are_refused_when_the_pipeline_is_built(
         load_pipeline({**raw, "scheduler": oracle}, resources=res)
 
 
+def test_empty_oracle_plans_are_not_the_working_directory(collected, monkeypatch):
+    res, raw, _, _, path = collected
+    monkeypatch.chdir(path)  # a dataset directory, holding plans.json
+    with pytest.raises(ConfigError, match=r"pipeline\.scheduler\.plans: '' not found"):
+        load_pipeline({**raw, "scheduler": {"name": "oracle", "plans": ""}}, resources=res)
+
+
 def test_an_oracle_mismatch_is_a_treegraft_error():
     assert issubclass(OracleMismatch, TreegraftError)
 

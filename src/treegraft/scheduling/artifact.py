@@ -150,6 +150,11 @@ def artifact_dir(ref: Path | str) -> Path:
                 "and pass its directory as `artifact`"
             )
         return path
+    if not str(ref).strip():  # Path('') is the working directory
+        raise ArtifactError(
+            f"scheduler artifact {str(ref)!r}: expected one of "
+            f"{', '.join(map(repr, ZOO_ARTIFACTS))} or a directory, got an empty path"
+        )
     path = Path(ref).expanduser()
     if path.is_file() and path.name in (WEIGHTS_FILE, META_FILE):
         path = path.parent

@@ -99,7 +99,7 @@ def read_plans(ref: Path | str) -> tuple[Trajectory, ...]:
     """Trajectories from a `plans.json` file or a dataset directory holding one."""
     path = Path(ref).expanduser()
     path = path / PLANS_FILE if path.is_dir() else path
-    if not path.is_file():
+    if not str(ref).strip() or not path.is_file():  # Path('') is the working directory
         raise ConfigError(
             f"pipeline.scheduler.plans: {str(ref)!r} not found: expected a {PLANS_FILE} file or a "
             "dataset directory written by `treegraft scheduler collect`"
