@@ -68,6 +68,9 @@ def test_cli_errors_are_one_line(tmp_path):
     assert not (tmp_path / "e.txt").exists()
     result = runner.invoke(app, ["fit", str(tmp_path), "--out", str(tmp_path / "a")])
     assert result.exit_code == 2 and "not a scheduler dataset" in result.output
+    twice = ["fit", str(tmp_path), str(tmp_path / "." / "x" / ".."), "--out", str(tmp_path / "b")]
+    result = runner.invoke(app, twice)  # fitted on twice, and validated on its own copies
+    assert result.exit_code == 2 and f"DATASETS: {tmp_path}/x/.. is given twice" in result.output
     result = runner.invoke(app, ["fit", str(tmp_path), "--loss", "hinge"])
     assert result.exit_code == 2 and "--loss: expected one of mse, logistic" in result.output
     result = runner.invoke(app, ["fit", str(tmp_path), "--drop", "log_draft_ms"])

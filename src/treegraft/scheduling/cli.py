@@ -225,12 +225,25 @@ def fit(
 
     try:
         cfg = fit_config(hidden, epochs, val_fraction, seed, loss, ensemble, drop)
+        check_distinct(datasets)
         data = [Dataset.load(d) for d in datasets]
         result = fit_artifact(data, cfg, prepare_output_dir(out_dir, "--out"))
     except (ValueError, ValueSystemError) as exc:
         _fail(str(exc))
     out.print(json.dumps(result.metrics, indent=1))
     console.print(f"wrote the artifact to {out_dir}")
+
+
+def check_distinct(datasets: list[Path]) -> None:
+    """Refuse a dataset given twice: its prompts would count twice and, under two groups, be
+    held out for validation beside their own copies (the validation metrics then flatter)."""
+    seen: dict[Path, Path] = {}
+    for d in datasets:
+        if d.resolve() in seen:
+            raise ValueError(
+                f"DATASETS: {d} is given twice (also as {seen[d.resolve()]}); give it once"
+            )
+        seen[d.resolve()] = d
 
 
 def fit_config(
