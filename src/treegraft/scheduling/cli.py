@@ -23,6 +23,7 @@ from treegraft.bench.cli import (
 from treegraft.bench.progress import prompt_progress
 from treegraft.console import console, out
 from treegraft.console import fail as _fail
+from treegraft.core.config import MAX_NEW_TOKENS
 from treegraft.scheduling.cli_setup import (
     check_artifact,
     check_guard,
@@ -122,7 +123,8 @@ def collect(
 
     set_threads(threads)
     _check_numbers(("--prompts", prompts, 1), ("--skip", skip, 0), ("--repeats", repeats, 1),
-                   ("--max-new-tokens", max_new_tokens, 1), ("--seed", seed, 0))  # fmt: skip
+                   ("--max-new-tokens", max_new_tokens, 1, MAX_NEW_TOKENS),
+                   ("--seed", seed, 0))  # fmt: skip
     shards = executor_options(executor, ray_address, workers, num_cpus, num_gpus)
     check_artifact("--follow", follow)
 
