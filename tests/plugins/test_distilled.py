@@ -16,9 +16,10 @@ from treegraft.core.config import ConfigError
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.registry import default_registry
 from treegraft.plugins.drafters.ngram import NgramDrafter
-from treegraft.plugins.schedulers.distilled import DistilledScheduler
+from treegraft.plugins.schedulers.distilled import DistilledConfig, DistilledScheduler
 from treegraft.scheduling.artifact import META_FILE, WEIGHTS_FILE, SchedulerArtifact
 from treegraft.scheduling.features import FEATURE_NAMES, PEEK_FEATURES
+from treegraft.testing import layer_state
 
 F = len(FEATURE_NAMES)
 
@@ -90,6 +91,19 @@ def test_the_step_gate_ends_a_step_predicted_far_below_the_threshold(tmp_path, g
         assert len(asked) > len(out.events)
 
 
+def test_a_prediction_that_is_not_a_number_calls_nothing(tmp_path):
+    """Two hidden units that overflow to inf, subtracted: the MLP predicts NaN, which compared
+    as 'not <= threshold' and called the strong drafter at every layer; now it calls nothing."""
+    w1 = np.zeros((2, F))
+    w1[:, FEATURE_NAMES.index("layers_left")] = 1e308
+    nan_rule = attrs.evolve(layer_rule_artifact(), weights=(w1, np.array([[1.0, -1.0]])))
+    scheduler = DistilledScheduler(DistilledConfig(artifact=str(tmp_path)), nan_rule)
+    state = layer_state()
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert math.isnan(scheduler.value(state))
+        assert scheduler.decide(state) == 0
+
+
 def test_a_negative_step_gate_is_refused(tmp_path):
     layer_rule_artifact().save(tmp_path)
     with pytest.raises(
@@ -112,6 +126,14 @@ def test_missing_artifact_is_a_clear_config_error(tmp_path):
     (tmp_path / META_FILE).write_text("{}")
     with pytest.raises(ConfigError, match=f"{WEIGHTS_FILE} is missing"):
         load_pipeline(distilled(tmp_path), resources=res)
+
+
+def test_an_empty_artifact_path_is_not_the_working_directory(tmp_path, monkeypatch):
+    """`artifact: ''` read the working directory: an artifact there was loaded silently."""
+    layer_rule_artifact().save(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"artifact: scheduler artifact '': .*got an empty path"):
+        load_pipeline(distilled(""), resources=stand_in_pair(0))
 
 
 def test_corrupt_artifact_files_are_clear_errors(tmp_path):

@@ -174,6 +174,14 @@ def test_scheduler_config_errors():
             r"the drafter would never act$",
         ),
         ({"name": "budgeted", "drafter": 2}, r"pipeline\.scheduler\.drafter: .* got 2"),
+        (
+            {"name": "every_k", "drafter": 0},
+            r"pipeline\.scheduler\.drafter: 0 is the cheapest drafter \(index 0\), which grows "
+            r"every layer without a call, so the scheduler would never call a stronger one; "
+            r"expected one of 1 \.\. 1 or -1 \.\. -1",
+        ),
+        ({"name": "threshold", "drafter": -2}, r"scheduler\.drafter: -2 is the cheapest drafter"),
+        ({"name": "layers", "layers": [1], "drafter": 0}, r"drafter: 0 is the cheapest drafter"),
         ({"name": "plan", "plan": [1, 2]}, r"pipeline\.scheduler\.plan: names drafter 2 but"),
         (
             {"name": "plan", "plan": [1, 0, 1, 0, 1]},
@@ -187,6 +195,9 @@ def test_scheduler_config_errors():
         "every-k",
         "every-k-offset",
         "budgeted",
+        "every-k-the-cheapest",
+        "threshold-the-cheapest",
+        "layers-the-cheapest",
         "plan-index",
         "plan-length",
     ],
@@ -194,8 +205,9 @@ def test_scheduler_config_errors():
 def test_a_scheduler_that_could_never_act_as_configured_is_refused_at_build(
     scheduler: dict, message: str
 ) -> None:
-    """Each once decided silently: a layer past the depth was never reached, and an index
-    wrapped around (`drafter: 2` of two drafters called the cheapest as the strong one)."""
+    """Each once decided silently: a layer past the depth was never reached, an index wrapped
+    around (`drafter: 2` of two drafters called the cheapest as the strong one), and the
+    cheapest drafter named as the one to call (0, or -2 of two) made a `never`."""
     spec, res = two_drafters(scheduler, 4)
     with pytest.raises(ConfigError, match=message):
         load_pipeline(spec, resources=res)

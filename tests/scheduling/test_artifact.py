@@ -65,6 +65,29 @@ DAMAGED_META = {
     "layers-0": (_set("layers", 0), "'layers': expected int >= 1, got 0"),
     "no-features": (lambda m: m.pop("feature_names"), "'feature_names': expected a list"),
     "metadata-list": (_set("metadata", [1]), "'metadata': expected an object"),
+    # these built a pipeline with an AttributeError, ValueError or TypeError (or a KeyError in
+    # `explain`, a formatting error printing an importance), or read as a different MLP
+    "fit-list": (
+        lambda m: m["metadata"].__setitem__("fit", [1]),
+        "'metadata.fit': expected an object, got [1]",
+    ),
+    "ensemble-text": (
+        lambda m: m["metadata"]["fit"].__setitem__("ensemble", "five"),
+        "'metadata.fit.ensemble': expected int >= 1 (members), got 'five'",
+    ),
+    "loss-unknown": (
+        lambda m: m["metadata"]["fit"].__setitem__("loss", "hinge"),
+        "'metadata.fit.loss': expected one of mse, logistic, got 'hinge'",
+    ),
+    "importance-text": (
+        lambda m: m["metadata"]["explain"].__setitem__("importance", {"layer": "high"}),
+        "'metadata.explain.importance': expected an object of numbers",
+    ),
+    "hidden-other": (_set("hidden", [7]), "'hidden': [7], but the weights in"),
+    "no-feature": (
+        _set("feature_names", []),
+        "'feature_names': expected a list of feature names (at least one), got []",
+    ),
 }
 
 
@@ -101,6 +124,17 @@ DAMAGED_TENSORS = {
         "non-finite values in layers.0.weight",
     ),
     "zero-std": (lambda t: t["std"].__setitem__(0, 0.0), "std values <= 0"),
+    "tiny-std": (
+        lambda t: t["std"].__setitem__(0, 1e-310),
+        "layers.0.weight / std overflows (std down to 1e-310)",
+    ),
+    "a-layer-past-layers": (
+        lambda t: (
+            _set("layers.2.weight", np.zeros((1, 1)))(t),
+            _set("layers.2.bias", np.zeros(1))(t),
+        ),
+        "unexpected tensors layers.2.bias, layers.2.weight (scheduler.json says 'layers': 2",
+    ),
 }
 
 

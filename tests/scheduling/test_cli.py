@@ -68,6 +68,9 @@ def test_cli_errors_are_one_line(tmp_path):
     assert not (tmp_path / "e.txt").exists()
     result = runner.invoke(app, ["fit", str(tmp_path), "--out", str(tmp_path / "a")])
     assert result.exit_code == 2 and "not a scheduler dataset" in result.output
+    twice = ["fit", str(tmp_path), str(tmp_path / "." / "x" / ".."), "--out", str(tmp_path / "b")]
+    result = runner.invoke(app, twice)  # fitted on twice, and validated on its own copies
+    assert result.exit_code == 2 and f"DATASETS: {tmp_path}/x/.. is given twice" in result.output
     result = runner.invoke(app, ["fit", str(tmp_path), "--loss", "hinge"])
     assert result.exit_code == 2 and "--loss: expected one of mse, logistic" in result.output
     result = runner.invoke(app, ["fit", str(tmp_path), "--drop", "log_draft_ms"])
@@ -221,9 +224,11 @@ def no_models(monkeypatch):
         (["--skip=-1"], "--skip: expected int >= 0, got -1"),
         (["--repeats", "0"], "--repeats: expected int >= 1, got 0"),
         (["--max-new-tokens", "0"], "--max-new-tokens: expected int >= 1, got 0"),
+        (["--max-new-tokens", "10000000"],  # a continuation of 10**7 target forwards
+         "--max-new-tokens: expected int with 1 <= value <= 1000000, got 10000000"),
     ],
-    ids=["prompts-0", "prompts-neg", "skip-neg", "repeats-0", "tokens-0"],
-)
+    ids=["prompts-0", "prompts-neg", "skip-neg", "repeats-0", "tokens-0", "tokens-typo"],
+)  # fmt: skip
 def test_collect_refuses_bad_numbers_before_any_model_loads(tmp_path, monkeypatch, args, message):
     no_models(monkeypatch)
     result = runner.invoke(app, ["collect", "--out", str(tmp_path / "d"), *args])
@@ -259,9 +264,14 @@ def test_collect_and_fit_refuse_an_out_that_is_a_file_before_any_work(
         (["--hidden=-3"], "--hidden: expected widths >= 1, got [-3]"),
         (["--hidden", "8,0"], "--hidden: expected widths >= 1, got [8, 0]"),
         (["--seed=-1"], "--seed: expected int with 0 <= value < 2**63, got -1"),
+        # typos, not requests: an allocation error (exit 1), or a fit running for days
+        (["--hidden", "99999999999"], "--hidden: expected widths <= 4096, got [99999999999]"),
+        (["--epochs", str(10**12)], "--epochs: expected int >= 1 and <= 1000000, got 10000"),
+        (["--ensemble", str(10**12)], "--ensemble: expected at most 100 members, got 10000"),
     ],
-    ids=["epochs-0", "epochs-neg", "hidden-neg", "hidden-0", "seed-neg"],
-)
+    ids=["epochs-0", "epochs-neg", "hidden-neg", "hidden-0", "seed-neg", "hidden-typo",
+         "epochs-typo", "ensemble-typo"],
+)  # fmt: skip
 def test_fit_refuses_bad_numbers_naming_the_option(dataset_dir, tmp_path, args, message):
     result = runner.invoke(app, ["fit", str(dataset_dir), "--out", str(tmp_path / "a"), *args])
     assert result.exit_code == 2 and message in result.output, result.output

@@ -208,6 +208,33 @@ def test_evaluate_replays_the_distilled_row_with_a_call_guard(pairs, tmp_path):
     assert "--guard: expected float with 0 <= value < 1, got 1.5" in result.output
 
 
+def test_evaluate_names_a_dataset_that_does_not_replay_as_collected(pairs, tmp_path):
+    """A meta.json whose pipeline is not the collection's (another depth), or whose plans are
+    another's, raised OracleMismatch or ReplayDiverged with a traceback (exit 1); a dataset
+    listing no prompt printed a table of zeros."""
+    changed = tmp_path / "changed"
+    shutil.copytree(pairs["b-eval"], changed)
+    meta = json.loads((changed / "meta.json").read_text())
+    meta["pipeline_raw"]["builder"]["depth"] = 3
+    (changed / "meta.json").write_text(json.dumps(meta))
+    result = runner.invoke(app, ["evaluate", str(changed)])
+    assert result.exit_code == 2, result.output
+    assert "builds trees of depth 3, the data was collected at depth 2" in result.output
+    shutil.copy(pairs["a-eval"] / "meta.json", changed / "meta.json")  # pair a, pair b's plans
+    result = runner.invoke(app, ["evaluate", str(changed)])
+    assert result.exit_code == 2 and "do not replay as collected" in result.output
+    (changed / "meta.json").write_text(json.dumps({**meta, "prompts": []}))
+    result = runner.invoke(app, ["evaluate", str(changed)])
+    assert result.exit_code == 2 and "meta.json lists no prompt to replay" in result.output
+    cost = {**meta["cost"], "step_overhead_s": -1.0}
+    (changed / "meta.json").write_text(json.dumps({**meta, "depth": 3, "cost": cost}))
+    a, b, ae = pairs["a-train"], pairs["b-train"], pairs["a-eval"]
+    out = tmp_path / "o"
+    msg = loo_error(a, b, "--eval", ae, "--eval", changed, "--out", out)  # before any fit
+    assert f"--eval {changed}: meta.json 'cost': not a recorded cost model" in msg
+    assert "step_overhead_s: expected seconds >= 0, got -1.0" in msg and not out.exists()
+
+
 # ---------------------------------------------------------------------------- bad input
 
 

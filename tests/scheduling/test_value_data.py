@@ -10,6 +10,7 @@ from safetensors.numpy import save_file
 
 from tests.scheduling.helpers import COST
 from treegraft.scheduling.features import FEATURE_NAMES
+from treegraft.scheduling.value_costs import CostModel
 from treegraft.scheduling.value_data import DATA_FORMAT, Dataset
 from treegraft.scheduling.value_labels import ValueSystemError
 
@@ -73,3 +74,54 @@ def test_damaged_arrays_and_plans_are_refused_naming_the_file(tmp_path):
     (path / "plans.json").write_text('{"format": ')
     with pytest.raises(ValueSystemError, match=f"{path}/plans.json: malformed .*; {AGAIN}"):
         Dataset.load(path)
+
+
+def _cost(**change: object) -> dict:
+    return {**COST.as_dict(), **change}
+
+
+BAD_META = {
+    "prompt-without-ids": ({"prompts": [{"id": "p0", "continuation": [1]}]}, r"prompts\[0\]\.ids"),
+    "prompt-of-no-tokens": (
+        {"prompts": [{"id": "p0", "ids": [], "continuation": [1]}]},
+        r"prompts\[0\]\.ids: expected a list of token ids \(at least 1\)",
+    ),
+    "continuation-of-text": (
+        {"prompts": [{"id": "p0", "ids": [1], "continuation": "ab"}]},
+        r"prompts\[0\]\.continuation",
+    ),
+    "no-new-tokens": ({"max_new_tokens": 0}, "'max_new_tokens': expected int >= 1, got 0"),
+}
+
+
+@pytest.mark.parametrize(("change", "message"), BAD_META.values(), ids=BAD_META.keys())
+def test_prompts_the_tools_read_are_checked_on_loading(tmp_path, change, message):
+    """These loaded: `evaluate` then raised a KeyError or an ArgumentError."""
+    path = small_dataset().save(tmp_path / "d")
+    meta = json.loads((path / "meta.json").read_text())
+    (path / "meta.json").write_text(json.dumps({**meta, **change}))
+    with pytest.raises(ValueSystemError, match=f"{path}/meta.json: {message}"):
+        Dataset.load(path)
+
+
+BAD_COSTS = {
+    "negative-overhead": (
+        _cost(step_overhead_s=-1.0),
+        "step_overhead_s: expected seconds >= 0, got -1.0",
+    ),
+    "free-target": (
+        _cost(target={**COST.as_dict()["target"], "seconds": [0.0, 0.0]}),
+        r"target.seconds: expected finite seconds > 0",
+    ),
+    "curve-points-unpaired": (
+        _cost(strong={**COST.as_dict()["strong"], "seconds": [0.0]}),
+        "strong: expected increasing token counts >= 1 with one time each",
+    ),
+}
+
+
+@pytest.mark.parametrize(("cost", "message"), BAD_COSTS.values(), ids=BAD_COSTS.keys())
+def test_a_recorded_cost_model_of_no_or_negative_time_is_refused(cost, message):
+    """These replayed: tokens/s of 0, negative or infinite, or an np.interp error."""
+    with pytest.raises(ValueSystemError, match=f"meta.json 'cost': not a recorded .*{message}"):
+        CostModel.from_dict(cost)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import attrs
 import numpy as np
@@ -14,12 +15,18 @@ from tests.core.test_decoder import repetitive_prompt
 from tests.scheduling.helpers import COST, VOCAB, pipeline_raw, stand_in_pair
 from treegraft.core.config import ConfigError
 from treegraft.core.decoder import StopRule
+from treegraft.core.errors import TreegraftError
 from treegraft.core.interfaces import Scheduler
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.tree import DraftTree
 from treegraft.plugins.schedulers.basic import AlwaysScheduler
-from treegraft.plugins.schedulers.oracle import OracleConfig, OracleMismatch, OracleScheduler
+from treegraft.plugins.schedulers.oracle import (
+    PLANS_FORMAT,
+    OracleConfig,
+    OracleMismatch,
+    OracleScheduler,
+)
 from treegraft.scheduling.features import FEATURE_NAMES, layer_features
 from treegraft.scheduling.value_costs import CostScale, revalue, scale_state
 from treegraft.scheduling.value_eval import evaluate
@@ -213,6 +220,61 @@ def test_the_oracle_from_a_pipeline_file_reads_the_dataset_plans(collected):
     assert list(out.token_ids) == greedy_reference(res.models["mem:target"], prompts[0].ids, 12)
     with pytest.raises(ConfigError, match=r"pipeline\.scheduler\.plans: .* not found"):
         load_pipeline({**raw, "scheduler": {"name": "oracle", "plans": "/no/plans"}}, resources=res)
+
+
+def _plans(steps: list, prompt_len: object = 12) -> dict:
+    traj = {"prompt_id": "p0", "prompt_len": prompt_len, "steps": steps}
+    return {"format": PLANS_FORMAT, "trajectories": [traj]}
+
+
+BAD_PLANS = {
+    "no-trajectories": ({"format": PLANS_FORMAT, "trajectories": []}, "expected a non-empty list"),
+    "a-list": ([1], "expected format 'treegraft-oracle-plans/1', got 'list'"),
+    "plan-text": (
+        _plans([{"committed_len": 12, "plan": "01"}]),
+        "expected an object with a 'plan'",
+    ),
+    "negative-drafter": (
+        _plans([{"committed_len": 12, "plan": [0, -1]}]),
+        r"trajectories\[0\]: steps\[0\].plan: expected int >= 0, got -1",
+    ),
+    "fractional-drafter": (_plans([{"committed_len": 12, "plan": [1.5]}]), "got 1.5"),
+    "fractional-length": (_plans([], prompt_len=12.7), "prompt_len: expected int >= 1, got 12.7"),
+    "boolean-length": (
+        _plans([{"committed_len": True, "plan": [1]}]),
+        r"steps\[0\].committed_len: expected int >= 12, got True",
+    ),
+    "drafter-past-the-pipeline": (
+        _plans([{"committed_len": 12, "plan": [0, 5]}]),
+        r"pipeline\.scheduler\.plans: trajectory 'p0', step 0 names drafter 5 but the pipeline "
+        "has 2 drafters",
+    ),
+}
+
+
+@pytest.mark.parametrize(("plans", "message"), BAD_PLANS.values(), ids=BAD_PLANS.keys())
+def test_bad_oracle_plans_are_refused_when_the_pipeline_is_built(
+    collected, tmp_path, plans, message
+):
+    """They were read as they stood (a plan of text, a drafter -1 or 1.5, a length of 12.7 cut
+    to 12) and failed, or decided otherwise, in the decode loop; no trajectory at all failed at
+    the first generation."""
+    res, raw, _, _, _ = collected
+    (tmp_path / "plans.json").write_text(json.dumps(plans))
+    oracle = {"name": "oracle", "plans": str(tmp_path)}
+    with pytest.raises(ConfigError, match=message):
+        load_pipeline({**raw, "scheduler": oracle}, resources=res)
+
+
+def test_empty_oracle_plans_are_not_the_working_directory(collected, monkeypatch):
+    res, raw, _, _, path = collected
+    monkeypatch.chdir(path)  # a dataset directory, holding plans.json
+    with pytest.raises(ConfigError, match=r"pipeline\.scheduler\.plans: '' not found"):
+        load_pipeline({**raw, "scheduler": {"name": "oracle", "plans": ""}}, resources=res)
+
+
+def test_an_oracle_mismatch_is_a_treegraft_error():
+    assert issubclass(OracleMismatch, TreegraftError)
 
 
 def test_replay_evaluation_of_the_oracle_matches_the_collection(collected):

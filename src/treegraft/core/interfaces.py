@@ -392,16 +392,25 @@ class ChecksDrafterIndex:
     config: Any
 
     def check_pipeline(self, n_drafters: int, depth: int | None) -> None:
-        check_drafter_index(self.config.drafter, n_drafters)
+        check_drafter_index(self.config.drafter, n_drafters, stronger=True)
 
 
-def check_drafter_index(index: int, n_drafters: int, name: str = "drafter") -> None:
+def check_drafter_index(
+    index: int, n_drafters: int, name: str = "drafter", *, stronger: bool = False
+) -> None:
     """Raise `ValueError` unless `index` names one of `n_drafters` drafters (negative indices
-    count from the strongest, -1 being it)."""
+    count from the strongest, -1 being it); with `stronger`, one other than the cheapest (index
+    0 grows every layer without a call: a scheduler calling it would never call a stronger one)."""
     if not -n_drafters <= index < n_drafters:
         raise ValueError(
             f"{name}: expected an index of this pipeline's {n_drafters} drafters "
             f"({-n_drafters} .. {n_drafters - 1}), got {index}"
+        )
+    if stronger and n_drafters > 1 and index % n_drafters == 0:
+        raise ValueError(
+            f"{name}: {index} is the cheapest drafter (index 0), which grows every layer without "
+            f"a call, so the scheduler would never call a stronger one; expected one of "
+            f"1 .. {n_drafters - 1} or {-(n_drafters - 1)} .. -1"
         )
 
 

@@ -19,7 +19,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from treegraft.core.errors import TreegraftError
+from treegraft.core.errors import TreegraftError, shown
 from treegraft.core.inputs import check_path
 from treegraft.scheduling.features import FEATURE_NAMES
 
@@ -31,6 +31,8 @@ ZOO_ARTIFACT = "zoo:scheduler"
 #: (`zoo:smollm2-scheduler`: refitted for SmolLM2 with zoo:smollm2-draft-l, docs/real-models.md)
 ZOO_ARTIFACTS = {ZOO_ARTIFACT: "scheduler", "zoo:smollm2-scheduler": "scheduler-smollm2"}
 ACTIVATIONS = ("relu", "tanh")
+#: the fit's losses (`metadata.fit.loss`: what `explain` measures importances in)
+LOSSES = ("mse", "logistic")
 
 
 class ArtifactError(TreegraftError, ValueError):
@@ -114,6 +116,12 @@ class SchedulerArtifact:
             )
         n = meta["layers"]
         _check_tensors(directory / WEIGHTS_FILE, tensors, n)
+        widths = [int(tensors[f"layers.{i}.weight"].shape[0]) for i in range(n - 1)]
+        if meta.get("hidden", widths) != widths:
+            raise ArtifactError(
+                f"{directory / META_FILE}: 'hidden': {shown(meta['hidden'])}, but the weights in "
+                f"{WEIGHTS_FILE} have hidden widths {widths}: the two files are not one artifact"
+            )
         return cls(
             feature_names=names,
             mean=tensors["mean"],
@@ -144,6 +152,11 @@ def artifact_dir(ref: Path | str) -> Path:
                 "and pass its directory as `artifact`"
             )
         return path
+    if not str(ref).strip():  # Path('') is the working directory
+        raise ArtifactError(
+            f"scheduler artifact {str(ref)!r}: expected one of "
+            f"{', '.join(map(repr, ZOO_ARTIFACTS))} or a directory, got an empty path"
+        )
     path = Path(ref).expanduser()
     if path.is_file() and path.name in (WEIGHTS_FILE, META_FILE):
         path = path.parent
@@ -175,19 +188,55 @@ def _read_meta(directory: Path) -> dict[str, Any]:
     layers, names = meta.get("layers"), meta.get("feature_names")
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise ArtifactError(f"{directory / META_FILE}: 'layers': expected int >= 1, got {layers!r}")
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         raise ArtifactError(
-            f"{directory / META_FILE}: 'feature_names': expected a list of feature names, "
-            f"got {names!r}"
+            f"{directory / META_FILE}: 'feature_names': expected a list of feature names "
+            f"(at least one), got {names!r}"
         )
     if not isinstance(meta.get("metadata", {}), dict):
         raise ArtifactError(f"{directory / META_FILE}: 'metadata': expected an object")
+    _check_read_metadata(directory / META_FILE, meta.get("metadata", {}))
     if meta.get("activation", "relu") not in ACTIVATIONS:
         raise ArtifactError(
             f"{directory / META_FILE}: activation must be one of {ACTIVATIONS}, "
             f"got {meta.get('activation')!r}"
         )
     return meta
+
+
+def _check_read_metadata(path: Path, metadata: dict[str, Any]) -> None:
+    """Raise `ArtifactError` unless the metadata the tools read has its shape: `fit` an object
+    whose `ensemble` (the scheduler splits the hidden layers by it) is an int >= 1 and whose
+    `loss` is one of `LOSSES`; `explain` an object of importances and rates (`explain` prints
+    them)."""
+    fit, explained = metadata.get("fit", {}), metadata.get("explain", {})
+    for key, value in (("fit", fit), ("explain", explained)):
+        if not isinstance(value, dict):
+            raise ArtifactError(f"{path}: 'metadata.{key}': expected an object, got {shown(value)}")
+    ensemble, loss = fit.get("ensemble", 1), fit.get("loss", "mse")
+    if ensemble is not None and (not _is_int(ensemble) or ensemble < 1):
+        raise ArtifactError(
+            f"{path}: 'metadata.fit.ensemble': expected int >= 1 (members), got {shown(ensemble)}"
+        )
+    if loss not in LOSSES:
+        raise ArtifactError(
+            f"{path}: 'metadata.fit.loss': expected one of {', '.join(LOSSES)}, got {shown(loss)}"
+        )
+    for key in ("importance", "decision_rate"):
+        table = explained.get(key, {})
+        if not isinstance(table, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in table.values()
+        ):
+            raise ArtifactError(
+                f"{path}: 'metadata.explain.{key}': expected an object of numbers, got "
+                f"{shown(table)}"
+            )
+    if not isinstance(explained.get("importance_kind", ""), str):
+        raise ArtifactError(f"{path}: 'metadata.explain.importance_kind': expected a string")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _read_tensors(directory: Path, n_layers: int) -> dict[str, np.ndarray]:
@@ -201,6 +250,12 @@ def _read_tensors(directory: Path, n_layers: int) -> dict[str, np.ndarray]:
     missing = [k for k in needed if k not in raw]
     if missing:
         raise ArtifactError(f"{directory / WEIGHTS_FILE}: missing tensors {', '.join(missing)}")
+    extra = sorted(set(raw) - set(needed))
+    if extra:  # a layer past `layers` would be left out of every prediction, silently
+        raise ArtifactError(
+            f"{directory / WEIGHTS_FILE}: unexpected tensors {', '.join(extra)} ({META_FILE} "
+            f"says 'layers': {n_layers}, which reads {', '.join(needed)})"
+        )
     return {k: raw[k].double().numpy() for k in needed}
 
 
@@ -224,6 +279,14 @@ def _check_tensors(path: Path, tensors: dict[str, np.ndarray], n_layers: int) ->
     if bad or not (tensors["std"] > 0).all():
         what = f"non-finite values in {', '.join(bad)}" if bad else "std values <= 0"
         raise ArtifactError(f"{path}: {what}; refit it with `treegraft scheduler fit`")
+    with np.errstate(over="ignore", invalid="ignore"):  # the z-scoring folded into layer 0
+        folded = tensors["layers.0.weight"] / tensors["std"]
+        shift = folded @ tensors["mean"]
+    if not (np.isfinite(folded).all() and np.isfinite(shift).all()):
+        raise ArtifactError(
+            f"{path}: layers.0.weight / std overflows (std down to {tensors['std'].min():.3g}): "
+            "every prediction would be NaN; refit it with `treegraft scheduler fit`"
+        )
 
 
 def check_feature_names(artifact: SchedulerArtifact, source: str) -> None:

@@ -23,6 +23,7 @@ from treegraft.bench.cli import (
 from treegraft.bench.progress import prompt_progress
 from treegraft.console import console, out
 from treegraft.console import fail as _fail
+from treegraft.core.config import MAX_NEW_TOKENS
 from treegraft.scheduling.cli_setup import (
     check_artifact,
     check_guard,
@@ -122,7 +123,8 @@ def collect(
 
     set_threads(threads)
     _check_numbers(("--prompts", prompts, 1), ("--skip", skip, 0), ("--repeats", repeats, 1),
-                   ("--max-new-tokens", max_new_tokens, 1), ("--seed", seed, 0))  # fmt: skip
+                   ("--max-new-tokens", max_new_tokens, 1, MAX_NEW_TOKENS),
+                   ("--seed", seed, 0))  # fmt: skip
     shards = executor_options(executor, ray_address, workers, num_cpus, num_gpus)
     check_artifact("--follow", follow)
 
@@ -225,12 +227,25 @@ def fit(
 
     try:
         cfg = fit_config(hidden, epochs, val_fraction, seed, loss, ensemble, drop)
+        check_distinct(datasets)
         data = [Dataset.load(d) for d in datasets]
         result = fit_artifact(data, cfg, prepare_output_dir(out_dir, "--out"))
     except (ValueError, ValueSystemError) as exc:
         _fail(str(exc))
     out.print(json.dumps(result.metrics, indent=1))
     console.print(f"wrote the artifact to {out_dir}")
+
+
+def check_distinct(datasets: list[Path]) -> None:
+    """Refuse a dataset given twice: its prompts would count twice and, under two groups, be
+    held out for validation beside their own copies (the validation metrics then flatter)."""
+    seen: dict[Path, Path] = {}
+    for d in datasets:
+        if d.resolve() in seen:
+            raise ValueError(
+                f"DATASETS: {d} is given twice (also as {seen[d.resolve()]}); give it once"
+            )
+        seen[d.resolve()] = d
 
 
 def fit_config(

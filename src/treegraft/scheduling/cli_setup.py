@@ -24,16 +24,20 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def check_numbers(
-    *ints: tuple[str, int | None, int], finite: tuple[tuple[str, float], ...] = ()
-) -> None:
-    """Refuse, before any work, an int option below its least (`(option, value, least)`; None:
-    not given) or a float option (`(option, value)`) that is nan or inf."""
+def check_numbers(*ints: tuple[Any, ...], finite: tuple[tuple[str, float], ...] = ()) -> None:
+    """Refuse, before any work, an int option out of its range (`(option, value, least)` or
+    `(option, value, least, most)`; None: not given) or a float option (`(option, value)`)
+    that is nan or inf."""
     from treegraft.core.arguments import check_at_least, check_finite
+    from treegraft.core.errors import ArgumentError
 
     try:
-        for option, value, least in ints:
+        for option, value, least, *most in ints:
             check_at_least(option, value, least)
+            if most and value is not None and value > most[0]:
+                raise ArgumentError(
+                    f"{option}: expected int with {least} <= value <= {most[0]}, got {value}"
+                )
         for option, number in finite:
             check_finite(option, number)
     except ValueError as exc:  # an ArgumentError naming the option

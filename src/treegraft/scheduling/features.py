@@ -85,11 +85,25 @@ def layer_features(state: LayerState, strong: int = -1) -> list[float]:
     return out
 
 
+#: the bound on a feature's magnitude: an infinite statistic (a path scored -inf, a clock
+#: reading inf) reads as +-FEATURE_BOUND, a NaN one as 0 (the MLP then predicts a number)
+FEATURE_BOUND = 1e6
+
+
+def bounded(values: list[float]) -> list[float]:
+    """`values` with NaN read as 0 and every value clamped to +-`FEATURE_BOUND` (one `isfinite`
+    pass when they are all finite, the usual case)."""
+    if all(map(math.isfinite, values)):
+        return values
+    return [0.0 if math.isnan(v) else min(max(v, -FEATURE_BOUND), FEATURE_BOUND) for v in values]
+
+
 def per_layer_features(state: LayerState) -> list[float]:
-    """The features that change from layer to layer, in `LAYER_INDEX` order."""
+    """The features that change from layer to layer, in `LAYER_INDEX` order (finite: see
+    `bounded`)."""
     strong_layers = [i for i, c in enumerate(state.calls) if c > 0]
     since = state.layer - strong_layers[-1] if strong_layers else state.layer + 1
-    return [
+    values = [
         float(state.layer),
         state.layer / max(1, state.n_layers),
         float(state.n_layers - state.layer),
@@ -105,20 +119,21 @@ def per_layer_features(state: LayerState) -> list[float]:
         state.frontier_mean_score,
         state.frontier_mean_score / max(1.0, state.frontier_mean_depth),
         state.reselect_shift,
-        math.log1p(state.tree_expected),
+        math.log1p(max(0.0, state.tree_expected)),
         state.frontier_max_score,
     ]
+    return bounded(values)
 
 
 def per_step_features(state: LayerState, strong: int = -1) -> list[float]:
     """The features constant within a decoding step (context, forward times, history), in
-    `STEP_INDEX` order."""
+    `STEP_INDEX` order (finite: see `bounded`; a time that is not positive reads as unknown)."""
     s = strong_index(strong, state.n_drafters)
-    t_target = state.target_time
-    t_strong = state.drafter_times[s] if s < len(state.drafter_times) else 0.0
-    t_weak = state.drafter_times[0] if state.drafter_times else 0.0
+    t_target = max(0.0, state.target_time)
+    t_strong = max(0.0, state.drafter_times[s]) if s < len(state.drafter_times) else 0.0
+    t_weak = max(0.0, state.drafter_times[0]) if state.drafter_times else 0.0
     known = t_target > 0 and t_strong > 0
-    return [
+    values = [
         math.log(max(1, state.prompt_len)),
         math.log1p(max(0, state.committed_len - state.prompt_len)),
         math.log1p(1e3 * t_target),
@@ -129,6 +144,7 @@ def per_step_features(state: LayerState, strong: int = -1) -> list[float]:
         *history_features(state.history or NO_HISTORY),
         *peek_features(state.peek),
     ]
+    return bounded(values)
 
 
 NO_HISTORY = AcceptHistory()
@@ -152,7 +168,7 @@ def peek_features(peek: Peek | None) -> list[float]:
     answered, log(1 + expected tokens) and its first token's probability (0 when unknown)."""
     if peek is None:
         return [0.0, 0.0, 0.0]
-    return [1.0, math.log1p(peek.expected), peek.first]
+    return [1.0, math.log1p(max(0.0, peek.expected)), peek.first]
 
 
 #: The features read from `LayerState.peek` (a scheduler naming none needs no peek).

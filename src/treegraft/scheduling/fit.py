@@ -20,12 +20,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from treegraft.scheduling.artifact import ACTIVATIONS, SchedulerArtifact
+from treegraft.scheduling.artifact import ACTIVATIONS, LOSSES, SchedulerArtifact
 from treegraft.scheduling.features import FEATURE_NAMES
 from treegraft.scheduling.value_system import Dataset, ValueSystemError
 
 ZERO = 1e-9
-LOSSES = ("mse", "logistic")
+#: sanity bounds of the fit's sizes: far above any useful one (the shipped recipe: 32-32, 600
+#: epochs, 5 members), below the ones that exhaust memory or run for days
+MAX_WIDTH, MAX_EPOCHS, MAX_ENSEMBLE = 4096, 1_000_000, 100
 LABELS = {
     "mse": "relative value (V_call - V_skip) / V_best of the step, clipped",
     "logistic": "sign of the relative value, each row weighted by |value| (logit output)",
@@ -91,8 +93,16 @@ class FitConfig:
     def __attrs_post_init__(self) -> None:
         if any(w < 1 for w in self.hidden):
             raise ValueError(f"hidden: expected widths >= 1, got {list(self.hidden)}")
+        if any(w > MAX_WIDTH for w in self.hidden):  # sanity bounds: typos, not requests
+            raise ValueError(f"hidden: expected widths <= {MAX_WIDTH}, got {list(self.hidden)}")
         if self.epochs < 1:
             raise ValueError(f"epochs: expected int >= 1, got {self.epochs}")
+        if self.epochs > MAX_EPOCHS:
+            raise ValueError(f"epochs: expected int >= 1 and <= {MAX_EPOCHS}, got {self.epochs}")
+        if self.ensemble > MAX_ENSEMBLE:
+            raise ValueError(
+                f"ensemble: expected at most {MAX_ENSEMBLE} members, got {self.ensemble}"
+            )
         if not 0 <= self.seed < 2**63:
             raise ValueError(f"seed: expected int with 0 <= value < 2**63, got {self.seed}")
         if self.activation not in ACTIVATIONS:

@@ -15,7 +15,12 @@ from rich.table import Table
 
 from treegraft.console import console
 from treegraft.scheduling.fit import fit_artifact
-from treegraft.scheduling.replay import SHARE_NOTE, ratio_text, replay_dataset
+from treegraft.scheduling.replay import (
+    SHARE_NOTE,
+    check_replayable,
+    ratio_text,
+    replay_dataset,
+)
 
 LOO_NAMES = ("never", "always")
 LOO_NOTE = (
@@ -89,10 +94,10 @@ def load_loo_inputs(
                 f"--eval {e_path}: pair {pair_name(e, e_path)!r} differs from that of training "
                 f"dataset {t_path} ({pair_name(t, t_path)!r}); give them in the same order"
             )
-        if e.meta.get("pipeline_raw") is None:
-            raise ValueSystemError(
-                f"--eval {e_path}: meta.json has no pipeline_raw (collected without the CLI)"
-            )
+        try:  # before any fit: a pipeline, prompts and costs to replay
+            check_replayable(e_path, e)
+        except ValueSystemError as exc:
+            raise ValueSystemError(f"--eval {exc}") from None
         shared = [seen[k] for k in (tuple(p.ids.tolist()) for p in e.prompts()) if k in seen]
         if shared:
             raise ValueSystemError(

@@ -30,27 +30,55 @@ def replay_dataset(
     a call guard of exploration `guard`, if given), and the oracle (when the dataset has plans);
     the pipeline is the dataset's `pipeline_raw`.
     """
+    from treegraft.bench.replay import ReplayDiverged
     from treegraft.core.pipeline import load_pipeline
+    from treegraft.plugins.schedulers.oracle import OracleMismatch
     from treegraft.scheduling.value_eval import evaluate as run_evaluate
     from treegraft.scheduling.value_system import ValueSystemError
 
-    raw = data.meta.get("pipeline_raw")
-    if raw is None:
-        raise ValueSystemError(f"{path}: meta.json has no pipeline_raw (collected without the CLI)")
-    pipe = load_pipeline(raw)
+    cost = check_replayable(path, data)
+    pipe = load_pipeline(data.meta["pipeline_raw"])
+    depth = getattr(getattr(pipe.decoder.builder, "config", None), "depth", None)
+    if data.meta.get("depth", depth) != depth:
+        raise ValueSystemError(
+            f"{path}: meta.json's pipeline_raw builds trees of depth {depth}, the data was "
+            f"collected at depth {data.meta['depth']}: collect it again"
+        )
     schedulers = scheduler_set(
         pipe, data, names=names, artifacts=artifacts, threshold=threshold, prompts=prompts,
         guard=guard,
     )  # fmt: skip
     chosen = data.prompts()[:prompts] if prompts else data.prompts()
-    return run_evaluate(
-        pipe,
-        schedulers,
-        chosen,
-        cost_model(data),
-        max_new_tokens=int(data.meta["max_new_tokens"]),
-        strong=int(data.meta.get("strong", -1)),
-    )
+    try:
+        return run_evaluate(
+            pipe,
+            schedulers,
+            chosen,
+            cost,
+            max_new_tokens=int(data.meta["max_new_tokens"]),
+            strong=int(data.meta.get("strong", -1)),
+        )
+    except (OracleMismatch, ReplayDiverged) as exc:
+        raise ValueSystemError(
+            f"{path}: its prompts do not replay as collected ({exc}); its meta.json "
+            "(pipeline_raw, prompts, max_new_tokens) and plans.json must be those of one "
+            "collection, replayed with the collection's --threads: collect it again"
+        ) from None
+
+
+def check_replayable(path: Path, data: Any) -> Any:
+    """The dataset's cost model, once its meta.json holds what a replay reads (a pipeline, a
+    prompt, the costs); else a `ValueSystemError` naming `path` (before any model loads)."""
+    from treegraft.scheduling.value_system import ValueSystemError
+
+    if data.meta.get("pipeline_raw") is None:
+        raise ValueSystemError(f"{path}: meta.json has no pipeline_raw (collected without the CLI)")
+    if not data.meta["prompts"]:
+        raise ValueSystemError(f"{path}: meta.json lists no prompt to replay (collected none)")
+    try:
+        return cost_model(data)
+    except ValueSystemError as exc:
+        raise ValueSystemError(f"{path}: {exc}") from None
 
 
 def cost_model(data: Any) -> Any:

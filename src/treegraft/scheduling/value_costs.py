@@ -7,6 +7,7 @@ constants measured on this machine (see `treegraft.scheduling.value_eval.measure
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -101,16 +102,44 @@ class CostModel:
         `ValueSystemError` saying what is wrong."""
         try:
             scalars = {k: float(v) for k, v in raw.items() if k not in ("target", "strong")}
-            return cls(
+            model = cls(
                 target=LatencyCurve.from_dict(raw["target"]),
                 strong=LatencyCurve.from_dict(raw["strong"]),
                 **scalars,
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            model.check()
+            return model
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise ValueSystemError(
                 f"meta.json 'cost': not a recorded cost model ({type(exc).__name__}: {exc}); "
                 "the dataset is damaged: collect it again"
             ) from None
+
+    def check(self) -> None:
+        """Raise ValueError unless every time is finite and not negative, the curves' points
+        are increasing token counts with a time each, and a target forward takes time (else a
+        step of no time, or of negative time, makes every tokens/s meaningless)."""
+        for key in ("weak_layer_s", "strong_extra_s", "step_overhead_s"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{key}: expected seconds >= 0, got {value}")
+        for key in ("target", "strong"):
+            curve = getattr(self, key)
+            q, t = curve.queries, curve.seconds
+            if (
+                not q
+                or len(q) != len(t)
+                or q[0] < 1
+                or any(b <= a for a, b in itertools.pairwise(q))
+            ):
+                raise ValueError(
+                    f"{key}: expected increasing token counts >= 1 with one time each, got "
+                    f"queries {list(q)} and seconds {list(t)}"
+                )
+            least = 0.0 if key == "strong" else math.ulp(0.0)
+            if not all(math.isfinite(x) and x >= least for x in t):
+                want = ">= 0" if key == "strong" else "> 0"
+                raise ValueError(f"{key}.seconds: expected finite seconds {want}, got {list(t)}")
 
 
 def _scaled_curve(curve: LatencyCurve, factor: float) -> LatencyCurve:

@@ -203,7 +203,33 @@ def read_meta(path: Path) -> dict[str, Any]:
     bad = [k for k, kind in META_KEYS.items() if not isinstance(meta.get(k), kind)]
     if bad:
         raise ValueSystemError(f"{path}: lacks {', '.join(bad)} (or of the wrong type); {DAMAGED}")
+    if isinstance(meta["max_new_tokens"], bool) or meta["max_new_tokens"] < 1:
+        raise ValueSystemError(
+            f"{path}: 'max_new_tokens': expected int >= 1, got {meta['max_new_tokens']!r}; {DAMAGED}"
+        )
+    check_prompt_meta(path, meta["prompts"])
     return meta
+
+
+def check_prompt_meta(path: Path, prompts: list[Any]) -> None:
+    """Raise `ValueSystemError` unless each of `prompts` has an `id`, its token `ids` (at least
+    one) and its `continuation` (token ids), as `prompt_meta` writes them."""
+    for i, p in enumerate(prompts):
+        if not isinstance(p, dict) or "id" not in p:
+            raise ValueSystemError(
+                f"{path}: prompts[{i}]: expected an object with an 'id'; {DAMAGED}"
+            )
+        for key, low in (("ids", 1), ("continuation", 0)):
+            value = p.get(key)
+            if (
+                not isinstance(value, list)
+                or len(value) < low
+                or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+            ):
+                raise ValueSystemError(
+                    f"{path}: prompts[{i}].{key}: expected a list of token ids (at least {low}); "
+                    f"{DAMAGED}"
+                )
 
 
 def read_arrays(path: Path, n_features: int) -> dict[str, np.ndarray]:

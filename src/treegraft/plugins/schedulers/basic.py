@@ -58,7 +58,7 @@ class LayersScheduler(Scheduler):
         return self.config.drafter % state.n_drafters
 
     def check_pipeline(self, n_drafters: int, depth: int | None) -> None:
-        check_drafter_index(self.config.drafter, n_drafters)
+        check_drafter_index(self.config.drafter, n_drafters, stronger=True)
         past = [layer for layer in self.config.layers if depth is not None and layer >= depth]
         if past:
             raise ValueError(

@@ -162,7 +162,7 @@ class DistilledScheduler(ChecksDrafterIndex, Scheduler):
         gate = self.config.step_gate
         if state.layer == 0 and gate is not None and value < self.config.threshold - gate:
             self._gated = True
-        if value <= self.config.threshold:
+        if not value > self.config.threshold:  # a NaN prediction (overflow) calls nothing
             return 0
         if self.guard is not None and not self._asked:
             # the step's first call the MLP wants: the guard's arm decides the whole step

@@ -31,6 +31,7 @@ from typing import Any
 import attrs
 
 from treegraft.core.config import ConfigError, field
+from treegraft.core.errors import TreegraftError, shown
 from treegraft.core.interfaces import LayerState, Scheduler
 from treegraft.core.resources import Resources
 
@@ -38,7 +39,7 @@ PLANS_FORMAT = "treegraft-oracle-plans/1"
 PLANS_FILE = "plans.json"
 
 
-class OracleMismatch(RuntimeError):
+class OracleMismatch(TreegraftError, RuntimeError):
     """A generation left the trajectory the oracle's plans were collected on."""
 
 
@@ -60,12 +61,31 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Trajectory:
-        steps = tuple(OracleStep(int(s["committed_len"]), tuple(s["plan"])) for s in raw["steps"])
-        return cls(str(raw["prompt_id"]), int(raw["prompt_len"]), steps)
+        """A trajectory from its `plans.json` form; ValueError naming the first bad entry."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("steps"), list):
+            raise ValueError(f"expected an object with a 'steps' list, got {shown(raw)}")
+        prompt_len = count(raw.get("prompt_len"), "prompt_len", 1)
+        steps = []
+        for i, s in enumerate(raw["steps"]):
+            if not isinstance(s, dict) or not isinstance(s.get("plan"), list):
+                raise ValueError(
+                    f"steps[{i}]: expected an object with a 'plan' list, got {shown(s)}"
+                )
+            committed = count(s.get("committed_len"), f"steps[{i}].committed_len", prompt_len)
+            plan = tuple(count(d, f"steps[{i}].plan", 0) for d in s["plan"])
+            steps.append(OracleStep(committed, plan))
+        return cls(str(raw.get("prompt_id", "")), prompt_len, tuple(steps))
 
     def as_dict(self) -> dict[str, Any]:
         steps = [{"committed_len": s.committed_len, "plan": list(s.plan)} for s in self.steps]
         return {"prompt_id": self.prompt_id, "prompt_len": self.prompt_len, "steps": steps}
+
+
+def count(value: Any, key: str, low: int) -> int:
+    """`value` if it is an int >= `low` (not a bool, a float or text), else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{key}: expected int >= {low}, got {shown(value)}")
+    return value
 
 
 def write_plans(trajectories: Sequence[Trajectory], path: Path) -> Path:
@@ -79,17 +99,29 @@ def read_plans(ref: Path | str) -> tuple[Trajectory, ...]:
     """Trajectories from a `plans.json` file or a dataset directory holding one."""
     path = Path(ref).expanduser()
     path = path / PLANS_FILE if path.is_dir() else path
-    if not path.is_file():
+    if not str(ref).strip() or not path.is_file():  # Path('') is the working directory
         raise ConfigError(
             f"pipeline.scheduler.plans: {str(ref)!r} not found: expected a {PLANS_FILE} file or a "
             "dataset directory written by `treegraft scheduler collect`"
         )
     try:
         data = json.loads(path.read_text())
-        if data.get("format") != PLANS_FORMAT:
-            raise ValueError(f"expected format {PLANS_FORMAT!r}, got {data.get('format')!r}")
-        return tuple(Trajectory.from_dict(t) for t in data["trajectories"])
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        if not isinstance(data, dict) or data.get("format") != PLANS_FORMAT:
+            got = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"expected format {PLANS_FORMAT!r}, got {got!r}")
+        trajectories = data.get("trajectories")
+        if not isinstance(trajectories, list) or not trajectories:
+            raise ValueError(
+                f"'trajectories': expected a non-empty list, got {shown(trajectories)}"
+            )
+        out = []
+        for i, t in enumerate(trajectories):
+            try:
+                out.append(Trajectory.from_dict(t))
+            except ValueError as exc:
+                raise ValueError(f"trajectories[{i}]: {exc}") from None
+        return tuple(out)
+    except (ValueError, OSError) as exc:  # JSON and UTF-8 errors are ValueErrors
         raise ConfigError(f"pipeline.scheduler.plans: {path}: malformed ({exc})") from None
 
 
@@ -122,6 +154,17 @@ class OracleScheduler(Scheduler):
     def from_trajectories(cls, trajectories: Sequence[Trajectory]) -> OracleScheduler:
         """An oracle over in-memory trajectories (no file)."""
         return cls(OracleConfig(plans="<memory>"), tuple(trajectories))
+
+    def check_pipeline(self, n_drafters: int, depth: int | None) -> None:
+        """Every drafter index of the plans names one of this pipeline's drafters."""
+        for traj in self.trajectories:
+            for i, step in enumerate(traj.steps):
+                if any(who >= n_drafters for who in step.plan):
+                    raise ValueError(
+                        f"plans: trajectory {traj.prompt_id!r}, step {i} names drafter "
+                        f"{max(step.plan)} but the pipeline has {n_drafters} drafters (indices "
+                        f"0 to {n_drafters - 1}): the plans were collected on another pipeline"
+                    )
 
     def begin(self) -> None:
         self.starting = True
