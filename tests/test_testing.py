@@ -87,6 +87,18 @@ def test_assert_lossless_catches_a_lossy_verifier() -> None:
         assert_lossless({**PIPELINE, "verifier": "off_by_one"}, [PROMPT], registry=registry)
 
 
+def test_a_low_precision_difference_names_the_gap_and_float64() -> None:
+    """In bfloat16 a difference may be a near-tie: the assertion says how far apart the target's
+    logits put the two tokens and where to check exactly; in float64 it says nothing more."""
+    registry = Registry.create(autoload=False, plugins=[BrokenPlugin()])
+    low = {**PIPELINE, "verifier": "off_by_one", "decoding": {"dtype": "bfloat16"}}
+    with pytest.raises(AssertionError, match=r"apart there, bfloat16 decodes exactly only up"):
+        assert_lossless(low, [PROMPT], registry=registry)
+    with pytest.raises(AssertionError) as exact:
+        assert_lossless({**PIPELINE, "verifier": "off_by_one"}, [PROMPT], registry=registry)
+    assert "apart there" not in str(exact.value)
+
+
 def test_sampling_check_passes_the_right_law_and_catches_a_wrong_one() -> None:
     sampling = {**PIPELINE, "verifier": {"name": "pointmass", "temperature": 1.0}}
     target = tiny_model("llama", seed=5, vocab=16)

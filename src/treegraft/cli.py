@@ -120,7 +120,12 @@ def _print_json(
 ) -> None:
     import json
 
-    from treegraft.cli_generate import generation_record, plain_decode
+    from treegraft.cli_generate import (
+        first_divergence,
+        generation_record,
+        is_sampling,
+        plain_decode,
+    )
     from treegraft.core.trace import TraceWriter
 
     generation = pipe.generate(text, max_new_tokens=max_new_tokens)
@@ -128,11 +133,14 @@ def _print_json(
         writer = TraceWriter.create(trace, pipe)
         for event in generation.events:
             writer.write(event)
-    plain = None
+    plain = divergence = None
     if compare:
         limit = _plain_limit(pipe, generation.token_ids, generation.finish_reason, max_new_tokens)
-        plain = plain_decode(pipe, pipe.encode(text), limit)
-    write_out(json.dumps(generation_record(generation, plain)) + "\n")
+        prompt = pipe.encode(text)
+        plain = plain_decode(pipe, prompt, limit)
+        if not is_sampling(pipe):
+            divergence = first_divergence(pipe, prompt, generation.token_ids, plain.token_ids)
+    write_out(json.dumps(generation_record(generation, plain, divergence)) + "\n")
 
 
 def _plain_limit(pipe, ids, finish: str | None, max_new_tokens: int | None) -> int:
@@ -141,11 +149,13 @@ def _plain_limit(pipe, ids, finish: str | None, max_new_tokens: int | None) -> i
 
 
 def _print_comparison(pipe, text, ids, tokens_per_s, finish, max_new_tokens) -> None:
-    from treegraft.cli_generate import comparison_line, is_sampling, plain_decode
+    from treegraft.cli_generate import comparison_line, first_divergence, is_sampling, plain_decode
 
-    plain = plain_decode(pipe, pipe.encode(text), _plain_limit(pipe, ids, finish, max_new_tokens))
-    dtype = str(pipe.resources.dtype).removeprefix("torch.")
-    line = comparison_line(tokens_per_s, ids, plain, is_sampling(pipe), dtype)
+    prompt = pipe.encode(text)
+    plain = plain_decode(pipe, prompt, _plain_limit(pipe, ids, finish, max_new_tokens))
+    sampling = is_sampling(pipe)
+    divergence = None if sampling else first_divergence(pipe, prompt, ids, plain.token_ids)
+    line = comparison_line(tokens_per_s, ids, plain, sampling, divergence)
     console.print(line, highlight=False)
 
 

@@ -231,32 +231,107 @@ def is_sampling(pipe: Any) -> bool:
     return pipe.spec.verifier.name != "greedy"
 
 
-#: dtypes whose rounding may flip a near-tie between a tree forward and a one-token forward
-LOW_PRECISION = ("bfloat16", "float16")
+@attrs.frozen
+class Divergence:
+    """Where a greedy pipeline's output first differs from plain decoding's, judged by the
+    target's own full forward of the common prefix: how far below its largest logit each of
+    the two tokens is, against the rounding its dtype allows (the load probe's tolerance)."""
+
+    index: int  # position among the new tokens, from 0
+    pipeline_token: int
+    plain_token: int
+    pipeline_below: float  # largest logit - the pipeline token's logit
+    plain_below: float  # largest logit - plain decoding's token's logit
+    allowed: float  # rounding allowed: `tolerance(dtype)` x (1 + the largest finite |logit|)
+    dtype: str
+
+    @property
+    def near_tie(self) -> bool:
+        """Whether both tokens are within rounding of the target's largest logit."""
+        return max(self.pipeline_below, self.plain_below) <= self.allowed
+
+    def note(self) -> str:
+        """The explanation `--compare` prints after `identical: no`."""
+        where = f"first difference at new token {self.index + 1}"
+        pair = f"{self.pipeline_token} (pipeline) and {self.plain_token} (plain decoding)"
+        if self.near_tie:
+            gap = max(self.pipeline_below, self.plain_below)
+            wider = "" if self.dtype == "float64" else "; float64 decodes identically"
+            return (
+                f"{where}: the target's own forward puts {pair} within {gap:.3g} of its largest "
+                f"logit, inside {self.dtype} rounding ({self.allowed:.3g}): a near-tie the two "
+                "batchings round otherwise; every token is still the target's argmax, "
+                f"docs/losslessness.md#low-precision{wider}"
+            )
+        wrong, below = (
+            ("the pipeline", self.pipeline_below)
+            if self.pipeline_below >= self.plain_below
+            else ("plain `generate`", self.plain_below)
+        )
+        return (
+            f"{where}: of {pair}, {wrong}'s token is {below:.3g} below the target's own largest "
+            f"logit, beyond {self.dtype} rounding ({self.allowed:.3g}): not a near-tie, "
+            f"{wrong} did not decode as the target's forward (a defect: please report it)"
+        )
+
+
+def first_divergence(
+    pipe: Any, prompt_ids: torch.Tensor, tree_ids: Sequence[int], plain_ids: Sequence[int]
+) -> Divergence | None:
+    """Where greedy outputs `tree_ids` and `plain_ids` first differ (None: one is a prefix of
+    the other), judged by one full forward of the target (synchronises with the device)."""
+    from treegraft.core.runner.model_check import tolerance
+
+    index = next(
+        (i for i, (a, b) in enumerate(zip(tree_ids, plain_ids, strict=False)) if a != b), None
+    )
+    if index is None:
+        return None
+    runner = pipe.decoder.target
+    common = torch.tensor(list(plain_ids[:index]), dtype=torch.long)
+    ids = torch.cat([prompt_ids.cpu().long(), common]).to(runner.device)[None]  # [1, T]
+    with torch.inference_mode():
+        logits = runner.model(input_ids=ids, use_cache=False).logits[0, -1].float()  # [V]
+    finite = logits[logits.isfinite()]
+    top = float(logits.max())
+    scale = 1.0 + (float(finite.abs().max()) if finite.numel() else 0.0)
+    a, b = int(tree_ids[index]), int(plain_ids[index])
+    return Divergence(
+        index=index,
+        pipeline_token=a,
+        plain_token=b,
+        pipeline_below=top - float(logits[a]),
+        plain_below=top - float(logits[b]),
+        allowed=tolerance(runner.dtype) * scale,
+        dtype=str(runner.dtype).removeprefix("torch."),
+    )
 
 
 def comparison_line(
-    tree_tps: float, tree_ids: Sequence[int], plain: PlainRun, sampling: bool, dtype: str = ""
+    tree_tps: float,
+    tree_ids: Sequence[int],
+    plain: PlainRun,
+    sampling: bool,
+    divergence: Divergence | None = None,
 ) -> str:
     """`plain decoding X tokens/s · pipeline Y tokens/s · Zx · identical: yes`; a greedy
-    difference in a low-precision `dtype` says where the docs explain it."""
+    difference says where it is and whether the target's logits make it a near-tie there."""
     speedup = tree_tps / plain.tokens_per_second if plain.tokens_per_second > 0 else 0.0
     same = tuple(tree_ids) == plain.token_ids
     note = " (sampling: equal in distribution, not token for token)" if sampling else ""
-    if not same and not sampling and dtype in LOW_PRECISION:
-        note = (
-            f" ({dtype}: a near-tie rounded otherwise by the two batchings; every token is "
-            "still the target's argmax, docs/losslessness.md#low-precision; float64 decodes "
-            "identically)"
-        )
+    if not same and not sampling and divergence is not None:
+        note = f" ({divergence.note()})"
     return (
         f"plain decoding {plain.tokens_per_second:.1f} tokens/s · pipeline {tree_tps:.1f} "
         f"tokens/s · {speedup:.2f}x · identical: {'yes' if same else 'no'}{note}"
     )
 
 
-def generation_record(generation: Any, plain: PlainRun | None) -> dict[str, Any]:
-    """The `--json` record: text, ids, finish reason and metrics (and plain decoding's)."""
+def generation_record(
+    generation: Any, plain: PlainRun | None, divergence: Divergence | None = None
+) -> dict[str, Any]:
+    """The `--json` record: text, ids, finish reason and metrics (and plain decoding's, with
+    the first greedy difference)."""
     s = generation.summary
     record: dict[str, Any] = {
         "text": generation.text,
@@ -277,6 +352,14 @@ def generation_record(generation: Any, plain: PlainRun | None) -> dict[str, Any]
             "tokens_per_s": plain.tokens_per_second,
         }
         record["identical"] = tuple(generation.token_ids) == plain.token_ids
+        if divergence is not None:
+            record["first_difference"] = {
+                "index": divergence.index,
+                "pipeline_token": divergence.pipeline_token,
+                "plain_token": divergence.plain_token,
+                "near_tie": divergence.near_tie,
+                "note": divergence.note(),
+            }
         record["speedup"] = (
             s.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else None
         )

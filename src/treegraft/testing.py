@@ -301,7 +301,8 @@ def assert_lossless(
         sampling: whether the verifier samples (default: its config has a `temperature`, or a
             `law` is given).
 
-    Greedy verifier: every output equals `greedy_reference`. Sampling verifier: each prompt is decoded `samples` times with seeds 0, 1, ..., and the first and second
+    Greedy verifier: every output equals `greedy_reference` (in bfloat16 or float16 a failure
+    also says how far apart the target's logits put the two tokens: a near-tie may flip). Sampling verifier: each prompt is decoded `samples` times with seeds 0, 1, ..., and the first and second
     tokens must pass a chi-square test (level 1e-3) against the exact laws computed from the
     target (`sampling_reference`).
     """
@@ -341,6 +342,7 @@ def assert_lossless(
                 raise AssertionError(
                     f"prompt {i}: the pipeline's output differs from plain greedy decoding at "
                     f"token {first}: got {got}, expected {want}"
+                    + _tie_note(target, prompt, got, want, first, dtype)
                 )
         return pipe
     law = law or _config_law(pipe.spec.verifier.config)
@@ -355,6 +357,24 @@ def assert_lossless(
         assert_same_distribution(counts[0], first, what=f"prompt {i}, first token")
         assert_same_distribution(counts[1], second, what=f"prompt {i}, second token")
     return pipe
+
+
+def _tie_note(
+    target: Any, prompt: Any, got: list[int], want: list[int], first: int, dtype: torch.dtype
+) -> str:
+    """For a difference at token `first` in a low-precision `dtype`: how far apart the
+    target's logits put the two tokens there (a near-tie flips legitimately); else ''."""
+    if dtype not in (torch.bfloat16, torch.float16) or first >= min(len(got), len(want)):
+        return ""
+    ids = [*torch.as_tensor(prompt).flatten().tolist(), *want[:first]]
+    with torch.no_grad():
+        row = target(torch.tensor([ids])).logits[0, -1].float()  # [V]
+    gap = abs(float(row[got[first]] - row[want[first]]))
+    return (
+        f"; the target's logits put {got[first]} and {want[first]} {gap:.3g} apart there, "
+        f"{str(dtype).removeprefix('torch.')} decodes exactly only up to such near-ties "
+        "(docs/losslessness.md#low-precision): check losslessness in float64"
+    )
 
 
 def _pipeline_mapping(pipeline: Mapping[str, Any] | str | Path) -> dict[str, Any]:

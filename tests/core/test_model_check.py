@@ -111,6 +111,32 @@ def test_probe_names_nan_logits_as_such() -> None:
     assert why is not None and "gives NaN logits" in why and "nan (allowed" not in why
 
 
+def test_probe_names_a_float16_overflow_as_such() -> None:
+    """Logits past float16's largest value (65504) are +inf: refused naming the overflow and a
+    wider dtype, not as a difference of `nan (allowed: inf)`."""
+    from treegraft.core.runner.model_check import probe_generate
+
+    model = tiny_llama(seed=3).to(torch.float16)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1e5)
+    for why in (probe_model(model), probe_generate(model)):
+        assert why is not None and "+inf logits" in why and "65504" in why, why
+        assert "wider dtype" in why and "nan (allowed" not in why
+
+
+def test_probe_accepts_tokens_the_model_rules_out_with_minus_inf() -> None:
+    """A model whose forward gives some token -inf (ruled out) in every batching is served:
+    -inf equals -inf, and the finite logits set the scale."""
+    model = tiny_llama(seed=3)
+
+    def rule_out(module, args, output):
+        output[..., 5] = float("-inf")
+        return output
+
+    model.lm_head.register_forward_hook(rule_out)
+    assert probe_model(model, forward="transformers") is None
+
+
 def test_a_target_whose_own_generate_decodes_otherwise_is_refused() -> None:
     """A cache rule only `generate` applies (here: its decoding steps see positions shifted by
     one) makes `generate` differ from the full forward the pipeline reproduces: the probe says

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.kernels.kernel_strategies import parent_arrays, sibling_ranks
 from treegraft.core.config import NoConfig
+from treegraft.core.errors import NonFiniteLogitsError
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import greedy_accept
 from treegraft.plugins.verifiers.greedy import GreedyVerifier, row_argmax, walk_host
@@ -97,3 +99,27 @@ def test_a_tree_of_the_root_alone_gives_the_roots_argmax(cols, dtype, data):
     assert got.path.tolist() == want.path.tolist() == [0]
     assert int(got.length) == int(want.length) == 1
     assert int(got.bonus) == int(want.bonus) == int(logits[0].argmax())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "all -inf"], ids=str)
+@pytest.mark.parametrize("root_alone", [True, False], ids=["root alone", "chain"])
+def test_a_row_without_a_finite_largest_logit_is_named(dtype, bad, root_alone):
+    """A float16 forward that overflowed (or NaN weights) gives a row with no finite largest
+    logit: the walk names the node instead of emitting its `argmax` (token 0 for a NaN row),
+    on the host path and the kernel path alike; a row the walk never reads does not matter."""
+    parents, tokens = torch.tensor([-1, 0, 1, 0]), torch.tensor([9, 4, 5, 6])
+    tree = DraftTree.from_root(9) if root_alone else DraftTree.from_parents(tokens, parents)
+    logits = torch.full((tree.n_nodes, 10), -1.0)
+    logits[0, 4] = 1.0
+    node = 0 if root_alone else 1  # the chain reads rows 0 and 1, not 3
+    if not root_alone:
+        logits[3] = float("nan")  # unread: node 3 (token 6) is no argmax
+    if bad == "all -inf":
+        logits[node] = float("-inf")
+    else:
+        logits[node, 2] = bad
+    with pytest.raises(NonFiniteLogitsError, match=rf"row {node} \(tree node {node}\) has no"):
+        GreedyVerifier(NoConfig()).verify(tree, logits.to(dtype))
+    logits[node] = 0.0
+    GreedyVerifier(NoConfig()).verify(tree, logits.to(dtype))  # row 3 stays NaN, unread

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from tests.conftest import greedy_reference, memory_resources
 from treegraft.core.config import ConfigError, NoConfig, pipeline_spec_from_dict
+from treegraft.core.errors import NonFiniteLogitsError
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.plugins.verifiers.greedy import GreedyVerifier
@@ -506,8 +507,10 @@ def test_huge_temperature_ranks_by_the_logits() -> None:
 )
 def test_bad_inputs_are_rejected_clearly(logits: Tensor, match: str) -> None:
     tree = DraftTree.from_parents(torch.tensor([2, 6, 3]), torch.tensor([-1, 0, 0]))
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as caught:
         PointMassVerifier(PointMassConfig()).verify(tree, logits)
+    overflow = "no finite largest logit" in match  # the command line's error, not "a bug"
+    assert isinstance(caught.value, NonFiniteLogitsError) == overflow
 
 
 # ---------------------------------------------------------------------------- end to end

@@ -22,6 +22,13 @@ class ArgumentError(TreegraftError, ValueError):
     """An argument, an input file or an output location is wrong (the message names which)."""
 
 
+class NonFiniteLogitsError(TreegraftError, ValueError):
+    """The target's logits at a tree node have no finite largest value (NaN, +inf, or all
+    -inf): its forward overflowed in this dtype (float16 reaches only 65504) or its weights hold
+    NaN, so no token is its argmax and no law can be sampled; loading it in a wider dtype is
+    the usual remedy. (The load probe refuses such a model when it shows on its probe prompt.)"""
+
+
 class BusyError(TreegraftError, RuntimeError):
     """A pipeline was asked to decode while a generation of it is still open (a `stream()` or
     `steps()` iterator not finished, or another thread): its models' caches hold that one."""

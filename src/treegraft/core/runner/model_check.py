@@ -23,6 +23,7 @@ the full forward, would decode other tokens than `generate`: the target is refus
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -149,10 +150,12 @@ def probe_generate(model: Any, *, seed: int = 1) -> str | None:
             own = model(input_ids=ids, use_cache=False).logits[0, n - 1 :].float()
         except Exception:  # a generate that fails is not the reference
             return None
-    tol = tolerance(next(model.parameters()).dtype)
+    dtype = next(model.parameters()).dtype
+    if (why := non_finite(own, dtype)) is not None:
+        return why
+    tol = tolerance(dtype)
     for step, (cached, full) in enumerate(zip(steps, own, strict=True)):
-        scale = 1.0 + float(full.abs().max())
-        diff = float((cached - full).abs().max())
+        diff, scale = difference(cached, full)
         if not diff <= tol * scale:
             return (
                 f"its own cached `generate` gives logits that differ from its full forward by "
@@ -202,20 +205,56 @@ def _compare(
         path = tree.tokens[tree.path_to(node)][1:]
         ids = torch.cat([prompt, path]).to(device)
         own = model(input_ids=ids[None], use_cache=False).logits[0, -1].float()
-        if bool(own.isnan().any()):
+        if (why := non_finite(own, runner.dtype)) is not None:
+            return why
+        diff, scale = difference(logits[node], own)
+        if bool((logits[node].isnan() | (logits[node] == math.inf)).any()):
             return (
-                "its own forward gives NaN logits, so no decoding of it can be checked: its "
-                "weights hold NaN or overflow in this dtype (a corrupt checkpoint, or one to load "
-                "in a wider dtype)"
+                f"{what} gives NaN or +inf logits where the model's own forward gives finite "
+                f"ones up to {scale - 1.0:.6g}, at a node of depth {int(tree.depth[node])}: its "
+                f"logits reach the edge of {_name(runner.dtype)}'s range "
+                f"({torch.finfo(runner.dtype).max:.6g}); load it in a wider dtype"
             )
-        scale = 1.0 + float(own.abs().max())
-        diff = float((logits[node] - own).abs().max())
         if not diff <= tol * scale:
             return (
                 f"{what} gives logits that differ from the model's own forward by {diff:.3g} "
                 f"(allowed: {tol * scale:.3g}) at a node of depth {int(tree.depth[node])}"
             )
     return None
+
+
+def non_finite(own: Tensor, dtype: torch.dtype) -> str | None:
+    """Why the model's own logits `own` (of a forward in `dtype`) define no decoding to check:
+    NaN, or a +inf logit (an overflow: float16 reaches only 65504); None otherwise (-inf, a
+    token the model rules out, is a logit like any other)."""
+    if bool(own.isnan().any()):
+        return (
+            "its own forward gives NaN logits, so no decoding of it can be checked: its "
+            "weights hold NaN or overflow in this dtype (a corrupt checkpoint, or one to load "
+            "in a wider dtype)"
+        )
+    if bool((own == math.inf).any()):
+        return (
+            f"its own forward gives +inf logits: they overflow {_name(dtype)}, whose largest "
+            f"value is {torch.finfo(dtype).max:.6g}, so they define no probabilities and may tie "
+            "several tokens first; load it in a wider dtype (bfloat16 or float32), or its "
+            "weights are corrupt"
+        )
+    return None
+
+
+def difference(logits: Tensor, own: Tensor) -> tuple[float, float]:
+    """The largest difference of `logits` from the model's `own` (`[V]` each, float32) and the
+    scale it is judged against (1 + the largest finite own logit's size); a token both give
+    -inf differs by nothing."""
+    ruled_out = (own == -math.inf) & (logits == -math.inf)  # [V]
+    gap = torch.where(ruled_out, 0.0, logits - own).abs()  # [V]
+    scale = 1.0 + float(own.masked_fill(own == -math.inf, 0.0).abs().max())
+    return float(gap.max()), scale
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _first_line(err: BaseException) -> str:

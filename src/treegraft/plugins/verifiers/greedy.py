@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from treegraft.core.config import NoConfig
+from treegraft.core.errors import NonFiniteLogitsError
 from treegraft.core.interfaces import Verdict, Verifier
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import greedy_accept
@@ -22,11 +23,28 @@ class GreedyVerifier(Verifier):
     config: NoConfig
 
     def verify(self, tree: DraftTree, target_logits: Tensor) -> Verdict:
+        """The target's greedy path through `tree` and its bonus token; a `NonFiniteLogitsError`
+        when a row the walk reads has no finite largest logit (synchronises once off the host
+        path, to check that)."""
         if _numpy_readable(target_logits) and tree.device.type == "cpu":
             return walk_host(tree.tokens, tree.parents, target_logits)
-        argmax = row_argmax(target_logits).to(tree.tokens.device)  # [n]
-        acc = greedy_accept(tree.tokens, tree.parents, argmax)
+        argmax = row_argmax(target_logits)  # [n]
+        acc = greedy_accept(tree.tokens, tree.parents, argmax.to(tree.tokens.device))
+        read = acc.path.to(argmax.device)  # [n], -1 past the accepted path
+        top = target_logits.gather(1, argmax[:, None])[read.clamp(min=0), 0]  # [n]
+        bad = torch.where((read >= 0) & ~top.isfinite(), read, read.shape[0]).min()
+        if int(bad) < read.shape[0]:
+            raise not_finite(int(bad))
         return Verdict(path=acc.path, length=acc.length, bonus=acc.bonus)
+
+
+def not_finite(node: int) -> NonFiniteLogitsError:
+    """The error for tree node `node`, whose logits have no finite largest value."""
+    return NonFiniteLogitsError(
+        f"target_logits: row {node} (tree node {node}) has no finite largest logit (NaN, +inf "
+        "or all -inf), so no token is the target's argmax there: the target's forward "
+        "overflowed or holds NaN (load it in a wider dtype)"
+    )
 
 
 #: dtypes whose CPU tensors numpy reads without a copy
@@ -47,14 +65,22 @@ def walk_host(tokens: Tensor, parents: Tensor, logits: Tensor) -> Verdict:
     """
     rows = logits.numpy()
     if tokens.shape[0] == 1:  # the root alone (a plain step): its argmax, no walk
-        bonus, host = rows[0].argmax(), torch.from_numpy
+        bonus, host = _finite_argmax(rows, 0), torch.from_numpy
         return Verdict(
             path=host(np.zeros(1, np.int64)),
             length=host(np.array(1, np.int64)),
             bonus=host(np.array(bonus, np.int64)),
         )
-    acc = host_walk(tokens.tolist(), parents.tolist(), lambda node: int(rows[node].argmax()))
+    acc = host_walk(tokens.tolist(), parents.tolist(), lambda node: _finite_argmax(rows, node))
     return Verdict(path=acc.path, length=acc.length, bonus=acc.bonus)
+
+
+def _finite_argmax(rows: np.ndarray, node: int) -> int:
+    """The argmax of `rows[node]`, whose value must be finite (else `not_finite`)."""
+    best = int(rows[node].argmax())
+    if not np.isfinite(rows[node, best]):
+        raise not_finite(node)
+    return best
 
 
 def row_argmax(logits: Tensor) -> Tensor:

@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from treegraft.core.config import Check, at_least, between, field
+from treegraft.core.errors import NonFiniteLogitsError
 from treegraft.core.interfaces import Verdict, Verifier
 from treegraft.core.tree import DraftTree
 
@@ -302,7 +303,7 @@ def _check_inputs(tree: DraftTree, target_logits: Tensor, samples: int) -> int:
     if low < 0 or high >= vocab:
         raise ValueError(f"tree tokens span [{low}, {high}], outside the vocabulary [0, {vocab})")
     if bad < n:
-        raise ValueError(
+        raise NonFiniteLogitsError(
             f"target_logits: row {bad} (tree node {bad}) has no finite largest logit (NaN, +inf "
             "or all -inf), so it defines no target law: the target's forward overflowed or holds "
             "NaN (load it in a wider dtype)"
