@@ -296,7 +296,11 @@ FROM_PARENTS_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize(("change", "message"), FROM_PARENTS_ERRORS, ids=lambda x: x[:40] if isinstance(x, str) else "call")
+@pytest.mark.parametrize(
+    ("change", "message"),
+    FROM_PARENTS_ERRORS,
+    ids=lambda x: x[:40] if isinstance(x, str) else "call",
+)
 def test_from_parents_names_the_bad_argument(change: dict, message: str) -> None:
     """These used to raise AttributeError, TypeError or a torch RuntimeError, or (proposer of
     the wrong length, integer edge log-probs, negative tokens) build a broken tree."""

@@ -90,7 +90,9 @@ BAD_PARENTS = [
 
 
 @pytest.mark.parametrize("kernels", ["auto", "reference"])
-@pytest.mark.parametrize(("parents", "message"), BAD_PARENTS, ids=lambda x: x[:40] if isinstance(x, str) else "call")
+@pytest.mark.parametrize(
+    ("parents", "message"), BAD_PARENTS, ids=lambda x: x[:40] if isinstance(x, str) else "call"
+)
 @pytest.mark.parametrize("op", sorted(PUBLIC_OPS))
 def test_bad_parent_arrays_are_named_in_a_treegraft_error(
     op: str, parents: torch.Tensor, message: str, kernels: str, monkeypatch: pytest.MonkeyPatch

@@ -109,7 +109,9 @@ BAD_CALLS = [
 
 
 @pytest.mark.parametrize("kernels", ["auto", "reference"])
-@pytest.mark.parametrize(("change", "message"), BAD_CALLS, ids=lambda x: x[:40] if isinstance(x, str) else "call")
+@pytest.mark.parametrize(
+    ("change", "message"), BAD_CALLS, ids=lambda x: x[:40] if isinstance(x, str) else "call"
+)
 def test_bad_arguments_are_named_in_a_treegraft_error(
     change: dict, message: str, kernels: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

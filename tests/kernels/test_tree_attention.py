@@ -165,7 +165,9 @@ BAD_CALLS = [
 ]
 
 
-@pytest.mark.parametrize(("change", "message"), BAD_CALLS, ids=lambda x: x[:40] if isinstance(x, str) else "call")
+@pytest.mark.parametrize(
+    ("change", "message"), BAD_CALLS, ids=lambda x: x[:40] if isinstance(x, str) else "call"
+)
 def test_bad_arguments_are_named_in_a_treegraft_error(change: dict, message: str) -> None:
     """Broadcasting used to hide a batch mismatch (and torch errors named no argument)."""
     with pytest.raises(ArgumentError, match=f"^tree_attention: {message}"):

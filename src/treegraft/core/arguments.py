@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from treegraft.core.config import MAX_NEW_TOKENS
+from treegraft.core.constraints import MAX_NEW_TOKENS
 from treegraft.core.errors import ArgumentError, check_argument, shown
 from treegraft.core.inputs import check_utf8
 from treegraft.core.runner.lean import FORWARDS

@@ -16,13 +16,24 @@ import os
 import re
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
 import yaml
 
+# re-exported: plugins import the field constraints from here
+from treegraft.core.constraints import (  # noqa: F401
+    MAX_NEW_TOKENS,
+    Check,
+    NoConfig,
+    at_least,
+    between,
+    each,
+    field,
+    one_of,
+)
 from treegraft.core.devices import DEVICE_NAMES
 from treegraft.core.errors import (
     ArgumentError,
@@ -50,62 +61,6 @@ ROOT = "pipeline"
 
 class ConfigError(TreegraftError, ValueError):
     """A pipeline file is malformed; the message names the path of the offending value."""
-
-
-# ---------------------------------------------------------------------------- field constraints
-
-
-@attrs.frozen
-class Check:
-    """An attrs validator that also describes itself (`>= 1`, `one of ...`)."""
-
-    describe: str
-    test: Callable[[Any], bool]
-    #: a sanity bound above the documented range (a budget of 10**12 is a typo, not a request)
-    sane_max: float | None = None
-
-    def __call__(self, instance: object, attribute: attrs.Attribute, value: Any) -> None:
-        if not self.test(value) or self.too_large(value):
-            raise ValueError(f"{attribute.name}: expected {self.describe}, got {shown(value)}")
-
-    def too_large(self, value: Any) -> bool:
-        return self.sane_max is not None and value > self.sane_max
-
-
-def at_least(low: float, *, sane_max: float | None = None) -> Check:
-    """Value >= `low` (and at most `sane_max`, a sanity bound, when given)."""
-    return Check(f">= {low}", lambda v: v >= low, sane_max)
-
-
-def between(low: float, high: float, *, open_low: bool = False) -> Check:
-    """`low <= value <= high` (or `low < value` with `open_low`)."""
-    op = "<" if open_low else "<="
-    return Check(
-        f"with {low} {op} value <= {high}",
-        lambda v: (v > low if open_low else v >= low) and v <= high,
-    )
-
-
-def one_of(*choices: Any) -> Check:
-    """Value among `choices`."""
-    return Check(f"one of {', '.join(repr(c) for c in choices)}", lambda v: v in choices)
-
-
-def each(check: Check) -> Check:
-    """Every element of a sequence passes `check`."""
-    return Check(f"each {check.describe}", lambda vs: all(check.test(v) for v in vs))
-
-
-def field(
-    default: Any = attrs.NOTHING, *, check: Check | None = None, doc: str = "", **kw: Any
-) -> Any:
-    """An attrs field for component configs: a constraint and a one-line doc (shown in errors)."""
-    return attrs.field(default=default, validator=check, metadata={"doc": doc}, **kw)
-
-
-@attrs.frozen
-class NoConfig:
-    """This component has no hyper-parameters."""
 
 
 # ---------------------------------------------------------------------------- strict structuring
@@ -280,10 +235,6 @@ def moved_keys(cls: type) -> Mapping[str, str]:
 
 
 # ---------------------------------------------------------------------------- pipeline spec
-
-
-#: the most tokens one generation may ask for (a sanity bound: caches are sized from it)
-MAX_NEW_TOKENS = 1_000_000
 
 
 @attrs.frozen
