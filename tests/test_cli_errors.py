@@ -153,6 +153,38 @@ def test_an_empty_path_is_refused_naming_the_option(args: list[str], name: str) 
     assert name in result.output and "expected a path, got an empty string" in result.output
 
 
+USAGE_ERRORS = {
+    "int": (["generate", "--seed", "1.5"], "'--seed': expected a valid integer, got '1.5'"),
+    "float": (
+        ["generate", "--temperature", "hot"],
+        "'--temperature': expected a valid number, got 'hot'",
+    ),
+    "below-min": (
+        ["zoo", "distil-exit", "--layers", "0"],
+        "'--layers': expected a value greater than or equal to 1, got '0'",
+    ),
+    "unknown-option": (["generate", "--nope"], "No such option: --nope"),
+    "missing-option": (["zoo", "train"], "Missing option '--recipe'"),
+    "unknown-command": (["zoo", "nosuch"], "No such command 'nosuch'"),
+    "root-option": (["--bogus"], "No such option: --bogus"),
+}
+
+
+@pytest.mark.parametrize(("args", "message"), USAGE_ERRORS.values(), ids=USAGE_ERRORS.keys())
+def test_a_usage_error_is_one_line_naming_the_option_and_value(args, message: str) -> None:
+    """Typer's usage errors (a value of the wrong type, an unknown option) end as the other
+    errors do: one line with the option, the value given and what was expected, and where the
+    help is; not a boxed usage text without the value."""
+    stderr = assert_clean(invoke(*args), 2, message, "--help' for help.")
+    assert "╭" not in stderr
+
+
+def test_a_usage_error_of_the_installed_command(tmp_path: Path) -> None:
+    proc = cli("generate", "--max-new-tokens", "ten")
+    stderr = assert_clean_process(proc, 2, "'--max-new-tokens': expected a valid integer")
+    assert "got 'ten'" in stderr and "Try 'treegraft generate --help'" in stderr
+
+
 # ---------------------------------------------------------------------------- pipeline fields
 
 
