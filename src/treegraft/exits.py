@@ -122,18 +122,34 @@ def refuse_empty_paths(group: Any) -> None:
             refuse_empty_paths(command)
             continue
         for param in command.params:
-            if getattr(getattr(param, "type_descriptor", None), "annotation", None) is Path:
+            annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+            if annotation is Path or annotation == list[Path]:  # one path, or several
                 param.process_value = _nonempty_path(param.process_value, param)
 
 
 def _nonempty_path(process: Callable[..., Any], param: Any) -> Callable[..., Any]:
     def checked(ctx: Any, value: Any) -> Any:
         values = value if isinstance(value, list | tuple) else [value]
-        if any(isinstance(v, str) and not v.strip() for v in values):
-            raise typer.BadParameter("expected a path, got an empty string", ctx, param)
+        for v in values:
+            problem = path_problem(v) if isinstance(v, str) else None
+            if problem:
+                raise typer.BadParameter(problem, ctx, param)
         return process(ctx, value)
 
     return checked
+
+
+def path_problem(text: str) -> str | None:
+    """What is wrong with `text` as a path given on the command line, or None: an empty or blank
+    one (an unset shell variable) would be read as the current folder, and no file name holds a
+    NUL byte."""
+    from treegraft.core.errors import clipped
+
+    if not text.strip():
+        return "expected a path, got an empty string"
+    if "\0" in text:
+        return f"expected a path, got {clipped(repr(text))}, which holds a NUL byte"
+    return None
 
 
 def reader_gone() -> int:
