@@ -8,20 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from treegraft.console import fail as _fail
-
-
-def set_threads(threads: int | None) -> None:
-    """Set torch's CPU threads (None: leave the default)."""
-    import torch
-
-    from treegraft.core.arguments import check_threads
-
-    try:
-        check_threads("--threads", threads)
-    except ValueError as exc:  # an ArgumentError naming the option
-        _fail(str(exc))
-    if threads is not None:
-        torch.set_num_threads(threads)
+from treegraft.console import set_threads as set_threads  # the commands' --threads
 
 
 def check_numbers(

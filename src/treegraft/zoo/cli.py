@@ -167,15 +167,14 @@ def train_head_cmd(
     out: Annotated[
         Path | None, typer.Option(help="Where the finished head goes (default: RUNS/NAME/export).")
     ] = None,
-    threads: Annotated[int, typer.Option(min=1, help="torch CPU threads.")] = 1,
+    threads: Annotated[int, typer.Option(help="torch CPU threads.")] = 1,
 ) -> None:
     """Distil a feature head (the `eagle` drafter's) from the recipe's target on the corpus."""
-    import torch
-
+    from treegraft.console import set_threads
     from treegraft.zoo.recipe import recipe_errors
     from treegraft.zoo.train_head import load_head_recipe, train_head
 
-    torch.set_num_threads(threads)
+    set_threads(threads)
     with recipe_errors(recipe):
         run = train_head(
             load_head_recipe(recipe),
@@ -212,13 +211,15 @@ def distil_exit_cmd(
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest answer.")] = 96,
     batch_size: Annotated[int, typer.Option(min=1, help="Prompts answered at once.")] = 32,
     epochs: Annotated[int, typer.Option(min=1, help="Passes over the answers.")] = 2,
-    lr: Annotated[float, typer.Option(min=0.0, help="Peak learning rate.")] = 3e-4,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (a finite number > 0).")] = 3e-4,
     seed: Annotated[int, typer.Option(help="Seed of the prompts and the training order.")] = 0,
     label_prompts: Annotated[
         bool,
         typer.Option(help="Also train on the target's top-1 at every prompt position."),
     ] = True,
-    threads: Annotated[int, typer.Option(min=1, help="torch CPU threads.")] = 2,
+    threads: Annotated[
+        int | None, typer.Option(help="torch CPU threads (default: 2, or 1 on a single CPU).")
+    ] = None,
     fresh: Annotated[
         bool,
         typer.Option(
@@ -237,8 +238,8 @@ def distil_exit_cmd(
     """Briefly distil a truncated self-drafter (the target's first layers, its norm and head) on
     the target's own greedy answers to corpus prompts, or with `--fresh` a small drafter of its
     own layers on the target's embedding and head (see docs/real-models.md)."""
-    import torch
-
+    from treegraft.console import set_threads
+    from treegraft.core.arguments import usable_cpus
     from treegraft.core.resources import ModelRefError
     from treegraft.zoo import remote
     from treegraft.zoo.corpus import CORPUS_FILE, default_corpus_dir
@@ -252,7 +253,8 @@ def distil_exit_cmd(
             err=True,
         )
         raise typer.Exit(code=2)
-    torch.set_num_threads(threads)
+    set_threads(min(2, usable_cpus()) if threads is None else threads)
+    check_learning_rate(lr)
     if intermediate_size is not None and not fresh:
         typer.echo("error: --intermediate-size: only fresh layers (--fresh) take a width", err=True)
         raise typer.Exit(code=2)
@@ -286,6 +288,16 @@ def distil_exit_cmd(
         f"agreement on held-out answers {record['valid_agreement_before']:.3f} -> "
         f"{record['valid_agreement_after']:.3f}; wrote {out}"
     )
+
+
+def check_learning_rate(lr: float) -> None:
+    """Refuse, before any work, a `--lr` that trains nothing (0) or ruins the weights (nan, inf)."""
+    import math
+
+    from treegraft.console import fail
+
+    if not (math.isfinite(lr) and lr > 0):
+        fail(f"--lr: expected a finite number > 0, got {lr}")
 
 
 @app.command("export")
