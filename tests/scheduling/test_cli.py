@@ -221,11 +221,31 @@ def no_models(monkeypatch):
         (["--skip=-1"], "--skip: expected int >= 0, got -1"),
         (["--repeats", "0"], "--repeats: expected int >= 1, got 0"),
         (["--max-new-tokens", "0"], "--max-new-tokens: expected int >= 1, got 0"),
+        (  # the training prompts were made first: an endless wait, not an error
+            ["--prompts", str(2**70)],
+            f"--prompts: expected int with 1 <= value <= 100000, got {2**70}",
+        ),
+        (["--skip", str(10**9)], f"--skip: expected int with 0 <= value <= 100000, got {10**9}"),
+        (
+            ["--max-new-tokens", "1000001"],
+            "--max-new-tokens: expected int with 1 <= value <= 1000000, got 1000001",
+        ),
     ],
-    ids=["prompts-0", "prompts-neg", "skip-neg", "repeats-0", "tokens-0"],
+    ids=[
+        "prompts-0",
+        "prompts-neg",
+        "skip-neg",
+        "repeats-0",
+        "tokens-0",
+        "prompts-huge",
+        "skip-huge",
+        "tokens-huge",
+    ],
 )
 def test_collect_refuses_bad_numbers_before_any_model_loads(tmp_path, monkeypatch, args, message):
     no_models(monkeypatch)
+    made = "treegraft.scheduling.training_prompts.training_prompts"
+    monkeypatch.setattr(made, lambda *a, **k: pytest.fail("the training prompts were made"))
     result = runner.invoke(app, ["collect", "--out", str(tmp_path / "d"), *args])
     assert result.exit_code == 2 and message in result.output, result.output
     assert not (tmp_path / "d").exists()

@@ -23,7 +23,9 @@ from treegraft.bench.cli import (
 from treegraft.bench.progress import prompt_progress
 from treegraft.console import console, out
 from treegraft.console import fail as _fail
+from treegraft.core.config import MAX_NEW_TOKENS
 from treegraft.scheduling.cli_setup import (
+    MAX_PROMPTS,
     check_artifact,
     check_guard,
     executor_options,
@@ -121,8 +123,9 @@ def collect(
     import time
 
     set_threads(threads)
-    _check_numbers(("--prompts", prompts, 1), ("--skip", skip, 0), ("--repeats", repeats, 1),
-                   ("--max-new-tokens", max_new_tokens, 1), ("--seed", seed, 0))  # fmt: skip
+    _check_numbers(("--prompts", prompts, 1, MAX_PROMPTS), ("--skip", skip, 0, MAX_PROMPTS),
+                   ("--repeats", repeats, 1), ("--max-new-tokens", max_new_tokens, 1,
+                   MAX_NEW_TOKENS), ("--seed", seed, 0))  # fmt: skip
     shards = executor_options(executor, ray_address, workers, num_cpus, num_gpus)
     check_artifact("--follow", follow)
 

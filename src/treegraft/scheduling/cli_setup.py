@@ -10,17 +10,23 @@ from typing import Any
 from treegraft.console import fail as _fail
 from treegraft.console import set_threads as set_threads  # the commands' --threads
 
+#: The most prompts a collection takes (`--prompts`, `--skip`): the training prompts are made
+#: before the first label, so a count past this spends minutes (and memory) before any work.
+MAX_PROMPTS = 100_000
+
 
 def check_numbers(
-    *ints: tuple[str, int | None, int], finite: tuple[tuple[str, float], ...] = ()
+    *ints: tuple[str, int | None, int] | tuple[str, int | None, int, int],
+    finite: tuple[tuple[str, float], ...] = (),
 ) -> None:
-    """Refuse, before any work, an int option below its least (`(option, value, least)`; None:
-    not given) or a float option (`(option, value)`) that is nan or inf."""
+    """Refuse, before any work, an int option outside its range (`(option, value, least)` or
+    `(option, value, least, most)`; None: not given) or a float option (`(option, value)`)
+    that is nan or inf."""
     from treegraft.core.arguments import check_at_least, check_finite
 
     try:
-        for option, value, least in ints:
-            check_at_least(option, value, least)
+        for option, value, *bounds in ints:
+            check_at_least(option, value, *bounds)
         for option, number in finite:
             check_finite(option, number)
     except ValueError as exc:  # an ArgumentError naming the option
