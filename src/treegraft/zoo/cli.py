@@ -39,20 +39,36 @@ def build_corpus_cmd(
     ] = False,
 ) -> None:
     """Build the training corpus (stdlib code, docs text, synthetic tasks) under OUT."""
+    from treegraft.core.inputs import check_output_dir
     from treegraft.zoo.corpus import CorpusConfig, build_corpus, default_corpus_dir
-    from treegraft.zoo.sources import DEFAULT_DOCS_DIR, MissingSourceError, stdlib_dir
+    from treegraft.zoo.sources import DEFAULT_DOCS_DIR, stdlib_dir
 
     cfg = CorpusConfig(
         seed=seed,
-        stdlib=stdlib or stdlib_dir(),
-        docs=None if no_docs else (docs or DEFAULT_DOCS_DIR),
+        stdlib=(stdlib or stdlib_dir()).expanduser(),
+        docs=None if no_docs else (docs or DEFAULT_DOCS_DIR).expanduser(),
     )
-    try:
-        out = (out or default_corpus_dir()).expanduser()
-        manifest = build_corpus(cfg, out)
-    except MissingSourceError as err:
-        raise typer.BadParameter(str(err), param_hint="--docs") from err
+    out = check_output_dir((out or default_corpus_dir()).expanduser(), "--out")
+    check_sources(stdlib=cfg.stdlib, docs=cfg.docs)
+    manifest = build_corpus(cfg, out)
     typer.echo(f"{manifest['documents']} documents, {manifest['characters']:,} characters -> {out}")
+
+
+def check_sources(*, stdlib: Path | None = None, docs: Path | None = None) -> None:
+    """Refuse, before minutes of reading, a `--stdlib` without Python files (the corpus had no
+    code: an internal error) or a `--docs` without the HTML documentation, naming the option."""
+    from treegraft.console import fail
+    from treegraft.zoo.sources import MissingSourceError, require_docs, require_stdlib
+
+    for option, check, root in (
+        ("--stdlib", require_stdlib, stdlib),
+        ("--docs", require_docs, docs),
+    ):
+        try:
+            if root is not None:
+                check(root)
+        except MissingSourceError as exc:
+            fail(f"{option}: {exc}")
 
 
 def corpus_option(corpus: Path | None) -> Path:
@@ -79,11 +95,15 @@ def build_tokenizer_cmd(
     ] = None,
 ) -> None:
     """Train the shared byte-level BPE tokenizer on the corpus."""
+    from treegraft.core.inputs import check_output_dir
     from treegraft.zoo import tokenizer_path
     from treegraft.zoo.corpus import read_corpus
     from treegraft.zoo.tokenizer import train_tokenizer
 
-    texts = (d.text for d in read_corpus(corpus_option(corpus)))
+    source = corpus_option(corpus)
+    if out is not None:  # before the training: a file there fails at once, not at the end
+        out = check_output_dir(out.expanduser(), "--out")
+    texts = (d.text for d in read_corpus(source))
     dest = train_tokenizer(texts, out or tokenizer_path())
     typer.echo(f"tokenizer -> {dest}")
 
@@ -123,7 +143,9 @@ def build_suites_cmd(
 ) -> None:
     """Build the six held-out task suites (30 prompts each)."""
     from treegraft.console import fail
+    from treegraft.core.inputs import check_output_dir
     from treegraft.zoo.corpus import FINGERPRINT_FILE
+    from treegraft.zoo.sources import DEFAULT_DOCS_DIR
     from treegraft.zoo.suites import build_suites
 
     if corpus is not None and not (corpus.expanduser() / FINGERPRINT_FILE).is_file():
@@ -131,6 +153,10 @@ def build_suites_cmd(
             f"--corpus: {corpus} holds no corpus fingerprint ({FINGERPRINT_FILE}); expected a "
             "folder built by `treegraft zoo build-corpus`, or leave out --corpus to recompute it"
         )
+    if out is not None:
+        out = check_output_dir(out.expanduser(), "--out")
+    docs = (docs or DEFAULT_DOCS_DIR).expanduser()
+    check_sources(docs=docs)
     paths = build_suites(
         out=out, seed=seed, docs=docs, corpus=corpus.expanduser() if corpus else None
     )
