@@ -8,6 +8,7 @@ import sys
 
 import attrs
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from tests.core.test_decoder import repetitive_prompt
@@ -417,6 +418,30 @@ def test_collect_checks_the_followed_artifact_before_the_pipeline_loads(tmp_path
     assert f"--follow: {art / 'scheduler.json'}: 'layers': expected int >= 1" in " ".join(
         result.output.split()
     )
+
+
+COLLECT_FLAGS = {
+    "strong-empty": (["--strong", ""], "--strong: expected a model reference (zoo:NAME or a path), got ''"),
+    "target-empty": (["--target", ""], "--target: expected a model reference (zoo:NAME or a path), got ''"),
+    "dtype": (["--dtype", "float8"], "--dtype (pipeline.decoding.dtype): expected one of 'float32'"),
+    "device": (["--device", "gpu"], "--device (pipeline.decoding.device): expected str 'auto'"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "message"), COLLECT_FLAGS.values(), ids=COLLECT_FLAGS.keys())
+def test_collect_refuses_bad_model_flags_naming_them_before_the_pipeline_loads(
+    tmp_path, monkeypatch, args, message
+):
+    """`--strong ""` (an unset shell variable) was ignored: the file's drafter was collected
+    on; a bad --dtype or --device was named by its YAML path only, once the prompts were made."""
+    no_models(monkeypatch)
+    path = tmp_path / "pipe.yaml"
+    path.write_text(yaml.safe_dump(pipeline_raw(depth=2)))
+    result = runner.invoke(
+        app, ["collect", str(path), "--prompts", "1", "--out", str(tmp_path / "o"), *args]
+    )
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
 
 
 COLLECT_EARLY = {

@@ -28,6 +28,7 @@ from treegraft.scheduling.cli_setup import (
     MAX_PROMPTS,
     check_artifact,
     check_guard,
+    check_pipeline_mapping,
     executor_options,
     pipeline_mapping,
     recorded_costs,
@@ -147,6 +148,7 @@ def collect(
         recorded = recorded_costs(costs)
         texts, how = text_prompts(prompts, seed, skip, prompt_file, suite)
         raw = pipeline_mapping(pipeline, target=target, strong=strong, device=device, dtype=dtype)
+        check_pipeline_mapping(raw, target=target)  # --dtype float8: before the models load
         pipe = load_pipeline(raw)
         policy = None if follow is None else follow_scheduler(follow, pipe)
         ids = [PromptIds(p.id, pipe.encode(p.text)) for p in texts]

@@ -44,6 +44,9 @@ def pipeline_mapping(
     from treegraft.core.config import ConfigError, read_pipeline_file
     from treegraft.core.pipeline import resolve_pipeline
 
+    for option, ref in (("--target", target), ("--strong", strong)):
+        if ref is not None and not ref.strip():  # an unset shell variable: not "keep the file's"
+            raise ConfigError(f"{option}: expected a model reference (zoo:NAME or a path), got ''")
     path = resolve_pipeline(pipeline)
     raw = read_pipeline_file(path)
     if not isinstance(raw, dict):
@@ -51,7 +54,7 @@ def pipeline_mapping(
     raw = dict(raw)
     if target is not None:
         raw["target"] = target
-    if strong:
+    if strong is not None:
         drafters = raw.get("drafters") or {}
         specs = list(drafters.values()) if isinstance(drafters, dict) else drafters
         lms = (
@@ -68,6 +71,24 @@ def pipeline_mapping(
     raw["verifier"] = {"name": "greedy"}
     raw["decoding"] = {**decoding, "device": device, "dtype": dtype, "stop": []}
     return raw
+
+
+def check_pipeline_mapping(raw: dict[str, Any], *, target: str | None) -> None:
+    """Validate the collected pipeline's mapping (no model loads); an error in a field a flag
+    set names the flag: `--dtype (pipeline.decoding.dtype): expected one of ...`."""
+    from treegraft.core.config import ConfigError, pipeline_spec_from_dict
+
+    flags = {"--device": "pipeline.decoding.device", "--dtype": "pipeline.decoding.dtype"}
+    if target is not None:
+        flags["--target"] = "pipeline.target"
+    try:
+        pipeline_spec_from_dict(raw)
+    except ConfigError as exc:
+        text = str(exc)
+        for flag, path in flags.items():
+            if text.startswith(path + ":"):
+                raise ConfigError(f"{flag} ({path}){text[len(path) :]}") from None
+        raise
 
 
 def text_prompts(
