@@ -323,6 +323,9 @@ def test_loo_and_explain_refuse_bad_numbers(dataset_dir, tmp_path):
     assert result.exit_code == 2 and "--threshold: expected a finite number" in result.output
     result = runner.invoke(app, ["explain", "zoo:scheduler", "--top", "0"])
     assert result.exit_code == 2 and "--top: expected int >= 1, got 0" in result.output
+    # the fit options before the datasets load: was "expected at least 2 training datasets"
+    result = runner.invoke(app, ["loo", str(tmp_path / "nothing"), "--epochs", "0"])
+    assert result.exit_code == 2 and "--epochs: expected int >= 1, got 0" in result.output
 
 
 @pytest.mark.parametrize(

@@ -478,8 +478,8 @@ def loo(
     _check_plot(plot)
     evals = list(evals or [])
     try:
+        cfg = fit_config(hidden, epochs, val_fraction, seed, loss, ensemble, drop)  # before loading
         train, held, more = load_loo_inputs(list(datasets), evals, list(extra or []))
-        cfg = fit_config(hidden, epochs, val_fraction, seed, loss, ensemble, drop)
         prepare_output_dir(out_dir, "--out")
         report = leave_one_pair_out(
             list(datasets), train, evals, held, cfg, out_dir,
