@@ -142,15 +142,86 @@ def test_a_directory_as_pipeline(tmp_path: Path) -> None:
         (["bench", "run", " "], "'config'"),
         (["zoo", "train", "--runs=", "--recipe", "r.yaml"], "'--runs'"),
         (["datastore", "info", ""], "'path'"),
+        (["validate", "x.yaml", ""], "'files'"),
+        (["datastore", "build", " ", "--tokenizer", "t", "--out", "o.npz"], "'inputs'"),
+        (["scheduler", "fit", ""], "'datasets'"),
+        (["scheduler", "loo", "a", "b", "--eval", "", "--eval", "d"], "'--eval'"),
+        (["generate", "--prompt-file", " "], "--prompt-file"),
+        (["generate", "-p", "t1", "--pipeline", "no.yaml", "--trace", " "], "--trace"),
     ],
-    ids=["generate", "bench-out", "bench-config", "zoo-runs", "datastore-info"],
+    ids=[
+        "generate",
+        "bench-out",
+        "bench-config",
+        "zoo-runs",
+        "datastore-info",
+        "validate-files",
+        "datastore-inputs",
+        "fit-datasets",
+        "loo-eval",
+        "prompt-file-blank",
+        "trace-blank",
+    ],
 )
-def test_an_empty_path_is_refused_naming_the_option(args: list[str], name: str) -> None:
+def test_an_empty_path_is_refused_naming_the_option(
+    args: list[str], name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An unset shell variable (`--out "$DIR"`) is an empty path: refused, not the current
     folder (`bench --out ""` wrote the sweep into it)."""
+    monkeypatch.chdir(tmp_path)  # a path taken as given lands here, not in the repository
     result = invoke(*args)
     assert result.exit_code == 2, result.output
     assert name in result.output and "expected a path, got an empty string" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        (["generate", "--prompt", "t1", "--trace", "a\0b"], "--trace"),
+        (["generate", "--prompt-file", "a\0b.txt"], "--prompt-file"),
+        (["validate", "a\0b.yaml"], "'files'"),
+        (["bench", "run", "x.yaml", "--out", "a\0b"], "'--out'"),
+    ],
+    ids=["trace", "prompt-file", "validate", "bench-out"],
+)
+def test_a_path_with_a_nul_byte_is_refused_naming_the_option(
+    args: list[str], name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No file name holds a NUL byte (the system refuses it: an internal error at `--trace`)."""
+    monkeypatch.chdir(tmp_path)
+    assert_clean(invoke(*args), 2, name, "expected a path, got 'a\\x00b", "NUL byte")
+
+
+USAGE_ERRORS = {
+    "int": (["generate", "--seed", "1.5"], "'--seed': expected a valid integer, got '1.5'"),
+    "float": (
+        ["generate", "--temperature", "hot"],
+        "'--temperature': expected a valid number, got 'hot'",
+    ),
+    "below-min": (
+        ["zoo", "distil-exit", "--layers", "0"],
+        "'--layers': expected a value greater than or equal to 1, got '0'",
+    ),
+    "unknown-option": (["generate", "--nope"], "No such option: --nope"),
+    "missing-option": (["zoo", "train"], "Missing option '--recipe'"),
+    "unknown-command": (["zoo", "nosuch"], "No such command 'nosuch'"),
+    "root-option": (["--bogus"], "No such option: --bogus"),
+}
+
+
+@pytest.mark.parametrize(("args", "message"), USAGE_ERRORS.values(), ids=USAGE_ERRORS.keys())
+def test_a_usage_error_is_one_line_naming_the_option_and_value(args, message: str) -> None:
+    """Typer's usage errors (a value of the wrong type, an unknown option) end as the other
+    errors do: one line with the option, the value given and what was expected, and where the
+    help is; not a boxed usage text without the value."""
+    stderr = assert_clean(invoke(*args), 2, message, "--help' for help.")
+    assert "╭" not in stderr
+
+
+def test_a_usage_error_of_the_installed_command(tmp_path: Path) -> None:
+    proc = cli("generate", "--max-new-tokens", "ten")
+    stderr = assert_clean_process(proc, 2, "'--max-new-tokens': expected a valid integer")
+    assert "got 'ten'" in stderr and "Try 'treegraft generate --help'" in stderr
 
 
 # ---------------------------------------------------------------------------- pipeline fields

@@ -268,10 +268,13 @@ def _forward_kind(runner) -> str:
 
 
 def _path_option(option: str, value: str | None) -> Path | None:
-    """The path an option names; an empty one (an unset shell variable: `--trace "$DIR"`) is
-    refused, not read as the current folder."""
-    if value == "":
-        _fail(f"{option}: expected a path, got an empty string")
+    """The path an option names; an empty or blank one (an unset shell variable: `--trace
+    "$DIR"`) is refused, not read as the current folder, and so is one with a NUL byte."""
+    from treegraft.exits import path_problem
+
+    problem = None if value is None or value == "-" else path_problem(value)
+    if problem:
+        _fail(f"{option}: {problem}")
     return None if value is None else Path(value)
 
 

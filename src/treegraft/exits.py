@@ -47,6 +47,14 @@ class ReportingGroup(TyperGroup):
     lines and its exit code (`typer.Exit`), unless debugging. Under `typer.testing.CliRunner`
     the same happens, so tests see what users see."""
 
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as exc:
+            if is_usage_error(exc):  # an unknown option before the sub-command's name
+                raise typer.Exit(report_usage(exc)) from None
+            raise
+
     def invoke(self, ctx: Any) -> Any:
         refuse_empty_paths(self)
         try:
@@ -59,9 +67,50 @@ class ReportingGroup(TyperGroup):
         except BrokenPipeError:
             raise typer.Exit(reader_gone()) from None
         except Exception as exc:
+            if is_usage_error(exc):
+                raise typer.Exit(report_usage(exc)) from None
             if _is_cli_control(exc) or debugging():
                 raise
             raise typer.Exit(report(exc)) from None
+
+
+def is_usage_error(exc: BaseException) -> bool:
+    """A usage error of Typer's (click's) parser: an unknown option, a missing argument, a value
+    of the wrong type. Not the help printed for a group given no sub-command."""
+    return (
+        _is_cli_control(exc)
+        and getattr(exc, "exit_code", None) == EXIT_BAD_INPUT
+        and hasattr(exc, "format_message")
+        and type(exc).__name__ != "NoArgsIsHelpError"
+    )
+
+
+def report_usage(exc: Any) -> int:
+    """Print a usage error as `error: ...` naming the option, the value and what was expected,
+    and where the command's help is (not Typer's boxed usage text); return `EXIT_BAD_INPUT`."""
+    console.print(f"[bold red]error:[/] {escape(usage_message(exc))}", highlight=False)
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None:
+        console.print(f"[dim]Try '{escape(ctx.command_path)} --help' for help.[/]", highlight=False)
+    return EXIT_BAD_INPUT
+
+
+def usage_message(exc: Any) -> str:
+    """The usage error's message; one from a value that did not convert (`--seed abc`, where
+    Typer's own message names neither the value nor, plainly, the type) says both."""
+    message = exc.format_message()
+    errors = getattr(exc.__cause__, "errors", None)  # a pydantic ValidationError (Typer >= 0.2x)
+    first = errors()[0] if callable(errors) and errors() else None
+    if first is None or "input" not in first:
+        return message
+    where, got = message.split(": ", 1)[0], f"got {first['input']!r}"  # "Invalid value for '-x'"
+    text = str(first.get("msg", ""))
+    if text.startswith("Value error, "):  # a check's own words: "embedded null byte"
+        return f"{where}: {text.removeprefix('Value error, ')}; {got}"
+    wanted = text.removeprefix("Input should be ").split(", unable")[0]
+    if not wanted.startswith(("a ", "an ")):
+        wanted = f"a value {wanted}"  # "greater than or equal to 1"
+    return f"{where}: expected {wanted}, {got}"
 
 
 def refuse_empty_paths(group: Any) -> None:
@@ -73,18 +122,34 @@ def refuse_empty_paths(group: Any) -> None:
             refuse_empty_paths(command)
             continue
         for param in command.params:
-            if getattr(getattr(param, "type_descriptor", None), "annotation", None) is Path:
+            annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+            if annotation is Path or annotation == list[Path]:  # one path, or several
                 param.process_value = _nonempty_path(param.process_value, param)
 
 
 def _nonempty_path(process: Callable[..., Any], param: Any) -> Callable[..., Any]:
     def checked(ctx: Any, value: Any) -> Any:
         values = value if isinstance(value, list | tuple) else [value]
-        if any(isinstance(v, str) and not v.strip() for v in values):
-            raise typer.BadParameter("expected a path, got an empty string", ctx, param)
+        for v in values:
+            problem = path_problem(v) if isinstance(v, str) else None
+            if problem:
+                raise typer.BadParameter(problem, ctx, param)
         return process(ctx, value)
 
     return checked
+
+
+def path_problem(text: str) -> str | None:
+    """What is wrong with `text` as a path given on the command line, or None: an empty or blank
+    one (an unset shell variable) would be read as the current folder, and no file name holds a
+    NUL byte."""
+    from treegraft.core.errors import clipped
+
+    if not text.strip():
+        return "expected a path, got an empty string"
+    if "\0" in text:
+        return f"expected a path, got {clipped(repr(text))}, which holds a NUL byte"
+    return None
 
 
 def reader_gone() -> int:

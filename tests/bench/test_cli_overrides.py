@@ -71,11 +71,19 @@ CLI_BAD = {
     "max-new-tokens": (["--max-new-tokens", "0"], "--max-new-tokens (bench.max_new_tokens)"),
     "pairs": (["--pairs", "nope"], "--pairs: unknown pair 'nope'"),
     "pairs-empty": (["--pairs", ","], "--pairs: expected at least one pair name"),
+    "repeat": (["--repeat", "0"], "--repeat (bench.repeat): expected int >= 1, got 0"),
+    "repeat-past-int64": (  # was taken: a sweep repeated without end
+        ["--repeat", str(2**70)],
+        "--repeat (bench.repeat): expected int >= 1 and <= 9223372036854775807, got",
+    ),
 }
 
 
 @pytest.mark.parametrize(("args", "message"), CLI_BAD.values(), ids=CLI_BAD.keys())
-def test_cli_refuses_bad_values_before_running(sweep: Path, args: list[str], message: str):
+def test_cli_refuses_bad_values_before_running(
+    sweep: Path, args: list[str], message: str, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr("treegraft.bench.run.run_bench", lambda *a, **k: pytest.fail("ran"))
     result = CliRunner().invoke(app, ["bench", "run", str(sweep), *args])
     assert result.exit_code == 2
     assert message in result.output

@@ -8,6 +8,7 @@ import sys
 
 import attrs
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from tests.core.test_decoder import repetitive_prompt
@@ -224,13 +225,31 @@ def no_models(monkeypatch):
         (["--skip=-1"], "--skip: expected int >= 0, got -1"),
         (["--repeats", "0"], "--repeats: expected int >= 1, got 0"),
         (["--max-new-tokens", "0"], "--max-new-tokens: expected int >= 1, got 0"),
-        (["--max-new-tokens", "10000000"],  # a continuation of 10**7 target forwards
-         "--max-new-tokens: expected int with 1 <= value <= 1000000, got 10000000"),
+        (  # the training prompts were made first: an endless wait, not an error
+            ["--prompts", str(2**70)],
+            f"--prompts: expected int with 1 <= value <= 100000, got {2**70}",
+        ),
+        (["--skip", str(10**9)], f"--skip: expected int with 0 <= value <= 100000, got {10**9}"),
+        (
+            ["--max-new-tokens", "1000001"],
+            "--max-new-tokens: expected int with 1 <= value <= 1000000, got 1000001",
+        ),
     ],
-    ids=["prompts-0", "prompts-neg", "skip-neg", "repeats-0", "tokens-0", "tokens-typo"],
-)  # fmt: skip
+    ids=[
+        "prompts-0",
+        "prompts-neg",
+        "skip-neg",
+        "repeats-0",
+        "tokens-0",
+        "prompts-huge",
+        "skip-huge",
+        "tokens-huge",
+    ],
+)
 def test_collect_refuses_bad_numbers_before_any_model_loads(tmp_path, monkeypatch, args, message):
     no_models(monkeypatch)
+    made = "treegraft.scheduling.training_prompts.training_prompts"
+    monkeypatch.setattr(made, lambda *a, **k: pytest.fail("the training prompts were made"))
     result = runner.invoke(app, ["collect", "--out", str(tmp_path / "d"), *args])
     assert result.exit_code == 2 and message in result.output, result.output
     assert not (tmp_path / "d").exists()
@@ -312,6 +331,9 @@ def test_loo_and_explain_refuse_bad_numbers(dataset_dir, tmp_path):
     assert result.exit_code == 2 and "--threshold: expected a finite number" in result.output
     result = runner.invoke(app, ["explain", "zoo:scheduler", "--top", "0"])
     assert result.exit_code == 2 and "--top: expected int >= 1, got 0" in result.output
+    # the fit options before the datasets load: was "expected at least 2 training datasets"
+    result = runner.invoke(app, ["loo", str(tmp_path / "nothing"), "--epochs", "0"])
+    assert result.exit_code == 2 and "--epochs: expected int >= 1, got 0" in result.output
 
 
 @pytest.mark.parametrize(
@@ -407,6 +429,30 @@ def test_collect_checks_the_followed_artifact_before_the_pipeline_loads(tmp_path
     assert f"--follow: {art / 'scheduler.json'}: 'layers': expected int >= 1" in " ".join(
         result.output.split()
     )
+
+
+COLLECT_FLAGS = {
+    "strong-empty": (["--strong", ""], "--strong: expected a model reference (zoo:NAME or a path), got ''"),
+    "target-empty": (["--target", ""], "--target: expected a model reference (zoo:NAME or a path), got ''"),
+    "dtype": (["--dtype", "float8"], "--dtype (pipeline.decoding.dtype): expected one of 'float32'"),
+    "device": (["--device", "gpu"], "--device (pipeline.decoding.device): expected str 'auto'"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "message"), COLLECT_FLAGS.values(), ids=COLLECT_FLAGS.keys())
+def test_collect_refuses_bad_model_flags_naming_them_before_the_pipeline_loads(
+    tmp_path, monkeypatch, args, message
+):
+    """`--strong ""` (an unset shell variable) was ignored: the file's drafter was collected
+    on; a bad --dtype or --device was named by its YAML path only, once the prompts were made."""
+    no_models(monkeypatch)
+    path = tmp_path / "pipe.yaml"
+    path.write_text(yaml.safe_dump(pipeline_raw(depth=2)))
+    result = runner.invoke(
+        app, ["collect", str(path), "--prompts", "1", "--out", str(tmp_path / "o"), *args]
+    )
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
 
 
 COLLECT_EARLY = {

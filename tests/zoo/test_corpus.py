@@ -131,3 +131,43 @@ def test_cli_build_corpus_without_docs(tiny_sources: tuple[Path, Path], tmp_path
     )
     assert result.exit_code == 0, result.output
     assert {d.kind for d in read_corpus(tmp_path)} == {"code", "task", "function"}
+
+
+@pytest.mark.parametrize("where", ["missing", "a-file", "no-python"])
+def test_cli_build_corpus_refuses_a_stdlib_without_python_files(tmp_path: Path, where: str):
+    """A mistyped --stdlib left the corpus without code: an internal error (IndexError) after
+    reading, or a corpus of the documentation alone; it is refused naming the option."""
+    from treegraft.cli import app as main_app
+
+    stdlib = tmp_path / "lib"
+    if where == "a-file":
+        stdlib.write_text("x = 1\n")
+    elif where == "no-python":
+        stdlib.mkdir()
+        (stdlib / "notes.txt").write_text("x")
+    out = tmp_path / "out"
+    args = ["zoo", "build-corpus", "--out", str(out), "--stdlib", str(stdlib), "--no-docs"]
+    result = CliRunner().invoke(main_app, args)
+    assert result.exit_code == 2, result.output
+    assert f"--stdlib: {stdlib} holds no Python files; expected a standard-library folder" in (
+        result.stderr
+    )
+    assert not out.exists()
+
+
+def test_cli_build_corpus_checks_docs_and_out_before_reading(
+    tiny_sources: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """--docs was checked after the standard library was read (and named by a boxed usage
+    text); an --out onto a file failed as a bare 'File exists'."""
+    from treegraft.cli import app as main_app
+
+    stdlib, _ = tiny_sources
+    base = ["zoo", "build-corpus", "--stdlib", str(stdlib)]
+    result = CliRunner().invoke(main_app, [*base, "--out", str(tmp_path / "o"), "--docs", "nope"])
+    assert result.exit_code == 2, result.output
+    assert "--docs: Python HTML documentation not found under nope" in result.stderr
+    (tmp_path / "afile").write_text("")
+    result = CliRunner().invoke(main_app, [*base, "--no-docs", "--out", str(tmp_path / "afile")])
+    assert result.exit_code == 2, result.output
+    assert f"--out: {tmp_path / 'afile'} is a file; expected a directory" in result.stderr

@@ -260,6 +260,32 @@ def test_the_distil_exit_command_runs_the_recipe_and_reports_bad_input(
     assert width.exit_code == 2 and "only fresh layers (--fresh) take a width" in width.stderr
 
 
+BAD_NUMBERS = {
+    "threads-past-int64": (["--threads", str(2**70)], "--threads: expected int with 1 <= value"),
+    "threads-zero": (["--threads", "0"], "--threads: expected int with 1 <= value"),
+    "lr-inf": (["--lr", "inf"], "--lr: expected a finite number > 0, got inf"),
+    "lr-nan": (["--lr", "nan"], "--lr: expected a finite number > 0, got nan"),
+    "lr-zero": (["--lr", "0"], "--lr: expected a finite number > 0, got 0.0"),
+}
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_NUMBERS.values(), ids=BAD_NUMBERS.keys())
+def test_the_distil_exit_command_refuses_bad_numbers_before_any_work(
+    tmp_path, monkeypatch, args, message
+):
+    """A thread count past 64 bits was an internal error; an infinite learning rate trained
+    the layers into NaN; both are refused naming the option, before the model loads."""
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    (tmp_path / "corpus.jsonl").write_text('{"text": "x"}\n')
+    monkeypatch.setattr(self_distill, "run", lambda *a, **k: pytest.fail("the recipe ran"))
+    result = CliRunner().invoke(app, ["zoo", "distil-exit", "--corpus", str(tmp_path), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and "Traceback" not in result.output
+
+
 def test_a_fresh_drafter_learns_from_answers_and_corpus_and_decodes_exactly(
     answers, corpus, target_dir, tmp_path
 ):

@@ -105,3 +105,21 @@ def test_build_suites_refuses_a_corpus_folder_without_a_fingerprint(tmp_path: Pa
     assert result.exit_code == 2
     assert f"--corpus: {tmp_path / 'nope'} holds no corpus fingerprint" in result.output
     assert list(tmp_path.iterdir()) == []  # nothing built
+
+
+def test_build_suites_checks_out_and_docs_before_reading_the_sources(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    (tmp_path / "afile").write_text("")
+    result = CliRunner().invoke(app, ["zoo", "build-suites", "--out", str(tmp_path / "afile")])
+    assert result.exit_code == 2
+    assert f"--out: {tmp_path / 'afile'} is a file; expected a directory" in result.stderr
+    args = ["zoo", "build-suites", "--docs", str(tmp_path / "nope"), "--out", str(tmp_path / "s")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert f"--docs: Python HTML documentation not found under {tmp_path / 'nope'}" in (
+        result.stderr
+    )
+    assert not (tmp_path / "s").exists()

@@ -50,3 +50,19 @@ def test_train_tokenizer_on_tiny_text(tmp_path) -> None:
 
 def test_batched_keeps_order_and_remainder() -> None:
     assert list(batched(range(5), 2)) == [[0, 1], [2, 3], [4]]
+
+
+def test_build_tokenizer_checks_its_out_before_training(tmp_path, monkeypatch) -> None:
+    """An --out onto a file failed once the tokenizer had trained (minutes on the corpus)."""
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+    from treegraft.zoo import tokenizer
+
+    monkeypatch.setattr(tokenizer, "train_tokenizer", lambda *a, **k: pytest.fail("trained"))
+    (tmp_path / "corpus.jsonl").write_text('{"key": "k", "kind": "task", "text": "x"}\n')
+    (tmp_path / "afile").write_text("")
+    args = ["zoo", "build-tokenizer", "--corpus", str(tmp_path), "--out", str(tmp_path / "afile")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert f"--out: {tmp_path / 'afile'} is a file; expected a directory" in result.stderr

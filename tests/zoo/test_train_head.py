@@ -256,3 +256,21 @@ def test_resuming_with_other_model_settings_is_named(tmp_path, corpus, teacher):
     ckpt = tmp_path / "runs" / "tiny-head" / CHECKPOINT_FILE
     assert f"--resume: cannot continue from {ckpt}: Error(s) in loading state_dict" in result.stderr
     assert "written by a recipe with other model settings, or is damaged" in result.stderr
+
+
+@pytest.mark.parametrize("threads", ["0", str(2**70)])
+def test_train_head_refuses_a_thread_count_before_any_work(tmp_path: Path, threads: str):
+    """`--threads` past 64 bits was an internal error (torch's overflow); it is checked as the
+    other commands' `--threads` are: from 1 to the CPUs this process may use."""
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    recipe = tmp_path / "head.yaml"
+    recipe.write_text("name: h\n")
+    result = CliRunner().invoke(
+        app, ["zoo", "train-head", "--recipe", str(recipe), "--threads", threads]
+    )
+    assert result.exit_code == 2, result.output
+    assert "--threads: expected int with 1 <= value <= " in result.stderr
+    assert f"got {threads}" in result.stderr

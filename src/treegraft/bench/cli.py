@@ -156,11 +156,10 @@ def run(
             pairs=_split(pairs),
             prompts=prompts,
             max_new_tokens=max_new_tokens,
+            repeat=repeat,
         )
     except ConfigError as exc:
         _fail(str(exc))
-    if repeat is not None and repeat < 1:
-        _fail(f"--repeat: expected int >= 1, got {repeat}")
     if resume and out_dir is None:
         _fail("--resume: give the results directory to continue with --out DIR")
     if resume and force:

@@ -380,6 +380,7 @@ def load_bench_config_with(
     pairs: list[str] | None = None,
     prompts: int | None = None,
     max_new_tokens: int | None = None,
+    repeat: int | None = None,
 ) -> BenchConfig:
     """`load_bench_config` with command-line overrides of the sweep file, validated as its fields.
     A bad value names where it came from: the flag and the field where a flag gave it
@@ -402,6 +403,7 @@ def load_bench_config_with(
     if suites is not None:  # a file named on the command line: from where the user stands
         suites = [str(Path.cwd() / s) if _typed_here(s) else s for s in suites]
     flags = {"suites": suites, "prompts_per_suite": prompts, "max_new_tokens": max_new_tokens}
+    flags["repeat"] = repeat
     given = {k: v for k, v in flags.items() if v is not None}
     if isinstance(data, Mapping):
         data = {**data, **given}
@@ -422,6 +424,7 @@ FLAGS = {
     "suites": "--suites",
     "prompts_per_suite": "--prompts",
     "max_new_tokens": "--max-new-tokens",
+    "repeat": "--repeat",
 }
 
 

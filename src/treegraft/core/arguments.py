@@ -35,10 +35,13 @@ def check_max_new_tokens(value: Any) -> None:
         )
 
 
-def check_at_least(option: str, value: int | None, low: int) -> None:
-    """None (not given) or an int >= `low` for the command-line option `option` (`--prompts`)."""
+def check_at_least(option: str, value: int | None, low: int, high: int | None = None) -> None:
+    """None (not given) or an int >= `low` (and <= `high`, if given) for the command-line option
+    `option` (`--prompts`)."""
     if value is not None and value < low:
         raise ArgumentError(f"{option}: expected int >= {low}, got {value}")
+    if value is not None and high is not None and value > high:
+        raise ArgumentError(f"{option}: expected int with {low} <= value <= {high}, got {value}")
 
 
 def usable_cpus() -> int:

@@ -25,8 +25,10 @@ from treegraft.console import console, out
 from treegraft.console import fail as _fail
 from treegraft.core.config import MAX_NEW_TOKENS
 from treegraft.scheduling.cli_setup import (
+    MAX_PROMPTS,
     check_artifact,
     check_guard,
+    check_pipeline_mapping,
     executor_options,
     pipeline_mapping,
     recorded_costs,
@@ -122,9 +124,9 @@ def collect(
     import time
 
     set_threads(threads)
-    _check_numbers(("--prompts", prompts, 1), ("--skip", skip, 0), ("--repeats", repeats, 1),
-                   ("--max-new-tokens", max_new_tokens, 1, MAX_NEW_TOKENS),
-                   ("--seed", seed, 0))  # fmt: skip
+    _check_numbers(("--prompts", prompts, 1, MAX_PROMPTS), ("--skip", skip, 0, MAX_PROMPTS),
+                   ("--repeats", repeats, 1), ("--max-new-tokens", max_new_tokens, 1,
+                   MAX_NEW_TOKENS), ("--seed", seed, 0))  # fmt: skip
     shards = executor_options(executor, ray_address, workers, num_cpus, num_gpus)
     check_artifact("--follow", follow)
 
@@ -146,6 +148,7 @@ def collect(
         recorded = recorded_costs(costs)
         texts, how = text_prompts(prompts, seed, skip, prompt_file, suite)
         raw = pipeline_mapping(pipeline, target=target, strong=strong, device=device, dtype=dtype)
+        check_pipeline_mapping(raw, target=target)  # --dtype float8: before the models load
         pipe = load_pipeline(raw)
         policy = None if follow is None else follow_scheduler(follow, pipe)
         ids = [PromptIds(p.id, pipe.encode(p.text)) for p in texts]
@@ -488,8 +491,8 @@ def loo(
     _check_plot(plot)
     evals = list(evals or [])
     try:
+        cfg = fit_config(hidden, epochs, val_fraction, seed, loss, ensemble, drop)  # before loading
         train, held, more = load_loo_inputs(list(datasets), evals, list(extra or []))
-        cfg = fit_config(hidden, epochs, val_fraction, seed, loss, ensemble, drop)
         prepare_output_dir(out_dir, "--out")
         report = leave_one_pair_out(
             list(datasets), train, evals, held, cfg, out_dir,

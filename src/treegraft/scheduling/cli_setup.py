@@ -8,36 +8,26 @@ from pathlib import Path
 from typing import Any
 
 from treegraft.console import fail as _fail
+from treegraft.console import set_threads as set_threads  # the commands' --threads
+
+#: The most prompts a collection takes (`--prompts`, `--skip`): the training prompts are made
+#: before the first label, so a count past this spends minutes (and memory) before any work.
+MAX_PROMPTS = 100_000
 
 
-def set_threads(threads: int | None) -> None:
-    """Set torch's CPU threads (None: leave the default)."""
-    import torch
-
-    from treegraft.core.arguments import check_threads
-
-    try:
-        check_threads("--threads", threads)
-    except ValueError as exc:  # an ArgumentError naming the option
-        _fail(str(exc))
-    if threads is not None:
-        torch.set_num_threads(threads)
-
-
-def check_numbers(*ints: tuple[Any, ...], finite: tuple[tuple[str, float], ...] = ()) -> None:
-    """Refuse, before any work, an int option out of its range (`(option, value, least)` or
+def check_numbers(
+    *ints: tuple[str, int | None, int] | tuple[str, int | None, int, int],
+    finite: tuple[tuple[str, float], ...] = (),
+) -> None:
+    """Refuse, before any work, an int option outside its range (`(option, value, least)` or
     `(option, value, least, most)`; None: not given) or a float option (`(option, value)`)
     that is nan or inf."""
     from treegraft.core.arguments import check_at_least, check_finite
     from treegraft.core.errors import ArgumentError
 
     try:
-        for option, value, least, *most in ints:
-            check_at_least(option, value, least)
-            if most and value is not None and value > most[0]:
-                raise ArgumentError(
-                    f"{option}: expected int with {least} <= value <= {most[0]}, got {value}"
-                )
+        for option, value, *bounds in ints:
+            check_at_least(option, value, *bounds)
         for option, number in finite:
             check_finite(option, number)
     except ValueError as exc:  # an ArgumentError naming the option
@@ -55,6 +45,9 @@ def pipeline_mapping(
     from treegraft.core.config import ConfigError, read_pipeline_file
     from treegraft.core.pipeline import resolve_pipeline
 
+    for option, ref in (("--target", target), ("--strong", strong)):
+        if ref is not None and not ref.strip():  # an unset shell variable: not "keep the file's"
+            raise ConfigError(f"{option}: expected a model reference (zoo:NAME or a path), got ''")
     path = resolve_pipeline(pipeline)
     raw = read_pipeline_file(path)
     if not isinstance(raw, dict):
@@ -62,7 +55,7 @@ def pipeline_mapping(
     raw = dict(raw)
     if target is not None:
         raw["target"] = target
-    if strong:
+    if strong is not None:
         drafters = raw.get("drafters") or {}
         specs = list(drafters.values()) if isinstance(drafters, dict) else drafters
         lms = (
@@ -79,6 +72,24 @@ def pipeline_mapping(
     raw["verifier"] = {"name": "greedy"}
     raw["decoding"] = {**decoding, "device": device, "dtype": dtype, "stop": []}
     return raw
+
+
+def check_pipeline_mapping(raw: dict[str, Any], *, target: str | None) -> None:
+    """Validate the collected pipeline's mapping (no model loads); an error in a field a flag
+    set names the flag: `--dtype (pipeline.decoding.dtype): expected one of ...`."""
+    from treegraft.core.config import ConfigError, pipeline_spec_from_dict
+
+    flags = {"--device": "pipeline.decoding.device", "--dtype": "pipeline.decoding.dtype"}
+    if target is not None:
+        flags["--target"] = "pipeline.target"
+    try:
+        pipeline_spec_from_dict(raw)
+    except ConfigError as exc:
+        text = str(exc)
+        for flag, path in flags.items():
+            if text.startswith(path + ":"):
+                raise ConfigError(f"{flag} ({path}){text[len(path) :]}") from None
+        raise
 
 
 def text_prompts(

@@ -39,20 +39,36 @@ def build_corpus_cmd(
     ] = False,
 ) -> None:
     """Build the training corpus (stdlib code, docs text, synthetic tasks) under OUT."""
+    from treegraft.core.inputs import check_output_dir
     from treegraft.zoo.corpus import CorpusConfig, build_corpus, default_corpus_dir
-    from treegraft.zoo.sources import DEFAULT_DOCS_DIR, MissingSourceError, stdlib_dir
+    from treegraft.zoo.sources import DEFAULT_DOCS_DIR, stdlib_dir
 
     cfg = CorpusConfig(
         seed=seed,
-        stdlib=stdlib or stdlib_dir(),
-        docs=None if no_docs else (docs or DEFAULT_DOCS_DIR),
+        stdlib=(stdlib or stdlib_dir()).expanduser(),
+        docs=None if no_docs else (docs or DEFAULT_DOCS_DIR).expanduser(),
     )
-    try:
-        out = (out or default_corpus_dir()).expanduser()
-        manifest = build_corpus(cfg, out)
-    except MissingSourceError as err:
-        raise typer.BadParameter(str(err), param_hint="--docs") from err
+    out = check_output_dir((out or default_corpus_dir()).expanduser(), "--out")
+    check_sources(stdlib=cfg.stdlib, docs=cfg.docs)
+    manifest = build_corpus(cfg, out)
     typer.echo(f"{manifest['documents']} documents, {manifest['characters']:,} characters -> {out}")
+
+
+def check_sources(*, stdlib: Path | None = None, docs: Path | None = None) -> None:
+    """Refuse, before minutes of reading, a `--stdlib` without Python files (the corpus had no
+    code: an internal error) or a `--docs` without the HTML documentation, naming the option."""
+    from treegraft.console import fail
+    from treegraft.zoo.sources import MissingSourceError, require_docs, require_stdlib
+
+    for option, check, root in (
+        ("--stdlib", require_stdlib, stdlib),
+        ("--docs", require_docs, docs),
+    ):
+        try:
+            if root is not None:
+                check(root)
+        except MissingSourceError as exc:
+            fail(f"{option}: {exc}")
 
 
 def corpus_option(corpus: Path | None) -> Path:
@@ -79,11 +95,15 @@ def build_tokenizer_cmd(
     ] = None,
 ) -> None:
     """Train the shared byte-level BPE tokenizer on the corpus."""
+    from treegraft.core.inputs import check_output_dir
     from treegraft.zoo import tokenizer_path
     from treegraft.zoo.corpus import read_corpus
     from treegraft.zoo.tokenizer import train_tokenizer
 
-    texts = (d.text for d in read_corpus(corpus_option(corpus)))
+    source = corpus_option(corpus)
+    if out is not None:  # before the training: a file there fails at once, not at the end
+        out = check_output_dir(out.expanduser(), "--out")
+    texts = (d.text for d in read_corpus(source))
     dest = train_tokenizer(texts, out or tokenizer_path())
     typer.echo(f"tokenizer -> {dest}")
 
@@ -123,7 +143,9 @@ def build_suites_cmd(
 ) -> None:
     """Build the six held-out task suites (30 prompts each)."""
     from treegraft.console import fail
+    from treegraft.core.inputs import check_output_dir
     from treegraft.zoo.corpus import FINGERPRINT_FILE
+    from treegraft.zoo.sources import DEFAULT_DOCS_DIR
     from treegraft.zoo.suites import build_suites
 
     if corpus is not None and not (corpus.expanduser() / FINGERPRINT_FILE).is_file():
@@ -131,6 +153,10 @@ def build_suites_cmd(
             f"--corpus: {corpus} holds no corpus fingerprint ({FINGERPRINT_FILE}); expected a "
             "folder built by `treegraft zoo build-corpus`, or leave out --corpus to recompute it"
         )
+    if out is not None:
+        out = check_output_dir(out.expanduser(), "--out")
+    docs = (docs or DEFAULT_DOCS_DIR).expanduser()
+    check_sources(docs=docs)
     paths = build_suites(
         out=out, seed=seed, docs=docs, corpus=corpus.expanduser() if corpus else None
     )
@@ -167,15 +193,14 @@ def train_head_cmd(
     out: Annotated[
         Path | None, typer.Option(help="Where the finished head goes (default: RUNS/NAME/export).")
     ] = None,
-    threads: Annotated[int, typer.Option(min=1, help="torch CPU threads.")] = 1,
+    threads: Annotated[int, typer.Option(help="torch CPU threads.")] = 1,
 ) -> None:
     """Distil a feature head (the `eagle` drafter's) from the recipe's target on the corpus."""
-    import torch
-
+    from treegraft.console import set_threads
     from treegraft.zoo.recipe import recipe_errors
     from treegraft.zoo.train_head import load_head_recipe, train_head
 
-    torch.set_num_threads(threads)
+    set_threads(threads)
     with recipe_errors(recipe):
         run = train_head(
             load_head_recipe(recipe),
@@ -212,13 +237,15 @@ def distil_exit_cmd(
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest answer.")] = 96,
     batch_size: Annotated[int, typer.Option(min=1, help="Prompts answered at once.")] = 32,
     epochs: Annotated[int, typer.Option(min=1, help="Passes over the answers.")] = 2,
-    lr: Annotated[float, typer.Option(min=0.0, help="Peak learning rate.")] = 3e-4,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (a finite number > 0).")] = 3e-4,
     seed: Annotated[int, typer.Option(help="Seed of the prompts and the training order.")] = 0,
     label_prompts: Annotated[
         bool,
         typer.Option(help="Also train on the target's top-1 at every prompt position."),
     ] = True,
-    threads: Annotated[int, typer.Option(min=1, help="torch CPU threads.")] = 2,
+    threads: Annotated[
+        int | None, typer.Option(help="torch CPU threads (default: 2, or 1 on a single CPU).")
+    ] = None,
     fresh: Annotated[
         bool,
         typer.Option(
@@ -237,8 +264,8 @@ def distil_exit_cmd(
     """Briefly distil a truncated self-drafter (the target's first layers, its norm and head) on
     the target's own greedy answers to corpus prompts, or with `--fresh` a small drafter of its
     own layers on the target's embedding and head (see docs/real-models.md)."""
-    import torch
-
+    from treegraft.console import set_threads
+    from treegraft.core.arguments import usable_cpus
     from treegraft.core.resources import ModelRefError
     from treegraft.zoo import remote
     from treegraft.zoo.corpus import CORPUS_FILE, default_corpus_dir
@@ -252,7 +279,8 @@ def distil_exit_cmd(
             err=True,
         )
         raise typer.Exit(code=2)
-    torch.set_num_threads(threads)
+    set_threads(min(2, usable_cpus()) if threads is None else threads)
+    check_learning_rate(lr)
     if intermediate_size is not None and not fresh:
         typer.echo("error: --intermediate-size: only fresh layers (--fresh) take a width", err=True)
         raise typer.Exit(code=2)
@@ -286,6 +314,16 @@ def distil_exit_cmd(
         f"agreement on held-out answers {record['valid_agreement_before']:.3f} -> "
         f"{record['valid_agreement_after']:.3f}; wrote {out}"
     )
+
+
+def check_learning_rate(lr: float) -> None:
+    """Refuse, before any work, a `--lr` that trains nothing (0) or ruins the weights (nan, inf)."""
+    import math
+
+    from treegraft.console import fail
+
+    if not (math.isfinite(lr) and lr > 0):
+        fail(f"--lr: expected a finite number > 0, got {lr}")
 
 
 @app.command("export")

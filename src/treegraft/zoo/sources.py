@@ -78,6 +78,16 @@ def iter_stdlib(root: Path) -> Iterator[Source]:
         yield Source(key=f"stdlib/{rel.as_posix()}", kind="code", text=text)
 
 
+def require_stdlib(root: Path) -> None:
+    """Raise a :class:`MissingSourceError` if ``root`` holds no ``.py`` file (the corpus's
+    code would be missing: a mistyped folder left nothing to draw the tasks from)."""
+    if not root.is_dir() or next(root.rglob("*.py"), None) is None:
+        raise MissingSourceError(
+            f"{root} holds no Python files; expected a standard-library folder (default: this "
+            f"Python's, {stdlib_dir()})"
+        )
+
+
 def require_docs(root: Path) -> None:
     """Raise a :class:`MissingSourceError` naming the package if the HTML docs are absent."""
     if not (root / "library").is_dir():
