@@ -33,18 +33,3 @@ def fail(message: str) -> NoReturn:
         traceback.print_exc()
     console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code=2)
-
-
-def set_threads(threads: int | None, option: str = "--threads") -> None:
-    """Set torch's CPU threads (None: leave the default) once `option` is checked: from 1 to
-    the CPUs this process may use (`check_threads`), else `fail`, before any work."""
-    from treegraft.core.arguments import check_threads
-
-    try:
-        check_threads(option, threads)
-    except ValueError as exc:  # an ArgumentError naming the option
-        fail(str(exc))
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)

@@ -211,3 +211,18 @@ def _is_float(array: Any) -> bool:
     """Whether a tensor or array holds other than integers (floats, booleans, complex)."""
     kind = torch.as_tensor(array).dtype
     return kind == torch.bool or kind.is_floating_point or kind.is_complex
+
+
+def set_threads(threads: int | None, option: str = "--threads") -> None:
+    """Set torch's CPU threads (None: leave the default) once `option` is checked: from 1 to
+    the CPUs this process may use (`check_threads`), else `fail`, before any work."""
+    from treegraft.console import fail
+
+    try:
+        check_threads(option, threads)
+    except ValueError as exc:  # an ArgumentError naming the option
+        fail(str(exc))
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)

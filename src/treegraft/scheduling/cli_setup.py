@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from treegraft.console import fail as _fail
-from treegraft.console import set_threads as set_threads  # the commands' --threads
+from treegraft.core.arguments import set_threads as set_threads  # the commands' --threads
 
 #: The most prompts a collection takes (`--prompts`, `--skip`): the training prompts are made
 #: before the first label, so a count past this spends minutes (and memory) before any work.
@@ -23,7 +23,6 @@ def check_numbers(
     `(option, value, least, most)`; None: not given) or a float option (`(option, value)`)
     that is nan or inf."""
     from treegraft.core.arguments import check_at_least, check_finite
-    from treegraft.core.errors import ArgumentError
 
     try:
         for option, value, *bounds in ints:

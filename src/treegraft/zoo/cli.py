@@ -196,7 +196,7 @@ def train_head_cmd(
     threads: Annotated[int, typer.Option(help="torch CPU threads.")] = 1,
 ) -> None:
     """Distil a feature head (the `eagle` drafter's) from the recipe's target on the corpus."""
-    from treegraft.console import set_threads
+    from treegraft.core.arguments import set_threads
     from treegraft.zoo.recipe import recipe_errors
     from treegraft.zoo.train_head import load_head_recipe, train_head
 
@@ -264,8 +264,7 @@ def distil_exit_cmd(
     """Briefly distil a truncated self-drafter (the target's first layers, its norm and head) on
     the target's own greedy answers to corpus prompts, or with `--fresh` a small drafter of its
     own layers on the target's embedding and head (see docs/real-models.md)."""
-    from treegraft.console import set_threads
-    from treegraft.core.arguments import usable_cpus
+    from treegraft.core.arguments import set_threads, usable_cpus
     from treegraft.core.resources import ModelRefError
     from treegraft.zoo import remote
     from treegraft.zoo.corpus import CORPUS_FILE, default_corpus_dir
