@@ -454,7 +454,8 @@ def test_resume_keeps_finished_prompts_and_reruns_the_one_cut_short(tmp_path):
     (out / "summary.csv").unlink()
     curves = (out / "latency.json").read_text()
 
-    result = run_bench(config, out, resources=pair_resources(), progress=False, resume=True)
+    with pytest.warns(UserWarning, match="1 damaged line"):
+        result = run_bench(config, out, resources=pair_resources(), progress=False, resume=True)
     keys = [(r.key, r.method, r.mode) for r in result.requests]
     assert len(keys) == len(set(keys)) == 4 * per_prompt
     assert set(keys) == {(r.key, r.method, r.mode) for r in full.requests}
