@@ -146,11 +146,8 @@ def prompt_ids(prompt: Any, vocab: int) -> Tensor:
 def check_optional(where: str, **given: tuple[Any, type]) -> None:
     """An `ArgumentError` for a keyword argument that is neither None nor of its type."""
     for name, (value, kind) in given.items():
-        if value is not None and not isinstance(value, kind):
-            raise ArgumentError(
-                f"{where}: {name}: expected a {kind.__name__} or None, got "
-                f"{type(value).__name__} {shown(value)}"
-            )
+        if value is not None:
+            check_argument(where, name, value, kind, f"a {kind.__name__} or None")
 
 
 def check_ref(where: str, ref: Any) -> None:

@@ -255,9 +255,7 @@ class DraftTree:
                 return extend_host(self, proposal, drafter)
             return self.extend_on_device(proposal, drafter)
         except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
-            check_proposal(
-                proposal, self.n_nodes, Proposal
-            )  # an ArgumentError naming the bad field
+            check_proposal(proposal, self.n_nodes, Proposal)  # an ArgumentError naming the field
             raise
 
     def extend_on_device(self, proposal: Proposal, drafter: int) -> tuple[DraftTree, Tensor]:
