@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 
 from tests.core.test_tree import assert_valid
 from treegraft.core.config import NoConfig
+from treegraft.core.interfaces import Rescoring
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.kernels import prune_to_budget
-from treegraft.plugins.builders.layered import chain_tails, chain_tails_on_device
+from treegraft.plugins.builders.layered import chain_tails, chain_tails_on_device, kept
 from treegraft.plugins.grafters.reselect import (
     ReplaceGrafter,
     ReselectConfig,
@@ -203,3 +204,27 @@ def test_a_node_without_mass_makes_only_its_subtree_minus_inf(rescorer) -> None:
     out = rescorer.rescore(tree, strong)
     want = torch.tensor([0.0, -0.5, -float("inf"), -0.25, -1.25], dtype=torch.float64)
     torch.testing.assert_close(out.score, want)
+
+
+def test_a_rescorer_that_kills_a_parent_kills_its_subtree() -> None:
+    """A rescorer whose scores are not path sums (here: rising, a child scored above its -inf
+    parent) once left the child alive under a dead node: it could be a graft position and was
+    kept for verification without its parent (`DraftTree.select` refused the step)."""
+    tree = DraftTree.from_root(0, dtype=torch.float64)
+    tree, _ = tree.extend(
+        Proposal(torch.tensor([0, 0]), torch.tensor([[1, 2], [3, -1]]), torch.full((2, 2), -0.5)),
+        0,
+    )  # nodes: 1 and 2 under the root, 3 under 1
+    rescoring = Rescoring(
+        edge_logp=torch.tensor([0.0, -float("inf"), -0.1, 0.5], dtype=torch.float64),
+        score=torch.tensor([-9.0, -float("inf"), -0.1, -0.01], dtype=torch.float64),
+    )
+    logp = torch.log_softmax(torch.zeros(tree.n_nodes, VOCAB), -1)
+    graft = ReselectGrafter(ReselectConfig(lookback=2)).graft(
+        tree, logp, rescoring, frontier=torch.tensor([2, 3]), k=2, drafter=1
+    )
+    score = graft.tree.score.tolist()
+    assert score[:4] == [0.0, -float("inf"), -0.1, -float("inf")]  # the root is not rescored
+    assert rescoring.score.tolist()[0] == -9.0  # the rescorer's tensor is left as it was
+    assert all(graft.tree.parents[i] not in (1, 3) for i in graft.frontier.tolist())
+    assert_valid(graft.tree.select(kept(graft.tree, 30)))

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.core.test_tree import trees
-from treegraft.core.tree import DraftTree
+from treegraft.core.tree import DraftTree, Proposal
 from treegraft.kernels.prune_to_budget import reference
 from treegraft.plugins.builders.layered import kept
 
@@ -43,6 +44,26 @@ def test_kept_is_the_reference_prune_without_dead_nodes(tree, dead, budget, monk
     with monkeypatch.context() as env:  # forcing the reference kernel gives the same nodes
         env.setenv("TREEGRAFT_KERNELS", "reference")
         assert kept(tree, budget).tolist() == want
+
+
+@pytest.mark.parametrize("kernels", ["auto", "reference"])
+@pytest.mark.parametrize("budget", [2, 30])
+def test_kept_drops_a_live_score_under_a_dead_node(kernels, budget, monkeypatch):
+    """A grafter or rescorer may leave a finite score under a -inf node (scores that rise along a
+    path): the node is dead with its ancestor, never verified (it was kept without its parent,
+    and `DraftTree.select` refused the step)."""
+    tree = DraftTree.from_root(0, dtype=torch.float64)
+    tree, _ = tree.extend(
+        Proposal(torch.tensor([0, 0]), torch.tensor([[1, 2], [3, -1]]), torch.full((2, 2), -0.5)),
+        0,
+    )  # nodes: 1 and 2 under the root, 3 under 1
+    score = torch.tensor([0.0, -torch.inf, -0.1, -0.01], dtype=torch.float64)
+    tree = tree.with_scores(tree.edge_logp, score, tree.scorer)
+    if kernels == "reference":
+        monkeypatch.setenv("TREEGRAFT_KERNELS", "reference")
+    else:
+        monkeypatch.delenv("TREEGRAFT_KERNELS", raising=False)
+    assert kept(tree, budget).tolist() == [0, 2]
 
 
 def lm_pair(seed: int):
@@ -306,3 +327,4 @@ def test_beside_weak_keeps_the_cheapest_drafters_layer_at_a_strong_call_and_stay
                 }
     assert depth_one_by[False] == {1}  # the strong call replaced the n-gram drafter's layer
     assert depth_one_by[True] == {0, 1}  # beside it, both drafters' children hang under the root
+

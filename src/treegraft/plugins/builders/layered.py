@@ -337,17 +337,28 @@ class StepTimes(NamedTuple):
 
 def kept(tree: DraftTree, budget: int) -> Tensor:
     """The nodes to verify, ascending: `prune_to_budget`'s best `budget` non-root nodes, less
-    the logically deleted ones (score -inf), which are never verified. On the host prune's
-    devices (the CPU), from the tree's host lists: no tensor reads, no kernel dispatch."""
+    the logically deleted ones (score -inf or NaN, or under such a node: a grafter may leave a
+    finite score under a dead node), which are never verified. On the host prune's devices
+    (the CPU), from the tree's host lists: no tensor reads, no kernel dispatch."""
     if choose_backend("prune_to_budget", tree.parents) == "host":
         host = tree.host()
         keep = kept_nodes(host.parents, host.score, host.depth, budget)
         if keep is not None:  # always, for a tree built by `DraftTree` (parents first)
-            score = host.score
-            live = [i for i in keep if math.isfinite(score[i])]
-            return host_tensor(live)
+            alive = live_host(host.parents, host.score)
+            return host_tensor([i for i in keep if alive[i]])
     keep = prune_to_budget(tree.parents, tree.score, tree.depth, budget)
-    return keep[torch.isfinite(tree.score[keep])]
+    dead = ~torch.isfinite(tree.score)  # [n]
+    dead[0] = False  # the root is always verified
+    alive = ~(tree.ancestor_mask() & dead[None, :]).any(-1)  # [n] no dead node on the path
+    return keep[alive[keep]]
+
+
+def live_host(parents: list[int], score: list[float]) -> list[bool]:
+    """Per node (parents first): its score and every ancestor's but the root's are finite."""
+    alive = [True]
+    for i in range(1, len(parents)):
+        alive.append(alive[parents[i]] and math.isfinite(score[i]))
+    return alive
 
 
 def adaptive_size(

@@ -86,10 +86,15 @@ class ReplaceGrafter(ReselectGrafter):
 
 
 def apply_rescoring(tree: DraftTree, rescoring: Rescoring, drafter: int) -> DraftTree:
-    """The tree with the rescored edges and scores; dead (-inf) nodes stay dead."""
-    score = torch.where(
-        torch.isfinite(tree.score), rescoring.score.to(tree.score.dtype), tree.score
-    )
+    """The tree with the rescored edges and scores; dead (-inf) nodes stay dead, and a node
+    under a dead one dies with it (a rescorer whose scores are not path sums can score a child
+    above its -inf parent: kept alive, it would be grafted on, expanded and verified without
+    its parent)."""
+    score = rescoring.score.to(tree.score.dtype, copy=True)
+    score[0] = tree.score[0]  # the root is never rescored
+    dead = ~(torch.isfinite(tree.score) & torch.isfinite(score))  # [n] NaN counts as dead
+    dead = (tree.ancestor_mask() & dead[None, :]).any(-1)  # [n] the dead nodes' subtrees too
+    score = torch.where(dead, torch.full_like(score, float("-inf")), score)
     scorer = torch.full_like(tree.scorer, drafter)
     scorer[0] = tree.scorer[0]
     return tree.with_scores(rescoring.edge_logp.to(tree.edge_logp.dtype), score, scorer)
