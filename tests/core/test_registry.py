@@ -350,6 +350,8 @@ def test_config_fields_are_the_attrs_fields(builtins_only: Registry) -> None:
         "silent_stop",
         "silent_drafter",
         "beside_weak",
+        "beside_chain",
+        "beside_below",
     ]
     assert builtins_only.get("verifier", "greedy").config_fields() == []
 

@@ -328,3 +328,45 @@ def test_beside_weak_keeps_the_cheapest_drafters_layer_at_a_strong_call_and_stay
     assert depth_one_by[False] == {1}  # the strong call replaced the n-gram drafter's layer
     assert depth_one_by[True] == {0, 1}  # beside it, both drafters' children hang under the root
 
+
+def test_beside_chain_hangs_the_lm_chain_under_the_root_beside_the_ngram_tree():
+    """`beside_chain`: at every step where the n-gram drafter has tokens under the root, the
+    `silent_drafter`'s greedy chain is drafted first and the n-gram drafter's layers grow beside
+    it (nothing of either is replaced); with `beside_below` only where the n-gram drafter's best
+    first token is unsure. Exact in float64 with every scheduler; bad settings are refused when
+    the pipeline is built, naming the field."""
+    from tests.conftest import greedy_reference, memory_resources, tiny_llama
+    from tests.core.test_decoder import repetitive_prompt
+    from treegraft.core.config import ConfigError
+
+    target, draft = lm_pair(seed=5)
+    mid = tiny_llama(seed=9, vocab=40, hidden=16, layers=1, heads=2, kv_heads=1)
+    res = memory_resources(target=target, draft=draft, mid=mid)
+    prompt = repetitive_prompt(5, 12) % 40
+    want = greedy_reference(target, prompt, 32)
+    chained = {}
+    for below in (1.0, 0.01):
+        for scheduler in ("never", "always"):
+            builder = {
+                "beside_chain": 3, "beside_below": below, "silent_chain": 4,
+                "silent_drafter": 1, "silent_stop": 0.01,
+            }  # fmt: skip
+            out = three_drafter_pipeline(res, builder, scheduler).generate(prompt)
+            assert list(out.token_ids) == want, (below, scheduler)
+            steps = [e for e in out.events if not e.build.plain and not e.build.silent]
+            both = [e for e in steps if {0, 1} <= set(e.build.unpruned.proposer.tolist())]
+            chained[below, scheduler] = len(both)
+            for event in both:
+                tree = event.build.unpruned
+                chain = (tree.proposer == 1).nonzero().flatten().tolist()
+                assert tree.parents[chain].tolist() == [0, *chain[:-1]]  # one chain from the root
+                assert event.calls.count(1) == len(chain)
+    assert chained[1.0, "never"] > 0  # `always`: the strong calls replace the n-gram's layers
+    assert chained[0.01, "never"] == 0  # its first tokens' rates are all above 0.01
+    for bad, match in [
+        ({"beside_below": 0.0}, r"pipeline.builder.beside_below: .*in \(0, 1\].*0\.0"),
+        ({"beside_chain": -1}, r"pipeline.builder.beside_chain: .*>= 0.*-1"),
+        ({"silent_drafter": 3}, r"silent_drafter: 3 names no drafter but the cheapest"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            three_drafter_pipeline(res, {"beside_chain": 2, **bad})

@@ -12,7 +12,10 @@ drafter's, or the one `silent_drafter` names, e.g. a cheap LM beside a strong on
 n-gram drafter finds no match in free text, the LM drafter's confident tokens are what
 speculation has to offer, and its incremental chain is far cheaper than strong calls rescoring a
 tree. Whether those chains pay is measured as the plain switch measures speculation (a second
-`PlainSwitch`, asked only at such steps: the chain, or a plain step).
+`PlainSwitch`, asked only at such steps: the chain, or a plain step). With `beside_chain` the
+same chain is drafted at the other steps too, before the cheapest drafter's layers, which grow
+beside it: a strong drafter's guess that takes no layer from the cheapest drafter and forwards
+only the root's path (no tree).
 """
 
 from __future__ import annotations
@@ -108,14 +111,28 @@ class LayeredConfig:
     silent_drafter: int = field(
         -1,
         check=Check("!= 0 (0 is the cheapest drafter)", lambda v: v != 0),
-        doc="the drafter whose chains `silent_chain` drafts: its index among the pipeline's "
-        "drafters, cheapest first (negative: counted from the strongest, -1); a cheap LM drafter "
-        "beside a strong one drafts chains at less cost",
+        doc="the drafter whose chains `silent_chain` (and `beside_chain`) drafts: its index among "
+        "the pipeline's drafters, cheapest first (negative: counted from the strongest, -1); a "
+        "cheap LM drafter beside a strong one drafts chains at less cost",
     )
     beside_weak: bool = field(
         False,
         doc="at a strong call's layer the cheapest drafter expands the same frontier too (after "
         "the call; the next frontier is the best of both), instead of the call replacing it",
+    )
+    beside_chain: int = field(
+        0,
+        check=at_least(0, sane_max=256),
+        doc="at every step where the cheapest drafter has tokens under the root, the "
+        "`silent_drafter`'s greedy chain of up to this many tokens from the root (ending after a "
+        "token below `silent_stop`) hangs under the root beside the cheapest drafter's tree, "
+        "drafted first, without a scheduler's call; 0: off",
+    )
+    beside_below: float = field(
+        1.0,
+        check=Check("in (0, 1]", lambda v: 0 < v <= 1),
+        doc="`beside_chain` drafts only at steps where the cheapest drafter's best first token "
+        "(its `peek`) has a probability below this; 1: at every step",
     )
 
 
@@ -151,8 +168,8 @@ class LayeredBuilder(TreeBuilder):
 
     def check_drafters(self, n_drafters: int) -> None:
         """`silent_drafter` must name a drafter other than the cheapest (a pipeline of one
-        drafter has no silent steps: nothing to check)."""
-        if not self.config.silent_chain or n_drafters < 2:
+        drafter has no silent steps and no chain beside the cheapest's: nothing to check)."""
+        if not (self.config.silent_chain or self.config.beside_chain) or n_drafters < 2:
             return
         index = self.config.silent_drafter
         if not -n_drafters <= index < n_drafters or index % n_drafters == 0:
@@ -194,10 +211,14 @@ class LayeredBuilder(TreeBuilder):
         calls: list[int] = []
         times = StepTimes.read(step)  # they change between steps, not within one
         peek, silent = None, self.silent is not None and len(step.drafters) > 1
-        if len(step.drafters) > 1 and (silent or step.scheduler.wants_peek()):
+        beside = self.config.beside_chain > 0 and len(step.drafters) > 1
+        if len(step.drafters) > 1 and (silent or beside or step.scheduler.wants_peek()):
             peek = step.drafters[0].peek(tree)
         # the cheapest drafter says it has nothing under the root: a silent step, no scheduler
         quiet = silent and peek is not None and not peek.chain
+        beside_calls: list[int] = []
+        if beside and not quiet and (peek is None or peek.first < self.config.beside_below):
+            tree, beside_calls = self._silent_chain(step, tree, self.config.beside_chain)
         if not quiet:
             facts = step_facts(step, self.config.depth, self._cap(times), times=times, peek=peek)
             for layer in range(self.config.depth):
@@ -209,6 +230,7 @@ class LayeredBuilder(TreeBuilder):
                 calls.append(who)
                 if unsure(tree, frontier, self.config.stop_below):
                     break
+        calls += beside_calls
         chain = False
         if silent and tree.n_nodes == 1:
             chain = self.always_chain or not self.silent.plain(step)
@@ -232,20 +254,23 @@ class LayeredBuilder(TreeBuilder):
             silent=chain or quiet,
         )
 
-    def _silent_chain(self, step: StepContext, tree: DraftTree) -> tuple[DraftTree, list[int]]:
-        """The `silent_drafter`'s greedy chain from the root (`silent_chain`): its `chain`, or
-        one `expand` of its last node per token, ending after a token below `silent_stop`; and
-        the calls made (one per drafted token)."""
+    def _silent_chain(
+        self, step: StepContext, tree: DraftTree, length: int | None = None
+    ) -> tuple[DraftTree, list[int]]:
+        """The `silent_drafter`'s greedy chain of up to `length` tokens (default `silent_chain`)
+        from the root: its `chain`, or one `expand` of its last node per token, ending after a
+        token below `silent_stop`; and the calls made (one per drafted token)."""
+        length = self.config.silent_chain if length is None else length
         who = self.config.silent_drafter % len(step.drafters)
         drafter = step.drafters[who]
         calls: list[int] = []
         with step.clock.time(f"drafter{who}"):
-            chain = drafter.chain(tree, self.config.silent_chain, self.config.silent_stop)
+            chain = drafter.chain(tree, length, self.config.silent_stop)
             if chain is not None:  # drafted at once (`Drafter.chain`)
                 tree, _ = tree.extend(chain, who)
                 return tree, [who] * (tree.n_nodes - 1)
             frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
-            for _ in range(self.config.silent_chain):
+            for _ in range(length):
                 tree, frontier = expand_frontier(drafter, who, tree, frontier, 1)
                 calls.append(who)
                 if frontier.numel() == 0 or unsure(tree, frontier, self.config.silent_stop):
