@@ -345,24 +345,26 @@ def test_beside_chain_hangs_the_lm_chain_under_the_root_beside_the_ngram_tree():
     prompt = repetitive_prompt(5, 12) % 40
     want = greedy_reference(target, prompt, 32)
     chained = {}
-    for below in (1.0, 0.01):
-        for scheduler in ("never", "always"):
-            builder = {
-                "beside_chain": 3, "beside_below": below, "silent_chain": 4,
-                "silent_drafter": 1, "silent_stop": 0.01,
-            }  # fmt: skip
-            out = three_drafter_pipeline(res, builder, scheduler).generate(prompt)
-            assert list(out.token_ids) == want, (below, scheduler)
-            steps = [e for e in out.events if not e.build.plain and not e.build.silent]
-            both = [e for e in steps if {0, 1} <= set(e.build.unpruned.proposer.tolist())]
-            chained[below, scheduler] = len(both)
-            for event in both:
-                tree = event.build.unpruned
-                chain = (tree.proposer == 1).nonzero().flatten().tolist()
-                assert tree.parents[chain].tolist() == [0, *chain[:-1]]  # one chain from the root
-                assert event.calls.count(1) == len(chain)
-    assert chained[1.0, "never"] > 0  # `always`: the strong calls replace the n-gram's layers
-    assert chained[0.01, "never"] == 0  # its first tokens' rates are all above 0.01
+    for below, scheduler, who in [
+        (1.0, "never", 1), (1.0, "always", 1), (0.01, "never", 1),
+        (1.0, "always", 2),  # the strong drafter's chain, then its calls score the same tree
+    ]:  # fmt: skip
+        builder = {
+            "beside_chain": 3, "beside_below": below, "silent_chain": 4,
+            "silent_drafter": who, "silent_stop": 0.01,
+        }  # fmt: skip
+        out = three_drafter_pipeline(res, builder, scheduler).generate(prompt)
+        assert list(out.token_ids) == want, (below, scheduler, who)
+        steps = [e for e in out.events if not e.build.plain and not e.build.silent]
+        both = [e for e in steps if {0, who} <= set(e.build.unpruned.proposer.tolist())]
+        chained[below, scheduler, who] = len(both)
+        for event in both if scheduler == "never" else ():
+            tree = event.build.unpruned
+            chain = (tree.proposer == who).nonzero().flatten().tolist()
+            assert tree.parents[chain].tolist() == [0, *chain[:-1]]  # one chain from the root
+            assert event.calls.count(who) == len(chain)
+    # `always`: the strong calls replace the n-gram's layers; its rates all exceed 0.01
+    assert chained[1.0, "never", 1] > 0 and chained[0.01, "never", 1] == 0
     for bad, match in [
         ({"beside_below": 0.0}, r"pipeline.builder.beside_below: .*in \(0, 1\].*0\.0"),
         ({"beside_chain": -1}, r"pipeline.builder.beside_chain: .*>= 0.*-1"),
