@@ -57,6 +57,9 @@ from treegraft.core.structuring import CONVERTER, INT64_MAX, INT64_MIN, OutOfRan
 from treegraft.core.yaml_loader import DuplicateKeyError, StrictLoader
 
 ROOT = "pipeline"
+#: the largest `decoding.seed`: torch's CPU generator keeps the low 32 bits of a seed (seeds
+#: 0 and 2**32, or -1 and 2**32 - 1, draw the same numbers), so one past it would alias another
+SEED_MAX = 2**32 - 1
 
 
 class ConfigError(TreegraftError, ValueError):
@@ -277,7 +280,12 @@ class DecodingConfig:
         "logits equal up to rounding, cheaper tree forwards); "
         "docs/pipelines.md#how-a-forward-runs",
     )
-    seed: int = field(0, doc="seed of the verifier's random numbers (sampling)")
+    seed: int = field(
+        0,
+        check=between(0, SEED_MAX),
+        doc="seed of the verifier's random numbers (sampling); 32 bits, all torch's CPU "
+        "generator reads (a larger seed would repeat a smaller one's sample)",
+    )
     check_model: bool = field(
         True,
         doc="probe every model at load time: one tree forward against the model's own "
