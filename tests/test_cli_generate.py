@@ -310,3 +310,29 @@ def test_compare_samples_with_the_pipelines_filters_only(checkpoint: dict) -> No
     ranks = [int((row > row[t]).sum()) for row, t in zip(logits, ids, strict=False)]
     assert max(ranks) >= 50  # near-uniform over 64 tokens: the likeliest 50 hold every token
     assert sum(rank >= 2 for rank in ranks) >= 20
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e-50])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_compare_samples_at_a_tiny_temperature(temperature: float, dtype: str) -> None:
+    """`--compare` at a temperature whose float32 division overflowed `generate`'s scores was an
+    internal error (its sampler refused the NaN probabilities); plain sampling now takes the
+    limit law, as the pipeline does: the greedy continuation (no ties in a random model)."""
+    from tests.conftest import memory_resources, tiny_llama
+    from treegraft.cli_generate import plain_decode
+    from treegraft.core.pipeline import load_pipeline
+
+    model = tiny_llama(seed=1)
+    model.generation_config.temperature = 7.0  # the checkpoint's own: not applied
+    spec = {
+        "target": "mem:target",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered", "depth": 3, "top_k": 2, "budget": 8},
+        "verifier": {"name": "pointmass", "temperature": temperature, "top_p": 0.5},
+        "decoding": {"max_new_tokens": 12, "dtype": dtype, "seed": 0},
+    }
+    pipe = load_pipeline(spec, resources=memory_resources(getattr(torch, dtype), target=model))
+    prompt = torch.tensor([3, 17, 5, 3, 17, 9])
+    greedy = greedy_reference(pipe.decoder.target.model, prompt, 12)
+    assert list(plain_decode(pipe, prompt, 12).token_ids) == greedy
+    assert list(pipe.generate(prompt).token_ids) == greedy

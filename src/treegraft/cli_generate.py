@@ -176,12 +176,15 @@ def plain_decode(pipe: Any, prompt_ids: torch.Tensor, max_new_tokens: int) -> Pl
     sampling = pipe.spec.verifier.name != "greedy" and temperature > 0
     kwargs: dict[str, Any] = {"do_sample": False}
     if sampling:
+        from transformers import LogitsProcessorList
+
         kwargs = {
             **sampling_filters_off(model),
             "do_sample": True,
-            "temperature": temperature,
+            "temperature": 1.0,  # applied by `Tempered`, before top-k and top-p as generate does
             "top_p": float(getattr(config, "top_p", 1.0)),
             "top_k": int(getattr(config, "top_k", 0)),  # 0 = off
+            "logits_processor": LogitsProcessorList([Tempered(temperature)]),
         }
         torch.manual_seed(pipe.spec.decoding.seed)
     eos = sorted(pipe.eos_ids) if pipe.spec.decoding.stop_at_eos else []
@@ -201,6 +204,23 @@ def plain_decode(pipe: Any, prompt_ids: torch.Tensor, max_new_tokens: int) -> Pl
         _sync(ids.device)
         seconds = time.perf_counter() - start
     return PlainRun(tuple(out[0, ids.shape[1] :].tolist()), seconds)
+
+
+@attrs.frozen
+class Tempered:
+    """A logits processor for `generate`: each row less its largest logit, divided by
+    `temperature`, in float64 (as `target_probs` computes it). `generate`'s own temperature
+    warper divides float32 scores by the temperature rounded to float32: a tiny one overflowed
+    them (or rounded to 0) and its sampler raised on the NaN probabilities; here the top logits
+    share the mass, the limit law the pipeline samples. `generate` runs it before its top-k and
+    top-p warpers, where its temperature warper runs."""
+
+    temperature: float
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        wide = scores.to(torch.float64)  # [B, V]
+        shifted = (wide - wide.max(dim=-1, keepdim=True).values) / self.temperature
+        return shifted.to(scores.dtype)
 
 
 #: `generate`'s sampling filters other than temperature / top-k / top-p, each at its "off"
