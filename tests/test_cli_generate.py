@@ -103,6 +103,22 @@ def test_sampling_flags_switch_to_the_point_mass_verifier_and_the_seed_repeats(
     assert len(runs[0]["token_ids"]) == 12
 
 
+def test_top_k_flag_sets_the_filter_and_top_k_1_is_greedy(tmp_path: Path, model_dir: Path) -> None:
+    """`--top-k` was missing (only a pipeline file could set top_k); with 1 it commits the
+    greedy continuation at any temperature and seed."""
+    pipeline = pipeline_file(tmp_path, str(model_dir))
+    args = ["--prompt", PROMPT, "--json", "--temperature", "3.0", "--top-k", "1"]
+    for seed in ("0", "5"):
+        result = invoke("generate", "--pipeline", str(pipeline), *args, "--seed", seed)
+        assert result.exit_code == 0, result.stderr
+        assert json.loads(result.stdout)["token_ids"] == expected_ids(model_dir)
+    sampling = {"target": "zoo:target", "verifier": {"name": "pointmass", "top_p": 0.9}}
+    data = apply_options(sampling, GenerateOptions(top_k=7))
+    assert data["verifier"] == {"name": "pointmass", "top_p": 0.9, "top_k": 7}
+    data = apply_options({"target": "zoo:target"}, GenerateOptions(temperature=0.5, top_k=0))
+    assert data["verifier"] == {"name": "pointmass", "temperature": 0.5, "top_k": 0}
+
+
 def test_apply_options_maps_flags_to_fields() -> None:
     base = {"target": "zoo:target", "drafters": {"w": {"name": "ngram"}}, "builder": "layered"}
     data = apply_options(base, GenerateOptions(device="cpu", dtype="float64", seed=7))
@@ -164,7 +180,21 @@ BAD_FLAGS = {
         ["--temperature", "0", "--top-p", "0.9"],
         "--top-p: needs sampling; --temperature 0 decodes greedily",
     ),
+    "top-k-negative": (
+        ["--temperature", "0.5", "--top-k", "-1"],
+        "--top-k (pipeline.verifier.top_k): expected int >= 0, got -1",
+    ),
+    "top-k-greedy": (["--top-k", "5"], "--top-k: needs sampling, but the pipeline's verifier"),
+    "top-k-zero-temperature": (
+        ["--temperature", "0", "--top-k", "5"],
+        "--top-k: needs sampling; --temperature 0 decodes greedily",
+    ),
+    "top-k-not-int": (["--top-k", "2.5"], "Invalid value for '--top-k'"),
     "seed-not-int": (["--seed", "abc"], "Invalid value for '--seed'"),
+    "seed-negative": (
+        ["--seed", "-1"],
+        "--seed (pipeline.decoding.seed): expected int with 0 <= value <= 4294967295, got -1",
+    ),
     "temperature-not-float": (["--temperature", "hot"], "Invalid value for '--temperature'"),
 }
 

@@ -37,6 +37,7 @@ class GenerateOptions:
     top_p: float | None = None
     seed: int | None = None
     forward: str | None = None
+    top_k: int | None = None
 
     def flags(self) -> dict[str, str]:
         """Flag name -> the YAML path it overrides, for the flags given (error messages name
@@ -46,6 +47,7 @@ class GenerateOptions:
             "--dtype": ("dtype", "pipeline.decoding.dtype"),
             "--temperature": ("temperature", "pipeline.verifier.temperature"),
             "--top-p": ("top_p", "pipeline.verifier.top_p"),
+            "--top-k": ("top_k", "pipeline.verifier.top_k"),
             "--seed": ("seed", "pipeline.decoding.seed"),
             "--forward": ("forward", "pipeline.decoding.forward"),
         }
@@ -77,7 +79,7 @@ def apply_options(data: Mapping[str, Any], options: GenerateOptions) -> dict[str
 
     `--temperature 0` selects the greedy verifier; a positive temperature selects point-mass
     sampling (keeping the file's other sampling settings when it already samples); `--top-p`
-    needs sampling (from the file or `--temperature`).
+    and `--top-k` need sampling (from the file or `--temperature`).
     """
     out = dict(data)
     if options.device is not None:
@@ -126,20 +128,28 @@ def _apply_sampling(data: dict[str, Any], options: GenerateOptions) -> dict[str,
                 f"(0 = greedy), got {options.temperature}"
             )
         if options.temperature == 0:
-            if options.top_p is not None:
-                raise ConfigError("--top-p: needs sampling; --temperature 0 decodes greedily")
+            if filters := _filters(options):
+                raise ConfigError(
+                    f"{filters[0][0]}: needs sampling; --temperature 0 decodes greedily"
+                )
             return {**data, "verifier": {"name": "greedy"}}
         if verifier.get("name") != SAMPLING_VERIFIER:
             verifier = {"name": SAMPLING_VERIFIER}
         verifier["temperature"] = options.temperature
-    if options.top_p is not None:
+    for flag, (key, value) in _filters(options):
         if verifier.get("name") != SAMPLING_VERIFIER:
             raise ConfigError(
-                f"--top-p: needs sampling, but the pipeline's verifier is "
+                f"{flag}: needs sampling, but the pipeline's verifier is "
                 f"{verifier.get('name')!r}; add --temperature T (T > 0)"
             )
-        verifier["top_p"] = options.top_p
+        verifier[key] = value
     return {**data, "verifier": verifier}
+
+
+def _filters(options: GenerateOptions) -> list[tuple[str, tuple[str, Any]]]:
+    """The sampling filters given as flags: (flag, (verifier key, value))."""
+    given = {"--top-p": ("top_p", options.top_p), "--top-k": ("top_k", options.top_k)}
+    return [(flag, pair) for flag, pair in given.items() if pair[1] is not None]
 
 
 def flag_error(exc: ConfigError, options: GenerateOptions) -> str:
