@@ -22,7 +22,7 @@ from torch import Tensor
 
 from tests.conftest import greedy_reference, memory_resources
 from treegraft.core.config import ConfigError, NoConfig, pipeline_spec_from_dict
-from treegraft.core.errors import NonFiniteLogitsError
+from treegraft.core.errors import ArgumentError, NonFiniteLogitsError
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.plugins.verifiers.greedy import GreedyVerifier
@@ -482,6 +482,30 @@ def test_huge_temperature_ranks_by_the_logits() -> None:
         assert probs[0].tolist() == [0.0, 0.0, 0.0, 1.0]
         probs = target_probs(logits, temperature=temperature, top_k=2)
         assert probs[0].tolist() == [0.0, 0.5, 0.0, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"temperature": 0}, "temperature: expected a finite float > 0, got 0"),
+        ({"temperature": -1.0}, "temperature: expected a finite float > 0, got -1.0"),
+        ({"temperature": math.nan}, "temperature: expected a finite float > 0, got nan"),
+        ({"temperature": math.inf}, "temperature: expected a finite float > 0, got inf"),
+        ({"top_k": -1}, "top_k: expected an int >= 0, got -1"),
+        ({"top_k": 1.5}, "top_k: expected an int >= 0, got 1.5"),
+        ({"top_p": 0.0}, "top_p: expected a float with 0 < value <= 1, got 0.0"),
+        ({"top_p": 1.5}, "top_p: expected a float with 0 < value <= 1, got 1.5"),
+        ({"top_p": math.nan}, "top_p: expected a float with 0 < value <= 1, got nan"),
+    ],
+    ids=lambda v: str(v) if isinstance(v, dict) else "",
+)
+def test_target_probs_refuses_settings_outside_their_ranges(settings: dict, message: str) -> None:
+    """A plain-sampling baseline calls `target_probs` with its own settings: a temperature or
+    top-p of 0 gave NaN probabilities, a negative temperature the reversed law, a negative
+    top-k or a top-p above 1 no filter, all silently."""
+    with pytest.raises(ArgumentError) as info:
+        target_probs(torch.zeros(2, V), **settings)
+    assert str(info.value) == f"target_probs: {message}"
 
 
 @pytest.mark.parametrize(

@@ -37,13 +37,15 @@ is float64.
 from __future__ import annotations
 
 import math
+import numbers
 
 import attrs
 import torch
 from torch import Tensor
 
+from treegraft.core.arguments import check_count
 from treegraft.core.config import Check, at_least, between, field
-from treegraft.core.errors import NonFiniteLogitsError
+from treegraft.core.errors import ArgumentError, NonFiniteLogitsError, shown
 from treegraft.core.interfaces import Verdict, Verifier
 from treegraft.core.tree import DraftTree
 
@@ -96,7 +98,12 @@ def target_probs(
 
     Returns:
         `[n, V]` float64 probabilities; filtered-out tokens are exactly 0.
+
+    Raises:
+        ArgumentError: a setting outside those ranges (a temperature of 0 or a `top_p` of 0
+            gave NaN probabilities, a negative temperature the reversed law).
     """
+    _check_settings(temperature, top_k, top_p)
     wide = logits.to(torch.float64)  # [n, V]
     # shifted so the top logit is 0 before dividing: a tiny temperature then sends the others
     # to -inf (the top token keeps its mass) instead of every logit overflowing to +-inf (NaN)
@@ -113,6 +120,17 @@ def target_probs(
     if top_p < 1.0:
         probs = _nucleus(probs, top_p)
     return torch.empty_like(probs).scatter_(-1, order, probs)
+
+
+def _check_settings(temperature: float, top_k: int, top_p: float) -> None:
+    """An `ArgumentError` naming the first of `target_probs`' settings outside its range."""
+    check_count("target_probs: top_k", top_k, 0)
+    for name, value, ok, what in (
+        ("temperature", temperature, lambda v: 0 < v < math.inf, "a finite float > 0"),
+        ("top_p", top_p, lambda v: 0 < v <= 1, "a float with 0 < value <= 1"),
+    ):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not ok(value):
+            raise ArgumentError(f"target_probs: {name}: expected {what}, got {shown(value)}")
 
 
 def _nucleus(ranked_probs: Tensor, top_p: float) -> Tensor:
