@@ -537,6 +537,20 @@ def test_bad_inputs_are_rejected_clearly(logits: Tensor, match: str) -> None:
     assert isinstance(caught.value, NonFiniteLogitsError) == overflow
 
 
+@pytest.mark.parametrize("samples", [0, 2.5, True, "3", None])
+def test_verify_batch_refuses_a_count_that_is_no_int(samples: Any) -> None:
+    """2.5, True, "3" or None were raw TypeErrors from `torch.rand` or `<`; the generator is
+    left untouched, so the next call draws what it would have drawn."""
+    tree = wide_tree()
+    v = verifier(PointMassVerifier, PointMassConfig(), seed=4)
+    with pytest.raises(ArgumentError, match=r"^verify_batch: samples: expected an int >= 1, got"):
+        v.verify_batch(tree, tree_logits(tree), samples)
+    fresh = verifier(PointMassVerifier, PointMassConfig(), seed=4)
+    assert torch.equal(
+        v.verify(tree, tree_logits(tree)).bonus, fresh.verify(tree, tree_logits(tree)).bonus
+    )
+
+
 # ---------------------------------------------------------------------------- end to end
 
 

@@ -311,8 +311,7 @@ def _check_inputs(tree: DraftTree, target_logits: Tensor, samples: int) -> int:
         )
     if not target_logits.is_floating_point():
         raise ValueError(f"target_logits: expected a floating dtype, got {target_logits.dtype}")
-    if samples < 1:
-        raise ValueError(f"samples: expected int >= 1, got {samples}")
+    check_count("verify_batch: samples", samples, 1)
     top = target_logits.amax(dim=-1)  # [n], NaN where a row holds one
     bad_row = torch.where(torch.isfinite(top), n, torch.arange(n, device=top.device)).min()
     extent = [tree.depth.max(), tree.tokens.min(), tree.tokens.max(), bad_row.to(tree.device)]
