@@ -190,6 +190,11 @@ BAD_FLAGS = {
         "--top-k: needs sampling; --temperature 0 decodes greedily",
     ),
     "top-k-not-int": (["--top-k", "2.5"], "Invalid value for '--top-k'"),
+    "min-p-range": (
+        ["--temperature", "0.5", "--min-p", "1.5"],
+        "--min-p (pipeline.verifier.min_p): expected float with 0 <= value <= 1, got 1.5",
+    ),
+    "min-p-greedy": (["--min-p", "0.1"], "--min-p: needs sampling, but the pipeline's verifier"),
     "seed-not-int": (["--seed", "abc"], "Invalid value for '--seed'"),
     "seed-negative": (
         ["--seed", "-1"],
@@ -366,3 +371,29 @@ def test_compare_samples_at_a_tiny_temperature(temperature: float, dtype: str) -
     greedy = greedy_reference(pipe.decoder.target.model, prompt, 12)
     assert list(plain_decode(pipe, prompt, 12).token_ids) == greedy
     assert list(pipe.generate(prompt).token_ids) == greedy
+
+
+def test_compare_samples_with_the_pipelines_min_p() -> None:
+    """`min_p` is a pointmass setting (it was an unknown key): the pipeline and `--compare`'s
+    plain sampling both keep only the tokens within `min_p` of the likeliest one's probability;
+    with 1.0 that is the likeliest alone, the greedy continuation."""
+    from tests.conftest import memory_resources, tiny_llama
+    from treegraft.cli_generate import plain_decode
+    from treegraft.core.pipeline import load_pipeline
+
+    model = tiny_llama(seed=1)
+    spec = {
+        "target": "mem:target",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered", "depth": 3, "top_k": 2, "budget": 8},
+        "verifier": {"name": "pointmass", "temperature": 5.0, "min_p": 1.0},
+        "decoding": {"max_new_tokens": 12, "dtype": "float64", "seed": 0},
+    }
+    pipe = load_pipeline(spec, resources=memory_resources(target=model))
+    prompt = torch.tensor([3, 17, 5, 3, 17, 9])
+    greedy = greedy_reference(model, prompt, 12)
+    assert list(plain_decode(pipe, prompt, 12).token_ids) == greedy
+    assert list(pipe.generate(prompt).token_ids) == greedy
+    options = GenerateOptions(temperature=0.8, min_p=0.05)
+    data = apply_options({"target": "zoo:target"}, options)
+    assert data["verifier"] == {"name": "pointmass", "temperature": 0.8, "min_p": 0.05}

@@ -38,6 +38,7 @@ class GenerateOptions:
     seed: int | None = None
     forward: str | None = None
     top_k: int | None = None
+    min_p: float | None = None
 
     def flags(self) -> dict[str, str]:
         """Flag name -> the YAML path it overrides, for the flags given (error messages name
@@ -48,6 +49,7 @@ class GenerateOptions:
             "--temperature": ("temperature", "pipeline.verifier.temperature"),
             "--top-p": ("top_p", "pipeline.verifier.top_p"),
             "--top-k": ("top_k", "pipeline.verifier.top_k"),
+            "--min-p": ("min_p", "pipeline.verifier.min_p"),
             "--seed": ("seed", "pipeline.decoding.seed"),
             "--forward": ("forward", "pipeline.decoding.forward"),
         }
@@ -78,8 +80,8 @@ def apply_options(data: Mapping[str, Any], options: GenerateOptions) -> dict[str
     """The pipeline mapping with the options applied.
 
     `--temperature 0` selects the greedy verifier; a positive temperature selects point-mass
-    sampling (keeping the file's other sampling settings when it already samples); `--top-p`
-    and `--top-k` need sampling (from the file or `--temperature`).
+    sampling (keeping the file's other sampling settings when it already samples); `--top-p`,
+    `--top-k` and `--min-p` need sampling (from the file or `--temperature`).
     """
     out = dict(data)
     if options.device is not None:
@@ -148,7 +150,11 @@ def _apply_sampling(data: dict[str, Any], options: GenerateOptions) -> dict[str,
 
 def _filters(options: GenerateOptions) -> list[tuple[str, tuple[str, Any]]]:
     """The sampling filters given as flags: (flag, (verifier key, value))."""
-    given = {"--top-p": ("top_p", options.top_p), "--top-k": ("top_k", options.top_k)}
+    given = {
+        "--top-p": ("top_p", options.top_p),
+        "--top-k": ("top_k", options.top_k),
+        "--min-p": ("min_p", options.min_p),
+    }
     return [(flag, pair) for flag, pair in given.items() if pair[1] is not None]
 
 
@@ -178,7 +184,7 @@ class PlainRun:
 
 def plain_decode(pipe: Any, prompt_ids: torch.Tensor, max_new_tokens: int) -> PlainRun:
     """Decode `prompt_ids` with the target alone, as the pipeline's verifier would sample
-    (greedy, or temperature / top-k / top-p with the pipeline's seed), and time it."""
+    (greedy, or temperature / top-k / top-p / min-p with the pipeline's seed), and time it."""
     model = pipe.decoder.target.model
     ids = prompt_ids.to(model.device)[None, :]  # [1, T]
     config = pipe.spec.verifier.config
@@ -196,6 +202,8 @@ def plain_decode(pipe: Any, prompt_ids: torch.Tensor, max_new_tokens: int) -> Pl
             "top_k": int(getattr(config, "top_k", 0)),  # 0 = off
             "logits_processor": LogitsProcessorList([Tempered(temperature)]),
         }
+        if min_p := float(getattr(config, "min_p", 0.0)):
+            kwargs["min_p"] = min_p
         torch.manual_seed(pipe.spec.decoding.seed)
     eos = sorted(pipe.eos_ids) if pipe.spec.decoding.stop_at_eos else []
     with torch.inference_mode(), plain_generation(model):  # settings the pipeline leaves out
@@ -234,6 +242,7 @@ class Tempered:
 
 
 #: `generate`'s sampling filters other than temperature / top-k / top-p, each at its "off"
+#: value (min-p: unless the pipeline sets it)
 #: value: a checkpoint's generation config (or `generate`'s own defaults) may set them
 SAMPLING_FILTERS_OFF: dict[str, Any] = {
     "min_p": None,

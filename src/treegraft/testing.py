@@ -309,7 +309,7 @@ def assert_lossless(
         registry: where components are looked up (default: every installed plugin).
         samples: generations per prompt under a sampling verifier.
         law: the sampling verifier's target law, `[n, V]` logits -> `[n, V]` probabilities
-            (default: temperature / top-k / top-p read from the verifier's config).
+            (default: temperature / top-k / top-p / min-p read from the verifier's config).
         sampling: whether the verifier samples (default: its config has a `temperature`, or a
             `law` is given).
 
@@ -441,6 +441,9 @@ def _config_law(config: Any) -> Callable[[Tensor], Tensor]:
     temperature = float(getattr(config, "temperature", 1.0))
     top_k = int(getattr(config, "top_k", 0))
     top_p = float(getattr(config, "top_p", 1.0))
+    min_p = float(getattr(config, "min_p", 0.0))
     if math.isclose(temperature, 0.0):
         raise ValueError("verifier: a sampling verifier needs a temperature > 0")
-    return lambda logits: target_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    return lambda logits: target_probs(
+        logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p
+    )

@@ -74,6 +74,7 @@ def reference_law(logits: Tensor, config: PointMassConfig) -> list[float]:
             break
         kept.append(t)
         mass += weights[t] / total
+    kept = [t for t in kept if weights[t] >= config.min_p * weights[kept[0]]]  # min-p
     norm = sum(weights[t] for t in kept)
     return [weights[t] / norm if t in kept else 0.0 for t in range(V)]
 
@@ -127,6 +128,7 @@ CASES = {
     "wide_top_p": (wide_tree, PointMassConfig(temperature=0.7, top_p=0.8)),
     "every_token_unfiltered": (every_token_tree, PointMassConfig(temperature=1.3)),
     "top_k_and_top_p": (wide_tree, PointMassConfig(temperature=1.0, top_k=4, top_p=0.7)),
+    "min_p": (multi_drafter_tree, PointMassConfig(temperature=1.2, min_p=0.2)),
 }
 
 
@@ -281,7 +283,7 @@ def test_toy_trees_cover_the_hard_cases() -> None:
         mass = target_probs(tree_logits(tree), **attrs.asdict(config))[
             tree.parents[1:], tree.tokens[1:]
         ]
-        if config.top_k or config.top_p < 1:
+        if config.top_k or config.top_p < 1 or config.min_p:
             assert bool((mass == 0).any()), "a filtered-out child must be in the tree"
 
 
@@ -341,6 +343,7 @@ configs = st.builds(
     temperature=st.sampled_from([0.5, 1.0, 2.0]),
     top_k=st.integers(0, V),
     top_p=st.sampled_from([0.3, 0.9, 1.0]),
+    min_p=st.sampled_from([0.0, 0.2, 1.0]),
 )
 
 
@@ -445,6 +448,8 @@ def test_target_probs_filters_like_the_plain_reference() -> None:
         PointMassConfig(0.7, 3, 1.0),
         PointMassConfig(1.2, 0, 0.6),
         PointMassConfig(1.0, 5, 0.5),
+        PointMassConfig(0.9, 0, 1.0, 0.25),
+        PointMassConfig(1.5, 6, 0.8, 0.1),
     ):
         expected = torch.tensor([reference_law(row, config) for row in logits], dtype=torch.float64)
         torch.testing.assert_close(
@@ -456,6 +461,36 @@ def test_target_probs_filters_like_the_plain_reference() -> None:
     plain = target_probs(logits.float(), temperature=2.0)
     assert plain.dtype == torch.float64
     torch.testing.assert_close(plain, torch.softmax(logits / 2.0, dim=-1), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("config", [
+    PointMassConfig(0.7, 0, 1.0), PointMassConfig(1.0, 3, 1.0), PointMassConfig(1.3, 0, 0.6),
+    PointMassConfig(0.5, 5, 0.8), PointMassConfig(1.0, 0, 1.0, 0.2),
+    PointMassConfig(2.0, 7, 0.9, 0.05), PointMassConfig(1.0, 1, 0.3, 1.0),
+], ids=repr)  # fmt: skip
+def test_target_probs_is_the_law_of_transformers_sampling_warpers(config: PointMassConfig) -> None:
+    """The docs claim `generate(do_sample=True)`'s law: its warpers in its order (temperature,
+    top-k, top-p, min-p; one token kept at least), on logits without ties (where the two break
+    ties differently, docs/losslessness.md#low-precision)."""
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    logits[::3, 7] = -math.inf  # a token the model rules out
+    scores = TemperatureLogitsWarper(config.temperature)(None, logits.clone())
+    if config.top_k:
+        scores = TopKLogitsWarper(config.top_k)(None, scores)
+    if config.top_p < 1:
+        scores = TopPLogitsWarper(config.top_p)(None, scores)
+    if config.min_p:
+        scores = MinPLogitsWarper(config.min_p)(None, scores)
+    expected = torch.softmax(scores, dim=-1)
+    got = target_probs(logits, **attrs.asdict(config))
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("temperature", [1e-6, 1e-200, 1e-310, 5e-324])
@@ -496,6 +531,8 @@ def test_huge_temperature_ranks_by_the_logits() -> None:
         ({"top_p": 0.0}, "top_p: expected a float with 0 < value <= 1, got 0.0"),
         ({"top_p": 1.5}, "top_p: expected a float with 0 < value <= 1, got 1.5"),
         ({"top_p": math.nan}, "top_p: expected a float with 0 < value <= 1, got nan"),
+        ({"min_p": -0.1}, "min_p: expected a float with 0 <= value <= 1, got -0.1"),
+        ({"min_p": 1.5}, "min_p: expected a float with 0 <= value <= 1, got 1.5"),
     ],
     ids=lambda v: str(v) if isinstance(v, dict) else "",
 )

@@ -7,8 +7,9 @@ expansions, grafted strong children).
 
 Glossary (the words used below and in `docs/losslessness.md`):
 
-- **target law** `P`: at a node, `softmax(logits / temperature)` after top-k then top-p filtering,
-  renormalised (`target_probs`); it is exactly what plain sampling from the target would use.
+- **target law** `P`: at a node, `softmax(logits / temperature)` after top-k, top-p then min-p
+  filtering, renormalised (`target_probs`); it is exactly what plain sampling from the target
+  would use.
 - **accepted**: a child the verifier keeps. At the current accepted node (first the root) its
   children are tried in node-index order; child `c` is accepted with probability `P(c)`; on
   rejection `P(c)` is set to 0 and `P` renormalised before the next child is tried. An accepted child
@@ -61,6 +62,11 @@ class PointMassConfig:
     top_p: float = field(
         1.0, check=between(0, 1, open_low=True), doc="nucleus mass to keep; 1.0 = off"
     )
+    min_p: float = field(
+        0.0,
+        check=between(0, 1),
+        doc="keep the tokens with at least min_p times the likeliest one's probability; 0.0 = off",
+    )
 
 
 @attrs.frozen(eq=False)
@@ -82,12 +88,19 @@ class SampledVerdicts:
 
 
 def target_probs(
-    logits: Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
 ) -> Tensor:
-    """The target sampler's law: temperature, then top-k, then top-p, renormalised, in float64.
+    """The target sampler's law: temperature, then top-k, top-p and min-p, renormalised, in
+    float64 (the order of `generate(do_sample=True)`'s warpers).
 
     Ties in top-k are broken towards the lower token id (as `argmax`), so `top_k=1` is greedy.
-    Top-p keeps the smallest prefix (by decreasing probability) whose mass reaches `top_p`. A plain
+    Top-p keeps the smallest prefix (by decreasing probability) whose mass reaches `top_p`; min-p
+    then keeps the tokens whose probability is at least `min_p` times the likeliest one's. A plain
     sampling baseline must draw from this law for point-mass verification to match it.
 
     Args:
@@ -95,6 +108,7 @@ def target_probs(
         temperature: softmax temperature (> 0).
         top_k: keep the `top_k` most likely tokens; 0 (or >= V) keeps all.
         top_p: nucleus mass to keep; 1.0 keeps all.
+        min_p: in [0, 1]; 0.0 keeps all.
 
     Returns:
         `[n, V]` float64 probabilities; filtered-out tokens are exactly 0.
@@ -103,13 +117,13 @@ def target_probs(
         ArgumentError: a setting outside those ranges (a temperature of 0 or a `top_p` of 0
             gave NaN probabilities, a negative temperature the reversed law).
     """
-    _check_settings(temperature, top_k, top_p)
+    _check_settings(temperature, top_k, top_p, min_p)
     wide = logits.to(torch.float64)  # [n, V]
     # shifted so the top logit is 0 before dividing: a tiny temperature then sends the others
     # to -inf (the top token keeps its mass) instead of every logit overflowing to +-inf (NaN)
     scaled = (wide - wide.max(dim=-1, keepdim=True).values) / temperature  # [n, V]
     vocab = scaled.shape[-1]
-    if (top_k == 0 or top_k >= vocab) and top_p >= 1.0:
+    if (top_k == 0 or top_k >= vocab) and top_p >= 1.0 and min_p <= 0.0:
         return torch.softmax(scaled, dim=-1)
     # ranked by the logits themselves: a huge temperature may round distinct scaled ones equal
     order = torch.sort(wide, dim=-1, descending=True, stable=True).indices  # [n, V]
@@ -119,15 +133,19 @@ def target_probs(
     probs = torch.softmax(ranked, dim=-1)  # [n, V], ranked order
     if top_p < 1.0:
         probs = _nucleus(probs, top_p)
+    if min_p > 0.0:
+        kept = torch.where(probs >= min_p * probs[:, :1], probs, 0.0)  # the likeliest first
+        probs = kept / kept.sum(dim=-1, keepdim=True)
     return torch.empty_like(probs).scatter_(-1, order, probs)
 
 
-def _check_settings(temperature: float, top_k: int, top_p: float) -> None:
+def _check_settings(temperature: float, top_k: int, top_p: float, min_p: float) -> None:
     """An `ArgumentError` naming the first of `target_probs`' settings outside its range."""
     check_count("target_probs: top_k", top_k, 0)
     for name, value, ok, what in (
         ("temperature", temperature, lambda v: 0 < v < math.inf, "a finite float > 0"),
         ("top_p", top_p, lambda v: 0 < v <= 1, "a float with 0 < value <= 1"),
+        ("min_p", min_p, lambda v: 0 <= v <= 1, "a float with 0 <= value <= 1"),
     ):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not ok(value):
             raise ArgumentError(f"target_probs: {name}: expected {what}, got {shown(value)}")
