@@ -649,6 +649,22 @@ def test_same_seed_same_output_end_to_end(tiny_target: Any, draft_model: Any) ->
         assert accepted > 0
 
 
+def test_same_seed_same_output_through_steps_and_after_an_interrupted_generation(
+    tiny_target: Any,
+) -> None:
+    """`steps` (what `stream` wraps) draws what `generate` draws, and a generation abandoned
+    half-way (its verifier's stream advanced) does not shift the next one's numbers."""
+    spec = {"name": "pointmass", "temperature": 0.8, "top_p": 0.95}
+    resources = memory_resources(target=tiny_target, draft=tiny_target)
+    pipe = load_pipeline(pipeline_dict(spec, seed=3, **FIXED_CAP), resources=resources)
+    first = pipe.generate(PROMPT).token_ids
+    assert tuple(t for e in pipe.steps(PROMPT) for t in e.tokens) == first
+    events = pipe.steps(PROMPT)
+    next(events), next(events)
+    events.close()
+    assert pipe.generate(PROMPT).token_ids == first
+
+
 def test_first_two_tokens_follow_the_targets_joint_law(tiny_target: Any) -> None:
     """End to end (drafts, tree forward, commit, next step): the pair of the first two tokens,
     over many seeds, passes a chi-square test against `P(x1) * P(x2 | x1)` of the target."""
