@@ -665,6 +665,25 @@ def test_same_seed_same_output_through_steps_and_after_an_interrupted_generation
     assert pipe.generate(PROMPT).token_ids == first
 
 
+def test_the_decoders_seed_gives_another_sample_and_refuses_an_aliasing_one(
+    tiny_target: Any,
+) -> None:
+    """The documented way to draw several samples of one prompt: set `pipe.decoder.seed`. A
+    seed torch's CPU generator would alias (-1 reads as 2**32 - 1, 2**32 as 0) was taken
+    silently; now an `ArgumentError`, and the decoder keeps its seed."""
+    spec = {"name": "pointmass", "temperature": 0.8, "top_p": 0.95}
+    resources = memory_resources(target=tiny_target, draft=tiny_target)
+    pipe = load_pipeline(pipeline_dict(spec, seed=3, **FIXED_CAP), resources=resources)
+    twice = pipe.generate([PROMPT, PROMPT])
+    assert twice[0].token_ids == twice[1].token_ids  # each generation starts from the seed
+    pipe.decoder.seed = 4
+    assert pipe.generate(PROMPT).token_ids != twice[0].token_ids
+    for bad in (-1, 2**32, 1.5, True):
+        with pytest.raises(ArgumentError, match=r"^decoder\.seed: expected an int"):
+            pipe.decoder.seed = bad
+    assert pipe.decoder.seed == 4
+
+
 def test_first_two_tokens_follow_the_targets_joint_law(tiny_target: Any) -> None:
     """End to end (drafts, tree forward, commit, next step): the pair of the first two tokens,
     over many seeds, passes a chi-square test against `P(x1) * P(x2 | x1)` of the target."""

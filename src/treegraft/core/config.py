@@ -26,6 +26,7 @@ import yaml
 # re-exported: plugins import the field constraints from here
 from treegraft.core.constraints import (  # noqa: F401
     MAX_NEW_TOKENS,
+    SEED_MAX,
     Check,
     NoConfig,
     at_least,
@@ -57,9 +58,6 @@ from treegraft.core.structuring import CONVERTER, INT64_MAX, INT64_MIN, OutOfRan
 from treegraft.core.yaml_loader import DuplicateKeyError, StrictLoader
 
 ROOT = "pipeline"
-#: the largest `decoding.seed`: torch's CPU generator keeps the low 32 bits of a seed (seeds
-#: 0 and 2**32, or -1 and 2**32 - 1, draw the same numbers), so one past it would alias another
-SEED_MAX = 2**32 - 1
 
 
 class ConfigError(TreegraftError, ValueError):
