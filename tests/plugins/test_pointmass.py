@@ -493,6 +493,19 @@ def test_target_probs_is_the_law_of_transformers_sampling_warpers(config: PointM
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("config", [PointMassConfig(), PointMassConfig(0.9, 3, 0.7, 0.1)], ids=repr)
+def test_target_probs_of_one_row_or_a_batch_of_rows(config: PointMassConfig) -> None:
+    """The law of one `[V]` row (a plain sampler's) was an IndexError once a filter was on, a
+    `[B, n, V]` batch a RuntimeError under top-p; both are the `[n, V]` law's rows now."""
+    logits = torch.stack([toy_logits((t,)) for t in range(6)]).reshape(2, 3, V)  # [2, 3, V]
+    rows = target_probs(logits.reshape(6, V), **attrs.asdict(config))
+    assert torch.equal(target_probs(logits, **attrs.asdict(config)), rows.reshape(2, 3, V))
+    assert torch.equal(target_probs(logits[1, 2], **attrs.asdict(config)), rows[5])
+    for bad in (torch.zeros(3, 0), torch.tensor(1.0), [1.0, 2.0]):
+        with pytest.raises(ArgumentError, match=r"^target_probs: logits: expected a tensor"):
+            target_probs(bad)
+
+
 @pytest.mark.parametrize("temperature", [1e-6, 1e-200, 1e-310, 5e-324])
 def test_tiny_temperature_keeps_the_top_tokens_not_nan(temperature: float) -> None:
     """A temperature that overflows `logits / temperature` still gives the limit law: the top

@@ -104,7 +104,7 @@ def target_probs(
     sampling baseline must draw from this law for point-mass verification to match it.
 
     Args:
-        logits: `[n, V]` next-token logits, one row per tree node.
+        logits: `[n, V]` next-token logits, one row per tree node (or any `[..., V]`).
         temperature: softmax temperature (> 0).
         top_k: keep the `top_k` most likely tokens; 0 (or >= V) keeps all.
         top_p: nucleus mass to keep; 1.0 keeps all.
@@ -118,6 +118,11 @@ def target_probs(
             gave NaN probabilities, a negative temperature the reversed law).
     """
     _check_settings(temperature, top_k, top_p, min_p)
+    if not isinstance(logits, Tensor) or logits.ndim == 0 or logits.shape[-1] == 0:
+        raise ArgumentError(
+            f"target_probs: logits: expected a tensor [..., V] with V >= 1, got "
+            f"{type(logits).__name__} {shown(logits)}"
+        )
     wide = logits.to(torch.float64)  # [n, V]
     # shifted so the top logit is 0 before dividing: a tiny temperature then sends the others
     # to -inf (the top token keeps its mass) instead of every logit overflowing to +-inf (NaN)
@@ -129,12 +134,12 @@ def target_probs(
     order = torch.sort(wide, dim=-1, descending=True, stable=True).indices  # [n, V]
     ranked = scaled.gather(-1, order)  # [n, V]
     if 0 < top_k < vocab:
-        ranked[:, top_k:] = -math.inf
+        ranked[..., top_k:] = -math.inf
     probs = torch.softmax(ranked, dim=-1)  # [n, V], ranked order
     if top_p < 1.0:
         probs = _nucleus(probs, top_p)
     if min_p > 0.0:
-        kept = torch.where(probs >= min_p * probs[:, :1], probs, 0.0)  # the likeliest first
+        kept = torch.where(probs >= min_p * probs[..., :1], probs, 0.0)  # the likeliest first
         probs = kept / kept.sum(dim=-1, keepdim=True)
     return torch.empty_like(probs).scatter_(-1, order, probs)
 
@@ -153,8 +158,8 @@ def _check_settings(temperature: float, top_k: int, top_p: float, min_p: float) 
 
 def _nucleus(ranked_probs: Tensor, top_p: float) -> Tensor:
     """Keep each ranked token whose predecessors hold less than `top_p` mass; renormalise. [n, V]"""
-    before = torch.cumsum(ranked_probs, dim=-1)[:, :-1]  # [n, V - 1]
-    before = torch.cat([torch.zeros_like(ranked_probs[:, :1]), before], dim=-1)  # [n, V]
+    before = torch.cumsum(ranked_probs, dim=-1)[..., :-1]  # [n, V - 1]
+    before = torch.cat([torch.zeros_like(ranked_probs[..., :1]), before], dim=-1)  # [n, V]
     kept = torch.where(before < top_p, ranked_probs, 0.0)  # [n, V]
     return kept / kept.sum(dim=-1, keepdim=True)
 
