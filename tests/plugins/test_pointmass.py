@@ -587,6 +587,14 @@ def test_bad_inputs_are_rejected_clearly(logits: Tensor, match: str) -> None:
     assert isinstance(caught.value, NonFiniteLogitsError) == overflow
 
 
+@pytest.mark.parametrize("seed", [-1, 2**32, 2.0, None])
+def test_begin_refuses_a_seed_torch_would_alias_or_reject(seed: Any) -> None:
+    """-1 and 2**32 drew the numbers of 2**32 - 1 and 0 (torch keeps 32 bits), 2.0 and None
+    failed inside torch at the first verify."""
+    with pytest.raises(ArgumentError, match=r"^PointMassVerifier.begin: seed: expected an int"):
+        PointMassVerifier(PointMassConfig()).begin(seed)
+
+
 @pytest.mark.parametrize("samples", [0, 2.5, True, "3", None])
 def test_verify_batch_refuses_a_count_that_is_no_int(samples: Any) -> None:
     """2.5, True, "3" or None were raw TypeErrors from `torch.rand` or `<`; the generator is

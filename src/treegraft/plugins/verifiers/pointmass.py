@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from treegraft.core.arguments import check_count
-from treegraft.core.config import Check, at_least, between, field
+from treegraft.core.config import SEED_MAX, Check, at_least, between, field
 from treegraft.core.errors import ArgumentError, NonFiniteLogitsError, shown
 from treegraft.core.interfaces import Verdict, Verifier
 from treegraft.core.tree import DraftTree
@@ -253,7 +253,9 @@ class PointMassVerifier(Verifier):
     _rng: torch.Generator | None = attrs.field(default=None, init=False)
 
     def begin(self, seed: int) -> None:
-        """Reseed: the generator is (re)created on the logits' device at the next `verify`."""
+        """Reseed: the generator is (re)created on the logits' device at the next `verify`.
+        An `ArgumentError` for a seed outside 0..`SEED_MAX` (one torch would alias)."""
+        check_count("PointMassVerifier.begin: seed", seed, 0, SEED_MAX)
         self._seed = seed
         self._rng = None
 
