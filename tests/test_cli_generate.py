@@ -103,6 +103,22 @@ def test_sampling_flags_switch_to_the_point_mass_verifier_and_the_seed_repeats(
     assert len(runs[0]["token_ids"]) == 12
 
 
+def test_top_k_flag_sets_the_filter_and_top_k_1_is_greedy(tmp_path: Path, model_dir: Path) -> None:
+    """`--top-k` was missing (only a pipeline file could set top_k); with 1 it commits the
+    greedy continuation at any temperature and seed."""
+    pipeline = pipeline_file(tmp_path, str(model_dir))
+    args = ["--prompt", PROMPT, "--json", "--temperature", "3.0", "--top-k", "1"]
+    for seed in ("0", "5"):
+        result = invoke("generate", "--pipeline", str(pipeline), *args, "--seed", seed)
+        assert result.exit_code == 0, result.stderr
+        assert json.loads(result.stdout)["token_ids"] == expected_ids(model_dir)
+    sampling = {"target": "zoo:target", "verifier": {"name": "pointmass", "top_p": 0.9}}
+    data = apply_options(sampling, GenerateOptions(top_k=7))
+    assert data["verifier"] == {"name": "pointmass", "top_p": 0.9, "top_k": 7}
+    data = apply_options({"target": "zoo:target"}, GenerateOptions(temperature=0.5, top_k=0))
+    assert data["verifier"] == {"name": "pointmass", "temperature": 0.5, "top_k": 0}
+
+
 def test_apply_options_maps_flags_to_fields() -> None:
     base = {"target": "zoo:target", "drafters": {"w": {"name": "ngram"}}, "builder": "layered"}
     data = apply_options(base, GenerateOptions(device="cpu", dtype="float64", seed=7))
@@ -164,7 +180,26 @@ BAD_FLAGS = {
         ["--temperature", "0", "--top-p", "0.9"],
         "--top-p: needs sampling; --temperature 0 decodes greedily",
     ),
+    "top-k-negative": (
+        ["--temperature", "0.5", "--top-k", "-1"],
+        "--top-k (pipeline.verifier.top_k): expected int >= 0, got -1",
+    ),
+    "top-k-greedy": (["--top-k", "5"], "--top-k: needs sampling, but the pipeline's verifier"),
+    "top-k-zero-temperature": (
+        ["--temperature", "0", "--top-k", "5"],
+        "--top-k: needs sampling; --temperature 0 decodes greedily",
+    ),
+    "top-k-not-int": (["--top-k", "2.5"], "Invalid value for '--top-k'"),
+    "min-p-range": (
+        ["--temperature", "0.5", "--min-p", "1.5"],
+        "--min-p (pipeline.verifier.min_p): expected float with 0 <= value <= 1, got 1.5",
+    ),
+    "min-p-greedy": (["--min-p", "0.1"], "--min-p: needs sampling, but the pipeline's verifier"),
     "seed-not-int": (["--seed", "abc"], "Invalid value for '--seed'"),
+    "seed-negative": (
+        ["--seed", "-1"],
+        "--seed (pipeline.decoding.seed): expected int with 0 <= value <= 4294967295, got -1",
+    ),
     "temperature-not-float": (["--temperature", "hot"], "Invalid value for '--temperature'"),
 }
 
@@ -310,3 +345,55 @@ def test_compare_samples_with_the_pipelines_filters_only(checkpoint: dict) -> No
     ranks = [int((row > row[t]).sum()) for row, t in zip(logits, ids, strict=False)]
     assert max(ranks) >= 50  # near-uniform over 64 tokens: the likeliest 50 hold every token
     assert sum(rank >= 2 for rank in ranks) >= 20
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e-50])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_compare_samples_at_a_tiny_temperature(temperature: float, dtype: str) -> None:
+    """`--compare` at a temperature whose float32 division overflowed `generate`'s scores was an
+    internal error (its sampler refused the NaN probabilities); plain sampling now takes the
+    limit law, as the pipeline does: the greedy continuation (no ties in a random model)."""
+    from tests.conftest import memory_resources, tiny_llama
+    from treegraft.cli_generate import plain_decode
+    from treegraft.core.pipeline import load_pipeline
+
+    model = tiny_llama(seed=1)
+    model.generation_config.temperature = 7.0  # the checkpoint's own: not applied
+    spec = {
+        "target": "mem:target",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered", "depth": 3, "top_k": 2, "budget": 8},
+        "verifier": {"name": "pointmass", "temperature": temperature, "top_p": 0.5},
+        "decoding": {"max_new_tokens": 12, "dtype": dtype, "seed": 0},
+    }
+    pipe = load_pipeline(spec, resources=memory_resources(getattr(torch, dtype), target=model))
+    prompt = torch.tensor([3, 17, 5, 3, 17, 9])
+    greedy = greedy_reference(pipe.decoder.target.model, prompt, 12)
+    assert list(plain_decode(pipe, prompt, 12).token_ids) == greedy
+    assert list(pipe.generate(prompt).token_ids) == greedy
+
+
+def test_compare_samples_with_the_pipelines_min_p() -> None:
+    """`min_p` is a pointmass setting (it was an unknown key): the pipeline and `--compare`'s
+    plain sampling both keep only the tokens within `min_p` of the likeliest one's probability;
+    with 1.0 that is the likeliest alone, the greedy continuation."""
+    from tests.conftest import memory_resources, tiny_llama
+    from treegraft.cli_generate import plain_decode
+    from treegraft.core.pipeline import load_pipeline
+
+    model = tiny_llama(seed=1)
+    spec = {
+        "target": "mem:target",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered", "depth": 3, "top_k": 2, "budget": 8},
+        "verifier": {"name": "pointmass", "temperature": 5.0, "min_p": 1.0},
+        "decoding": {"max_new_tokens": 12, "dtype": "float64", "seed": 0},
+    }
+    pipe = load_pipeline(spec, resources=memory_resources(target=model))
+    prompt = torch.tensor([3, 17, 5, 3, 17, 9])
+    greedy = greedy_reference(model, prompt, 12)
+    assert list(plain_decode(pipe, prompt, 12).token_ids) == greedy
+    assert list(pipe.generate(prompt).token_ids) == greedy
+    options = GenerateOptions(temperature=0.8, min_p=0.05)
+    data = apply_options({"target": "zoo:target"}, options)
+    assert data["verifier"] == {"name": "pointmass", "temperature": 0.8, "min_p": 0.05}

@@ -16,6 +16,7 @@ from treegraft.core.hookspecs import hookimpl
 from treegraft.core.interfaces import Verdict
 from treegraft.core.registry import Registry
 from treegraft.plugins.verifiers.greedy import GreedyVerifier
+from treegraft.plugins.verifiers.pointmass import target_probs
 from treegraft.testing import (
     ARCHITECTURES,
     assert_lossless,
@@ -106,6 +107,25 @@ def test_sampling_check_passes_the_right_law_and_catches_a_wrong_one() -> None:
     sharper = lambda logits: torch.softmax(logits.double() / 0.3, -1)  # noqa: E731
     with pytest.raises(AssertionError, match=r"first token: the samples do not follow"):
         assert_lossless(sampling, [[1, 2, 1, 2, 1]], target=target, samples=200, law=sharper)
+
+
+def test_sampling_check_holds_where_a_generation_ends_at_its_first_token() -> None:
+    """A first token that is EOS ends the generation: the second tokens observed follow the law
+    given a first token that is not EOS, not the marginal over every first token (which failed
+    a right pipeline whose target often ends at once)."""
+    law = lambda logits: target_probs(logits, temperature=0.2)  # noqa: E731
+    plain = tiny_model("llama", seed=5, vocab=16)
+    first, marginal = sampling_reference(plain, [1, 2, 1, 2, 1], law)
+    eos = int(first.argmax())
+    assert float(first[eos]) > 0.5  # a generation often ends after one token
+    target = tiny_model("llama", seed=5, vocab=16, eos=eos)
+    sampling = {**PIPELINE, "verifier": {"name": "pointmass", "temperature": 0.2}}
+    assert_lossless(sampling, [[1, 2, 1, 2, 1]], target=target, samples=400)
+    _, given = sampling_reference(target, [1, 2, 1, 2, 1], law, eos={eos})
+    assert float(given.sum()) == pytest.approx(1.0)
+    assert float((given - marginal).abs().max()) > 0.05
+    only_eos = sampling_reference(target, [1, 2, 1, 2, 1], law, eos=range(16))[1]
+    assert torch.equal(only_eos, torch.zeros(16, dtype=torch.float64))
 
 
 def test_sampling_reference_second_token_is_a_marginal() -> None:

@@ -60,6 +60,16 @@ def generate(
     top_p: Annotated[
         float | None, typer.Option("--top-p", help="nucleus mass kept when sampling (0, 1]")
     ] = None,
+    top_k: Annotated[
+        int | None,
+        typer.Option("--top-k", help="most likely tokens kept when sampling; 0: all (off)"),
+    ] = None,
+    min_p: Annotated[
+        float | None,
+        typer.Option(
+            "--min-p", help="keep tokens with min_p x the likeliest one's probability; 0: off"
+        ),
+    ] = None,
     seed: Annotated[
         int | None, typer.Option(help="override decoding.seed (the sampler's random numbers)")
     ] = None,
@@ -95,7 +105,9 @@ def generate(
         )
     if trace_dir is not None:  # before the models load: a wrong folder fails at once
         prepare_trace_dir(trace_dir, replace=replace_trace)
-    options = GenerateOptions(device, dtype, temperature, top_p, seed, forward)
+    options = GenerateOptions(
+        device, dtype, temperature, top_p, seed, forward, top_k=top_k, min_p=min_p
+    )
     try:
         pipe = load_generate_pipeline(pipeline, options)
     except (ConfigError, ValueError) as exc:

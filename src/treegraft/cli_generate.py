@@ -37,6 +37,8 @@ class GenerateOptions:
     top_p: float | None = None
     seed: int | None = None
     forward: str | None = None
+    top_k: int | None = None
+    min_p: float | None = None
 
     def flags(self) -> dict[str, str]:
         """Flag name -> the YAML path it overrides, for the flags given (error messages name
@@ -46,6 +48,8 @@ class GenerateOptions:
             "--dtype": ("dtype", "pipeline.decoding.dtype"),
             "--temperature": ("temperature", "pipeline.verifier.temperature"),
             "--top-p": ("top_p", "pipeline.verifier.top_p"),
+            "--top-k": ("top_k", "pipeline.verifier.top_k"),
+            "--min-p": ("min_p", "pipeline.verifier.min_p"),
             "--seed": ("seed", "pipeline.decoding.seed"),
             "--forward": ("forward", "pipeline.decoding.forward"),
         }
@@ -76,8 +80,8 @@ def apply_options(data: Mapping[str, Any], options: GenerateOptions) -> dict[str
     """The pipeline mapping with the options applied.
 
     `--temperature 0` selects the greedy verifier; a positive temperature selects point-mass
-    sampling (keeping the file's other sampling settings when it already samples); `--top-p`
-    needs sampling (from the file or `--temperature`).
+    sampling (keeping the file's other sampling settings when it already samples); `--top-p`,
+    `--top-k` and `--min-p` need sampling (from the file or `--temperature`).
     """
     out = dict(data)
     if options.device is not None:
@@ -126,20 +130,32 @@ def _apply_sampling(data: dict[str, Any], options: GenerateOptions) -> dict[str,
                 f"(0 = greedy), got {options.temperature}"
             )
         if options.temperature == 0:
-            if options.top_p is not None:
-                raise ConfigError("--top-p: needs sampling; --temperature 0 decodes greedily")
+            if filters := _filters(options):
+                raise ConfigError(
+                    f"{filters[0][0]}: needs sampling; --temperature 0 decodes greedily"
+                )
             return {**data, "verifier": {"name": "greedy"}}
         if verifier.get("name") != SAMPLING_VERIFIER:
             verifier = {"name": SAMPLING_VERIFIER}
         verifier["temperature"] = options.temperature
-    if options.top_p is not None:
+    for flag, (key, value) in _filters(options):
         if verifier.get("name") != SAMPLING_VERIFIER:
             raise ConfigError(
-                f"--top-p: needs sampling, but the pipeline's verifier is "
+                f"{flag}: needs sampling, but the pipeline's verifier is "
                 f"{verifier.get('name')!r}; add --temperature T (T > 0)"
             )
-        verifier["top_p"] = options.top_p
+        verifier[key] = value
     return {**data, "verifier": verifier}
+
+
+def _filters(options: GenerateOptions) -> list[tuple[str, tuple[str, Any]]]:
+    """The sampling filters given as flags: (flag, (verifier key, value))."""
+    given = {
+        "--top-p": ("top_p", options.top_p),
+        "--top-k": ("top_k", options.top_k),
+        "--min-p": ("min_p", options.min_p),
+    }
+    return [(flag, pair) for flag, pair in given.items() if pair[1] is not None]
 
 
 def flag_error(exc: ConfigError, options: GenerateOptions) -> str:
@@ -168,7 +184,7 @@ class PlainRun:
 
 def plain_decode(pipe: Any, prompt_ids: torch.Tensor, max_new_tokens: int) -> PlainRun:
     """Decode `prompt_ids` with the target alone, as the pipeline's verifier would sample
-    (greedy, or temperature / top-k / top-p with the pipeline's seed), and time it."""
+    (greedy, or temperature / top-k / top-p / min-p with the pipeline's seed), and time it."""
     model = pipe.decoder.target.model
     ids = prompt_ids.to(model.device)[None, :]  # [1, T]
     config = pipe.spec.verifier.config
@@ -176,13 +192,18 @@ def plain_decode(pipe: Any, prompt_ids: torch.Tensor, max_new_tokens: int) -> Pl
     sampling = pipe.spec.verifier.name != "greedy" and temperature > 0
     kwargs: dict[str, Any] = {"do_sample": False}
     if sampling:
+        from transformers import LogitsProcessorList
+
         kwargs = {
             **sampling_filters_off(model),
             "do_sample": True,
-            "temperature": temperature,
+            "temperature": 1.0,  # applied by `Tempered`, before top-k and top-p as generate does
             "top_p": float(getattr(config, "top_p", 1.0)),
             "top_k": int(getattr(config, "top_k", 0)),  # 0 = off
+            "logits_processor": LogitsProcessorList([Tempered(temperature)]),
         }
+        if min_p := float(getattr(config, "min_p", 0.0)):
+            kwargs["min_p"] = min_p
         torch.manual_seed(pipe.spec.decoding.seed)
     eos = sorted(pipe.eos_ids) if pipe.spec.decoding.stop_at_eos else []
     with torch.inference_mode(), plain_generation(model):  # settings the pipeline leaves out
@@ -203,7 +224,25 @@ def plain_decode(pipe: Any, prompt_ids: torch.Tensor, max_new_tokens: int) -> Pl
     return PlainRun(tuple(out[0, ids.shape[1] :].tolist()), seconds)
 
 
+@attrs.frozen
+class Tempered:
+    """A logits processor for `generate`: each row less its largest logit, divided by
+    `temperature`, in float64 (as `target_probs` computes it). `generate`'s own temperature
+    warper divides float32 scores by the temperature rounded to float32: a tiny one overflowed
+    them (or rounded to 0) and its sampler raised on the NaN probabilities; here the top logits
+    share the mass, the limit law the pipeline samples. `generate` runs it before its top-k and
+    top-p warpers, where its temperature warper runs."""
+
+    temperature: float
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        wide = scores.to(torch.float64)  # [B, V]
+        shifted = (wide - wide.max(dim=-1, keepdim=True).values) / self.temperature
+        return shifted.to(scores.dtype)
+
+
 #: `generate`'s sampling filters other than temperature / top-k / top-p, each at its "off"
+#: value (min-p: unless the pipeline sets it)
 #: value: a checkpoint's generation config (or `generate`'s own defaults) may set them
 SAMPLING_FILTERS_OFF: dict[str, Any] = {
     "min_p": None,

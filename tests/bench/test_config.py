@@ -382,3 +382,28 @@ def test_load_bench_config_names_a_folder_and_a_path_of_another_type(tmp_path) -
         load_bench_config(None)
     with pytest.raises(ConfigError, match="benchmark config file is a directory; expected a YAML"):
         load_bench_config(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "sampling",
+        {
+            "pipeline": "treegraft",
+            "override": {"verifier": {"name": "pointmass", "temperature": 0.8}},
+        },
+    ],
+)
+def test_a_sampling_pipeline_is_refused_by_the_greedy_protocol(entry):
+    """A sampling pipeline validated, then every output was counted inexact against plain
+    greedy decoding (a sample matches it only by chance): now refused, saying how to fix it."""
+    cfg = bench_config_from_dict({"pairs": [PAIR], "baselines": [], "pipelines": [entry]})
+    with pytest.raises(ConfigError) as info:
+        pipeline_plans(cfg, cfg.pairs[0])
+    assert str(info.value).startswith(
+        "bench.pipelines[0]: pipeline.verifier: 'pointmass' samples, but the benchmark decodes "
+        "greedily"
+    )
+    fixed = {"pipeline": "sampling", "override": {"verifier": {"name": "greedy"}}}
+    cfg = bench_config_from_dict({"pairs": [PAIR], "baselines": [], "pipelines": [fixed]})
+    assert pipeline_plans(cfg, cfg.pairs[0])[0].raw["verifier"] == {"name": "greedy"}

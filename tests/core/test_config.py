@@ -854,8 +854,8 @@ def test_nan_is_no_setting(field: str) -> None:
         (
             "decoding.seed",
             2**80,
-            "pipeline.decoding.seed: expected int with -9223372036854775808 <= value <= "
-            "9223372036854775807, got 1208925819614629174706176",
+            "pipeline.decoding.seed: expected int with 0 <= value <= 4294967295, got "
+            "1208925819614629174706176",
         ),
         (
             "builder.budget",
@@ -882,6 +882,21 @@ def test_an_int_past_64_bits_names_the_range(
     field: str, value: int, message: str, registry: Registry
 ) -> None:
     assert error_of(override({**BASE, "decoding": {}}, field, value), registry).startswith(message)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 2**32 + 7, 2**63 - 1])
+def test_a_seed_past_32_bits_is_refused_not_aliased(seed: int, registry: Registry) -> None:
+    """torch's CPU generator keeps a seed's low 32 bits: 2**32 would draw seed 0's numbers (and
+    -1 those of 2**32 - 1), so the same sample would come out under two "different" seeds."""
+    low = seed % 2**32
+    draws = [torch.rand(4, generator=torch.Generator().manual_seed(s)) for s in (seed, low)]
+    assert torch.equal(*draws)  # why the range stops at 32 bits
+    message = error_of(override({**BASE, "decoding": {}}, "decoding.seed", seed), registry)
+    assert message.startswith(
+        f"pipeline.decoding.seed: expected int with 0 <= value <= 4294967295, got {seed}"
+    )
+    spec = pipeline_spec_from_dict(override(BASE, "decoding", {"seed": 2**32 - 1}), registry)
+    assert spec.decoding.seed == 2**32 - 1
 
 
 def test_numpy_scalars_are_the_numbers_they_equal(registry: Registry) -> None:

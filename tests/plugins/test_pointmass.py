@@ -22,7 +22,7 @@ from torch import Tensor
 
 from tests.conftest import greedy_reference, memory_resources
 from treegraft.core.config import ConfigError, NoConfig, pipeline_spec_from_dict
-from treegraft.core.errors import NonFiniteLogitsError
+from treegraft.core.errors import ArgumentError, NonFiniteLogitsError
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.plugins.verifiers.greedy import GreedyVerifier
@@ -74,6 +74,7 @@ def reference_law(logits: Tensor, config: PointMassConfig) -> list[float]:
             break
         kept.append(t)
         mass += weights[t] / total
+    kept = [t for t in kept if weights[t] >= config.min_p * weights[kept[0]]]  # min-p
     norm = sum(weights[t] for t in kept)
     return [weights[t] / norm if t in kept else 0.0 for t in range(V)]
 
@@ -127,6 +128,7 @@ CASES = {
     "wide_top_p": (wide_tree, PointMassConfig(temperature=0.7, top_p=0.8)),
     "every_token_unfiltered": (every_token_tree, PointMassConfig(temperature=1.3)),
     "top_k_and_top_p": (wide_tree, PointMassConfig(temperature=1.0, top_k=4, top_p=0.7)),
+    "min_p": (multi_drafter_tree, PointMassConfig(temperature=1.2, min_p=0.2)),
 }
 
 
@@ -281,7 +283,7 @@ def test_toy_trees_cover_the_hard_cases() -> None:
         mass = target_probs(tree_logits(tree), **attrs.asdict(config))[
             tree.parents[1:], tree.tokens[1:]
         ]
-        if config.top_k or config.top_p < 1:
+        if config.top_k or config.top_p < 1 or config.min_p:
             assert bool((mass == 0).any()), "a filtered-out child must be in the tree"
 
 
@@ -341,6 +343,7 @@ configs = st.builds(
     temperature=st.sampled_from([0.5, 1.0, 2.0]),
     top_k=st.integers(0, V),
     top_p=st.sampled_from([0.3, 0.9, 1.0]),
+    min_p=st.sampled_from([0.0, 0.2, 1.0]),
 )
 
 
@@ -445,6 +448,8 @@ def test_target_probs_filters_like_the_plain_reference() -> None:
         PointMassConfig(0.7, 3, 1.0),
         PointMassConfig(1.2, 0, 0.6),
         PointMassConfig(1.0, 5, 0.5),
+        PointMassConfig(0.9, 0, 1.0, 0.25),
+        PointMassConfig(1.5, 6, 0.8, 0.1),
     ):
         expected = torch.tensor([reference_law(row, config) for row in logits], dtype=torch.float64)
         torch.testing.assert_close(
@@ -456,6 +461,49 @@ def test_target_probs_filters_like_the_plain_reference() -> None:
     plain = target_probs(logits.float(), temperature=2.0)
     assert plain.dtype == torch.float64
     torch.testing.assert_close(plain, torch.softmax(logits / 2.0, dim=-1), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("config", [
+    PointMassConfig(0.7, 0, 1.0), PointMassConfig(1.0, 3, 1.0), PointMassConfig(1.3, 0, 0.6),
+    PointMassConfig(0.5, 5, 0.8), PointMassConfig(1.0, 0, 1.0, 0.2),
+    PointMassConfig(2.0, 7, 0.9, 0.05), PointMassConfig(1.0, 1, 0.3, 1.0),
+], ids=repr)  # fmt: skip
+def test_target_probs_is_the_law_of_transformers_sampling_warpers(config: PointMassConfig) -> None:
+    """The docs claim `generate(do_sample=True)`'s law: its warpers in its order (temperature,
+    top-k, top-p, min-p; one token kept at least), on logits without ties (where the two break
+    ties differently, docs/losslessness.md#low-precision)."""
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    logits[::3, 7] = -math.inf  # a token the model rules out
+    scores = TemperatureLogitsWarper(config.temperature)(None, logits.clone())
+    if config.top_k:
+        scores = TopKLogitsWarper(config.top_k)(None, scores)
+    if config.top_p < 1:
+        scores = TopPLogitsWarper(config.top_p)(None, scores)
+    if config.min_p:
+        scores = MinPLogitsWarper(config.min_p)(None, scores)
+    expected = torch.softmax(scores, dim=-1)
+    got = target_probs(logits, **attrs.asdict(config))
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("config", [PointMassConfig(), PointMassConfig(0.9, 3, 0.7, 0.1)], ids=repr)
+def test_target_probs_of_one_row_or_a_batch_of_rows(config: PointMassConfig) -> None:
+    """The law of one `[V]` row (a plain sampler's) was an IndexError once a filter was on, a
+    `[B, n, V]` batch a RuntimeError under top-p; both are the `[n, V]` law's rows now."""
+    logits = torch.stack([toy_logits((t,)) for t in range(6)]).reshape(2, 3, V)  # [2, 3, V]
+    rows = target_probs(logits.reshape(6, V), **attrs.asdict(config))
+    assert torch.equal(target_probs(logits, **attrs.asdict(config)), rows.reshape(2, 3, V))
+    assert torch.equal(target_probs(logits[1, 2], **attrs.asdict(config)), rows[5])
+    for bad in (torch.zeros(3, 0), torch.tensor(1.0), [1.0, 2.0]):
+        with pytest.raises(ArgumentError, match=r"^target_probs: logits: expected a tensor"):
+            target_probs(bad)
 
 
 @pytest.mark.parametrize("temperature", [1e-6, 1e-200, 1e-310, 5e-324])
@@ -485,6 +533,32 @@ def test_huge_temperature_ranks_by_the_logits() -> None:
 
 
 @pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"temperature": 0}, "temperature: expected a finite float > 0, got 0"),
+        ({"temperature": -1.0}, "temperature: expected a finite float > 0, got -1.0"),
+        ({"temperature": math.nan}, "temperature: expected a finite float > 0, got nan"),
+        ({"temperature": math.inf}, "temperature: expected a finite float > 0, got inf"),
+        ({"top_k": -1}, "top_k: expected an int >= 0, got -1"),
+        ({"top_k": 1.5}, "top_k: expected an int >= 0, got 1.5"),
+        ({"top_p": 0.0}, "top_p: expected a float with 0 < value <= 1, got 0.0"),
+        ({"top_p": 1.5}, "top_p: expected a float with 0 < value <= 1, got 1.5"),
+        ({"top_p": math.nan}, "top_p: expected a float with 0 < value <= 1, got nan"),
+        ({"min_p": -0.1}, "min_p: expected a float with 0 <= value <= 1, got -0.1"),
+        ({"min_p": 1.5}, "min_p: expected a float with 0 <= value <= 1, got 1.5"),
+    ],
+    ids=lambda v: str(v) if isinstance(v, dict) else "",
+)
+def test_target_probs_refuses_settings_outside_their_ranges(settings: dict, message: str) -> None:
+    """A plain-sampling baseline calls `target_probs` with its own settings: a temperature or
+    top-p of 0 gave NaN probabilities, a negative temperature the reversed law, a negative
+    top-k or a top-p above 1 no filter, all silently."""
+    with pytest.raises(ArgumentError) as info:
+        target_probs(torch.zeros(2, V), **settings)
+    assert str(info.value) == f"target_probs: {message}"
+
+
+@pytest.mark.parametrize(
     ("logits", "match"),
     [
         (torch.zeros(4, V), r"expected shape \[n, V\] = \[3, V\].*got \[4, 8\]"),
@@ -511,6 +585,28 @@ def test_bad_inputs_are_rejected_clearly(logits: Tensor, match: str) -> None:
         PointMassVerifier(PointMassConfig()).verify(tree, logits)
     overflow = "no finite largest logit" in match  # the command line's error, not "a bug"
     assert isinstance(caught.value, NonFiniteLogitsError) == overflow
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 2.0, None])
+def test_begin_refuses_a_seed_torch_would_alias_or_reject(seed: Any) -> None:
+    """-1 and 2**32 drew the numbers of 2**32 - 1 and 0 (torch keeps 32 bits), 2.0 and None
+    failed inside torch at the first verify."""
+    with pytest.raises(ArgumentError, match=r"^PointMassVerifier.begin: seed: expected an int"):
+        PointMassVerifier(PointMassConfig()).begin(seed)
+
+
+@pytest.mark.parametrize("samples", [0, 2.5, True, "3", None])
+def test_verify_batch_refuses_a_count_that_is_no_int(samples: Any) -> None:
+    """2.5, True, "3" or None were raw TypeErrors from `torch.rand` or `<`; the generator is
+    left untouched, so the next call draws what it would have drawn."""
+    tree = wide_tree()
+    v = verifier(PointMassVerifier, PointMassConfig(), seed=4)
+    with pytest.raises(ArgumentError, match=r"^verify_batch: samples: expected an int >= 1, got"):
+        v.verify_batch(tree, tree_logits(tree), samples)
+    fresh = verifier(PointMassVerifier, PointMassConfig(), seed=4)
+    assert torch.equal(
+        v.verify(tree, tree_logits(tree)).bonus, fresh.verify(tree, tree_logits(tree)).bonus
+    )
 
 
 # ---------------------------------------------------------------------------- end to end
@@ -572,6 +668,41 @@ def test_same_seed_same_output_end_to_end(tiny_target: Any, draft_model: Any) ->
     assert first not in others
     if draft_model is tiny_target:
         assert accepted > 0
+
+
+def test_same_seed_same_output_through_steps_and_after_an_interrupted_generation(
+    tiny_target: Any,
+) -> None:
+    """`steps` (what `stream` wraps) draws what `generate` draws, and a generation abandoned
+    half-way (its verifier's stream advanced) does not shift the next one's numbers."""
+    spec = {"name": "pointmass", "temperature": 0.8, "top_p": 0.95}
+    resources = memory_resources(target=tiny_target, draft=tiny_target)
+    pipe = load_pipeline(pipeline_dict(spec, seed=3, **FIXED_CAP), resources=resources)
+    first = pipe.generate(PROMPT).token_ids
+    assert tuple(t for e in pipe.steps(PROMPT) for t in e.tokens) == first
+    events = pipe.steps(PROMPT)
+    next(events), next(events)
+    events.close()
+    assert pipe.generate(PROMPT).token_ids == first
+
+
+def test_the_decoders_seed_gives_another_sample_and_refuses_an_aliasing_one(
+    tiny_target: Any,
+) -> None:
+    """The documented way to draw several samples of one prompt: set `pipe.decoder.seed`. A
+    seed torch's CPU generator would alias (-1 reads as 2**32 - 1, 2**32 as 0) was taken
+    silently; now an `ArgumentError`, and the decoder keeps its seed."""
+    spec = {"name": "pointmass", "temperature": 0.8, "top_p": 0.95}
+    resources = memory_resources(target=tiny_target, draft=tiny_target)
+    pipe = load_pipeline(pipeline_dict(spec, seed=3, **FIXED_CAP), resources=resources)
+    twice = pipe.generate([PROMPT, PROMPT])
+    assert twice[0].token_ids == twice[1].token_ids  # each generation starts from the seed
+    pipe.decoder.seed = 4
+    assert pipe.generate(PROMPT).token_ids != twice[0].token_ids
+    for bad in (-1, 2**32, 1.5, True):
+        with pytest.raises(ArgumentError, match=r"^decoder\.seed: expected an int"):
+            pipe.decoder.seed = bad
+    assert pipe.decoder.seed == 4
 
 
 def test_first_two_tokens_follow_the_targets_joint_law(tiny_target: Any) -> None:

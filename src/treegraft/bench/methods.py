@@ -377,9 +377,15 @@ def pipeline_plans(
     for where, entry in located:
         raw = pipeline_mapping(entry, pair, s, config.base_dir, where)
         try:
-            pipeline_spec_from_dict(raw, registry, source=where)
+            spec = pipeline_spec_from_dict(raw, registry, source=where)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
+        if hasattr(spec.verifier.config, "temperature"):  # as `assert_lossless` tells sampling
+            raise ConfigError(
+                f"{where}: pipeline.verifier: {spec.verifier.name!r} samples, but the benchmark "
+                "decodes greedily and checks every output token for token against plain greedy "
+                "decoding: override it with {verifier: greedy}"
+            )
         source = str(pipeline_file(entry, config.base_dir, where))
         plans.append(PipelinePlan(entry.name, raw, where, source))
     return plans

@@ -26,6 +26,7 @@ import yaml
 # re-exported: plugins import the field constraints from here
 from treegraft.core.constraints import (  # noqa: F401
     MAX_NEW_TOKENS,
+    SEED_MAX,
     Check,
     NoConfig,
     at_least,
@@ -277,7 +278,12 @@ class DecodingConfig:
         "logits equal up to rounding, cheaper tree forwards); "
         "docs/pipelines.md#how-a-forward-runs",
     )
-    seed: int = field(0, doc="seed of the verifier's random numbers (sampling)")
+    seed: int = field(
+        0,
+        check=between(0, SEED_MAX),
+        doc="seed of the verifier's random numbers (sampling); 32 bits, all torch's CPU "
+        "generator reads (a larger seed would repeat a smaller one's sample)",
+    )
     check_model: bool = field(
         True,
         doc="probe every model at load time: one tree forward against the model's own "

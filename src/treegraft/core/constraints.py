@@ -13,6 +13,9 @@ from treegraft.core.errors import shown
 
 #: the most tokens one generation may ask for (a sanity bound: caches are sized from it)
 MAX_NEW_TOKENS = 1_000_000
+#: the largest `decoding.seed`: torch's CPU generator keeps the low 32 bits of a seed (seeds
+#: 0 and 2**32, or -1 and 2**32 - 1, draw the same numbers), so one past it would alias another
+SEED_MAX = 2**32 - 1
 
 
 @attrs.frozen

@@ -13,7 +13,9 @@ import attrs
 import torch
 from torch import Tensor
 
+from treegraft.core.arguments import check_count
 from treegraft.core.boundary import Origin, Parts, StepCounter, check_mode, guarded_parts
+from treegraft.core.constraints import SEED_MAX
 from treegraft.core.interfaces import (
     BuildResult,
     Drafter,
@@ -113,6 +115,12 @@ class StopStrings:
         return lo
 
 
+def check_seed(seed: object) -> None:
+    """An `ArgumentError` unless `seed` is an int with 0 <= seed <= `SEED_MAX` (torch's CPU
+    generator reads 32 bits: a wider seed would repeat a narrower one's numbers)."""
+    check_count("decoder.seed", seed, 0, SEED_MAX)
+
+
 @attrs.define
 class Decoder:
     """The components of a pipeline, wired for decoding."""
@@ -124,7 +132,9 @@ class Decoder:
     verifier: Verifier
     rescorer: Rescorer | None = None
     grafter: Grafter | None = None
-    seed: int = 0
+    #: `decoding.seed`, the verifier's at every generation's start; set it between generations
+    #: for another sample (0 <= seed <= `SEED_MAX`, else an `ArgumentError`)
+    seed: int = attrs.field(default=0, validator=lambda _, __, value: check_seed(value))
     sync_clock: bool = False
     #: copy committed tokens to the device through a pinned host buffer (CUDA)
     pinned: bool = False

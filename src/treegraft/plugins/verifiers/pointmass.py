@@ -7,8 +7,9 @@ expansions, grafted strong children).
 
 Glossary (the words used below and in `docs/losslessness.md`):
 
-- **target law** `P`: at a node, `softmax(logits / temperature)` after top-k then top-p filtering,
-  renormalised (`target_probs`); it is exactly what plain sampling from the target would use.
+- **target law** `P`: at a node, `softmax(logits / temperature)` after top-k, top-p then min-p
+  filtering, renormalised (`target_probs`); it is exactly what plain sampling from the target
+  would use.
 - **accepted**: a child the verifier keeps. At the current accepted node (first the root) its
   children are tried in node-index order; child `c` is accepted with probability `P(c)`; on
   rejection `P(c)` is set to 0 and `P` renormalised before the next child is tried. An accepted child
@@ -37,13 +38,15 @@ is float64.
 from __future__ import annotations
 
 import math
+import numbers
 
 import attrs
 import torch
 from torch import Tensor
 
-from treegraft.core.config import Check, at_least, between, field
-from treegraft.core.errors import NonFiniteLogitsError
+from treegraft.core.arguments import check_count
+from treegraft.core.config import SEED_MAX, Check, at_least, between, field
+from treegraft.core.errors import ArgumentError, NonFiniteLogitsError, shown
 from treegraft.core.interfaces import Verdict, Verifier
 from treegraft.core.tree import DraftTree
 
@@ -58,6 +61,11 @@ class PointMassConfig:
     top_k: int = field(0, check=at_least(0), doc="keep the k most likely tokens; 0 = off")
     top_p: float = field(
         1.0, check=between(0, 1, open_low=True), doc="nucleus mass to keep; 1.0 = off"
+    )
+    min_p: float = field(
+        0.0,
+        check=between(0, 1),
+        doc="keep the tokens with at least min_p times the likeliest one's probability; 0.0 = off",
     )
 
 
@@ -80,45 +88,78 @@ class SampledVerdicts:
 
 
 def target_probs(
-    logits: Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
 ) -> Tensor:
-    """The target sampler's law: temperature, then top-k, then top-p, renormalised, in float64.
+    """The target sampler's law: temperature, then top-k, top-p and min-p, renormalised, in
+    float64 (the order of `generate(do_sample=True)`'s warpers).
 
     Ties in top-k are broken towards the lower token id (as `argmax`), so `top_k=1` is greedy.
-    Top-p keeps the smallest prefix (by decreasing probability) whose mass reaches `top_p`. A plain
+    Top-p keeps the smallest prefix (by decreasing probability) whose mass reaches `top_p`; min-p
+    then keeps the tokens whose probability is at least `min_p` times the likeliest one's. A plain
     sampling baseline must draw from this law for point-mass verification to match it.
 
     Args:
-        logits: `[n, V]` next-token logits, one row per tree node.
+        logits: `[n, V]` next-token logits, one row per tree node (or any `[..., V]`).
         temperature: softmax temperature (> 0).
         top_k: keep the `top_k` most likely tokens; 0 (or >= V) keeps all.
         top_p: nucleus mass to keep; 1.0 keeps all.
+        min_p: in [0, 1]; 0.0 keeps all.
 
     Returns:
         `[n, V]` float64 probabilities; filtered-out tokens are exactly 0.
+
+    Raises:
+        ArgumentError: a setting outside those ranges (a temperature of 0 or a `top_p` of 0
+            gave NaN probabilities, a negative temperature the reversed law).
     """
+    _check_settings(temperature, top_k, top_p, min_p)
+    if not isinstance(logits, Tensor) or logits.ndim == 0 or logits.shape[-1] == 0:
+        raise ArgumentError(
+            f"target_probs: logits: expected a tensor [..., V] with V >= 1, got "
+            f"{type(logits).__name__} {shown(logits)}"
+        )
     wide = logits.to(torch.float64)  # [n, V]
     # shifted so the top logit is 0 before dividing: a tiny temperature then sends the others
     # to -inf (the top token keeps its mass) instead of every logit overflowing to +-inf (NaN)
     scaled = (wide - wide.max(dim=-1, keepdim=True).values) / temperature  # [n, V]
     vocab = scaled.shape[-1]
-    if (top_k == 0 or top_k >= vocab) and top_p >= 1.0:
+    if (top_k == 0 or top_k >= vocab) and top_p >= 1.0 and min_p <= 0.0:
         return torch.softmax(scaled, dim=-1)
     # ranked by the logits themselves: a huge temperature may round distinct scaled ones equal
     order = torch.sort(wide, dim=-1, descending=True, stable=True).indices  # [n, V]
     ranked = scaled.gather(-1, order)  # [n, V]
     if 0 < top_k < vocab:
-        ranked[:, top_k:] = -math.inf
+        ranked[..., top_k:] = -math.inf
     probs = torch.softmax(ranked, dim=-1)  # [n, V], ranked order
     if top_p < 1.0:
         probs = _nucleus(probs, top_p)
+    if min_p > 0.0:
+        kept = torch.where(probs >= min_p * probs[..., :1], probs, 0.0)  # the likeliest first
+        probs = kept / kept.sum(dim=-1, keepdim=True)
     return torch.empty_like(probs).scatter_(-1, order, probs)
+
+
+def _check_settings(temperature: float, top_k: int, top_p: float, min_p: float) -> None:
+    """An `ArgumentError` naming the first of `target_probs`' settings outside its range."""
+    check_count("target_probs: top_k", top_k, 0)
+    for name, value, ok, what in (
+        ("temperature", temperature, lambda v: 0 < v < math.inf, "a finite float > 0"),
+        ("top_p", top_p, lambda v: 0 < v <= 1, "a float with 0 < value <= 1"),
+        ("min_p", min_p, lambda v: 0 <= v <= 1, "a float with 0 <= value <= 1"),
+    ):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not ok(value):
+            raise ArgumentError(f"target_probs: {name}: expected {what}, got {shown(value)}")
 
 
 def _nucleus(ranked_probs: Tensor, top_p: float) -> Tensor:
     """Keep each ranked token whose predecessors hold less than `top_p` mass; renormalise. [n, V]"""
-    before = torch.cumsum(ranked_probs, dim=-1)[:, :-1]  # [n, V - 1]
-    before = torch.cat([torch.zeros_like(ranked_probs[:, :1]), before], dim=-1)  # [n, V]
+    before = torch.cumsum(ranked_probs, dim=-1)[..., :-1]  # [n, V - 1]
+    before = torch.cat([torch.zeros_like(ranked_probs[..., :1]), before], dim=-1)  # [n, V]
     kept = torch.where(before < top_p, ranked_probs, 0.0)  # [n, V]
     return kept / kept.sum(dim=-1, keepdim=True)
 
@@ -212,7 +253,9 @@ class PointMassVerifier(Verifier):
     _rng: torch.Generator | None = attrs.field(default=None, init=False)
 
     def begin(self, seed: int) -> None:
-        """Reseed: the generator is (re)created on the logits' device at the next `verify`."""
+        """Reseed: the generator is (re)created on the logits' device at the next `verify`.
+        An `ArgumentError` for a seed outside 0..`SEED_MAX` (one torch would alias)."""
+        check_count("PointMassVerifier.begin: seed", seed, 0, SEED_MAX)
         self._seed = seed
         self._rng = None
 
@@ -293,8 +336,7 @@ def _check_inputs(tree: DraftTree, target_logits: Tensor, samples: int) -> int:
         )
     if not target_logits.is_floating_point():
         raise ValueError(f"target_logits: expected a floating dtype, got {target_logits.dtype}")
-    if samples < 1:
-        raise ValueError(f"samples: expected int >= 1, got {samples}")
+    check_count("verify_batch: samples", samples, 1)
     top = target_logits.amax(dim=-1)  # [n], NaN where a row holds one
     bad_row = torch.where(torch.isfinite(top), n, torch.arange(n, device=top.device)).min()
     extent = [tree.depth.max(), tree.tokens.min(), tree.tokens.max(), bad_row.to(tree.device)]
