@@ -234,7 +234,7 @@ def test_the_copy_keeps_every_kind_of_layer_in_a_prefix() -> None:
     """A Gemma-3-style pattern (five sliding layers, then a full one) keeps six layers; a
     dense first layer before experts keeps it and one expert layer; layer-index lists keep
     the indices below the cut; vocabularies, feed-forward widths and special ids shrink; a
-    small copy keeps two groups of heads and the head width, narrower."""
+    small copy keeps two key/value heads shared by two query heads each, as wide as before."""
     from transformers import AutoConfig
 
     types = (["sliding_attention"] * 5 + ["full_attention"]) * 4
@@ -248,7 +248,7 @@ def test_the_copy_keeps_every_kind_of_layer_in_a_prefix() -> None:
     assert (cut.vocab_size, cut.intermediate_size, cut.bos_token_id) == (256, 64, 255)
     assert (cut.sliding_window, cut.num_attention_heads, cut.head_dim) == (1024, 8, 16)
     small = narrow_config(gemma, small=True)
-    assert (small.num_attention_heads, small.num_key_value_heads, small.hidden_size) == (8, 2, 128)
+    assert (small.num_attention_heads, small.num_key_value_heads, small.hidden_size) == (4, 2, 64)
     assert (small.head_dim, small.layer_types, gemma.num_hidden_layers) == (16, types[:6], 24)
     ds = AutoConfig.for_model("deepseek_v3", num_hidden_layers=61, first_k_dense_replace=3)
     assert narrow_config(ds).num_hidden_layers == 4
@@ -273,3 +273,28 @@ def test_a_bfloat16_pipeline_refuses_what_only_the_copy_shows_naming_the_model()
         res = memory_resources(torch.bfloat16, target=target, drafter=drafter)
         with pytest.raises(ConfigError, match=r"\(GPTNeoForCausalLM\) .* float64 copy"):
             load_pipeline(spec, resources=res)
+
+
+def test_a_small_copy_keeps_the_head_width_and_every_layer_index() -> None:
+    """GPT-2 states no `head_dim`: fewer heads keep its 64-wide heads (the hidden width
+    follows). Llama 4 with experts in every layer lists every index in `moe_layers`: an index
+    list, cut with the depth (to 5 layers: past its `no_rope_layer_interval` of 4), not five
+    kinds of layer; its dense MLP width shrinks too."""
+    from transformers import AutoConfig
+
+    gpt2 = AutoConfig.for_model("gpt2", n_embd=1024, n_head=16, n_layer=24)
+    small = narrow_config(gpt2, small=True)
+    assert (small.n_layer, small.n_head, small.n_embd, gpt2.n_embd) == (2, 2, 128, 1024)
+    llama4 = AutoConfig.for_model(
+        "llama4_text",
+        num_hidden_layers=48,
+        interleave_moe_layer_step=1,
+        intermediate_size_mlp=16384,
+    )
+    cut = narrow_config(llama4)
+    assert (cut.num_hidden_layers, cut.moe_layers, cut.intermediate_size_mlp) == (
+        5,
+        [*range(5)],
+        64,
+    )
+    assert cut.no_rope_layers == llama4.no_rope_layers[:5]

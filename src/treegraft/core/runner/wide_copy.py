@@ -16,10 +16,10 @@ where float64 does not run), on the CPU, with random weights and few layers, whe
   from a layer's index as the full model computes it;
 - vocabularies shrink to `VOCAB` tokens (special ids past them move inside) and feed-forward
   widths to `FFN`; head widths, windows, positions and expert counts stay;
-- a `small` copy, tried first, is also `HIDDEN` wide with one or two key/value heads and their
-  groups of query heads, where the config states its head width; where that does not build or
-  run, the copy keeps the model's widths and heads (at most `MAX_BYTES` of weights), then
-  tries float32.
+- a `small` copy, tried first, also has fewer heads of the same width (one or two key/value
+  heads, each shared by at most two query heads) and a hidden width to match; where that does
+  not build or run, the copy keeps the model's widths and heads (at most `MAX_BYTES` of
+  weights), then tries float32.
 
 `None` where it cannot be built (remote code that rejects it, a config its class refuses, more
 than `MAX_BYTES` of weights): the caller tries the next of `ATTEMPTS`, then falls back to the
@@ -42,8 +42,10 @@ MIN_LAYERS = 2
 VOCAB = 256
 #: feed-forward (dense and expert) widths of a copy
 FFN = 64
-#: hidden width of a small copy (`narrow_config(small=True)`)
-HIDDEN = 128
+#: key/value heads of a small copy (of an even count; one of an odd one), and query heads
+#: sharing each at most
+KV_KEPT = 2
+GROUP_KEPT = 2
 #: the largest copy built, in bytes of weights
 MAX_BYTES = 2**30
 #: how a copy is tried, in order: (dtype, small), the widest and smallest first
@@ -62,8 +64,10 @@ DEPTH_FIELDS = (
 )
 #: layer-count fields whose name does not say `layer`
 LAYER_COUNTS = ("first_k_dense_replace", "decoder_sparse_step", "sliding_window_pattern")
-#: hidden widths (stored names)
+#: hidden widths, query heads and key/value heads (stored names)
 HIDDEN_FIELDS = ("hidden_size", "d_model", "n_embd")
+HEADS = ("num_attention_heads", "n_head", "num_heads", "decoder_attention_heads")
+KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
 #: feed-forward widths
 FFN_FIELDS = (
     "intermediate_size",
@@ -108,8 +112,7 @@ def wide_copy(model: Any, dtype: torch.dtype, *, small: bool = True, seed: int =
 def narrow_config(config: Any, *, small: bool = False) -> Any:
     """A copy of `config` (and of its sub-configs) cut to few layers, a small vocabulary and
     narrow feed-forward layers, its rules kept (see the module docstring); with `small`, also
-    narrow (`HIDDEN`) with one or two key/value heads and their query heads, where the config
-    states its head width."""
+    fewer heads of the same width and a narrower hidden width (`_cut_heads`)."""
     config = copy.deepcopy(config)
     for cfg in [config, *_sub_configs(config)]:
         _cut_depth(cfg)
@@ -135,23 +138,30 @@ def _copy_generation_config(model: Any, wide: Any) -> None:
 
 
 def _cut_heads(cfg: Any) -> None:
-    """One key/value head (two, of an even count) and the query heads that share them, and
-    `HIDDEN` wide, where `cfg` has a `head_dim` field (otherwise fewer heads or a narrower
-    model would mean narrower heads); one left to its default (None) is first set to the
-    width that stands for."""
+    """Fewer heads of the same width (`head_dim`, else hidden width / heads): one or two
+    key/value heads (an even count stays even), each shared by at most two query heads, and a
+    hidden width of the heads' total (at most the model's). Only where `cfg` names one field of
+    each; a model that computes other widths from these fails to build or run, and the copy
+    keeps its widths."""
     fields = _fields(cfg)
-    q, hidden = fields.get("num_attention_heads"), fields.get("hidden_size")
-    if "head_dim" in fields and fields["head_dim"] is None and _is_int(q) and _is_int(hidden):
-        cfg.head_dim = fields["head_dim"] = hidden // q  # the width its default stands for
-    if not _is_int(fields.get("head_dim")):
+    names = [[n for n in group if _is_int(fields.get(n))] for group in (HEADS, HIDDEN_FIELDS)]
+    if any(len(found) != 1 for found in names):
         return
-    q, kv = fields.get("num_attention_heads"), fields.get("num_key_value_heads")
-    if _is_int(q) and _is_int(kv) and kv and q % kv == 0:
-        keep = 2 if kv % 2 == 0 else 1  # an even count stays even (differential attention)
-        cfg.num_attention_heads, cfg.num_key_value_heads = q // kv * keep, keep
-    for name in HIDDEN_FIELDS:
-        if _is_int(fields.get(name)) and fields[name] > HIDDEN:
-            setattr(cfg, name, HIDDEN)
+    (heads_name,), (hidden_name,) = names
+    q, hidden, head_dim = fields[heads_name], fields[hidden_name], fields.get("head_dim")
+    width = head_dim if _is_int(head_dim) else hidden // q
+    if not width or (not _is_int(head_dim) and hidden % q):
+        return
+    kv_names = [n for n in KV_HEADS if _is_int(fields.get(n))]
+    kv = fields[kv_names[0]] if kv_names else q
+    if not kv or q % kv:
+        return
+    keep = min(KV_KEPT, kv) if kv % 2 == 0 else 1
+    q_small = keep * min(q // kv, GROUP_KEPT)
+    setattr(cfg, heads_name, q_small)
+    for name in kv_names:
+        setattr(cfg, name, keep)
+    setattr(cfg, hidden_name, min(hidden, q_small * width))
 
 
 def _sub_configs(config: Any) -> list[Any]:
@@ -177,16 +187,20 @@ def _cut_depth(cfg: Any) -> None:
         for name, value in fields.items():
             if name in DEPTH_FIELDS and value == full:
                 setattr(cfg, name, keep)
-            elif isinstance(value, (list, tuple)) and len(value) == full:
-                setattr(cfg, name, type(value)(value[:keep]))
             elif _is_index_list(name, value, full):
                 setattr(cfg, name, type(value)(i for i in value if i < keep))
+            elif isinstance(value, (list, tuple)) and len(value) == full:
+                setattr(cfg, name, type(value)(value[:keep]))
 
 
 def cut_depth(fields: dict[str, Any], full: int) -> int:
     """The layers a copy of a `full`-layer model keeps: the shortest prefix holding every
     distinct layer, at least `MIN_LAYERS` and past every layer-count field below `full`."""
-    lists = [v for v in fields.values() if isinstance(v, (list, tuple)) and len(v) == full]
+    lists = [
+        v
+        for k, v in fields.items()
+        if isinstance(v, (list, tuple)) and len(v) == full and not _is_index_list(k, v, full)
+    ]
     indices = [set(v) for k, v in fields.items() if _is_index_list(k, v, full)]
     seen: dict[str, int] = {}
     for i in range(full):
@@ -202,13 +216,13 @@ def cut_depth(fields: dict[str, Any], full: int) -> int:
 
 
 def _is_index_list(name: str, value: Any, full: int) -> bool:
-    """A list of layer indices (`mlp_only_layers`, `moe_layers`), not one entry per layer."""
-    return (
-        "layer" in name
-        and isinstance(value, (list, tuple))
-        and len(value) != full
-        and all(_is_int(i) and 0 <= i < full for i in value)
-    )
+    """A list of layer indices (`mlp_only_layers`, `moe_layers`), not one entry per layer
+    (a list of every index, as `moe_layers` of a model with experts in every layer, is one)."""
+    if "layer" not in name or not isinstance(value, (list, tuple)):
+        return False
+    if list(value) == list(range(full)):
+        return True
+    return len(value) != full and all(_is_int(i) and 0 <= i < full for i in value)
 
 
 def _shrink_widths(cfg: Any) -> None:
@@ -217,8 +231,8 @@ def _shrink_widths(cfg: Any) -> None:
     for name, value in _fields(cfg).items():
         if "vocab" in name and _is_int(value) and value > VOCAB:
             setattr(cfg, name, VOCAB)
-        elif name in FFN_FIELDS and _is_int(value) and value > FFN:
-            setattr(cfg, name, FFN)
+        elif (name in FFN_FIELDS or name.startswith("intermediate_size")) and _is_int(value):
+            setattr(cfg, name, min(value, FFN))
     _move_token_ids(cfg)
 
 
