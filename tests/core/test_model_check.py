@@ -298,3 +298,29 @@ def test_a_small_copy_keeps_the_head_width_and_every_layer_index() -> None:
         64,
     )
     assert cut.no_rope_layers == llama4.no_rope_layers[:5]
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    [
+        "mistral",  # one sliding window
+        "gemma3_text",  # per-layer types: five sliding, one full
+        "cohere2",
+        "gpt_oss",  # sliding layers and experts
+        "qwen2_moe",  # experts, `mlp_only_layers`
+        "deepseek_v3",  # latent attention, `first_k_dense_replace`
+        "llama4_text",  # chunks, `no_rope_layers`, `moe_layers`
+        "smollm3",
+        "gpt2",  # no `head_dim`: learned positions
+        "opt",
+    ],
+)
+def test_a_bfloat16_model_float64_serves_passes_on_its_copy(model_type: str, caplog) -> None:
+    """Architectures the float64 probe passes pass in bfloat16 too, on a copy that builds and
+    runs (no fallback to the model's own probe)."""
+    from treegraft.core.runner.model_check import probe_generate
+
+    model = tiny_model(model_type, dtype=torch.bfloat16)
+    with caplog.at_level(logging.DEBUG, logger="treegraft.core.runner"):
+        assert (probe_model(model), probe_generate(model)) == (None, None)
+    assert "no wide copy" not in caplog.text and "failed" not in caplog.text, caplog.text

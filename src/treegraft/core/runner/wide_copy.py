@@ -62,6 +62,8 @@ DEPTH_FIELDS = (
     "encoder_layers",
     "num_decoder_layers",
 )
+#: list fields that are never one entry per layer (token ids, class names)
+NOT_PER_LAYER = ("token_id", "token_ids", "architectures")
 #: layer-count fields whose name does not say `layer`
 LAYER_COUNTS = ("first_k_dense_replace", "decoder_sparse_step", "sliding_window_pattern")
 #: hidden widths, query heads and key/value heads (stored names)
@@ -87,7 +89,7 @@ def is_low_precision(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point and torch.finfo(dtype).bits < 32
 
 
-def wide_copy(model: Any, dtype: torch.dtype, *, small: bool = True, seed: int = 0) -> Any | None:
+def wide_copy(model: Any, dtype: torch.dtype, *, small: bool, seed: int = 0) -> Any | None:
     """`type(model)` built from `narrow_config(model.config, small=small)` in `dtype` on the
     CPU with seeded random weights (the global RNG untouched), in eval mode; None where that
     fails or would hold more than `MAX_BYTES` of weights."""
@@ -180,7 +182,7 @@ def _fields(cfg: Any) -> dict[str, Any]:
 def _cut_depth(cfg: Any) -> None:
     """Every depth field of `cfg` cut to `cut_depth`, its per-layer and layer-index lists with
     it."""
-    fields = _fields(cfg)
+    fields = {k: v for k, v in _fields(cfg).items() if not k.endswith(NOT_PER_LAYER)}
     depths = {v for k, v in fields.items() if k in DEPTH_FIELDS and _is_int(v) and v > 0}
     for full in depths:
         keep = cut_depth(fields, full)
