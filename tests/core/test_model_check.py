@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import functools
+import logging
 
 import pytest
 import torch
-from transformers import AttentionInterface
+from transformers import AttentionInterface, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from tests.conftest import memory_resources, tiny_llama
@@ -16,6 +17,7 @@ from treegraft.core.pipeline import load_pipeline
 from treegraft.core.runner import causal_lm as runner_module
 from treegraft.core.runner.attention_rules import AttentionRules
 from treegraft.core.runner.model_check import probe_model, probe_prompt_length, tolerance
+from treegraft.core.runner.wide_copy import narrow_config
 
 
 def _maskless_attention(module, query, key, value, attention_mask, **kwargs):
@@ -169,3 +171,156 @@ def test_a_target_whose_own_generate_decodes_otherwise_is_refused() -> None:
         load_pipeline(spec, resources=memory_resources(t=model))
     spec = {**spec, "drafters": {"weak": {"name": "hf_lm", "model": "mem:d"}}}
     load_pipeline(spec, resources=memory_resources(t=tiny_llama(seed=5), d=model))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("model_type", ["blenderbot-small", "dory", "gpt_neo", "plbart"])
+def test_low_precision_refuses_what_float64_refuses(model_type: str, dtype: torch.dtype) -> None:
+    """Their tree forwards miss a rule by less than half-precision rounding (0.4-5% of the
+    logits): the model itself passes at that tolerance, its float64 copy does not."""
+    assert probe_model(tiny_model(model_type)) is not None  # float64
+    why = probe_model(tiny_model(model_type, dtype=dtype))
+    assert why is not None and "differ from the model's own forward" in why, why
+    if (model_type, dtype) != ("plbart", torch.float16):  # the model itself shows that one
+        assert "in a float64 copy of its architecture" in why
+        assert f"{str(dtype)[6:]} rounding hides it in the model itself" in why
+
+
+class _SlightlyCachedLlama(LlamaForCausalLM):
+    """A cache rule of `generate` alone that moves logits by 1% of their scale (under the
+    bfloat16 tolerance, far over float64's): decoding steps with a cache add 0.01 * scale."""
+
+    def forward(self, input_ids=None, cache=None, **kwargs):
+        out = super().forward(input_ids=input_ids, cache=cache, **kwargs)
+        if cache is not None and cache.get_seq_length() > input_ids.shape[1]:
+            out.logits = out.logits + 0.01 * (1 + out.logits.abs().amax())
+        return out
+
+
+def test_low_precision_probe_generate_checks_a_float64_copy() -> None:
+    from treegraft.core.runner.model_check import probe_generate
+
+    model = tiny_llama(seed=5)
+    slight = _SlightlyCachedLlama(model.config).to(torch.bfloat16).eval()
+    assert probe_generate(tiny_llama(seed=5).to(torch.bfloat16)) is None
+    why = probe_generate(slight)
+    assert why is not None and "own cached `generate` gives logits that differ" in why, why
+    assert "in a float64 copy of its architecture" in why
+
+
+def test_a_copy_that_does_not_build_leaves_the_model_to_its_own_probe(monkeypatch, caplog) -> None:
+    """A config the copy cannot be built from (remote code, a validator) never refuses a model
+    that loads: the low-precision probe decides alone, and says so at debug level."""
+    model = tiny_model("plbart", dtype=torch.bfloat16)
+
+    def fails(*args, **kwargs):
+        raise ValueError("no copy")
+
+    monkeypatch.setattr(type(model), "_from_config", classmethod(fails))
+    with caplog.at_level(logging.DEBUG, logger="treegraft.core.runner"):
+        assert probe_model(model) is None
+    assert "no wide copy of PLBartForCausalLM" in caplog.text
+
+
+def test_the_probe_of_a_low_precision_model_leaves_the_global_rng_alone() -> None:
+    model = tiny_llama(seed=3).to(torch.bfloat16)
+    torch.manual_seed(7)
+    state = torch.get_rng_state()
+    assert probe_model(model) is None
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_the_copy_keeps_every_kind_of_layer_in_a_prefix() -> None:
+    """A Gemma-3-style pattern (five sliding layers, then a full one) keeps six layers; a
+    dense first layer before experts keeps it and one expert layer; layer-index lists keep
+    the indices below the cut; vocabularies, feed-forward widths and special ids shrink; a
+    small copy keeps two key/value heads shared by two query heads each, as wide as before."""
+    from transformers import AutoConfig
+
+    types = (["sliding_attention"] * 5 + ["full_attention"]) * 4
+    gemma = AutoConfig.for_model(
+        "gemma3_text", num_hidden_layers=24, layer_types=types, vocab_size=1000,
+        intermediate_size=512, sliding_window=1024, num_attention_heads=8,
+        num_key_value_heads=2, head_dim=16, bos_token_id=999,
+    )  # fmt: skip
+    cut = narrow_config(gemma)
+    assert cut.num_hidden_layers == 6 and cut.layer_types == types[:6]
+    assert (cut.vocab_size, cut.intermediate_size, cut.bos_token_id) == (256, 64, 255)
+    assert (cut.sliding_window, cut.num_attention_heads, cut.head_dim) == (1024, 8, 16)
+    small = narrow_config(gemma, small=True)
+    assert (small.num_attention_heads, small.num_key_value_heads, small.hidden_size) == (4, 2, 64)
+    assert (small.head_dim, small.layer_types, gemma.num_hidden_layers) == (16, types[:6], 24)
+    ds = AutoConfig.for_model("deepseek_v3", num_hidden_layers=61, first_k_dense_replace=3)
+    assert narrow_config(ds).num_hidden_layers == 4
+    moe = AutoConfig.for_model("qwen2_moe", num_hidden_layers=24, mlp_only_layers=[0, 5, 20])
+    cut = narrow_config(moe)
+    assert cut.num_hidden_layers == 2 and cut.mlp_only_layers == [0]
+    assert cut.num_experts == moe.num_experts  # experts are a rule: kept
+
+
+def test_a_bfloat16_pipeline_refuses_what_only_the_copy_shows_naming_the_model() -> None:
+    """GPT-Neo's tree forwards miss a rule by less than bfloat16 rounding: refused at build in
+    either role, the message naming the model and the copy."""
+    spec = {
+        "target": "mem:target",
+        "drafters": {"weak": {"name": "hf_lm", "model": "mem:drafter"}},
+        "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4},
+        "scheduler": {"name": "always"},
+        "decoding": {"dtype": "bfloat16"},
+    }
+    llama, neo = (tiny_model(kind, dtype=torch.bfloat16) for kind in ("llama", "gpt_neo"))
+    for target, drafter in ((llama, neo), (neo, llama)):  # as the drafter, then the target
+        res = memory_resources(torch.bfloat16, target=target, drafter=drafter)
+        with pytest.raises(ConfigError, match=r"\(GPTNeoForCausalLM\) .* float64 copy"):
+            load_pipeline(spec, resources=res)
+
+
+def test_a_small_copy_keeps_the_head_width_and_every_layer_index() -> None:
+    """GPT-2 states no `head_dim`: fewer heads keep its 64-wide heads (the hidden width
+    follows). Llama 4 with experts in every layer lists every index in `moe_layers`: an index
+    list, cut with the depth (to 5 layers: past its `no_rope_layer_interval` of 4), not five
+    kinds of layer; its dense MLP width shrinks too."""
+    from transformers import AutoConfig
+
+    gpt2 = AutoConfig.for_model("gpt2", n_embd=1024, n_head=16, n_layer=24)
+    small = narrow_config(gpt2, small=True)
+    assert (small.n_layer, small.n_head, small.n_embd, gpt2.n_embd) == (2, 2, 128, 1024)
+    llama4 = AutoConfig.for_model(
+        "llama4_text",
+        num_hidden_layers=48,
+        interleave_moe_layer_step=1,
+        intermediate_size_mlp=16384,
+    )
+    cut = narrow_config(llama4)
+    assert (cut.num_hidden_layers, cut.moe_layers, cut.intermediate_size_mlp) == (
+        5,
+        [*range(5)],
+        64,
+    )
+    assert cut.no_rope_layers == llama4.no_rope_layers[:5]
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    [
+        "mistral",  # one sliding window
+        "gemma3_text",  # per-layer types: five sliding, one full
+        "cohere2",
+        "gpt_oss",  # sliding layers and experts
+        "qwen2_moe",  # experts, `mlp_only_layers`
+        "deepseek_v3",  # latent attention, `first_k_dense_replace`
+        "llama4_text",  # chunks, `no_rope_layers`, `moe_layers`
+        "smollm3",
+        "gpt2",  # no `head_dim`: learned positions
+        "opt",
+    ],
+)
+def test_a_bfloat16_model_float64_serves_passes_on_its_copy(model_type: str, caplog) -> None:
+    """Architectures the float64 probe passes pass in bfloat16 too, on a copy that builds and
+    runs (no fallback to the model's own probe)."""
+    from treegraft.core.runner.model_check import probe_generate
+
+    model = tiny_model(model_type, dtype=torch.bfloat16)
+    with caplog.at_level(logging.DEBUG, logger="treegraft.core.runner"):
+        assert (probe_model(model), probe_generate(model)) == (None, None)
+    assert "no wide copy" not in caplog.text and "failed" not in caplog.text, caplog.text

@@ -18,13 +18,19 @@ its width.
 (the reference every output is compared with) decodes as its full forward does. Where it does not
 (a cache rule of this transformers version that the full forward lacks), the pipeline, exact to
 the full forward, would decode other tokens than `generate`: the target is refused.
+
+In bfloat16 and float16 the tolerance is as wide as batching noise, so a rule missed by a few
+percent passes there: both probes then also run on a float64 copy of the architecture with few
+layers and random weights (`wide_copy`), where it shows, and refuse with the same message. A copy
+that cannot be built or run leaves the model's own probe to decide.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -32,7 +38,10 @@ from torch import Tensor
 
 from treegraft.core.runner.attention_rules import attention_rules, max_positions, text_config
 from treegraft.core.runner.causal_lm import CausalLMRunner
+from treegraft.core.runner.wide_copy import ATTEMPTS, is_low_precision, wide_copy
 from treegraft.core.tree import DraftTree
+
+log = logging.getLogger(__name__)
 
 #: parents of the probe's trees: two branches, the first one three deep
 FIRST_TREE = (-1, 0, 0, 1, 3, 2, 1)
@@ -60,6 +69,8 @@ def probe_model(model: Any, *, forward: str = "auto", seed: int = 0) -> str | No
     (naming the attention implementation where it is not one known to take a tree's mask)."""
     with _crossable_window(model):
         why = _probe(model, forward, seed)
+    if why is None:
+        why = on_wide_copy(model, lambda wide: _probe_trees(wide, forward, seed))
     impl = getattr(model.config, "_attn_implementation", None)
     if why is not None and isinstance(impl, str) and impl not in MASKED_ATTENTION:
         why += (
@@ -93,29 +104,70 @@ def _crossable_window(model: Any) -> Iterator[None]:
             cfg.sliding_window = window
 
 
+class Unchecked(Exception):
+    """The model's own forward defines no decoding to check (NaN or +inf logits): the message
+    says why."""
+
+
+def on_wide_copy(model: Any, check: Callable[[Any], str | None]) -> str | None:
+    """For a model in a low-precision dtype, what `check` finds on a wide copy of its
+    architecture (`wide_copy`, tried as `ATTEMPTS` says: float64, else float32), said to be
+    found there; None for other dtypes, when it finds nothing, and when no copy builds or
+    `check` fails on every one (logged at debug level: the model's own probe decided)."""
+    dtype = next(model.parameters()).dtype
+    if not is_low_precision(dtype):
+        return None
+    for wide_dtype, small in ATTEMPTS:
+        wide = wide_copy(model, wide_dtype, small=small)
+        if wide is None:
+            continue
+        try:
+            with _crossable_window(wide):
+                why = check(wide)
+        except Exception as err:  # the copy's failure, not the model's: try the next one
+            log.debug("wide copy (%s) failed: %s: %s", wide_dtype, type(err).__name__, err)
+            continue
+        if why is None:
+            return None
+        return (
+            f"{why}, in a {_name(wide_dtype)} copy of its architecture with random weights "
+            f"({_name(dtype)} rounding hides it in the model itself)"
+        )
+    log.debug("no wide copy of %s ran: its own probe in %s decided", type(model).__name__, dtype)
+    return None
+
+
 def _probe(model: Any, forward: str, seed: int) -> str | None:
     try:  # an output head that is not one matrix (a head per codebook) fails here too
-        vocab = int(model.get_output_embeddings().weight.shape[0])
-        n_prompt = probe_prompt_length(model)
-        rng = torch.Generator().manual_seed(seed)
-        device = next(model.parameters()).device
-        prompt = torch.randint(0, vocab, (n_prompt,), generator=rng)
-        runner = CausalLMRunner(model, forward=forward)
-        runner.begin(prompt.to(device), max_len=n_prompt + 16)
-        with torch.inference_mode():
-            first = _random_tree(rng, int(prompt[-1]), FIRST_TREE, vocab)
-            why = _compare(model, runner, prompt, first, "a tree forward")
-            if why is not None:
-                return why
-            accepted = torch.tensor([0, 1, 3])
-            bonus = int(torch.randint(0, vocab, (1,), generator=rng))
-            tokens = torch.cat([first.tokens[accepted[1:]], torch.tensor([bonus])])
-            runner.commit(accepted.to(device), tokens.to(device))
-            prompt = torch.cat([prompt, tokens])
-            second = _random_tree(rng, bonus, SECOND_TREE, vocab)
-            return _compare(model, runner, prompt, second, "a tree forward after a commit")
+        return _probe_trees(model, forward, seed)
+    except Unchecked as err:
+        return str(err)
     except Exception as err:  # any failure means: not servable; the message says which
         return f"a tree forward failed with {type(err).__name__}: {_first_line(err)}"
+
+
+def _probe_trees(model: Any, forward: str, seed: int) -> str | None:
+    """`_probe`'s trees; raises where a forward fails, `Unchecked` where the model's own
+    logits are not finite."""
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    n_prompt = probe_prompt_length(model)
+    rng = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    prompt = torch.randint(0, vocab, (n_prompt,), generator=rng)
+    runner = CausalLMRunner(model, forward=forward)
+    runner.begin(prompt.to(device), max_len=n_prompt + 16)
+    with torch.inference_mode():
+        first = _random_tree(rng, int(prompt[-1]), FIRST_TREE, vocab)
+        why = _compare(model, runner, prompt, first, "a tree forward")
+        if why is not None:
+            return why
+        accepted = torch.tensor([0, 1, 3])
+        bonus = int(torch.randint(0, vocab, (1,), generator=rng))
+        tokens = torch.cat([first.tokens[accepted[1:]], torch.tensor([bonus])])
+        runner.commit(accepted.to(device), tokens.to(device))
+        prompt = torch.cat([prompt, tokens])
+        second = _random_tree(rng, bonus, SECOND_TREE, vocab)
+        return _compare(model, runner, prompt, second, "a tree forward after a commit")
 
 
 #: tokens `probe_generate` decodes
@@ -126,6 +178,30 @@ def probe_generate(model: Any, *, seed: int = 1) -> str | None:
     """None when the model's cached greedy `generate` gives, at each of `GENERATE_STEPS` steps
     from a random prompt, the logits of its own full forward of the same tokens, else what
     differed. A `generate` that fails is not checked (None): the pipeline does not call it."""
+    try:
+        steps, own = _generate_logits(model, seed)
+    except Exception:  # a generate that fails is not the reference
+        return None
+    dtype = next(model.parameters()).dtype
+    if (why := non_finite(own, dtype)) is not None:
+        return why
+    if (why := _generate_mismatch(steps, own, dtype)) is not None:
+        return why
+    return on_wide_copy(model, lambda wide: _wide_generate_mismatch(wide, seed))
+
+
+def _wide_generate_mismatch(model: Any, seed: int) -> str | None:
+    steps, own = _generate_logits(model, seed)
+    dtype = next(model.parameters()).dtype
+    if (why := non_finite(own, dtype)) is not None:
+        raise Unchecked(why)
+    return _generate_mismatch(steps, own, dtype)
+
+
+def _generate_logits(model: Any, seed: int) -> tuple[Tensor, Tensor]:
+    """`[k, V]` float32 logits of `GENERATE_STEPS` steps of the model's cached greedy
+    `generate` from a random prompt, and of its full forward of the same tokens; raises where
+    `generate` or the forward fails."""
     from treegraft.core.generation_settings import plain_generation
 
     vocab = int(model.get_output_embeddings().weight.shape[0])
@@ -134,25 +210,23 @@ def probe_generate(model: Any, *, seed: int = 1) -> str | None:
     device = next(model.parameters()).device
     prompt = torch.randint(0, vocab, (1, n), generator=rng).to(device)
     with _crossable_window(model), plain_generation(model), torch.inference_mode():
-        try:
-            out = model.generate(
-                prompt,
-                attention_mask=torch.ones_like(prompt),
-                max_new_tokens=GENERATE_STEPS,
-                min_new_tokens=GENERATE_STEPS,
-                do_sample=False,
-                output_logits=True,
-                return_dict_in_generate=True,
-                pad_token_id=0,
-            )
-            steps = torch.stack(list(out.logits), dim=1)[0].float()  # [k, V]
-            ids = out.sequences[:, : n + steps.shape[0] - 1]
-            own = model(input_ids=ids, use_cache=False).logits[0, n - 1 :].float()
-        except Exception:  # a generate that fails is not the reference
-            return None
-    dtype = next(model.parameters()).dtype
-    if (why := non_finite(own, dtype)) is not None:
-        return why
+        out = model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=GENERATE_STEPS,
+            min_new_tokens=GENERATE_STEPS,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+        steps = torch.stack(list(out.logits), dim=1)[0].float()  # [k, V]
+        ids = out.sequences[:, : n + steps.shape[0] - 1]
+        own = model(input_ids=ids, use_cache=False).logits[0, n - 1 :].float()
+    return steps, own
+
+
+def _generate_mismatch(steps: Tensor, own: Tensor, dtype: torch.dtype) -> str | None:
     tol = tolerance(dtype)
     for step, (cached, full) in enumerate(zip(steps, own, strict=True)):
         diff, scale = difference(cached, full)
@@ -206,7 +280,7 @@ def _compare(
         ids = torch.cat([prompt, path]).to(device)
         own = model(input_ids=ids[None], use_cache=False).logits[0, -1].float()
         if (why := non_finite(own, runner.dtype)) is not None:
-            return why
+            raise Unchecked(why)
         diff, scale = difference(logits[node], own)
         if bool((logits[node].isnan() | (logits[node] == math.inf)).any()):
             return (

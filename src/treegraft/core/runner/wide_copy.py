@@ -1,0 +1,251 @@
+"""A wide, shallow copy of a low-precision model's architecture for the load probe.
+
+In bfloat16 and float16 the probe's tolerance (`model_check.tolerance`) is as wide as batching
+noise, so a rule the runner misses that moves logits by less (a few percent) passes there. The
+rules the probe checks (masks, positions, cache) do not depend on the weights' precision nor on
+the depth, so `wide_copy` builds the same class from the model's config in float64 (float32
+where float64 does not run), on the CPU, with random weights and few layers, where they show.
+
+`narrow_config` keeps the rules and cuts the cost:
+
+- depth: the shortest prefix of the layers (at least `MIN_LAYERS`) holding every distinct layer
+  of the per-layer lists (`layer_types`, `no_rope_layers`, ...: the lists as long as the model
+  is deep) and of the layer-index lists (`mlp_only_layers`, `moe_layers`: kept where below the
+  cut), and reaching past every layer-count field below the depth (`first_k_dense_replace`,
+  `no_rope_layer_interval`, `sliding_window_pattern`, ...). A prefix keeps every rule computed
+  from a layer's index as the full model computes it;
+- vocabularies shrink to `VOCAB` tokens (special ids past them move inside) and feed-forward
+  widths to `FFN`; head widths, windows, positions and expert counts stay;
+- a `small` copy, tried first, also has fewer heads of the same width (one or two key/value
+  heads, each shared by at most two query heads) and a hidden width to match; where that does
+  not build or run, the copy keeps the model's widths and heads (at most `MAX_BYTES` of
+  weights), then tries float32.
+
+`None` where it cannot be built (remote code that rejects it, a config its class refuses, more
+than `MAX_BYTES` of weights): the caller tries the next of `ATTEMPTS`, then falls back to the
+model's own probe.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+#: the fewest layers a copy keeps (a rule between layers needs two)
+MIN_LAYERS = 2
+#: vocabulary of a copy
+VOCAB = 256
+#: feed-forward (dense and expert) widths of a copy
+FFN = 64
+#: key/value heads of a small copy (of an even count; one of an odd one), and query heads
+#: sharing each at most
+KV_KEPT = 2
+GROUP_KEPT = 2
+#: the largest copy built, in bytes of weights
+MAX_BYTES = 2**30
+#: how a copy is tried, in order: (dtype, small), the widest and smallest first
+ATTEMPTS = ((torch.float64, True), (torch.float64, False), (torch.float32, False))
+#: attention implementations a copy keeps (treegraft's tree kernel has a CPU reference)
+CPU_ATTENTION = (None, "sdpa", "eager", "treegraft_tree")
+#: fields holding a model's depth (the stored names, not `attribute_map` aliases)
+DEPTH_FIELDS = (
+    "num_hidden_layers",
+    "num_layers",
+    "n_layer",
+    "n_layers",
+    "decoder_layers",
+    "encoder_layers",
+    "num_decoder_layers",
+)
+#: list fields that are never one entry per layer (token ids, class names)
+NOT_PER_LAYER = ("token_id", "token_ids", "architectures")
+#: layer-count fields whose name does not say `layer`
+LAYER_COUNTS = ("first_k_dense_replace", "decoder_sparse_step", "sliding_window_pattern")
+#: hidden widths, query heads and key/value heads (stored names)
+HIDDEN_FIELDS = ("hidden_size", "d_model", "n_embd")
+HEADS = ("num_attention_heads", "n_head", "num_heads", "decoder_attention_heads")
+KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
+#: feed-forward widths
+FFN_FIELDS = (
+    "intermediate_size",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "ffn_dim",
+    "d_ff",
+    "n_inner",
+    "decoder_ffn_dim",
+    "encoder_ffn_dim",
+    "ffn_hidden_size",
+)
+
+
+def is_low_precision(dtype: torch.dtype) -> bool:
+    """Whether `dtype` is narrower than float32 (its probe tolerance hides small rule misses)."""
+    return dtype.is_floating_point and torch.finfo(dtype).bits < 32
+
+
+def wide_copy(model: Any, dtype: torch.dtype, *, small: bool, seed: int = 0) -> Any | None:
+    """`type(model)` built from `narrow_config(model.config, small=small)` in `dtype` on the
+    CPU with seeded random weights (the global RNG untouched), in eval mode; None where that
+    fails or would hold more than `MAX_BYTES` of weights."""
+    cls = type(model)
+    try:
+        config = narrow_config(model.config, small=small)
+        with torch.device("meta"):
+            n_params = sum(p.numel() for p in cls._from_config(config).parameters())
+        if n_params * torch.finfo(dtype).bits // 8 > MAX_BYTES:
+            log.debug("no wide copy of %s: %d parameters in %s", cls.__name__, n_params, dtype)
+            return None
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+            torch.manual_seed(seed)
+            wide = cls._from_config(config, dtype=dtype).eval()
+        _copy_generation_config(model, wide)
+        return wide
+    except Exception as err:  # any failure: the model's own probe stands alone
+        log.debug("no wide copy of %s: %s: %s", cls.__name__, type(err).__name__, err)
+        return None
+
+
+def narrow_config(config: Any, *, small: bool = False) -> Any:
+    """A copy of `config` (and of its sub-configs) cut to few layers, a small vocabulary and
+    narrow feed-forward layers, its rules kept (see the module docstring); with `small`, also
+    fewer heads of the same width and a narrower hidden width (`_cut_heads`)."""
+    config = copy.deepcopy(config)
+    for cfg in [config, *_sub_configs(config)]:
+        _cut_depth(cfg)
+        _shrink_widths(cfg)
+        if small:
+            _cut_heads(cfg)
+        if hasattr(cfg, "quantization_config"):
+            del cfg.quantization_config  # the copy's weights are plain
+        if getattr(cfg, "_attn_implementation", None) not in CPU_ATTENTION:
+            cfg._attn_implementation = "eager"  # a kernel of the device (not on the CPU)
+        if hasattr(cfg, "_experts_implementation"):
+            cfg._experts_implementation = "eager"  # grouped matmuls take no float64
+    return config
+
+
+def _copy_generation_config(model: Any, wide: Any) -> None:
+    """The model's generation config (its cache settings are rules of `generate`) on `wide`,
+    its token ids inside the copy's vocabulary."""
+    own = getattr(model, "generation_config", None)
+    if own is not None:
+        wide.generation_config = copy.deepcopy(own)
+        _move_token_ids(wide.generation_config)
+
+
+def _cut_heads(cfg: Any) -> None:
+    """Fewer heads of the same width (`head_dim`, else hidden width / heads): one or two
+    key/value heads (an even count stays even), each shared by at most two query heads, and a
+    hidden width of the heads' total (at most the model's). Only where `cfg` names one field of
+    each; a model that computes other widths from these fails to build or run, and the copy
+    keeps its widths."""
+    fields = _fields(cfg)
+    names = [[n for n in group if _is_int(fields.get(n))] for group in (HEADS, HIDDEN_FIELDS)]
+    if any(len(found) != 1 for found in names):
+        return
+    (heads_name,), (hidden_name,) = names
+    q, hidden, head_dim = fields[heads_name], fields[hidden_name], fields.get("head_dim")
+    width = head_dim if _is_int(head_dim) else hidden // q
+    if not width or (not _is_int(head_dim) and hidden % q):
+        return
+    kv_names = [n for n in KV_HEADS if _is_int(fields.get(n))]
+    kv = fields[kv_names[0]] if kv_names else q
+    if not kv or q % kv:
+        return
+    keep = min(KV_KEPT, kv) if kv % 2 == 0 else 1
+    q_small = keep * min(q // kv, GROUP_KEPT)
+    setattr(cfg, heads_name, q_small)
+    for name in kv_names:
+        setattr(cfg, name, keep)
+    setattr(cfg, hidden_name, min(hidden, q_small * width))
+
+
+def _sub_configs(config: Any) -> list[Any]:
+    found = []
+    for name in getattr(config, "sub_configs", None) or {}:
+        sub = getattr(config, name, None)
+        if hasattr(sub, "to_dict"):
+            found += [sub, *_sub_configs(sub)]
+    return found
+
+
+def _fields(cfg: Any) -> dict[str, Any]:
+    return {k: v for k, v in vars(cfg).items() if not k.startswith("_")}
+
+
+def _cut_depth(cfg: Any) -> None:
+    """Every depth field of `cfg` cut to `cut_depth`, its per-layer and layer-index lists with
+    it."""
+    fields = {k: v for k, v in _fields(cfg).items() if not k.endswith(NOT_PER_LAYER)}
+    depths = {v for k, v in fields.items() if k in DEPTH_FIELDS and _is_int(v) and v > 0}
+    for full in depths:
+        keep = cut_depth(fields, full)
+        for name, value in fields.items():
+            if name in DEPTH_FIELDS and value == full:
+                setattr(cfg, name, keep)
+            elif _is_index_list(name, value, full):
+                setattr(cfg, name, type(value)(i for i in value if i < keep))
+            elif isinstance(value, (list, tuple)) and len(value) == full:
+                setattr(cfg, name, type(value)(value[:keep]))
+
+
+def cut_depth(fields: dict[str, Any], full: int) -> int:
+    """The layers a copy of a `full`-layer model keeps: the shortest prefix holding every
+    distinct layer, at least `MIN_LAYERS` and past every layer-count field below `full`."""
+    lists = [
+        v
+        for k, v in fields.items()
+        if isinstance(v, (list, tuple)) and len(v) == full and not _is_index_list(k, v, full)
+    ]
+    indices = [set(v) for k, v in fields.items() if _is_index_list(k, v, full)]
+    seen: dict[str, int] = {}
+    for i in range(full):
+        kind = repr(([v[i] for v in lists], [i in s for s in indices]))
+        seen.setdefault(kind, i)
+    counts = [
+        v
+        for k, v in fields.items()
+        if ("layer" in k or k in LAYER_COUNTS) and k not in DEPTH_FIELDS and _is_int(v)
+    ]
+    need = [MIN_LAYERS, *(i + 1 for i in seen.values()), *(v + 1 for v in counts if 0 < v < full)]
+    return min(full, max(need))
+
+
+def _is_index_list(name: str, value: Any, full: int) -> bool:
+    """A list of layer indices (`mlp_only_layers`, `moe_layers`), not one entry per layer
+    (a list of every index, as `moe_layers` of a model with experts in every layer, is one)."""
+    if "layer" not in name or not isinstance(value, (list, tuple)):
+        return False
+    if list(value) == list(range(full)):
+        return True
+    return len(value) != full and all(_is_int(i) and 0 <= i < full for i in value)
+
+
+def _shrink_widths(cfg: Any) -> None:
+    """Vocabularies cut to `VOCAB` (special token ids past it moved to its last id) and
+    feed-forward widths to `FFN`."""
+    for name, value in _fields(cfg).items():
+        if "vocab" in name and _is_int(value) and value > VOCAB:
+            setattr(cfg, name, VOCAB)
+        elif (name in FFN_FIELDS or name.startswith("intermediate_size")) and _is_int(value):
+            setattr(cfg, name, min(value, FFN))
+    _move_token_ids(cfg)
+
+
+def _move_token_ids(cfg: Any) -> None:
+    """Special token ids (`*_token_id`, one or a list) past `VOCAB` moved to its last id."""
+    for name, value in _fields(cfg).items():
+        if name.endswith("token_id") and _is_int(value) and value >= VOCAB:
+            setattr(cfg, name, VOCAB - 1)
+        elif name.endswith("token_id") and isinstance(value, list):
+            setattr(cfg, name, [i if not _is_int(i) or i < VOCAB else VOCAB - 1 for i in value])
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
