@@ -79,8 +79,14 @@ def generate(
         ),
     ] = False,
     chat: Annotated[
-        bool, typer.Option("--chat", help="wrap the prompt in the tokenizer's chat template")
-    ] = False,
+        bool | None,
+        typer.Option(
+            "--chat/--no-chat",
+            help="wrap the prompt in the tokenizer's chat template, or not (default: the "
+            "pipeline's decoding.chat)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Decode a prompt with a pipeline, streaming the text, then print a stats line."""
     from treegraft.cli_generate import GenerateOptions, flag_error, load_generate_pipeline
@@ -95,7 +101,7 @@ def generate(
         )
     if trace_dir is not None:  # before the models load: a wrong folder fails at once
         prepare_trace_dir(trace_dir, replace=replace_trace)
-    options = GenerateOptions(device, dtype, temperature, top_p, seed, forward)
+    options = GenerateOptions(device, dtype, temperature, top_p, seed, forward, chat)
     try:
         pipe = load_generate_pipeline(pipeline, options)
     except (ConfigError, ValueError) as exc:
@@ -105,8 +111,6 @@ def generate(
             f"{pipe.spec.source}: the target {pipe.spec.target!r} has no tokenizer to encode "
             "the prompt with: name one with the pipeline's `tokenizer:` key"
         )
-    if chat or pipe.spec.decoding.chat:
-        _use_chat(pipe, text)
     if json_out:
         _print_json(pipe, text, max_new_tokens, compare, trace_dir)
         return
@@ -157,23 +161,6 @@ def _print_comparison(pipe, text, ids, tokens_per_s, finish, max_new_tokens) -> 
     divergence = None if sampling else first_divergence(pipe, prompt, ids, plain.token_ids)
     line = comparison_line(tokens_per_s, ids, plain, sampling, divergence)
     console.print(line, highlight=False)
-
-
-def _use_chat(pipe, text: str) -> None:
-    """Switch `decoding.chat` on for this run; fail clearly when the tokenizer has no template."""
-    import attrs
-
-    from treegraft.core.chat import NoChatTemplateError
-
-    pipe.spec = attrs.evolve(pipe.spec, decoding=attrs.evolve(pipe.spec.decoding, chat=True))
-    try:
-        pipe.encode(text)
-    except NoChatTemplateError:
-        which = pipe.spec.tokenizer or pipe.spec.target
-        _fail(
-            f"--chat: the tokenizer of {which!r} has no chat template; use a chat model's "
-            "pipeline (e.g. --pipeline smollm2-ngram) or leave out --chat"
-        )
 
 
 def _run_generation(
