@@ -145,7 +145,8 @@ def _structure_field(f: attrs.Attribute, value: Any, path: str) -> Any:
             want = expected(f)
             if isinstance(f.validator, Check) and f.validator.too_large(out):
                 want += f" and <= {f.validator.sane_max}"
-            elif isinstance(out, float) and math.isinf(out):  # `> 0` alone reads as met
+            elif isinstance(out, float) and math.isinf(out) and "finite" not in want:
+                # `> 0` alone reads as met
                 want += ", not infinite"
             raise ConfigError(f"{path}: expected {want}, got {shown(value)}{_hint(f)}") from None
     return out
