@@ -165,6 +165,11 @@ BAD_FLAGS = {
         "--top-p: needs sampling; --temperature 0 decodes greedily",
     ),
     "seed-not-int": (["--seed", "abc"], "Invalid value for '--seed'"),
+    # torch took -1 as 2**64 - 1; numpy and the scheduler tools refuse negative seeds
+    "seed-negative": (
+        ["--seed", "-1"],
+        "--seed (pipeline.decoding.seed): expected int >= 0, got -1",
+    ),
     "temperature-not-float": (["--temperature", "hot"], "Invalid value for '--temperature'"),
 }
 

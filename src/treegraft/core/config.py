@@ -278,7 +278,7 @@ class DecodingConfig:
         "logits equal up to rounding, cheaper tree forwards); "
         "docs/pipelines.md#how-a-forward-runs",
     )
-    seed: int = field(0, doc="seed of the verifier's random numbers (sampling)")
+    seed: int = field(0, check=at_least(0), doc="seed of the verifier's random numbers (sampling)")
     check_model: bool = field(
         True,
         doc="probe every model at load time: one tree forward against the model's own "
