@@ -197,3 +197,17 @@ def test_a_run_whose_units_all_failed_is_named_so_not_damaged(tmp_path) -> None:
         f"{tmp_path / 'b'}: no unit of its sweep succeeded (2 failed; the first, pair 'p': " in text
     )
     assert "ConfigError: boom)" in text and "is not a sweep's summary" not in text
+
+
+def test_a_summary_saved_with_a_byte_order_mark_and_windows_line_ends_compares(tmp_path) -> None:
+    """A summary.csv saved again by a spreadsheet or editor on Windows (a BOM, CRLF) was
+    'not a sweep's summary (no column pair in its header)'."""
+    write_summary(tmp_path / "a", INTERVALS, prompts="20")
+    path = write_summary(tmp_path / "b", INTERVALS, prompts="20")
+    text = path.read_text().replace("\r\n", "\n").replace("\n", "\r\n")
+    path.write_bytes(("\ufeff" + text).encode("utf-8"))
+    saved, original = (
+        compare(tmp_path / "a", tmp_path / "b"),
+        compare(tmp_path / "a", tmp_path / "a"),
+    )
+    assert (saved.rows, saved.baselines) == (original.rows, original.baselines)

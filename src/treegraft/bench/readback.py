@@ -144,9 +144,11 @@ def _damaged(path: Path, why: str) -> ArgumentError:
 
 
 def _text(path: Path, what: str) -> str:
+    """The UTF-8 text of `path`, less a leading byte-order mark (a spreadsheet or an editor on
+    Windows that saved the file wrote one: the first column's name read '\ufeffpair')."""
     data = path.read_bytes()
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         raise ArgumentError(
             f"{path} is not {what} (not UTF-8 text: byte 0x{data[exc.start]:02x} at offset "
