@@ -326,6 +326,16 @@ def test_trace_onto_a_file_fails_before_any_model_loads(tmp_path: Path) -> None:
     assert_clean(result, 2, f"--trace: {target} is a file; expected a directory")
 
 
+def test_trace_dash_is_refused_not_made_a_folder(tmp_path: Path, monkeypatch) -> None:
+    """`--trace -` (read as standard output, as `--prompt-file -` is standard input) wrote the
+    step files into a folder named `-`."""
+    monkeypatch.chdir(tmp_path)
+    missing_model = pipeline_file(tmp_path, str(tmp_path / "no-such-model"))
+    result = generate(missing_model, "--prompt", PROMPT, "--trace", "-")
+    assert_clean(result, 2, "--trace: '-' (standard output) is not taken here; name a folder")
+    assert not (tmp_path / "-").exists()
+
+
 @pytest.fixture
 def read_only_dir(tmp_path: Path) -> Path:
     """A folder this process cannot write (root ignores permissions: then /sys, if it is so)."""

@@ -93,7 +93,7 @@ def generate(
     from treegraft.core.config import MAX_NEW_TOKENS, ConfigError
     from treegraft.core.trace import prepare_trace_dir
 
-    text = _read_prompt(prompt, _path_option("--prompt-file", prompt_file))
+    text = _read_prompt(prompt, _path_option("--prompt-file", prompt_file, stdin=True))
     trace_dir = _path_option("--trace", trace)
     if max_new_tokens is not None and not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
         _fail(
@@ -254,11 +254,16 @@ def _forward_kind(runner) -> str:
     return "lean" if runner.bitwise or not runner.transposed_products else "lean-fast"
 
 
-def _path_option(option: str, value: str | None) -> Path | None:
+def _path_option(option: str, value: str | None, *, stdin: bool = False) -> Path | None:
     """The path an option names; an empty or blank one (an unset shell variable: `--trace
-    "$DIR"`) is refused, not read as the current folder, and so is one with a NUL byte."""
+    "$DIR"`) is refused, not read as the current folder, and so is one with a NUL byte. `-`
+    is standard input where `stdin`, else refused (it would name a folder `-`)."""
     from treegraft.exits import path_problem
 
+    if value == "-" and not stdin:
+        _fail(
+            f"{option}: '-' (standard output) is not taken here; name a folder (./- for one named -)"
+        )
     problem = None if value is None or value == "-" else path_problem(value)
     if problem:
         _fail(f"{option}: {problem}")
