@@ -117,9 +117,7 @@ def test_a_threshold_that_is_not_finite_is_refused(tmp_path, threshold):
     """`threshold: .inf` (never call) and `-.inf` (always) were taken, where `treegraft
     scheduler evaluate --threshold` refuses them: the `never` and `always` schedulers say so."""
     layer_rule_artifact().save(tmp_path)
-    with pytest.raises(
-        ConfigError, match=r"scheduler\.threshold: expected float.*got -?(inf|nan)"
-    ):
+    with pytest.raises(ConfigError, match=r"scheduler\.threshold: expected float.*got -?(inf|nan)"):
         load_pipeline(distilled(tmp_path, threshold=threshold), resources=stand_in_pair(0))
 
 
