@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from tests.test_cli import VOCAB, invoke, pipeline_file, wide_consoles  # noqa: 
 from treegraft import cli as cli_module
 from treegraft.cli import app
 from treegraft.core import registry as registry_module
+from treegraft.core.errors import ArgumentError
 from treegraft.core.registry import AUTOLOAD_ENV, Registry
 from treegraft.exits import DEBUG_ENV, describe, run_cli, split_debug
 
@@ -324,6 +326,16 @@ def test_trace_onto_a_file_fails_before_any_model_loads(tmp_path: Path) -> None:
     assert_clean(result, 2, f"--trace: {target} is a file; expected a directory")
 
 
+def test_trace_dash_is_refused_not_made_a_folder(tmp_path: Path, monkeypatch) -> None:
+    """`--trace -` (read as standard output, as `--prompt-file -` is standard input) wrote the
+    step files into a folder named `-`."""
+    monkeypatch.chdir(tmp_path)
+    missing_model = pipeline_file(tmp_path, str(tmp_path / "no-such-model"))
+    result = generate(missing_model, "--prompt", PROMPT, "--trace", "-")
+    assert_clean(result, 2, "--trace: '-' (standard output) is not taken here; name a folder")
+    assert not (tmp_path / "-").exists()
+
+
 @pytest.fixture
 def read_only_dir(tmp_path: Path) -> Path:
     """A folder this process cannot write (root ignores permissions: then /sys, if it is so)."""
@@ -465,6 +477,23 @@ def test_a_malformed_jsonl_line_names_file_and_line(tmp_path: Path) -> None:
     config = bench_config(tmp_path, suite)
     result = invoke("bench", "run", str(config), "--out", str(tmp_path / "out"))
     assert_clean(result, 2, f"{suite}:3: malformed JSON")
+
+
+def test_jsonl_prompts_may_hold_unicode_line_separators(tmp_path: Path) -> None:
+    """A prompt holding U+2028, U+2029 or U+0085 unescaped (as `json.dumps(...,
+    ensure_ascii=False)` writes them) split its line in two: 'malformed JSON' for a valid file.
+    Windows line ends, a byte-order mark and blank lines still read as before."""
+    from treegraft.core.inputs import prompt_records
+
+    texts = ["a\u2028b", "c\u2029d", "e\x85f"]
+    suite = tmp_path / "mine.jsonl"
+    lines = [json.dumps({"prompt": t}, ensure_ascii=False) for t in texts]
+    suite.write_bytes(("\ufeff" + "\r\n\r\n".join(lines) + "\r\n").encode("utf-8"))
+    records = list(prompt_records(suite, "--prompts", lambda i: f"p{i}"))
+    assert records == [("p0", texts[0]), ("p1", texts[1]), ("p2", texts[2])]
+    suite.write_text(lines[0] + "\n\n" + '{"prompt": "broken\n', encoding="utf-8")
+    with pytest.raises(ArgumentError, match=rf"^{re.escape(str(suite))}:3: malformed JSON"):
+        list(prompt_records(suite, "--prompts", lambda i: f"p{i}"))
 
 
 # ---------------------------------------------------------------------------- plugins

@@ -127,3 +127,22 @@ def test_a_name_too_long_for_the_file_system_leaves_nothing_behind(tmp_path: Pat
     with pytest.raises(ConfigError, match=r"^NAME: cannot write .*\(\d+ characters\): File name"):
         write_plugin(long, "scheduler", tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_worked_examples_layers_field_says_where_it_calls() -> None:
+    """The guide's example said 'strong calls only in the first N layers' where it calls at
+    layers 1 .. N (layer 0 never): its doc and the guide's text now say what it does."""
+    import attrs
+
+    from treegraft.testing import layer_state
+
+    source = plugin_files("gated-scheduler", "scheduler")["src/gated_scheduler/scheduler.py"]
+    module: dict = {"__name__": "gated_scheduler_example"}
+    exec(compile(source, "scheduler.py", "exec"), module)
+    config = module["GatedSchedulerConfig"](layers=2)
+    scheduler = module["GatedScheduler"](config)
+    unsure = [layer_state(layer=layer, frontier_max_score=-3.0) for layer in range(5)]
+    assert [s.layer for s in unsure if scheduler.decide(s)] == [1, 2]
+    assert "layers 1 .. N" in attrs.fields(type(config)).layers.metadata["doc"]
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "writing-a-scheduler.md").read_text()
+    assert "only at layers 1 to `layers`" in guide and "first N layers" not in guide

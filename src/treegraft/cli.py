@@ -89,15 +89,21 @@ def generate(
         ),
     ] = False,
     chat: Annotated[
-        bool, typer.Option("--chat", help="wrap the prompt in the tokenizer's chat template")
-    ] = False,
+        bool | None,
+        typer.Option(
+            "--chat/--no-chat",
+            help="wrap the prompt in the tokenizer's chat template, or not (default: the "
+            "pipeline's decoding.chat)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Decode a prompt with a pipeline, streaming the text, then print a stats line."""
     from treegraft.cli_generate import GenerateOptions, flag_error, load_generate_pipeline
     from treegraft.core.config import MAX_NEW_TOKENS, ConfigError
     from treegraft.core.trace import prepare_trace_dir
 
-    text = _read_prompt(prompt, _path_option("--prompt-file", prompt_file))
+    text = _read_prompt(prompt, _path_option("--prompt-file", prompt_file, stdin=True))
     trace_dir = _path_option("--trace", trace)
     if max_new_tokens is not None and not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
         _fail(
@@ -106,7 +112,7 @@ def generate(
     if trace_dir is not None:  # before the models load: a wrong folder fails at once
         prepare_trace_dir(trace_dir, replace=replace_trace)
     options = GenerateOptions(
-        device, dtype, temperature, top_p, seed, forward, top_k=top_k, min_p=min_p
+        device, dtype, temperature, top_p, seed, forward, top_k=top_k, min_p=min_p, chat=chat
     )
     try:
         pipe = load_generate_pipeline(pipeline, options)
@@ -117,8 +123,6 @@ def generate(
             f"{pipe.spec.source}: the target {pipe.spec.target!r} has no tokenizer to encode "
             "the prompt with: name one with the pipeline's `tokenizer:` key"
         )
-    if chat or pipe.spec.decoding.chat:
-        _use_chat(pipe, text)
     if json_out:
         _print_json(pipe, text, max_new_tokens, compare, trace_dir)
         return
@@ -169,23 +173,6 @@ def _print_comparison(pipe, text, ids, tokens_per_s, finish, max_new_tokens) -> 
     divergence = None if sampling else first_divergence(pipe, prompt, ids, plain.token_ids)
     line = comparison_line(tokens_per_s, ids, plain, sampling, divergence)
     console.print(line, highlight=False)
-
-
-def _use_chat(pipe, text: str) -> None:
-    """Switch `decoding.chat` on for this run; fail clearly when the tokenizer has no template."""
-    import attrs
-
-    from treegraft.core.chat import NoChatTemplateError
-
-    pipe.spec = attrs.evolve(pipe.spec, decoding=attrs.evolve(pipe.spec.decoding, chat=True))
-    try:
-        pipe.encode(text)
-    except NoChatTemplateError:
-        which = pipe.spec.tokenizer or pipe.spec.target
-        _fail(
-            f"--chat: the tokenizer of {which!r} has no chat template; use a chat model's "
-            "pipeline (e.g. --pipeline smollm2-ngram) or leave out --chat"
-        )
 
 
 def _run_generation(
@@ -279,11 +266,16 @@ def _forward_kind(runner) -> str:
     return "lean" if runner.bitwise or not runner.transposed_products else "lean-fast"
 
 
-def _path_option(option: str, value: str | None) -> Path | None:
+def _path_option(option: str, value: str | None, *, stdin: bool = False) -> Path | None:
     """The path an option names; an empty or blank one (an unset shell variable: `--trace
-    "$DIR"`) is refused, not read as the current folder, and so is one with a NUL byte."""
+    "$DIR"`) is refused, not read as the current folder, and so is one with a NUL byte. `-`
+    is standard input where `stdin`, else refused (it would name a folder `-`)."""
     from treegraft.exits import path_problem
 
+    if value == "-" and not stdin:
+        _fail(
+            f"{option}: '-' (standard output) is not taken here; name a folder (./- for one named -)"
+        )
     problem = None if value is None or value == "-" else path_problem(value)
     if problem:
         _fail(f"{option}: {problem}")

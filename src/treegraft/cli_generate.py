@@ -29,7 +29,8 @@ SAMPLING_VERIFIER = "pointmass"
 
 @attrs.frozen
 class GenerateOptions:
-    """The command-line overrides of a pipeline file (None: keep the file's value)."""
+    """The command-line overrides of a pipeline file (None: keep the file's value; `chat`:
+    `--chat` True, `--no-chat` False)."""
 
     device: str | None = None
     dtype: str | None = None
@@ -39,6 +40,7 @@ class GenerateOptions:
     forward: str | None = None
     top_k: int | None = None
     min_p: float | None = None
+    chat: bool | None = None
 
     def flags(self) -> dict[str, str]:
         """Flag name -> the YAML path it overrides, for the flags given (error messages name
@@ -52,6 +54,7 @@ class GenerateOptions:
             "--min-p": ("min_p", "pipeline.verifier.min_p"),
             "--seed": ("seed", "pipeline.decoding.seed"),
             "--forward": ("forward", "pipeline.decoding.forward"),
+            "--chat" if self.chat else "--no-chat": ("chat", "pipeline.decoding.chat"),
         }
         return {
             flag: path for flag, (name, path) in paths.items() if getattr(self, name) is not None
@@ -97,6 +100,8 @@ def apply_options(data: Mapping[str, Any], options: GenerateOptions) -> dict[str
         out = _set_decoding(out, "seed", options.seed)
     if options.forward is not None:
         out = _set_decoding(out, "forward", options.forward)
+    if options.chat is not None:
+        out = _set_decoding(out, "chat", options.chat)
     return _apply_sampling(out, options)
 
 
@@ -158,12 +163,21 @@ def _filters(options: GenerateOptions) -> list[tuple[str, tuple[str, Any]]]:
     return [(flag, pair) for flag, pair in given.items() if pair[1] is not None]
 
 
+#: advice in a field's message reworded for the flag that set the field
+_FLAG_ADVICE = {"--chat": ("set decoding.chat: false", "leave out --chat")}
+
+
 def flag_error(exc: ConfigError, options: GenerateOptions) -> str:
-    """A validation message with the flag that set the field named in front of it."""
+    """A validation message with the flag that set the field named in front of it (and its
+    advice about the field's YAML key reworded for the flag)."""
     text = str(exc)
     for flag, path in options.flags().items():
         if text.startswith(path + ":"):
-            return f"{flag} ({path}){text[len(path) :]}"
+            yaml_advice, flag_advice = _FLAG_ADVICE.get(flag, ("", ""))
+            rest = text[len(path) :]
+            return (
+                f"{flag} ({path}){rest.replace(yaml_advice, flag_advice) if yaml_advice else rest}"
+            )
     return text
 
 

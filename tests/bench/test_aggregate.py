@@ -21,6 +21,7 @@ from treegraft.bench.records import (
 )
 from treegraft.bench.report import baseline_section, markdown_report, standing_table, warnings
 from treegraft.bench.summary import summary_data, terminal_rows
+from treegraft.core.errors import ArgumentError
 
 
 def req(
@@ -161,6 +162,29 @@ def test_requests_without_plain_decoding_or_with_errors_are_left_out():
     rows = aggregate(reqs)
     assert row(rows, "m").requests == 2
     assert [r for r in rows if r.mode == "replay"] == []
+
+
+@pytest.mark.parametrize(
+    ("changed", "shown"),
+    [
+        ({"new": 0}, "new_tokens 0 in wall_s 0.5"),
+        ({"wall": float("nan")}, "new_tokens 10 in wall_s nan"),
+        ({"wall": float("inf")}, "new_tokens 10 in wall_s inf"),
+        ({"wall": 0.0}, "new_tokens 10 in wall_s 0.0"),
+    ],
+)
+def test_a_request_without_tokens_per_second_is_refused_naming_it(changed, shown):
+    """A hand-built record of no token or a NaN, infinite or zero wall time made its rows'
+    speedups 0.00 (the ratio of a zero tokens/s) as if measured."""
+    args = {"wall": 0.5, **changed}
+    bad = req("m", "a", args["wall"], args.get("new", 10))
+    with pytest.raises(ArgumentError) as info:
+        aggregate([*example()[:2], bad, example()[3]])
+    assert str(info.value) == (
+        "aggregate: the request of pair 'p', suite 's', prompt 'a', method 'm' (measured), "
+        f"repetition 0 has {shown}: no tokens/s to take a speedup of (expected new_tokens >= 1 "
+        "and a finite wall_s > 0)"
+    )
 
 
 def with_runner(reqs: list[Request], wall: dict[str, float], pair: str = "p") -> list[Request]:

@@ -177,3 +177,37 @@ def test_the_command_refuses_a_damaged_summary_naming_it(tmp_path, damage, why: 
     text = " ".join(result.output.split())
     assert f"{path} is not a sweep's summary ({why}" in text
     assert "internal error" not in text
+
+
+def test_a_run_whose_units_all_failed_is_named_so_not_damaged(tmp_path) -> None:
+    """A sweep all of whose units failed writes a summary.csv of its header alone: `compare`
+    called it damaged and advised a rerun for a file nothing was wrong with. Its manifest lists
+    the failures: the message says no unit succeeded and quotes the first."""
+    write_summary(tmp_path / "a", INTERVALS, prompts="20")
+    path = write_summary(tmp_path / "b", INTERVALS, prompts="20")
+    path.write_text(path.read_text().splitlines(keepends=True)[0])
+    write_manifest(tmp_path / "b")
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    failed = [{"pair": "p", "error": "ConfigError: boom\nTraceback"}, {"pair": "p"}]
+    (tmp_path / "b" / "manifest.json").write_text(json.dumps({**manifest, "failed": failed}))
+    result = CliRunner().invoke(app, ["bench", "compare", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())
+    assert (
+        f"{tmp_path / 'b'}: no unit of its sweep succeeded (2 failed; the first, pair 'p': " in text
+    )
+    assert "ConfigError: boom)" in text and "is not a sweep's summary" not in text
+
+
+def test_a_summary_saved_with_a_byte_order_mark_and_windows_line_ends_compares(tmp_path) -> None:
+    """A summary.csv saved again by a spreadsheet or editor on Windows (a BOM, CRLF) was
+    'not a sweep's summary (no column pair in its header)'."""
+    write_summary(tmp_path / "a", INTERVALS, prompts="20")
+    path = write_summary(tmp_path / "b", INTERVALS, prompts="20")
+    text = path.read_text().replace("\r\n", "\n").replace("\n", "\r\n")
+    path.write_bytes(("\ufeff" + text).encode("utf-8"))
+    saved, original = (
+        compare(tmp_path / "a", tmp_path / "b"),
+        compare(tmp_path / "a", tmp_path / "a"),
+    )
+    assert (saved.rows, saved.baselines) == (original.rows, original.baselines)

@@ -216,6 +216,33 @@ def test_a_sweep_whose_every_unit_failed_says_nothing_was_measured(tmp_path, cap
     assert "Nothing was measured" in capsys.readouterr().out
 
 
+class MissingFileTokenizer:
+    """The test tokenizer, but a chat prompt needs a file that is not there."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, text, **kw):
+        if text.startswith("the cat sat"):
+            raise FileNotFoundError("[Errno 2] No such file or directory: '/models/gone'")
+        return self.inner(text, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_configuration_error_in_a_local_unit_names_the_unit(tmp_path):
+    """The local executor stopped the sweep with the bare error (the Ray executor names the
+    unit and worker): which unit met it went unsaid."""
+    res = pair_resources()
+    res.tokenizer = MissingFileTokenizer(res.tokenizer)
+    with pytest.raises(ConfigError) as info:
+        run_bench(sweep_config(tmp_path), tmp_path / "out", resources=res, progress=False)
+    assert str(info.value) == (
+        "[Errno 2] No such file or directory: '/models/gone' (unit target+draft · code-0)"
+    )
+
+
 def test_the_command_line_refuses_a_non_empty_out_and_forces_over_it(tmp_path):
     from tests.bench.test_sweep import cli
 

@@ -89,6 +89,8 @@ def test_stop_strings_must_be_non_empty(pipe: Pipeline, stop, message: str) -> N
         (torch.tensor([[1, 2], [3, 4]]), "expected one sequence of token ids ([T] or [1, T])"),
         (np.ones((1, 3, 2), dtype=np.int64), "got shape [1, 3, 2]: for several prompts, pass a"),
         ([[[1, 2], [3, 4]]], "got shape [2, 2]"),
+        (torch.ones(1, 1, 3, dtype=torch.long), "([T] or [1, T]), got shape [1, 1, 3]"),
+        (np.ones((1, 1, 1, 2), dtype=np.int64), "got shape [1, 1, 1, 2]"),
         ("t\udcff", "prompt: byte 0xff at position 1 is not UTF-8 text"),
         (5, "prompt: expected text or a sequence of int token ids ([T] or [1, T]), got int 5"),
         (torch.tensor(5), "([T] or [1, T]), got Tensor tensor(5)"),
@@ -109,6 +111,8 @@ def test_stop_strings_must_be_non_empty(pipe: Pipeline, stop, message: str) -> N
         "batch-of-two",
         "batch-inside",
         "nested-list",
+        "3d-batch-of-one",  # it was flattened into one prompt
+        "4d-batch-of-one",
         "bytes",
         "one-int",
         "0d-tensor",

@@ -164,3 +164,24 @@ def test_a_base_model_without_an_output_layer_is_refused_at_build(check_model: b
     with pytest.raises(ConfigError, match=r"\(LlamaModel\) .* it has no output layer") as info:
         load_pipeline(spec, resources=res)
     assert "AutoModelForCausalLM" in str(info.value)
+
+
+def test_a_refused_model_is_a_treegraft_error_and_still_a_value_error() -> None:
+    """`ModelRefused` was a `ValueError` only: `except TreegraftError` missed it, and one reaching
+    the command line (`Resources.check` through the API a tool calls) read 'internal error'. It
+    is both now; a plugin raising it is still its `PluginError` (the boundary wraps every error
+    but a `PluginError`)."""
+    from treegraft.core.boundary import Origin, call_plugin
+    from treegraft.core.errors import TreegraftError
+    from treegraft.core.registry import PluginError
+    from treegraft.exits import EXIT_BAD_INPUT, describe
+
+    cfg = LlamaConfig()
+    cfg.layer_types = ["full_attention", "mamba"]
+    with pytest.raises(TreegraftError) as info:
+        attention_rules(cfg)
+    assert isinstance(info.value, ModelRefused) and isinstance(info.value, ValueError)
+    assert describe(info.value) == (str(info.value), EXIT_BAD_INPUT, "")
+    origin = Origin("drafter", "mine", "my-plugin")
+    with pytest.raises(PluginError, match=r"^drafter 'mine' .*from_config raised ModelRefused"):
+        call_plugin(origin, None, "from_config", attention_rules, cfg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,24 @@ def test_a_prompt_of_only_the_generation_prompt_is_an_argument_error(chat_model)
     assert str(info.value).startswith(
         "chat: the prompt '<|assistant|>\\n' holds no message, only the empty assistant turn"
     )
+
+
+def test_no_chat_switches_off_the_pipelines_chat(tmp_path, chat_model, plain_model):
+    """`decoding.chat: true` in a pipeline could not be switched off from the command line
+    (there was `--chat` only): `--no-chat` encodes the prompt as plain text, and lets a pipeline
+    whose tokenizer has no template run at all."""
+    tokenizer = AutoTokenizer.from_pretrained(chat_model)
+    model = AutoModelForCausalLM.from_pretrained(chat_model, dtype=torch.float64)
+    want = greedy_reference(model, torch.tensor([1, 2, 1, 2]), 10)
+    args = ["--prompt", "t1 t2 t1 t2", "--json", "--no-chat"]
+    result = CliRunner().invoke(
+        cli.app, ["generate", "--pipeline", str(_pipeline(tmp_path, chat_model, chat=True)), *args]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["token_ids"] == want
+    assert tokenizer("t1 t2 t1 t2", add_special_tokens=False)["input_ids"] == [1, 2, 1, 2]
+    (tmp_path / "plain").mkdir()
+    pipeline = _pipeline(tmp_path / "plain", plain_model, chat=True)
+    result = CliRunner().invoke(cli.app, ["generate", "--pipeline", str(pipeline), *args])
+    assert result.exit_code == 0, result.output
+    assert "--no-chat" in CliRunner().invoke(cli.app, ["generate", "--help"]).stdout

@@ -503,6 +503,29 @@ def test_override_through_a_non_mapping_fails() -> None:
         override(BASE, deep, 1)
 
 
+def test_override_reaches_into_list_form_drafters(registry: Registry) -> None:
+    """`drafters: [...]` (roles drafter0, drafter1, ...) could not be reached at all ('cannot
+    override ...: not a mapping'); an entry is addressed by its index or its role, like a
+    role of the mapping form, and an entry past the end is named."""
+    data = {**BASE, "drafters": [{"name": "ngram"}, "ngram"]}
+    by_index = override(data, "drafters.1.max_ngram", 2)
+    assert by_index == override(data, "drafters.drafter1.max_ngram", 2)
+    assert by_index["drafters"] == [{"name": "ngram"}, {"name": "ngram", "max_ngram": 2}]
+    assert data["drafters"] == [{"name": "ngram"}, "ngram"]  # not mutated
+    assert pipeline_spec_from_dict(by_index, registry).drafters[1][1].config.max_ngram == 2
+    assert override(data, "drafters.0", "ngram")["drafters"] == ["ngram", "ngram"]
+    assert override({**BASE, "decoding": {"stop": ["a", "b"]}}, "decoding.stop.1", "c")[
+        "decoding"
+    ] == {"stop": ["a", "c"]}
+    for key in ("2", "drafter2", "-1", "weak", "01"):
+        with pytest.raises(
+            ConfigError,
+            match=rf"^pipeline\.drafters: cannot override 'drafters\.{key}\.max_ngram': no entry "
+            rf"'{key}' in a list of 2 \(indices 0\.\.1 or roles drafter0\.\.drafter1\)$",
+        ):
+            override(data, f"drafters.{key}.max_ngram", 2)
+
+
 @pytest.mark.parametrize("key", ["", "builder..budget", "builder.", 3, None])
 def test_override_refuses_a_malformed_key(key: object) -> None:
     with pytest.raises(ConfigError, match=r"^override: expected a key or dotted path of keys"):
@@ -858,6 +881,12 @@ def test_nan_is_no_setting(field: str) -> None:
             "1208925819614629174706176",
         ),
         (
+            "scheduler",
+            {"name": "every_k", "drafter": 2**80},  # an int field without a check of its own
+            "pipeline.scheduler.drafter: expected int with -9223372036854775808 <= value <= "
+            "9223372036854775807, got 1208925819614629174706176",
+        ),
+        (
             "builder.budget",
             10**30,
             "pipeline.builder.budget: expected int >= 1 and <= 8192, got 10" + "0" * 29,
@@ -876,10 +905,10 @@ def test_nan_is_no_setting(field: str) -> None:
             "null, got 1208925819614629174706176",
         ),
     ],
-    ids=["seed", "sane-bound", "negative", "too-long-to-print", "optional"],
+    ids=["seed-32-bits", "unchecked", "sane-bound", "negative", "too-long-to-print", "optional"],
 )
 def test_an_int_past_64_bits_names_the_range(
-    field: str, value: int, message: str, registry: Registry
+    field: str, value: Any, message: str, registry: Registry
 ) -> None:
     assert error_of(override({**BASE, "decoding": {}}, field, value), registry).startswith(message)
 

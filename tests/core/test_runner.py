@@ -303,3 +303,37 @@ def test_kv_cache_update_rejects_what_it_would_write_wrongly() -> None:
             cache.update(states, states, layer)
     cache.grow(2)  # shrinking keeps the first slots (it used to raise torch's shape error)
     assert torch.equal(cache.kv[0, 0, :, :2], block[0, :, :2])
+
+
+@pytest.mark.parametrize(
+    ("accepted", "tokens", "message"),
+    [
+        (torch.tensor([0, -1]), torch.tensor([4, 5]), r"accepted\[1\] = -1 after 0"),
+        (torch.tensor([0, 2, 2]), torch.tensor([4, 5, 6]), r"accepted\[2\] = 2 after 2"),
+        (torch.tensor([0, 2, 1]), torch.tensor([4, 5, 6]), r"accepted\[2\] = 1 after 2"),
+        (torch.tensor([1, 2]), torch.tensor([4, 5]), r"the root \(node 0\) first, got \[1, 2\]"),
+        (torch.tensor([], dtype=torch.long), torch.tensor([4]), "0 accepted nodes but 1 tokens"),
+        (torch.tensor([0.0, 1.0]), torch.tensor([4, 5]), "accepted: expected a 1-D integer"),
+        (torch.tensor([[0, 1]]), torch.tensor([4, 5]), r"accepted: .*shape \(1, 2\)"),
+        ([0, 1], torch.tensor([4, 5]), "accepted: expected a 1-D integer tensor, got list"),
+        (torch.tensor([0, 1, 2]), torch.tensor([4]), "3 accepted nodes but 1 tokens"),
+        (torch.tensor([0]), torch.tensor(4), r"tokens: .*shape \(\)"),
+    ],
+)
+def test_commit_rejects_slots_that_would_compact_the_cache_wrongly(accepted, tokens, message):
+    """A negative, repeated or unordered accepted node, a path without its root or one of a
+    float dtype reached the cache compaction: a device copy moved wrong keys and values into
+    the committed prefix without a word (or the CPU kernel's message named no argument of the
+    call). `commit` names the entry now, before anything changed."""
+    from treegraft.core.errors import ArgumentError
+
+    runner = CausalLMRunner(tiny_llama(seed=0, vocab=16))
+    runner.begin(torch.tensor([1, 2, 3]), max_len=32)
+    with torch.no_grad():
+        runner.forward_tree(
+            DraftTree.from_parents(torch.tensor([3, 5, 6, 7]), torch.tensor([-1, 0, 1, 2]))
+        )
+    state = (runner.n_committed, runner.n_cached, runner.n_seen)
+    with pytest.raises(ArgumentError, match=r"^CausalLMRunner\.commit: .*" + message):
+        runner.commit(accepted, tokens)
+    assert (runner.n_committed, runner.n_cached, runner.n_seen) == state

@@ -112,6 +112,15 @@ def test_a_negative_step_gate_is_refused(tmp_path):
         load_pipeline(distilled(tmp_path, step_gate=-0.1), resources=stand_in_pair(0))
 
 
+@pytest.mark.parametrize("threshold", [math.inf, -math.inf, math.nan])
+def test_a_threshold_that_is_not_finite_is_refused(tmp_path, threshold):
+    """`threshold: .inf` (never call) and `-.inf` (always) were taken, where `treegraft
+    scheduler evaluate --threshold` refuses them: the `never` and `always` schedulers say so."""
+    layer_rule_artifact().save(tmp_path)
+    with pytest.raises(ConfigError, match=r"scheduler\.threshold: expected float.*got -?(inf|nan)"):
+        load_pipeline(distilled(tmp_path, threshold=threshold), resources=stand_in_pair(0))
+
+
 def test_both_schedulers_are_registered():
     names = default_registry().names("scheduler")
     assert {"distilled", "oracle"} <= set(names)

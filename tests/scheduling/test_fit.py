@@ -107,6 +107,18 @@ def test_a_dataset_missing_a_feature_is_refused_by_name():
         rows_of([data])
 
 
+def test_a_dataset_repeating_a_feature_name_is_refused_naming_it():
+    """A name written twice (in the place of another) was reported as the other one missing,
+    and a repeated extra column was read silently as the first of the two."""
+    names = list(FEATURE_NAMES)
+    names[1] = names[0]
+    with pytest.raises(ValueSystemError, match=rf"dataset 0: .* repeat \['{names[0]}'\]"):
+        rows_of([dataset_with(names, np.zeros((4, F)))])
+    names = [*FEATURE_NAMES, FEATURE_NAMES[2]]
+    with pytest.raises(ValueSystemError, match=rf"repeat \['{names[2]}'\]"):
+        rows_of([dataset_with(names, np.zeros((4, F + 1)))])
+
+
 def test_a_non_finite_label_or_feature_is_refused_naming_the_row():
     """One NaN made every epoch's loss NaN: an internal TypeError (no best epoch to load)."""
     features = np.zeros((12, F))

@@ -27,7 +27,7 @@ from statistics import mean, median, stdev
 import attrs
 
 from treegraft.bench.config import AR, PLAIN
-from treegraft.bench.records import MEASURED, SPLIT_KEYS, Request
+from treegraft.bench.records import MEASURED, SPLIT_KEYS, Request, untimed
 from treegraft.bench.stats import (
     Interval,
     geometric_mean,
@@ -36,6 +36,7 @@ from treegraft.bench.stats import (
     ratio_of_sums_interval,
     resample_indices,
 )
+from treegraft.core.errors import ArgumentError
 from treegraft.core.metrics import acceptance_per_depth
 
 ALL = "all"
@@ -186,8 +187,12 @@ def combine_repeats(rows: Sequence[Row]) -> Row:
 def aggregate(requests: Sequence[Request], baseline: str | None = None) -> list[Row]:
     """Rows for every (pair | all) x (suite | all) x method x mode, repetitions combined;
     speedups against each pair's faster plain decoding on the same prompt (`plain_baselines`),
-    or against the `baseline` method when one is named."""
+    or against the `baseline` method when one is named. Requests with an error are left out; one
+    without tokens/s (`records.untimed`) is an `ArgumentError` naming it."""
     ok = [r for r in requests if r.error is None]
+    if problems := [why for r in ok if (why := untimed(r))]:  # a speedup row of 0.00 otherwise
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ArgumentError(f"aggregate: {problems[0]}{more}")
     baselines = plain_baselines(ok) if baseline is None else {r.pair: baseline for r in ok}
     ar = ar_index(ok, baselines)
     ok = [r for r in ok if r.key in ar]

@@ -15,10 +15,10 @@ from treegraft.bench.aggregate import ALL
 from treegraft.bench.config import AR
 from treegraft.bench.readback import environment_changes, read_json_object, read_summary_csv
 from treegraft.bench.records import MEASURED
-from treegraft.bench.report import MANIFEST, SUMMARY_CSV, markdown_table
+from treegraft.bench.report import MANIFEST, SUMMARY_CSV, SUMMARY_MD, markdown_table
 from treegraft.bench.stats import MIN_PROMPTS
 from treegraft.bench.sweep import first_few
-from treegraft.core.errors import ArgumentError
+from treegraft.core.errors import ArgumentError, clipped
 
 HEADERS = (
     "pair",
@@ -110,13 +110,26 @@ def _prompts(row: dict) -> float:
 
 
 def load_summary(result_dir: Path) -> list[dict[str, str]]:
-    """The rows of `summary.csv` in a result directory (`ArgumentError` if it is damaged)."""
+    """The rows of `summary.csv` in a result directory (`ArgumentError` if it is damaged, or
+    holds no row because every unit of its sweep failed: its manifest lists them)."""
     path = Path(result_dir) / SUMMARY_CSV
     if not path.is_file():
         raise FileNotFoundError(
             f"{result_dir}: no {SUMMARY_CSV}; is this a `treegraft bench` result directory?"
         )
-    return read_summary_csv(path)
+    rows = read_summary_csv(path, header_only=True)
+    if rows:
+        return rows
+    failed = (load_manifest(result_dir) or {}).get("failed")
+    if not failed or not isinstance(failed, list):
+        return read_summary_csv(path)  # the damaged file's error
+    first = failed[0] if isinstance(failed[0], dict) else {}
+    error = (str(first.get("error") or "?").strip().splitlines() or ["?"])[0]
+    raise ArgumentError(
+        f"{result_dir}: no unit of its sweep succeeded ({len(failed)} failed; the first, pair "
+        f"{first.get('pair', '?')!r}: {clipped(error)}), so it has no row to compare; see "
+        f"{Path(result_dir) / SUMMARY_MD}, fix the cause and rerun it with --resume"
+    )
 
 
 def load_manifest(result_dir: Path) -> dict[str, Any] | None:

@@ -81,10 +81,11 @@ def read_latency_curves(path: Path) -> dict[str, dict[str, Any]]:
     return curves
 
 
-def read_summary_csv(path: Path) -> list[dict[str, str]]:
+def read_summary_csv(path: Path, *, header_only: bool = False) -> list[dict[str, str]]:
     """The rows of a sweep's `summary.csv`, checked whole: a header with the key columns, every
     row complete, numbers where numbers go, and every overall row its rows imply (a file cut at
-    a line's end loses the overall rows, written last)."""
+    a line's end loses the overall rows, written last). A header without rows is damaged unless
+    `header_only` (a sweep all of whose units failed writes one): then no rows."""
     text = _text(path, "a sweep's summary")
     if not text.strip():
         raise _damaged(path, "the file is empty")
@@ -98,7 +99,7 @@ def read_summary_csv(path: Path) -> list[dict[str, str]]:
         rows = [_checked_row(path, reader.line_num, row) for row in reader]
     except csv.Error as exc:
         raise _damaged(path, f"line {reader.line_num}: {exc}") from None
-    if not rows:
+    if not rows and not header_only:
         raise _damaged(path, "only a header, no rows")
     _check_overall_rows(path, rows)
     return rows
@@ -143,9 +144,11 @@ def _damaged(path: Path, why: str) -> ArgumentError:
 
 
 def _text(path: Path, what: str) -> str:
+    """The UTF-8 text of `path`, less a leading byte-order mark (a spreadsheet or an editor on
+    Windows that saved the file wrote one: the first column's name read '\ufeffpair')."""
     data = path.read_bytes()
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         raise ArgumentError(
             f"{path} is not {what} (not UTF-8 text: byte 0x{data[exc.start]:02x} at offset "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -112,6 +113,21 @@ def known_fields(cls: type, data: Any, what: str) -> dict[str, Any]:
         raise ValueError(f"{what} without {', '.join(repr(m) for m in missing)}")
     names = {f.name for f in fields}
     return {k: v for k, v in data.items() if k in names}
+
+
+def untimed(request: Request) -> str | None:
+    """Why `request` (one without an error) has no tokens/s a speedup can be taken of: no
+    token, or a wall time that is not a finite positive number (None: it has one). A sweep
+    never records one; a hand-built or edited record may."""
+    wall = request.wall_s
+    if request.new_tokens >= 1 and isinstance(wall, (int, float)) and 0 < wall < math.inf:
+        return None
+    return (
+        f"the request of pair {request.pair!r}, suite {request.suite!r}, prompt "
+        f"{request.prompt_id!r}, method {request.method!r} ({request.mode}), repetition "
+        f"{request.repeat} has new_tokens {request.new_tokens!r} in wall_s {wall!r}: no tokens/s "
+        "to take a speedup of (expected new_tokens >= 1 and a finite wall_s > 0)"
+    )
 
 
 def request_from_json(data: dict[str, Any]) -> Request:

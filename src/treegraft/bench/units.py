@@ -233,7 +233,7 @@ class LocalExecutor:
             for attempt in range(1, self.retries + 2):
                 result = self.runner.run(unit, attempt, progress.describe)
                 if result.fatal:
-                    raise ConfigError(result.fatal)
+                    raise ConfigError(f"{result.fatal} (unit {unit.name})")  # as Ray's says
                 if result.record.status == DONE:
                     break
             yield result

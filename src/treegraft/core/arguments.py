@@ -127,10 +127,12 @@ def prompt_ids(prompt: Any, vocab: int) -> Tensor:
         raise ArgumentError("prompt: has no tokens")
     if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
         raise ArgumentError(f"prompt: expected int token ids, got {ids.dtype} values")
-    if sum(n > 1 for n in ids.shape[:-1]):
+    if ids.ndim > 2 or (ids.ndim == 2 and ids.shape[0] != 1):  # not read as one row of ids
+        several = ids.ndim == 2 or sum(n > 1 for n in ids.shape[:-1])
         raise ArgumentError(
             f"prompt: expected one sequence of token ids ([T] or [1, T]), got shape "
-            f"{list(ids.shape)}: for several prompts, pass a list of them (one per row)"
+            f"{list(ids.shape)}"
+            + (": for several prompts, pass a list of them (one per row)" if several else "")
         )
     ids = ids.to(torch.long).flatten()
     bad = (ids < 0) | (ids >= vocab)

@@ -146,7 +146,8 @@ def _structure_field(f: attrs.Attribute, value: Any, path: str) -> Any:
             want = expected(f)
             if isinstance(f.validator, Check) and f.validator.too_large(out):
                 want += f" and <= {f.validator.sane_max}"
-            elif isinstance(out, float) and math.isinf(out):  # `> 0` alone reads as met
+            elif isinstance(out, float) and math.isinf(out) and "finite" not in want:
+                # `> 0` alone reads as met
                 want += ", not infinite"
             raise ConfigError(f"{path}: expected {want}, got {shown(value)}{_hint(f)}") from None
     return out
@@ -530,7 +531,10 @@ def component_spec(kind: str, raw: Any, path: str, registry: Registry) -> Compon
 
 
 def override(data: Mapping, dotted: str, value: Any) -> dict:
-    """A copy of a raw pipeline mapping with one key replaced (`"scheduler"`, `"builder.budget"`)."""
+    """A copy of a raw pipeline mapping with one key replaced (`"scheduler"`, `"builder.budget"`).
+
+    A key into a list is an index (`"decoding.stop.0"`); a list of drafters takes its entries'
+    roles too (`"drafters.drafter1.chain_len"` is `"drafters.1.chain_len"`)."""
     if not isinstance(data, Mapping):
         raise ArgumentError(f"override: expected a pipeline mapping, got {type(data).__name__}")
     if not isinstance(dotted, str) or not all(k.strip() for k in dotted.split(".")):
@@ -541,24 +545,49 @@ def override(data: Mapping, dotted: str, value: Any) -> dict:
     return _override(data, dotted.split("."), value, ROOT, dotted)
 
 
-def _override(data: Mapping, keys: list[str], value: Any, path: str, dotted: str) -> dict:
-    out = dict(data)
+def _override(data: Mapping | list, keys: list[str], value: Any, path: str, dotted: str) -> Any:
+    out: Any = list(data) if isinstance(data, list) else dict(data)
     head, *rest = keys
+    if isinstance(out, list):
+        key: Any = _list_index(out, head, path, dotted)
+        inner_path = f"{path}[{key}]"
+    else:
+        key, inner_path = head, f"{path}.{head}"
     if not rest:
-        out[head] = value
+        out[key] = value
         return out
-    inner = out.get(head)
-    if isinstance(inner, str) and _is_component(f"{path}.{head}"):
+    inner = out[key] if isinstance(out, list) else out.get(key)
+    if isinstance(inner, str) and _is_component(inner_path):
         inner = {"name": inner}  # `verifier: greedy` is short for `{name: greedy}`
-    if not isinstance(inner, Mapping):
-        what = "absent" if inner is None else "not a mapping"
-        raise ConfigError(f"{path}.{head}: cannot override {dotted!r}: {what}")
-    out[head] = _override(inner, rest, value, f"{path}.{head}", dotted)
+    if not isinstance(inner, (Mapping, list)):
+        what = "absent" if inner is None else "not a mapping or a list"
+        raise ConfigError(f"{inner_path}: cannot override {dotted!r}: {what}")
+    out[key] = _override(inner, rest, value, inner_path, dotted)
     return out
+
+
+def _list_index(items: list, key: str, path: str, dotted: str) -> int:
+    """The entry of a list that `key` names: its index, or for drafters its role (`drafterN`,
+    as `drafter_items` names them); else the error naming the entries there are."""
+    roles = path == f"{ROOT}.drafters"
+    text = key.removeprefix("drafter") if roles else key
+    if text.isascii() and text.isdigit() and str(int(text)) == text and int(text) < len(items):
+        return int(text)
+    n = len(items)
+    held = f"indices 0..{n - 1}" + (f" or roles drafter0..drafter{n - 1}" if roles else "")
+    raise ConfigError(
+        f"{path}: cannot override {dotted!r}: no entry {key!r} in a list of {n} "
+        f"({held if n else 'none to override'})"
+    )
 
 
 def _is_component(path: str) -> bool:
     """Whether `path` holds a component (`pipeline.builder`, `pipeline.drafters.weak`)."""
     parts = path.split(".")
     kinds = ("builder", "scheduler", "verifier", "rescorer", "grafter")
-    return (len(parts) == 2 and parts[1] in kinds) or (len(parts) == 3 and parts[1] == "drafters")
+    listed = len(parts) == 2 and re.fullmatch(r"drafters\[\d+\]", parts[1]) is not None
+    return (
+        (len(parts) == 2 and parts[1] in kinds)
+        or (len(parts) == 3 and parts[1] == "drafters")
+        or listed
+    )

@@ -91,8 +91,11 @@ def check_utf8(text: str, what: str) -> str:
 
 
 def jsonl_records(path: Path, what: str) -> Iterator[tuple[int, dict]]:
-    """`(line number, record)` for each non-blank line of a JSONL file of JSON objects."""
-    for number, line in enumerate(read_text(path, what).splitlines(), start=1):
+    """`(line number, record)` for each non-blank line of a JSONL file of JSON objects. Lines
+    end at `\n` (or `\r\n`) only: `str.splitlines` also splits at U+2028, U+2029 and U+0085,
+    which JSON strings hold unescaped (`json.dumps(..., ensure_ascii=False)` writes them so)."""
+    lines = read_text(path, what).split("\n")
+    for number, line in enumerate((line.removesuffix("\r") for line in lines), start=1):
         if not line.strip():
             continue
         try:

@@ -156,8 +156,15 @@ def feature_columns(
     """The columns of the `wanted` features in the dataset's `features`, found by name.
 
     A dataset with more features (another version's, or a fit that drops some) yields just the
-    wanted ones; a missing feature cannot be made up: collect the data again."""
+    wanted ones; a missing feature cannot be made up, nor a repeated name read: collect the
+    data again."""
     names = list(dataset.meta.get("feature_names", []))
+    twice = sorted({n for n in names if names.count(n) > 1}, key=str)
+    if twice:  # which column would a name mean? (and one name in two places leaves one out)
+        raise ValueSystemError(
+            f"{where}: the dataset's feature_names repeat {twice}: not a dataset `treegraft "
+            "scheduler collect` wrote; collect the data again"
+        )
     missing = [n for n in wanted if n not in names]
     if missing:
         raise ValueSystemError(

@@ -23,14 +23,17 @@ from typing import Any
 import attrs
 import torch
 
+from treegraft.core.errors import TreegraftError
+
 #: layer types whose keys are those of plain causal attention (with or without a window)
 FULL_TYPES = frozenset({"full_attention", "attention", "global", "global_attention"})
 SLIDING_TYPES = frozenset({"sliding_attention", "local", "local_attention"})
 CHUNKED_TYPES = frozenset({"chunked_attention"})
 
 
-class ModelRefused(ValueError):
-    """A model the runner cannot serve exactly; the message names the class, reason and remedy."""
+class ModelRefused(TreegraftError, ValueError):
+    """A model the runner cannot serve exactly; the message names the class, reason and remedy.
+    A `TreegraftError` (the command line prints it), and a `ValueError` as it always was."""
 
 
 def text_config(config: Any) -> Any:

@@ -32,7 +32,7 @@ from treegraft.core.runner.attention_rules import (
     max_positions,
 )
 from treegraft.core.runner.forwards import cache_kwarg, quiet_outputs
-from treegraft.core.runner.kv_cache import TreeKVCache, cache_geometry
+from treegraft.core.runner.kv_cache import TreeKVCache, accepted_nodes, cache_geometry
 from treegraft.core.runner.latency import measure_latency
 from treegraft.core.runner.lean import FORWARDS, FusedForward, LeanForward, lean_support
 from treegraft.core.runner.padding import PADDED_ROWS, pad_block, padding_pays
@@ -523,21 +523,22 @@ class CausalLMRunner:
             tokens: `[a]` int64 newly committed tokens (accepted drafts, then the bonus).
 
         Reads `accepted` on the host: pass a host tensor (the decoder does) and nothing waits
-        for the device.
+        for the device. Other arguments raise `ArgumentError` (`kv_cache.accepted_nodes`).
         """
-        n_new = int(tokens.shape[0])
+        nodes = accepted_nodes(accepted, tokens)
+        n_new = len(nodes)
         self._ensure_capacity(self.n_committed + n_new)
         if self.n_seen or self.n_pending:  # else nothing of this step is cached (not called)
-            self._keep(accepted)
+            self._keep(nodes)
         new = tokens.to(self.device, non_blocking=True)  # async from a pinned buffer (decoder)
         self.committed[self.n_committed : self.n_committed + n_new] = new
         self.n_committed += n_new
         self.n_pending = self.n_seen = 0
 
-    def _keep(self, accepted: Tensor) -> None:
-        """Keep the keys/values of this step's pending tokens and seen accepted nodes, moved to
-        follow the cached ones."""
-        seen = [a for a in accepted.tolist() if a < self.n_seen]
+    def _keep(self, accepted: list[int]) -> None:
+        """Keep the keys/values of this step's pending tokens and seen accepted nodes (checked
+        by `accepted_nodes`), moved to follow the cached ones."""
+        seen = [a for a in accepted if a < self.n_seen]
         keep = [*range(self.n_pending), *(self.n_pending + a for a in seen)]
         # slots before the first one out of place already sit where they belong
         first = next((i for i, slot in enumerate(keep) if slot != i), len(keep))

@@ -6,12 +6,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
-from treegraft.core.errors import ArgumentError
+from treegraft.core.errors import ArgumentError, shown
 
 
 class TreeKVCache(Cache):
@@ -102,3 +104,45 @@ def cache_geometry(model: PreTrainedModel) -> tuple[int, int, int]:
     n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
     return cfg.num_hidden_layers, n_kv, head_dim
+
+
+def accepted_nodes(accepted: object, tokens: object) -> list[int]:
+    """`accepted` as a list, checked before the cache is compacted by it: a `[a]` integer tensor
+    of node indices of an accepted path, the root (0) first, strictly increasing (each node's
+    parent has a smaller index), with `tokens` a `[a]` integer tensor; else an `ArgumentError`
+    naming the entries at fault (a negative, repeated or unordered slot would move wrong keys
+    and values into the committed prefix, on a device without a word). Reads `accepted` on the
+    host."""
+    where = "CausalLMRunner.commit"
+    for name, value in (("accepted", accepted), ("tokens", tokens)):
+        if not (
+            isinstance(value, torch.Tensor)
+            and value.ndim == 1
+            and not value.dtype.is_floating_point
+            and not value.dtype.is_complex
+            and value.dtype != torch.bool
+        ):
+            got = (
+                f"shape {tuple(value.shape)}, dtype {value.dtype}"
+                if isinstance(value, torch.Tensor)
+                else f"{type(value).__name__} {shown(value)}"
+            )
+            raise ArgumentError(f"{where}: {name}: expected a 1-D integer tensor, got {got}")
+    nodes = accepted.tolist()  # type: ignore[union-attr]
+    if len(nodes) != tokens.shape[0]:  # type: ignore[union-attr]
+        raise ArgumentError(
+            f"{where}: {len(nodes)} accepted nodes but {tokens.shape[0]} tokens "  # type: ignore[union-attr]
+            "(expected one token per node: the accepted drafts, then the bonus)"
+        )
+    if not nodes or nodes[0] != 0:
+        raise ArgumentError(
+            f"{where}: accepted: expected the root (node 0) first, got {shown(nodes)}"
+        )
+    bad = [(i, b) for i, (a, b) in enumerate(itertools.pairwise(nodes), 1) if b <= a]
+    if bad:
+        i, node = bad[0]
+        raise ArgumentError(
+            f"{where}: accepted[{i}] = {node} after {nodes[i - 1]} (accepted {shown(nodes)}); "
+            "expected strictly increasing node indices (a path, root first)"
+        )
+    return nodes

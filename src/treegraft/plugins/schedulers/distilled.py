@@ -12,6 +12,7 @@ artifact and the folded MLP live in `treegraft.scheduling` (`features`, `artifac
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -47,7 +48,9 @@ class DistilledConfig:
         ZOO_ARTIFACT, doc="'zoo:scheduler' or a directory written by `treegraft scheduler fit`"
     )
     threshold: float = field(
-        0.0, doc="call the strong drafter when the predicted relative value exceeds this"
+        0.0,
+        check=Check("(finite)", math.isfinite),  # +-inf: the `never` / `always` schedulers
+        doc="call the strong drafter when the predicted relative value exceeds this",
     )
     drafter: int = field(-1, doc="drafter index called (-1: the strongest)")
     step_gate: float | None = field(

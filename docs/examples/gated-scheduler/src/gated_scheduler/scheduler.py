@@ -31,7 +31,7 @@ class GatedSchedulerConfig:
         check=between(0, 1, open_low=True),
         doc="call the strongest drafter when the best frontier path's probability is below this",
     )
-    layers: int = field(2, check=at_least(1), doc="strong calls only in the first N layers")
+    layers: int = field(2, check=at_least(1), doc="strong calls only at layers 1 .. N (not 0)")
     patience: int = field(
         3, check=at_least(0), doc="steps without strong calls after one whose drafts all failed"
     )
@@ -43,7 +43,7 @@ class GatedSchedulerConfig:
 # --8<-- [start:scheduler]
 @attrs.define
 class GatedScheduler(Scheduler):
-    """Strongest drafter when the frontier is unsure (or collapsed) in the first layers."""
+    """Strongest drafter when the frontier is unsure (or collapsed) at layers 1 .. `layers`."""
 
     Config = GatedSchedulerConfig
 
