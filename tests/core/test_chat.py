@@ -179,3 +179,33 @@ def test_a_prompt_of_only_the_generation_prompt_is_an_argument_error(chat_model)
     assert str(info.value).startswith(
         "chat: the prompt '<|assistant|>\\n' holds no message, only the empty assistant turn"
     )
+
+
+def _bos_model_dir(path: Path) -> Path:
+    """A checkpoint whose tokenizer starts every text with its BOS `t0` (a post-processor, as
+    Llama's, Gemma's and Mistral's tokenizer.json have) and ends none with EOS."""
+    from tokenizers import processors
+
+    tiny_llama(seed=7, vocab=VOCAB).save_pretrained(path)
+    tokenizer = word_tokenizer(VOCAB)
+    tokenizer.bos_token = "t0"
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="t0 $A", pair="t0 $A $B", special_tokens=[("t0", 0)]
+    )
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_plain_text_keeps_the_tokenizers_bos_as_generate_receives_it(tmp_path):
+    """`tokenizer(text)` starts with the BOS; the pipeline decodes those ids, as `generate` does
+    from `tokenizer(text, return_tensors="pt")`, not the text without its BOS."""
+    target = _bos_model_dir(tmp_path / "model")
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    assert tokenizer("t1 t2 t3")["input_ids"] == [0, 1, 2, 3]
+    pipe = load_pipeline(_pipeline(tmp_path, target, chat=False))
+    assert pipe.encode("t1 t2 t3").tolist() == [0, 1, 2, 3]
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float64)
+    want = greedy_reference(model, torch.tensor([0, 1, 2, 3]), 10)
+    assert list(pipe.generate("t1 t2 t3").token_ids) == want
+    with pytest.raises(ArgumentError, match=r"^prompt: '' is empty after tokenization"):
+        pipe.encode("")  # the BOS alone is no prompt

@@ -1,4 +1,5 @@
-"""Chat-formatted prompts: text -> token ids through the tokenizer's own chat template.
+"""Prompts as text -> token ids: plain text as the tokenizer encodes it (`text_ids`), chat
+through the tokenizer's own chat template.
 
 An instruction-tuned target (`zoo:smollm2`) answers best when the prompt is wrapped the way it was
 trained: `<|im_start|>user ... <|im_end|><|im_start|>assistant`. The template ships with the model's
@@ -39,6 +40,14 @@ def messages_of(text: str) -> list[dict[str, str]]:
     if messages[-1] == {"role": "assistant", "content": ""}:
         messages.pop()
     return messages
+
+
+def text_ids(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of a plain-text prompt as `tokenizer(text)` gives them, with the special tokens
+    the tokenizer adds (a BOS for Llama's, Gemma's, Mistral's): what `generate` receives from
+    `tokenizer(text, return_tensors="pt")`. Empty when the text itself gives no token."""
+    ids = [int(i) for i in tokenizer(text)["input_ids"]]
+    return ids if len(ids) > tokenizer.num_special_tokens_to_add() else []
 
 
 def chat_ids(tokenizer: Any, text: str) -> list[int]:
