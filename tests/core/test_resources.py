@@ -424,3 +424,35 @@ def test_place_refuses_a_device_map_that_is_no_mapping() -> None:
         Resources().place(["auto"], None)
     with pytest.raises(ArgumentError, match=r"^Resources\.place: offload_folder: expected a fol"):
         Resources().place({}, 3)
+
+
+def test_a_checkpoint_asking_for_attentions_and_hidden_states_loads_and_decodes(
+    tmp_path: Path,
+) -> None:
+    """`output_attentions: true` in config.json (fine-tuning scripts save it) made transformers
+    refuse the SDPA attention the pipeline loads with; the outputs change no logits."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    tiny_llama(seed=5, vocab=64).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config |= {"output_attentions": True, "output_hidden_states": True}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    pipe = load_pipeline(spec(str(tmp_path)))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64)
+    assert model.config.output_attentions  # as the user's own generate loads it
+    assert list(pipe.generate(PROMPT).token_ids) == greedy_reference(model, PROMPT, 6)
+
+
+def test_a_load_failure_names_the_reason_below_a_line_that_ends_in_a_colon() -> None:
+    from treegraft.core.resources import reason_line
+
+    exc = ValueError(
+        "Class validation error for validator 'validate_x':\n"
+        "    ValueError: `x` is not supported here.\n\nmore advice"
+    )
+    assert reason_line(exc) == (
+        "Class validation error for validator 'validate_x': ValueError: `x` is not supported here."
+    )
+    assert reason_line(ValueError("\x1b[1mbad value\x1b[0m\nadvice")) == "bad value"

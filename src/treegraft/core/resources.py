@@ -55,6 +55,11 @@ DTYPES = {
 }
 
 
+#: outputs a checkpoint's config may turn on that decoding never reads, off at load: no logit
+#: changes, and transformers refuses `output_attentions` beside the SDPA attention asked for
+QUIET_CONFIG = {"output_attentions": False, "output_hidden_states": False}
+
+
 class ModelRefError(TreegraftError, ValueError):
     """A model reference names nothing loadable."""
 
@@ -135,11 +140,14 @@ def load_failure(ref: str, path: Path, exc: Exception) -> Exception:
 def reason_line(exc: Exception) -> str:
     """The line of `exc`'s message that says what is wrong (torch's refusal to unpickle an
     object other than a tensor is a page of advice around one such line), without terminal
-    colour codes."""
+    colour codes; a first line that ends in a colon is followed by the next, which holds the
+    reason (transformers' config validators)."""
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]
     lines = [line for line in lines if line] or [type(exc).__name__]
     found = [line for line in lines if line.startswith("WeightsUnpickler error:")]
-    return found[0] if found else lines[0]
+    if found:
+        return found[0]
+    return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -456,6 +464,7 @@ class Resources:
                     else self.attention,
                     output_loading_info=True,
                     ignore_mismatched_sizes=True,  # told below, naming the tensors
+                    **QUIET_CONFIG,
                     trust_remote_code=False,
                     **kwargs,
                 )
