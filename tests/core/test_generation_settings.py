@@ -4,6 +4,7 @@ pipeline does not: named when the pipeline is built, and left out of plain decod
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,32 @@ def test_the_harness_plain_decoding_leaves_them_out(penalised: Path) -> None:
     assert list(ar.run(torch.tensor(PROMPT), 16).output_ids) == list(
         pipe.generate(PROMPT).token_ids
     )
+
+
+@pytest.fixture
+def sampling(tmp_path: Path) -> Path:
+    """A checkpoint whose generation config samples, as many instruct models' do."""
+    tiny_model("llama", seed=3).save_pretrained(tmp_path)
+    word_tokenizer(64).save_pretrained(tmp_path)
+    settings = {"do_sample": True, "temperature": 0.6, "top_p": 0.9}
+    (tmp_path / "generation_config.json").write_text(json.dumps(settings))
+    return tmp_path
+
+
+def test_a_greedy_pipeline_says_it_does_not_sample_as_the_file_asks(sampling: Path) -> None:
+    """`generate()` samples with this file unless told do_sample=False: a greedy pipeline says
+    it decodes greedily; a sampling one does not (it samples with its own settings)."""
+    with pytest.warns(GenerationConfigWarning) as caught:
+        pipe = load_pipeline(_spec(sampling))
+    message = str(caught[0].message)
+    assert message.startswith(
+        f"{sampling}: its generation config (generation_config.json) sets do_sample=True, "
+        "temperature=0.6, top_p=0.9, so its `generate` samples unless called with "
+        "do_sample=False; this pipeline decodes greedily (verifier: greedy)"
+    )
+    model = AutoModelForCausalLM.from_pretrained(sampling, dtype=torch.float64)
+    assert list(pipe.generate(PROMPT).token_ids) == hf_generate(model, torch.tensor(PROMPT), 16)
+    spec = _spec(sampling) | {"verifier": {"name": "pointmass", "temperature": 0.6}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GenerationConfigWarning)
+        load_pipeline(spec)

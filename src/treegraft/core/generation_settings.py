@@ -6,6 +6,7 @@ A checkpoint's `generation_config.json` may ask `generate` to change the logits 
 (greedy, or the pipeline's temperature / top-k / top-p), so such a setting is not applied: the
 pipeline says so when it is built (`GenerationConfigWarning`), and plain decoding it is compared
 with (`generate --compare`, the harness's `ar`) runs `generate` without them, like with like.
+A greedy pipeline over a target whose generation config samples (`do_sample: true`) says so too.
 """
 
 from __future__ import annotations
@@ -83,8 +84,34 @@ def plain_generation(model: Any) -> Iterator[None]:
         model.generation_config = saved
 
 
-def warn_unapplied(model: Any, ref: str) -> None:
-    """Warn (`GenerationConfigWarning`) naming each of the model's `unapplied_settings`."""
+#: the sampling settings of a generation config named when a greedy pipeline leaves them out
+SAMPLING_SETTINGS = ("temperature", "top_k", "top_p")
+
+
+def sampling_settings(model: Any) -> dict[str, Any]:
+    """`do_sample` and the `SAMPLING_SETTINGS` set beside it, by name, when the model's
+    generation config samples (`generate` then samples unless told `do_sample=False`); else
+    empty."""
+    config = getattr(model, "generation_config", None)
+    if config is None or getattr(config, "do_sample", None) is not True:
+        return {}
+    found = {name: getattr(config, name, None) for name in SAMPLING_SETTINGS}
+    return {"do_sample": True} | {name: v for name, v in found.items() if v is not None}
+
+
+def warn_unapplied(model: Any, ref: str, *, greedy: bool = False) -> None:
+    """Warn (`GenerationConfigWarning`) naming each of the model's `unapplied_settings`, and,
+    for a `greedy` pipeline, its `sampling_settings`."""
+    if greedy and (sampling := sampling_settings(model)):
+        listed = ", ".join(f"{name}={value!r}" for name, value in sampling.items())
+        warnings.warn(
+            f"{ref}: its generation config (generation_config.json) sets {listed}, so its "
+            "`generate` samples unless called with do_sample=False; this pipeline decodes "
+            "greedily (verifier: greedy), as `generate(do_sample=False)` does. To sample, use the "
+            "pointmass verifier with a temperature (`--temperature` on the command line)",
+            GenerationConfigWarning,
+            stacklevel=3,
+        )
     found = unapplied_settings(model)
     if not found:
         return

@@ -165,7 +165,7 @@ class Pipeline:
         _load(resources, spec.target, "pipeline.target")
         target = _runner(resources, spec.target, "pipeline.target")
         resources.target_runner = target
-        warn_unapplied(target.model, spec.target)
+        warn_unapplied(target.model, spec.target, greedy=spec.verifier.name == "greedy")
 
         origins: dict[str, Origin] = {}
 
