@@ -456,3 +456,37 @@ def test_a_load_failure_names_the_reason_below_a_line_that_ends_in_a_colon() -> 
         "Class validation error for validator 'validate_x': ValueError: `x` is not supported here."
     )
     assert reason_line(ValueError("\x1b[1mbad value\x1b[0m\nadvice")) == "bad value"
+
+
+def test_tokenizer_files_without_their_vocabulary_file_are_named_by_validate_and_load(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """A tokenizer_config.json whose tokenizer.json (or tokenizer.model) did not come along
+    loads in transformers as a tokenizer of special tokens alone, which turns every text into
+    no tokens: the folder is named, not each prompt called empty."""
+    import json
+    import shutil
+
+    import yaml
+
+    from treegraft.core.validation import pipeline_errors
+
+    folder = tmp_path / "model"
+    shutil.copytree(model_dir, folder)
+    (folder / "tokenizer.json").unlink()
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "LlamaTokenizer"  # its vocabulary: tokenizer.model, missing
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(spec(str(folder))))
+    _, errors = pipeline_errors(tmp_path / "p.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(spec(str(folder)))
+    message = str(info.value)
+    assert message.startswith(
+        f"pipeline.target: {folder}: the tokenizer files in {folder} hold no vocabulary, only"
+    )
+    assert (
+        "tokenizer.json or the vocabulary file of tokenizer_config.json (its tokenizer_class"
+        in message
+    )
+    assert errors == [f"{tmp_path / 'p.yaml'}: {message}"]

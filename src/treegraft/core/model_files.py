@@ -505,3 +505,24 @@ def model_folder_problems(folder: Path) -> list[str]:
     """Everything wrong with a Hugging Face model folder that shows without loading its weights."""
     config, tensors, problems = file_problems(folder)
     return problems or config_problems(folder, config, tensors)
+
+
+def vocabulary_problem(folder: Path, tokenizer: Any) -> str | None:
+    """Why the tokenizer loaded from `folder` has no vocabulary (None: it has one): no token, or
+    only special and added ones, as transformers builds it from a `tokenizer_config.json` whose
+    vocabulary file (`tokenizer.json`, `tokenizer.model`, ...) is missing; it turns text into
+    no tokens."""
+    vocab = tokenizer.get_vocab()
+    special = set(getattr(tokenizer, "all_special_tokens", ())) | set(
+        getattr(tokenizer, "get_added_vocab", dict)()
+    )
+    if set(vocab) - special and getattr(tokenizer, "vocab_size", 1):
+        return None
+    named = (json_object(folder / "tokenizer_config.json")[0] or {}).get("tokenizer_class")
+    which = f" (its tokenizer_class {named!r} reads one)" if isinstance(named, str) else ""
+    return (
+        f"the tokenizer files in {folder} hold no vocabulary, only {len(vocab)} special "
+        f"token(s): tokenizer.json or the vocabulary file of tokenizer_config.json{which} is "
+        "missing (a partial download?); copy it beside them, or remove the tokenizer files "
+        "(without them the model takes token ids, not text)"
+    )
