@@ -426,21 +426,22 @@ def test_place_refuses_a_device_map_that_is_no_mapping() -> None:
         Resources().place({}, 3)
 
 
-def test_a_checkpoint_asking_for_attentions_and_hidden_states_loads_and_decodes(
+def test_a_checkpoints_output_settings_are_reset_at_load_and_it_decodes(
     tmp_path: Path,
 ) -> None:
     """`output_attentions: true` in config.json (fine-tuning scripts save it) made transformers
-    refuse the SDPA attention the pipeline loads with; the outputs change no logits."""
+    refuse the SDPA attention the pipeline loads with, `return_dict: false` its forward fail
+    (the model's tuples); the outputs change no logits."""
     import json
 
     from transformers import AutoModelForCausalLM
 
     tiny_llama(seed=5, vocab=64).save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    config |= {"output_attentions": True, "output_hidden_states": True}
+    config |= {"output_attentions": True, "output_hidden_states": True, "return_dict": False}
     (tmp_path / "config.json").write_text(json.dumps(config))
     pipe = load_pipeline(spec(str(tmp_path)))
-    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64, return_dict=True)
     assert model.config.output_attentions  # as the user's own generate loads it
     assert list(pipe.generate(PROMPT).token_ids) == greedy_reference(model, PROMPT, 6)
 

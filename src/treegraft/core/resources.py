@@ -56,9 +56,9 @@ DTYPES = {
 }
 
 
-#: outputs a checkpoint's config may turn on that decoding never reads, off at load: no logit
-#: changes, and transformers refuses `output_attentions` beside the SDPA attention asked for
-QUIET_CONFIG = {"output_attentions": False, "output_hidden_states": False}
+#: output settings of a checkpoint's config reset at load (no logit changes): transformers refuses
+#: `output_attentions` beside SDPA, and its forward fails on `return_dict: false` (tuples)
+QUIET_CONFIG = {"output_attentions": False, "output_hidden_states": False, "return_dict": True}
 
 
 class ModelRefError(TreegraftError, ValueError):
