@@ -209,3 +209,37 @@ def test_plain_text_keeps_the_tokenizers_bos_as_generate_receives_it(tmp_path):
     assert list(pipe.generate("t1 t2 t3").token_ids) == want
     with pytest.raises(ArgumentError, match=r"^prompt: '' is empty after tokenization"):
         pipe.encode("")  # the BOS alone is no prompt
+
+
+@pytest.mark.parametrize(
+    ("template", "reason"),
+    [
+        (
+            {"tool_use": TEMPLATE, "rag": TEMPLATE},
+            "it holds 2 named chat templates (rag, tool_use) and none named 'default', which a "
+            "chat prompt would use; name one of them 'default' in its tokenizer_config.json, or "
+            "save it as chat_template.jinja",
+        ),
+        (5, "its chat template is not text: expected a Jinja template, got 5"),
+    ],
+    ids=["named-without-default", "not-text"],
+)
+def test_a_template_transformers_cannot_apply_is_refused_when_the_pipeline_is_built(
+    tmp_path, template, reason
+):
+    """transformers refuses these before rendering (ValueError, TypeError): a chat pipeline
+    names the tokenizer and why; chat messages to a plain pipeline are an ArgumentError."""
+    import json
+
+    target = _model_dir(tmp_path / "model", TEMPLATE)
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    (target / "chat_template.jinja").unlink(missing_ok=True)
+    if isinstance(template, dict):
+        template = [{"name": name, "template": text} for name, text in template.items()]
+    (target / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": template}))
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(_pipeline(tmp_path, target, chat=True))
+    assert str(info.value) == f"pipeline.decoding.chat: the tokenizer of {str(target)!r}: {reason}"
+    pipe = load_pipeline(_pipeline(tmp_path, target, chat=False))
+    with pytest.raises(ArgumentError, match=r"^chat: the chat template of .* refused the prompt"):
+        pipe.generate([{"role": "user", "content": "t1"}])

@@ -112,8 +112,9 @@ def messages_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
             continue_final_message=answering,
             return_dict=True,
         )
-    except (jinja2.TemplateError, ValueError) as exc:  # a template that raises or is broken;
-        # transformers' own refusals (a final message the template does not show verbatim)
+    except (jinja2.TemplateError, ValueError, TypeError) as exc:  # a template that raises, is
+        # broken or not text; transformers' own refusals (a final message the template does not
+        # show verbatim, several named templates and none the default)
         raise ArgumentError(
             f"chat: the chat template of {template_owner(tokenizer)!r} refused the prompt's "
             f"{len(messages)} message(s): {type(exc).__name__}: {exc}"
@@ -128,8 +129,10 @@ def template_owner(tokenizer: Any) -> str:
 
 def template_problem(tokenizer: Any) -> str | None:
     """What keeps the tokenizer's chat template from compiling (a Jinja syntax error, with its
-    line), rendering one user message with the generation prompt; None when it renders, or when
-    it refuses that message on purpose (`raise_exception`: the prompts themselves will tell)."""
+    line) or transformers from applying it (several named templates, none of them `default`; a
+    template that is not text), rendering one user message with the generation prompt; None
+    when it renders, or when it refuses that message on purpose (`raise_exception`: the prompts
+    themselves will tell)."""
     import jinja2
 
     try:
@@ -140,4 +143,16 @@ def template_problem(tokenizer: Any) -> str | None:
         return f"its chat template does not compile: {exc.message} (line {exc.lineno})"
     except jinja2.TemplateError:
         return None
+    except (ValueError, TypeError) as exc:  # transformers' refusals, before any rendering
+        if isinstance(template := tokenizer.chat_template, dict):
+            return (
+                f"it holds {len(template)} named chat templates ({', '.join(sorted(template))}) "
+                "and none named 'default', which a chat prompt would use; name one of them "
+                "'default' in its tokenizer_config.json, or save it as chat_template.jinja"
+            )
+        if not isinstance(template, str):
+            return (
+                f"its chat template is not text: expected a Jinja template, got {shown(template)}"
+            )
+        return f"transformers cannot apply its chat template: {type(exc).__name__}: {exc}"
     return None
