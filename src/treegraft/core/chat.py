@@ -47,7 +47,8 @@ def text_ids(tokenizer: Any, text: str) -> list[int]:
     the tokenizer adds (a BOS for Llama's, Gemma's, Mistral's): what `generate` receives from
     `tokenizer(text, return_tensors="pt")`. Empty when the text itself gives no token."""
     ids = [int(i) for i in tokenizer(text)["input_ids"]]
-    return ids if len(ids) > tokenizer.num_special_tokens_to_add() else []
+    added = getattr(tokenizer, "num_special_tokens_to_add", lambda: 0)()
+    return ids if len(ids) > added else []
 
 
 def chat_ids(tokenizer: Any, text: str) -> list[int]:
