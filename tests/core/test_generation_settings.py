@@ -112,3 +112,18 @@ def test_a_greedy_pipeline_says_it_does_not_sample_as_the_file_asks(sampling: Pa
     with warnings.catch_warnings():
         warnings.simplefilter("error", GenerationConfigWarning)
         load_pipeline(spec)
+
+
+def test_settings_read_from_config_json_name_that_file(tmp_path: Path) -> None:
+    """Without a generation_config.json, transformers reads generation settings from
+    config.json (older checkpoints keep them there): the warning names the file they are in."""
+    tiny_model("llama", seed=3).save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").unlink()
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | {"repetition_penalty": 1.5}))
+    with pytest.warns(GenerationConfigWarning) as caught:
+        load_pipeline(_spec(tmp_path))
+    assert str(caught[0].message).startswith(
+        f"{tmp_path}: its generation config (config.json: the folder has no "
+        "generation_config.json) sets repetition_penalty=1.5, which `generate` applies"
+    )

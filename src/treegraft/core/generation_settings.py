@@ -15,6 +15,7 @@ import contextlib
 import copy
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 #: generation-config fields that change what `generate(do_sample=False)` emits, and the value
@@ -84,6 +85,18 @@ def plain_generation(model: Any) -> Iterator[None]:
         model.generation_config = saved
 
 
+def config_source(model: Any) -> str:
+    """The file the model's generation config was read from: its folder's
+    `generation_config.json`, else its `config.json` (transformers reads generation settings
+    there when the folder has no `generation_config.json`); "in memory" for a model without one."""
+    folder = Path(getattr(model, "name_or_path", "") or "")
+    if str(folder) in ("", ".") or not (folder / "config.json").is_file():
+        return "in memory"
+    if (folder / "generation_config.json").is_file():
+        return "generation_config.json"
+    return "config.json: the folder has no generation_config.json"
+
+
 #: the sampling settings of a generation config named when a greedy pipeline leaves them out
 SAMPLING_SETTINGS = ("temperature", "top_k", "top_p")
 
@@ -105,7 +118,7 @@ def warn_unapplied(model: Any, ref: str, *, greedy: bool = False) -> None:
     if greedy and (sampling := sampling_settings(model)):
         listed = ", ".join(f"{name}={value!r}" for name, value in sampling.items())
         warnings.warn(
-            f"{ref}: its generation config (generation_config.json) sets {listed}, so its "
+            f"{ref}: its generation config ({config_source(model)}) sets {listed}, so its "
             "`generate` samples unless called with do_sample=False; this pipeline decodes "
             "greedily (verifier: greedy), as `generate(do_sample=False)` does. To sample, use the "
             "pointmass verifier with a temperature (`--temperature` on the command line)",
@@ -117,7 +130,7 @@ def warn_unapplied(model: Any, ref: str, *, greedy: bool = False) -> None:
         return
     listed = ", ".join(f"{name}={value!r}" for name, value in found.items())
     warnings.warn(
-        f"{ref}: its generation config (generation_config.json) sets {listed}, which "
+        f"{ref}: its generation config ({config_source(model)}) sets {listed}, which "
         "`generate` applies and treegraft does not: the pipeline decodes the target's own "
         "distribution, as `generate` does without them (the comparisons with plain decoding "
         "leave them out too)",
