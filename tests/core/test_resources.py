@@ -491,3 +491,24 @@ def test_tokenizer_files_without_their_vocabulary_file_are_named_by_validate_and
         in message
     )
     assert errors == [f"{tmp_path / 'p.yaml'}: {message}"]
+
+
+def test_tokenizer_files_whose_tokenizer_cannot_encode_are_named_when_built(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """A string `model_max_length` loads, then fails every encoding with a raw TypeError: the
+    pipeline refuses the folder when it is built (and validate), not at the first prompt."""
+    import json
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(model_dir, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["model_max_length"] = "2048"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(spec(str(folder)))
+    assert str(info.value).startswith(
+        f"pipeline.target: {folder}: the tokenizer files in {folder} load as a tokenizer that "
+        "fails to encode text (TypeError: "
+    )

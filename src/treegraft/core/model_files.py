@@ -507,11 +507,20 @@ def model_folder_problems(folder: Path) -> list[str]:
     return problems or config_problems(folder, config, tensors)
 
 
-def vocabulary_problem(folder: Path, tokenizer: Any) -> str | None:
-    """Why the tokenizer loaded from `folder` has no vocabulary (None: it has one): no token, or
-    only special and added ones, as transformers builds it from a `tokenizer_config.json` whose
-    vocabulary file (`tokenizer.json`, `tokenizer.model`, ...) is missing; it turns text into
-    no tokens."""
+def tokenizer_problem(folder: Path, tokenizer: Any) -> str | None:
+    """Why the tokenizer loaded from `folder` cannot encode prompts (None: it can): encoding text
+    fails (a `tokenizer_config.json` value of the wrong type, e.g. a string `model_max_length`),
+    or it has no vocabulary, no token or only special and added ones, as transformers builds it
+    from a `tokenizer_config.json` whose vocabulary file (`tokenizer.json`, `tokenizer.model`,
+    ...) is missing: it turns text into no tokens."""
+    try:
+        tokenizer("hello world")
+    except Exception as exc:  # transformers' failures have no common type
+        return (
+            f"the tokenizer files in {folder} load as a tokenizer that fails to encode text "
+            f"({type(exc).__name__}: {exc}); fix or remove them (without them the model takes "
+            "token ids, not text)"
+        )
     vocab = tokenizer.get_vocab()
     special = set(getattr(tokenizer, "all_special_tokens", ())) | set(
         getattr(tokenizer, "get_added_vocab", dict)()

@@ -35,7 +35,7 @@ from treegraft.core.model_files import (
     other_format_hint,
     own_code,
     shape_message,
-    vocabulary_problem,
+    tokenizer_problem,
 )
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import (
@@ -118,7 +118,7 @@ def folder_tokenizer(path: Path, ref: str) -> Any:
             f"{ref}: the tokenizer files in {path} do not load ({first}); fix or remove them "
             "(without them the model takes token ids, not text)"
         ) from None
-    if problem := vocabulary_problem(path, tokenizer):
+    if problem := tokenizer_problem(path, tokenizer):
         raise ModelRefError(f"{ref}: {problem}")
     return tokenizer
 
