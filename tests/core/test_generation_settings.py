@@ -127,3 +127,17 @@ def test_settings_read_from_config_json_name_that_file(tmp_path: Path) -> None:
         f"{tmp_path}: its generation config (config.json: the folder has no "
         "generation_config.json) sets repetition_penalty=1.5, which `generate` applies"
     )
+
+
+def test_stop_strings_of_the_file_are_named_and_left_out_of_plain_decoding(tmp_path: Path) -> None:
+    """`generate` ends at the file's stop strings (and fails without a tokenizer passed): the
+    pipeline names them, and `--compare`'s plain decoding runs without them."""
+    from treegraft.cli_generate import plain_decode
+
+    tiny_model("llama", seed=3).save_pretrained(tmp_path)
+    word_tokenizer(64).save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"stop_strings": ["t5"]}))
+    with pytest.warns(GenerationConfigWarning, match=r"sets stop_strings=\['t5'\], which"):
+        pipe = load_pipeline(_spec(tmp_path))
+    plain = plain_decode(pipe, torch.tensor(PROMPT), 16)
+    assert plain.token_ids == pipe.generate(PROMPT).token_ids

@@ -43,6 +43,7 @@ LOGITS_SETTINGS: dict[str, Any] = {
     "constraints": None,
     "force_words_ids": None,
     "watermarking_config": None,
+    "stop_strings": None,  # ends the output early (`decoding.stop` is the pipeline's own)
 }
 
 
