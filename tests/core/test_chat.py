@@ -201,3 +201,67 @@ def test_no_chat_switches_off_the_pipelines_chat(tmp_path, chat_model, plain_mod
     result = CliRunner().invoke(cli.app, ["generate", "--pipeline", str(pipeline), *args])
     assert result.exit_code == 0, result.output
     assert "--no-chat" in CliRunner().invoke(cli.app, ["generate", "--help"]).stdout
+
+
+def _bos_model_dir(path: Path) -> Path:
+    """A checkpoint whose tokenizer starts every text with its BOS `t0` (a post-processor, as
+    Llama's, Gemma's and Mistral's tokenizer.json have) and ends none with EOS."""
+    from tokenizers import processors
+
+    tiny_llama(seed=7, vocab=VOCAB).save_pretrained(path)
+    tokenizer = word_tokenizer(VOCAB)
+    tokenizer.bos_token = "t0"
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="t0 $A", pair="t0 $A $B", special_tokens=[("t0", 0)]
+    )
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_plain_text_keeps_the_tokenizers_bos_as_generate_receives_it(tmp_path):
+    """`tokenizer(text)` starts with the BOS; the pipeline decodes those ids, as `generate` does
+    from `tokenizer(text, return_tensors="pt")`, not the text without its BOS."""
+    target = _bos_model_dir(tmp_path / "model")
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    assert tokenizer("t1 t2 t3")["input_ids"] == [0, 1, 2, 3]
+    pipe = load_pipeline(_pipeline(tmp_path, target, chat=False))
+    assert pipe.encode("t1 t2 t3").tolist() == [0, 1, 2, 3]
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float64)
+    want = greedy_reference(model, torch.tensor([0, 1, 2, 3]), 10)
+    assert list(pipe.generate("t1 t2 t3").token_ids) == want
+    with pytest.raises(ArgumentError, match=r"^prompt: '' is empty after tokenization"):
+        pipe.encode("")  # the BOS alone is no prompt
+
+
+@pytest.mark.parametrize(
+    ("template", "reason"),
+    [
+        (
+            {"tool_use": TEMPLATE, "rag": TEMPLATE},
+            "it holds 2 named chat templates (rag, tool_use) and none named 'default', which a "
+            "chat prompt would use; name one of them 'default' in its tokenizer_config.json, or "
+            "save it as chat_template.jinja",
+        ),
+        (5, "its chat template is not text: expected a Jinja template, got 5"),
+    ],
+    ids=["named-without-default", "not-text"],
+)
+def test_a_template_transformers_cannot_apply_is_refused_when_the_pipeline_is_built(
+    tmp_path, template, reason
+):
+    """transformers refuses these before rendering (ValueError, TypeError): a chat pipeline
+    names the tokenizer and why; chat messages to a plain pipeline are an ArgumentError."""
+    import json
+
+    target = _model_dir(tmp_path / "model", TEMPLATE)
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    (target / "chat_template.jinja").unlink(missing_ok=True)
+    if isinstance(template, dict):
+        template = [{"name": name, "template": text} for name, text in template.items()]
+    (target / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": template}))
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(_pipeline(tmp_path, target, chat=True))
+    assert str(info.value) == f"pipeline.decoding.chat: the tokenizer of {str(target)!r}: {reason}"
+    pipe = load_pipeline(_pipeline(tmp_path, target, chat=False))
+    with pytest.raises(ArgumentError, match=r"^chat: the chat template of .* refused the prompt"):
+        pipe.generate([{"role": "user", "content": "t1"}])

@@ -4,6 +4,7 @@ pipeline does not: named when the pipeline is built, and left out of plain decod
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,61 @@ def test_the_harness_plain_decoding_leaves_them_out(penalised: Path) -> None:
     assert list(ar.run(torch.tensor(PROMPT), 16).output_ids) == list(
         pipe.generate(PROMPT).token_ids
     )
+
+
+@pytest.fixture
+def sampling(tmp_path: Path) -> Path:
+    """A checkpoint whose generation config samples, as many instruct models' do."""
+    tiny_model("llama", seed=3).save_pretrained(tmp_path)
+    word_tokenizer(64).save_pretrained(tmp_path)
+    settings = {"do_sample": True, "temperature": 0.6, "top_p": 0.9}
+    (tmp_path / "generation_config.json").write_text(json.dumps(settings))
+    return tmp_path
+
+
+def test_a_greedy_pipeline_says_it_does_not_sample_as_the_file_asks(sampling: Path) -> None:
+    """`generate()` samples with this file unless told do_sample=False: a greedy pipeline says
+    it decodes greedily; a sampling one does not (it samples with its own settings)."""
+    with pytest.warns(GenerationConfigWarning) as caught:
+        pipe = load_pipeline(_spec(sampling))
+    message = str(caught[0].message)
+    assert message.startswith(
+        f"{sampling}: its generation config (generation_config.json) sets do_sample=True, "
+        "temperature=0.6, top_p=0.9, so its `generate` samples unless called with "
+        "do_sample=False; this pipeline decodes greedily (verifier: greedy)"
+    )
+    model = AutoModelForCausalLM.from_pretrained(sampling, dtype=torch.float64)
+    assert list(pipe.generate(PROMPT).token_ids) == hf_generate(model, torch.tensor(PROMPT), 16)
+    spec = _spec(sampling) | {"verifier": {"name": "pointmass", "temperature": 0.6}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GenerationConfigWarning)
+        load_pipeline(spec)
+
+
+def test_settings_read_from_config_json_name_that_file(tmp_path: Path) -> None:
+    """Without a generation_config.json, transformers reads generation settings from
+    config.json (older checkpoints keep them there): the warning names the file they are in."""
+    tiny_model("llama", seed=3).save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").unlink()
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | {"repetition_penalty": 1.5}))
+    with pytest.warns(GenerationConfigWarning) as caught:
+        load_pipeline(_spec(tmp_path))
+    assert str(caught[0].message).startswith(
+        f"{tmp_path}: its generation config (config.json: the folder has no "
+        "generation_config.json) sets repetition_penalty=1.5, which `generate` applies"
+    )
+
+
+def test_stop_strings_of_the_file_are_named_and_left_out_of_plain_decoding(tmp_path: Path) -> None:
+    """`generate` ends at the file's stop strings (and fails without a tokenizer passed): the
+    pipeline names them, and `--compare`'s plain decoding runs without them."""
+    from treegraft.cli_generate import plain_decode
+
+    tiny_model("llama", seed=3).save_pretrained(tmp_path)
+    word_tokenizer(64).save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"stop_strings": ["t5"]}))
+    with pytest.warns(GenerationConfigWarning, match=r"sets stop_strings=\['t5'\], which"):
+        pipe = load_pipeline(_spec(tmp_path))
+    plain = plain_decode(pipe, torch.tensor(PROMPT), 16)
+    assert plain.token_ids == pipe.generate(PROMPT).token_ids

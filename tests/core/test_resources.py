@@ -424,3 +424,91 @@ def test_place_refuses_a_device_map_that_is_no_mapping() -> None:
         Resources().place(["auto"], None)
     with pytest.raises(ArgumentError, match=r"^Resources\.place: offload_folder: expected a fol"):
         Resources().place({}, 3)
+
+
+def test_a_checkpoints_output_settings_are_reset_at_load_and_it_decodes(
+    tmp_path: Path,
+) -> None:
+    """`output_attentions: true` in config.json (fine-tuning scripts save it) made transformers
+    refuse the SDPA attention the pipeline loads with, `return_dict: false` its forward fail
+    (the model's tuples); the outputs change no logits."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    tiny_llama(seed=5, vocab=64).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config |= {"output_attentions": True, "output_hidden_states": True, "return_dict": False}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    pipe = load_pipeline(spec(str(tmp_path)))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64, return_dict=True)
+    assert model.config.output_attentions  # as the user's own generate loads it
+    assert list(pipe.generate(PROMPT).token_ids) == greedy_reference(model, PROMPT, 6)
+
+
+def test_a_load_failure_names_the_reason_below_a_line_that_ends_in_a_colon() -> None:
+    from treegraft.core.resources import reason_line
+
+    exc = ValueError(
+        "Class validation error for validator 'validate_x':\n"
+        "    ValueError: `x` is not supported here.\n\nmore advice"
+    )
+    assert reason_line(exc) == (
+        "Class validation error for validator 'validate_x': ValueError: `x` is not supported here."
+    )
+    assert reason_line(ValueError("\x1b[1mbad value\x1b[0m\nadvice")) == "bad value"
+
+
+def test_tokenizer_files_without_their_vocabulary_file_are_named_by_validate_and_load(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """A tokenizer_config.json whose tokenizer.json (or tokenizer.model) did not come along
+    loads in transformers as a tokenizer of special tokens alone, which turns every text into
+    no tokens: the folder is named, not each prompt called empty."""
+    import json
+    import shutil
+
+    import yaml
+
+    from treegraft.core.validation import pipeline_errors
+
+    folder = tmp_path / "model"
+    shutil.copytree(model_dir, folder)
+    (folder / "tokenizer.json").unlink()
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "LlamaTokenizer"  # its vocabulary: tokenizer.model, missing
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(spec(str(folder))))
+    _, errors = pipeline_errors(tmp_path / "p.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(spec(str(folder)))
+    message = str(info.value)
+    assert message.startswith(
+        f"pipeline.target: {folder}: the tokenizer files in {folder} hold no vocabulary, only"
+    )
+    assert (
+        "tokenizer.json or the vocabulary file of tokenizer_config.json (its tokenizer_class"
+        in message
+    )
+    assert errors == [f"{tmp_path / 'p.yaml'}: {message}"]
+
+
+def test_tokenizer_files_whose_tokenizer_cannot_encode_are_named_when_built(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """A string `model_max_length` loads, then fails every encoding with a raw TypeError: the
+    pipeline refuses the folder when it is built (and validate), not at the first prompt."""
+    import json
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(model_dir, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["model_max_length"] = "2048"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(spec(str(folder)))
+    assert str(info.value).startswith(
+        f"pipeline.target: {folder}: the tokenizer files in {folder} load as a tokenizer that "
+        "fails to encode text (TypeError: "
+    )

@@ -169,6 +169,15 @@ def test_a_config_leaving_vocab_size_to_its_default_loads(tmp_path: Path) -> Non
         ({"rope_parameters": 5}, "config.json: Validation error for field 'rope_parameters'"),
         ({"quantization_config": "yes"}, "quantization_config: expected an object naming"),
         ({"quantization_config": {"bits": 4}}, "got an object without one: {'bits': 4}"),
+        ({"dtype": "bf16"}, "config.json: dtype: expected a torch dtype name (e.g. 'bfloat16'"),
+        (
+            {"dtype": None, "torch_dtype": "fp32"},
+            "config.json: torch_dtype: expected a torch dtype name (e.g. 'bfloat16'",
+        ),
+        (
+            {"rope_scaling": {"rope_type": "ntk", "factor": 2.0}},
+            "rope_type 'ntk' is not one transformers knows; expected one of 'default', 'linear'",
+        ),
     ],
     ids=[
         "no-type",
@@ -179,6 +188,9 @@ def test_a_config_leaving_vocab_size_to_its_default_loads(tmp_path: Path) -> Non
         "rope",
         "quant",
         "quant-",
+        "dtype",
+        "torch-dtype",
+        "rope-type",
     ],
 )
 @pytest.mark.parametrize("lm_drafter", [False, True], ids=["ngram", "lm-drafter"])

@@ -47,7 +47,7 @@ from treegraft.bench.replay import (
     runner_forward,
 )
 from treegraft.bench.suites import Prompt
-from treegraft.core.chat import NoChatTemplateError, chat_ids
+from treegraft.core.chat import NoChatTemplateError, chat_ids, text_ids
 from treegraft.core.config import ConfigError
 from treegraft.core.registry import Registry
 from treegraft.core.resources import ModelRefError, Resources
@@ -202,8 +202,9 @@ def predicted_run(run: Run, target: ReplayTarget) -> Run:
 def encode_prompt(
     resources: Resources, pair: Pair, text: str, *, chat: bool = False
 ) -> torch.Tensor:
-    """`[T]` token ids of a prompt (no special tokens added), with the target's tokenizer; through
-    its chat template when `chat` (the sweep's `chat: true`)."""
+    """`[T]` token ids of a prompt as the pipelines encode it (`chat.text_ids`: with the special
+    tokens the tokenizer adds), with the target's tokenizer; through its chat template when
+    `chat` (the sweep's `chat: true`)."""
     try:
         tokenizer = resources.load_tokenizer(pair.target)
     except ModelRefError as exc:
@@ -219,7 +220,7 @@ def encode_prompt(
         except NoChatTemplateError as exc:  # the sweep's own key, not a pipeline's, says chat
             why = str(exc).replace("set decoding.chat to false", "set the sweep's chat: false")
             raise ConfigError(f"pair {pair.name}: {why}") from None
-    return torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+    return torch.tensor(text_ids(tokenizer, text), dtype=torch.long)
 
 
 # ---------------------------------------------------------------------------- session set-up

@@ -1,4 +1,5 @@
-"""Chat-formatted prompts: text -> token ids through the tokenizer's own chat template.
+"""Prompts as text -> token ids: plain text as the tokenizer encodes it (`text_ids`), chat
+through the tokenizer's own chat template.
 
 An instruction-tuned target (`zoo:smollm2`) answers best when the prompt is wrapped the way it was
 trained: `<|im_start|>user ... <|im_end|><|im_start|>assistant`. The template ships with the model's
@@ -39,6 +40,15 @@ def messages_of(text: str) -> list[dict[str, str]]:
     if messages[-1] == {"role": "assistant", "content": ""}:
         messages.pop()
     return messages
+
+
+def text_ids(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of a plain-text prompt as `tokenizer(text)` gives them, with the special tokens
+    the tokenizer adds (a BOS for Llama's, Gemma's, Mistral's): what `generate` receives from
+    `tokenizer(text, return_tensors="pt")`. Empty when the text itself gives no token."""
+    ids = [int(i) for i in tokenizer(text)["input_ids"]]
+    added = getattr(tokenizer, "num_special_tokens_to_add", lambda: 0)()
+    return ids if len(ids) > added else []
 
 
 def chat_ids(tokenizer: Any, text: str) -> list[int]:
@@ -103,8 +113,9 @@ def messages_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
             continue_final_message=answering,
             return_dict=True,
         )
-    except (jinja2.TemplateError, ValueError) as exc:  # a template that raises or is broken;
-        # transformers' own refusals (a final message the template does not show verbatim)
+    except (jinja2.TemplateError, ValueError, TypeError) as exc:  # a template that raises, is
+        # broken or not text; transformers' own refusals (a final message the template does not
+        # show verbatim, several named templates and none the default)
         raise ArgumentError(
             f"chat: the chat template of {template_owner(tokenizer)!r} refused the prompt's "
             f"{len(messages)} message(s): {type(exc).__name__}: {exc}"
@@ -119,8 +130,10 @@ def template_owner(tokenizer: Any) -> str:
 
 def template_problem(tokenizer: Any) -> str | None:
     """What keeps the tokenizer's chat template from compiling (a Jinja syntax error, with its
-    line), rendering one user message with the generation prompt; None when it renders, or when
-    it refuses that message on purpose (`raise_exception`: the prompts themselves will tell)."""
+    line) or transformers from applying it (several named templates, none of them `default`; a
+    template that is not text), rendering one user message with the generation prompt; None
+    when it renders, or when it refuses that message on purpose (`raise_exception`: the prompts
+    themselves will tell)."""
     import jinja2
 
     try:
@@ -131,4 +144,16 @@ def template_problem(tokenizer: Any) -> str | None:
         return f"its chat template does not compile: {exc.message} (line {exc.lineno})"
     except jinja2.TemplateError:
         return None
+    except (ValueError, TypeError) as exc:  # transformers' refusals, before any rendering
+        if isinstance(template := tokenizer.chat_template, dict):
+            return (
+                f"it holds {len(template)} named chat templates ({', '.join(sorted(template))}) "
+                "and none named 'default', which a chat prompt would use; name one of them "
+                "'default' in its tokenizer_config.json, or save it as chat_template.jinja"
+            )
+        if not isinstance(template, str):
+            return (
+                f"its chat template is not text: expected a Jinja template, got {shown(template)}"
+            )
+        return f"transformers cannot apply its chat template: {type(exc).__name__}: {exc}"
     return None

@@ -259,7 +259,9 @@ class DecodingConfig:
     )
     stop_at_eos: bool = field(True, doc="end when the target emits its EOS token")
     dtype: str = field(
-        "float32", check=one_of("float32", "float64", "bfloat16", "float16"), doc="model precision"
+        "float32",
+        check=one_of("float32", "float64", "bfloat16", "float16"),
+        doc="model precision: every model loads in it, whatever dtype its checkpoint states",
     )
     device: str = field(
         "auto",

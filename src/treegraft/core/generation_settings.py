@@ -6,6 +6,7 @@ A checkpoint's `generation_config.json` may ask `generate` to change the logits 
 (greedy, or the pipeline's temperature / top-k / top-p), so such a setting is not applied: the
 pipeline says so when it is built (`GenerationConfigWarning`), and plain decoding it is compared
 with (`generate --compare`, the harness's `ar`) runs `generate` without them, like with like.
+A greedy pipeline over a target whose generation config samples (`do_sample: true`) says so too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import copy
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 #: generation-config fields that change what `generate(do_sample=False)` emits, and the value
@@ -41,6 +43,7 @@ LOGITS_SETTINGS: dict[str, Any] = {
     "constraints": None,
     "force_words_ids": None,
     "watermarking_config": None,
+    "stop_strings": None,  # ends the output early (`decoding.stop` is the pipeline's own)
 }
 
 
@@ -83,14 +86,52 @@ def plain_generation(model: Any) -> Iterator[None]:
         model.generation_config = saved
 
 
-def warn_unapplied(model: Any, ref: str) -> None:
-    """Warn (`GenerationConfigWarning`) naming each of the model's `unapplied_settings`."""
+def config_source(model: Any) -> str:
+    """The file the model's generation config was read from: its folder's
+    `generation_config.json`, else its `config.json` (transformers reads generation settings
+    there when the folder has no `generation_config.json`); "in memory" for a model without one."""
+    folder = Path(getattr(model, "name_or_path", "") or "")
+    if str(folder) in ("", ".") or not (folder / "config.json").is_file():
+        return "in memory"
+    if (folder / "generation_config.json").is_file():
+        return "generation_config.json"
+    return "config.json: the folder has no generation_config.json"
+
+
+#: the sampling settings of a generation config named when a greedy pipeline leaves them out
+SAMPLING_SETTINGS = ("temperature", "top_k", "top_p")
+
+
+def sampling_settings(model: Any) -> dict[str, Any]:
+    """`do_sample` and the `SAMPLING_SETTINGS` set beside it, by name, when the model's
+    generation config samples (`generate` then samples unless told `do_sample=False`); else
+    empty."""
+    config = getattr(model, "generation_config", None)
+    if config is None or getattr(config, "do_sample", None) is not True:
+        return {}
+    found = {name: getattr(config, name, None) for name in SAMPLING_SETTINGS}
+    return {"do_sample": True} | {name: v for name, v in found.items() if v is not None}
+
+
+def warn_unapplied(model: Any, ref: str, *, greedy: bool = False) -> None:
+    """Warn (`GenerationConfigWarning`) naming each of the model's `unapplied_settings`, and,
+    for a `greedy` pipeline, its `sampling_settings`."""
+    if greedy and (sampling := sampling_settings(model)):
+        listed = ", ".join(f"{name}={value!r}" for name, value in sampling.items())
+        warnings.warn(
+            f"{ref}: its generation config ({config_source(model)}) sets {listed}, so its "
+            "`generate` samples unless called with do_sample=False; this pipeline decodes "
+            "greedily (verifier: greedy), as `generate(do_sample=False)` does. To sample, use the "
+            "pointmass verifier with a temperature (`--temperature` on the command line)",
+            GenerationConfigWarning,
+            stacklevel=3,
+        )
     found = unapplied_settings(model)
     if not found:
         return
     listed = ", ".join(f"{name}={value!r}" for name, value in found.items())
     warnings.warn(
-        f"{ref}: its generation config (generation_config.json) sets {listed}, which "
+        f"{ref}: its generation config ({config_source(model)}) sets {listed}, which "
         "`generate` applies and treegraft does not: the pipeline decodes the target's own "
         "distribution, as `generate` does without them (the comparisons with plain decoding "
         "leave them out too)",

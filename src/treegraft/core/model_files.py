@@ -244,6 +244,8 @@ def config_problems(folder: Path, config: dict[str, Any], tensors: dict[str, Any
     announce have the shapes of the model it describes (`shape_problems`)."""
     if problem := model_type_problem(config) or quantization_problem(config):
         return [problem]
+    if problem := dtype_problem(config):
+        return [problem]
     hf = hf_config(folder)
     if isinstance(hf, str):
         return [hf]
@@ -251,6 +253,8 @@ def config_problems(folder: Path, config: dict[str, Any], tensors: dict[str, Any
     vocab, pad = getattr(text, "vocab_size", None), getattr(text, "pad_token_id", None)
     if isinstance(vocab, int) and isinstance(pad, int) and not -vocab <= pad < vocab:
         return [f"config.json says pad_token_id {pad}, outside the vocabulary [0, {vocab})"]
+    if problem := rope_problem(text):
+        return [problem]
     built = meta_model(folder, hf)
     if isinstance(built, str):
         return [built]
@@ -262,7 +266,7 @@ def config_problems(folder: Path, config: dict[str, Any], tensors: dict[str, Any
 def config_json_problem(folder: Path, config: dict[str, Any]) -> str | None:
     """Why transformers cannot build a config from `config.json` (read as `config`), in the
     words of the field at fault where one is known; None when it can."""
-    problem = model_type_problem(config) or quantization_problem(config)
+    problem = model_type_problem(config) or quantization_problem(config) or dtype_problem(config)
     if problem is None and isinstance(hf := hf_config(folder), str):
         problem = hf
     return problem
@@ -279,6 +283,42 @@ def quantization_problem(config: dict[str, Any]) -> str | None:
         "config.json: quantization_config: expected an object naming the quantizer in "
         f"`quant_method` (e.g. 'gptq', 'awq', 'bitsandbytes', 'fp8'), got {got}"
     )
+
+
+def dtype_problem(config: dict[str, Any]) -> str | None:
+    """`dtype` (else the older `torch_dtype`, which transformers reads only without `dtype`),
+    where a string, names a torch dtype: transformers fails on others with `module 'torch' has
+    no attribute ...`."""
+    import torch
+
+    field = "dtype" if "dtype" in config else "torch_dtype"
+    value = config.get(field)
+    if isinstance(value, str) and not isinstance(getattr(torch, value, None), torch.dtype):
+        return (
+            f"config.json: {field}: expected a torch dtype name (e.g. 'bfloat16', 'float16', "
+            f"'float32'), got {value!r}"
+        )
+    return None
+
+
+def rope_problem(text: Any) -> str | None:
+    """The RoPE types of the text config (`rope_parameters`, read from `rope_scaling` too; one,
+    or one per layer type) are ones transformers knows: it fails on others with a bare
+    `KeyError` when it builds the model."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = getattr(text, "rope_parameters", None)
+    if not isinstance(params, dict):
+        return None
+    entries = [params] if "rope_type" in params else list(params.values())
+    kinds = [e.get("rope_type", "default") for e in entries if isinstance(e, dict)]
+    known = ["default", *ROPE_INIT_FUNCTIONS]
+    if unknown := [kind for kind in kinds if kind not in known]:
+        return (
+            f"config.json: rope_scaling / rope_parameters: rope_type {unknown[0]!r} is not one "
+            f"transformers knows; expected one of {', '.join(map(repr, known))}"
+        )
+    return None
 
 
 def model_type_problem(config: dict[str, Any]) -> str | None:
@@ -505,3 +545,33 @@ def model_folder_problems(folder: Path) -> list[str]:
     """Everything wrong with a Hugging Face model folder that shows without loading its weights."""
     config, tensors, problems = file_problems(folder)
     return problems or config_problems(folder, config, tensors)
+
+
+def tokenizer_problem(folder: Path, tokenizer: Any) -> str | None:
+    """Why the tokenizer loaded from `folder` cannot encode prompts (None: it can): encoding text
+    fails (a `tokenizer_config.json` value of the wrong type, e.g. a string `model_max_length`),
+    or it has no vocabulary, no token or only special and added ones, as transformers builds it
+    from a `tokenizer_config.json` whose vocabulary file (`tokenizer.json`, `tokenizer.model`,
+    ...) is missing: it turns text into no tokens."""
+    try:
+        tokenizer("hello world")
+    except Exception as exc:  # transformers' failures have no common type
+        return (
+            f"the tokenizer files in {folder} load as a tokenizer that fails to encode text "
+            f"({type(exc).__name__}: {exc}); fix or remove them (without them the model takes "
+            "token ids, not text)"
+        )
+    vocab = tokenizer.get_vocab()
+    special = set(getattr(tokenizer, "all_special_tokens", ())) | set(
+        getattr(tokenizer, "get_added_vocab", dict)()
+    )
+    if set(vocab) - special and getattr(tokenizer, "vocab_size", 1):
+        return None
+    named = (json_object(folder / "tokenizer_config.json")[0] or {}).get("tokenizer_class")
+    which = f" (its tokenizer_class {named!r} reads one)" if isinstance(named, str) else ""
+    return (
+        f"the tokenizer files in {folder} hold no vocabulary, only {len(vocab)} special "
+        f"token(s): tokenizer.json or the vocabulary file of tokenizer_config.json{which} is "
+        "missing (a partial download?); copy it beside them, or remove the tokenizer files "
+        "(without them the model takes token ids, not text)"
+    )

@@ -26,7 +26,7 @@ from treegraft.core.arguments import (
     token_list,
 )
 from treegraft.core.boundary import Origin
-from treegraft.core.chat import chat_ids, checked_messages, is_messages, messages_ids
+from treegraft.core.chat import chat_ids, checked_messages, is_messages, messages_ids, text_ids
 from treegraft.core.components import build_component, check_assembly
 from treegraft.core.config import (
     ROOT,
@@ -165,7 +165,7 @@ class Pipeline:
         _load(resources, spec.target, "pipeline.target")
         target = _runner(resources, spec.target, "pipeline.target")
         resources.target_runner = target
-        warn_unapplied(target.model, spec.target)
+        warn_unapplied(target.model, spec.target, greedy=spec.verifier.name == "greedy")
 
         origins: dict[str, Origin] = {}
 
@@ -196,8 +196,9 @@ class Pipeline:
     # ------------------------------------------------------------------ token ids <-> text
 
     def encode(self, prompt: str | Sequence[int] | Tensor) -> Tensor:
-        """`[T]` int64 token ids of a prompt given as text or ids (text in the tokenizer's chat
-        template when `decoding.chat` is set), or as chat messages (`[{"role": "user",
+        """`[T]` int64 token ids of a prompt given as text or ids (text as `tokenizer(text)`
+        encodes it, its BOS included: `chat.text_ids`; in the tokenizer's chat template when
+        `decoding.chat` is set), or as chat messages (`[{"role": "user",
         "content": ...}]`, always in the chat template)."""
         if isinstance(prompt, Mapping):
             raise ArgumentError(
@@ -211,7 +212,7 @@ class Pipeline:
             ids = (
                 chat_ids(self._text_tokenizer(), prompt)
                 if self.spec.decoding.chat
-                else self._text_tokenizer()(prompt, add_special_tokens=False)["input_ids"]
+                else text_ids(self._text_tokenizer(), prompt)
             )
         else:
             return prompt_ids(prompt, self.decoder.target.vocab_size)

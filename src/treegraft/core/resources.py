@@ -35,6 +35,7 @@ from treegraft.core.model_files import (
     other_format_hint,
     own_code,
     shape_message,
+    tokenizer_problem,
 )
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import (
@@ -53,6 +54,11 @@ DTYPES = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
+
+
+#: output settings of a checkpoint's config reset at load (no logit changes): transformers refuses
+#: `output_attentions` beside SDPA, and its forward fails on `return_dict: false` (tuples)
+QUIET_CONFIG = {"output_attentions": False, "output_hidden_states": False, "return_dict": True}
 
 
 class ModelRefError(TreegraftError, ValueError):
@@ -112,10 +118,8 @@ def folder_tokenizer(path: Path, ref: str) -> Any:
             f"{ref}: the tokenizer files in {path} do not load ({first}); fix or remove them "
             "(without them the model takes token ids, not text)"
         ) from None
-    if not tokenizer.get_vocab() or not getattr(tokenizer, "vocab_size", 1):
-        raise ModelRefError(
-            f"{ref}: the tokenizer files in {path} load as a tokenizer without a vocabulary"
-        )
+    if problem := tokenizer_problem(path, tokenizer):
+        raise ModelRefError(f"{ref}: {problem}")
     return tokenizer
 
 
@@ -135,11 +139,14 @@ def load_failure(ref: str, path: Path, exc: Exception) -> Exception:
 def reason_line(exc: Exception) -> str:
     """The line of `exc`'s message that says what is wrong (torch's refusal to unpickle an
     object other than a tensor is a page of advice around one such line), without terminal
-    colour codes."""
+    colour codes; a first line that ends in a colon is followed by the next, which holds the
+    reason (transformers' config validators)."""
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]
     lines = [line for line in lines if line] or [type(exc).__name__]
     found = [line for line in lines if line.startswith("WeightsUnpickler error:")]
-    return found[0] if found else lines[0]
+    if found:
+        return found[0]
+    return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -456,6 +463,7 @@ class Resources:
                     else self.attention,
                     output_loading_info=True,
                     ignore_mismatched_sizes=True,  # told below, naming the tensors
+                    **QUIET_CONFIG,
                     trust_remote_code=False,
                     **kwargs,
                 )
