@@ -309,22 +309,22 @@ class CausalLMRunner:
 
     def _causal_prefill(self, pending: int) -> bool:
         """Whether the block starts with a prefill run alone as a causal chain (the first forward
-        of `CAUSAL_MIN_ROWS`+ tokens, lean, no attention rules): SDPA's causal kernel skips the
-        keys above the diagonal and no `[q, q]` mask is built, as in `generate`'s prefill."""
-        return (
-            self.n_cached == 0
-            and pending + 1 >= CAUSAL_MIN_ROWS
-            and self._lean is not None
-            and self._rules.plain
-        )
+        of `CAUSAL_MIN_ROWS`+ tokens, no attention rules): the lean forward runs SDPA's causal
+        kernel, as `generate` prefills (keys above the diagonal skipped, no `[q, q]` mask);
+        `transformers`' forward splits alike, masked, so both see the same blocks."""
+        return self.n_cached == 0 and pending + 1 >= CAUSAL_MIN_ROWS and self._rules.plain
 
     def _prefill(self, root: Tensor) -> Tensor:
         """Forward the pending committed tokens and `root` (`[1]`, the last committed token)
         from cache slot 0 as a causal chain; returns the root's logits `[1, V]`."""
-        q = self.n_pending + 1
-        ids = torch.cat([self.committed[: self.n_pending], root.to(self.device)])
-        positions = torch.arange(q, device=self.device)
-        return self._forward(ids, positions, None, n_logits=1, kv_len=q, causal=True)
+        q, dev = self.n_pending + 1, self.device
+        ids = torch.cat([self.committed[: self.n_pending], root.to(dev)])
+        positions = torch.arange(q, device=dev)
+        if self._lean is not None:
+            return self._forward(ids, positions, None, n_logits=1, kv_len=q, causal=True)
+        return self._run(
+            ids, positions, torch.ones(q, q, dtype=torch.bool, device=dev).tril(), n_logits=1
+        )
 
     def forward_chain(self, token: Tensor) -> Tensor:
         """Forward one token that extends this step's tree as the child of its last seen node,

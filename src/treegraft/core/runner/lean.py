@@ -228,14 +228,19 @@ class LeanForward:
         q_len: int,
         causal: bool = False,
     ) -> Tensor:
-        """`transformers`' SDPA attention for a given additive mask, or `causal` with none
-        (grouped heads as it does)."""
+        """`transformers`' SDPA attention for a given additive mask, or `causal` with none.
+
+        Grouped heads as it hands them to SDPA, but for a masked block of several rows on a CPU:
+        there `transformers` repeats each key/value head for its query heads, a copy of the
+        whole cache per layer (at 8k cached tokens most of a small tree forward's time), while
+        SDPA's CPU kernel reads the grouped heads in place (`enable_gqa`), the same products
+        on the same numbers (the tests check the logits bit for bit)."""
         gqa = {}
         if self.groups > 1:
             if q_len == 1:  # one query: heads packed per key/value head, no key repeat
                 b, h, _, d = q.shape
                 q = q.reshape(b, h // self.groups, self.groups, d)
-            elif causal and _SDPA_GQA and keys.shape[-1] <= 256:  # as `transformers` unmasked
+            elif _SDPA_GQA and (causal or q.device.type == "cpu") and keys.shape[-1] <= 256:
                 gqa = {"enable_gqa": True}
             else:
                 keys = _repeat_kv(keys, self.groups)
