@@ -18,9 +18,8 @@ from tests.test_pipelines import VOCAB, in_memory, zoo_stand_ins
 from treegraft.core.config import ConfigError, override, pipeline_spec_from_dict
 from treegraft.core.pipeline import load_pipeline, resolve_pipeline
 from treegraft.core.resources import Resources
-from treegraft.core.runner import CausalLMRunner, watch_forwards
+from treegraft.core.runner import CausalLMRunner, causal_lm, watch_forwards
 from treegraft.core.runner import lean as lean_module
-from treegraft.core.runner.causal_lm import CAUSAL_MIN_ROWS
 from treegraft.core.runner.lean import LeanForward, lean_support
 from treegraft.core.tree import DraftTree
 
@@ -90,12 +89,14 @@ def test_lean_forward_is_bitwise_equal_to_transformers(seed, groups, bias, dtype
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_a_long_prompt_s_causal_prefill_stays_bitwise_equal_to_transformers(dtype):
-    """A prompt of `CAUSAL_MIN_ROWS`+ tokens: the lean forward's causal prefill (no mask) and
-    `transformers`' masked one split the first step alike and give the same bits."""
+def test_a_long_prompt_s_causal_prefill_stays_bitwise_equal_to_transformers(monkeypatch, dtype):
+    """A prompt of `SPLIT_MIN_ROWS`+ tokens (fewer here: the model takes 256 positions): the
+    lean forward's causal prefill (no mask) and `transformers`' masked one split the first step
+    alike and give the same bits."""
+    monkeypatch.setattr(causal_lm, "SPLIT_MIN_ROWS", 64)
     model = llama(3, heads=4, kv_heads=2, bias=False, dtype=dtype)
     rng = torch.Generator().manual_seed(3)
-    seq = torch.randint(0, 48, (CAUSAL_MIN_ROWS + 9,), generator=rng).tolist()
+    seq = torch.randint(0, 48, (73,), generator=rng).tolist()
     trees = [(random_tree(rng, seq[-1], 7, 48), 3), (random_tree(rng, 7, 5, 48), 2)]
     run_both(model, seq, trees)
 

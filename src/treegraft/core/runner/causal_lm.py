@@ -44,9 +44,9 @@ from treegraft.kernels.tree_attention.hf import IMPLEMENTATION, PREFIX_LEN_KWARG
 
 #: cache slots reserved beyond the prompt, and the least a cache grows by
 CACHE_CHUNK = 256
-#: a generation's first block of at least this many committed tokens (the prompt, the root
-#: last) runs alone as a causal chain, before the step's other tree nodes (`forward_tree`)
-CAUSAL_MIN_ROWS = 64
+#: a first block of this many prompt tokens runs as a causal chain: with a tree of its root alone,
+#: or from `SPLIT_MIN_ROWS` on split from the tree's other nodes (an extra forward: pays there)
+CAUSAL_MIN_ROWS, SPLIT_MIN_ROWS = 64, 512
 
 
 @attrs.define
@@ -298,7 +298,7 @@ class CausalLMRunner:
             return torch.zeros(0, self.n_outputs, dtype=self.dtype, device=self.device)
         region = self.n_pending + n
         self._ensure_capacity(self.n_cached + region)
-        if start == 0 and self._causal_prefill(pending):
+        if start == 0 and self._causal_prefill(pending, n):
             logits = self._prefill(tree.tokens[:1])  # [1, V]: the root's
             self.n_seen = 1
             return logits if n == 1 else torch.cat([logits, self.forward_tree(tree)])
@@ -307,12 +307,12 @@ class CausalLMRunner:
         self.n_seen = n
         return logits
 
-    def _causal_prefill(self, pending: int) -> bool:
-        """Whether the block starts with a prefill run alone as a causal chain (the first forward
-        of `CAUSAL_MIN_ROWS`+ tokens, no attention rules): the lean forward runs SDPA's causal
-        kernel, as `generate` prefills (keys above the diagonal skipped, no `[q, q]` mask);
-        `transformers`' forward splits alike, masked, so both see the same blocks."""
-        return self.n_cached == 0 and pending + 1 >= CAUSAL_MIN_ROWS and self._rules.plain
+    def _causal_prefill(self, pending: int, n: int) -> bool:
+        """Whether the block starts with a prefill run alone as a causal chain (the first forward,
+        no attention rules): the lean forward runs SDPA's causal kernel, as `generate` prefills
+        (keys above the diagonal skipped, no `[q, q]` mask); `transformers`' splits alike."""
+        least = CAUSAL_MIN_ROWS if n == 1 else SPLIT_MIN_ROWS
+        return self.n_cached == 0 and pending + 1 >= least and self._rules.plain
 
     def _prefill(self, root: Tensor) -> Tensor:
         """Forward the pending committed tokens and `root` (`[1]`, the last committed token)
