@@ -18,7 +18,7 @@ from tests.test_pipelines import VOCAB, in_memory, zoo_stand_ins
 from treegraft.core.config import ConfigError, override, pipeline_spec_from_dict
 from treegraft.core.pipeline import load_pipeline, resolve_pipeline
 from treegraft.core.resources import Resources
-from treegraft.core.runner import CausalLMRunner, watch_forwards
+from treegraft.core.runner import CausalLMRunner, causal_lm, watch_forwards
 from treegraft.core.runner import lean as lean_module
 from treegraft.core.runner.lean import LeanForward, lean_support
 from treegraft.core.tree import DraftTree
@@ -73,7 +73,7 @@ def run_both(model, seq: list[int], trees: list[tuple[DraftTree, int]]) -> None:
     sizes=st.lists(st.integers(1, 9), min_size=1, max_size=5),
 )
 def test_lean_forward_is_bitwise_equal_to_transformers(seed, groups, bias, dtype, sizes):
-    """Any head grouping (one query token packs grouped heads, longer blocks repeat keys),
+    """Any head grouping (one query token packs grouped heads, longer blocks hand them to SDPA),
     biases or not, float32, float64 and bfloat16, pending chains and partly seen trees."""
     heads, kv_heads = groups
     model = llama(seed % 13, heads=heads, kv_heads=kv_heads, bias=bias, dtype=dtype)
@@ -86,6 +86,36 @@ def test_lean_forward_is_bitwise_equal_to_transformers(seed, groups, bias, dtype
         trees.append((tree, leaf))
         root = 7  # the bonus token `run_both` commits
     run_both(model, seq, trees)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_a_long_prompt_s_causal_prefill_stays_bitwise_equal_to_transformers(monkeypatch, dtype):
+    """A prompt of `SPLIT_MIN_ROWS`+ tokens (fewer here: the model takes 256 positions): the
+    lean forward's causal prefill (no mask) and `transformers`' masked one split the first step
+    alike and give the same bits."""
+    monkeypatch.setattr(causal_lm, "SPLIT_MIN_ROWS", 64)
+    model = llama(3, heads=4, kv_heads=2, bias=False, dtype=dtype)
+    rng = torch.Generator().manual_seed(3)
+    seq = torch.randint(0, 48, (73,), generator=rng).tolist()
+    trees = [(random_tree(rng, seq[-1], 7, 48), 3), (random_tree(rng, 7, 5, 48), 2)]
+    run_both(model, seq, trees)
+
+
+def test_grouped_heads_are_not_repeated_for_a_tree_forward_on_a_cpu(monkeypatch):
+    """A masked block of several rows hands grouped key/value heads to SDPA as they are: a
+    repeat copied the whole cache per layer and forward (at 8k cached tokens, most of a small
+    tree forward's time, and more the longer the context)."""
+    repeats: list[int] = []
+    repeat = lean_module._repeat_kv
+    monkeypatch.setattr(
+        lean_module, "_repeat_kv", lambda x, n: repeats.append(x.shape[2]) or repeat(x, n)
+    )
+    model = llama(1, heads=4, kv_heads=2, bias=False, dtype=torch.float32)
+    runner = CausalLMRunner(model, forward="lean")
+    runner.begin(torch.arange(30) % 48, max_len=64)
+    with torch.inference_mode():
+        runner.forward_tree(random_tree(torch.Generator().manual_seed(1), 29, 6, 48))
+    assert repeats == []
 
 
 @pytest.mark.parametrize("name", ["target", "draft-s", "draft-m"])

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import greedy_reference, memory_resources, tiny_llama
 from tests.core.test_decoder import DRAFTER_SETS, VOCAB, pipeline, repetitive_prompt
-from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner import CausalLMRunner, watch_forwards
 from treegraft.core.runner.latency import LatencyCurve, ObservedCurve, measure_latency
 
 GRID = (1, 2, 4, 8, 16, 32)
@@ -112,7 +112,7 @@ def test_measurement_rounds_keep_a_stretch_of_load_out_of_every_point(monkeypatc
     runner = CausalLMRunner(tiny_llama(seed=3, vocab=VOCAB))
     forward, calls = CausalLMRunner.forward_tree, [0]
     queries = (1, 2, 4, 8, 16)
-    stretch = range(len(queries) + 1, len(queries) + 4)  # right after the prefill and warm-ups
+    stretch = range(len(queries), len(queries) + 3)  # right after the warm-ups
 
     def loaded(self, tree):
         calls[0] += 1
@@ -122,8 +122,26 @@ def test_measurement_rounds_keep_a_stretch_of_load_out_of_every_point(monkeypatc
 
     monkeypatch.setattr(CausalLMRunner, "forward_tree", loaded)
     curve = measure_latency(runner, "t", context=8, queries=queries, repeats=3)
-    assert calls[0] == 1 + len(queries) * 4
+    assert calls[0] == len(queries) * 4
     assert max(curve.seconds) < 0.2, curve.seconds
+
+
+def test_measurement_at_a_long_context_forwards_no_prefill():
+    """The context's keys are cached without a forward (`skip_prefill`): a curve at a long
+    context costs the grid's forwards alone, not a prefill of the context besides (which at
+    8k tokens cost as much as the generation's own prefill), and those forwards attend over
+    the whole context."""
+    model = tiny_llama(seed=3, vocab=VOCAB)
+    runner = CausalLMRunner(model)
+    sizes: list[int] = []
+    stop = watch_forwards(model, sizes.append)
+    try:
+        curve = measure_latency(runner, "t", context=600, queries=(1, 2, 4), repeats=2)
+    finally:
+        stop()
+    assert sizes == [1, 2, 4] * 3  # a warm-up round, then the timed ones: no 600-token forward
+    assert curve.context == 600
+    assert runner.n_cached >= 599  # the context was cached all the same
 
 
 def test_the_builder_recovers_from_a_curve_measured_under_load(monkeypatch):

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.conftest import tiny_llama
-from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner import CausalLMRunner, causal_lm, watch_forwards
 from treegraft.core.tree import DraftTree
 
 
@@ -127,6 +127,75 @@ def test_prefill_is_lazy_and_counts_one_forward() -> None:
     with torch.no_grad():
         runner.forward_tree(DraftTree.from_root(4))
     assert runner.forwards == 1
+
+
+@pytest.mark.parametrize("forward", ["lean", "fused"])
+def test_a_long_prompt_prefills_as_a_causal_chain_without_a_mask(monkeypatch, forward) -> None:
+    """The first forward of a prompt of `SPLIT_MIN_ROWS` tokens or more runs the prompt alone
+    as a causal chain, with no `[T, T]` visibility built (its cost, quadratic in the prompt,
+    and the masked attention that skips nothing made a long prompt's prefill half again as
+    slow as `generate`'s), then the tree's other nodes over it: every node's logits are still
+    the plain forward's, and the root's are `transformers`' unmasked forward's bit for bit."""
+    built: list[tuple[int, int]] = []
+    visibility = causal_lm.host_visibility
+
+    def recorded(tree, start, pending, **kwargs):
+        mask = visibility(tree, start, pending, **kwargs)
+        built.append(mask.shape)
+        return mask
+
+    monkeypatch.setattr(causal_lm, "host_visibility", recorded)
+    monkeypatch.setattr(causal_lm, "SPLIT_MIN_ROWS", 100)  # the tiny model takes 512 positions
+    model = tiny_llama(seed=4, vocab=32, heads=4, kv_heads=2, dtype=torch.float32)
+    rng = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, 32, (140,), generator=rng)
+    runner = CausalLMRunner(model, forward=forward)
+    runner.begin(prompt, max_len=256)
+    sizes: list[int] = []
+    stop = watch_forwards(model, sizes.append)
+    tree = random_tree(rng, int(prompt[-1]), 6, 32)
+    with torch.no_grad():
+        logits = runner.forward_tree(tree)
+        plain = model(prompt[None], logits_to_keep=1).logits[0, -1]
+    stop()
+    assert sizes == [prompt.numel(), 5] and built == [(5, prompt.numel() + 5)]
+    if forward == "lean":
+        assert torch.equal(logits[0], plain)
+    model64 = model.double()
+    for i in range(1, 6):  # the nodes after the causal prefill: their plain forwards' logits
+        ids = prompt.tolist() + path_ids(tree, i)[1:]
+        want = plain_logits(model64, ids).float()
+        torch.testing.assert_close(logits[i], want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_shorter_prompt_prefills_with_its_tree_in_one_forward_or_causally_alone(
+    monkeypatch,
+) -> None:
+    """Below `SPLIT_MIN_ROWS` tokens an extra forward costs more than the causal kernel saves:
+    the prompt goes with the tree in one masked block; a tree of its root alone is the prompt
+    alone, causal from `CAUSAL_MIN_ROWS` tokens on (no mask built), as plain decoding's is."""
+    monkeypatch.setattr(causal_lm, "SPLIT_MIN_ROWS", 100)
+    model = tiny_llama(seed=4, vocab=32)
+    prompt = torch.arange(98) % 32
+    runner = CausalLMRunner(model)
+    causal = []
+    runner._lean = _Spy(runner._lean, causal)
+    with torch.no_grad():
+        for n in (4, 1):
+            runner.begin(prompt, max_len=256)
+            runner.forward_tree(random_tree(torch.Generator(), int(prompt[-1]), n, 32))
+    assert runner.forwards == 2 and causal == [False, True]
+
+
+class _Spy:
+    """A lean forward recording whether each call was causal."""
+
+    def __init__(self, lean, causal: list[bool]) -> None:
+        self.lean, self.causal = lean, causal
+
+    def __call__(self, *args, causal: bool = False, **kwargs):
+        self.causal.append(causal)
+        return self.lean(*args, causal=causal, **kwargs)
 
 
 def test_a_cache_growth_interrupted_leaves_the_runner_usable(monkeypatch) -> None:

@@ -1,7 +1,8 @@
 """The runner and its forwards: how a model's tree forwards run, exactly.
 
 - `causal_lm`: `CausalLMRunner`, the one runner of the target and the LM drafters (prefill, tree
-  forwards, KV commit), and `watch_forwards`;
+  forwards, KV commit);
+- `watchers`: `watch_forwards`, callbacks told the size of every runner forward of a model;
 - `forwards`: the one setting that decides how a forward runs (`decoding.forward`);
 - `lean`: the lean forward (bitwise equal to `transformers`' SDPA forward, without its module
   stack) and its fused variant for drafters;
@@ -14,6 +15,7 @@
 - `placement`: device maps (layers across devices, offload).
 """
 
-from treegraft.core.runner.causal_lm import CACHE_CHUNK, CausalLMRunner, watch_forwards
+from treegraft.core.runner.causal_lm import CACHE_CHUNK, CausalLMRunner
+from treegraft.core.runner.watchers import watch_forwards
 
 __all__ = ["CACHE_CHUNK", "CausalLMRunner", "watch_forwards"]

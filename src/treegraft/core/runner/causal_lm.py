@@ -14,9 +14,7 @@ into contiguous slots); nothing is ever recomputed.
 
 from __future__ import annotations
 
-import contextlib
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -31,12 +29,14 @@ from treegraft.core.runner.attention_rules import (
     attention_rules,
     max_positions,
 )
+from treegraft.core.runner.blocks import device_visibility, host_visibility
 from treegraft.core.runner.forwards import cache_kwarg, quiet_outputs
 from treegraft.core.runner.kv_cache import TreeKVCache, accepted_nodes, cache_geometry
 from treegraft.core.runner.latency import measure_latency
 from treegraft.core.runner.lean import FORWARDS, FusedForward, LeanForward, lean_support
 from treegraft.core.runner.padding import PADDED_ROWS, pad_block, padding_pays
 from treegraft.core.runner.placement import input_device
+from treegraft.core.runner.watchers import forward_watchers, unwatched
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import kv_compact
 from treegraft.kernels.host_tensor import host_tensor
@@ -44,37 +44,9 @@ from treegraft.kernels.tree_attention.hf import IMPLEMENTATION, PREFIX_LEN_KWARG
 
 #: cache slots reserved beyond the prompt, and the least a cache grows by
 CACHE_CHUNK = 256
-
-#: callbacks per model, told the token count of each runner forward of it (`watch_forwards`)
-_WATCHERS: weakref.WeakKeyDictionary[Any, list[Callable[[int], None]]] = weakref.WeakKeyDictionary()
-
-
-def watch_forwards(model: Any, callback: Callable[[int], None]) -> Callable[[], None]:
-    """Call `callback(q)` as every `CausalLMRunner` forward of `model` starts (`q` tokens),
-    lean or `transformers`; returns the function that stops it.
-
-    Model hooks see only `transformers`' forwards (and a model hooked before its runner is built
-    takes that slower path), so instruments that count a model's forwards watch the runner.
-    """
-    _WATCHERS.setdefault(model, []).append(callback)
-
-    def stop() -> None:
-        watchers = _WATCHERS.get(model, [])
-        if callback in watchers:
-            watchers.remove(callback)
-
-    return stop
-
-
-@contextlib.contextmanager
-def _unwatched(model: Any) -> Iterator[None]:
-    """`model`'s `watch_forwards` callbacks set aside for the block."""
-    watchers = _WATCHERS.pop(model, None)
-    try:
-        yield
-    finally:
-        if watchers is not None:
-            _WATCHERS[model] = watchers
+#: a first block of this many prompt tokens runs as a causal chain: with a tree of its root alone,
+#: or from `SPLIT_MIN_ROWS` on split from the tree's other nodes (an extra forward: pays there)
+CAUSAL_MIN_ROWS, SPLIT_MIN_ROWS = 64, 512
 
 
 @attrs.define
@@ -326,10 +298,33 @@ class CausalLMRunner:
             return torch.zeros(0, self.n_outputs, dtype=self.dtype, device=self.device)
         region = self.n_pending + n
         self._ensure_capacity(self.n_cached + region)
+        if start == 0 and self._causal_prefill(pending, n):
+            logits = self._prefill(tree.tokens[:1])  # [1, V]: the root's
+            self.n_seen = 1
+            return logits if n == 1 else torch.cat([logits, self.forward_tree(tree)])
         ids, positions, mask = self._block(tree, start, pending)
         logits = self._run(ids, positions, mask, n_logits=n - start)
         self.n_seen = n
         return logits
+
+    def _causal_prefill(self, pending: int, n: int) -> bool:
+        """Whether the block starts with a prefill run alone as a causal chain (the first forward,
+        no attention rules): the lean forward runs SDPA's causal kernel, as `generate` prefills
+        (keys above the diagonal skipped, no `[q, q]` mask); `transformers`' splits alike."""
+        least = CAUSAL_MIN_ROWS if n == 1 else SPLIT_MIN_ROWS
+        return self.n_cached == 0 and pending + 1 >= least and self._rules.plain
+
+    def _prefill(self, root: Tensor) -> Tensor:
+        """Forward the pending committed tokens and `root` (`[1]`, the last committed token)
+        from cache slot 0 as a causal chain; returns the root's logits `[1, V]`."""
+        q, dev = self.n_pending + 1, self.device
+        ids = torch.cat([self.committed[: self.n_pending], root.to(dev)])
+        positions = torch.arange(q, device=dev)
+        if self._lean is not None:
+            return self._forward(ids, positions, None, n_logits=1, kv_len=q, causal=True)
+        return self._run(
+            ids, positions, torch.ones(q, q, dtype=torch.bool, device=dev).tril(), n_logits=1
+        )
 
     def forward_chain(self, token: Tensor) -> Tensor:
         """Forward one token that extends this step's tree as the child of its last seen node,
@@ -368,11 +363,7 @@ class CausalLMRunner:
         positions = np.concatenate(
             [np.arange(base, base + pending), depth + (self.n_committed - 1)]
         )
-        mask = np.zeros((pending + n - start, p_end + n), dtype=np.bool_)
-        mask[:, :base] = True
-        mask[:pending, base : base + pending] = np.tri(pending, dtype=np.bool_)
-        mask[pending:, base:p_end] = True
-        mask[pending:, p_end:] = tree.ancestor_mask().numpy()[start:n]
+        mask = host_visibility(tree, start, pending, base=base, n_pending=self.n_pending)
         if self._rules.plain:
             return ids, torch.from_numpy(positions), torch.from_numpy(mask)
         k_pos = np.concatenate([np.arange(p_end), tree.depth.numpy()[:n] + (self.n_committed - 1)])
@@ -408,15 +399,10 @@ class CausalLMRunner:
                 tree.positions(root_pos)[start:n].to(dev),
             ]
         )
-        kv_len = base + self.n_pending + n
-        mask = torch.zeros(pending + n - start, kv_len, dtype=torch.bool, device=dev)
-        mask[:, :base] = True
+        mask = device_visibility(
+            tree, start, pending, base=base, n_pending=self.n_pending, device=dev
+        )
         p_end = base + self.n_pending
-        mask[:pending, base : base + pending] = torch.ones(
-            pending, pending, dtype=torch.bool, device=dev
-        ).tril()
-        mask[pending:, base:p_end] = True
-        mask[pending:, p_end:] = tree.ancestor_mask()[start:n].to(dev)
         if self._rules.plain:
             return ids, positions, mask
         k_pos = torch.cat([torch.arange(p_end, device=dev), tree.positions(root_pos)[:n].to(dev)])
@@ -449,7 +435,7 @@ class CausalLMRunner:
             if not eligible or self.pad_small_blocks is not None:
                 self._pad_small = eligible and self.pad_small_blocks
             else:
-                with _unwatched(self.model):  # the measurement's forwards are not the run's
+                with unwatched(self.model):  # the measurement's forwards are not the run's
                     self._pad_small = padding_pays(self.model, self.bitwise, self._probe_runner)
         return self._pad_small
 
@@ -459,10 +445,18 @@ class CausalLMRunner:
         )
 
     def _forward(
-        self, ids: Tensor, positions: Tensor, visible: Any, *, n_logits: int, kv_len: int = 0
+        self,
+        ids: Tensor,
+        positions: Tensor,
+        visible: Any,
+        *,
+        n_logits: int,
+        kv_len: int = 0,
+        causal: bool = False,
     ) -> Tensor:
         """One model forward of the block as given (`visible` None: every one of the `kv_len`
-        keys is visible to every row, on the lean forward only)."""
+        keys is visible to every row, or with `causal` the keys up to its own to each row of a
+        block from slot 0; on the lean forward only)."""
         cache = self.cache
         positions = positions.clamp(max=self._last_position)  # a drafter's nodes past it
         if visible is None:
@@ -474,7 +468,7 @@ class CausalLMRunner:
             kv_len = visible.shape[1]
             additive = self._additive(visible)
         cache.write_start = kv_len - ids.shape[0]
-        for watcher in _WATCHERS.get(self.model, ()):
+        for watcher in forward_watchers(self.model):
             watcher(int(ids.shape[0]))
         if self._lean is not None:
             self.forwards += 1
@@ -488,6 +482,7 @@ class CausalLMRunner:
                 n_logits,
                 head=self._head,
                 hidden=rows,
+                causal=causal,
             )
         extra = {self._cache_kwarg: cache, **self._quiet}
         if self._tree_kernel:  # the fused kernel takes the compact mask: prefix length + tree block
@@ -510,6 +505,14 @@ class CausalLMRunner:
         return torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(
             ~visible, neg
         )
+
+    def skip_prefill(self) -> None:
+        """Take the committed tokens but the last as cached without forwarding them: their keys
+        and values are whatever the cache holds (zeros in a fresh one). Forwards from here cost
+        what they would after the real prefill, but their logits mean nothing: for timing
+        forwards at a long context (`measure_latency`) without paying for a prefill."""
+        self.n_cached = self.n_committed - 1
+        self.n_pending = self.n_seen = 0
 
     def rewind(self) -> None:
         """Drop this step's region (pending chain and tree nodes); the next forward redoes it."""

@@ -245,8 +245,9 @@ def measure_latency(
 
     `runner` is a `CausalLMRunner` of its own (built as decoding builds it, with the same
     forward; `begin` resets it) and, for a drafter with a restricted head, its output `rows`
-    (`CausalLMRunner.restrict_output`; None: the whole vocabulary); one untimed forward per
-    point warms up. The timed forwards run in `repeats` rounds over the whole grid, so that a
+    (`CausalLMRunner.restrict_output`; None: the whole vocabulary); the context is cached
+    without a forward (`CausalLMRunner.skip_prefill`: at 8k tokens a prefill cost as much as a
+    generation's own), and one untimed forward per point warms up. The timed forwards run in `repeats` rounds over the whole grid, so that a
     stretch of load (another job) spoils one round of every point, which the median drops, rather
     than every sample of a few points. Synchronises the device around every timed forward.
     """
@@ -259,7 +260,7 @@ def measure_latency(
         runner.restrict_output(rows)
     times: list[list[float]] = [[] for _ in queries]
     with torch.inference_mode():
-        _forward_and_commit(runner, 1, vocab, gen)  # prefill the context
+        runner.skip_prefill()  # the context's keys: zeros, timed as any (no prefill paid)
         for q in queries:  # warm-up, untimed
             _forward_and_commit(runner, q, vocab, gen)
         for _ in range(repeats):

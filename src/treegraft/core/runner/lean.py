@@ -111,7 +111,10 @@ class LeanForward:
     `[K, hidden]`, bias or None) to project onto instead of the model's `lm_head`, giving
     `[n_logits, K]` logits (a runner restricted to some tokens: `CausalLMRunner.restrict_output`).
     `hidden`: a `[q, hidden]` buffer receiving the block's final-norm hidden states (what the
-    output head reads: the features of `CausalLMRunner.track_hidden`).
+    output head reads: the features of `CausalLMRunner.track_hidden`). `causal`: the block is
+    a causal chain over slots `0 .. q - 1` (a prefill: `additive` None, no other keys), attended
+    as `transformers` attends a forward without a mask (`generate`'s prefill): SDPA's causal
+    kernel, which skips the keys above the diagonal, and grouped heads handed over as they are.
     """
 
     def __init__(self, model: Any, *, transposed: bool = True, bitwise: bool = True) -> None:
@@ -164,9 +167,11 @@ class LeanForward:
         n_logits: int,
         head: tuple[Tensor, Tensor | None] | None = None,
         hidden: Tensor | None = None,
+        causal: bool = False,
     ) -> Tensor:
         q_len = int(ids.shape[0])
         end = write_start + q_len
+        check_causal(causal, additive, write_start)
         h = F.embedding(ids[None], self.embed, self.padding_idx)  # [1, q, hidden]
         dtype = h.dtype
         freqs = positions[None, :, None].float() * self.inv_freq.to(
@@ -192,7 +197,7 @@ class LeanForward:
             layer[1, :, write_start:end] = v[0]
             keys = layer[0, :, :end].unsqueeze(0)
             values = layer[1, :, :end].unsqueeze(0)
-            att = self._attention(q, keys, values, mask, q_len)
+            att = self._attention(q, keys, values, mask, q_len, causal)
             h = residual + linear(att.reshape(1, q_len, -1).contiguous(), wo)
             residual = h
             x = _rms_norm(h, *n2)
@@ -215,21 +220,52 @@ class LeanForward:
         return F.linear(h[:, -n_logits:, :], weight, bias)[0]
 
     def _attention(
-        self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, q_len: int
+        self,
+        q: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        mask: Tensor | None,
+        q_len: int,
+        causal: bool = False,
     ) -> Tensor:
-        """`transformers`' SDPA attention for a given additive mask (grouped heads as it does)."""
+        """`transformers`' SDPA attention for a given additive mask, or `causal` with none.
+
+        Grouped heads as it hands them to SDPA, but for a masked block of several rows on a CPU:
+        there `transformers` repeats each key/value head for its query heads, a copy of the
+        whole cache per layer (at 8k cached tokens most of a small tree forward's time), while
+        SDPA's CPU kernel reads the grouped heads in place (`enable_gqa`), the same products
+        on the same numbers (the tests check the logits bit for bit)."""
+        gqa = {}
         if self.groups > 1:
             if q_len == 1:  # one query: heads packed per key/value head, no key repeat
                 b, h, _, d = q.shape
                 q = q.reshape(b, h // self.groups, self.groups, d)
+            elif _SDPA_GQA and (causal or q.device.type == "cpu") and keys.shape[-1] <= 256:
+                gqa = {"enable_gqa": True}
             else:
                 keys = _repeat_kv(keys, self.groups)
                 values = _repeat_kv(values, self.groups)
         out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, dropout_p=0.0, scale=self.scaling, is_causal=False
+            q,
+            keys,
+            values,
+            attn_mask=mask,
+            dropout_p=0.0,
+            scale=self.scaling,
+            is_causal=causal and q_len > 1,
+            **gqa,
         )
         out = out.reshape(out.shape[0], -1, q_len, values.shape[-1])
         return out.transpose(1, 2).contiguous()
+
+
+def check_causal(causal: bool, additive: Any, write_start: int) -> None:
+    """A causal block takes no mask and starts at slot 0 (its keys are its own rows)."""
+    if causal and (additive is not None or write_start != 0):
+        raise ValueError(
+            "a causal block starts at cache slot 0 and takes no mask, got "
+            f"write_start={write_start} and {'a' if additive is not None else 'no'} mask"
+        )
 
 
 def _rounding_apart(got: Tensor, want: Tensor) -> bool:
@@ -426,9 +462,11 @@ class FusedForward(LeanForward):
         n_logits: int,
         head: tuple[Tensor, Tensor | None] | None = None,
         hidden: Tensor | None = None,
+        causal: bool = False,
     ) -> Tensor:
         q_len = int(ids.shape[0])
         end = write_start + q_len
+        check_causal(causal, additive, write_start)
         h = F.embedding(ids[None], self.embed, self.padding_idx)  # [1, q, hidden]
         cos_table, sin_table = self._rope_table(kv.shape[3], h)
         cos = cos_table[positions][None, None]  # [1, 1, q, D]
@@ -459,6 +497,7 @@ class FusedForward(LeanForward):
                 values,
                 attn_mask=mask,
                 scale=self.scaling,
+                is_causal=causal and q_len > 1,
                 **({"enable_gqa": True} if gqa and _SDPA_GQA else {}),
             )
             h = h + F.linear(att.transpose(1, 2).reshape(1, q_len, -1), *wo)
