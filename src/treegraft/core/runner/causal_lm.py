@@ -501,10 +501,8 @@ class CausalLMRunner:
 
     def _additive(self, visible: Tensor) -> Tensor:
         """`[q, kv_len]` additive mask (0 where visible, the dtype's minimum elsewhere)."""
-        neg = torch.finfo(self.dtype).min
-        return torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(
-            ~visible, neg
-        )
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        return mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
 
     def skip_prefill(self) -> None:
         """Take the committed tokens but the last as cached without forwarding them: their keys
