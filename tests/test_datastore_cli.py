@@ -81,6 +81,9 @@ def test_build_and_info_refuse_bad_input_naming_it(tmp_path: Path, model_dir: Pa
     blocker.write_text("x")  # a file where the output's folder should be
     result = build(text, str(blocker / "s.npz"))
     assert_clean(result, 2, "--out: cannot write", "s.npz")
+    folder = tmp_path / "folder.npz"
+    folder.mkdir()  # a folder named like the output: refused as --out, before tokenizing
+    assert_clean(build(text, str(folder)), 2, "--out:", "folder.npz", "a folder")
     result = build(tmp_path)  # a folder: its files are named, not guessed
     assert_clean(result, 2, "INPUTS:", "a folder, expected files; name its files")
     short = tmp_path / "short.txt"
