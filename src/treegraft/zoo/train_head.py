@@ -215,6 +215,20 @@ class HeadRun:
         self.agreement = list(state["agreement"])
 
 
+def check_head_target(target: torch.nn.Module, recipe: HeadRecipe) -> None:
+    """The eagle drafter serves targets the lean forward runs: a head distilled from another
+    would be refused by every pipeline, so its run is refused before the first step."""
+    from treegraft.core.runner.lean import lean_support
+
+    why = lean_support(target)
+    if why is not None:
+        raise RecipeError(
+            f"recipe.target: {recipe.target!r} cannot carry a feature head ({why}); expected a "
+            "model the lean forward runs (Llama architecture), the only targets the eagle "
+            "drafter drafts for"
+        )
+
+
 def new_run(recipe: HeadRecipe, target: torch.nn.Module) -> HeadRun:
     cfg = target.config
     spec = HeadSpec(
@@ -269,6 +283,7 @@ def train_head(
         len(train), len(valid), seq_len=recipe.seq_len, valid_fraction=recipe.valid_fraction
     )
     target = load_teacher(recipe.target)
+    check_head_target(target, recipe)
     output_rows(target, recipe)  # the counts and top_tokens checked before the first step
     run = new_run(recipe, target)
     if resume and ckpt.exists():
