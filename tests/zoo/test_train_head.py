@@ -304,3 +304,21 @@ def test_a_target_the_eagle_drafter_cannot_serve_is_refused_before_training(tmp_
     assert f"{type(model).__name__} is not LlamaForCausalLM" in result.stderr
     assert "Traceback" not in result.output
     assert not (tmp_path / "runs" / "tiny-head" / CHECKPOINT_FILE).exists()
+
+
+def test_a_corpus_tokenized_beyond_the_targets_vocabulary_is_refused(tmp_path, corpus):
+    """The recipe's tokenizer (default: the zoo's, 8192 ids) must be the target's: ids past the
+    target's embedding are refused naming recipe.tokenizer and both sizes (was: IndexError)."""
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    small = tmp_path / "small"
+    tiny_llama(seed=3, vocab=64, hidden=32, dtype=torch.float32).save_pretrained(small)
+    path = write_recipe(tmp_path / "r.yaml", corpus, small)
+    args = ["zoo", "train-head", "--recipe", str(path), "--runs", str(tmp_path / "runs")]
+    result = CliRunner().invoke(app, [*args, "--max-steps", "1"])
+    assert result.exit_code == 2, result.output
+    assert f"{path}: recipe.tokenizer: " in result.stderr
+    assert f"the target '{small}' has 64" in result.stderr
+    assert not (tmp_path / "runs" / "tiny-head" / CHECKPOINT_FILE).exists()
