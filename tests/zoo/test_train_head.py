@@ -322,3 +322,24 @@ def test_a_corpus_tokenized_beyond_the_targets_vocabulary_is_refused(tmp_path, c
     assert f"{path}: recipe.tokenizer: " in result.stderr
     assert f"the target '{small}' has 64" in result.stderr
     assert not (tmp_path / "runs" / "tiny-head" / CHECKPOINT_FILE).exists()
+
+
+def test_a_truncated_or_foreign_checkpoint_is_named_on_resume(tmp_path, corpus, teacher):
+    """An interrupted copy of the checkpoint (torch raises OSError) or a file holding another
+    object (TypeError) is named as --resume's checkpoint, not an internal error."""
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    path = write_recipe(tmp_path / "r.yaml", corpus, teacher)
+    args = ["zoo", "train-head", "--recipe", str(path), "--runs", str(tmp_path / "runs")]
+    assert CliRunner().invoke(app, [*args, "--max-steps", "1"]).exit_code == 0
+    ckpt = tmp_path / "runs" / "tiny-head" / CHECKPOINT_FILE
+    whole = ckpt.read_bytes()
+    torch.save([1, 2], tmp_path / "list.pt")
+    for content in (whole[: len(whole) // 2], (tmp_path / "list.pt").read_bytes()):
+        ckpt.write_bytes(content)
+        result = CliRunner().invoke(app, [*args, "--max-steps", "1", "--resume"])
+        assert result.exit_code == 2, result.output
+        assert f"--resume: cannot continue from {ckpt}: " in result.stderr, result.stderr
+        assert "internal error" not in result.stderr
