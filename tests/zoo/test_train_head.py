@@ -178,8 +178,12 @@ def test_a_recipes_tokenizer_may_name_a_model(tmp_path, corpus, teacher):
             r"recipe.token_counts: expected one of 'zoo:token-counts', .* got '/nope.json' "
             r"\(no such file\)",
         ),
+        (  # every unrolled step needs a position to predict: was NaN losses, a NaN head
+            {"seq_len": 2, "unroll": 2},
+            r"recipe.seq_len: expected more than unroll \(2\) tokens, got 2",
+        ),
     ],
-    ids=["target", "top0", "unroll0", "batch0", "name", "counts"],
+    ids=["target", "top0", "unroll0", "batch0", "name", "counts", "seq_len-unroll"],
 )
 def test_head_recipe_errors_name_file_field_value(tmp_path, teacher, overrides, message):
     path = write_recipe(tmp_path / "r.yaml", Path("/nonexistent"), teacher, **overrides)

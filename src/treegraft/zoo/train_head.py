@@ -108,6 +108,11 @@ def load_head_recipe(path: Path) -> HeadRecipe:
     check_reference(recipe.tokenizer, f"{path}: {ROOT}.tokenizer", path, "tokenizer.json")
     if recipe.top_tokens is not None:
         check_counts(recipe.token_counts, f"{path}: {ROOT}.token_counts")
+    if recipe.seq_len <= recipe.unroll:  # unrolled step d predicts seq_len - d positions
+        raise RecipeError(
+            f"{path}: {ROOT}.seq_len: expected more than unroll ({recipe.unroll}) tokens, got "
+            f"{recipe.seq_len}"
+        )
     return recipe
 
 
