@@ -57,22 +57,32 @@ STORE_VOTERS = 256
 STORE_FLOOR = 0.2
 #: ... but for one step in this many (a probe: the text may change)
 STORE_PROBE = 16
+#: the longest suffix or chain a config may name: the rates are arrays of suffix x chain length
+MAX_LENGTH = 1024
 
 
 @attrs.frozen
 class NgramConfig:
     """Hyper-parameters of the n-gram drafter."""
 
-    max_ngram: int = field(4, check=at_least(1), doc="longest context suffix looked up")
-    min_ngram: int = field(1, check=at_least(1), doc="shortest suffix looked up before giving up")
-    chain_len: int = field(3, check=at_least(1), doc="tokens per proposed chain")
+    max_ngram: int = field(
+        4, check=at_least(1, sane_max=MAX_LENGTH), doc="longest context suffix looked up"
+    )
+    min_ngram: int = field(
+        1, check=at_least(1, sane_max=MAX_LENGTH), doc="shortest suffix looked up before giving up"
+    )
+    chain_len: int = field(
+        3, check=at_least(1, sane_max=MAX_LENGTH), doc="tokens per proposed chain"
+    )
     max_matches: int = field(64, check=at_least(1), doc="most recent occurrences that vote")
     store: str | None = field(
         None,
         doc="a token datastore drafted from where the context has no match: `zoo:corpus` or a "
         "file of `treegraft datastore build` (None: the context alone)",
     )
-    store_chain: int = field(8, check=at_least(1), doc="tokens per chain drafted from the store")
+    store_chain: int = field(
+        8, check=at_least(1, sane_max=MAX_LENGTH), doc="tokens per chain drafted from the store"
+    )
     store_depth: int = field(
         0, check=at_least(0), doc="deepest tree node the store drafts under (0: the root only)"
     )
