@@ -347,3 +347,20 @@ def test_a_truncated_or_foreign_checkpoint_is_named_on_resume(tmp_path, corpus, 
         assert result.exit_code == 2, result.output
         assert f"--resume: cannot continue from {ckpt}: " in result.stderr, result.stderr
         assert "internal error" not in result.stderr
+
+
+def test_an_out_that_is_a_file_is_refused_before_training(tmp_path, corpus, teacher):
+    """Was: the whole run trained, then `error: FILE: File exists` without naming --out."""
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    path = write_recipe(tmp_path / "r.yaml", corpus, teacher)
+    args = ["zoo", "train-head", "--recipe", str(path), "--runs", str(tmp_path / "runs")]
+    for out in (blocker, blocker / "head"):
+        result = CliRunner().invoke(app, [*args, "--out", str(out)])
+        assert result.exit_code == 2, result.output
+        assert "--out: " in result.stderr and str(out) in result.stderr, result.stderr
+        assert not (tmp_path / "runs" / "tiny-head" / CHECKPOINT_FILE).exists()
