@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.conftest import greedy_reference, memory_resources, tiny_llama
+from tests.conftest import greedy_reference, memory_resources, tiny_llama, word_tokenizer
 from tests.plugins.test_datastore import damaged_copies
 from tests.test_cli import invoke, pipeline_file, wide_consoles  # noqa: F401
 from tests.test_cli_errors import assert_clean
@@ -81,6 +81,9 @@ def test_build_and_info_refuse_bad_input_naming_it(tmp_path: Path, model_dir: Pa
     blocker.write_text("x")  # a file where the output's folder should be
     result = build(text, str(blocker / "s.npz"))
     assert_clean(result, 2, "--out: cannot write", "s.npz")
+    folder = tmp_path / "folder.npz"
+    folder.mkdir()  # a folder named like the output: refused as --out, before tokenizing
+    assert_clean(build(text, str(folder)), 2, "--out:", "folder.npz", "a folder")
     result = build(tmp_path)  # a folder: its files are named, not guessed
     assert_clean(result, 2, "INPUTS:", "a folder, expected files; name its files")
     short = tmp_path / "short.txt"
@@ -212,6 +215,54 @@ def test_a_store_built_with_another_tokenizer_of_the_same_size_is_refused(
     unrecorded = tmp_path / "unrecorded.npz"  # a store saved without its tokenizer
     Datastore.from_tokens(Datastore.load(tmp_path / "other.npz").tokens, 64).save(unrecorded)
     assert load(unrecorded).decoder.drafters[0].store.tokenizer is None
+
+
+def test_a_target_with_only_slow_tokenizer_files_or_in_memory_checks_the_stores_tokenizer(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """Without a tokenizer.json beside the target (a GPT-2 style folder of vocab.json and
+    merges.txt, an in-memory model given its tokenizer) the store's recorded tokenizer is
+    compared with the target's loaded tokenizer: another one is refused naming both."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {f"t{i}": 62 - i for i in range(63)} | {"[UNK]": 63}  # the ids reversed
+    other = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    other.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    other.save(str(tmp_path / "tokenizer.json"))
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("t1 t2 t3 t4 t5 t6 t7")
+    for name, tokenizer in (("other", tmp_path / "tokenizer.json"), ("own", model_dir)):
+        built = invoke(
+            "datastore", "build", str(corpus), "--tokenizer", str(tokenizer),
+            "--out", str(tmp_path / f"{name}.npz"),
+        )  # fmt: skip
+        assert built.exit_code == 0, built.output
+    slow = tmp_path / "slow"  # the model's own word ids, as slow GPT-2 style files
+    tiny_llama(seed=5, vocab=64).save_pretrained(slow)
+    (slow / "vocab.json").write_text(json.dumps({f"t{i}": i for i in range(63)} | {"[UNK]": 63}))
+    (slow / "merges.txt").write_text("#version: 0.2\n")
+    (slow / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"tokenizer_class": "GPT2Tokenizer", "unk_token": "[UNK]"}
+            | dict.fromkeys(("bos_token", "eos_token", "pad_token"))
+        )
+    )
+    assert not (slow / "tokenizer.json").exists()
+    refused = r"drafters\.weak\.store: '.*other\.npz' was built with another tokenizer"
+
+    def load(target: str, store: str, resources: object = None) -> object:
+        weak = {"name": "ngram", "store": str(tmp_path / f"{store}.npz")}
+        spec = pipeline_file(tmp_path, target, drafters={"weak": weak})
+        return load_pipeline(spec, resources=resources)
+
+    with pytest.raises(ConfigError, match=refused):
+        load(str(slow), "other")
+    assert load(str(slow), "own").decoder.drafters[0].store.tokenizer is not None
+    res = memory_resources()
+    res.add_model("mem:target", tiny_llama(seed=5, vocab=64), tokenizer=word_tokenizer(64))
+    with pytest.raises(ConfigError, match=refused):
+        load("mem:target", "other", res)
+    assert load("mem:target", "own", res).decoder.drafters[0].store is not None
 
 
 def test_a_store_of_another_vocabulary_or_an_unknown_zoo_store_is_refused(tmp_path: Path) -> None:

@@ -84,6 +84,8 @@ def build_cmd(
         fail(f"INPUTS: no such file: {', '.join(missing)}")
     if out.suffix != ".npz":
         fail(f"--out: expected a file name ending in .npz, got {str(out)!r}")
+    if is_dir(out.expanduser()):  # found before the corpus is tokenized, not after
+        fail(f"--out: {clipped(str(out))} is a folder; expected a datastore file to write")
     source = tokenizer_json(tokenizer)
     try:
         tok = Tokenizer.from_file(str(source))
@@ -118,6 +120,8 @@ def build_cmd(
         store.save(out.expanduser())
     except OSError as exc:
         fail(f"--out: cannot write {out}: {exc.strerror}")
+    except DatastoreError as exc:  # the folder changed while the corpus was tokenized
+        fail(f"--out: {exc}")
     typer.echo(
         f"{tokens.size:,} tokens (vocabulary {vocab}, contexts of {store.width} tokens) -> {out}"
     )

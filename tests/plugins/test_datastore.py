@@ -209,6 +209,14 @@ def test_corpus_files_are_read_one_text_per_line_or_file(tmp_path):
         ArgumentError, match=r"INPUTS: .*f.txt is not UTF-8 text: byte 0xe9 at offset 3 \(line 1\)"
     ):
         read_texts(tmp_path / "f.txt")
+    for name, encoding in (("le", "utf-16"), ("be", "utf-16-be")):  # Windows editors' "Unicode"
+        (tmp_path / f"{name}.txt").write_bytes(b"\xfe\xff" * (name == "be") + "ab".encode(encoding))
+        with pytest.raises(
+            ArgumentError,
+            match=rf"{name}.txt is not UTF-8 text: .*; save it as UTF-8 \(it starts "
+            r"with a UTF-16 byte-order mark\)",
+        ):
+            read_texts(tmp_path / f"{name}.txt")
     with pytest.raises(ArgumentError, match=r"--corpus: .*missing.txt not found"):
         read_texts(tmp_path / "missing.txt", what="--corpus")
 

@@ -168,3 +168,20 @@ def test_memory_is_validated():
     spec["drafters"]["weak"]["memory"] = "8"
     with pytest.raises(ConfigError, match=r"drafters\.weak\.memory: expected int"):
         pipeline_spec_from_dict(spec)
+
+
+@pytest.mark.parametrize("key", ["max_ngram", "min_ngram", "chain_len", "store_chain"])
+def test_lengths_that_would_allocate_rates_per_token_are_refused(key: str):
+    """The rates are arrays of `max_ngram` x `chain_len` (and the store's of `store_chain`):
+    a typo of 10**9 ran out of memory or hung at the first generation; now refused by name."""
+    from treegraft.core.config import ConfigError, pipeline_spec_from_dict
+
+    spec = {
+        "target": "zoo:target",
+        "drafters": {"weak": {"name": "ngram", key: 10**9}},
+        "builder": {"name": "layered"},
+    }
+    with pytest.raises(
+        ConfigError, match=rf"drafters\.weak\.{key}: expected int >= 1 and <= 1024, got 1000000000"
+    ):
+        pipeline_spec_from_dict(spec)

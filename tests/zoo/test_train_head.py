@@ -178,8 +178,12 @@ def test_a_recipes_tokenizer_may_name_a_model(tmp_path, corpus, teacher):
             r"recipe.token_counts: expected one of 'zoo:token-counts', .* got '/nope.json' "
             r"\(no such file\)",
         ),
+        (  # every unrolled step needs a position to predict: was NaN losses, a NaN head
+            {"seq_len": 2, "unroll": 2},
+            r"recipe.seq_len: expected more than unroll \(2\) tokens, got 2",
+        ),
     ],
-    ids=["target", "top0", "unroll0", "batch0", "name", "counts"],
+    ids=["target", "top0", "unroll0", "batch0", "name", "counts", "seq_len-unroll"],
 )
 def test_head_recipe_errors_name_file_field_value(tmp_path, teacher, overrides, message):
     path = write_recipe(tmp_path / "r.yaml", Path("/nonexistent"), teacher, **overrides)
@@ -274,3 +278,89 @@ def test_train_head_refuses_a_thread_count_before_any_work(tmp_path: Path, threa
     assert result.exit_code == 2, result.output
     assert "--threads: expected int with 1 <= value <= " in result.stderr
     assert f"got {threads}" in result.stderr
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_a_target_the_eagle_drafter_cannot_serve_is_refused_before_training(tmp_path, corpus, arch):
+    """The eagle drafter runs on targets the lean forward runs (Llama architecture): a head
+    trained on another would be refused by every pipeline, so the run is refused first, naming
+    recipe.target and why (was: 6 steps trained for nothing, or an AttributeError)."""
+    from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    if arch == "qwen2":
+        cfg = Qwen2Config(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        )  # fmt: skip
+        model = Qwen2ForCausalLM(cfg)
+    else:
+        cfg = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4, n_positions=64)
+        model = GPT2LMHeadModel(cfg)
+    model.save_pretrained(tmp_path / arch)
+    path = write_recipe(tmp_path / "r.yaml", corpus, tmp_path / arch)
+    args = ["zoo", "train-head", "--recipe", str(path), "--runs", str(tmp_path / "runs")]
+    result = CliRunner().invoke(app, [*args, "--max-steps", "1"])
+    assert result.exit_code == 2, result.output
+    assert f"{path}: recipe.target: '{tmp_path / arch}' " in result.stderr
+    assert f"{type(model).__name__} is not LlamaForCausalLM" in result.stderr
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "runs" / "tiny-head" / CHECKPOINT_FILE).exists()
+
+
+def test_a_corpus_tokenized_beyond_the_targets_vocabulary_is_refused(tmp_path, corpus):
+    """The recipe's tokenizer (default: the zoo's, 8192 ids) must be the target's: ids past the
+    target's embedding are refused naming recipe.tokenizer and both sizes (was: IndexError)."""
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    small = tmp_path / "small"
+    tiny_llama(seed=3, vocab=64, hidden=32, dtype=torch.float32).save_pretrained(small)
+    path = write_recipe(tmp_path / "r.yaml", corpus, small)
+    args = ["zoo", "train-head", "--recipe", str(path), "--runs", str(tmp_path / "runs")]
+    result = CliRunner().invoke(app, [*args, "--max-steps", "1"])
+    assert result.exit_code == 2, result.output
+    assert f"{path}: recipe.tokenizer: " in result.stderr
+    assert f"the target '{small}' has 64" in result.stderr
+    assert not (tmp_path / "runs" / "tiny-head" / CHECKPOINT_FILE).exists()
+
+
+def test_a_truncated_or_foreign_checkpoint_is_named_on_resume(tmp_path, corpus, teacher):
+    """An interrupted copy of the checkpoint (torch raises OSError) or a file holding another
+    object (TypeError) is named as --resume's checkpoint, not an internal error."""
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    path = write_recipe(tmp_path / "r.yaml", corpus, teacher)
+    args = ["zoo", "train-head", "--recipe", str(path), "--runs", str(tmp_path / "runs")]
+    assert CliRunner().invoke(app, [*args, "--max-steps", "1"]).exit_code == 0
+    ckpt = tmp_path / "runs" / "tiny-head" / CHECKPOINT_FILE
+    whole = ckpt.read_bytes()
+    torch.save([1, 2], tmp_path / "list.pt")
+    for content in (whole[: len(whole) // 2], (tmp_path / "list.pt").read_bytes()):
+        ckpt.write_bytes(content)
+        result = CliRunner().invoke(app, [*args, "--max-steps", "1", "--resume"])
+        assert result.exit_code == 2, result.output
+        assert f"--resume: cannot continue from {ckpt}: " in result.stderr, result.stderr
+        assert "internal error" not in result.stderr
+
+
+def test_an_out_that_is_a_file_is_refused_before_training(tmp_path, corpus, teacher):
+    """Was: the whole run trained, then `error: FILE: File exists` without naming --out."""
+    from typer.testing import CliRunner
+
+    from treegraft.cli import app
+
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    path = write_recipe(tmp_path / "r.yaml", corpus, teacher)
+    args = ["zoo", "train-head", "--recipe", str(path), "--runs", str(tmp_path / "runs")]
+    for out in (blocker, blocker / "head"):
+        result = CliRunner().invoke(app, [*args, "--out", str(out)])
+        assert result.exit_code == 2, result.output
+        assert "--out: " in result.stderr and str(out) in result.stderr, result.stderr
+        assert not (tmp_path / "runs" / "tiny-head" / CHECKPOINT_FILE).exists()

@@ -263,7 +263,12 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     """What a token id means to a `tokenizers.Tokenizer`: a digest of its vocabulary (every
     token and its id, added tokens included). Two tokenizers with the same one write the same
     ids for the same tokens."""
-    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    return vocab_fingerprint(tokenizer.get_vocab(with_added_tokens=True))
+
+
+def vocab_fingerprint(vocab: dict[str, int]) -> str:
+    """`tokenizer_fingerprint` of a vocabulary (token -> id; a `transformers` tokenizer's
+    `get_vocab()`, slow or fast, gives the same one as its `tokenizer.json`)."""
     text = "\n".join(f"{i} {tok}" for tok, i in sorted(vocab.items(), key=lambda kv: kv[1]))
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 

@@ -71,9 +71,11 @@ def utf8_text(data: bytes, what: str, source: str) -> str:
         return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
+        utf16 = data[:2] in (b"\xff\xfe", b"\xfe\xff")  # what Windows editors call Unicode
         raise ArgumentError(
             f"{what}: {source} is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset "
             f"{exc.start} (line {line}); save it as UTF-8"
+            + (" (it starts with a UTF-16 byte-order mark)" if utf16 else "")
         ) from None
 
 

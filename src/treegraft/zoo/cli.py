@@ -197,10 +197,13 @@ def train_head_cmd(
 ) -> None:
     """Distil a feature head (the `eagle` drafter's) from the recipe's target on the corpus."""
     from treegraft.core.arguments import set_threads
+    from treegraft.core.inputs import check_output_dir
     from treegraft.zoo.recipe import recipe_errors
     from treegraft.zoo.train_head import load_head_recipe, train_head
 
     set_threads(threads)
+    if out is not None:  # checked before training, not when the finished head is written
+        out = check_output_dir(out.expanduser(), "--out")
     with recipe_errors(recipe):
         run = train_head(
             load_head_recipe(recipe),

@@ -339,8 +339,19 @@ def resume_errors(ckpt: Path, what: str = "--resume") -> Iterator[None]:
 
     try:
         yield
-    except (RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError) as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    except (
+        RuntimeError,
+        KeyError,
+        ValueError,
+        EOFError,
+        pickle.UnpicklingError,
+        OSError,
+        TypeError,
+        IndexError,
+        AttributeError,
+    ) as exc:  # OSError: an interrupted copy; TypeError: a file holding another object
+        reason = getattr(exc, "strerror", None) if isinstance(exc, OSError) else None
+        reason = reason or (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise ArgumentError(
             f"{what}: cannot continue from {ckpt}: {reason}; it was written by a recipe with "
             f"other model settings, or is damaged: restore that recipe, or delete {ckpt.parent} "

@@ -108,6 +108,11 @@ def load_head_recipe(path: Path) -> HeadRecipe:
     check_reference(recipe.tokenizer, f"{path}: {ROOT}.tokenizer", path, "tokenizer.json")
     if recipe.top_tokens is not None:
         check_counts(recipe.token_counts, f"{path}: {ROOT}.token_counts")
+    if recipe.seq_len <= recipe.unroll:  # unrolled step d predicts seq_len - d positions
+        raise RecipeError(
+            f"{path}: {ROOT}.seq_len: expected more than unroll ({recipe.unroll}) tokens, got "
+            f"{recipe.seq_len}"
+        )
     return recipe
 
 
@@ -215,6 +220,28 @@ class HeadRun:
         self.agreement = list(state["agreement"])
 
 
+def check_head_target(target: torch.nn.Module, recipe: HeadRecipe, tokens: np.ndarray) -> None:
+    """The eagle drafter serves targets the lean forward runs: a head distilled from another
+    would be refused by every pipeline, so its run is refused before the first step; and the
+    corpus' tokens (`recipe.tokenizer`'s) must be ids of the target's vocabulary."""
+    from treegraft.core.runner.lean import lean_support
+
+    vocab = int(target.get_input_embeddings().weight.shape[0])
+    if tokens.size and int(tokens.max()) >= vocab:
+        raise RecipeError(
+            f"recipe.tokenizer: {str(tokenizer_dir(recipe))!r} writes the corpus in token ids up "
+            f"to {int(tokens.max())}, the target {recipe.target!r} has {vocab}; expected the "
+            "target's tokenizer (name its folder as `tokenizer`)"
+        )
+    why = lean_support(target)
+    if why is not None:
+        raise RecipeError(
+            f"recipe.target: {recipe.target!r} cannot carry a feature head ({why}); expected a "
+            "model the lean forward runs (Llama architecture), the only targets the eagle "
+            "drafter drafts for"
+        )
+
+
 def new_run(recipe: HeadRecipe, target: torch.nn.Module) -> HeadRun:
     cfg = target.config
     spec = HeadSpec(
@@ -269,6 +296,7 @@ def train_head(
         len(train), len(valid), seq_len=recipe.seq_len, valid_fraction=recipe.valid_fraction
     )
     target = load_teacher(recipe.target)
+    check_head_target(target, recipe, tokens)
     output_rows(target, recipe)  # the counts and top_tokens checked before the first step
     run = new_run(recipe, target)
     if resume and ckpt.exists():

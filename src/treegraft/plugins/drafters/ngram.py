@@ -40,7 +40,9 @@ from treegraft.core.datastore import (
     DatastoreWarning,
     Match,
     file_fingerprint,
+    vocab_fingerprint,
 )
+from treegraft.core.errors import TreegraftError
 from treegraft.core.interfaces import Drafter, Peek
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.kernels.host_tensor import host_tensor
@@ -55,22 +57,32 @@ STORE_VOTERS = 256
 STORE_FLOOR = 0.2
 #: ... but for one step in this many (a probe: the text may change)
 STORE_PROBE = 16
+#: the longest suffix or chain a config may name: the rates are arrays of suffix x chain length
+MAX_LENGTH = 1024
 
 
 @attrs.frozen
 class NgramConfig:
     """Hyper-parameters of the n-gram drafter."""
 
-    max_ngram: int = field(4, check=at_least(1), doc="longest context suffix looked up")
-    min_ngram: int = field(1, check=at_least(1), doc="shortest suffix looked up before giving up")
-    chain_len: int = field(3, check=at_least(1), doc="tokens per proposed chain")
+    max_ngram: int = field(
+        4, check=at_least(1, sane_max=MAX_LENGTH), doc="longest context suffix looked up"
+    )
+    min_ngram: int = field(
+        1, check=at_least(1, sane_max=MAX_LENGTH), doc="shortest suffix looked up before giving up"
+    )
+    chain_len: int = field(
+        3, check=at_least(1, sane_max=MAX_LENGTH), doc="tokens per proposed chain"
+    )
     max_matches: int = field(64, check=at_least(1), doc="most recent occurrences that vote")
     store: str | None = field(
         None,
         doc="a token datastore drafted from where the context has no match: `zoo:corpus` or a "
         "file of `treegraft datastore build` (None: the context alone)",
     )
-    store_chain: int = field(8, check=at_least(1), doc="tokens per chain drafted from the store")
+    store_chain: int = field(
+        8, check=at_least(1, sane_max=MAX_LENGTH), doc="tokens per chain drafted from the store"
+    )
     store_depth: int = field(
         0, check=at_least(0), doc="deepest tree node the store drafts under (0: the root only)"
     )
@@ -267,14 +279,18 @@ class NgramDrafter(Drafter):
     @staticmethod
     def _check_tokenizer(config: NgramConfig, store: Datastore, resources: Any) -> None:
         """A store that recorded its tokenizer must have been built with the target's (where
-        the target has a `tokenizer.json` to compare): other ids mean other tokens."""
-        found = resources.tokenizer_file(resources.target_ref) if store.tokenizer else None
-        if found is None or file_fingerprint(found) in (None, store.tokenizer):
+        the target has a tokenizer to compare: a `tokenizer.json`, else its slow files or the
+        one an in-memory model was given): other ids mean other tokens."""
+        if store.tokenizer is None:
+            return
+        target, source = _target_fingerprint(resources)
+        if target in (None, store.tokenizer):
             return
         raise DatastoreError(
             f"store: {config.store!r} was built with another tokenizer than the target's "
-            f"({found}): its token ids mean other tokens; build it again with `treegraft "
-            f"datastore build --tokenizer {resources.target_ref}`"
+            f"({source}): tokenizer {store.tokenizer}, the target's {target}; its token ids "
+            f"mean other tokens; build it again with `treegraft datastore build --tokenizer "
+            f"{resources.target_ref}`"
         )
 
     def forget(self) -> None:
@@ -446,3 +462,20 @@ class NgramDrafter(Drafter):
                     self.calibration.record(row.match_len, t, hit)
                 if not hit:
                     break
+
+
+def _target_fingerprint(resources: Any) -> tuple[str | None, str]:
+    """The `tokenizer_fingerprint` of the target's tokenizer and where it was read (None: the
+    target has no tokenizer, or its files do not load: nothing to compare)."""
+    ref = resources.target_ref
+    found = resources.tokenizer_file(ref)
+    if found is not None and (digest := file_fingerprint(found)) is not None:
+        return digest, str(found)
+    try:
+        tokenizer = resources.load_tokenizer(ref)
+    except TreegraftError:  # files that do not load: the target's own check names them
+        return None, ""
+    vocab = getattr(tokenizer, "get_vocab", None)
+    if vocab is None:
+        return None, ""
+    return vocab_fingerprint(vocab()), f"the tokenizer of {ref}"
