@@ -4,6 +4,7 @@ the step and the invariant; valid garbage decodes exactly as plain decoding."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import attrs
 import numpy as np
@@ -16,12 +17,14 @@ from treegraft.bench.replay import replay_pipeline
 from treegraft.core.boundary import CHECKS_ENV, Origin, StepCounter, guard
 from treegraft.core.config import NoConfig
 from treegraft.core.decoder import StopRule
+from treegraft.core.hookspecs import hookimpl
 from treegraft.core.interfaces import Drafter, Peek
 from treegraft.core.metrics import Clock
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.registry import PluginError, Registry
 from treegraft.core.runner.latency import LatencyCurve
 from treegraft.core.tree import DraftTree, Proposal
+from treegraft.plugins.builders.layered import LayeredBuilder
 
 VOCAB = 48
 PROMPT = torch.tensor([3, 7, 3, 7, 11, 3, 7, 3])
@@ -465,3 +468,26 @@ def test_adapting_a_plugin_for_the_replay_names_it(target, registry, kind, verb,
         replay_pipeline(pipe, LatencyCurve("t", 8, (1, 64), (1e-3, 2e-3)))
     assert f"{kind} 'faulty' (distribution '{DISTRIBUTION}'" in str(info.value)
     assert f"{verb} {message}" in str(info.value)
+
+
+@attrs.define
+class OverBudget(LayeredBuilder):
+    """The layered builder (budget 8: 9 nodes) claiming that its trees hold at most 3 nodes."""
+
+    def max_nodes(self) -> int:
+        return 3
+
+
+def test_a_builder_exceeding_its_max_nodes_is_its_plugin_error(target) -> None:
+    """`max_nodes` sizes the target's cache and the latency grids; a larger tree was verified
+    without a word, so a builder over its own budget passed every check of the kit."""
+
+    def hook(register) -> None:
+        register("over", OverBudget)
+
+    plugin = SimpleNamespace(treegraft_register_builders=hookimpl(hook))
+    registry = Registry.create(autoload=False, plugins=[plugin])
+    data = {**spec("builder", "none"), "drafters": {"weak": {"name": "ngram"}}}
+    data["builder"] = {"name": "over", "depth": 3, "top_k": 2, "budget": 8}
+    with pytest.raises(PluginError, match=r"builder 'over' .* more than its max_nodes\(\) = 3"):
+        decode(target, registry, data)

@@ -326,6 +326,12 @@ class CheckedBuilder(Proxy, TreeBuilder):
             built, vocab=self.vocab, root=step.root, n_drafters=len(step.drafters)
         )
         self._check(problem)
+        most = self.max_nodes()
+        if built.tree.n_nodes > most:  # the caches and latency grids are sized by `max_nodes`
+            self._check(
+                f"build returned a tree of {built.tree.n_nodes} nodes, more than its max_nodes() "
+                f"= {most} (root included); expected at most {most}"
+            )
         return built
 
     def max_nodes(self) -> int:
