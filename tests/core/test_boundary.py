@@ -25,6 +25,7 @@ from treegraft.core.registry import PluginError, Registry
 from treegraft.core.runner.latency import LatencyCurve
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.plugins.builders.layered import LayeredBuilder
+from treegraft.plugins.drafters.ngram import NgramDrafter
 
 VOCAB = 48
 PROMPT = torch.tensor([3, 7, 3, 7, 11, 3, 7, 3])
@@ -490,4 +491,33 @@ def test_a_builder_exceeding_its_max_nodes_is_its_plugin_error(target) -> None:
     data = {**spec("builder", "none"), "drafters": {"weak": {"name": "ngram"}}}
     data["builder"] = {"name": "over", "depth": 3, "top_k": 2, "budget": 8}
     with pytest.raises(PluginError, match=r"builder 'over' .* more than its max_nodes\(\) = 3"):
+        decode(target, registry, data)
+
+
+class HostDepthWriter(NgramDrafter):
+    """The n-gram drafter, changing the depths in the tree's shared host lists after proposing."""
+
+    def expand(self, tree: DraftTree, nodes, k: int) -> Proposal:
+        proposal = super().expand(tree, nodes, k)
+        depth = tree.host().depth
+        for i in range(1, len(depth)):
+            depth[i] += 7
+        return proposal
+
+
+def test_writing_into_the_trees_host_lists_is_the_drafters_plugin_error(target) -> None:
+    """`extend` builds the next tree from `tree.host()`: depths written there became the
+    verified tree's positions (a GPT-2 target then decoded other tokens than plain decoding),
+    and no check saw it."""
+
+    def hook(register) -> None:
+        register("host_writer", HostDepthWriter)
+
+    plugin = SimpleNamespace(treegraft_register_drafters=hookimpl(hook))
+    registry = Registry.create(autoload=False, plugins=[plugin])
+    data = {**spec("builder", "none"), "drafters": {"weak": {"name": "host_writer"}}}
+    data["builder"] = {"name": "layered", "depth": 4, "top_k": 2, "budget": 8}
+    with pytest.raises(
+        PluginError, match=r"drafter 'host_writer' .* tree\.host\(\)\.depth in place"
+    ):
         decode(target, registry, data)
