@@ -26,6 +26,7 @@ from treegraft.core.runner.latency import LatencyCurve
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.plugins.builders.layered import LayeredBuilder
 from treegraft.plugins.drafters.ngram import NgramDrafter
+from treegraft.plugins.grafters.reselect import ReselectGrafter
 
 VOCAB = 48
 PROMPT = torch.tensor([3, 7, 3, 7, 11, 3, 7, 3])
@@ -519,5 +520,32 @@ def test_writing_into_the_trees_host_lists_is_the_drafters_plugin_error(target) 
     data["builder"] = {"name": "layered", "depth": 4, "top_k": 2, "budget": 8}
     with pytest.raises(
         PluginError, match=r"drafter 'host_writer' .* tree\.host\(\)\.depth in place"
+    ):
+        decode(target, registry, data)
+
+
+class FrontierWriter(ReselectGrafter):
+    """The reselecting grafter, moving the frontier it was given past the tree after grafting."""
+
+    def graft(self, tree, strong_logp, rescoring, *, frontier, k, drafter):
+        out = super().graft(tree, strong_logp, rescoring, frontier=frontier, k=k, drafter=drafter)
+        frontier.add_(1000)
+        return out
+
+
+def test_a_grafter_writing_into_the_frontier_is_its_plugin_error(target) -> None:
+    """The layered builder expands the old frontier after a graft (`beside_weak`): a grafter that
+    wrote into it ended the generation in a raw IndexError naming nobody."""
+
+    def hook(register) -> None:
+        register("frontier_writer", FrontierWriter)
+
+    plugin = SimpleNamespace(treegraft_register_grafters=hookimpl(hook))
+    registry = Registry.create(autoload=False, plugins=[plugin, faulty.plugin()])
+    data = spec("grafter", "none")
+    data["grafter"] = {"name": "frontier_writer"}
+    data["builder"] = {**data["builder"], "beside_weak": True}
+    with pytest.raises(
+        PluginError, match=r"grafter 'frontier_writer' .* changed its input frontier"
     ):
         decode(target, registry, data)

@@ -337,7 +337,8 @@ class CheckedGrafter(Proxy, Grafter):
         return out
 
     def graft(self, tree: DraftTree, strong_logp: Tensor, rescoring: Rescoring, **kw) -> Graft:
-        out = self._call("graft", tree, strong_logp, rescoring, watch={"tree": tree}, **kw)
+        watch = {"tree": tree, "frontier": kw.get("frontier")}  # the builder reads it after
+        out = self._call("graft", tree, strong_logp, rescoring, watch=watch, **kw)
         self._check(checks.graft_problem(out, tree, vocab=self.vocab))
         return out
 
