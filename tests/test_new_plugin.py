@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 from tests.plugins.test_example_plugin import install_fresh, run_tests_outside
 from treegraft.cli import app
 from treegraft.core.config import ConfigError
-from treegraft.new_plugin import KINDS, names_of, plugin_files, write_plugin
+from treegraft.core.registry import KINDS as REGISTRY_KINDS
+from treegraft.new_plugin import KINDS, TEMPLATES, names_of, plugin_files, write_plugin
 
 
 @pytest.mark.slow
@@ -56,12 +57,92 @@ def test_files_written() -> None:
     assert "$" not in "".join(files.values()).replace("$ ", "")
 
 
+def test_every_kind_the_registry_knows_has_a_template() -> None:
+    """`new-plugin` once had templates for drafters, schedulers and rescorers only."""
+    assert (
+        set(KINDS)
+        == set(REGISTRY_KINDS)
+        == {
+            "drafter",
+            "builder",
+            "rescorer",
+            "grafter",
+            "scheduler",
+            "verifier",
+        }
+    )
+    for kind in KINDS:
+        assert (TEMPLATES / f"{kind}.py.tmpl").is_file()
+        assert (TEMPLATES / f"test_{kind}.py.tmpl").is_file()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_files_written_for_every_kind(kind: str) -> None:
+    files = plugin_files(f"acme-{kind}", kind)
+    module = f"acme_{kind}"
+    assert set(files) == {
+        "pyproject.toml",
+        "README.md",
+        f"src/{module}/__init__.py",
+        f"src/{module}/{kind}.py",
+        f"tests/test_{kind}.py",
+    }
+    cls = f"Acme{kind.capitalize()}"
+    hook = files[f"src/{module}/__init__.py"]
+    assert f"def {REGISTRY_KINDS[kind].hook}(register: Register)" in hook
+    assert f'register("{module}", {cls})' in hook
+    assert (
+        f"class {cls}({REGISTRY_KINDS[kind].interface.__name__}):"
+        in files[f"src/{module}/{kind}.py"]
+    )
+    assert "assert_lossless(" in files[f"tests/test_{kind}.py"]
+    assert f"name: {module}" in files["README.md"]  # the usage example names the component
+    assert "$" not in "".join(files.values()).replace("$ ", "")
+    for path, text in files.items():
+        if path.endswith(".py"):
+            compile(text, path, "exec")  # no syntax error in any generated module
+
+
+def test_every_usage_example_is_a_valid_pipeline() -> None:
+    """Every template's README example names real components with valid fields (the new
+    component's config validated by its own Config class, loaded from the template)."""
+    from types import SimpleNamespace
+
+    import yaml
+
+    from treegraft.core.config import pipeline_spec_from_dict
+    from treegraft.core.hookspecs import hookimpl
+    from treegraft.core.registry import Registry
+
+    for kind in KINDS:
+        files = plugin_files(f"acme-{kind}", kind)
+        usage = files["README.md"].split("```yaml\n")[1].split("```")[0]
+        module: dict = {"__name__": f"acme_{kind}_{kind}"}
+        exec(compile(files[f"src/acme_{kind}/{kind}.py"], "c.py", "exec"), module)
+        cls = module[f"Acme{kind.capitalize()}"]
+
+        def hook(register, cls=cls, kind=kind) -> None:
+            register(f"acme_{kind}", cls)
+
+        plugin = SimpleNamespace(**{REGISTRY_KINDS[kind].hook: hookimpl(hook)})
+        registry = Registry.create(autoload=False, plugins=[plugin])
+        spec = pipeline_spec_from_dict(yaml.safe_load(usage), registry)
+        assert f"name: acme_{kind}" in usage and spec is not None
+
+
 BAD = {
     "kind": (
         ("my-x", "builderz", set()),
-        "--kind: expected one of drafter, scheduler, rescorer, got",
+        "--kind: expected one of drafter, builder, rescorer, grafter, scheduler, verifier, got "
+        "'builderz'",
     ),
     "name": (("9lives", "drafter", set()), "NAME: expected a package name of letters"),
+    "dot": (("my.plugin", "builder", set()), "NAME: expected a package name of letters"),
+    "space": (("my plugin", "grafter", set()), "NAME: expected a package name of letters"),
+    "dash-first": (("-x", "verifier", set()), "NAME: expected a package name of letters"),
+    "dash-last": (("x-", "verifier", set()), "NAME: expected a package name of letters"),
+    "empty": (("", "builder", set()), "NAME: expected a package name of letters"),
+    "non-ascii": (("grün", "grafter", set()), "NAME: expected a package name of letters"),
     "clash": (("ngram", "drafter", {"ngram"}), "NAME: the drafter name 'ngram' is already"),
     "framework": (("Treegraft", "scheduler", set()), "NAME: a module named 'treegraft' exists"),
     "library": (("torch", "drafter", set()), "NAME: a module named 'torch' exists already"),
@@ -75,6 +156,24 @@ def test_bad_arguments(args: tuple, message: str, tmp_path: Path) -> None:
     name, kind, taken = args
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         write_plugin(name, kind, tmp_path, registered=taken)
+
+
+@pytest.mark.parametrize("kind", ["builder", "grafter", "verifier"])
+def test_an_existing_folder_is_refused_and_left_alone(kind: str, tmp_path: Path) -> None:
+    (tmp_path / f"my-{kind}").mkdir()
+    (tmp_path / f"my-{kind}" / "keep.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"^NAME: .*my-\w+ already exists; choose another NAME"):
+        write_plugin(f"my-{kind}", kind, tmp_path)
+    assert [p.name for p in (tmp_path / f"my-{kind}").iterdir()] == ["keep.txt"]
+
+
+def test_cli_lists_the_known_kinds_for_an_unknown_one(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["new-plugin", "my-x", "--kind", "sampler", "--dir", str(tmp_path)]
+    )
+    assert result.exit_code == 2
+    assert "drafter, builder, rescorer, grafter, scheduler, verifier" in result.output
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_cli_refuses_an_existing_folder_and_a_builtin_name(tmp_path: Path) -> None:

@@ -378,7 +378,10 @@ def new_plugin(
         str, typer.Argument(help="distribution name of the package, e.g. my-scheduler")
     ],
     kind: Annotated[
-        str, typer.Option(help="component kind: drafter, scheduler or rescorer")
+        str,
+        typer.Option(
+            help="component kind: drafter, builder, rescorer, grafter, scheduler or verifier"
+        ),
     ] = "scheduler",
     directory: Annotated[
         Path, typer.Option("--dir", help="folder in which the package folder is created")

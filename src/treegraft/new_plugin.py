@@ -13,10 +13,11 @@ from string import Template
 from treegraft.core.config import ConfigError
 from treegraft.core.errors import clipped
 from treegraft.core.inputs import exists, prepare_output_dir
+from treegraft.core.registry import KINDS as COMPONENT_KINDS
 
 TEMPLATES = Path(__file__).resolve().parent / "plugin_templates"
-#: Kinds with a template: a working component of that kind and its tests.
-KINDS = ("drafter", "scheduler", "rescorer")
+#: Kinds with a template (every kind the registry knows): a working component and its tests.
+KINDS = tuple(COMPONENT_KINDS)
 #: What a plugin's distribution name may look like (PEP 508 names, starting with a letter).
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*([-_][A-Za-z0-9]+)*")
 
@@ -25,6 +26,23 @@ USAGE = {
 drafters:
   weak: {name: $name}
 builder: {name: layered, depth: 4, top_k: 4, budget: 16}""",
+    "builder": """target: zoo:target
+drafters:
+  weak: {name: ngram, max_ngram: 4}
+builder: {name: $name, depth: 4, width: 2, budget: 8}""",
+    "grafter": """target: zoo:target
+drafters:
+  weak: {name: ngram, max_ngram: 4}
+  strong: {name: hf_lm, model: zoo:draft-m}
+builder: {name: layered, depth: 5, top_k: 4, budget: 32}
+rescorer: {name: overwrite}
+grafter: {name: $name}
+scheduler: {name: threshold}""",
+    "verifier": """target: zoo:target
+drafters:
+  weak: {name: ngram, max_ngram: 4}
+builder: {name: layered, depth: 4, top_k: 4, budget: 16}
+verifier: {name: $name}""",
     "scheduler": """target: zoo:target
 drafters:
   weak: {name: ngram, max_ngram: 4}

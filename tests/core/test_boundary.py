@@ -4,6 +4,7 @@ the step and the invariant; valid garbage decodes exactly as plain decoding."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import attrs
 import numpy as np
@@ -16,12 +17,16 @@ from treegraft.bench.replay import replay_pipeline
 from treegraft.core.boundary import CHECKS_ENV, Origin, StepCounter, guard
 from treegraft.core.config import NoConfig
 from treegraft.core.decoder import StopRule
+from treegraft.core.hookspecs import hookimpl
 from treegraft.core.interfaces import Drafter, Peek
 from treegraft.core.metrics import Clock
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.registry import PluginError, Registry
 from treegraft.core.runner.latency import LatencyCurve
 from treegraft.core.tree import DraftTree, Proposal
+from treegraft.plugins.builders.layered import LayeredBuilder
+from treegraft.plugins.drafters.ngram import NgramDrafter
+from treegraft.plugins.grafters.reselect import ReselectGrafter
 
 VOCAB = 48
 PROMPT = torch.tensor([3, 7, 3, 7, 11, 3, 7, 3])
@@ -465,3 +470,82 @@ def test_adapting_a_plugin_for_the_replay_names_it(target, registry, kind, verb,
         replay_pipeline(pipe, LatencyCurve("t", 8, (1, 64), (1e-3, 2e-3)))
     assert f"{kind} 'faulty' (distribution '{DISTRIBUTION}'" in str(info.value)
     assert f"{verb} {message}" in str(info.value)
+
+
+@attrs.define
+class OverBudget(LayeredBuilder):
+    """The layered builder (budget 8: 9 nodes) claiming that its trees hold at most 3 nodes."""
+
+    def max_nodes(self) -> int:
+        return 3
+
+
+def test_a_builder_exceeding_its_max_nodes_is_its_plugin_error(target) -> None:
+    """`max_nodes` sizes the target's cache and the latency grids; a larger tree was verified
+    without a word, so a builder over its own budget passed every check of the kit."""
+
+    def hook(register) -> None:
+        register("over", OverBudget)
+
+    plugin = SimpleNamespace(treegraft_register_builders=hookimpl(hook))
+    registry = Registry.create(autoload=False, plugins=[plugin])
+    data = {**spec("builder", "none"), "drafters": {"weak": {"name": "ngram"}}}
+    data["builder"] = {"name": "over", "depth": 3, "top_k": 2, "budget": 8}
+    with pytest.raises(PluginError, match=r"builder 'over' .* more than its max_nodes\(\) = 3"):
+        decode(target, registry, data)
+
+
+class HostDepthWriter(NgramDrafter):
+    """The n-gram drafter, changing the depths in the tree's shared host lists after proposing."""
+
+    def expand(self, tree: DraftTree, nodes, k: int) -> Proposal:
+        proposal = super().expand(tree, nodes, k)
+        depth = tree.host().depth
+        for i in range(1, len(depth)):
+            depth[i] += 7
+        return proposal
+
+
+def test_writing_into_the_trees_host_lists_is_the_drafters_plugin_error(target) -> None:
+    """`extend` builds the next tree from `tree.host()`: depths written there became the
+    verified tree's positions (a GPT-2 target then decoded other tokens than plain decoding),
+    and no check saw it."""
+
+    def hook(register) -> None:
+        register("host_writer", HostDepthWriter)
+
+    plugin = SimpleNamespace(treegraft_register_drafters=hookimpl(hook))
+    registry = Registry.create(autoload=False, plugins=[plugin])
+    data = {**spec("builder", "none"), "drafters": {"weak": {"name": "host_writer"}}}
+    data["builder"] = {"name": "layered", "depth": 4, "top_k": 2, "budget": 8}
+    with pytest.raises(
+        PluginError, match=r"drafter 'host_writer' .* tree\.host\(\)\.depth in place"
+    ):
+        decode(target, registry, data)
+
+
+class FrontierWriter(ReselectGrafter):
+    """The reselecting grafter, moving the frontier it was given past the tree after grafting."""
+
+    def graft(self, tree, strong_logp, rescoring, *, frontier, k, drafter):
+        out = super().graft(tree, strong_logp, rescoring, frontier=frontier, k=k, drafter=drafter)
+        frontier.add_(1000)
+        return out
+
+
+def test_a_grafter_writing_into_the_frontier_is_its_plugin_error(target) -> None:
+    """The layered builder expands the old frontier after a graft (`beside_weak`): a grafter that
+    wrote into it ended the generation in a raw IndexError naming nobody."""
+
+    def hook(register) -> None:
+        register("frontier_writer", FrontierWriter)
+
+    plugin = SimpleNamespace(treegraft_register_grafters=hookimpl(hook))
+    registry = Registry.create(autoload=False, plugins=[plugin, faulty.plugin()])
+    data = spec("grafter", "none")
+    data["grafter"] = {"name": "frontier_writer"}
+    data["builder"] = {**data["builder"], "beside_weak": True}
+    with pytest.raises(
+        PluginError, match=r"grafter 'frontier_writer' .* changed its input frontier"
+    ):
+        decode(target, registry, data)

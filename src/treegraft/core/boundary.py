@@ -127,23 +127,43 @@ class Untouched:
     per tensor (`_version`): reading the counters costs no torch op and syncs nothing. Inference
     tensors (`torch.inference_mode`, as `Pipeline.generate` decodes) keep no counter: their
     values are copied into one tensor before the call and compared after it (two small ops and
-    one sync). Scores are not watched: they steer the search, and what they are does not change
-    what is committed."""
+    one sync). A tree's shared host lists (`DraftTree.host()`, from which `extend` builds the
+    next tree) are watched too: their structure is copied before the call where they exist, and
+    compared after it with that copy or with the tensors. Scores are not watched: they steer the
+    search, and what they are does not change what is committed."""
 
     named: list[tuple[str, Tensor]]
     #: the write counters of the tensors, or their values in one flat copy (inference tensors)
     before: tuple[int, ...] | Tensor | None
+    #: each input tree, by name, with a copy of its host lists' structure (None: it had none)
+    hosts: list[tuple[str, DraftTree, tuple[list[int], ...] | None]] = attrs.field(factory=list)
 
     @classmethod
     def of(cls, inputs: dict[str, object]) -> Untouched:
         named = watched(inputs)
         tensors = [t for _, t in named]
+        hosts = [(n, t, host_structure(t)) for n, t in inputs.items() if isinstance(t, DraftTree)]
         if any(t.is_inference() for t in tensors):
-            return cls(named, flat_copy(tensors))
-        return cls(named, tuple(t._version for t in tensors))
+            return cls(named, flat_copy(tensors), hosts)
+        return cls(named, tuple(t._version for t in tensors), hosts)
 
     def changed(self) -> str | None:
         """The name of the first input written into since `of` (None: none was)."""
+        return self._changed_tensor() or self._changed_host()
+
+    def _changed_host(self) -> str | None:
+        for name, tree, before in self.hosts:
+            now = host_structure(tree)
+            if now is None:
+                continue
+            if before is None:  # made during the call: it must say what the tensors say
+                before = tuple(getattr(tree, field).tolist() for field in STRUCTURE)
+            for field, got, want in zip(STRUCTURE, now, before, strict=True):
+                if got != want:
+                    return f"{name}.host().{field}"
+        return None
+
+    def _changed_tensor(self) -> str | None:
         if isinstance(self.before, tuple):
             for (name, tensor), version in zip(self.named, self.before, strict=True):
                 if tensor._version != version:
@@ -158,6 +178,12 @@ class Untouched:
                 return name
             start += tensor.numel()
         return None
+
+
+def host_structure(tree: DraftTree) -> tuple[list[int], ...] | None:
+    """Copies of the tree's host lists of `STRUCTURE` (None: the tree made none yet)."""
+    host = tree._host
+    return None if host is None else tuple(list(getattr(host, f)) for f in STRUCTURE)
 
 
 def flat_copy(tensors: list[Tensor]) -> Tensor | None:
@@ -311,7 +337,8 @@ class CheckedGrafter(Proxy, Grafter):
         return out
 
     def graft(self, tree: DraftTree, strong_logp: Tensor, rescoring: Rescoring, **kw) -> Graft:
-        out = self._call("graft", tree, strong_logp, rescoring, watch={"tree": tree}, **kw)
+        watch = {"tree": tree, "frontier": kw.get("frontier")}  # the builder reads it after
+        out = self._call("graft", tree, strong_logp, rescoring, watch=watch, **kw)
         self._check(checks.graft_problem(out, tree, vocab=self.vocab))
         return out
 
@@ -326,6 +353,12 @@ class CheckedBuilder(Proxy, TreeBuilder):
             built, vocab=self.vocab, root=step.root, n_drafters=len(step.drafters)
         )
         self._check(problem)
+        most = self.max_nodes()
+        if built.tree.n_nodes > most:  # the caches and latency grids are sized by `max_nodes`
+            self._check(
+                f"build returned a tree of {built.tree.n_nodes} nodes, more than its max_nodes() "
+                f"= {most} (root included); expected at most {most}"
+            )
         return built
 
     def max_nodes(self) -> int:
