@@ -90,14 +90,16 @@ class StopRule:
                 break
         if self.check is not None:
             total = self.check([*generated, *new[:keep]])
-            if total is not None:
+            # a stop string the EOS token itself completes (its text, `<|im_end|>`): ends at EOS
+            if total is not None and (reason != "eos" or total - len(generated) < keep):
                 return max(0, total - len(generated)), "stop"
         return keep, reason
 
 
 @attrs.frozen
 class StopStrings:
-    """Stop check: the number of tokens up to the one that completes the first stop string."""
+    """Stop check: the number of tokens up to the one that completes the first stop string
+    (`decode`: the text with special tokens kept, where `generate`'s `stop_strings` match)."""
 
     stops: tuple[str, ...]
     decode: Callable[[Sequence[int]], str]  # token ids -> text
