@@ -257,7 +257,7 @@ class Pipeline:
         if stop:
             if self.tokenizer is None:
                 raise ArgumentError(f"stop: {NO_TOKENIZER_FOR_STOP}")
-            check = StopStrings(tuple(stop), self._decode_kept)
+            check = StopStrings(tuple(stop), self.decode_text, self._decode_kept)
         return StopRule(
             max_new_tokens=dec.max_new_tokens if max_new_tokens is None else int(max_new_tokens),
             eos_ids=self.eos_ids if dec.stop_at_eos else frozenset(),

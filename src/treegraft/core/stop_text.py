@@ -2,9 +2,10 @@
 
 Two decodings of the same tokens are involved. The returned text leaves special tokens out (as
 `tokenizer.decode(ids, skip_special_tokens=True)`); stop strings are matched in the text with
-special tokens kept, as `generate(stop_strings=...)` matches them, so that a stop string may be a
+special tokens kept too, as `generate(stop_strings=...)` matches them, so that a stop string may be a
 special token's text (`<|im_end|>` in a chat, `<|user|>`). The text ends where the first stop
-string starts; a stop string made of special tokens alone leaves nothing of itself to cut.
+string starts in either text; a stop string made of special tokens alone leaves nothing of itself
+to cut.
 """
 
 from __future__ import annotations
@@ -33,34 +34,44 @@ class StopText:
 
     def final(self, ids: Sequence[int]) -> str:
         """The text of a finished generation's `ids`: up to where the first stop string starts
-        (the earliest, whatever its place in `stops`), all of it when none is there."""
+        (the earliest, whatever its place in `stops`, in either text), all of it when none is
+        there."""
+        shown = self.shown(ids)
         if not self.stops:
-            return self.shown(ids)
+            return shown
         kept = self.kept(ids)
-        starts = [kept.find(s) for s in self.stops]
-        cut = min((start for start in starts if start >= 0), default=len(kept))
-        return self._until(ids, kept, cut)
+        cut_kept = min((i for i in map(kept.find, self.stops) if i >= 0), default=len(kept))
+        cut_shown = min((i for i in map(shown.find, self.stops) if i >= 0), default=len(shown))
+        return min(shown[:cut_shown], self._until(ids, shown, kept, cut_kept), key=len)
 
     def so_far(self, ids: Sequence[int]) -> str:
         """The text of an unfinished generation's `ids` that streaming may show: less an
         incomplete UTF-8 character at its end and a tail that may begin a stop string (held back
         until the next tokens say whether it does). Always a beginning of `final` of any
         continuation."""
-        if not self.stops:
-            return self.shown(ids).rstrip(REPLACEMENT)
-        kept = self.kept(ids)
-        complete = kept.rstrip(REPLACEMENT)
-        hold = max(
-            (k for s in self.stops for k in range(1, len(s)) if complete.endswith(s[:k])),
-            default=0,
-        )
-        return self._until(ids, kept, len(complete) - hold)
-
-    def _until(self, ids: Sequence[int], kept: str, cut: int) -> str:
-        """The shown text of `ids` up to character `cut` of their kept text `kept`: the shown
-        text of the whole tokens before it, then the part before `cut` of the token it falls
-        in (none of a special token's text)."""
         shown = self.shown(ids)
+        complete = shown.rstrip(REPLACEMENT)
+        if not self.stops:
+            return complete
+        kept = self.kept(ids)
+        complete_kept = kept.rstrip(REPLACEMENT)
+        cut_kept = len(complete_kept) - self._held(complete_kept)
+        return min(
+            complete[: len(complete) - self._held(complete)],
+            self._until(ids, shown, kept, cut_kept),
+            key=len,
+        )
+
+    def _held(self, text: str) -> int:
+        """The length of the longest tail of `text` that begins a stop string."""
+        return max(
+            (k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0
+        )
+
+    def _until(self, ids: Sequence[int], shown: str, kept: str, cut: int) -> str:
+        """The shown text `shown` of `ids` up to character `cut` of their kept text `kept`: the
+        shown text of the whole tokens before it, then the part before `cut` of the token it
+        falls in (none of a special token's text)."""
         if shown == kept:  # no special token: the two texts are one
             return kept[:cut]
         whole = self._whole_tokens(ids, kept[:cut])
