@@ -1,11 +1,11 @@
 """The text of generated tokens as `generate` returns it and `stream` shows it.
 
 Two decodings of the same tokens are involved. The returned text leaves special tokens out (as
-`tokenizer.decode(ids, skip_special_tokens=True)`); stop strings are matched in the text with
-special tokens kept too, as `generate(stop_strings=...)` matches them, so that a stop string may be a
-special token's text (`<|im_end|>` in a chat, `<|user|>`). The text ends where the first stop
-string starts in either text; a stop string made of special tokens alone leaves nothing of itself
-to cut.
+`tokenizer.decode(ids, skip_special_tokens=True)`). Stop strings are matched in it and in the
+text with special tokens kept, as `generate(stop_strings=...)` matches them, so that a stop
+string may be a special token's text (`<|im_end|>` in a chat, `<|user|>`). The text ends where
+the first stop string starts in either text; a stop string made of special tokens alone leaves
+nothing of itself to cut.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class StopText:
     Attributes:
         stops: the stop strings.
         shown: token ids -> text with special tokens left out (what is returned).
-        kept: token ids -> text with special tokens kept (where stop strings are matched).
+        kept: token ids -> text with special tokens kept (where stop strings are matched too).
     """
 
     stops: tuple[str, ...]
