@@ -216,6 +216,55 @@ def test_stop_string_inside_an_accepted_block(tiny_target):
     assert "".join(pipe.stream(prompt)) == out.text
 
 
+class SpecialTokenizer(LetterTokenizer):
+    """A `LetterTokenizer` whose token `special` is a special token, written `<|s|>` (left out
+    of the text as `decode(..., skip_special_tokens=True)` leaves it out)."""
+
+    def __init__(self, special: int) -> None:
+        self.special = special
+
+    def decode(self, ids, skip_special_tokens=True):
+        letters = LetterTokenizer.decode(self, [i for i in ids if i != self.special])
+        if skip_special_tokens:
+            return letters
+        return "".join("<|s|>" if i == self.special else chr(97 + i % 26) for i in ids)
+
+
+def special_case(tiny_target):
+    """A prompt, its greedy continuation, and a token first generated at index >= 3."""
+    prompt = repetitive_prompt(6, 10)
+    ref = greedy_reference(tiny_target, prompt, 30)
+    first = next(i for i in range(3, 20) if ref[i] not in ref[:i])
+    return prompt, ref, first
+
+
+@pytest.mark.parametrize("before, after", [("", ""), ("", "x"), ("x", "")])
+def test_a_stop_string_with_a_special_tokens_text_ends_at_that_token(tiny_target, before, after):
+    """`generate(stop_strings=...)` matches stop strings in the text with special tokens kept
+    (`<|im_end|>`): the generation ends at the token that completes it, and the text, special
+    tokens left out, ends before it (streamed too)."""
+    prompt, ref, first = special_case(tiny_target)
+    letters = LetterTokenizer().decode(ref)
+    stop = before and letters[first - 1]
+    stop += "<|s|>" + (after and letters[first + 1])
+    end = first + 1 + len(after)
+    pipe = self_draft(tiny_target, depth=4, top_k=1, budget=4, max_new=30, stop=[stop])
+    pipe.tokenizer = SpecialTokenizer(ref[first])
+    out = pipe.generate(prompt)
+    assert (list(out.token_ids), out.finish_reason) == (ref[:end], "stop")
+    assert out.text == letters[: first - len(before)]
+    assert "".join(pipe.stream(prompt)) == out.text
+
+
+def test_a_stop_string_the_eos_token_completes_ends_at_eos():
+    target, prompt, expected = eos_case(13)
+    pipe = self_draft(target, depth=4, top_k=1, budget=4, max_new=40, stop=["<|s|>"])
+    pipe.tokenizer = SpecialTokenizer(expected[-1])
+    out = pipe.generate(prompt)
+    assert (list(out.token_ids), out.finish_reason) == (expected, "eos")
+    assert out.text == LetterTokenizer().decode(expected[:-1])
+
+
 def test_the_text_ends_before_the_stop_string_that_starts_first(tiny_target):
     """Stop strings that overlap: the text ends where the earliest one starts, whatever their
     order in the list."""

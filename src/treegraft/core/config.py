@@ -254,8 +254,9 @@ class DecodingConfig:
     stop: list[str] = field(
         attrs.Factory(list),
         check=each(Check("non-empty", lambda s: len(s) > 0)),
-        doc="stop strings; output (streamed too) ends before the first one; `stop=` of "
-        "`generate` and `stream` replaces them",
+        doc="stop strings; output (streamed too) ends before the first one; also matched "
+        "with special tokens kept (`<|im_end|>` stops too); `stop=` of `generate` and `stream` "
+        "replaces them",
     )
     stop_at_eos: bool = field(True, doc="end when the target emits its EOS token")
     dtype: str = field(

@@ -90,25 +90,35 @@ class StopRule:
                 break
         if self.check is not None:
             total = self.check([*generated, *new[:keep]])
-            if total is not None:
+            # a stop string the EOS token itself completes (its text, `<|im_end|>`): ends at EOS
+            if total is not None and (reason != "eos" or total - len(generated) < keep):
                 return max(0, total - len(generated)), "stop"
         return keep, reason
 
 
 @attrs.frozen
 class StopStrings:
-    """Stop check: the number of tokens up to the one that completes the first stop string."""
+    """Stop check: the number of tokens up to the one that completes the first stop string, in
+    the text (`decode`) or, given `kept`, in the text with special tokens kept (where
+    `generate`'s `stop_strings` match)."""
 
     stops: tuple[str, ...]
     decode: Callable[[Sequence[int]], str]  # token ids -> text
+    #: token ids -> another text where stop strings are matched too (special tokens kept)
+    kept: Callable[[Sequence[int]], str] | None = None
+
+    def found(self, ids: Sequence[int]) -> bool:
+        """Whether the text of `ids` (either text) holds a stop string."""
+        texts = [self.decode(ids)] + ([] if self.kept is None else [self.kept(ids)])
+        return any(s in text for text in texts for s in self.stops)
 
     def __call__(self, ids: Sequence[int]) -> int | None:
-        if not any(s in self.decode(ids) for s in self.stops):
+        if not self.found(ids):
             return None
         lo, hi = 1, len(ids)  # smallest prefix whose text contains a stop string
         while lo < hi:
             mid = (lo + hi) // 2
-            if any(s in self.decode(ids[:mid]) for s in self.stops):
+            if self.found(ids[:mid]):
                 hi = mid
             else:
                 lo = mid + 1

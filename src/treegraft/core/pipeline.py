@@ -51,6 +51,7 @@ from treegraft.core.runner.attention_rules import (
     max_positions,
 )
 from treegraft.core.runner.placement import placement_problems
+from treegraft.core.stop_text import StopText
 from treegraft.core.vocabularies import (
     check_chat_template,
     check_vocabularies,
@@ -235,10 +236,15 @@ class Pipeline:
 
     def decode_text(self, ids: Sequence[int]) -> str:
         """The text of the token ids `ids` (special tokens left out); "" without a tokenizer."""
+        return self._decode(ids, skip_special_tokens=True)
+
+    def _decode_kept(self, ids: Sequence[int]) -> str:
+        """`decode_text` with special tokens kept: stop strings are matched there (`stop_text`)."""
+        return self._decode(ids, skip_special_tokens=False)
+
+    def _decode(self, ids: Sequence[int], **kwargs: bool) -> str:
         ids = token_list("ids", ids, self.decoder.target.vocab_size)
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return "" if self.tokenizer is None else self.tokenizer.decode(ids, **kwargs)
 
     # ------------------------------------------------------------------ decoding
 
@@ -252,7 +258,7 @@ class Pipeline:
         if stop:
             if self.tokenizer is None:
                 raise ArgumentError(f"stop: {NO_TOKENIZER_FOR_STOP}")
-            check = StopStrings(tuple(stop), self.decode_text)
+            check = StopStrings(tuple(stop), self.decode_text, self._decode_kept)
         return StopRule(
             max_new_tokens=dec.max_new_tokens if max_new_tokens is None else int(max_new_tokens),
             eos_ids=self.eos_ids if dec.stop_at_eos else frozenset(),
@@ -466,24 +472,19 @@ class Pipeline:
                 shown_so_far = text
 
     def text_of(self, ids: Sequence[int], stop: Sequence[str] | None = None) -> str:
-        """Decoded text with the first stop string (and what follows it) removed: `stop`, else
-        the pipeline's `decoding.stop`, as in `steps`."""
-        text = self.decode_text(ids)
-        found = [
-            text.find(s) for s in (self.spec.decoding.stop if stop is None else check_stop(stop))
-        ]
-        return text[: min((cut for cut in found if cut >= 0), default=len(text))]
+        """Decoded text less the first stop string and what follows (`stop`, else `decoding.stop`)."""
+        return self._stop_text(stop).final(ids)
 
     def shown_text(self, ids: Sequence[int], finished: bool, stop: Sequence[str] | None) -> str:
         """The text of `ids` that streaming may show so far: all of `text_of` once finished;
         before, the decoded text less an incomplete UTF-8 character or a tail that may begin a
         stop string (held back until the next tokens say whether it does)."""
-        if finished:
-            return self.text_of(ids, stop)
-        text = self.decode_text(ids).rstrip("\ufffd")
+        text = self._stop_text(stop)
+        return text.final(ids) if finished else text.so_far(ids)
+
+    def _stop_text(self, stop: Sequence[str] | None) -> StopText:
         stops = self.spec.decoding.stop if stop is None else check_stop(stop)
-        hold = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-        return text[: len(text) - hold]
+        return StopText(tuple(stops), self.decode_text, self._decode_kept)
 
 
 NO_TOKENIZER_FOR_STOP = (
