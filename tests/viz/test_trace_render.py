@@ -215,3 +215,26 @@ def test_trace_render_draws_dollar_tokens_as_text(tmp_path):
     code, err = render(step, "--out", tmp_path / "t.png")
     assert code == 0 and (tmp_path / "t.png").exists(), err  # was: internal error: ValueError: $$
     assert label({"text": "$x$"}) == r"\$x\$"
+
+
+def test_trace_render_step_reads_only_its_file_and_names_the_gaps(tmp_path):
+    """`--step 1` failed on another step's damaged file; a missing step was said to be inside
+    the range the trace held; an interrupted or gapped trace rendered without a word."""
+    _, files = traced_run(tmp_path)
+    trace = tmp_path / "trace"
+    files[-1].write_bytes(files[-1].read_bytes()[:40])  # a damaged last step
+    files[2].unlink()
+    code, err = render(trace, "--step", 1, "--out", tmp_path / "one.png")
+    assert code == 0 and "error" not in err, err
+    code, err = render(trace, "--step", 2)
+    last = len(files) - 1
+    assert code == 2 and f"no step 2 in {trace}; its steps run from 0 to {last}, without 2" in err
+    files[-1].unlink()
+    code, err = render(trace, "--out", tmp_path / "all.png")
+    assert code == 0, err
+    assert "note: the trace lacks step(s) 2 (deleted, or never written)" in err
+    assert f"note: the trace ends at step {last - 1} with no finish reason: its run was" in err
+    code, err = render(files[0], "--out", tmp_path / "first.png")  # one file: no notes
+    assert code == 0 and "note" not in err, err
+    code, err = render(files[0], "--step", 1)
+    assert code == 2 and "no step 1 in" in err and "the file holds step 0" in err, err
