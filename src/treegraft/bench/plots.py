@@ -118,10 +118,16 @@ def plot_speedup(rows: Sequence[Row], path: Path) -> Path:
         ax.set_xlabel(f"speedup vs {baseline} (bar: all suites, 95% CI)")
         ax.set_title(short(pair, 2 * LABEL_CHARS), fontsize="medium")
         ax.grid(axis="x", alpha=0.3)
+    if not methods:  # a sweep of plain decoding alone: say so, not empty axes and legends
+        for ax in axes[0]:
+            ax.text(0.5, 0.5, "no method measured beside the plain decoding baseline",
+                    transform=ax.transAxes, ha="center", va="center", color="grey")  # fmt: skip
+        return save_figure(fig, path)
     handles = [plt.Rectangle((0, 0), 1, 1, color=plt.get_cmap(c)(0.75)) for _, c in families]
-    legend = axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small",
-                                title="per suite", frameon=False)  # fmt: skip
-    axes[0, -1].add_artist(legend)
+    if axes[0, -1].get_legend_handles_labels()[0]:  # the last panel drew per-suite markers
+        legend = axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                                    fontsize="small", title="per suite", frameon=False)  # fmt: skip
+        axes[0, -1].add_artist(legend)
     axes[0, -1].legend(handles, [f for f, _ in families], loc="lower left",
                        bbox_to_anchor=(1.02, 0.0), fontsize="small", title="family",
                        frameon=False)  # fmt: skip
@@ -150,7 +156,7 @@ def plot_tau(requests: Sequence[Request], path: Path) -> Path:
         ax.set_xticks(range(1, len(methods) + 1), [short(m) for m in methods], rotation=45,
                       ha="right")  # fmt: skip
     ax.set_ylabel("tau (tokens per target forward, bonus included)")
-    ax.set_title("tau per request")
+    ax.set_title("tau per request (all pairs and suites)")
     return save_figure(fig, path)
 
 
@@ -167,6 +173,7 @@ def plot_time_split(rows: Sequence[Row], path: Path) -> Path:
         left = [a + b for a, b in zip(left, values, strict=True)]
     ax.set_yticks(ys, labels)
     ax.set_xlabel("fraction of wall time")
+    ax.set_title("where the wall time goes (all pairs and suites)")
     ax.invert_yaxis()
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return save_figure(fig, path)
@@ -197,6 +204,7 @@ def plot_replay(rows: Sequence[Row], path: Path) -> Path:
     ax.set_ylim(0, top)
     ax.set_xlabel("measured speedup")
     ax.set_ylabel("replay-predicted speedup")
+    ax.set_title("replay-predicted vs measured speedup (all pairs and suites)")
     return save_figure(fig, path)
 
 
