@@ -238,3 +238,25 @@ def test_trace_render_step_reads_only_its_file_and_names_the_gaps(tmp_path):
     assert code == 0 and "note" not in err, err
     code, err = render(files[0], "--step", 1)
     assert code == 2 and "no step 1 in" in err and "the file holds step 0" in err, err
+
+
+def test_hide_pruned_leaves_no_gaps_and_the_legend_lists_what_is_drawn(tmp_path, monkeypatch):
+    """`--hide-pruned` still gave each hidden node a row (a kept chain drawn as a staircase in
+    a figure as tall as the whole tree) and listed pruned and rescored markers not drawn."""
+    import matplotlib.pyplot as plt
+
+    record = _chain(3, parent=-1) | {"drafters": ["weak:ngram"]}
+    record["nodes"][2]["kept"] = True
+    for i in range(3, 40):  # pruned siblings at depth 1, each better scored than the kept one
+        record["nodes"].append(record["nodes"][1] | {"id": i, "kept": False, "score": 0.0})
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    render_step(record, tmp_path / "hidden.png", show_pruned=False)
+    render_step(record, tmp_path / "all.png")
+    hidden, whole = (fig.axes[0] for fig in figures)
+    points = hidden.collections[-1].get_offsets()  # the nodes' scatter: a straight chain
+    assert len(points) == 3 and len({float(y) for _, y in points}) == 1
+    assert figures[0].get_figheight() < figures[1].get_figheight() / 4
+    legend = [t.get_text() for t in hidden.get_legend().get_texts()]
+    assert legend == ["0: weak:ngram", "accepted path"]
+    assert "pruned before verification" in [t.get_text() for t in whole.get_legend().get_texts()]
