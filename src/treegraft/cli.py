@@ -221,6 +221,8 @@ def _run_generation(
             f"tokens/s · {s.steps} target forwards · finish: {finish}[/]"
         )
         console.print(f"[dim]{backend_line(pipe)}[/]")
+    if writer:
+        console.print(f"[dim]{escape(trace_line(trace, len(events), interrupted))}[/]")
     if interrupted:
         raise KeyboardInterrupt
     if prepared:
@@ -229,6 +231,12 @@ def _run_generation(
             "pipeline; not in the stats)[/]"
         )
     return ids, s.tokens_per_second, events[-1].finish_reason
+
+
+def trace_line(trace: Path, steps: int, interrupted: bool) -> str:
+    """Where the trace went, and (Ctrl-C) that it stops short."""
+    cut = ", cut short by the interrupt" if interrupted else ""
+    return f"trace: {steps} step files in {trace}{cut} (draw one: treegraft trace render {trace})"
 
 
 def backend_line(pipe) -> str:
