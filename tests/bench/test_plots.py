@@ -165,3 +165,31 @@ def test_plots_draw_the_summary_numbers_and_say_what_they_show(
     texts = [t.get_text() for t in figures[0].axes[0].texts]
     assert texts == ["no method measured beside the plain decoding baseline"]
     assert figures[0].axes[0].get_legend() is None
+
+
+def test_tau_leaves_out_plain_decoding_and_orders_methods_as_the_speedup_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ar-runner` (tau 1 by definition) was boxed beside the methods, in the order the
+    requests came, unlike the speedup plot's family grouping."""
+    import statistics
+
+    from treegraft.bench import plots
+
+    requests = []
+    for i in range(3):
+        requests += [req("ar", f"q{i}", 1.0), req("ar-runner", f"q{i}", 0.9),
+                     req("hf-assisted", f"q{i}", 0.5, steps=4), req("mine", f"q{i}", 0.4,
+                     steps=3 + i)]  # fmt: skip
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig) or path)
+    plots.plot_tau(requests, tmp_path / "tau.png")
+    plots.plot_tau(requests[:2], tmp_path / "none.png")
+    ax = figures[0].axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["mine", "hf-assisted"]
+    drawn = {round(float(y), 9) for line in ax.lines for y in line.get_ydata()}
+    for method in ("mine", "hf-assisted"):  # the medians and the extremes of the requests
+        taus = [r.tau for r in requests if r.method == method]
+        for value in (statistics.median(taus), min(taus), max(taus)):
+            assert round(value, 9) in drawn
+    assert figures[1].axes[0].texts[0].get_text() == "no method measured beside plain decoding"

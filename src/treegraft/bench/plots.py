@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -145,16 +146,22 @@ def error_bars(rows: Sequence[Row | None]) -> list[list[float]]:
 
 
 def plot_tau(requests: Sequence[Request], path: Path) -> Path:
-    """Box plot of per-request tau for every measured method (all pairs and suites)."""
-    methods = list(
-        dict.fromkeys(r.method for r in requests if r.mode == MEASURED and r.method != AR)
-    )
-    data = [[r.tau for r in requests if r.method == m and r.mode == MEASURED] for m in methods]
+    """Box plot of per-request tau for every measured speculative method (all pairs and
+    suites), grouped by family as in the speedup plot, highest median first within a family;
+    plain decoding (tau 1 by definition) left out."""
+    measured = [r for r in requests if r.mode == MEASURED and r.method not in PLAIN]
+    taus: dict[str, list[float]] = {}
+    for r in measured:
+        taus.setdefault(r.method, []).append(r.tau)
+    methods = method_order(list(taus), {m: statistics.median(t) for m, t in taus.items()})
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(methods) + 2), 4.5))
     if methods:
-        ax.boxplot(data)
+        ax.boxplot([taus[m] for m in methods])
         ax.set_xticks(range(1, len(methods) + 1), [short(m) for m in methods], rotation=45,
                       ha="right")  # fmt: skip
+    else:
+        ax.text(0.5, 0.5, "no method measured beside plain decoding", transform=ax.transAxes,
+                ha="center", va="center", color="grey")  # fmt: skip
     ax.set_ylabel("tau (tokens per target forward, bonus included)")
     ax.set_title("tau per request (all pairs and suites)")
     return save_figure(fig, path)
