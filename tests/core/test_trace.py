@@ -128,10 +128,11 @@ def test_step_files_are_in_step_order_and_gaps_are_named(tmp_path) -> None:
         ({"version": True}, "trace version True, expected 1: written by another treegraft"),
         ({"version": 2}, "trace version 2, expected 1: written by another treegraft version"),
         ({"step": False}, "'step' must be an int"),
+        ({"version": None}, "trace version None, expected 1"),
         ({"node": {"token": True}}, "nodes[1]: token=True of the wrong type"),
         ({"node": {"parent": False}}, "nodes[1]: expected id 1 and a parent listed before it"),
     ],
-    ids=["version-true", "version-2", "step-false", "token-true", "parent-false"],
+    ids=["version-true", "version-2", "step-false", "version-null", "token-true", "parent-false"],
 )
 def test_load_step_takes_no_json_boolean_for_a_number(tmp_path, change, message) -> None:
     """JSON `true` passed as step, version, token or parent 1 (Python counts bools as ints)."""
@@ -144,3 +145,13 @@ def test_load_step_takes_no_json_boolean_for_a_number(tmp_path, change, message)
     with pytest.raises(ArgumentError) as info:
         load_step(files[0])
     assert message in str(info.value)
+
+
+def test_a_json_object_with_no_version_is_not_called_another_version(tmp_path) -> None:
+    """Any JSON object (a config saved as step-00000.json) was 'trace version None ... expected
+    1', as if another treegraft had written it."""
+    path = tmp_path / "step-00000.json"
+    path.write_text('{"target": "zoo:target"}')
+    with pytest.raises(ArgumentError) as info:
+        load_step(path)
+    assert "not a complete trace step: missing key(s) 'version', 'step'" in str(info.value)

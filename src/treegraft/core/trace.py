@@ -160,7 +160,7 @@ def load_step(path: Path) -> dict:
             f"{path}: expected a JSON object (a trace step record), got a {type(record).__name__}"
         )
     version = record.get("version")
-    if not _is_int(version) or version != TRACE_VERSION:
+    if "version" in record and (not _is_int(version) or version != TRACE_VERSION):
         raise ArgumentError(
             f"{path}: trace version {version!r}, expected {TRACE_VERSION}: written by another "
             "treegraft version (render it with that version, or trace the run again)"
