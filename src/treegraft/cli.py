@@ -417,7 +417,8 @@ app.add_typer(trace_app, name="trace")
 def trace_render(
     source: Annotated[Path, typer.Argument(help="trace directory or one step-NNNNN.json file")],
     step: Annotated[
-        int | None, typer.Option(help="step to draw (default: the step that accepted most)")
+        int | None,
+        typer.Option(min=0, help="step to draw (default: the step that accepted most)"),
     ] = None,
     out: Annotated[
         Path | None,

@@ -238,6 +238,8 @@ def test_trace_render_step_reads_only_its_file_and_names_the_gaps(tmp_path):
     assert code == 0 and "note" not in err, err
     code, err = render(files[0], "--step", 1)
     assert code == 2 and "no step 1 in" in err and "the file holds step 0" in err, err
+    code, err = render(files[0], "--step", -1)  # was 'no step -1 in ...'
+    assert code == 2 and "'--step': expected a value greater than or equal to 0" in err, err
 
 
 def test_hide_pruned_leaves_no_gaps_and_the_legend_lists_what_is_drawn(tmp_path, monkeypatch):
