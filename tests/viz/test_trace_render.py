@@ -193,13 +193,13 @@ def test_trace_render_gives_a_root_only_step_room_for_title_and_legend(tmp_path)
 
 
 def test_render_step_draws_a_big_tree_as_a_few_collections(tmp_path, monkeypatch):
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     record = _chain(300, parent=-1)
     for node in record["nodes"][2:]:  # a wide tree: the rest hang off node 1, some rescored
         node.update(parent=1, depth=2, scorer=node["id"] % 2)
     figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
     render_step(record, tmp_path / "wide.png")
     (ax,) = figures[0].axes
     # one scatter of nodes, one of rescoring diamonds, two of edges; was one artist per node
@@ -245,14 +245,14 @@ def test_trace_render_step_reads_only_its_file_and_names_the_gaps(tmp_path):
 def test_hide_pruned_leaves_no_gaps_and_the_legend_lists_what_is_drawn(tmp_path, monkeypatch):
     """`--hide-pruned` still gave each hidden node a row (a kept chain drawn as a staircase in
     a figure as tall as the whole tree) and listed pruned and rescored markers not drawn."""
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     record = _chain(3, parent=-1) | {"drafters": ["weak:ngram"]}
     record["nodes"][2]["kept"] = True
     for i in range(3, 40):  # pruned siblings at depth 1, each better scored than the kept one
         record["nodes"].append(record["nodes"][1] | {"id": i, "kept": False, "score": 0.0})
     figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
     render_step(record, tmp_path / "hidden.png", show_pruned=False)
     render_step(record, tmp_path / "all.png")
     hidden, whole = (fig.axes[0] for fig in figures)
@@ -262,3 +262,23 @@ def test_hide_pruned_leaves_no_gaps_and_the_legend_lists_what_is_drawn(tmp_path,
     legend = [t.get_text() for t in hidden.get_legend().get_texts()]
     assert legend == ["0: weak:ngram", "accepted path"]
     assert "pruned before verification" in [t.get_text() for t in whole.get_legend().get_texts()]
+
+
+def test_drawing_leaves_the_matplotlib_backend_alone(tmp_path):
+    """`render_step` and importing the bench plots called `matplotlib.use("Agg")`: a notebook's
+    or program's own backend was switched under it (its figures no longer shown)."""
+    code = (
+        "import matplotlib, pathlib, json; matplotlib.use('svg');"
+        "import treegraft.bench.plots;"
+        "from treegraft.viz.trace_render import render_step;"
+        f"render_step(json.loads({json.dumps(json.dumps(_chain(3, parent=-1)))}),"
+        f" pathlib.Path({str(tmp_path / 't.png')!r}));"
+        "print(matplotlib.get_backend())"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "svg"
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import statistics
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from treegraft.bench.aggregate import ALL, Row
 from treegraft.bench.config import AR, BASELINES, ENDPOINTS, PLAIN
 from treegraft.bench.records import MEASURED, REPLAY, SPLIT_KEYS, Request
+from treegraft.viz import figure
 
 SPLIT_COLOURS = {
     "target": "#4c72b0",
@@ -74,7 +75,7 @@ def method_colours(methods: Sequence[str]) -> dict[str, Any]:
     for family, cmap in FAMILIES:
         members = [m for m in methods if family_of(m) == family]
         for i, m in enumerate(members):
-            colours[m] = plt.get_cmap(cmap)(0.45 + 0.5 * (i + 1) / (len(members) + 1))
+            colours[m] = colormaps[cmap](0.45 + 0.5 * (i + 1) / (len(members) + 1))
     return colours
 
 
@@ -93,8 +94,8 @@ def plot_speedup(rows: Sequence[Row], path: Path) -> Path:
     # tall enough for the two legends beside the last panel (suites above, families below)
     families = [(f, c) for f, c in FAMILIES if any(family_of(m) == f for m in methods)]
     height = max(0.32 * len(methods) + 1.6, 0.22 * (len(suites) + len(families)) + 1.9)
-    fig, axes = plt.subplots(1, len(pairs), figsize=(5.2 * len(pairs) + 2.5, height),
-                             squeeze=False, sharey=True)  # fmt: skip
+    fig = figure(5.2 * len(pairs) + 2.5, height)
+    axes = fig.subplots(1, len(pairs), squeeze=False, sharey=True)
     for ax, pair in zip(axes[0], pairs, strict=True):
         cell = {(r.method, r.suite): r for r in measured if r.pair == pair}
         found = [cell.get((m, ALL)) for m in methods]
@@ -124,7 +125,7 @@ def plot_speedup(rows: Sequence[Row], path: Path) -> Path:
             ax.text(0.5, 0.5, "no method measured beside the plain decoding baseline",
                     transform=ax.transAxes, ha="center", va="center", color="grey")  # fmt: skip
         return save_figure(fig, path)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=plt.get_cmap(c)(0.75)) for _, c in families]
+    handles = [Rectangle((0, 0), 1, 1, color=colormaps[c](0.75)) for _, c in families]
     if axes[0, -1].get_legend_handles_labels()[0]:  # the last panel drew per-suite markers
         legend = axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0),
                                     fontsize="small", title="per suite", frameon=False)  # fmt: skip
@@ -154,7 +155,8 @@ def plot_tau(requests: Sequence[Request], path: Path) -> Path:
     for r in measured:
         taus.setdefault(r.method, []).append(r.tau)
     methods = method_order(list(taus), {m: statistics.median(t) for m, t in taus.items()})
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(methods) + 2), 4.5))
+    fig = figure(max(6, 0.6 * len(methods) + 2), 4.5)
+    ax = fig.subplots()
     if methods:
         ax.boxplot([taus[m] for m in methods])
         ax.set_xticks(range(1, len(methods) + 1), [short(m) for m in methods], rotation=45,
@@ -171,7 +173,8 @@ def plot_time_split(rows: Sequence[Row], path: Path) -> Path:
     """Stacked bars: fraction of wall time in target / strong / weak forwards and framework."""
     chosen = [r for r in rows if r.pair == ALL and r.suite == ALL]
     labels = [short(r.method) + ("" if r.mode == MEASURED else f" ({r.mode})") for r in chosen]
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(chosen) + 1.5))
+    fig = figure(8, 0.45 * len(chosen) + 1.5)
+    ax = fig.subplots()
     left = [0.0] * len(chosen)
     ys = list(range(len(chosen)))  # positions, not labels: two shortened alike stay two bars
     for key in SPLIT_KEYS:
@@ -195,7 +198,8 @@ def plot_replay(rows: Sequence[Row], path: Path) -> Path:
         for (m, mode), r in overall.items()
         if mode == REPLAY and (m, MEASURED) in overall
     ]
-    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    fig = figure(7.5, 5.5)
+    ax = fig.subplots()
     top = max([1.0, *(max(x, y) for x, y, _ in points)]) * 1.1
     ax.plot([0, top], [0, top], color="black", linewidth=0.8)
     colours = method_colours([m for _, _, m in points])
@@ -230,9 +234,10 @@ def spread_labels(ys: Sequence[float], min_gap: float) -> list[float]:
     return out
 
 
-def save_figure(fig: plt.Figure, path: Path) -> Path:
+def save_figure(fig: Figure, path: Path) -> Path:
     """Lay out, write and close `fig`; return `path`."""
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    if pyplot := sys.modules.get("matplotlib.pyplot"):  # a pyplot figure: forget it
+        pyplot.close(fig)
     return path

@@ -82,10 +82,7 @@ def plain(text: str) -> str:
 
 def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
     """Write a PNG of one step record (as written by `TraceWriter`)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from treegraft.viz import figure
 
     # the root stays drawn with --hide-pruned even where a step file marks it pruned
     nodes = shown_nodes(record["nodes"], show_pruned)
@@ -94,7 +91,8 @@ def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
     rows = max((y for _, y in pos.values()), default=0) + 1
     depth = max(n["depth"] for n in nodes)
     # never narrower than the title and the legend beside the tree need (a shallow tree too)
-    fig, ax = plt.subplots(figsize=(max(2.2 + 1.9 * depth, MIN_WIDTH), 0.8 + 0.42 * rows))
+    fig = figure(max(2.2 + 1.9 * depth, MIN_WIDTH), 0.8 + 0.42 * rows)
+    ax = fig.subplots()
     _draw_edges(ax, [n for n in nodes if n["parent"] in keep_ids], pos)
     _draw_nodes(ax, nodes, pos)
     ax.set_xlabel("depth")
@@ -115,7 +113,6 @@ def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
     ax.set_title(title(record, calls), fontsize=10)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=130, bbox_inches="tight")
-    plt.close(fig)
     return out
 
 
