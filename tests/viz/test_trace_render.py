@@ -282,3 +282,21 @@ def test_drawing_leaves_the_matplotlib_backend_alone(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "svg"
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_render_step_names_a_record_that_is_no_step_and_takes_a_str_path(tmp_path):
+    """An empty or partial record raised IndexError or KeyError from inside the drawing; a
+    str `out` raised AttributeError."""
+    from treegraft.core.errors import ArgumentError
+
+    for record, message in (
+        ({"nodes": []}, "missing key(s) 'version', 'step', 'accepted_tokens'"),
+        (_chain(2, parent=-1) | {"nodes": [{"id": 0}]}, "nodes[0] is not an object with keys"),
+    ):
+        with pytest.raises(
+            ArgumentError, match=re.escape(f"render_step: record: not a trace step: {message}")
+        ):
+            render_step(record, tmp_path / "x.png")
+    with pytest.raises(ArgumentError, match="render_step: out: expected a file path"):
+        render_step(_chain(2, parent=-1), None)
+    assert render_step(_chain(2, parent=-1), str(tmp_path / "s.png")) == tmp_path / "s.png"

@@ -81,10 +81,18 @@ def plain(text: str) -> str:
 
 
 def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
-    """Write a PNG of one step record (as written by `TraceWriter`)."""
+    """Write an image (PNG, SVG or PDF, by `out`'s suffix) of one step record (as written by
+    `TraceWriter`, read by `load_step`); a record that is not one, or an `out` that is no path,
+    is an `ArgumentError` (an `IndexError` or `KeyError` from deep in the drawing once)."""
+    from treegraft.core.errors import ArgumentError
+    from treegraft.core.inputs import check_path
+    from treegraft.core.trace import step_problem
     from treegraft.viz import figure
 
-    # the root stays drawn with --hide-pruned even where a step file marks it pruned
+    check_path("render_step", "out", out)
+    if problem := step_problem(record):
+        raise ArgumentError(f"render_step: record: not a trace step: {problem}")
+    out = Path(out)
     nodes = shown_nodes(record["nodes"], show_pruned)
     keep_ids = {n["id"] for n in nodes}
     pos = layout(nodes)  # rows for the drawn nodes only: hidden ones leave no gaps
