@@ -300,3 +300,5 @@ def test_render_step_names_a_record_that_is_no_step_and_takes_a_str_path(tmp_pat
     with pytest.raises(ArgumentError, match="render_step: out: expected a file path"):
         render_step(_chain(2, parent=-1), None)
     assert render_step(_chain(2, parent=-1), str(tmp_path / "s.png")) == tmp_path / "s.png"
+    with pytest.raises(ArgumentError, match=r"render_step: out: .*t.xyz has format '.xyz'"):
+        render_step(_chain(2, parent=-1), tmp_path / "t.xyz")  # was matplotlib's ValueError

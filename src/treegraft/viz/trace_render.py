@@ -92,7 +92,7 @@ def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
     check_path("render_step", "out", out)
     if problem := step_problem(record):
         raise ArgumentError(f"render_step: record: not a trace step: {problem}")
-    out = Path(out)
+    out = check_image_path(Path(out), "render_step: out")
     nodes = shown_nodes(record["nodes"], show_pruned)
     keep_ids = {n["id"] for n in nodes}
     pos = layout(nodes)  # rows for the drawn nodes only: hidden ones leave no gaps
