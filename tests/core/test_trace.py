@@ -155,3 +155,17 @@ def test_a_json_object_with_no_version_is_not_called_another_version(tmp_path) -
     with pytest.raises(ArgumentError) as info:
         load_step(path)
     assert "not a complete trace step: missing key(s) 'version', 'step'" in str(info.value)
+
+
+def test_trace_writer_takes_a_str_folder_and_names_a_file_in_the_way(tmp_path) -> None:
+    """A str folder raised AttributeError; a file in its place, FileExistsError."""
+    pipe = load_pipeline_for_trace()
+    writer = TraceWriter.create(str(tmp_path / "t"), pipe)
+    assert writer.directory == tmp_path / "t" and writer.directory.is_dir()
+    (tmp_path / "f").write_text("")
+    with pytest.raises(
+        ArgumentError, match=r"TraceWriter.create: directory: .*f is a file; expected"
+    ):
+        TraceWriter.create(tmp_path / "f", pipe)
+    with pytest.raises(ArgumentError, match=r"TraceWriter.create: directory: expected a file path"):
+        TraceWriter.create(None, pipe)

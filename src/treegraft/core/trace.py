@@ -34,8 +34,11 @@ class TraceWriter:
     decode: Any = None
 
     @classmethod
-    def create(cls, directory: Path, pipeline: Any) -> TraceWriter:
-        directory.mkdir(parents=True, exist_ok=True)
+    def create(cls, directory: Path | str, pipeline: Any) -> TraceWriter:
+        """A writer into `directory` (a path or str; created, and checked writable: a file
+        there or an unwritable place is an `ArgumentError`, not an `OSError` at the first step)."""
+        check_path("TraceWriter.create", "directory", directory)
+        directory = prepare_output_dir(Path(directory), "TraceWriter.create: directory")
         names = tuple(f"{role}:{c.name}" for role, c in pipeline.spec.drafters)
         return cls(
             directory, names, pipeline.decode_text if pipeline.tokenizer is not None else None
