@@ -302,3 +302,17 @@ def test_render_step_names_a_record_that_is_no_step_and_takes_a_str_path(tmp_pat
     assert render_step(_chain(2, parent=-1), str(tmp_path / "s.png")) == tmp_path / "s.png"
     with pytest.raises(ArgumentError, match=r"render_step: out: .*t.xyz has format '.xyz'"):
         render_step(_chain(2, parent=-1), tmp_path / "t.xyz")  # was matplotlib's ValueError
+
+
+def test_a_long_drafter_name_is_shortened_in_the_legend(tmp_path, monkeypatch):
+    """A 300-character role name (roles are free names) made the legend wider than the tree."""
+    from matplotlib.figure import Figure
+
+    from treegraft.viz import LABEL_CHARS
+
+    record = _chain(3, parent=-1) | {"drafters": ["w" * 150 + ":" + "n" * 150]}
+    figures = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
+    render_step(record, tmp_path / "t.png")
+    texts = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
+    assert len(texts[0]) <= LABEL_CHARS and texts[0].startswith("0: www") and "…" in texts[0]

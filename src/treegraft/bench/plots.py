@@ -15,7 +15,7 @@ from matplotlib.patches import Rectangle
 from treegraft.bench.aggregate import ALL, Row
 from treegraft.bench.config import AR, BASELINES, ENDPOINTS, PLAIN
 from treegraft.bench.records import MEASURED, REPLAY, SPLIT_KEYS, Request
-from treegraft.viz import figure
+from treegraft.viz import LABEL_CHARS, figure, short
 
 SPLIT_COLOURS = {
     "target": "#4c72b0",
@@ -35,19 +35,6 @@ FAMILIES = (
 )
 #: The shipped pipelines (`treegraft-threshold` is `treegraft` in a sweep): black edge, bold label.
 SHIPPED = ("treegraft", "treegraft-threshold", "treegraft-distilled")
-
-
-#: Longest method, pair or suite name drawn in full; longer ones keep their head and tail.
-LABEL_CHARS = 36
-
-
-def short(name: str, limit: int = LABEL_CHARS) -> str:
-    """`name`, or its head and tail around an ellipsis when longer than `limit` characters (a
-    300-character label squeezed the panels to a sliver)."""
-    if len(name) <= limit:
-        return name
-    head = (limit - 1) // 2
-    return f"{name[:head]}…{name[len(name) - (limit - 1 - head) :]}"
 
 
 def family_of(method: str) -> str:

@@ -139,8 +139,10 @@ def legend_handles(names: list[str], nodes: list[dict]) -> list:
     where such nodes are drawn."""
     from matplotlib.lines import Line2D
 
+    from treegraft.viz import short
+
     handles = [
-        Line2D([], [], marker="o", ls="", color=_colour(i), label=plain(f"{i}: {name}"))
+        Line2D([], [], marker="o", ls="", color=_colour(i), label=plain(short(f"{i}: {name}")))
         for i, name in enumerate(names)
     ]
     handles.append(Line2D([], [], color="black", lw=2.6, label="accepted path"))
