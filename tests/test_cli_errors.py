@@ -662,6 +662,7 @@ def test_ctrl_c_prints_the_stats_so_far_and_exits_130(tmp_path: Path, model_dir:
     assert "Traceback" not in stderr
     assert "finish: interrupted" in stderr and "new tokens" in stderr
     assert stderr.strip().endswith("interrupted")
+    assert f"step files in {trace}, cut short by the interrupt" in stderr  # said nothing
 
 
 # ---------------------------------------------------------------------------- validate

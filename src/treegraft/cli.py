@@ -221,6 +221,8 @@ def _run_generation(
             f"tokens/s · {s.steps} target forwards · finish: {finish}[/]"
         )
         console.print(f"[dim]{backend_line(pipe)}[/]")
+    if writer:
+        console.print(f"[dim]{escape(trace_line(trace, len(events), interrupted))}[/]")
     if interrupted:
         raise KeyboardInterrupt
     if prepared:
@@ -229,6 +231,12 @@ def _run_generation(
             "pipeline; not in the stats)[/]"
         )
     return ids, s.tokens_per_second, events[-1].finish_reason
+
+
+def trace_line(trace: Path, steps: int, interrupted: bool) -> str:
+    """Where the trace went, and (Ctrl-C) that it stops short."""
+    cut = ", cut short by the interrupt" if interrupted else ""
+    return f"trace: {steps} step files in {trace}{cut} (draw one: treegraft trace render {trace})"
 
 
 def backend_line(pipe) -> str:
@@ -412,7 +420,8 @@ app.add_typer(trace_app, name="trace")
 def trace_render(
     source: Annotated[Path, typer.Argument(help="trace directory or one step-NNNNN.json file")],
     step: Annotated[
-        int | None, typer.Option(help="step to draw (default: the step that accepted most)")
+        int | None,
+        typer.Option(min=0, help="step to draw (default: the step that accepted most)"),
     ] = None,
     out: Annotated[
         Path | None,
@@ -425,29 +434,43 @@ def trace_render(
     ] = False,
 ) -> None:
     """Draw one step's draft tree: colours per drafter, accepted path in black, pruned nodes hollow."""
-    from treegraft.core.trace import load_step
+    from treegraft.core.trace import completeness_notes, load_step, step_files
     from treegraft.viz.trace_render import accepted_count, check_image_path, render_step
 
     if out is not None:  # before any file is read or drawn
         check_image_path(out)
     if not source.exists():
         _fail(f"{source}: no such trace folder or step file (written by `generate --trace DIR`)")
-    files = [source] if source.is_file() else sorted(source.glob("step-*.json"))
+    folder = source.parent if source.is_file() else source
+    files = {-1: source} if source.is_file() else step_files(source)
     if not files:
         _fail(f"{source}: no trace step files (step-NNNNN.json) found")
-    records = [load_step(f) for f in files]
-    if step is not None:
-        chosen = [r for r in records if r["step"] == step]
-        if not chosen:
-            _fail(
-                f"--step: no step {step} in {source}; steps run from {records[0]['step']} to {records[-1]['step']}"
-            )
-        record = chosen[0]
+    if step is not None:  # only the file asked for is read: another may be damaged
+        record = load_step(files[step]) if step in files else None
+        if source.is_file():
+            record = load_step(source)
+        if record is None or record["step"] != step:
+            _fail(f"--step: no step {step} in {source}; {_steps_held(record, files)}")
     else:
+        records = sorted((load_step(f) for f in files.values()), key=lambda r: r["step"])
         record = max(records, key=lambda r: (accepted_count(r), -r["step"]))
-    target = out or check_image_path(files[0].parent / f"step-{record['step']:05d}.png")
+        for note in completeness_notes(records, files) if folder == source else ():
+            console.print(f"note: {escape(note)}", highlight=False)
+    target = out or check_image_path(folder / f"step-{record['step']:05d}.png")
     path = render_step(record, target, show_pruned=not hide_pruned)
     console.print(f"wrote {path}")
+
+
+def _steps_held(record: dict | None, files: dict[int, Path]) -> str:
+    """Which steps a trace holds (its files' step numbers, or the one file's record), for
+    `--step`'s error: their range, and any gap in it."""
+    from treegraft.core.trace import missing_steps, spans
+
+    if record is not None and -1 in files:
+        return f"the file holds step {record['step']}"
+    missing = missing_steps(files)
+    text = f"its steps run from {min(files)} to {max(files)}"
+    return text + (f", without {spans(missing)}" if missing else "")
 
 
 def _mount_subcommands() -> None:

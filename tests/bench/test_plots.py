@@ -129,3 +129,67 @@ def test_long_names_are_shortened_in_every_plot(tmp_path: Path, monkeypatch) -> 
     assert panel > 0.3
     assert len(split.axes[0].patches) == 4 * 4  # four rows (ar, ar-runner, both long), 4 parts
     assert all(len(t.get_text()) <= plots.LABEL_CHARS for t in tau.axes[0].get_xticklabels())
+
+
+def test_plots_draw_the_summary_numbers_and_say_what_they_show(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bars are the summary rows' numbers; every plot has a title; a sweep of plain decoding
+    alone drew empty axes and two empty legends, with a matplotlib warning."""
+    import warnings
+
+    from treegraft.bench import plots
+
+    requests = fifteen_methods()
+    rows = aggregate(requests)
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig) or path)
+    plots.plot_speedup(rows, tmp_path / "s.png")
+    plots.plot_time_split(rows, tmp_path / "t.png")
+    plots.plot_tau(requests, tmp_path / "tau.png")
+    plots.plot_replay(rows, tmp_path / "r.png")
+    speedup, split, tau, replay = (fig.axes[0] for fig in figures)
+    names = [t.get_text() for t in speedup.get_yticklabels()]
+    overall = {r.method: r.speedup for r in rows if r.mode == "measured" and r.suite == "all"}
+    widths = [bar.get_width() for bar in speedup.patches]
+    assert widths == pytest.approx([overall[m] for m in names])
+    chosen = [r for r in rows if r.pair == "all" and r.suite == "all"]
+    assert [b.get_width() for b in split.patches[: len(chosen)]] == [
+        pytest.approx(r.split["target"]) for r in chosen
+    ]
+    assert all(ax.get_title() for ax in (split, tau, replay))
+    figures.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plots.plot_speedup(aggregate([req("ar", "q0", 1.0)]), tmp_path / "s.png")
+    texts = [t.get_text() for t in figures[0].axes[0].texts]
+    assert texts == ["no method measured beside the plain decoding baseline"]
+    assert figures[0].axes[0].get_legend() is None
+
+
+def test_tau_leaves_out_plain_decoding_and_orders_methods_as_the_speedup_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ar-runner` (tau 1 by definition) was boxed beside the methods, in the order the
+    requests came, unlike the speedup plot's family grouping."""
+    import statistics
+
+    from treegraft.bench import plots
+
+    requests = []
+    for i in range(3):
+        requests += [req("ar", f"q{i}", 1.0), req("ar-runner", f"q{i}", 0.9),
+                     req("hf-assisted", f"q{i}", 0.5, steps=4), req("mine", f"q{i}", 0.4,
+                     steps=3 + i)]  # fmt: skip
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig) or path)
+    plots.plot_tau(requests, tmp_path / "tau.png")
+    plots.plot_tau(requests[:2], tmp_path / "none.png")
+    ax = figures[0].axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["mine", "hf-assisted"]
+    drawn = {round(float(y), 9) for line in ax.lines for y in line.get_ydata()}
+    for method in ("mine", "hf-assisted"):  # the medians and the extremes of the requests
+        taus = [r.tau for r in requests if r.method == method]
+        for value in (statistics.median(taus), min(taus), max(taus)):
+            assert round(value, 9) in drawn
+    assert figures[1].axes[0].texts[0].get_text() == "no method measured beside plain decoding"

@@ -193,13 +193,13 @@ def test_trace_render_gives_a_root_only_step_room_for_title_and_legend(tmp_path)
 
 
 def test_render_step_draws_a_big_tree_as_a_few_collections(tmp_path, monkeypatch):
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     record = _chain(300, parent=-1)
     for node in record["nodes"][2:]:  # a wide tree: the rest hang off node 1, some rescored
         node.update(parent=1, depth=2, scorer=node["id"] % 2)
     figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
     render_step(record, tmp_path / "wide.png")
     (ax,) = figures[0].axes
     # one scatter of nodes, one of rescoring diamonds, two of edges; was one artist per node
@@ -215,3 +215,104 @@ def test_trace_render_draws_dollar_tokens_as_text(tmp_path):
     code, err = render(step, "--out", tmp_path / "t.png")
     assert code == 0 and (tmp_path / "t.png").exists(), err  # was: internal error: ValueError: $$
     assert label({"text": "$x$"}) == r"\$x\$"
+
+
+def test_trace_render_step_reads_only_its_file_and_names_the_gaps(tmp_path):
+    """`--step 1` failed on another step's damaged file; a missing step was said to be inside
+    the range the trace held; an interrupted or gapped trace rendered without a word."""
+    _, files = traced_run(tmp_path)
+    trace = tmp_path / "trace"
+    files[-1].write_bytes(files[-1].read_bytes()[:40])  # a damaged last step
+    files[2].unlink()
+    code, err = render(trace, "--step", 1, "--out", tmp_path / "one.png")
+    assert code == 0 and "error" not in err, err
+    code, err = render(trace, "--step", 2)
+    last = len(files) - 1
+    assert code == 2 and f"no step 2 in {trace}; its steps run from 0 to {last}, without 2" in err
+    files[-1].unlink()
+    code, err = render(trace, "--out", tmp_path / "all.png")
+    assert code == 0, err
+    assert "note: the trace lacks step(s) 2 (deleted, or never written)" in err
+    assert f"note: the trace ends at step {last - 1} with no finish reason: its run was" in err
+    code, err = render(files[0], "--out", tmp_path / "first.png")  # one file: no notes
+    assert code == 0 and "note" not in err, err
+    code, err = render(files[0], "--step", 1)
+    assert code == 2 and "no step 1 in" in err and "the file holds step 0" in err, err
+    code, err = render(files[0], "--step", -1)  # was 'no step -1 in ...'
+    assert code == 2 and "'--step': expected a value greater than or equal to 0" in err, err
+
+
+def test_hide_pruned_leaves_no_gaps_and_the_legend_lists_what_is_drawn(tmp_path, monkeypatch):
+    """`--hide-pruned` still gave each hidden node a row (a kept chain drawn as a staircase in
+    a figure as tall as the whole tree) and listed pruned and rescored markers not drawn."""
+    from matplotlib.figure import Figure
+
+    record = _chain(3, parent=-1) | {"drafters": ["weak:ngram"]}
+    record["nodes"][2]["kept"] = True
+    for i in range(3, 40):  # pruned siblings at depth 1, each better scored than the kept one
+        record["nodes"].append(record["nodes"][1] | {"id": i, "kept": False, "score": 0.0})
+    figures = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
+    render_step(record, tmp_path / "hidden.png", show_pruned=False)
+    render_step(record, tmp_path / "all.png")
+    hidden, whole = (fig.axes[0] for fig in figures)
+    points = hidden.collections[-1].get_offsets()  # the nodes' scatter: a straight chain
+    assert len(points) == 3 and len({float(y) for _, y in points}) == 1
+    assert figures[0].get_figheight() < figures[1].get_figheight() / 4
+    legend = [t.get_text() for t in hidden.get_legend().get_texts()]
+    assert legend == ["0: weak:ngram", "accepted path"]
+    assert "pruned before verification" in [t.get_text() for t in whole.get_legend().get_texts()]
+
+
+def test_drawing_leaves_the_matplotlib_backend_alone(tmp_path):
+    """`render_step` and importing the bench plots called `matplotlib.use("Agg")`: a notebook's
+    or program's own backend was switched under it (its figures no longer shown)."""
+    code = (
+        "import matplotlib, pathlib, json; matplotlib.use('svg');"
+        "import treegraft.bench.plots;"
+        "from treegraft.viz.trace_render import render_step;"
+        f"render_step(json.loads({json.dumps(json.dumps(_chain(3, parent=-1)))}),"
+        f" pathlib.Path({str(tmp_path / 't.png')!r}));"
+        "print(matplotlib.get_backend())"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "svg"
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_render_step_names_a_record_that_is_no_step_and_takes_a_str_path(tmp_path):
+    """An empty or partial record raised IndexError or KeyError from inside the drawing; a
+    str `out` raised AttributeError."""
+    from treegraft.core.errors import ArgumentError
+
+    for record, message in (
+        ({"nodes": []}, "missing key(s) 'version', 'step', 'accepted_tokens'"),
+        (_chain(2, parent=-1) | {"nodes": [{"id": 0}]}, "nodes[0] is not an object with keys"),
+    ):
+        with pytest.raises(
+            ArgumentError, match=re.escape(f"render_step: record: not a trace step: {message}")
+        ):
+            render_step(record, tmp_path / "x.png")
+    with pytest.raises(ArgumentError, match="render_step: out: expected a file path"):
+        render_step(_chain(2, parent=-1), None)
+    assert render_step(_chain(2, parent=-1), str(tmp_path / "s.png")) == tmp_path / "s.png"
+    with pytest.raises(ArgumentError, match=r"render_step: out: .*t.xyz has format '.xyz'"):
+        render_step(_chain(2, parent=-1), tmp_path / "t.xyz")  # was matplotlib's ValueError
+
+
+def test_a_long_drafter_name_is_shortened_in_the_legend(tmp_path, monkeypatch):
+    """A 300-character role name (roles are free names) made the legend wider than the tree."""
+    from matplotlib.figure import Figure
+
+    from treegraft.viz import LABEL_CHARS
+
+    record = _chain(3, parent=-1) | {"drafters": ["w" * 150 + ":" + "n" * 150]}
+    figures = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
+    render_step(record, tmp_path / "t.png")
+    texts = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
+    assert len(texts[0]) <= LABEL_CHARS and texts[0].startswith("0: www") and "…" in texts[0]

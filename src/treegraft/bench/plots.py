@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import statistics
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from treegraft.bench.aggregate import ALL, Row
 from treegraft.bench.config import AR, BASELINES, ENDPOINTS, PLAIN
 from treegraft.bench.records import MEASURED, REPLAY, SPLIT_KEYS, Request
+from treegraft.viz import LABEL_CHARS, figure, short
 
 SPLIT_COLOURS = {
     "target": "#4c72b0",
@@ -33,19 +35,6 @@ FAMILIES = (
 )
 #: The shipped pipelines (`treegraft-threshold` is `treegraft` in a sweep): black edge, bold label.
 SHIPPED = ("treegraft", "treegraft-threshold", "treegraft-distilled")
-
-
-#: Longest method, pair or suite name drawn in full; longer ones keep their head and tail.
-LABEL_CHARS = 36
-
-
-def short(name: str, limit: int = LABEL_CHARS) -> str:
-    """`name`, or its head and tail around an ellipsis when longer than `limit` characters (a
-    300-character label squeezed the panels to a sliver)."""
-    if len(name) <= limit:
-        return name
-    head = (limit - 1) // 2
-    return f"{name[:head]}…{name[len(name) - (limit - 1 - head) :]}"
 
 
 def family_of(method: str) -> str:
@@ -73,7 +62,7 @@ def method_colours(methods: Sequence[str]) -> dict[str, Any]:
     for family, cmap in FAMILIES:
         members = [m for m in methods if family_of(m) == family]
         for i, m in enumerate(members):
-            colours[m] = plt.get_cmap(cmap)(0.45 + 0.5 * (i + 1) / (len(members) + 1))
+            colours[m] = colormaps[cmap](0.45 + 0.5 * (i + 1) / (len(members) + 1))
     return colours
 
 
@@ -92,8 +81,8 @@ def plot_speedup(rows: Sequence[Row], path: Path) -> Path:
     # tall enough for the two legends beside the last panel (suites above, families below)
     families = [(f, c) for f, c in FAMILIES if any(family_of(m) == f for m in methods)]
     height = max(0.32 * len(methods) + 1.6, 0.22 * (len(suites) + len(families)) + 1.9)
-    fig, axes = plt.subplots(1, len(pairs), figsize=(5.2 * len(pairs) + 2.5, height),
-                             squeeze=False, sharey=True)  # fmt: skip
+    fig = figure(5.2 * len(pairs) + 2.5, height)
+    axes = fig.subplots(1, len(pairs), squeeze=False, sharey=True)
     for ax, pair in zip(axes[0], pairs, strict=True):
         cell = {(r.method, r.suite): r for r in measured if r.pair == pair}
         found = [cell.get((m, ALL)) for m in methods]
@@ -118,10 +107,16 @@ def plot_speedup(rows: Sequence[Row], path: Path) -> Path:
         ax.set_xlabel(f"speedup vs {baseline} (bar: all suites, 95% CI)")
         ax.set_title(short(pair, 2 * LABEL_CHARS), fontsize="medium")
         ax.grid(axis="x", alpha=0.3)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=plt.get_cmap(c)(0.75)) for _, c in families]
-    legend = axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small",
-                                title="per suite", frameon=False)  # fmt: skip
-    axes[0, -1].add_artist(legend)
+    if not methods:  # a sweep of plain decoding alone: say so, not empty axes and legends
+        for ax in axes[0]:
+            ax.text(0.5, 0.5, "no method measured beside the plain decoding baseline",
+                    transform=ax.transAxes, ha="center", va="center", color="grey")  # fmt: skip
+        return save_figure(fig, path)
+    handles = [Rectangle((0, 0), 1, 1, color=colormaps[c](0.75)) for _, c in families]
+    if axes[0, -1].get_legend_handles_labels()[0]:  # the last panel drew per-suite markers
+        legend = axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                                    fontsize="small", title="per suite", frameon=False)  # fmt: skip
+        axes[0, -1].add_artist(legend)
     axes[0, -1].legend(handles, [f for f, _ in families], loc="lower left",
                        bbox_to_anchor=(1.02, 0.0), fontsize="small", title="family",
                        frameon=False)  # fmt: skip
@@ -139,18 +134,25 @@ def error_bars(rows: Sequence[Row | None]) -> list[list[float]]:
 
 
 def plot_tau(requests: Sequence[Request], path: Path) -> Path:
-    """Box plot of per-request tau for every measured method (all pairs and suites)."""
-    methods = list(
-        dict.fromkeys(r.method for r in requests if r.mode == MEASURED and r.method != AR)
-    )
-    data = [[r.tau for r in requests if r.method == m and r.mode == MEASURED] for m in methods]
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(methods) + 2), 4.5))
+    """Box plot of per-request tau for every measured speculative method (all pairs and
+    suites), grouped by family as in the speedup plot, highest median first within a family;
+    plain decoding (tau 1 by definition) left out."""
+    measured = [r for r in requests if r.mode == MEASURED and r.method not in PLAIN]
+    taus: dict[str, list[float]] = {}
+    for r in measured:
+        taus.setdefault(r.method, []).append(r.tau)
+    methods = method_order(list(taus), {m: statistics.median(t) for m, t in taus.items()})
+    fig = figure(max(6, 0.6 * len(methods) + 2), 4.5)
+    ax = fig.subplots()
     if methods:
-        ax.boxplot(data)
+        ax.boxplot([taus[m] for m in methods])
         ax.set_xticks(range(1, len(methods) + 1), [short(m) for m in methods], rotation=45,
                       ha="right")  # fmt: skip
+    else:
+        ax.text(0.5, 0.5, "no method measured beside plain decoding", transform=ax.transAxes,
+                ha="center", va="center", color="grey")  # fmt: skip
     ax.set_ylabel("tau (tokens per target forward, bonus included)")
-    ax.set_title("tau per request")
+    ax.set_title("tau per request (all pairs and suites)")
     return save_figure(fig, path)
 
 
@@ -158,7 +160,8 @@ def plot_time_split(rows: Sequence[Row], path: Path) -> Path:
     """Stacked bars: fraction of wall time in target / strong / weak forwards and framework."""
     chosen = [r for r in rows if r.pair == ALL and r.suite == ALL]
     labels = [short(r.method) + ("" if r.mode == MEASURED else f" ({r.mode})") for r in chosen]
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(chosen) + 1.5))
+    fig = figure(8, 0.45 * len(chosen) + 1.5)
+    ax = fig.subplots()
     left = [0.0] * len(chosen)
     ys = list(range(len(chosen)))  # positions, not labels: two shortened alike stay two bars
     for key in SPLIT_KEYS:
@@ -167,6 +170,7 @@ def plot_time_split(rows: Sequence[Row], path: Path) -> Path:
         left = [a + b for a, b in zip(left, values, strict=True)]
     ax.set_yticks(ys, labels)
     ax.set_xlabel("fraction of wall time")
+    ax.set_title("where the wall time goes (all pairs and suites)")
     ax.invert_yaxis()
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return save_figure(fig, path)
@@ -181,7 +185,8 @@ def plot_replay(rows: Sequence[Row], path: Path) -> Path:
         for (m, mode), r in overall.items()
         if mode == REPLAY and (m, MEASURED) in overall
     ]
-    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    fig = figure(7.5, 5.5)
+    ax = fig.subplots()
     top = max([1.0, *(max(x, y) for x, y, _ in points)]) * 1.1
     ax.plot([0, top], [0, top], color="black", linewidth=0.8)
     colours = method_colours([m for _, _, m in points])
@@ -197,6 +202,7 @@ def plot_replay(rows: Sequence[Row], path: Path) -> Path:
     ax.set_ylim(0, top)
     ax.set_xlabel("measured speedup")
     ax.set_ylabel("replay-predicted speedup")
+    ax.set_title("replay-predicted vs measured speedup (all pairs and suites)")
     return save_figure(fig, path)
 
 
@@ -215,9 +221,10 @@ def spread_labels(ys: Sequence[float], min_gap: float) -> list[float]:
     return out
 
 
-def save_figure(fig: plt.Figure, path: Path) -> Path:
+def save_figure(fig: Figure, path: Path) -> Path:
     """Lay out, write and close `fig`; return `path`."""
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    if pyplot := sys.modules.get("matplotlib.pyplot"):  # a pyplot figure: forget it
+        pyplot.close(fig)
     return path

@@ -10,6 +10,9 @@ accepted (`accepted`, counted before any cut) and, on the last step, its `finish
 from __future__ import annotations
 
 import json
+import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +34,28 @@ class TraceWriter:
     decode: Any = None
 
     @classmethod
-    def create(cls, directory: Path, pipeline: Any) -> TraceWriter:
-        directory.mkdir(parents=True, exist_ok=True)
+    def create(cls, directory: Path | str, pipeline: Any) -> TraceWriter:
+        """A writer into `directory` (a path or str; created, and checked writable: a file
+        there or an unwritable place is an `ArgumentError`, not an `OSError` at the first step)."""
+        check_path("TraceWriter.create", "directory", directory)
+        directory = prepare_output_dir(Path(directory), "TraceWriter.create: directory")
         names = tuple(f"{role}:{c.name}" for role, c in pipeline.spec.drafters)
         return cls(
             directory, names, pipeline.decode_text if pipeline.tokenizer is not None else None
         )
 
     def write(self, event: StepEvent) -> Path:
+        """Write the step's file whole or not at all: a run stopped mid-write (Ctrl-C) leaves
+        the steps before it readable, never a truncated step file."""
         path = self.directory / f"step-{event.step:05d}.json"
-        path.write_text(json.dumps(step_record(event, self.drafter_names, self.decode), indent=1))
+        text = json.dumps(step_record(event, self.drafter_names, self.decode), indent=1)
+        partial = path.with_name(f".{path.name}.partial")
+        try:
+            partial.write_text(text)
+            os.replace(partial, path)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
         return path
 
 
@@ -56,7 +71,7 @@ def prepare_trace_dir(directory: Path, *, replace: bool = False, what: str = "--
             f"{what}: {directory} holds an earlier trace ({len(earlier)} step files); "
             "pass --replace-trace to replace it, or choose another folder"
         )
-    for old in [*earlier, *directory.glob("step-*.png")]:
+    for old in [*earlier, *directory.glob("step-*.png"), *directory.glob(".step-*.partial")]:
         old.unlink()
     return directory
 
@@ -147,9 +162,11 @@ def load_step(path: Path) -> dict:
         raise ArgumentError(
             f"{path}: expected a JSON object (a trace step record), got a {type(record).__name__}"
         )
-    if record.get("version") != TRACE_VERSION:
+    version = record.get("version")
+    if "version" in record and (not _is_int(version) or version != TRACE_VERSION):
         raise ArgumentError(
-            f"{path}: trace version {record.get('version')!r}, expected {TRACE_VERSION}"
+            f"{path}: trace version {version!r}, expected {TRACE_VERSION}: written by another "
+            "treegraft version (render it with that version, or trace the run again)"
         )
     problem = step_problem(record)
     if problem:
@@ -164,13 +181,13 @@ def step_problem(record: dict) -> str | None:
     missing = [k for k in STEP_KEYS if k not in record]
     if missing:
         return f"missing key(s) {', '.join(map(repr, missing))}; expected {', '.join(STEP_KEYS)}"
-    if not isinstance(record["step"], int) or not isinstance(record["accepted_tokens"], list):
+    if not _is_int(record["step"]) or not isinstance(record["accepted_tokens"], list):
         return "'step' must be an int and 'accepted_tokens' a list"
-    if not isinstance(record.get("accepted", 0), int):
+    if not _is_int(record.get("accepted", 0)):
         return f"'accepted' must be an int (draft tokens accepted), got {record['accepted']!r}"
     for key, kind, what in (("drafters", str, "names"), ("calls", int, "drafter indices")):
         value = record.get(key, [])  # optional; drawn when present
-        if not isinstance(value, list) or not all(isinstance(v, kind) for v in value):
+        if not isinstance(value, list) or not all(_is(v, kind) for v in value):
             return f"{key!r} must be a list of {what}, got {value!r}"[:200]
     nodes = record["nodes"]
     if not isinstance(nodes, list) or not nodes:
@@ -179,16 +196,79 @@ def step_problem(record: dict) -> str | None:
         if not isinstance(node, dict) or any(k not in node for k in NODE_KEYS):
             return f"nodes[{i}] is not an object with keys {', '.join(NODE_KEYS)}"
         parent = node["parent"]
-        if node["id"] != i or not isinstance(parent, int) or not -1 <= parent < max(i, 0):
+        if (
+            not _is_int(node["id"])
+            or node["id"] != i
+            or not _is_int(parent)
+            or not -1 <= parent < i
+        ):
             return (
                 f"nodes[{i}]: expected id {i} and a parent listed before it, got id "
                 f"{node['id']!r}, parent {parent!r}"
             )
         if (parent < 0) != (i == 0):
             return f"nodes[{i}]: only the first node (the root) has no parent"
-        wrong = [k for k, kind in NODE_TYPES.items() if not isinstance(node[k], kind)]
+        wrong = [k for k, kind in NODE_TYPES.items() if not _is(node[k], kind)]
         if not isinstance(node.get("text"), str | None):
             wrong.append("text")
         if wrong:
             return f"nodes[{i}]: {', '.join(f'{k}={node[k]!r}' for k in wrong)} of the wrong type"
     return None
+
+
+def _is(value: Any, kind: type | tuple[type, ...]) -> bool:
+    """`isinstance`, where a JSON `true`/`false` is no number (Python counts bools as ints)."""
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
+def _is_int(value: Any) -> bool:
+    return _is(value, int)
+
+
+STEP_NAME = re.compile(r"step-(\d+)\.json")
+
+
+def step_files(directory: Path) -> dict[int, Path]:
+    """A trace folder's step files by step number (read from their names), in step order: by
+    number, not by name, so step 100000 follows step 99999."""
+    found = {}
+    for path in Path(directory).glob("step-*.json"):
+        match = STEP_NAME.fullmatch(path.name)
+        if match:
+            found[int(match.group(1))] = path
+    return dict(sorted(found.items()))
+
+
+def missing_steps(steps: Iterable[int]) -> list[int]:
+    """The steps from 0 to the last of `steps` that `steps` lacks."""
+    have = set(steps)
+    return [s for s in range(max(have, default=-1) + 1) if s not in have]
+
+
+def spans(steps: list[int], limit: int = 6) -> str:
+    """Sorted step numbers as ranges, `3, 5-9, 12`; past `limit` ranges, how many in all."""
+    runs: list[list[int]] = []
+    for s in steps:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:limit])
+    return text + (f", ... ({len(steps)} steps in all)" if len(runs) > limit else "")
+
+
+def completeness_notes(records: list[dict], steps: Iterable[int]) -> list[str]:
+    """Why a trace is incomplete, or nothing: steps (numbers of the folder's step files) missing
+    between 0 and the last, or a last step (of `records`, in step order) with no finish reason,
+    as a run interrupted (Ctrl-C) leaves it."""
+    notes = []
+    missing = missing_steps(steps)
+    if missing:
+        notes.append(f"the trace lacks step(s) {spans(missing)} (deleted, or never written)")
+    last = records[-1] if records else {}
+    if "finish_reason" in last and not last["finish_reason"]:  # older traces lack the key
+        notes.append(
+            f"the trace ends at step {last['step']} with no finish reason: its run was "
+            "interrupted, or its later steps are missing"
+        )
+    return notes

@@ -34,16 +34,18 @@ def check_image_path(path: Path, what: str = "--out") -> Path:
 def layout(nodes: list[dict]) -> dict[int, tuple[float, float]]:
     """(x = depth, y = row) for every node: leaves get consecutive rows, parents sit at their children's mean.
 
-    Walks the tree with an explicit stack, so a chain thousands of nodes deep lays out too."""
-    children: dict[int, list[int]] = {n["id"]: [] for n in nodes}
+    `nodes` may be a subtree holding the root (the nodes drawn): only they take rows. Walks the
+    tree with an explicit stack, so a chain thousands of nodes deep lays out too."""
+    by_id = {n["id"]: n for n in nodes}
+    children: dict[int, list[int]] = {i: [] for i in by_id}
     for n in nodes:
-        if n["parent"] >= 0:
+        if n["parent"] in children:
             children[n["parent"]].append(n["id"])
     for kids in children.values():
-        kids.sort(key=lambda c: -_score(nodes, c))
+        kids.sort(key=lambda c: -_score(by_id[c]))
     pos: dict[int, tuple[float, float]] = {}
     next_row = 0.0
-    stack = [(0, False)]
+    stack = [(nodes[0]["id"], False)]
     while stack:
         node, placed_kids = stack.pop()
         kids = children[node]
@@ -55,12 +57,12 @@ def layout(nodes: list[dict]) -> dict[int, tuple[float, float]]:
             y = sum(pos[c][1] for c in kids) / len(kids)
         else:
             y, next_row = next_row, next_row + 1.0
-        pos[node] = (float(nodes[node]["depth"]), y)
+        pos[node] = (float(by_id[node]["depth"]), y)
     return pos
 
 
-def _score(nodes: list[dict], i: int) -> float:
-    s = nodes[i]["score"]
+def _score(node: dict) -> float:
+    s = node["score"]
     return s if s == s and s != float("-inf") else -1e30
 
 
@@ -79,21 +81,26 @@ def plain(text: str) -> str:
 
 
 def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
-    """Write a PNG of one step record (as written by `TraceWriter`)."""
-    import matplotlib
+    """Write an image (PNG, SVG or PDF, by `out`'s suffix) of one step record (as written by
+    `TraceWriter`, read by `load_step`); a record that is not one, or an `out` that is no path,
+    is an `ArgumentError` (an `IndexError` or `KeyError` from deep in the drawing once)."""
+    from treegraft.core.errors import ArgumentError
+    from treegraft.core.inputs import check_path
+    from treegraft.core.trace import step_problem
+    from treegraft.viz import figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-
-    # the root stays drawn with --hide-pruned even where a step file marks it pruned
-    nodes = [n for n in record["nodes"] if show_pruned or n["kept"] or n["parent"] < 0]
+    check_path("render_step", "out", out)
+    if problem := step_problem(record):
+        raise ArgumentError(f"render_step: record: not a trace step: {problem}")
+    out = check_image_path(Path(out), "render_step: out")
+    nodes = shown_nodes(record["nodes"], show_pruned)
     keep_ids = {n["id"] for n in nodes}
-    pos = layout(record["nodes"])
+    pos = layout(nodes)  # rows for the drawn nodes only: hidden ones leave no gaps
     rows = max((y for _, y in pos.values()), default=0) + 1
     depth = max(n["depth"] for n in nodes)
     # never narrower than the title and the legend beside the tree need (a shallow tree too)
-    fig, ax = plt.subplots(figsize=(max(2.2 + 1.9 * depth, MIN_WIDTH), 0.8 + 0.42 * rows))
+    fig = figure(max(2.2 + 1.9 * depth, MIN_WIDTH), 0.8 + 0.42 * rows)
+    ax = fig.subplots()
     _draw_edges(ax, [n for n in nodes if n["parent"] in keep_ids], pos)
     _draw_nodes(ax, nodes, pos)
     ax.set_xlabel("depth")
@@ -103,45 +110,49 @@ def render_step(record: dict, out: Path, *, show_pruned: bool = True) -> Path:
     ax.invert_yaxis()
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
-    names = record.get("drafters") or []
-    handles = [
-        Line2D(
-            [], [], marker="o", ls="", color=PALETTE[i % len(PALETTE)], label=plain(f"{i}: {name}")
-        )
-        for i, name in enumerate(names)
-    ]
-    handles.append(
-        Line2D(
-            [],
-            [],
-            marker="D",
-            ls="",
-            color="#777777",
-            markersize=5,
-            label="rescored (diamond: by that drafter)",
-        )
-    )
-    handles.append(Line2D([], [], color="black", lw=2.6, label="accepted path"))
-    handles.append(
-        Line2D(
-            [],
-            [],
-            marker="o",
-            ls="",
-            mfc="white",
-            mec="#999999",
-            label="pruned before verification",
-        )
-    )
     ax.legend(
-        handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8
+        handles=legend_handles(record.get("drafters") or [], nodes),
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        frameon=False,
+        fontsize=8,
     )
     calls = ", ".join(str(c) for c in record.get("calls", []))
     ax.set_title(title(record, calls), fontsize=10)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=130, bbox_inches="tight")
-    plt.close(fig)
     return out
+
+
+def shown_nodes(nodes: list[dict], show_pruned: bool) -> list[dict]:
+    """The nodes to draw: all, or (`--hide-pruned`) the kept ones whose ancestors are all kept;
+    the root always, even where a step file marks it pruned."""
+    kept: set[int] = set()
+    for n in nodes:  # parents are listed before their children
+        if n["parent"] < 0 or (n["kept"] and n["parent"] in kept):
+            kept.add(n["id"])
+    return [n for n in nodes if show_pruned or n["id"] in kept]
+
+
+def legend_handles(names: list[str], nodes: list[dict]) -> list:
+    """One entry per drafter, then the accepted path, and the rescored and pruned markers
+    where such nodes are drawn."""
+    from matplotlib.lines import Line2D
+
+    from treegraft.viz import short
+
+    handles = [
+        Line2D([], [], marker="o", ls="", color=_colour(i), label=plain(short(f"{i}: {name}")))
+        for i, name in enumerate(names)
+    ]
+    handles.append(Line2D([], [], color="black", lw=2.6, label="accepted path"))
+    if any(n["scorer"] != n["proposer"] and n["parent"] >= 0 for n in nodes):
+        label = "rescored (diamond: by that drafter)"
+        handles.append(Line2D([], [], marker="D", ls="", color="#777777", ms=5, label=label))
+    if not all(n["kept"] for n in nodes[1:]):
+        label = "pruned before verification"
+        handles.append(Line2D([], [], marker="o", ls="", mfc="white", mec="#999999", label=label))
+    return handles
 
 
 def accepted_count(record: dict) -> int:
@@ -204,13 +215,15 @@ def _colour(drafter: int) -> str:
 
 
 def _label_node(ax, n: dict, xy: tuple[float, float]) -> None:
+    """The token above the edge leaving the node rightwards, its score below (on the edge, a
+    chain's black line struck the text through)."""
     x, y = xy
     ax.annotate(
         label(n),
         (x, y),
-        xytext=(9, 0),
+        xytext=(8, 2),
         textcoords="offset points",
-        va="center",
+        va="bottom",
         fontsize=7.5,
         family="monospace",
     )
@@ -218,9 +231,9 @@ def _label_node(ax, n: dict, xy: tuple[float, float]) -> None:
         ax.annotate(
             f"{n['score']:.2f}",
             (x, y),
-            xytext=(9, -8),
+            xytext=(8, -2),
             textcoords="offset points",
-            va="center",
+            va="top",
             fontsize=6,
             color="#666666",
         )
