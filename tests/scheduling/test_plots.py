@@ -101,3 +101,23 @@ def test_plot_paths_must_name_an_image_format(tmp_path):
         plots.check_plot_path(tmp_path / "a.txt")
     with pytest.raises(ValueError, match=r"--plot: .*got '.*a'"):
         plots.check_plot_path(tmp_path / "a")
+
+
+def test_drawing_leaves_the_matplotlib_backend_alone(tmp_path):
+    """Importing the scheduler plots called `matplotlib.use("Agg")`: a notebook's or program's
+    own backend was switched under it (its figures no longer shown)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import matplotlib, pathlib; matplotlib.use('svg');"
+        "from treegraft.scheduling import plots;"
+        "report = {'source': 's', 'importance': {'layer': 1.0}, 'importance_kind': 'k',"
+        " 'decision_rate': {}};"
+        f"plots.plot_explain(report, pathlib.Path({str(tmp_path / 'e.png')!r}));"
+        "print(matplotlib.get_backend())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "svg"
+    assert (tmp_path / "e.png").read_bytes()[:8] == PNG

@@ -6,12 +6,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from treegraft.bench.plots import save_figure
+from treegraft.viz import figure
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
@@ -35,9 +31,8 @@ def plot_scheduler_gains(
     bar is labelled with its ratio and, where an oracle row exists, its share of the oracle's gain.
     """
     names = list(dict.fromkeys(r["scheduler"] for rows in groups.values() for r in rows))
-    fig, axes = plt.subplots(
-        len(groups), 1, figsize=(max(7.5, 0.9 * len(names) + 2), 3.2 * len(groups)), squeeze=False
-    )
+    fig = figure(max(7.5, 0.9 * len(names) + 2), 3.2 * len(groups))
+    axes = fig.subplots(len(groups), 1, squeeze=False)
     for ax, (group, rows) in zip(axes[:, 0], groups.items(), strict=True):
         by_name = {r["scheduler"]: r for r in rows}
         heights = [(by_name[n]["vs_best_endpoint"] or 0.0) if n in by_name else 0.0 for n in names]
@@ -67,7 +62,8 @@ def plot_explain(report: Mapping[str, Any], path: Path, top: int = 12) -> Path:
     """`treegraft scheduler explain` as a figure: the `top` feature importances and, per layer,
     the predicted strong-call rate beside the rate of positive labels (when explained on data)."""
     importance = list(report["importance"].items())[:top]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, max(3.5, 0.28 * len(importance) + 1.5)))
+    fig = figure(11, max(3.5, 0.28 * len(importance) + 1.5))
+    left, right = fig.subplots(1, 2)
     left.barh([k for k, _ in importance], [v for _, v in importance], color="#4c72b0")
     left.invert_yaxis()
     left.set_xlabel(report["importance_kind"])
