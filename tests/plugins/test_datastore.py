@@ -379,6 +379,18 @@ def test_a_datastore_error_is_a_treegraft_error() -> None:
         (lambda: STORE.lookup([1, 2], min_n=None, length=3, cap=8), "lookup: min_n: expected an"),
         (lambda: STORE.lookup([1, 2], min_n=1, length=3, cap=1.5), "lookup: cap: expected an int"),
         (lambda: STORE.lookup(None, min_n=1, length=3, cap=8), "lookup: context: expected a seq"),
+        (
+            lambda: STORE.lookup([1, 2.7], min_n=1, length=3, cap=8),  # was looked up as [1, 2]
+            "Datastore.lookup: context[1]: expected an int token id, got 2.7",
+        ),
+        (
+            lambda: STORE.lookup(np.array([0.0, 1.0, 2.0]), min_n=1, length=3, cap=8),
+            "Datastore.lookup: context[0]: expected an int token id, got 0.0",
+        ),
+        (
+            lambda: STORE.lookup([1, True], min_n=1, length=3, cap=8),
+            "Datastore.lookup: context[1]: expected an int token id, got True",
+        ),
         (lambda: read_texts(3), "read_texts: path: expected a file path (str or Path), got int 3"),
     ],
 )

@@ -165,7 +165,14 @@ class Datastore:
                 f"Datastore.lookup: context: expected a sequence of token ids, got "
                 f"{type(context).__name__} {shown(context)}"
             )
-        tail = [int(tok) for tok in context[-self.width :]][::-1]  # most recent first
+        recent, start = context[-self.width :], max(len(context) - self.width, 0)
+        for i, tok in enumerate(recent, start):  # a float id was truncated silently
+            if isinstance(tok, bool) or not isinstance(tok, numbers.Integral):
+                raise ArgumentError(
+                    f"Datastore.lookup: context[{i}]: expected an int token id, got "
+                    f"{shown(tok.item() if isinstance(tok, np.generic) else tok)}"
+                )
+        tail = [int(tok) for tok in recent][::-1]  # most recent first
         outside = (j for j, tok in enumerate(tail) if not 0 <= tok < self.vocab_size)
         for n in range(next(outside, len(tail)), min_n - 1, -1):
             low = 0
