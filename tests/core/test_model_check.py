@@ -208,6 +208,22 @@ def test_low_precision_probe_generate_checks_a_float64_copy() -> None:
     assert "in a float64 copy of its architecture" in why
 
 
+def test_both_probes_of_a_target_share_one_wide_copy(monkeypatch) -> None:
+    """A low-precision target is probed twice (tree forwards, its own `generate`): the copy,
+    seeded, is built once for both when they share `copies`, as `Resources.check` has them."""
+    from treegraft.core.runner import model_check
+
+    built = []
+    build = model_check.wide_copy
+    monkeypatch.setattr(model_check, "wide_copy", lambda *a, **k: built.append(k) or build(*a, **k))
+    model, copies = tiny_llama(seed=5).to(torch.bfloat16), {}
+    assert model_check.probe_model(model, copies=copies) is None
+    assert model_check.probe_generate(model, copies=copies) is None
+    assert built == [{"small": True}]
+    assert model_check.probe_generate(model) is None  # without `copies`: a copy of its own
+    assert len(built) == 2
+
+
 def test_a_copy_that_does_not_build_leaves_the_model_to_its_own_probe(monkeypatch, caplog) -> None:
     """A config the copy cannot be built from (remote code, a validator) never refuses a model
     that loads: the low-precision probe decides alone, and says so at debug level."""

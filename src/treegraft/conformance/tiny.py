@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from treegraft.core.runner.wide_copy import sub_configs
+
 #: sliding window of the tiny configs (a 3x-window prompt is 48 tokens)
 WINDOW = 16
 #: refused as too large for a unit test (parameters, after shrinking)
@@ -295,16 +297,6 @@ def _rope_per_layer_type(config: Any) -> Any:
             kind: {"rope_type": "default", "rope_theta": 10_000.0} for kind in set(types)
         }
     return config
-
-
-def sub_configs(config: Any) -> list[Any]:
-    """The nested configs of `config`, recursively."""
-    found = []
-    for name in getattr(config, "sub_configs", None) or {}:
-        sub = getattr(config, name, None)
-        if hasattr(sub, "to_dict"):
-            found += [sub, *sub_configs(sub)]
-    return found
 
 
 def _supports_sdpa(model_type: str) -> bool:

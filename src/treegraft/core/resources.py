@@ -514,13 +514,14 @@ class Resources:
         check_runner_forward("Resources.check", forward)
         keys = [(ref, forward or self.plan.target, self.attention)]
         keys += [(ref, "generate", self.attention)] if target and self.check_model else []
+        copies: dict = {}  # `model_check.on_wide_copy`: a low-precision model's, for both probes
         for key in keys:
             if key not in self.checked:
-                model = self.model(ref)
-                why = refusal(model)
-                if why is None and self.check_model:
-                    generate = key[1] == "generate"
-                    why = probe_generate(model) if generate else probe_model(model, forward=key[1])
+                why = refusal(model := self.model(ref))
+                if why is None and self.check_model and key[1] == "generate":
+                    why = probe_generate(model, copies=copies)
+                elif why is None and self.check_model:
+                    why = probe_model(model, forward=key[1], copies=copies)
                 self.checked[key] = None if why is None else refused_message(model, ref, why)
             if self.checked[key] is not None:
                 raise ModelRefused(self.checked[key])

@@ -64,13 +64,16 @@ def tolerance(dtype: torch.dtype) -> float:
 MASKED_ATTENTION = ("sdpa", "eager", "treegraft_tree")
 
 
-def probe_model(model: Any, *, forward: str = "auto", seed: int = 0) -> str | None:
+def probe_model(
+    model: Any, *, forward: str = "auto", seed: int = 0, copies: dict | None = None
+) -> str | None:
     """None when tree forwards of `model` match its own sequential forwards, else what differed
-    (naming the attention implementation where it is not one known to take a tree's mask)."""
+    (naming the attention implementation where it is not one known to take a tree's mask).
+    `copies`: wide copies built so far, shared with `probe_generate` (`on_wide_copy`)."""
     with _crossable_window(model):
         why = _probe(model, forward, seed)
     if why is None:
-        why = on_wide_copy(model, lambda wide: _probe_trees(wide, forward, seed))
+        why = on_wide_copy(model, lambda wide: _probe_trees(wide, forward, seed), copies)
     impl = getattr(model.config, "_attn_implementation", None)
     if why is not None and isinstance(impl, str) and impl not in MASKED_ATTENTION:
         why += (
@@ -109,16 +112,25 @@ class Unchecked(Exception):
     says why."""
 
 
-def on_wide_copy(model: Any, check: Callable[[Any], str | None]) -> str | None:
+def on_wide_copy(
+    model: Any, check: Callable[[Any], str | None], copies: dict | None = None
+) -> str | None:
     """For a model in a low-precision dtype, what `check` finds on a wide copy of its
     architecture (`wide_copy`, tried as `ATTEMPTS` says: float64, else float32), said to be
     found there; None for other dtypes, when it finds nothing, and when no copy builds or
-    `check` fails on every one (logged at debug level: the model's own probe decided)."""
+    `check` fails on every one (logged at debug level: the model's own probe decided).
+    `copies` (an attempt -> its copy or None) keeps the copies built for the next check of the
+    same model, which then builds none again (the copies are seeded: the same either way)."""
     dtype = next(model.parameters()).dtype
     if not is_low_precision(dtype):
         return None
     for wide_dtype, small in ATTEMPTS:
-        wide = wide_copy(model, wide_dtype, small=small)
+        if copies is not None and (wide_dtype, small) in copies:
+            wide = copies[wide_dtype, small]
+        else:
+            wide = wide_copy(model, wide_dtype, small=small)
+            if copies is not None:
+                copies[wide_dtype, small] = wide
         if wide is None:
             continue
         try:
@@ -174,10 +186,11 @@ def _probe_trees(model: Any, forward: str, seed: int) -> str | None:
 GENERATE_STEPS = 6
 
 
-def probe_generate(model: Any, *, seed: int = 1) -> str | None:
+def probe_generate(model: Any, *, seed: int = 1, copies: dict | None = None) -> str | None:
     """None when the model's cached greedy `generate` gives, at each of `GENERATE_STEPS` steps
     from a random prompt, the logits of its own full forward of the same tokens, else what
-    differed. A `generate` that fails is not checked (None): the pipeline does not call it."""
+    differed. A `generate` that fails is not checked (None): the pipeline does not call it.
+    `copies` as for `probe_model`."""
     try:
         steps, own = _generate_logits(model, seed)
     except Exception:  # a generate that fails is not the reference
@@ -187,7 +200,7 @@ def probe_generate(model: Any, *, seed: int = 1) -> str | None:
         return why
     if (why := _generate_mismatch(steps, own, dtype)) is not None:
         return why
-    return on_wide_copy(model, lambda wide: _wide_generate_mismatch(wide, seed))
+    return on_wide_copy(model, lambda wide: _wide_generate_mismatch(wide, seed), copies)
 
 
 def _wide_generate_mismatch(model: Any, seed: int) -> str | None:

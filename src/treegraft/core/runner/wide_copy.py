@@ -116,7 +116,7 @@ def narrow_config(config: Any, *, small: bool = False) -> Any:
     narrow feed-forward layers, its rules kept (see the module docstring); with `small`, also
     fewer heads of the same width and a narrower hidden width (`_cut_heads`)."""
     config = copy.deepcopy(config)
-    for cfg in [config, *_sub_configs(config)]:
+    for cfg in [config, *sub_configs(config)]:
         _cut_depth(cfg)
         _shrink_widths(cfg)
         if small:
@@ -166,12 +166,13 @@ def _cut_heads(cfg: Any) -> None:
     setattr(cfg, hidden_name, min(hidden, q_small * width))
 
 
-def _sub_configs(config: Any) -> list[Any]:
+def sub_configs(config: Any) -> list[Any]:
+    """The nested configs of `config`, recursively."""
     found = []
     for name in getattr(config, "sub_configs", None) or {}:
         sub = getattr(config, name, None)
         if hasattr(sub, "to_dict"):
-            found += [sub, *_sub_configs(sub)]
+            found += [sub, *sub_configs(sub)]
     return found
 
 
