@@ -167,11 +167,10 @@ def test_a_pipeline_drafting_from_a_built_store_is_lossless(
     assert result.exit_code == 0 and "identical: yes" in result.stderr, result.output
 
 
-def test_a_store_built_with_another_tokenizer_of_the_same_size_is_refused(
-    tmp_path: Path, model_dir: Path
-) -> None:
-    """Same vocabulary size, other ids: the store records its tokenizer and a target whose
-    tokenizer.json differs refuses it, naming both (a store that recorded none still loads)."""
+def _other_and_own_stores(tmp_path: Path, model_dir: Path) -> Path:
+    """Stores of one corpus (returned) in `tmp_path`: `other.npz` by a tokenizer of the same
+    size with the ids reversed (its tokenizer.json left in `tmp_path`), `own.npz` by the
+    target's."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     words = {f"t{i}": 62 - i for i in range(63)} | {"[UNK]": 63}  # the ids reversed
@@ -186,6 +185,15 @@ def test_a_store_built_with_another_tokenizer_of_the_same_size_is_refused(
             "--out", str(tmp_path / f"{name}.npz"),
         )  # fmt: skip
         assert built.exit_code == 0, built.output
+    return corpus
+
+
+def test_a_store_built_with_another_tokenizer_of_the_same_size_is_refused(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """Same vocabulary size, other ids: the store records its tokenizer and a target whose
+    tokenizer.json differs refuses it, naming both (a store that recorded none still loads)."""
+    corpus = _other_and_own_stores(tmp_path, model_dir)
     assert Datastore.load(tmp_path / "other.npz").vocab_size == 64
     info = invoke("datastore", "info", str(tmp_path / "other.npz"))
     assert re.search(r"tokenizer [0-9a-f]{16}$", info.stdout.strip()), info.stdout
@@ -223,20 +231,7 @@ def test_a_target_with_only_slow_tokenizer_files_or_in_memory_checks_the_stores_
     """Without a tokenizer.json beside the target (a GPT-2 style folder of vocab.json and
     merges.txt, an in-memory model given its tokenizer) the store's recorded tokenizer is
     compared with the target's loaded tokenizer: another one is refused naming both."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    words = {f"t{i}": 62 - i for i in range(63)} | {"[UNK]": 63}  # the ids reversed
-    other = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
-    other.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    other.save(str(tmp_path / "tokenizer.json"))
-    corpus = tmp_path / "c.txt"
-    corpus.write_text("t1 t2 t3 t4 t5 t6 t7")
-    for name, tokenizer in (("other", tmp_path / "tokenizer.json"), ("own", model_dir)):
-        built = invoke(
-            "datastore", "build", str(corpus), "--tokenizer", str(tokenizer),
-            "--out", str(tmp_path / f"{name}.npz"),
-        )  # fmt: skip
-        assert built.exit_code == 0, built.output
+    _other_and_own_stores(tmp_path, model_dir)
     slow = tmp_path / "slow"  # the model's own word ids, as slow GPT-2 style files
     tiny_llama(seed=5, vocab=64).save_pretrained(slow)
     (slow / "vocab.json").write_text(json.dumps({f"t{i}": i for i in range(63)} | {"[UNK]": 63}))
