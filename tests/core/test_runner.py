@@ -357,6 +357,82 @@ def test_forward_chain_is_the_plain_forward_of_the_chain(architecture: str, forw
     torch.testing.assert_close(final, plain_logits(model, seq), rtol=tol, atol=tol)
 
 
+#: Gemma 4 with global layers of other head sizes and counts whose last layers reuse the keys of
+#: earlier ones, and MiMo-V2-Flash, whose sliding layers have twice the key/value heads
+OTHER_SHAPES = {
+    "gemma4_text": {
+        "num_hidden_layers": 6,
+        "layer_types": ["sliding_attention", "full_attention"] * 3,
+        "attention_k_eq_v": True,
+        "num_global_key_value_heads": 1,
+        "num_kv_shared_layers": 2,
+        "sliding_window": 5,
+    },
+    "mimo_v2_flash": {"sliding_window": 5},
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(OTHER_SHAPES))
+def test_layers_of_other_shapes_keep_slots_of_their_own(model_type: str) -> None:
+    """Layers whose keys and values differ in heads or width from the first layer's failed
+    every tree forward (Gemma 4 reading its per-layer `head_dim` globally, MiMo-V2-Flash with
+    'layers of different shapes are not supported'): each shape now has a tensor of its own
+    and layers reusing another's keys none. Trees, commits and growth past the window give
+    the plain forward's logits."""
+    from treegraft.conformance.tiny import tiny_model
+
+    model = tiny_model(model_type, seed=2, **OTHER_SHAPES[model_type])
+    vocab = model.config.get_text_config().vocab_size
+    rng = torch.Generator().manual_seed(5)
+    seq = torch.randint(0, vocab, (4,), generator=rng).tolist()
+    runner = CausalLMRunner(model)
+    runner.begin(torch.tensor(seq), max_len=8)  # small on purpose: the cache must grow
+    for _ in range(4):
+        tree = random_tree(rng, seq[-1], 5, vocab)
+        with torch.no_grad():
+            logits = runner.forward_tree(tree)
+        for node in range(tree.n_nodes):
+            want = plain_logits(model, seq + path_ids(tree, node)[1:])
+            torch.testing.assert_close(logits[node], want, rtol=1e-9, atol=1e-9)
+        path = tree.path_to(tree.n_nodes - 1)
+        new = [*tree.tokens[path[1:]].tolist(), int(torch.randint(0, vocab, (1,)))]
+        runner.commit(path, torch.tensor(new))
+        seq += new
+    shapes = runner.cache.group_shapes
+    assert len(shapes) == 2 and runner.cache.kv is None  # two shapes: no single tensor
+    if model_type == "gemma4_text":  # the two layers reusing others' keys have no slots
+        assert sorted(runner.cache.rows) == [0, 1, 2, 3]
+
+
+def test_kv_cache_keeps_layers_of_each_shape_together() -> None:
+    """`shapes` (what each layer hands over) gives each shape one tensor, a layer handing
+    nothing no slots, and one that hands something after all slots of its own."""
+    from treegraft.core.runner.kv_cache import TreeKVCache
+
+    wide, narrow = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 4)
+    cache = TreeKVCache(
+        4,
+        8,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        shapes=[(2, 8, 8), (1, 4, 4), (2, 8, 8), None],
+    )
+    for layer, block in enumerate((wide, narrow, wide * 2)):
+        keys, values = cache.update(block, -block, layer)
+        assert torch.equal(keys, block) and torch.equal(values, -block)
+    assert [tuple(g.shape) for g in cache.groups] == [(2, 2, 2, 8, 8), (1, 2, 1, 8, 4)]
+    assert cache.rows == {0: (0, 0), 1: (1, 0), 2: (0, 1)}
+    cache.update(narrow, narrow, 3)
+    assert cache.rows[3] == (2, 0)
+    cache.compact(torch.tensor([2]), 0)  # every tensor moves: slot 2 to slot 0
+    assert torch.equal(cache.groups[0][1, 0, :, 0], wide[0, :, 2] * 2)
+    assert torch.equal(cache.groups[2][0, 1, :, 0], narrow[0, :, 2])
+    with pytest.raises(
+        ValueError, match=r"layer 1 hands the cache 2 key/value heads of widths 8/8"
+    ):
+        cache.update(wide, wide, 1)
+
+
 def test_kv_cache_update_rejects_what_it_would_write_wrongly() -> None:
     """A batch of two used to be cut to its first row silently; a block past the capacity or an
     unknown layer raised torch's shape errors."""

@@ -1,7 +1,8 @@
 """Causal-LM runner: prefill, tree forwards and KV commit for any Hugging Face causal LM.
 
 The same runner serves the target and the language-model drafters. Its key/value cache is one
-tensor preallocated per generation, `[n_layers, 2, n_kv_heads, max_len, head_dim]`, laid out as
+tensor preallocated per generation, `[n_layers, 2, n_kv_heads, max_len, head_dim]` (one per
+shape where layers differ: `kv_cache.TreeKVCache`), laid out as
 
     [ committed prefix | pending committed tokens | tree nodes seen this step | free ]
       0 .. n_cached      (processed lazily)         slot n_cached + n_pending + node
@@ -31,14 +32,13 @@ from treegraft.core.runner.attention_rules import (
 )
 from treegraft.core.runner.blocks import device_visibility, host_visibility
 from treegraft.core.runner.forwards import cache_kwarg, quiet_outputs
-from treegraft.core.runner.kv_cache import TreeKVCache, accepted_nodes, cache_geometry
+from treegraft.core.runner.kv_cache import TreeKVCache, accepted_nodes
 from treegraft.core.runner.latency import measure_latency
 from treegraft.core.runner.lean import FORWARDS, FusedForward, LeanForward, lean_support
 from treegraft.core.runner.padding import PADDED_ROWS, pad_block, padding_pays
 from treegraft.core.runner.placement import input_device
 from treegraft.core.runner.watchers import forward_watchers, unwatched
 from treegraft.core.tree import DraftTree
-from treegraft.kernels import kv_compact
 from treegraft.kernels.host_tensor import host_tensor
 from treegraft.kernels.tree_attention.hf import IMPLEMENTATION, PREFIX_LEN_KWARG, TREE_MASK_KWARG
 
@@ -257,15 +257,16 @@ class CausalLMRunner:
         self.n_cached = self.n_pending = self.n_seen = 0
 
     def _new_cache(self, capacity: int) -> TreeKVCache:
-        """An empty cache of `capacity` slots (allocated now for the lean forward, which writes
-        into the tensor itself; at the first update otherwise)."""
-        cache = TreeKVCache(
-            cache_geometry(self.model)[0], capacity, dtype=self.dtype, device=self.device
+        """An empty cache of `capacity` slots (`TreeKVCache.for_model`; the layers' shapes read
+        for the last one carry over)."""
+        return TreeKVCache.for_model(
+            self.model,
+            capacity,
+            device=self.device,
+            lean=self._lean is not None,
+            forward_kwargs=(self._cache_kwarg, self._quiet),
+            shapes=self.cache.shapes if self.cache is not None else None,
         )
-        if self._lean is not None:
-            _, n_kv, head_dim = cache_geometry(self.model)
-            cache.allocate(n_kv, head_dim, head_dim)
-        return cache
 
     def _ensure_capacity(self, needed: int) -> None:
         """Grow the cache (by `CACHE_CHUNK` slots at least, or doubling) when a step needs more."""
@@ -543,9 +544,9 @@ class CausalLMRunner:
         keep = [*range(self.n_pending), *(self.n_pending + a for a in seen)]
         # slots before the first one out of place already sit where they belong
         first = next((i for i, slot in enumerate(keep) if slot != i), len(keep))
-        if first < len(keep) and self.cache.kv is not None:
+        if first < len(keep) and self.cache.groups:
             moved = [self.n_cached + slot for slot in keep[first:]]
-            kv_compact(self.cache.kv, host_tensor(moved, device=self.device), self.n_cached + first)
+            self.cache.compact(host_tensor(moved, device=self.device), self.n_cached + first)
             if self.hidden is not None:  # the features move with their keys and values
                 self.hidden[self.n_cached + first : self.n_cached + len(keep)] = self.hidden[moved]
         self.n_cached += len(keep)
