@@ -122,6 +122,18 @@ def test_refusals_name_the_reason(config, words: str) -> None:
     assert words in refusal(_Stub(config))
 
 
+def test_an_assistant_head_that_reads_its_targets_states_is_refused_saying_so() -> None:
+    """Gemma 4's assistant (`Gemma4AssistantForCausalLM`) drafts from its target's hidden
+    states and keys inside `generate(assistant_model=...)`: it was refused with the internal
+    words of its failed forward ('inputs_embeds and shared_kv_states cannot be None.'), now
+    with what it is. A Gemma 4 decoder, which keeps a cache of its own, is not."""
+    from treegraft.conformance.tiny import tiny_model
+
+    why = refusal(tiny_model("gemma4_assistant"))
+    assert why is not None and "`shared_kv_states`" in why and "assistant" in why
+    assert refusal(tiny_model("gemma4_text")) is None
+
+
 @pytest.mark.parametrize("impl", ["flash_attention_2", "flash_attention_3"])
 def test_flash_attention_is_refused_naming_the_implementation(impl: str) -> None:
     """Flash-attention kernels apply causal and padding masks only: a model loaded with one is

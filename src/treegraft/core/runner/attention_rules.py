@@ -185,6 +185,8 @@ def refusal(model: Any) -> str | None:
         return "it is an encoder-decoder model; treegraft serves decoder-only causal LMs"
     if getattr(cfg, "use_bidirectional_attention", False):
         return "its attention is bidirectional (`use_bidirectional_attention`), not causal"
+    if (why := _borrowed_states(model)) is not None:
+        return why
     try:
         attention_rules(model.config)
     except ModelRefused as err:
@@ -212,6 +214,24 @@ def _no_output_head(model: Any) -> str | None:
         "it has no output layer (`get_output_embeddings()` is None), so it gives hidden states, "
         "not logits: a base model, as `AutoModel` builds; load the checkpoint with "
         "`AutoModelForCausalLM`"
+    )
+
+
+def _borrowed_states(model: Any) -> str | None:
+    """Why a model whose forward reads another model's keys and values (`shared_kv_states`) and
+    keeps no cache of its own cannot decode alone: an assistant head (Gemma 4's) that drafts
+    from its target's states inside `generate(assistant_model=...)`. None for others."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (AttributeError, TypeError, ValueError):  # no forward to read
+        return None
+    if "shared_kv_states" not in params or {"cache", "past_key_values"} & set(params):
+        return None
+    return (
+        "its forward reads another model's keys and values (`shared_kv_states`) and keeps no "
+        "cache of its own: it is an assistant head that drafts from its target model's states "
+        "inside that model's `generate(assistant_model=...)`, not a causal LM that decodes a "
+        "sequence on its own"
     )
 
 
