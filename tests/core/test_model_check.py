@@ -353,3 +353,26 @@ def test_a_bfloat16_model_float64_serves_passes_on_its_copy(model_type: str, cap
     with caplog.at_level(logging.DEBUG, logger="treegraft.core.runner"):
         assert (probe_model(model), probe_generate(model)) == (None, None)
     assert "no wide copy" not in caplog.text and "failed" not in caplog.text, caplog.text
+
+
+def test_the_probe_compares_with_the_forward_generate_runs() -> None:
+    """RoBERTa's family numbers tokens from its padding id when handed no positions, but its
+    `generate` hands it `position_ids` 0, 1, ... (its forward takes them): the probes compare
+    tree forwards and cached steps with that forward, so the model is served as `generate`
+    decodes it (it was refused: its tree forward 'differed' from the forward without them)."""
+    from treegraft.conformance.matrix import reference
+    from treegraft.core.runner.model_check import own_forward, probe_generate
+
+    model = tiny_model("roberta", seed=0)
+    ids = torch.arange(3, 12)[None]
+    with torch.no_grad():
+        plain = model(input_ids=ids, use_cache=False).logits[0, -1]
+        own = own_forward(model, ids).logits[0, -1]
+    assert not torch.allclose(plain, own)  # the two numberings differ
+    assert int(own.argmax()) == reference(model, ids[0], max_new_tokens=1)[0]
+    assert probe_model(model) is None and probe_generate(model) is None
+    llama = tiny_llama(seed=3)  # a model numbering tokens 0, 1, ... either way: the same
+    with torch.no_grad():
+        torch.testing.assert_close(
+            own_forward(llama, ids).logits, llama(input_ids=ids).logits, rtol=0, atol=0
+        )

@@ -33,6 +33,29 @@ def positional_modules(model: nn.Module) -> tuple[nn.Module, ...]:
     return tuple(m for m in model.modules() if _numbers_from_cache(m))
 
 
+def unhanded_positions(model: nn.Module) -> str | None:
+    """Why a tree's nodes may get other positions than their depths' in `model`: where its
+    forward takes no `position_ids`, a submodule that numbers rows from the cache length but
+    takes no `position_ids` either (TrOCR's sinusoidal embedding, numbering from the token ids
+    past padding); None where there is none."""
+    if "position_ids" in _parameters(model):
+        return None
+    for module in model.modules():
+        params = _parameters(module)
+        if "position_ids" not in params and any(p in params for p in CACHE_LENGTH_PARAMS):
+            source = (
+                "the token ids and the cache length"
+                if "input_ids" in params
+                else ("the cache length")
+            )
+            return (
+                f"its {type(module).__name__} computes positions itself, from {source}, and "
+                "takes no position ids, so a draft tree's nodes are numbered one after "
+                "another instead of by their depths"
+            )
+    return None
+
+
 def _numbers_from_cache(module: nn.Module) -> bool:
     params = _parameters(module)
     return "position_ids" in params and any(p in params for p in CACHE_LENGTH_PARAMS)
