@@ -242,13 +242,14 @@ def _generate_logits(model: Any, seed: int) -> tuple[Tensor, Tensor]:
 
 
 def own_forward(model: Any, ids: Tensor) -> Any:
-    """The model's own forward of `ids` (`[1, n]`, no cache, no mask) as its `generate` runs it:
+    """The model's own forward of `ids` (`[b, n]`, no cache, no mask) as its `generate` runs it:
     with `position_ids` 0 .. n - 1 where `generate` hands it those (a decoder whose forward takes
     them), else without. The two differ where the model numbers tokens otherwise itself (RoBERTa's
     family counts from its padding id, skipping padding tokens; `generate` does not)."""
     kwargs: dict[str, Any] = {}
     if _generate_hands_positions(model):
-        kwargs["position_ids"] = torch.arange(ids.shape[1], device=ids.device)[None]
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        kwargs["position_ids"] = positions.expand(ids.shape[0], -1)
     return model(input_ids=ids, use_cache=False, **kwargs)
 
 
