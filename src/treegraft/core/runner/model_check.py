@@ -2,8 +2,8 @@
 
 Before a model decodes, `probe_model` runs a small draft tree through a `CausalLMRunner`, commits
 one of its paths, runs a second tree, and compares every node's logits with the model's own
-forward of the same tokens in sequence (`model(input_ids)`, no cache, no mask: the rules the model
-applies itself). A mismatch beyond rounding, or any error, means the runner cannot serve this
+forward of the same tokens in sequence (`own_forward`: `model(input_ids)` with the position ids
+its `generate` hands it, no cache, no mask: the rules the model applies itself). A mismatch beyond rounding, or any error, means the runner cannot serve this
 architecture exactly, whatever the reason (an attention rule not reproduced, a cache the model
 does not write through, a layer with state). It catches architectures no one special-cased.
 
