@@ -316,6 +316,33 @@ def test_a_difference_beyond_rounding_is_not_called_a_near_tie() -> None:
         assert f"not a near-tie, {blamed}" in found.note() and "bfloat16 rounding" in found.note()
 
 
+def test_a_difference_is_judged_by_the_forward_generate_runs() -> None:
+    """RoBERTa numbers tokens from its padding id when handed no positions, but its `generate`
+    (and the pipeline) hands it 0, 1, ...: `--compare` judges by that forward, so `generate`'s
+    own token is the largest logit there, not a 'defect' of 0.1 below it."""
+    from tests.conftest import memory_resources
+    from treegraft.cli_generate import first_divergence
+    from treegraft.conformance.matrix import reference
+    from treegraft.conformance.tiny import tiny_model
+    from treegraft.core.pipeline import load_pipeline
+
+    model = tiny_model("roberta", seed=0)
+    spec = {
+        "target": "mem:target",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered"},
+        "decoding": {"dtype": "float64", "device": "cpu"},
+    }
+    pipe = load_pipeline(spec, resources=memory_resources(torch.float64, target=model))
+    prompt = torch.tensor([40, 7, 22, 61, 9, 33])
+    good = reference(model, prompt, 4)
+    with torch.no_grad():  # the forward without positions prefers another token here
+        other = int(model(torch.cat([prompt, torch.tensor(good[:2])])[None]).logits[0, -1].argmax())
+    assert other != good[2]
+    found = first_divergence(pipe, prompt, good, [*good[:2], other, good[3]])
+    assert found is not None and found.pipeline_below == 0.0 and found.plain_below > 0.05
+
+
 @pytest.mark.parametrize(
     "checkpoint",
     [{}, {"top_k": 2}, {"min_p": 0.9999999}, {"typical_p": 0.1}, {"epsilon_cutoff": 0.5}],

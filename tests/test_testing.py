@@ -61,6 +61,21 @@ def test_greedy_reference_is_the_argmax_chain_and_stops_at_eos() -> None:
     assert greedy_reference(stopping, PROMPT, 5) == out[:2]
 
 
+def test_the_references_run_the_model_as_its_generate_does() -> None:
+    """RoBERTa numbers tokens from its padding id when handed no positions, but its `generate`
+    (and the pipeline) hands it 0, 1, ...: the references follow `generate`, so
+    `assert_lossless` passes a RoBERTa target (it failed a lossless pipeline), greedy and
+    sampling alike, and `greedy_reference` is `generate`'s greedy output."""
+    from treegraft.conformance.matrix import reference
+    from treegraft.conformance.tiny import tiny_model as any_tiny_model
+
+    target = any_tiny_model("roberta", seed=0)
+    assert greedy_reference(target, PROMPT, 8) == reference(target, torch.tensor(PROMPT), 8)
+    assert_lossless(PIPELINE, [PROMPT], target=target, max_new_tokens=8)
+    sampling = {**PIPELINE, "verifier": {"name": "pointmass", "temperature": 1.0}}
+    assert_lossless(sampling, [PROMPT], target=target, samples=200)
+
+
 def test_memory_resources_serve_models_by_name() -> None:
     model = tiny_model("mistral", seed=1)
     assert memory_resources(target=model).model("mem:target") is model

@@ -332,8 +332,9 @@ def first_divergence(
     pipe: Any, prompt_ids: torch.Tensor, tree_ids: Sequence[int], plain_ids: Sequence[int]
 ) -> Divergence | None:
     """Where greedy outputs `tree_ids` and `plain_ids` first differ (None: one is a prefix of
-    the other), judged by one full forward of the target (synchronises with the device)."""
-    from treegraft.core.runner.model_check import tolerance
+    the other), judged by one full forward of the target as its `generate` runs it
+    (`model_check.own_forward`; synchronises with the device)."""
+    from treegraft.core.runner.model_check import own_forward, tolerance
 
     index = next(
         (i for i, (a, b) in enumerate(zip(tree_ids, plain_ids, strict=False)) if a != b), None
@@ -344,7 +345,7 @@ def first_divergence(
     common = torch.tensor(list(plain_ids[:index]), dtype=torch.long)
     ids = torch.cat([prompt_ids.cpu().long(), common]).to(runner.device)[None]  # [1, T]
     with torch.inference_mode():
-        logits = runner.model(input_ids=ids, use_cache=False).logits[0, -1].float()  # [V]
+        logits = own_forward(runner.model, ids).logits[0, -1].float()  # [V], as `generate`'s
     finite = logits[logits.isfinite()]
     top = float(logits.max())
     scale = 1.0 + (float(finite.abs().max()) if finite.numel() else 0.0)

@@ -39,6 +39,7 @@ from treegraft.core.interfaces import LayerState
 from treegraft.core.pipeline import Pipeline, eos_ids_of, load_pipeline
 from treegraft.core.registry import Registry
 from treegraft.core.resources import DTYPES, Resources
+from treegraft.core.runner.model_check import own_forward
 
 __all__ = [
     "ARCHITECTURES",
@@ -179,16 +180,17 @@ def layer_state(**changes: Any) -> LayerState:
 
 
 def greedy_reference(model: Any, prompt: Tensor | Sequence[int], max_new_tokens: int) -> list[int]:
-    """Plain greedy decoding, one full forward per token (no cache), stopping after an EOS token
-    read as the pipeline and `generate` read it (`eos_ids_of`: the generation config first, one
-    id or a list): what a lossless greedy pipeline must produce."""
+    """Plain greedy decoding, one full forward per token (no cache; run as `generate` runs it,
+    `model_check.own_forward`), stopping after an EOS token read as the pipeline and `generate`
+    read it (`eos_ids_of`: the generation config first, one id or a list): what a lossless greedy
+    pipeline must produce."""
     ids = prompt_ids(prompt, _vocab("greedy_reference", model)).tolist()
     check_count("greedy_reference: max_new_tokens", max_new_tokens, 0, MAX_NEW_TOKENS)
     eos = eos_ids_of(model, None)
     out: list[int] = []
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            token = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+            token = int(own_forward(model, torch.tensor([ids])).logits[0, -1].argmax())
             out.append(token)
             ids.append(token)
             if token in eos:
@@ -214,12 +216,12 @@ def sampling_reference(
     _check_callable("sampling_reference", "law", law)
     stops = set(eos)
     with torch.no_grad():
-        first = law(model(torch.tensor([ids])).logits[0, -1:])[0]  # [V]
+        first = law(own_forward(model, torch.tensor([ids])).logits[0, -1:])[0]  # [V]
         support = [t for t in torch.nonzero(first > 0).flatten().tolist() if t not in stops]
         if not support:
             return first, torch.zeros_like(first)
         batch = torch.tensor([[*ids, t] for t in support])  # [S, T + 1]
-        second = law(model(batch).logits[:, -1])  # [S, V]
+        second = law(own_forward(model, batch).logits[:, -1])  # [S, V]
     weights = first[support] / first[support].sum()  # [S], the first token given no EOS
     return first, (weights[:, None] * second).sum(0)
 
@@ -382,7 +384,7 @@ def _tie_note(
         return ""
     ids = [*torch.as_tensor(prompt).flatten().tolist(), *want[:first]]
     with torch.no_grad():
-        row = target(torch.tensor([ids])).logits[0, -1].float()  # [V]
+        row = own_forward(target, torch.tensor([ids])).logits[0, -1].float()  # [V]
     gap = abs(float(row[got[first]] - row[want[first]]))
     return (
         f"; the target's logits put {got[first]} and {want[first]} {gap:.3g} apart there, "

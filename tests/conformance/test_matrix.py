@@ -131,6 +131,12 @@ CONFIG_VARIANTS = [
     # router logits a fine-tuned MoE checkpoint keeps on: their loss reads a 2D padding mask
     ("mixtral", {"output_router_logits": True}, None),
     ("qwen2_moe", {"output_router_logits": True}, None),
+    # positions: numbered by the decoder from its cache length (handed to its embedding), from
+    # the padding id without `position_ids` (RoBERTa: `generate` hands them), from the token ids
+    ("mvp", {"scale_embedding": True}, None),
+    ("roformer", {}, None),
+    ("xlm-roberta", {}, None),
+    ("trocr", {"use_learned_position_embeddings": False}, "SinusoidalPositionalEmbedding computes"),
 ]
 
 

@@ -85,8 +85,12 @@ def prompts(vocab: int, seed: int = 0) -> list[torch.Tensor]:
 
 
 def reference(model: Any, prompt: torch.Tensor, max_new_tokens: int = NEW_TOKENS) -> list[int]:
-    """The model's own greedy continuation (`generate`, no sampling, past any EOS)."""
-    with torch.inference_mode():
+    """The model's own greedy continuation (`generate`, no sampling, past any EOS), without the
+    generation-config settings the pipeline does not apply (`plain_generation`: BART's family
+    forces its EOS token at the last step), as every comparison with plain decoding runs it."""
+    from treegraft.core.generation_settings import plain_generation
+
+    with torch.inference_mode(), plain_generation(model):
         out = model.generate(
             prompt[None],
             attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long),

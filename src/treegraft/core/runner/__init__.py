@@ -7,6 +7,7 @@
 - `lean`: the lean forward (bitwise equal to `transformers`' SDPA forward, without its module
   stack) and its fused variant for drafters;
 - `kv_cache`: the preallocated, chunk-grown key/value cache (a tensor per shape of layer);
+- `positions`: each node's position handed to decoders that number their tokens themselves;
 - `attention_rules`: the model's own attention rules (sliding windows, chunks, per-layer types)
   and the refusal of architectures a tree forward cannot reproduce;
 - `model_check`: the load-time probe (one tree forward against sequential forwards);

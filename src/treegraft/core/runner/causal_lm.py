@@ -37,6 +37,7 @@ from treegraft.core.runner.latency import measure_latency
 from treegraft.core.runner.lean import FORWARDS, FusedForward, LeanForward, lean_support
 from treegraft.core.runner.padding import PADDED_ROWS, pad_block, padding_pays
 from treegraft.core.runner.placement import input_device
+from treegraft.core.runner.positions import positional_modules, positions_given
 from treegraft.core.runner.watchers import forward_watchers, unwatched
 from treegraft.core.tree import DraftTree
 from treegraft.kernels.host_tensor import host_tensor
@@ -98,6 +99,7 @@ class CausalLMRunner:
     forwards: int = 0
     _cache_kwarg: str = attrs.field(init=False, default="")
     _quiet: dict[str, bool] = attrs.field(init=False, factory=dict)  # `forwards.quiet_outputs`
+    _positional: tuple = attrs.field(init=False, default=())  # `positions.positional_modules`
     _tree_kernel: bool = attrs.field(init=False, default=False)
     _lean: LeanForward | None = attrs.field(init=False, default=None)
     _rules: AttentionRules = attrs.field(init=False, default=None)
@@ -120,7 +122,7 @@ class CausalLMRunner:
     def __attrs_post_init__(self) -> None:
         self._read_model()
         self._cache_kwarg = cache_kwarg(self.model)
-        self._quiet = quiet_outputs(self.model)
+        self._quiet, self._positional = quiet_outputs(self.model), positional_modules(self.model)
         self._rules = attention_rules(self.model.config)
         self._read_attention()
 
@@ -200,8 +202,7 @@ class CausalLMRunner:
         On the lean forward the output embedding's rows are gathered here, once, so a forward
         reads `K` rows of it instead of all: in a small model the output projection is most of
         the weights a forward reads (the zoo drafters: 50-90%). `transformers`' forward still
-        computes every logit and the columns are picked from them.
-        """
+        computes every logit and the columns are picked from them."""
         if rows is None:
             self.output_rows = self._head = None
             return
@@ -288,8 +289,7 @@ class CausalLMRunner:
 
         The tree's root must be the last committed token. Returns logits `[n_new, V]` for tree
         nodes `n_seen_before .. n` (the pending chain's logits are not computed); `[n_new, K]`,
-        columns in `output_rows` order, when `restrict_output` restricted them.
-        """
+        columns in `output_rows` order, when `restrict_output` restricted them."""
         n = tree.n_nodes
         if self.n_seen == 0:
             self.n_pending = self.n_committed - 1 - self.n_cached
@@ -488,14 +488,15 @@ class CausalLMRunner:
         extra = {self._cache_kwarg: cache, **self._quiet}
         if self._tree_kernel:  # the fused kernel takes the compact mask: prefix length + tree block
             extra |= {PREFIX_LEN_KWARG: self.n_cached, TREE_MASK_KWARG: visible[:, self.n_cached :]}
-        out = self.model(
-            input_ids=ids[None, :],
-            position_ids=positions[None, :],
-            attention_mask=additive if isinstance(additive, dict) else additive[None, None],
-            use_cache=True,
-            logits_to_keep=n_logits,
-            **extra,
-        )
+        with positions_given(self._positional, positions):  # a model numbering rows itself
+            out = self.model(
+                input_ids=ids[None, :],
+                position_ids=positions[None, :],
+                attention_mask=additive if isinstance(additive, dict) else additive[None, None],
+                use_cache=True,
+                logits_to_keep=n_logits,
+                **extra,
+            )
         self.forwards += 1
         logits = out.logits[0, -n_logits:] if n_logits else out.logits[0, :0]
         return logits if self.output_rows is None else logits[:, self.output_rows]
@@ -525,8 +526,7 @@ class CausalLMRunner:
             tokens: `[a]` int64 newly committed tokens (accepted drafts, then the bonus).
 
         Reads `accepted` on the host: pass a host tensor (the decoder does) and nothing waits
-        for the device. Other arguments raise `ArgumentError` (`kv_cache.accepted_nodes`).
-        """
+        for the device. Other arguments raise `ArgumentError` (`kv_cache.accepted_nodes`)."""
         nodes = accepted_nodes(accepted, tokens)
         n_new = len(nodes)
         self._ensure_capacity(self.n_committed + n_new)

@@ -2,8 +2,8 @@
 
 Before a model decodes, `probe_model` runs a small draft tree through a `CausalLMRunner`, commits
 one of its paths, runs a second tree, and compares every node's logits with the model's own
-forward of the same tokens in sequence (`model(input_ids)`, no cache, no mask: the rules the model
-applies itself). A mismatch beyond rounding, or any error, means the runner cannot serve this
+forward of the same tokens in sequence (`own_forward`: `model(input_ids)` with the position ids
+its `generate` hands it, no cache, no mask: the rules the model applies itself). A mismatch beyond rounding, or any error, means the runner cannot serve this
 architecture exactly, whatever the reason (an attention rule not reproduced, a cache the model
 does not write through, a layer with state). It catches architectures no one special-cased.
 
@@ -28,6 +28,7 @@ that cannot be built or run leaves the model's own probe to decide.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -38,6 +39,7 @@ from torch import Tensor
 
 from treegraft.core.runner.attention_rules import attention_rules, max_positions, text_config
 from treegraft.core.runner.causal_lm import CausalLMRunner
+from treegraft.core.runner.positions import unhanded_positions
 from treegraft.core.runner.wide_copy import ATTEMPTS, is_low_precision, wide_copy
 from treegraft.core.tree import DraftTree
 
@@ -235,8 +237,27 @@ def _generate_logits(model: Any, seed: int) -> tuple[Tensor, Tensor]:
         )
         steps = torch.stack(list(out.logits), dim=1)[0].float()  # [k, V]
         ids = out.sequences[:, : n + steps.shape[0] - 1]
-        own = model(input_ids=ids, use_cache=False).logits[0, n - 1 :].float()
+        own = own_forward(model, ids).logits[0, n - 1 :].float()
     return steps, own
+
+
+def own_forward(model: Any, ids: Tensor) -> Any:
+    """The model's own forward of `ids` (`[b, n]`, no cache, no mask) as its `generate` runs it:
+    with `position_ids` 0 .. n - 1 where `generate` hands it those (a decoder whose forward takes
+    them), else without. The two differ where the model numbers tokens otherwise itself (RoBERTa's
+    family counts from its padding id, skipping padding tokens; `generate` does not)."""
+    kwargs: dict[str, Any] = {}
+    if _generate_hands_positions(model):
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        kwargs["position_ids"] = positions.expand(ids.shape[0], -1)
+    return model(input_ids=ids, use_cache=False, **kwargs)
+
+
+def _generate_hands_positions(model: Any) -> bool:
+    """Whether `generate` passes the model `position_ids` (`transformers`' rule: a forward that
+    takes them, a config that is not encoder-decoder)."""
+    takes = "position_ids" in inspect.signature(model.forward).parameters
+    return takes and not getattr(model.config, "is_encoder_decoder", False)
 
 
 def _generate_mismatch(steps: Tensor, own: Tensor, dtype: torch.dtype) -> str | None:
@@ -291,7 +312,7 @@ def _compare(
     for node in range(tree.n_nodes):
         path = tree.tokens[tree.path_to(node)][1:]
         ids = torch.cat([prompt, path]).to(device)
-        own = model(input_ids=ids[None], use_cache=False).logits[0, -1].float()
+        own = own_forward(model, ids[None]).logits[0, -1].float()
         if (why := non_finite(own, runner.dtype)) is not None:
             raise Unchecked(why)
         diff, scale = difference(logits[node], own)
@@ -303,9 +324,12 @@ def _compare(
                 f"({torch.finfo(runner.dtype).max:.6g}); load it in a wider dtype"
             )
         if not diff <= tol * scale:
+            depth = int(tree.depth[node])
+            cause = unhanded_positions(model) if depth > 0 else None  # a root's is right
             return (
                 f"{what} gives logits that differ from the model's own forward by {diff:.3g} "
-                f"(allowed: {tol * scale:.3g}) at a node of depth {int(tree.depth[node])}"
+                f"(allowed: {tol * scale:.3g}) at a node of depth {depth}"
+                + ("" if cause is None else f": {cause}")
             )
     return None
 
