@@ -9,6 +9,7 @@ from transformers import (
     DogeConfig,
     FalconConfig,
     Gemma3TextConfig,
+    GPTNeoConfig,
     Llama4TextConfig,
     LlamaConfig,
     MistralConfig,
@@ -57,6 +58,13 @@ def test_gemma3_mixes_sliding_and_global_layers_by_type() -> None:
     assert rules.by_type["sliding_attention"] == LayerRule(window=16)
     assert rules.by_type["full_attention"].plain
     assert "sliding window 16" in rules.describe()
+
+
+def test_gpt_neo_local_layers_take_its_window_size() -> None:
+    cfg = GPTNeoConfig(window_size=256, num_layers=4, attention_types=[[["global", "local"], 2]])
+    rules = attention_rules(cfg)
+    assert rules.by_type == {"global": LayerRule(), "local": LayerRule(window=256)}
+    assert attention_rules(GPTNeoConfig(num_layers=2, attention_types=[[["global"], 2]])).plain
 
 
 def test_unknown_layer_type_is_refused_naming_it() -> None:

@@ -116,6 +116,9 @@ def _read_rules(cfg: Any) -> AttentionRules:
         window = None
     chunk = _positive(getattr(cfg, "attention_chunk_size", None))
     types = getattr(cfg, "layer_types", None)
+    slot_types = getattr(cfg, "attention_layers", None)  # GPT-Neo's, windowed by `window_size`
+    if not types and isinstance(slot_types, list) and all(isinstance(t, str) for t in slot_types):
+        types, window = slot_types, window or _positive(getattr(cfg, "window_size", None))
     if not types:
         if window is None and chunk is not None:
             raise ModelRefused(

@@ -36,6 +36,7 @@ from treegraft.core.runner.latency import measure_latency
 from treegraft.core.runner.lean import FORWARDS, FusedForward, LeanForward, lean_support
 from treegraft.core.runner.padding import PADDED_ROWS, pad_block, padding_pays
 from treegraft.core.runner.placement import input_device
+from treegraft.core.runner.slot_windows import SlotWindows
 from treegraft.core.runner.watchers import forward_watchers, unwatched
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import kv_compact
@@ -101,6 +102,7 @@ class CausalLMRunner:
     _tree_kernel: bool = attrs.field(init=False, default=False)
     _lean: LeanForward | None = attrs.field(init=False, default=None)
     _rules: AttentionRules = attrs.field(init=False, default=None)
+    _slot_windows: SlotWindows = attrs.field(init=False, factory=SlotWindows)  # GPT-Neo's
     # the model's device, dtype and vocabulary size, read at construction and at `begin`
     # (Hugging Face's `model.device` walks the parameters, `get_output_embeddings` resolves the
     # head: tens of microseconds each, several times a step)
@@ -122,14 +124,14 @@ class CausalLMRunner:
         self._cache_kwarg = cache_kwarg(self.model)
         self._quiet = quiet_outputs(self.model)
         self._rules = attention_rules(self.model.config)
+        self._slot_windows = SlotWindows.of(self.model, self._rules)
         self._read_attention()
 
     def _read_attention(self) -> None:
         """Take the model's attention implementation: the tree kernel (`treegraft_tree`, through
         `transformers`' forward) or SDPA (the lean forward where supported)."""
-        self._tree_kernel = (
-            getattr(self.model.config, "_attn_implementation", None) == IMPLEMENTATION
-        )
+        impl = getattr(self.model.config, "_attn_implementation", None)
+        self._tree_kernel = impl == IMPLEMENTATION
         if self._tree_kernel and not self._rules.plain:
             raise ModelRefused(
                 f"the tree-attention kernel takes one causal tree mask, but "
@@ -259,11 +261,9 @@ class CausalLMRunner:
     def _new_cache(self, capacity: int) -> TreeKVCache:
         """An empty cache of `capacity` slots (allocated now for the lean forward, which writes
         into the tensor itself; at the first update otherwise)."""
-        cache = TreeKVCache(
-            cache_geometry(self.model)[0], capacity, dtype=self.dtype, device=self.device
-        )
+        n_layers, n_kv, head_dim = cache_geometry(self.model)
+        cache = TreeKVCache(n_layers, capacity, dtype=self.dtype, device=self.device)
         if self._lean is not None:
-            _, n_kv, head_dim = cache_geometry(self.model)
             cache.allocate(n_kv, head_dim, head_dim)
         return cache
 
@@ -487,14 +487,15 @@ class CausalLMRunner:
         extra = {self._cache_kwarg: cache, **self._quiet}
         if self._tree_kernel:  # the fused kernel takes the compact mask: prefix length + tree block
             extra |= {PREFIX_LEN_KWARG: self.n_cached, TREE_MASK_KWARG: visible[:, self.n_cached :]}
-        out = self.model(
-            input_ids=ids[None, :],
-            position_ids=positions[None, :],
-            attention_mask=additive if isinstance(additive, dict) else additive[None, None],
-            use_cache=True,
-            logits_to_keep=n_logits,
-            **extra,
-        )
+        with self._slot_windows.applied(visible, additive) as mask:
+            out = self.model(
+                input_ids=ids[None, :],
+                position_ids=positions[None, :],
+                attention_mask=mask,
+                use_cache=True,
+                logits_to_keep=n_logits,
+                **extra,
+            )
         self.forwards += 1
         logits = out.logits[0, -n_logits:] if n_logits else out.logits[0, :0]
         return logits if self.output_rows is None else logits[:, self.output_rows]
