@@ -374,6 +374,45 @@ def test_kv_cache_update_rejects_what_it_would_write_wrongly() -> None:
     assert torch.equal(cache.kv[0, 0, :, :2], block[0, :, :2])
 
 
+def test_kv_cache_keeps_layers_of_different_heads_and_widths() -> None:
+    """MiMo-V2-Flash's sliding layers hand twice the key/value heads of its full ones: the
+    cache used to refuse the model ("layers of different shapes are not supported"). Each layer
+    now keeps its own heads and widths (the tensor widened, earlier layers' contents kept); a
+    layer that changes its shape between forwards is still an error."""
+    from treegraft.core.runner.kv_cache import TreeKVCache
+
+    cache = TreeKVCache(3, 8, dtype=torch.float64, device=torch.device("cpu"))
+    narrow = torch.randn(1, 2, 3, 4, dtype=torch.float64)
+    wide = torch.randn(1, 4, 3, 6, dtype=torch.float64)
+    values = torch.randn(1, 4, 3, 5, dtype=torch.float64)
+    assert torch.equal(cache.update(narrow, narrow, 0)[0], narrow)
+    keys, vals = cache.update(wide, values, 1)
+    assert torch.equal(keys, wide) and torch.equal(vals, values)
+    assert cache.kv.shape == (3, 2, 4, 8, 6)
+    cache.write_start = 3  # the next block: each layer reads back its own heads and columns
+    keys, _ = cache.update(narrow, narrow, 0)
+    assert torch.equal(keys, torch.cat([narrow, narrow], dim=2))
+    assert torch.equal(cache.update(wide, values, 1)[1][:, :, :3], values)
+    with pytest.raises(ValueError, match="layer 0 hands the cache 4 key/value heads"):
+        cache.update(wide, values, 0)
+
+
+def test_a_model_with_per_layer_key_value_heads_matches_its_plain_forward() -> None:
+    from treegraft.conformance.tiny import tiny_model
+
+    model = tiny_model("mimo_v2_flash", seed=1)
+    rng = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 96, (40,), generator=rng)
+    runner = CausalLMRunner(model)
+    runner.begin(prompt, max_len=64)
+    tree = random_tree(rng, int(prompt[-1]), 7, 96)
+    with torch.no_grad():
+        logits = runner.forward_tree(tree)
+    for i in range(tree.n_nodes):
+        ids = prompt.tolist() + path_ids(tree, i)[1:]
+        torch.testing.assert_close(logits[i], plain_logits(model, ids), rtol=1e-9, atol=1e-9)
+
+
 @pytest.mark.parametrize(
     ("accepted", "tokens", "message"),
     [

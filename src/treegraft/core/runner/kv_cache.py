@@ -22,7 +22,11 @@ class TreeKVCache(Cache):
     `kv` is `[n_layers, 2, n_kv_heads, capacity, head_dim]`. It is allocated by `allocate`
     (the lean forward, which writes into it directly) or at the first `update`, from the shapes
     of the keys and values the model hands over: models whose keys and values differ in width
-    (multi-head latent attention) keep each in the first columns of the slot. Each `update` stores
+    (multi-head latent attention) keep each in the first columns of the slot, and models whose
+    layers differ in key/value heads or widths (MiMo-V2-Flash's sliding layers have twice the
+    heads of its full ones) keep each layer's in the first heads and columns of a tensor as
+    wide as the widest layer (widened, contents kept, when a layer first hands more; every
+    layer hands the same shape at every call). Each `update` stores
     the new keys/values at slots `[write_start, write_start + q)` and returns the cache up to the
     end of the written block (prefix + region), so attention costs O(prefix).
     """
@@ -34,14 +38,13 @@ class TreeKVCache(Cache):
         self.n_layers, self.capacity = n_layers, capacity
         self.dtype, self.device = dtype, device
         self.kv: Tensor | None = None  # [n_layers, 2, n_kv_heads, capacity, head_dim]
-        self.widths = (0, 0)  # key and value head widths
+        self.shapes: dict[int, tuple[int, int, int]] = {}  # layer -> (heads, key, value widths)
         self.write_start = 0
 
     def allocate(self, n_kv_heads: int, key_width: int, value_width: int) -> Tensor:
         """Allocate the tensor (zeros) for heads of these widths; returns it."""
         shape = (self.n_layers, 2, n_kv_heads, self.capacity, max(key_width, value_width))
         self.kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.widths = (key_width, value_width)
         return self.kv
 
     def grow(self, capacity: int) -> None:
@@ -60,12 +63,7 @@ class TreeKVCache(Cache):
         heads, kw, vw = key_states.shape[1], key_states.shape[-1], value_states.shape[-1]
         if self.kv is None:
             self.allocate(heads, kw, vw)
-        elif (heads, kw, vw) != (self.kv.shape[2], *self.widths):
-            raise ValueError(
-                f"layer {layer_idx} hands the cache {heads} key/value heads of widths {kw}/{vw}, "
-                f"but earlier layers had {self.kv.shape[2]} of widths {self.widths[0]}/"
-                f"{self.widths[1]}: layers of different shapes are not supported"
-            )
+        self._take_shape(layer_idx, (heads, kw, vw))
         end = self.write_start + key_states.shape[-2]
         if key_states.shape[0] != 1 or end > self.capacity or not 0 <= layer_idx < self.n_layers:
             raise ArgumentError(
@@ -74,6 +72,8 @@ class TreeKVCache(Cache):
                 "expected one sequence (batch 1) written within the cache by one of its layers"
             )
         layer = self.kv[layer_idx]  # [2, H, capacity, D]
+        if heads < layer.shape[1]:  # a layer with fewer heads than the widest: its first ones
+            layer = layer[:, :heads]
         layer[0, :, self.write_start : end, :kw] = key_states[0]
         layer[1, :, self.write_start : end, :vw] = value_states[0]
         keys = layer[0, :, :end] if kw == layer.shape[-1] else layer[0, :, :end, :kw]
@@ -82,6 +82,23 @@ class TreeKVCache(Cache):
         if layer.device != key_states.device:  # a layer placed on another device (device map)
             return keys.to(key_states.device), values.to(key_states.device)
         return keys, values
+
+    def _take_shape(self, layer_idx: int, shape: tuple[int, int, int]) -> None:
+        """Record the (heads, key width, value width) `layer_idx` hands over, widening the
+        tensor where it holds fewer heads or narrower columns; a layer handing another shape
+        than at its first call is a `ValueError`."""
+        known = self.shapes.setdefault(layer_idx, shape)
+        if known != shape:
+            raise ValueError(
+                f"layer {layer_idx} hands the cache {shape[0]} key/value heads of widths "
+                f"{shape[1]}/{shape[2]}, but {known[0]} of widths {known[1]}/{known[2]} before: "
+                "a layer's keys and values must keep their shape from one forward to the next"
+            )
+        kv = self.kv
+        heads, width = max(shape[0], kv.shape[2]), max(shape[1], shape[2], kv.shape[-1])
+        if (heads, width) != (kv.shape[2], kv.shape[-1]):
+            self.kv = kv.new_zeros((*kv.shape[:2], heads, kv.shape[3], width))
+            self.kv[:, :, : kv.shape[2], :, : kv.shape[-1]] = kv
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.write_start
