@@ -168,6 +168,8 @@ def refusal(model: Any) -> str | None:
     """
     if (why := _no_output_head(model) or _maskless_attention(model.config)) is not None:
         return why
+    if (why := _cacheless(model)) is not None:
+        return why
     cfg = text_config(model.config)
     kind = getattr(cfg, "model_type", "")
     if (
@@ -215,6 +217,26 @@ def _no_output_head(model: Any) -> str | None:
         "it has no output layer (`get_output_embeddings()` is None), so it gives hidden states, "
         "not logits: a base model, as `AutoModel` builds; load the checkpoint with "
         "`AutoModelForCausalLM`"
+    )
+
+
+def _cacheless(model: Any) -> str | None:
+    """Why `model` cannot forward a tree over cached keys: a `transformers` model whose forward
+    takes no cache at all (no `cache`, `past_key_values` or `use_cache` argument: OpenAI GPT),
+    so that its own `generate` forwards the whole sequence at every step. None where it takes
+    one, and for a wrapper (not a `PreTrainedModel`) passing its arguments on."""
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        return None
+    params = inspect.signature(model.forward).parameters
+    if {"cache", "past_key_values", "use_cache"} & set(params):
+        return None
+    return (
+        "it keeps no key/value cache (its forward takes no `cache`, `past_key_values` or "
+        "`use_cache` argument, and its own `generate` forwards the whole sequence again at "
+        "every step), while a tree forward extends the cached keys and values of the committed "
+        "tokens"
     )
 
 
