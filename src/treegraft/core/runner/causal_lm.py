@@ -393,12 +393,8 @@ class CausalLMRunner:
         root_pos = self.n_committed - 1
         pend_ids = self.committed[base : base + pending]
         ids = torch.cat([pend_ids, tree.tokens[start:n].to(dev)])
-        positions = torch.cat(
-            [
-                torch.arange(base, base + pending, device=dev),
-                tree.positions(root_pos)[start:n].to(dev),
-            ]
-        )
+        node_pos = tree.positions(root_pos)[start:n].to(dev)
+        positions = torch.cat([torch.arange(base, base + pending, device=dev), node_pos])
         mask = device_visibility(
             tree, start, pending, base=base, n_pending=self.n_pending, device=dev
         )
