@@ -9,6 +9,7 @@ import torch
 from tests.core.test_runner import path_ids, plain_logits, random_tree
 from treegraft.conformance.tiny import tiny_model
 from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner.model_check import probe_generate, probe_model
 from treegraft.core.runner.slot_windows import SlotWindows
 
 
@@ -76,3 +77,13 @@ def test_models_without_slot_tables_take_the_mask_as_it_is() -> None:
     additive = torch.zeros(2, 3)
     with windows.applied(torch.ones(2, 3, dtype=torch.bool), additive) as mask:
         assert mask.shape == (1, 1, 2, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_half_precision_gpt_neo_passes_the_probes_and_its_float64_copy(dtype) -> None:
+    """Its slot window missed keys by less than half-precision rounding: refused through its
+    float64 copy; now the model and the copy pass."""
+    model = tiny_model("gpt_neo", dtype=dtype)
+    copies: dict = {}
+    assert probe_model(model, copies=copies) is None
+    assert probe_generate(model, copies=copies) is None
