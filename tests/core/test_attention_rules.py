@@ -65,6 +65,9 @@ def test_gpt_neo_local_layers_take_its_window_size() -> None:
     rules = attention_rules(cfg)
     assert rules.by_type == {"global": LayerRule(), "local": LayerRule(window=256)}
     assert attention_rules(GPTNeoConfig(num_layers=2, attention_types=[[["global"], 2]])).plain
+    # a window of one token: its `generate` keeps no sliding cache to decode otherwise with
+    one = GPTNeoConfig(window_size=1, num_layers=2, attention_types=[[["local"], 2]])
+    assert attention_rules(one) == AttentionRules(single=LayerRule(window=1))
 
 
 def test_unknown_layer_type_is_refused_naming_it() -> None:

@@ -2,9 +2,10 @@
 
 A runner forward hands the model an explicit 4D mask, which Hugging Face models use as given:
 rules the model would otherwise apply while building its mask (a sliding window, per-layer
-windows as in Gemma 2/3's `layer_types`, chunked attention) must be in that mask. `AttentionRules`
-reads them from the config; `refusal` says why a model cannot be served exactly (None when it can)
-for what a mask cannot express (ALiBi biases built from a 2D padding mask, recurrent state layers,
+windows as in Gemma 2/3's `layer_types`, GPT-Neo's `attention_layers` with its `window_size`,
+chunked attention) must be in that mask. `AttentionRules` reads them from the config;
+`refusal` says why a model cannot be served exactly (None when it can) for what a mask cannot
+express (ALiBi biases built from a 2D padding mask, recurrent state layers,
 bidirectional attention, keys ranked per query) and where the model's own `generate` decodes
 otherwise than its forward (its cache of a one-token window, of a chunk size without chunked
 layers, or dropped at a longrope switch). `ModelRefused` carries the reason to the user at load
@@ -98,10 +99,12 @@ def attention_rules(config: Any) -> AttentionRules:
     """The attention rules of a model config (`ModelRefused` for layer types not understood,
     and for windows or chunks of one token: `transformers`' own `generate` keeps the last
     `window - 1` keys of such a layer with a slice that keeps them all, so it decodes otherwise
-    than the model's forward)."""
-    rules = _read_rules(text_config(config))
+    than the model's forward; GPT-Neo's `window_size` takes no such cache)."""
+    cfg = text_config(config)
+    rules = _read_rules(cfg)
+    cached_one = getattr(cfg, "sliding_window", None) == 1  # a window `generate`'s cache keeps
     for rule in [rules.single] if rules.by_type is None else rules.by_type.values():
-        if rule is not None and 1 in (rule.window, rule.chunk):
+        if rule is not None and (rule.chunk == 1 or (rule.window == 1 and cached_one)):
             field = "sliding_window" if rule.window == 1 else "attention_chunk_size"
             raise ModelRefused(
                 f"its `{field}` is 1 token: transformers' own `generate` then keeps the layer's "
