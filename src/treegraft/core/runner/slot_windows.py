@@ -65,12 +65,14 @@ class SlotWindows:
             yield mask
             return
         kept = [module.bias for module, _ in self.layers]
-        tables: dict[str, Tensor] = {}
+        tables: dict[tuple[str, torch.device], Tensor] = {}  # by layer type and device
         try:
             for module, kind in self.layers:
-                if kind not in tables:
-                    tables[kind] = _table(visible[kind] if isinstance(visible, dict) else visible)
-                module.bias = tables[kind]
+                key = (kind, module.bias.device)  # layers placed on several devices
+                if key not in tables:
+                    rows = visible[kind] if isinstance(visible, dict) else visible
+                    tables[key] = _table(rows.to(key[1]))
+                module.bias = tables[key]
             yield mask[self.full] if isinstance(mask, dict) else mask
         finally:
             for (module, _), table in zip(self.layers, kept, strict=True):
