@@ -232,7 +232,10 @@ def _cacheless(model: Any) -> str | None:
 
     if not isinstance(model, PreTrainedModel):
         return None
-    params = inspect.signature(model.forward).parameters
+    try:  # the class's own forward: hooks and wrappers may hide an instance's signature
+        params = inspect.signature(type(model).forward).parameters
+    except (TypeError, ValueError):  # no signature to read: the probe decides
+        return None
     if {"cache", "past_key_values", "use_cache"} & set(params):
         return None
     return (
