@@ -177,11 +177,18 @@ def test_a_base_model_without_an_output_layer_is_refused_at_build(check_model: b
     assert "AutoModelForCausalLM" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("model_type", "name"),
+    [("openai-gpt", "OpenAIGPTLMHeadModel"), ("xlnet", "XLNetLMHeadModel")],
+)
 @pytest.mark.parametrize("check_model", [True, False])
-def test_a_model_without_a_key_value_cache_is_refused_naming_that(check_model: bool) -> None:
+def test_a_model_without_a_key_value_cache_is_refused_naming_that(
+    model_type: str, name: str, check_model: bool
+) -> None:
     """OpenAI GPT's forward takes no cache (its `generate` forwards the whole sequence at every
     step): it was refused with torch's "permute(sparse_coo): number of dimensions ..." (the
-    tree's mask read as a padding mask), or, with the probe off, failed while decoding."""
+    tree's mask read as a padding mask), or, with the probe off, failed while decoding; XLNet,
+    whose forward takes none either, with torch's "einsum(): ..."."""
     import torch
 
     from treegraft.conformance.tiny import tiny_model
@@ -190,14 +197,14 @@ def test_a_model_without_a_key_value_cache_is_refused_naming_that(check_model: b
     from treegraft.core.resources import Resources
 
     res = Resources(dtype=torch.float64)
-    res.add_model("mem:gpt", tiny_model("openai-gpt"))
+    res.add_model("mem:gpt", tiny_model(model_type))
     spec = {
         "target": "mem:gpt",
         "drafters": {"weak": {"name": "ngram"}},
         "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4},
         "decoding": {"max_new_tokens": 4, "dtype": "float64", "check_model": check_model},
     }
-    with pytest.raises(ConfigError, match=r"\(OpenAIGPTLMHeadModel\) .* keeps no key/value cache"):
+    with pytest.raises(ConfigError, match=rf"\({name}\) .* keeps no key/value cache"):
         load_pipeline(spec, resources=res)
     assert refusal(tiny_model("llama")) is None
 

@@ -225,8 +225,8 @@ def _no_output_head(model: Any) -> str | None:
 
 def _cacheless(model: Any) -> str | None:
     """Why `model` cannot forward a tree over cached keys: a `transformers` model whose forward
-    takes no cache at all (no `cache`, `past_key_values` or `use_cache` argument: OpenAI GPT),
-    so that its own `generate` forwards the whole sequence at every step. None where it takes
+    takes no cache at all (no `cache`, `past_key_values` or `use_cache` argument: OpenAI GPT,
+    whose `generate` forwards the whole sequence at every step; XLNet). None where it takes
     one, and for a wrapper (not a `PreTrainedModel`) passing its arguments on."""
     from transformers import PreTrainedModel
 
@@ -240,9 +240,8 @@ def _cacheless(model: Any) -> str | None:
         return None
     return (
         "it keeps no key/value cache (its forward takes no `cache`, `past_key_values` or "
-        "`use_cache` argument, and its own `generate` forwards the whole sequence again at "
-        "every step), while a tree forward extends the cached keys and values of the committed "
-        "tokens"
+        "`use_cache` argument), while a tree forward extends the cached keys and values of the "
+        "committed tokens"
     )
 
 
