@@ -9,6 +9,7 @@ from transformers import (
     DogeConfig,
     FalconConfig,
     Gemma3TextConfig,
+    GPTNeoConfig,
     Llama4TextConfig,
     LlamaConfig,
     MistralConfig,
@@ -57,6 +58,16 @@ def test_gemma3_mixes_sliding_and_global_layers_by_type() -> None:
     assert rules.by_type["sliding_attention"] == LayerRule(window=16)
     assert rules.by_type["full_attention"].plain
     assert "sliding window 16" in rules.describe()
+
+
+def test_gpt_neo_local_layers_take_its_window_size() -> None:
+    cfg = GPTNeoConfig(window_size=256, num_layers=4, attention_types=[[["global", "local"], 2]])
+    rules = attention_rules(cfg)
+    assert rules.by_type == {"global": LayerRule(), "local": LayerRule(window=256)}
+    assert attention_rules(GPTNeoConfig(num_layers=2, attention_types=[[["global"], 2]])).plain
+    # a window of one token: its `generate` keeps no sliding cache to decode otherwise with
+    one = GPTNeoConfig(window_size=1, num_layers=2, attention_types=[[["local"], 2]])
+    assert attention_rules(one) == AttentionRules(single=LayerRule(window=1))
 
 
 def test_unknown_layer_type_is_refused_naming_it() -> None:
@@ -176,6 +187,38 @@ def test_a_base_model_without_an_output_layer_is_refused_at_build(check_model: b
     with pytest.raises(ConfigError, match=r"\(LlamaModel\) .* it has no output layer") as info:
         load_pipeline(spec, resources=res)
     assert "AutoModelForCausalLM" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "name"),
+    [("openai-gpt", "OpenAIGPTLMHeadModel"), ("xlnet", "XLNetLMHeadModel")],
+)
+@pytest.mark.parametrize("check_model", [True, False])
+def test_a_model_without_a_key_value_cache_is_refused_naming_that(
+    model_type: str, name: str, check_model: bool
+) -> None:
+    """OpenAI GPT's forward takes no cache (its `generate` forwards the whole sequence at every
+    step): it was refused with torch's "permute(sparse_coo): number of dimensions ..." (the
+    tree's mask read as a padding mask), or, with the probe off, failed while decoding; XLNet,
+    whose forward takes none either, with torch's "einsum(): ..."."""
+    import torch
+
+    from treegraft.conformance.tiny import tiny_model
+    from treegraft.core.config import ConfigError
+    from treegraft.core.pipeline import load_pipeline
+    from treegraft.core.resources import Resources
+
+    res = Resources(dtype=torch.float64)
+    res.add_model("mem:gpt", tiny_model(model_type))
+    spec = {
+        "target": "mem:gpt",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4},
+        "decoding": {"max_new_tokens": 4, "dtype": "float64", "check_model": check_model},
+    }
+    with pytest.raises(ConfigError, match=rf"\({name}\) .* keeps no key/value cache"):
+        load_pipeline(spec, resources=res)
+    assert refusal(tiny_model("llama")) is None
 
 
 def test_a_refused_model_is_a_treegraft_error_and_still_a_value_error() -> None:

@@ -179,7 +179,7 @@ def test_a_target_whose_own_generate_decodes_otherwise_is_refused() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
-@pytest.mark.parametrize("model_type", ["dory", "gpt_neo"])
+@pytest.mark.parametrize("model_type", ["dory"])
 def test_low_precision_refuses_what_float64_refuses(model_type: str, dtype: torch.dtype) -> None:
     """Their tree forwards miss a rule by less than half-precision rounding (0.4-5% of the
     logits): the model itself passes at that tolerance, its float64 copy does not."""
@@ -288,7 +288,7 @@ def test_the_copy_keeps_every_kind_of_layer_in_a_prefix() -> None:
 
 
 def test_a_bfloat16_pipeline_refuses_what_only_the_copy_shows_naming_the_model() -> None:
-    """GPT-Neo's tree forwards miss a rule by less than bfloat16 rounding: refused at build in
+    """Dory's tree forwards miss a rule by less than bfloat16 rounding: refused at build in
     either role, the message naming the model and the copy."""
     spec = {
         "target": "mem:target",
@@ -297,10 +297,10 @@ def test_a_bfloat16_pipeline_refuses_what_only_the_copy_shows_naming_the_model()
         "scheduler": {"name": "always"},
         "decoding": {"dtype": "bfloat16"},
     }
-    llama, neo = (tiny_model(kind, dtype=torch.bfloat16) for kind in ("llama", "gpt_neo"))
-    for target, drafter in ((llama, neo), (neo, llama)):  # as the drafter, then the target
+    llama, dory = (tiny_model(kind, dtype=torch.bfloat16) for kind in ("llama", "dory"))
+    for target, drafter in ((llama, dory), (dory, llama)):  # as the drafter, then the target
         res = memory_resources(torch.bfloat16, target=target, drafter=drafter)
-        with pytest.raises(ConfigError, match=r"\(GPTNeoForCausalLM\) .* float64 copy"):
+        with pytest.raises(ConfigError, match=r"\(DoryForCausalLM\) .* float64 copy"):
             load_pipeline(spec, resources=res)
 
 

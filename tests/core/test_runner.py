@@ -450,6 +450,22 @@ def test_kv_cache_update_rejects_what_it_would_write_wrongly() -> None:
     assert torch.equal(cache.kv[0, 0, :, :2], block[0, :, :2])
 
 
+def test_a_model_with_per_layer_key_value_heads_matches_its_plain_forward() -> None:
+    from treegraft.conformance.tiny import tiny_model
+
+    model = tiny_model("mimo_v2_flash", seed=1)
+    rng = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 96, (40,), generator=rng)
+    runner = CausalLMRunner(model)
+    runner.begin(prompt, max_len=64)
+    tree = random_tree(rng, int(prompt[-1]), 7, 96)
+    with torch.no_grad():
+        logits = runner.forward_tree(tree)
+    for i in range(tree.n_nodes):
+        ids = prompt.tolist() + path_ids(tree, i)[1:]
+        torch.testing.assert_close(logits[i], plain_logits(model, ids), rtol=1e-9, atol=1e-9)
+
+
 @pytest.mark.parametrize(
     ("accepted", "tokens", "message"),
     [

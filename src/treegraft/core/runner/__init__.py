@@ -10,6 +10,7 @@
 - `positions`: each node's position handed to decoders that number their tokens themselves;
 - `attention_rules`: the model's own attention rules (sliding windows, chunks, per-layer types)
   and the refusal of architectures a tree forward cannot reproduce;
+- `slot_windows`: GPT-Neo's local windows, read from a table by cache slot, set by position;
 - `model_check`: the load-time probe (one tree forward against sequential forwards);
 - `wide_copy`: the float64 copy of a half-precision model's architecture that probe also checks;
 - `latency`: latency curves measured through a runner;

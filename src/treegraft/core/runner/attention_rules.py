@@ -2,9 +2,10 @@
 
 A runner forward hands the model an explicit 4D mask, which Hugging Face models use as given:
 rules the model would otherwise apply while building its mask (a sliding window, per-layer
-windows as in Gemma 2/3's `layer_types`, chunked attention) must be in that mask. `AttentionRules`
-reads them from the config; `refusal` says why a model cannot be served exactly (None when it can)
-for what a mask cannot express (ALiBi biases built from a 2D padding mask, recurrent state layers,
+windows as in Gemma 2/3's `layer_types`, GPT-Neo's `attention_layers` with its `window_size`,
+chunked attention) must be in that mask. `AttentionRules` reads them from the config;
+`refusal` says why a model cannot be served exactly (None when it can) for what a mask cannot
+express (ALiBi biases built from a 2D padding mask, recurrent state layers,
 bidirectional attention, keys ranked per query) and where the model's own `generate` decodes
 otherwise than its forward (its cache of a one-token window, of a chunk size without chunked
 layers, or dropped at a longrope switch). `ModelRefused` carries the reason to the user at load
@@ -98,10 +99,12 @@ def attention_rules(config: Any) -> AttentionRules:
     """The attention rules of a model config (`ModelRefused` for layer types not understood,
     and for windows or chunks of one token: `transformers`' own `generate` keeps the last
     `window - 1` keys of such a layer with a slice that keeps them all, so it decodes otherwise
-    than the model's forward)."""
-    rules = _read_rules(text_config(config))
+    than the model's forward; GPT-Neo's `window_size` takes no such cache)."""
+    cfg = text_config(config)
+    rules = _read_rules(cfg)
+    cached_one = getattr(cfg, "sliding_window", None) == 1  # a window `generate`'s cache keeps
     for rule in [rules.single] if rules.by_type is None else rules.by_type.values():
-        if rule is not None and 1 in (rule.window, rule.chunk):
+        if rule is not None and (rule.chunk == 1 or (rule.window == 1 and cached_one)):
             field = "sliding_window" if rule.window == 1 else "attention_chunk_size"
             raise ModelRefused(
                 f"its `{field}` is 1 token: transformers' own `generate` then keeps the layer's "
@@ -116,6 +119,9 @@ def _read_rules(cfg: Any) -> AttentionRules:
         window = None
     chunk = _positive(getattr(cfg, "attention_chunk_size", None))
     types = getattr(cfg, "layer_types", None)
+    slot_types = getattr(cfg, "attention_layers", None)  # GPT-Neo's, windowed by `window_size`
+    if not types and isinstance(slot_types, list) and all(isinstance(t, str) for t in slot_types):
+        types, window = slot_types, window or _positive(getattr(cfg, "window_size", None))
     if not types:
         if window is None and chunk is not None:
             raise ModelRefused(
@@ -164,6 +170,8 @@ def refusal(model: Any) -> str | None:
     they decode.
     """
     if (why := _no_output_head(model) or _maskless_attention(model.config)) is not None:
+        return why
+    if (why := _cacheless(model)) is not None:
         return why
     cfg = text_config(model.config)
     kind = getattr(cfg, "model_type", "")
@@ -232,6 +240,28 @@ def _borrowed_states(model: Any) -> str | None:
         "cache of its own: it is an assistant head that drafts from its target model's states "
         "inside that model's `generate(assistant_model=...)`, not a causal LM that decodes a "
         "sequence on its own"
+    )
+
+
+def _cacheless(model: Any) -> str | None:
+    """Why `model` cannot forward a tree over cached keys: a `transformers` model whose forward
+    takes no cache at all (no `cache`, `past_key_values` or `use_cache` argument: OpenAI GPT,
+    whose `generate` forwards the whole sequence at every step; XLNet). None where it takes
+    one, and for a wrapper (not a `PreTrainedModel`) passing its arguments on."""
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        return None
+    try:  # the class's own forward: hooks and wrappers may hide an instance's signature
+        params = inspect.signature(type(model).forward).parameters
+    except (TypeError, ValueError):  # no signature to read: the probe decides
+        return None
+    if {"cache", "past_key_values", "use_cache", "shared_kv_states"} & set(params):
+        return None  # (one reading `shared_kv_states` is `_borrowed_states`' to name)
+    return (
+        "it keeps no key/value cache (its forward takes no `cache`, `past_key_values` or "
+        "`use_cache` argument), while a tree forward extends the cached keys and values of the "
+        "committed tokens"
     )
 
 

@@ -38,6 +38,7 @@ from treegraft.core.runner.lean import FORWARDS, FusedForward, LeanForward, lean
 from treegraft.core.runner.padding import PADDED_ROWS, pad_block, padding_pays
 from treegraft.core.runner.placement import input_device
 from treegraft.core.runner.positions import positional_modules, positions_given
+from treegraft.core.runner.slot_windows import SlotWindows
 from treegraft.core.runner.watchers import forward_watchers, unwatched
 from treegraft.core.tree import DraftTree
 from treegraft.kernels.host_tensor import host_tensor
@@ -103,6 +104,7 @@ class CausalLMRunner:
     _tree_kernel: bool = attrs.field(init=False, default=False)
     _lean: LeanForward | None = attrs.field(init=False, default=None)
     _rules: AttentionRules = attrs.field(init=False, default=None)
+    _slot_windows: SlotWindows = attrs.field(init=False, factory=SlotWindows)  # GPT-Neo's
     # the model's device, dtype and vocabulary size, read at construction and at `begin`
     # (Hugging Face's `model.device` walks the parameters, `get_output_embeddings` resolves the
     # head: tens of microseconds each, several times a step)
@@ -124,14 +126,14 @@ class CausalLMRunner:
         self._cache_kwarg = cache_kwarg(self.model)
         self._quiet, self._positional = quiet_outputs(self.model), positional_modules(self.model)
         self._rules = attention_rules(self.model.config)
+        self._slot_windows = SlotWindows.of(self.model, self._rules)
         self._read_attention()
 
     def _read_attention(self) -> None:
         """Take the model's attention implementation: the tree kernel (`treegraft_tree`, through
         `transformers`' forward) or SDPA (the lean forward where supported)."""
-        self._tree_kernel = (
-            getattr(self.model.config, "_attn_implementation", None) == IMPLEMENTATION
-        )
+        impl = getattr(self.model.config, "_attn_implementation", None)
+        self._tree_kernel = impl == IMPLEMENTATION
         if self._tree_kernel and not self._rules.plain:
             raise ModelRefused(
                 f"the tree-attention kernel takes one causal tree mask, but "
@@ -394,12 +396,8 @@ class CausalLMRunner:
         root_pos = self.n_committed - 1
         pend_ids = self.committed[base : base + pending]
         ids = torch.cat([pend_ids, tree.tokens[start:n].to(dev)])
-        positions = torch.cat(
-            [
-                torch.arange(base, base + pending, device=dev),
-                tree.positions(root_pos)[start:n].to(dev),
-            ]
-        )
+        node_pos = tree.positions(root_pos)[start:n].to(dev)
+        positions = torch.cat([torch.arange(base, base + pending, device=dev), node_pos])
         mask = device_visibility(
             tree, start, pending, base=base, n_pending=self.n_pending, device=dev
         )
@@ -488,11 +486,13 @@ class CausalLMRunner:
         extra = {self._cache_kwarg: cache, **self._quiet}
         if self._tree_kernel:  # the fused kernel takes the compact mask: prefix length + tree block
             extra |= {PREFIX_LEN_KWARG: self.n_cached, TREE_MASK_KWARG: visible[:, self.n_cached :]}
-        with positions_given(self._positional, positions):  # a model numbering rows itself
+        with positions_given(self._positional, positions), self._slot_windows.applied(
+            visible, additive
+        ) as mask:
             out = self.model(
                 input_ids=ids[None, :],
                 position_ids=positions[None, :],
-                attention_mask=additive if isinstance(additive, dict) else additive[None, None],
+                attention_mask=mask,
                 use_cache=True,
                 logits_to_keep=n_logits,
                 **extra,
