@@ -105,9 +105,8 @@ class CausalLMRunner:
     _lean: LeanForward | None = attrs.field(init=False, default=None)
     _rules: AttentionRules = attrs.field(init=False, default=None)
     _slot_windows: SlotWindows = attrs.field(init=False, factory=SlotWindows)  # GPT-Neo's
-    # the model's device, dtype and vocabulary size, read at construction and at `begin`
-    # (Hugging Face's `model.device` walks the parameters, `get_output_embeddings` resolves the
-    # head: tens of microseconds each, several times a step)
+    # the model's device, dtype and vocabulary size, read at construction and at `begin` (Hugging
+    # Face's `model.device` and `get_output_embeddings`: tens of microseconds, several a step)
     _device: torch.device = attrs.field(init=False, default=None)
     _dtype: torch.dtype = attrs.field(init=False, default=None)
     _vocab: int = attrs.field(init=False, default=0)
@@ -486,9 +485,10 @@ class CausalLMRunner:
         extra = {self._cache_kwarg: cache, **self._quiet}
         if self._tree_kernel:  # the fused kernel takes the compact mask: prefix length + tree block
             extra |= {PREFIX_LEN_KWARG: self.n_cached, TREE_MASK_KWARG: visible[:, self.n_cached :]}
-        with positions_given(self._positional, positions), self._slot_windows.applied(
-            visible, additive
-        ) as mask:
+        with (
+            positions_given(self._positional, positions),
+            self._slot_windows.applied(visible, additive) as mask,
+        ):
             out = self.model(
                 input_ids=ids[None, :],
                 position_ids=positions[None, :],
