@@ -419,9 +419,8 @@ def extend_host(tree: DraftTree, proposal: Proposal, drafter: int) -> tuple[Draf
     and the new nodes are appended with one concatenation per field. A new node's score is its
     parent's plus its edge log-prob, added in the score's dtype as the tensor version adds it."""
     m, c = proposal.tokens.shape
-    node_of = np.full((m, c), -1, dtype=np.int64)
     if m == 0:
-        return tree, torch.from_numpy(node_of)
+        return tree, torch.from_numpy(np.full((m, c), -1, dtype=np.int64))
     score_np = tree.score.numpy()
     real = score_np.dtype.type  # float32 + float32 rounds as torch's float32 add does
     toks = proposal.tokens.tolist()
@@ -441,6 +440,7 @@ def extend_host(tree: DraftTree, proposal: Proposal, drafter: int) -> tuple[Draf
     new_parent: list[int] = []
     new_tok: list[int] = []
     new_logp: list[float] = []
+    node_of = [[-1] * c for _ in range(m)]  # lists: numpy's item assignment costs more
     for col in range(c):
         for r in range(m):
             parent, tok = parent_of_row[r], toks[r][col]
@@ -456,10 +456,11 @@ def extend_host(tree: DraftTree, proposal: Proposal, drafter: int) -> tuple[Draf
                 new_logp.append(logps[r][col])
                 depth.append(depth[parent] + 1)
                 score.append(float(real(score[parent]) + real(logps[r][col])))
-            node_of[r, col] = node
+            node_of[r][col] = node
             parent_of_row[r] = node
+    nodes = host_tensor(node_of)
     if not new_parent:
-        return tree, torch.from_numpy(node_of)
+        return tree, nodes
     k = len(new_parent)
     real_dtype = score_np.dtype
     who = np.full(k, drafter, dtype=np.int64)
@@ -480,4 +481,4 @@ def extend_host(tree: DraftTree, proposal: Proposal, drafter: int) -> tuple[Draf
     # the new tree's host lists are at hand (each score was rounded to the score dtype above)
     lists = HostTree(host.tokens + new_tok, host.parents + new_parent, depth, score)
     object.__setattr__(out, "_host", lists)
-    return out, torch.from_numpy(node_of)
+    return out, nodes

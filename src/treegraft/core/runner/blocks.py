@@ -21,6 +21,10 @@ def host_visibility(
     array calls where torch's cost tens of microseconds each)."""
     n = tree.n_nodes
     p_end = base + n_pending
+    if pending == 0:  # every step after a generation's first: the cache, then the tree
+        mask = np.ones((n - start, p_end + n), dtype=np.bool_)
+        mask[:, p_end:] = tree.ancestor_mask().numpy()[start:n]
+        return mask
     mask = np.zeros((pending + n - start, p_end + n), dtype=np.bool_)
     mask[:, :base] = True
     mask[:pending, base : base + pending] = np.tri(pending, dtype=np.bool_)
@@ -42,3 +46,19 @@ def device_visibility(
     mask[pending:, base:p_end] = True
     mask[pending:, p_end:] = tree.ancestor_mask()[start:n].to(device)
     return mask
+
+
+#: torch float dtypes numpy holds: a CPU mask of these is filled in numpy (`additive_mask`)
+NUMPY_FLOATS = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
+
+
+def additive_mask(visible: Tensor, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """`[q, kv_len]` additive mask of `visible` in `dtype` on `device`: 0 where visible, the
+    dtype's minimum elsewhere. One numpy call for a CPU mask in a dtype numpy holds (where
+    torch's zeros, inversion and fill cost three calls, every forward)."""
+    low = torch.finfo(dtype).min
+    real = NUMPY_FLOATS.get(dtype)
+    if real is not None and visible.device.type == "cpu" and device.type == "cpu":
+        return torch.from_numpy(np.where(visible.numpy(), real(0), real(low)))
+    mask = torch.zeros(visible.shape, dtype=dtype, device=device)
+    return mask.masked_fill_(~visible, low)

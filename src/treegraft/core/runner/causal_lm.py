@@ -30,7 +30,7 @@ from treegraft.core.runner.attention_rules import (
     attention_rules,
     max_positions,
 )
-from treegraft.core.runner.blocks import device_visibility, host_visibility
+from treegraft.core.runner.blocks import additive_mask, device_visibility, host_visibility
 from treegraft.core.runner.forwards import cache_kwarg, quiet_outputs
 from treegraft.core.runner.kv_cache import TreeKVCache, accepted_nodes
 from treegraft.core.runner.latency import measure_latency
@@ -357,18 +357,17 @@ class CausalLMRunner:
         microseconds each), else with torch ops on the model's device (`_block_on_device`)."""
         if self.device.type != "cpu" or tree.device.type != "cpu":
             return self._block_on_device(tree, start, pending)
-        n = tree.n_nodes
-        base = self.n_cached
-        p_end = base + self.n_pending
-        ids = torch.cat([self.committed[base : base + pending], tree.tokens[start:n]])
-        depth = tree.depth.numpy()[start:n]
-        positions = np.concatenate(
-            [np.arange(base, base + pending), depth + (self.n_committed - 1)]
-        )
+        n, base, root = tree.n_nodes, self.n_cached, self.n_committed - 1
+        depth = tree.depth.numpy()
+        if pending == 0:  # every step after a generation's first: the tree's nodes alone
+            ids, positions = tree.tokens[start:n], depth[start:n] + root
+        else:
+            ids = torch.cat([self.committed[base : base + pending], tree.tokens[start:n]])
+            positions = np.concatenate([np.arange(base, base + pending), depth[start:n] + root])
         mask = host_visibility(tree, start, pending, base=base, n_pending=self.n_pending)
         if self._rules.plain:
             return ids, torch.from_numpy(positions), torch.from_numpy(mask)
-        k_pos = np.concatenate([np.arange(p_end), tree.depth.numpy()[:n] + (self.n_committed - 1)])
+        k_pos = np.concatenate([np.arange(base + self.n_pending), depth[:n] + root])
         return ids, torch.from_numpy(positions), self._rule_masks(mask, positions, k_pos)
 
     def _rule_masks(self, mask: Any, q_pos: Any, k_pos: Any) -> Any:
@@ -503,8 +502,7 @@ class CausalLMRunner:
 
     def _additive(self, visible: Tensor) -> Tensor:
         """`[q, kv_len]` additive mask (0 where visible, the dtype's minimum elsewhere)."""
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-        return mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+        return additive_mask(visible, self.dtype, self.device)
 
     def skip_prefill(self) -> None:
         """Take the committed tokens but the last as cached without forwarding them: their keys

@@ -25,16 +25,17 @@ def walk(tok: list[int], par: list[int], argmax_of: Callable[[int], int]) -> Gre
     `argmax_of(node)` gives that token and is asked only for the nodes the walk reaches (the
     greedy verifier takes those rows' argmax lazily). Siblings carry distinct tokens; were two
     equal, the first would win."""
-    child: dict[tuple[int, int], int] = {}
-    for node in range(1, len(par)):
-        child.setdefault((par[node], tok[node]), node)
+    n = len(par)
+    # built last node first, so that the first of two equal siblings is the one kept
+    pairs = zip(par[:0:-1], tok[n - 1 : 0 : -1], strict=True)
+    child = dict(zip(pairs, range(n - 1, 0, -1), strict=True))
     path = [0]
     best = argmax_of(0)
     while (nxt := child.get((path[-1], best))) is not None:
         path.append(nxt)
         best = argmax_of(nxt)
     return GreedyAcceptance(
-        path=host_tensor(path + [-1] * (len(par) - len(path))),
+        path=host_tensor(path + [-1] * (n - len(path))),
         length=host_tensor(len(path)),
         bonus=host_tensor(best),
     )

@@ -455,7 +455,14 @@ def chain_tails(node_of: Tensor) -> Tensor:
     host for CPU tensors."""
     if node_of.device.type != "cpu":
         return chain_tails_on_device(node_of)
-    return host_tensor([next((x for x in reversed(r) if x >= 0), -1) for r in node_of.tolist()])
+    tails = []
+    for row in node_of.tolist():  # plain loops: a generator per row costs more than the row
+        tail = -1
+        for x in row:
+            if x >= 0:
+                tail = x
+        tails.append(tail)
+    return host_tensor(tails)
 
 
 def chain_tails_on_device(node_of: Tensor) -> Tensor:
