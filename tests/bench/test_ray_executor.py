@@ -292,3 +292,31 @@ def test_an_actor_request_the_cluster_cannot_hold_is_refused(
     with pytest.raises(ConfigError) as info:
         run_bench(config, tmp_path / "out", resources=pair_resources(), progress=False)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"workers": 3}, "workers (--workers): 3 Ray actors requesting 1 CPU(s) each need 3, but "
+         "the Ray cluster has 2: the actors past 2 could never start and the run would wait for "
+         "them forever; lower --workers (or leave it out: as many as fit) or --num-cpus"),
+        ({"num_cpus": 3}, "num_cpus (--num-cpus): each Ray actor requests 3 CPU(s), but the Ray "
+         "cluster has 2: no actor could start; lower --num-cpus"),
+    ],
+    ids=["workers", "cpus"],
+)  # fmt: skip
+def test_map_items_refuses_actors_the_cluster_cannot_hold(cluster, options, message):
+    """Both waited forever: the items handed to an actor that could not start never came back."""
+    from treegraft.bench.shards import map_items
+
+    with pytest.raises(ConfigError) as info:
+        map_items(pid_setup, square_with_pid, [1, 2, 3], executor="ray", **options)
+    assert str(info.value) == message
+
+
+def test_a_sweep_with_more_workers_than_the_cluster_holds_is_refused(tmp_path, cluster):
+    """`--workers 3` on a 2-CPU cluster handed a unit to an actor that never started: it hung."""
+    config = sweep_config(tmp_path).with_executor(name="ray", workers=3)
+    with pytest.raises(ConfigError, match=r"^executor.workers \(--workers\): 3 Ray actors"):
+        run_bench(config, tmp_path / "out", resources=pair_resources(), progress=False)
+    assert not (tmp_path / "out").exists()
