@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import attrs
 import pytest
@@ -77,6 +78,24 @@ def test_positions_are_prefix_plus_depth(tree: DraftTree, root_pos: int) -> None
 @given(trees())
 def test_scores_never_increase_along_paths(tree: DraftTree) -> None:
     assert bool((tree.score[1:] <= tree.score[tree.parents[1:]] + 1e-12).all())
+
+
+@given(trees(), st.data())
+def test_from_parents_scores_are_path_sums_with_dead_and_nan_edges(tree: DraftTree, data) -> None:
+    """A -inf (dead) or NaN edge reaches its own subtree only: the mask product multiplied
+    every other node's 0 by it, and one dead node turned every score of the tree to NaN."""
+    edges = tree.edge_logp.tolist()
+    for i in data.draw(st.lists(st.integers(1, max(1, tree.n_nodes - 1)), max_size=3)):
+        if i < tree.n_nodes:
+            edges[i] = data.draw(st.sampled_from([float("-inf"), float("nan"), -1e300]))
+    edge_logp = torch.tensor(edges, dtype=torch.float64)
+    built = DraftTree.from_parents(tree.tokens, tree.parents, edge_logp=edge_logp)
+    parents = tree.parents.tolist()
+    want = [
+        math.fsum(edges[j] for j in brute_ancestors(parents, i) if j) for i in range(len(edges))
+    ]
+    torch.testing.assert_close(built.score, torch.tensor(want, dtype=torch.float64), equal_nan=True)
+    assert built.score.tolist()[0] == 0.0
 
 
 @given(trees())

@@ -158,7 +158,8 @@ class DraftTree:
         edge_logp = float_vector(op, "edge_logp", edge_logp, n).clone()
         edge_logp[0] = 0
         anc = ancestor_mask(parents)
-        score = (anc.to(edge_logp.dtype) * edge_logp[None, :]).sum(-1)  # [n]
+        # [n] path sums; a select, not a product: 0 * -inf (a dead edge) or 0 * NaN is NaN
+        score = torch.where(anc, edge_logp[None, :], 0).sum(-1)
         if proposer is not None:
             proposer = index_vector(op, "proposer", proposer, n)
         else:
