@@ -419,3 +419,29 @@ def test_extend_takes_log_probs_of_any_float_dtype(dtype: torch.dtype) -> None:
     assert grown.tokens.tolist() == [3, 4, 5]
     assert grown.edge_logp.tolist() == [0.0, -0.5, -1.0]
     assert grown.score.dtype == torch.float32
+
+
+def test_a_bfloat16_tree_grows_and_is_pruned_as_a_float32_one() -> None:
+    """The host paths of `extend` and `select` read the scores through numpy, which has no
+    bfloat16: a CPU tree from `from_root(dtype=torch.bfloat16)` or `from_parents` raised
+    TypeError at its first `extend`; such trees now take the torch paths."""
+    proposal = Proposal(
+        torch.tensor([0, 0]), torch.tensor([[4, 6], [5, -1]]), torch.tensor([[-0.5, -1], [-2, 0]])
+    )
+    rooted = [DraftTree.from_root(3, dtype=d) for d in (torch.bfloat16, torch.float32)]
+    edges = torch.tensor([0.0, -0.5])
+    built = [
+        DraftTree.from_parents(torch.tensor([3, 4]), torch.tensor([-1, 0]), edge_logp=edges.to(d))
+        for d in (torch.bfloat16, torch.float32)
+    ]
+    for low, full in (rooted, built):
+        grown = [tree.extend(proposal, 1)[0] for tree in (low, full)]
+        picked = [tree.select(torch.tensor([0, 1, 3])) for tree in grown]
+        for a, b in (grown, picked):
+            assert a.score.dtype == torch.bfloat16
+            assert a.tokens.tolist() == b.tokens.tolist()
+            assert a.parents.tolist() == b.parents.tolist()
+            assert a.score.tolist() == b.score.tolist()  # these sums are exact in bfloat16
+        assert (
+            grown[0].best(torch.arange(4), 2).tolist() == grown[1].best(torch.arange(4), 2).tolist()
+        )

@@ -189,6 +189,12 @@ class DraftTree:
     def device(self) -> torch.device:
         return self.tokens.device
 
+    def on_host(self) -> bool:
+        """True for CPU trees whose scores numpy holds (not bfloat16): `extend` and `select` run
+        on the host for them, with torch ops otherwise."""
+        floats = (self.score.dtype, self.edge_logp.dtype)
+        return self.device.type == "cpu" and all(f in _NUMPY_REALS for f in floats)
+
     def host(self) -> HostTree:
         """`tokens`, `parents`, `depth` and `score` as Python lists, read once per tree.
 
@@ -252,7 +258,7 @@ class DraftTree:
         on the device (`extend_on_device`); both give identical trees.
         """
         try:
-            if self.device.type == "cpu":
+            if self.on_host():
                 return extend_host(self, proposal, drafter)
             return self.extend_on_device(proposal, drafter)
         except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
@@ -364,7 +370,7 @@ class DraftTree:
         On CPU trees `keep` is checked (`ArgumentError` naming the first node out of place);
         elsewhere it is taken as given (a check would read the device)."""
         keep = index_vector("DraftTree.select", "keep", keep)
-        if self.device.type == "cpu":  # numpy indexing: a fraction of torch's per-call cost
+        if self.on_host():  # numpy indexing: a fraction of torch's per-call cost
             k = keep.numpy()
             check_keep(k, self.n_nodes)
             remap = np.full(self.n_nodes, -1, dtype=np.int64)
