@@ -277,7 +277,8 @@ def test_best_near_takes_the_best_of_the_lookback_window(tree: DraftTree, data) 
     depth = tree.depth.tolist()
     d = max(depth[i] for i in frontier) if frontier else max(depth)
     window = [i for i in range(n) if d - lookback <= depth[i] <= d]
-    front = torch.tensor(frontier, dtype=torch.long)
+    pads = data.draw(st.integers(0, 2))  # -1 entries are ignored (they took the last node's depth)
+    front = torch.tensor(frontier + [-1] * pads, dtype=torch.long)
     want = brute_best(tree, window, k)
     assert tree.best_near(front, lookback, k).tolist() == want
     assert tree.best_near_on_device(front, lookback, k).tolist() == want
@@ -388,6 +389,19 @@ def test_node_arguments_out_of_range_are_named() -> None:
             SMALL.best(T([1, 2, 3]), k)
         with pytest.raises(ArgumentError, match=f"best_near: k is {k}"):
             SMALL.best_near(T([1]), 1, k)
+        with pytest.raises(ArgumentError, match=f"best_near: lookback is {k}; expected an int"):
+            SMALL.best_near(T([1]), k, 1)  # -1 was an empty window, 1.5 taken as 1
+    # these were an IndexError, TypeError or AttributeError from inside
+    with pytest.raises(ArgumentError, match=r"best_near: frontier holds 9; expected a node index"):
+        SMALL.best_near(T([1, 9]), 1, 1)
+    for call in (SMALL.best, lambda nodes, k: SMALL.best_near(nodes, 1, k)):
+        for nodes, what in (
+            (T([1.0]), r"has shape \(1,\), dtype torch.float32"),
+            (T([[1, 2]]), r"has shape \(1, 2\)"),
+            ([1, 2], r"is \[1, 2\] \(list\); expected a torch.Tensor"),
+        ):
+            with pytest.raises(ArgumentError, match=f"(nodes|frontier) {what}"):
+                call(nodes, 1)
 
 
 @pytest.mark.parametrize(

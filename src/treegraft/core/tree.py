@@ -21,6 +21,7 @@ from torch import Tensor
 
 from treegraft.core.errors import ArgumentError
 from treegraft.core.tree_checks import (
+    check_count,
     check_k,
     check_keep,
     check_parent_array,
@@ -323,6 +324,7 @@ class DraftTree:
         layer); elsewhere on the device.
         """
         check_k("DraftTree.best", k)
+        nodes = index_vector("DraftTree.best", "nodes", nodes)
         if self.device.type == "cpu":
             cand = sorted({i for i in nodes.tolist() if i >= 0})
             if cand and cand[-1] >= self.n_nodes:
@@ -333,11 +335,17 @@ class DraftTree:
 
     def best_near(self, frontier: Tensor, lookback: int, k: int) -> Tensor:
         """The best `k` live nodes (as `best`) at depths `[d - lookback, d]`, `d` the deepest
-        frontier node's depth (the tree's deepest when the frontier is empty), ascending."""
-        check_k("DraftTree.best_near", k)
+        frontier node's depth (the tree's deepest when the frontier is empty), ascending.
+        Frontier entries < 0 are ignored, as in `best`."""
+        op = "DraftTree.best_near"
+        check_k(op, k)
+        check_count(op, "lookback", lookback)
+        frontier = index_vector(op, "frontier", frontier)
         if self.device.type == "cpu":
             host = self.host()
-            depth, front = host.depth, frontier.tolist()
+            depth, front = host.depth, [i for i in frontier.tolist() if i >= 0]
+            if front and max(front) >= len(depth):
+                node_index(op, "frontier", max(front), len(depth), "holds")  # raises
             d = max(depth[i] for i in front) if front else max(depth)
             window = [i for i, x in enumerate(depth) if d - lookback <= x <= d]
             return host_tensor(best_host(host.score, depth, window, k))
@@ -345,7 +353,11 @@ class DraftTree:
 
     def best_near_on_device(self, frontier: Tensor, lookback: int, k: int) -> Tensor:
         """`best_near` with torch ops on the tree's device."""
-        d = self.depth[frontier].max() if frontier.numel() else self.depth.max()
+        if frontier.numel():  # entries < 0 ignored; none left: the tree's deepest
+            front = torch.where(frontier >= 0, self.depth[frontier.clamp(min=0)], -1).max()
+            d = torch.where(front >= 0, front, self.depth.max())
+        else:
+            d = self.depth.max()
         window = (self.depth >= d - lookback) & (self.depth <= d)
         return self.best_on_device(torch.nonzero(window).flatten(), k)
 

@@ -51,23 +51,28 @@ def check_proposal(proposal: object, n: int, proposal_type: type) -> None:
         )
 
 
-def node_index(op: str, name: str, node: object, n: int) -> int:
+def node_index(op: str, name: str, node: object, n: int, verb: str | None = None) -> int:
     """`node` as an int in `[0, n)`, else an `ArgumentError` naming `name` (`node is 9`,
-    `nodes holds 9`)."""
+    `nodes holds 9`; `verb` where the name does not tell)."""
     try:
         index = operator.index(node)
     except TypeError:
         index = None
     if index is None or isinstance(node, bool) or not 0 <= index < n:
-        verb = "holds" if name.endswith("s") else "is"
+        verb = verb or ("holds" if name.endswith("s") else "is")
         raise ArgumentError(f"{op}: {name} {verb} {shown(node)}; expected a node index in [0, {n})")
     return index
 
 
 def check_k(op: str, k: object) -> None:
     """Raise unless `k` (how many nodes to pick) is an int >= 0."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-        raise ArgumentError(f"{op}: k is {shown(k)}; expected an integer >= 0")
+    check_count(op, "k", k)
+
+
+def check_count(op: str, name: str, value: object) -> None:
+    """Raise unless `value` is an int >= 0 (a depth count, such as `best_near`'s lookback)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ArgumentError(f"{op}: {name} is {shown(value)}; expected an integer >= 0")
 
 
 def check_keep(k: np.ndarray, n: int) -> None:
