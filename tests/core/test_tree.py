@@ -459,3 +459,21 @@ def test_a_bfloat16_tree_grows_and_is_pruned_as_a_float32_one() -> None:
         assert (
             grown[0].best(torch.arange(4), 2).tolist() == grown[1].best(torch.arange(4), 2).tolist()
         )
+
+
+def test_extend_and_with_scores_name_a_bad_argument() -> None:
+    """A drafter index of text was numpy's ValueError, 1.5 was stored as 1; scores of another
+    length (a rescorer's bug) made a tree whose fields disagree in length, silently."""
+    proposal = Proposal(torch.tensor([0]), torch.tensor([[4]]), torch.tensor([[-0.5]]))
+    for drafter in ("x", 1.5, -1, True):
+        with pytest.raises(ArgumentError, match=r"^DraftTree.extend: drafter is .*integer >= 0"):
+            SMALL.extend(proposal, drafter)
+    n, fields = SMALL.n_nodes, (SMALL.edge_logp, SMALL.score, SMALL.scorer)
+    for i, (name, bad) in enumerate(
+        (("edge_logp", torch.zeros(n - 1)), ("score", torch.zeros(n, 1)), ("scorer", SMALL.score))
+    ):
+        args = list(fields)
+        args[i] = bad
+        with pytest.raises(ArgumentError, match=f"^DraftTree.with_scores: {name} has shape"):
+            SMALL.with_scores(*args)
+    assert SMALL.with_scores(*fields).score is SMALL.score

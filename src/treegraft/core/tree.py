@@ -31,7 +31,7 @@ from treegraft.core.tree_checks import (
     root_token,
 )
 from treegraft.kernels import ancestor_mask, tree_depth
-from treegraft.kernels._checks import float_vector, index_vector
+from treegraft.kernels._checks import float_vector, index_vector, same_device
 from treegraft.kernels.host_tensor import host_tensor
 
 #: Drafter index stored for the root (it was committed, nobody proposed it).
@@ -258,6 +258,7 @@ class DraftTree:
         entry where the tensor version costs some twenty small torch ops per column); elsewhere
         on the device (`extend_on_device`); both give identical trees.
         """
+        check_count("DraftTree.extend", "drafter", drafter)
         try:
             if self.on_host():
                 return extend_host(self, proposal, drafter)
@@ -373,7 +374,15 @@ class DraftTree:
         return torch.sort(nodes[order[:k]]).values
 
     def with_scores(self, edge_logp: Tensor, score: Tensor, scorer: Tensor) -> DraftTree:
-        """The same nodes with new edge log-probs, scores and scorer ids (all `[n]`)."""
+        """The same nodes with new edge log-probs, scores and scorer ids (all `[n]`; an
+        `ArgumentError` naming the one of another shape or kind)."""
+        op, n = "DraftTree.with_scores", self.n_nodes
+        edge_logp, score = (
+            float_vector(op, "edge_logp", edge_logp, n),
+            float_vector(op, "score", score, n),
+        )
+        scorer = index_vector(op, "scorer", scorer, n)
+        same_device(op, tokens=self.tokens, edge_logp=edge_logp, score=score, scorer=scorer)
         return attrs.evolve(self, edge_logp=edge_logp, score=score, scorer=scorer)
 
     def select(self, keep: Tensor) -> DraftTree:
