@@ -75,6 +75,13 @@ def test_positions_are_prefix_plus_depth(tree: DraftTree, root_pos: int) -> None
     assert torch.equal(pos, anc_count + root_pos)
 
 
+@pytest.mark.parametrize("root_pos", [2.5, -1, "3", None])
+def test_positions_name_a_root_position_that_is_not_one(root_pos) -> None:
+    """2.5 gave float positions and -1 negative ones, silently; '3' was a TypeError."""
+    with pytest.raises(ArgumentError, match=r"^DraftTree.positions: root_position is .*>= 0"):
+        DraftTree.from_root(4).positions(root_pos)
+
+
 @given(trees())
 def test_scores_never_increase_along_paths(tree: DraftTree) -> None:
     assert bool((tree.score[1:] <= tree.score[tree.parents[1:]] + 1e-12).all())

@@ -219,7 +219,9 @@ class DraftTree:
         return ancestor_mask(self.parents)
 
     def positions(self, root_position: int) -> Tensor:
-        """`[n]` int64 sequence positions: the root sits at `root_position`, a node at root + depth."""
+        """`[n]` int64 sequence positions: the root sits at `root_position` (an int >= 0), a node
+        at root + depth."""
+        check_count("DraftTree.positions", "root_position", root_position)
         return self.depth + root_position
 
     def is_leaf(self) -> Tensor:
