@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from treegraft.core.errors import ArgumentError
 from treegraft.core.tree import DraftTree, Proposal, check_parent_array
+from treegraft.kernels import prune_to_budget
 
 
 @st.composite
@@ -484,3 +485,53 @@ def test_extend_and_with_scores_name_a_bad_argument() -> None:
         with pytest.raises(ArgumentError, match=f"^DraftTree.with_scores: {name} has shape"):
             SMALL.with_scores(*args)
     assert SMALL.with_scores(*fields).score is SMALL.score
+
+
+@given(trees(max_nodes=40), st.data())
+def test_pruned_then_grown_trees_stay_valid_and_agree_host_and_device(tree: DraftTree, data):
+    """The step's order: prune to a budget, select the kept nodes, grow children under any kept
+    node (dead ones included). The kept set is ancestor-closed, keeps the live nodes before any
+    dead one, and the host and device paths of `select` and `extend` build one tree."""
+    dead = data.draw(st.lists(st.integers(1, max(1, tree.n_nodes - 1)), max_size=3))
+    if tree.n_nodes > 1 and dead:
+        edges = tree.edge_logp.clone()
+        edges[dead] = data.draw(st.sampled_from([float("-inf"), float("nan")]))
+        tree = DraftTree.from_parents(tree.tokens, tree.parents, edge_logp=edges)
+    budget = data.draw(st.integers(0, tree.n_nodes))
+    keep = prune_to_budget(tree.parents, tree.score, tree.depth, budget)
+    parents, finite = tree.parents.tolist(), torch.isfinite(tree.score).tolist()
+    kept = set(keep.tolist())
+    assert len(kept) == min(budget + 1, tree.n_nodes)
+    assert all(i == 0 or parents[i] in kept for i in kept)
+    assert all(i in kept for i in range(tree.n_nodes) if finite[i]) or all(finite[i] for i in kept)
+    sub = tree.select(keep)
+    assert_valid(sub)
+    prop = data.draw(proposals(sub))
+    host, host_of = sub.extend(prop, drafter=1)
+    device, device_of = tree.select_on_device(keep).extend_on_device(prop, drafter=1)
+    assert torch.equal(host_of, device_of)
+    for name in ("tokens", "parents", "depth", "edge_logp", "score", "proposer", "scorer"):
+        got, want = getattr(host, name), getattr(device, name)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=name)
+
+
+def test_a_tree_of_thousands_of_nodes_keeps_its_invariants() -> None:
+    """Masks, depths and paths at the size of a wide draft (4000 nodes, depth up to ~60)."""
+    gen = torch.Generator().manual_seed(0)
+    n = 4000
+    parents = [-1] + [
+        max(0, i - 1 - int(torch.randint(0, 80, (1,), generator=gen))) for i in range(1, n)
+    ]
+    tree = DraftTree.from_parents(torch.arange(n), torch.tensor(parents))  # tokens all distinct
+    depth = [0] * n
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+    assert tree.depth.tolist() == depth
+    mask = tree.ancestor_mask()
+    assert mask.sum(-1).tolist() == [d + 1 for d in depth]
+    node = max(range(n), key=depth.__getitem__)
+    path = tree.path_to(node).tolist()
+    assert len(path) == depth[node] + 1 and all(
+        parents[b] == a for a, b in itertools.pairwise(path)
+    )
+    assert tree.paths().shape == (int(tree.is_leaf().sum()), max(depth) + 1)
