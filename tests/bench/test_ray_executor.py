@@ -320,3 +320,15 @@ def test_a_sweep_with_more_workers_than_the_cluster_holds_is_refused(tmp_path, c
     with pytest.raises(ConfigError, match=r"^executor.workers \(--workers\): 3 Ray actors"):
         run_bench(config, tmp_path / "out", resources=pair_resources(), progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_map_items_takes_any_iterable_of_items(cluster):
+    """A generator of items was a TypeError (its len) on the Ray path; the local path took it."""
+    from treegraft.bench.shards import map_items
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    for executor in ("local", "ray"):
+        got = map_items(pid_setup, square_with_pid, (i for i in range(3)), executor=executor)
+        assert [r for r, _ in got] == [0, 1, 4]
+    with pytest.raises(ArgumentError, match=r"^items: expected a sequence of items, got 3$"):
+        map_items(pid_setup, square_with_pid, 3, executor="ray")

@@ -64,6 +64,7 @@ def map_items(
     a joined cluster may grow), where the map would wait for them forever.
     """
     check_map_options(executor, workers, num_cpus, num_gpus)
+    items = item_list(items)
     report = on_result or (lambda index, result: None)
     if executor == "local":
         state = setup()
@@ -96,6 +97,17 @@ def check_map_options(executor: str, workers: int | None, num_cpus: float, num_g
     for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
             raise ArgumentError(f"{name}: expected a number >= 0, got {shown(value)}")
+
+
+def item_list(items: Any) -> Sequence[Any]:
+    """`items` itself when a sequence, else as a list (a generator: the Ray path took its `len`,
+    a TypeError); an `ArgumentError` for what cannot be iterated."""
+    if isinstance(items, Sequence):
+        return items
+    try:
+        return list(items)
+    except TypeError:
+        raise ArgumentError(f"items: expected a sequence of items, got {shown(items)}") from None
 
 
 def _option(field: str) -> str:
