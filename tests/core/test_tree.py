@@ -353,6 +353,8 @@ def test_from_parents_takes_int32_and_meta_tensors() -> None:
         (T([5, 6]), torch.float32, r"token has shape \(2,\).*expected one integer token id"),
         (T(5.0), torch.float32, r"token has shape \(\), dtype torch.float32"),
         (5, torch.int64, "dtype=torch.int64; expected a floating dtype"),
+        (2**63, torch.float32, r"token is 9223372036854775808; expected .* below 2\*\*63"),  # an
+        (2**64, torch.bfloat16, r"token is 18446744073709551616; expected"),  # OverflowError
     ],
 )
 def test_from_root_names_the_bad_argument(token, dtype, message) -> None:
@@ -421,6 +423,7 @@ def test_node_arguments_out_of_range_are_named() -> None:
         ([0], [5], [0.0], r"proposal.tokens has shape \(1,\).*2-D integer"),
         ([0], [[5]], [[0.0, 0.0]], r"proposal.logp has shape \(1, 2\); expected the tokens'"),
         ([0], [[5.0]], [[0.0]], r"proposal.tokens has .*torch.float32"),
+        ([0], [[True]], [[0.0]], r"proposal.tokens has .*torch.bool"),  # taken as token 1
     ],
 )
 def test_extend_names_a_malformed_proposal(parents, tokens, logp, message) -> None:

@@ -31,7 +31,7 @@ from treegraft.core.tree_checks import (
     root_token,
 )
 from treegraft.kernels import ancestor_mask, tree_depth
-from treegraft.kernels._checks import float_vector, index_vector, same_device
+from treegraft.kernels._checks import INDEX_DTYPES, float_vector, index_vector, same_device
 from treegraft.kernels.host_tensor import host_tensor
 
 #: Drafter index stored for the root (it was committed, nobody proposed it).
@@ -261,6 +261,8 @@ class DraftTree:
         on the device (`extend_on_device`); both give identical trees.
         """
         check_count("DraftTree.extend", "drafter", drafter)
+        if getattr(getattr(proposal, "tokens", None), "dtype", None) not in INDEX_DTYPES:
+            check_proposal(proposal, self.n_nodes, Proposal)  # raises (bool ids were taken as 0, 1)
         try:
             if self.on_host():
                 return extend_host(self, proposal, drafter)

@@ -32,7 +32,7 @@ def check_proposal(proposal: object, n: int, proposal_type: type) -> None:
             not isinstance(value, Tensor)
             or value.ndim != 2
             or value.shape[0] != m
-            or (value.dtype.is_floating_point != floating)
+            or not (value.dtype.is_floating_point if floating else value.dtype in INDEX_DTYPES)
         ):
             kind = "floating" if floating else "integer"
             got = described(value) if isinstance(value, Tensor) else shown(value)
@@ -107,8 +107,10 @@ def root_token(token: object, dtype: object) -> int | None:
             f"DraftTree.from_root: token is {shown(token)} ({type(token).__name__}); "
             "expected an integer token id"
         )
-    if root is not None and root < 0:
-        raise ArgumentError(f"DraftTree.from_root: token is {root}; expected a token id >= 0")
+    if root is not None and not 0 <= root < 2**63:
+        raise ArgumentError(
+            f"DraftTree.from_root: token is {root}; expected a token id >= 0 (and below 2**63)"
+        )
     return root
 
 
