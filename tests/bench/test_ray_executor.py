@@ -302,8 +302,13 @@ def test_an_actor_request_the_cluster_cannot_hold_is_refused(
          "them forever; lower --workers (or leave it out: as many as fit) or --num-cpus"),
         ({"num_cpus": 3}, "num_cpus (--num-cpus): each Ray actor requests 3 CPU(s), but the Ray "
          "cluster has 2: no actor could start; lower --num-cpus"),
+        # Ray's address `local` starts a local cluster of a fixed size: it was taken for a joined one
+        ({"workers": 3, "address": "local"}, "workers (--workers): 3 Ray actors requesting 1 "
+         "CPU(s) each need 3, but the Ray cluster has 2: the actors past 2 could never start and "
+         "the run would wait for them forever; lower --workers (or leave it out: as many as fit) "
+         "or --num-cpus"),
     ],
-    ids=["workers", "cpus"],
+    ids=["workers", "cpus", "local-address"],
 )  # fmt: skip
 def test_map_items_refuses_actors_the_cluster_cannot_hold(cluster, options, message):
     """Both waited forever: the items handed to an actor that could not start never came back."""

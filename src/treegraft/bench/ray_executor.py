@@ -57,6 +57,12 @@ def init_ray(ray: Any, address: str | None) -> None:
         ) from None
 
 
+def joins_cluster(address: str | None) -> bool:
+    """True where `ray.init(address)` joins a running cluster (which an autoscaler may grow);
+    False for None and `local` (Ray's name for starting a local one: its size is fixed)."""
+    return address not in (None, "local")
+
+
 def fit_workers(
     ray: Any, workers: int | None, num_cpus: float, num_gpus: float, n_items: int
 ) -> int:
@@ -184,7 +190,7 @@ class RayExecutor:
 
     def _run(self, ray: Any, units: list[Unit], progress: Progress) -> Iterator[UnitResult]:
         count = self.worker_count(ray, len(units))
-        if self.address is None:  # a cluster joined by address may add nodes as it needs them
+        if not joins_cluster(self.address):  # a joined cluster may add nodes as it needs them
             check_fits(ray, self.num_cpus, self.num_gpus, count)
         actor_class = ray.remote(num_cpus=self.num_cpus, num_gpus=self.num_gpus)(RayUnitWorker)
         queues: dict[str, collections.deque[tuple[Unit, int]]] = {}

@@ -71,7 +71,13 @@ def map_items(
         return [_reported(report, i, work(state, item)) for i, item in enumerate(items)]
     if not items:  # nothing to shard: no cluster started or joined
         return []
-    from treegraft.bench.ray_executor import check_fits, fit_workers, import_ray, init_ray
+    from treegraft.bench.ray_executor import (
+        check_fits,
+        fit_workers,
+        import_ray,
+        init_ray,
+        joins_cluster,
+    )
 
     ray = import_ray()
     started = not ray.is_initialized()
@@ -79,7 +85,7 @@ def map_items(
         init_ray(ray, address)
     try:
         count = fit_workers(ray, workers, num_cpus, num_gpus, len(items))
-        if address is None:  # a cluster joined by address may add nodes as it needs them
+        if not joins_cluster(address):  # a joined cluster may add nodes as it needs them
             check_fits(ray, num_cpus, num_gpus, count, named=_option)
         return _map_on_ray(ray, setup, work, items, count, num_cpus, num_gpus, report)
     finally:
