@@ -444,6 +444,32 @@ def test_a_repeated_prompt_id_in_a_suite_is_refused(tmp_path: Path) -> None:
     assert_clean(result, 2, f"{suite}:3: id 'a' repeats line 1's; prompt ids must be unique")
 
 
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (None, "null"),
+        ("", '""'),
+        (" ", '" "'),
+        (True, "true"),
+        ({"n": 1}, '{"n": 1}'),
+        (1.5, "1.5"),
+    ],
+    ids=["null", "empty", "blank", "bool", "object", "float"],
+)
+def test_a_prompt_id_that_is_not_one_is_refused(tmp_path: Path, value, shown) -> None:
+    """null was read as the id 'None', an object as its repr, '' as an empty id: silently."""
+    from treegraft.core.inputs import prompt_records
+
+    suite = tmp_path / "mine.jsonl"
+    rows = [{"id": 3, "prompt": "x"}, {"prompt": "y"}, {"id": value, "prompt": "z"}]
+    suite.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    message = f"{suite}:3: record 2 has the id {shown}; expected a non-empty string or an integer"
+    with pytest.raises(ArgumentError, match=f"^{re.escape(message)}"):
+        list(prompt_records(suite, "--prompts", lambda i: f"p{i}"))
+    suite.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    assert list(prompt_records(suite, "--prompts", lambda i: f"p{i}")) == [("3", "x"), ("p1", "y")]
+
+
 def test_two_suites_of_one_name_are_refused(tmp_path: Path) -> None:
     """A JSONL file is named by its stem: `other/humaneval.jsonl` beside the zoo's `humaneval`
     would merge their results."""

@@ -292,3 +292,48 @@ def test_an_actor_request_the_cluster_cannot_hold_is_refused(
     with pytest.raises(ConfigError) as info:
         run_bench(config, tmp_path / "out", resources=pair_resources(), progress=False)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"workers": 3}, "workers (--workers): 3 Ray actors requesting 1 CPU(s) each need 3, but "
+         "the Ray cluster has 2: the actors past 2 could never start and the run would wait for "
+         "them forever; lower --workers (or leave it out: as many as fit) or --num-cpus"),
+        ({"num_cpus": 3}, "num_cpus (--num-cpus): each Ray actor requests 3 CPU(s), but the Ray "
+         "cluster has 2: no actor could start; lower --num-cpus"),
+        # Ray's address `local` starts a local cluster of a fixed size: it was taken for a joined one
+        ({"workers": 3, "address": "local"}, "workers (--workers): 3 Ray actors requesting 1 "
+         "CPU(s) each need 3, but the Ray cluster has 2: the actors past 2 could never start and "
+         "the run would wait for them forever; lower --workers (or leave it out: as many as fit) "
+         "or --num-cpus"),
+    ],
+    ids=["workers", "cpus", "local-address"],
+)  # fmt: skip
+def test_map_items_refuses_actors_the_cluster_cannot_hold(cluster, options, message):
+    """Both waited forever: the items handed to an actor that could not start never came back."""
+    from treegraft.bench.shards import map_items
+
+    with pytest.raises(ConfigError) as info:
+        map_items(pid_setup, square_with_pid, [1, 2, 3], executor="ray", **options)
+    assert str(info.value) == message
+
+
+def test_a_sweep_with_more_workers_than_the_cluster_holds_is_refused(tmp_path, cluster):
+    """`--workers 3` on a 2-CPU cluster handed a unit to an actor that never started: it hung."""
+    config = sweep_config(tmp_path).with_executor(name="ray", workers=3)
+    with pytest.raises(ConfigError, match=r"^executor.workers \(--workers\): 3 Ray actors"):
+        run_bench(config, tmp_path / "out", resources=pair_resources(), progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_map_items_takes_any_iterable_of_items(cluster):
+    """A generator of items was a TypeError (its len) on the Ray path; the local path took it."""
+    from treegraft.bench.shards import map_items
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    for executor in ("local", "ray"):
+        got = map_items(pid_setup, square_with_pid, (i for i in range(3)), executor=executor)
+        assert [r for r, _ in got] == [0, 1, 4]
+    with pytest.raises(ArgumentError, match=r"^items: expected a sequence of items, got 3$"):
+        map_items(pid_setup, square_with_pid, 3, executor="ray")

@@ -354,3 +354,17 @@ def test_run_bench_names_an_argument_of_another_type(tmp_path, args, kwargs, mes
     with pytest.raises(ArgumentError) as info:
         run_bench(config if given is None else given, out and tmp_path / out, **kwargs)
     assert message in str(info.value) and not (tmp_path / "out").exists()
+
+
+def test_an_out_dir_holding_a_nul_byte_is_named(tmp_path) -> None:
+    """It was a bare `ValueError: embedded null byte` from mkdir, naming no option."""
+    from treegraft.bench.store import OutDirError
+
+    config = bench_config_from_dict(
+        {"pairs": [{"target": "zoo:target", "drafter": "zoo:draft"}], "suites": ["humaneval"]}
+    )
+    out = f"{tmp_path}/o\x00ut"
+    with pytest.raises(OutDirError) as info:
+        run_bench(config, out, progress=False)
+    assert str(info.value) == f"--out {out!r}: a folder name cannot hold a NUL byte"
+    assert not any(tmp_path.iterdir())

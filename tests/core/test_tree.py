@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import attrs
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from treegraft.core.errors import ArgumentError
 from treegraft.core.tree import DraftTree, Proposal, check_parent_array
+from treegraft.kernels import prune_to_budget
 
 
 @st.composite
@@ -74,9 +76,34 @@ def test_positions_are_prefix_plus_depth(tree: DraftTree, root_pos: int) -> None
     assert torch.equal(pos, anc_count + root_pos)
 
 
+@pytest.mark.parametrize("root_pos", [2.5, -1, "3", None])
+def test_positions_name_a_root_position_that_is_not_one(root_pos) -> None:
+    """2.5 gave float positions and -1 negative ones, silently; '3' was a TypeError."""
+    with pytest.raises(ArgumentError, match=r"^DraftTree.positions: root_position is .*>= 0"):
+        DraftTree.from_root(4).positions(root_pos)
+
+
 @given(trees())
 def test_scores_never_increase_along_paths(tree: DraftTree) -> None:
     assert bool((tree.score[1:] <= tree.score[tree.parents[1:]] + 1e-12).all())
+
+
+@given(trees(), st.data())
+def test_from_parents_scores_are_path_sums_with_dead_and_nan_edges(tree: DraftTree, data) -> None:
+    """A -inf (dead) or NaN edge reaches its own subtree only: the mask product multiplied
+    every other node's 0 by it, and one dead node turned every score of the tree to NaN."""
+    edges = tree.edge_logp.tolist()
+    for i in data.draw(st.lists(st.integers(1, max(1, tree.n_nodes - 1)), max_size=3)):
+        if i < tree.n_nodes:
+            edges[i] = data.draw(st.sampled_from([float("-inf"), float("nan"), -1e300]))
+    edge_logp = torch.tensor(edges, dtype=torch.float64)
+    built = DraftTree.from_parents(tree.tokens, tree.parents, edge_logp=edge_logp)
+    parents = tree.parents.tolist()
+    want = [
+        math.fsum(edges[j] for j in brute_ancestors(parents, i) if j) for i in range(len(edges))
+    ]
+    torch.testing.assert_close(built.score, torch.tensor(want, dtype=torch.float64), equal_nan=True)
+    assert built.score.tolist()[0] == 0.0
 
 
 @given(trees())
@@ -258,7 +285,8 @@ def test_best_near_takes_the_best_of_the_lookback_window(tree: DraftTree, data) 
     depth = tree.depth.tolist()
     d = max(depth[i] for i in frontier) if frontier else max(depth)
     window = [i for i in range(n) if d - lookback <= depth[i] <= d]
-    front = torch.tensor(frontier, dtype=torch.long)
+    pads = data.draw(st.integers(0, 2))  # -1 entries are ignored (they took the last node's depth)
+    front = torch.tensor(frontier + [-1] * pads, dtype=torch.long)
     want = brute_best(tree, window, k)
     assert tree.best_near(front, lookback, k).tolist() == want
     assert tree.best_near_on_device(front, lookback, k).tolist() == want
@@ -325,6 +353,8 @@ def test_from_parents_takes_int32_and_meta_tensors() -> None:
         (T([5, 6]), torch.float32, r"token has shape \(2,\).*expected one integer token id"),
         (T(5.0), torch.float32, r"token has shape \(\), dtype torch.float32"),
         (5, torch.int64, "dtype=torch.int64; expected a floating dtype"),
+        (2**63, torch.float32, r"token is 9223372036854775808; expected .* below 2\*\*63"),  # an
+        (2**64, torch.bfloat16, r"token is 18446744073709551616; expected"),  # OverflowError
     ],
 )
 def test_from_root_names_the_bad_argument(token, dtype, message) -> None:
@@ -369,6 +399,19 @@ def test_node_arguments_out_of_range_are_named() -> None:
             SMALL.best(T([1, 2, 3]), k)
         with pytest.raises(ArgumentError, match=f"best_near: k is {k}"):
             SMALL.best_near(T([1]), 1, k)
+        with pytest.raises(ArgumentError, match=f"best_near: lookback is {k}; expected an int"):
+            SMALL.best_near(T([1]), k, 1)  # -1 was an empty window, 1.5 taken as 1
+    # these were an IndexError, TypeError or AttributeError from inside
+    with pytest.raises(ArgumentError, match=r"best_near: frontier holds 9; expected a node index"):
+        SMALL.best_near(T([1, 9]), 1, 1)
+    for call in (SMALL.best, lambda nodes, k: SMALL.best_near(nodes, 1, k)):
+        for nodes, what in (
+            (T([1.0]), r"has shape \(1,\), dtype torch.float32"),
+            (T([[1, 2]]), r"has shape \(1, 2\)"),
+            ([1, 2], r"is \[1, 2\] \(list\); expected a torch.Tensor"),
+        ):
+            with pytest.raises(ArgumentError, match=f"(nodes|frontier) {what}"):
+                call(nodes, 1)
 
 
 @pytest.mark.parametrize(
@@ -380,6 +423,7 @@ def test_node_arguments_out_of_range_are_named() -> None:
         ([0], [5], [0.0], r"proposal.tokens has shape \(1,\).*2-D integer"),
         ([0], [[5]], [[0.0, 0.0]], r"proposal.logp has shape \(1, 2\); expected the tokens'"),
         ([0], [[5.0]], [[0.0]], r"proposal.tokens has .*torch.float32"),
+        ([0], [[True]], [[0.0]], r"proposal.tokens has .*torch.bool"),  # taken as token 1
     ],
 )
 def test_extend_names_a_malformed_proposal(parents, tokens, logp, message) -> None:
@@ -400,3 +444,97 @@ def test_extend_takes_log_probs_of_any_float_dtype(dtype: torch.dtype) -> None:
     assert grown.tokens.tolist() == [3, 4, 5]
     assert grown.edge_logp.tolist() == [0.0, -0.5, -1.0]
     assert grown.score.dtype == torch.float32
+
+
+def test_a_bfloat16_tree_grows_and_is_pruned_as_a_float32_one() -> None:
+    """The host paths of `extend` and `select` read the scores through numpy, which has no
+    bfloat16: a CPU tree from `from_root(dtype=torch.bfloat16)` or `from_parents` raised
+    TypeError at its first `extend`; such trees now take the torch paths."""
+    proposal = Proposal(
+        torch.tensor([0, 0]), torch.tensor([[4, 6], [5, -1]]), torch.tensor([[-0.5, -1], [-2, 0]])
+    )
+    rooted = [DraftTree.from_root(3, dtype=d) for d in (torch.bfloat16, torch.float32)]
+    edges = torch.tensor([0.0, -0.5])
+    built = [
+        DraftTree.from_parents(torch.tensor([3, 4]), torch.tensor([-1, 0]), edge_logp=edges.to(d))
+        for d in (torch.bfloat16, torch.float32)
+    ]
+    for low, full in (rooted, built):
+        grown = [tree.extend(proposal, 1)[0] for tree in (low, full)]
+        picked = [tree.select(torch.tensor([0, 1, 3])) for tree in grown]
+        for a, b in (grown, picked):
+            assert a.score.dtype == torch.bfloat16
+            assert a.tokens.tolist() == b.tokens.tolist()
+            assert a.parents.tolist() == b.parents.tolist()
+            assert a.score.tolist() == b.score.tolist()  # these sums are exact in bfloat16
+        assert (
+            grown[0].best(torch.arange(4), 2).tolist() == grown[1].best(torch.arange(4), 2).tolist()
+        )
+
+
+def test_extend_and_with_scores_name_a_bad_argument() -> None:
+    """A drafter index of text was numpy's ValueError, 1.5 was stored as 1; scores of another
+    length (a rescorer's bug) made a tree whose fields disagree in length, silently."""
+    proposal = Proposal(torch.tensor([0]), torch.tensor([[4]]), torch.tensor([[-0.5]]))
+    for drafter in ("x", 1.5, -1, True):
+        with pytest.raises(ArgumentError, match=r"^DraftTree.extend: drafter is .*integer >= 0"):
+            SMALL.extend(proposal, drafter)
+    n, fields = SMALL.n_nodes, (SMALL.edge_logp, SMALL.score, SMALL.scorer)
+    for i, (name, bad) in enumerate(
+        (("edge_logp", torch.zeros(n - 1)), ("score", torch.zeros(n, 1)), ("scorer", SMALL.score))
+    ):
+        args = list(fields)
+        args[i] = bad
+        with pytest.raises(ArgumentError, match=f"^DraftTree.with_scores: {name} has shape"):
+            SMALL.with_scores(*args)
+    assert SMALL.with_scores(*fields).score is SMALL.score
+
+
+@given(trees(max_nodes=40), st.data())
+def test_pruned_then_grown_trees_stay_valid_and_agree_host_and_device(tree: DraftTree, data):
+    """The step's order: prune to a budget, select the kept nodes, grow children under any kept
+    node (dead ones included). The kept set is ancestor-closed, keeps the live nodes before any
+    dead one, and the host and device paths of `select` and `extend` build one tree."""
+    dead = data.draw(st.lists(st.integers(1, max(1, tree.n_nodes - 1)), max_size=3))
+    if tree.n_nodes > 1 and dead:
+        edges = tree.edge_logp.clone()
+        edges[dead] = data.draw(st.sampled_from([float("-inf"), float("nan")]))
+        tree = DraftTree.from_parents(tree.tokens, tree.parents, edge_logp=edges)
+    budget = data.draw(st.integers(0, tree.n_nodes))
+    keep = prune_to_budget(tree.parents, tree.score, tree.depth, budget)
+    parents, finite = tree.parents.tolist(), torch.isfinite(tree.score).tolist()
+    kept = set(keep.tolist())
+    assert len(kept) == min(budget + 1, tree.n_nodes)
+    assert all(i == 0 or parents[i] in kept for i in kept)
+    assert all(i in kept for i in range(tree.n_nodes) if finite[i]) or all(finite[i] for i in kept)
+    sub = tree.select(keep)
+    assert_valid(sub)
+    prop = data.draw(proposals(sub))
+    host, host_of = sub.extend(prop, drafter=1)
+    device, device_of = tree.select_on_device(keep).extend_on_device(prop, drafter=1)
+    assert torch.equal(host_of, device_of)
+    for name in ("tokens", "parents", "depth", "edge_logp", "score", "proposer", "scorer"):
+        got, want = getattr(host, name), getattr(device, name)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=name)
+
+
+def test_a_tree_of_thousands_of_nodes_keeps_its_invariants() -> None:
+    """Masks, depths and paths at the size of a wide draft (4000 nodes, depth up to ~60)."""
+    gen = torch.Generator().manual_seed(0)
+    n = 4000
+    parents = [-1] + [
+        max(0, i - 1 - int(torch.randint(0, 80, (1,), generator=gen))) for i in range(1, n)
+    ]
+    tree = DraftTree.from_parents(torch.arange(n), torch.tensor(parents))  # tokens all distinct
+    depth = [0] * n
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+    assert tree.depth.tolist() == depth
+    mask = tree.ancestor_mask()
+    assert mask.sum(-1).tolist() == [d + 1 for d in depth]
+    node = max(range(n), key=depth.__getitem__)
+    path = tree.path_to(node).tolist()
+    assert len(path) == depth[node] + 1 and all(
+        parents[b] == a for a, b in itertools.pairwise(path)
+    )
+    assert tree.paths().shape == (int(tree.is_leaf().sum()), max(depth) + 1)

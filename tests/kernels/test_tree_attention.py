@@ -162,6 +162,20 @@ BAD_CALLS = [
         "query, key, value are torch.float64, torch.float32",
     ),
     ({"scale": "x"}, r"scale is 'x' \(str\); expected a float or None"),
+    # no head or D = 0 were a ZeroDivisionError, a NaN or infinite scale a silent all-NaN output
+    (
+        {"query": torch.randn(1, 0, 3, 8), "key": torch.randn(1, 0, 10, 8)},
+        r"query \(1, 0, 3, 8\), key \(1, 0, 10, 8\).*Hkv >= 1",
+    ),
+    (
+        {
+            k: torch.randn(1, h, s, 0)
+            for k, h, s in (("query", 4, 3), ("key", 2, 10), ("value", 2, 10))
+        },
+        r"query \(1, 4, 3, 0\).*D >= 1",
+    ),
+    ({"scale": float("nan")}, r"scale is nan; expected a finite float or None"),
+    ({"scale": float("-inf")}, r"scale is -inf; expected a finite float or None"),
 ]
 
 

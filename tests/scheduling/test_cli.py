@@ -102,6 +102,41 @@ def test_collect_executor_errors_come_before_any_model_loads(tmp_path, monkeypat
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--workers", "0"], "--workers: expected an int >= 1 or None, got 0"),
+        (["--num-cpus", "-1"], "--num-cpus: expected a number >= 0, got -1.0"),
+        (["--num-gpus", "nan"], "--num-gpus: expected a number >= 0, got nan"),
+    ],
+    ids=["workers", "cpus", "gpus"],
+)
+def test_collect_ray_options_out_of_range_come_before_any_model_loads(tmp_path, flags, message):
+    """They were refused by `map_items` once the pipeline had loaded and its costs were
+    measured (tens of seconds), without the option's flag."""
+    pytest.importorskip("ray")
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["collect", "--executor", "ray", "--out", str(out), *flags])
+    assert result.exit_code == 2 and f"error: {message}" in result.output, result.output
+    assert "costs ready" not in result.output and not out.exists()
+
+
+def test_collect_num_cpus_zero_requests_no_cpu_as_in_bench_run():
+    """`--num-cpus 0` was taken as the default 1 (`num_cpus or 1.0`)."""
+    pytest.importorskip("ray")
+    from treegraft.scheduling.cli_setup import executor_options
+
+    options = executor_options("ray", None, None, 0.0, None)
+    assert options == {
+        "executor": "ray",
+        "address": None,
+        "workers": None,
+        "num_cpus": 0.0,
+        "num_gpus": 0.0,
+    }
+    assert executor_options("ray", None, 2, None, None)["num_cpus"] == 1.0
+
+
 def test_measured_costs_are_positive_and_grow_with_tokens():
     res = stand_in_pair(0)
     pipe = load_pipeline(pipeline_raw(depth=2), resources=res)

@@ -57,6 +57,12 @@ def init_ray(ray: Any, address: str | None) -> None:
         ) from None
 
 
+def joins_cluster(address: str | None) -> bool:
+    """True where `ray.init(address)` joins a running cluster (which an autoscaler may grow);
+    False for None and `local` (Ray's name for starting a local one: its size is fixed)."""
+    return address not in (None, "local")
+
+
 def fit_workers(
     ray: Any, workers: int | None, num_cpus: float, num_gpus: float, n_items: int
 ) -> int:
@@ -72,17 +78,36 @@ def fit_workers(
     return max(1, min(*fit, n_items) if fit else min(int(total.get("CPU", 1)), n_items))
 
 
-def check_fits(ray: Any, num_cpus: float, num_gpus: float) -> None:
+def sweep_option(field: str) -> str:
+    """A sweep's executor option in the user's terms: `executor.num_cpus (--num-cpus)`."""
+    return f"executor.{field} (--{field.replace('_', '-')})"
+
+
+def check_fits(
+    ray: Any,
+    num_cpus: float,
+    num_gpus: float,
+    count: int = 1,
+    named: Any = sweep_option,
+) -> None:
     """Raise `ConfigError` where one actor's request (`num_cpus`, `num_gpus`) exceeds what the
-    whole cluster has: no actor could start, and the sweep would wait for one forever."""
+    whole cluster has, or where `count` actors together do: the actors past what fits could never
+    start, and the run would wait for them forever. `named(field)` names an option."""
     total = ray.cluster_resources()
-    for flag, asked, kind in (("--num-cpus", num_cpus, "CPU"), ("--num-gpus", num_gpus, "GPU")):
-        if asked > total.get(kind, 0):
+    for field, asked, kind in (("num_cpus", num_cpus, "CPU"), ("num_gpus", num_gpus, "GPU")):
+        has, flag = total.get(kind, 0), f"--{field.replace('_', '-')}"
+        if asked > has:
             raise ConfigError(
-                f"executor.{flag[2:].replace('-', '_')} ({flag}): each Ray actor requests "
-                f"{asked:g} {kind}(s), but the Ray cluster has {total.get(kind, 0):g}: no actor "
-                f"could start; lower {flag}"
+                f"{named(field)}: each Ray actor requests {asked:g} {kind}(s), but the Ray "
+                f"cluster has {has:g}: no actor could start; lower {flag}"
                 + (" (0: actors on CPUs alone)" if kind == "GPU" else "")
+            )
+        if count * asked > has + 1e-9:
+            raise ConfigError(
+                f"{named('workers')}: {count} Ray actors requesting {asked:g} {kind}(s) each need "
+                f"{count * asked:g}, but the Ray cluster has {has:g}: the actors past "
+                f"{int(has // asked)} could never start and the run would wait for them forever; "
+                f"lower --workers (or leave it out: as many as fit) or {flag}"
             )
 
 
@@ -164,13 +189,14 @@ class RayExecutor:
         return fit_workers(ray, self.workers, self.num_cpus, self.num_gpus, n_units)
 
     def _run(self, ray: Any, units: list[Unit], progress: Progress) -> Iterator[UnitResult]:
-        if self.address is None:  # a cluster joined by address may add nodes as it needs them
-            check_fits(ray, self.num_cpus, self.num_gpus)
+        count = self.worker_count(ray, len(units))
+        if not joins_cluster(self.address):  # a joined cluster may add nodes as it needs them
+            check_fits(ray, self.num_cpus, self.num_gpus, count)
         actor_class = ray.remote(num_cpus=self.num_cpus, num_gpus=self.num_gpus)(RayUnitWorker)
         queues: dict[str, collections.deque[tuple[Unit, int]]] = {}
         for unit in units:
             queues.setdefault(unit.pair, collections.deque()).append((unit, 1))
-        slots = [self._new_slot(actor_class, i) for i in range(self.worker_count(ray, len(units)))]
+        slots = [self._new_slot(actor_class, i) for i in range(count)]
         running: dict[Any, Slot] = {}
         try:
             while queues or running:

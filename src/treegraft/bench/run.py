@@ -274,6 +274,8 @@ def check_out_dir(out: Path, *, resume: bool, force: bool) -> None:
 
     if resume and force:
         raise OutDirError(RESUME_OR_FORCE)
+    if "\x00" in str(out):  # the system refuses the name: a bare ValueError once mkdir ran
+        raise OutDirError(f"--out {str(out)!r}: a folder name cannot hold a NUL byte")
     if resume:
         read_manifest(out)
     elif not force and out.is_dir():

@@ -59,16 +59,25 @@ def map_items(
     is idle, and the results are merged in the order of `items`; an item that fails raises
     `ShardError`. `ray.init(address)` is called unless Ray is initialised already (a cluster
     started here is shut down at the end). `on_result(index, result)` is called as each item
-    finishes (in completion order). An option out of range is an `ArgumentError` naming it.
+    finishes (in completion order). An option out of range is an `ArgumentError` naming it; more
+    actors (or a bigger request) than the cluster holds is a `ConfigError` (without an `address`:
+    a joined cluster may grow), where the map would wait for them forever.
     """
     check_map_options(executor, workers, num_cpus, num_gpus)
+    items = item_list(items)
     report = on_result or (lambda index, result: None)
     if executor == "local":
         state = setup()
         return [_reported(report, i, work(state, item)) for i, item in enumerate(items)]
     if not items:  # nothing to shard: no cluster started or joined
         return []
-    from treegraft.bench.ray_executor import fit_workers, import_ray, init_ray
+    from treegraft.bench.ray_executor import (
+        check_fits,
+        fit_workers,
+        import_ray,
+        init_ray,
+        joins_cluster,
+    )
 
     ray = import_ray()
     started = not ray.is_initialized()
@@ -76,6 +85,8 @@ def map_items(
         init_ray(ray, address)
     try:
         count = fit_workers(ray, workers, num_cpus, num_gpus, len(items))
+        if not joins_cluster(address):  # a joined cluster may add nodes as it needs them
+            check_fits(ray, num_cpus, num_gpus, count, named=_option)
         return _map_on_ray(ray, setup, work, items, count, num_cpus, num_gpus, report)
     finally:
         if started:
@@ -92,6 +103,21 @@ def check_map_options(executor: str, workers: int | None, num_cpus: float, num_g
     for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
             raise ArgumentError(f"{name}: expected a number >= 0, got {shown(value)}")
+
+
+def item_list(items: Any) -> Sequence[Any]:
+    """`items` itself when a sequence, else as a list (a generator: the Ray path took its `len`,
+    a TypeError); an `ArgumentError` for what cannot be iterated."""
+    if isinstance(items, Sequence):
+        return items
+    try:
+        return list(items)
+    except TypeError:
+        raise ArgumentError(f"items: expected a sequence of items, got {shown(items)}") from None
+
+
+def _option(field: str) -> str:
+    return f"{field} (--{field.replace('_', '-')})"
 
 
 def _reported(report: Callable[[int, Any], None], index: int, result: R) -> R:

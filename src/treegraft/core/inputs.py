@@ -126,7 +126,12 @@ def prompt_records(
     for i, (line, record) in enumerate(jsonl_records(path, what)):
         if not isinstance(record.get("prompt"), str) or not record["prompt"]:
             raise error(f"{path}:{line}: record {i} has no non-empty 'prompt' string")
-        prompt_id = str(record.get("id", default_id(i)))
+        prompt_id = record_id(record, i, default_id)
+        if prompt_id is None:
+            raise error(
+                f"{path}:{line}: record {i} has the id {clipped(json.dumps(record['id']))}; expected a non-empty "
+                "string or an integer (or no 'id': one is made from the record's index)"
+            )
         if prompt_id in lines:
             raise error(
                 f"{path}:{line}: id {prompt_id!r} repeats line {lines[prompt_id]}'s; prompt ids "
@@ -134,6 +139,18 @@ def prompt_records(
             )
         lines[prompt_id] = line
         yield prompt_id, record["prompt"]
+
+
+def record_id(record: dict, index: int, default_id: Callable[[int], str]) -> str | None:
+    """The id of a prompt record as a string: its `id` (a non-empty string or an integer), else
+    `default_id(index)`; None for an id of another kind (null was read as 'None', an object as
+    its repr, '' as an empty id)."""
+    if "id" not in record:
+        return default_id(index)
+    value = record["id"]
+    if isinstance(value, str) and value.strip():
+        return value
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def prepare_output_dir(path: Path, what: str) -> Path:

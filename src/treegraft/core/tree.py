@@ -21,6 +21,7 @@ from torch import Tensor
 
 from treegraft.core.errors import ArgumentError
 from treegraft.core.tree_checks import (
+    check_count,
     check_k,
     check_keep,
     check_parent_array,
@@ -30,7 +31,7 @@ from treegraft.core.tree_checks import (
     root_token,
 )
 from treegraft.kernels import ancestor_mask, tree_depth
-from treegraft.kernels._checks import float_vector, index_vector
+from treegraft.kernels._checks import INDEX_DTYPES, float_vector, index_vector, same_device
 from treegraft.kernels.host_tensor import host_tensor
 
 #: Drafter index stored for the root (it was committed, nobody proposed it).
@@ -158,7 +159,8 @@ class DraftTree:
         edge_logp = float_vector(op, "edge_logp", edge_logp, n).clone()
         edge_logp[0] = 0
         anc = ancestor_mask(parents)
-        score = (anc.to(edge_logp.dtype) * edge_logp[None, :]).sum(-1)  # [n]
+        # [n] path sums; a select, not a product: 0 * -inf (a dead edge) or 0 * NaN is NaN
+        score = torch.where(anc, edge_logp[None, :], 0).sum(-1)
         if proposer is not None:
             proposer = index_vector(op, "proposer", proposer, n)
         else:
@@ -188,6 +190,12 @@ class DraftTree:
     def device(self) -> torch.device:
         return self.tokens.device
 
+    def on_host(self) -> bool:
+        """True for CPU trees whose scores numpy holds (not bfloat16): `extend` and `select` run
+        on the host for them, with torch ops otherwise."""
+        floats = (self.score.dtype, self.edge_logp.dtype)
+        return self.device.type == "cpu" and all(f in _NUMPY_REALS for f in floats)
+
     def host(self) -> HostTree:
         """`tokens`, `parents`, `depth` and `score` as Python lists, read once per tree.
 
@@ -211,7 +219,9 @@ class DraftTree:
         return ancestor_mask(self.parents)
 
     def positions(self, root_position: int) -> Tensor:
-        """`[n]` int64 sequence positions: the root sits at `root_position`, a node at root + depth."""
+        """`[n]` int64 sequence positions: the root sits at `root_position` (an int >= 0), a node
+        at root + depth."""
+        check_count("DraftTree.positions", "root_position", root_position)
         return self.depth + root_position
 
     def is_leaf(self) -> Tensor:
@@ -250,8 +260,11 @@ class DraftTree:
         entry where the tensor version costs some twenty small torch ops per column); elsewhere
         on the device (`extend_on_device`); both give identical trees.
         """
+        check_count("DraftTree.extend", "drafter", drafter)
+        if getattr(getattr(proposal, "tokens", None), "dtype", None) not in INDEX_DTYPES:
+            check_proposal(proposal, self.n_nodes, Proposal)  # raises (bool ids were taken as 0, 1)
         try:
-            if self.device.type == "cpu":
+            if self.on_host():
                 return extend_host(self, proposal, drafter)
             return self.extend_on_device(proposal, drafter)
         except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
@@ -316,6 +329,7 @@ class DraftTree:
         layer); elsewhere on the device.
         """
         check_k("DraftTree.best", k)
+        nodes = index_vector("DraftTree.best", "nodes", nodes)
         if self.device.type == "cpu":
             cand = sorted({i for i in nodes.tolist() if i >= 0})
             if cand and cand[-1] >= self.n_nodes:
@@ -326,11 +340,17 @@ class DraftTree:
 
     def best_near(self, frontier: Tensor, lookback: int, k: int) -> Tensor:
         """The best `k` live nodes (as `best`) at depths `[d - lookback, d]`, `d` the deepest
-        frontier node's depth (the tree's deepest when the frontier is empty), ascending."""
-        check_k("DraftTree.best_near", k)
+        frontier node's depth (the tree's deepest when the frontier is empty), ascending.
+        Frontier entries < 0 are ignored, as in `best`."""
+        op = "DraftTree.best_near"
+        check_k(op, k)
+        check_count(op, "lookback", lookback)
+        frontier = index_vector(op, "frontier", frontier)
         if self.device.type == "cpu":
             host = self.host()
-            depth, front = host.depth, frontier.tolist()
+            depth, front = host.depth, [i for i in frontier.tolist() if i >= 0]
+            if front and max(front) >= len(depth):
+                node_index(op, "frontier", max(front), len(depth), "holds")  # raises
             d = max(depth[i] for i in front) if front else max(depth)
             window = [i for i, x in enumerate(depth) if d - lookback <= x <= d]
             return host_tensor(best_host(host.score, depth, window, k))
@@ -338,7 +358,11 @@ class DraftTree:
 
     def best_near_on_device(self, frontier: Tensor, lookback: int, k: int) -> Tensor:
         """`best_near` with torch ops on the tree's device."""
-        d = self.depth[frontier].max() if frontier.numel() else self.depth.max()
+        if frontier.numel():  # entries < 0 ignored; none left: the tree's deepest
+            front = torch.where(frontier >= 0, self.depth[frontier.clamp(min=0)], -1).max()
+            d = torch.where(front >= 0, front, self.depth.max())
+        else:
+            d = self.depth.max()
         window = (self.depth >= d - lookback) & (self.depth <= d)
         return self.best_on_device(torch.nonzero(window).flatten(), k)
 
@@ -354,7 +378,15 @@ class DraftTree:
         return torch.sort(nodes[order[:k]]).values
 
     def with_scores(self, edge_logp: Tensor, score: Tensor, scorer: Tensor) -> DraftTree:
-        """The same nodes with new edge log-probs, scores and scorer ids (all `[n]`)."""
+        """The same nodes with new edge log-probs, scores and scorer ids (all `[n]`; an
+        `ArgumentError` naming the one of another shape or kind)."""
+        op, n = "DraftTree.with_scores", self.n_nodes
+        edge_logp, score = (
+            float_vector(op, "edge_logp", edge_logp, n),
+            float_vector(op, "score", score, n),
+        )
+        scorer = index_vector(op, "scorer", scorer, n)
+        same_device(op, tokens=self.tokens, edge_logp=edge_logp, score=score, scorer=scorer)
         return attrs.evolve(self, edge_logp=edge_logp, score=score, scorer=scorer)
 
     def select(self, keep: Tensor) -> DraftTree:
@@ -363,7 +395,7 @@ class DraftTree:
         On CPU trees `keep` is checked (`ArgumentError` naming the first node out of place);
         elsewhere it is taken as given (a check would read the device)."""
         keep = index_vector("DraftTree.select", "keep", keep)
-        if self.device.type == "cpu":  # numpy indexing: a fraction of torch's per-call cost
+        if self.on_host():  # numpy indexing: a fraction of torch's per-call cost
             k = keep.numpy()
             check_keep(k, self.n_nodes)
             remap = np.full(self.n_nodes, -1, dtype=np.int64)

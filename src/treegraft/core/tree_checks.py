@@ -32,7 +32,7 @@ def check_proposal(proposal: object, n: int, proposal_type: type) -> None:
             not isinstance(value, Tensor)
             or value.ndim != 2
             or value.shape[0] != m
-            or (value.dtype.is_floating_point != floating)
+            or not (value.dtype.is_floating_point if floating else value.dtype in INDEX_DTYPES)
         ):
             kind = "floating" if floating else "integer"
             got = described(value) if isinstance(value, Tensor) else shown(value)
@@ -51,23 +51,28 @@ def check_proposal(proposal: object, n: int, proposal_type: type) -> None:
         )
 
 
-def node_index(op: str, name: str, node: object, n: int) -> int:
+def node_index(op: str, name: str, node: object, n: int, verb: str | None = None) -> int:
     """`node` as an int in `[0, n)`, else an `ArgumentError` naming `name` (`node is 9`,
-    `nodes holds 9`)."""
+    `nodes holds 9`; `verb` where the name does not tell)."""
     try:
         index = operator.index(node)
     except TypeError:
         index = None
     if index is None or isinstance(node, bool) or not 0 <= index < n:
-        verb = "holds" if name.endswith("s") else "is"
+        verb = verb or ("holds" if name.endswith("s") else "is")
         raise ArgumentError(f"{op}: {name} {verb} {shown(node)}; expected a node index in [0, {n})")
     return index
 
 
 def check_k(op: str, k: object) -> None:
     """Raise unless `k` (how many nodes to pick) is an int >= 0."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-        raise ArgumentError(f"{op}: k is {shown(k)}; expected an integer >= 0")
+    check_count(op, "k", k)
+
+
+def check_count(op: str, name: str, value: object) -> None:
+    """Raise unless `value` is an int >= 0 (a depth count, such as `best_near`'s lookback)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ArgumentError(f"{op}: {name} is {shown(value)}; expected an integer >= 0")
 
 
 def check_keep(k: np.ndarray, n: int) -> None:
@@ -102,8 +107,10 @@ def root_token(token: object, dtype: object) -> int | None:
             f"DraftTree.from_root: token is {shown(token)} ({type(token).__name__}); "
             "expected an integer token id"
         )
-    if root is not None and root < 0:
-        raise ArgumentError(f"DraftTree.from_root: token is {root}; expected a token id >= 0")
+    if root is not None and not 0 <= root < 2**63:
+        raise ArgumentError(
+            f"DraftTree.from_root: token is {root}; expected a token id >= 0 (and below 2**63)"
+        )
     return root
 
 

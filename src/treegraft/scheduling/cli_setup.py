@@ -135,10 +135,12 @@ def executor_options(
     num_gpus: float | None,
 ) -> dict[str, Any] | None:
     """`map_items`' options for `--executor ray` (None: the local collection); a bad executor,
-    or Ray missing, is an argument error."""
+    an option out of range, or Ray missing, is an argument error (before any model loads)."""
     from treegraft.bench.cli import local_only_flags
     from treegraft.bench.ray_executor import import_ray
+    from treegraft.bench.shards import check_map_options
     from treegraft.core.config import ConfigError
+    from treegraft.core.errors import ArgumentError
 
     if executor in (None, "local"):
         given = {"address": address, "workers": workers, "num_cpus": num_cpus}
@@ -152,7 +154,13 @@ def executor_options(
         import_ray()
     except ConfigError as exc:
         _fail(str(exc))
-    options = {"workers": workers, "num_cpus": num_cpus or 1.0, "num_gpus": num_gpus or 0.0}
+    # --num-cpus 0 is actors requesting no CPU, as in `bench run` (it was taken as the default 1)
+    cpus, gpus = 1.0 if num_cpus is None else num_cpus, 0.0 if num_gpus is None else num_gpus
+    try:  # `--workers 0` was refused only once the pipeline had loaded and its costs measured
+        check_map_options("ray", workers, cpus, gpus)
+    except ArgumentError as exc:
+        _fail(f"--{str(exc).replace('_', '-')}")
+    options = {"workers": workers, "num_cpus": cpus, "num_gpus": gpus}
     return {"executor": "ray", "address": address, **options}
 
 

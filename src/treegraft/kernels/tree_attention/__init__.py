@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -68,12 +70,21 @@ def check_arguments(
     if key.dtype != query.dtype or value.dtype != query.dtype:
         fail(op, f"query, key, value are {query.dtype}, {key.dtype}, {value.dtype}", "one dtype")
     batch, heads, q, dim = query.shape
-    kv_shape = (batch, key.shape[1], key.shape[2], dim)
-    if key.shape != kv_shape or value.shape != kv_shape or heads % max(key.shape[1], 1):
+    kv_heads = key.shape[1]
+    kv_shape = (batch, kv_heads, key.shape[2], dim)
+    # no head or D = 0: no ratio Hq / Hkv and no default scale 1 / sqrt(D) (a ZeroDivisionError)
+    if (
+        key.shape != kv_shape
+        or value.shape != kv_shape
+        or not kv_heads
+        or not dim
+        or heads % kv_heads
+    ):
         fail(
             op,
             f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}",
-            "query [B, Hq, q, D] and key, value [B, Hkv, S, D] with Hq a multiple of Hkv",
+            "query [B, Hq, q, D] and key, value [B, Hkv, S, D] with Hq a multiple of Hkv, "
+            "Hkv >= 1 and D >= 1",
         )
     if tensor_arg(op, "tree_mask", tree_mask).dtype != torch.bool or tree_mask.ndim != 2:
         fail(op, f"tree_mask has {described(tree_mask)}", f"a 2-D bool tensor [q={q}, S_tree]")
@@ -88,5 +99,7 @@ def check_arguments(
         )
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         fail(op, f"scale is {shown(scale)} ({type(scale).__name__})", "a float or None")
+    if scale is not None and not math.isfinite(scale):
+        fail(op, f"scale is {scale}", "a finite float or None (every score would be NaN)")
     same_device(op, query=query, key=key, value=value, tree_mask=tree_mask)
     return prefix_len
