@@ -257,6 +257,37 @@ def test_one_forward_setting_decides_every_runner(forward, tree_kernel, target, 
     assert plan_forward("auto", torch.device("cuda")).tree_kernel
 
 
+@pytest.mark.parametrize(
+    ("model_type", "overrides", "problem"),
+    [
+        ("llama", {}, None),
+        ("mistral", {"sliding_window": 5}, "MistralForCausalLM has sliding window 5"),
+        ("gemma3_text", {}, "Gemma3ForCausalLM has full_attention: causal, sliding_attention"),
+        ("qwen2", {}, "Qwen2ForCausalLM has full_attention: causal, sliding_attention"),
+        ("llama4_text", {}, "Llama4ForCausalLM has chunked_attention: chunks of 16"),
+        ("gpt_neo", {}, "GPTNeoForCausalLM has no SDPA attention"),
+    ],
+)
+def test_auto_on_cuda_chooses_the_tree_kernel_per_model(model_type, overrides, problem):
+    """`auto` on CUDA: the tree-attention kernel for a model whose attention it computes (one
+    causal tree mask, SDPA's attention), else SDPA as off CUDA, the plan saying why."""
+    from treegraft.conformance.tiny import tiny_model
+    from treegraft.core.runner.forwards import kernel_problem
+
+    model = tiny_model(model_type, seed=1, **overrides)
+    found = kernel_problem(model)
+    plan = plan_forward("auto", torch.device("cuda")).for_model(model)
+    assert plan_forward("auto", torch.device("cpu")).for_model(model).tree_kernel is False
+    assert plan_forward("tree", torch.device("cpu")).for_model(model).tree_kernel is True
+    if problem is None:
+        assert found is None and (plan.tree_kernel, plan.target) == (True, "transformers")
+        assert plan.describe().endswith("(its attention is plain causal SDPA attention)")
+    else:
+        assert found.startswith(problem)
+        assert (plan.tree_kernel, plan.target, plan.drafter) == (False, "auto", "fused")
+        assert plan.describe().endswith(f"not the tree-attention kernel: {found}")
+
+
 def test_the_forward_setting_is_validated_and_old_keys_say_where_they_went():
     from treegraft.core.config import ConfigError
 

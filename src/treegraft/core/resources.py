@@ -44,9 +44,8 @@ from treegraft.core.runner.attention_rules import (
     refused_message,
     text_config,
 )
-from treegraft.core.runner.forwards import ForwardPlan, plan_forward
+from treegraft.core.runner.forwards import ForwardPlan, attend, plan_forward
 from treegraft.core.runner.placement import load_kwargs, map_problem
-from treegraft.kernels.tree_attention.hf import IMPLEMENTATION as TREE_IMPLEMENTATION
 
 DTYPES = {
     "float32": torch.float32,
@@ -316,7 +315,8 @@ class Resources:
     #: accelerate at load instead of moved to `device`
     device_maps: dict[str, Any] = attrs.field(factory=dict)
     offload_folder: str | None = None
-    attention: str = "sdpa"  # HF attention implementation of the models (`use_forward`)
+    #: what models load with (`use_forward`): `treegraft_tree` under `tree`, else `sdpa`
+    attention: str = "sdpa"
     #: the pipeline's target runner, for drafters that read its state (set by `Pipeline.from_spec`)
     target_runner: Any = None
     #: token datastores loaded (`datastore`), by reference (and target, for `zoo:` ones)
@@ -345,6 +345,10 @@ class Resources:
         """What `forward` (`decoding.forward`) means on this device (`runner.forwards`)."""
         return plan_forward(self.forward, self.device)
 
+    def plan_for(self, ref: str) -> ForwardPlan:
+        """What `forward` means for the model `ref` (`auto` on CUDA chooses per model)."""
+        return self.plan.for_model(self.model(ref))
+
     def use_forward(self, setting: str) -> None:
         """Forward models as `decoding.forward: setting` says: load them with its attention
         implementation and switch every model loaded already (runners notice at their next
@@ -352,23 +356,16 @@ class Resources:
         `ArgumentError` (`forward_conflict`)."""
         if problem := self.forward_conflict(setting):
             raise ArgumentError(f"forward: {problem}")
-        tree = plan_forward(setting, self.device).tree_kernel
+        plan = plan_forward(setting, self.device)
         self.forward = setting
-        if tree:
+        if setting == "tree":
             from treegraft.kernels.tree_attention.hf import register
 
             self.attention = register()
         else:
             self.attention = "sdpa"
         for model in self.models.values():
-            current = getattr(model.config, "_attn_implementation", None)
-            if tree and current != self.attention:
-                model.set_attn_implementation(self.attention)
-            elif not tree and current == TREE_IMPLEMENTATION:  # back from the tree kernel
-                model.set_attn_implementation(
-                    "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
-                )
-            # other implementations (eager where SDPA is not supported, a user's own) stay
+            attend(model, plan.for_model(model))
 
     def forward_conflict(self, setting: str) -> str | None:
         """Why these resources cannot forward as `setting` (None: they can): a pipeline built on
@@ -438,6 +435,7 @@ class Resources:
                 "with from_pretrained"
             )
         self.models[ref] = model.to(device=self.device, dtype=self.dtype).eval()
+        attend(model, self.plan.for_model(model))
         self.in_memory.add(ref)
         if tokenizer is not None:
             self.tokenizers[ref] = tokenizer
@@ -480,6 +478,7 @@ class Resources:
                     f"{ref}: {lacking_message(path, type(model).__name__, missing)}"
                 )
             self.models[ref] = (model if placed else model.to(self.device)).eval()
+            attend(model, self.plan.for_model(model))
             if module := own_code(json_object(path / "config.json")[0] or {}):
                 warnings.warn(
                     f"{ref}: config.json maps the model to the folder's own code ({module}), "
@@ -498,9 +497,9 @@ class Resources:
         passed it (as the pipeline's target with `target`)."""
         check_ref("Resources.runner", ref)
         check_runner_forward("Resources.runner", forward)
-        forward = forward or self.plan.target
-        self.check(ref, forward, target=target)
-        return CausalLMRunner(self.model(ref), forward=forward, bitwise=self.plan.bitwise)
+        plan = self.plan_for(ref)
+        self.check(ref, forward := forward or plan.target, target=target)
+        return CausalLMRunner(self.model(ref), forward=forward, bitwise=plan.bitwise)
 
     def check(self, ref: str, forward: str | None = None, *, target: bool = False) -> None:
         """Raise `ModelRefused` unless the model `ref` can be served exactly: no architecture
@@ -512,8 +511,9 @@ class Resources:
 
         check_ref("Resources.check", ref)
         check_runner_forward("Resources.check", forward)
-        keys = [(ref, forward or self.plan.target, self.attention)]
-        keys += [(ref, "generate", self.attention)] if target and self.check_model else []
+        attention = getattr(self.model(ref).config, "_attn_implementation", None)
+        keys = [(ref, forward or self.plan_for(ref).target, attention)]
+        keys += [(ref, "generate", attention)] if target and self.check_model else []
         copies: dict = {}  # `model_check.on_wide_copy`: a low-precision model's, for both probes
         for key in keys:
             if key not in self.checked:
