@@ -210,6 +210,27 @@ def test_a_lean_only_pipeline_with_the_tree_kernel_is_refused_naming_why(name):
         load_pipeline(raw, resources=zoo_stand_ins(13))
 
 
+def test_auto_on_cuda_keeps_a_target_whose_features_a_drafter_reads_on_the_lean_forward(
+    monkeypatch,
+):
+    """The eagle drafter reads the target's hidden states, which only the lean forward keeps:
+    on CUDA `auto` gives that target SDPA (it refused the pipeline, 'use lean'), and keeps it
+    there for the other pipelines sharing the Resources (switching back under the eagle
+    pipeline would take its features away)."""
+    res = zoo_stand_ins(13)
+    monkeypatch.setattr("treegraft.core.resources.device_problem", lambda name: None)
+    res.device = torch.device("cuda")  # the decision only: nothing generates here
+    eagle = load_pipeline(in_memory("eagle-only"), resources=res)
+    assert eagle.decoder.target.lean and eagle.decoder.target.attention == "sdpa"
+    why = "not the tree-attention kernel: a drafter reads its hidden states, which only the lean"
+    assert res.plan_for("mem:target").describe().endswith(f"{why} forward keeps")
+    other = load_pipeline(in_memory("cascade3"), resources=res)  # no features read
+    assert other.decoder.target.attention == "sdpa" and other.decoder.target.lean
+    assert res.models["mem:target"].config._attn_implementation == "sdpa"
+    drafters = pipeline_runners(other)[1:]
+    assert drafters and all(r.attention == "tree" for r in drafters)  # plain Llama drafters
+
+
 def test_forward_setting_reaches_every_model_and_is_fixed_once_a_pipeline_is_built():
     res = zoo_stand_ins(3)
     attention = lambda: {m.config._attn_implementation for m in res.models.values()}  # noqa: E731

@@ -46,6 +46,7 @@ from treegraft.core.runner.attention_rules import (
 )
 from treegraft.core.runner.forwards import ForwardPlan, attend, plan_forward
 from treegraft.core.runner.placement import load_kwargs, map_problem
+from treegraft.kernels.tree_attention.hf import register
 
 DTYPES = {
     "float32": torch.float32,
@@ -315,8 +316,9 @@ class Resources:
     #: accelerate at load instead of moved to `device`
     device_maps: dict[str, Any] = attrs.field(factory=dict)
     offload_folder: str | None = None
-    #: what models load with (`use_forward`): `treegraft_tree` under `tree`, else `sdpa`
-    attention: str = "sdpa"
+    attention: str = "sdpa"  # what models load with: `treegraft_tree` under `tree` (`use_forward`)
+    #: models whose hidden states a drafter reads (`runner(features=True)`): never on the kernel
+    read_features: set[str] = attrs.field(factory=set)
     #: the pipeline's target runner, for drafters that read its state (set by `Pipeline.from_spec`)
     target_runner: Any = None
     #: token datastores loaded (`datastore`), by reference (and target, for `zoo:` ones)
@@ -346,8 +348,9 @@ class Resources:
         return plan_forward(self.forward, self.device)
 
     def plan_for(self, ref: str) -> ForwardPlan:
-        """What `forward` means for the model `ref` (`auto` on CUDA chooses per model)."""
-        return self.plan.for_model(self.model(ref))
+        """What `forward` means for the model `ref` (`auto` on CUDA chooses per model, and SDPA
+        for one in `read_features`: `ForwardPlan.for_model`)."""
+        return self.plan.for_model(self.model(ref), features=ref in self.read_features)
 
     def use_forward(self, setting: str) -> None:
         """Forward models as `decoding.forward: setting` says: load them with its attention
@@ -358,12 +361,7 @@ class Resources:
             raise ArgumentError(f"forward: {problem}")
         plan = plan_forward(setting, self.device)
         self.forward = setting
-        if setting == "tree":
-            from treegraft.kernels.tree_attention.hf import register
-
-            self.attention = register()
-        else:
-            self.attention = "sdpa"
+        self.attention = register() if setting == "tree" else "sdpa"
         for model in self.models.values():
             attend(model, plan.for_model(model))
 
@@ -490,14 +488,16 @@ class Resources:
         return self.models[ref]
 
     def runner(
-        self, ref: str, *, forward: str | None = None, target: bool = False
+        self, ref: str, *, forward: str | None = None, target: bool = False, features: bool = False
     ) -> CausalLMRunner:
         """A fresh `CausalLMRunner` over the model `ref`, forwarding as `forward` says (a runner
-        forward; default: the target's under `decoding.forward`, `plan.target`), once `check` has
-        passed it (as the pipeline's target with `target`)."""
+        forward; default: the target's under `decoding.forward`, `plan_for`), once `check` has
+        passed it (as the pipeline's target with `target`; with `features` a drafter reads its
+        hidden states: `read_features`, for good)."""
         check_ref("Resources.runner", ref)
         check_runner_forward("Resources.runner", forward)
-        plan = self.plan_for(ref)
+        self.read_features |= {ref} if features else set()
+        attend(self.model(ref), plan := self.plan_for(ref))
         self.check(ref, forward := forward or plan.target, target=target)
         return CausalLMRunner(self.model(ref), forward=forward, bitwise=plan.bitwise)
 

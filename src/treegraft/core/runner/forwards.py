@@ -80,16 +80,21 @@ class ForwardPlan:
             )
         return f"auto: {lean}"
 
-    def for_model(self, model: Any) -> ForwardPlan:
+    def for_model(self, model: Any, *, features: bool = False) -> ForwardPlan:
         """This plan for `model`: `auto` on CUDA takes the tree-attention kernel where it computes
         the model's own attention (`kernel_problem`), else SDPA as off CUDA; others are as they
-        are for every model."""
+        are for every model. `features`: a drafter reads the model's hidden states (the target's,
+        `Drafter.reads_target_features`), which only the lean forward keeps: `auto` takes SDPA."""
         if self.setting != "auto" or not self.tree_kernel or self.reason is not None:
             return self
-        why = kernel_problem(model)
+        why = FEATURES_READ if features else kernel_problem(model)
         if why is None:
             return attrs.evolve(self, reason="its attention is plain causal SDPA attention")
         return ForwardPlan(self.setting, False, "auto", "fused", bitwise=False, reason=why)
+
+
+#: why `auto` takes SDPA for a target whose hidden states a drafter reads
+FEATURES_READ = "a drafter reads its hidden states, which only the lean forward keeps"
 
 
 def plan_forward(setting: str, device: torch.device) -> ForwardPlan:
