@@ -545,3 +545,21 @@ def test_auto_on_cuda_takes_the_tree_kernel_only_for_models_whose_attention_it_c
     assert window.config._attn_implementation == "treegraft_tree"
     with pytest.raises(ModelRefused, match=r"sliding window 5: use SDPA \(decoding.forward: auto"):
         res.runner("mem:window")
+
+
+def test_float64_on_mps_is_refused_naming_the_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Apple's MPS has no float64: Resources (and a pipeline stating both) refuse the pair up
+    front, where moving the first model failed with torch's own TypeError."""
+    monkeypatch.setattr("treegraft.core.resources.device_problem", lambda name: None)
+    with pytest.raises(ArgumentError) as info:
+        Resources.create(device="mps", dtype="float64")
+    assert str(info.value) == (
+        "dtype: float64 on device 'mps': Apple's MPS framework has no float64; use float32, "
+        "bfloat16 or float16, or device 'cpu'"
+    )
+    with pytest.raises(ArgumentError, match=r"^Resources: dtype: float64 on device 'mps'"):
+        Resources(device=torch.device("mps"), dtype=torch.float64)
+    raw = {**spec("mem:target"), "decoding": {"device": "mps", "dtype": "float64"}}
+    with pytest.raises(ConfigError, match=r"^pipeline\.decoding\.dtype: float64 on device 'mps'"):
+        load_pipeline(raw)
+    assert Resources(device=torch.device("mps"), dtype=torch.float32).dtype == torch.float32

@@ -262,7 +262,8 @@ class DecodingConfig:
     dtype: str = field(
         "float32",
         check=one_of("float32", "float64", "bfloat16", "float16"),
-        doc="model precision: every model loads in it, whatever dtype its checkpoint states",
+        doc="model precision: every model loads in it, whatever dtype its checkpoint states "
+        "(not float64 on 'mps', which has none)",
     )
     device: str = field(
         "auto",

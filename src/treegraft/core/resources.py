@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from treegraft.core.arguments import check_ref, check_runner_forward
-from treegraft.core.devices import device_problem
+from treegraft.core.devices import device_problem, dtype_problem
 from treegraft.core.errors import ArgumentError, TreegraftError, check_argument, clipped, shown
 from treegraft.core.inputs import is_dir, is_file
 from treegraft.core.model_files import (
@@ -44,7 +44,7 @@ from treegraft.core.runner.attention_rules import (
     refused_message,
     text_config,
 )
-from treegraft.core.runner.forwards import ForwardPlan, attend, plan_forward
+from treegraft.core.runner.forwards import ForwardPlan, attend, attention_for, plan_forward
 from treegraft.core.runner.placement import load_kwargs, map_problem
 from treegraft.kernels.tree_attention.hf import register
 
@@ -192,21 +192,6 @@ def as_device(value: Any) -> torch.device:
     )
 
 
-def attention_for(path: Path) -> str:
-    """`sdpa` where the architecture supports it (an explicit mask is then honoured by torch's
-    fused attention), else `eager` (e.g. Gemma 2, GPT-OSS, whose soft-capping or sinks SDPA
-    cannot express)."""
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    except (KeyError, ValueError, OSError):
-        return "sdpa"  # from_pretrained names the problem itself
-    return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
-
-
 def resolve_model_path(ref: str) -> Path:
     """Directory of a model reference (`zoo:NAME` or a path), without loading anything."""
     if ref.startswith("zoo:"):
@@ -323,6 +308,10 @@ class Resources:
     target_runner: Any = None
     #: token datastores loaded (`datastore`), by reference (and target, for `zoo:` ones)
     datastores: dict[str, Any] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        if problem := dtype_problem(self.device, self.dtype):
+            raise ArgumentError(f"Resources: dtype: {problem}")
 
     @classmethod
     def create(

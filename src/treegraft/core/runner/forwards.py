@@ -21,6 +21,7 @@ debugging (docs/kernels.md); it does not change which forward runs.
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -145,6 +146,21 @@ def attend(model: Any, plan: ForwardPlan) -> None:
         model.set_attn_implementation(
             "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
         )
+
+
+def attention_for(path: Path) -> str:
+    """`sdpa` where the architecture supports it (an explicit mask is then honoured by torch's
+    fused attention), else `eager` (e.g. Gemma 2, GPT-OSS, whose soft-capping or sinks SDPA
+    cannot express)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except (KeyError, ValueError, OSError):
+        return "sdpa"  # from_pretrained names the problem itself
+    return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
 
 
 def cache_kwarg(model: Any) -> str:
