@@ -57,7 +57,7 @@ class ForwardPlan:
     reason: str | None = None
 
     def describe(self) -> str:
-        """One line for stats and errors, e.g. `auto (lean where supported, SDPA)`."""
+        """One line for stats and errors, e.g. `lean forward, SDPA`."""
         how = {
             "lean": "lean forward, SDPA",
             "lean-fast": "lean forward, transposed products (logits to rounding), SDPA",
@@ -70,7 +70,7 @@ class ForwardPlan:
         if self.tree_kernel and self.reason is None:
             return (
                 f"auto: {how['tree']} for models whose attention it computes (plain causal, "
-                f"SDPA's); for the others {lean}"
+                "SDPA's); for the others lean where supported, else transformers' forward"
             )
         if self.tree_kernel:
             return f"auto: {how['tree']} ({self.reason})"
