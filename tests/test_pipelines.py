@@ -210,6 +210,27 @@ def test_a_lean_only_pipeline_with_the_tree_kernel_is_refused_naming_why(name):
         load_pipeline(raw, resources=zoo_stand_ins(13))
 
 
+def test_auto_on_cuda_keeps_a_target_whose_features_a_drafter_reads_on_the_lean_forward(
+    monkeypatch,
+):
+    """The eagle drafter reads the target's hidden states, which only the lean forward keeps:
+    on CUDA `auto` gives that target SDPA (it refused the pipeline, 'use lean'), and keeps it
+    there for the other pipelines sharing the Resources (switching back under the eagle
+    pipeline would take its features away)."""
+    res = zoo_stand_ins(13)
+    monkeypatch.setattr("treegraft.core.resources.device_problem", lambda name: None)
+    res.device = torch.device("cuda")  # the decision only: nothing generates here
+    eagle = load_pipeline(in_memory("eagle-only"), resources=res)
+    assert eagle.decoder.target.lean and eagle.decoder.target.attention == "sdpa"
+    why = "not the tree-attention kernel: a drafter reads its hidden states, which only the lean"
+    assert res.plan_for("mem:target").describe().endswith(f"{why} forward keeps")
+    other = load_pipeline(in_memory("cascade3"), resources=res)  # no features read
+    assert other.decoder.target.attention == "sdpa" and other.decoder.target.lean
+    assert res.models["mem:target"].config._attn_implementation == "sdpa"
+    drafters = pipeline_runners(other)[1:]
+    assert drafters and all(r.attention == "tree" for r in drafters)  # plain Llama drafters
+
+
 def test_forward_setting_reaches_every_model_and_is_fixed_once_a_pipeline_is_built():
     res = zoo_stand_ins(3)
     attention = lambda: {m.config._attn_implementation for m in res.models.values()}  # noqa: E731
@@ -255,6 +276,37 @@ def test_one_forward_setting_decides_every_runner(forward, tree_kernel, target, 
     assert {r.attention for r in pipeline_runners(pipe)} == {"tree" if tree_kernel else "sdpa"}
     # on CUDA, auto is the tree kernel through transformers' forward
     assert plan_forward("auto", torch.device("cuda")).tree_kernel
+
+
+@pytest.mark.parametrize(
+    ("model_type", "overrides", "problem"),
+    [
+        ("llama", {}, None),
+        ("mistral", {"sliding_window": 5}, "MistralForCausalLM has sliding window 5"),
+        ("gemma3_text", {}, "Gemma3ForCausalLM has full_attention: causal, sliding_attention"),
+        ("qwen2", {}, "Qwen2ForCausalLM has full_attention: causal, sliding_attention"),
+        ("llama4_text", {}, "Llama4ForCausalLM has chunked_attention: chunks of 16"),
+        ("gpt_neo", {}, "GPTNeoForCausalLM has no SDPA attention"),
+    ],
+)
+def test_auto_on_cuda_chooses_the_tree_kernel_per_model(model_type, overrides, problem):
+    """`auto` on CUDA: the tree-attention kernel for a model whose attention it computes (one
+    causal tree mask, SDPA's attention), else SDPA as off CUDA, the plan saying why."""
+    from treegraft.conformance.tiny import tiny_model
+    from treegraft.core.runner.forwards import kernel_problem
+
+    model = tiny_model(model_type, seed=1, **overrides)
+    found = kernel_problem(model)
+    plan = plan_forward("auto", torch.device("cuda")).for_model(model)
+    assert plan_forward("auto", torch.device("cpu")).for_model(model).tree_kernel is False
+    assert plan_forward("tree", torch.device("cpu")).for_model(model).tree_kernel is True
+    if problem is None:
+        assert found is None and (plan.tree_kernel, plan.target) == (True, "transformers")
+        assert plan.describe().endswith("(its attention is plain causal SDPA attention)")
+    else:
+        assert found.startswith(problem)
+        assert (plan.tree_kernel, plan.target, plan.drafter) == (False, "auto", "fused")
+        assert plan.describe().endswith(f"not the tree-attention kernel: {found}")
 
 
 def test_the_forward_setting_is_validated_and_old_keys_say_where_they_went():

@@ -512,3 +512,54 @@ def test_tokenizer_files_whose_tokenizer_cannot_encode_are_named_when_built(
         f"pipeline.target: {folder}: the tokenizer files in {folder} load as a tokenizer that "
         "fails to encode text (TypeError: "
     )
+
+
+def test_auto_on_cuda_takes_the_tree_kernel_only_for_models_whose_attention_it_computes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`decoding.forward: auto` on CUDA chooses per model: the tree-attention kernel for plain
+    causal SDPA attention, SDPA (lean where supported) for a sliding window, which the kernel's
+    one tree mask cannot express; an explicit `tree` refuses that model, naming the settings."""
+    from treegraft.conformance.tiny import tiny_model
+    from treegraft.core.runner.attention_rules import ModelRefused
+
+    window = tiny_model("mistral", seed=3, sliding_window=5)
+    res = memory_resources(plain=tiny_llama(seed=1), window=window)
+    monkeypatch.setattr("treegraft.core.resources.device_problem", lambda name: None)
+    res.device = torch.device("cuda")  # the decision only; the models stay on the CPU
+    res.use_forward("auto")
+    attention = {ref: m.config._attn_implementation for ref, m in res.models.items()}
+    assert attention == {"mem:plain": "treegraft_tree", "mem:window": "sdpa"}
+    plain, sliding = res.plan_for("mem:plain"), res.plan_for("mem:window")
+    assert (plain.tree_kernel, plain.target) == (True, "transformers")
+    assert (sliding.tree_kernel, sliding.target, sliding.drafter) == (False, "auto", "fused")
+    assert "tree-attention kernel (its attention is plain causal" in plain.describe()
+    assert sliding.describe().startswith("auto: lean where supported, else transformers'")
+    assert "not the tree-attention kernel: MistralForCausalLM has sliding window 5" in (
+        sliding.describe()
+    )
+    served = res.runner("mem:window")  # where it was refused
+    assert (served.attention, served.forward) == ("sdpa", "auto")
+    assert res.runner("mem:plain").attention == "tree"
+    res.use_forward("tree")  # asked for the kernel: refused, naming what serves it
+    assert window.config._attn_implementation == "treegraft_tree"
+    with pytest.raises(ModelRefused, match=r"sliding window 5: use SDPA \(decoding.forward: auto"):
+        res.runner("mem:window")
+
+
+def test_float64_on_mps_is_refused_naming_the_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Apple's MPS has no float64: Resources (and a pipeline stating both) refuse the pair up
+    front, where moving the first model failed with torch's own TypeError."""
+    monkeypatch.setattr("treegraft.core.resources.device_problem", lambda name: None)
+    with pytest.raises(ArgumentError) as info:
+        Resources.create(device="mps", dtype="float64")
+    assert str(info.value) == (
+        "dtype: float64 on device 'mps': Apple's MPS framework has no float64; use float32, "
+        "bfloat16 or float16, or device 'cpu'"
+    )
+    with pytest.raises(ArgumentError, match=r"^Resources: dtype: float64 on device 'mps'"):
+        Resources(device=torch.device("mps"), dtype=torch.float64)
+    raw = {**spec("mem:target"), "decoding": {"device": "mps", "dtype": "float64"}}
+    with pytest.raises(ConfigError, match=r"^pipeline\.decoding\.dtype: float64 on device 'mps'"):
+        load_pipeline(raw)
+    assert Resources(device=torch.device("mps"), dtype=torch.float32).dtype == torch.float32

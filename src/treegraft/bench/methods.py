@@ -243,12 +243,14 @@ class RunnerMethod:
         )
 
 
-def runner_method(resources: Resources, pair: Pair, forward: str) -> RunnerMethod:
+def runner_method(resources: Resources, pair: Pair, forward: str | None = None) -> RunnerMethod:
     """`ar-runner` for the pair's target: a runner of its own over the shared model, forwarding
-    as the pipelines' target does (`forward`, their `decoding.forward`)."""
+    as `forward` says (default: as the pipelines' target does, their `decoding.forward` for
+    this model)."""
     model = load_model(resources, pair.target, f"pair {pair.name}: target")
     tokenizer = resources.load_tokenizer(pair.target)
-    runner = CausalLMRunner(model, forward=forward, bitwise=resources.plan.bitwise)
+    plan = resources.plan_for(pair.target)
+    runner = CausalLMRunner(model, forward=forward or plan.target, bitwise=plan.bitwise)
     return RunnerMethod(AR_RUNNER, runner, eos_ids_of(model, tokenizer))
 
 

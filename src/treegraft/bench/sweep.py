@@ -245,7 +245,7 @@ def open_session(
     pipelines = build_pipelines(plans, resources, registry)
     limit = sweep_context_limit(hf["ar"].model, pipelines)
     check_prompts_fit(pair, prompt_lengths, prompt_names, s.max_new_tokens, limit)
-    plain = runner_method(resources, pair, resources.plan.target)  # as the pipelines' target
+    plain = runner_method(resources, pair)  # as the pipelines' target
     max_nodes = max((p.pipeline.decoder.builder.max_nodes() for p in pipelines), default=1)
     replays = []
     if not (s.replay and pipelines):
@@ -321,19 +321,22 @@ def latency_curves(
     pipelines, each timed as decoding runs it: a drafter with its runner's forward (fused by
     default) and its restricted head (`head: K`); a model that several pipelines run in
     different ways is timed the way the first of them runs it."""
-    how = {pair.target: (resources.plan.target, None)}
+    how = {pair.target: (resources.plan_for(pair.target).target, None)}
     for method in pipelines:
         for drafter in method.pipeline.decoder.drafters:
             ref = getattr(getattr(drafter, "config", None), "model", None)
             if isinstance(ref, str):
                 how.setdefault(
-                    ref, (runner_forward(drafter, resources.plan.drafter), head_rows(drafter))
+                    ref,
+                    (runner_forward(drafter, resources.plan_for(ref).drafter), head_rows(drafter)),
                 )
     grid = query_grid(max(prompt_lengths) + max_nodes, marks=[max_nodes])
     context = int(median(prompt_lengths))
     return {
         ref: measure_latency(
-            CausalLMRunner(resources.model(ref), forward=forward, bitwise=resources.plan.bitwise),
+            CausalLMRunner(
+                resources.model(ref), forward=forward, bitwise=resources.plan_for(ref).bitwise
+            ),
             ref,
             context=context,
             queries=grid,

@@ -104,3 +104,10 @@ def drafter_config_errors(
             origin = Origin(c.kind, c.name, reg.distribution, c.path)
             errors.append(f"{origin}: check_config raised {type(exc).__name__}: {exc}")
     return errors
+
+
+def target_features(spec: PipelineSpec, registry: Registry) -> bool:
+    """Whether a drafter of `spec` reads the target runner's hidden states
+    (`Drafter.reads_target_features`)."""
+    drafters = [registry.get(c.kind, c.name).factory for _, c in spec.drafters]
+    return any(getattr(d, "reads_target_features", False) for d in drafters)

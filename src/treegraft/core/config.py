@@ -245,7 +245,7 @@ class DecodingConfig:
 
     MOVED_KEYS: ClassVar[dict[str, str]] = {
         "attention": "merged into decoding.forward: 'tree' (the tree-attention kernel), "
-        "'transformers' or 'lean' (SDPA), 'auto' (tree on CUDA)"
+        "'transformers' or 'lean' (SDPA), 'auto' (tree on CUDA where a model allows)"
     }
 
     max_new_tokens: int = field(
@@ -262,7 +262,8 @@ class DecodingConfig:
     dtype: str = field(
         "float32",
         check=one_of("float32", "float64", "bfloat16", "float16"),
-        doc="model precision: every model loads in it, whatever dtype its checkpoint states",
+        doc="model precision: every model loads in it, whatever dtype its checkpoint states "
+        "(not float64 on 'mps', which has none)",
     )
     device: str = field(
         "auto",
@@ -277,7 +278,8 @@ class DecodingConfig:
         doc="how the target's and LM drafters' forwards run: 'lean' (the lean forward, bitwise "
         "equal logits without transformers' module stack; Llama models), 'transformers' "
         "(transformers' forward, SDPA), 'tree' (transformers' forward with the tree-attention "
-        "kernel), 'auto' (tree on CUDA; elsewhere lean where supported, else transformers), or "
+        "kernel), 'auto' (on CUDA tree for each model whose attention the kernel computes; "
+        "elsewhere, and for the others, lean where supported, else transformers), or "
         "'lean-fast' (as lean, blocks of 4+ tokens through transposed weights on a float32 CPU: "
         "logits equal up to rounding, cheaper tree forwards); "
         "docs/pipelines.md#how-a-forward-runs",

@@ -28,3 +28,14 @@ def device_problem(name: str) -> str | None:
     if name == "mps" and not torch.backends.mps.is_available():
         return "device 'mps' requested but MPS (Apple GPU) is not available; use 'cpu' or 'auto'"
     return None
+
+
+def dtype_problem(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why models cannot be held in `dtype` on `device` (None: they can): Apple's MPS framework
+    has no float64."""
+    if device.type == "mps" and dtype == torch.float64:
+        return (
+            "float64 on device 'mps': Apple's MPS framework has no float64; use float32, "
+            "bfloat16 or float16, or device 'cpu'"
+        )
+    return None

@@ -265,6 +265,10 @@ class Drafter(Component):
 
     #: Whether `score_tree` is available (language-model drafters).
     can_score: ClassVar[bool] = False
+    #: Whether the drafter reads the target runner's hidden states (`track_hidden`), which
+    #: only the lean forward keeps: `decoding.forward: auto` then never gives the target the
+    #: tree-attention kernel (feature-level drafters).
+    reads_target_features: ClassVar[bool] = False
 
     @classmethod
     def check_config(cls, config: Any, resources: Resources) -> None:

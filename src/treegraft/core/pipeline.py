@@ -27,7 +27,7 @@ from treegraft.core.arguments import (
 )
 from treegraft.core.boundary import Origin
 from treegraft.core.chat import chat_ids, checked_messages, is_messages, messages_ids, text_ids
-from treegraft.core.components import build_component, check_assembly
+from treegraft.core.components import build_component, check_assembly, target_features
 from treegraft.core.config import (
     ROOT,
     ComponentSpec,
@@ -164,7 +164,7 @@ class Pipeline:
         resources.check_model = spec.decoding.check_model
         check_vocabularies(spec, resources)
         _load(resources, spec.target, "pipeline.target")
-        target = _runner(resources, spec.target, "pipeline.target")
+        target = _runner(resources, spec.target, "pipeline.target", target_features(spec, registry))
         resources.target_runner = target
         warn_unapplied(target.model, spec.target, greedy=spec.verifier.name == "greedy")
 
@@ -563,10 +563,10 @@ def eos_ids_of(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset()
 
 
-def _runner(resources: Resources, ref: str, path: str) -> CausalLMRunner:
-    """The runner of the model `ref` once `Resources.check` has passed it."""
+def _runner(resources: Resources, ref: str, path: str, features: bool) -> CausalLMRunner:
+    """The target runner of the model `ref` once `Resources.check` has passed it."""
     try:
-        return resources.runner(ref, target=True)
+        return resources.runner(ref, target=True, features=features)
     except ModelRefused as err:
         raise ConfigError(f"{path}: {err}") from None
 

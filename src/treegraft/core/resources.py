@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from treegraft.core.arguments import check_ref, check_runner_forward
-from treegraft.core.devices import device_problem
+from treegraft.core.devices import device_problem, dtype_problem
 from treegraft.core.errors import ArgumentError, TreegraftError, check_argument, clipped, shown
 from treegraft.core.inputs import is_dir, is_file
 from treegraft.core.model_files import (
@@ -44,9 +44,9 @@ from treegraft.core.runner.attention_rules import (
     refused_message,
     text_config,
 )
-from treegraft.core.runner.forwards import ForwardPlan, plan_forward
+from treegraft.core.runner.forwards import ForwardPlan, attend, attention_for, plan_forward
 from treegraft.core.runner.placement import load_kwargs, map_problem
-from treegraft.kernels.tree_attention.hf import IMPLEMENTATION as TREE_IMPLEMENTATION
+from treegraft.kernels.tree_attention.hf import register
 
 DTYPES = {
     "float32": torch.float32,
@@ -192,21 +192,6 @@ def as_device(value: Any) -> torch.device:
     )
 
 
-def attention_for(path: Path) -> str:
-    """`sdpa` where the architecture supports it (an explicit mask is then honoured by torch's
-    fused attention), else `eager` (e.g. Gemma 2, GPT-OSS, whose soft-capping or sinks SDPA
-    cannot express)."""
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    except (KeyError, ValueError, OSError):
-        return "sdpa"  # from_pretrained names the problem itself
-    return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
-
-
 def resolve_model_path(ref: str) -> Path:
     """Directory of a model reference (`zoo:NAME` or a path), without loading anything."""
     if ref.startswith("zoo:"):
@@ -316,11 +301,17 @@ class Resources:
     #: accelerate at load instead of moved to `device`
     device_maps: dict[str, Any] = attrs.field(factory=dict)
     offload_folder: str | None = None
-    attention: str = "sdpa"  # HF attention implementation of the models (`use_forward`)
+    attention: str = "sdpa"  # what models load with: `treegraft_tree` under `tree` (`use_forward`)
+    #: models whose hidden states a drafter reads (`runner(features=True)`): never on the kernel
+    read_features: set[str] = attrs.field(factory=set)
     #: the pipeline's target runner, for drafters that read its state (set by `Pipeline.from_spec`)
     target_runner: Any = None
     #: token datastores loaded (`datastore`), by reference (and target, for `zoo:` ones)
     datastores: dict[str, Any] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        if problem := dtype_problem(self.device, self.dtype):
+            raise ArgumentError(f"Resources: dtype: {problem}")
 
     @classmethod
     def create(
@@ -345,6 +336,11 @@ class Resources:
         """What `forward` (`decoding.forward`) means on this device (`runner.forwards`)."""
         return plan_forward(self.forward, self.device)
 
+    def plan_for(self, ref: str) -> ForwardPlan:
+        """What `forward` means for the model `ref` (`auto` on CUDA chooses per model, and SDPA
+        for one in `read_features`: `ForwardPlan.for_model`)."""
+        return self.plan.for_model(self.model(ref), features=ref in self.read_features)
+
     def use_forward(self, setting: str) -> None:
         """Forward models as `decoding.forward: setting` says: load them with its attention
         implementation and switch every model loaded already (runners notice at their next
@@ -352,23 +348,11 @@ class Resources:
         `ArgumentError` (`forward_conflict`)."""
         if problem := self.forward_conflict(setting):
             raise ArgumentError(f"forward: {problem}")
-        tree = plan_forward(setting, self.device).tree_kernel
+        plan = plan_forward(setting, self.device)
         self.forward = setting
-        if tree:
-            from treegraft.kernels.tree_attention.hf import register
-
-            self.attention = register()
-        else:
-            self.attention = "sdpa"
+        self.attention = register() if setting == "tree" else "sdpa"
         for model in self.models.values():
-            current = getattr(model.config, "_attn_implementation", None)
-            if tree and current != self.attention:
-                model.set_attn_implementation(self.attention)
-            elif not tree and current == TREE_IMPLEMENTATION:  # back from the tree kernel
-                model.set_attn_implementation(
-                    "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
-                )
-            # other implementations (eager where SDPA is not supported, a user's own) stay
+            attend(model, plan.for_model(model))
 
     def forward_conflict(self, setting: str) -> str | None:
         """Why these resources cannot forward as `setting` (None: they can): a pipeline built on
@@ -438,6 +422,7 @@ class Resources:
                 "with from_pretrained"
             )
         self.models[ref] = model.to(device=self.device, dtype=self.dtype).eval()
+        attend(model, self.plan.for_model(model))
         self.in_memory.add(ref)
         if tokenizer is not None:
             self.tokenizers[ref] = tokenizer
@@ -480,6 +465,7 @@ class Resources:
                     f"{ref}: {lacking_message(path, type(model).__name__, missing)}"
                 )
             self.models[ref] = (model if placed else model.to(self.device)).eval()
+            attend(model, self.plan.for_model(model))
             if module := own_code(json_object(path / "config.json")[0] or {}):
                 warnings.warn(
                     f"{ref}: config.json maps the model to the folder's own code ({module}), "
@@ -491,16 +477,18 @@ class Resources:
         return self.models[ref]
 
     def runner(
-        self, ref: str, *, forward: str | None = None, target: bool = False
+        self, ref: str, *, forward: str | None = None, target: bool = False, features: bool = False
     ) -> CausalLMRunner:
         """A fresh `CausalLMRunner` over the model `ref`, forwarding as `forward` says (a runner
-        forward; default: the target's under `decoding.forward`, `plan.target`), once `check` has
-        passed it (as the pipeline's target with `target`)."""
+        forward; default: the target's under `decoding.forward`, `plan_for`), once `check` has
+        passed it (as the pipeline's target with `target`; with `features` a drafter reads its
+        hidden states: `read_features`, for good)."""
         check_ref("Resources.runner", ref)
         check_runner_forward("Resources.runner", forward)
-        forward = forward or self.plan.target
-        self.check(ref, forward, target=target)
-        return CausalLMRunner(self.model(ref), forward=forward, bitwise=self.plan.bitwise)
+        self.read_features |= {ref} if features else set()
+        attend(self.model(ref), plan := self.plan_for(ref))
+        self.check(ref, forward := forward or plan.target, target=target)
+        return CausalLMRunner(self.model(ref), forward=forward, bitwise=plan.bitwise)
 
     def check(self, ref: str, forward: str | None = None, *, target: bool = False) -> None:
         """Raise `ModelRefused` unless the model `ref` can be served exactly: no architecture
@@ -512,8 +500,9 @@ class Resources:
 
         check_ref("Resources.check", ref)
         check_runner_forward("Resources.check", forward)
-        keys = [(ref, forward or self.plan.target, self.attention)]
-        keys += [(ref, "generate", self.attention)] if target and self.check_model else []
+        attention = getattr(self.model(ref).config, "_attn_implementation", None)
+        keys = [(ref, forward or self.plan_for(ref).target, attention)]
+        keys += [(ref, "generate", attention)] if target and self.check_model else []
         copies: dict = {}  # `model_check.on_wide_copy`: a low-precision model's, for both probes
         for key in keys:
             if key not in self.checked:

@@ -75,7 +75,7 @@ def measure_costs(
     strong_curve = measure_latency(
         CausalLMRunner(
             pipe.resources.model(ref),
-            forward=runner_forward(pipe.decoder.drafters[s], pipe.resources.plan.drafter),
+            forward=runner_forward(pipe.decoder.drafters[s], pipe.resources.plan_for(ref).drafter),
         ),
         ref,
         context=context,

@@ -135,8 +135,8 @@ class CausalLMRunner:
         self._tree_kernel = impl == IMPLEMENTATION
         if self._tree_kernel and not self._rules.plain:
             raise ModelRefused(
-                f"the tree-attention kernel takes one causal tree mask, but "
-                f"{type(self.model).__name__} has {self._rules.describe()}: use SDPA attention"
+                f"the tree-attention kernel takes one causal tree mask, but {type(self.model).__name__}"
+                f" has {self._rules.describe()}: use SDPA (decoding.forward: auto, lean or transformers)"
             )
         self._lean = self._lean_forward()
 

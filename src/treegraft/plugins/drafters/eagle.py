@@ -76,6 +76,7 @@ class EagleDrafter(Drafter):
 
     Config = EagleConfig
     can_score = True
+    reads_target_features = True
 
     config: EagleConfig
     target: CausalLMRunner
@@ -116,7 +117,8 @@ class EagleDrafter(Drafter):
         counts ranking `top_tokens` fit it (read from the configs and the weights' header; no
         weights load)."""
         target = resources.target_ref
-        if target and resources.plan.target == "transformers":
+        # the target's forward as the pipeline plans it for a drafter reading its features
+        if target and resources.plan.for_model(None, features=True).target == "transformers":
             raise ValueError(_not_lean(resources, None))
         if target and (why := _skeleton_lean_support(target)):
             raise ValueError(_not_lean(resources, why))

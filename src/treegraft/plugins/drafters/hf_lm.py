@@ -86,7 +86,7 @@ class HFLMDrafter(Drafter):
 
     @classmethod
     def from_config(cls, config: HFLMConfig, resources: Resources) -> HFLMDrafter:
-        runner = resources.runner(config.model, forward=resources.plan.drafter)
+        runner = resources.runner(config.model, forward=resources.plan_for(config.model).drafter)
         vocab, usable = shared_vocabulary(config.model, runner.vocab_size, resources)
         return cls(
             config,
