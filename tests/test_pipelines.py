@@ -286,7 +286,7 @@ def test_one_forward_setting_decides_every_runner(forward, tree_kernel, target, 
         ("gemma3_text", {}, "Gemma3ForCausalLM has full_attention: causal, sliding_attention"),
         ("qwen2", {}, "Qwen2ForCausalLM has full_attention: causal, sliding_attention"),
         ("llama4_text", {}, "Llama4ForCausalLM has chunked_attention: chunks of 16"),
-        ("gpt_neo", {}, "GPTNeoForCausalLM has no SDPA attention"),
+        ("gpt_neo", {}, "GPTNeoForCausalLM has global: causal, local: sliding window"),
     ],
 )
 def test_auto_on_cuda_chooses_the_tree_kernel_per_model(model_type, overrides, problem):
