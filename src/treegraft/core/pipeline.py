@@ -36,7 +36,7 @@ from treegraft.core.config import (
     load_pipeline_spec,
     pipeline_spec_from_dict,
 )
-from treegraft.core.decoder import Decoder, StepEvent, StopRule, StopStrings
+from treegraft.core.decoder import Decoder, StepEvent, StopRule, StopStrings, check_seed
 from treegraft.core.errors import ArgumentError, BusyError, shown
 from treegraft.core.generation_settings import warn_unapplied
 from treegraft.core.inputs import check_utf8, is_dir, is_file
@@ -272,11 +272,12 @@ class Pipeline:
         *,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
+        seed: int | None = None,
     ) -> Iterator[StepEvent]:
         """The decode loop: one `StepEvent` per target forward (at its end, once the drafters
         have measured calls, a check that they are listed cheapest first:
         `check_drafter_order`). The arguments are checked by the call itself, before the first
-        event is asked for."""
+        event is asked for; `seed` as `generate`'s."""
         if is_prompt_list(prompt):
             raise ArgumentError(
                 f"prompt: steps() and stream() decode one prompt, got a list of {len(prompt)} "
@@ -285,14 +286,15 @@ class Pipeline:
         ids = self.encode(prompt).to(self.resources.device)
         rule = self.stop_rule(max_new_tokens, stop)
         self.check_context(int(ids.numel()), rule.max_new_tokens)
-        return self._events(ids, rule)
+        check_optional_seed(seed)
+        return self._events(ids, rule, seed)
 
-    def _events(self, ids: Tensor, rule: StopRule) -> Iterator[StepEvent]:
+    def _events(self, ids: Tensor, rule: StopRule, seed: int | None) -> Iterator[StepEvent]:
         """`steps`' generator, once its arguments are checked."""
         if self._is_busy() or not self._busy.acquire(blocking=False):
             raise BusyError(BUSY)
-        try:
-            yield from self.decoder.steps(ids, rule)  # in inference mode, resume by resume
+        try:  # in inference mode, resume by resume
+            yield from self.decoder.steps(ids, rule, seed)
         finally:
             self._busy.release()
         self.check_drafter_order()
@@ -372,6 +374,7 @@ class Pipeline:
         *,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
+        seed: int | None = None,
     ) -> Generation: ...
 
     @overload
@@ -381,6 +384,7 @@ class Pipeline:
         *,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
+        seed: int | None = None,
     ) -> list[Generation]: ...
 
     def generate(
@@ -389,6 +393,7 @@ class Pipeline:
         *,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
+        seed: int | None = None,
     ) -> Generation | list[Generation]:
         """Decode to the end and return the text, the token ids and the metrics (the decoder's
         one-time measurements, see `prepare`, are not in the timed generation).
@@ -397,11 +402,16 @@ class Pipeline:
         with the tokenizer's chat template). A list of prompts (texts, token-id lists or message
         lists) gives a list of generations, in order. The prompts are decoded one after the other
         (batch size 1: the decoder's trees are per sequence), each exactly as it would be alone.
+
+        `seed` (0 <= seed <= 2**32 - 1) seeds a sampling verifier's random numbers for this call
+        alone, as `treegraft generate --seed` does (each prompt of a list starts from it); None:
+        `decoding.seed` (`decoder.seed`). A greedy pipeline takes it and decodes as without.
         """
+        check_optional_seed(seed)
         if is_prompt_list(prompt):  # one level: each element is one prompt
             prompts = self._check_all(prompt, max_new_tokens, stop)
-            return [self._generate_one(p, max_new_tokens, stop) for p in prompts]
-        return self._generate_one(prompt, max_new_tokens, stop)
+            return [self._generate_one(p, max_new_tokens, stop, seed) for p in prompts]
+        return self._generate_one(prompt, max_new_tokens, stop, seed)
 
     def _check_all(
         self, prompts: Sequence[Any], max_new_tokens: int | None, stop: Sequence[str] | None
@@ -425,14 +435,18 @@ class Pipeline:
         return encoded
 
     def _generate_one(
-        self, prompt: Any, max_new_tokens: int | None, stop: Sequence[str] | None
+        self,
+        prompt: Any,
+        max_new_tokens: int | None,
+        stop: Sequence[str] | None,
+        seed: int | None,
     ) -> Generation:
         ids = self.encode(prompt)
         if self._is_busy():  # before `prepare`'s measurements (`steps` holds the lock)
             raise BusyError(BUSY)
         self.prepare(ids)
         start = time.perf_counter()
-        events = tuple(self.steps(ids, max_new_tokens=max_new_tokens, stop=stop))
+        events = tuple(self.steps(ids, max_new_tokens=max_new_tokens, stop=stop, seed=seed))
         seconds = time.perf_counter() - start
         ids = tuple(t for e in events for t in e.tokens)
         return Generation(
@@ -449,10 +463,11 @@ class Pipeline:
         *,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
+        seed: int | None = None,
     ) -> Iterator[str]:
         """Yield text pieces as steps commit tokens (their concatenation is `generate`'s text);
         the arguments are checked by the call, as `steps` checks them."""
-        events = self.steps(prompt, max_new_tokens=max_new_tokens, stop=stop)
+        events = self.steps(prompt, max_new_tokens=max_new_tokens, stop=stop, seed=seed)
         if self.tokenizer is None:
             raise ArgumentError(
                 f"stream: this pipeline has no tokenizer (none beside the target "
@@ -497,6 +512,13 @@ BUSY = (
     "finished, or another thread's); finish or close() it first, or decode with a second "
     "pipeline (load_pipeline(..., resources=pipe.resources) shares the models)"
 )
+
+
+def check_optional_seed(seed: Any) -> None:
+    """None (the decoder's seed) or a seed `treegraft generate --seed` takes, else an
+    `ArgumentError` naming `seed`."""
+    if seed is not None:
+        check_seed(seed, "seed")
 
 
 def is_prompt_list(prompt: Any) -> bool:
