@@ -315,10 +315,11 @@ def validate(
     """Check pipeline files (or shipped pipelines, by name) without loading models: structure,
     components, configs, model folders (weights file, safetensors header, shapes against
     config.json), vocabularies, device. Lists every error of every file, each prefixed by the
-    file's name; exit 1 if any."""
+    file's name; exit 1 if any. A valid file's warnings (what building it warns about: the
+    target's generation config, a model's own code) are listed too; they leave the exit 0."""
     from treegraft.core.inputs import exists, is_file
     from treegraft.core.pipeline import PIPELINES_DIR
-    from treegraft.core.validation import pipeline_errors
+    from treegraft.core.validation import pipeline_errors, pipeline_warnings
 
     failed = 0
     for path in files:
@@ -331,6 +332,8 @@ def validate(
         if errors:
             failed += 1
             continue
+        for warning in pipeline_warnings(spec):
+            console.print(f"[yellow]warning:[/] {escape(f'{path}: {warning}')}", highlight=False)
         names = ", ".join(c.name for _, c in spec.drafters)
         out.print(
             f"[green]✓[/] {escape(str(path))}: target {escape(spec.target)}; drafters "

@@ -34,6 +34,7 @@ from treegraft.core.model_files import (
     model_folder_problems,
     other_format_hint,
     own_code,
+    own_code_message,
     shape_message,
     tokenizer_problem,
 )
@@ -481,13 +482,8 @@ class Resources:
                 )
             self.models[ref] = (model if placed else model.to(self.device)).eval()
             if module := own_code(json_object(path / "config.json")[0] or {}):
-                warnings.warn(
-                    f"{ref}: config.json maps the model to the folder's own code ({module}), "
-                    f"which treegraft never runs: it loads transformers' {type(model).__name__} "
-                    "instead, as from_pretrained does without trust_remote_code",
-                    OwnCodeWarning,
-                    stacklevel=2,
-                )
+                message = own_code_message(ref, module, type(model).__name__)
+                warnings.warn(message, OwnCodeWarning, stacklevel=2)
         return self.models[ref]
 
     def runner(

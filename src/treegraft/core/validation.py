@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
 from treegraft.core.components import (
     MODEL_FREE,
     build_component,
@@ -37,7 +39,15 @@ from treegraft.core.config import (
 )
 from treegraft.core.devices import device_problem
 from treegraft.core.errors import TreegraftError, clipped, shown
-from treegraft.core.model_files import hf_config, meta_model, model_folder_problems
+from treegraft.core.generation_settings import folder_messages
+from treegraft.core.model_files import (
+    hf_config,
+    json_object,
+    meta_model,
+    model_folder_problems,
+    own_code,
+    own_code_message,
+)
 from treegraft.core.registry import Registry, UnknownComponentError, default_registry
 from treegraft.core.resources import ModelRefError, Resources, resolve_model_path
 from treegraft.core.runner.attention_rules import refusal, refused_message
@@ -101,15 +111,20 @@ def drafters_errors(raw: Any, registry: Registry) -> list[str]:
     return [e for _, value, p in items for e in component_errors("drafter", value, p, registry)]
 
 
-def model_errors(spec: PipelineSpec) -> list[str]:
-    """Each model reference resolves to a folder whose weights and config agree; the
-    vocabularies match; the device exists on this machine."""
+def model_refs(spec: PipelineSpec) -> list[tuple[str, str]]:
+    """(YAML path, model reference) of the target and of each drafter's model."""
     refs = [("pipeline.target", spec.target)]
-    refs += [
+    return refs + [
         (f"{c.path}.model", c.config.model)
         for _, c in spec.drafters
         if isinstance(getattr(c.config, "model", None), str)
     ]
+
+
+def model_errors(spec: PipelineSpec) -> list[str]:
+    """Each model reference resolves to a folder whose weights and config agree; the
+    vocabularies match; the device exists on this machine."""
+    refs = model_refs(spec)
     errors = []
     for path, ref in refs:
         try:
@@ -130,6 +145,24 @@ def model_errors(spec: PipelineSpec) -> list[str]:
     problems = placement_problems(spec.decoding.device_map, spec.decoding.offload_folder)
     errors += [f"{ROOT}.decoding.{problem}" for problem in problems]
     return errors
+
+
+def pipeline_warnings(spec: PipelineSpec) -> list[str]:
+    """What building the valid pipeline `spec` warns about, read from the model folders
+    without their weights: the target's generation config (`GenerationConfigWarning`: settings
+    `generate` applies and treegraft does not, sampling asked of a greedy pipeline) and a
+    config.json that maps a model to the folder's own code (`OwnCodeWarning`)."""
+    greedy = spec.verifier.name == "greedy"
+    messages = []
+    for path, ref in model_refs(spec):
+        folder = resolve_model_path(ref)
+        if path == "pipeline.target":
+            messages += [f"{path}: {m}" for m in folder_messages(folder, ref, greedy=greedy)]
+        config = json_object(folder / "config.json")[0] or {}
+        if module := own_code(config):
+            cls = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type"), "class")
+            messages.append(f"{path}: {own_code_message(ref, module, cls)}")
+    return messages
 
 
 def architecture_refusal(ref: str) -> str | None:
