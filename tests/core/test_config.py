@@ -618,6 +618,43 @@ def test_a_drafter_embedding_fewer_tokens_than_the_target_commits_is_refused(
     )
 
 
+def test_a_target_whose_tokenizer_has_more_tokens_than_it_embeds_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A target of 64 rows with an 80-token tokenizer: ids 64-79 have no embedding. It was
+    built (a prompt holding one was refused only when decoded); now the build, `validate` and
+    an in-memory target added with that tokenizer are refused naming both sizes. A tokenizer
+    that fits, named with `tokenizer:`, or an embedding padded past it (Qwen's, SmolLM2's) is
+    accepted."""
+    from tests.conftest import word_tokenizer
+    from treegraft.core.validation import pipeline_errors
+
+    t_dir = _save(tmp_path / "t", tiny_llama(seed=5, vocab=64), word_tokenizer(80))
+    spec = {**_pipeline(t_dir, t_dir), "decoding": {"max_new_tokens": 4, "dtype": "float64"}}
+    message = (
+        f"pipeline.target: {t_dir!r}: its tokenizer has 80 tokens, but the model embeds 64 "
+        "(vocab_size: the rows of its embedding and output head), so ids 64 to 79 have no "
+        "embedding; expected a tokenizer of at most 64 tokens (name one with the pipeline's "
+        "`tokenizer:` key)"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(spec, resources=Resources(dtype=torch.float64))
+    assert str(info.value) == message
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert pipeline_errors(path)[1] == [f"{path}: {message}"]
+    resources = Resources(dtype=torch.float64)
+    resources.add_model("mem:t", tiny_llama(seed=5, vocab=64), tokenizer=word_tokenizer(80))
+    with pytest.raises(ConfigError, match="its tokenizer has 80 tokens, but the model embeds 64"):
+        load_pipeline(
+            {**spec, "target": "mem:t", "drafters": {"w": {"name": "ngram"}}}, resources=resources
+        )
+    fits = _save(tmp_path / "tok", tiny_llama(seed=5, vocab=8), word_tokenizer(64))
+    load_pipeline({**spec, "tokenizer": fits}, resources=Resources(dtype=torch.float64))
+    padded = _save(tmp_path / "p", tiny_llama(seed=5, vocab=80), word_tokenizer(64))
+    load_pipeline(_pipeline(padded, padded), resources=Resources(dtype=torch.float64))
+
+
 def test_two_different_tokenizers_are_refused_naming_both(tmp_path: Path) -> None:
     from tests.conftest import word_tokenizer
 
