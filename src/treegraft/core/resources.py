@@ -17,16 +17,21 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from treegraft.core.arguments import check_ref, check_runner_forward
 from treegraft.core.devices import device_problem
-from treegraft.core.errors import ArgumentError, TreegraftError, check_argument, clipped, shown
+from treegraft.core.errors import (
+    ArgumentError,
+    ModelRefError,
+    check_argument,
+    clipped,
+    shown,
+)
 from treegraft.core.inputs import is_dir, is_file
 from treegraft.core.model_files import (
     broken_link,
-    config_json_problem,
     file_problems,
     hf_config,
     json_object,
@@ -36,7 +41,6 @@ from treegraft.core.model_files import (
     own_code,
     own_code_message,
     shape_message,
-    tokenizer_problem,
 )
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import (
@@ -47,6 +51,7 @@ from treegraft.core.runner.attention_rules import (
 )
 from treegraft.core.runner.forwards import ForwardPlan, plan_forward
 from treegraft.core.runner.placement import load_kwargs, map_problem
+from treegraft.core.tokenizer_files import folder_tokenizer
 from treegraft.kernels.tree_attention.hf import IMPLEMENTATION as TREE_IMPLEMENTATION
 
 DTYPES = {
@@ -62,66 +67,9 @@ DTYPES = {
 QUIET_CONFIG = {"output_attentions": False, "output_hidden_states": False, "return_dict": True}
 
 
-class ModelRefError(TreegraftError, ValueError):
-    """A model reference names nothing loadable."""
-
-
 class OwnCodeWarning(UserWarning):
     """A checkpoint's `config.json` maps its model to the folder's own code (`auto_map`), which
     treegraft never runs: transformers' own class of its `model_type` is loaded instead."""
-
-
-#: files one of which a Hugging Face tokenizer folder holds (besides `*.tiktoken`)
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "vocab.json",
-    "vocab.txt",
-    "tokenizer.model",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-    "tekken.json",
-)
-
-
-#: the JSON files of a tokenizer folder, each a JSON object when present
-TOKENIZER_JSON = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.json",
-)
-
-
-def folder_tokenizer(path: Path, ref: str) -> Any:
-    """The tokenizer saved in the model folder `path` (of the reference `ref`); None when the
-    folder holds no tokenizer file (the model then takes token ids, not text). Tokenizer files
-    that do not load, or load as a tokenizer without a vocabulary, are a `ModelRefError`; the
-    folder's own tokenizer code (an `auto_map`) is never run."""
-    if not any((path / name).is_file() for name in TOKENIZER_FILES) and not any(
-        path.glob("*.tiktoken")
-    ):
-        return None
-    for name in TOKENIZER_JSON:
-        if (path / name).exists() and (problem := json_object(path / name)[1]):
-            raise ModelRefError(f"{ref}: the tokenizer files in {path} do not load: {problem}")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-    except Exception as exc:  # transformers' failures have no common type
-        config, _ = json_object(path / "config.json")
-        if config is not None and (problem := config_json_problem(path, config)):
-            raise ModelRefError(f"{ref}: {problem}") from None  # read before the tokenizer
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if isinstance(exc, KeyError):  # a key the files lack: say so, not just its name
-            first = f"a key is missing: {first}"
-        raise ModelRefError(
-            f"{ref}: the tokenizer files in {path} do not load ({first}); fix or remove them "
-            "(without them the model takes token ids, not text)"
-        ) from None
-    if problem := tokenizer_problem(path, tokenizer):
-        raise ModelRefError(f"{ref}: {problem}")
-    return tokenizer
 
 
 def load_failure(ref: str, path: Path, exc: Exception) -> Exception:
