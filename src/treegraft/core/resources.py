@@ -214,6 +214,16 @@ def hub_hint(ref: str) -> str:
     )
 
 
+def check_tokenizer(tokenizer: Any, where: str = "Resources: tokenizer") -> None:
+    """An `ArgumentError` unless `tokenizer` is None or a tokenizer (called on text, as a
+    transformers tokenizer is), not only once a text prompt reaches it."""
+    if tokenizer is not None and not callable(tokenizer):
+        raise ArgumentError(
+            f"{where}: expected a transformers tokenizer (AutoTokenizer.from_pretrained) or "
+            f"None, got {type(tokenizer).__name__} {shown(tokenizer)}"
+        )
+
+
 def model_vocab_size(ref: str, memory: dict[str, PreTrainedModel] | None = None) -> int:
     """Vocabulary size from a model's config, without loading its weights."""
     if memory and ref in memory:  # a composite config (Gemma 3, Llava...) has it in its text config
@@ -250,7 +260,7 @@ class Resources:
     dtype: torch.dtype = attrs.field(default=torch.float32, converter=as_dtype)
     models: dict[str, PreTrainedModel] = attrs.field(factory=dict)
     #: the tokenizer of the models without one of their own (set explicitly; never loaded here)
-    tokenizer: Any = None
+    tokenizer: Any = attrs.field(default=None, validator=lambda _, __, v: check_tokenizer(v))
     #: tokenizers by model reference: a folder's own (None: it has no tokenizer files), or one
     #: given to `add_model`
     tokenizers: dict[str, Any] = attrs.field(factory=dict)
@@ -386,8 +396,12 @@ class Resources:
                 "data, as a model built under `torch.device('meta')`); load them first, e.g. "
                 "with from_pretrained"
             )
+        check_tokenizer(tokenizer, "add_model: tokenizer")
         self.models[ref] = model.to(device=self.device, dtype=self.dtype).eval()
         self.in_memory.add(ref)
+        # another model under a used name: probed again, no tokenizer of the one it replaces
+        self.checked = {key: why for key, why in self.checked.items() if key[0] != ref}
+        self.tokenizers.pop(ref, None)
         if tokenizer is not None:
             self.tokenizers[ref] = tokenizer
 
