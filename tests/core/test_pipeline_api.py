@@ -67,6 +67,14 @@ def test_a_list_of_0d_tensors_is_one_prompt(model_dir: Path):
     out = pipe.generate(list(ids))
     assert isinstance(out, Generation)
     assert out.token_ids == pipe.generate(ids).token_ids
+    # 0-d arrays too: they were refused with torch's "len() of unsized object"
+    import numpy as np
+
+    arrays = [np.array(t) for t in ids.tolist()]
+    assert pipe.generate(arrays).token_ids == out.token_ids
+    assert pipe.generate(tuple(arrays)).token_ids == out.token_ids
+    with pytest.raises(ArgumentError, match=r"prompt: expected int token ids, got torch\.float"):
+        pipe.generate([np.array(5.0), np.array(9.0)])
 
 
 @pytest.mark.parametrize("ref", ["gpt2", "HuggingFaceTB/SmolLM2-135M"])
