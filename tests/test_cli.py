@@ -189,6 +189,29 @@ def test_validate_shows_what_building_warns_and_exits_0(
     assert sorted(shown) == sorted(f"{path}: pipeline.target: {m}" for m in built)
 
 
+def test_validate_says_a_zoo_corpus_the_target_cannot_have(tmp_path: Path) -> None:
+    """Building warns (`DatastoreWarning`) that `zoo:corpus` cannot be built for a target without
+    a tokenizer.json and drafts from the context alone; validate said nothing."""
+    import warnings
+
+    from treegraft.core.datastore import DatastoreWarning
+    from treegraft.core.pipeline import load_pipeline
+
+    tiny_llama(seed=1, vocab=VOCAB).save_pretrained(tmp_path / "m")  # no tokenizer files
+    path = pipeline_file(
+        tmp_path, str(tmp_path / "m"), drafters={"weak": {"name": "ngram", "store": "zoo:corpus"}}
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_pipeline(yaml.safe_load(path.read_text()))
+    built = [str(w.message) for w in caught if w.category is DatastoreWarning]
+    assert len(built) == 1 and built[0].startswith("store: zoo:corpus is built in the target's")
+    result = invoke("validate", str(path))
+    assert result.exit_code == 0, result.output
+    shown = re.findall(r"^warning: (.*)$", result.stderr, re.MULTILINE)
+    assert shown == [f"{path}: pipeline.drafters.weak.{built[0]}"]
+
+
 def test_validate_shows_no_warning_where_building_gives_none(
     tmp_path: Path, model_dir: Path
 ) -> None:

@@ -538,14 +538,21 @@ class Resources:
                     raise DatastoreError(f"unknown zoo datastore {ref!r}; expected {REF!r}")
                 tokenizer = self.tokenizer_file(self.target_ref) if self.target_ref else None
                 if tokenizer is None:
-                    raise DatastoreUnavailable(
-                        f"{REF} is built in the target's tokens, from the tokenizer.json beside "
-                        f"the target; the target {self.target_ref or '(none)'!r} has none: build "
-                        "a datastore with `treegraft datastore build` and name its file"
-                    )
+                    raise DatastoreUnavailable(self.corpus_unavailable())
                 path = corpus_datastore(tokenizer, self.vocab_size(self.target_ref))
             self.datastores[key] = Datastore.load(path)
         return self.datastores[key]
+
+    def corpus_unavailable(self) -> str | None:
+        """Why `zoo:corpus` cannot be built for the target (None: it can): it is built in the
+        target's tokens, from its `tokenizer.json`. Read without building it."""
+        if self.target_ref and self.tokenizer_file(self.target_ref) is not None:
+            return None
+        return (
+            "zoo:corpus is built in the target's tokens, from the tokenizer.json beside the "
+            f"target; the target {self.target_ref or '(none)'!r} has none: build a datastore "
+            "with `treegraft datastore build` and name its file"
+        )
 
     def load_tokenizer(self, ref: str) -> Any:
         """The tokenizer of the model `ref`: its own (the folder's files, loaded once:

@@ -10,6 +10,7 @@ components that load no model are built, each drafter checks its config, the tok
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,33 @@ def model_errors(spec: PipelineSpec) -> list[str]:
     problems = placement_problems(spec.decoding.device_map, spec.decoding.offload_folder)
     errors += [f"{ROOT}.decoding.{problem}" for problem in problems]
     return errors
+
+
+def checked_file(
+    path: Path, registry: Registry | None = None
+) -> tuple[PipelineSpec | None, list[str], list[str]]:
+    """`pipeline_errors` of `path`, and for a valid file its warnings, each starting with
+    `path`: what the checks warned about (a drafter's `check_config`: `zoo:corpus` that cannot
+    be built for the target) and `pipeline_warnings`."""
+    registry = registry or default_registry()  # its plugins' warnings are no file's
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        spec, errors = pipeline_errors(path, registry)
+    ours = [w for w in caught if _is_ours(w)]
+    for w in caught:  # a library's own (a FutureWarning): shown as they would be
+        if w not in ours:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    if spec is None:
+        return None, errors, []
+    found = [str(w.message) for w in ours] + pipeline_warnings(spec)
+    return spec, errors, [f"{clipped(str(path))}: {m}" for m in dict.fromkeys(found)]
+
+
+def _is_ours(caught: warnings.WarningMessage) -> bool:
+    """A warning about the file: one of treegraft's, or a drafter's `check_config` warning
+    (said again at the drafter's path, `drafter_config_errors`)."""
+    module = getattr(caught.category, "__module__", "")
+    return module.startswith("treegraft.") or str(caught.message).startswith(f"{ROOT}.")
 
 
 def pipeline_warnings(spec: PipelineSpec) -> list[str]:
