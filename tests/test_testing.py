@@ -288,6 +288,10 @@ _LAW = lambda logits: torch.softmax(logits, -1)  # noqa: E731
         ),
         (lambda: chi_square_p_value(torch.zeros(2), torch.ones(2) / 2), "one sample, got none"),
         (lambda: chi_square_p_value(torch.ones(2), torch.ones(2) / 5), "summing to 1, got a sum"),
+        (lambda: assert_lossless(PIPELINE, [[1]], models={5: _MODEL}), "models: model name: e"),
+        (lambda: assert_lossless(PIPELINE, [[1]], models={"": _MODEL}), "expected a non-empty st"),
+        (lambda: assert_lossless(PIPELINE, [[1]], models={"target": _MODEL}), "is the target's"),
+        (lambda: memory_resources(**{"mem:": _MODEL}), "memory_resources: model name: expected"),
         (
             lambda: assert_lossless(PIPELINE, [[1, 2]], sampling=True, samples=5),
             "sampling: True, but the verifier 'greedy' states no temperature to read its law",
@@ -316,3 +320,13 @@ def test_assert_lossless_leaves_the_pipelines_seed_as_it_was() -> None:
     sampling = {**PIPELINE, "verifier": {"name": "pointmass", "temperature": 1.0}}
     pipe = assert_lossless({**sampling, "decoding": {"seed": 7}}, [[1, 2, 1, 2]], samples=30)
     assert pipe.decoder.seed == 7
+
+
+def test_a_model_named_with_its_mem_prefix_is_served_under_that_name() -> None:
+    """`models={"mem:draft": m}` served `mem:mem:draft`, and the pipeline's `mem:draft` was
+    not found."""
+    pipeline = {**PIPELINE, "drafters": {"strong": {"name": "hf_lm", "model": "mem:draft"}}}
+    draft = tiny_model("llama", seed=2)
+    pipe = assert_lossless(pipeline, [[1, 2, 1, 2]], models={"mem:draft": draft})
+    assert pipe.resources.models["mem:draft"] is draft
+    assert set(memory_resources(**{"mem:d": draft, "e": draft}).models) == {"mem:d", "mem:e"}

@@ -153,11 +153,21 @@ def word_tokenizer(vocab: int = 64) -> Any:
 
 def memory_resources(dtype: torch.dtype = torch.float64, **models: Any) -> Resources:
     """CPU resources holding `models` under `mem:NAME` (`memory_resources(target=m)` makes
-    `target: mem:target` resolve to `m`)."""
+    `target: mem:target` resolve to `m`; a name given as `mem:NAME` is kept)."""
     resources = Resources(dtype=dtype)
     for name, model in models.items():
-        resources.add_model(f"mem:{name}", model)
+        resources.add_model(_memory_ref("memory_resources", name), model)
     return resources
+
+
+def _memory_ref(where: str, name: Any) -> str:
+    """`mem:NAME` for a model name (`draft`, or already `mem:draft`); else an `ArgumentError`."""
+    if not isinstance(name, str) or not name.removeprefix("mem:").strip():
+        raise ArgumentError(
+            f"{where}: model name: expected a non-empty string (the model is served as "
+            f"mem:NAME), got {shown(name)}"
+        )
+    return name if name.startswith("mem:") else f"mem:{name}"
 
 
 def layer_state(**changes: Any) -> LayerState:
@@ -414,7 +424,8 @@ def assert_lossless(
         prompts: token-id prompts (at least one; an empty list is an `ArgumentError`).
         target: the target model, added to the resources as `mem:target` (default: a
             `tiny_model("llama", seed=1)`).
-        models: more in-memory models, by name (`{"draft": m}` serves `model: mem:draft`).
+        models: more in-memory models, by name (`{"draft": m}`, or `{"mem:draft": m}`, serves
+            `model: mem:draft`; not `target`).
         max_new_tokens: tokens per prompt under a greedy verifier.
         registry: where components are looked up (default: every installed plugin).
         samples: generations per prompt under a sampling verifier.
@@ -452,7 +463,14 @@ def assert_lossless(
     decoding = data["decoding"] if isinstance(data["decoding"], Mapping) else {}
     stated = decoding.get("dtype")  # a bad value (or decoding) is load_pipeline's to name
     dtype = DTYPES.get(stated, torch.float64) if isinstance(stated, str) else torch.float64
-    resources = memory_resources(dtype, target=target, **dict(models or {}))
+    resources = memory_resources(dtype, target=target)
+    for name, model in dict(models or {}).items():
+        if (ref := _memory_ref("assert_lossless: models", name)) == TARGET:
+            raise ArgumentError(
+                f"assert_lossless: models: {name!r} is the target's name ({TARGET}): pass the "
+                "target as target=, and the other models under other names"
+            )
+        resources.add_model(ref, model)
     pipe = load_pipeline(data, resources=resources, registry=registry)
     if sampling is None:
         sampling = law is not None or hasattr(pipe.spec.verifier.config, "temperature")
