@@ -277,7 +277,8 @@ BAD_INPUTS = {
     ),
     "drafters-scalar": (
         override(BASE, "drafters", "ngram"),
-        "pipeline.drafters: expected a mapping of role -> drafter (cheapest first), got 'ngram'",
+        "pipeline.drafters: expected a mapping of role -> drafter or a list of drafters "
+        "(cheapest first), got 'ngram'",
     ),
     "drafters-empty": (
         override(BASE, "drafters", {}),
@@ -524,6 +525,22 @@ def test_override_reaches_into_list_form_drafters(registry: Registry) -> None:
             rf"'{key}' in a list of 2 \(indices 0\.\.1 or roles drafter0\.\.drafter1\)$",
         ):
             override(data, f"drafters.{key}.max_ngram", 2)
+
+
+def test_drafters_and_lists_given_as_tuples_or_arrays_are_lists(registry: Registry) -> None:
+    """A tuple (or a 1-d array) of drafters was refused as 'expected a mapping of role ->
+    drafter', and `override` could not reach into a tuple, while other list fields (`stop`)
+    take them: both now read them as the list of their items."""
+    import numpy as np
+
+    listed = {**BASE, "drafters": [{"name": "ngram"}, "ngram"]}
+    want = pipeline_spec_from_dict(listed, registry).drafters
+    for given in (({"name": "ngram"}, "ngram"), np.array([{"name": "ngram"}, "ngram"])):
+        assert pipeline_spec_from_dict({**BASE, "drafters": given}, registry).drafters == want
+    data = {**BASE, "drafters": ({"name": "ngram"}, "ngram"), "decoding": {"stop": ("a", "b")}}
+    out = override(override(data, "drafters.drafter1.max_ngram", 2), "decoding.stop.1", "c")
+    assert out["drafters"] == [{"name": "ngram"}, {"name": "ngram", "max_ngram": 2}]
+    assert out["decoding"]["stop"] == ["a", "c"] and data["drafters"][1] == "ngram"
 
 
 @pytest.mark.parametrize("key", ["", "builder..budget", "builder.", 3, None])
