@@ -333,14 +333,14 @@ def validate(
         if errors:
             failed += 1
             continue
-        for warning in found:
-            console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
         names = ", ".join(c.name for _, c in spec.drafters)
         out.print(
             f"[green]✓[/] {escape(str(path))}: target {escape(spec.target)}; drafters "
             f"{escape(names)}; builder {escape(spec.builder.name)}",
             highlight=False,
         )
+        for warning in found:
+            console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     if failed:
         raise typer.Exit(code=1)
 
