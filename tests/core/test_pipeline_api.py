@@ -609,3 +609,17 @@ def test_a_bad_seed_is_named(model_dir: Path, seed: Any, shown: str) -> None:
     ):
         with pytest.raises(ArgumentError, match=rf"^seed: expected an int .*got {shown}$"):
             call()
+
+
+def test_a_numpy_seed_samples_as_the_int_it_equals(tmp_path: Path, model_dir: Path) -> None:
+    """`pipe.decoder.seed = np.int64(7)` passed its check (an int, NumPy's too) and then failed
+    at the first sample with torch's raw TypeError ('an integer is required')."""
+    import numpy as np
+
+    from tests.test_cli import pipeline_file
+
+    pipe = load_pipeline(str(pipeline_file(tmp_path, str(model_dir), verifier=SAMPLING)))
+    want = pipe.generate(SEED_PROMPT, seed=7).token_ids
+    assert pipe.generate(SEED_PROMPT, seed=np.uint32(7)).token_ids == want
+    pipe.decoder.seed = np.int64(7)
+    assert pipe.generate(SEED_PROMPT).token_ids == want

@@ -241,7 +241,7 @@ class Decoder:
         self.target.begin(prompt, max_len=max_len)
         for drafter in parts.drafters:
             drafter.begin(prompt, max_len=max_len)
-        parts.verifier.begin(self.seed if seed is None else int(seed))
+        parts.verifier.begin(int(self.seed if seed is None else seed))  # a NumPy int as int
         parts.scheduler.begin()
         self.history = AcceptHistory()
 
