@@ -554,3 +554,22 @@ def test_a_model_added_under_a_used_name_is_probed_and_takes_no_old_tokenizer() 
         load_pipeline(spec, resources=resources)
     resources.add_model("mem:t", tiny_model(seed=4))
     assert load_pipeline(spec, resources=resources).tokenizer is None
+
+
+def test_models_given_to_the_constructor_are_added_as_add_model_adds_them() -> None:
+    """`Resources(models={...})` kept the mapping as it was: a model there was 'not found'
+    (not in memory, so looked for as a folder), and a value that is no model failed with a raw
+    AttributeError."""
+    from treegraft.testing import tiny_model
+
+    model = tiny_model(seed=3)
+    spec = {
+        "target": "mem:a",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4},
+        "decoding": {"max_new_tokens": 6},
+    }
+    pipe = load_pipeline(spec, resources=Resources(models={"mem:a": model}, dtype=torch.float64))
+    assert list(pipe.generate([1, 2, 3]).token_ids) == greedy_reference(model, [1, 2, 3], 6)
+    with pytest.raises(ArgumentError, match=r"^Resources: models: model 'mem:a': expected a tra"):
+        Resources(models={"mem:a": 5})

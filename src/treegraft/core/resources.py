@@ -281,6 +281,16 @@ class Resources:
     #: token datastores loaded (`datastore`), by reference (and target, for `zoo:` ones)
     datastores: dict[str, Any] = attrs.field(factory=dict)
 
+    def __attrs_post_init__(self) -> None:
+        given, self.models = self.models, {}
+        for ref, model in given.items():  # as `add_model` adds them: checked, in memory
+            try:
+                self.add_model(ref, model)
+            except ArgumentError as exc:
+                raise ArgumentError(
+                    f"Resources: models: {exc}".replace("add_model: ", "")
+                ) from None
+
     @classmethod
     def create(
         cls,
