@@ -292,6 +292,11 @@ _LAW = lambda logits: torch.softmax(logits, -1)  # noqa: E731
         (lambda: assert_lossless(PIPELINE, [[1]], models={"": _MODEL}), "expected a non-empty st"),
         (lambda: assert_lossless(PIPELINE, [[1]], models={"target": _MODEL}), "is the target's"),
         (lambda: memory_resources(**{"mem:": _MODEL}), "memory_resources: model name: expected"),
+        # a pipeline's own target was decoded and compared with `target`: a false failure
+        (
+            lambda: assert_lossless({**PIPELINE, "target": "zoo:target"}, [[1]]),
+            "assert_lossless: pipeline: its target is 'zoo:target', but the outputs are checked",
+        ),
         (
             lambda: assert_lossless(PIPELINE, [[1, 2]], sampling=True, samples=5),
             "sampling: True, but the verifier 'greedy' states no temperature to read its law",
@@ -327,6 +332,8 @@ def test_a_model_named_with_its_mem_prefix_is_served_under_that_name() -> None:
     not found."""
     pipeline = {**PIPELINE, "drafters": {"strong": {"name": "hf_lm", "model": "mem:draft"}}}
     draft = tiny_model("llama", seed=2)
-    pipe = assert_lossless(pipeline, [[1, 2, 1, 2]], models={"mem:draft": draft})
+    pipe = assert_lossless(
+        {**pipeline, "target": "mem:target"}, [[1, 2, 1, 2]], models={"mem:draft": draft}
+    )
     assert pipe.resources.models["mem:draft"] is draft
     assert set(memory_resources(**{"mem:d": draft, "e": draft}).models) == {"mem:d", "mem:e"}

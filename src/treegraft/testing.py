@@ -418,9 +418,10 @@ def assert_lossless(
     """Assert that `pipeline` decodes `prompts` as its target alone would, and return it.
 
     Args:
-        pipeline: a pipeline mapping or YAML file; `target` may be left out (it is then
-            `mem:target`), and so may `decoding` (float64 on the CPU; the models are decoded
-            in the `decoding.dtype` it states).
+        pipeline: a pipeline mapping or YAML file; its `target` is left out (it is then
+            `mem:target`, the `target` model; another is an `ArgumentError`), and so may
+            `decoding` (float64 on the CPU; the models are decoded in the `decoding.dtype` it
+            states).
         prompts: token-id prompts (at least one; an empty list is an `ArgumentError`).
         target: the target model, added to the resources as `mem:target` (default: a
             `tiny_model("llama", seed=1)`).
@@ -534,6 +535,12 @@ def _pipeline_mapping(pipeline: Mapping[str, Any] | str | Path) -> dict[str, Any
         pipeline = read_pipeline_file(pipeline)
         if not isinstance(pipeline, Mapping):  # load_pipeline names what the file holds
             return pipeline
+    if pipeline.get("target") not in (None, TARGET):  # its output was compared with `target`'s
+        raise ArgumentError(
+            f"assert_lossless: pipeline: its target is {shown(pipeline['target'])}, but the "
+            f"outputs are checked against the `target` model, served as {TARGET}: leave the "
+            "pipeline's target out (or set it to mem:target) and pass the model as target="
+        )
     data = {"target": TARGET, **dict(pipeline)}
     decoding = data.get("decoding")
     if decoding is None or isinstance(decoding, Mapping):  # else load_pipeline names it
