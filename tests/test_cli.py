@@ -145,6 +145,80 @@ def test_validate_takes_a_shipped_pipelines_name_as_generate_does() -> None:
     assert "pipelines/ngram-only.yaml: target zoo:target; drafters ngram" in result.stdout
 
 
+def _warning_folder(folder: Path, model_dir: Path, settings: dict, in_config: bool) -> Path:
+    """`model_dir` copied with generation settings (in generation_config.json, or config.json
+    alone) and an `auto_map` to the folder's own code."""
+    import shutil
+
+    shutil.copytree(model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "mod.MyLlama"}
+    (folder / "generation_config.json").unlink(missing_ok=True)
+    if in_config:
+        config |= settings
+    else:
+        (folder / "generation_config.json").write_text(json.dumps(settings))
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("in_config", [False, True], ids=["generation_config", "config_json"])
+@pytest.mark.parametrize("verifier", ["greedy", "pointmass"])
+def test_validate_shows_what_building_warns_and_exits_0(
+    tmp_path: Path, model_dir: Path, in_config: bool, verifier: str
+) -> None:
+    """validate listed no warnings: a generation config that samples or asks for settings the
+    pipeline does not apply (`GenerationConfigWarning`), a model's own code (`OwnCodeWarning`)
+    were said only by building. It now lists each, worded as building words it."""
+    import warnings
+
+    from treegraft.core.pipeline import load_pipeline
+
+    settings = {"do_sample": True, "temperature": 0.6, "repetition_penalty": 1.05}
+    folder = _warning_folder(tmp_path / "model", model_dir, settings, in_config)
+    path = pipeline_file(tmp_path, str(folder), verifier={"name": verifier})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_pipeline(yaml.safe_load(path.read_text()))
+    built = sorted(str(w.message) for w in caught)
+    assert len(built) == (3 if verifier == "greedy" else 2), built
+    result = invoke("validate", str(path))
+    assert result.exit_code == 0, result.output
+    assert "✓" in result.stdout
+    shown = re.findall(r"^warning: (.*)$", result.stderr, re.MULTILINE)
+    assert sorted(shown) == sorted(f"{path}: pipeline.target: {m}" for m in built)
+
+
+def test_validate_says_a_zoo_corpus_the_target_cannot_have(tmp_path: Path) -> None:
+    """Building warns (`DatastoreWarning`) that `zoo:corpus` cannot be built for a target without
+    a tokenizer.json and drafts from the context alone; validate said nothing."""
+    import warnings
+
+    from treegraft.core.datastore import DatastoreWarning
+    from treegraft.core.pipeline import load_pipeline
+
+    tiny_llama(seed=1, vocab=VOCAB).save_pretrained(tmp_path / "m")  # no tokenizer files
+    path = pipeline_file(
+        tmp_path, str(tmp_path / "m"), drafters={"weak": {"name": "ngram", "store": "zoo:corpus"}}
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_pipeline(yaml.safe_load(path.read_text()))
+    built = [str(w.message) for w in caught if w.category is DatastoreWarning]
+    assert len(built) == 1 and built[0].startswith("store: zoo:corpus is built in the target's")
+    result = invoke("validate", str(path))
+    assert result.exit_code == 0, result.output
+    shown = re.findall(r"^warning: (.*)$", result.stderr, re.MULTILINE)
+    assert shown == [f"{path}: pipeline.drafters.weak.{built[0]}"]
+
+
+def test_validate_shows_no_warning_where_building_gives_none(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    result = invoke("validate", str(pipeline_file(tmp_path, str(model_dir))))
+    assert result.exit_code == 0 and "warning:" not in result.output, result.output
+
+
 # ---------------------------------------------------------------------------- generate
 
 

@@ -270,6 +270,52 @@ _LAW = lambda logits: torch.softmax(logits, -1)  # noqa: E731
         ),
         (lambda: assert_lossless("/nonexistent.yaml", [[1]]), "pipeline file not found"),
         (lambda: assert_lossless({**PIPELINE, "decoding": "x"}, [[1]]), "pipeline.decoding: exp"),
+        # below: once raw errors deep inside, or a silently wrong reference or verdict
+        (lambda: tiny_model(hidden=6, heads=2, kv_heads=1), "expected an even head size (hid"),
+        (lambda: tiny_model("qwen2", hidden=2, heads=2, kv_heads=1), "got 2 / 2 = 1"),
+        (lambda: layer_state(layer="x"), "layer_state: layer: expected an int >= 0, got 'x'"),
+        (lambda: layer_state(n_nodes=-1), "layer_state: n_nodes: expected an int >= 0, got -1"),
+        (lambda: layer_state(calls=[0]), "layer_state: calls: expected a tuple of drafter ind"),
+        (lambda: layer_state(drafter_times=(0.1, -1)), "drafter_times: expected a tuple of sec"),
+        (lambda: layer_state(leaf_ratio="0.5"), "layer_state: leaf_ratio: expected a number"),
+        (lambda: layer_state(target_time=float("nan")), "target_time: expected a number, got"),
+        (lambda: sampling_reference(_MODEL, [1], _LAW, eos="x"), "sampling_reference: eos: exp"),
+        (lambda: sampling_reference(_MODEL, [1], _LAW, eos=[1.5]), "sampling_reference: eos: e"),
+        (lambda: sampling_reference(_MODEL, [1], lambda x: 5), "law: expected it to return a ten"),
+        (lambda: sampling_reference(_MODEL, [1], lambda x: x[:, :3]), "[1, 32] probabilities ("),
+        (lambda: sampling_reference(_MODEL, [1], lambda x: x), "law: expected finite probabilit"),
+        (lambda: sampling_reference(_MODEL, [1], lambda x: x.exp()), "law: expected rows of prob"),
+        (
+            lambda: chi_square_p_value(torch.tensor([-5.0, 105.0]), torch.ones(2) / 2),
+            "chi_square_p_value: counts: expected finite values >= 0, got",
+        ),
+        (
+            lambda: chi_square_p_value(torch.tensor([float("nan"), 1.0]), torch.ones(2) / 2),
+            "counts: expected finite values >= 0",
+        ),
+        (
+            lambda: chi_square_p_value(torch.ones(2), torch.tensor([float("nan"), 0.5])),
+            "chi_square_p_value: probs: expected finite values >= 0",
+        ),
+        (
+            lambda: chi_square_p_value(torch.ones(2), torch.tensor([-0.5, 1.5])),
+            "probs: expected finite values >= 0",
+        ),
+        (lambda: chi_square_p_value(torch.zeros(2), torch.ones(2) / 2), "one sample, got none"),
+        (lambda: chi_square_p_value(torch.ones(2), torch.ones(2) / 5), "summing to 1, got a sum"),
+        (lambda: assert_lossless(PIPELINE, [[1]], models={5: _MODEL}), "models: model name: e"),
+        (lambda: assert_lossless(PIPELINE, [[1]], models={"": _MODEL}), "expected a non-empty st"),
+        (lambda: assert_lossless(PIPELINE, [[1]], models={"target": _MODEL}), "is the target's"),
+        (lambda: memory_resources(**{"mem:": _MODEL}), "memory_resources: model name: expected"),
+        # a pipeline's own target was decoded and compared with `target`: a false failure
+        (
+            lambda: assert_lossless({**PIPELINE, "target": "zoo:target"}, [[1]]),
+            "assert_lossless: pipeline: its target is 'zoo:target', but the outputs are checked",
+        ),
+        (
+            lambda: assert_lossless(PIPELINE, [[1, 2]], sampling=True, samples=5),
+            "sampling: True, but the verifier 'greedy' states no temperature to read its law",
+        ),
     ],
 )
 def test_the_helpers_name_a_bad_argument(call, message: str) -> None:
@@ -277,3 +323,32 @@ def test_the_helpers_name_a_bad_argument(call, message: str) -> None:
     with pytest.raises(TreegraftError) as info:
         call()
     assert message in str(info.value)
+
+
+def test_sampling_reference_takes_one_eos_id_or_none() -> None:
+    """`eos=3` (as a generation config states one) and `eos=None` were raw TypeErrors."""
+    law = lambda logits: torch.softmax(logits.double(), -1)  # noqa: E731
+    one = sampling_reference(_MODEL, [1, 2], law, eos=3)
+    assert torch.equal(one[1], sampling_reference(_MODEL, [1, 2], law, eos={3})[1])
+    none = sampling_reference(_MODEL, [1, 2], law, eos=None)
+    assert torch.equal(none[1], sampling_reference(_MODEL, [1, 2], law)[1])
+
+
+def test_assert_lossless_leaves_the_pipelines_seed_as_it_was() -> None:
+    """It set `pipe.decoder.seed` for each sample: the pipeline it returns sampled from the
+    last sample's seed, not its `decoding.seed`; it now passes `generate(seed=...)`."""
+    sampling = {**PIPELINE, "verifier": {"name": "pointmass", "temperature": 1.0}}
+    pipe = assert_lossless({**sampling, "decoding": {"seed": 7}}, [[1, 2, 1, 2]], samples=30)
+    assert pipe.decoder.seed == 7
+
+
+def test_a_model_named_with_its_mem_prefix_is_served_under_that_name() -> None:
+    """`models={"mem:draft": m}` served `mem:mem:draft`, and the pipeline's `mem:draft` was
+    not found."""
+    pipeline = {**PIPELINE, "drafters": {"strong": {"name": "hf_lm", "model": "mem:draft"}}}
+    draft = tiny_model("llama", seed=2)
+    pipe = assert_lossless(
+        {**pipeline, "target": "mem:target"}, [[1, 2, 1, 2]], models={"mem:draft": draft}
+    )
+    assert pipe.resources.models["mem:draft"] is draft
+    assert set(memory_resources(**{"mem:d": draft, "e": draft}).models) == {"mem:d", "mem:e"}

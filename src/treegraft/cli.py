@@ -315,17 +315,19 @@ def validate(
     """Check pipeline files (or shipped pipelines, by name) without loading models: structure,
     components, configs, model folders (weights file, safetensors header, shapes against
     config.json), vocabularies, device. Lists every error of every file, each prefixed by the
-    file's name; exit 1 if any."""
+    file's name; exit 1 if any. A valid file's warnings (what building it warns about: the
+    target's generation config, a model's own code, a store that cannot be built) are listed
+    too; they leave the exit 0."""
     from treegraft.core.inputs import exists, is_file
     from treegraft.core.pipeline import PIPELINES_DIR
-    from treegraft.core.validation import pipeline_errors
+    from treegraft.core.validation import checked_file
 
     failed = 0
     for path in files:
         shipped = PIPELINES_DIR / f"{path}.yaml"
         if not exists(path) and path.name == str(path) and is_file(shipped):
             path = shipped  # a shipped pipeline's name, as `generate --pipeline` takes
-        spec, errors = pipeline_errors(path)
+        spec, errors, found = checked_file(path)
         for error in errors:
             console.print(f"[red]✗[/] {escape(error)}", highlight=False)
         if errors:
@@ -337,6 +339,8 @@ def validate(
             f"{escape(names)}; builder {escape(spec.builder.name)}",
             highlight=False,
         )
+        for warning in found:
+            console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     if failed:
         raise typer.Exit(code=1)
 

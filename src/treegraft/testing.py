@@ -120,6 +120,12 @@ def _tiny_config(
             f"tiny_model: expected heads ({heads}) dividing hidden ({hidden}) and kv_heads "
             f"({kv_heads}) dividing heads"
         )
+    if architecture != "gpt2" and (hidden // heads) % 2:
+        raise ArgumentError(
+            f"tiny_model: expected an even head size (hidden / heads) for {architecture!r}, whose "
+            f"rotary embedding rotates pairs of features, got {hidden} / {heads} = "
+            f"{hidden // heads}"
+        )
     if architecture == "gpt2":
         return AutoConfig.for_model(
             "gpt2", vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads,
@@ -148,11 +154,21 @@ def word_tokenizer(vocab: int = 64) -> Any:
 
 def memory_resources(dtype: torch.dtype = torch.float64, **models: Any) -> Resources:
     """CPU resources holding `models` under `mem:NAME` (`memory_resources(target=m)` makes
-    `target: mem:target` resolve to `m`)."""
+    `target: mem:target` resolve to `m`; a name given as `mem:NAME` is kept)."""
     resources = Resources(dtype=dtype)
     for name, model in models.items():
-        resources.add_model(f"mem:{name}", model)
+        resources.add_model(_memory_ref("memory_resources", name), model)
     return resources
+
+
+def _memory_ref(where: str, name: Any) -> str:
+    """`mem:NAME` for a model name (`draft`, or already `mem:draft`); else an `ArgumentError`."""
+    if not isinstance(name, str) or not name.removeprefix("mem:").strip():
+        raise ArgumentError(
+            f"{where}: model name: expected a non-empty string (the model is served as "
+            f"mem:NAME), got {shown(name)}"
+        )
+    return name if name.startswith("mem:") else f"mem:{name}"
 
 
 def layer_state(**changes: Any) -> LayerState:
@@ -160,12 +176,13 @@ def layer_state(**changes: Any) -> LayerState:
     frontier of 2 nodes with best path log-prob -1.0, no strong call yet; `changes` replace any
     field (`layer_state(layer=0, frontier_size=0)`)."""
     fields = [f.name for f in attrs.fields(LayerState)]
-    for name in changes:
+    for name, value in changes.items():
         if name not in fields:
             raise ArgumentError(
                 f"layer_state: {shown(name)} is no LayerState field; expected some of: "
                 f"{', '.join(fields)}"
             )
+        _check_layer_field(name, value)
     values: dict[str, Any] = {
         "layer": 1, "n_layers": 4, "calls": (0,), "n_drafters": 2, "strong_calls": 0,
         "max_strong_calls": 2, "n_nodes": 3, "frontier_size": 2, "frontier_mean_depth": 1.0,
@@ -174,6 +191,43 @@ def layer_state(**changes: Any) -> LayerState:
         "frontier_max_score": -1.0,
     }  # fmt: skip
     return LayerState(**{**values, **changes})
+
+
+#: `LayerState` fields by what they hold (the others: any value, `history` and `peek`)
+_COUNT_FIELDS = frozenset(
+    {"layer", "n_layers", "n_drafters", "strong_calls", "max_strong_calls", "n_nodes",
+     "frontier_size", "prompt_len", "committed_len"}
+)  # fmt: skip
+_TUPLE_FIELDS = {"calls": "drafter indices (ints >= 0)", "drafter_times": "seconds (numbers >= 0)"}
+
+
+def _check_layer_field(name: str, value: Any) -> None:
+    """An `ArgumentError` for a `layer_state` value a builder would never put there: a count
+    that is no int >= 0, a float field that is no number (or NaN), a tuple field that is no
+    tuple of such numbers (a scheduler under test read the bad value as given)."""
+    if name in _COUNT_FIELDS:
+        check_count(f"layer_state: {name}", value, 0)
+    elif name in _TUPLE_FIELDS:
+        check = _is_count if name == "calls" else _is_time
+        if not isinstance(value, tuple) or not all(check(v) for v in value):
+            raise ArgumentError(
+                f"layer_state: {name}: expected a tuple of {_TUPLE_FIELDS[name]}, got "
+                f"{type(value).__name__} {shown(value)}"
+            )
+    elif name not in ("history", "peek"):
+        real = not isinstance(value, bool) and isinstance(value, numbers.Real)
+        if not real or math.isnan(value):
+            raise ArgumentError(
+                f"layer_state: {name}: expected a number, got {type(value).__name__} {shown(value)}"
+            )
+
+
+def _is_count(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= 0
+
+
+def _is_time(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and value >= 0
 
 
 # ---------------------------------------------------------------------------- references
@@ -212,18 +266,64 @@ def sampling_reference(
     A generation ends at a first token in `eos` (the EOS ids it stops at), so the second token's
     law is then the one given that the first is not among them (all zeros where every possible
     first token is)."""
-    ids = prompt_ids(prompt, _vocab("sampling_reference", model)).tolist()
+    vocab = _vocab("sampling_reference", model)
+    ids = prompt_ids(prompt, vocab).tolist()
     _check_callable("sampling_reference", "law", law)
-    stops = set(eos)
+    stops = _eos_ids(eos)
     with torch.no_grad():
-        first = law(own_forward(model, torch.tensor([ids])).logits[0, -1:])[0]  # [V]
+        first = _law_rows(law, own_forward(model, torch.tensor([ids])).logits[0, -1:])[0]  # [V]
         support = [t for t in torch.nonzero(first > 0).flatten().tolist() if t not in stops]
         if not support:
             return first, torch.zeros_like(first)
         batch = torch.tensor([[*ids, t] for t in support])  # [S, T + 1]
-        second = law(own_forward(model, batch).logits[:, -1])  # [S, V]
+        second = _law_rows(law, own_forward(model, batch).logits[:, -1])  # [S, V]
     weights = first[support] / first[support].sum()  # [S], the first token given no EOS
     return first, (weights[:, None] * second).sum(0)
+
+
+def _eos_ids(eos: Any) -> set[int]:
+    """`sampling_reference`'s `eos` as a set of ids: a collection of ints, one int (as a
+    generation config states one), or None (no EOS); else an `ArgumentError`."""
+    if eos is None:
+        return set()
+    ids = [eos] if isinstance(eos, numbers.Integral) else eos
+    if (
+        not isinstance(ids, Collection)
+        or isinstance(ids, (str, bytes))
+        or not all(_is_count(i) for i in ids)
+    ):
+        raise ArgumentError(
+            f"sampling_reference: eos: expected token ids (ints >= 0: a collection, one id or "
+            f"None), got {type(eos).__name__} {shown(eos)}"
+        )
+    return {int(i) for i in ids}
+
+
+def _law_rows(law: Callable[[Tensor], Tensor], logits: Tensor) -> Tensor:
+    """`law(logits)`, checked to be what a law gives: `[n, V]` finite non-negative rows that
+    each sum to 1 (a law that returned logits, or dropped a dimension, gave a silently wrong
+    reference); else an `ArgumentError`."""
+    probs = law(logits)
+    if not isinstance(probs, Tensor) or probs.shape != logits.shape:
+        got = list(probs.shape) if isinstance(probs, Tensor) else f"{type(probs).__name__}"
+        raise ArgumentError(
+            f"sampling_reference: law: expected it to return a tensor of {list(logits.shape)} "
+            f"probabilities ([n, V], as its logits), got {got}"
+        )
+    rows = probs.detach().to(torch.float64)
+    sums = rows.sum(-1)
+    if not bool(torch.isfinite(rows).all()) or bool((rows < 0).any()):
+        raise ArgumentError(
+            "sampling_reference: law: expected finite probabilities >= 0, got values outside "
+            f"(smallest {float(rows.nan_to_num(nan=-math.inf).min())}): return probabilities, "
+            "not logits"
+        )
+    if not bool(torch.allclose(sums, torch.ones_like(sums), atol=1e-4)):
+        raise ArgumentError(
+            f"sampling_reference: law: expected rows of probabilities summing to 1, got a row "
+            f"summing to {float(sums[(sums - 1).abs().argmax()]):.6g}"
+        )
+    return probs
 
 
 def chi_square_p_value(counts: Tensor, probs: Tensor, min_expected: float = 5.0) -> float:
@@ -246,6 +346,7 @@ def chi_square_p_value(counts: Tensor, probs: Tensor, min_expected: float = 5.0)
         raise ArgumentError(
             f"chi_square_p_value: min_expected: expected a finite number >= 0, got {min_expected}"
         )
+    _check_law_values(counts, probs)
     counts, probs = counts.to(torch.float64), probs.to(torch.float64)
     n = float(counts.sum())
     if bool(((probs == 0) & (counts > 0)).any()):
@@ -261,6 +362,24 @@ def chi_square_p_value(counts: Tensor, probs: Tensor, min_expected: float = 5.0)
         return 1.0
     stat = float(((obs - exp) ** 2 / exp).sum())
     return float(torch.special.gammaincc(torch.tensor(dof / 2.0), torch.tensor(stat / 2.0)))
+
+
+def _check_law_values(counts: Tensor, probs: Tensor) -> None:
+    """`counts` are finite, >= 0 and not all 0; `probs` finite, >= 0 and summing to 1: else an
+    `ArgumentError` (a NaN, a negative entry or no sample at all passed any test)."""
+    counts64, probs64 = counts.detach().to(torch.float64), probs.detach().to(torch.float64)
+    for name, values, given in (("counts", counts64, counts), ("probs", probs64, probs)):
+        if not bool(torch.isfinite(values).all()) or bool((values < 0).any()):
+            raise ArgumentError(
+                f"chi_square_p_value: {name}: expected finite values >= 0, got {shown(given)}"
+            )
+    if float(counts64.sum()) == 0:
+        raise ArgumentError("chi_square_p_value: counts: expected at least one sample, got none")
+    if not math.isclose(float(probs64.sum()), 1.0, abs_tol=1e-4):
+        raise ArgumentError(
+            f"chi_square_p_value: probs: expected probabilities summing to 1, got a sum of "
+            f"{float(probs64.sum()):.6g}"
+        )
 
 
 def assert_same_distribution(
@@ -300,13 +419,15 @@ def assert_lossless(
     """Assert that `pipeline` decodes `prompts` as its target alone would, and return it.
 
     Args:
-        pipeline: a pipeline mapping or YAML file; `target` may be left out (it is then
-            `mem:target`), and so may `decoding` (float64 on the CPU; the models are decoded
-            in the `decoding.dtype` it states).
+        pipeline: a pipeline mapping or YAML file; its `target` is left out (it is then
+            `mem:target`, the `target` model; another is an `ArgumentError`), and so may
+            `decoding` (float64 on the CPU; the models are decoded in the `decoding.dtype` it
+            states).
         prompts: token-id prompts (at least one; an empty list is an `ArgumentError`).
         target: the target model, added to the resources as `mem:target` (default: a
             `tiny_model("llama", seed=1)`).
-        models: more in-memory models, by name (`{"draft": m}` serves `model: mem:draft`).
+        models: more in-memory models, by name (`{"draft": m}`, or `{"mem:draft": m}`, serves
+            `model: mem:draft`; not `target`).
         max_new_tokens: tokens per prompt under a greedy verifier.
         registry: where components are looked up (default: every installed plugin).
         samples: generations per prompt under a sampling verifier.
@@ -316,7 +437,9 @@ def assert_lossless(
             `law` is given).
 
     Greedy verifier: every output equals `greedy_reference` (in bfloat16 or float16 a failure
-    also says how far apart the target's logits put the two tokens: a near-tie may flip). Sampling verifier: each prompt is decoded `samples` times with seeds 0, 1, ..., and the first and second
+    also says how far apart the target's logits put the two tokens: a near-tie may flip).
+    Sampling verifier: each prompt is decoded `samples` times with seeds 0, 1, ... (`generate`'s
+    `seed`: the returned pipeline keeps its own), and the first and second
     tokens must pass a chi-square test (level 1e-3) against the exact laws computed from the
     target (`sampling_reference`).
     """
@@ -342,10 +465,23 @@ def assert_lossless(
     decoding = data["decoding"] if isinstance(data["decoding"], Mapping) else {}
     stated = decoding.get("dtype")  # a bad value (or decoding) is load_pipeline's to name
     dtype = DTYPES.get(stated, torch.float64) if isinstance(stated, str) else torch.float64
-    resources = memory_resources(dtype, target=target, **dict(models or {}))
+    resources = memory_resources(dtype, target=target)
+    for name, model in dict(models or {}).items():
+        if (ref := _memory_ref("assert_lossless: models", name)) == TARGET:
+            raise ArgumentError(
+                f"assert_lossless: models: {name!r} is the target's name ({TARGET}): pass the "
+                "target as target=, and the other models under other names"
+            )
+        resources.add_model(ref, model)
     pipe = load_pipeline(data, resources=resources, registry=registry)
     if sampling is None:
         sampling = law is not None or hasattr(pipe.spec.verifier.config, "temperature")
+    if sampling and law is None and not hasattr(pipe.spec.verifier.config, "temperature"):
+        raise ArgumentError(
+            f"assert_lossless: sampling: True, but the verifier {pipe.spec.verifier.name!r} "
+            "states no temperature to read its law from: pass law= (its target law), or "
+            "sampling=False for a greedy verifier"
+        )
     if not sampling:
         for i, prompt in enumerate(prompts):
             got = list(pipe.generate(prompt, max_new_tokens=max_new_tokens).token_ids)
@@ -365,8 +501,7 @@ def assert_lossless(
         first, second = sampling_reference(target, prompt, law, eos=eos)
         counts = torch.zeros(2, first.numel(), dtype=torch.float64)  # [2, V]
         for seed in range(samples):
-            pipe.decoder.seed = seed
-            ids = pipe.generate(prompt, max_new_tokens=2).token_ids
+            ids = pipe.generate(prompt, max_new_tokens=2, seed=seed).token_ids
             for position, token in enumerate(ids[:2]):
                 counts[position, token] += 1
         assert_same_distribution(counts[0], first, what=f"prompt {i}, first token")
@@ -401,6 +536,12 @@ def _pipeline_mapping(pipeline: Mapping[str, Any] | str | Path) -> dict[str, Any
         pipeline = read_pipeline_file(pipeline)
         if not isinstance(pipeline, Mapping):  # load_pipeline names what the file holds
             return pipeline
+    if pipeline.get("target") not in (None, TARGET):  # its output was compared with `target`'s
+        raise ArgumentError(
+            f"assert_lossless: pipeline: its target is {shown(pipeline['target'])}, but the "
+            f"outputs are checked against the `target` model, served as {TARGET}: leave the "
+            "pipeline's target out (or set it to mem:target) and pass the model as target="
+        )
     data = {"target": TARGET, **dict(pipeline)}
     decoding = data.get("decoding")
     if decoding is None or isinstance(decoding, Mapping):  # else load_pipeline names it
@@ -444,8 +585,11 @@ def _config_law(config: Any) -> Callable[[Tensor], Tensor]:
     top_k = int(getattr(config, "top_k", 0))
     top_p = float(getattr(config, "top_p", 1.0))
     min_p = float(getattr(config, "min_p", 0.0))
-    if math.isclose(temperature, 0.0):
-        raise ValueError("verifier: a sampling verifier needs a temperature > 0")
+    if not temperature > 0:
+        raise ArgumentError(
+            f"assert_lossless: the verifier's temperature is {temperature}: a sampling verifier "
+            "needs a temperature > 0 (pass law= for another law, or sampling=False)"
+        )
     return lambda logits: target_probs(
         logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p
     )

@@ -240,3 +240,74 @@ def test_a_refused_model_is_a_treegraft_error_and_still_a_value_error() -> None:
     origin = Origin("drafter", "mine", "my-plugin")
     with pytest.raises(PluginError, match=r"^drafter 'mine' .*from_config raised ModelRefused"):
         call_plugin(origin, None, "from_config", attention_rules, cfg)
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        (LlamaConfig(num_hidden_layers=0), "its config's num_hidden_layers is 0; expected an int"),
+        (LlamaConfig(num_hidden_layers=-1), "num_hidden_layers is -1; expected an int >= 1"),
+        (MistralConfig(sliding_window=-1), "its config's sliding_window is -1; expected an int"),
+        (MistralConfig(sliding_window=0), "sliding_window is 0; expected an int >= 1 (the tokens"),
+        (Gemma3TextConfig(num_hidden_layers=6, sliding_window=-1), "sliding_window is -1"),
+    ],
+)
+def test_a_config_of_no_layers_or_a_window_of_no_tokens_is_refused_naming_the_field(
+    config, words: str
+) -> None:
+    """transformers accepts these; a window of no tokens was read as no window (plain causal
+    attention, unlike the model's own mask), no layers failed inside the probe (IndexError)."""
+    why = refusal(_Stub(config))
+    assert why is not None and words in why
+
+
+def test_a_window_no_layer_uses_is_not_refused() -> None:
+    """Qwen2-MoE keeps `sliding_window: 0` when `use_sliding_window` is off: no layer slides."""
+    from transformers import Qwen2MoeConfig
+
+    assert refusal(_Stub(Qwen2MoeConfig(num_hidden_layers=2))) is None
+    assert refusal(_Stub(Qwen2Config(use_sliding_window=False, sliding_window=-1))) is None
+    cfg = Gemma3TextConfig(num_hidden_layers=2, sliding_window=0)
+    cfg.layer_types = ["full_attention", "full_attention"]
+    assert refusal(_Stub(cfg)) is None
+
+
+@pytest.mark.parametrize("check_model", [True, False])
+@pytest.mark.parametrize(
+    ("model_type", "change", "words"),
+    [
+        ("llama", {"num_hidden_layers": 0}, "its config's num_hidden_layers is 0"),
+        ("mistral", {"sliding_window": -1}, "its config's sliding_window is -1"),
+    ],
+)
+def test_such_a_checkpoint_is_refused_by_validate_and_build_in_the_same_words(
+    tmp_path, model_type: str, change: dict, words: str, check_model: bool
+) -> None:
+    """Both passed `validate`; the build refused them only through the probe (a window of -1
+    with the probe off failed mid-generation with a RuntimeError)."""
+    import json
+
+    import torch
+    import yaml
+
+    from tests.conftest import word_tokenizer
+    from treegraft.conformance.tiny import tiny_model
+    from treegraft.core.config import ConfigError
+    from treegraft.core.pipeline import load_pipeline
+    from treegraft.core.resources import Resources
+    from treegraft.core.validation import pipeline_errors
+
+    tiny_model(model_type, seed=5, vocab=64).save_pretrained(tmp_path / "m")
+    word_tokenizer(64).save_pretrained(tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config | change))
+    spec = {
+        "target": str(tmp_path / "m"),
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4},
+        "decoding": {"max_new_tokens": 4, "dtype": "float64", "check_model": check_model},
+    }
+    with pytest.raises(ConfigError, match=words) as info:
+        load_pipeline(spec, resources=Resources(dtype=torch.float64))
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(spec))
+    assert pipeline_errors(tmp_path / "p.yaml")[1] == [f"{tmp_path / 'p.yaml'}: {info.value}"]

@@ -277,7 +277,8 @@ BAD_INPUTS = {
     ),
     "drafters-scalar": (
         override(BASE, "drafters", "ngram"),
-        "pipeline.drafters: expected a mapping of role -> drafter (cheapest first), got 'ngram'",
+        "pipeline.drafters: expected a mapping of role -> drafter or a list of drafters "
+        "(cheapest first), got 'ngram'",
     ),
     "drafters-empty": (
         override(BASE, "drafters", {}),
@@ -526,6 +527,22 @@ def test_override_reaches_into_list_form_drafters(registry: Registry) -> None:
             override(data, f"drafters.{key}.max_ngram", 2)
 
 
+def test_drafters_and_lists_given_as_tuples_or_arrays_are_lists(registry: Registry) -> None:
+    """A tuple (or a 1-d array) of drafters was refused as 'expected a mapping of role ->
+    drafter', and `override` could not reach into a tuple, while other list fields (`stop`)
+    take them: both now read them as the list of their items."""
+    import numpy as np
+
+    listed = {**BASE, "drafters": [{"name": "ngram"}, "ngram"]}
+    want = pipeline_spec_from_dict(listed, registry).drafters
+    for given in (({"name": "ngram"}, "ngram"), np.array([{"name": "ngram"}, "ngram"])):
+        assert pipeline_spec_from_dict({**BASE, "drafters": given}, registry).drafters == want
+    data = {**BASE, "drafters": ({"name": "ngram"}, "ngram"), "decoding": {"stop": ("a", "b")}}
+    out = override(override(data, "drafters.drafter1.max_ngram", 2), "decoding.stop.1", "c")
+    assert out["drafters"] == [{"name": "ngram"}, {"name": "ngram", "max_ngram": 2}]
+    assert out["decoding"]["stop"] == ["a", "c"] and data["drafters"][1] == "ngram"
+
+
 @pytest.mark.parametrize("key", ["", "builder..budget", "builder.", 3, None])
 def test_override_refuses_a_malformed_key(key: object) -> None:
     with pytest.raises(ConfigError, match=r"^override: expected a key or dotted path of keys"):
@@ -616,6 +633,43 @@ def test_a_drafter_embedding_fewer_tokens_than_the_target_commits_is_refused(
         f"target {t_dir!r} may commit (the tokenizer they share); a drafter must embed every "
         "token of the target's vocabulary"
     )
+
+
+def test_a_target_whose_tokenizer_has_more_tokens_than_it_embeds_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A target of 64 rows with an 80-token tokenizer: ids 64-79 have no embedding. It was
+    built (a prompt holding one was refused only when decoded); now the build, `validate` and
+    an in-memory target added with that tokenizer are refused naming both sizes. A tokenizer
+    that fits, named with `tokenizer:`, or an embedding padded past it (Qwen's, SmolLM2's) is
+    accepted."""
+    from tests.conftest import word_tokenizer
+    from treegraft.core.validation import pipeline_errors
+
+    t_dir = _save(tmp_path / "t", tiny_llama(seed=5, vocab=64), word_tokenizer(80))
+    spec = {**_pipeline(t_dir, t_dir), "decoding": {"max_new_tokens": 4, "dtype": "float64"}}
+    message = (
+        f"pipeline.target: {t_dir!r}: its tokenizer has 80 tokens, but the model embeds 64 "
+        "(vocab_size: the rows of its embedding and output head), so ids 64 to 79 have no "
+        "embedding; expected a tokenizer of at most 64 tokens (name one with the pipeline's "
+        "`tokenizer:` key)"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(spec, resources=Resources(dtype=torch.float64))
+    assert str(info.value) == message
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert pipeline_errors(path)[1] == [f"{path}: {message}"]
+    resources = Resources(dtype=torch.float64)
+    resources.add_model("mem:t", tiny_llama(seed=5, vocab=64), tokenizer=word_tokenizer(80))
+    with pytest.raises(ConfigError, match="its tokenizer has 80 tokens, but the model embeds 64"):
+        load_pipeline(
+            {**spec, "target": "mem:t", "drafters": {"w": {"name": "ngram"}}}, resources=resources
+        )
+    fits = _save(tmp_path / "tok", tiny_llama(seed=5, vocab=8), word_tokenizer(64))
+    load_pipeline({**spec, "tokenizer": fits}, resources=Resources(dtype=torch.float64))
+    padded = _save(tmp_path / "p", tiny_llama(seed=5, vocab=80), word_tokenizer(64))
+    load_pipeline(_pipeline(padded, padded), resources=Resources(dtype=torch.float64))
 
 
 def test_two_different_tokenizers_are_refused_naming_both(tmp_path: Path) -> None:

@@ -67,6 +67,14 @@ def test_a_list_of_0d_tensors_is_one_prompt(model_dir: Path):
     out = pipe.generate(list(ids))
     assert isinstance(out, Generation)
     assert out.token_ids == pipe.generate(ids).token_ids
+    # 0-d arrays too: they were refused with torch's "len() of unsized object"
+    import numpy as np
+
+    arrays = [np.array(t) for t in ids.tolist()]
+    assert pipe.generate(arrays).token_ids == out.token_ids
+    assert pipe.generate(tuple(arrays)).token_ids == out.token_ids
+    with pytest.raises(ArgumentError, match=r"prompt: expected int token ids, got torch\.float"):
+        pipe.generate([np.array(5.0), np.array(9.0)])
 
 
 @pytest.mark.parametrize("ref", ["gpt2", "HuggingFaceTB/SmolLM2-135M"])
@@ -553,3 +561,65 @@ def test_a_pipeline_file_under_home_is_named_with_a_tilde(
     monkeypatch.setenv("HOME", str(tmp_path))
     assert resolve_pipeline("~/p.yaml") == tmp_path / "p.yaml"
     assert resolve_pipeline("ngram-only").name == "ngram-only.yaml"
+
+
+SAMPLING = {"name": "pointmass", "temperature": 1.5, "top_p": 0.9}
+SEED_PROMPT = "t1 t2 t3 t4 t1 t2 t3 t4 t1 t2"
+
+
+def test_generate_takes_a_seed_as_the_cli_does(tmp_path: Path, model_dir: Path) -> None:
+    """`generate(seed=N)` had no seed (only `--seed` and `decoding.seed` set one): it samples
+    what `treegraft generate --seed N` samples, for this call alone (the next call without a
+    seed samples as a fresh pipeline does), and from the same seed for every prompt of a list."""
+    from tests.test_cli import invoke, pipeline_file
+
+    path = pipeline_file(tmp_path, str(model_dir), verifier=SAMPLING)
+    pipe = load_pipeline(str(path))
+    fresh = load_pipeline(str(path)).generate(SEED_PROMPT).token_ids
+    for seed in (3, 2**32 - 1):
+        args = ["--pipeline", str(path), "--prompt", SEED_PROMPT, "--json", "--seed", str(seed)]
+        cli_ids = json.loads(invoke("generate", *args).stdout)["token_ids"]
+        assert list(pipe.generate(SEED_PROMPT, seed=seed).token_ids) == cli_ids
+        assert pipe.generate(SEED_PROMPT).token_ids == fresh
+        both = pipe.generate([SEED_PROMPT, SEED_PROMPT], seed=seed)
+        assert [list(g.token_ids) for g in both] == [cli_ids, cli_ids]
+        streamed = "".join(pipe.stream(SEED_PROMPT, seed=seed))
+        assert streamed == pipe.generate(SEED_PROMPT, seed=seed).text
+    samples = {pipe.generate(SEED_PROMPT, seed=s).token_ids for s in range(6)}
+    assert len(samples) > 1  # the seed reaches the sampler
+
+
+def test_a_greedy_pipeline_takes_a_seed_and_decodes_as_without(model_dir: Path) -> None:
+    """As `treegraft generate --seed N` on a greedy pipeline: accepted, no change."""
+    pipe = load_pipeline(spec(str(model_dir)))
+    assert pipe.generate("t1 t2 t3", seed=9).token_ids == pipe.generate("t1 t2 t3").token_ids
+
+
+@pytest.mark.parametrize(
+    ("seed", "shown"),
+    [(-1, "-1"), (2**32, "4294967296"), (1.0, "1.0"), (True, "True"), ("3", "'3'")],
+)
+def test_a_bad_seed_is_named(model_dir: Path, seed: Any, shown: str) -> None:
+    pipe = load_pipeline(spec(str(model_dir)))
+    for call in (
+        lambda: pipe.generate("t1 t2", seed=seed),
+        lambda: pipe.generate(["t1", "t2"], seed=seed),
+        lambda: pipe.steps("t1 t2", seed=seed),
+        lambda: pipe.stream("t1 t2", seed=seed),
+    ):
+        with pytest.raises(ArgumentError, match=rf"^seed: expected an int .*got {shown}$"):
+            call()
+
+
+def test_a_numpy_seed_samples_as_the_int_it_equals(tmp_path: Path, model_dir: Path) -> None:
+    """`pipe.decoder.seed = np.int64(7)` passed its check (an int, NumPy's too) and then failed
+    at the first sample with torch's raw TypeError ('an integer is required')."""
+    import numpy as np
+
+    from tests.test_cli import pipeline_file
+
+    pipe = load_pipeline(str(pipeline_file(tmp_path, str(model_dir), verifier=SAMPLING)))
+    want = pipe.generate(SEED_PROMPT, seed=7).token_ids
+    assert pipe.generate(SEED_PROMPT, seed=np.uint32(7)).token_ids == want
+    pipe.decoder.seed = np.int64(7)
+    assert pipe.generate(SEED_PROMPT).token_ids == want

@@ -563,3 +563,64 @@ def test_float64_on_mps_is_refused_naming_the_dtype(monkeypatch: pytest.MonkeyPa
     with pytest.raises(ConfigError, match=r"^pipeline\.decoding\.dtype: float64 on device 'mps'"):
         load_pipeline(raw)
     assert Resources(device=torch.device("mps"), dtype=torch.float32).dtype == torch.float32
+
+
+@pytest.mark.parametrize("tokenizer", ["tok", 5, {"t1": 1}])
+def test_what_is_no_tokenizer_is_refused_where_it_is_given(tokenizer) -> None:
+    """`add_model(..., tokenizer="tok")` and `Resources(tokenizer=...)` were accepted; the first
+    text prompt then failed with a raw TypeError ('str' object is not callable)."""
+    from treegraft.testing import tiny_model
+
+    with pytest.raises(ArgumentError, match="add_model: tokenizer: expected a transformers tok"):
+        Resources().add_model("mem:t", tiny_model(), tokenizer=tokenizer)
+    with pytest.raises(ArgumentError, match="Resources: tokenizer: expected a transformers tok"):
+        Resources(tokenizer=tokenizer)
+    resources = Resources()
+    with pytest.raises(ArgumentError, match="Resources: tokenizer: expected"):
+        resources.tokenizer = tokenizer
+
+
+def test_a_model_added_under_a_used_name_is_probed_and_takes_no_old_tokenizer() -> None:
+    """The probe's verdict was cached by name: a model added under the name of one already
+    probed skipped the probe (a model the probe refuses then failed mid-generation with a raw
+    RuntimeError), and kept the tokenizer given with the one it replaced."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from treegraft.testing import tiny_model
+
+    spec = {
+        "target": "mem:t",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4},
+        "decoding": {"max_new_tokens": 4},
+    }
+    resources = Resources(dtype=torch.float64)
+    resources.add_model("mem:t", tiny_model(), tokenizer=word_tokenizer(64))
+    assert load_pipeline(spec, resources=resources).tokenizer is not None
+    torch.manual_seed(0)
+    odd = LlamaConfig(vocab_size=64, hidden_size=6, num_attention_heads=2, head_dim=3)
+    odd.num_key_value_heads, odd.num_hidden_layers, odd.intermediate_size = 2, 1, 8
+    resources.add_model("mem:t", LlamaForCausalLM(odd))  # rotary pairs of a head of 3: refused
+    with pytest.raises(ConfigError, match=r"'mem:t' .* cannot be served exactly"):
+        load_pipeline(spec, resources=resources)
+    resources.add_model("mem:t", tiny_model(seed=4))
+    assert load_pipeline(spec, resources=resources).tokenizer is None
+
+
+def test_models_given_to_the_constructor_are_added_as_add_model_adds_them() -> None:
+    """`Resources(models={...})` kept the mapping as it was: a model there was 'not found'
+    (not in memory, so looked for as a folder), and a value that is no model failed with a raw
+    AttributeError."""
+    from treegraft.testing import tiny_model
+
+    model = tiny_model(seed=3)
+    spec = {
+        "target": "mem:a",
+        "drafters": {"weak": {"name": "ngram"}},
+        "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4},
+        "decoding": {"max_new_tokens": 6},
+    }
+    pipe = load_pipeline(spec, resources=Resources(models={"mem:a": model}, dtype=torch.float64))
+    assert list(pipe.generate([1, 2, 3]).token_ids) == greedy_reference(model, [1, 2, 3], 6)
+    with pytest.raises(ArgumentError, match=r"^Resources: models: model 'mem:a': expected a tra"):
+        Resources(models={"mem:a": 5})

@@ -91,6 +91,8 @@ def prompt_ids(prompt: Any, vocab: int) -> Tensor:
             f"{'meta' if prompt.is_meta else str(prompt.layout)} tensor"
         )
     if isinstance(prompt, (list, tuple)):  # ids past int64, which torch cannot hold
+        # 0-d arrays as their numbers (as 0-d tensors are): torch cannot stack them
+        prompt = [t.item() if isinstance(t, np.ndarray) and t.ndim == 0 else t for t in prompt]
         for i, t in enumerate(prompt):
             if isinstance(t, int) and not isinstance(t, bool) and not 0 <= t < vocab:
                 raise ArgumentError(

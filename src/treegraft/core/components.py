@@ -8,6 +8,7 @@ both report the same errors, worded the same way.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from treegraft.core.boundary import Origin, call_plugin
@@ -94,7 +95,11 @@ def drafter_config_errors(
         if check is None:
             continue
         try:
-            check(c.config, resources)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                check(c.config, resources)
+            for w in caught:  # said again, at the drafter's path
+                warnings.warn(field_message(c.path, w.message), w.category, stacklevel=2)
         except (ConfigError, ModelRefError) as exc:
             text = str(exc)
             errors.append(text if text.startswith("pipeline.") else field_message(c.path, exc))

@@ -479,7 +479,7 @@ def drafter_items(raw: Any) -> list[tuple[str, Any, str]]:
     """`(role, raw drafter, path)` of each drafter of the `drafters` key, cheapest first; a
     role is a non-empty string (YAML reads `1:`, `null:` or `yes:` as other types)."""
     path = f"{ROOT}.drafters"
-    if isinstance(raw, list):
+    if isinstance(raw, (list, tuple)) or getattr(raw, "ndim", None) == 1:  # a 1-d array too
         items = [(f"drafter{i}", value, f"{path}[{i}]") for i, value in enumerate(raw)]
     elif isinstance(raw, Mapping):
         for role in raw:
@@ -491,7 +491,8 @@ def drafter_items(raw: Any) -> list[tuple[str, Any, str]]:
         items = [(role, value, f"{path}.{clipped(role)}") for role, value in raw.items()]
     else:
         raise ConfigError(
-            f"{path}: expected a mapping of role -> drafter (cheapest first), got {shown(raw)}"
+            f"{path}: expected a mapping of role -> drafter or a list of drafters (cheapest "
+            f"first), got {shown(raw)}"
         )
     if not items:
         raise ConfigError(f"{path}: expected at least one drafter, got none")
@@ -551,7 +552,7 @@ def override(data: Mapping, dotted: str, value: Any) -> dict:
 
 
 def _override(data: Mapping | list, keys: list[str], value: Any, path: str, dotted: str) -> Any:
-    out: Any = list(data) if isinstance(data, list) else dict(data)
+    out: Any = dict(data) if isinstance(data, Mapping) else list(data)  # a tuple as a list
     head, *rest = keys
     if isinstance(out, list):
         key: Any = _list_index(out, head, path, dotted)
@@ -564,7 +565,7 @@ def _override(data: Mapping | list, keys: list[str], value: Any, path: str, dott
     inner = out[key] if isinstance(out, list) else out.get(key)
     if isinstance(inner, str) and _is_component(inner_path):
         inner = {"name": inner}  # `verifier: greedy` is short for `{name: greedy}`
-    if not isinstance(inner, (Mapping, list)):
+    if not isinstance(inner, (Mapping, list, tuple)):
         what = "absent" if inner is None else "not a mapping or a list"
         raise ConfigError(f"{inner_path}: cannot override {dotted!r}: {what}")
     out[key] = _override(inner, rest, value, inner_path, dotted)

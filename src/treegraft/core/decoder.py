@@ -125,10 +125,10 @@ class StopStrings:
         return lo
 
 
-def check_seed(seed: object) -> None:
+def check_seed(seed: object, name: str = "decoder.seed") -> None:
     """An `ArgumentError` unless `seed` is an int with 0 <= seed <= `SEED_MAX` (torch's CPU
     generator reads 32 bits: a wider seed would repeat a narrower one's numbers)."""
-    check_count("decoder.seed", seed, 0, SEED_MAX)
+    check_count(name, seed, 0, SEED_MAX)
 
 
 @attrs.define
@@ -209,12 +209,13 @@ class Decoder:
         return time.perf_counter() - start if measured else 0.0
 
     @torch.inference_mode()  # per resume: the caller's code between events keeps its own mode
-    def steps(self, prompt: Tensor, stop: StopRule) -> Iterator[StepEvent]:
-        """Decode from `prompt` (`[T]` int64), yielding one event per target forward. Runs in
+    def steps(self, prompt: Tensor, stop: StopRule, seed: int | None = None) -> Iterator[StepEvent]:
+        """Decode from `prompt` (`[T]` int64), yielding one event per target forward (the
+        verifier seeded with `seed`, None: `self.seed`). Runs in
         inference mode each time it resumes, and the caller's mode is back at every event (a
         `with` around the `yield`s left the caller's loop in inference mode, and two iterators
         advanced in turn restored each other's modes out of order)."""
-        self.begin(prompt, stop)
+        self.begin(prompt, stop, seed)
         generated: list[int] = []
         clock = Clock(sync=self.sync_clock)
         step = 0
@@ -226,10 +227,13 @@ class Decoder:
                 return
             step += 1
 
-    def begin(self, prompt: Tensor, stop: StopRule) -> None:
+    def begin(self, prompt: Tensor, stop: StopRule, seed: int | None = None) -> None:
         """Start a generation from `prompt` (`[T]` int64): every component's `begin`, with caches
-        sized for `stop.max_new_tokens` new tokens. `steps` calls it; a caller driving `step`
+        sized for `stop.max_new_tokens` new tokens, the verifier's with `seed` (None:
+        `self.seed`; this generation's only). `steps` calls it; a caller driving `step`
         itself (the scheduler's value system) calls it once per generation."""
+        if seed is not None:
+            check_seed(seed, "seed")
         self._counter.step = None
         parts = self.parts()
         max_len = prompt.numel() + stop.max_new_tokens + parts.builder.max_nodes() + 2
@@ -237,7 +241,7 @@ class Decoder:
         self.target.begin(prompt, max_len=max_len)
         for drafter in parts.drafters:
             drafter.begin(prompt, max_len=max_len)
-        parts.verifier.begin(self.seed)
+        parts.verifier.begin(int(self.seed if seed is None else seed))  # a NumPy int as int
         parts.scheduler.begin()
         self.history = AcceptHistory()
 

@@ -22,6 +22,10 @@ class ArgumentError(TreegraftError, ValueError):
     """An argument, an input file or an output location is wrong (the message names which)."""
 
 
+class ModelRefError(TreegraftError, ValueError):
+    """A model reference names nothing loadable."""
+
+
 class NonFiniteLogitsError(TreegraftError, ValueError):
     """The target's logits at a tree node have no finite largest value (NaN, +inf, or all
     -inf): its forward overflowed in this dtype (float16 reaches only 65504) or its weights hold

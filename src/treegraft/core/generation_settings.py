@@ -54,7 +54,11 @@ class GenerationConfigWarning(UserWarning):
 def unapplied_settings(model: Any) -> dict[str, Any]:
     """The `LOGITS_SETTINGS` the model's generation config sets to a value that changes
     `generate`'s greedy output, by name (empty: none, or no generation config)."""
-    config = getattr(model, "generation_config", None)
+    return config_unapplied(getattr(model, "generation_config", None))
+
+
+def config_unapplied(config: Any) -> dict[str, Any]:
+    """`unapplied_settings` of a generation config (None: none)."""
     if config is None:
         return {}
     found = {}
@@ -93,9 +97,30 @@ def config_source(model: Any) -> str:
     folder = Path(getattr(model, "name_or_path", "") or "")
     if str(folder) in ("", ".") or not (folder / "config.json").is_file():
         return "in memory"
+    return folder_source(folder)
+
+
+def folder_source(folder: Path) -> str:
+    """`config_source` of a model folder."""
     if (folder / "generation_config.json").is_file():
         return "generation_config.json"
     return "config.json: the folder has no generation_config.json"
+
+
+def folder_generation_config(folder: Path) -> Any:
+    """The generation config `from_pretrained` gives the model of `folder` (its
+    `generation_config.json`, else the generation settings of its `config.json`), read without
+    the weights; None where it does not read (the folder's checks say why)."""
+    from transformers import GenerationConfig
+
+    try:
+        if (folder / "generation_config.json").is_file():
+            return GenerationConfig.from_pretrained(folder)
+        return GenerationConfig.from_pretrained(
+            folder, config_file_name="config.json", _from_model_config=True
+        )
+    except Exception:  # a broken file: `model_folder_problems` names it
+        return None
 
 
 #: the sampling settings of a generation config named when a greedy pipeline leaves them out
@@ -106,35 +131,50 @@ def sampling_settings(model: Any) -> dict[str, Any]:
     """`do_sample` and the `SAMPLING_SETTINGS` set beside it, by name, when the model's
     generation config samples (`generate` then samples unless told `do_sample=False`); else
     empty."""
-    config = getattr(model, "generation_config", None)
+    return config_sampling(getattr(model, "generation_config", None))
+
+
+def config_sampling(config: Any) -> dict[str, Any]:
+    """`sampling_settings` of a generation config (None: none)."""
     if config is None or getattr(config, "do_sample", None) is not True:
         return {}
     found = {name: getattr(config, name, None) for name in SAMPLING_SETTINGS}
     return {"do_sample": True} | {name: v for name, v in found.items() if v is not None}
 
 
+def unapplied_messages(config: Any, source: str, ref: str, *, greedy: bool = False) -> list[str]:
+    """What `warn_unapplied` says of a generation config read from `source` (the model `ref`'s):
+    its `config_unapplied` settings, and, for a `greedy` pipeline, its `config_sampling` ones."""
+    messages = []
+    if greedy and (sampling := config_sampling(config)):
+        listed = ", ".join(f"{name}={value!r}" for name, value in sampling.items())
+        messages.append(
+            f"{ref}: its generation config ({source}) sets {listed}, so its "
+            "`generate` samples unless called with do_sample=False; this pipeline decodes "
+            "greedily (verifier: greedy), as `generate(do_sample=False)` does. To sample, use the "
+            "pointmass verifier with a temperature (`--temperature` on the command line)"
+        )
+    if found := config_unapplied(config):
+        listed = ", ".join(f"{name}={value!r}" for name, value in found.items())
+        messages.append(
+            f"{ref}: its generation config ({source}) sets {listed}, which "
+            "`generate` applies and treegraft does not: the pipeline decodes the target's own "
+            "distribution, as `generate` does without them (the comparisons with plain decoding "
+            "leave them out too)"
+        )
+    return messages
+
+
+def folder_messages(folder: Path, ref: str, *, greedy: bool = False) -> list[str]:
+    """`unapplied_messages` of the model folder `folder` (`treegraft validate`: the
+    `GenerationConfigWarning`s building the pipeline gives, without loading the weights)."""
+    config = folder_generation_config(folder)
+    return unapplied_messages(config, folder_source(folder), ref, greedy=greedy)
+
+
 def warn_unapplied(model: Any, ref: str, *, greedy: bool = False) -> None:
     """Warn (`GenerationConfigWarning`) naming each of the model's `unapplied_settings`, and,
     for a `greedy` pipeline, its `sampling_settings`."""
-    if greedy and (sampling := sampling_settings(model)):
-        listed = ", ".join(f"{name}={value!r}" for name, value in sampling.items())
-        warnings.warn(
-            f"{ref}: its generation config ({config_source(model)}) sets {listed}, so its "
-            "`generate` samples unless called with do_sample=False; this pipeline decodes "
-            "greedily (verifier: greedy), as `generate(do_sample=False)` does. To sample, use the "
-            "pointmass verifier with a temperature (`--temperature` on the command line)",
-            GenerationConfigWarning,
-            stacklevel=3,
-        )
-    found = unapplied_settings(model)
-    if not found:
-        return
-    listed = ", ".join(f"{name}={value!r}" for name, value in found.items())
-    warnings.warn(
-        f"{ref}: its generation config ({config_source(model)}) sets {listed}, which "
-        "`generate` applies and treegraft does not: the pipeline decodes the target's own "
-        "distribution, as `generate` does without them (the comparisons with plain decoding "
-        "leave them out too)",
-        GenerationConfigWarning,
-        stacklevel=3,
-    )
+    config = getattr(model, "generation_config", None)
+    for message in unapplied_messages(config, config_source(model), ref, greedy=greedy):
+        warnings.warn(message, GenerationConfigWarning, stacklevel=3)

@@ -356,6 +356,15 @@ def own_code(config: dict[str, Any]) -> str | None:
     return entry if isinstance(entry, str) else None
 
 
+def own_code_message(ref: str, module: str, cls: str) -> str:
+    """What `OwnCodeWarning` says of the model `ref` whose config.json maps it to `module`."""
+    return (
+        f"{ref}: config.json maps the model to the folder's own code ({module}), which treegraft "
+        f"never runs: it loads transformers' {cls} instead, as from_pretrained does without "
+        "trust_remote_code"
+    )
+
+
 def hf_config(folder: Path) -> Any:
     """The transformers config of the folder (never running its code); a string saying why
     transformers refuses `config.json`."""

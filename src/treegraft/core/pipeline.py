@@ -36,20 +36,21 @@ from treegraft.core.config import (
     load_pipeline_spec,
     pipeline_spec_from_dict,
 )
-from treegraft.core.decoder import Decoder, StepEvent, StopRule, StopStrings
+from treegraft.core.decoder import Decoder, StepEvent, StopRule, StopStrings, check_seed
 from treegraft.core.errors import ArgumentError, BusyError, shown
 from treegraft.core.generation_settings import warn_unapplied
 from treegraft.core.inputs import check_utf8, is_dir, is_file
 from treegraft.core.metrics import Summary, summarize
-from treegraft.core.registry import Registry, default_registry
-from treegraft.core.resources import DTYPES, ModelRefError, Resources, resolve_device
-from treegraft.core.runner import CausalLMRunner
-from treegraft.core.runner.attention_rules import (
-    ModelRefused,
-    RopeSwitch,
-    RowScale,
-    max_positions,
+from treegraft.core.pipeline_models import (
+    check_resources,
+    context_limit,
+    eos_ids_of,
+    load_model,
+    target_runner,
 )
+from treegraft.core.registry import Registry, default_registry
+from treegraft.core.resources import Resources
+from treegraft.core.runner.attention_rules import RopeSwitch, RowScale
 from treegraft.core.runner.placement import placement_problems
 from treegraft.core.stop_text import StopText
 from treegraft.core.vocabularies import (
@@ -163,8 +164,9 @@ class Pipeline:
         resources.target_ref = spec.target
         resources.check_model = spec.decoding.check_model
         check_vocabularies(spec, resources)
-        _load(resources, spec.target, "pipeline.target")
-        target = _runner(resources, spec.target, "pipeline.target", target_features(spec, registry))
+        load_model(resources, spec.target, "pipeline.target")
+        features = target_features(spec, registry)  # a drafter reads its hidden states
+        target = target_runner(resources, spec.target, "pipeline.target", features)
         resources.target_runner = target
         warn_unapplied(target.model, spec.target, greedy=spec.verifier.name == "greedy")
 
@@ -271,11 +273,12 @@ class Pipeline:
         *,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
+        seed: int | None = None,
     ) -> Iterator[StepEvent]:
         """The decode loop: one `StepEvent` per target forward (at its end, once the drafters
         have measured calls, a check that they are listed cheapest first:
         `check_drafter_order`). The arguments are checked by the call itself, before the first
-        event is asked for."""
+        event is asked for; `seed` as `generate`'s."""
         if is_prompt_list(prompt):
             raise ArgumentError(
                 f"prompt: steps() and stream() decode one prompt, got a list of {len(prompt)} "
@@ -284,14 +287,15 @@ class Pipeline:
         ids = self.encode(prompt).to(self.resources.device)
         rule = self.stop_rule(max_new_tokens, stop)
         self.check_context(int(ids.numel()), rule.max_new_tokens)
-        return self._events(ids, rule)
+        check_optional_seed(seed)
+        return self._events(ids, rule, seed)
 
-    def _events(self, ids: Tensor, rule: StopRule) -> Iterator[StepEvent]:
+    def _events(self, ids: Tensor, rule: StopRule, seed: int | None) -> Iterator[StepEvent]:
         """`steps`' generator, once its arguments are checked."""
         if self._is_busy() or not self._busy.acquire(blocking=False):
             raise BusyError(BUSY)
-        try:
-            yield from self.decoder.steps(ids, rule)  # in inference mode, resume by resume
+        try:  # in inference mode, resume by resume
+            yield from self.decoder.steps(ids, rule, seed)
         finally:
             self._busy.release()
         self.check_drafter_order()
@@ -371,6 +375,7 @@ class Pipeline:
         *,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
+        seed: int | None = None,
     ) -> Generation: ...
 
     @overload
@@ -380,6 +385,7 @@ class Pipeline:
         *,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
+        seed: int | None = None,
     ) -> list[Generation]: ...
 
     def generate(
@@ -388,6 +394,7 @@ class Pipeline:
         *,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
+        seed: int | None = None,
     ) -> Generation | list[Generation]:
         """Decode to the end and return the text, the token ids and the metrics (the decoder's
         one-time measurements, see `prepare`, are not in the timed generation).
@@ -396,11 +403,16 @@ class Pipeline:
         with the tokenizer's chat template). A list of prompts (texts, token-id lists or message
         lists) gives a list of generations, in order. The prompts are decoded one after the other
         (batch size 1: the decoder's trees are per sequence), each exactly as it would be alone.
+
+        `seed` (0 <= seed <= 2**32 - 1) seeds a sampling verifier's random numbers for this call
+        alone, as `treegraft generate --seed` does (each prompt of a list starts from it); None:
+        `decoding.seed` (`decoder.seed`). A greedy pipeline takes it and decodes as without.
         """
+        check_optional_seed(seed)
         if is_prompt_list(prompt):  # one level: each element is one prompt
             prompts = self._check_all(prompt, max_new_tokens, stop)
-            return [self._generate_one(p, max_new_tokens, stop) for p in prompts]
-        return self._generate_one(prompt, max_new_tokens, stop)
+            return [self._generate_one(p, max_new_tokens, stop, seed) for p in prompts]
+        return self._generate_one(prompt, max_new_tokens, stop, seed)
 
     def _check_all(
         self, prompts: Sequence[Any], max_new_tokens: int | None, stop: Sequence[str] | None
@@ -424,14 +436,18 @@ class Pipeline:
         return encoded
 
     def _generate_one(
-        self, prompt: Any, max_new_tokens: int | None, stop: Sequence[str] | None
+        self,
+        prompt: Any,
+        max_new_tokens: int | None,
+        stop: Sequence[str] | None,
+        seed: int | None,
     ) -> Generation:
         ids = self.encode(prompt)
         if self._is_busy():  # before `prepare`'s measurements (`steps` holds the lock)
             raise BusyError(BUSY)
         self.prepare(ids)
         start = time.perf_counter()
-        events = tuple(self.steps(ids, max_new_tokens=max_new_tokens, stop=stop))
+        events = tuple(self.steps(ids, max_new_tokens=max_new_tokens, stop=stop, seed=seed))
         seconds = time.perf_counter() - start
         ids = tuple(t for e in events for t in e.tokens)
         return Generation(
@@ -448,10 +464,11 @@ class Pipeline:
         *,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
+        seed: int | None = None,
     ) -> Iterator[str]:
         """Yield text pieces as steps commit tokens (their concatenation is `generate`'s text);
         the arguments are checked by the call, as `steps` checks them."""
-        events = self.steps(prompt, max_new_tokens=max_new_tokens, stop=stop)
+        events = self.steps(prompt, max_new_tokens=max_new_tokens, stop=stop, seed=seed)
         if self.tokenizer is None:
             raise ArgumentError(
                 f"stream: this pipeline has no tokenizer (none beside the target "
@@ -498,6 +515,13 @@ BUSY = (
 )
 
 
+def check_optional_seed(seed: Any) -> None:
+    """None (the decoder's seed) or a seed `treegraft generate --seed` takes, else an
+    `ArgumentError` naming `seed`."""
+    if seed is not None:
+        check_seed(seed, "seed")
+
+
 def is_prompt_list(prompt: Any) -> bool:
     """A list or tuple of prompts (texts or token-id sequences), not one prompt's token ids: one
     with a text or a sequence among its elements (any other element is then refused by its
@@ -508,74 +532,6 @@ def is_prompt_list(prompt: Any) -> bool:
         isinstance(p, (str, list, tuple)) or (isinstance(p, (Tensor, np.ndarray)) and p.ndim > 0)
         for p in prompt
     )
-
-
-def context_limit(target: CausalLMRunner, drafters: Sequence[Any]) -> int | None:
-    """The least maximum-positions value of the target and the drafters' models (None when
-    no config states one)."""
-    runners = [target, *(getattr(d, "runner", None) for d in drafters)]
-    limits = [max_positions(r.model.config) for r in runners if isinstance(r, CausalLMRunner)]
-    known = [m for m in limits if m is not None]
-    return min(known) if known else None
-
-
-def check_resources(spec: PipelineSpec, resources: Resources) -> None:
-    """Raise `ConfigError` where `spec` states a `decoding.dtype` or `decoding.device` other than
-    the `resources`' (which hold the models: a spec that leaves them out takes the Resources').
-    Stated: given in the spec's mapping, or other than the default (a spec built in code)."""
-    defaults = attrs.fields_dict(type(spec.decoding))
-    stated = {k for k in ("dtype", "device") if getattr(spec.decoding, k) != defaults[k].default}
-    stated |= spec.decoding_keys
-    if "dtype" in stated and DTYPES[spec.decoding.dtype] != resources.dtype:
-        theirs = str(resources.dtype).removeprefix("torch.")
-        raise ConfigError(
-            f"{ROOT}.decoding.dtype: the pipeline states {spec.decoding.dtype!r}, but the "
-            f"Resources it is built on hold their models in {theirs!r} (one dtype per Resources): "
-            f"give Resources(dtype={spec.decoding.dtype!r}), or leave decoding.dtype out to "
-            "use the Resources' dtype"
-        )
-    if "device" not in stated:
-        return
-    try:
-        device = resolve_device(spec.decoding.device)
-    except ArgumentError as exc:
-        raise ConfigError(f"{ROOT}.decoding.device: {exc}") from None
-    if (device.type, device.index or 0) != (resources.device.type, resources.device.index or 0):
-        raise ConfigError(
-            f"{ROOT}.decoding.device: the pipeline states {spec.decoding.device!r} ({device}), "
-            f"but the Resources it is built on hold their models on {str(resources.device)!r}: "
-            f"give Resources(device={spec.decoding.device!r}), or leave decoding.device out to "
-            "use the Resources' device"
-        )
-
-
-def eos_ids_of(model: Any, tokenizer: Any) -> frozenset[int]:
-    """EOS token ids as `generate` reads them: from the model's generation config alone (built
-    from its config when the folder has no `generation_config.json`; one without an
-    `eos_token_id` stops at none); a model without a generation config: its config's, else the
-    tokenizer's."""
-    generation = getattr(model, "generation_config", None)
-    sources = (generation,) if generation is not None else (model.config, tokenizer)
-    for source in sources:
-        eos = getattr(source, "eos_token_id", None) if source is not None else None
-        if eos is not None:
-            return frozenset([eos] if isinstance(eos, int) else eos)
-    return frozenset()
-
-
-def _runner(resources: Resources, ref: str, path: str, features: bool) -> CausalLMRunner:
-    """The target runner of the model `ref` once `Resources.check` has passed it."""
-    try:
-        return resources.runner(ref, target=True, features=features)
-    except ModelRefused as err:
-        raise ConfigError(f"{path}: {err}") from None
-
-
-def _load(resources: Resources, ref: str, path: str) -> Any:
-    try:
-        return resources.model(ref)
-    except ModelRefError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
 
 
 def load_pipeline(

@@ -17,16 +17,21 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from treegraft.core.arguments import check_ref, check_runner_forward
 from treegraft.core.devices import device_problem, dtype_problem
-from treegraft.core.errors import ArgumentError, TreegraftError, check_argument, clipped, shown
+from treegraft.core.errors import (
+    ArgumentError,
+    ModelRefError,
+    check_argument,
+    clipped,
+    shown,
+)
 from treegraft.core.inputs import is_dir, is_file
 from treegraft.core.model_files import (
     broken_link,
-    config_json_problem,
     file_problems,
     hf_config,
     json_object,
@@ -34,8 +39,8 @@ from treegraft.core.model_files import (
     model_folder_problems,
     other_format_hint,
     own_code,
+    own_code_message,
     shape_message,
-    tokenizer_problem,
 )
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import (
@@ -46,6 +51,7 @@ from treegraft.core.runner.attention_rules import (
 )
 from treegraft.core.runner.forwards import ForwardPlan, attend, attention_for, plan_forward
 from treegraft.core.runner.placement import load_kwargs, map_problem
+from treegraft.core.tokenizer_files import folder_tokenizer
 from treegraft.kernels.tree_attention.hf import register
 
 DTYPES = {
@@ -61,66 +67,9 @@ DTYPES = {
 QUIET_CONFIG = {"output_attentions": False, "output_hidden_states": False, "return_dict": True}
 
 
-class ModelRefError(TreegraftError, ValueError):
-    """A model reference names nothing loadable."""
-
-
 class OwnCodeWarning(UserWarning):
     """A checkpoint's `config.json` maps its model to the folder's own code (`auto_map`), which
     treegraft never runs: transformers' own class of its `model_type` is loaded instead."""
-
-
-#: files one of which a Hugging Face tokenizer folder holds (besides `*.tiktoken`)
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "vocab.json",
-    "vocab.txt",
-    "tokenizer.model",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-    "tekken.json",
-)
-
-
-#: the JSON files of a tokenizer folder, each a JSON object when present
-TOKENIZER_JSON = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.json",
-)
-
-
-def folder_tokenizer(path: Path, ref: str) -> Any:
-    """The tokenizer saved in the model folder `path` (of the reference `ref`); None when the
-    folder holds no tokenizer file (the model then takes token ids, not text). Tokenizer files
-    that do not load, or load as a tokenizer without a vocabulary, are a `ModelRefError`; the
-    folder's own tokenizer code (an `auto_map`) is never run."""
-    if not any((path / name).is_file() for name in TOKENIZER_FILES) and not any(
-        path.glob("*.tiktoken")
-    ):
-        return None
-    for name in TOKENIZER_JSON:
-        if (path / name).exists() and (problem := json_object(path / name)[1]):
-            raise ModelRefError(f"{ref}: the tokenizer files in {path} do not load: {problem}")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-    except Exception as exc:  # transformers' failures have no common type
-        config, _ = json_object(path / "config.json")
-        if config is not None and (problem := config_json_problem(path, config)):
-            raise ModelRefError(f"{ref}: {problem}") from None  # read before the tokenizer
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if isinstance(exc, KeyError):  # a key the files lack: say so, not just its name
-            first = f"a key is missing: {first}"
-        raise ModelRefError(
-            f"{ref}: the tokenizer files in {path} do not load ({first}); fix or remove them "
-            "(without them the model takes token ids, not text)"
-        ) from None
-    if problem := tokenizer_problem(path, tokenizer):
-        raise ModelRefError(f"{ref}: {problem}")
-    return tokenizer
 
 
 def load_failure(ref: str, path: Path, exc: Exception) -> Exception:
@@ -250,6 +199,16 @@ def hub_hint(ref: str) -> str:
     )
 
 
+def check_tokenizer(tokenizer: Any, where: str = "Resources: tokenizer") -> None:
+    """An `ArgumentError` unless `tokenizer` is None or a tokenizer (called on text, as a
+    transformers tokenizer is), not only once a text prompt reaches it."""
+    if tokenizer is not None and not callable(tokenizer):
+        raise ArgumentError(
+            f"{where}: expected a transformers tokenizer (AutoTokenizer.from_pretrained) or "
+            f"None, got {type(tokenizer).__name__} {shown(tokenizer)}"
+        )
+
+
 def model_vocab_size(ref: str, memory: dict[str, PreTrainedModel] | None = None) -> int:
     """Vocabulary size from a model's config, without loading its weights."""
     if memory and ref in memory:  # a composite config (Gemma 3, Llava...) has it in its text config
@@ -286,7 +245,7 @@ class Resources:
     dtype: torch.dtype = attrs.field(default=torch.float32, converter=as_dtype)
     models: dict[str, PreTrainedModel] = attrs.field(factory=dict)
     #: the tokenizer of the models without one of their own (set explicitly; never loaded here)
-    tokenizer: Any = None
+    tokenizer: Any = attrs.field(default=None, validator=lambda _, __, v: check_tokenizer(v))
     #: tokenizers by model reference: a folder's own (None: it has no tokenizer files), or one
     #: given to `add_model`
     tokenizers: dict[str, Any] = attrs.field(factory=dict)
@@ -312,6 +271,14 @@ class Resources:
     def __attrs_post_init__(self) -> None:
         if problem := dtype_problem(self.device, self.dtype):
             raise ArgumentError(f"Resources: dtype: {problem}")
+        given, self.models = self.models, {}
+        for ref, model in given.items():  # as `add_model` adds them: checked, in memory
+            try:
+                self.add_model(ref, model)
+            except ArgumentError as exc:
+                raise ArgumentError(
+                    f"Resources: models: {exc}".replace("add_model: ", "")
+                ) from None
 
     @classmethod
     def create(
@@ -421,9 +388,13 @@ class Resources:
                 "data, as a model built under `torch.device('meta')`); load them first, e.g. "
                 "with from_pretrained"
             )
+        check_tokenizer(tokenizer, "add_model: tokenizer")
         self.models[ref] = model.to(device=self.device, dtype=self.dtype).eval()
         attend(model, self.plan.for_model(model))
         self.in_memory.add(ref)
+        # another model under a used name: probed again, no tokenizer of the one it replaces
+        self.checked = {key: why for key, why in self.checked.items() if key[0] != ref}
+        self.tokenizers.pop(ref, None)
         if tokenizer is not None:
             self.tokenizers[ref] = tokenizer
 
@@ -467,13 +438,8 @@ class Resources:
             self.models[ref] = (model if placed else model.to(self.device)).eval()
             attend(model, self.plan.for_model(model))
             if module := own_code(json_object(path / "config.json")[0] or {}):
-                warnings.warn(
-                    f"{ref}: config.json maps the model to the folder's own code ({module}), "
-                    f"which treegraft never runs: it loads transformers' {type(model).__name__} "
-                    "instead, as from_pretrained does without trust_remote_code",
-                    OwnCodeWarning,
-                    stacklevel=2,
-                )
+                message = own_code_message(ref, module, type(model).__name__)
+                warnings.warn(message, OwnCodeWarning, stacklevel=2)
         return self.models[ref]
 
     def runner(
@@ -569,14 +535,21 @@ class Resources:
                     raise DatastoreError(f"unknown zoo datastore {ref!r}; expected {REF!r}")
                 tokenizer = self.tokenizer_file(self.target_ref) if self.target_ref else None
                 if tokenizer is None:
-                    raise DatastoreUnavailable(
-                        f"{REF} is built in the target's tokens, from the tokenizer.json beside "
-                        f"the target; the target {self.target_ref or '(none)'!r} has none: build "
-                        "a datastore with `treegraft datastore build` and name its file"
-                    )
+                    raise DatastoreUnavailable(self.corpus_unavailable())
                 path = corpus_datastore(tokenizer, self.vocab_size(self.target_ref))
             self.datastores[key] = Datastore.load(path)
         return self.datastores[key]
+
+    def corpus_unavailable(self) -> str | None:
+        """Why `zoo:corpus` cannot be built for the target (None: it can): it is built in the
+        target's tokens, from its `tokenizer.json`. Read without building it."""
+        if self.target_ref and self.tokenizer_file(self.target_ref) is not None:
+            return None
+        return (
+            "zoo:corpus is built in the target's tokens, from the tokenizer.json beside the "
+            f"target; the target {self.target_ref or '(none)'!r} has none: build a datastore "
+            "with `treegraft datastore build` and name its file"
+        )
 
     def load_tokenizer(self, ref: str) -> Any:
         """The tokenizer of the model `ref`: its own (the folder's files, loaded once:

@@ -10,9 +10,12 @@ components that load no model are built, each drafter checks its config, the tok
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from treegraft.core.components import (
     MODEL_FREE,
@@ -37,7 +40,15 @@ from treegraft.core.config import (
 )
 from treegraft.core.devices import device_problem
 from treegraft.core.errors import TreegraftError, clipped, shown
-from treegraft.core.model_files import hf_config, meta_model, model_folder_problems
+from treegraft.core.generation_settings import folder_messages
+from treegraft.core.model_files import (
+    hf_config,
+    json_object,
+    meta_model,
+    model_folder_problems,
+    own_code,
+    own_code_message,
+)
 from treegraft.core.registry import Registry, UnknownComponentError, default_registry
 from treegraft.core.resources import ModelRefError, Resources, resolve_model_path
 from treegraft.core.runner.attention_rules import refusal, refused_message
@@ -101,15 +112,20 @@ def drafters_errors(raw: Any, registry: Registry) -> list[str]:
     return [e for _, value, p in items for e in component_errors("drafter", value, p, registry)]
 
 
-def model_errors(spec: PipelineSpec) -> list[str]:
-    """Each model reference resolves to a folder whose weights and config agree; the
-    vocabularies match; the device exists on this machine."""
+def model_refs(spec: PipelineSpec) -> list[tuple[str, str]]:
+    """(YAML path, model reference) of the target and of each drafter's model."""
     refs = [("pipeline.target", spec.target)]
-    refs += [
+    return refs + [
         (f"{c.path}.model", c.config.model)
         for _, c in spec.drafters
         if isinstance(getattr(c.config, "model", None), str)
     ]
+
+
+def model_errors(spec: PipelineSpec) -> list[str]:
+    """Each model reference resolves to a folder whose weights and config agree; the
+    vocabularies match; the device exists on this machine."""
+    refs = model_refs(spec)
     errors = []
     for path, ref in refs:
         try:
@@ -130,6 +146,51 @@ def model_errors(spec: PipelineSpec) -> list[str]:
     problems = placement_problems(spec.decoding.device_map, spec.decoding.offload_folder)
     errors += [f"{ROOT}.decoding.{problem}" for problem in problems]
     return errors
+
+
+def checked_file(
+    path: Path, registry: Registry | None = None
+) -> tuple[PipelineSpec | None, list[str], list[str]]:
+    """`pipeline_errors` of `path`, and for a valid file its warnings, each starting with
+    `path`: what the checks warned about (a drafter's `check_config`: `zoo:corpus` that cannot
+    be built for the target) and `pipeline_warnings`."""
+    registry = registry or default_registry()  # its plugins' warnings are no file's
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        spec, errors = pipeline_errors(path, registry)
+    ours = [w for w in caught if _is_ours(w)]
+    for w in caught:  # a library's own (a FutureWarning): shown as they would be
+        if w not in ours:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    if spec is None:
+        return None, errors, []
+    found = [str(w.message) for w in ours] + pipeline_warnings(spec)
+    return spec, errors, [f"{clipped(str(path))}: {m}" for m in dict.fromkeys(found)]
+
+
+def _is_ours(caught: warnings.WarningMessage) -> bool:
+    """A warning about the file: one of treegraft's, or a drafter's `check_config` warning
+    (said again at the drafter's path, `drafter_config_errors`)."""
+    module = getattr(caught.category, "__module__", "")
+    return module.startswith("treegraft.") or str(caught.message).startswith(f"{ROOT}.")
+
+
+def pipeline_warnings(spec: PipelineSpec) -> list[str]:
+    """What building the valid pipeline `spec` warns about, read from the model folders
+    without their weights: the target's generation config (`GenerationConfigWarning`: settings
+    `generate` applies and treegraft does not, sampling asked of a greedy pipeline) and a
+    config.json that maps a model to the folder's own code (`OwnCodeWarning`)."""
+    greedy = spec.verifier.name == "greedy"
+    messages = []
+    for path, ref in model_refs(spec):
+        folder = resolve_model_path(ref)
+        if path == "pipeline.target":
+            messages += [f"{path}: {m}" for m in folder_messages(folder, ref, greedy=greedy)]
+        config = json_object(folder / "config.json")[0] or {}
+        if module := own_code(config):
+            cls = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type"), "class")
+            messages.append(f"{path}: {own_code_message(ref, module, cls)}")
+    return messages
 
 
 def architecture_refusal(ref: str) -> str | None:

@@ -28,9 +28,13 @@ def pipeline_tokenizer(spec: PipelineSpec, resources: Resources) -> Any:
     target's vocabulary is refused."""
     if spec.tokenizer is None:
         try:
-            return resources.load_tokenizer(spec.target)
+            tokenizer = resources.load_tokenizer(spec.target)
         except ModelRefError as exc:
             raise ConfigError(f"pipeline.target: {exc}") from None
+        vocab = _vocab(resources, spec.target, "pipeline.target")
+        if tokenizer is not None and (problem := tokenizer_fit_problem(len(tokenizer), vocab)):
+            raise ConfigError(f"pipeline.target: {spec.target!r}: {problem}")
+        return tokenizer
     try:
         path = tokenizer_path(spec.tokenizer)
         tokenizer = folder_tokenizer(path, spec.tokenizer)
@@ -98,6 +102,13 @@ def check_vocabularies(spec: PipelineSpec, resources: Resources) -> None:
     must be equal.
     """
     target_vocab = _vocab(resources, spec.target, "pipeline.target")
+    if spec.tokenizer is None:  # else `pipeline_tokenizer` checks the one named
+        try:
+            problem = tokenizer_fit_problem(resources.real_vocab(spec.target), target_vocab)
+        except ModelRefError as exc:
+            raise ConfigError(f"pipeline.target: {exc}") from None
+        if problem:
+            raise ConfigError(f"pipeline.target: {spec.target!r}: {problem}")
     for _, c in spec.drafters:
         ref = getattr(c.config, "model", None)
         if not isinstance(ref, str):
@@ -131,6 +142,20 @@ def check_vocabularies(spec: PipelineSpec, resources: Resources) -> None:
                 f"the target {spec.target!r} may commit (the tokenizer they share); a drafter "
                 "must embed every token of the target's vocabulary"
             )
+
+
+def tokenizer_fit_problem(tokens: int | None, embedded: int) -> str | None:
+    """Why a model's tokenizer of `tokens` ids does not fit the model, which embeds `embedded`
+    (its `vocab_size`: the rows of its embedding and output head); None when it fits (an
+    embedding padded past the tokenizer's tokens, as Qwen's and SmolLM2's are, does)."""
+    if tokens is None or tokens <= embedded:
+        return None
+    return (
+        f"its tokenizer has {tokens} tokens, but the model embeds {embedded} (vocab_size: the "
+        f"rows of its embedding and output head), so ids {embedded} to {tokens - 1} have no "
+        f"embedding; expected a tokenizer of at most {embedded} tokens (name one with the "
+        "pipeline's `tokenizer:` key)"
+    )
 
 
 def same_tokenizer(resources: Resources, a: str, b: str) -> bool | None:

@@ -114,9 +114,7 @@ def attention_rules(config: Any) -> AttentionRules:
 
 
 def _read_rules(cfg: Any) -> AttentionRules:
-    window = _positive(getattr(cfg, "sliding_window", None))
-    if getattr(cfg, "use_sliding_window", True) is False:
-        window = None
+    window = _window(cfg)
     chunk = _positive(getattr(cfg, "attention_chunk_size", None))
     types = getattr(cfg, "layer_types", None)
     slot_types = getattr(cfg, "attention_layers", None)  # GPT-Neo's, windowed by `window_size`
@@ -151,10 +149,38 @@ def _read_rules(cfg: Any) -> AttentionRules:
     return AttentionRules(single=None, by_type=rules)
 
 
+def _window(cfg: Any) -> int | None:
+    """The sliding window of the config's sliding layers (every layer's without `layer_types`;
+    None: no window). A window of no tokens (0, -1) where a layer slides is refused: transformers
+    accepts it and the model's own mask then differs from a causal one (Qwen2-MoE keeps 0
+    where no layer slides, `use_sliding_window: false`)."""
+    value = getattr(cfg, "sliding_window", None)
+    if value is None or getattr(cfg, "use_sliding_window", True) is False:
+        return None
+    types = getattr(cfg, "layer_types", None)
+    if _positive(value) or (types and not SLIDING_TYPES.intersection(types)):
+        return _positive(value)
+    raise ModelRefused(
+        f"its config's sliding_window is {value!r}; expected an int >= 1 (the tokens a "
+        "sliding-window layer attends to) or null (no window)"
+    )
+
+
 def _positive(value: Any) -> int | None:
     return (
         int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
     )
+
+
+def layout_problem(cfg: Any) -> str | None:
+    """Why the text config `cfg` describes no model that decodes: no decoder layers (transformers
+    accepts `num_hidden_layers: 0`, and a forward then returns the embedding's logits); None
+    where it has layers (or states no count)."""
+    layers = getattr(cfg, "num_hidden_layers", None)
+    if layers is None or _positive(layers):
+        return None
+    name = getattr(type(cfg), "attribute_map", {}).get("num_hidden_layers", "num_hidden_layers")
+    return f"its config's {name} is {layers!r}; expected an int >= 1 (its decoder layers)"
 
 
 #: model types whose position information is an ALiBi bias built from a 2D padding mask
@@ -169,11 +195,13 @@ def refusal(model: Any) -> str | None:
     Architectures not ruled out here still pass the load-time probe (`probe_model`) before
     they decode.
     """
+    cfg = text_config(model.config)
+    if (why := layout_problem(cfg)) is not None:  # before the rules that read these fields
+        return why
     if (why := _no_output_head(model) or _maskless_attention(model.config)) is not None:
         return why
     if (why := _cacheless(model)) is not None:
         return why
-    cfg = text_config(model.config)
     kind = getattr(cfg, "model_type", "")
     if (
         kind in ALIBI_TYPES

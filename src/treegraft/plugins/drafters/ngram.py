@@ -249,7 +249,12 @@ class NgramDrafter(Drafter):
     @classmethod
     def check_config(cls, config: NgramConfig, resources: Any) -> None:
         """A datastore file the config names must load and fit the target's vocabulary
-        (`zoo:corpus`, built at first use, is not built here)."""
+        (`zoo:corpus`, built at first use, is not built here: where it cannot be, the
+        `DatastoreWarning` the build gives)."""
+        if config.store == "zoo:corpus" and (why := resources.corpus_unavailable()):
+            warnings.warn(
+                f"store: {why}; drafting from the context alone", DatastoreWarning, stacklevel=2
+            )
         if config.store is None or config.store == "zoo:corpus":
             return
         try:

@@ -256,7 +256,7 @@ class PointMassVerifier(Verifier):
         """Reseed: the generator is (re)created on the logits' device at the next `verify`.
         An `ArgumentError` for a seed outside 0..`SEED_MAX` (one torch would alias)."""
         check_count("PointMassVerifier.begin: seed", seed, 0, SEED_MAX)
-        self._seed = seed
+        self._seed = int(seed)  # torch's generator takes no NumPy int
         self._rng = None
 
     def verify(self, tree: DraftTree, target_logits: Tensor) -> Verdict:
