@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -23,7 +24,7 @@ from treegraft.core.config import (
     parse_yaml,
     pipeline_spec_from_dict,
 )
-from treegraft.core.errors import ArgumentError
+from treegraft.core.errors import ArgumentError, TreegraftError
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.registry import Registry, default_registry
 from treegraft.core.resources import Resources
@@ -635,41 +636,42 @@ def test_a_drafter_embedding_fewer_tokens_than_the_target_commits_is_refused(
     )
 
 
-def test_a_target_whose_tokenizer_has_more_tokens_than_it_embeds_is_refused(
+def test_a_target_whose_tokenizer_has_more_tokens_than_it_embeds_is_warned_of(
     tmp_path: Path,
 ) -> None:
-    """A target of 64 rows with an 80-token tokenizer: ids 64-79 have no embedding. It was
-    built (a prompt holding one was refused only when decoded); now the build, `validate` and
-    an in-memory target added with that tokenizer are refused naming both sizes. A tokenizer
-    that fits, named with `tokenizer:`, or an embedding padded past it (Qwen's, SmolLM2's) is
-    accepted."""
-    from tests.conftest import word_tokenizer
-    from treegraft.core.validation import pipeline_errors
+    """A target of 64 rows shipped with an 80-token tokenizer (a token added without resizing
+    the embedding, as some fine-tunes ship a `<pad>`): ids 64-79 have no embedding. Its own
+    `generate` runs it, so the build does too, warning (and `validate` shows the warning) that
+    a prompt holding such an id is refused; it then decodes as its `generate`. A `tokenizer:`
+    that fits, or an embedding padded past the tokenizer (Qwen's, SmolLM2's), warns of nothing."""
+    from tests.conftest import greedy_reference, word_tokenizer
+    from treegraft.core.validation import checked_file
+    from treegraft.core.vocabularies import VocabularyWarning
 
-    t_dir = _save(tmp_path / "t", tiny_llama(seed=5, vocab=64), word_tokenizer(80))
+    model = tiny_llama(seed=5, vocab=64)
+    t_dir = _save(tmp_path / "t", model, word_tokenizer(80))
     spec = {**_pipeline(t_dir, t_dir), "decoding": {"max_new_tokens": 4, "dtype": "float64"}}
     message = (
         f"pipeline.target: {t_dir!r}: its tokenizer has 80 tokens, but the model embeds 64 "
-        "(vocab_size: the rows of its embedding and output head), so ids 64 to 79 have no "
-        "embedding; expected a tokenizer of at most 64 tokens (name one with the pipeline's "
-        "`tokenizer:` key)"
+        "(vocab_size): ids 64 to 79 have no embedding, and a prompt holding one is refused "
+        "(name a tokenizer that fits with the pipeline's `tokenizer:` key)"
     )
-    with pytest.raises(ConfigError) as info:
-        load_pipeline(spec, resources=Resources(dtype=torch.float64))
-    assert str(info.value) == message
+    with pytest.warns(VocabularyWarning) as caught:
+        pipe = load_pipeline(spec, resources=Resources(dtype=torch.float64))
+    assert [str(w.message) for w in caught if w.category is VocabularyWarning] == [message]
+    assert list(pipe.generate([1, 2, 3]).token_ids) == greedy_reference(model, [1, 2, 3], 4)
+    with pytest.raises(TreegraftError, match="70"):
+        pipe.generate([1, 70, 3])
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(spec))
-    assert pipeline_errors(path)[1] == [f"{path}: {message}"]
-    resources = Resources(dtype=torch.float64)
-    resources.add_model("mem:t", tiny_llama(seed=5, vocab=64), tokenizer=word_tokenizer(80))
-    with pytest.raises(ConfigError, match="its tokenizer has 80 tokens, but the model embeds 64"):
-        load_pipeline(
-            {**spec, "target": "mem:t", "drafters": {"w": {"name": "ngram"}}}, resources=resources
-        )
-    fits = _save(tmp_path / "tok", tiny_llama(seed=5, vocab=8), word_tokenizer(64))
-    load_pipeline({**spec, "tokenizer": fits}, resources=Resources(dtype=torch.float64))
-    padded = _save(tmp_path / "p", tiny_llama(seed=5, vocab=80), word_tokenizer(64))
-    load_pipeline(_pipeline(padded, padded), resources=Resources(dtype=torch.float64))
+    _, errors, warned = checked_file(path)
+    assert errors == [] and warned == [f"{path}: {message}"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", VocabularyWarning)
+        fits = _save(tmp_path / "tok", tiny_llama(seed=5, vocab=8), word_tokenizer(64))
+        load_pipeline({**spec, "tokenizer": fits}, resources=Resources(dtype=torch.float64))
+        padded = _save(tmp_path / "p", tiny_llama(seed=5, vocab=80), word_tokenizer(64))
+        load_pipeline(_pipeline(padded, padded), resources=Resources(dtype=torch.float64))
 
 
 def test_two_different_tokenizers_are_refused_naming_both(tmp_path: Path) -> None:

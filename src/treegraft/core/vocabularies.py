@@ -6,6 +6,7 @@ and `treegraft validate` both call these.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +23,20 @@ from treegraft.core.resources import (
 )
 
 
+class VocabularyWarning(UserWarning):
+    """The target's own tokenizer defines more token ids than the model embeds (a token added
+    without resizing the embedding): prompts holding those ids are refused."""
+
+
 def pipeline_tokenizer(spec: PipelineSpec, resources: Resources) -> Any:
     """The `tokenizer:` of the spec (a folder or zoo reference; this pipeline's alone, not put
     into the shared `resources`), else the target's; a tokenizer with more tokens than the
-    target's vocabulary is refused."""
+    target's vocabulary is refused (the target's own: `check_vocabularies` warns)."""
     if spec.tokenizer is None:
         try:
-            tokenizer = resources.load_tokenizer(spec.target)
+            return resources.load_tokenizer(spec.target)
         except ModelRefError as exc:
             raise ConfigError(f"pipeline.target: {exc}") from None
-        vocab = _vocab(resources, spec.target, "pipeline.target")
-        if tokenizer is not None and (problem := tokenizer_fit_problem(len(tokenizer), vocab)):
-            raise ConfigError(f"pipeline.target: {spec.target!r}: {problem}")
-        return tokenizer
     try:
         path = tokenizer_path(spec.tokenizer)
         tokenizer = folder_tokenizer(path, spec.tokenizer)
@@ -102,13 +104,20 @@ def check_vocabularies(spec: PipelineSpec, resources: Resources) -> None:
     must be equal.
     """
     target_vocab = _vocab(resources, spec.target, "pipeline.target")
-    if spec.tokenizer is None:  # else `pipeline_tokenizer` checks the one named
+    if spec.tokenizer is None:  # else `pipeline_tokenizer` refuses a named one that does not fit
         try:
-            problem = tokenizer_fit_problem(resources.real_vocab(spec.target), target_vocab)
+            tokens = resources.real_vocab(spec.target)
         except ModelRefError as exc:
             raise ConfigError(f"pipeline.target: {exc}") from None
-        if problem:
-            raise ConfigError(f"pipeline.target: {spec.target!r}: {problem}")
+        if tokens is not None and tokens > target_vocab:  # as shipped: `generate` runs it too
+            warnings.warn(
+                f"pipeline.target: {spec.target!r}: its tokenizer has {tokens} tokens, but the "
+                f"model embeds {target_vocab} (vocab_size): ids {target_vocab} to {tokens - 1} "
+                "have no embedding, and a prompt holding one is refused (name a tokenizer that "
+                "fits with the pipeline's `tokenizer:` key)",
+                VocabularyWarning,
+                stacklevel=2,
+            )
     for _, c in spec.drafters:
         ref = getattr(c.config, "model", None)
         if not isinstance(ref, str):
@@ -142,20 +151,6 @@ def check_vocabularies(spec: PipelineSpec, resources: Resources) -> None:
                 f"the target {spec.target!r} may commit (the tokenizer they share); a drafter "
                 "must embed every token of the target's vocabulary"
             )
-
-
-def tokenizer_fit_problem(tokens: int | None, embedded: int) -> str | None:
-    """Why a model's tokenizer of `tokens` ids does not fit the model, which embeds `embedded`
-    (its `vocab_size`: the rows of its embedding and output head); None when it fits (an
-    embedding padded past the tokenizer's tokens, as Qwen's and SmolLM2's are, does)."""
-    if tokens is None or tokens <= embedded:
-        return None
-    return (
-        f"its tokenizer has {tokens} tokens, but the model embeds {embedded} (vocab_size: the "
-        f"rows of its embedding and output head), so ids {embedded} to {tokens - 1} have no "
-        f"embedding; expected a tokenizer of at most {embedded} tokens (name one with the "
-        "pipeline's `tokenizer:` key)"
-    )
 
 
 def same_tokenizer(resources: Resources, a: str, b: str) -> bool | None:
