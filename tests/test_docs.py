@@ -148,3 +148,35 @@ def test_the_command_check_catches_unknown_options():
     assert command_problems("bench a.yaml --quick --out=runs/x") == []
     assert command_problems("scheduler evaluate runs/d --guard 0.1") == []
     assert command_problems("scheduler colect x.yaml") == ["colect (no such subcommand)"]
+
+
+def reference_modules() -> list[str]:
+    """The modules the API reference page renders (`::: MODULE` lines)."""
+    return re.findall(r"^::: (\S+)$", (DOCS / "reference.md").read_text(), re.M)
+
+
+def test_documented_attributes_are_the_fields_of_their_class():
+    """An `Attributes:` section on the reference page names each public field of its attrs class
+    by itself (`a, b: ...` renders as one attribute called `a,`) and no field the class lacks."""
+    import importlib
+
+    import attrs
+
+    griffe = pytest.importorskip("griffe")
+    loader = griffe.GriffeLoader(search_paths=[str(ROOT / "src")], docstring_parser="google")
+    bad = []
+    for name in reference_modules():
+        module, loaded = importlib.import_module(name), loader.load(name)
+        for cls_name, doc in loaded.classes.items():
+            cls = getattr(module, cls_name, None)
+            if doc.docstring is None or not attrs.has(cls):
+                continue
+            sections = doc.docstring.parse("google")
+            named = {a.name for s in sections if s.kind.value == "attributes" for a in s.value}
+            if not named:
+                continue
+            fields = {f.name for f in attrs.fields(cls) if not f.name.startswith("_")}
+            known = fields | {n for n, v in vars(cls).items() if isinstance(v, property)}
+            bad += [f"{name}.{cls_name}: {n} (not a field)" for n in sorted(named - known)]
+            bad += [f"{name}.{cls_name}.{f} (undocumented)" for f in sorted(fields - named)]
+    assert bad == [], "\n".join(bad)
