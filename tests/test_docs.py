@@ -180,3 +180,37 @@ def test_documented_attributes_are_the_fields_of_their_class():
             bad += [f"{name}.{cls_name}: {n} (not a field)" for n in sorted(named - known)]
             bad += [f"{name}.{cls_name}.{f} (undocumented)" for f in sorted(fields - named)]
     assert bad == [], "\n".join(bad)
+
+
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+
+
+def python_blocks(page: str) -> list[str]:
+    """The Python code blocks of a page, in order."""
+    return PYTHON_BLOCK.findall((DOCS / page).read_text())
+
+
+def test_the_zoo_and_kernel_snippets_run():
+    for page, index in [("zoo.md", 0), ("kernels.md", 0)]:
+        exec(python_blocks(page)[index], {})
+
+
+def test_the_quickstart_snippets_run():
+    """The quickstart's Python API walk-through as a reader runs it, top to bottom, with the
+    shipped `ngram-only` pipeline in place of the default (which builds the corpus datastore and
+    loads three models first) and an in-memory zoo target as `my_target_model`."""
+    from transformers import AutoModelForCausalLM
+
+    from treegraft import zoo
+
+    blocks = python_blocks("quickstart.md")
+    assert len(blocks) == 5, "a quickstart snippet was added or removed: update this test"
+    namespace = {"my_target_model": AutoModelForCausalLM.from_pretrained(zoo.resolve("zoo:target"))}
+    for block in blocks:
+        block = block.replace('"treegraft"', '"ngram-only"').replace("(16, 32, 64)", "(16, 32)")
+        exec(
+            block.replace('("def fibonacci(n):")', '("def fibonacci(n):", max_new_tokens=8)'),
+            namespace,
+        )
+    assert namespace["result"].summary.tokens_per_second > 0
+    assert 1 <= len(namespace["ids"]) <= 16
