@@ -691,6 +691,16 @@ def test_ctrl_c_prints_the_stats_so_far_and_exits_130(tmp_path: Path, model_dir:
     assert f"step files in {trace}, cut short by the interrupt" in stderr  # said nothing
 
 
+def test_the_command_line_loads_without_torch() -> None:
+    """`import treegraft.cli` (the `treegraft` script's first line) mounts every subcommand
+    without importing torch or transformers, so Ctrl-C during start-up reaches the command's
+    handler ('interrupted', exit 130) instead of printing a traceback from inside an import."""
+    code = "import sys, treegraft.cli; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 # ---------------------------------------------------------------------------- validate
 
 

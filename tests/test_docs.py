@@ -148,3 +148,69 @@ def test_the_command_check_catches_unknown_options():
     assert command_problems("bench a.yaml --quick --out=runs/x") == []
     assert command_problems("scheduler evaluate runs/d --guard 0.1") == []
     assert command_problems("scheduler colect x.yaml") == ["colect (no such subcommand)"]
+
+
+def reference_modules() -> list[str]:
+    """The modules the API reference page renders (`::: MODULE` lines)."""
+    return re.findall(r"^::: (\S+)$", (DOCS / "reference.md").read_text(), re.M)
+
+
+def test_documented_attributes_are_the_fields_of_their_class():
+    """An `Attributes:` section on the reference page names each public field of its attrs class
+    by itself (`a, b: ...` renders as one attribute called `a,`) and no field the class lacks."""
+    import importlib
+
+    import attrs
+
+    griffe = pytest.importorskip("griffe")
+    loader = griffe.GriffeLoader(search_paths=[str(ROOT / "src")], docstring_parser="google")
+    bad = []
+    for name in reference_modules():
+        module, loaded = importlib.import_module(name), loader.load(name)
+        for cls_name, doc in loaded.classes.items():
+            cls = getattr(module, cls_name, None)
+            if doc.docstring is None or not attrs.has(cls):
+                continue
+            sections = doc.docstring.parse("google")
+            named = {a.name for s in sections if s.kind.value == "attributes" for a in s.value}
+            if not named:
+                continue
+            fields = {f.name for f in attrs.fields(cls) if not f.name.startswith("_")}
+            known = fields | {n for n, v in vars(cls).items() if isinstance(v, property)}
+            bad += [f"{name}.{cls_name}: {n} (not a field)" for n in sorted(named - known)]
+            bad += [f"{name}.{cls_name}.{f} (undocumented)" for f in sorted(fields - named)]
+    assert bad == [], "\n".join(bad)
+
+
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+
+
+def python_blocks(page: str) -> list[str]:
+    """The Python code blocks of a page, in order."""
+    return PYTHON_BLOCK.findall((DOCS / page).read_text())
+
+
+def test_the_zoo_and_kernel_snippets_run():
+    for page, index in [("zoo.md", 0), ("kernels.md", 0)]:
+        exec(python_blocks(page)[index], {})
+
+
+def test_the_quickstart_snippets_run():
+    """The quickstart's Python API walk-through as a reader runs it, top to bottom, with the
+    shipped `ngram-only` pipeline in place of the default (which builds the corpus datastore and
+    loads three models first) and an in-memory zoo target as `my_target_model`."""
+    from transformers import AutoModelForCausalLM
+
+    from treegraft import zoo
+
+    blocks = python_blocks("quickstart.md")
+    assert len(blocks) == 5, "a quickstart snippet was added or removed: update this test"
+    namespace = {"my_target_model": AutoModelForCausalLM.from_pretrained(zoo.resolve("zoo:target"))}
+    for block in blocks:
+        block = block.replace('"treegraft"', '"ngram-only"').replace("(16, 32, 64)", "(16, 32)")
+        exec(
+            block.replace('("def fibonacci(n):")', '("def fibonacci(n):", max_new_tokens=8)'),
+            namespace,
+        )
+    assert namespace["result"].summary.tokens_per_second > 0
+    assert 1 <= len(namespace["ids"]) <= 16

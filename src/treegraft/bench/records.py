@@ -38,11 +38,13 @@ class Request:
 
     Attributes:
         pair: label of the (target, drafter) pair.
-        suite, prompt_id: which prompt.
+        suite: the suite of the prompt.
+        prompt_id: the prompt's id in its suite.
         method: `ar`, a baseline or a pipeline label.
         mode: `measured`, or `replay` (target forwards predicted, not run).
         repeat: 0-based repetition of the sweep.
-        prompt_tokens, new_tokens: prompt length and tokens generated.
+        prompt_tokens: prompt length in tokens.
+        new_tokens: tokens generated.
         wall_s: wall seconds from the first forward to the last token (predicted in replay).
         steps: target forwards.
         committed: tokens the target forwards committed, bonus tokens included (tau numerator;

@@ -55,7 +55,9 @@ class UnitRecord:
     """What became of one work unit: its requests, or the error it failed with.
 
     Attributes:
-        pair, suite, repeat: the cell (and repetition) the unit belongs to.
+        pair: the pair of the cell the unit belongs to.
+        suite: the suite of that cell.
+        repeat: the repetition of the sweep the unit belongs to.
         prompt_ids: the prompts of the unit, in sweep order.
         status: `done` or `failed`.
         requests: every request of every prompt (empty when failed), in the order they ran.

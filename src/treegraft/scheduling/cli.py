@@ -20,10 +20,9 @@ from treegraft.bench.cli import (
     RayAddressOption,
     WorkersOption,
 )
-from treegraft.bench.progress import prompt_progress
 from treegraft.console import console, out
 from treegraft.console import fail as _fail
-from treegraft.core.config import MAX_NEW_TOKENS
+from treegraft.core.constraints import MAX_NEW_TOKENS
 from treegraft.scheduling.cli_setup import (
     MAX_PROMPTS,
     check_artifact,
@@ -130,6 +129,7 @@ def collect(
     shards = executor_options(executor, ray_address, workers, num_cpus, num_gpus)
     check_artifact("--follow", follow)
 
+    from treegraft.bench.progress import prompt_progress
     from treegraft.core.config import ConfigError
     from treegraft.core.errors import ArgumentError
     from treegraft.core.inputs import check_output_dir

@@ -8,11 +8,18 @@ from pathlib import Path
 from typing import Any
 
 from treegraft.console import fail as _fail
-from treegraft.core.arguments import set_threads as set_threads  # the commands' --threads
 
 #: The most prompts a collection takes (`--prompts`, `--skip`): the training prompts are made
 #: before the first label, so a count past this spends minutes (and memory) before any work.
 MAX_PROMPTS = 100_000
+
+
+def set_threads(threads: int | None) -> None:
+    """The commands' `--threads` (`treegraft.core.arguments.set_threads`, imported here so that
+    mounting the commands does not import torch)."""
+    from treegraft.core.arguments import set_threads as set_torch_threads
+
+    set_torch_threads(threads)
 
 
 def check_numbers(

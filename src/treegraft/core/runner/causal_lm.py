@@ -57,7 +57,9 @@ class CausalLMRunner:
 
     Attributes:
         model: any `AutoModelForCausalLM` decoder (eval mode).
-        committed: `[max_len]` int64 buffer of committed tokens; the first `n_committed` are valid.
+        cache: the tree KV cache, grown in chunks as decoding goes (None until `begin`).
+        committed: `[max_len]` int64 buffer of committed tokens (the prompt's included).
+        n_committed: how many of `committed` are valid.
         n_cached: committed tokens whose keys/values sit contiguously at the start of the cache.
         n_pending: committed tokens processed in this step's region (before the tree nodes).
         n_seen: tree nodes of this step with keys/values in the region.
@@ -76,6 +78,8 @@ class CausalLMRunner:
             block's logits: pin it where outputs must not hang on a timing.
         output_rows: `[K]` int64 token ids the logits are computed for, in that order (None: the
             whole vocabulary); set by `restrict_output`.
+        forwards: model forwards this runner has run, over all its generations.
+        hidden: `[slots, hidden]` final-norm hidden state per cache slot (`track_hidden`; or None).
     """
 
     model: PreTrainedModel
@@ -116,8 +120,6 @@ class CausalLMRunner:
     _head: tuple[Tensor, Tensor | None] | None = attrs.field(init=False, default=None)
     # whether the model's blocks of 2-3 tokens may run padded (`pads_small_blocks`; None: unread)
     _pad_small: bool | None = attrs.field(init=False, default=None)
-    #: `[slots, hidden]` final-norm hidden state of the token in each cache slot, kept in step
-    #: with the keys and values (`track_hidden`; None: not kept)
     hidden: Tensor | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
