@@ -55,17 +55,11 @@ class StopText:
             return complete
         kept = self.kept(ids)
         complete_kept = kept.rstrip(REPLACEMENT)
-        cut_kept = len(complete_kept) - self._held(complete_kept)
+        cut_kept = len(complete_kept) - held(self.stops, complete_kept)
         return min(
-            complete[: len(complete) - self._held(complete)],
+            complete[: len(complete) - held(self.stops, complete)],
             self._until(ids, shown, kept, cut_kept),
             key=len,
-        )
-
-    def _held(self, text: str) -> int:
-        """The length of the longest tail of `text` that begins a stop string."""
-        return max(
-            (k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0
         )
 
     def _until(self, ids: Sequence[int], shown: str, kept: str, cut: int) -> str:
@@ -81,12 +75,17 @@ class StopText:
         return head + kept[len(self.kept(ids[:whole])) : cut]
 
     def _whole_tokens(self, ids: Sequence[int], text: str) -> int:
-        """How many tokens of `ids` from the start have a kept text that begins `text`."""
-        lo, hi = 0, len(ids)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if text.startswith(self.kept(ids[:mid])):
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        """The most tokens of `ids` from the start whose kept text begins `text` (from the last
+        token back, not a bisection: byte-fallback bytes of a character to come turn the bytes
+        before them into replacement characters, so a shorter prefix may not qualify)."""
+        whole = (w for w in range(len(ids), 0, -1) if text.startswith(self.kept(ids[:w])))
+        return next(whole, 0)
+
+
+def held(stops: Sequence[str], text: str) -> int:
+    """The length of the longest tail of `text` that begins one of `stops` (and is not all of
+    it): what streaming holds back until the next tokens say whether a stop string follows."""
+    return max(
+        (k for s in stops for k in range(1, min(len(s), len(text) + 1)) if text.endswith(s[:k])),
+        default=0,
+    )
