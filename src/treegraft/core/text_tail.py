@@ -178,8 +178,8 @@ class StopScan:
             return self.first or next(m for m in range(settled + 1, n + 1) if self._found(m))
         if point := self.text.settle_point(n):
             if self.first is None:
-                held = range(self.text.shown.settled + 1, point[0] + 1)
-                self.first = next((m for m in held if self._found(m)), None)
+                settling = range(self.text.shown.settled + 1, point[0] + 1)
+                self.first = next((m for m in settling if self._found(m)), None)
             self.text.settle_at(*point)
         return None
 
