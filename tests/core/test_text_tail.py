@@ -110,11 +110,20 @@ def generations(draw, tok, chunks=12):
     return steps, tuple(stops)
 
 
+class Most(StopText):
+    """`StopText` whose `_until` takes the most whole tokens whose kept text begins the text
+    (from the last token back), as `StreamText` does, not a bisection's answer: the text of a
+    prefix is not always a beginning of a longer one's (byte-fallback bytes)."""
+
+    def _whole_tokens(self, ids, text):
+        return next(w for w in range(len(ids), -1, -1) if text.startswith(self.kept(ids[:w])))
+
+
 def whole_text_run(steps, stops, shown, kept):
     """The stop check's results and the streamed pieces of the whole-text rules, step by step:
     a piece is what `so_far` (at the end `final`) adds to the text shown, when it begins with
     it (a byte-fallback token may turn the bytes before it into replacement characters)."""
-    check, text = StopStrings(stops, shown, kept), StopText(stops, shown, kept)
+    check, text = StopStrings(stops, shown, kept), Most(stops, shown, kept)
     ids: list[int] = []
     results, pieces, so_far = [], [], ""
     for i, step in enumerate(steps):
@@ -122,12 +131,12 @@ def whole_text_run(steps, stops, shown, kept):
         results.append(end)
         ids += step if end is None else step[: max(0, end - len(ids))]  # as `StopRule.cut`
         finished = end is not None or i == len(steps) - 1
-        now = text.final(ids) if finished else text.so_far(ids)
+        now = StopText(stops, shown, kept).final(ids) if finished else text.so_far(ids)
         if len(now) > len(so_far) and (finished or now.startswith(so_far)):
             pieces.append(now[len(so_far) :])
             so_far = now
         if finished:
-            return results, pieces, text.final(ids)
+            return results, pieces, StopText(stops, shown, kept).final(ids)
     return results, pieces, ""
 
 

@@ -75,11 +75,18 @@ class StopText:
         return head + kept[len(self.kept(ids[:whole])) : cut]
 
     def _whole_tokens(self, ids: Sequence[int], text: str) -> int:
-        """The most tokens of `ids` from the start whose kept text begins `text` (from the last
-        token back, not a bisection: byte-fallback bytes of a character to come turn the bytes
-        before them into replacement characters, so a shorter prefix may not qualify)."""
-        whole = (w for w in range(len(ids), 0, -1) if text.startswith(self.kept(ids[:w])))
-        return next(whole, 0)
+        """How many tokens of `ids` from the start have a kept text that begins `text` (a
+        bisection: where byte-fallback bytes of a character not yet complete make a shorter
+        prefix's text replacement characters, not always the most; `text_tail.StreamText`
+        takes the most)."""
+        lo, hi = 0, len(ids)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if text.startswith(self.kept(ids[:mid])):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
 
 def held(stops: Sequence[str], text: str) -> int:
