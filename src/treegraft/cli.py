@@ -189,7 +189,7 @@ def _run_generation(
     writer = TraceWriter.create(trace, pipe) if trace else None
     events = []
     ids: list[int] = []
-    shown = ""
+    shown = pipe.stream_text()
     prompt = pipe.encode(text)
     prepared = pipe.prepare(prompt)
     start = time.perf_counter()
@@ -203,10 +203,8 @@ def _run_generation(
                     ids.extend(event.tokens)
                     if writer:
                         writer.write(event)
-                    current = pipe.shown_text(ids, event.finished, None)
-                    if current != shown:
-                        write_out(current[len(shown) :])
-                        shown = current
+                    if piece := shown.add(event.tokens, event.finished):
+                        write_out(piece)
         except KeyboardInterrupt:  # Ctrl-C: the stats of what was decoded, then exit 130
             interrupted = True
     seconds = time.perf_counter() - start

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import attrs
 import pytest
 import torch
@@ -479,3 +481,23 @@ def test_replaced_drafters_are_the_ones_the_loop_calls(tiny_target):
         assert decoder.parts().drafters[0] is decoder.drafters[0]
     prompt = repetitive_prompt(4, 12)
     assert list(pipe.generate(prompt).token_ids) == greedy_reference(tiny_target, prompt, 8)
+
+
+def test_streaming_never_shows_text_twice_when_byte_tokens_rewrite_it(tiny_target, monkeypatch):
+    """A byte-fallback `\\n` then the first byte of `€` decode to two replacement characters
+    until `€` is complete: the stream showed `\\n`, then (its text shorter) nothing, then
+    `\\n€` again. Now a text that does not begin with what was shown adds nothing until it
+    does."""
+    from tests.core.test_stop_text import sentencepiece_tokenizer
+    from treegraft.core.pipeline import Pipeline
+
+    tok = sentencepiece_tokenizer()
+    byte = {b: tok.convert_tokens_to_ids(f"<0x{b:02X}>") for b in b"\n\xe2\x82\xac"}
+    steps = [[byte[10]], [byte[0xE2]], [byte[0x82], byte[0xAC]], [byte[10]]]
+    events = [SimpleNamespace(tokens=s, finished=i == len(steps) - 1) for i, s in enumerate(steps)]
+    monkeypatch.setattr(Pipeline, "steps", lambda self, prompt, **kw: iter(events))
+    pipe = pipeline(memory_resources(target=tiny_llama(vocab=len(tok))), {"w": {"name": "ngram"}})
+    pipe.tokenizer = tok
+    pieces = list(pipe.stream([1, 2]))
+    assert "".join(pieces) == pipe.text_of([t for s in steps for t in s]) == "\n€\n"
+    assert all(pieces)

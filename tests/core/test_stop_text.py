@@ -24,6 +24,48 @@ def tokens(word: str) -> list[int]:
     return [SPECIAL if c == "_" else ord(c) - 96 for c in word]
 
 
+def fast_tokenizer(vocab: list[str], decoder, special: list[str], **kwargs):
+    """A tokenizer over `vocab` (ids in order, then `special`) whose decode runs `decoder`."""
+    from tokenizers import AddedToken, Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token=vocab[0]))
+    tok.decoder = decoder
+    tok.add_special_tokens([AddedToken(s, special=True) for s in special])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **kwargs)
+
+
+def sentencepiece_tokenizer():
+    """Llama's decoders: `▁` is a space, the first one dropped; `<0xNN>` tokens are bytes."""
+    from tokenizers import decoders
+
+    words = ["<unk>", "▁", "▁the", "▁a", "b", "c", ".", "▁.", "▁'s", "'s", "\n", "▁▁"]
+    vocab = words + [f"<0x{b:02X}>" for b in range(256)]
+    decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    return fast_tokenizer(vocab, decoder, ["<s>", "</s>"])
+
+
+def wordpiece_tokenizer():
+    """BERT's decoder: `##` joins a word's pieces, and `clean_up_tokenization_spaces` drops the
+    space before `.`, `,`, `'s`, `n't`..."""
+    from tokenizers import decoders
+
+    vocab = ["[UNK]", "hello", "##ing", "##s", "a", ".", ",", "'s", "n't", "?", "!", "do", "'"]
+    return fast_tokenizer(
+        vocab,
+        decoders.WordPiece(cleanup=True),
+        ["[CLS]", "[SEP]"],
+        clean_up_tokenization_spaces=True,
+    )
+
+
 @pytest.mark.parametrize(
     "ids, stops, want",
     [
@@ -66,3 +108,15 @@ def test_a_stop_string_ends_decoding_where_either_text_first_holds_it(stop, end)
         (stop,), lambda ids: decode(ids, keep=False), lambda ids: decode(ids, keep=True)
     )
     assert check(tokens("abc_de")) == end
+
+
+def test_a_stop_string_ends_at_the_first_token_that_completes_it_among_byte_tokens():
+    """Byte-fallback tokens of a character not yet complete turn the characters of the bytes
+    before them into replacement characters (`é` then the first bytes of `€`): the text of a
+    prefix is not always a beginning of a longer one's, and the check ended at the last token
+    of the step (a bisection), keeping `€` past the stop string `é`."""
+    tok = sentencepiece_tokenizer()
+    ids = [tok.convert_tokens_to_ids(f"<0x{b:02X}>") for b in "é€".encode()]
+    assert tok.decode(ids[:3]) == "\ufffd" * 3
+    check = StopStrings(("é",), tok.decode, tok.decode)
+    assert check(ids) == 2

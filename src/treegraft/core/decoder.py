@@ -115,14 +115,10 @@ class StopStrings:
     def __call__(self, ids: Sequence[int]) -> int | None:
         if not self.found(ids):
             return None
-        lo, hi = 1, len(ids)  # smallest prefix whose text contains a stop string
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.found(ids[:mid]):
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
+        # the smallest prefix whose text holds one; not a bisection: the text of a prefix is
+        # not always a beginning of a longer one's (byte-fallback bytes of a character to come
+        # turn the character before them into replacement characters)
+        return next(m for m in range(1, len(ids) + 1) if self.found(ids[:m]))
 
 
 def check_seed(seed: object, name: str = "decoder.seed") -> None:

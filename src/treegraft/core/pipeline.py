@@ -53,6 +53,7 @@ from treegraft.core.resources import Resources
 from treegraft.core.runner.attention_rules import RopeSwitch, RowScale
 from treegraft.core.runner.placement import placement_problems
 from treegraft.core.stop_text import StopText
+from treegraft.core.text_tail import StopScan, StreamText
 from treegraft.core.vocabularies import (
     check_chat_template,
     check_vocabularies,
@@ -260,7 +261,7 @@ class Pipeline:
         if stop:
             if self.tokenizer is None:
                 raise ArgumentError(f"stop: {NO_TOKENIZER_FOR_STOP}")
-            check = StopStrings(tuple(stop), self.decode_text, self._decode_kept)
+            check = StopScan.of(StopStrings(tuple(stop), self.decode_text, self._decode_kept))
         return StopRule(
             max_new_tokens=dec.max_new_tokens if max_new_tokens is None else int(max_new_tokens),
             eos_ids=self.eos_ids if dec.stop_at_eos else frozenset(),
@@ -475,18 +476,8 @@ class Pipeline:
                 f"{self.spec.target!r}) to turn tokens into text; iterate over steps() for "
                 "the token ids, or name one with the pipeline's `tokenizer:` key"
             )
-        return self._pieces(events, stop)
-
-    def _pieces(self, events: Iterator[StepEvent], stop: Sequence[str] | None) -> Iterator[str]:
-        """`stream`'s generator: the text each event adds to what was shown."""
-        ids: list[int] = []
-        shown_so_far = ""
-        for event in events:
-            ids.extend(event.tokens)
-            text = self.shown_text(ids, event.finished, stop)
-            if text != shown_so_far:
-                yield text[len(shown_so_far) :]
-                shown_so_far = text
+        text = self.stream_text(stop)  # the text each event adds to what was shown
+        return (piece for e in events if (piece := text.add(e.tokens, e.finished)))
 
     def text_of(self, ids: Sequence[int], stop: Sequence[str] | None = None) -> str:
         """Decoded text less the first stop string and what follows (`stop`, else `decoding.stop`)."""
@@ -498,6 +489,11 @@ class Pipeline:
         stop string (held back until the next tokens say whether it does)."""
         text = self._stop_text(stop)
         return text.final(ids) if finished else text.so_far(ids)
+
+    def stream_text(self, stop: Sequence[str] | None = None) -> StreamText:
+        """What streaming shows, step by step (`StreamText.add`): `shown_text`'s pieces, from a
+        bounded tail of the tokens."""
+        return StreamText.of(self._stop_text(stop))
 
     def _stop_text(self, stop: Sequence[str] | None) -> StopText:
         stops = self.spec.decoding.stop if stop is None else check_stop(stop)

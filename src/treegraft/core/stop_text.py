@@ -55,17 +55,11 @@ class StopText:
             return complete
         kept = self.kept(ids)
         complete_kept = kept.rstrip(REPLACEMENT)
-        cut_kept = len(complete_kept) - self._held(complete_kept)
+        cut_kept = len(complete_kept) - held(self.stops, complete_kept)
         return min(
-            complete[: len(complete) - self._held(complete)],
+            complete[: len(complete) - held(self.stops, complete)],
             self._until(ids, shown, kept, cut_kept),
             key=len,
-        )
-
-    def _held(self, text: str) -> int:
-        """The length of the longest tail of `text` that begins a stop string."""
-        return max(
-            (k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0
         )
 
     def _until(self, ids: Sequence[int], shown: str, kept: str, cut: int) -> str:
@@ -81,7 +75,10 @@ class StopText:
         return head + kept[len(self.kept(ids[:whole])) : cut]
 
     def _whole_tokens(self, ids: Sequence[int], text: str) -> int:
-        """How many tokens of `ids` from the start have a kept text that begins `text`."""
+        """How many tokens of `ids` from the start have a kept text that begins `text` (a
+        bisection: where byte-fallback bytes of a character not yet complete make a shorter
+        prefix's text replacement characters, not always the most; `text_tail.StreamText`
+        takes the most)."""
         lo, hi = 0, len(ids)
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -90,3 +87,12 @@ class StopText:
             else:
                 hi = mid - 1
         return lo
+
+
+def held(stops: Sequence[str], text: str) -> int:
+    """The length of the longest tail of `text` that begins one of `stops` (and is not all of
+    it): what streaming holds back until the next tokens say whether a stop string follows."""
+    return max(
+        (k for s in stops for k in range(1, min(len(s), len(text) + 1)) if text.endswith(s[:k])),
+        default=0,
+    )

@@ -1,0 +1,268 @@
+"""The text of a growing list of generated tokens, decoding a bounded tail of it per step.
+
+`StopStrings` (the stop check) and `StopText` (the streamed text) are the whole-text rules: they
+decode every generated token again at every step, a cost that grows with the output. The
+classes here give the same results from the last tokens only. A tokenizer's text of a suffix
+is not the suffix of its text (a SentencePiece word loses its leading space at the start, a
+byte-fallback token is a part of a character, `clean_up_tokenization_spaces` drops a space
+before `.`), so the tail is decoded from a few earlier tokens on (the *anchor*), and only what
+follows their own text is new. Tokens whose text no later token changed are *settled*: their
+text is kept, never decoded again. A later token that does change it (the anchor's text no
+longer begins the tail's) starts the text over from the first token, so the results stay those
+of the whole-text rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from treegraft.core.decoder import StopStrings
+from treegraft.core.stop_text import REPLACEMENT, StopText, held
+
+#: tokens decoded before the settled ones, so that the tail is decoded in context
+CONTEXT = 4
+#: tokens past the settled ones at least (a later token may still change their text)
+LAG = 4
+#: tokens a settling moves forward at least (it costs decodes of its own)
+ADVANCE = 8
+
+
+class Rewritten(Exception):
+    """A token changed the text of settled tokens: the text starts over."""
+
+
+@attrs.define
+class TailText:
+    """One text (`decode` of token ids) of the first `n` tokens of a growing list: the text of
+    the `settled` first tokens, kept, and the text after it, decoded from `anchor` on."""
+
+    decode: Callable[[Sequence[int]], str]
+    head: str = ""
+    settled: int = 0
+    anchor: int = 0
+    anchor_text: str = ""
+
+    def tail(self, ids: Sequence[int], n: int) -> str:
+        """The text of `ids[:n]` (n >= `settled`) after `head`, the settled tokens' text."""
+        window = self.decode(ids[self.anchor : n])
+        if not window.startswith(self.anchor_text):
+            raise Rewritten
+        return window[len(self.anchor_text) :]
+
+    def head_end(self, k: int) -> str:
+        """The last `k` characters (or all) of `head`."""
+        return self.head[max(0, len(self.head) - k) :]
+
+    def settle(self, ids: Sequence[int], s: int, text: str) -> None:
+        """Settle the first `s` tokens, whose text after the settled ones is `text`. The new
+        anchor is `CONTEXT` tokens back, or further until its text is a non-empty end of the
+        settled text: not one inside a character, nor inside a run of byte-fallback tokens
+        that is no UTF-8 (read as one, the bytes before it make all of it replacement
+        characters)."""
+        self.head += text
+        self.settled = s
+        back = CONTEXT
+        while True:
+            self.anchor = max(0, s - back)
+            self.anchor_text = self.decode(ids[self.anchor : s])
+            if self.anchor == 0 or (self.anchor_text and self.head.endswith(self.anchor_text)):
+                return
+            back *= 2
+
+
+@attrs.define
+class GeneratedText:
+    """Generated token ids and their two texts (special tokens left out: `shown`; kept:
+    `kept`), settled at the same token. `keep_chars`: characters of either text kept unsettled
+    (a stop string's length: what may still be held back or matched)."""
+
+    shown: TailText
+    kept: TailText
+    keep_chars: int = 0
+    ids: list[int] = attrs.field(factory=list)
+
+    @classmethod
+    def of(cls, rule: StopText) -> GeneratedText:
+        return cls(TailText(rule.shown), TailText(rule.kept), max(map(len, rule.stops), default=0))
+
+    def restart(self) -> None:
+        """Forget the settled text: the next tails are decoded from the first token."""
+        self.shown = TailText(self.shown.decode)
+        self.kept = TailText(self.kept.decode)
+
+    def follow(self, ids: Sequence[int]) -> bool:
+        """Take `ids` as the tokens so far: whether they continue the tokens here (else the
+        text restarts)."""
+        before = len(self.ids)
+        head = ids[:before]
+        if len(ids) < before or (head if isinstance(head, list) else list(head)) != self.ids:
+            self.ids = list(ids)
+            self.restart()
+            return False
+        self.ids.extend(ids[before:])
+        return True
+
+    def settle(self, n: int) -> None:
+        """Settle the tokens where `settle_point` says."""
+        if point := self.settle_point(n):
+            self.settle_at(*point)
+
+    def settle_point(self, n: int) -> tuple[int, list[str]] | None:
+        """How many tokens to settle given the first `n`, and their two texts after the
+        settled ones: up to `LAG` or more before `n`, when that moves by `ADVANCE` tokens and
+        both texts of what stays unsettled keep `keep_chars` characters (further back while
+        they do not); never where a text ends inside a character or is not a beginning of the
+        text of `ids[:n]`. None: none now."""
+        texts = (self.shown, self.kept)
+        ends = [text.tail(self.ids, n) for text in texts]
+        s = n - LAG
+        while s >= self.shown.settled + ADVANCE:
+            heads = [text.tail(self.ids, s) for text in texts]
+            pairs = list(zip(heads, ends, strict=True))
+            if any(a.endswith(REPLACEMENT) or not end.startswith(a) for a, end in pairs):
+                return None
+            if all(len(end) - len(a) >= self.keep_chars for a, end in pairs):
+                return s, heads
+            s -= n - s
+        return None
+
+    def settle_at(self, s: int, heads: list[str]) -> None:
+        for text, piece in zip((self.shown, self.kept), heads, strict=True):
+            text.settle(self.ids, s, piece)
+
+
+@attrs.define
+class StopScan:
+    """`StopStrings`' stop check (the number of tokens up to the one that completes the first
+    stop string), decoding the tail of the tokens only. It is called with all the tokens so far
+    at every step; a call whose tokens do not continue the last call's (or after a stop)
+    starts over from the first token."""
+
+    rule: StopStrings
+    text: GeneratedText
+    #: the first prefix of the settled tokens whose text held a stop string (a later token
+    #: overwrote it): where the whole-text rule ends once a text holds one again
+    first: int | None = None
+
+    @classmethod
+    def of(cls, rule: StopStrings) -> StopScan:
+        kept = rule.decode if rule.kept is None else rule.kept
+        text = GeneratedText(TailText(rule.decode), TailText(kept), max(map(len, rule.stops)))
+        return cls(rule, text)
+
+    def __call__(self, ids: Sequence[int]) -> int | None:
+        if not self.text.follow(ids):
+            self.first = None
+        try:
+            end = self._first_stop()
+        except Rewritten:
+            self.text.restart()
+            end = self._first_stop()
+        if end is not None:  # the generation ends: a next call starts another
+            self.text.follow(())
+            self.first = None
+        return end
+
+    def _first_stop(self) -> int | None:
+        """Where the first stop string ends, or None (then the tokens settle): the first
+        prefix whose text holds one. The text of a prefix is not always a beginning of a longer
+        one's (bytes of byte-fallback tokens read as a run are replacement characters until
+        its last character is complete; `clean_up_tokenization_spaces` drops the space of
+        ` '` before a space): so every prefix is looked at, those of the settled tokens when
+        they settle."""
+        n = len(self.text.ids)
+        if self._found(n):
+            settled = self.text.shown.settled
+            return self.first or next(m for m in range(settled + 1, n + 1) if self._found(m))
+        if point := self.text.settle_point(n):
+            if self.first is None:
+                settling = range(self.text.shown.settled + 1, point[0] + 1)
+                self.first = next((m for m in settling if self._found(m)), None)
+            self.text.settle_at(*point)
+        return None
+
+    def _found(self, n: int) -> bool:
+        """Whether a text of the first `n` tokens holds a stop string (none lies in the
+        settled text alone: the check found none there before)."""
+        texts = [self.text.shown]
+        if self.rule.kept is not None:
+            texts.append(self.text.kept)
+        reach = self.text.keep_chars - 1
+        for text in texts:
+            end = text.head_end(reach) + text.tail(self.text.ids, n)
+            if any(s in end for s in self.rule.stops):
+                return True
+        return False
+
+
+@attrs.define
+class StreamText:
+    """What `stream` yields: at each step, what `StopText.so_far` (once finished, `final`)
+    adds to the text shown so far, decoding the tail of the tokens only. A text that does not
+    begin with what was shown (a byte-fallback token made the bytes before it a replacement
+    character until a later one completes them) adds nothing until it does again."""
+
+    rule: StopText
+    text: GeneratedText
+    shown: str = ""
+
+    @classmethod
+    def of(cls, rule: StopText) -> StreamText:
+        return cls(rule, GeneratedText.of(rule))
+
+    def add(self, tokens: Sequence[int], finished: bool) -> str | None:
+        """The text that a step's `tokens` add to what was shown (None: nothing); `finished`:
+        the generation ends with them (all that `final` adds, whatever was shown)."""
+        self.text.ids.extend(tokens)
+        if finished:
+            final = self.rule.final(self.text.ids)
+            return self._show(final) if len(final) > len(self.shown) else None
+        try:
+            text = self._so_far()
+        except Rewritten:
+            self.text.restart()
+            text = self._so_far()
+        try:
+            self.text.settle(len(self.text.ids))
+        except Rewritten:
+            self.text.restart()
+        return self._show(text) if text.startswith(self.shown) else None
+
+    def _show(self, text: str) -> str | None:
+        piece, self.shown = text[len(self.shown) :], text
+        return piece or None
+
+    def _so_far(self) -> str:
+        """`StopText.so_far` of the tokens."""
+        ids, stops = self.text.ids, self.rule.stops
+        shown, kept = self.text.shown, self.text.kept
+        s_tail = shown.tail(ids, len(ids))
+        complete = s_tail.rstrip(REPLACEMENT)  # the settled text ends with no replacement
+        if not stops:
+            return shown.head + complete
+        reach = self.text.keep_chars - 1
+        k_tail = kept.tail(ids, len(ids))
+        k_complete = k_tail.rstrip(REPLACEMENT)
+        upto = len(complete) - held(stops, shown.head_end(reach) + complete)
+        cut = len(k_complete) - held(stops, kept.head_end(reach) + k_complete)
+        until = None if upto < 0 or cut < 0 else self._until(s_tail, k_tail, cut)
+        if until is None:  # held back into the settled text: the whole-text rule
+            return self.rule.so_far(ids)
+        return shown.head + min(complete[:upto], until, key=len)
+
+    def _until(self, s_tail: str, k_tail: str, cut: int) -> str | None:
+        """`StopText._until` after the settled shown text (`cut`: after the settled kept
+        text); None where it would end inside the settled shown text."""
+        ids, shown, kept = self.text.ids, self.text.shown, self.text.kept
+        if shown.head + s_tail == kept.head + k_tail:  # no special token: the texts are one
+            end = len(kept.head) + cut - len(shown.head)
+            return None if end < 0 else (kept.head + k_tail)[len(shown.head) :][:end]
+        # the most whole tokens whose kept text begins k_tail[:cut] (from the last one back)
+        lo = next(w for w in range(len(ids), shown.settled - 1, -1)
+                  if k_tail[:cut].startswith(kept.tail(ids, w)))  # fmt: skip
+        head = shown.tail(ids, lo)
+        if lo == len(ids) or shown.tail(ids, lo + 1) == head:  # a special token
+            return head
+        return head + k_tail[len(kept.tail(ids, lo)) : cut]

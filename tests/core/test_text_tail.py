@@ -1,0 +1,216 @@
+"""The stop check and the streamed text from a bounded tail of the tokens give what the
+whole-text rules (`StopStrings`, `StopText`) give: on random token sequences cut into random
+steps, with stop strings from random places of their texts, for real tokenizers (byte-level
+BPE, SentencePiece-style byte fallback, WordPiece with its space clean-up) and letter ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.core.test_stop_text import sentencepiece_tokenizer, wordpiece_tokenizer
+from treegraft.core import text_tail
+from treegraft.core.decoder import StopStrings
+from treegraft.core.stop_text import REPLACEMENT, StopText
+from treegraft.core.text_tail import ADVANCE, CONTEXT, LAG, StopScan, StreamText
+
+SMOLLM2 = Path.home() / ".cache/treegraft/models/smollm2"
+
+
+def zoo_tokenizer():
+    from treegraft.zoo.tokenizer import load_tokenizer
+
+    return load_tokenizer()
+
+
+def smollm2_tokenizer():
+    if not (SMOLLM2 / "tokenizer.json").is_file():
+        pytest.skip("SmolLM2's tokenizer is not in the cache")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(SMOLLM2)
+
+
+class Letters:
+    """Token i < 26 is a letter, 26 a special token written `<|s|>`, 27 a space that a text
+    loses at its start (as SentencePiece's leading space)."""
+
+    def __len__(self) -> int:
+        return 28
+
+    def decode(self, ids, skip_special_tokens=False):
+        text = "".join(
+            " " if i == 27 else ("" if skip_special_tokens else "<|s|>") if i == 26 else chr(97 + i)
+            for i in ids
+        )
+        return text.removeprefix(" ")
+
+
+TOKENIZERS = {
+    "zoo": zoo_tokenizer,
+    "smollm2": smollm2_tokenizer,
+    "sentencepiece": sentencepiece_tokenizer,
+    "wordpiece": wordpiece_tokenizer,
+    "letters": Letters,
+}
+_built: dict[str, object] = {}
+
+
+def tokenizer(name: str):
+    if name not in _built:
+        _built[name] = TOKENIZERS[name]()
+    return _built[name]
+
+
+def texts(tok):
+    def shown(ids):
+        return tok.decode(list(ids), skip_special_tokens=True)
+
+    def kept(ids):
+        return tok.decode(list(ids), skip_special_tokens=False)
+
+    return shown, kept
+
+
+#: text whose encodings split characters of 2, 3 and 4 bytes across tokens
+ALPHABET = "ab .,'s\nt€é😀中?<|>"
+
+
+@st.composite
+def generations(draw, tok, chunks=12):
+    """Token ids (random ones, special ones, encoded text, characters as byte tokens), cut into
+    steps, and stop strings drawn from random places of their two texts."""
+    ids: list[int] = []
+    specials = list(getattr(tok, "added_tokens_decoder", [26]))
+    convert = getattr(tok, "convert_tokens_to_ids", lambda token: 0)
+    byte_ids = [convert(f"<0x{b:02X}>") for b in range(256)]
+    fallback = byte_ids[0] != byte_ids[1]
+    for _ in range(draw(st.integers(1, chunks))):
+        kind = draw(st.sampled_from(["random", "special", "text", "char"]))
+        if kind == "random":
+            ids += draw(st.lists(st.integers(0, len(tok) - 1), max_size=8))
+        elif kind == "special":
+            ids.append(draw(st.sampled_from(specials)))
+        elif kind == "text" and hasattr(tok, "encode"):
+            ids += tok.encode(draw(st.text(ALPHABET, max_size=20)), add_special_tokens=False)
+        elif kind == "char" and fallback:
+            ids += [byte_ids[b] for b in draw(st.sampled_from("€é😀中")).encode()]
+    cuts = sorted(draw(st.sets(st.integers(1, max(1, len(ids) - 1)), max_size=len(ids) // 2)))
+    steps = [ids[a:b] for a, b in zip([0, *cuts], [*cuts, len(ids)], strict=True) if b > a]
+    shown, kept = texts(tok)
+    stops = []
+    for _ in range(draw(st.integers(1, 3))):
+        text = draw(st.sampled_from([shown(ids), kept(ids), "ab.'s <|s|>€"]))
+        start = draw(st.integers(0, max(0, len(text) - 1)))
+        stop = text[start : start + draw(st.integers(1, 6))].replace(REPLACEMENT, "")
+        stops.append(stop or "zz")  # a replacement character is no text to stop at
+    return steps, tuple(stops)
+
+
+class Most(StopText):
+    """`StopText` whose `_until` takes the most whole tokens whose kept text begins the text
+    (from the last token back), as `StreamText` does, not a bisection's answer: the text of a
+    prefix is not always a beginning of a longer one's (byte-fallback bytes)."""
+
+    def _whole_tokens(self, ids, text):
+        return next(w for w in range(len(ids), -1, -1) if text.startswith(self.kept(ids[:w])))
+
+
+def whole_text_run(steps, stops, shown, kept):
+    """The stop check's results and the streamed pieces of the whole-text rules, step by step:
+    a piece is what `so_far` (at the end `final`) adds to the text shown, when it begins with
+    it (a byte-fallback token may turn the bytes before it into replacement characters)."""
+    check, text = StopStrings(stops, shown, kept), Most(stops, shown, kept)
+    ids: list[int] = []
+    results, pieces, so_far = [], [], ""
+    for i, step in enumerate(steps):
+        end = check([*ids, *step])
+        results.append(end)
+        ids += step if end is None else step[: max(0, end - len(ids))]  # as `StopRule.cut`
+        finished = end is not None or i == len(steps) - 1
+        now = StopText(stops, shown, kept).final(ids) if finished else text.so_far(ids)
+        if len(now) > len(so_far) and (finished or now.startswith(so_far)):
+            pieces.append(now[len(so_far) :])
+            so_far = now
+        if finished:
+            return results, pieces, StopText(stops, shown, kept).final(ids)
+    return results, pieces, ""
+
+
+def tail_run(steps, stops, shown, kept):
+    """The same from `StopScan` and `StreamText`."""
+    scan = StopScan.of(StopStrings(stops, shown, kept))
+    stream = StreamText.of(StopText(stops, shown, kept))
+    ids: list[int] = []
+    results, pieces = [], []
+    for i, step in enumerate(steps):
+        end = scan([*ids, *step])
+        results.append(end)
+        new = step if end is None else step[: max(0, end - len(ids))]
+        ids += new
+        finished = end is not None or i == len(steps) - 1
+        if piece := stream.add(new, finished):
+            pieces.append(piece)
+        if finished:
+            return results, pieces, StopText(stops, shown, kept).final(ids)
+    return results, pieces, ""
+
+
+#: the tail's sizes, as shipped and as small as they go (settling at almost every step)
+SIZES = {"shipped": (CONTEXT, LAG, ADVANCE), "tight": (1, 1, 1)}
+
+
+@pytest.mark.parametrize("sizes", list(SIZES))
+@pytest.mark.parametrize("name", list(TOKENIZERS))
+@settings(max_examples=60)
+@given(data=st.data())
+def test_the_tail_rules_give_what_the_whole_text_rules_give(name, sizes, data):
+    tok = tokenizer(name)
+    steps, stops = data.draw(generations(tok))
+    shown, kept = texts(tok)
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in zip(("CONTEXT", "LAG", "ADVANCE"), SIZES[sizes], strict=True):
+            patch.setattr(text_tail, key, value)
+        tail = tail_run(steps, stops, shown, kept)
+    assert tail == whole_text_run(steps, stops, shown, kept)
+
+
+@pytest.mark.parametrize(
+    "name, steps, stops",
+    [
+        # the anchor's text must begin with a character: not inside the bytes of `€`
+        ("sentencepiece", [[0], [0], [140, 12, 268, 238, 142, 184, 0, 0], [0]], ("zz",)),
+        # ... and not be empty: a word's space is lost at the start of a text
+        ("letters", [[26], [0], [0] * 9 + [26, 26, 27], [0], [0] * 7 + [1]], ("b",)),
+        ("wordpiece", [[0, 13, 13, 0], [0], [0]], ("a",)),
+    ],
+)
+def test_the_tail_rules_on_texts_that_depend_on_earlier_tokens(name, steps, stops):
+    tok = tokenizer(name)
+    shown, kept = texts(tok)
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ("CONTEXT", "LAG", "ADVANCE"):
+            patch.setattr(text_tail, key, 1)
+        tail = tail_run(steps, stops, shown, kept)
+    assert tail == whole_text_run(steps, stops, shown, kept)
+
+
+def test_long_outputs_settle_and_decode_a_bounded_tail():
+    """Past the first tokens, a step decodes a tail of at most a few dozen tokens, however
+    long the output; the results are still those of the whole-text rules."""
+    tok = Letters()
+    decoded: list[int] = []
+
+    def shown(ids):
+        decoded.append(len(ids))
+        return tok.decode(ids, skip_special_tokens=True)
+
+    steps = [[i % 26, 27, (i * 7) % 26] for i in range(400)]
+    stops = ("zzq", "<|s|>")
+    assert tail_run(steps, stops, shown, shown) == whole_text_run(
+        steps, stops, texts(tok)[0], texts(tok)[0]
+    )
+    assert max(decoded[-200:-4]) <= 2 * (CONTEXT + LAG + ADVANCE) + 3
