@@ -32,6 +32,34 @@ def path_ids(tree: DraftTree, node: int) -> list[int]:
     return tree.tokens[tree.path_to(node)].tolist()
 
 
+def check_trees_and_commits(
+    model,
+    runner: CausalLMRunner,
+    seq: list[int],
+    rng: torch.Generator,
+    *,
+    steps: int,
+    nodes: int,
+    vocab: int,
+    bonus,
+) -> list[int]:
+    """`steps` random trees of `nodes` nodes through `runner` (begun on `seq`): every node's
+    logits are the plain forward's of its path; then the last node's path is committed with the
+    token `bonus()` after it. Returns the sequence committed."""
+    for _ in range(steps):
+        tree = random_tree(rng, seq[-1], nodes, vocab)
+        with torch.no_grad():
+            logits = runner.forward_tree(tree)
+        for node in range(tree.n_nodes):
+            want = plain_logits(model, seq + path_ids(tree, node)[1:])
+            torch.testing.assert_close(logits[node], want, rtol=1e-9, atol=1e-9)
+        path = tree.path_to(tree.n_nodes - 1)
+        new = [*tree.tokens[path[1:]].tolist(), bonus()]
+        runner.commit(path, torch.tensor(new))
+        seq = seq + new
+    return seq
+
+
 @given(st.integers(0, 10_000), st.integers(1, 12), st.integers(1, 20))
 def test_tree_forward_matches_plain_forward_of_every_path(
     seed: int, n_nodes: int, prompt_len: int
@@ -387,17 +415,8 @@ def test_layers_of_other_shapes_keep_slots_of_their_own(model_type: str) -> None
     seq = torch.randint(0, vocab, (4,), generator=rng).tolist()
     runner = CausalLMRunner(model)
     runner.begin(torch.tensor(seq), max_len=8)  # small on purpose: the cache must grow
-    for _ in range(4):
-        tree = random_tree(rng, seq[-1], 5, vocab)
-        with torch.no_grad():
-            logits = runner.forward_tree(tree)
-        for node in range(tree.n_nodes):
-            want = plain_logits(model, seq + path_ids(tree, node)[1:])
-            torch.testing.assert_close(logits[node], want, rtol=1e-9, atol=1e-9)
-        path = tree.path_to(tree.n_nodes - 1)
-        new = [*tree.tokens[path[1:]].tolist(), int(torch.randint(0, vocab, (1,)))]
-        runner.commit(path, torch.tensor(new))
-        seq += new
+    bonus = lambda: int(torch.randint(0, vocab, (1,)))  # noqa: E731
+    check_trees_and_commits(model, runner, seq, rng, steps=4, nodes=5, vocab=vocab, bonus=bonus)
     shapes = runner.cache.group_shapes
     assert len(shapes) == 2 and runner.cache.kv is None  # two shapes: no single tensor
     if model_type == "gemma4_text":  # the two layers reusing others' keys have no slots

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.core.test_runner import path_ids, plain_logits, random_tree
+from tests.core.test_runner import check_trees_and_commits, plain_logits, random_tree
 from treegraft.conformance.tiny import tiny_model
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.model_check import probe_generate, probe_model
@@ -28,17 +28,7 @@ def test_tree_forwards_apply_the_local_window_by_position(layers: list[str]) -> 
     seq = torch.randint(0, 96, (11,), generator=rng).tolist()
     runner = CausalLMRunner(model)
     runner.begin(torch.tensor(seq), max_len=64)
-    for _ in range(2):
-        tree = random_tree(rng, seq[-1], 9, 96)
-        with torch.no_grad():
-            logits = runner.forward_tree(tree)
-        for node in range(tree.n_nodes):
-            want = plain_logits(model, seq + path_ids(tree, node)[1:])
-            torch.testing.assert_close(logits[node], want, rtol=1e-9, atol=1e-9)
-        path = tree.path_to(tree.n_nodes - 1)
-        new = [*tree.tokens[path[1:]].tolist(), 5]
-        runner.commit(path, torch.tensor(new))
-        seq += new
+    check_trees_and_commits(model, runner, seq, rng, steps=2, nodes=9, vocab=96, bonus=lambda: 5)
     assert all(b.attn.attention.bias is t for b, t in zip(model.transformer.h, tables, strict=True))
 
 
