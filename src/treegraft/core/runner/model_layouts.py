@@ -11,6 +11,7 @@ masks, or run a layer more than once per forward.
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 
@@ -78,10 +79,14 @@ def _patched_bytes(model: Any) -> str | None:
     )
 
 
+#: a line of modeling code that only stores the config's window (Moshi's decoder layer)
+_STORED_WINDOW = re.compile(r"self\.sliding_window\s*=\s*config\.sliding_window")
+
+
 def _unmasked_window(model: Any) -> str | None:
-    """Moshi: a config's `sliding_window` (without `layer_types`) that its modeling code never
-    puts in a mask nor hands its attention, while `generate`'s cache, built from the config,
-    keeps only the window's keys. None where the code reads the window or there is none."""
+    """Moshi: a config's `sliding_window` (without `layer_types`) that its modeling code at
+    most stores and never reads, while `generate`'s cache, built from the config, keeps only
+    the window's keys. None where the code reads the window or there is none."""
     cfg = getattr(model, "config", None)
     window = getattr(cfg, "sliding_window", None)
     if not isinstance(window, int) or window < 1 or getattr(cfg, "layer_types", None):
@@ -92,8 +97,9 @@ def _unmasked_window(model: Any) -> str | None:
         source = inspect.getsource(inspect.getmodule(type(model)))
     except (OSError, TypeError):  # no source to read: the probe decides
         return None
-    if "sliding_window_causal_mask" in source or "sliding_window=" in source:
-        return None
+    uses = [line.strip() for line in source.splitlines() if "sliding_window" in line]
+    if any(not _STORED_WINDOW.fullmatch(line) for line in uses):
+        return None  # read somewhere (a mask, its attention, a table): the probe checks it
     return (
         f"its config's `sliding_window` ({window}) is not in its attention mask (its forward "
         "attends to every earlier token), while transformers' own `generate` keeps only the "
