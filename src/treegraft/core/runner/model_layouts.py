@@ -151,9 +151,9 @@ def _repeated_layers(cfg: Any) -> str | None:
         return None
     if recurrent >= 0 and (loops <= 1 or recurrent == 0):
         return None
+    overlap = "; below 0, the input and output sections overlap" if recurrent < 0 else ""
     return (
         f"its decoder runs some layers more than once per forward (`n_recurrent_loops`: "
-        f"{loops}, `n_recurrent_layers`: {recurrent}; a negative count overlaps the input and "
-        "output sections), each pass adding keys to that layer's cache, while a tree forward's "
-        "cache holds one pass per layer"
+        f"{loops}, `n_recurrent_layers`: {recurrent}{overlap}), each pass adding keys to that "
+        "layer's cache, while a tree forward's cache holds one pass per layer"
     )
