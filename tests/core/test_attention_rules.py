@@ -311,3 +311,48 @@ def test_such_a_checkpoint_is_refused_by_validate_and_build_in_the_same_words(
         load_pipeline(spec, resources=Resources(dtype=torch.float64))
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(spec))
     assert pipeline_errors(tmp_path / "p.yaml")[1] == [f"{tmp_path / 'p.yaml'}: {info.value}"]
+
+
+@pytest.mark.parametrize(
+    ("model_type", "words"),
+    [
+        ("cpmant", "(CpmAntModel.forward) takes no attention mask"),
+        ("prophetnet", "n-gram prediction streams (`ngram`)"),
+        ("reformer", "its attention is LSH-bucketed (`attn_layers`"),
+        ("blt", "it groups its bytes into patches (`patching_mode`"),
+        ("musicgen", "an output head per codebook (`num_codebooks`)"),
+        ("musicgen_melody", "an output head per codebook (`num_codebooks`)"),
+        ("xlm", "its attention is bidirectional (`causal: false`)"),
+        ("dory", "runs some layers more than once per forward (`n_recurrent_loops`"),
+        ("moshi", "`sliding_window` (16) is not in its attention mask"),
+    ],
+)
+def test_layouts_a_tree_forward_cannot_take_are_refused_saying_what_they_are(
+    model_type: str, words: str
+) -> None:
+    """These were refused by the probe with the internal words of a failed forward
+    ('AssertionError', "'ModuleList' object has no attribute 'weight'") or as logits that
+    differ; now before any forward, with what the model does."""
+    from treegraft.conformance.tiny import tiny_model
+
+    why = refusal(tiny_model(model_type))
+    assert why is not None and words in why
+
+
+def test_a_causal_xlm_is_refused_for_its_length_built_masks() -> None:
+    from treegraft.conformance.tiny import tiny_model
+
+    model = tiny_model("xlm")
+    model.config.causal = True
+    assert "from sequence lengths (`lengths`)" in refusal(model)
+
+
+def test_a_dory_whose_layers_each_run_once_is_left_to_the_probe() -> None:
+    from transformers import DoryConfig
+
+    config = DoryConfig(
+        num_hidden_layers=4, n_input_layers=1, n_recurrent_layers=2, n_output_layers=1
+    )
+    assert "n_recurrent_loops" in refusal(_Stub(config))
+    config.n_recurrent_loops = 1
+    assert refusal(_Stub(config)) is None

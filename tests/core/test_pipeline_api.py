@@ -623,3 +623,18 @@ def test_a_numpy_seed_samples_as_the_int_it_equals(tmp_path: Path, model_dir: Pa
     assert pipe.generate(SEED_PROMPT, seed=np.uint32(7)).token_ids == want
     pipe.decoder.seed = np.int64(7)
     assert pipe.generate(SEED_PROMPT).token_ids == want
+
+
+@pytest.mark.parametrize("method", ["encode", "prepare", "steps", "stream", "generate"])
+def test_the_prompt_type_hints_list_chat_messages(method: str) -> None:
+    """steps() and stream() took chat messages but their hints listed text and ids only."""
+    import typing
+    from collections.abc import Mapping, Sequence
+
+    hint = typing.get_type_hints(getattr(Pipeline, method))["prompt"]
+    assert Sequence[Mapping[str, Any]] in typing.get_args(hint) or hint is Any
+
+
+def test_generate_documents_max_new_tokens_and_stop() -> None:
+    doc = Pipeline.generate.__doc__
+    assert "`max_new_tokens`" in doc and "`stop`" in doc and "decoding.stop" in doc

@@ -71,6 +71,10 @@ class DrafterOrderWarning(UserWarning):
     """A pipeline's drafters measure out of their cheapest-first order."""
 
 
+#: one prompt: text, token ids (a sequence, or a `[T]` or `[1, T]` tensor), or chat messages
+#: (`[{"role": "user", "content": "Hi"}]`, encoded with the tokenizer's chat template)
+Prompt = str | Sequence[int] | Tensor | Sequence[Mapping[str, Any]]
+
 #: Pipelines shipped with the package (`pipelines/` in the repository).
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 
@@ -199,7 +203,7 @@ class Pipeline:
 
     # ------------------------------------------------------------------ token ids <-> text
 
-    def encode(self, prompt: str | Sequence[int] | Tensor) -> Tensor:
+    def encode(self, prompt: Prompt) -> Tensor:
         """`[T]` int64 token ids of a prompt given as text or ids (text as `tokenizer(text)`
         encodes it, its BOS included: `chat.text_ids`; in the tokenizer's chat template when
         `decoding.chat` is set), or as chat messages (`[{"role": "user",
@@ -270,7 +274,7 @@ class Pipeline:
 
     def steps(
         self,
-        prompt: str | Sequence[int] | Tensor,
+        prompt: Prompt,
         *,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
@@ -323,7 +327,7 @@ class Pipeline:
                 "drafters' maximum positions): shorten the prompt or lower max_new_tokens"
             )
 
-    def prepare(self, prompt: str | Sequence[int] | Tensor) -> float:
+    def prepare(self, prompt: Prompt) -> float:
         """Do the decoder's one-time measurements (an adaptive builder's latency curve of the
         target, with `prompt`'s length cached) now, not inside the first generation; returns
         their seconds (0.0 when there is nothing left to measure). `generate` calls it before
@@ -372,7 +376,7 @@ class Pipeline:
     @overload
     def generate(
         self,
-        prompt: str | Sequence[int] | Tensor,
+        prompt: Prompt,
         *,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
@@ -382,7 +386,7 @@ class Pipeline:
     @overload
     def generate(
         self,
-        prompt: list[str] | list[Sequence[int]],
+        prompt: Sequence[Prompt],
         *,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,
@@ -404,6 +408,12 @@ class Pipeline:
         with the tokenizer's chat template). A list of prompts (texts, token-id lists or message
         lists) gives a list of generations, in order. The prompts are decoded one after the other
         (batch size 1: the decoder's trees are per sequence), each exactly as it would be alone.
+
+        `max_new_tokens` (1 <= max_new_tokens <= 1,000,000) caps the tokens decoded for each
+        prompt; None: `decoding.max_new_tokens`. Decoding also ends at an end-of-sequence token
+        when `decoding.stop_at_eos` is set. `stop` (non-empty strings) ends it at the first of
+        them in the decoded text, which is cut before it (`finish_reason` "stop"); None:
+        `decoding.stop`, and `[]` stops at none. Both are checked before any decoding.
 
         `seed` (0 <= seed <= 2**32 - 1) seeds a sampling verifier's random numbers for this call
         alone, as `treegraft generate --seed` does (each prompt of a list starts from it); None:
@@ -461,7 +471,7 @@ class Pipeline:
 
     def stream(
         self,
-        prompt: str | Sequence[int] | Tensor,
+        prompt: Prompt,
         *,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | None = None,

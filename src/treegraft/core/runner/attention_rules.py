@@ -25,6 +25,7 @@ import attrs
 import torch
 
 from treegraft.core.errors import TreegraftError
+from treegraft.core.runner.model_layouts import layout_refusal
 
 #: layer types whose keys are those of plain causal attention (with or without a window)
 FULL_TYPES = frozenset({"full_attention", "attention", "global", "global_attention"})
@@ -221,7 +222,7 @@ def refusal(model: Any) -> str | None:
         return "it is an encoder-decoder model; treegraft serves decoder-only causal LMs"
     if getattr(cfg, "use_bidirectional_attention", False):
         return "its attention is bidirectional (`use_bidirectional_attention`), not causal"
-    if (why := _borrowed_states(model)) is not None:
+    if (why := _borrowed_states(model) or layout_refusal(model, cfg)) is not None:
         return why
     try:
         attention_rules(model.config)
