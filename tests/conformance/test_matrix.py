@@ -18,9 +18,11 @@ from transformers import CONFIG_MAPPING
 from tests.conftest import greedy_reference, hf_generate
 from treegraft.conformance.matrix import (
     EXACT,
+    LONG_PROMPT,
     REFUSED,
     SKIPPED,
     WRONG,
+    RoleResult,
     check_architecture,
     read_table,
     reference,
@@ -167,6 +169,27 @@ def test_config_variants_decode_exactly_or_are_refused(
     prompt = motif.repeat(8)[:100]
     prompt[::5] = torch.randint(0, 90, (20,), generator=rng)
     assert list(pipe.generate(prompt).token_ids) == hf_generate(target, prompt, 24)
+
+
+#: one architecture per way a plain-attention model numbers its positions or shapes its cache:
+#: the lean forward (Llama), learned positions (GPT-2), rotary on part of the head (GPT-NeoX), a
+#: decoder numbering its own rows (BART, RoFormer), latent attention (DeepSeek-V3)
+SPLIT_SAMPLE = ("llama", "gpt2", "gpt_neox", "bart", "roformer", "deepseek_v3")
+
+
+@pytest.mark.parametrize("model_type", SPLIT_SAMPLE)
+def test_a_long_prompt_prefilled_apart_from_its_first_tree_decodes_exactly(
+    model_type: str, monkeypatch
+) -> None:
+    """The matrix's long prompt is prefilled causally before an LM drafter's lone root; before
+    the target's first tree only from `SPLIT_MIN_ROWS` prompt tokens, past the tiny models'
+    positions: lowered here so that the long prompt takes that path too."""
+    from treegraft.core.runner import causal_lm
+
+    monkeypatch.setattr(causal_lm, "SPLIT_MIN_ROWS", LONG_PROMPT - 2)
+    target = tiny_model(model_type, seed=0)
+    assert run_role(target, tiny_model(model_type, seed=1)) == RoleResult(EXACT)
+    assert run_role(tiny_llama(2), target) == RoleResult(EXACT)
 
 
 def test_without_the_window_rule_the_output_would_differ(monkeypatch) -> None:

@@ -7,8 +7,9 @@ random-weight model (`tiny.tiny_model`) and decodes with it
   the LM drafter (a TreeGraft tree that calls it every layer), and
 - as the **LM drafter** of a tiny Llama target,
 
-on a short prompt and on one three times longer than the smallest sliding window, comparing each
-output with the target's own `generate(do_sample=False)`. A role ends as `exact` (every output
+on a short prompt and on a long one (`LONG_PROMPT` tokens: more than three sliding windows, and
+enough for the runner to prefill it as one causal block), comparing each output with the
+target's own `generate(do_sample=False)`. A role ends as `exact` (every output
 equal), `refused` (the pipeline refused the model at build time, with its reason) or `WRONG`
 (an output differed: the bug this matrix exists to catch). Architectures the tiny factory cannot
 build are `skipped` with the reason. Composite models are saved and loaded from a folder, as a
@@ -30,11 +31,15 @@ import attrs
 import torch
 
 from treegraft.conformance.tiny import VOCAB, WINDOW, causal_lm_types, sub_configs, tiny_model
+from treegraft.core.runner.causal_lm import CAUSAL_MIN_ROWS
 
 EXACT, REFUSED, WRONG, SKIPPED = "exact", "refused", "WRONG", "skipped"
 #: tokens generated per output
 NEW_TOKENS = 10
 SHORT_PROMPT = 9
+#: past three windows (a sliding-window layer must forget the start) and past the length from
+#: which the runner prefills a prompt as one causal block before a lone root
+LONG_PROMPT = max(3 * WINDOW + 3, CAUSAL_MIN_ROWS + 6)
 #: dtypes a model is checked in: the first in which its own `generate` runs
 DTYPES = (torch.float64, torch.float32)
 
@@ -75,12 +80,13 @@ def pipeline_spec(target: str, drafter: str) -> dict[str, Any]:
 
 
 def prompts(vocab: int, seed: int = 0) -> list[torch.Tensor]:
-    """A short prompt and a repetitive one three windows long (the n-gram drafter finds
-    matches in it; a sliding-window layer must forget its start)."""
+    """A short prompt and a repetitive one of `LONG_PROMPT` tokens (the n-gram drafter finds
+    matches in it; a sliding-window layer must forget its start; the runner prefills it
+    causally)."""
     rng = torch.Generator().manual_seed(seed)
     short = torch.randint(0, vocab, (SHORT_PROMPT,), generator=rng)
     motif = torch.randint(0, vocab, (7,), generator=rng)
-    long = torch.cat([motif.repeat(3 * WINDOW // 7 + 1), short])[: 3 * WINDOW + 3]
+    long = torch.cat([motif.repeat(LONG_PROMPT // 7 - 1), short])[:LONG_PROMPT]
     return [short, long]
 
 
