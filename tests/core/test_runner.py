@@ -393,7 +393,8 @@ def test_layers_of_other_shapes_keep_slots_of_their_own(model_type: str) -> None
             logits = runner.forward_tree(tree)
         for node in range(tree.n_nodes):
             want = plain_logits(model, seq + path_ids(tree, node)[1:])
-            torch.testing.assert_close(logits[node], want, rtol=1e-9, atol=1e-9)
+            # MiMo-V2-Flash routes its experts in float32: its float64 logits round to ~1e-8
+            torch.testing.assert_close(logits[node], want, rtol=1e-7, atol=1e-7)
         path = tree.path_to(tree.n_nodes - 1)
         new = [*tree.tokens[path[1:]].tolist(), int(torch.randint(0, vocab, (1,)))]
         runner.commit(path, torch.tensor(new))

@@ -34,7 +34,8 @@ def test_tree_forwards_apply_the_local_window_by_position(layers: list[str]) -> 
             logits = runner.forward_tree(tree)
         for node in range(tree.n_nodes):
             want = plain_logits(model, seq + path_ids(tree, node)[1:])
-            torch.testing.assert_close(logits[node], want, rtol=1e-9, atol=1e-9)
+            # GPT-Neo computes attention scores in float32: its float64 logits round to ~1e-7
+            torch.testing.assert_close(logits[node], want, rtol=1e-6, atol=1e-6)
         path = tree.path_to(tree.n_nodes - 1)
         new = [*tree.tokens[path[1:]].tolist(), 5]
         runner.commit(path, torch.tensor(new))
