@@ -21,6 +21,9 @@ where float64 does not run), on the CPU, with random weights and few layers, whe
   not build or run, the copy keeps the model's widths and heads (at most `MAX_BYTES` of
   weights), then tries float32.
 
+Its query and key projections are then rescaled (`sharpen_attention`): random weights attend
+almost uniformly, where a wrong position or mask barely moves the logits.
+
 `None` where it cannot be built (remote code that rejects it, a config its class refuses, more
 than `MAX_BYTES` of weights): the caller tries the next of `ATTEMPTS`, then falls back to the
 model's own probe.
