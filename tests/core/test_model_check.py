@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import re
 
 import pytest
 import torch
@@ -219,6 +221,31 @@ def test_low_precision_probe_generate_checks_a_float64_copy() -> None:
     why = probe_generate(slight)
     assert why is not None and "own cached `generate` gives logits that differ" in why, why
     assert "in a float64 copy of its architecture" in why
+
+
+def test_the_copy_weighs_keys_unevenly_so_a_missed_rotary_position_shows(monkeypatch) -> None:
+    """RoFormer numbers its rows itself; handed no tree positions (the runner's rule removed),
+    its nodes are rotated by slot, not depth. Random weights attend almost uniformly, where
+    that moved the copy's logits by 2e-6 of their scale (under float64's 1e-5); with its query
+    and key projections spread (`sharpen_attention`) it moves them by 8e-4: refused."""
+    model = tiny_model("roformer", dtype=torch.bfloat16)
+    assert probe_model(model) is None
+    no_positions = lambda modules, positions: contextlib.nullcontext()  # noqa: E731
+    monkeypatch.setattr(runner_module, "positions_given", no_positions)
+    why = probe_model(model)
+    assert why is not None and "in a float64 copy of its architecture" in why, why
+
+
+def test_a_float64_tiny_model_shows_a_missed_rotary_position_by_far(monkeypatch) -> None:
+    """The conformance matrix's float64 tiny models attend as unevenly (`tiny_model` spreads
+    their scores): RoFormer's nodes rotated by slot differ by over 100x the float64 bound (by
+    1.2x before: a rule bug on the edge of passing)."""
+    no_positions = lambda modules, positions: contextlib.nullcontext()  # noqa: E731
+    monkeypatch.setattr(runner_module, "positions_given", no_positions)
+    why = probe_model(tiny_model("roformer"))
+    found = re.search(r"differ from the model's own forward by (\S+) \(allowed: (\S+)\)", why)
+    assert found is not None, why
+    assert float(found[1]) > 100 * float(found[2]), why
 
 
 def test_both_probes_of_a_target_share_one_wide_copy(monkeypatch) -> None:

@@ -42,17 +42,19 @@ def check_trees_and_commits(
     nodes: int,
     vocab: int,
     bonus,
+    tol: float = 1e-9,
 ) -> list[int]:
     """`steps` random trees of `nodes` nodes through `runner` (begun on `seq`): every node's
     logits are the plain forward's of its path; then the last node's path is committed with the
-    token `bonus()` after it. Returns the sequence committed."""
+    token `bonus()` after it (`tol`: the relative and absolute tolerance). Returns the
+    sequence committed."""
     for _ in range(steps):
         tree = random_tree(rng, seq[-1], nodes, vocab)
         with torch.no_grad():
             logits = runner.forward_tree(tree)
         for node in range(tree.n_nodes):
             want = plain_logits(model, seq + path_ids(tree, node)[1:])
-            torch.testing.assert_close(logits[node], want, rtol=1e-9, atol=1e-9)
+            torch.testing.assert_close(logits[node], want, rtol=tol, atol=tol)
         path = tree.path_to(tree.n_nodes - 1)
         new = [*tree.tokens[path[1:]].tolist(), bonus()]
         runner.commit(path, torch.tensor(new))
@@ -416,7 +418,10 @@ def test_layers_of_other_shapes_keep_slots_of_their_own(model_type: str) -> None
     runner = CausalLMRunner(model)
     runner.begin(torch.tensor(seq), max_len=8)  # small on purpose: the cache must grow
     bonus = lambda: int(torch.randint(0, vocab, (1,)))  # noqa: E731
-    check_trees_and_commits(model, runner, seq, rng, steps=4, nodes=5, vocab=vocab, bonus=bonus)
+    # MiMo-V2-Flash routes its experts in float32: its float64 logits round to ~1e-8
+    check_trees_and_commits(
+        model, runner, seq, rng, steps=4, nodes=5, vocab=vocab, bonus=bonus, tol=1e-7
+    )
     shapes = runner.cache.group_shapes
     assert len(shapes) == 2 and runner.cache.kv is None  # two shapes: no single tensor
     if model_type == "gemma4_text":  # the two layers reusing others' keys have no slots

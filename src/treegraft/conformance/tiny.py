@@ -7,7 +7,9 @@ widths), per-layer overrides, and every sub-config of a composite model (vision,
 recursively. Sliding windows are set small (`WINDOW`) so that short prompts already cross them;
 per-layer patterns (`layer_types`) are recomputed for the smaller depth by the config class itself,
 or cut so that every kind of layer stays. `MODEL_FIELDS` holds the few values no rule can infer.
-`tiny_model` builds the model as `AutoModelForCausalLM` does, on the CPU with seeded weights.
+`tiny_model` builds the model as `AutoModelForCausalLM` does, on the CPU with seeded weights; in
+float32 and float64 its attention scores are spread as a wide copy's (`sharpen_attention`), so
+that a position or mask rule missed shows.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 import torch
 
-from treegraft.core.runner.wide_copy import sub_configs
+from treegraft.core.runner.wide_copy import is_low_precision, sharpen_attention, sub_configs
 
 #: sliding window of the tiny configs (a 3x-window prompt is 48 tokens)
 WINDOW = 16
@@ -345,6 +347,8 @@ def tiny_model(
     model = build(config).to(dtype).eval()
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.eos_token_id = None  # decode a fixed number of tokens
+    if not is_low_precision(dtype):  # uneven attention: a wrong position or mask shows (in
+        sharpen_attention(model)  # half precision, expert routing then rounds past tolerance)
     _sharpen(model)
     return model
 

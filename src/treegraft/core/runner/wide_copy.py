@@ -21,6 +21,9 @@ where float64 does not run), on the CPU, with random weights and few layers, whe
   not build or run, the copy keeps the model's widths and heads (at most `MAX_BYTES` of
   weights), then tries float32.
 
+Its query and key projections are then rescaled (`sharpen_attention`): random weights attend
+almost uniformly, where a wrong position or mask barely moves the logits.
+
 `None` where it cannot be built (remote code that rejects it, a config its class refuses, more
 than `MAX_BYTES` of weights): the caller tries the next of `ATTEMPTS`, then falls back to the
 model's own probe.
@@ -66,6 +69,16 @@ DEPTH_FIELDS = (
 NOT_PER_LAYER = ("token_id", "token_ids", "architectures")
 #: layer-count fields whose name does not say `layer`
 LAYER_COUNTS = ("first_k_dense_replace", "decoder_sparse_step", "sliding_window_pattern")
+#: the typical attention score of a copy (`sharpen_attention`)
+ATTENTION_SPREAD = 4.0
+#: names of the linear layers that compute queries or keys (alone or fused with values)
+QUERY_KEY = frozenset(
+    (
+        "q_proj", "k_proj", "query", "key", "c_attn", "query_key_value", "qkv_proj", "Wqkv",
+        "qkv", "wq", "wk", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "kv_proj",
+        "q_lin", "k_lin", "qk_proj", "to_q", "to_k", "q", "k",
+    )
+)  # fmt: skip
 #: hidden widths, query heads and key/value heads (stored names)
 HIDDEN_FIELDS = ("hidden_size", "d_model", "n_embd")
 HEADS = ("num_attention_heads", "n_head", "num_heads", "decoder_attention_heads")
@@ -104,11 +117,36 @@ def wide_copy(model: Any, dtype: torch.dtype, *, small: bool, seed: int = 0) -> 
         with torch.random.fork_rng(devices=[]), torch.device("cpu"):
             torch.manual_seed(seed)
             wide = cls._from_config(config, dtype=dtype).eval()
+        sharpen_attention(wide)
         _copy_generation_config(model, wide)
         return wide
     except Exception as err:  # any failure: the model's own probe stands alone
         log.debug("no wide copy of %s: %s: %s", cls.__name__, type(err).__name__, err)
         return None
+
+
+def sharpen_attention(model: Any) -> None:
+    """Query and key projections of `model` (the linear layers `QUERY_KEY` names) rescaled so
+    that their outputs on unit-scale inputs have `ATTENTION_SPREAD` as the typical attention
+    score: a weight of `in` inputs gets the root mean square `sqrt(ATTENTION_SPREAD / in)` (its
+    bias the same factor). Random initialisation (about 0.02) gives scores near 0.03, where
+    attention is almost uniform and hides a wrong position or mask; spread over a few units, it
+    weighs keys unevenly, as a trained model does. Deterministic (a rescaling)."""
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            weight = getattr(module, "weight", None)
+            n_in = getattr(module, "in_features", None) or getattr(module, "nx", None)
+            if name.rsplit(".", 1)[-1] not in QUERY_KEY or not _is_int(n_in):
+                continue
+            if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+                continue
+            rms = float(weight.pow(2).mean().sqrt())
+            if rms > 0:
+                factor = (ATTENTION_SPREAD / n_in) ** 0.5 / rms
+                weight.mul_(factor)
+                bias = getattr(module, "bias", None)
+                if isinstance(bias, torch.Tensor):
+                    bias.mul_(factor)
 
 
 def narrow_config(config: Any, *, small: bool = False) -> Any:
