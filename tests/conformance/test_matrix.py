@@ -125,7 +125,8 @@ CONFIG_VARIANTS = [
     ("doge", {"keep_window_size": 40, "sliding_window": None}, "keep_window_size"),
     ("mistral", {"sliding_window": 2}, None),
     ("mistral", {"sliding_window": 70}, None),  # longer than the probe crosses
-    ("llama", {"sliding_window": 70}, "differ from the model's own forward"),  # Llama ignores it
+    # Llama's mask ignores the window its `generate`'s cache keeps
+    ("llama", {"sliding_window": 70}, r"`sliding_window` \(70\) is not in its attention mask"),
     ("llama", {"attention_chunk_size": 20}, "without chunked layers"),  # generate's cache does not
     ("mistral", {"sliding_window": 1}, "`sliding_window` is 1 token"),
     ("gemma2", {"sliding_window": 1}, "`sliding_window` is 1 token"),
