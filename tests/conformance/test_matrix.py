@@ -1,10 +1,10 @@
-"""The architecture conformance matrix (docs/models.md): every causal LM `transformers` can build
+"""The architecture conformance matrix (docs/architectures.md): every causal LM `transformers` can build
 is exact or refused at build time in both roles, never silently different from `generate`.
 
 Each architecture's row is recomputed here and compared with the row committed in
-docs/models.md (statuses and class; reasons are not compared, their wording follows the
+docs/architectures.md (statuses and class; reasons are not compared, their wording follows the
 installed `transformers`), so the published table is the test's own result.
-`python -m treegraft.conformance docs/models.md` rewrites it.
+`python -m treegraft.conformance docs/architectures.md` rewrites it.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from treegraft.core.generation_settings import GenerationConfigWarning
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.resources import Resources
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "models.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "architectures.md"
 COMMITTED = read_table(DOCS.read_text())
 
 
@@ -56,8 +56,8 @@ def test_architecture_is_exact_or_refused_and_matches_the_table(model_type: str)
             assert role.reason  # every refusal and skip says why
     got = (row.model_class or "-", row.target.status, row.drafter.status)
     assert got == COMMITTED[model_type], (
-        f"docs/models.md is stale for {model_type}: regenerate it with "
-        "`python -m treegraft.conformance docs/models.md`"
+        f"docs/architectures.md is stale for {model_type}: regenerate it with "
+        "`python -m treegraft.conformance docs/architectures.md`"
     )
 
 

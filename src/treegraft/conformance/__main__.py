@@ -32,9 +32,9 @@ PROG = "python -m treegraft.conformance"
 def page_problem(page: Path) -> str | None:
     """Why the table cannot be written into `page` (None: it can)."""
     if not page.exists():
-        return "no such file; expected the Markdown page of the conformance table (docs/models.md)"
+        return "no such file; expected the Markdown page of the conformance table (docs/architectures.md)"
     if not page.is_file():
-        return "not a file; expected the Markdown page of the conformance table (docs/models.md)"
+        return "not a file; expected the Markdown page of the conformance table (docs/architectures.md)"
     try:
         text = page.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -57,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
         "page",
         type=Path,
         metavar="PAGE",
-        help="the Markdown page holding the table: docs/models.md",
+        help="the Markdown page holding the table: docs/architectures.md",
     )
     return parse
 

@@ -15,7 +15,7 @@ equal), `refused` (the pipeline refused the model at build time, with its reason
 build are `skipped` with the reason. Composite models are saved and loaded from a folder, as a
 user's checkpoint; a model whose own `generate` fails in float64 is checked in float32, and where
 it fails in every dtype only a build-time refusal can be checked (else the row is `skipped`).
-`render_table` writes the support table of docs/models.md.
+`render_table` writes the support table of docs/architectures.md.
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ def read_table(markdown: str) -> dict[str, tuple[str, str, str]]:
     return rows
 
 
-#: the markers around the generated table in docs/models.md
+#: the markers around the generated table in docs/architectures.md
 BEGIN, END = "<!-- conformance table: begin -->", "<!-- conformance table: end -->"
 
 
