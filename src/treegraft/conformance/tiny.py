@@ -101,6 +101,7 @@ MODEL_FIELDS: dict[str, dict[str, Any]] = {
     "granitemoehybrid": {"layer_types": ["mamba", "attention", "mamba", "attention"]},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
     "zamba": {"attn_layer_period": 1, "attn_layer_offset": 0},  # a shared block used twice
+    "lfm2": {"layer_types": ["conv", "full_attention", "conv", "full_attention"]},
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"]},
     "gemma3n_text": {"num_kv_shared_layers": 0},
     # fields the modeling code reads that the config class does not default

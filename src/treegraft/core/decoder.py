@@ -280,6 +280,8 @@ class Decoder:
                 built = trim_to_positions(built, room)
             if self.row_scale is not None:
                 built = trim_to_nodes(built, self.row_scale.max_nodes(self.target.n_committed))
+            if not getattr(self.target, "verifies_trees", True):  # a model with state layers
+                built = trim_to_chain(built)
         with clock.time("target"):
             logits = self.target.forward_tree(built.tree)  # [n, V]
         with clock.time("verify"):
@@ -388,6 +390,26 @@ def trim_to_nodes(built: BuildResult, n_nodes: int) -> BuildResult:
         return built
     keep = torch.arange(max(n_nodes, 1), device=built.tree.device)
     return attrs.evolve(built, tree=built.tree.select(keep), kept=built.kept[keep])
+
+
+def trim_to_chain(built: BuildResult) -> BuildResult:
+    """`built` cut to its best path, for a target that verifies one chain per step
+    (`StateRunner`): from the root, the child of highest score at each node (the first of
+    equals). Unchanged when the tree is a chain already."""
+    tree = built.tree
+    parents, scores = tree.parents.tolist(), tree.score.tolist()
+    best: dict[int, int] = {}  # node -> its best child
+    for node in range(1, len(parents)):
+        parent = parents[node]
+        if parent not in best or scores[node] > scores[best[parent]]:
+            best[parent] = node
+    if len(best) == len(parents) - 1:  # every node has at most one child: a chain
+        return built
+    path = [0]
+    while path[-1] in best:
+        path.append(best[path[-1]])
+    keep = torch.tensor(path, device=tree.device)
+    return attrs.evolve(built, tree=tree.select(keep), kept=built.kept[keep])
 
 
 @attrs.frozen

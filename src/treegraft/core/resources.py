@@ -44,6 +44,7 @@ from treegraft.core.model_files import (
 )
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import (
+    STATE_DRAFTER,
     ModelRefused,
     refusal,
     refused_message,
@@ -51,6 +52,8 @@ from treegraft.core.runner.attention_rules import (
 )
 from treegraft.core.runner.forwards import ForwardPlan, attend, attention_for, plan_forward
 from treegraft.core.runner.placement import load_kwargs, map_problem
+from treegraft.core.runner.state_models import has_state_layers
+from treegraft.core.runner.state_runner import StateRunner
 from treegraft.core.tokenizer_files import folder_tokenizer
 from treegraft.kernels.tree_attention.hf import register
 
@@ -454,6 +457,8 @@ class Resources:
         self.read_features |= {ref} if features else set()
         attend(self.model(ref), plan := self.plan_for(ref))
         self.check(ref, forward := forward or plan.target, target=target)
+        if has_state_layers(self.model(ref).config):  # a target (`check` refuses a drafter)
+            return StateRunner(self.model(ref), forward=forward)
         return CausalLMRunner(self.model(ref), forward=forward, bitwise=plan.bitwise)
 
     def check(self, ref: str, forward: str | None = None, *, target: bool = False) -> None:
@@ -463,6 +468,7 @@ class Resources:
         decodes as that forward does (`model_check.probe_generate`). Each (model, forward,
         attention) is checked once."""
         from treegraft.core.runner.model_check import probe_generate, probe_model  # -> runner
+        from treegraft.core.runner.state_runner import probe_chains
 
         check_ref("Resources.check", ref)
         check_runner_forward("Resources.check", forward)
@@ -470,11 +476,16 @@ class Resources:
         keys = [(ref, forward or self.plan_for(ref).target, attention)]
         keys += [(ref, "generate", attention)] if target and self.check_model else []
         copies: dict = {}  # `model_check.on_wide_copy`: a low-precision model's, for both probes
+        model = self.model(ref)
+        if (state := has_state_layers(model.config)) and not target:  # verifies chains only
+            raise ModelRefused(refused_message(model, ref, refusal(model) or STATE_DRAFTER))
         for key in keys:
             if key not in self.checked:
-                why = refusal(model := self.model(ref))
+                why = refusal(model, target=target)
                 if why is None and self.check_model and key[1] == "generate":
                     why = probe_generate(model, copies=copies)
+                elif why is None and self.check_model and state:
+                    why = probe_chains(model, forward=key[1], copies=copies)
                 elif why is None and self.check_model:
                     why = probe_model(model, forward=key[1], copies=copies)
                 self.checked[key] = None if why is None else refused_message(model, ref, why)

@@ -139,7 +139,11 @@ def model_errors(spec: PipelineSpec) -> list[str]:
             check_vocabularies(spec, Resources())
         except ConfigError as exc:
             errors.append(str(exc))
-        errors += [f"{path}: {why}" for path, ref in refs if (why := architecture_refusal(ref))]
+        errors += [
+            f"{path}: {why}"
+            for path, ref in refs
+            if (why := architecture_refusal(ref, target=path == f"{ROOT}.target"))
+        ]
     if spec.decoding.device != "auto":
         problem = device_problem(spec.decoding.device)
         errors += [f"{ROOT}.decoding.device: {problem}"] if problem else []
@@ -193,14 +197,15 @@ def pipeline_warnings(spec: PipelineSpec) -> list[str]:
     return messages
 
 
-def architecture_refusal(ref: str) -> str | None:
+def architecture_refusal(ref: str, *, target: bool = False) -> str | None:
     """The load-time refusal of the model folder `ref` by an architecture rule
-    (`attention_rules.refusal`), judged from a meta-device skeleton of its config (None: no
-    rule refuses it, or the config does not build, which `model_folder_problems` tells)."""
+    (`attention_rules.refusal`; as the pipeline's `target` or not), judged from a meta-device
+    skeleton of its config (None: no rule refuses it, or the config does not build, which
+    `model_folder_problems` tells)."""
     folder = resolve_model_path(ref)
     config = hf_config(folder)
     model = config if isinstance(config, str) else meta_model(folder, config)
-    if isinstance(model, str) or (why := refusal(model)) is None:
+    if isinstance(model, str) or (why := refusal(model, target=target)) is None:
         return None
     return refused_message(model, ref, why)
 

@@ -26,6 +26,7 @@ import torch
 
 from treegraft.core.errors import TreegraftError
 from treegraft.core.runner.model_layouts import layout_refusal
+from treegraft.core.runner.state_models import has_state_layers, state_refusal
 
 #: layer types whose keys are those of plain causal attention (with or without a window)
 FULL_TYPES = frozenset({"full_attention", "attention", "global", "global_attention"})
@@ -190,11 +191,22 @@ ALIBI_TYPES = frozenset({"bloom", "mpt"})
 RECURRENT_TYPES = frozenset({"rwkv", "xlstm"})
 
 
-def refusal(model: Any) -> str | None:
-    """Why `model` cannot verify or score a tree exactly (None when nothing rules it out).
+#: why a model with state layers serves as no LM drafter (`refusal` without `target`)
+STATE_DRAFTER = (
+    "its layers carry a recurrent state (linear attention, state-space or convolution "
+    "layers): it verifies one chain per step as a pipeline's target, but cannot score the "
+    "draft trees an LM drafter scores, whose branches would each need a state of their own"
+)
 
-    Architectures not ruled out here still pass the load-time probe (`probe_model`) before
-    they decode.
+
+def refusal(model: Any, *, target: bool = False) -> str | None:
+    """Why `model` cannot verify or score a tree exactly (None when nothing rules it out);
+    with `target`, why it cannot verify drafts as a pipeline's target: a model whose layers
+    carry a state then verifies one chain per step (`state_runner.StateRunner`, as far as
+    `state_models.state_refusal` allows), while as an LM drafter it is refused.
+
+    Architectures not ruled out here still pass the load-time probe (`probe_model`, or
+    `state_runner.probe_chains`) before they decode.
     """
     cfg = text_config(model.config)
     if (why := layout_problem(cfg)) is not None:  # before the rules that read these fields
@@ -213,17 +225,14 @@ def refusal(model: Any) -> str | None:
             "its ALiBi attention biases are built from a 2D padding mask and cannot take the "
             "per-node positions of a draft tree"
         )
-    if kind in RECURRENT_TYPES:
-        return (
-            "its layers are recurrent: each token updates a state carried to the next one, "
-            "which a tree forward cannot branch into several continuations"
-        )
     if getattr(cfg, "is_encoder_decoder", False):
         return "it is an encoder-decoder model; treegraft serves decoder-only causal LMs"
     if getattr(cfg, "use_bidirectional_attention", False):
         return "its attention is bidirectional (`use_bidirectional_attention`), not causal"
     if (why := _borrowed_states(model) or layout_refusal(model, cfg)) is not None:
         return why
+    if has_state_layers(model.config):
+        return state_refusal(model) if target else STATE_DRAFTER
     try:
         attention_rules(model.config)
     except ModelRefused as err:

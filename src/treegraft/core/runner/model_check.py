@@ -157,7 +157,7 @@ def _probe(model: Any, forward: str, seed: int) -> str | None:
     except Unchecked as err:
         return str(err)
     except Exception as err:  # any failure means: not servable; the message says which
-        return f"a tree forward failed with {type(err).__name__}: {_first_line(err)}"
+        return f"a tree forward failed with {type(err).__name__}: {first_line(err)}"
 
 
 def _probe_trees(model: Any, forward: str, seed: int) -> str | None:
@@ -247,13 +247,13 @@ def own_forward(model: Any, ids: Tensor) -> Any:
     them), else without. The two differ where the model numbers tokens otherwise itself (RoBERTa's
     family counts from its padding id, skipping padding tokens; `generate` does not)."""
     kwargs: dict[str, Any] = {}
-    if _generate_hands_positions(model):
+    if generate_hands_positions(model):
         positions = torch.arange(ids.shape[1], device=ids.device)
         kwargs["position_ids"] = positions.expand(ids.shape[0], -1)
     return model(input_ids=ids, use_cache=False, **kwargs)
 
 
-def _generate_hands_positions(model: Any) -> bool:
+def generate_hands_positions(model: Any) -> bool:
     """Whether `generate` passes the model `position_ids` (`transformers`' rule: a forward that
     takes them, a config that is not encoder-decoder)."""
     takes = "position_ids" in inspect.signature(model.forward).parameters
@@ -368,6 +368,6 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return text[0][:200] if text else type(err).__name__

@@ -1,0 +1,377 @@
+"""The runner of models whose layers carry a state: verification of one chain per step.
+
+A recurrent, linear-attention or convolutional layer (Mamba, Qwen3-Next's and Qwen3.5's gated
+delta nets, Jamba, LFM2's short convolutions, ...) folds each token into a state carried to the
+next one. A draft tree would need that state branched at every fork, which the model's own
+layers cannot do; a chain needs none: its tokens follow one another as in decoding. So
+`StateRunner` verifies the draft as one chain per step (`verifies_trees` False: the decoder keeps
+the tree's best path, `decoder.trim_to_chain`), through the model's **own** cache and forward,
+as its own assisted `generate` does: the chain is forwarded after the committed tokens with past
+recording on (`Cache.activate_past_recording`: the layers keep the states of the chain's last
+tokens), and the rejected tail is cropped off at commit (`Cache.crop`). The model builds its own
+masks and positions, so every attention rule it has (windows, chunks, per-layer types) is its
+own. Which models qualify and which cannot (their cache cannot be rolled back, or rolled back
+exactly) is `state_models`' to say; the load-time probe `probe_chains` checks each model's chain
+forwards and rollbacks against its own forward, as `model_check.probe_model` checks trees.
+
+A state model serves as the **target**; not as an LM drafter, whose forwards score trees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+from torch import Tensor
+
+from treegraft.core.errors import ArgumentError
+from treegraft.core.runner.forwards import cache_kwarg, quiet_outputs
+from treegraft.core.runner.kv_cache import accepted_nodes
+from treegraft.core.runner.latency import measure_latency
+from treegraft.core.runner.placement import input_device
+from treegraft.core.runner.state_models import new_state_cache
+from treegraft.core.tree import DraftTree
+from treegraft.kernels.tree_attention.hf import IMPLEMENTATION
+
+#: forwards a state model's runner takes (`decoding.forward`): its own, through `transformers`
+STATE_FORWARDS = ("auto", "transformers")
+
+
+def chain_problem(tree: DraftTree, start: int = 0) -> str | None:
+    """Why the nodes `start ..` of `tree` do not extend a chain from its root (each node the
+    child of the one before it); None where they do."""
+    parents = tree.parents[start:].tolist()
+    for offset, parent in enumerate(parents):
+        node = start + offset
+        if node > 0 and parent != node - 1:
+            return f"node {node}'s parent is {parent}, not {node - 1}"
+    return None
+
+
+@attrs.define
+class StateRunner:
+    """Runs a model with state layers over committed tokens and one draft chain per step.
+
+    Attributes:
+        model: an `AutoModelForCausalLM` whose layers carry a state (eval mode).
+        forward: `auto` or `transformers` (both: the model's own forward; the lean forwards
+            read attention layers only).
+        cache: the model's own cache of this generation (None until `begin`).
+        committed: `[n_committed]` int64 committed tokens (the prompt's included).
+        n_committed: how many of `committed` are valid.
+        n_cached: committed tokens the cache holds (all but the last after a step's commit).
+        n_pending: committed tokens forwarded in this step's block before the chain.
+        n_seen: chain nodes forwarded this step (the root first).
+        output_rows: `[K]` token ids the logits are returned for (None: the whole vocabulary).
+        forwards: model forwards this runner has run.
+    """
+
+    model: Any
+    forward: str = attrs.field(default="auto", kw_only=True)
+    cache: Any = None
+    committed: Tensor | None = None
+    n_committed: int = 0
+    n_cached: int = 0
+    n_pending: int = 0
+    n_seen: int = 0
+    forwards: int = 0
+    output_rows: Tensor | None = None
+    #: the chain's states the cache keeps for a rollback (grown when a longer chain comes)
+    _recorded: int = attrs.field(init=False, default=0)
+    _cache_kwarg: str = attrs.field(init=False, default="cache")
+    _quiet: dict[str, bool] = attrs.field(init=False, factory=dict)
+    _positions: bool = attrs.field(init=False, default=False)
+
+    #: the decoder verifies one chain per step (the tree's best path) with this runner
+    verifies_trees = False
+    attention = "sdpa"
+    lean = False
+    bitwise = True
+    hidden = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.forward not in STATE_FORWARDS:
+            raise ArgumentError(
+                f"forward: {type(self.model).__name__} keeps a recurrent state in its layers "
+                f"and runs only its own forward; expected one of {', '.join(STATE_FORWARDS)}, "
+                f"got {self.forward!r}"
+            )
+        if getattr(self.model.config, "_attn_implementation", None) == IMPLEMENTATION:
+            raise ArgumentError(
+                f"forward: {type(self.model).__name__} keeps a recurrent state in its layers and "
+                "verifies one chain per step through its own forward, which the tree-attention "
+                "kernel does not serve (decoding.forward: tree): use auto or transformers"
+            )
+        from treegraft.core.runner.model_check import generate_hands_positions
+
+        self._cache_kwarg = cache_kwarg(self.model)
+        self._quiet = quiet_outputs(self.model)
+        self._positions = generate_hands_positions(self.model)
+
+    @property
+    def device(self) -> torch.device:
+        return input_device(self.model)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def n_outputs(self) -> int:
+        return self.vocab_size if self.output_rows is None else int(self.output_rows.shape[0])
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.committed is None else int(self.committed.shape[0])
+
+    def restrict_output(self, rows: Tensor | None) -> None:
+        """Return logits only for the token ids `rows` (`[K]`, distinct, in the vocabulary), or
+        again for all (None). The model still computes every logit."""
+        if rows is None:
+            self.output_rows = None
+            return
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        if rows.ndim != 1 or rows.numel() == 0:
+            raise ValueError(
+                f"output rows must be a non-empty [K] tensor, got shape {tuple(rows.shape)}"
+            )
+        low, high = int(rows.min()), int(rows.max())
+        if low < 0 or high >= self.vocab_size:
+            raise ValueError(
+                f"output rows must be token ids in [0, {self.vocab_size}), "
+                f"got {low if low < 0 else high}"
+            )
+        if torch.unique(rows).numel() != rows.numel():
+            raise ValueError("output rows must be distinct token ids")
+        self.output_rows = rows.to(self.device)
+
+    def begin(self, prompt: Tensor, *, max_len: int) -> None:
+        """Start a generation with a fresh cache (`max_len`: the longest sequence it reaches)."""
+        if prompt.ndim != 1 or prompt.numel() == 0:
+            raise ValueError(
+                f"prompt must be a non-empty [T] tensor of token ids, got shape {tuple(prompt.shape)}"
+            )
+        if prompt.numel() >= max_len:
+            raise ValueError(f"prompt of {prompt.numel()} tokens does not fit max_len={max_len}")
+        self.cache, self._recorded = new_state_cache(self.model), 0
+        self.committed = torch.zeros(max_len, dtype=torch.long, device=self.device)
+        self.committed[: prompt.numel()] = prompt.to(self.device)
+        self.n_committed = prompt.numel()
+        self.n_cached = self.n_pending = self.n_seen = 0
+
+    def forward_tree(self, tree: DraftTree) -> Tensor:
+        """Forward the chain `tree` (its root the last committed token), after the committed
+        tokens the cache lacks, in one forward per step. Returns the logits of its nodes
+        `[n, V]` (`[n, K]` restricted). A tree with a fork, or a second forward in a step (the
+        model's layers do not roll back across forwards exactly), raises `ArgumentError`."""
+        where = f"StateRunner.forward_tree ({type(self.model).__name__}, a model with state layers)"
+        if self.n_seen:
+            raise ArgumentError(
+                f"{where}: this step's chain is forwarded already; it verifies one chain per "
+                "step in one forward (commit or rewind first)"
+            )
+        if (why := chain_problem(tree)) is not None:
+            raise ArgumentError(
+                f"{where}: it verifies one chain per step, but the tree is not a chain: {why}"
+            )
+        n = tree.n_nodes
+        pending = self.committed[self.n_cached : self.n_committed - 1]
+        if self.n_cached == 0 and pending.numel():  # the prompt: its states are never rolled back
+            self._run(pending, n_logits=0)
+            self.n_cached, pending = int(pending.numel()), pending[:0]
+        self.n_pending = int(pending.numel())
+        self._record(self.n_pending + n)
+        logits = self._run(torch.cat([pending, tree.tokens.to(self.device)]), n_logits=n)
+        self.n_seen = n
+        return logits
+
+    def _record(self, tokens: int) -> None:
+        """Have the cache keep the states of the last `tokens` tokens forwarded this step, so
+        that any of them can be cropped off at commit (past recording is switched on after the
+        prompt's forward: its states are never rolled back)."""
+        if tokens <= self._recorded:
+            return
+        self._recorded = max(tokens, 2 * self._recorded, 8)
+        layers = getattr(self.cache, "layers", ())
+        if not any(getattr(layer, "record_past", False) for layer in layers):
+            self.cache.activate_past_recording(recurrent_states_to_keep=self._recorded)
+            _separate_histories(self.cache)
+        for layer in layers:  # a longer chain: more states kept, those recorded so far too
+            if getattr(layer, "record_past", False):
+                layer.recurrent_states_to_keep = self._recorded
+
+    def _run(self, ids: Tensor, *, n_logits: int) -> Tensor:
+        """One forward of `ids` after the cached tokens, as `generate` runs one: a 2D mask of
+        ones over the whole sequence, and positions where `generate` hands them."""
+        total = self.n_cached + (self.n_pending + self.n_seen if self.n_seen else 0)
+        q = int(ids.shape[0])
+        kwargs: dict[str, Any] = {self._cache_kwarg: self.cache, **self._quiet}
+        if self._positions:
+            kwargs["position_ids"] = torch.arange(total, total + q, device=self.device)[None]
+        out = self.model(
+            input_ids=ids[None],
+            attention_mask=torch.ones(1, total + q, dtype=torch.long, device=self.device),
+            use_cache=True,
+            logits_to_keep=max(n_logits, 1),
+            **kwargs,
+        )
+        self.forwards += 1
+        logits = out.logits[0, -n_logits:] if n_logits else out.logits[0, :0]
+        return logits if self.output_rows is None else logits[:, self.output_rows]
+
+    def rewind(self) -> None:
+        """Drop this step's forwards (pending tokens and chain); the next forward redoes them."""
+        if self.n_pending + self.n_seen:
+            self.cache.crop(-(self.n_pending + self.n_seen))
+        self.n_pending = self.n_seen = 0
+
+    def commit(self, accepted: Tensor, tokens: Tensor) -> None:
+        """Append `tokens` (the accepted drafts, then the bonus) and keep the states of the
+        accepted chain nodes `accepted` (`[a]`: 0 .. a - 1), cropping the rest off."""
+        nodes = accepted_nodes(accepted, tokens)
+        if nodes != list(range(len(nodes))):
+            raise ArgumentError(
+                f"StateRunner.commit: accepted: expected a chain's first nodes 0 .. "
+                f"{len(nodes) - 1}, got {nodes}"
+            )
+        if self.n_seen:  # else nothing of this step was forwarded
+            kept = min(len(nodes), self.n_seen)
+            self.cache.crop(-(self.n_seen - kept))
+            self.n_cached += self.n_pending + kept
+        end = self.n_committed + len(nodes)
+        if end > self.capacity:
+            grown = torch.zeros(max(end, 2 * self.capacity), dtype=torch.long, device=self.device)
+            grown[: self.n_committed] = self.committed[: self.n_committed]
+            self.committed = grown
+        self.committed[self.n_committed : end] = tokens.to(self.device)
+        self.n_committed = end
+        self.n_pending = self.n_seen = 0
+
+    def skip_prefill(self) -> None:
+        """For timing (`measure_latency`): the committed tokens but the last forwarded now (a
+        state cannot be taken as given, so the prefill runs)."""
+        pending = self.committed[self.n_cached : self.n_committed - 1]
+        if pending.numel():
+            self._run(pending, n_logits=0)
+            self.n_cached += int(pending.numel())
+        self.n_pending = self.n_seen = 0
+
+    def committed_ids(self) -> Tensor:
+        """`[n_committed]` int64 view of the committed tokens."""
+        return self.committed[: self.n_committed]
+
+    def track_hidden(self) -> None:
+        raise ValueError(
+            f"hidden states are kept only on the lean forward, which {type(self.model).__name__} "
+            "(a model with recurrent state layers) does not take: a feature-level drafter cannot "
+            "read this target"
+        )
+
+    def hidden_states(self) -> Tensor:
+        self.track_hidden()
+        raise AssertionError  # unreachable: track_hidden raises
+
+    def latency_curve(self, queries: Sequence[int], *, context: int, repeats: int = 3) -> Any:
+        """This model's `LatencyCurve` over chains of `queries` tokens after `context` tokens,
+        measured with a fresh runner."""
+        ref = getattr(self.model, "name_or_path", "") or "target"
+        fresh = StateRunner(self.model, forward=self.forward)
+        return measure_latency(fresh, ref, context=context, queries=queries, repeats=repeats)
+
+
+def _separate_histories(cache: Any) -> None:
+    """Give each state of each layer its own list of recorded states: `transformers` starts
+    them as one list shared by a layer's states (`dict.fromkeys(..., [])`), so a layer with two
+    states would roll one back to the other's."""
+    for layer in getattr(cache, "layers", ()):
+        history = getattr(layer, "recurrent_states_history", None)
+        if isinstance(history, dict):
+            layer.recurrent_states_history = {i: list(h) for i, h in history.items()}
+
+
+#: the probe's steps: tokens drafted in a chain, and how many of them are kept at commit (a
+#: rollback of two, none, all of them, then one more chain after the last rollback)
+PROBE_CHAINS = ((4, 2), (3, 3), (2, 0), (3, 1))
+
+
+def probe_chains(
+    model: Any, *, forward: str = "auto", seed: int = 0, copies: dict | None = None
+) -> str | None:
+    """None when `StateRunner`'s chain forwards of `model`, with commits that crop rejected
+    drafts off, give the logits of its own forward of the same tokens in sequence; else what
+    differed (and, for a half-precision model, on a float64 copy of its architecture too, as
+    `model_check.probe_model`)."""
+    from treegraft.core.runner.model_check import Unchecked, first_line, on_wide_copy
+
+    try:
+        why = _probe_steps(model, forward, seed)
+    except Unchecked as err:
+        return str(err)
+    except Exception as err:  # any failure means: not servable; the message says which
+        return f"a chain forward failed with {type(err).__name__}: {first_line(err)}"
+    if why is None:
+        why = on_wide_copy(model, lambda wide: _probe_steps(wide, forward, seed), copies)
+    return why
+
+
+def _probe_steps(model: Any, forward: str, seed: int) -> str | None:
+    from treegraft.core.runner.model_check import (
+        Unchecked,
+        difference,
+        non_finite,
+        own_forward,
+        tolerance,
+    )
+
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    rng = torch.Generator().manual_seed(seed)
+    device = input_device(model)
+    sequence = torch.randint(0, vocab, (probe_length(model),), generator=rng)
+    runner = StateRunner(model, forward=forward)
+    runner.begin(sequence.to(device), max_len=sequence.numel() + 32)
+    tol = tolerance(runner.dtype)
+    with torch.inference_mode():
+        for step, (drafts, kept) in enumerate(PROBE_CHAINS):
+            chain = torch.cat([sequence[-1:], torch.randint(0, vocab, (drafts,), generator=rng)])
+            tree = DraftTree.from_parents(chain, torch.arange(-1, drafts))
+            logits = runner.forward_tree(tree).float()
+            ids = torch.cat([sequence, chain[1:]]).to(device)[None]
+            own = own_forward(model, ids).logits[0, sequence.numel() - 1 :].float()
+            if (why := non_finite(own, runner.dtype)) is not None:
+                raise Unchecked(why)
+            for node in range(drafts + 1):
+                diff, scale = difference(logits[node], own[node])
+                if not diff <= tol * scale:
+                    after = "" if step == 0 else f" after {step} commit(s) that rolled drafts back"
+                    return (
+                        f"a chain forward gives logits that differ from the model's own forward "
+                        f"by {diff:.3g} (allowed: {tol * scale:.3g}) at node {node} of the "
+                        f"chain{after}"
+                    )
+            bonus = torch.randint(0, vocab, (1,), generator=rng)
+            tokens = torch.cat([chain[1 : kept + 1], bonus])
+            runner.commit(torch.arange(kept + 1), tokens)
+            sequence = torch.cat([sequence, tokens])
+    return None
+
+
+def probe_length(model: Any) -> int:
+    """Prompt tokens of the probe: past a sliding window or chunk of at most 64 tokens (the
+    model's attention layers then drop keys as decoding goes), within its maximum positions."""
+    from treegraft.core.runner.attention_rules import max_positions, text_config
+
+    cfg = text_config(model.config)
+    spans = [
+        value
+        for name in ("sliding_window", "attention_chunk_size")
+        if isinstance(value := getattr(cfg, name, None), int) and 0 < value <= 64
+    ]
+    n = max([12, *(2 * s + 3 for s in spans)])
+    limit = max_positions(model.config)
+    return n if limit is None else max(2, min(n, limit - 32))
