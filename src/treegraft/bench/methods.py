@@ -42,7 +42,7 @@ from treegraft.core.generation_settings import plain_generation
 from treegraft.core.pipeline import Pipeline, eos_ids_of, resolve_pipeline
 from treegraft.core.registry import Registry
 from treegraft.core.resources import ModelRefError, Resources
-from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner import runner_for
 from treegraft.core.runner.attention_rules import RopeSwitch
 from treegraft.core.tree import DraftTree
 
@@ -205,7 +205,7 @@ class RunnerMethod:
     """
 
     label: str
-    runner: CausalLMRunner
+    runner: Any  # CausalLMRunner, or StateRunner (`runner_for`)
     eos_ids: frozenset[int]
 
     def run(self, prompt_ids: Tensor, max_new_tokens: int) -> Run:
@@ -250,7 +250,7 @@ def runner_method(resources: Resources, pair: Pair, forward: str | None = None) 
     model = load_model(resources, pair.target, f"pair {pair.name}: target")
     tokenizer = resources.load_tokenizer(pair.target)
     plan = resources.plan_for(pair.target)
-    runner = CausalLMRunner(model, forward=forward or plan.target, bitwise=plan.bitwise)
+    runner = runner_for(model, forward=forward or plan.target, bitwise=plan.bitwise)
     return RunnerMethod(AR_RUNNER, runner, eos_ids_of(model, tokenizer))
 
 

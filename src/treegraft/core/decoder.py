@@ -5,6 +5,7 @@ Everything else (generate, streaming, benchmarks, traces, metrics) wraps this lo
 
 from __future__ import annotations
 
+import math
 import operator
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -393,21 +394,26 @@ def trim_to_nodes(built: BuildResult, n_nodes: int) -> BuildResult:
 
 
 def trim_to_chain(built: BuildResult) -> BuildResult:
-    """`built` cut to its best path, for a target that verifies one chain per step
-    (`StateRunner`): from the root, the child of highest score at each node (the first of
-    equals). Unchanged when the tree is a chain already."""
+    """`built` cut to one path from the root, for a target that verifies one chain per step
+    (`StateRunner`): the path of most expected accepted drafts, each node counting the
+    drafters' probability of its whole path (`exp(score)`); the first of equals. Unchanged when
+    the tree is a chain already."""
     tree = built.tree
-    parents, scores = tree.parents.tolist(), tree.score.tolist()
-    best: dict[int, int] = {}  # node -> its best child
-    for node in range(1, len(parents)):
-        parent = parents[node]
-        if parent not in best or scores[node] > scores[best[parent]]:
-            best[parent] = node
-    if len(best) == len(parents) - 1:  # every node has at most one child: a chain
+    parents = tree.parents.tolist()
+    n = len(parents)
+    if len(set(parents[1:])) == n - 1:  # every node has at most one child: a chain
         return built
+    gain = [math.exp(s) for s in tree.score.tolist()]  # a node's own expected acceptance
+    best: list[int | None] = [None] * n  # each node's child on the best path below it
+    value = gain[:]  # expected accepted drafts on the best path from a node down
+    for node in range(n - 1, 0, -1):  # children come after their parents
+        parent = parents[node]
+        if best[parent] is None or value[node] >= value[best[parent]]:
+            best[parent] = node  # `>=` from the back: the first of equals wins
+        value[parent] = gain[parent] + value[best[parent]]
     path = [0]
-    while path[-1] in best:
-        path.append(best[path[-1]])
+    while (child := best[path[-1]]) is not None:
+        path.append(child)
     keep = torch.tensor(path, device=tree.device)
     return attrs.evolve(built, tree=tree.select(keep), kept=built.kept[keep])
 

@@ -29,7 +29,7 @@ from treegraft.core.boundary import adapt
 from treegraft.core.decoder import StopRule
 from treegraft.core.interfaces import Scheduler
 from treegraft.core.pipeline import Pipeline
-from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner import CausalLMRunner, runner_for
 from treegraft.plugins.schedulers.heuristic import PlanConfig, PlanScheduler
 from treegraft.scheduling.value_costs import CostModel, ModelledTimes, QueryCounter
 from treegraft.scheduling.value_system import (
@@ -64,7 +64,7 @@ def measure_costs(
     ref = strong_model_ref(pipe, s)
     target_runner = pipe.decoder.target  # its forward and products (`runner.forwards`)
     target = measure_latency(
-        CausalLMRunner(
+        runner_for(
             target_runner.model, forward=target_runner.forward, bitwise=target_runner.bitwise
         ),
         pipe.spec.target,

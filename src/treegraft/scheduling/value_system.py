@@ -40,7 +40,7 @@ from treegraft.core.decoder import Decoder, StepEvent, StopRule
 from treegraft.core.interfaces import Scheduler
 from treegraft.core.metrics import Clock
 from treegraft.core.pipeline import Pipeline
-from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner import runner_for
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import greedy_accept
 from treegraft.scheduling.features import strong_index
@@ -336,7 +336,7 @@ def greedy_continuation(model: Any, prompt: Tensor, n: int, *, forward: str = "a
 
     One forward per token through the same `CausalLMRunner` as decoding; synchronises each step.
     """
-    runner = CausalLMRunner(model, forward=forward)
+    runner = runner_for(model, forward=forward)
     runner.begin(prompt.to(runner.device), max_len=prompt.numel() + n + 2)
     out: list[int] = []
     with torch.inference_mode():

@@ -1,7 +1,9 @@
 """The runner and its forwards: how a model's tree forwards run, exactly.
 
-- `causal_lm`: `CausalLMRunner`, the one runner of the target and the LM drafters (prefill, tree
+- `causal_lm`: `CausalLMRunner`, the runner of the target and the LM drafters (prefill, tree
   forwards, KV commit);
+- `state_runner`: `StateRunner`, the target's runner where the model's layers carry a state
+  (one chain per step through the model's own cache); `state_models`: which models those are;
 - `watchers`: `watch_forwards`, callbacks told the size of every runner forward of a model;
 - `forwards`: the one setting that decides how a forward runs (`decoding.forward`);
 - `lean`: the lean forward (bitwise equal to `transformers`' SDPA forward, without its module
@@ -17,7 +19,19 @@
 - `placement`: device maps (layers across devices, offload).
 """
 
+from typing import Any
+
 from treegraft.core.runner.causal_lm import CACHE_CHUNK, CausalLMRunner
+from treegraft.core.runner.state_models import has_state_layers
+from treegraft.core.runner.state_runner import StateRunner
 from treegraft.core.runner.watchers import watch_forwards
 
-__all__ = ["CACHE_CHUNK", "CausalLMRunner", "watch_forwards"]
+__all__ = ["CACHE_CHUNK", "CausalLMRunner", "StateRunner", "runner_for", "watch_forwards"]
+
+
+def runner_for(model: Any, *, forward: str = "auto", bitwise: bool = True) -> Any:
+    """The runner of `model` as a target: a `StateRunner` where its layers carry a state
+    (`state_models.has_state_layers`), else a `CausalLMRunner`."""
+    if has_state_layers(model.config):
+        return StateRunner(model, forward=forward)
+    return CausalLMRunner(model, forward=forward, bitwise=bitwise)

@@ -227,8 +227,7 @@ class StateRunner:
 
     def rewind(self) -> None:
         """Drop this step's forwards (pending tokens and chain); the next forward redoes them."""
-        if self.n_pending + self.n_seen:
-            self.cache.crop(-(self.n_pending + self.n_seen))
+        self._crop(self.n_pending + self.n_seen)
         self.n_pending = self.n_seen = 0
 
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
@@ -242,7 +241,7 @@ class StateRunner:
             )
         if self.n_seen:  # else nothing of this step was forwarded
             kept = min(len(nodes), self.n_seen)
-            self.cache.crop(-(self.n_seen - kept))
+            self._crop(self.n_seen - kept)
             self.n_cached += self.n_pending + kept
         end = self.n_committed + len(nodes)
         if end > self.capacity:
@@ -252,6 +251,12 @@ class StateRunner:
         self.committed[self.n_committed : end] = tokens.to(self.device)
         self.n_committed = end
         self.n_pending = self.n_seen = 0
+
+    def _crop(self, tokens: int) -> None:
+        """Roll the cache back by the last `tokens` tokens forwarded (none: the layers drop
+        the states recorded for a rollback)."""
+        if self.n_pending + self.n_seen:
+            self.cache.crop(-tokens)
 
     def skip_prefill(self) -> None:
         """For timing (`measure_latency`): the committed tokens but the last forwarded now (a

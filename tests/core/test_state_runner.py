@@ -1,0 +1,289 @@
+"""Models whose layers carry a state (linear attention, state-space, convolution layers) as
+targets: `StateRunner` verifies one chain per step through the model's own cache, the decoder
+keeps the tree's best path, and the output is the model's own `generate`'s."""
+
+from __future__ import annotations
+
+import warnings
+
+import attrs
+import pytest
+import torch
+
+from tests.conftest import hf_generate
+from tests.plugins.test_plain_switch import Never
+from treegraft.conformance.tiny import VOCAB, tiny_model
+from treegraft.core.config import ConfigError, NoConfig
+from treegraft.core.decoder import Decoder, StopRule, trim_to_chain
+from treegraft.core.errors import ArgumentError
+from treegraft.core.interfaces import BuildResult, Drafter
+from treegraft.core.pipeline import load_pipeline
+from treegraft.core.resources import Resources
+from treegraft.core.runner import CausalLMRunner, StateRunner, runner_for
+from treegraft.core.runner.attention_rules import STATE_DRAFTER, refusal
+from treegraft.core.runner.state_runner import probe_chains
+from treegraft.core.tree import DraftTree, Proposal
+from treegraft.plugins.builders.layered import LayeredBuilder, LayeredConfig
+from treegraft.plugins.verifiers.greedy import GreedyVerifier
+
+#: one architecture per kind of state layer: gated delta rule beside attention (Qwen3-Next),
+#: Mamba beside attention (Jamba), short convolutions (LFM2), Mamba-2 alone
+STATE_TYPES = ("qwen3_next", "jamba", "lfm2", "mamba2")
+
+
+@pytest.fixture(scope="module")
+def models() -> dict:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return {t: tiny_model(t, seed=0) for t in STATE_TYPES}
+
+
+def _spec(target: str, drafter: str = "mem:llama", verifier: dict | None = None) -> dict:
+    return {
+        "target": target,
+        "drafters": {
+            "weak": {"name": "ngram", "max_ngram": 3, "chain_len": 3},
+            "strong": {"name": "hf_lm", "model": drafter},
+        },
+        "builder": {"name": "layered", "depth": 4, "top_k": 2, "budget": 10},
+        "rescorer": {"name": "overwrite"},
+        "grafter": {"name": "reselect", "lookback": 1},
+        "scheduler": {"name": "always"},
+        "verifier": verifier or {"name": "greedy"},
+        "decoding": {"max_new_tokens": 24, "dtype": "float64", "stop_at_eos": False},
+    }
+
+
+def _resources(model) -> Resources:
+    res = Resources(dtype=torch.float64)
+    res.add_model("mem:target", model)
+    res.add_model("mem:llama", tiny_model("llama", seed=1))
+    return res
+
+
+def _prompts() -> list[torch.Tensor]:
+    rng = torch.Generator().manual_seed(3)
+    motif = torch.randint(0, VOCAB, (6,), generator=rng)
+    return [torch.randint(0, VOCAB, (9,), generator=rng), motif.repeat(12)[:70]]
+
+
+@pytest.mark.parametrize("model_type", STATE_TYPES)
+def test_a_state_target_decodes_as_its_own_generate(models, model_type: str) -> None:
+    model = models[model_type]
+    pipe = load_pipeline(_spec("mem:target"), resources=_resources(model))
+    assert isinstance(pipe.decoder.target, StateRunner)
+    drafted = []
+    for prompt in _prompts():
+        out = pipe.generate(prompt)
+        assert list(out.token_ids) == hf_generate(model, prompt, 24)
+        for event in out.events:  # every step verified a chain, cut from a wider tree
+            parents = event.build.tree.parents.tolist()
+            assert parents == list(range(-1, len(parents) - 1))
+            drafted.append(event.tree_size)
+    assert max(drafted) >= 2  # chains of drafts were verified (and rolled back)
+
+
+def test_pointmass_sampling_through_a_state_target_is_its_law(models) -> None:
+    """Sampled tokens through chains verified by a state target: the second token's law is the
+    target's (Pearson's chi-square against the exact law, rare cells pooled)."""
+    model = models["jamba"]
+    spec = _spec("mem:target", verifier={"name": "pointmass", "temperature": 0.25})
+    spec["decoding"]["max_new_tokens"] = 2
+    spec["drafters"].pop("strong")  # the n-gram drafter alone: its chains repeat the motif
+    spec["scheduler"] = {"name": "never"}
+    pipe = load_pipeline(spec, resources=_resources(model))
+    prompt = _prompts()[1][:20]
+    with torch.no_grad():
+        first = (model(prompt[None]).logits[0, -1] / 0.25).softmax(-1)  # [V]
+        rows = torch.cat([prompt.repeat(VOCAB, 1), torch.arange(VOCAB)[:, None]], dim=1)
+        law = first @ (model(rows).logits[:, -1] / 0.25).softmax(-1)  # [V] the second token's
+    runs = 400
+    counts = torch.zeros(VOCAB, dtype=torch.float64)
+    drafted = 0
+    for seed in range(runs):
+        out = pipe.generate(prompt, seed=seed)
+        counts[out.token_ids[-1]] += 1
+        drafted += out.events[0].tree_size > 0  # the motif's continuation, verified
+    assert drafted == runs
+    expected = law * runs
+    rare = expected < 5
+    observed, expected = counts[~rare], expected[~rare]
+    if rare.any():
+        observed = torch.cat([observed, counts[rare].sum().reshape(1)])
+        expected = torch.cat([expected, (law * runs)[rare].sum().reshape(1)])
+    stat = float(((observed - expected) ** 2 / expected).sum())
+    dof = observed.numel() - 1
+    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2), torch.tensor(stat / 2)))
+    assert p_value > 1e-3, (stat, dof)
+
+
+def test_a_state_model_is_refused_as_an_lm_drafter(models) -> None:
+    res = _resources(models["jamba"])
+    with pytest.raises(ConfigError, match=r"drafters\.strong\.model: .*carry a recurrent state"):
+        load_pipeline(_spec("mem:llama", drafter="mem:target"), resources=res)
+    assert refusal(models["jamba"]) == STATE_DRAFTER
+    assert refusal(models["jamba"], target=True) is None
+
+
+def test_runner_for_picks_the_runner_by_layers(models) -> None:
+    assert isinstance(runner_for(models["lfm2"]), StateRunner)
+    assert isinstance(runner_for(tiny_model("llama")), CausalLMRunner)
+
+
+def _chain(tokens: list[int]) -> DraftTree:
+    return DraftTree.from_parents(torch.tensor(tokens), torch.arange(-1, len(tokens) - 1))
+
+
+def test_rollback_and_rewind_leave_the_states_of_the_kept_tokens(models) -> None:
+    """Logits after commits that keep some drafts, none or all (and after a rewind) are those of
+    the model's own forward of the committed tokens."""
+    model = models["qwen3_next"]
+    runner = StateRunner(model)
+    prompt = _prompts()[0]
+    runner.begin(prompt, max_len=64)
+    with torch.inference_mode():
+        for drafts, kept in ((4, 1), (3, 0), (2, 2), (5, 3)):
+            root = int(runner.committed_ids()[-1])
+            chain = _chain([root, *range(10, 10 + drafts)])
+            first = runner.forward_tree(chain)
+            runner.rewind()  # forwarded again: the same logits
+            logits = runner.forward_tree(chain)
+            torch.testing.assert_close(logits, first, rtol=0, atol=1e-12)
+            ids = torch.cat([runner.committed_ids(), chain.tokens[1:]])
+            own = model(ids[None]).logits[0, runner.n_committed - 1 :]
+            torch.testing.assert_close(logits, own, rtol=1e-6, atol=1e-6)  # a wrong state: 1e-2
+            tokens = torch.tensor([*chain.tokens[1 : kept + 1].tolist(), 7])
+            runner.commit(torch.arange(kept + 1), tokens)
+            assert runner.n_cached == runner.n_committed - 1
+    assert runner.forwards == 9  # the prompt, then two forwards a step (one rewound)
+
+
+def test_runner_refuses_what_it_cannot_verify(models) -> None:
+    runner = StateRunner(models["lfm2"])
+    runner.begin(torch.tensor([1, 2, 3]), max_len=16)
+    fork = DraftTree.from_parents(torch.tensor([3, 4, 5]), torch.tensor([-1, 0, 0]))
+    with pytest.raises(ArgumentError, match="not a chain: node 2's parent is 0, not 1"):
+        runner.forward_tree(fork)
+    runner.forward_tree(_chain([3, 4]))
+    with pytest.raises(ArgumentError, match="forwarded already"):
+        runner.forward_tree(_chain([3, 4, 5]))
+    with pytest.raises(
+        ArgumentError, match=r"expected a chain's first nodes 0 \.\. 1, got \[0, 2\]"
+    ):
+        runner.commit(torch.tensor([0, 2]), torch.tensor([4, 5]))
+    with pytest.raises(ArgumentError, match="runs only its own forward; expected one of auto"):
+        StateRunner(models["lfm2"], forward="lean")
+    with pytest.raises(ValueError, match="hidden states are kept only on the lean forward"):
+        runner.track_hidden()
+
+
+def test_restricted_output_rows_are_the_columns_of_the_full_logits(models) -> None:
+    runner = StateRunner(models["mamba2"])
+    prompt = torch.tensor([5, 6, 7, 8])
+    runner.begin(prompt, max_len=16)
+    full = runner.forward_tree(_chain([8, 9, 10]))
+    runner.rewind()
+    runner.restrict_output(torch.tensor([3, 1, 40]))
+    assert runner.n_outputs == 3
+    torch.testing.assert_close(runner.forward_tree(_chain([8, 9, 10])), full[:, [3, 1, 40]])
+    with pytest.raises(ValueError, match="distinct"):
+        runner.restrict_output(torch.tensor([1, 1]))
+
+
+def test_latency_curve_times_chains(models) -> None:
+    curve = StateRunner(models["lfm2"]).latency_curve([1, 4], context=16, repeats=1)
+    assert curve.queries == (1, 4) and all(s > 0 for s in curve.seconds)
+
+
+def test_the_probe_finds_a_rollback_that_keeps_rejected_states(models, monkeypatch) -> None:
+    model = models["jamba"]
+    assert probe_chains(model) is None
+    monkeypatch.setattr(StateRunner, "_crop", lambda self, tokens: None)
+    why = probe_chains(model)
+    assert why is not None and "after 1 commit(s) that rolled drafts back" in why
+
+
+def _built(parents: list[int], scores: list[float]) -> BuildResult:
+    n = len(parents)
+    tree = DraftTree.from_parents(torch.arange(n) + 1, torch.tensor(parents))
+    scores = torch.tensor(scores, dtype=torch.float64)
+    tree = tree.with_scores(
+        torch.zeros(n, dtype=torch.float64), scores, torch.zeros(n, dtype=torch.long)
+    )
+    return BuildResult(tree=tree, kept=torch.arange(n) + 100, calls=(0, 0), unpruned=tree)
+
+
+def test_trim_to_chain_keeps_the_path_of_most_expected_drafts() -> None:
+    built = trim_to_chain(_built([-1, 0, 0, 1, 2, 2, 5], [0, -2, -1, -3, -1.5, -1.2, -2]))
+    assert built.tree.parents.tolist() == [-1, 0, 1, 2]
+    assert built.tree.tokens.tolist() == [1, 3, 6, 7]
+    assert built.kept.tolist() == [100, 102, 105, 106]  # the drafters' indices follow
+    ties = trim_to_chain(_built([-1, 0, 0], [0, -1, -1]))
+    assert ties.kept.tolist() == [100, 101]  # the first of equals
+    # a likelier leaf (e^-0.5 = 0.61) loses to a path of three (0.50 + 0.45 + 0.41)
+    deep = trim_to_chain(_built([-1, 0, 0, 2, 3], [0, -0.5, -0.7, -0.8, -0.9]))
+    assert deep.tree.parents.tolist() == [-1, 0, 1, 2] and deep.kept.tolist() == [
+        100,
+        102,
+        103,
+        104,
+    ]
+    chain = _built([-1, 0, 1], [0, -1, -2])
+    assert trim_to_chain(chain) is chain
+
+
+#: the depth below which `TwoChildren` ranks the wrong child first, step by step (4: none)
+WRONG_AT = (0, 2, 4, 1, 3, 0, 4, 2, 1)
+
+
+@attrs.define
+class TwoChildren(Drafter):
+    """Proposes two children per node: the target's greedy continuation (`truth`) and another
+    token; the continuation scores higher but below depth `WRONG_AT[step]`, so that steps
+    accept 0 to 4 drafts of their chain (the rest rolled back)."""
+
+    truth: list[int]
+    committed: int = 0
+    step: int = 0
+    Config = NoConfig
+
+    def begin(self, prompt, *, max_len):
+        self.committed, self.step = prompt.numel(), 0
+
+    def expand(self, tree: DraftTree, nodes, k):
+        depth = tree.depth[nodes].tolist()
+        right = [self.truth[self.committed + d] for d in depth]
+        wrong = [(t + 1) % VOCAB for t in right]
+        swap = [d == WRONG_AT[self.step % len(WRONG_AT)] for d in depth]
+        first = [w if s else r for r, w, s in zip(right, wrong, swap, strict=True)]
+        second = [r if s else w for r, w, s in zip(right, wrong, swap, strict=True)]
+        return Proposal(  # a row per child (a row's tokens would be a chain)
+            parents=torch.cat([nodes, nodes]),
+            tokens=torch.tensor(first + second, dtype=torch.long)[:, None],
+            logp=torch.tensor([-0.1] * len(depth) + [-2.0] * len(depth))[:, None].to(tree.score),
+        )
+
+    def commit(self, accepted, tokens):
+        self.committed += int(tokens.numel())
+        self.step += 1
+
+
+@pytest.mark.parametrize("model_type", ("qwen3_next", "lfm2"))
+def test_chains_accepted_in_part_keep_exactly_the_accepted_states(models, model_type) -> None:
+    """Trees of two children per node, trimmed to their best chains, accepted in full, in part
+    and not at all: the output is `generate`'s."""
+    model = models[model_type]
+    prompt = _prompts()[0]
+    want = hf_generate(model, prompt, 40)
+    decoder = Decoder(
+        target=StateRunner(model),
+        drafters=(TwoChildren([*prompt.tolist(), *want, *[0] * 8]),),
+        builder=LayeredBuilder(LayeredConfig(depth=4, top_k=2, budget=12)),
+        scheduler=Never(NoConfig()),
+        verifier=GreedyVerifier(NoConfig()),
+    )
+    with torch.inference_mode():
+        events = list(decoder.steps(prompt, StopRule(max_new_tokens=32)))
+    assert [t for e in events for t in e.tokens] == want[:32]
+    assert {e.accepted for e in events} == {0, 1, 2, 3, 4}
+    assert all(e.tree_size == 4 for e in events[:-1])  # a chain of 4 from a tree of 12
