@@ -39,6 +39,25 @@ from treegraft.kernels.tree_attention.hf import IMPLEMENTATION
 STATE_FORWARDS = ("auto", "transformers")
 
 
+def forward_problem(model: Any, forward: str) -> str | None:
+    """Why `model`, whose layers carry a state, cannot run with the runner forward `forward`
+    (None: it can): it runs its own forward only (`decoding.forward: auto` or `transformers`)."""
+    name = type(model).__name__
+    if forward not in STATE_FORWARDS:
+        return (
+            f"{name} keeps a recurrent state in its layers and runs only its own forward "
+            f"(the lean forwards serve attention layers); expected one of "
+            f"{', '.join(STATE_FORWARDS)}, got {forward!r}"
+        )
+    if getattr(model.config, "_attn_implementation", None) == IMPLEMENTATION:
+        return (
+            f"{name} keeps a recurrent state in its layers and verifies one chain per step "
+            "through its own forward, which the tree-attention kernel does not serve "
+            "(decoding.forward: tree): use auto or transformers"
+        )
+    return None
+
+
 def chain_problem(tree: DraftTree, start: int = 0) -> str | None:
     """Why the nodes `start ..` of `tree` do not extend a chain from its root (each node the
     child of the one before it); None where they do."""
@@ -92,18 +111,8 @@ class StateRunner:
     hidden = None
 
     def __attrs_post_init__(self) -> None:
-        if self.forward not in STATE_FORWARDS:
-            raise ArgumentError(
-                f"forward: {type(self.model).__name__} keeps a recurrent state in its layers "
-                f"and runs only its own forward; expected one of {', '.join(STATE_FORWARDS)}, "
-                f"got {self.forward!r}"
-            )
-        if getattr(self.model.config, "_attn_implementation", None) == IMPLEMENTATION:
-            raise ArgumentError(
-                f"forward: {type(self.model).__name__} keeps a recurrent state in its layers and "
-                "verifies one chain per step through its own forward, which the tree-attention "
-                "kernel does not serve (decoding.forward: tree): use auto or transformers"
-            )
+        if (why := forward_problem(self.model, self.forward)) is not None:
+            raise ArgumentError(f"forward: {why}")
         from treegraft.core.runner.model_check import generate_hands_positions
 
         self._cache_kwarg = cache_kwarg(self.model)
@@ -314,6 +323,8 @@ def probe_chains(
     `model_check.probe_model`)."""
     from treegraft.core.runner.model_check import Unchecked, first_line, on_wide_copy
 
+    if (why := forward_problem(model, forward)) is not None:
+        return f"decoding.forward: {why}"
     try:
         why = _probe_steps(model, forward, seed)
     except Unchecked as err:
