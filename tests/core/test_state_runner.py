@@ -171,7 +171,7 @@ def test_runner_refuses_what_it_cannot_verify(models) -> None:
         ArgumentError, match=r"expected a chain's first nodes 0 \.\. 1, got \[0, 2\]"
     ):
         runner.commit(torch.tensor([0, 2]), torch.tensor([4, 5]))
-    with pytest.raises(ArgumentError, match="runs only its own forward .*; expected one of auto"):
+    with pytest.raises(ArgumentError, match=r"runs only its own forward .*; expected one of auto"):
         StateRunner(models["lfm2"], forward="lean")
     with pytest.raises(ValueError, match="hidden states are kept only on the lean forward"):
         runner.track_hidden()
