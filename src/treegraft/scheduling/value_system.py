@@ -36,7 +36,7 @@ from torch import Tensor
 from treegraft.bench.replay import ReplayTarget
 from treegraft.bench.report import cpu_model
 from treegraft.core.boundary import adapt
-from treegraft.core.decoder import Decoder, StepEvent, StopRule
+from treegraft.core.decoder import Decoder, StepEvent, StopRule, trim_to_chain
 from treegraft.core.interfaces import Scheduler
 from treegraft.core.metrics import Clock
 from treegraft.core.pipeline import Pipeline
@@ -188,6 +188,8 @@ class StepSearcher:
         step context and builder, valued against the continuation."""
         recorder = self._follow(plan)
         built = self.decoder.builder.build(self.decoder.context(self.prompt_len, Clock()))
+        if not getattr(self.decoder.target, "verifies_trees", True):  # as the decoder does
+            built = trim_to_chain(built)
         queries = self.counter.take()
         done = len(self.generated)
         accepted, _ = accept_against(built.tree, self.continuation, done)

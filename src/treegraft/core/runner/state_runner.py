@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from treegraft.core.errors import ArgumentError
+from treegraft.core.runner.causal_lm import CACHE_CHUNK
 from treegraft.core.runner.forwards import cache_kwarg, quiet_outputs
 from treegraft.core.runner.kv_cache import accepted_nodes
 from treegraft.core.runner.latency import measure_latency
@@ -169,7 +170,8 @@ class StateRunner:
         if prompt.numel() >= max_len:
             raise ValueError(f"prompt of {prompt.numel()} tokens does not fit max_len={max_len}")
         self.cache, self._recorded = new_state_cache(self.model), 0
-        self.committed = torch.zeros(max_len, dtype=torch.long, device=self.device)
+        reserve = min(max_len, prompt.numel() + CACHE_CHUNK)  # grown at commit as decoding goes
+        self.committed = torch.zeros(reserve, dtype=torch.long, device=self.device)
         self.committed[: prompt.numel()] = prompt.to(self.device)
         self.n_committed = prompt.numel()
         self.n_cached = self.n_pending = self.n_seen = 0
