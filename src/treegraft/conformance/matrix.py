@@ -4,7 +4,8 @@ For each model type of the causal-LM auto mapping, `check_architecture` builds a
 random-weight model (`tiny.tiny_model`) and decodes with it
 
 - as the **target**, with the n-gram drafter and a second model of the same architecture as
-  the LM drafter (a TreeGraft tree that calls it every layer), and
+  the LM drafter (a TreeGraft tree that calls it every layer; a model with state layers, which
+  serves as a target only, verifies the chains of a tiny Llama drafter), and
 - as the **LM drafter** of a tiny Llama target,
 
 on a short prompt and on a long one (`LONG_PROMPT` tokens: more than three sliding windows, and
