@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import warnings
 
 import attrs
 import numpy as np
 import pytest
 import torch
 
-from tests.conftest import greedy_reference
+from tests.conftest import greedy_reference, memory_resources, tiny_llama
 from tests.core.test_decoder import repetitive_prompt
 from tests.scheduling.helpers import COST, VOCAB, pipeline_raw, stand_in_pair
 from treegraft.core.config import ConfigError
@@ -626,3 +627,29 @@ def test_every_prompt_is_collected_and_replayed_from_fresh_drafters():
     assert result.tokens == sum(p["tokens"] for p in data.meta["prompts"])
     seconds = sum(p["oracle_seconds"] for p in data.meta["prompts"])
     assert result.seconds == pytest.approx(seconds, rel=1e-9)  # the same trees, sized alike
+
+
+def test_a_state_target_is_valued_on_the_chains_it_verifies():
+    """A target with state layers verifies one chain per step (`decoder.trim_to_chain`): the
+    searcher values each plan's chain, whose accepted length is the real step's."""
+    from treegraft.conformance.tiny import tiny_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        target = tiny_model("qwen3_next", seed=0, vocab_size=VOCAB)
+    res = memory_resources(target=target, draft=tiny_llama(seed=4, vocab=VOCAB))
+    prompt = repetitive_prompt(7, 14) % VOCAB
+    continuation = greedy_reference(target, prompt, MAX_NEW)
+    raw = pipeline_raw(depth=DEPTH)
+    pipe = load_pipeline(raw, resources=res)
+    with torch.inference_mode(), QueryCounter(target) as counter:
+        searcher = StepSearcher.begin(
+            search_decoder(pipe.decoder, COST, counter, 1),
+            prompt=prompt, continuation=continuation, stop=StopRule(MAX_NEW),
+        )  # fmt: skip
+        outcomes = searcher.search(all_plans(DEPTH, 1))
+    assert max(o.tree_nodes for o in outcomes) > 1
+    for o in outcomes:  # the real step of the plan verifies the same chain, accepts as many
+        raw = pipeline_raw(depth=DEPTH, scheduler={"name": "plan", "plan": list(o.plan)})
+        event = next(load_pipeline(raw, resources=res).steps(prompt, max_new_tokens=MAX_NEW))
+        assert (event.tree_size + 1, event.accepted) == (o.tree_nodes, o.accepted), o.plan

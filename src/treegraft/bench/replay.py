@@ -88,6 +88,9 @@ class ReplayTarget:
     runner: Any = None
     tracking: bool = False
     features: Tensor | None = None
+    #: the real target verifies trees (False: one chain per step, a `StateRunner`'s: the
+    #: decoder keeps each tree's best path, `decoder.trim_to_chain`, as it does for the runner)
+    verifies_trees: bool = True
 
     @property
     def model(self) -> Any:
@@ -249,6 +252,7 @@ def replay_pipeline(pipe: Any, curve: LatencyCurve) -> tuple[Any, ReplayTarget]:
         curve=curve,
         device=pipe.resources.device,
         runner=pipe.decoder.target,
+        verifies_trees=getattr(pipe.decoder.target, "verifies_trees", True),
     )
     origins = pipe.decoder.origins
     drafters = pipe.decoder.drafters

@@ -108,6 +108,7 @@ def search_decoder(
         vocab_size=decoder.target.vocab_size,
         curve=cost.target,
         device=torch.device(decoder.target.device),
+        verifies_trees=getattr(decoder.target, "verifies_trees", True),
     )
     times = ModelledTimes(
         target_curve=cost.target, source=target, cost=cost, counter=counter, strong=strong
