@@ -101,7 +101,9 @@ MODEL_FIELDS: dict[str, dict[str, Any]] = {
     "granitemoehybrid": {"layer_types": ["mamba", "attention", "mamba", "attention"]},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
     "zamba": {"attn_layer_period": 1, "attn_layer_offset": 0},  # a shared block used twice
-    "lfm2": {"layer_types": ["conv", "full_attention", "conv", "full_attention"]},
+    "lfm2": {"layer_types": ["conv", "full_attention", "conv", "full_attention"]},  # its
+    # default has no conv layer; Zamba2's hybrid layer ids stay those of its 54 layers
+    "zamba2": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"]},
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"]},
     "gemma3n_text": {"num_kv_shared_layers": 0},
     # fields the modeling code reads that the config class does not default

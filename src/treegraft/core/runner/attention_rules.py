@@ -26,7 +26,6 @@ import torch
 
 from treegraft.core.errors import TreegraftError
 from treegraft.core.runner.model_layouts import layout_refusal
-from treegraft.core.runner.state_models import has_state_layers, state_refusal
 
 #: layer types whose keys are those of plain causal attention (with or without a window)
 FULL_TYPES = frozenset({"full_attention", "attention", "global", "global_attention"})
@@ -231,6 +230,8 @@ def refusal(model: Any, *, target: bool = False) -> str | None:
         return "its attention is bidirectional (`use_bidirectional_attention`), not causal"
     if (why := _borrowed_states(model) or layout_refusal(model, cfg)) is not None:
         return why
+    from treegraft.core.runner.state_models import has_state_layers, state_refusal  # reads us
+
     if has_state_layers(model.config):
         return state_refusal(model) if target else STATE_DRAFTER
     try:

@@ -1,29 +1,129 @@
-"""TEMPORARY (lead's local stand-in until fix-state merges)."""
+"""Models that keep a recurrent or convolution state (Mamba, linear attention, short
+convolutions), and how a chain of drafts is verified exactly through their own cache.
+
+A state layer folds every token into a state carried to the next one, so a draft tree cannot
+branch it; a chain can. `state_runner.StateRunner` verifies a chain per step as `transformers`'
+assisted generation does: the cache the model's own `generate` builds (`new_state_cache`),
+past recording switched on after the prompt's forward, the chain forwarded with the positions
+`generate` hands, and the rejected drafts cropped off.
+
+`has_state_layers` says which models take this path, `state_refusal` why one cannot (None when
+it can). Causes met in `transformers` 5.25 (tiny float64 models against greedy `generate`):
+
+- Bamba's forward numbers a forward's tokens from 0 unless given `position_ids`, and
+  Mamba's (Mamba-2, FalconMamba) takes the cache only as `cache` (`past_key_values` vanishes
+  into its `**kwargs`): the runner passes both as `generate` does, and no attention mask
+  (FalconMamba's must span the forward's tokens only; all ones is no mask for the others).
+- Mamba-2's and Kimi Linear's layers record one recurrent state per token they are asked for
+  (`recurrent_states_to_keep`); a forward holds the root and `k` drafts, so `k + 1` are kept.
+- Zamba and ZAYA store only a forward's last state; RecurrentGemma keeps its state on its
+  modules; MiniMax, RWKV and xLSTM keep theirs in caches of their own: all refused.
+"""
 
 from __future__ import annotations
 
+import inspect
+import sys
 from typing import Any
 
-STATE_LAYER_TYPES = frozenset({"linear_attention", "conv", "mamba", "hybrid", "hybrid_sliding"})
+from treegraft.core.errors import ArgumentError
+from treegraft.core.runner.attention_rules import RECURRENT_TYPES, text_config
+
+#: layer types of configs' `layer_types` whose cache layers hold a convolution or recurrent
+#: state (`transformers`' `LinearAttentionLayer` kinds; `mamba` is the legacy name that configs
+#: rename to `linear_attention`)
+STATE_LAYER_TYPES = frozenset({"linear_attention", "conv", "hybrid", "hybrid_sliding", "mamba"})
 
 
 def has_state_layers(config: Any) -> bool:
-    from treegraft.core.runner.attention_rules import RECURRENT_TYPES, text_config
-
+    """Whether a model of `config` keeps a recurrent or convolution state: some of its
+    `layer_types` are state layers, or it is a recurrent architecture without `layer_types`
+    (RWKV, xLSTM). Such a model is verified a chain at a time (or refused: `state_refusal`)."""
     cfg = text_config(config)
-    types = getattr(cfg, "layer_types", None) or ()
-    return (
-        bool(STATE_LAYER_TYPES.intersection(types))
-        or cfg.model_type in RECURRENT_TYPES
-        or "mamba" in cfg.model_type
-    )
-
-
-def new_state_cache(model: Any) -> Any:
-    from transformers import DynamicCache
-
-    return DynamicCache(config=model.config)
+    if getattr(cfg, "model_type", None) in RECURRENT_TYPES:
+        return True
+    types = getattr(cfg, "layer_types", None)
+    if not isinstance(types, (list, tuple)):
+        return False
+    return any(isinstance(kind, str) and kind in STATE_LAYER_TYPES for kind in types)
 
 
 def state_refusal(model: Any) -> str | None:
+    """Why `model`'s state cannot be verified exactly a chain at a time through its own cache
+    (None when it can, and for a model without state layers). Reads the model's class and its
+    modeling code, runs nothing."""
+    if not has_state_layers(model.config):
+        return None
+    if (why := _own_cache(model)) is not None:
+        return why
+    source = _modeling_source(model)
+    if not source:  # no code to read (compiled, generated): the load-time probe decides
+        return None
+    if "update_conv_state" not in source and "update_recurrent_state" not in source:
+        return (
+            "its recurrent layers keep their state on their own modules, outside the cache "
+            "(its modeling code never calls `update_conv_state` or `update_recurrent_state`), "
+            "so the cache cannot roll the state back (`crop`) to the drafts a verification "
+            "accepts"
+        )
+    if "update_recurrent_state" in source and "get_recurrent_states_to_keep" not in source:
+        return (
+            "its recurrent layers store only the state after the last token of a forward (its "
+            "modeling code never reads `get_recurrent_states_to_keep`), so the state after the "
+            "drafts a verification accepts is lost and the cache cannot roll back (`crop`) to it"
+        )
     return None
+
+
+def new_state_cache(model: Any, *, max_chain: int | None = None) -> Any:
+    """The cache `model`'s own `generate` builds (a `DynamicCache` of its text config); with
+    `max_chain`, recording its past from the first forward on, as `transformers`' assisted
+    generation does: enough recurrent states for a forward of the root and `max_chain` drafts,
+    so that `crop` can undo any of them (None: not recording yet; `StateRunner` switches it on
+    after the prompt's forward, whose states it never undoes)."""
+    from transformers import DynamicCache
+
+    if max_chain is not None and (
+        isinstance(max_chain, bool) or not isinstance(max_chain, int) or max_chain < 1
+    ):
+        raise ArgumentError(
+            f"new_state_cache: max_chain: expected an int >= 1 (the most drafts one "
+            f"verification forward holds) or None, got {max_chain!r}"
+        )
+    cache = DynamicCache(config=text_config(model.config))
+    if max_chain is not None:
+        cache.activate_past_recording(recurrent_states_to_keep=max_chain + 1)
+    return cache
+
+
+def _own_cache(model: Any) -> str | None:
+    """A model whose `generate` keeps its state in a cache of the model's own (MiniMax's
+    `MiniMaxCache`, whose `crop` raises; RWKV's `state` tensors; xLSTM's `xLSTMCache`)."""
+    supports = getattr(type(model), "_supports_default_dynamic_cache", None)
+    kind = getattr(text_config(model.config), "model_type", None)
+    if kind not in RECURRENT_TYPES and (supports is None or supports()):
+        return None
+    return (
+        "its `generate` keeps its recurrent state in a cache of the model's own, not in a "
+        "`transformers` `DynamicCache`, and that cache cannot roll the state back (`crop`) to "
+        "the drafts a verification accepts"
+    )
+
+
+def _modeling_source(model: Any) -> str:
+    """The source of the Python modules defining `model`'s classes and its submodules' (its
+    modeling code; torch's own left out), '' where none can be read."""
+    names = {type(model).__module__}
+    modules = getattr(model, "modules", None)
+    if callable(modules):
+        names |= {type(module).__module__ for module in modules()}
+    texts = []
+    for name in sorted(names):
+        module = sys.modules.get(name)
+        if module is None or name.split(".")[0] == "torch":
+            continue
+        try:
+            texts.append(inspect.getsource(module))
+        except (OSError, TypeError):
+            continue
+    return "\n".join(texts)

@@ -218,19 +218,17 @@ class StateRunner:
                 layer.recurrent_states_to_keep = self._recorded
 
     def _run(self, ids: Tensor, *, n_logits: int) -> Tensor:
-        """One forward of `ids` after the cached tokens, as `generate` runs one: a 2D mask of
-        ones over the whole sequence, and positions where `generate` hands them."""
-        total = self.n_cached + (self.n_pending + self.n_seen if self.n_seen else 0)
+        """One forward of `ids` after the cached tokens, as `generate` runs one: the cache under
+        the name the forward reads, positions where `generate` hands them (Bamba numbers a
+        forward's tokens from 0 without), and no attention mask (FalconMamba's would have to
+        span the forward's tokens alone; all ones is none for the others)."""
+        total = self.n_cached  # the tokens the cache holds: this step's pending ones are in `ids`
         q = int(ids.shape[0])
         kwargs: dict[str, Any] = {self._cache_kwarg: self.cache, **self._quiet}
         if self._positions:
             kwargs["position_ids"] = torch.arange(total, total + q, device=self.device)[None]
         out = self.model(
-            input_ids=ids[None],
-            attention_mask=torch.ones(1, total + q, dtype=torch.long, device=self.device),
-            use_cache=True,
-            logits_to_keep=max(n_logits, 1),
-            **kwargs,
+            input_ids=ids[None], use_cache=True, logits_to_keep=max(n_logits, 1), **kwargs
         )
         self.forwards += 1
         logits = out.logits[0, -n_logits:] if n_logits else out.logits[0, :0]

@@ -1,0 +1,161 @@
+"""State models (recurrent, linear-attention and convolution layers): which take the chain path,
+why some are refused, and chains verified through their own cache against greedy `generate`."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from transformers import (
+    Lfm2Config,
+    LlamaConfig,
+    Qwen3_5Config,
+    Qwen3NextConfig,
+    RwkvConfig,
+    xLSTMConfig,
+)
+
+from treegraft.conformance.matrix import reference
+from treegraft.conformance.tiny import VOCAB, tiny_model
+from treegraft.core.errors import ArgumentError
+from treegraft.core.runner.state_models import has_state_layers, new_state_cache, state_refusal
+from treegraft.core.runner.state_runner import StateRunner
+from treegraft.core.tree import DraftTree
+
+#: state models a chain verifies exactly (the tiny LFM2 and Zamba2 take their layer patterns
+#: from `tiny.MODEL_FIELDS`)
+WORKING = (
+    "bailing_hybrid",
+    "bamba",
+    "falcon_h1",
+    "falcon_mamba",
+    "granitemoehybrid",
+    "inkling_text",
+    "inkling2_loop_text",
+    "inkling2_text",
+    "jamba",
+    "kimi_linear",
+    "lara_mini",
+    "lfm2",
+    "lfm2_moe",
+    "lfm3",
+    "mamba",
+    "mamba2",
+    "nemotron_h",
+    "olmo_hybrid",
+    "qwen3_5_moe_text",
+    "qwen3_5_text",
+    "qwen3_next",
+    "qwen4_exp_text",
+    "zamba2",
+)
+
+#: refused state models and a phrase their reason holds
+REFUSED = {
+    "minimax": "cache of the model's own",
+    "recurrent_gemma": "on their own modules",
+    "rwkv": "cache of the model's own",
+    "xlstm": "cache of the model's own",
+    "zamba": "only the state after the last token",
+    "zaya": "only the state after the last token",
+}
+
+MAX_CHAIN = 5
+NEW = 16
+
+
+@functools.lru_cache(maxsize=1)
+def _model(model_type: str) -> torch.nn.Module:
+    # Inkling 2's routers compute in float32 whatever the model's dtype: float32 for those
+    dtype = torch.float32 if model_type.startswith("inkling2") else torch.float64
+    return tiny_model(model_type, dtype=dtype)
+
+
+def _prompt(length: int) -> torch.Tensor:
+    rng = torch.Generator().manual_seed(length)
+    motif = torch.randint(0, VOCAB, (7,), generator=rng)
+    return torch.cat([motif.repeat(length // 7), torch.randint(0, VOCAB, (7,), generator=rng)])[
+        :length
+    ]
+
+
+def _drafts(step: int, ahead: list[int], rng: torch.Generator) -> list[int]:
+    """Every third chain is `MAX_CHAIN` drafts all rejected (its first is wrong), the next
+    follows the reference with one wrong draft, the next is right but shorter."""
+    if step % 3 == 0:
+        junk = torch.randint(0, VOCAB, (MAX_CHAIN,), generator=rng).tolist()
+        return [(ahead[0] + 1) % VOCAB, *junk[1:]]
+    if step % 3 == 1:
+        drafts = list(ahead[:MAX_CHAIN])
+        wrong = int(torch.randint(0, MAX_CHAIN, (1,), generator=rng))
+        drafts[wrong] = (drafts[wrong] + 1) % VOCAB
+        return drafts
+    return list(ahead[: int(torch.randint(1, MAX_CHAIN, (1,), generator=rng))])
+
+
+def _chain_decode(model: torch.nn.Module, prompt: torch.Tensor, ahead: list[int]) -> list[int]:
+    """Greedy tokens after `prompt`, verified by a `StateRunner` a chain of drafts at a time
+    (drafts read from `ahead`, the reference continuation, and spoiled as `_drafts` says)."""
+    runner = StateRunner(model)
+    runner.begin(prompt, max_len=prompt.numel() + 4 * NEW)
+    rng = torch.Generator().manual_seed(1)
+    got: list[int] = []
+    for step in range(3 * NEW):
+        if len(got) >= NEW:
+            break
+        drafts = _drafts(step, ahead[len(got) :], rng)
+        root = int(runner.committed_ids()[-1])
+        chain = DraftTree.from_parents(torch.tensor([root, *drafts]), torch.arange(-1, len(drafts)))
+        best = runner.forward_tree(chain).argmax(-1).tolist()  # [n + 1]
+        m = 0
+        while m < len(drafts) and drafts[m] == best[m]:
+            m += 1
+        tokens = [*drafts[:m], best[m]]
+        runner.commit(torch.arange(m + 1), torch.tensor(tokens))
+        got += tokens
+    return got[:NEW]
+
+
+@pytest.mark.parametrize("length", [9, 70])
+@pytest.mark.parametrize("model_type", WORKING)
+def test_chain_with_roll_back_equals_generate(model_type: str, length: int) -> None:
+    model = _model(model_type)
+    assert has_state_layers(model.config)
+    assert state_refusal(model) is None
+    prompt = _prompt(length)
+    ahead = reference(model, prompt, max_new_tokens=NEW + MAX_CHAIN)
+    with torch.inference_mode():
+        assert _chain_decode(model, prompt, ahead) == ahead[:NEW]
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_state_refusal_names_the_cause(model_type: str) -> None:
+    model = tiny_model(model_type)
+    assert has_state_layers(model.config)
+    assert REFUSED[model_type] in (state_refusal(model) or "")
+
+
+def test_has_state_layers_reads_layer_types_and_recurrent_types() -> None:
+    assert has_state_layers(Qwen3NextConfig())
+    assert has_state_layers(Qwen3_5Config())  # a composite model's text config
+    assert has_state_layers(Lfm2Config(full_attn_idxs=[1]))  # its other layers are `conv`
+    assert has_state_layers(RwkvConfig()) and has_state_layers(xLSTMConfig())
+    assert not has_state_layers(LlamaConfig()) and not has_state_layers(Lfm2Config())
+
+
+def test_attention_model_is_not_refused() -> None:
+    assert state_refusal(tiny_model("llama")) is None
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda: new_state_cache(_model("mamba"), max_chain=0), "max_chain"),
+        (lambda: new_state_cache(_model("mamba"), max_chain=True), "max_chain"),
+        (lambda: new_state_cache(_model("mamba"), max_chain=2.0), "max_chain"),
+    ],
+)
+def test_bad_arguments_name_the_argument(call, name: str) -> None:
+    with pytest.raises(ArgumentError, match=name):
+        call()
