@@ -125,11 +125,21 @@ class Most(StopText):
         return next(w for w in range(len(ids), -1, -1) if text.startswith(self.kept(ids[:w])))
 
 
+class EveryPrefix(StopStrings):
+    """`StopStrings` decoding every prefix whole: where the text of `ids` holds a stop string,
+    the first prefix whose text holds one."""
+
+    def __call__(self, ids):
+        if not self.found(ids):
+            return None
+        return next(m for m in range(1, len(ids) + 1) if self.found(ids[:m]))
+
+
 def whole_text_run(steps, stops, shown, kept):
     """The stop check's results and the streamed pieces of the whole-text rules, step by step:
     a piece is what `so_far` (at the end `final`) adds to the text shown, when it begins with
     it (a byte-fallback token may turn the bytes before it into replacement characters)."""
-    check, text = StopStrings(stops, shown, kept), Most(stops, shown, kept)
+    check, text = EveryPrefix(stops, shown, kept), Most(stops, shown, kept)
     ids: list[int] = []
     results, pieces, so_far = [], [], ""
     for i, step in enumerate(steps):
@@ -181,7 +191,10 @@ def test_the_tail_rules_give_what_the_whole_text_rules_give(name, sizes, data):
         for key, value in zip(("CONTEXT", "LAG", "ADVANCE"), SIZES[sizes], strict=True):
             patch.setattr(text_tail, key, value)
         tail = tail_run(steps, stops, shown, kept)
+        ids = [i for step in steps for i in step]
+        direct = StopStrings(stops, shown, kept)(ids), StopStrings(stops, shown)(ids)
     assert tail == whole_text_run(steps, stops, shown, kept)
+    assert direct == (EveryPrefix(stops, shown, kept)(ids), EveryPrefix(stops, shown)(ids))
 
 
 @pytest.mark.parametrize(
@@ -255,3 +268,19 @@ def test_outputs_of_special_tokens_alone_settle_and_decode_a_bounded_tail(stops)
             assert scan is None or scan(ids) is None
             stream.add(step, finished=False)
         assert max(decoded) <= 2 * (CONTEXT + LAG + ADVANCE) + 3
+
+
+def test_a_direct_stop_check_decodes_the_whole_tokens_once():
+    """`StopStrings` called with the tokens of a stop string far from their start decodes
+    them whole once per text (whether one holds a stop string), then a bounded tail per
+    token: not every prefix whole."""
+    tok = Letters()
+    decoded: list[int] = []
+
+    def shown(ids):
+        decoded.append(len(ids))
+        return tok.decode(ids, skip_special_tokens=True)
+
+    ids = [i % 26 for i in range(1, 400)] + [26, 25, 25]
+    assert StopStrings(("<|s|>zz", "zz"), shown)(ids) == 402
+    assert sum(n > 2 * (CONTEXT + LAG + ADVANCE) + 3 for n in decoded) == 1

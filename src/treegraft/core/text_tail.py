@@ -15,11 +15,14 @@ of the whole-text rules.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 
-from treegraft.core.decoder import StopStrings
 from treegraft.core.stop_text import REPLACEMENT, StopText, held
+
+if TYPE_CHECKING:  # `StopStrings` reads its first stop with a `StopScan`
+    from treegraft.core.decoder import StopStrings
 
 #: tokens decoded before the settled ones, so that the tail is decoded in context
 CONTEXT = 4
@@ -199,6 +202,22 @@ class StopScan:
     def __call__(self, ids: Sequence[int]) -> int | None:
         if not self.text.follow(ids):
             self.first = None
+        return self._step()
+
+    def first_of(self, ids: Sequence[int]) -> int | None:
+        """The stop check of `ids` read token by token from the first: where the first stop
+        string ends (None: nowhere), decoding a bounded tail per token (the check of a finished
+        list of tokens, as `StopStrings` makes it)."""
+        self.text.follow(())
+        self.first = None
+        for token in ids:
+            self.text.ids.append(token)
+            if (end := self._step()) is not None:
+                return end
+        return None
+
+    def _step(self) -> int | None:
+        """The check of `text.ids`, the tokens that the last check's continue."""
         try:
             end = self._first_stop()
         except Rewritten:
