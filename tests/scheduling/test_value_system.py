@@ -626,3 +626,19 @@ def test_every_prompt_is_collected_and_replayed_from_fresh_drafters():
     assert result.tokens == sum(p["tokens"] for p in data.meta["prompts"])
     seconds = sum(p["oracle_seconds"] for p in data.meta["prompts"])
     assert result.seconds == pytest.approx(seconds, rel=1e-9)  # the same trees, sized alike
+
+
+def test_a_prompt_failing_in_a_local_collection_is_named():
+    """It was the prompt's bare exception (an IndexError from the embedding), naming no prompt;
+    a sharded collection named it (`test_value_shards.py` compares the two)."""
+    res = stand_in_pair(1)
+    pipe = load_pipeline(pipeline_raw(depth=2, strong="mem:target"), resources=res)
+    prompts = [PromptIds("p", repetitive_prompt(20, 12) % VOCAB)]
+    prompts.append(PromptIds("broken", torch.tensor([1, 2, VOCAB + 7])))  # beyond the vocabulary
+    with pytest.raises(ValueSystemError) as info:
+        collect(pipe, prompts, COST, max_new_tokens=4)
+    assert str(info.value) == (
+        "prompt 'broken' (#2 of 2) failed: IndexError: index out of range in self; nothing was "
+        "written"
+    )
+    assert isinstance(info.value.__cause__, IndexError)
