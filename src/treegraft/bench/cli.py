@@ -47,8 +47,8 @@ UnitTimeoutOption = Annotated[
     float | None,
     typer.Option(
         "--unit-timeout",
-        help="seconds a unit may run on its Ray actor; past them the actor is stopped and the "
-        "unit fails, naming it (default: no limit)",
+        help="seconds one attempt of a unit (of collect: a prompt) may run on its Ray actor; "
+        "past them the actor is stopped and the attempt fails, naming it (default: no limit)",
     ),
 ]
 
