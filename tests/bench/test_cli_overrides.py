@@ -101,6 +101,19 @@ def test_ray_options_on_a_local_run_are_refused_not_ignored(sweep: Path, tmp_pat
     assert not out.exists()
 
 
+def test_a_unit_timeout_on_a_local_run_is_refused(sweep: Path, tmp_path: Path):
+    """The local executor runs units in the driver's own process, which cannot stop one."""
+    out = tmp_path / "out"
+    args = ["bench", "run", str(sweep), "--out", str(out), "--unit-timeout", "60"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert (
+        "--unit-timeout: Ray options, but the executor is 'local'; add --executor ray"
+        in " ".join(result.output.split())
+    )
+    assert not out.exists()
+
+
 FILE_BAD = {
     "max_new_tokens": ({"max_new_tokens": 0}, "bench.max_new_tokens: expected int >= 1, got 0"),
     "prompts": (
@@ -108,6 +121,11 @@ FILE_BAD = {
         "bench.prompts_per_suite: expected int >= 1, got '3'",
     ),
     "suites": ({"suites": "s.jsonl"}, "bench.suites: expected list of str, got 's.jsonl'"),
+    "unit_timeout": (  # a local unit runs in the driver's process: nothing could stop it
+        {"executor": {"unit_timeout": 60}},
+        "bench.executor.unit_timeout: a time limit per unit needs name 'ray', got 'local': a "
+        "local unit runs in the driver's own process, which cannot stop it midway",
+    ),
 }
 
 

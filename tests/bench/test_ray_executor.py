@@ -7,6 +7,7 @@ import os
 import re
 import sys
 import threading
+import time
 
 import pytest
 
@@ -157,9 +158,17 @@ def test_workers_by_default_are_what_the_cluster_fits(cpus, gpus, expected):
         ({"workers": "2"}, "workers: expected an int >= 1 or None, got '2'"),
         ({"num_cpus": -1}, "num_cpus: expected a number >= 0, got -1"),
         ({"num_gpus": float("nan")}, "num_gpus: expected a number >= 0, got nan"),
+        ({"timeout": 0}, "timeout: expected a finite number > 0 or None, got 0"),
+        ({"timeout": "60"}, "timeout: expected a finite number > 0 or None, got '60'"),
+        ({"timeout": float("inf")}, "timeout: expected a finite number > 0 or None, got inf"),
+        # a local item runs in the driver's own process: nothing could stop it midway
+        ({"executor": "local", "timeout": 60}, "timeout: a time limit per item needs "
+         "executor='ray', got 'local': a local item runs in the driver's own process, which "
+         "cannot stop it midway"),
     ],
-    ids=["executor", "zero", "negative", "text", "cpus", "gpus"],
-)
+    ids=["executor", "zero", "negative", "text", "cpus", "gpus", "timeout", "timeout-text",
+         "timeout-inf", "timeout-local"],
+)  # fmt: skip
 def test_map_items_options_out_of_range_are_named(options, message):
     """`workers=0` or `-2` started one actor, a negative request went to Ray as it was."""
     from treegraft.bench.shards import map_items
@@ -337,3 +346,83 @@ def test_map_items_takes_any_iterable_of_items(cluster):
         assert [r for r, _ in got] == [0, 1, 4]
     with pytest.raises(ArgumentError, match=r"^items: expected a sequence of items, got 3$"):
         map_items(pid_setup, square_with_pid, 3, executor="ray")
+
+
+def sleep_on_two(pid, item):
+    """`square_with_pid`, but item 2 never returns (a hung worker)."""
+    if item == 2:
+        time.sleep(3600)
+    return square_with_pid(pid, item)
+
+
+def test_map_items_stops_an_item_past_its_timeout_naming_it(cluster):
+    """A hung item held the map (a sharded collection) forever."""
+    from treegraft.bench.shards import ShardError, map_items
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    start = time.monotonic()
+    with pytest.raises(ShardError) as info:
+        map_items(pid_setup, sleep_on_two, [1, 2, 3], executor="ray", workers=2, timeout=8)
+    assert info.value.index == 1
+    assert str(info.value) == (
+        "item 1: ran past its time limit of 8 s on its Ray worker, which was stopped"
+    )
+    assert time.monotonic() - start < 120
+    items = [1, 3, 4]  # in time: results as without a limit
+    got = map_items(pid_setup, sleep_on_two, items, executor="ray", workers=2, timeout=60)
+    assert [r for r, _ in got] == [1, 9, 16]
+
+
+def divide(pid, item):
+    return 12 // item
+
+
+def test_an_items_own_exception_is_reported_alike_locally_and_on_ray(cluster):
+    """Locally the item's ZeroDivisionError came out bare, with no item named; on Ray a
+    `ShardError` naming the item: both are the `ShardError` now, the exception its cause."""
+    from treegraft.bench.shards import ShardError, map_items
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    errors = []
+    for executor in ("local", "ray"):
+        with pytest.raises(ShardError) as info:
+            map_items(pid_setup, divide, [3, 0, 4], executor=executor, workers=1)
+        errors.append(info.value)
+    assert [str(e) for e in errors] == ["item 1: ZeroDivisionError: integer division or modulo "
+                                        "by zero"] * 2  # fmt: skip
+    assert [e.index for e in errors] == [1, 1]
+    assert [type(e.__cause__) for e in errors] == [ZeroDivisionError] * 2
+
+
+class HangingTokenizer(DyingTokenizer):
+    """Delegates to the test tokenizer, but the first process to encode the second chat prompt
+    hangs there (a marker file, created atomically, lets exactly one hang)."""
+
+    def __call__(self, text, **kw):
+        if text.startswith("the cat sat"):
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                time.sleep(3600)
+        return self.inner(text, **kw)
+
+
+def test_a_unit_past_its_timeout_is_stopped_and_named_and_the_sweep_goes_on(tmp_path, cluster):
+    """A hung actor held the whole sweep forever."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    config = sweep_config(tmp_path).with_executor(name="ray", workers=2, retries=0, unit_timeout=25)
+    res = pair_resources()
+    res.tokenizer = HangingTokenizer(res.tokenizer, str(tmp_path / "hung"))
+    result = run_bench(config, tmp_path / "out", resources=res, progress=False)
+    assert (tmp_path / "hung").is_file()  # an actor did hang
+    (failed,) = result.failed  # the unit that actor ran first (a session encodes every prompt)
+    name = f"target+draft · {failed.prompt_ids[0]}"
+    assert re.fullmatch(
+        rf"TimeoutError: unit {re.escape(name)} ran past executor\.unit_timeout "
+        r"\(--unit-timeout\) = 25 s on (ray-[01]) \(attempt 1\); the actor was stopped",
+        failed.error,
+    )
+    assert failed.worker["worker"] == failed.error.split(" on ")[1].split(" ")[0] + " (stopped)"
+    assert len(result.requests) == 3 * 4 and all(r.exact for r in result.requests)

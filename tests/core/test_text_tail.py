@@ -81,19 +81,25 @@ ALPHABET = "ab .,'s\nt€é😀中?<|>"
 
 @st.composite
 def generations(draw, tok, chunks=12):
-    """Token ids (random ones, special ones, encoded text, characters as byte tokens), cut into
-    steps, and stop strings drawn from random places of their two texts."""
+    """Token ids (random ones, special ones, runs of special ones longer than a settling, encoded
+    text, characters as byte tokens; or special ones alone), cut into steps, and stop strings
+    drawn from random places of their two texts."""
     ids: list[int] = []
     specials = list(getattr(tok, "added_tokens_decoder", [26]))
     convert = getattr(tok, "convert_tokens_to_ids", lambda token: 0)
     byte_ids = [convert(f"<0x{b:02X}>") for b in range(256)]
     fallback = byte_ids[0] != byte_ids[1]
+    kinds = ["random", "special", "run", "text", "char"]
+    if draw(st.integers(0, 4)) == 0:  # an output of special tokens alone
+        kinds = ["special", "run"]
     for _ in range(draw(st.integers(1, chunks))):
-        kind = draw(st.sampled_from(["random", "special", "text", "char"]))
+        kind = draw(st.sampled_from(kinds))
         if kind == "random":
             ids += draw(st.lists(st.integers(0, len(tok) - 1), max_size=8))
         elif kind == "special":
             ids.append(draw(st.sampled_from(specials)))
+        elif kind == "run":
+            ids += draw(st.lists(st.sampled_from(specials), min_size=8, max_size=40))
         elif kind == "text" and hasattr(tok, "encode"):
             ids += tok.encode(draw(st.text(ALPHABET, max_size=20)), add_special_tokens=False)
         elif kind == "char" and fallback:
@@ -119,11 +125,21 @@ class Most(StopText):
         return next(w for w in range(len(ids), -1, -1) if text.startswith(self.kept(ids[:w])))
 
 
+class EveryPrefix(StopStrings):
+    """`StopStrings` decoding every prefix whole: where the text of `ids` holds a stop string,
+    the first prefix whose text holds one."""
+
+    def __call__(self, ids):
+        if not self.found(ids):
+            return None
+        return next(m for m in range(1, len(ids) + 1) if self.found(ids[:m]))
+
+
 def whole_text_run(steps, stops, shown, kept):
     """The stop check's results and the streamed pieces of the whole-text rules, step by step:
     a piece is what `so_far` (at the end `final`) adds to the text shown, when it begins with
     it (a byte-fallback token may turn the bytes before it into replacement characters)."""
-    check, text = StopStrings(stops, shown, kept), Most(stops, shown, kept)
+    check, text = EveryPrefix(stops, shown, kept), Most(stops, shown, kept)
     ids: list[int] = []
     results, pieces, so_far = [], [], ""
     for i, step in enumerate(steps):
@@ -175,7 +191,10 @@ def test_the_tail_rules_give_what_the_whole_text_rules_give(name, sizes, data):
         for key, value in zip(("CONTEXT", "LAG", "ADVANCE"), SIZES[sizes], strict=True):
             patch.setattr(text_tail, key, value)
         tail = tail_run(steps, stops, shown, kept)
+        ids = [i for step in steps for i in step]
+        direct = StopStrings(stops, shown, kept)(ids), StopStrings(stops, shown)(ids)
     assert tail == whole_text_run(steps, stops, shown, kept)
+    assert direct == (EveryPrefix(stops, shown, kept)(ids), EveryPrefix(stops, shown)(ids))
 
 
 @pytest.mark.parametrize(
@@ -186,6 +205,12 @@ def test_the_tail_rules_give_what_the_whole_text_rules_give(name, sizes, data):
         # ... and not be empty: a word's space is lost at the start of a text
         ("letters", [[26], [0], [0] * 9 + [26, 26, 27], [0], [0] * 7 + [1]], ("b",)),
         ("wordpiece", [[0, 13, 13, 0], [0], [0]], ("a",)),
+        # a run of special tokens left out of the text: a `▁` before it is still a space after
+        # it, a WordPiece word still has its space, a letter one its own
+        ("sentencepiece", [[1], [268] * 20, [2], [0]], ("zz",)),
+        ("sentencepiece", [[268] * 3, [1], [268] * 20, [3, 1], [269] * 20, [2]], ("zz",)),
+        ("wordpiece", [[4], [13] * 20, [1], [14] * 20, [3]], ("zz",)),
+        ("letters", [[26] * 3, [27], [26] * 20, [0], [26] * 20, [27], [26] * 20, [1]], ("a b",)),
     ],
 )
 def test_the_tail_rules_on_texts_that_depend_on_earlier_tokens(name, steps, stops):
@@ -214,3 +239,48 @@ def test_long_outputs_settle_and_decode_a_bounded_tail():
         steps, stops, texts(tok)[0], texts(tok)[0]
     )
     assert max(decoded[-200:-4]) <= 2 * (CONTEXT + LAG + ADVANCE) + 3
+
+
+@pytest.mark.parametrize("stops", [(), ("zzq", "|>x"), ("zz",)])
+def test_outputs_of_special_tokens_alone_settle_and_decode_a_bounded_tail(stops):
+    """An output whose text leaves every token out (special tokens alone), or keeps a run of
+    them, settles as any other: past the first tokens, a step decodes a bounded tail of it, not
+    all of it."""
+    tok = Letters()
+    decoded: list[int] = []
+
+    def counted(keep):
+        def decode(ids):
+            decoded.append(len(ids))
+            return tok.decode(ids, skip_special_tokens=not keep)
+
+        return decode
+
+    shown, kept = counted(False), counted(True)
+    for steps in ([[26]] * 400, [[0, 27, 1]] + [[26]] * 400 + [[27, 2]]):
+        assert tail_run(steps, stops, shown, kept) == whole_text_run(steps, stops, *texts(tok))
+        scan = StopScan.of(StopStrings(stops, shown, kept)) if stops else None
+        stream, ids = StreamText.of(StopText(stops, shown, kept)), []
+        for i, step in enumerate(steps[:-1]):
+            if i == 100:
+                decoded.clear()
+            ids += step
+            assert scan is None or scan(ids) is None
+            stream.add(step, finished=False)
+        assert max(decoded) <= 2 * (CONTEXT + LAG + ADVANCE) + 3
+
+
+def test_a_direct_stop_check_decodes_the_whole_tokens_once():
+    """`StopStrings` called with the tokens of a stop string far from their start decodes
+    them whole once per text (whether one holds a stop string), then a bounded tail per
+    token: not every prefix whole."""
+    tok = Letters()
+    decoded: list[int] = []
+
+    def shown(ids):
+        decoded.append(len(ids))
+        return tok.decode(ids, skip_special_tokens=True)
+
+    ids = [i % 26 for i in range(1, 400)] + [26, 25, 25]
+    assert StopStrings(("<|s|>zz", "zz"), shown)(ids) == 402
+    assert sum(n > 2 * (CONTEXT + LAG + ADVANCE) + 3 for n in decoded) == 1

@@ -108,8 +108,9 @@ def test_collect_executor_errors_come_before_any_model_loads(tmp_path, monkeypat
         (["--workers", "0"], "--workers: expected an int >= 1 or None, got 0"),
         (["--num-cpus", "-1"], "--num-cpus: expected a number >= 0, got -1.0"),
         (["--num-gpus", "nan"], "--num-gpus: expected a number >= 0, got nan"),
+        (["--unit-timeout", "0"], "--unit-timeout: expected a finite number > 0 or None, got 0.0"),
     ],
-    ids=["workers", "cpus", "gpus"],
+    ids=["workers", "cpus", "gpus", "timeout"],
 )
 def test_collect_ray_options_out_of_range_come_before_any_model_loads(tmp_path, flags, message):
     """They were refused by `map_items` once the pipeline had loaded and its costs were
@@ -119,6 +120,15 @@ def test_collect_ray_options_out_of_range_come_before_any_model_loads(tmp_path, 
     result = runner.invoke(app, ["collect", "--executor", "ray", "--out", str(out), *flags])
     assert result.exit_code == 2 and f"error: {message}" in result.output, result.output
     assert "costs ready" not in result.output and not out.exists()
+
+
+def test_collect_refuses_a_unit_timeout_it_cannot_keep_locally(tmp_path):
+    """A local collection runs its prompts in this process, which cannot stop one midway."""
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["collect", "--out", str(out), "--unit-timeout", "60"])
+    message = "error: --unit-timeout: Ray options, but the executor is 'local'; add --executor ray"
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not out.exists()
 
 
 def test_collect_num_cpus_zero_requests_no_cpu_as_in_bench_run():
@@ -133,8 +143,10 @@ def test_collect_num_cpus_zero_requests_no_cpu_as_in_bench_run():
         "workers": None,
         "num_cpus": 0.0,
         "num_gpus": 0.0,
+        "timeout": None,
     }
     assert executor_options("ray", None, 2, None, None)["num_cpus"] == 1.0
+    assert executor_options("ray", None, None, None, None, 60.0)["timeout"] == 60.0
 
 
 def test_measured_costs_are_positive_and_grow_with_tokens():

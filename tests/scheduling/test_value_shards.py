@@ -60,5 +60,11 @@ def test_a_prompt_failing_on_a_worker_is_named_and_nothing_is_returned():
     raw, res, prompts = stand_ins()
     pipe = load_pipeline(raw, resources=res)
     prompts[2] = PromptIds("broken", torch.tensor([1, 2, VOCAB + 7]))  # beyond the vocabulary
-    with pytest.raises(ValueSystemError, match=r"prompt 'broken' \(#3 of 4\) failed on a worker"):
+    with pytest.raises(ValueSystemError) as sharded:
         collect_sharded(pipe, prompts, COST, raw=raw, shards=RAY, resources=res, **SETTINGS)
+    with pytest.raises(ValueSystemError) as local:  # it was the bare IndexError, unnamed
+        collect(pipe, prompts, COST, **SETTINGS)
+    message = "prompt 'broken' (#3 of 4) failed{}: IndexError: index out of range in self; "
+    assert str(sharded.value) == message.format(" on a worker") + "nothing was written"
+    assert str(local.value) == message.format("") + "nothing was written"
+    assert type(sharded.value.__cause__) is type(local.value.__cause__) is IndexError

@@ -653,3 +653,19 @@ def test_a_state_target_is_valued_on_the_chains_it_verifies():
         raw = pipeline_raw(depth=DEPTH, scheduler={"name": "plan", "plan": list(o.plan)})
         event = next(load_pipeline(raw, resources=res).steps(prompt, max_new_tokens=MAX_NEW))
         assert (event.tree_size + 1, event.accepted) == (o.tree_nodes, o.accepted), o.plan
+
+
+def test_a_prompt_failing_in_a_local_collection_is_named():
+    """It was the prompt's bare exception (an IndexError from the embedding), naming no prompt;
+    a sharded collection named it (`test_value_shards.py` compares the two)."""
+    res = stand_in_pair(1)
+    pipe = load_pipeline(pipeline_raw(depth=2, strong="mem:target"), resources=res)
+    prompts = [PromptIds("p", repetitive_prompt(20, 12) % VOCAB)]
+    prompts.append(PromptIds("broken", torch.tensor([1, 2, VOCAB + 7])))  # beyond the vocabulary
+    with pytest.raises(ValueSystemError) as info:
+        collect(pipe, prompts, COST, max_new_tokens=4)
+    assert str(info.value) == (
+        "prompt 'broken' (#2 of 2) failed: IndexError: index out of range in self; nothing was "
+        "written"
+    )
+    assert isinstance(info.value.__cause__, IndexError)

@@ -43,6 +43,14 @@ NumCpusOption = Annotated[
 NumGpusOption = Annotated[
     float | None, typer.Option("--num-gpus", help="GPUs each Ray actor requests (default 0)")
 ]
+UnitTimeoutOption = Annotated[
+    float | None,
+    typer.Option(
+        "--unit-timeout",
+        help="seconds one attempt of a unit (of collect: a prompt) may run on its Ray actor; "
+        "past them the actor is stopped and the attempt fails, naming it (default: no limit)",
+    ),
+]
 
 
 #: executor settings only Ray reads, and their command-line options
@@ -51,6 +59,7 @@ RAY_ONLY = {
     "workers": "--workers",
     "num_cpus": "--num-cpus",
     "num_gpus": "--num-gpus",
+    "unit_timeout": "--unit-timeout",
 }
 
 
@@ -136,6 +145,7 @@ def run(
     workers: WorkersOption = None,
     num_cpus: NumCpusOption = None,
     num_gpus: NumGpusOption = None,
+    unit_timeout: UnitTimeoutOption = None,
     retries: Annotated[
         int | None,
         typer.Option("--retries", help="reruns of a failed unit before it counts failed"),
@@ -169,7 +179,9 @@ def run(
     cfg = cfg.with_settings(repeat=repeat) if repeat is not None else cfg
     cfg = cfg.with_settings(replay=True) if replay else cfg
     flags = {"name": executor, "address": ray_address, "workers": workers, "num_cpus": num_cpus}
-    flags |= {"num_gpus": num_gpus, "retries": retries}
+    flags |= {"num_gpus": num_gpus, "retries": retries, "unit_timeout": unit_timeout}
+    if (executor or cfg.executor.name) == "local" and (problem := local_only_flags("local", flags)):
+        _fail(problem)  # before the settings refuse a Ray option, in the file's terms
     try:
         cfg = cfg.with_executor(**{k: v for k, v in flags.items() if v is not None})
     except ConfigError as exc:

@@ -18,6 +18,7 @@ Errors read like the pipeline file's: `bench.pipelines[1].label: expected str, g
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,8 @@ NAME_OR_NULL = Check(
 )
 #: A count that may be left to Hugging Face's default (null).
 COUNT_OR_NULL = Check(">= 1 or null", lambda v: v is None or v >= 1)
+#: Seconds that may be left unbounded (null).
+SECONDS_OR_NULL = Check("> 0 and finite or null", lambda v: v is None or 0 < v < math.inf)
 
 
 @attrs.frozen
@@ -232,6 +235,20 @@ class ExecutorSettings:
         2, check=at_least(0), doc="reruns of a failed unit before it counts failed"
     )
     prompts_per_unit: int = field(1, check=at_least(1), doc="prompts of one cell per work unit")
+    unit_timeout: float | None = field(
+        None,
+        check=SECONDS_OR_NULL,
+        doc="seconds a unit may run on its Ray actor before the actor is stopped and the attempt "
+        "fails (None: no limit); Ray only",
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.unit_timeout is not None and self.name != "ray":
+            raise ValueError(
+                f"unit_timeout: a time limit per unit needs name 'ray', got {self.name!r}: a "
+                "local unit runs in the driver's own process, which cannot stop it midway; use "
+                "the ray executor or leave the limit out"
+            )
 
 
 @attrs.frozen

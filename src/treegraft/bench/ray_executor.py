@@ -5,7 +5,9 @@ models of the pair it last ran loaded, and the driver hands an idle actor a unit
 while there is one, so models are loaded once per pair and worker. Results stream back to the
 driver as units finish; the driver alone writes the result store. A unit whose attempt fails,
 or whose actor dies, is run again (on a fresh actor if it died) up to `retries` times; then it is
-reported failed and the sweep goes on.
+reported failed and the sweep goes on. A unit still running `unit_timeout` seconds after it was
+handed to its actor is a failed attempt too: the actor is stopped (a hung one answers nothing)
+and replaced.
 
 `ray.init()` starts a local cluster unless an address is given (`--ray-address`, e.g.
 `ray://head:10001` or `auto`); a cluster started here is shut down at the end.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import pickle
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -149,6 +152,8 @@ class Slot:
     pair: str | None = None
     unit: Unit | None = None
     attempt: int = 0
+    #: when the unit was handed to the actor (`time.monotonic`)
+    since: float = 0.0
 
 
 @attrs.define
@@ -161,6 +166,9 @@ class RayExecutor:
         workers: number of actors (None: as many as the cluster's CPUs (or GPUs) allow).
         num_cpus, num_gpus: resource request of each actor.
         retries: attempts after the first before a unit is reported failed.
+        unit_timeout: seconds an attempt may take, from when its unit is handed to an actor
+            (loading the pair's models and a fresh actor's start included); past them the
+            actor is stopped and the attempt fails (None: no limit).
     """
 
     runner: UnitRunner
@@ -169,6 +177,7 @@ class RayExecutor:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     retries: int = 2
+    unit_timeout: float | None = None
     spawned: int = 0
 
     def run(self, units: list[Unit], progress: Progress) -> Iterator[UnitResult]:
@@ -203,9 +212,15 @@ class RayExecutor:
                 for slot in slots:
                     if slot.unit is None and queues:
                         running[self._dispatch(slot, queues, progress)] = slot
-                ready, _ = ray.wait(list(running), num_returns=1)
-                slot = running.pop(ready[0])
-                result = self._collect(ray, ready[0], slot, actor_class, slots)
+                ready, _ = ray.wait(list(running), num_returns=1, timeout=self._wait(running))
+                if ready:
+                    slot = running.pop(ready[0])
+                    result = self._collect(ray, ready[0], slot, actor_class)
+                elif self._wait(running):  # woken before the deadline: wait on
+                    continue
+                else:  # the unit running longest is past its time
+                    slot = running.pop(min(running, key=lambda ref: running[ref].since))
+                    result = self._stop(ray, slot, actor_class)
                 unit, attempt = slot.unit, slot.attempt
                 slot.unit = None
                 assert unit is not None
@@ -224,6 +239,13 @@ class RayExecutor:
         finally:
             for slot in slots:
                 ray.kill(slot.actor)
+
+    def _wait(self, running: dict[Any, Slot]) -> float | None:
+        """Seconds until the first running unit is past `unit_timeout` (None: no limit)."""
+        if self.unit_timeout is None:
+            return None
+        first = min(slot.since for slot in running.values())
+        return max(0.0, first + self.unit_timeout - time.monotonic())
 
     def _new_slot(self, actor_class: Any, index: int) -> Slot:
         name = f"ray-{index}"
@@ -244,35 +266,49 @@ class RayExecutor:
             del queues[pair]
         slot.pair, slot.unit, slot.attempt = pair, unit, attempt
         progress.started(unit)
+        slot.since = time.monotonic()
         return slot.actor.run.remote(unit, attempt)
 
-    def _collect(
-        self, ray: Any, ref: Any, slot: Slot, actor_class: Any, slots: list[Slot]
-    ) -> UnitResult:
+    def _collect(self, ray: Any, ref: Any, slot: Slot, actor_class: Any) -> UnitResult:
         """The unit's result. An actor that died, or whose task Ray failed otherwise (an error
         past the runner's, such as a `BaseException`; a lost object), is replaced and the unit
         counts as failed, with the error: the sweep goes on, as after a unit's own error."""
         try:
             return ray.get(ref)
         except ray.exceptions.RayError as exc:
-            unit, old = slot.unit, slot.name
-            assert unit is not None
             if isinstance(exc, ray.exceptions.RayActorError):
-                where, error = f"{old} (died)", f"the Ray worker died: {exc}"
-            else:
-                cause = getattr(exc, "cause", None) or exc
-                where, error = f"{old} (replaced)", f"{type(cause).__name__}: {cause}"
-                ray.kill(slot.actor)
-            fresh = self._new_slot(actor_class, self.spawned)
-            slot.actor, slot.pair, slot.name = fresh.actor, None, fresh.name
-            record = UnitRecord(
-                pair=unit.pair,
-                suite=unit.suite,
-                repeat=unit.repeat,
-                prompt_ids=tuple(p.id for p in unit.prompts),
-                status=FAILED,
-                worker={"host": None, "pid": None, "worker": where},
-                attempts=slot.attempt,
-                error=error,
-            )
-            return UnitResult(record)
+                return self._replace(slot, actor_class, "died", f"the Ray worker died: {exc}")
+            ray.kill(slot.actor)
+            cause = getattr(exc, "cause", None) or exc
+            return self._replace(slot, actor_class, "replaced", f"{type(cause).__name__}: {cause}")
+
+    def _stop(self, ray: Any, slot: Slot, actor_class: Any) -> UnitResult:
+        """A failed result for `slot`'s unit, past `unit_timeout`: its actor is stopped (a hung
+        one answers nothing) and replaced."""
+        ray.kill(slot.actor)
+        assert slot.unit is not None
+        error = (
+            f"TimeoutError: unit {slot.unit.name} ran past {sweep_option('unit_timeout')} = "
+            f"{self.unit_timeout:g} s on {slot.name} (attempt {slot.attempt}); the actor was "
+            "stopped"
+        )
+        return self._replace(slot, actor_class, "stopped", error)
+
+    def _replace(self, slot: Slot, actor_class: Any, why: str, error: str) -> UnitResult:
+        """A failed result for `slot`'s unit with `error`, its actor (`why`: died, replaced,
+        stopped) replaced by a fresh one."""
+        unit, old = slot.unit, slot.name
+        assert unit is not None
+        fresh = self._new_slot(actor_class, self.spawned)
+        slot.actor, slot.pair, slot.name = fresh.actor, None, fresh.name
+        record = UnitRecord(
+            pair=unit.pair,
+            suite=unit.suite,
+            repeat=unit.repeat,
+            prompt_ids=tuple(p.id for p in unit.prompts),
+            status=FAILED,
+            worker={"host": None, "pid": None, "worker": f"{old} ({why})"},
+            attempts=slot.attempt,
+            error=error,
+        )
+        return UnitResult(record)

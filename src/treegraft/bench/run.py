@@ -330,8 +330,9 @@ def make_executor(config: BenchConfig, runner: Any) -> Any:
             num_cpus=e.num_cpus,
             num_gpus=e.num_gpus,
             retries=e.retries,
+            unit_timeout=e.unit_timeout,
         )
-    return LocalExecutor(runner, retries=e.retries)
+    return LocalExecutor(runner, retries=e.retries)  # `unit_timeout` is Ray's alone (config)
 
 
 def ordered_requests(config: BenchConfig, prompts: list[Prompt], store: Any) -> list[Request]:

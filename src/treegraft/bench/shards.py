@@ -5,14 +5,20 @@ each actor runs `setup()` once (load a pipeline, say) and then `work(state, item
 it is handed; the results come back in the order of `items`, whichever actor finished first, so a
 sharded run yields exactly what a local run (`executor="local"`) yields, provided `work` itself
 reads no clock (measure costs once on the driver and ship them inside `setup`'s closure).
-An item that raises on a worker (or whose worker dies) ends the map with a `ShardError` naming
-its index; `on_result` sees each result as it arrives (a progress display on the driver).
+An item that raises (on a Ray worker or in the local loop alike), whose worker dies, or that
+runs past `timeout` seconds on Ray, ends the map with a `ShardError` naming its index (its own
+exception, if any, as the `__cause__`); `on_result` sees each result as it arrives (a progress
+display on the driver).
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
+
+import attrs
 
 from treegraft.core.errors import ArgumentError, shown
 
@@ -21,7 +27,9 @@ R = TypeVar("R")
 
 
 class ShardError(Exception):
-    """An item failed on a Ray worker: `index` is its position in `items`, `reason` why."""
+    """An item failed (its own exception, its Ray worker died, or it ran past the timeout):
+    `index` is its position in `items`, `reason` why; `__cause__` is the item's own exception,
+    where it raised one."""
 
     def __init__(self, index: int, reason: str) -> None:
         super().__init__(f"item {index}: {reason}")
@@ -51,24 +59,29 @@ def map_items(
     num_gpus: float = 0.0,
     address: str | None = None,
     on_result: Callable[[int, R], None] | None = None,
+    timeout: float | None = None,
 ) -> list[R]:
     """`[work(setup(), item) for item in items]`, locally or over `workers` Ray actors (None: as
     many as the cluster's resources fit, `fit_workers`).
 
     With `ray`, each actor calls `setup()` once; an actor is handed the next item as soon as it
-    is idle, and the results are merged in the order of `items`; an item that fails raises
-    `ShardError`. `ray.init(address)` is called unless Ray is initialised already (a cluster
-    started here is shut down at the end). `on_result(index, result)` is called as each item
-    finishes (in completion order). An option out of range is an `ArgumentError` naming it; more
-    actors (or a bigger request) than the cluster holds is a `ConfigError` (without an `address`:
-    a joined cluster may grow), where the map would wait for them forever.
+    is idle, and the results are merged in the order of `items`. An item that raises is a
+    `ShardError` with either executor (its exception the `__cause__`), as is, with `ray`, one
+    whose worker dies or that runs past `timeout` seconds from when its actor was handed it
+    (None: no limit; the actor is stopped). `timeout` with `local` is an `ArgumentError`: the
+    driver's own process cannot stop an item midway. `ray.init(address)` is called unless Ray
+    is initialised already (a cluster started here is shut down at the end).
+    `on_result(index, result)` is called as each item finishes (in completion order). An option
+    out of range is an `ArgumentError` naming it; more actors (or a bigger request) than the
+    cluster holds is a `ConfigError` (without an `address`: a joined cluster may grow), where
+    the map would wait for them forever.
     """
-    check_map_options(executor, workers, num_cpus, num_gpus)
+    check_map_options(executor, workers, num_cpus, num_gpus, timeout)
     items = item_list(items)
     report = on_result or (lambda index, result: None)
     if executor == "local":
         state = setup()
-        return [_reported(report, i, work(state, item)) for i, item in enumerate(items)]
+        return [_reported(report, i, _local(work, state, i, item)) for i, item in enumerate(items)]
     if not items:  # nothing to shard: no cluster started or joined
         return []
     from treegraft.bench.ray_executor import (
@@ -87,22 +100,44 @@ def map_items(
         count = fit_workers(ray, workers, num_cpus, num_gpus, len(items))
         if not joins_cluster(address):  # a joined cluster may add nodes as it needs them
             check_fits(ray, num_cpus, num_gpus, count, named=_option)
-        return _map_on_ray(ray, setup, work, items, count, num_cpus, num_gpus, report)
+        actors = Actors(count, num_cpus, num_gpus, timeout)
+        return _map_on_ray(ray, setup, work, items, actors, report)
     finally:
         if started:
             ray.shutdown()
 
 
-def check_map_options(executor: str, workers: int | None, num_cpus: float, num_gpus: float) -> None:
+def check_map_options(
+    executor: str,
+    workers: int | None,
+    num_cpus: float,
+    num_gpus: float,
+    timeout: float | None = None,
+) -> None:
     """`ArgumentError` naming the first of `map_items`' options out of its range (it started one
-    actor for `workers=0` or `-2`, and left a negative resource request to Ray)."""
+    actor for `workers=0` or `-2`, and left a negative resource request to Ray), or a `timeout`
+    the local executor cannot keep."""
     if executor not in ("local", "ray"):
         raise ArgumentError(f"executor: expected 'local' or 'ray', got {shown(executor)}")
     if workers is not None and (type(workers) is not int or workers < 1):
         raise ArgumentError(f"workers: expected an int >= 1 or None, got {shown(workers)}")
     for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        if not is_number(value) or not value >= 0:
             raise ArgumentError(f"{name}: expected a number >= 0, got {shown(value)}")
+    if timeout is None:
+        return
+    if not is_number(timeout) or not 0 < timeout < math.inf:
+        raise ArgumentError(f"timeout: expected a finite number > 0 or None, got {shown(timeout)}")
+    if executor != "ray":
+        raise ArgumentError(
+            f"timeout: a time limit per item needs executor='ray', got {shown(executor)}: a "
+            "local item runs in the driver's own process, which cannot stop it midway"
+        )
+
+
+def is_number(value: Any) -> bool:
+    """An int or float, not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def item_list(items: Any) -> Sequence[Any]:
@@ -120,9 +155,35 @@ def _option(field: str) -> str:
     return f"{field} (--{field.replace('_', '-')})"
 
 
+def _local(work: Callable[[Any, Any], R], state: Any, index: int, item: Any) -> R:
+    """`work(state, item)`, its exception a `ShardError` naming `index` (as on Ray)."""
+    try:
+        return work(state, item)
+    except Exception as exc:
+        raise ShardError(index, f"{type(exc).__name__}: {exc}") from exc
+
+
 def _reported(report: Callable[[int, Any], None], index: int, result: R) -> R:
     report(index, result)
     return result
+
+
+@attrs.frozen
+class Actors:
+    """The Ray actors of a map: how many, each one's request, and the seconds an item may run
+    on one (None: no limit)."""
+
+    count: int
+    num_cpus: float
+    num_gpus: float
+    timeout: float | None = None
+
+    def wait(self, running: dict[Any, tuple[Any, int, float]]) -> float | None:
+        """Seconds until the first running item (actor, index, start) is past `timeout`."""
+        if self.timeout is None:
+            return None
+        first = min(since for _, _, since in running.values())
+        return max(0.0, first + self.timeout - time.monotonic())
 
 
 def _map_on_ray(
@@ -130,32 +191,39 @@ def _map_on_ray(
     setup: Callable[[], Any],
     work: Callable[[Any, Any], Any],
     items: Sequence[Any],
-    workers: int,
-    num_cpus: float,
-    num_gpus: float,
+    actors: Actors,
     report: Callable[[int, Any], None],
 ) -> list[Any]:
     from treegraft.bench.ray_executor import start_actor
 
-    actor_class = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(ShardWorker)
+    actor_class = ray.remote(num_cpus=actors.num_cpus, num_gpus=actors.num_gpus)(ShardWorker)
     what = "the setup and work functions (with what they hold)"
-    actors = [start_actor(actor_class, what, setup, work) for _ in range(workers)] if items else []
+    started = [start_actor(actor_class, what, setup, work) for _ in range(actors.count)]
     todo = list(enumerate(items))[::-1]
     results: dict[int, Any] = {}
-    running: dict[Any, tuple[Any, int]] = {}
+    running: dict[Any, tuple[Any, int, float]] = {}
     try:
-        idle = list(actors)
+        idle = list(started)
         while todo or running:
             while idle and todo:
                 actor, (index, item) = idle.pop(), todo.pop()
-                running[actor.run.remote(index, item)] = (actor, index)
-            ready, _ = ray.wait(list(running), num_returns=1)
-            actor, index = running.pop(ready[0])
+                running[actor.run.remote(index, item)] = (actor, index, time.monotonic())
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=actors.wait(running))
+            if not ready and actors.wait(running):  # woken before the deadline: wait on
+                continue
+            if not ready:  # the item running longest is past its time: the map ends
+                index = min(running.values(), key=lambda run: run[2])[1]
+                raise ShardError(
+                    index,
+                    f"ran past its time limit of {actors.timeout:g} s on its Ray worker, which "
+                    "was stopped",
+                )
+            actor, index, _ = running.pop(ready[0])
             results[index] = _result(ray, ready[0], index)
             idle.append(actor)
             report(index, results[index])
     finally:
-        for actor in actors:
+        for actor in started:
             ray.kill(actor)
     return [results[i] for i in range(len(items))]
 
@@ -165,7 +233,7 @@ def _result(ray: Any, ref: Any, index: int) -> Any:
     try:
         return ray.get(ref)[1]
     except ray.exceptions.RayTaskError as exc:
-        cause = getattr(exc, "cause", None) or exc
-        raise ShardError(index, f"{type(cause).__name__}: {cause}") from None
+        cause = getattr(exc, "cause", None) or exc  # the item's own exception, as a local map's
+        raise ShardError(index, f"{type(cause).__name__}: {cause}") from cause
     except ray.exceptions.RayActorError as exc:
         raise ShardError(index, f"its Ray worker died or did not start: {exc}") from None

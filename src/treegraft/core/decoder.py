@@ -34,6 +34,7 @@ from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import RopeSwitch, RowScale
 from treegraft.core.runner.latency import ObservedCurve, query_grid
 from treegraft.core.runner.padding import settle_padding
+from treegraft.core.text_tail import StopScan
 from treegraft.core.tree import DraftTree
 from treegraft.kernels.host_tensor import host_tensor
 
@@ -118,8 +119,9 @@ class StopStrings:
             return None
         # the smallest prefix whose text holds one; not a bisection: the text of a prefix is
         # not always a beginning of a longer one's (byte-fallback bytes of a character to come
-        # turn the character before them into replacement characters)
-        return next(m for m in range(1, len(ids) + 1) if self.found(ids[:m]))
+        # turn the character before them into replacement characters). Every prefix is read,
+        # a bounded tail of its tokens decoded, not all of them: linear in the tokens
+        return StopScan.of(self).first_of(ids)
 
 
 def check_seed(seed: object, name: str = "decoder.seed") -> None:

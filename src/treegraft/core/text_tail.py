@@ -15,11 +15,14 @@ of the whole-text rules.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 
-from treegraft.core.decoder import StopStrings
 from treegraft.core.stop_text import REPLACEMENT, StopText, held
+
+if TYPE_CHECKING:  # `StopStrings` reads its first stop with a `StopScan`
+    from treegraft.core.decoder import StopStrings
 
 #: tokens decoded before the settled ones, so that the tail is decoded in context
 CONTEXT = 4
@@ -36,17 +39,26 @@ class Rewritten(Exception):
 @attrs.define
 class TailText:
     """One text (`decode` of token ids) of the first `n` tokens of a growing list: the text of
-    the `settled` first tokens, kept, and the text after it, decoded from `anchor` on."""
+    the `settled` first tokens, kept, and the text after it, decoded after `context`, tokens
+    whose text is `anchor_text`, an end of `head` (or all of it, from the first token on).
+
+    A run of tokens of no text (special tokens a text leaves out) does not move the context
+    back with it: the tokens of no text in it (`is_blank`) are left out of the context but its last
+    `CONTEXT` tokens, so that a text of special tokens alone settles too."""
 
     decode: Callable[[Sequence[int]], str]
     head: str = ""
     settled: int = 0
-    anchor: int = 0
+    context: list[int] = attrs.field(factory=list)
     anchor_text: str = ""
+    #: the first tokens of `context` whose text is `anchor_text` (0: the context is tokens of no
+    #: text from the first token on); those after them are a run of no text
+    core: int = 0
+    _blank: dict[int, bool] = attrs.field(factory=dict)
 
     def tail(self, ids: Sequence[int], n: int) -> str:
         """The text of `ids[:n]` (n >= `settled`) after `head`, the settled tokens' text."""
-        window = self.decode(ids[self.anchor : n])
+        window = self.decode([*self.context, *ids[self.settled : n]])
         if not window.startswith(self.anchor_text):
             raise Rewritten
         return window[len(self.anchor_text) :]
@@ -57,35 +69,61 @@ class TailText:
 
     def settle(self, ids: Sequence[int], s: int, text: str) -> None:
         """Settle the first `s` tokens, whose text after the settled ones is `text`. The new
-        anchor is `CONTEXT` tokens back, or further until its text is a non-empty end of the
+        context is the last `CONTEXT` tokens, or more until its text is a non-empty end of the
         settled text: not one inside a character, nor inside a run of byte-fallback tokens
         that is no UTF-8 (read as one, the bytes before it make all of it replacement
-        characters)."""
+        characters). Where `text` is empty, the context stays, the run of no text after its
+        `core` cut short (`short_run`) when that leaves its text as it was."""
+        seen = [*self.context, *ids[self.settled : s]]  # their text: anchor_text + text
         self.head += text
         self.settled = s
+        if not text and self.decode(context := self.short_run(seen)) == self.anchor_text:
+            self.context = context
+            return
         back = CONTEXT
         while True:
-            self.anchor = max(0, s - back)
-            self.anchor_text = self.decode(ids[self.anchor : s])
-            if self.anchor == 0 or (self.anchor_text and self.head.endswith(self.anchor_text)):
+            self.context = seen[max(0, len(seen) - back) :]
+            self.anchor_text = self.decode(self.context)
+            if back >= len(seen) or (self.anchor_text and self.head.endswith(self.anchor_text)):
+                self.core = len(self.context) if self.anchor_text else 0
                 return
             back *= 2
+
+    def short_run(self, seen: list[int]) -> list[int]:
+        """`seen` less the tokens of no text (`is_blank`) between its `core` and its last
+        `CONTEXT` tokens."""
+        end = max(self.core, len(seen) - CONTEXT)
+        run = [i for i in seen[self.core : end] if not self.is_blank(i)]
+        return [*seen[: self.core], *run, *seen[end:]]
+
+    def is_blank(self, token: int) -> bool:
+        """Whether `token` has no text, alone or twice (a special token the text leaves out;
+        not SentencePiece's `▁`, a space but at the start of a text)."""
+        if token not in self._blank:
+            self._blank[token] = self.decode([token]) == "" == self.decode([token, token])
+        return self._blank[token]
 
 
 @attrs.define
 class GeneratedText:
     """Generated token ids and their two texts (special tokens left out: `shown`; kept:
-    `kept`), settled at the same token. `keep_chars`: characters of either text kept unsettled
-    (a stop string's length: what may still be held back or matched)."""
+    `kept`), settled at the same token. `stops`: the stop strings (what may still be held back
+    or matched must not reach into the settled text)."""
 
     shown: TailText
     kept: TailText
-    keep_chars: int = 0
+    stops: tuple[str, ...] = ()
     ids: list[int] = attrs.field(factory=list)
 
     @classmethod
     def of(cls, rule: StopText) -> GeneratedText:
-        return cls(TailText(rule.shown), TailText(rule.kept), max(map(len, rule.stops), default=0))
+        return cls(TailText(rule.shown), TailText(rule.kept), rule.stops)
+
+    @property
+    def keep_chars(self) -> int:
+        """The longest stop string's length: the characters before the unsettled text that a
+        stop string may reach back into (less one)."""
+        return max(map(len, self.stops), default=0)
 
     def restart(self) -> None:
         """Forget the settled text: the next tails are decoded from the first token."""
@@ -112,9 +150,11 @@ class GeneratedText:
     def settle_point(self, n: int) -> tuple[int, list[str]] | None:
         """How many tokens to settle given the first `n`, and their two texts after the
         settled ones: up to `LAG` or more before `n`, when that moves by `ADVANCE` tokens and
-        both texts of what stays unsettled keep `keep_chars` characters (further back while
-        they do not); never where a text ends inside a character or is not a beginning of the
-        text of `ids[:n]`. None: none now."""
+        no stop string may reach back into either text of the settled tokens (what stays
+        unsettled keeps `keep_chars` characters, or no stop string begins at the end of the
+        settled text: a text of special tokens alone settles too; further back while not);
+        never where a text ends inside a character or is not a beginning of the text of
+        `ids[:n]`. None: none now."""
         texts = (self.shown, self.kept)
         ends = [text.tail(self.ids, n) for text in texts]
         s = n - LAG
@@ -123,10 +163,17 @@ class GeneratedText:
             pairs = list(zip(heads, ends, strict=True))
             if any(a.endswith(REPLACEMENT) or not end.startswith(a) for a, end in pairs):
                 return None
-            if all(len(end) - len(a) >= self.keep_chars for a, end in pairs):
+            if all(map(self._closed, texts, heads, ends)):
                 return s, heads
             s -= n - s
         return None
+
+    def _closed(self, text: TailText, head: str, end: str) -> bool:
+        """Whether no stop string reaches back into `text`'s settled text and `head` (the
+        unsettled text `end` less what follows `head`)."""
+        if len(end) - len(head) >= self.keep_chars:
+            return True
+        return not held(self.stops, text.head_end(self.keep_chars - 1) + head)
 
     def settle_at(self, s: int, heads: list[str]) -> None:
         for text, piece in zip((self.shown, self.kept), heads, strict=True):
@@ -149,12 +196,28 @@ class StopScan:
     @classmethod
     def of(cls, rule: StopStrings) -> StopScan:
         kept = rule.decode if rule.kept is None else rule.kept
-        text = GeneratedText(TailText(rule.decode), TailText(kept), max(map(len, rule.stops)))
+        text = GeneratedText(TailText(rule.decode), TailText(kept), rule.stops)
         return cls(rule, text)
 
     def __call__(self, ids: Sequence[int]) -> int | None:
         if not self.text.follow(ids):
             self.first = None
+        return self._step()
+
+    def first_of(self, ids: Sequence[int]) -> int | None:
+        """The stop check of `ids` read token by token from the first: where the first stop
+        string ends (None: nowhere), decoding a bounded tail per token (the check of a finished
+        list of tokens, as `StopStrings` makes it)."""
+        self.text.follow(())
+        self.first = None
+        for token in ids:
+            self.text.ids.append(token)
+            if (end := self._step()) is not None:
+                return end
+        return None
+
+    def _step(self) -> int | None:
+        """The check of `text.ids`, the tokens that the last check's continue."""
         try:
             end = self._first_stop()
         except Rewritten:

@@ -18,6 +18,7 @@ from treegraft.bench.cli import (
     NumGpusOption,
     ProgressOption,
     RayAddressOption,
+    UnitTimeoutOption,
     WorkersOption,
 )
 from treegraft.console import console, out
@@ -112,6 +113,7 @@ def collect(
     workers: WorkersOption = None,
     num_cpus: NumCpusOption = None,
     num_gpus: NumGpusOption = None,
+    unit_timeout: UnitTimeoutOption = None,
     progress: ProgressOption = True,
 ) -> None:
     """Label every layer decision of every step by valuing all 2^depth schedules (no target runs).
@@ -126,7 +128,7 @@ def collect(
     _check_numbers(("--prompts", prompts, 1, MAX_PROMPTS), ("--skip", skip, 0, MAX_PROMPTS),
                    ("--repeats", repeats, 1), ("--max-new-tokens", max_new_tokens, 1,
                    MAX_NEW_TOKENS), ("--seed", seed, 0))  # fmt: skip
-    shards = executor_options(executor, ray_address, workers, num_cpus, num_gpus)
+    shards = executor_options(executor, ray_address, workers, num_cpus, num_gpus, unit_timeout)
     check_artifact("--follow", follow)
 
     from treegraft.bench.progress import prompt_progress

@@ -140,6 +140,7 @@ def executor_options(
     workers: int | None,
     num_cpus: float | None,
     num_gpus: float | None,
+    unit_timeout: float | None = None,
 ) -> dict[str, Any] | None:
     """`map_items`' options for `--executor ray` (None: the local collection); a bad executor,
     an option out of range, or Ray missing, is an argument error (before any model loads)."""
@@ -151,7 +152,8 @@ def executor_options(
 
     if executor in (None, "local"):
         given = {"address": address, "workers": workers, "num_cpus": num_cpus}
-        problem = local_only_flags("local", given | {"num_gpus": num_gpus})
+        given |= {"num_gpus": num_gpus, "unit_timeout": unit_timeout}
+        problem = local_only_flags("local", given)
         if problem:
             _fail(problem)
         return None
@@ -164,10 +166,11 @@ def executor_options(
     # --num-cpus 0 is actors requesting no CPU, as in `bench run` (it was taken as the default 1)
     cpus, gpus = 1.0 if num_cpus is None else num_cpus, 0.0 if num_gpus is None else num_gpus
     try:  # `--workers 0` was refused only once the pipeline had loaded and its costs measured
-        check_map_options("ray", workers, cpus, gpus)
+        check_map_options("ray", workers, cpus, gpus, unit_timeout)
     except ArgumentError as exc:
-        _fail(f"--{str(exc).replace('_', '-')}")
-    options = {"workers": workers, "num_cpus": cpus, "num_gpus": gpus}
+        flag, _, why = str(exc).partition(": ")  # map_items' `timeout` is --unit-timeout here
+        _fail(f"--{'unit-timeout' if flag == 'timeout' else flag.replace('_', '-')}: {why}")
+    options = {"workers": workers, "num_cpus": cpus, "num_gpus": gpus, "timeout": unit_timeout}
     return {"executor": "ray", "address": address, **options}
 
 

@@ -20,8 +20,7 @@ from treegraft.bench.shards import ShardError, map_items
 from treegraft.core.pipeline import Pipeline
 from treegraft.scheduling.value_costs import CostModel
 from treegraft.scheduling.value_data import Dataset, PromptIds, PromptRecord
-from treegraft.scheduling.value_labels import ValueSystemError
-from treegraft.scheduling.value_system import Progress, PromptCollector
+from treegraft.scheduling.value_system import Progress, PromptCollector, failed_prompt
 
 
 def follow_scheduler(artifact: str, pipe: Any) -> Any:
@@ -82,11 +81,12 @@ def collect_sharded(
     **settings: Any,
 ) -> Dataset:
     """`collect` with the prompts sharded by `map_items` (`shards`: its `executor`, `workers`,
-    `num_cpus`, `num_gpus`, `address`); workers load `raw` (the mapping `pipe` was loaded from)
-    and follow the artifact `follow`. `settings`: `collect`'s `max_new_tokens`, `strong`,
+    `num_cpus`, `num_gpus`, `address`, `timeout`); workers load `raw` (the mapping `pipe` was
+    loaded from) and follow the artifact `follow`. `settings`: `collect`'s `max_new_tokens`, `strong`,
     `policy_labels`, `jitter`, `jitter_spread`, `jitter_seed`. The driver's `pipe` gives the
     metadata (and checks the settings before any worker starts); `progress` hears of each prompt
-    as it finishes. `ValueSystemError` naming the prompt if one fails."""
+    as it finishes. `ValueSystemError` naming the prompt if one fails (raises, its worker dies, or
+    it runs past `timeout`), as `collect` names it."""
     driver = PromptCollector.start(
         pipe, cost, follow=None if follow is None else follow_scheduler(follow, pipe), **settings
     )
@@ -103,10 +103,6 @@ def collect_sharded(
             setup, collect_item, list(enumerate(prompts)), on_result=finished, **shards
         )
     except ShardError as exc:
-        name = prompts[exc.index].id
-        raise ValueSystemError(
-            f"prompt {name!r} (#{exc.index + 1} of {len(prompts)}) failed on a worker: "
-            f"{exc.reason}; nothing was written"
-        ) from None
+        raise failed_prompt(prompts, exc.index, exc.reason, " on a worker") from exc.__cause__
     meta = {**driver.meta(time.perf_counter() - start), **(extra_meta or {})}
     return Dataset.from_records(records, cost, meta)

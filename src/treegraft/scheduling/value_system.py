@@ -480,9 +480,25 @@ def collect(
         jitter_seed=jitter_seed,
     )  # fmt: skip
     start = time.perf_counter()
-    records = [collector(i, p, progress) for i, p in enumerate(prompts)]
+    records = []
+    for i, prompt in enumerate(prompts):
+        try:
+            records.append(collector(i, prompt, progress))
+        except Exception as exc:  # named as a sharded collection names it (`value_shards`)
+            raise failed_prompt(prompts, i, f"{type(exc).__name__}: {exc}") from exc
     meta = {**collector.meta(time.perf_counter() - start), **(extra_meta or {})}
     return Dataset.from_records(records, cost, meta)
+
+
+def failed_prompt(
+    prompts: Sequence[PromptIds], index: int, reason: str, where: str = ""
+) -> ValueSystemError:
+    """The error of a collection whose prompt `index` failed for `reason` (`where`: on a
+    worker): it ends the collection, and nothing is written."""
+    name, n = prompts[index].id, len(prompts)
+    return ValueSystemError(
+        f"prompt {name!r} (#{index + 1} of {n}) failed{where}: {reason}; nothing was written"
+    )
 
 
 def machine(device: torch.device) -> dict[str, Any]:
