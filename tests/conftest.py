@@ -90,3 +90,20 @@ def hf_generate(model: Any, prompt: torch.Tensor, max_new_tokens: int) -> list[i
         ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens
     )
     return out[0, ids.shape[1] :].tolist()
+
+
+def chi_square_p(counts: torch.Tensor, law: torch.Tensor) -> tuple[float, int, float]:
+    """Pearson's test of token `counts` (`[V]`) against the probabilities `law` (`[V]`), cells
+    expecting fewer than 5 draws pooled: (statistic, degrees of freedom, p-value; the p-value
+    is the regularised upper incomplete gamma `Q(dof/2, stat/2)`)."""
+    runs = float(counts.sum())
+    expected = law.double() * runs
+    rare = expected < 5
+    observed, kept = counts.double()[~rare], expected[~rare]
+    if rare.any():
+        observed = torch.cat([observed, counts.double()[rare].sum().reshape(1)])
+        kept = torch.cat([kept, expected[rare].sum().reshape(1)])
+    stat = float(((observed - kept) ** 2 / kept).sum())
+    dof = observed.numel() - 1
+    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2), torch.tensor(stat / 2)))
+    return stat, dof, p_value
