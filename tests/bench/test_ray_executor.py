@@ -77,8 +77,11 @@ class DyingTokenizer:
             except FileExistsError:
                 pass
             else:
-                os._exit(1)
+                self.act()
         return self.inner(text, **kw)
+
+    def act(self) -> None:
+        os._exit(1)
 
 
 def test_a_unit_whose_worker_dies_runs_again_on_a_fresh_worker(tmp_path, cluster):
@@ -398,15 +401,8 @@ class HangingTokenizer(DyingTokenizer):
     """Delegates to the test tokenizer, but the first process to encode the second chat prompt
     hangs there (a marker file, created atomically, lets exactly one hang)."""
 
-    def __call__(self, text, **kw):
-        if text.startswith("the cat sat"):
-            try:
-                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
-            except FileExistsError:
-                pass
-            else:
-                time.sleep(3600)
-        return self.inner(text, **kw)
+    def act(self) -> None:
+        time.sleep(3600)
 
 
 def test_a_unit_past_its_timeout_is_stopped_and_named_and_the_sweep_goes_on(tmp_path, cluster):
