@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from transformers import (
     BloomConfig,
+    DeepseekV32Config,
     DogeConfig,
     FalconConfig,
     Gemma3TextConfig,
@@ -23,7 +26,9 @@ from treegraft.core.runner.attention_rules import (
     LayerRule,
     ModelRefused,
     attention_rules,
+    indexed_keys,
     refusal,
+    serving_positions,
 )
 
 
@@ -356,3 +361,24 @@ def test_a_dory_whose_layers_each_run_once_is_left_to_the_probe() -> None:
     assert "n_recurrent_loops" in refusal(_Stub(config))
     config.n_recurrent_loops = 1
     assert refusal(_Stub(config)) is None
+
+
+def test_indexed_attention_is_causal_within_index_topk() -> None:
+    """DeepSeek-V3.2's indexed layers (an indexer keeps `index_topk` keys per query) were
+    refused as a layer type not understood: they are causal attention while a query sees no
+    more keys than that, so a pipeline serves contexts of up to `index_topk` tokens."""
+    config = DeepseekV32Config()  # index_topk 2048 of 163840 positions
+    assert attention_rules(config).plain and refusal(_Stub(config)) is None
+    assert indexed_keys(config) == 2048 and serving_positions(config) == 2048
+    wide = DeepseekV32Config(index_topk=4096, max_position_embeddings=4096)
+    assert indexed_keys(wide) is None and serving_positions(wide) == 4096
+    assert indexed_keys(LlamaConfig()) is None and serving_positions(LlamaConfig()) == 2048
+
+
+def test_indexers_not_reproduced_are_refused_saying_why() -> None:
+    from transformers import Kolibri1_1Config
+
+    assert "by cache slot (`index_num_local_tokens`)" in refusal(_Stub(Kolibri1_1Config()))
+    unknown = SimpleNamespace(layer_types=["indexed_attention"], max_position_embeddings=64)
+    with pytest.raises(ModelRefused, match=r"states no `index_topk` \(got None\)"):
+        attention_rules(unknown)

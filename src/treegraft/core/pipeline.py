@@ -45,6 +45,7 @@ from treegraft.core.pipeline_models import (
     check_resources,
     context_limit,
     eos_ids_of,
+    limit_reason,
     load_model,
     target_runner,
 )
@@ -323,8 +324,9 @@ class Pipeline:
             raise ArgumentError(
                 f"context too long: a prompt of {prompt_len} tokens plus max_new_tokens "
                 f"{max_new_tokens} needs {prompt_len + max_new_tokens} positions, but the "
-                f"pipeline's models take at most {limit} (the least of the target's and the LM "
-                "drafters' maximum positions): shorten the prompt or lower max_new_tokens"
+                f"pipeline's models take at most {limit} "
+                f"({limit_reason(self.decoder.target, self.decoder.drafters, limit)}): shorten "
+                "the prompt or lower max_new_tokens"
             )
 
     def prepare(self, prompt: Prompt) -> float:

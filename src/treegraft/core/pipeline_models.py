@@ -13,16 +13,34 @@ from treegraft.core.config import ROOT, ConfigError, PipelineSpec
 from treegraft.core.errors import ArgumentError
 from treegraft.core.resources import DTYPES, ModelRefError, Resources, resolve_device
 from treegraft.core.runner import CausalLMRunner
-from treegraft.core.runner.attention_rules import ModelRefused, max_positions
+from treegraft.core.runner.attention_rules import (
+    ModelRefused,
+    indexed_keys,
+    serving_positions,
+)
 
 
 def context_limit(target: CausalLMRunner, drafters: Sequence[Any]) -> int | None:
-    """The least maximum-positions value of the target and the drafters' models (None when
-    no config states one)."""
+    """The least context the target and the drafters' models serve exactly (None when no
+    config states one): their maximum positions, or an indexed-attention model's `index_topk`
+    where its selection of keys is not reproduced past that many (`serving_positions`)."""
     runners = [target, *(getattr(d, "runner", None) for d in drafters)]
-    limits = [max_positions(r.model.config) for r in runners if isinstance(r, CausalLMRunner)]
+    limits = [serving_positions(r.model.config) for r in runners if isinstance(r, CausalLMRunner)]
     known = [m for m in limits if m is not None]
     return min(known) if known else None
+
+
+def limit_reason(target: CausalLMRunner, drafters: Sequence[Any], limit: int) -> str:
+    """Why the context is limited to `limit` tokens (`context_limit`'s value), for its error."""
+    runners = [target, *(getattr(d, "runner", None) for d in drafters)]
+    for runner in runners:
+        if isinstance(runner, CausalLMRunner) and indexed_keys(runner.model.config) == limit:
+            return (
+                f"{type(runner.model).__name__}'s indexed attention keeps the {limit} keys of "
+                "highest score per query (`index_topk`), a choice treegraft reproduces exactly "
+                "only while a query sees no more keys than that"
+            )
+    return "the least of the target's and the LM drafters' maximum positions"
 
 
 def check_resources(spec: PipelineSpec, resources: Resources) -> None:

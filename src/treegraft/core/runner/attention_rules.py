@@ -6,7 +6,8 @@ windows as in Gemma 2/3's `layer_types`, GPT-Neo's `attention_layers` with its `
 chunked attention) must be in that mask. `AttentionRules` reads them from the config;
 `refusal` says why a model cannot be served exactly (None when it can) for what a mask cannot
 express (ALiBi biases built from a 2D padding mask, recurrent state layers,
-bidirectional attention, keys ranked per query) and where the model's own `generate` decodes
+bidirectional attention, keys ranked per query; indexed attention, DeepSeek's sparse attention,
+is causal attention within the context its selection keeps whole: `serving_positions`) and where the model's own `generate` decodes
 otherwise than its forward (its cache of a one-token window, of a chunk size without chunked
 layers, or dropped at a longrope switch). `ModelRefused` carries the reason to the user at load
 time.
@@ -31,6 +32,10 @@ from treegraft.core.runner.model_layouts import layout_refusal
 FULL_TYPES = frozenset({"full_attention", "attention", "global", "global_attention"})
 SLIDING_TYPES = frozenset({"sliding_attention", "local", "local_attention"})
 CHUNKED_TYPES = frozenset({"chunked_attention"})
+#: layer types whose keys an indexer selects per query (DeepSeek's sparse attention)
+INDEXED_TYPES = frozenset({"indexed_attention"})
+#: config fields of indexers that count, pool or keep keys by cache slot (Kolibri 1.1's)
+SLOT_INDEX_FIELDS = ("index_num_local_tokens", "index_num_sink_tokens", "index_pool_size")
 
 
 class ModelRefused(TreegraftError, ValueError):
@@ -140,6 +145,8 @@ def _read_rules(cfg: Any) -> AttentionRules:
             rules[kind] = LayerRule(window=window)
         elif kind in CHUNKED_TYPES and chunk is not None:
             rules[kind] = LayerRule(chunk=chunk)
+        elif kind in INDEXED_TYPES:
+            rules[kind] = _indexed_rule(cfg, kind)
         else:
             raise ModelRefused(
                 f"layer type {kind!r} is not an attention rule treegraft can reproduce in a tree "
@@ -148,6 +155,48 @@ def _read_rules(cfg: Any) -> AttentionRules:
     if len(rules) == 1:
         return AttentionRules(single=next(iter(rules.values())))
     return AttentionRules(single=None, by_type=rules)
+
+
+def _indexed_rule(cfg: Any, kind: str) -> LayerRule:
+    """The rule of an indexed attention layer (DeepSeek-V3.2's sparse attention: an indexer
+    scores every key a query sees, under the layer's mask, and the query attends to the
+    `index_topk` of highest score): causal attention, for contexts within `indexed_keys`. An
+    indexer that keeps or pools keys by cache slot, or states no `index_topk`, is refused."""
+    slotted = [f for f in SLOT_INDEX_FIELDS if getattr(cfg, f, None) is not None]
+    if slotted:
+        raise ModelRefused(
+            f"its {kind!r} layers' indexer counts the keys it always keeps and the blocks it "
+            f"pools by cache slot (`{slotted[0]}`), masked keys keeping their place, so the "
+            "nodes of a draft tree's other branches would change which keys a node attends to"
+        )
+    if _positive(getattr(cfg, "index_topk", None)) is None:
+        raise ModelRefused(
+            f"its {kind!r} layers select keys with an indexer whose config states no "
+            f"`index_topk` (got {getattr(cfg, 'index_topk', None)!r}), not one treegraft knows"
+        )
+    return LayerRule()
+
+
+def indexed_keys(config: Any) -> int | None:
+    """The keys each query of the model's indexed attention layers keeps (`index_topk`) where
+    that is fewer than its positions, else None. Within that many tokens of context the
+    selection keeps every key a query sees, and the layers are causal attention; past it, the
+    choice drops keys and a tree forward does not reproduce it: the tree's mask keeps other
+    branches out of it, but torch.topk breaks ties between equal scores (a key all of whose
+    indexer heads score at most 0 scores exactly 0) by where the keys sit in the row, and a
+    tree forward's rows hold other branches' masked keys where one-token steps hold none."""
+    cfg = text_config(config)
+    if not INDEXED_TYPES.intersection(getattr(cfg, "layer_types", None) or ()):
+        return None
+    topk, limit = _positive(getattr(cfg, "index_topk", None)), max_positions(cfg)
+    return topk if topk is not None and (limit is None or topk < limit) else None
+
+
+def serving_positions(config: Any) -> int | None:
+    """The longest context (prompt and new tokens) the model serves exactly: its maximum
+    positions, or fewer where its indexed attention keeps fewer keys (`indexed_keys`)."""
+    known = [n for n in (max_positions(config), indexed_keys(config)) if n is not None]
+    return min(known, default=None)
 
 
 def _window(cfg: Any) -> int | None:

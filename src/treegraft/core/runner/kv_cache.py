@@ -35,6 +35,10 @@ class TreeKVCache(Cache):
     (multi-head latent attention) keep each in the first columns of the slot. Each `update`
     stores the new keys/values at slots `[write_start, write_start + q)` and returns the cache
     up to the end of the written block (prefix + region), so attention costs O(prefix).
+
+    Indexed attention layers (DeepSeek-V3.2's sparse attention) also hand over one indexer key per
+    token (`update_indexer`): kept in `indexer` `[n_layers, 1, 1, capacity, width]`, slot for
+    slot beside the keys and values, grown and compacted with them.
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class TreeKVCache(Cache):
         self.groups: list[Tensor] = []  # [n_group_layers, 2, n_kv_heads, capacity, head_dim]
         self.group_shapes: list[Shape] = []
         self.rows: dict[int, tuple[int, int]] = {}  # layer -> (group, row)
+        self.indexer: Tensor | None = None  # [n_layers, 1, 1, capacity, width]
         self.write_start = 0
 
     @classmethod
@@ -120,6 +125,11 @@ class TreeKVCache(Cache):
             kept = min(capacity, old.shape[3])
             new[:, :, :, :kept] = old[:, :, :, :kept]
             self.groups[i] = new
+        if self.indexer is not None:
+            new = self.indexer.new_zeros((*self.indexer.shape[:3], capacity, self.indexer.shape[4]))
+            kept = min(capacity, self.indexer.shape[3])
+            new[:, :, :, :kept] = self.indexer[:, :, :, :kept]
+            self.indexer = new
         self.capacity = capacity
 
     def compact(self, moved: Tensor, to: int) -> None:
@@ -127,6 +137,8 @@ class TreeKVCache(Cache):
         slots `to .. to + m` (`kv_compact`)."""
         for kv in self.groups:
             kv_compact(kv, moved, to)
+        if self.indexer is not None:
+            kv_compact(self.indexer, moved, to)
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
         end = self.write_start + key_states.shape[-2]
@@ -149,6 +161,24 @@ class TreeKVCache(Cache):
         if layer.device != key_states.device:  # a layer placed on another device (device map)
             return keys.to(key_states.device), values.to(key_states.device)
         return keys, values
+
+    def update_indexer(self, key_states: Tensor, layer_idx: int) -> Tensor:
+        """Store an indexed layer's indexer keys (`[1, q, width]`) at the written slots; returns
+        those of every slot up to the end of the written block (`[1, end, width]`), as the
+        keys `update` returns."""
+        end = self.write_start + key_states.shape[1]
+        if key_states.shape[0] != 1 or end > self.capacity or not 0 <= layer_idx < self.n_layers:
+            raise ArgumentError(
+                f"TreeKVCache.update_indexer: layer {layer_idx} of {self.n_layers}, a batch of "
+                f"{key_states.shape[0]}, slots {self.write_start}..{end} of {self.capacity}; "
+                "expected one sequence (batch 1) written within the cache by one of its layers"
+            )
+        if self.indexer is None:
+            size = (self.n_layers, 1, 1, self.capacity, key_states.shape[-1])
+            self.indexer = torch.zeros(size, dtype=key_states.dtype, device=self.device)
+        slots = self.indexer[layer_idx, 0, 0]  # [capacity, width]
+        slots[self.write_start : end] = key_states[0]
+        return slots[:end].unsqueeze(0).to(key_states.device)
 
     def _planned(self, first: Shape) -> dict[int, Shape]:
         """Layer -> shape to allocate for: `shapes`, else every layer as the `first` one."""
@@ -209,6 +239,9 @@ class _ShapeRecorder(TreeKVCache):
             shape = (key_states.shape[1], key_states.shape[-1], value_states.shape[-1])
             self.shapes[layer_idx] = shape  # type: ignore[index]
         return key_states, value_states
+
+    def update_indexer(self, key_states: Tensor, layer_idx: int) -> Tensor:
+        return key_states
 
 
 def layer_shapes(
