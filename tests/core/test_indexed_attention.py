@@ -42,12 +42,12 @@ def test_trees_choose_among_their_own_paths_keys(model_type) -> None:
     assert runner.cache.indexer is not None
 
 
-def _spec(max_new_tokens: int) -> dict:
+def _spec(max_new_tokens: int, drafter: str = "mem:target") -> dict:
     return {
         "target": "mem:target",
         "drafters": {
             "weak": {"name": "ngram", "max_ngram": 3, "chain_len": 3},
-            "strong": {"name": "hf_lm", "model": "mem:target"},
+            "strong": {"name": "hf_lm", "model": drafter},
         },
         "builder": {"name": "layered", "depth": 6, "top_k": 2, "budget": 12},
         "scheduler": {"name": "always"},
@@ -58,17 +58,30 @@ def _spec(max_new_tokens: int) -> dict:
 
 def test_a_pipeline_serves_contexts_within_index_topk() -> None:
     """`index_topk` 14 of 512 positions: a 6-token prompt decodes 8 tokens as `generate` does
-    (its trees reach past the 14th position only where the context has room); 9 tokens are
-    refused before any forward, naming `index_topk` (it decoded them as the model's positions
-    allow: a selection that drops keys, whose ties a tree forward may break otherwise)."""
+    (no tree node verified past position 13); 9 tokens are refused before any forward, naming
+    `index_topk` (they were decoded as far as the positions allow: past 14 tokens a selection
+    that drops keys, whose ties a tree forward may break otherwise than `generate`)."""
     target = tiny_model("deepseek_v32", seed=3, index_topk=14)
     assert refusal(target) is None
     pipe = load_pipeline(_spec(8), resources=memory_resources(target=target))
     prompt = torch.tensor([1, 5, 9, 1, 5, 9])
     assert list(pipe.generate(prompt).token_ids) == greedy_reference(target, prompt, 8)
-    with pytest.raises(ValueError, match=r"needs 15 positions.*at most 14 \(Deepseek.*index_topk"):
+    with pytest.raises(
+        ValueError, match=r"needs 15 positions.*at most 14 \(the target's indexed.*index_topk"
+    ):
         pipe.generate(prompt, max_new_tokens=9)
-    assert pipe.decoder.max_positions == 14
+    assert pipe.decoder.max_positions == 14 and pipe.decoder.target.forwards > 0
+
+
+def test_an_indexed_lm_drafter_does_not_limit_the_context() -> None:
+    """An LM drafter's choice of keys past its `index_topk` only drafts other tokens, which the
+    target verifies: a 9-token prompt past its 4 decodes as the target's `generate` does."""
+    target, drafter = tiny_model("llama", seed=1), tiny_model("deepseek_v32", index_topk=4)
+    resources = memory_resources(target=target, drafter=drafter)
+    pipe = load_pipeline(_spec(12, drafter="mem:drafter"), resources=resources)
+    prompt = torch.tensor([1, 5, 9, 1, 5, 9, 1, 5, 9])
+    assert pipe.decoder.max_positions == 512
+    assert list(pipe.generate(prompt).token_ids) == greedy_reference(target, prompt, 12)
 
 
 def test_kolibri_indexer_counting_keys_by_slot_is_refused() -> None:

@@ -16,30 +16,34 @@ from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import (
     ModelRefused,
     indexed_keys,
+    max_positions,
     serving_positions,
 )
 
 
 def context_limit(target: CausalLMRunner, drafters: Sequence[Any]) -> int | None:
-    """The least context the target and the drafters' models serve exactly (None when no
-    config states one): their maximum positions, or an indexed-attention model's `index_topk`
-    where its selection of keys is not reproduced past that many (`serving_positions`)."""
+    """The longest context the pipeline decodes exactly (None when no config states one): the
+    least maximum positions of the target's and the LM drafters' models, and the target's
+    `index_topk` where its indexed attention keeps fewer keys (`serving_positions`; a drafter's
+    choice past it only drafts other tokens, which the target verifies)."""
     runners = [target, *(getattr(d, "runner", None) for d in drafters)]
-    limits = [serving_positions(r.model.config) for r in runners if isinstance(r, CausalLMRunner)]
+    limits = [
+        (serving_positions if r is target else max_positions)(r.model.config)
+        for r in runners
+        if isinstance(r, CausalLMRunner)
+    ]
     known = [m for m in limits if m is not None]
     return min(known) if known else None
 
 
 def limit_reason(target: CausalLMRunner, drafters: Sequence[Any], limit: int) -> str:
     """Why the context is limited to `limit` tokens (`context_limit`'s value), for its error."""
-    runners = [target, *(getattr(d, "runner", None) for d in drafters)]
-    for runner in runners:
-        if isinstance(runner, CausalLMRunner) and indexed_keys(runner.model.config) == limit:
-            return (
-                f"{type(runner.model).__name__}'s indexed attention keeps the {limit} keys of "
-                "highest score per query (`index_topk`), a choice treegraft reproduces exactly "
-                "only while a query sees no more keys than that"
-            )
+    if isinstance(target, CausalLMRunner) and indexed_keys(target.model.config) == limit:
+        return (
+            f"the target's indexed attention ({type(target.model).__name__}) keeps the {limit} "
+            "keys of highest score per query (`index_topk`), a choice treegraft reproduces "
+            "exactly only while a query sees no more keys than that"
+        )
     return "the least of the target's and the LM drafters' maximum positions"
 
 
