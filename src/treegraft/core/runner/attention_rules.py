@@ -7,10 +7,10 @@ chunked attention) must be in that mask. `AttentionRules` reads them from the co
 `refusal` says why a model cannot be served exactly (None when it can) for what a mask cannot
 express (ALiBi biases built from a 2D padding mask, recurrent state layers,
 bidirectional attention, keys ranked per query; indexed attention, DeepSeek's sparse attention,
-is causal attention within the context its selection keeps whole: `serving_positions`) and where the model's own `generate` decodes
-otherwise than its forward (its cache of a one-token window, of a chunk size without chunked
-layers, or dropped at a longrope switch). `ModelRefused` carries the reason to the user at load
-time.
+is causal attention within the context its selection keeps whole: `serving_positions`) and
+where the model's own `generate` decodes otherwise than its forward (its cache of a one-token
+window, of a chunk size without chunked layers, or dropped at a longrope switch).
+`ModelRefused` carries the reason to the user at load time.
 
 Windows follow `transformers`' masks: a key at position `k` is visible from a query at position
 `q` on a layer with window `W` iff it is visible at all (a committed token or an ancestor in the
