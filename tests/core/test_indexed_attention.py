@@ -111,3 +111,10 @@ def test_indexer_keys_out_of_the_cache_are_refused(batch: int, layer: int, start
     cache.write_start = start
     with pytest.raises(ArgumentError, match="update_indexer: layer"):
         cache.update_indexer(torch.zeros(batch, 2, 8, dtype=torch.float64), layer)
+
+
+def test_indexer_keys_of_another_width_are_refused_saying_so() -> None:
+    cache = TreeKVCache(2, 4, dtype=torch.float64, device=torch.device("cpu"))
+    cache.update_indexer(torch.zeros(1, 2, 8, dtype=torch.float64), 0)
+    with pytest.raises(ValueError, match="indexer keys of width 4, but its slots take width 8"):
+        cache.update_indexer(torch.zeros(1, 2, 4, dtype=torch.float64), 1)

@@ -176,6 +176,12 @@ class TreeKVCache(Cache):
         if self.indexer is None:
             size = (self.n_layers, 1, 1, self.capacity, key_states.shape[-1])
             self.indexer = torch.zeros(size, dtype=key_states.dtype, device=self.device)
+        if key_states.shape[-1] != self.indexer.shape[-1]:
+            raise ValueError(
+                f"layer {layer_idx} hands the cache indexer keys of width {key_states.shape[-1]}, "
+                f"but its slots take width {self.indexer.shape[-1]}: layers whose indexer keys "
+                "differ in width are not supported"
+            )
         slots = self.indexer[layer_idx, 0, 0]  # [capacity, width]
         slots[self.write_start : end] = key_states[0]
         return slots[:end].unsqueeze(0).to(key_states.device)
