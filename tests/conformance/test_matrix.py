@@ -125,6 +125,9 @@ CONFIG_VARIANTS = [
     ("llama4_text", {"attention_chunk_size": 12}, None),
     ("doge", {"keep_window_size": 40, "sliding_window": 16}, None),  # the window bounds the keys
     ("doge", {"keep_window_size": 40, "sliding_window": None}, "keep_window_size"),
+    # indexed attention keeping exactly the 124 keys of the longest context (100 + 24 tokens)
+    ("deepseek_v32", {"index_topk": 124}, None),
+    ("dots3_note_text", {"index_topk": 124}, None),  # beside sliding layers
     ("mistral", {"sliding_window": 2}, None),
     ("mistral", {"sliding_window": 70}, None),  # longer than the probe crosses
     # Llama's mask ignores the window its `generate`'s cache keeps
