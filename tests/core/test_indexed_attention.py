@@ -19,7 +19,7 @@ from treegraft.core.runner.attention_rules import refusal
 from treegraft.core.runner.kv_cache import TreeKVCache
 from treegraft.core.runner.model_check import probe_model
 
-#: indexer keys each query keeps in the selection tests: fewer than it sees from the 6th token on
+#: indexer keys each query keeps in the selection tests: fewer than it sees from the 4th token on
 FEW = 3
 
 
