@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from treegraft.core.decoder import StopStrings
 from treegraft.core.stop_text import StopText
+from treegraft.core.text_tail import StopStrings
 
 SPECIAL = 0  # token 0 is a special token written <|s|>; token i > 0 is the letter chr(96 + i)
 

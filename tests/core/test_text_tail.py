@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 
 from tests.core.test_stop_text import sentencepiece_tokenizer, wordpiece_tokenizer
 from treegraft.core import text_tail
-from treegraft.core.decoder import StopStrings
 from treegraft.core.stop_text import REPLACEMENT, StopText
-from treegraft.core.text_tail import ADVANCE, CONTEXT, LAG, StopScan, StreamText
+from treegraft.core.text_tail import ADVANCE, CONTEXT, LAG, StopScan, StopStrings, StreamText
 
 SMOLLM2 = Path.home() / ".cache/treegraft/models/smollm2"
 

@@ -34,7 +34,6 @@ from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.attention_rules import RopeSwitch, RowScale
 from treegraft.core.runner.latency import ObservedCurve, query_grid
 from treegraft.core.runner.padding import settle_padding
-from treegraft.core.text_tail import StopScan
 from treegraft.core.tree import DraftTree
 from treegraft.kernels.host_tensor import host_tensor
 
@@ -96,32 +95,6 @@ class StopRule:
             if total is not None and (reason != "eos" or total - len(generated) < keep):
                 return max(0, total - len(generated)), "stop"
         return keep, reason
-
-
-@attrs.frozen
-class StopStrings:
-    """Stop check: the number of tokens up to the one that completes the first stop string, in
-    the text (`decode`) or, given `kept`, in the text with special tokens kept (where
-    `generate`'s `stop_strings` match)."""
-
-    stops: tuple[str, ...]
-    decode: Callable[[Sequence[int]], str]  # token ids -> text
-    #: token ids -> another text where stop strings are matched too (special tokens kept)
-    kept: Callable[[Sequence[int]], str] | None = None
-
-    def found(self, ids: Sequence[int]) -> bool:
-        """Whether the text of `ids` (either text) holds a stop string."""
-        texts = [self.decode(ids)] + ([] if self.kept is None else [self.kept(ids)])
-        return any(s in text for text in texts for s in self.stops)
-
-    def __call__(self, ids: Sequence[int]) -> int | None:
-        if not self.found(ids):
-            return None
-        # the smallest prefix whose text holds one; not a bisection: the text of a prefix is
-        # not always a beginning of a longer one's (byte-fallback bytes of a character to come
-        # turn the character before them into replacement characters). Every prefix is read,
-        # a bounded tail of its tokens decoded, not all of them: linear in the tokens
-        return StopScan.of(self).first_of(ids)
 
 
 def check_seed(seed: object, name: str = "decoder.seed") -> None:

@@ -36,7 +36,7 @@ from treegraft.core.config import (
     load_pipeline_spec,
     pipeline_spec_from_dict,
 )
-from treegraft.core.decoder import Decoder, StepEvent, StopRule, StopStrings, check_seed
+from treegraft.core.decoder import Decoder, StepEvent, StopRule, check_seed
 from treegraft.core.errors import ArgumentError, BusyError, shown
 from treegraft.core.generation_settings import warn_unapplied
 from treegraft.core.inputs import check_utf8, is_dir, is_file
@@ -54,7 +54,7 @@ from treegraft.core.resources import Resources
 from treegraft.core.runner.attention_rules import RopeSwitch, RowScale
 from treegraft.core.runner.placement import placement_problems
 from treegraft.core.stop_text import StopText
-from treegraft.core.text_tail import StopScan, StreamText
+from treegraft.core.text_tail import StopScan, StopStrings, StreamText
 from treegraft.core.vocabularies import (
     check_chat_template,
     check_vocabularies,

@@ -15,14 +15,10 @@ of the whole-text rules.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import attrs
 
 from treegraft.core.stop_text import REPLACEMENT, StopText, held
-
-if TYPE_CHECKING:  # `StopStrings` reads its first stop with a `StopScan`
-    from treegraft.core.decoder import StopStrings
 
 #: tokens decoded before the settled ones, so that the tail is decoded in context
 CONTEXT = 4
@@ -329,3 +325,29 @@ class StreamText:
         if lo == len(ids) or shown.tail(ids, lo + 1) == head:  # a special token
             return head
         return head + k_tail[len(kept.tail(ids, lo)) : cut]
+
+
+@attrs.frozen
+class StopStrings:
+    """Stop check: the number of tokens up to the one that completes the first stop string, in
+    the text (`decode`) or, given `kept`, in the text with special tokens kept (where
+    `generate`'s `stop_strings` match)."""
+
+    stops: tuple[str, ...]
+    decode: Callable[[Sequence[int]], str]  # token ids -> text
+    #: token ids -> another text where stop strings are matched too (special tokens kept)
+    kept: Callable[[Sequence[int]], str] | None = None
+
+    def found(self, ids: Sequence[int]) -> bool:
+        """Whether the text of `ids` (either text) holds a stop string."""
+        texts = [self.decode(ids)] + ([] if self.kept is None else [self.kept(ids)])
+        return any(s in text for text in texts for s in self.stops)
+
+    def __call__(self, ids: Sequence[int]) -> int | None:
+        if not self.found(ids):
+            return None
+        # the smallest prefix whose text holds one; not a bisection: the text of a prefix is
+        # not always a beginning of a longer one's (byte-fallback bytes of a character to come
+        # turn the character before them into replacement characters). Every prefix is read,
+        # a bounded tail of its tokens decoded, not all of them: linear in the tokens
+        return StopScan.of(self).first_of(ids)

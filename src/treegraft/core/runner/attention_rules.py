@@ -26,7 +26,9 @@ import attrs
 import torch
 
 from treegraft.core.errors import TreegraftError
+from treegraft.core.runner.configs import text_config
 from treegraft.core.runner.model_layouts import layout_refusal
+from treegraft.core.runner.state_models import has_state_layers, state_refusal
 
 #: layer types whose keys are those of plain causal attention (with or without a window)
 FULL_TYPES = frozenset({"full_attention", "attention", "global", "global_attention"})
@@ -41,12 +43,6 @@ SLOT_INDEX_FIELDS = ("index_num_local_tokens", "index_num_sink_tokens", "index_p
 class ModelRefused(TreegraftError, ValueError):
     """A model the runner cannot serve exactly; the message names the class, reason and remedy.
     A `TreegraftError` (the command line prints it), and a `ValueError` as it always was."""
-
-
-def text_config(config: Any) -> Any:
-    """The decoder's config of a (possibly composite) model config."""
-    getter = getattr(config, "get_text_config", None)
-    return getter(decoder=True) if getter is not None else config
 
 
 @attrs.frozen
@@ -235,8 +231,6 @@ def layout_problem(cfg: Any) -> str | None:
 
 #: model types whose position information is an ALiBi bias built from a 2D padding mask
 ALIBI_TYPES = frozenset({"bloom", "mpt"})
-#: recurrent architectures whose configs state no `layer_types` (Mamba's and others' do)
-RECURRENT_TYPES = frozenset({"rwkv", "xlstm"})
 
 
 #: why a model with state layers serves as no LM drafter (`refusal` without `target`)
@@ -279,8 +273,6 @@ def refusal(model: Any, *, target: bool = False) -> str | None:
         return "its attention is bidirectional (`use_bidirectional_attention`), not causal"
     if (why := _borrowed_states(model) or layout_refusal(model, cfg)) is not None:
         return why
-    from treegraft.core.runner.state_models import has_state_layers, state_refusal  # reads us
-
     if has_state_layers(model.config):
         return state_refusal(model) if target else STATE_DRAFTER
     try:

@@ -27,7 +27,7 @@ import sys
 from typing import Any
 
 from treegraft.core.errors import ArgumentError
-from treegraft.core.runner.attention_rules import RECURRENT_TYPES, text_config
+from treegraft.core.runner.configs import RECURRENT_TYPES, text_config
 
 #: layer types of configs' `layer_types` whose cache layers hold a convolution or recurrent
 #: state (`transformers`' `LinearAttentionLayer` kinds; `mamba` is the legacy name that configs
