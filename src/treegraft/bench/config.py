@@ -94,8 +94,16 @@ class Pair:
     drafter_options: dict[str, Any] | None = field(
         None,
         check=Check(
-            "a mapping of LM drafter settings (e.g. head, token_counts)",
-            lambda v: v is None or (isinstance(v, dict) and all(isinstance(k, str) for k in v)),
+            "a mapping of LM drafter settings (e.g. head, token_counts; not name or model: "
+            "the pair's drafter is the model)",
+            lambda v: (
+                v is None
+                or (
+                    isinstance(v, dict)
+                    and all(isinstance(k, str) for k in v)
+                    and not {"name", "model"} & set(v)
+                )
+            ),
         ),
         doc="settings put into the LM drafter the pair's drafter replaces, after it replaces it "
         "(e.g. {head: 4096, token_counts: zoo:smollm2-token-counts}: a restricted head ranked "
