@@ -27,8 +27,8 @@ from treegraft.scheduling.cli_setup import (
     MAX_PROMPTS,
     check_artifact,
     check_guard,
-    check_pipeline_mapping,
     executor_options,
+    load_collected_pipeline,
     pipeline_mapping,
     recorded_costs,
     set_threads,
@@ -133,7 +133,6 @@ def collect(
     from treegraft.core.config import ConfigError
     from treegraft.core.errors import ArgumentError
     from treegraft.core.inputs import check_output_dir
-    from treegraft.core.pipeline import load_pipeline
     from treegraft.scheduling.value_costs import check_jitter
     from treegraft.scheduling.value_eval import measure_costs
     from treegraft.scheduling.value_shards import collect_sharded, follow_scheduler
@@ -148,8 +147,7 @@ def collect(
         recorded = recorded_costs(costs)
         texts, how = text_prompts(prompts, seed, skip, prompt_file, suite)
         raw = pipeline_mapping(pipeline, target=target, strong=strong, device=device, dtype=dtype)
-        check_pipeline_mapping(raw, target=target)  # --dtype float8: before the models load
-        pipe = load_pipeline(raw)
+        pipe = load_collected_pipeline(raw, target=target, strong=strong)
         policy = None if follow is None else follow_scheduler(follow, pipe)
         ids = [PromptIds(p.id, pipe.encode(p.text)) for p in texts]
         start = time.perf_counter()
