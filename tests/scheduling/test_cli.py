@@ -439,6 +439,8 @@ EVALUATE_EARLY = {
                   "with 0 <= value < 1, got nan"),
     "guard-alone": (["--guard", "0.1"], "--guard 0.1: the call guard is the distilled row's; "
                     "give --artifact too"),
+    "threshold-alone": (["--threshold", "0.5"], "--threshold 0.5: the distilled row's "
+                        "threshold; give --artifact too"),  # it was ignored
     "artifact-missing": (["--artifact", "no-such-artifact"], "--artifact: scheduler artifact "
                          "'no-such-artifact' not found"),
 }  # fmt: skip

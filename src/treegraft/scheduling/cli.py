@@ -334,7 +334,9 @@ def evaluate(
     artifact: Annotated[
         str | None, typer.Option(help="artifact for the `distilled` row (default: none)")
     ] = None,
-    threshold: Annotated[float, typer.Option(help="distilled threshold")] = 0.0,
+    threshold: Annotated[
+        float | None, typer.Option(help="the distilled row's threshold (default: 0)")
+    ] = None,
     guard: Annotated[
         float | None,
         typer.Option(
@@ -361,6 +363,8 @@ def evaluate(
     set_threads(threads)
     _check_numbers(("--prompts", prompts, 1), finite=(("--threshold", threshold),))
     check_guard(guard, artifact)
+    if threshold is not None and artifact is None:  # it was ignored
+        _fail(f"--threshold {threshold}: the distilled row's threshold; give --artifact too")
     _check_plot(plot)
     _check_plot(json_path, "--json")
     check_artifact("--artifact", artifact)
@@ -370,7 +374,7 @@ def evaluate(
     try:
         data = Dataset.load(dataset)
         results = replay_dataset(
-            dataset, data, names=BASELINES, artifacts=artifacts, threshold=threshold,
+            dataset, data, names=BASELINES, artifacts=artifacts, threshold=threshold or 0.0,
             prompts=prompts, guard=guard,
         )  # fmt: skip
     except (ConfigError, ValueSystemError) as exc:
