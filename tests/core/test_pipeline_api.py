@@ -13,7 +13,13 @@ import torch
 from tests.conftest import greedy_reference, hf_generate, word_tokenizer
 from treegraft.core.config import ConfigError, pipeline_spec_from_dict
 from treegraft.core.errors import ArgumentError, TreegraftError
-from treegraft.core.pipeline import Generation, Pipeline, is_prompt_list, load_pipeline
+from treegraft.core.pipeline import (
+    Generation,
+    Pipeline,
+    is_prompt_list,
+    load_pipeline,
+    resolve_pipeline,
+)
 
 VOCAB = 64
 CHAT = "{% for m in messages %}t60 {{ m['content'] }} t61{% endfor %}{% if add_generation_prompt %} t62{% endif %}"
@@ -444,6 +450,13 @@ def test_load_pipeline_refuses_a_source_of_another_type(source: Any, shown: str)
         "load_pipeline: source: expected a shipped pipeline's name, a path to a YAML file or a "
         f"mapping, got {shown}"
     )
+
+
+@pytest.mark.parametrize("source", [None, 5, b"ngram-only"], ids=["none", "int", "bytes"])
+def test_resolve_pipeline_refuses_a_name_of_another_type(source: Any) -> None:
+    """`resolve_pipeline(None)` was a raw TypeError from pathlib."""
+    with pytest.raises(ArgumentError, match=r"^resolve_pipeline: name_or_path: expected a file"):
+        resolve_pipeline(source)
 
 
 def test_a_prompt_of_no_tokens_is_named_in_a_batch(model_dir: Path) -> None:

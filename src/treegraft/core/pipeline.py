@@ -39,7 +39,7 @@ from treegraft.core.config import (
 from treegraft.core.decoder import Decoder, StepEvent, StopRule, StopStrings, check_seed
 from treegraft.core.errors import ArgumentError, BusyError, shown
 from treegraft.core.generation_settings import warn_unapplied
-from treegraft.core.inputs import check_utf8, is_dir, is_file
+from treegraft.core.inputs import check_path, check_utf8, is_dir, is_file
 from treegraft.core.metrics import Summary, summarize
 from treegraft.core.pipeline_models import (
     check_resources,
@@ -87,6 +87,7 @@ def builtin_pipelines() -> list[str]:
 def resolve_pipeline(name_or_path: str | Path) -> Path:
     """A pipeline file path (`~` expanded, as in model references), or the shipped pipeline of
     that name."""
+    check_path("resolve_pipeline", "name_or_path", name_or_path)
     path = Path(name_or_path).expanduser()
     if is_file(path):
         return path
