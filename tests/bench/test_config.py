@@ -203,6 +203,18 @@ def test_drafter_options_may_not_name_another_drafter(options):
         bench_config_from_dict({"pairs": [pair]})
 
 
+def test_a_pipeline_file_given_as_a_sweep_is_named_as_such():
+    with pytest.raises(ConfigError) as info:
+        bench_config_from_dict({"target": "zoo:target", "drafters": {"weak": "ngram"}})
+    assert str(info.value).startswith("bench.target: unknown key;")
+    assert str(info.value).endswith(
+        "; this looks like a pipeline file: pass it to `treegraft "
+        "generate --pipeline` or list it under a sweep's `pipelines:`"
+    )
+    with pytest.raises(ConfigError, match=r"bench.nam: unknown key; expected keys: pairs"):
+        bench_config_from_dict({"nam": 1, "pairs": [PAIR]})  # no hint: the ';' still ends it
+
+
 def test_a_bad_override_is_reported_with_the_entry_path():
     cfg = bench_config_from_dict(
         {

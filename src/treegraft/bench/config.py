@@ -37,6 +37,7 @@ from treegraft.core.config import (
 )
 from treegraft.core.devices import DEVICE_NAMES
 from treegraft.core.errors import ArgumentError, clipped
+from treegraft.core.file_kinds import kind_note
 from treegraft.core.inputs import check_path, is_dir, is_file, read_text
 from treegraft.core.runner.forwards import FORWARD_SETTINGS
 from treegraft.core.runner.placement import valid_device_maps
@@ -306,7 +307,8 @@ def bench_config_from_dict(
     for key in data:
         if key not in known:
             raise ConfigError(
-                f"{ROOT}.{key}: unknown key{_hint(key, known)} expected keys: {', '.join(known)}"
+                f"{ROOT}.{key}: unknown key{_hint(key, known) or ';'} expected keys: {', '.join(known)}"
+                + kind_note(data, "sweep")  # a pipeline file given as a sweep
             )
     _check_baselines(data.get("baselines"))
     if "pairs" not in data:

@@ -44,6 +44,7 @@ from treegraft.core.errors import (
     lookalike_note,
     shown,
 )
+from treegraft.core.file_kinds import kind_note
 from treegraft.core.inputs import exists, read_text
 from treegraft.core.registry import (
     BUILTIN_DISTRIBUTION,
@@ -407,9 +408,9 @@ def pipeline_spec_from_dict(
         raise ConfigError(
             f"{ROOT}: expected a mapping with keys {', '.join(TOP_KEYS)}, got {shown(data)}"
         )
-    for key in data:
-        if key not in TOP_KEYS:
-            raise ConfigError(unknown_key_message(ROOT, key, list(TOP_KEYS)))
+    if unknown := [key for key in data if key not in TOP_KEYS]:
+        note = kind_note(data, "pipeline")  # a sweep file given as a pipeline
+        raise ConfigError(unknown_key_message(ROOT, unknown[0], list(TOP_KEYS)) + note)
     for key in ("target", "drafters", "builder"):
         if data.get(key) is None:
             raise ConfigError(f"{ROOT}.{key}: missing required key{_null_given(data, key)}")
