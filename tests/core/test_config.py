@@ -923,6 +923,9 @@ def test_a_device_map_key_naming_no_model_is_refused() -> None:
         "pipeline.decoding.device_map: 'zoo:targte' names no model of this pipeline; did you "
         "mean 'zoo:target'? expected keys: zoo:target, zoo:draft-s"
     )
+    data["decoding"]["device_map"] = {"/models/x": "cpu"}  # no close name: the ';' stays
+    with pytest.raises(ConfigError, match=r"names no model of this pipeline; expected keys: zoo"):
+        pipeline_spec_from_dict(data, default_registry())
     data["decoding"]["device_map"] = {"zoo:draft-s": "cpu"}
     assert pipeline_spec_from_dict(data, default_registry()).decoding.device_map
 

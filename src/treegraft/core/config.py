@@ -447,7 +447,7 @@ def check_device_map(spec: PipelineSpec) -> None:
     for key in spec.decoding.device_map:
         if key not in refs:
             close = difflib.get_close_matches(key, refs, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = f"; did you mean {close[0]!r}?" if close else ";"
             raise ConfigError(
                 f"{ROOT}.decoding.device_map: {shown(key)} names no model of this pipeline{hint} "
                 f"expected keys: {', '.join(dict.fromkeys(refs))}"
