@@ -132,13 +132,6 @@ class PlanConfig:
         check=each(at_least(0)), doc="drafter index per layer; later layers use drafter 0"
     )
 
-    def __attrs_post_init__(self) -> None:
-        if not self.plan:  # drafter 0 at every layer
-            raise ValueError(
-                "plan: expected at least one entry, got []; for the cheapest drafter alone "
-                "write scheduler: never"
-            )
-
 
 @attrs.define
 class PlanScheduler(Scheduler):
