@@ -358,3 +358,11 @@ def test_a_target_zoo_corpus_cannot_be_built_for_drafts_from_its_context_and_say
     prompt = torch.tensor([3, 4, 5, 3, 4, 5, 3, 4])
     want = greedy_reference(res.models["mem:target"], prompt, 12)
     assert list(pipe.generate(prompt).token_ids) == want
+
+
+def test_info_of_zoo_corpus_says_where_its_files_are(tmp_path: Path, monkeypatch) -> None:
+    """`datastore info zoo:corpus` (a pipeline's store reference) was 'No such file or directory'."""
+    monkeypatch.setenv("TREEGRAFT_CACHE", str(tmp_path))
+    result = invoke("datastore", "info", "zoo:corpus")
+    message = " ".join(assert_clean(result, 2, "PATH: 'zoo:corpus' is a reference").split())
+    assert f"into {tmp_path / 'datastores'} (corpus-*.npz); name one of those files" in message

@@ -137,7 +137,14 @@ def build_cmd(
 def info_cmd(path: Annotated[Path, typer.Argument(help="A datastore file.")]) -> None:
     """Print a datastore's size, vocabulary and context width."""
     from treegraft.core.datastore import Datastore, DatastoreError
+    from treegraft.zoo.remote import cache_dir
 
+    if str(path).startswith("zoo:") and not path.exists():  # a pipeline's `store:` reference
+        fail(
+            f"PATH: {str(path)!r} is a reference, not a file: zoo:corpus is built per target "
+            f"tokenizer at first use, into {cache_dir() / 'datastores'} (corpus-*.npz); name "
+            "one of those files"
+        )
     try:
         store = Datastore.load(path)
     except DatastoreError as exc:
