@@ -65,6 +65,10 @@ def test_one_prompt_of_token_ids_is_not_a_list_of_prompts():
     assert is_prompt_list([torch.tensor([1, 2])])
     ids = torch.tensor([5, 9, 13])  # `list(ids)` and `tuple(ids)` give 0-d tensors: token ids
     assert not is_prompt_list(list(ids)) and not is_prompt_list(tuple(ids))
+    # chat messages with a stray item: one prompt's messages, the item named as message 1 (it
+    # was read as a batch whose prompt[0], a message, was to be 'put in a list')
+    assert not is_prompt_list([{"role": "user", "content": "hi"}, "x"])
+    assert is_prompt_list([[{"role": "user", "content": "hi"}], [{"role": "user", "content": "a"}]])
 
 
 def test_a_list_of_0d_tensors_is_one_prompt(model_dir: Path):

@@ -532,8 +532,8 @@ def check_optional_seed(seed: Any) -> None:
 def is_prompt_list(prompt: Any) -> bool:
     """A list or tuple of prompts (texts or token-id sequences), not one prompt's token ids: one
     with a text or a sequence among its elements (any other element is then refused by its
-    index, `prompt[1]: ...`)."""
-    if not isinstance(prompt, (list, tuple)) or not prompt:
+    index, `prompt[1]: ...`); a list holding a mapping is one prompt's chat messages."""
+    if not isinstance(prompt, (list, tuple)) or not prompt or is_messages(prompt):
         return False  # a 0-d tensor is one token id (`list(tensor)` gives those), not a prompt
     return any(
         isinstance(p, (str, list, tuple)) or (isinstance(p, (Tensor, np.ndarray)) and p.ndim > 0)
