@@ -374,6 +374,12 @@ def test_trace_refuses_an_earlier_trace_unless_told_to_replace_it(
     assert sorted(trace.glob("step-*.json")) == steps  # the stray step file is gone
 
 
+def test_replace_trace_without_trace_is_refused(tmp_path: Path) -> None:
+    missing_model = pipeline_file(tmp_path, str(tmp_path / "no-such-model"))
+    result = generate(missing_model, "--prompt", PROMPT, "--replace-trace")  # once ignored
+    assert_clean(result, 2, "--replace-trace:", "give --trace DIR")
+
+
 def bench_config(tmp_path: Path, suite: Path) -> Path:
     path = tmp_path / "bench.yaml"
     pair = {"target": "zoo:target", "drafter": "zoo:draft-s"}

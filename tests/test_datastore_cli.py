@@ -99,6 +99,36 @@ def test_build_and_info_refuse_bad_input_naming_it(tmp_path: Path, model_dir: Pa
     assert_clean(build(text, tokenizer=str(long)), 2, "--tokenizer:", "not found")
 
 
+def test_build_checks_out_tokenizer_and_fields_before_tokenizing(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import treegraft.core.datastore as datastore
+
+    def no_tokenizing(*args: object, **kwargs: object) -> None:
+        raise AssertionError("tokenized before the arguments were checked")
+
+    monkeypatch.setattr(datastore, "tokenize_texts", no_tokenizing)
+    text = tmp_path / "a.txt"
+    text.write_text("t1 t2 t3 t4 t5 t6")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")  # a file where the output's folder should be: refused first
+
+    def build(to: str, tokenizer: str = str(model_dir)):
+        return invoke("datastore", "build", str(text), "--tokenizer", tokenizer, "--out", to)
+
+    result = build(str(blocker / "sub" / "s.npz"))
+    assert_clean(result, 2, "--out: cannot write", f"{blocker} is a file")
+    result = build(str(tmp_path / "s.npz"), tokenizer=" ")  # named as the option, not internally
+    assert_clean(result, 2, "--tokenizer: expected a model reference or a tokenizer.json, got ' '")
+    assert "Resources" not in result.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": 3}\n')
+    result = invoke(
+        "datastore", "build", str(bad), "--tokenizer", str(model_dir), "--out", str(tmp_path / "s.npz")
+    )  # fmt: skip
+    assert_clean(result, 2, "bad.jsonl:1: expected an object with a string 'text' field, got 3")
+
+
 def test_build_refuses_a_tokenizer_file_that_is_not_one_and_text_that_is_not_utf8(
     tmp_path: Path, model_dir: Path
 ) -> None:
@@ -328,3 +358,11 @@ def test_a_target_zoo_corpus_cannot_be_built_for_drafts_from_its_context_and_say
     prompt = torch.tensor([3, 4, 5, 3, 4, 5, 3, 4])
     want = greedy_reference(res.models["mem:target"], prompt, 12)
     assert list(pipe.generate(prompt).token_ids) == want
+
+
+def test_info_of_zoo_corpus_says_where_its_files_are(tmp_path: Path, monkeypatch) -> None:
+    """`datastore info zoo:corpus` (a pipeline's store reference) was 'No such file or directory'."""
+    monkeypatch.setenv("TREEGRAFT_CACHE", str(tmp_path))
+    result = invoke("datastore", "info", "zoo:corpus")
+    message = " ".join(assert_clean(result, 2, "PATH: 'zoo:corpus' is a reference").split())
+    assert f"into {tmp_path / 'datastores'} (corpus-*.npz); name one of those files" in message

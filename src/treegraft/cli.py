@@ -109,6 +109,8 @@ def generate(
         _fail(
             f"--max-new-tokens: expected int with 1 <= value <= {MAX_NEW_TOKENS}, got {max_new_tokens}"
         )
+    if replace_trace and trace_dir is None:
+        _fail("--replace-trace: deletes an earlier trace in the --trace folder; give --trace DIR")
     if trace_dir is not None:  # before the models load: a wrong folder fails at once
         prepare_trace_dir(trace_dir, replace=replace_trace)
     options = GenerateOptions(

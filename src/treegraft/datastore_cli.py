@@ -19,6 +19,8 @@ def tokenizer_json(ref: str) -> Path:
     holding one, or the file itself."""
     from treegraft.core.inputs import is_file
 
+    if not ref.strip():
+        fail(f"--tokenizer: expected a model reference or a tokenizer.json, got {ref!r}")
     path = Path(ref).expanduser()
     if is_file(path):
         return path
@@ -70,7 +72,7 @@ def build_cmd(
         tokenizer_fingerprint,
     )
     from treegraft.core.errors import ArgumentError, clipped
-    from treegraft.core.inputs import is_dir, is_file
+    from treegraft.core.inputs import check_file_folder, is_dir, is_file
     from treegraft.zoo.datastore import eos_of
 
     folders = [clipped(str(p)) for p in inputs if is_dir(p.expanduser())]
@@ -86,6 +88,10 @@ def build_cmd(
         fail(f"--out: expected a file name ending in .npz, got {str(out)!r}")
     if is_dir(out.expanduser()):  # found before the corpus is tokenized, not after
         fail(f"--out: {clipped(str(out))} is a folder; expected a datastore file to write")
+    try:  # its folder too: a file in its place, or one that cannot be written
+        check_file_folder(out.expanduser(), "--out", create=False)
+    except ArgumentError as exc:
+        fail(str(exc))
     source = tokenizer_json(tokenizer)
     try:
         tok = Tokenizer.from_file(str(source))
@@ -131,7 +137,14 @@ def build_cmd(
 def info_cmd(path: Annotated[Path, typer.Argument(help="A datastore file.")]) -> None:
     """Print a datastore's size, vocabulary and context width."""
     from treegraft.core.datastore import Datastore, DatastoreError
+    from treegraft.zoo.remote import cache_dir
 
+    if str(path).startswith("zoo:") and not path.exists():  # a pipeline's `store:` reference
+        fail(
+            f"PATH: {str(path)!r} is a reference, not a file: zoo:corpus is built per target "
+            f"tokenizer at first use, into {cache_dir() / 'datastores'} (corpus-*.npz); name "
+            "one of those files"
+        )
     try:
         store = Datastore.load(path)
     except DatastoreError as exc:

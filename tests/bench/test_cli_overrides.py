@@ -76,6 +76,13 @@ CLI_BAD = {
         ["--repeat", str(2**70)],
         "--repeat (bench.repeat): expected int >= 1 and <= 9223372036854775807, got",
     ),
+    # executor options were named as the sweep file's field alone
+    "executor": (["--executor", "dask"], "--executor (bench.executor.name): expected one of"),
+    "retries": (["--retries", "-1"], "--retries (bench.executor.retries): expected int >= 0"),
+    "num-gpus": (
+        ["--executor", "ray", "--num-gpus", "-1"],
+        "--num-gpus (bench.executor.num_gpus): expected float >= 0, got -1.0",
+    ),
 }
 
 

@@ -167,6 +167,54 @@ def test_overrides_apply_after_substitution_and_decoding_is_the_bench_s():
     assert raw["decoding"]["max_new_tokens"] == 17 and raw["decoding"]["stop"] == []
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"target": "zoo:draft-m"}, "override.target: the pair sets every pipeline's target"),
+        ({"decoding.max_new_tokens": 5}, "decoding.max_new_tokens to 5, but the sweep sets it"),
+        ({"decoding": {"stop": ["x"]}}, "override.decoding: sets decoding.stop to ['x']"),
+        ({"decoding.dtype": "float64"}, "decoding.dtype to 'float64', but the sweep sets it"),
+    ],
+)
+def test_an_override_of_what_the_sweep_sets_is_refused(override, message):
+    """Once kept silently: another target (compared with the pair's target's plain decoding),
+    or a decoding key the sweep then replaced."""
+    entry = {"pipeline": "ngram-only", "label": "x", "override": override}
+    cfg = bench_config_from_dict({"pairs": [PAIR], "baselines": [], "pipelines": [entry]})
+    with pytest.raises(ConfigError, match=r"bench.pipelines\[0\]\.override\.") as info:
+        pipeline_plans(cfg, cfg.pairs[0])
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "override", [{"decoding.check_model": False}, {"decoding.dtype": "float32"}]
+)
+def test_an_override_of_other_decoding_keys_or_to_the_sweeps_value_is_kept(override):
+    entry = {"pipeline": "ngram-only", "label": "x", "override": override}
+    cfg = bench_config_from_dict({"pairs": [PAIR], "baselines": [], "pipelines": [entry]})
+    assert [plan.label for plan in pipeline_plans(cfg, cfg.pairs[0])] == ["x"]
+
+
+@pytest.mark.parametrize("options", [{"model": "zoo:draft-m"}, {"name": "ngram", "head": 8}])
+def test_drafter_options_may_not_name_another_drafter(options):
+    """`drafter_options: {model: ...}` once replaced the pair's drafter without a word."""
+    pair = {**PAIR, "drafter_options": options}
+    with pytest.raises(ConfigError, match=r"bench.pairs\[0\].drafter_options: .*not name or model"):
+        bench_config_from_dict({"pairs": [pair]})
+
+
+def test_a_pipeline_file_given_as_a_sweep_is_named_as_such():
+    with pytest.raises(ConfigError) as info:
+        bench_config_from_dict({"target": "zoo:target", "drafters": {"weak": "ngram"}})
+    assert str(info.value).startswith("bench.target: unknown key;")
+    assert str(info.value).endswith(
+        "; this looks like a pipeline file: pass it to `treegraft "
+        "generate --pipeline` or list it under a sweep's `pipelines:`"
+    )
+    with pytest.raises(ConfigError, match=r"bench.nam: unknown key; expected keys: pairs"):
+        bench_config_from_dict({"nam": 1, "pairs": [PAIR]})  # no hint: the ';' still ends it
+
+
 def test_a_bad_override_is_reported_with_the_entry_path():
     cfg = bench_config_from_dict(
         {

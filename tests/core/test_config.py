@@ -318,6 +318,21 @@ def test_bad_input_is_reported_with_its_path(data: Any, message: str, registry: 
     assert error_of(data, registry).startswith(message)
 
 
+@pytest.mark.parametrize(
+    ("data", "kind"),
+    [
+        ({"pairs": [{"target": "zoo:target"}], "suites": ["qa"]}, "a benchmark sweep file: run"),
+        ({"name": "target", "models": {}, "tokens": 10}, "a zoo training recipe: train with"),
+    ],
+    ids=["sweep", "recipe"],
+)
+def test_a_file_of_another_kind_is_named_as_such(data: Any, kind: str, registry: Registry) -> None:
+    """A sweep file given as a pipeline was refused for its first key alone."""
+    message = error_of(data, registry)
+    assert "unknown key" in message and f"; this looks like {kind}" in message
+    assert "this looks like" not in error_of({**BASE, "suites": ["qa"]}, registry)  # a pipeline
+
+
 def test_unknown_component_lists_every_known_name(registry: Registry) -> None:
     message = error_of(override(BASE, "drafters.weak.name", "ngarm"), registry)
     assert message.endswith(f"known drafters: {', '.join(registry.names('drafter'))}")
@@ -908,6 +923,9 @@ def test_a_device_map_key_naming_no_model_is_refused() -> None:
         "pipeline.decoding.device_map: 'zoo:targte' names no model of this pipeline; did you "
         "mean 'zoo:target'? expected keys: zoo:target, zoo:draft-s"
     )
+    data["decoding"]["device_map"] = {"/models/x": "cpu"}  # no close name: the ';' stays
+    with pytest.raises(ConfigError, match=r"names no model of this pipeline; expected keys: zoo"):
+        pipeline_spec_from_dict(data, default_registry())
     data["decoding"]["device_map"] = {"zoo:draft-s": "cpu"}
     assert pipeline_spec_from_dict(data, default_registry()).decoding.device_map
 

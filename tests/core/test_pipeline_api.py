@@ -13,7 +13,13 @@ import torch
 from tests.conftest import greedy_reference, hf_generate, word_tokenizer
 from treegraft.core.config import ConfigError, pipeline_spec_from_dict
 from treegraft.core.errors import ArgumentError, TreegraftError
-from treegraft.core.pipeline import Generation, Pipeline, is_prompt_list, load_pipeline
+from treegraft.core.pipeline import (
+    Generation,
+    Pipeline,
+    is_prompt_list,
+    load_pipeline,
+    resolve_pipeline,
+)
 
 VOCAB = 64
 CHAT = "{% for m in messages %}t60 {{ m['content'] }} t61{% endfor %}{% if add_generation_prompt %} t62{% endif %}"
@@ -59,6 +65,10 @@ def test_one_prompt_of_token_ids_is_not_a_list_of_prompts():
     assert is_prompt_list([torch.tensor([1, 2])])
     ids = torch.tensor([5, 9, 13])  # `list(ids)` and `tuple(ids)` give 0-d tensors: token ids
     assert not is_prompt_list(list(ids)) and not is_prompt_list(tuple(ids))
+    # chat messages with a stray item: one prompt's messages, the item named as message 1 (it
+    # was read as a batch whose prompt[0], a message, was to be 'put in a list')
+    assert not is_prompt_list([{"role": "user", "content": "hi"}, "x"])
+    assert is_prompt_list([[{"role": "user", "content": "hi"}], [{"role": "user", "content": "a"}]])
 
 
 def test_a_list_of_0d_tensors_is_one_prompt(model_dir: Path):
@@ -444,6 +454,13 @@ def test_load_pipeline_refuses_a_source_of_another_type(source: Any, shown: str)
         "load_pipeline: source: expected a shipped pipeline's name, a path to a YAML file or a "
         f"mapping, got {shown}"
     )
+
+
+@pytest.mark.parametrize("source", [None, 5, b"ngram-only"], ids=["none", "int", "bytes"])
+def test_resolve_pipeline_refuses_a_name_of_another_type(source: Any) -> None:
+    """`resolve_pipeline(None)` was a raw TypeError from pathlib."""
+    with pytest.raises(ArgumentError, match=r"^resolve_pipeline: name_or_path: expected a file"):
+        resolve_pipeline(source)
 
 
 def test_a_prompt_of_no_tokens_is_named_in_a_batch(model_dir: Path) -> None:

@@ -624,3 +624,15 @@ def test_models_given_to_the_constructor_are_added_as_add_model_adds_them() -> N
     assert list(pipe.generate([1, 2, 3]).token_ids) == greedy_reference(model, [1, 2, 3], 6)
     with pytest.raises(ArgumentError, match=r"^Resources: models: model 'mem:a': expected a tra"):
         Resources(models={"mem:a": 5})
+
+
+def test_an_empty_model_reference_is_not_the_current_folder(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`model: ''` resolved to the current folder: a model there was loaded without a word."""
+    from treegraft.core.resources import ModelRefError, resolve_model_path
+
+    monkeypatch.chdir(model_dir)  # a folder holding a model's config.json
+    for ref in ("", " "):
+        with pytest.raises(ModelRefError, match=r"expected a model reference, 'zoo:NAME' or a"):
+            resolve_model_path(ref)

@@ -589,3 +589,12 @@ def test_pipeline_errors_names_arguments_of_another_type() -> None:
         ArgumentError, match=r"^pipeline_errors: path: expected a file path, got int"
     ):
         pipeline_errors(5)  # type: ignore[arg-type]
+
+
+def test_validate_names_a_sweep_file_as_such_once(tmp_path: Path) -> None:
+    """`treegraft validate sweep.yaml` listed its keys as unknown and the pipeline's as missing."""
+    data = {"pairs": [{"target": "zoo:target", "drafter": "zoo:draft-s"}], "suites": ["qa"]}
+    _, errors = pipeline_errors(write(tmp_path, "sweep.yaml", data))
+    notes = [e for e in errors if "this looks like a benchmark sweep file" in e]
+    assert len(notes) == 1 and "pipeline.pairs: unknown key" in notes[0]
+    assert notes[0].endswith("run it with `treegraft bench run FILE`")

@@ -206,6 +206,13 @@ def test_a_head_folder_under_home_is_named_with_a_tilde(head_dir, monkeypatch):
     assert resolve_head(f"~/{head_dir.name}") == head_dir
 
 
+def test_an_empty_head_reference_is_not_the_current_folder(head_dir, monkeypatch):
+    """`head: ''` resolved to the working folder: a head there was loaded without a word."""
+    monkeypatch.chdir(head_dir)  # a folder holding head.json
+    with pytest.raises(FileNotFoundError, match=r"head '' not found: expected 'zoo:NAME'"):
+        resolve_head("")
+
+
 def test_a_replay_drafts_from_the_features_the_measured_run_drafts_from(head_dir):
     """The benchmark's replay never runs the target in the generation: its stand-in hands the
     eagle drafter (a copy reading it) the hidden states of the prompt and its recorded

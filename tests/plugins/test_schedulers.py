@@ -152,6 +152,12 @@ def test_scheduler_config_errors():
         match=r"pipeline\.rescorer\.weight: expected float with 0.0 <= value <= 1.0, got 1.5",
     ):
         pipeline_spec_from_dict({**base, "rescorer": {"name": "interpolate", "weight": 1.5}})
+    with pytest.raises(  # an empty list was taken: the drafter never acted
+        ConfigError,
+        match=r"pipeline\.scheduler\.layers: expected at least one layer, got \[\]; for the "
+        "cheapest drafter alone write scheduler: never",
+    ):
+        pipeline_spec_from_dict({**base, "scheduler": {"name": "layers", "layers": []}})
 
 
 @pytest.mark.parametrize(

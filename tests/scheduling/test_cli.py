@@ -451,6 +451,8 @@ EVALUATE_EARLY = {
                   "with 0 <= value < 1, got nan"),
     "guard-alone": (["--guard", "0.1"], "--guard 0.1: the call guard is the distilled row's; "
                     "give --artifact too"),
+    "threshold-alone": (["--threshold", "0.5"], "--threshold 0.5: the distilled row's "
+                        "threshold; give --artifact too"),  # it was ignored
     "artifact-missing": (["--artifact", "no-such-artifact"], "--artifact: scheduler artifact "
                          "'no-such-artifact' not found"),
 }  # fmt: skip
@@ -519,6 +521,9 @@ COLLECT_EARLY = {
                    "--jitter-spread: expected a finite number >= 1, got nan"),
     "spread-inf": (["--cost-jitter", "1", "--jitter-spread", "inf"],
                    "--jitter-spread: expected a finite number >= 1, got inf"),
+    # both were taken: the suite was collected on, the file ignored
+    "suite-and-prompt-file": (["--suite", "qa", "--prompt-file", "{file}"],
+                              "--suite and --prompt-file: choose one"),
 }  # fmt: skip
 
 
@@ -543,6 +548,23 @@ def test_collect_refuses_bad_prompts_seeds_and_costs_before_the_pipeline_loads(
     )
     assert result.exit_code == 2, result.output
     assert message.format(**fill) in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--strong", "zoo:nope"], "--strong (pipeline.drafters.strong.model): unknown zoo model"),
+        (["--target", "zoo:nope"], "--target (pipeline.target): unknown zoo model 'zoo:nope'"),
+    ],
+)
+def test_collect_names_the_flag_of_a_model_reference_the_build_refuses(tmp_path, args, message):
+    """A missing --strong or --target model was named by its YAML path alone."""
+    result = runner.invoke(
+        app,
+        ["collect", "treegraft-threshold", "--prompts", "1", "--out", str(tmp_path / "o"), *args],
+    )
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
 
 
 def test_collect_says_when_the_prompt_file_holds_fewer_prompts_than_asked(tmp_path):

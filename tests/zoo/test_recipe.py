@@ -136,6 +136,17 @@ def test_cli_train_names_the_recipe_for_a_window_the_corpus_cannot_fill(
     assert f"{path}: recipe.seq_len: 100000 needs at least 100002 tokens" in err, err
 
 
+@pytest.mark.parametrize("command", ["train", "train-head"])
+def test_cli_train_names_a_runs_folder_that_cannot_be_made(tmp_path: Path, command: str) -> None:
+    """`--runs` under a file was 'RUNS/NAME: Not a directory' once the corpus had loaded."""
+    path = write_recipe(tmp_path / "r.yaml", CORPUS)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, err = run_cli("zoo", command, "--recipe", str(path), "--runs", str(blocker / "runs"))
+    assert code == 2, err
+    assert f"--runs: cannot create {blocker / 'runs'}: {blocker} is a file" in err, err
+
+
 def test_cli_export_without_a_checkpoint_says_to_train_first(
     tmp_path: Path,
     corpus: Path,  # noqa: F811

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import word_tokenizer
@@ -59,3 +60,17 @@ def test_the_cli_names_a_missing_corpus_and_an_unwritable_out(tmp_path: Path) ->
         main_app, ["zoo", "token-counts", "--corpus", str(tmp_path), "--out", str(out)]
     )
     assert result.exit_code == 2 and f"--out: cannot write {out}: " in result.stderr, result.output
+
+
+def test_load_counts_names_an_empty_reference_a_folder_and_bytes_that_are_not_utf8(
+    tmp_path: Path,
+) -> None:
+    """A folder was 'no such file'; text that is not UTF-8 was the codec's bare message."""
+    with pytest.raises(FileNotFoundError, match=r"token counts '': an empty reference; expected"):
+        load_counts("")
+    with pytest.raises(FileNotFoundError, match=r"token counts '.*': a folder; expected one of"):
+        load_counts(str(tmp_path))
+    latin = tmp_path / "c.json"
+    latin.write_bytes(b'{"format": "caf\xe9"}')
+    with pytest.raises(ValueError, match=r"not UTF-8 text \(byte 0xe9 at offset 15\); expected a"):
+        load_counts(str(latin))

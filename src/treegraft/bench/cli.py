@@ -63,6 +63,20 @@ RAY_ONLY = {
 }
 
 
+#: every executor setting's command-line option
+EXECUTOR_FLAGS = {"name": "--executor", **RAY_ONLY, "retries": "--retries"}
+
+
+def executor_flag_error(message: str) -> str:
+    """`message` (`bench.executor.KEY: ...`, of a value given on the command line) led by the
+    option that gave it: `--retries (bench.executor.retries): expected int >= 0, got -1`."""
+    for key, flag in EXECUTOR_FLAGS.items():
+        where = f"bench.executor.{key}"
+        if message.startswith(where + ":"):
+            return f"{flag} ({where}){message.removeprefix(where)}"
+    return message
+
+
 def local_only_flags(executor: str, settings: Mapping[str, Any]) -> str | None:
     """The error for Ray options given to a local run (they would be ignored), or None.
     `settings`: the executor settings given on the command line (unset ones None or absent)."""
@@ -185,7 +199,7 @@ def run(
     try:
         cfg = cfg.with_executor(**{k: v for k, v in flags.items() if v is not None})
     except ConfigError as exc:
-        _fail(str(exc))
+        _fail(executor_flag_error(str(exc)))
     problem = local_only_flags(cfg.executor.name, flags)
     if problem:
         _fail(problem)

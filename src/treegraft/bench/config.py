@@ -38,6 +38,7 @@ from treegraft.core.config import (
 )
 from treegraft.core.devices import DEVICE_NAMES
 from treegraft.core.errors import ArgumentError, clipped
+from treegraft.core.file_kinds import kind_note
 from treegraft.core.inputs import check_path, is_dir, is_file, read_text
 from treegraft.core.runner.forwards import FORWARD_SETTINGS
 from treegraft.core.runner.placement import valid_device_maps
@@ -97,8 +98,16 @@ class Pair:
     drafter_options: dict[str, Any] | None = field(
         None,
         check=Check(
-            "a mapping of LM drafter settings (e.g. head, token_counts)",
-            lambda v: v is None or (isinstance(v, dict) and all(isinstance(k, str) for k in v)),
+            "a mapping of LM drafter settings (e.g. head, token_counts; not name or model: "
+            "the pair's drafter is the model)",
+            lambda v: (
+                v is None
+                or (
+                    isinstance(v, dict)
+                    and all(isinstance(k, str) for k in v)
+                    and not {"name", "model"} & set(v)
+                )
+            ),
         ),
         doc="settings put into the LM drafter the pair's drafter replaces, after it replaces it "
         "(e.g. {head: 4096, token_counts: zoo:smollm2-token-counts}: a restricted head ranked "
@@ -315,7 +324,8 @@ def bench_config_from_dict(
     for key in data:
         if key not in known:
             raise ConfigError(
-                f"{ROOT}.{key}: unknown key{_hint(key, known)} expected keys: {', '.join(known)}"
+                f"{ROOT}.{key}: unknown key{_hint(key, known) or ';'} expected keys: {', '.join(known)}"
+                + kind_note(data, "sweep")  # a pipeline file given as a sweep
             )
     _check_baselines(data.get("baselines"))
     if "pairs" not in data:

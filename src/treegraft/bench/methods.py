@@ -38,6 +38,7 @@ from treegraft.core.config import (
     read_pipeline_file,
 )
 from treegraft.core.decoder import ROOT_PATH, StepEvent, StopRule
+from treegraft.core.errors import shown
 from treegraft.core.generation_settings import plain_generation
 from treegraft.core.pipeline import Pipeline, eos_ids_of, resolve_pipeline
 from treegraft.core.registry import Registry
@@ -405,16 +406,23 @@ def pipeline_mapping(
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}.pipeline: {path} does not hold a pipeline mapping")
     raw = substitute_models(dict(raw), pair, entry.substitute)
+    sweep = sweep_decoding(settings)
     for key, value in entry.override.items():
         try:
-            raw = override(raw, key, value)
+            before, raw = raw, override(raw, key, value)
         except ConfigError as exc:
             raise ConfigError(f"{where}.override.{key}: {exc}") from None
+        check_sweep_settings_kept(before, raw, sweep, f"{where}.override.{key}")
     decoding = raw.get("decoding") or {}
     if not isinstance(decoding, Mapping):
         raise ConfigError(f"{where}: pipeline.decoding: expected a mapping, got {decoding!r}")
-    raw["decoding"] = {
-        **decoding,
+    raw["decoding"] = {**decoding, **sweep}
+    return raw
+
+
+def sweep_decoding(settings: BenchSettings) -> dict[str, Any]:
+    """The `decoding` keys every pipeline of a sweep gets from its settings."""
+    return {
         "max_new_tokens": settings.max_new_tokens,
         "stop": [],
         "stop_at_eos": True,
@@ -422,7 +430,30 @@ def pipeline_mapping(
         "device": settings.device,
         "forward": settings.forward,
     }
-    return raw
+
+
+def check_sweep_settings_kept(
+    before: dict[str, Any], after: dict[str, Any], sweep: dict[str, Any], where: str
+) -> None:
+    """A `ConfigError` for an override that changed what the sweep sets itself: the pair's
+    target (each output is compared with plain decoding of the pair's target), or a `decoding`
+    key of `sweep` to another value (the sweep would replace it without a word)."""
+    if after.get("target") != before.get("target"):
+        raise ConfigError(
+            f"{where}: the pair sets every pipeline's target ({before.get('target')!r}) and each "
+            f"output is compared with its plain decoding; got {after.get('target')!r}: add a "
+            "pair with that target instead"
+        )
+    old, new = (raw.get("decoding") for raw in (before, after))
+    old = old if isinstance(old, Mapping) else {}
+    new = new if isinstance(new, Mapping) else {}
+    for key, value in sweep.items():
+        if key in new and new[key] != old.get(key) and new[key] != value:
+            raise ConfigError(
+                f"{where}: sets decoding.{key} to {shown(new[key])}, but the sweep sets it for "
+                f"every pipeline ({shown(value)}): set max_new_tokens, dtype, device or "
+                "forward in the sweep file (stop strings: none, EOS stops)"
+            )
 
 
 def pipeline_file(entry: PipelineEntry, base_dir: Path, where: str) -> Path:

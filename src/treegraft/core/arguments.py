@@ -93,6 +93,7 @@ def prompt_ids(prompt: Any, vocab: int) -> Tensor:
     if isinstance(prompt, (list, tuple)):  # ids past int64, which torch cannot hold
         # 0-d arrays as their numbers (as 0-d tensors are): torch cannot stack them
         prompt = [t.item() if isinstance(t, np.ndarray) and t.ndim == 0 else t for t in prompt]
+        _refuse_non_ids(prompt)
         for i, t in enumerate(prompt):
             if isinstance(t, int) and not isinstance(t, bool) and not 0 <= t < vocab:
                 raise ArgumentError(
@@ -145,6 +146,21 @@ def prompt_ids(prompt: Any, vocab: int) -> Tensor:
             f"vocabulary [0, {vocab})"
         )
     return ids
+
+
+def _refuse_non_ids(prompt: list) -> None:
+    """An `ArgumentError` naming the first item of a list prompt (`[T]`, or `[[T]]`) that is no
+    number: a boolean (torch would read `True` as id 1), text, None."""
+    row = prompt[0] if len(prompt) == 1 and isinstance(prompt[0], (list, tuple)) else prompt
+    for i, t in enumerate(row):
+        item = t.item() if isinstance(t, Tensor) and t.ndim == 0 else t
+        if isinstance(item, (Tensor, np.ndarray, list, tuple)):
+            continue  # a row, read (or refused by its shape) as torch reads it
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, numbers.Number):
+            raise ArgumentError(
+                f"prompt: expected int token ids, got {shown(t)} at position {i}"
+                + (" (a boolean, not a token id)" if isinstance(item, (bool, np.bool_)) else "")
+            )
 
 
 def check_optional(where: str, **given: tuple[Any, type]) -> None:

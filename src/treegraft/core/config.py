@@ -44,6 +44,7 @@ from treegraft.core.errors import (
     lookalike_note,
     shown,
 )
+from treegraft.core.file_kinds import kind_note
 from treegraft.core.inputs import exists, read_text
 from treegraft.core.registry import (
     BUILTIN_DISTRIBUTION,
@@ -407,9 +408,9 @@ def pipeline_spec_from_dict(
         raise ConfigError(
             f"{ROOT}: expected a mapping with keys {', '.join(TOP_KEYS)}, got {shown(data)}"
         )
-    for key in data:
-        if key not in TOP_KEYS:
-            raise ConfigError(unknown_key_message(ROOT, key, list(TOP_KEYS)))
+    if unknown := [key for key in data if key not in TOP_KEYS]:
+        note = kind_note(data, "pipeline")  # a sweep file given as a pipeline
+        raise ConfigError(unknown_key_message(ROOT, unknown[0], list(TOP_KEYS)) + note)
     for key in ("target", "drafters", "builder"):
         if data.get(key) is None:
             raise ConfigError(f"{ROOT}.{key}: missing required key{_null_given(data, key)}")
@@ -446,7 +447,7 @@ def check_device_map(spec: PipelineSpec) -> None:
     for key in spec.decoding.device_map:
         if key not in refs:
             close = difflib.get_close_matches(key, refs, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = f"; did you mean {close[0]!r}?" if close else ";"
             raise ConfigError(
                 f"{ROOT}.decoding.device_map: {shown(key)} names no model of this pipeline{hint} "
                 f"expected keys: {', '.join(dict.fromkeys(refs))}"

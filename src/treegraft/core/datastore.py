@@ -259,8 +259,9 @@ def read_texts(path: str | Path, field: str = "text", what: str = "INPUTS") -> l
                 if others
                 else ""
             )
+            found = f", got {shown(row[field])}" if field in row else ""
             raise ArgumentError(
-                f"{path}:{number}: expected an object with a string {field!r} field{hint}"
+                f"{path}:{number}: expected an object with a string {field!r} field{found}{hint}"
             )
         texts.append(row[field])
     return texts

@@ -39,7 +39,7 @@ from treegraft.core.config import (
 from treegraft.core.decoder import Decoder, StepEvent, StopRule, check_seed
 from treegraft.core.errors import ArgumentError, BusyError, shown
 from treegraft.core.generation_settings import warn_unapplied
-from treegraft.core.inputs import check_utf8, is_dir, is_file
+from treegraft.core.inputs import check_path, check_utf8, is_dir, is_file
 from treegraft.core.metrics import Summary, summarize
 from treegraft.core.pipeline_models import (
     check_resources,
@@ -88,6 +88,7 @@ def builtin_pipelines() -> list[str]:
 def resolve_pipeline(name_or_path: str | Path) -> Path:
     """A pipeline file path (`~` expanded, as in model references), or the shipped pipeline of
     that name."""
+    check_path("resolve_pipeline", "name_or_path", name_or_path)
     path = Path(name_or_path).expanduser()
     if is_file(path):
         return path
@@ -533,8 +534,8 @@ def check_optional_seed(seed: Any) -> None:
 def is_prompt_list(prompt: Any) -> bool:
     """A list or tuple of prompts (texts or token-id sequences), not one prompt's token ids: one
     with a text or a sequence among its elements (any other element is then refused by its
-    index, `prompt[1]: ...`)."""
-    if not isinstance(prompt, (list, tuple)) or not prompt:
+    index, `prompt[1]: ...`); a list holding a mapping is one prompt's chat messages."""
+    if not isinstance(prompt, (list, tuple)) or not prompt or is_messages(prompt):
         return False  # a 0-d tensor is one token id (`list(tensor)` gives those), not a prompt
     return any(
         isinstance(p, (str, list, tuple)) or (isinstance(p, (Tensor, np.ndarray)) and p.ndim > 0)

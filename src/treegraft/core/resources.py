@@ -154,6 +154,10 @@ def resolve_model_path(ref: str) -> Path:
         except (KeyError, LookupError, FileNotFoundError, ValueError) as exc:
             text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
             raise ModelRefError(text) from None  # a KeyError's str() is its message quoted
+    if not ref.strip():  # Path("") is the current folder, which may hold a model
+        raise ModelRefError(
+            f"model {shown(ref)}: expected a model reference, 'zoo:NAME' or a model folder"
+        )
     path = Path(ref).expanduser()
     try:
         if (path / "config.json").is_file():

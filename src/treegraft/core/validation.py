@@ -40,6 +40,7 @@ from treegraft.core.config import (
 )
 from treegraft.core.devices import device_problem
 from treegraft.core.errors import TreegraftError, clipped, shown
+from treegraft.core.file_kinds import kind_note
 from treegraft.core.generation_settings import folder_messages
 from treegraft.core.model_files import (
     hf_config,
@@ -79,6 +80,8 @@ def structure_errors(data: Any, registry: Registry) -> list[str]:
     if not isinstance(data, Mapping):
         return [f"{ROOT}: expected a mapping with keys {', '.join(TOP_KEYS)}, got {shown(data)}"]
     errors = [unknown_key_message(ROOT, key, list(TOP_KEYS)) for key in data if key not in TOP_KEYS]
+    if errors:  # a sweep file, a recipe: said once
+        errors[0] += kind_note(data, "pipeline")
     errors += [
         f"{ROOT}.{k}: missing required key{' (null given)' if k in data else ''}"
         for k in ("target", "drafters", "builder")

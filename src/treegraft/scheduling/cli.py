@@ -28,8 +28,8 @@ from treegraft.scheduling.cli_setup import (
     MAX_PROMPTS,
     check_artifact,
     check_guard,
-    check_pipeline_mapping,
     executor_options,
+    load_collected_pipeline,
     pipeline_mapping,
     recorded_costs,
     set_threads,
@@ -135,7 +135,6 @@ def collect(
     from treegraft.core.config import ConfigError
     from treegraft.core.errors import ArgumentError
     from treegraft.core.inputs import check_output_dir
-    from treegraft.core.pipeline import load_pipeline
     from treegraft.scheduling.value_costs import check_jitter
     from treegraft.scheduling.value_eval import measure_costs
     from treegraft.scheduling.value_shards import collect_sharded, follow_scheduler
@@ -150,8 +149,7 @@ def collect(
         recorded = recorded_costs(costs)
         texts, how = text_prompts(prompts, seed, skip, prompt_file, suite)
         raw = pipeline_mapping(pipeline, target=target, strong=strong, device=device, dtype=dtype)
-        check_pipeline_mapping(raw, target=target)  # --dtype float8: before the models load
-        pipe = load_pipeline(raw)
+        pipe = load_collected_pipeline(raw, target=target, strong=strong)
         policy = None if follow is None else follow_scheduler(follow, pipe)
         ids = [PromptIds(p.id, pipe.encode(p.text)) for p in texts]
         start = time.perf_counter()
@@ -338,7 +336,9 @@ def evaluate(
     artifact: Annotated[
         str | None, typer.Option(help="artifact for the `distilled` row (default: none)")
     ] = None,
-    threshold: Annotated[float, typer.Option(help="distilled threshold")] = 0.0,
+    threshold: Annotated[
+        float | None, typer.Option(help="the distilled row's threshold (default: 0)")
+    ] = None,
     guard: Annotated[
         float | None,
         typer.Option(
@@ -365,6 +365,8 @@ def evaluate(
     set_threads(threads)
     _check_numbers(("--prompts", prompts, 1), finite=(("--threshold", threshold),))
     check_guard(guard, artifact)
+    if threshold is not None and artifact is None:  # it was ignored
+        _fail(f"--threshold {threshold}: the distilled row's threshold; give --artifact too")
     _check_plot(plot)
     _check_plot(json_path, "--json")
     check_artifact("--artifact", artifact)
@@ -374,7 +376,7 @@ def evaluate(
     try:
         data = Dataset.load(dataset)
         results = replay_dataset(
-            dataset, data, names=BASELINES, artifacts=artifacts, threshold=threshold,
+            dataset, data, names=BASELINES, artifacts=artifacts, threshold=threshold or 0.0,
             prompts=prompts, guard=guard,
         )  # fmt: skip
     except (ConfigError, ValueSystemError) as exc:

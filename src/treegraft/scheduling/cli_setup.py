@@ -80,22 +80,34 @@ def pipeline_mapping(
     return raw
 
 
-def check_pipeline_mapping(raw: dict[str, Any], *, target: str | None) -> None:
-    """Validate the collected pipeline's mapping (no model loads); an error in a field a flag
-    set names the flag: `--dtype (pipeline.decoding.dtype): expected one of ...`."""
+def load_collected_pipeline(raw: dict[str, Any], *, target: str | None, strong: str | None) -> Any:
+    """The collected pipeline, validated first (no model loads) and then built; an error in a
+    field a flag set names the flag: `--dtype (pipeline.decoding.dtype): expected one of ...`,
+    `--strong (pipeline.drafters.strong.model): unknown zoo model ...`."""
     from treegraft.core.config import ConfigError, pipeline_spec_from_dict
+    from treegraft.core.pipeline import load_pipeline
 
     flags = {"--device": "pipeline.decoding.device", "--dtype": "pipeline.decoding.dtype"}
     if target is not None:
         flags["--target"] = "pipeline.target"
+    if strong is not None and (role := strongest_lm_role(raw.get("drafters"))) is not None:
+        flags["--strong"] = f"pipeline.drafters.{role}.model"
     try:
-        pipeline_spec_from_dict(raw)
+        pipeline_spec_from_dict(raw)  # --dtype float8: before the models load
+        return load_pipeline(raw)
     except ConfigError as exc:
         text = str(exc)
         for flag, path in flags.items():
             if text.startswith(path + ":"):
                 raise ConfigError(f"{flag} ({path}){text[len(path) :]}") from None
         raise
+
+
+def strongest_lm_role(drafters: Any) -> Any:
+    """The role (a mapping's key, a list's index) of the last drafter with a `model`, or None."""
+    items = drafters.items() if isinstance(drafters, dict) else enumerate(drafters or [])
+    roles = [role for role, d in items if isinstance(d, dict) and "model" in d]
+    return roles[-1] if roles else None
 
 
 def text_prompts(
@@ -105,6 +117,8 @@ def text_prompts(
     from treegraft import zoo
     from treegraft.scheduling.training_prompts import TextPrompt, read_prompt_file, training_prompts
 
+    if suite is not None and prompt_file is not None:
+        _fail("--suite and --prompt-file: choose one (both name the prompts to collect on)")
     if suite is not None:
         if suite not in zoo.SUITES:
             _fail(f"--suite: expected one of {', '.join(zoo.SUITES)}, got {suite!r}")

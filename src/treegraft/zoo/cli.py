@@ -171,9 +171,12 @@ def train_cmd(
     runs: RunsOpt = None,
 ) -> None:
     """Train (or resume) a recipe; exports to RUNS/NAME/export when it finishes."""
+    from treegraft.core.inputs import check_output_dir
     from treegraft.zoo.recipe import load_recipe, recipe_errors
     from treegraft.zoo.train import train
 
+    if runs is not None:  # a file in its place: named, before the corpus and models load
+        check_output_dir(runs.expanduser(), "--runs")
     with recipe_errors(recipe):
         state = train(
             load_recipe(recipe),
@@ -204,6 +207,8 @@ def train_head_cmd(
     set_threads(threads)
     if out is not None:  # checked before training, not when the finished head is written
         out = check_output_dir(out.expanduser(), "--out")
+    if runs is not None:
+        check_output_dir(runs.expanduser(), "--runs")
     with recipe_errors(recipe):
         run = train_head(
             load_head_recipe(recipe),

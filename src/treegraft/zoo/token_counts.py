@@ -80,14 +80,21 @@ def load_counts(ref: str) -> np.ndarray:
     named = named_counts()
     path = named[ref] if ref in named else Path(ref).expanduser()
     if not path.is_file():
+        what = "a folder" if path.is_dir() else f"no such file ({path})"
+        what = what if ref.strip() else "an empty reference"  # Path("") is the current folder
         raise FileNotFoundError(
-            f"token counts {ref!r}: no such file ({path}); expected one of "
+            f"token counts {ref!r}: {what}; expected one of "
             f"{', '.join(map(repr, named))} or a JSON file written by `treegraft zoo token-counts`"
         )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ValueError(f"token counts {ref!r}: not JSON ({err})") from err
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"token counts {ref!r}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset "
+            f"{err.start}); expected a JSON file written by `treegraft zoo token-counts`"
+        ) from err
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise ValueError(f"token counts {ref!r}: expected format {FORMAT!r}, got {got!r}")

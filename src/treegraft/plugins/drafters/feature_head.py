@@ -92,7 +92,7 @@ def resolve_head(ref: str) -> Path:
     path = (
         HEADS_DIR / ref.removeprefix("zoo:") if ref.startswith("zoo:") else Path(ref).expanduser()
     )
-    if not (path / CONFIG_FILE).is_file():
+    if not ref.strip() or not (path / CONFIG_FILE).is_file():  # Path("") is the working folder
         shipped = sorted(p.name for p in HEADS_DIR.glob("*") if (p / CONFIG_FILE).is_file())
         raise FileNotFoundError(
             f"head {ref!r} not found: expected 'zoo:NAME' (shipped: "

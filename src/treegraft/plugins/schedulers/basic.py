@@ -44,6 +44,13 @@ class LayersConfig:
     )
     drafter: int = field(-1, doc="drafter index that acts at those layers (-1: the strongest)")
 
+    def __attrs_post_init__(self) -> None:
+        if not self.layers:  # the drafter would never act
+            raise ValueError(
+                "layers: expected at least one layer, got []; for the cheapest drafter alone "
+                "write scheduler: never"
+            )
+
 
 @attrs.define
 class LayersScheduler(Scheduler):
