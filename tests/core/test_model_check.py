@@ -418,3 +418,56 @@ def test_the_probe_compares_with_the_forward_generate_runs() -> None:
         torch.testing.assert_close(
             own_forward(llama, ids).logits, llama(input_ids=ids).logits, rtol=0, atol=0
         )
+
+
+def _meta_model(model_type: str) -> torch.nn.Module:
+    """A bfloat16 model of `model_type`'s default (full-size) config, on the meta device: its
+    class and config are all a wide copy reads."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        config = AutoConfig.for_model(model_type)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+
+
+def test_a_copy_over_the_byte_limit_keeps_fewer_experts() -> None:
+    """A hybrid's copy keeps its first four layers (three linear-attention, one full), and
+    Qwen3-Next routes to 10 of 512 experts in each: 3.7 GB of float64 weights, so no copy was
+    built and bfloat16 rounding alone judged it. Over the limit, the copy keeps 20 experts
+    (twice those routed to), every kind of layer and the routing; under it, all of them."""
+    from treegraft.core.runner import wide_copy as wide_module
+
+    model = _meta_model("qwen3_next")
+    config = model.config
+    copy = wide_module.wide_copy(model, torch.float64, small=True)
+    assert copy is not None
+    assert (copy.config.num_experts, copy.config.num_experts_per_tok) == (20, 10)
+    assert copy.config.layer_types == config.layer_types[:4]
+    assert copy.model.layers[1].mlp.experts.num_experts == 20
+    assert narrow_config(config, small=True).num_experts == 512  # within the limit: all kept
+
+
+def test_a_small_mamba2_copy_keeps_its_mixer_as_wide_as_its_heads(caplog) -> None:
+    """Mamba-2's mixer is `expand` times the hidden width, split in `num_heads` heads: fewer
+    heads with the hidden width of attention heads built a copy that failed at its first
+    forward, and the next copy (221M parameters) built in float32 only. The small copy now
+    keeps the mixer's ratio and divides its groups: it runs, and finds a broken rollback."""
+    from treegraft.core.runner.model_check import on_wide_copy
+    from treegraft.core.runner.state_runner import StateRunner, _probe_steps
+
+    model = _meta_model("mamba2")
+    ran = []
+
+    def probe(wide):
+        ran.append(wide.dtype)
+        return _probe_steps(wide, "auto", 0)
+
+    with caplog.at_level(logging.DEBUG, logger="treegraft.core.runner"):
+        assert on_wide_copy(model, probe) is None
+    assert ran == [torch.float64] and "failed" not in caplog.text, caplog.text
+    small = narrow_config(model.config, small=True)
+    assert small.expand * small.hidden_size == small.num_heads * small.head_dim
+    assert small.num_heads % small.n_groups == 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(StateRunner, "_crop", lambda self, tokens: None)
+        assert "float64 copy" in on_wide_copy(model, probe)

@@ -20,7 +20,7 @@ from treegraft.core.interfaces import BuildResult, Drafter
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner, StateRunner, runner_for
-from treegraft.core.runner.attention_rules import STATE_DRAFTER, refusal
+from treegraft.core.runner.attention_rules import STATE_DRAFTER, ModelRefused, refusal
 from treegraft.core.runner.state_runner import probe_chains
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.plugins.builders.layered import LayeredBuilder, LayeredConfig
@@ -287,3 +287,22 @@ def test_chains_accepted_in_part_keep_exactly_the_accepted_states(models, model_
     assert [t for e in events for t in e.tokens] == want[:32]
     assert {e.accepted for e in events} == {0, 1, 2, 3, 4}
     assert all(e.tree_size == 4 for e in events[:-1])  # a chain of 4 from a tree of 12
+
+
+@pytest.mark.parametrize("model_type", ["jamba", "lfm2", "falcon_h1", "granitemoehybrid"])
+def test_a_bfloat16_target_is_refused_on_its_copy_for_a_rollback_miss(model_type, monkeypatch):
+    """A rollback that keeps a rejected draft's state, by less than bfloat16 rounding (only
+    the float64 copy's runner misses it here): the load probe's float64 copy of the
+    architecture, every kind of its layers kept, finds it, and the target is refused."""
+    model = tiny_model(model_type, seed=0, dtype=torch.bfloat16)
+    res = Resources(dtype=torch.bfloat16)
+    res.add_model("mem:target", model)
+    crop = StateRunner._crop
+    wide_only = lambda self, n: None if self.dtype == torch.float64 else crop(self, n)  # noqa: E731
+    monkeypatch.setattr(StateRunner, "_crop", wide_only)
+    with pytest.raises(ModelRefused, match=r"rolled drafts back, in a float64 copy"):
+        res.runner("mem:target", target=True)
+    monkeypatch.setattr(StateRunner, "_crop", crop)
+    res = Resources(dtype=torch.bfloat16)
+    res.add_model("mem:target", model)
+    assert isinstance(res.runner("mem:target", target=True), StateRunner)
