@@ -12,15 +12,17 @@ import attrs
 from treegraft.core.config import ROOT, ConfigError, PipelineSpec
 from treegraft.core.errors import ArgumentError
 from treegraft.core.resources import DTYPES, ModelRefError, Resources, resolve_device
-from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner import CausalLMRunner, StateRunner
 from treegraft.core.runner.attention_rules import ModelRefused, max_positions
 
 
 def context_limit(target: CausalLMRunner, drafters: Sequence[Any]) -> int | None:
-    """The least maximum-positions value of the target and the drafters' models (None when
-    no config states one)."""
+    """The least maximum-positions value of the target (a model with state layers too: its
+    attention layers take as many positions) and the drafters' models (None when no config
+    states one)."""
     runners = [target, *(getattr(d, "runner", None) for d in drafters)]
-    limits = [max_positions(r.model.config) for r in runners if isinstance(r, CausalLMRunner)]
+    served = (CausalLMRunner, StateRunner)
+    limits = [max_positions(r.model.config) for r in runners if isinstance(r, served)]
     known = [m for m in limits if m is not None]
     return min(known) if known else None
 
