@@ -471,3 +471,27 @@ def test_a_small_mamba2_copy_keeps_its_mixer_as_wide_as_its_heads(caplog) -> Non
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(StateRunner, "_crop", lambda self, tokens: None)
         assert "float64 copy" in on_wide_copy(model, probe)
+
+
+@pytest.mark.parametrize("model_type", ["lfm2", "qwen3_next", "mamba2"])
+def test_the_generate_probe_checks_a_state_model(model_type: str, monkeypatch) -> None:
+    """The `generate` probe read its prompt length from the attention rules, which refuse
+    state layers: it failed for every model with state layers, and a `generate` that fails is
+    not checked. It runs now: a model whose cached steps drift from its full forward (by 1% of
+    the logits' scale) is refused, as an attention model is."""
+    from treegraft.core.runner.model_check import probe_generate
+
+    model = tiny_model(model_type)
+    assert probe_generate(model) is None
+    forward = type(model).forward
+
+    @functools.wraps(forward)
+    def drifting(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        if out.logits.shape[1] == 1:  # a cached decoding step (the probe's full forward: all)
+            out.logits = out.logits + 0.01 * (1 + out.logits.abs().amax())
+        return out
+
+    monkeypatch.setattr(type(model), "forward", drifting)
+    why = probe_generate(model)
+    assert why is not None and "its own cached `generate` gives logits that differ" in why

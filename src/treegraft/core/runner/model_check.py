@@ -40,6 +40,8 @@ from torch import Tensor
 from treegraft.core.runner.attention_rules import attention_rules, max_positions, text_config
 from treegraft.core.runner.causal_lm import CausalLMRunner
 from treegraft.core.runner.positions import unhanded_positions
+from treegraft.core.runner.state_models import has_state_layers
+from treegraft.core.runner.state_runner import probe_length
 from treegraft.core.runner.wide_copy import ATTEMPTS, is_low_precision, wide_copy
 from treegraft.core.tree import DraftTree
 
@@ -276,7 +278,10 @@ def _generate_mismatch(steps: Tensor, own: Tensor, dtype: torch.dtype) -> str | 
 
 def probe_prompt_length(model: Any) -> int:
     """Prompt tokens of the probe: past the smallest short window or chunk, within the model's
-    maximum positions."""
+    maximum positions (a model with state layers: `state_runner.probe_length`, as its
+    attention rules are its own)."""
+    if has_state_layers(model.config):
+        return probe_length(model)
     rules = attention_rules(model.config)
     spans = [
         s
