@@ -171,8 +171,15 @@ def test_runner_refuses_what_it_cannot_verify(models) -> None:
         ArgumentError, match=r"expected a chain's first nodes 0 \.\. 1, got \[0, 2\]"
     ):
         runner.commit(torch.tensor([0, 2]), torch.tensor([4, 5]))
+    with pytest.raises(ArgumentError, match=r"forwarded this step \(0 \.\. 1\), got \[0, 1, 2\]"):
+        runner.commit(torch.arange(3), torch.tensor([4, 5, 6]))  # node 2 was never forwarded
+    with pytest.raises(ArgumentError, match=r"^StateRunner\.commit: 2 accepted nodes but 1 tok"):
+        runner.commit(torch.arange(2), torch.tensor([4]))
     with pytest.raises(ArgumentError, match=r"runs only its own forward .*; expected one of auto"):
         StateRunner(models["lfm2"], forward="lean")
+    spec = {**_spec("mem:target"), "decoding": {"dtype": "float64", "forward": "lean-fast"}}
+    with pytest.raises(ConfigError, match=r"lean and lean-fast run.*got the runner forward 'lean'"):
+        load_pipeline(spec, resources=_resources(models["lfm2"]))
     with pytest.raises(ValueError, match="hidden states are kept only on the lean forward"):
         runner.track_hidden()
 

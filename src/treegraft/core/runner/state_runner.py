@@ -47,8 +47,9 @@ def forward_problem(model: Any, forward: str) -> str | None:
     if forward not in STATE_FORWARDS:
         return (
             f"{name} keeps a recurrent state in its layers and runs only its own forward "
-            f"(the lean forwards serve attention layers); expected one of "
-            f"{', '.join(STATE_FORWARDS)}, got {forward!r}"
+            "(the lean forward, which decoding.forward lean and lean-fast run, serves attention "
+            f"layers only); expected one of {', '.join(STATE_FORWARDS)}, got the runner "
+            f"forward {forward!r}"
         )
     if getattr(model.config, "_attn_implementation", None) == IMPLEMENTATION:
         return (
@@ -242,11 +243,16 @@ class StateRunner:
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
         """Append `tokens` (the accepted drafts, then the bonus) and keep the states of the
         accepted chain nodes `accepted` (`[a]`: 0 .. a - 1), cropping the rest off."""
-        nodes = accepted_nodes(accepted, tokens)
+        nodes = accepted_nodes(accepted, tokens, where="StateRunner.commit")
         if nodes != list(range(len(nodes))):
             raise ArgumentError(
                 f"StateRunner.commit: accepted: expected a chain's first nodes 0 .. "
                 f"{len(nodes) - 1}, got {nodes}"
+            )
+        if self.n_seen and len(nodes) > self.n_seen:
+            raise ArgumentError(
+                f"StateRunner.commit: accepted: expected nodes of the chain forwarded this step "
+                f"(0 .. {self.n_seen - 1}), got {nodes}"
             )
         if self.n_seen:  # else nothing of this step was forwarded
             kept = min(len(nodes), self.n_seen)
