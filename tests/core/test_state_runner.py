@@ -160,6 +160,12 @@ def test_rollback_and_rewind_leave_the_states_of_the_kept_tokens(models) -> None
 
 def test_runner_refuses_what_it_cannot_verify(models) -> None:
     runner = StateRunner(models["lfm2"])
+    with pytest.raises(ArgumentError, match="no generation begun: call begin"):
+        runner.forward_tree(_chain([3, 4]))  # was a TypeError on the missing tokens
+    with pytest.raises(ArgumentError, match=r"prompt: expected a \[T\] integer tensor.*got list"):
+        runner.begin([1, 2, 3], max_len=16)
+    with pytest.raises(ArgumentError, match=r"max_len: expected an int, got '16'"):
+        runner.begin(torch.tensor([1, 2, 3]), max_len="16")
     runner.begin(torch.tensor([1, 2, 3]), max_len=16)
     fork = DraftTree.from_parents(torch.tensor([3, 4, 5]), torch.tensor([-1, 0, 0]))
     with pytest.raises(ArgumentError, match="not a chain: node 2's parent is 0, not 1"):

@@ -164,6 +164,13 @@ class StateRunner:
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         """Start a generation with a fresh cache (`max_len`: the longest sequence it reaches)."""
+        if not isinstance(prompt, Tensor) or prompt.dtype.is_floating_point:
+            raise ArgumentError(
+                f"StateRunner.begin: prompt: expected a [T] integer tensor of token ids, got "
+                f"{type(prompt).__name__ if not isinstance(prompt, Tensor) else prompt.dtype}"
+            )
+        if isinstance(max_len, bool) or not isinstance(max_len, int):
+            raise ArgumentError(f"StateRunner.begin: max_len: expected an int, got {max_len!r}")
         if prompt.ndim != 1 or prompt.numel() == 0:
             raise ValueError(
                 f"prompt must be a non-empty [T] tensor of token ids, got shape {tuple(prompt.shape)}"
@@ -183,6 +190,8 @@ class StateRunner:
         `[n, V]` (`[n, K]` restricted). A tree with a fork, or a second forward in a step (the
         model's layers do not roll back across forwards exactly), raises `ArgumentError`."""
         where = f"StateRunner.forward_tree ({type(self.model).__name__}, a model with state layers)"
+        if self.committed is None:
+            raise ArgumentError(f"{where}: no generation begun: call begin(prompt, max_len=...)")
         if self.n_seen:
             raise ArgumentError(
                 f"{where}: this step's chain is forwarded already; it verifies one chain per "
