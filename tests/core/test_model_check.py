@@ -447,15 +447,33 @@ def test_a_copy_over_the_byte_limit_keeps_fewer_experts() -> None:
     assert narrow_config(config, small=True).num_experts == 512  # within the limit: all kept
 
 
-def test_a_small_mamba2_copy_keeps_its_mixer_as_wide_as_its_heads(caplog) -> None:
-    """Mamba-2's mixer is `expand` times the hidden width, split in `num_heads` heads: fewer
-    heads with the hidden width of attention heads built a copy that failed at its first
-    forward, and the next copy (221M parameters) built in float32 only. The small copy now
-    keeps the mixer's ratio and divides its groups: it runs, and finds a broken rollback."""
+#: a Mamba-2 mixer's fields (expand, heads, head width, groups) by architecture, and a config
+#: with attention layers where the default has none
+MIXERS = {
+    "mamba2": (("expand", "num_heads", "head_dim", "n_groups"), {}),
+    "bamba": (("mamba_expand", "mamba_n_heads", "mamba_d_head", "mamba_n_groups"), {
+        "num_hidden_layers": 12, "attn_layer_indices": [5, 11]}),
+    "granitemoehybrid": (("mamba_expand", "mamba_n_heads", "mamba_d_head", "mamba_n_groups"), {
+        "num_hidden_layers": 12, "layer_types": (["mamba"] * 5 + ["attention"]) * 2}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("model_type", sorted(MIXERS))
+def test_a_small_copy_keeps_a_mamba2_mixer_as_wide_as_its_heads(model_type, caplog) -> None:
+    """A Mamba-2 mixer is `expand` times the hidden width, split in its heads: a hidden width
+    cut to that of fewer attention heads built a copy that failed at its first forward, and
+    the next copies (200-700M parameters) built in float32 or not at all (Granite 4 hybrid,
+    Bamba). The small copy now gives the mixer as many heads of the same width as its hidden
+    width needs, groups dividing them: it runs, and finds a broken rollback."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     from treegraft.core.runner.model_check import on_wide_copy
     from treegraft.core.runner.state_runner import StateRunner, _probe_steps
 
-    model = _meta_model("mamba2")
+    (expand, heads, width, groups), fields = MIXERS[model_type]
+    with torch.device("meta"):
+        config = AutoConfig.for_model(model_type, **fields)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     ran = []
 
     def probe(wide):
@@ -466,8 +484,9 @@ def test_a_small_mamba2_copy_keeps_its_mixer_as_wide_as_its_heads(caplog) -> Non
         assert on_wide_copy(model, probe) is None
     assert ran == [torch.float64] and "failed" not in caplog.text, caplog.text
     small = narrow_config(model.config, small=True)
-    assert small.expand * small.hidden_size == small.num_heads * small.head_dim
-    assert small.num_heads % small.n_groups == 0
+    mixer = getattr(small, heads) * getattr(small, width)
+    assert getattr(small, expand) * small.hidden_size == mixer < getattr(config, heads) * 64
+    assert getattr(small, heads) % getattr(small, groups) == 0
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(StateRunner, "_crop", lambda self, tokens: None)
         assert "float64 copy" in on_wide_copy(model, probe)

@@ -19,9 +19,9 @@ where float64 does not run), on the CPU, with random weights and few layers, whe
   `MAX_BYTES` keeps fewer experts: `cut_experts`);
 - a `small` copy, tried first, also has fewer heads of the same width (one or two key/value
   heads, each shared by at most two query heads) and a hidden width to match (a Mamba-2
-  mixer, `expand` times as wide as the hidden width in its heads, keeps that ratio); where that does
-  not build or run, the copy keeps the model's widths and heads (at most `MAX_BYTES` of
-  weights), then tries float32.
+  mixer as wide as its heads, `expand` times the hidden width, takes as many heads as the
+  narrower hidden width needs); where that does not build or run, the copy keeps the model's
+  widths and heads (at most `MAX_BYTES` of weights), then tries float32.
 
 Its query and key projections are then rescaled (`sharpen_attention`): random weights attend
 almost uniformly, where a wrong position or mask barely moves the logits.
@@ -91,6 +91,12 @@ QUERY_KEY = frozenset(
 HIDDEN_FIELDS = ("hidden_size", "d_model", "n_embd")
 HEADS = ("num_attention_heads", "n_head", "num_heads", "decoder_attention_heads")
 KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
+#: Mamba-2 mixers' fields: width factor over the hidden width, heads, head width, groups
+MIXER_FIELDS = (
+    ("expand", "num_heads", "head_dim", "n_groups"),  # Mamba-2
+    ("expand", "mamba_num_heads", "mamba_head_dim", "n_groups"),  # Nemotron-H
+    ("mamba_expand", "mamba_n_heads", "mamba_d_head", "mamba_n_groups"),  # Bamba, Granite 4
+)
 #: feed-forward widths
 FFN_FIELDS = (
     "intermediate_size",
@@ -232,23 +238,42 @@ def _cut_heads(cfg: Any) -> None:
         return
     keep = min(KV_KEPT, kv) if kv % 2 == 0 else 1
     q_small = keep * min(q // kv, GROUP_KEPT)
+    ties = _mixer_ties(cfg)
     setattr(cfg, heads_name, q_small)
     for name in kv_names:
         setattr(cfg, name, keep)
     setattr(cfg, hidden_name, min(hidden, q_small * width))
-    _fit_mixer(cfg, q_small * width, hidden_name)
+    _fit_mixer(cfg, ties)
 
 
-def _fit_mixer(cfg: Any, heads_width: int, hidden_name: str) -> None:
-    """A Mamba-2 mixer (`expand`, `n_groups`: its width is `expand` times the hidden width,
-    split in the heads just cut): the hidden width the heads' total over `expand`, the groups
-    a divisor of the heads."""
-    expand, groups, heads = (getattr(cfg, n, None) for n in ("expand", "n_groups", "num_heads"))
-    if not all(_is_int(v) and v > 0 for v in (expand, groups, heads)):
-        return
-    if heads_width % expand == 0:
-        setattr(cfg, hidden_name, heads_width // expand)
-        cfg.n_groups = math.gcd(groups, heads)
+def _mixer_ties(cfg: Any) -> list[tuple[str, ...]]:
+    """The Mamba-2 mixers of `cfg` (`MIXER_FIELDS`) whose width, `expand` times the hidden
+    width, is their heads' total."""
+    ties = []
+    for names in MIXER_FIELDS:
+        expand, heads, width = (getattr(cfg, n, None) for n in names[:3])
+        positive = all(_is_int(v) and v > 0 for v in (expand, heads, width))
+        if positive and expand * getattr(cfg, _hidden_name(cfg)) == heads * width:
+            ties.append(names)
+    return ties
+
+
+def _fit_mixer(cfg: Any, ties: list[tuple[str, ...]]) -> None:
+    """The mixers `ties` (`_mixer_ties` before the hidden width was cut): as many heads of the
+    same width as `expand` times the copy's hidden width takes, and groups that divide them."""
+    for expand_name, heads_name, width_name, groups_name in ties:
+        total = getattr(cfg, expand_name) * getattr(cfg, _hidden_name(cfg))
+        width = getattr(cfg, width_name)
+        if total % width:
+            continue
+        setattr(cfg, heads_name, total // width)
+        groups = getattr(cfg, groups_name, None)
+        if _is_int(groups) and groups > 0:
+            setattr(cfg, groups_name, math.gcd(groups, total // width))
+
+
+def _hidden_name(cfg: Any) -> str:
+    return next(n for n in HIDDEN_FIELDS if _is_int(getattr(cfg, n, None)))
 
 
 def sub_configs(config: Any) -> list[Any]:
