@@ -52,12 +52,24 @@ def forward_problem(model: Any, forward: str) -> str | None:
             f"forward {forward!r}"
         )
     if getattr(model.config, "_attn_implementation", None) == IMPLEMENTATION:
-        return (
-            f"{name} keeps a recurrent state in its layers and verifies one chain per step "
-            "through its own forward, which the tree-attention kernel does not serve "
-            "(decoding.forward: tree): use auto or transformers"
-        )
+        return _tree_problem(name)
     return None
+
+
+def setting_problem(model: Any, setting: str) -> str | None:
+    """`forward_problem` for the setting `decoding.forward: setting` (before the model loads:
+    `treegraft validate` reads a skeleton of it)."""
+    if setting == "tree":
+        return _tree_problem(type(model).__name__)
+    return forward_problem(model, "lean" if setting in ("lean", "lean-fast") else setting)
+
+
+def _tree_problem(name: str) -> str:
+    return (
+        f"{name} keeps a recurrent state in its layers and verifies one chain per step "
+        "through its own forward, which the tree-attention kernel does not serve "
+        "(decoding.forward: tree): use auto or transformers"
+    )
 
 
 def chain_problem(tree: DraftTree, start: int = 0) -> str | None:
