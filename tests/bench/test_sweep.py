@@ -292,6 +292,36 @@ def test_replay_curves_time_each_lm_drafter_as_its_pipeline_runs_it(tmp_path, mo
     assert [set(curves) for curves in stored.values()] == [{"mem:target", "mem:draft"}]
 
 
+def test_a_state_target_is_replayed_from_its_chains(tmp_path):
+    """A hybrid target (Qwen3-Next: linear attention beside full attention): the sweep timed
+    its latency curve through an attention runner, which refused the model, so every unit
+    failed with `replay` on; it is timed through its `StateRunner`, and replay predicts what
+    was measured."""
+    from treegraft.conformance.tiny import tiny_model
+
+    res = memory_resources(target=tiny_model("qwen3_next"), draft=tiny_model("llama", seed=1))
+    res.tokenizer = char_tokenizer()
+    config = bench_config_from_dict(
+        {
+            "pairs": [{"target": "mem:target", "drafter": "mem:draft"}],
+            "suites": write_suites(tmp_path),
+            "prompts_per_suite": 1,
+            "max_new_tokens": 8,
+            "baselines": ["chain", "ngram-only"],
+            "replay": True,
+            "latency_repeats": 1,
+            "warmup_tokens": 0,
+        }
+    )
+    result = run_bench(config, tmp_path / "out", resources=res, progress=False)
+    assert all(r.error is None and r.exact for r in result.requests), result.requests
+    measured = {(r.method, r.key): r for r in result.requests if r.mode == "measured"}
+    replayed = [r for r in result.requests if r.mode == "replay"]
+    assert {r.method for r in replayed} == {"chain", "ngram-only"}
+    for r in replayed:
+        assert r.output_ids == measured[(r.method, r.key)].output_ids
+
+
 def test_replay_tau_equals_measured_tau(tmp_path):
     pipelines = [
         {

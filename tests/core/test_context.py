@@ -45,6 +45,20 @@ def test_prompt_plus_max_new_tokens_past_the_positions_is_an_error_before_decodi
     assert pipe.decoder.target.forwards == 0
 
 
+def test_a_state_target_s_positions_bound_the_context_too() -> None:
+    """A hybrid target (Qwen3-Next: linear attention beside full attention, 512 positions)
+    with no LM drafter: its own limit was left out (only attention runners were read), and a
+    prompt of 500 tokens decoded 560 past it; now the same error as any target's."""
+    spec = {**_spec(60), "drafters": {"weak": {"name": "ngram", "max_ngram": 3}}}
+    res = Resources(dtype=torch.float64)
+    res.add_model("mem:target", tiny_model("qwen3_next"))
+    pipe = load_pipeline(spec, resources=res)
+    with pytest.raises(ValueError, match=r"needs 560 positions.*at most 512"):
+        pipe.generate(torch.zeros(500, dtype=torch.long))
+    assert pipe.decoder.target.forwards == 0
+    assert len(pipe.generate(torch.zeros(452, dtype=torch.long)).token_ids) == 60
+
+
 def test_the_cache_is_not_sized_for_a_huge_limit_up_front() -> None:
     runner = CausalLMRunner(tiny_llama(seed=1))
     runner.begin(torch.arange(10), max_len=3_000_000)

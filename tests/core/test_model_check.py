@@ -418,3 +418,100 @@ def test_the_probe_compares_with_the_forward_generate_runs() -> None:
         torch.testing.assert_close(
             own_forward(llama, ids).logits, llama(input_ids=ids).logits, rtol=0, atol=0
         )
+
+
+def _meta_model(model_type: str) -> torch.nn.Module:
+    """A bfloat16 model of `model_type`'s default (full-size) config, on the meta device: its
+    class and config are all a wide copy reads."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        config = AutoConfig.for_model(model_type)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+
+
+def test_a_copy_over_the_byte_limit_keeps_fewer_experts() -> None:
+    """A hybrid's copy keeps its first four layers (three linear-attention, one full), and
+    Qwen3-Next routes to 10 of 512 experts in each: 3.7 GB of float64 weights, so no copy was
+    built and bfloat16 rounding alone judged it. Over the limit, the copy keeps 20 experts
+    (twice those routed to), every kind of layer and the routing; under it, all of them."""
+    from treegraft.core.runner import wide_copy as wide_module
+
+    model = _meta_model("qwen3_next")
+    config = model.config
+    copy = wide_module.wide_copy(model, torch.float64, small=True)
+    assert copy is not None
+    assert (copy.config.num_experts, copy.config.num_experts_per_tok) == (20, 10)
+    assert copy.config.layer_types == config.layer_types[:4]
+    assert copy.model.layers[1].mlp.experts.num_experts == 20
+    assert narrow_config(config, small=True).num_experts == 512  # within the limit: all kept
+
+
+#: a Mamba-2 mixer's fields (expand, heads, head width, groups) by architecture, and a config
+#: with attention layers where the default has none
+MIXERS = {
+    "mamba2": (("expand", "num_heads", "head_dim", "n_groups"), {}),
+    "bamba": (("mamba_expand", "mamba_n_heads", "mamba_d_head", "mamba_n_groups"), {
+        "num_hidden_layers": 12, "attn_layer_indices": [5, 11]}),
+    "granitemoehybrid": (("mamba_expand", "mamba_n_heads", "mamba_d_head", "mamba_n_groups"), {
+        "num_hidden_layers": 12, "layer_types": (["mamba"] * 5 + ["attention"]) * 2}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("model_type", sorted(MIXERS))
+def test_a_small_copy_keeps_a_mamba2_mixer_as_wide_as_its_heads(model_type, caplog) -> None:
+    """A Mamba-2 mixer is `expand` times the hidden width, split in its heads: a hidden width
+    cut to that of fewer attention heads built a copy that failed at its first forward, and
+    the next copies (200-700M parameters) built in float32 or not at all (Granite 4 hybrid,
+    Bamba). The small copy now gives the mixer as many heads of the same width as its hidden
+    width needs, groups dividing them: it runs, and finds a broken rollback."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from treegraft.core.runner.model_check import on_wide_copy
+    from treegraft.core.runner.state_check import probe_chain_steps
+    from treegraft.core.runner.state_runner import StateRunner
+
+    (expand, heads, width, groups), fields = MIXERS[model_type]
+    with torch.device("meta"):
+        config = AutoConfig.for_model(model_type, **fields)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    ran = []
+
+    def probe(wide):
+        ran.append(wide.dtype)
+        return probe_chain_steps(wide, "auto", 0)
+
+    with caplog.at_level(logging.DEBUG, logger="treegraft.core.runner"):
+        assert on_wide_copy(model, probe) is None
+    assert ran == [torch.float64] and "failed" not in caplog.text, caplog.text
+    small = narrow_config(model.config, small=True)
+    mixer = getattr(small, heads) * getattr(small, width)
+    assert getattr(small, expand) * small.hidden_size == mixer < getattr(config, heads) * 64
+    assert getattr(small, heads) % getattr(small, groups) == 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(StateRunner, "_crop", lambda self, tokens: None)
+        assert "float64 copy" in on_wide_copy(model, probe)
+
+
+@pytest.mark.parametrize("model_type", ["lfm2", "qwen3_next", "mamba2"])
+def test_the_generate_probe_checks_a_state_model(model_type: str, monkeypatch) -> None:
+    """The `generate` probe read its prompt length from the attention rules, which refuse
+    state layers: it failed for every model with state layers, and a `generate` that fails is
+    not checked. It runs now: a model whose cached steps drift from its full forward (by 1% of
+    the logits' scale) is refused, as an attention model is."""
+    from treegraft.core.runner.model_check import probe_generate
+
+    model = tiny_model(model_type)
+    assert probe_generate(model) is None
+    forward = type(model).forward
+
+    @functools.wraps(forward)
+    def drifting(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        if out.logits.shape[1] == 1:  # a cached decoding step (the probe's full forward: all)
+            out.logits = out.logits + 0.01 * (1 + out.logits.abs().amax())
+        return out
+
+    monkeypatch.setattr(type(model), "forward", drifting)
+    why = probe_generate(model)
+    assert why is not None and "its own cached `generate` gives logits that differ" in why

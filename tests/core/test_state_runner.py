@@ -20,8 +20,8 @@ from treegraft.core.interfaces import BuildResult, Drafter
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner, StateRunner, runner_for
-from treegraft.core.runner.attention_rules import STATE_DRAFTER, refusal
-from treegraft.core.runner.state_runner import probe_chains
+from treegraft.core.runner.attention_rules import STATE_DRAFTER, ModelRefused, refusal
+from treegraft.core.runner.state_check import probe_chains
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.plugins.builders.layered import LayeredBuilder, LayeredConfig
 from treegraft.plugins.verifiers.greedy import GreedyVerifier
@@ -152,6 +152,12 @@ def test_rollback_and_rewind_leave_the_states_of_the_kept_tokens(models) -> None
 
 def test_runner_refuses_what_it_cannot_verify(models) -> None:
     runner = StateRunner(models["lfm2"])
+    with pytest.raises(ArgumentError, match="no generation begun: call begin"):
+        runner.forward_tree(_chain([3, 4]))  # was a TypeError on the missing tokens
+    with pytest.raises(ArgumentError, match=r"prompt: expected a \[T\] integer tensor.*got list"):
+        runner.begin([1, 2, 3], max_len=16)
+    with pytest.raises(ArgumentError, match=r"max_len: expected an int, got '16'"):
+        runner.begin(torch.tensor([1, 2, 3]), max_len="16")
     runner.begin(torch.tensor([1, 2, 3]), max_len=16)
     fork = DraftTree.from_parents(torch.tensor([3, 4, 5]), torch.tensor([-1, 0, 0]))
     with pytest.raises(ArgumentError, match="not a chain: node 2's parent is 0, not 1"):
@@ -163,8 +169,15 @@ def test_runner_refuses_what_it_cannot_verify(models) -> None:
         ArgumentError, match=r"expected a chain's first nodes 0 \.\. 1, got \[0, 2\]"
     ):
         runner.commit(torch.tensor([0, 2]), torch.tensor([4, 5]))
+    with pytest.raises(ArgumentError, match=r"forwarded this step \(0 \.\. 1\), got \[0, 1, 2\]"):
+        runner.commit(torch.arange(3), torch.tensor([4, 5, 6]))  # node 2 was never forwarded
+    with pytest.raises(ArgumentError, match=r"^StateRunner\.commit: 2 accepted nodes but 1 tok"):
+        runner.commit(torch.arange(2), torch.tensor([4]))
     with pytest.raises(ArgumentError, match=r"runs only its own forward .*; expected one of auto"):
         StateRunner(models["lfm2"], forward="lean")
+    spec = {**_spec("mem:target"), "decoding": {"dtype": "float64", "forward": "lean-fast"}}
+    with pytest.raises(ConfigError, match=r"lean and lean-fast run.*got the runner forward 'lean'"):
+        load_pipeline(spec, resources=_resources(models["lfm2"]))
     with pytest.raises(ValueError, match="hidden states are kept only on the lean forward"):
         runner.track_hidden()
 
@@ -279,3 +292,22 @@ def test_chains_accepted_in_part_keep_exactly_the_accepted_states(models, model_
     assert [t for e in events for t in e.tokens] == want[:32]
     assert {e.accepted for e in events} == {0, 1, 2, 3, 4}
     assert all(e.tree_size == 4 for e in events[:-1])  # a chain of 4 from a tree of 12
+
+
+@pytest.mark.parametrize("model_type", ["jamba", "lfm2", "falcon_h1", "granitemoehybrid"])
+def test_a_bfloat16_target_is_refused_on_its_copy_for_a_rollback_miss(model_type, monkeypatch):
+    """A rollback that keeps a rejected draft's state, by less than bfloat16 rounding (only
+    the float64 copy's runner misses it here): the load probe's float64 copy of the
+    architecture, every kind of its layers kept, finds it, and the target is refused."""
+    model = tiny_model(model_type, seed=0, dtype=torch.bfloat16)
+    res = Resources(dtype=torch.bfloat16)
+    res.add_model("mem:target", model)
+    crop = StateRunner._crop
+    wide_only = lambda self, n: None if self.dtype == torch.float64 else crop(self, n)  # noqa: E731
+    monkeypatch.setattr(StateRunner, "_crop", wide_only)
+    with pytest.raises(ModelRefused, match=r"rolled drafts back, in a float64 copy"):
+        res.runner("mem:target", target=True)
+    monkeypatch.setattr(StateRunner, "_crop", crop)
+    res = Resources(dtype=torch.bfloat16)
+    res.add_model("mem:target", model)
+    assert isinstance(res.runner("mem:target", target=True), StateRunner)

@@ -598,3 +598,22 @@ def test_validate_names_a_sweep_file_as_such_once(tmp_path: Path) -> None:
     notes = [e for e in errors if "this looks like a benchmark sweep file" in e]
     assert len(notes) == 1 and "pipeline.pairs: unknown key" in notes[0]
     assert notes[0].endswith("run it with `treegraft bench run FILE`")
+
+
+@pytest.mark.parametrize("forward", ["lean", "lean-fast", "tree"])
+def test_a_state_target_s_forward_fails_validate_and_load_alike(tmp_path: Path, forward) -> None:
+    """A hybrid target (Qwen3-Next) runs only its own forward: `decoding.forward` lean,
+    lean-fast or tree refuses it at load, and `treegraft validate` passed the file; both name
+    the setting now. `auto` validates."""
+    from treegraft.conformance.tiny import VOCAB as TINY_VOCAB
+
+    folder = tmp_path / "hybrid"
+    tiny_model("qwen3_next", seed=0, dtype=torch.float32).save_pretrained(folder)
+    word_tokenizer(TINY_VOCAB).save_pretrained(folder)
+    bad = spec(str(folder), decoding={"device": "cpu", "forward": forward})
+    _, errors = pipeline_errors(write(tmp_path, "p.yaml", bad))
+    assert len(errors) == 1 and "decoding.forward: Qwen3NextForCausalLM keeps" in errors[0]
+    with pytest.raises(TreegraftError) as raised:
+        load_pipeline(bad)
+    assert errors[0].split("decoding.forward: ")[1] in str(raised.value), (errors, raised.value)
+    assert pipeline_errors(write(tmp_path, "ok.yaml", spec(str(folder))))[1] == []

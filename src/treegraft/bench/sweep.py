@@ -51,7 +51,7 @@ from treegraft.core.chat import NoChatTemplateError, chat_ids, text_ids
 from treegraft.core.config import ConfigError
 from treegraft.core.registry import Registry
 from treegraft.core.resources import ModelRefError, Resources
-from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner import runner_for
 from treegraft.core.runner.attention_rules import max_positions
 
 #: Called after each request with a short description of what runs next.
@@ -320,7 +320,8 @@ def latency_curves(
     """Forward time vs tokens per forward, for the target and every LM drafter of the pair's
     pipelines, each timed as decoding runs it: a drafter with its runner's forward (fused by
     default) and its restricted head (`head: K`); a model that several pipelines run in
-    different ways is timed the way the first of them runs it."""
+    different ways is timed the way the first of them runs it. A target with state layers is
+    timed through its `StateRunner` (`runner_for`), chains of each length."""
     how = {pair.target: (resources.plan_for(pair.target).target, None)}
     for method in pipelines:
         for drafter in method.pipeline.decoder.drafters:
@@ -334,7 +335,7 @@ def latency_curves(
     context = int(median(prompt_lengths))
     return {
         ref: measure_latency(
-            CausalLMRunner(
+            runner_for(
                 resources.model(ref), forward=forward, bitwise=resources.plan_for(ref).bitwise
             ),
             ref,

@@ -12,7 +12,7 @@ import attrs
 from treegraft.core.config import ROOT, ConfigError, PipelineSpec
 from treegraft.core.errors import ArgumentError
 from treegraft.core.resources import DTYPES, ModelRefError, Resources, resolve_device
-from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner import CausalLMRunner, StateRunner
 from treegraft.core.runner.attention_rules import (
     ModelRefused,
     indexed_keys,
@@ -23,14 +23,16 @@ from treegraft.core.runner.attention_rules import (
 
 def context_limit(target: CausalLMRunner, drafters: Sequence[Any]) -> int | None:
     """The longest context the pipeline decodes exactly (None when no config states one): the
-    least maximum positions of the target's and the LM drafters' models, and the target's
-    `index_topk` where its indexed attention keeps fewer keys (`serving_positions`; a drafter's
-    choice past it only drafts other tokens, which the target verifies)."""
+    least maximum positions of the target's (a model with state layers too: its attention
+    layers take as many positions) and the LM drafters' models, and the target's `index_topk`
+    where its indexed attention keeps fewer keys (`serving_positions`; a drafter's choice past
+    it only drafts other tokens, which the target verifies)."""
     runners = [target, *(getattr(d, "runner", None) for d in drafters)]
+    served = (CausalLMRunner, StateRunner)
     limits = [
         (serving_positions if r is target else max_positions)(r.model.config)
         for r in runners
-        if isinstance(r, CausalLMRunner)
+        if isinstance(r, served)
     ]
     known = [m for m in limits if m is not None]
     return min(known) if known else None

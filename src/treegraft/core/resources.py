@@ -472,7 +472,7 @@ class Resources:
         decodes as that forward does (`model_check.probe_generate`). Each (model, forward,
         attention) is checked once."""
         from treegraft.core.runner.model_check import probe_generate, probe_model  # -> runner
-        from treegraft.core.runner.state_runner import probe_chains
+        from treegraft.core.runner.state_check import probe_chains
 
         check_ref("Resources.check", ref)
         check_runner_forward("Resources.check", forward)

@@ -54,6 +54,8 @@ from treegraft.core.registry import Registry, UnknownComponentError, default_reg
 from treegraft.core.resources import ModelRefError, Resources, resolve_model_path
 from treegraft.core.runner.attention_rules import refusal, refused_message
 from treegraft.core.runner.placement import placement_problems
+from treegraft.core.runner.state_models import has_state_layers
+from treegraft.core.runner.state_runner import setting_problem
 from treegraft.core.vocabularies import check_chat_template, check_vocabularies, pipeline_tokenizer
 
 
@@ -145,7 +147,11 @@ def model_errors(spec: PipelineSpec) -> list[str]:
         errors += [
             f"{path}: {why}"
             for path, ref in refs
-            if (why := architecture_refusal(ref, target=path == f"{ROOT}.target"))
+            if (
+                why := architecture_refusal(
+                    ref, target=path == f"{ROOT}.target", forward=spec.decoding.forward
+                )
+            )
         ]
     if spec.decoding.device != "auto":
         problem = device_problem(spec.decoding.device)
@@ -200,17 +206,22 @@ def pipeline_warnings(spec: PipelineSpec) -> list[str]:
     return messages
 
 
-def architecture_refusal(ref: str, *, target: bool = False) -> str | None:
+def architecture_refusal(ref: str, *, target: bool = False, forward: str = "auto") -> str | None:
     """The load-time refusal of the model folder `ref` by an architecture rule
-    (`attention_rules.refusal`; as the pipeline's `target` or not), judged from a meta-device
-    skeleton of its config (None: no rule refuses it, or the config does not build, which
-    `model_folder_problems` tells)."""
+    (`attention_rules.refusal`; as the pipeline's `target` or not; a target with state layers
+    also by `decoding.forward: forward`, `state_runner.setting_problem`), judged from a
+    meta-device skeleton of its config (None: no rule refuses it, or the config does not build,
+    which `model_folder_problems` tells)."""
     folder = resolve_model_path(ref)
     config = hf_config(folder)
     model = config if isinstance(config, str) else meta_model(folder, config)
-    if isinstance(model, str) or (why := refusal(model, target=target)) is None:
+    if isinstance(model, str):
         return None
-    return refused_message(model, ref, why)
+    why = refusal(model, target=target)
+    if why is None and target and has_state_layers(model.config):
+        problem = setting_problem(model, forward)
+        why = None if problem is None else f"decoding.forward: {problem}"
+    return None if why is None else refused_message(model, ref, why)
 
 
 def component_errors_built(spec: PipelineSpec, registry: Registry) -> list[str]:

@@ -248,7 +248,7 @@ def refusal(model: Any, *, target: bool = False) -> str | None:
     `state_models.state_refusal` allows), while as an LM drafter it is refused.
 
     Architectures not ruled out here still pass the load-time probe (`probe_model`, or
-    `state_runner.probe_chains`) before they decode.
+    `state_check.probe_chains`) before they decode.
     """
     cfg = text_config(model.config)
     if (why := layout_problem(cfg)) is not None:  # before the rules that read these fields

@@ -177,3 +177,10 @@ def quiet_outputs(model: Any) -> dict[str, bool]:
     logits."""
     params = inspect.signature(model.forward).parameters
     return {"output_router_logits": False} if "output_router_logits" in params else {}
+
+
+def generate_hands_positions(model: Any) -> bool:
+    """Whether `generate` passes the model `position_ids` (`transformers`' rule: a forward that
+    takes them, a config that is not encoder-decoder)."""
+    takes = "position_ids" in inspect.signature(model.forward).parameters
+    return takes and not getattr(model.config, "is_encoder_decoder", False)

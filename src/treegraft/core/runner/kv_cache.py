@@ -272,14 +272,15 @@ def layer_shapes(
     return recorder.shapes
 
 
-def accepted_nodes(accepted: object, tokens: object) -> list[int]:
+def accepted_nodes(
+    accepted: object, tokens: object, *, where: str = "CausalLMRunner.commit"
+) -> list[int]:
     """`accepted` as a list, checked before the cache is compacted by it: a `[a]` integer tensor
     of node indices of an accepted path, the root (0) first, strictly increasing (each node's
     parent has a smaller index), with `tokens` a `[a]` integer tensor; else an `ArgumentError`
     naming the entries at fault (a negative, repeated or unordered slot would move wrong keys
     and values into the committed prefix, on a device without a word). Reads `accepted` on the
-    host."""
-    where = "CausalLMRunner.commit"
+    host. `where` names the call in messages."""
     for name, value in (("accepted", accepted), ("tokens", tokens)):
         if not (
             isinstance(value, torch.Tensor)

@@ -28,7 +28,6 @@ that cannot be built or run leaves the model's own probe to decide.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -39,7 +38,10 @@ from torch import Tensor
 
 from treegraft.core.runner.attention_rules import attention_rules, max_positions, text_config
 from treegraft.core.runner.causal_lm import CausalLMRunner
+from treegraft.core.runner.forwards import generate_hands_positions
 from treegraft.core.runner.positions import unhanded_positions
+from treegraft.core.runner.state_models import has_state_layers
+from treegraft.core.runner.state_runner import probe_length
 from treegraft.core.runner.wide_copy import ATTEMPTS, is_low_precision, wide_copy
 from treegraft.core.tree import DraftTree
 
@@ -253,13 +255,6 @@ def own_forward(model: Any, ids: Tensor) -> Any:
     return model(input_ids=ids, use_cache=False, **kwargs)
 
 
-def generate_hands_positions(model: Any) -> bool:
-    """Whether `generate` passes the model `position_ids` (`transformers`' rule: a forward that
-    takes them, a config that is not encoder-decoder)."""
-    takes = "position_ids" in inspect.signature(model.forward).parameters
-    return takes and not getattr(model.config, "is_encoder_decoder", False)
-
-
 def _generate_mismatch(steps: Tensor, own: Tensor, dtype: torch.dtype) -> str | None:
     tol = tolerance(dtype)
     for step, (cached, full) in enumerate(zip(steps, own, strict=True)):
@@ -276,7 +271,10 @@ def _generate_mismatch(steps: Tensor, own: Tensor, dtype: torch.dtype) -> str | 
 
 def probe_prompt_length(model: Any) -> int:
     """Prompt tokens of the probe: past the smallest short window or chunk, within the model's
-    maximum positions."""
+    maximum positions (a model with state layers: `state_runner.probe_length`, as its
+    attention rules are its own)."""
+    if has_state_layers(model.config):
+        return probe_length(model)
     rules = attention_rules(model.config)
     spans = [
         s

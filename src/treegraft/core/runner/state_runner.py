@@ -11,7 +11,7 @@ recording on (`Cache.activate_past_recording`: the layers keep the states of the
 tokens), and the rejected tail is cropped off at commit (`Cache.crop`). The model builds its own
 masks and positions, so every attention rule it has (windows, chunks, per-layer types) is its
 own. Which models qualify and which cannot (their cache cannot be rolled back, or rolled back
-exactly) is `state_models`' to say; the load-time probe `probe_chains` checks each model's chain
+exactly) is `state_models`' to say; the load-time probe `state_check.probe_chains` checks each model's chain
 forwards and rollbacks against its own forward, as `model_check.probe_model` checks trees.
 
 A state model serves as the **target**; not as an LM drafter, whose forwards score trees.
@@ -28,7 +28,7 @@ from torch import Tensor
 
 from treegraft.core.errors import ArgumentError
 from treegraft.core.runner.causal_lm import CACHE_CHUNK
-from treegraft.core.runner.forwards import cache_kwarg, quiet_outputs
+from treegraft.core.runner.forwards import cache_kwarg, generate_hands_positions, quiet_outputs
 from treegraft.core.runner.kv_cache import accepted_nodes
 from treegraft.core.runner.latency import measure_latency
 from treegraft.core.runner.placement import input_device
@@ -47,16 +47,29 @@ def forward_problem(model: Any, forward: str) -> str | None:
     if forward not in STATE_FORWARDS:
         return (
             f"{name} keeps a recurrent state in its layers and runs only its own forward "
-            f"(the lean forwards serve attention layers); expected one of "
-            f"{', '.join(STATE_FORWARDS)}, got {forward!r}"
+            "(the lean forward, which decoding.forward lean and lean-fast run, serves attention "
+            f"layers only); expected one of {', '.join(STATE_FORWARDS)}, got the runner "
+            f"forward {forward!r}"
         )
     if getattr(model.config, "_attn_implementation", None) == IMPLEMENTATION:
-        return (
-            f"{name} keeps a recurrent state in its layers and verifies one chain per step "
-            "through its own forward, which the tree-attention kernel does not serve "
-            "(decoding.forward: tree): use auto or transformers"
-        )
+        return _tree_problem(name)
     return None
+
+
+def setting_problem(model: Any, setting: str) -> str | None:
+    """`forward_problem` for the setting `decoding.forward: setting` (before the model loads:
+    `treegraft validate` reads a skeleton of it)."""
+    if setting == "tree":
+        return _tree_problem(type(model).__name__)
+    return forward_problem(model, "lean" if setting in ("lean", "lean-fast") else setting)
+
+
+def _tree_problem(name: str) -> str:
+    return (
+        f"{name} keeps a recurrent state in its layers and verifies one chain per step "
+        "through its own forward, which the tree-attention kernel does not serve "
+        "(decoding.forward: tree): use auto or transformers"
+    )
 
 
 def chain_problem(tree: DraftTree, start: int = 0) -> str | None:
@@ -114,8 +127,6 @@ class StateRunner:
     def __attrs_post_init__(self) -> None:
         if (why := forward_problem(self.model, self.forward)) is not None:
             raise ArgumentError(f"forward: {why}")
-        from treegraft.core.runner.model_check import generate_hands_positions
-
         self._cache_kwarg = cache_kwarg(self.model)
         self._quiet = quiet_outputs(self.model)
         self._positions = generate_hands_positions(self.model)
@@ -163,6 +174,13 @@ class StateRunner:
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         """Start a generation with a fresh cache (`max_len`: the longest sequence it reaches)."""
+        if not isinstance(prompt, Tensor) or prompt.dtype.is_floating_point:
+            raise ArgumentError(
+                f"StateRunner.begin: prompt: expected a [T] integer tensor of token ids, got "
+                f"{type(prompt).__name__ if not isinstance(prompt, Tensor) else prompt.dtype}"
+            )
+        if isinstance(max_len, bool) or not isinstance(max_len, int):
+            raise ArgumentError(f"StateRunner.begin: max_len: expected an int, got {max_len!r}")
         if prompt.ndim != 1 or prompt.numel() == 0:
             raise ValueError(
                 f"prompt must be a non-empty [T] tensor of token ids, got shape {tuple(prompt.shape)}"
@@ -182,6 +200,8 @@ class StateRunner:
         `[n, V]` (`[n, K]` restricted). A tree with a fork, or a second forward in a step (the
         model's layers do not roll back across forwards exactly), raises `ArgumentError`."""
         where = f"StateRunner.forward_tree ({type(self.model).__name__}, a model with state layers)"
+        if self.committed is None:
+            raise ArgumentError(f"{where}: no generation begun: call begin(prompt, max_len=...)")
         if self.n_seen:
             raise ArgumentError(
                 f"{where}: this step's chain is forwarded already; it verifies one chain per "
@@ -242,11 +262,16 @@ class StateRunner:
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
         """Append `tokens` (the accepted drafts, then the bonus) and keep the states of the
         accepted chain nodes `accepted` (`[a]`: 0 .. a - 1), cropping the rest off."""
-        nodes = accepted_nodes(accepted, tokens)
+        nodes = accepted_nodes(accepted, tokens, where="StateRunner.commit")
         if nodes != list(range(len(nodes))):
             raise ArgumentError(
                 f"StateRunner.commit: accepted: expected a chain's first nodes 0 .. "
                 f"{len(nodes) - 1}, got {nodes}"
+            )
+        if self.n_seen and len(nodes) > self.n_seen:
+            raise ArgumentError(
+                f"StateRunner.commit: accepted: expected nodes of the chain forwarded this step "
+                f"(0 .. {self.n_seen - 1}), got {nodes}"
             )
         if self.n_seen:  # else nothing of this step was forwarded
             kept = min(len(nodes), self.n_seen)
@@ -307,74 +332,6 @@ def _separate_histories(cache: Any) -> None:
         history = getattr(layer, "recurrent_states_history", None)
         if isinstance(history, dict):
             layer.recurrent_states_history = {i: list(h) for i, h in history.items()}
-
-
-#: the probe's steps: tokens drafted in a chain, and how many of them are kept at commit (a
-#: rollback of two, none, all of them, then one more chain after the last rollback)
-PROBE_CHAINS = ((4, 2), (3, 3), (2, 0), (3, 1))
-
-
-def probe_chains(
-    model: Any, *, forward: str = "auto", seed: int = 0, copies: dict | None = None
-) -> str | None:
-    """None when `StateRunner`'s chain forwards of `model`, with commits that crop rejected
-    drafts off, give the logits of its own forward of the same tokens in sequence; else what
-    differed (and, for a half-precision model, on a float64 copy of its architecture too, as
-    `model_check.probe_model`)."""
-    from treegraft.core.runner.model_check import Unchecked, first_line, on_wide_copy
-
-    if (why := forward_problem(model, forward)) is not None:
-        return f"decoding.forward: {why}"
-    try:
-        why = _probe_steps(model, forward, seed)
-    except Unchecked as err:
-        return str(err)
-    except Exception as err:  # any failure means: not servable; the message says which
-        return f"a chain forward failed with {type(err).__name__}: {first_line(err)}"
-    if why is None:
-        why = on_wide_copy(model, lambda wide: _probe_steps(wide, forward, seed), copies)
-    return why
-
-
-def _probe_steps(model: Any, forward: str, seed: int) -> str | None:
-    from treegraft.core.runner.model_check import (
-        Unchecked,
-        difference,
-        non_finite,
-        own_forward,
-        tolerance,
-    )
-
-    vocab = int(model.get_output_embeddings().weight.shape[0])
-    rng = torch.Generator().manual_seed(seed)
-    device = input_device(model)
-    sequence = torch.randint(0, vocab, (probe_length(model),), generator=rng)
-    runner = StateRunner(model, forward=forward)
-    runner.begin(sequence.to(device), max_len=sequence.numel() + 32)
-    tol = tolerance(runner.dtype)
-    with torch.inference_mode():
-        for step, (drafts, kept) in enumerate(PROBE_CHAINS):
-            chain = torch.cat([sequence[-1:], torch.randint(0, vocab, (drafts,), generator=rng)])
-            tree = DraftTree.from_parents(chain, torch.arange(-1, drafts))
-            logits = runner.forward_tree(tree).float()
-            ids = torch.cat([sequence, chain[1:]]).to(device)[None]
-            own = own_forward(model, ids).logits[0, sequence.numel() - 1 :].float()
-            if (why := non_finite(own, runner.dtype)) is not None:
-                raise Unchecked(why)
-            for node in range(drafts + 1):
-                diff, scale = difference(logits[node], own[node])
-                if not diff <= tol * scale:
-                    after = "" if step == 0 else f" after {step} commit(s) that rolled drafts back"
-                    return (
-                        f"a chain forward gives logits that differ from the model's own forward "
-                        f"by {diff:.3g} (allowed: {tol * scale:.3g}) at node {node} of the "
-                        f"chain{after}"
-                    )
-            bonus = torch.randint(0, vocab, (1,), generator=rng)
-            tokens = torch.cat([chain[1 : kept + 1], bonus])
-            runner.commit(torch.arange(kept + 1), tokens)
-            sequence = torch.cat([sequence, tokens])
-    return None
 
 
 def probe_length(model: Any) -> int:

@@ -15,11 +15,13 @@ where float64 does not run), on the CPU, with random weights and few layers, whe
   `no_rope_layer_interval`, `sliding_window_pattern`, ...). A prefix keeps every rule computed
   from a layer's index as the full model computes it;
 - vocabularies shrink to `VOCAB` tokens (special ids past them move inside) and feed-forward
-  widths to `FFN`; head widths, windows, positions and expert counts stay;
+  widths to `FFN`; head widths, windows, positions and expert counts stay (a copy over
+  `MAX_BYTES` keeps fewer experts: `cut_experts`);
 - a `small` copy, tried first, also has fewer heads of the same width (one or two key/value
-  heads, each shared by at most two query heads) and a hidden width to match; where that does
-  not build or run, the copy keeps the model's widths and heads (at most `MAX_BYTES` of
-  weights), then tries float32.
+  heads, each shared by at most two query heads) and a hidden width to match (a Mamba-2
+  mixer as wide as its heads, `expand` times the hidden width, takes as many heads as the
+  narrower hidden width needs); where that does not build or run, the copy keeps the model's
+  widths and heads (at most `MAX_BYTES` of weights), then tries float32.
 
 Its query and key projections are then rescaled (`sharpen_attention`): random weights attend
 almost uniformly, where a wrong position or mask barely moves the logits.
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from typing import Any
 
 import torch
@@ -51,6 +54,11 @@ KV_KEPT = 2
 GROUP_KEPT = 2
 #: the largest copy built, in bytes of weights
 MAX_BYTES = 2**30
+#: fields counting a layer's routed experts, and those a token is routed to
+EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+ROUTED_FIELDS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k")
+#: the fewest experts a copy over `MAX_BYTES` keeps (and at least twice the routed ones)
+EXPERTS_KEPT = 8
 #: how a copy is tried, in order: (dtype, small), the widest and smallest first
 ATTEMPTS = ((torch.float64, True), (torch.float64, False), (torch.float32, False))
 #: attention implementations a copy keeps (treegraft's tree kernel has a CPU reference)
@@ -83,6 +91,12 @@ QUERY_KEY = frozenset(
 HIDDEN_FIELDS = ("hidden_size", "d_model", "n_embd")
 HEADS = ("num_attention_heads", "n_head", "num_heads", "decoder_attention_heads")
 KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
+#: Mamba-2 mixers' fields: width factor over the hidden width, heads, head width, groups
+MIXER_FIELDS = (
+    ("expand", "num_heads", "head_dim", "n_groups"),  # Mamba-2
+    ("expand", "mamba_num_heads", "mamba_head_dim", "n_groups"),  # Nemotron-H
+    ("mamba_expand", "mamba_n_heads", "mamba_d_head", "mamba_n_groups"),  # Bamba, Granite 4
+)
 #: feed-forward widths
 FFN_FIELDS = (
     "intermediate_size",
@@ -109,8 +123,9 @@ def wide_copy(model: Any, dtype: torch.dtype, *, small: bool, seed: int = 0) -> 
     cls = type(model)
     try:
         config = narrow_config(model.config, small=small)
-        with torch.device("meta"):
-            n_params = sum(p.numel() for p in cls._from_config(config).parameters())
+        n_params = _n_params(cls, config)
+        if n_params * torch.finfo(dtype).bits // 8 > MAX_BYTES and cut_experts(config):
+            n_params = _n_params(cls, config)
         if n_params * torch.finfo(dtype).bits // 8 > MAX_BYTES:
             log.debug("no wide copy of %s: %d parameters in %s", cls.__name__, n_params, dtype)
             return None
@@ -123,6 +138,31 @@ def wide_copy(model: Any, dtype: torch.dtype, *, small: bool, seed: int = 0) -> 
     except Exception as err:  # any failure: the model's own probe stands alone
         log.debug("no wide copy of %s: %s: %s", cls.__name__, type(err).__name__, err)
         return None
+
+
+def _n_params(cls: type, config: Any) -> int:
+    """Parameters of `cls` built from `config` (counted on the meta device: nothing allocated)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in cls._from_config(config).parameters())
+
+
+def cut_experts(config: Any) -> bool:
+    """Fewer routed experts in `config` and its sub-configs (in place): `EXPERTS_KEPT`, at least
+    twice those a token is routed to, a multiple of the expert groups (`n_group`). Routing is the
+    same code over fewer experts; hundreds of them (Qwen3-Next's 512) in the few layers a
+    hybrid's copy keeps weigh gigabytes. Whether any count was cut."""
+    cut = False
+    for cfg in [config, *sub_configs(config)]:
+        fields = _fields(cfg)
+        routed = max([1, *(v for n in ROUTED_FIELDS if _is_int(v := fields.get(n)))])
+        groups = fields.get("n_group")
+        groups = groups if _is_int(groups) and groups > 0 else 1
+        keep = -(-max(EXPERTS_KEPT, 2 * routed) // groups) * groups
+        for name in EXPERT_FIELDS:
+            if _is_int(value := fields.get(name)) and value > keep:
+                setattr(cfg, name, keep)
+                cut = True
+    return cut
 
 
 def sharpen_attention(model: Any) -> None:
@@ -198,10 +238,42 @@ def _cut_heads(cfg: Any) -> None:
         return
     keep = min(KV_KEPT, kv) if kv % 2 == 0 else 1
     q_small = keep * min(q // kv, GROUP_KEPT)
+    ties = _mixer_ties(cfg)
     setattr(cfg, heads_name, q_small)
     for name in kv_names:
         setattr(cfg, name, keep)
     setattr(cfg, hidden_name, min(hidden, q_small * width))
+    _fit_mixer(cfg, ties)
+
+
+def _mixer_ties(cfg: Any) -> list[tuple[str, ...]]:
+    """The Mamba-2 mixers of `cfg` (`MIXER_FIELDS`) whose width, `expand` times the hidden
+    width, is their heads' total."""
+    ties = []
+    for names in MIXER_FIELDS:
+        expand, heads, width = (getattr(cfg, n, None) for n in names[:3])
+        positive = all(_is_int(v) and v > 0 for v in (expand, heads, width))
+        if positive and expand * getattr(cfg, _hidden_name(cfg)) == heads * width:
+            ties.append(names)
+    return ties
+
+
+def _fit_mixer(cfg: Any, ties: list[tuple[str, ...]]) -> None:
+    """The mixers `ties` (`_mixer_ties` before the hidden width was cut): as many heads of the
+    same width as `expand` times the copy's hidden width takes, and groups that divide them."""
+    for expand_name, heads_name, width_name, groups_name in ties:
+        total = getattr(cfg, expand_name) * getattr(cfg, _hidden_name(cfg))
+        width = getattr(cfg, width_name)
+        if total % width:
+            continue
+        setattr(cfg, heads_name, total // width)
+        groups = getattr(cfg, groups_name, None)
+        if _is_int(groups) and groups > 0:
+            setattr(cfg, groups_name, math.gcd(groups, total // width))
+
+
+def _hidden_name(cfg: Any) -> str:
+    return next(n for n in HIDDEN_FIELDS if _is_int(getattr(cfg, n, None)))
 
 
 def sub_configs(config: Any) -> list[Any]:
