@@ -150,6 +150,20 @@ def test_an_assistant_head_that_reads_its_targets_states_is_refused_saying_so() 
     assert refusal(tiny_model("gemma4_text")) is None
 
 
+def test_gemma4_unified_text_is_causal_unless_every_token_is_bidirectional() -> None:
+    """Gemma 4 unified's `use_bidirectional_attention` defaults to "vision": only image tokens'
+    blocks attend both ways, text decodes causally (its `generate` equals its causal forward),
+    and it was refused as bidirectional for the truthy string. "all" makes every token attend
+    both ways (its `generate` then differs from its own forward) and stays refused."""
+    from treegraft.conformance.tiny import tiny_config, tiny_model
+
+    model = tiny_model("gemma4_unified_text")
+    assert model.config.use_bidirectional_attention == "vision"
+    assert refusal(model) is None
+    why = refusal(_Stub(tiny_config("gemma4_unified_text", use_bidirectional_attention="all")))
+    assert why is not None and "bidirectional" in why and "'all'" in why
+
+
 @pytest.mark.parametrize("impl", ["flash_attention_2", "flash_attention_3"])
 def test_flash_attention_is_refused_naming_the_implementation(impl: str) -> None:
     """Flash-attention kernels apply causal and padding masks only: a model loaded with one is

@@ -275,8 +275,8 @@ def refusal(model: Any, *, target: bool = False) -> str | None:
         )
     if getattr(cfg, "is_encoder_decoder", False):
         return "it is an encoder-decoder model; treegraft serves decoder-only causal LMs"
-    if getattr(cfg, "use_bidirectional_attention", False):
-        return "its attention is bidirectional (`use_bidirectional_attention`), not causal"
+    if (why := _bidirectional(cfg)) is not None:
+        return why
     if (why := _borrowed_states(model) or layout_refusal(model, cfg)) is not None:
         return why
     from treegraft.core.runner.state_models import has_state_layers, state_refusal  # reads us
@@ -298,6 +298,21 @@ def refusal(model: Any, *, target: bool = False) -> str | None:
             f"its output past {switch.at} tokens does not follow from the sequence"
         )
     return None
+
+
+#: `use_bidirectional_attention` values under which text tokens attend causally: Gemma 4
+#: unified's "vision" makes only image tokens' blocks bidirectional, and text decodes causally
+CAUSAL_TEXT_VALUES = (None, False, "vision")
+
+
+def _bidirectional(cfg: Any) -> str | None:
+    """Why the text config `cfg` attends bidirectionally: `use_bidirectional_attention` true
+    (Gemma 3's embedding variants) or "all" (Gemma 4 unified's, every token); None where text
+    tokens attend causally (unset, false, or "vision")."""
+    value = getattr(cfg, "use_bidirectional_attention", None)
+    if value in CAUSAL_TEXT_VALUES:
+        return None
+    return f"its attention is bidirectional (`use_bidirectional_attention: {value!r}`), not causal"
 
 
 def _no_output_head(model: Any) -> str | None:
