@@ -5,9 +5,11 @@ rules the model would otherwise apply while building its mask (a sliding window,
 windows as in Gemma 2/3's `layer_types`, GPT-Neo's `attention_layers` with its `window_size`,
 chunked attention) must be in that mask. `AttentionRules` reads them from the config;
 `refusal` says why a model cannot be served exactly (None when it can) for what a mask cannot
-express (ALiBi biases built from a 2D padding mask, recurrent state layers,
+express (recurrent state layers,
 bidirectional attention, keys ranked per query; indexed attention, DeepSeek's sparse attention,
-is causal attention within the context its selection keeps whole: `serving_positions`) and
+is causal attention within the context its selection keeps whole: `serving_positions`; ALiBi
+biases are handed each node's positions, `alibi.AlibiBiases`, where the model builds them as
+Bloom, MPT and Falcon do) and
 where the model's own `generate` decodes otherwise than its forward (its cache of a one-token
 window, of a chunk size without chunked layers, or dropped at a longrope switch).
 `ModelRefused` carries the reason to the user at load time.
@@ -26,6 +28,7 @@ import attrs
 import torch
 
 from treegraft.core.errors import TreegraftError
+from treegraft.core.runner.alibi import AlibiBiases, alibi_config
 from treegraft.core.runner.model_layouts import layout_refusal
 
 #: layer types whose keys are those of plain causal attention (with or without a window)
@@ -233,8 +236,6 @@ def layout_problem(cfg: Any) -> str | None:
     return f"its config's {name} is {layers!r}; expected an int >= 1 (its decoder layers)"
 
 
-#: model types whose position information is an ALiBi bias built from a 2D padding mask
-ALIBI_TYPES = frozenset({"bloom", "mpt"})
 #: recurrent architectures whose configs state no `layer_types` (Mamba's and others' do)
 RECURRENT_TYPES = frozenset({"rwkv", "xlstm"})
 
@@ -263,15 +264,10 @@ def refusal(model: Any, *, target: bool = False) -> str | None:
         return why
     if (why := _cacheless(model)) is not None:
         return why
-    kind = getattr(cfg, "model_type", "")
-    if (
-        kind in ALIBI_TYPES
-        or getattr(cfg, "alibi", False)
-        or getattr(getattr(cfg, "attn_config", None), "alibi", False)
-    ):
+    if alibi_config(cfg) and not AlibiBiases.of(model).found:
         return (
-            "its ALiBi attention biases are built from a 2D padding mask and cannot take the "
-            "per-node positions of a draft tree"
+            "its ALiBi attention biases are built where treegraft cannot hand them a draft "
+            "tree's positions (not Bloom's `build_alibi_tensor`, Falcon's or MPT's bias table)"
         )
     if getattr(cfg, "is_encoder_decoder", False):
         return "it is an encoder-decoder model; treegraft serves decoder-only causal LMs"
