@@ -396,3 +396,16 @@ def test_indexers_not_reproduced_are_refused_saying_why() -> None:
     unknown = SimpleNamespace(layer_types=["indexed_attention"], max_position_embeddings=64)
     with pytest.raises(ModelRefused, match=r"states no `index_topk` \(got None\)"):
         attention_rules(unknown)
+
+
+def test_deepseek_v4s_compressed_layers_are_refused_saying_what_they_pool() -> None:
+    """DeepSeek-V4's HCA and CSA layers pool every `compress_rates` tokens' keys, in the order
+    its cache receives them, into entries later queries attend to: a tree's other branches
+    would enter a window. Refused as 'an unknown kind of layer' before, now saying so."""
+    from treegraft.conformance.tiny import tiny_config
+
+    for kind, rate in (("heavily_compressed_attention", 128), ("compressed_sparse_attention", 4)):
+        config = tiny_config("deepseek_v4", layer_types=[kind] * 4)
+        why = refusal(_Stub(config))
+        assert why is not None and f"{kind!r} layers pool the keys of every {rate} tokens" in why
+        assert "other branches" in why

@@ -37,6 +37,8 @@ SLIDING_TYPES = frozenset({"sliding_attention", "local", "local_attention"})
 CHUNKED_TYPES = frozenset({"chunked_attention"})
 #: layer types whose keys an indexer selects per query (DeepSeek's sparse attention)
 INDEXED_TYPES = frozenset({"indexed_attention"})
+#: layer types that pool keys into compressed entries by window of tokens (DeepSeek-V4's)
+COMPRESSED_TYPES = frozenset({"compressed_sparse_attention", "heavily_compressed_attention"})
 #: config fields of indexers that count, pool or keep keys by cache slot (Kolibri 1.1's)
 SLOT_INDEX_FIELDS = ("index_num_local_tokens", "index_num_sink_tokens", "index_pool_size")
 
@@ -150,6 +152,8 @@ def _read_rules(cfg: Any) -> AttentionRules:
             rules[kind] = LayerRule(chunk=chunk)
         elif kind in INDEXED_TYPES:
             rules[kind] = _indexed_rule(cfg, kind)
+        elif kind in COMPRESSED_TYPES:
+            raise ModelRefused(_compressed_reason(cfg, kind))
         else:
             raise ModelRefused(
                 f"layer type {kind!r} is not an attention rule treegraft can reproduce in a tree "
@@ -158,6 +162,19 @@ def _read_rules(cfg: Any) -> AttentionRules:
     if len(rules) == 1:
         return AttentionRules(single=next(iter(rules.values())))
     return AttentionRules(single=None, by_type=rules)
+
+
+def _compressed_reason(cfg: Any, kind: str) -> str:
+    """Why compressed attention layers (DeepSeek-V4's CSA and HCA) cannot verify a tree."""
+    rate = (getattr(cfg, "compress_rates", None) or {}).get(kind)
+    every = f"every {rate} tokens" if _positive(rate) else "each window of tokens"
+    return (
+        f"its {kind!r} layers pool the keys of {every} (`compress_rates`) into one entry, kept "
+        "in the model's own cache in the order forwards hand it tokens, that later queries "
+        "attend to: a tree forward would pool the nodes of a draft's other branches into a "
+        "window, and a window that closes inside a draft path needs an entry per branch, "
+        "which treegraft's key/value cache does not keep"
+    )
 
 
 def _indexed_rule(cfg: Any, kind: str) -> LayerRule:
