@@ -85,6 +85,22 @@ def test_the_builders_are_restored_when_a_forward_fails() -> None:
     assert not any(m._forward_pre_hooks for m in mpt.modules())
 
 
+def test_falcons_function_stays_swapped_until_the_last_forward_leaves() -> None:
+    """Two Falcon runners' forwards overlapping (two pipelines on two threads) share the
+    module's function: the first out must not put it back under the other."""
+    source = sys.modules[type(_model("falcon").transformer).__module__]
+    build = source.build_alibi_tensor
+    first, second = AlibiBiases.of(_model("falcon")), AlibiBiases.of(_model("falcon"))
+    inside_first, inside_second = first.applied(), second.applied()
+    inside_first.__enter__()
+    inside_second.__enter__()
+    inside_first.__exit__(None, None, None)  # the first forward ends while the second runs
+    mask = torch.zeros(1, 1, 2, 3)
+    assert source.build_alibi_tensor(mask, 2, torch.float32).shape == (2, 2, 3)
+    inside_second.__exit__(None, None, None)
+    assert source.build_alibi_tensor is build
+
+
 def test_a_4d_mask_numbers_each_rows_keys_by_position() -> None:
     """Bloom's bias of a key is `slope * position`: under a tree's mask, a node's ancestors are
     numbered by depth, skipping the other branch's slots, which take no position."""

@@ -22,12 +22,18 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
 import torch
 from torch import Tensor, nn
+
+#: modules whose `build_alibi_tensor` is swapped: its own function and how many forwards, on
+#: any thread, are within `AlibiBiases.applied` (the last to leave puts it back)
+_SWAPPED: dict[Any, tuple[Callable[..., Tensor], int]] = {}
+_SWAPPING = threading.Lock()
 
 
 def alibi_config(config: Any) -> bool:
@@ -83,24 +89,34 @@ class AlibiBiases:
             yield
             return
         kept = [(m, m.__dict__.get("build_alibi_tensor")) for m in self.builders]
-        originals = [source.build_alibi_tensor for source in self.functions]
         handles = [m.register_forward_pre_hook(_table_hook, with_kwargs=True) for m in self.tables]
         try:
             for module in self.builders:
                 module.build_alibi_tensor = _by_row(module.build_alibi_tensor)
-            for source, build in zip(self.functions, originals, strict=True):
-                source.build_alibi_tensor = _by_row(build)
+            _swap(self.functions, +1)
             yield
         finally:
             for handle in handles:
                 handle.remove()
-            for source, build in zip(self.functions, originals, strict=True):
-                source.build_alibi_tensor = build
+            _swap(self.functions, -1)
             for module, own in kept:
                 if own is None:
                     del module.build_alibi_tensor
                 else:
                     module.build_alibi_tensor = own
+
+
+def _swap(sources: tuple[Any, ...], step: int) -> None:
+    """Enter (`step` +1) or leave (-1) a forward with each of `sources`' `build_alibi_tensor`
+    by row: swapped by the first forward in, put back by the last one out (two pipelines'
+    forwards on two threads share a module)."""
+    with _SWAPPING:
+        for source in sources:
+            own, inside = _SWAPPED.pop(source, (source.build_alibi_tensor, 0))
+            inside += step
+            if inside > 0:
+                _SWAPPED[source] = (own, inside)
+            source.build_alibi_tensor = _by_row(own) if inside > 0 else own
 
 
 def _takes(function: Any, name: str) -> bool:
