@@ -12,7 +12,7 @@ from tests.core.test_runner import check_trees_and_commits
 from treegraft.conformance.tiny import tiny_model
 from treegraft.core.runner import CausalLMRunner
 from treegraft.core.runner.alibi import AlibiBiases
-from treegraft.core.runner.attention_rules import refusal
+from treegraft.core.runner.attention_rules import max_positions, refusal
 from treegraft.core.runner.model_check import probe_generate, probe_model
 
 ALIBI_MODELS = {
@@ -125,3 +125,11 @@ def test_an_alibi_model_whose_bias_treegraft_cannot_reach_is_refused_saying_so()
 
     why = refusal(Stub())
     assert why is not None and "ALiBi" in why
+
+
+def test_mpts_context_is_limited_to_its_alibi_table() -> None:
+    """MPT's own `generate` fails past `max_seq_len` (its bias table has that many columns);
+    its maximum positions were unknown, so a pipeline decoded on past it. Now they are its
+    `max_seq_len`, and a longer context is refused as for any model."""
+    model = _model("mpt")
+    assert max_positions(model.config) == model.config.max_seq_len

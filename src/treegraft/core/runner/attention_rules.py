@@ -425,13 +425,15 @@ def refused_message(model: Any, ref: str, why: str) -> str:
 
 
 #: config fields stating a model's maximum positions, first found first (`max_target_positions`:
-#: Whisper's decoder, whose position table has that many rows)
+#: Whisper's decoder, whose position table has that many rows; `max_seq_len`: MPT's, whose
+#: ALiBi table has that many columns and whose `generate` fails past it)
 POSITION_FIELDS = (
     "max_position_embeddings",
     "n_positions",
     "max_target_positions",
     "max_sequence_length",
     "seq_length",
+    "max_seq_len",
 )
 
 
