@@ -160,6 +160,7 @@ def test_gemma4_unified_text_is_causal_unless_every_token_is_bidirectional() -> 
     model = tiny_model("gemma4_unified_text")
     assert model.config.use_bidirectional_attention == "vision"
     assert refusal(model) is None
+    assert refusal(tiny_model("gemma4_text", use_bidirectional_attention="vision")) is None
     why = refusal(_Stub(tiny_config("gemma4_unified_text", use_bidirectional_attention="all")))
     assert why is not None and "bidirectional" in why and "'all'" in why
 

@@ -313,8 +313,8 @@ def refusal(model: Any, *, target: bool = False) -> str | None:
     return None
 
 
-#: `use_bidirectional_attention` values under which text tokens attend causally: Gemma 4
-#: unified's "vision" makes only image tokens' blocks bidirectional, and text decodes causally
+#: `use_bidirectional_attention` values under which text tokens attend causally: Gemma 4's
+#: "vision" (Gemma 4 unified's default) makes only image tokens' blocks bidirectional
 CAUSAL_TEXT_VALUES = (None, False, "vision")
 
 
