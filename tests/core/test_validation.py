@@ -357,6 +357,23 @@ def test_an_architecture_refused_at_build_is_refused_by_validate_alike(
     )
 
 
+@pytest.mark.parametrize(
+    ("model_type", "extra"), [("bloom", {}), ("mpt", {}), ("falcon", {"alibi": True})]
+)
+def test_an_alibi_checkpoint_validates_and_builds(
+    tmp_path: Path, model_type: str, extra: dict
+) -> None:
+    """ALiBi models (Bloom, MPT, Falcon with `alibi: true`) were refused by `validate` and
+    the build; their biases now take a tree's positions: both accept the checkpoint (validate
+    judging a meta-device skeleton, whose bias builders it finds as the build does)."""
+    folder = tmp_path / model_type
+    tiny_model(model_type, seed=0, vocab_size=VOCAB, **extra).save_pretrained(folder)
+    word_tokenizer(VOCAB).save_pretrained(folder)
+    path = write(tmp_path, "p.yaml", spec(str(folder)))
+    assert pipeline_errors(path)[1] == []
+    assert load_pipeline(spec(str(folder))).generate(torch.tensor([3, 4, 5])).token_ids
+
+
 def test_placement_errors_are_reported(tmp_path: Path, good_model: Path) -> None:
     (tmp_path / "file").write_text("")
     placed = {str(good_model): {"model": 9, "lm_head": "cpu"}}
