@@ -133,3 +133,20 @@ def test_mpts_context_is_limited_to_its_alibi_table() -> None:
     `max_seq_len`, and a longer context is refused as for any model."""
     model = _model("mpt")
     assert max_positions(model.config) == model.config.max_seq_len
+
+
+def test_mpt_keeps_its_own_table_for_a_prefill_and_reads_it_per_row_for_a_tree() -> None:
+    """A causal chain from slot 0 (a prefill) takes the table as `generate`'s prefill reads it,
+    biased from the last key; a tree's rows take the entries at each node's distance from its
+    keys, as `generate`'s one-token steps read them."""
+    from treegraft.core.runner.alibi import _table_hook
+
+    table = torch.arange(-7.0, 1.0).reshape(1, 1, 8)  # slope 1: entry j is j - 7
+    chain = ~torch.ones(3, 3, dtype=torch.bool).tril()  # True: masked
+    kwargs = {"position_bias": table, "attention_mask": chain[None, None]}
+    assert _table_hook(None, (), kwargs)[1]["position_bias"] is table
+    # slots: committed 0, node A at 1, its sibling B at 2; rows A and B
+    tree = ~torch.tensor([[1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    kwargs = {"position_bias": table, "attention_mask": tree[None, None]}
+    bias = _table_hook(None, (), kwargs)[1]["position_bias"]
+    assert bias[0].tolist() == [[-1, 0, 0], [-1, 0, 0]]

@@ -163,11 +163,18 @@ def _by_row(build: Callable[..., Tensor]) -> Callable[..., Tensor]:
 def _table_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """A pre-hook handing MPT's attention the entries of its own `position_bias` table
     (`[heads, 1, L]`, `slope * (j - L + 1)`) at each query's distance from each key it sees,
-    `[heads, q, kv]`, where its boolean mask (True: masked) is 4D."""
+    `[heads, q, kv]`, where its boolean mask (True: masked) is 4D: the entries its one-token
+    steps in `generate` read. A causal chain from the first slot (a prefill) keeps the table,
+    biased from its last key, as `generate`'s prefill reads it (softmax ignores the constant
+    per row between the two, rounding does not)."""
     table, mask = kwargs.get("position_bias"), kwargs.get("attention_mask")
     if table is None or mask is None or mask.ndim != 4:
         return args, kwargs
     visible = ~mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0  # [q, kv]
+    if visible.shape[0] == visible.shape[1] and torch.equal(
+        visible, visible.new_ones(visible.shape).tril_()
+    ):
+        return args, kwargs  # a chain from slot 0 (a prefill): the table as `generate` reads it
     seen = visible.long().cumsum(-1)  # a visible key's position + 1
     distance = (seen[:, -1:] - seen) * visible  # q - k where visible, else 0
     last = table.shape[-1] - 1
