@@ -219,15 +219,15 @@ def test_without_the_window_rule_the_output_would_differ(monkeypatch) -> None:
     assert list(pipe.generate(prompt).token_ids) != greedy_reference(target, prompt, 24)
 
 
-def test_bloom_is_refused_at_build_time_naming_class_and_reason() -> None:
+def test_a_refused_architecture_is_refused_at_build_time_naming_class_and_reason() -> None:
     res = Resources(dtype=torch.float64)
     res.add_model("mem:target", tiny_model("llama", seed=0))
-    res.add_model("mem:bloom", tiny_model("bloom", seed=0))
+    res.add_model("mem:xlm", tiny_model("xlm", seed=0))
     with pytest.raises(ConfigError) as info:
-        load_pipeline(_pipeline("mem:target", "mem:bloom", 8), resources=res)
+        load_pipeline(_pipeline("mem:target", "mem:xlm", 8), resources=res)
     message = str(info.value)
-    assert message.startswith("pipeline.drafters.strong.model: model 'mem:bloom'")
-    assert "BloomForCausalLM" in message and "ALiBi" in message
+    assert message.startswith("pipeline.drafters.strong.model: model 'mem:xlm'")
+    assert "XLMWithLMHeadModel" in message and "bidirectional" in message
 
 
 def test_composite_configs_are_shrunk_recursively() -> None:

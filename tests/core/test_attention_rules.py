@@ -150,6 +150,21 @@ def test_an_assistant_head_that_reads_its_targets_states_is_refused_saying_so() 
     assert refusal(tiny_model("gemma4_text")) is None
 
 
+def test_gemma4_unified_text_is_causal_unless_every_token_is_bidirectional() -> None:
+    """Gemma 4 unified's `use_bidirectional_attention` defaults to "vision": only image tokens'
+    blocks attend both ways, text decodes causally (its `generate` equals its causal forward),
+    and it was refused as bidirectional for the truthy string. "all" makes every token attend
+    both ways (its `generate` then differs from its own forward) and stays refused."""
+    from treegraft.conformance.tiny import tiny_config, tiny_model
+
+    model = tiny_model("gemma4_unified_text")
+    assert model.config.use_bidirectional_attention == "vision"
+    assert refusal(model) is None
+    assert refusal(tiny_model("gemma4_text", use_bidirectional_attention="vision")) is None
+    why = refusal(_Stub(tiny_config("gemma4_unified_text", use_bidirectional_attention="all")))
+    assert why is not None and "bidirectional" in why and "'all'" in why
+
+
 @pytest.mark.parametrize("impl", ["flash_attention_2", "flash_attention_3"])
 def test_flash_attention_is_refused_naming_the_implementation(impl: str) -> None:
     """Flash-attention kernels apply causal and padding masks only: a model loaded with one is
@@ -382,3 +397,16 @@ def test_indexers_not_reproduced_are_refused_saying_why() -> None:
     unknown = SimpleNamespace(layer_types=["indexed_attention"], max_position_embeddings=64)
     with pytest.raises(ModelRefused, match=r"states no `index_topk` \(got None\)"):
         attention_rules(unknown)
+
+
+def test_deepseek_v4s_compressed_layers_are_refused_saying_what_they_pool() -> None:
+    """DeepSeek-V4's HCA and CSA layers pool every `compress_rates` tokens' keys, in the order
+    its cache receives them, into entries later queries attend to: a tree's other branches
+    would enter a window. Refused as 'an unknown kind of layer' before, now saying so."""
+    from treegraft.conformance.tiny import tiny_config
+
+    for kind, rate in (("heavily_compressed_attention", 128), ("compressed_sparse_attention", 4)):
+        config = tiny_config("deepseek_v4", layer_types=[kind] * 4)
+        why = refusal(_Stub(config))
+        assert why is not None and f"{kind!r} layers pool the keys of every {rate} tokens" in why
+        assert "other branches" in why

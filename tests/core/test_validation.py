@@ -335,15 +335,16 @@ def test_model_and_device_errors_need_no_weights_loaded(tmp_path: Path, model_co
 def test_an_architecture_refused_at_build_is_refused_by_validate_alike(
     tmp_path: Path, good_model: Path, role: str
 ) -> None:
-    """A Bloom model (ALiBi attention) as the target or an LM drafter passed `validate` and was
-    refused only by `load_pipeline`; validate now judges the architecture rules from a
-    meta-device skeleton of its config and says what the build says."""
-    bloom = tmp_path / "bloom"
-    tiny_model("bloom", seed=0, vocab_size=VOCAB).save_pretrained(bloom)
-    word_tokenizer(VOCAB).save_pretrained(bloom)
-    data = spec(str(bloom) if role == "target" else str(good_model))
+    """A refused architecture (XLM, bidirectional; Bloom was, until its ALiBi biases were handed
+    a tree's positions) as the target or an LM drafter passed `validate` and was refused only
+    by `load_pipeline`; validate now judges the architecture rules from a meta-device skeleton
+    of its config and says what the build says."""
+    refused = tmp_path / "xlm"
+    tiny_model("xlm", seed=0, vocab_size=VOCAB).save_pretrained(refused)
+    word_tokenizer(VOCAB).save_pretrained(refused)
+    data = spec(str(refused) if role == "target" else str(good_model))
     if role == "drafter":
-        data["drafters"]["strong"] = {"name": "hf_lm", "model": str(bloom)}
+        data["drafters"]["strong"] = {"name": "hf_lm", "model": str(refused)}
         data["scheduler"] = "always"
     path = write(tmp_path, "p.yaml", data)
     _, errors = pipeline_errors(path)
@@ -351,7 +352,26 @@ def test_an_architecture_refused_at_build_is_refused_by_validate_alike(
         load_pipeline(data)
     assert [e.removeprefix(f"{path}: ") for e in errors] == [str(info.value)]
     field = "pipeline.target" if role == "target" else "pipeline.drafters.strong.model"
-    assert str(info.value).startswith(f"{field}: model {str(bloom)!r} (BloomForCausalLM) cannot")
+    assert str(info.value).startswith(
+        f"{field}: model {str(refused)!r} (XLMWithLMHeadModel) cannot"
+    )
+
+
+@pytest.mark.parametrize(
+    ("model_type", "extra"), [("bloom", {}), ("mpt", {}), ("falcon", {"alibi": True})]
+)
+def test_an_alibi_checkpoint_validates_and_builds(
+    tmp_path: Path, model_type: str, extra: dict
+) -> None:
+    """ALiBi models (Bloom, MPT, Falcon with `alibi: true`) were refused by `validate` and
+    the build; their biases now take a tree's positions: both accept the checkpoint (validate
+    judging a meta-device skeleton, whose bias builders it finds as the build does)."""
+    folder = tmp_path / model_type
+    tiny_model(model_type, seed=0, vocab_size=VOCAB, **extra).save_pretrained(folder)
+    word_tokenizer(VOCAB).save_pretrained(folder)
+    path = write(tmp_path, "p.yaml", spec(str(folder)))
+    assert pipeline_errors(path)[1] == []
+    assert load_pipeline(spec(str(folder))).generate(torch.tensor([3, 4, 5])).token_ids
 
 
 def test_placement_errors_are_reported(tmp_path: Path, good_model: Path) -> None:

@@ -5,9 +5,11 @@ rules the model would otherwise apply while building its mask (a sliding window,
 windows as in Gemma 2/3's `layer_types`, GPT-Neo's `attention_layers` with its `window_size`,
 chunked attention) must be in that mask. `AttentionRules` reads them from the config;
 `refusal` says why a model cannot be served exactly (None when it can) for what a mask cannot
-express (ALiBi biases built from a 2D padding mask, recurrent state layers,
+express (recurrent state layers,
 bidirectional attention, keys ranked per query; indexed attention, DeepSeek's sparse attention,
-is causal attention within the context its selection keeps whole: `serving_positions`) and
+is causal attention within the context its selection keeps whole: `serving_positions`; ALiBi
+biases are handed each node's positions, `alibi.AlibiBiases`, where the model builds them as
+Bloom, MPT and Falcon do) and
 where the model's own `generate` decodes otherwise than its forward (its cache of a one-token
 window, of a chunk size without chunked layers, or dropped at a longrope switch).
 `ModelRefused` carries the reason to the user at load time.
@@ -26,6 +28,7 @@ import attrs
 import torch
 
 from treegraft.core.errors import TreegraftError
+from treegraft.core.runner.alibi import AlibiBiases, alibi_config
 from treegraft.core.runner.configs import text_config
 from treegraft.core.runner.model_layouts import layout_refusal
 from treegraft.core.runner.state_models import has_state_layers, state_refusal
@@ -36,6 +39,8 @@ SLIDING_TYPES = frozenset({"sliding_attention", "local", "local_attention"})
 CHUNKED_TYPES = frozenset({"chunked_attention"})
 #: layer types whose keys an indexer selects per query (DeepSeek's sparse attention)
 INDEXED_TYPES = frozenset({"indexed_attention"})
+#: layer types that pool keys into compressed entries by window of tokens (DeepSeek-V4's)
+COMPRESSED_TYPES = frozenset({"compressed_sparse_attention", "heavily_compressed_attention"})
 #: config fields of indexers that count, pool or keep keys by cache slot (Kolibri 1.1's)
 SLOT_INDEX_FIELDS = ("index_num_local_tokens", "index_num_sink_tokens", "index_pool_size")
 
@@ -143,6 +148,8 @@ def _read_rules(cfg: Any) -> AttentionRules:
             rules[kind] = LayerRule(chunk=chunk)
         elif kind in INDEXED_TYPES:
             rules[kind] = _indexed_rule(cfg, kind)
+        elif kind in COMPRESSED_TYPES:
+            raise ModelRefused(_compressed_reason(cfg, kind))
         else:
             raise ModelRefused(
                 f"layer type {kind!r} is not an attention rule treegraft can reproduce in a tree "
@@ -151,6 +158,19 @@ def _read_rules(cfg: Any) -> AttentionRules:
     if len(rules) == 1:
         return AttentionRules(single=next(iter(rules.values())))
     return AttentionRules(single=None, by_type=rules)
+
+
+def _compressed_reason(cfg: Any, kind: str) -> str:
+    """Why compressed attention layers (DeepSeek-V4's CSA and HCA) cannot verify a tree."""
+    rate = (getattr(cfg, "compress_rates", None) or {}).get(kind)
+    every = f"every {rate} tokens" if _positive(rate) else "each window of tokens"
+    return (
+        f"its {kind!r} layers pool the keys of {every} (`compress_rates`) into one entry, kept "
+        "in the model's own cache in the order forwards hand it tokens, that later queries "
+        "attend to: a tree forward would pool the nodes of a draft's other branches into a "
+        "window, and a window that closes inside a draft path needs an entry per branch, "
+        "which treegraft's key/value cache does not keep"
+    )
 
 
 def _indexed_rule(cfg: Any, kind: str) -> LayerRule:
@@ -229,10 +249,6 @@ def layout_problem(cfg: Any) -> str | None:
     return f"its config's {name} is {layers!r}; expected an int >= 1 (its decoder layers)"
 
 
-#: model types whose position information is an ALiBi bias built from a 2D padding mask
-ALIBI_TYPES = frozenset({"bloom", "mpt"})
-
-
 #: why a model with state layers serves as no LM drafter (`refusal` without `target`)
 STATE_DRAFTER = (
     "its layers carry a recurrent state (linear attention, state-space or convolution "
@@ -257,20 +273,15 @@ def refusal(model: Any, *, target: bool = False) -> str | None:
         return why
     if (why := _cacheless(model)) is not None:
         return why
-    kind = getattr(cfg, "model_type", "")
-    if (
-        kind in ALIBI_TYPES
-        or getattr(cfg, "alibi", False)
-        or getattr(getattr(cfg, "attn_config", None), "alibi", False)
-    ):
+    if alibi_config(cfg) and not AlibiBiases.of(model).found:
         return (
-            "its ALiBi attention biases are built from a 2D padding mask and cannot take the "
-            "per-node positions of a draft tree"
+            "its ALiBi attention biases are built where treegraft cannot hand them a draft "
+            "tree's positions (not Bloom's `build_alibi_tensor`, Falcon's or MPT's bias table)"
         )
     if getattr(cfg, "is_encoder_decoder", False):
         return "it is an encoder-decoder model; treegraft serves decoder-only causal LMs"
-    if getattr(cfg, "use_bidirectional_attention", False):
-        return "its attention is bidirectional (`use_bidirectional_attention`), not causal"
+    if (why := _bidirectional(cfg)) is not None:
+        return why
     if (why := _borrowed_states(model) or layout_refusal(model, cfg)) is not None:
         return why
     if has_state_layers(model.config):
@@ -290,6 +301,21 @@ def refusal(model: Any, *, target: bool = False) -> str | None:
             f"its output past {switch.at} tokens does not follow from the sequence"
         )
     return None
+
+
+#: `use_bidirectional_attention` values under which text tokens attend causally: Gemma 4's
+#: "vision" (Gemma 4 unified's default) makes only image tokens' blocks bidirectional
+CAUSAL_TEXT_VALUES = (None, False, "vision")
+
+
+def _bidirectional(cfg: Any) -> str | None:
+    """Why the text config `cfg` attends bidirectionally: `use_bidirectional_attention` true
+    (Gemma 3's embedding variants) or "all" (Gemma 4 unified's, every token); None where text
+    tokens attend causally (unset, false, or "vision")."""
+    value = getattr(cfg, "use_bidirectional_attention", None)
+    if value in CAUSAL_TEXT_VALUES:
+        return None
+    return f"its attention is bidirectional (`use_bidirectional_attention: {value!r}`), not causal"
 
 
 def _no_output_head(model: Any) -> str | None:
@@ -389,13 +415,15 @@ def refused_message(model: Any, ref: str, why: str) -> str:
 
 
 #: config fields stating a model's maximum positions, first found first (`max_target_positions`:
-#: Whisper's decoder, whose position table has that many rows)
+#: Whisper's decoder, whose position table has that many rows; `max_seq_len`: MPT's, whose
+#: ALiBi table has that many columns and whose `generate` fails past it)
 POSITION_FIELDS = (
     "max_position_embeddings",
     "n_positions",
     "max_target_positions",
     "max_sequence_length",
     "seq_length",
+    "max_seq_len",
 )
 
 

@@ -9,6 +9,9 @@ forwarded before it, its position only its depth), so that table drops keys insi
 `SlotWindows` hands each such layer, for one forward, a table whose rows for the block are the
 runner's visibility under the layer's rule (by position), and the model the mask of its full
 layers: the model applies its window exactly as it does in `generate`.
+
+ALiBi biases, which Bloom, MPT and Falcon number by cache slot as well, are handed over in the
+same forwards (`alibi.AlibiBiases`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import attrs
 import torch
 from torch import Tensor
 
+from treegraft.core.runner.alibi import AlibiBiases
 from treegraft.core.runner.attention_rules import SLIDING_TYPES, AttentionRules
 
 
@@ -33,10 +37,12 @@ class SlotWindows:
             masks by layer type).
         full: the layer type of the mask the model itself takes (a plain causal one), when
             the runner's masks come by layer type.
+        alibi: where the model builds ALiBi biases by slot (`AlibiBiases`).
     """
 
     layers: tuple[tuple[Any, str], ...] = ()
     full: str | None = None
+    alibi: AlibiBiases = attrs.field(factory=AlibiBiases)
 
     @classmethod
     def of(cls, model: Any, rules: AttentionRules) -> SlotWindows:
@@ -51,7 +57,7 @@ class SlotWindows:
             if _slot_table(module) and getattr(module, "attention_type", None) in windowed
         )
         full = next((kind for kind, rule in by_type.items() if rule.plain), None)
-        return cls(layers, full if layers else None)
+        return cls(layers, full if layers else None, AlibiBiases.of(model))
 
     @contextlib.contextmanager
     def applied(self, visible: Any, additive: Any) -> Iterator[Any]:
@@ -59,10 +65,12 @@ class SlotWindows:
         (`[q, kv_len]`, as `[1, 1, q, kv_len]`; or a dict of those by layer type, as it is),
         and for a model with windowed slot tables, its full layers' entry, each such table
         swapped, until the forward returns, for one whose rows for the block are its rule's
-        `visible` (`[q, kv_len]` bool, or a dict of them by layer type)."""
+        `visible` (`[q, kv_len]` bool, or a dict of them by layer type); ALiBi biases by the
+        positions of `visible`'s rows (`AlibiBiases.applied`)."""
         mask = additive if isinstance(additive, dict) else additive[None, None]
         if not self.layers:
-            yield mask
+            with self.alibi.applied():
+                yield mask
             return
         kept = [module.bias for module, _ in self.layers]
         tables: dict[tuple[str, torch.device], Tensor] = {}  # by layer type and device
