@@ -42,7 +42,7 @@ from treegraft.core.model_files import (
     own_code_message,
     shape_message,
 )
-from treegraft.core.runner import CausalLMRunner
+from treegraft.core.runner import CausalLMRunner, StateRunner, runner_for
 from treegraft.core.runner.attention_rules import (
     STATE_DRAFTER,
     ModelRefused,
@@ -53,7 +53,6 @@ from treegraft.core.runner.attention_rules import (
 from treegraft.core.runner.forwards import ForwardPlan, attend, attention_for, plan_forward
 from treegraft.core.runner.placement import load_kwargs, map_problem
 from treegraft.core.runner.state_models import has_state_layers
-from treegraft.core.runner.state_runner import StateRunner
 from treegraft.core.tokenizer_files import folder_tokenizer
 from treegraft.kernels.tree_attention.hf import register
 
@@ -451,8 +450,9 @@ class Resources:
 
     def runner(
         self, ref: str, *, forward: str | None = None, target: bool = False, features: bool = False
-    ) -> CausalLMRunner:
-        """A fresh `CausalLMRunner` over the model `ref`, forwarding as `forward` says (a runner
+    ) -> CausalLMRunner | StateRunner:
+        """A fresh runner over the model `ref` (`runner_for`: a `StateRunner` for a target with
+        state layers, else a `CausalLMRunner`), forwarding as `forward` says (a runner
         forward; default: the target's under `decoding.forward`, `plan_for`), once `check` has
         passed it (as the pipeline's target with `target`; with `features` a drafter reads its
         hidden states: `read_features`, for good)."""
@@ -461,9 +461,7 @@ class Resources:
         self.read_features |= {ref} if features else set()
         attend(self.model(ref), plan := self.plan_for(ref))
         self.check(ref, forward := forward or plan.target, target=target)
-        if has_state_layers(self.model(ref).config):  # a target (`check` refuses a drafter)
-            return StateRunner(self.model(ref), forward=forward)
-        return CausalLMRunner(self.model(ref), forward=forward, bitwise=plan.bitwise)
+        return runner_for(self.model(ref), forward=forward, bitwise=plan.bitwise)
 
     def check(self, ref: str, forward: str | None = None, *, target: bool = False) -> None:
         """Raise `ModelRefused` unless the model `ref` can be served exactly: no architecture

@@ -32,7 +32,7 @@ from treegraft.core.runner.attention_rules import (
 )
 from treegraft.core.runner.blocks import additive_mask, device_visibility, host_visibility
 from treegraft.core.runner.forwards import cache_kwarg, quiet_outputs
-from treegraft.core.runner.kv_cache import TreeKVCache, accepted_nodes
+from treegraft.core.runner.kv_cache import TreeKVCache, accepted_nodes, check_prompt, output_rows
 from treegraft.core.runner.latency import measure_latency
 from treegraft.core.runner.lean import FORWARDS, FusedForward, LeanForward, lean_support
 from treegraft.core.runner.padding import PADDED_ROWS, pad_block, padding_pays
@@ -209,19 +209,7 @@ class CausalLMRunner:
         if rows is None:
             self.output_rows = self._head = None
             return
-        rows = torch.as_tensor(rows, dtype=torch.long)
-        vocab = self.vocab_size
-        if rows.ndim != 1 or rows.numel() == 0:
-            raise ValueError(
-                f"output rows must be a non-empty [K] tensor, got shape {tuple(rows.shape)}"
-            )
-        low, high = int(rows.min()), int(rows.max())
-        if low < 0 or high >= vocab:
-            raise ValueError(
-                f"output rows must be token ids in [0, {vocab}), got {low if low < 0 else high}"
-            )
-        if torch.unique(rows).numel() != rows.numel():
-            raise ValueError("output rows must be distinct token ids")
+        rows = output_rows(rows, self.vocab_size)
         self.output_rows = rows.to(self.device)
         self._gather_head()
 
@@ -233,12 +221,7 @@ class CausalLMRunner:
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         """Start a generation: reserve `max_len` cache slots (reusing the last allocation if large enough)."""
-        if prompt.ndim != 1 or prompt.numel() == 0:
-            raise ValueError(
-                f"prompt must be a non-empty [T] tensor of token ids, got shape {tuple(prompt.shape)}"
-            )
-        if prompt.numel() >= max_len:
-            raise ValueError(f"prompt of {prompt.numel()} tokens does not fit max_len={max_len}")
+        check_prompt(prompt, max_len)
         if (input_device(self.model), self.model.dtype) != (self._device, self._dtype):  # moved
             self._read_model()
             self.cache = None

@@ -313,3 +313,32 @@ def accepted_nodes(
             "expected strictly increasing node indices (a path, root first)"
         )
     return nodes
+
+
+def output_rows(rows: object, vocab: int) -> Tensor:
+    """`rows` as a `[K]` int64 tensor of distinct token ids below `vocab`, checked (a runner's
+    `restrict_output`); else a `ValueError` saying which rule it breaks."""
+    rows = torch.as_tensor(rows, dtype=torch.long)
+    if rows.ndim != 1 or rows.numel() == 0:
+        raise ValueError(
+            f"output rows must be a non-empty [K] tensor, got shape {tuple(rows.shape)}"
+        )
+    low, high = int(rows.min()), int(rows.max())
+    if low < 0 or high >= vocab:
+        raise ValueError(
+            f"output rows must be token ids in [0, {vocab}), got {low if low < 0 else high}"
+        )
+    if torch.unique(rows).numel() != rows.numel():
+        raise ValueError("output rows must be distinct token ids")
+    return rows
+
+
+def check_prompt(prompt: Tensor, max_len: int) -> None:
+    """A runner's `begin`: `prompt` is a non-empty `[T]` tensor shorter than `max_len`, else a
+    `ValueError`."""
+    if prompt.ndim != 1 or prompt.numel() == 0:
+        raise ValueError(
+            f"prompt must be a non-empty [T] tensor of token ids, got shape {tuple(prompt.shape)}"
+        )
+    if prompt.numel() >= max_len:
+        raise ValueError(f"prompt of {prompt.numel()} tokens does not fit max_len={max_len}")

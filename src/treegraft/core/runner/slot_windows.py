@@ -69,6 +69,9 @@ class SlotWindows:
         positions of `visible`'s rows (`AlibiBiases.applied`)."""
         mask = additive if isinstance(additive, dict) else additive[None, None]
         if not self.layers:
+            if not self.alibi.found:  # most models: nothing to hand over
+                yield mask
+                return
             with self.alibi.applied():
                 yield mask
             return

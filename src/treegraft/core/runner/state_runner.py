@@ -29,7 +29,7 @@ from torch import Tensor
 from treegraft.core.errors import ArgumentError
 from treegraft.core.runner.causal_lm import CACHE_CHUNK
 from treegraft.core.runner.forwards import cache_kwarg, generate_hands_positions, quiet_outputs
-from treegraft.core.runner.kv_cache import accepted_nodes
+from treegraft.core.runner.kv_cache import accepted_nodes, check_prompt, output_rows
 from treegraft.core.runner.latency import measure_latency
 from treegraft.core.runner.placement import input_device
 from treegraft.core.runner.state_models import new_state_cache
@@ -157,19 +157,7 @@ class StateRunner:
         if rows is None:
             self.output_rows = None
             return
-        rows = torch.as_tensor(rows, dtype=torch.long)
-        if rows.ndim != 1 or rows.numel() == 0:
-            raise ValueError(
-                f"output rows must be a non-empty [K] tensor, got shape {tuple(rows.shape)}"
-            )
-        low, high = int(rows.min()), int(rows.max())
-        if low < 0 or high >= self.vocab_size:
-            raise ValueError(
-                f"output rows must be token ids in [0, {self.vocab_size}), "
-                f"got {low if low < 0 else high}"
-            )
-        if torch.unique(rows).numel() != rows.numel():
-            raise ValueError("output rows must be distinct token ids")
+        rows = output_rows(rows, self.vocab_size)
         self.output_rows = rows.to(self.device)
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
@@ -181,12 +169,7 @@ class StateRunner:
             )
         if isinstance(max_len, bool) or not isinstance(max_len, int):
             raise ArgumentError(f"StateRunner.begin: max_len: expected an int, got {max_len!r}")
-        if prompt.ndim != 1 or prompt.numel() == 0:
-            raise ValueError(
-                f"prompt must be a non-empty [T] tensor of token ids, got shape {tuple(prompt.shape)}"
-            )
-        if prompt.numel() >= max_len:
-            raise ValueError(f"prompt of {prompt.numel()} tokens does not fit max_len={max_len}")
+        check_prompt(prompt, max_len)
         self.cache, self._recorded = new_state_cache(self.model), 0
         reserve = min(max_len, prompt.numel() + CACHE_CHUNK)  # grown at commit as decoding goes
         self.committed = torch.zeros(reserve, dtype=torch.long, device=self.device)
@@ -306,15 +289,14 @@ class StateRunner:
         return self.committed[: self.n_committed]
 
     def track_hidden(self) -> None:
+        """Refused: hidden states are kept on the lean forward only, which this model lacks."""
         raise ValueError(
             f"hidden states are kept only on the lean forward, which {type(self.model).__name__} "
             "(a model with recurrent state layers) does not take: a feature-level drafter cannot "
             "read this target"
         )
 
-    def hidden_states(self) -> Tensor:
-        self.track_hidden()
-        raise AssertionError  # unreachable: track_hidden raises
+    hidden_states = track_hidden  # refused alike
 
     def latency_curve(self, queries: Sequence[int], *, context: int, repeats: int = 3) -> Any:
         """This model's `LatencyCurve` over chains of `queries` tokens after `context` tokens,
