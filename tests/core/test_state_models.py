@@ -137,6 +137,17 @@ def test_chain_with_roll_back_equals_generate(model_type: str, length: int) -> N
         assert _chain_decode(model, prompt, ahead) == ahead[:NEW]
 
 
+@pytest.mark.parametrize("model_type", sorted(SNAPSHOT))
+def test_a_rollback_by_snapshot_of_the_first_chain_starts_the_cache_afresh(model_type) -> None:
+    """After a one-token prompt the first chain is the cache's first forward: rolled back, the
+    cache starts afresh (MiniMax, RWKV and xLSTM build theirs again at the next forward)."""
+    model = _model(model_type)
+    prompt = _prompt(1)
+    ahead = reference(model, prompt, max_new_tokens=NEW + MAX_CHAIN)
+    with torch.inference_mode():
+        assert _chain_decode(model, prompt, ahead) == ahead[:NEW]
+
+
 @pytest.mark.parametrize("model_type", sorted(REFUSED))
 def test_state_refusal_names_the_cause(model_type: str) -> None:
     model = tiny_model(model_type)

@@ -22,6 +22,7 @@ from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner, StateRunner, runner_for, state_runner
 from treegraft.core.runner.attention_rules import STATE_DRAFTER, ModelRefused, refusal
 from treegraft.core.runner.state_check import probe_chains
+from treegraft.core.runner.state_snapshot import crop_keys
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.plugins.builders.layered import LayeredBuilder, LayeredConfig
 from treegraft.plugins.verifiers.greedy import GreedyVerifier
@@ -372,20 +373,37 @@ def test_chains_accepted_in_part_keep_exactly_the_accepted_states(models, model_
     assert decoder.target.forwards == 1 + len(events) + extra  # the prompt's, the steps'
 
 
-@pytest.mark.parametrize("model_type", ["jamba", "lfm2", "falcon_h1", "granitemoehybrid"])
-def test_a_bfloat16_target_is_refused_on_its_copy_for_a_rollback_miss(model_type, monkeypatch):
+#: (the rollback each misses on its float64 copy: `_crop` drops nothing, or `_restore` cuts the
+#: keys back but leaves the state)
+MISSED = {"_crop": lambda self, n: None, "_restore": lambda self, n: crop_keys(self.cache, n)}
+
+
+@pytest.mark.parametrize(
+    ("model_type", "rollback"),
+    [
+        ("jamba", "_crop"),
+        ("lfm2", "_crop"),
+        ("falcon_h1", "_crop"),
+        ("granitemoehybrid", "_crop"),
+        ("zamba", "_restore"),
+        ("rwkv", "_restore"),
+    ],
+)
+def test_a_bfloat16_target_is_refused_on_its_copy_for_a_rollback_miss(
+    model_type, rollback, monkeypatch
+):
     """A rollback that keeps a rejected draft's state, by less than bfloat16 rounding (only
     the float64 copy's runner misses it here): the load probe's float64 copy of the
     architecture, every kind of its layers kept, finds it, and the target is refused."""
     model = tiny_model(model_type, seed=0, dtype=torch.bfloat16)
     res = Resources(dtype=torch.bfloat16)
     res.add_model("mem:target", model)
-    crop = StateRunner._crop
-    wide_only = lambda self, n: None if self.dtype == torch.float64 else crop(self, n)  # noqa: E731
-    monkeypatch.setattr(StateRunner, "_crop", wide_only)
+    right, wrong = getattr(StateRunner, rollback), MISSED[rollback]
+    wide_only = lambda self, n: (wrong if self.dtype == torch.float64 else right)(self, n)  # noqa: E731
+    monkeypatch.setattr(StateRunner, rollback, wide_only)
     with pytest.raises(ModelRefused, match=r"rolled drafts back, in a float64 copy"):
         res.runner("mem:target", target=True)
-    monkeypatch.setattr(StateRunner, "_crop", crop)
+    monkeypatch.setattr(StateRunner, rollback, right)
     res = Resources(dtype=torch.bfloat16)
     res.add_model("mem:target", model)
     assert isinstance(res.runner("mem:target", target=True), StateRunner)
