@@ -74,7 +74,7 @@ def restore_snapshot(cache: Any, snapshot: list[Tensor]) -> None:
             f"forward ({len(snapshot)} before, {len(current)} after), so its snapshot cannot "
             "be restored"
         )
-    with torch.no_grad():
+    with torch.inference_mode():  # the states of forwards run in inference mode are its own
         for tensor, saved in zip(current, snapshot, strict=True):
             tensor.copy_(saved)
 
