@@ -4,6 +4,7 @@ why some are refused, and chains verified through their own cache against greedy
 from __future__ import annotations
 
 import functools
+import itertools
 
 import pytest
 import torch
@@ -19,12 +20,17 @@ from transformers import (
 from treegraft.conformance.matrix import reference
 from treegraft.conformance.tiny import VOCAB, tiny_model
 from treegraft.core.errors import ArgumentError
-from treegraft.core.runner.state_models import has_state_layers, new_state_cache, state_refusal
+from treegraft.core.runner.state_models import (
+    has_state_layers,
+    new_state_cache,
+    rollback_by_snapshot,
+    state_refusal,
+)
 from treegraft.core.runner.state_runner import StateRunner
 from treegraft.core.tree import DraftTree
 
 #: state models a chain verifies exactly (the tiny LFM2 and Zamba2 take their layer patterns
-#: from `tiny.MODEL_FIELDS`)
+#: from `tiny.MODEL_FIELDS`), rolled back by crop or by snapshot (`SNAPSHOT`)
 WORKING = (
     "bailing_hybrid",
     "bamba",
@@ -42,24 +48,25 @@ WORKING = (
     "lfm3",
     "mamba",
     "mamba2",
+    "minimax",
     "nemotron_h",
     "olmo_hybrid",
     "qwen3_5_moe_text",
     "qwen3_5_text",
     "qwen3_next",
     "qwen4_exp_text",
+    "rwkv",
+    "xlstm",
+    "zamba",
     "zamba2",
+    "zaya",
 )
+#: those whose caches cannot crop their state (a forward's last state only, or a cache of the
+#: model's own): rolled back by snapshot
+SNAPSHOT = frozenset({"minimax", "rwkv", "xlstm", "zamba", "zaya"})
 
 #: refused state models and a phrase their reason holds
-REFUSED = {
-    "minimax": "cache of the model's own",
-    "recurrent_gemma": "on their own modules",
-    "rwkv": "cache of the model's own",
-    "xlstm": "cache of the model's own",
-    "zamba": "only the state after the last token",
-    "zaya": "only the state after the last token",
-}
+REFUSED = {"recurrent_gemma": "take every forward of more than one token for a prompt"}
 
 MAX_CHAIN = 5
 NEW = 16
@@ -123,7 +130,19 @@ def test_chain_with_roll_back_equals_generate(model_type: str, length: int) -> N
     model = _model(model_type)
     assert has_state_layers(model.config)
     assert state_refusal(model) is None
+    assert rollback_by_snapshot(model) == (model_type in SNAPSHOT)
     prompt = _prompt(length)
+    ahead = reference(model, prompt, max_new_tokens=NEW + MAX_CHAIN)
+    with torch.inference_mode():
+        assert _chain_decode(model, prompt, ahead) == ahead[:NEW]
+
+
+@pytest.mark.parametrize("model_type", sorted(SNAPSHOT))
+def test_a_rollback_by_snapshot_of_the_first_chain_starts_the_cache_afresh(model_type) -> None:
+    """After a one-token prompt the first chain is the cache's first forward: rolled back, the
+    cache starts afresh (MiniMax, RWKV and xLSTM build theirs again at the next forward)."""
+    model = _model(model_type)
+    prompt = _prompt(1)
     ahead = reference(model, prompt, max_new_tokens=NEW + MAX_CHAIN)
     with torch.inference_mode():
         assert _chain_decode(model, prompt, ahead) == ahead[:NEW]
@@ -134,6 +153,31 @@ def test_state_refusal_names_the_cause(model_type: str) -> None:
     model = tiny_model(model_type)
     assert has_state_layers(model.config)
     assert REFUSED[model_type] in (state_refusal(model) or "")
+
+
+def test_recurrent_gemma_forwards_a_chain_after_cached_tokens_as_a_prompt() -> None:
+    """The cause of its refusal: after a cached prompt, a forward of four tokens gives other
+    logits than its forward of the whole sequence, four forwards of one token (its `generate`'s)
+    the same."""
+    from transformers import DynamicCache
+
+    model = tiny_model("recurrent_gemma")
+    ids = _prompt(24)[None]
+
+    def run(cache: DynamicCache, a: int, b: int) -> torch.Tensor:  # positions as `generate`'s
+        positions = torch.arange(a, b)[None]
+        return model(ids[:, a:b], position_ids=positions, cache=cache, use_cache=True).logits[0]
+
+    with torch.inference_mode():
+        whole = model(ids).logits[0, 20:]
+        chains = []
+        for sizes in ((4,), (1, 1, 1, 1)):
+            cache = DynamicCache(config=model.config)
+            run(cache, 0, 20)
+            bounds = torch.tensor([20, *sizes]).cumsum(0).tolist()
+            chains.append(torch.cat([run(cache, a, b) for a, b in itertools.pairwise(bounds)]))
+    assert (chains[0] - whole).abs().max() > 1e-3
+    torch.testing.assert_close(chains[1], whole, rtol=1e-6, atol=1e-6)
 
 
 def test_has_state_layers_reads_layer_types_and_recurrent_types() -> None:

@@ -19,9 +19,10 @@ from treegraft.core.errors import ArgumentError
 from treegraft.core.interfaces import BuildResult, Drafter
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.resources import Resources
-from treegraft.core.runner import CausalLMRunner, StateRunner, runner_for
+from treegraft.core.runner import CausalLMRunner, StateRunner, runner_for, state_runner
 from treegraft.core.runner.attention_rules import STATE_DRAFTER, ModelRefused, refusal
 from treegraft.core.runner.state_check import probe_chains
+from treegraft.core.runner.state_snapshot import crop_keys
 from treegraft.core.tree import DraftTree, Proposal
 from treegraft.plugins.builders.layered import LayeredBuilder, LayeredConfig
 from treegraft.plugins.verifiers.greedy import GreedyVerifier
@@ -29,13 +30,17 @@ from treegraft.plugins.verifiers.greedy import GreedyVerifier
 #: one architecture per kind of state layer: gated delta rule beside attention (Qwen3-Next),
 #: Mamba beside attention (Jamba), short convolutions (LFM2), Mamba-2 alone
 STATE_TYPES = ("qwen3_next", "jamba", "lfm2", "mamba2")
+#: the architectures rolled back by snapshot: Mamba layers that store a forward's last state
+#: beside attention (Zamba, ZAYA), lightning attention in a cache of its own (MiniMax), RWKV's
+#: `state` tensors, xLSTM's `xLSTMCache`
+SNAPSHOT_TYPES = ("zamba", "zaya", "minimax", "rwkv", "xlstm")
 
 
 @pytest.fixture(scope="module")
 def models() -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return {t: tiny_model(t, seed=0) for t in STATE_TYPES}
+        return {t: tiny_model(t, seed=0) for t in STATE_TYPES + SNAPSHOT_TYPES}
 
 
 def _spec(target: str, drafter: str = "mem:llama", verifier: dict | None = None) -> dict:
@@ -67,11 +72,12 @@ def _prompts() -> list[torch.Tensor]:
     return [torch.randint(0, VOCAB, (9,), generator=rng), motif.repeat(12)[:70]]
 
 
-@pytest.mark.parametrize("model_type", STATE_TYPES)
+@pytest.mark.parametrize("model_type", STATE_TYPES + SNAPSHOT_TYPES)
 def test_a_state_target_decodes_as_its_own_generate(models, model_type: str) -> None:
     model = models[model_type]
     pipe = load_pipeline(_spec("mem:target"), resources=_resources(model))
     assert isinstance(pipe.decoder.target, StateRunner)
+    assert pipe.decoder.target.snapshots == (model_type in SNAPSHOT_TYPES)
     drafted = []
     for prompt in _prompts():
         out = pipe.generate(prompt)
@@ -83,10 +89,11 @@ def test_a_state_target_decodes_as_its_own_generate(models, model_type: str) -> 
     assert max(drafted) >= 2  # chains of drafts were verified (and rolled back)
 
 
-def test_pointmass_sampling_through_a_state_target_is_its_law(models) -> None:
+@pytest.mark.parametrize("model_type", ["jamba", "rwkv"])  # rolled back by crop, by snapshot
+def test_pointmass_sampling_through_a_state_target_is_its_law(models, model_type) -> None:
     """Sampled tokens through chains verified by a state target: the second token's law is the
     target's (Pearson's chi-square against the exact law, rare cells pooled)."""
-    model = models["jamba"]
+    model = models[model_type]
     spec = _spec("mem:target", verifier={"name": "pointmass", "temperature": 0.25})
     spec["decoding"]["max_new_tokens"] = 2
     spec["drafters"].pop("strong")  # the n-gram drafter alone: its chains repeat the motif
@@ -126,10 +133,18 @@ def _chain(tokens: list[int]) -> DraftTree:
     return DraftTree.from_parents(torch.tensor(tokens), torch.arange(-1, len(tokens) - 1))
 
 
-def test_rollback_and_rewind_leave_the_states_of_the_kept_tokens(models) -> None:
+@pytest.mark.parametrize(
+    ("model_type", "forwards"),
+    # the prompt, then two forwards a step (one rewound); by snapshot, the kept tokens of the
+    # two steps that keep some drafts but not all are forwarded again
+    [("qwen3_next", 9), ("zamba", 11), ("minimax", 11), ("xlstm", 11)],
+)
+def test_rollback_and_rewind_leave_the_states_of_the_kept_tokens(
+    models, model_type, forwards
+) -> None:
     """Logits after commits that keep some drafts, none or all (and after a rewind) are those of
     the model's own forward of the committed tokens."""
-    model = models["qwen3_next"]
+    model = models[model_type]
     runner = StateRunner(model)
     prompt = _prompts()[0]
     runner.begin(prompt, max_len=64)
@@ -146,8 +161,30 @@ def test_rollback_and_rewind_leave_the_states_of_the_kept_tokens(models) -> None
             torch.testing.assert_close(logits, own, rtol=1e-6, atol=1e-6)  # a wrong state: 1e-2
             tokens = torch.tensor([*chain.tokens[1 : kept + 1].tolist(), 7])
             runner.commit(torch.arange(kept + 1), tokens)
-            assert runner.n_cached == runner.n_committed - 1
-    assert runner.forwards == 9  # the prompt, then two forwards a step (one rewound)
+            # all but the last committed (and, by snapshot, a lone root kept: pending)
+            assert runner.n_cached == runner.n_committed - 1 - (runner.snapshots and kept == 0)
+    assert runner.forwards == forwards
+
+
+def test_a_snapshot_rollback_forwards_again_only_the_kept_tokens_of_a_partial_step(models):
+    """Rolled back by snapshot, a step takes one forward, and one more where it keeps some of
+    its drafts but not all; where it keeps none, the root waits for the next step's forward,
+    which then keeps two tokens (that root and its own) even if it rejects every draft."""
+    model = models["rwkv"]
+    runner = StateRunner(model)
+    runner.begin(_prompts()[0], max_len=64)
+    runner.skip_prefill()  # the prompt's forward
+    steps = ((3, 3, 1), (3, 0, 1), (3, 1, 2), (2, 0, 1), (2, 0, 2), (4, 2, 2), (1, 0, 1))
+    with torch.inference_mode():
+        for drafts, kept, forwards in steps:
+            before = runner.forwards
+            chain = _chain([int(runner.committed_ids()[-1]), *range(20, 20 + drafts)])
+            logits = runner.forward_tree(chain)
+            ids = torch.cat([runner.committed_ids(), chain.tokens[1:]])
+            own = model(ids[None]).logits[0, runner.n_committed - 1 :]
+            torch.testing.assert_close(logits, own, rtol=1e-6, atol=1e-6)
+            runner.commit(torch.arange(kept + 1), torch.tensor([*range(20, 20 + kept), 5]))
+            assert runner.forwards - before == forwards, (drafts, kept)
 
 
 def test_runner_refuses_what_it_cannot_verify(models) -> None:
@@ -206,6 +243,38 @@ def test_the_probe_finds_a_rollback_that_keeps_rejected_states(models, monkeypat
     monkeypatch.setattr(StateRunner, "_crop", lambda self, tokens: None)
     why = probe_chains(model)
     assert why is not None and "after 1 commit(s) that rolled drafts back" in why
+
+
+def _restore_nothing(monkeypatch) -> None:
+    """Break the rollback by snapshot: the keys are cut back and the kept tokens forwarded
+    again, but the state of the rejected drafts stays."""
+    monkeypatch.setattr(state_runner, "restore_snapshot", lambda cache, snapshot: None)
+
+
+@pytest.mark.parametrize("model_type", SNAPSHOT_TYPES)
+def test_the_probe_finds_a_snapshot_rollback_that_restores_nothing(models, model_type, monkeypatch):
+    model = models[model_type]
+    assert probe_chains(model) is None
+    _restore_nothing(monkeypatch)
+    why = probe_chains(model)
+    assert why is not None and "commit(s) that rolled drafts back" in why
+
+
+#: (MiniMax's and Zamba's tiny states move their logits less than their greedy margins here:
+#: the probe finds those)
+@pytest.mark.parametrize("model_type", ["zaya", "rwkv", "xlstm"])
+def test_a_snapshot_rollback_that_restores_nothing_decodes_other_tokens(
+    models, model_type, monkeypatch
+) -> None:
+    model = models[model_type]
+    prompt = _prompts()[1]
+    want = hf_generate(model, prompt, 40)
+    _restore_nothing(monkeypatch)
+    with torch.inference_mode():
+        events = _two_children_decoder(model, prompt, want).steps(
+            prompt, StopRule(max_new_tokens=32)
+        )
+        assert [t for e in events for t in e.tokens] != want[:32]
 
 
 def _built(parents: list[int], scores: list[float]) -> BuildResult:
@@ -273,41 +342,68 @@ class TwoChildren(Drafter):
         self.step += 1
 
 
-@pytest.mark.parametrize("model_type", ("qwen3_next", "lfm2"))
-def test_chains_accepted_in_part_keep_exactly_the_accepted_states(models, model_type) -> None:
-    """Trees of two children per node, trimmed to their best chains, accepted in full, in part
-    and not at all: the output is `generate`'s."""
-    model = models[model_type]
-    prompt = _prompts()[0]
-    want = hf_generate(model, prompt, 40)
-    decoder = Decoder(
+def _two_children_decoder(model, prompt: torch.Tensor, want: list[int]) -> Decoder:
+    """A decoder of `model` as target, drafting with `TwoChildren` after `prompt` (`want`: the
+    target's greedy continuation)."""
+    return Decoder(
         target=StateRunner(model),
         drafters=(TwoChildren([*prompt.tolist(), *want, *[0] * 8]),),
         builder=LayeredBuilder(LayeredConfig(depth=4, top_k=2, budget=12)),
         scheduler=Never(NoConfig()),
         verifier=GreedyVerifier(NoConfig()),
     )
+
+
+@pytest.mark.parametrize("model_type", ("qwen3_next", "lfm2", *SNAPSHOT_TYPES))
+def test_chains_accepted_in_part_keep_exactly_the_accepted_states(models, model_type) -> None:
+    """Trees of two children per node, trimmed to their best chains, accepted in full, in part
+    and not at all: the output is `generate`'s, in one forward a step and, rolled back by
+    snapshot, one more on each step that keeps some drafts but not all."""
+    model = models[model_type]
+    prompt = _prompts()[1]  # 70 tokens
+    want = hf_generate(model, prompt, 40)
+    decoder = _two_children_decoder(model, prompt, want)
     with torch.inference_mode():
         events = list(decoder.steps(prompt, StopRule(max_new_tokens=32)))
     assert [t for e in events for t in e.tokens] == want[:32]
     assert {e.accepted for e in events} == {0, 1, 2, 3, 4}
     assert all(e.tree_size == 4 for e in events[:-1])  # a chain of 4 from a tree of 12
+    partial = sum(0 < e.accepted < e.tree_size for e in events)
+    extra = partial if model_type in SNAPSHOT_TYPES else 0  # (no two full rejections in a row)
+    assert decoder.target.forwards == 1 + len(events) + extra  # the prompt's, the steps'
 
 
-@pytest.mark.parametrize("model_type", ["jamba", "lfm2", "falcon_h1", "granitemoehybrid"])
-def test_a_bfloat16_target_is_refused_on_its_copy_for_a_rollback_miss(model_type, monkeypatch):
+#: (the rollback each misses on its float64 copy: `_crop` drops nothing, or `_restore` cuts the
+#: keys back but leaves the state)
+MISSED = {"_crop": lambda self, n: None, "_restore": lambda self, n: crop_keys(self.cache, n)}
+
+
+@pytest.mark.parametrize(
+    ("model_type", "rollback"),
+    [
+        ("jamba", "_crop"),
+        ("lfm2", "_crop"),
+        ("falcon_h1", "_crop"),
+        ("granitemoehybrid", "_crop"),
+        ("zamba", "_restore"),
+        ("rwkv", "_restore"),
+    ],
+)
+def test_a_bfloat16_target_is_refused_on_its_copy_for_a_rollback_miss(
+    model_type, rollback, monkeypatch
+):
     """A rollback that keeps a rejected draft's state, by less than bfloat16 rounding (only
     the float64 copy's runner misses it here): the load probe's float64 copy of the
     architecture, every kind of its layers kept, finds it, and the target is refused."""
     model = tiny_model(model_type, seed=0, dtype=torch.bfloat16)
     res = Resources(dtype=torch.bfloat16)
     res.add_model("mem:target", model)
-    crop = StateRunner._crop
-    wide_only = lambda self, n: None if self.dtype == torch.float64 else crop(self, n)  # noqa: E731
-    monkeypatch.setattr(StateRunner, "_crop", wide_only)
+    right, wrong = getattr(StateRunner, rollback), MISSED[rollback]
+    wide_only = lambda self, n: (wrong if self.dtype == torch.float64 else right)(self, n)  # noqa: E731
+    monkeypatch.setattr(StateRunner, rollback, wide_only)
     with pytest.raises(ModelRefused, match=r"rolled drafts back, in a float64 copy"):
         res.runner("mem:target", target=True)
-    monkeypatch.setattr(StateRunner, "_crop", crop)
+    monkeypatch.setattr(StateRunner, rollback, right)
     res = Resources(dtype=torch.bfloat16)
     res.add_model("mem:target", model)
     assert isinstance(res.runner("mem:target", target=True), StateRunner)

@@ -100,7 +100,9 @@ MODEL_FIELDS: dict[str, dict[str, Any]] = {
     "bamba": {"attn_layer_indices": [1, 3]},
     "granitemoehybrid": {"layer_types": ["mamba", "attention", "mamba", "attention"]},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
-    "zamba": {"attn_layer_period": 1, "attn_layer_offset": 0},  # a shared block used twice
+    # a shared block used twice; an output head of its own (tied to the embedding, the tiny
+    # Zamba and ZAYA repeat their last input token whatever their state)
+    "zamba": {"attn_layer_period": 1, "attn_layer_offset": 0, "tie_word_embeddings": False},
     "lfm2": {"layer_types": ["conv", "full_attention", "conv", "full_attention"]},  # its
     # default has no conv layer; Zamba2's hybrid layer ids stay those of its 54 layers
     "zamba2": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"]},
@@ -119,7 +121,10 @@ MODEL_FIELDS: dict[str, dict[str, Any]] = {
     # validators: NVFP4 keys need 16-wide heads; ZAYA routes to one expert; the assistant
     # drafter of Gemma 4 takes no per-layer inputs
     "kolibri1_1": {"head_dim": 16, "index_num_heads": 2},
-    "zaya": {"num_experts_per_tok": 1},
+    "zaya": {"num_experts_per_tok": 1, "tie_word_embeddings": False},  # a head as Zamba's
+    # xLSTM's cache sizes its states by widths rounded up to 64, its layers by unrounded ones:
+    # factors that make both 64 (a checkpoint's widths are multiples of 64)
+    "xlstm": {"qk_dim_factor": 2.0, "v_dim_factor": 2.0},
     "gemma4_assistant": {
         "text_config": {
             "hidden_size_per_layer_input": 0,

@@ -282,10 +282,10 @@ def refusal(model: Any, *, target: bool = False) -> str | None:
         return "it is an encoder-decoder model; treegraft serves decoder-only causal LMs"
     if (why := _bidirectional(cfg)) is not None:
         return why
+    if has_state_layers(model.config):  # before the tree-mask layouts: it builds its masks
+        return state_refusal(model) if target else STATE_DRAFTER
     if (why := _borrowed_states(model) or layout_refusal(model, cfg)) is not None:
         return why
-    if has_state_layers(model.config):
-        return state_refusal(model) if target else STATE_DRAFTER
     try:
         attention_rules(model.config)
     except ModelRefused as err:

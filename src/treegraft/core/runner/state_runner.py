@@ -8,17 +8,24 @@ layers cannot do; a chain needs none: its tokens follow one another as in decodi
 the tree's best path, `decoder.trim_to_chain`), through the model's **own** cache and forward,
 as its own assisted `generate` does: the chain is forwarded after the committed tokens with past
 recording on (`Cache.activate_past_recording`: the layers keep the states of the chain's last
-tokens), and the rejected tail is cropped off at commit (`Cache.crop`). The model builds its own
-masks and positions, so every attention rule it has (windows, chunks, per-layer types) is its
-own. Which models qualify and which cannot (their cache cannot be rolled back, or rolled back
-exactly) is `state_models`' to say; the load-time probe `state_check.probe_chains` checks each model's chain
-forwards and rollbacks against its own forward, as `model_check.probe_model` checks trees.
+tokens), and the rejected tail is cropped off at commit (`Cache.crop`). A model whose cache
+cannot crop its state (`state_models.rollback_by_snapshot`: Zamba, ZAYA, MiniMax, RWKV, xLSTM)
+is rolled back by snapshot instead: its state tensors are copied before the step's forward
+(`state_snapshot`), and where drafts are rejected they are put back, the attention keys cut
+back by length, and the kept tokens forwarded again (a lone kept root waits for the next
+step's forward instead). The model builds its own masks and positions, so every attention rule
+it has (windows, chunks, per-layer types) is its own. Which models qualify and which cannot
+(their forward cannot continue a chain, or their state lies beyond any rollback) is
+`state_models`' to say; the load-time probe `state_check.probe_chains` checks each model's
+chain forwards and rollbacks against its own forward, as `model_check.probe_model` checks
+trees.
 
 A state model serves as the **target**; not as an LM drafter, whose forwards score trees.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,11 +35,16 @@ from torch import Tensor
 
 from treegraft.core.errors import ArgumentError
 from treegraft.core.runner.causal_lm import CACHE_CHUNK
-from treegraft.core.runner.forwards import cache_kwarg, generate_hands_positions, quiet_outputs
+from treegraft.core.runner.forwards import generate_hands_positions, quiet_outputs
 from treegraft.core.runner.kv_cache import accepted_nodes, check_prompt, output_rows
 from treegraft.core.runner.latency import measure_latency
 from treegraft.core.runner.placement import input_device
-from treegraft.core.runner.state_models import new_state_cache
+from treegraft.core.runner.state_models import (
+    cache_keyword,
+    new_state_cache,
+    rollback_by_snapshot,
+)
+from treegraft.core.runner.state_snapshot import crop_keys, restore_snapshot, take_snapshot
 from treegraft.core.tree import DraftTree
 from treegraft.kernels.tree_attention.hf import IMPLEMENTATION
 
@@ -91,14 +103,18 @@ class StateRunner:
         model: an `AutoModelForCausalLM` whose layers carry a state (eval mode).
         forward: `auto` or `transformers` (both: the model's own forward; the lean forwards
             read attention layers only).
-        cache: the model's own cache of this generation (None until `begin`).
+        cache: the model's own cache of this generation (None until `begin`, and until the
+            first forward where the model builds its own).
         committed: `[n_committed]` int64 committed tokens (the prompt's included).
         n_committed: how many of `committed` are valid.
         n_cached: committed tokens the cache holds (all but the last after a step's commit).
         n_pending: committed tokens forwarded in this step's block before the chain.
         n_seen: chain nodes forwarded this step (the root first).
         output_rows: `[K]` token ids the logits are returned for (None: the whole vocabulary).
-        forwards: model forwards this runner has run.
+        forwards: model forwards this runner has run (a rollback by snapshot's forward of the
+            kept tokens counted).
+        snapshots: whether rejected drafts are rolled back by snapshot rather than by crop
+            (`state_models.rollback_by_snapshot`).
     """
 
     model: Any
@@ -111,11 +127,15 @@ class StateRunner:
     n_seen: int = 0
     forwards: int = 0
     output_rows: Tensor | None = None
+    snapshots: bool = attrs.field(init=False, default=False)
+    #: the state tensors before this step's forward (rollback by snapshot; None: none taken)
+    _snapshot: list[Tensor] | None = attrs.field(init=False, default=None)
     #: the chain's states the cache keeps for a rollback (grown when a longer chain comes)
     _recorded: int = attrs.field(init=False, default=0)
     _cache_kwarg: str = attrs.field(init=False, default="cache")
     _quiet: dict[str, bool] = attrs.field(init=False, factory=dict)
     _positions: bool = attrs.field(init=False, default=False)
+    _logits_to_keep: bool = attrs.field(init=False, default=True)
 
     #: the decoder verifies one chain per step (the tree's best path) with this runner
     verifies_trees = False
@@ -127,9 +147,11 @@ class StateRunner:
     def __attrs_post_init__(self) -> None:
         if (why := forward_problem(self.model, self.forward)) is not None:
             raise ArgumentError(f"forward: {why}")
-        self._cache_kwarg = cache_kwarg(self.model)
+        self._cache_kwarg = cache_keyword(self.model)
         self._quiet = quiet_outputs(self.model)
         self._positions = generate_hands_positions(self.model)
+        self._logits_to_keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        self.snapshots = rollback_by_snapshot(self.model)
 
     @property
     def device(self) -> torch.device:
@@ -170,7 +192,7 @@ class StateRunner:
         if isinstance(max_len, bool) or not isinstance(max_len, int):
             raise ArgumentError(f"StateRunner.begin: max_len: expected an int, got {max_len!r}")
         check_prompt(prompt, max_len)
-        self.cache, self._recorded = new_state_cache(self.model), 0
+        self.cache, self._recorded, self._snapshot = new_state_cache(self.model), 0, None
         reserve = min(max_len, prompt.numel() + CACHE_CHUNK)  # grown at commit as decoding goes
         self.committed = torch.zeros(reserve, dtype=torch.long, device=self.device)
         self.committed[: prompt.numel()] = prompt.to(self.device)
@@ -200,7 +222,10 @@ class StateRunner:
             self._run(pending, n_logits=0)
             self.n_cached, pending = int(pending.numel()), pending[:0]
         self.n_pending = int(pending.numel())
-        self._record(self.n_pending + n)
+        if self.snapshots:
+            self._snapshot = None if self.n_cached == 0 else take_snapshot(self.cache)
+        else:
+            self._record(self.n_pending + n)
         logits = self._run(torch.cat([pending, tree.tokens.to(self.device)]), n_logits=n)
         self.n_seen = n
         return logits
@@ -224,27 +249,33 @@ class StateRunner:
         """One forward of `ids` after the cached tokens, as `generate` runs one: the cache under
         the name the forward reads, positions where `generate` hands them (Bamba numbers a
         forward's tokens from 0 without), and no attention mask (FalconMamba's would have to
-        span the forward's tokens alone; all ones is none for the others)."""
+        span the forward's tokens alone; all ones is none for the others). A model that builds
+        its own cache at its first forward returns it under the keyword it takes it by."""
         total = self.n_cached  # the tokens the cache holds: this step's pending ones are in `ids`
         q = int(ids.shape[0])
         kwargs: dict[str, Any] = {self._cache_kwarg: self.cache, **self._quiet}
         if self._positions:
             kwargs["position_ids"] = torch.arange(total, total + q, device=self.device)[None]
-        out = self.model(
-            input_ids=ids[None], use_cache=True, logits_to_keep=max(n_logits, 1), **kwargs
-        )
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = max(n_logits, 1)
+        out = self.model(input_ids=ids[None], use_cache=True, **kwargs)
         self.forwards += 1
+        if self.cache is None:
+            self.cache = out[self._cache_kwarg]
         logits = out.logits[0, -n_logits:] if n_logits else out.logits[0, :0]
         return logits if self.output_rows is None else logits[:, self.output_rows]
 
     def rewind(self) -> None:
         """Drop this step's forwards (pending tokens and chain); the next forward redoes them."""
-        self._crop(self.n_pending + self.n_seen)
+        if not self.snapshots:
+            self._crop(self.n_pending + self.n_seen)
+        elif self.n_pending + self.n_seen:
+            self._restore(self.n_pending + self.n_seen)
         self.n_pending = self.n_seen = 0
 
     def commit(self, accepted: Tensor, tokens: Tensor) -> None:
         """Append `tokens` (the accepted drafts, then the bonus) and keep the states of the
-        accepted chain nodes `accepted` (`[a]`: 0 .. a - 1), cropping the rest off."""
+        accepted chain nodes `accepted` (`[a]`: 0 .. a - 1), rolling the rest back."""
         nodes = accepted_nodes(accepted, tokens, where="StateRunner.commit")
         if nodes != list(range(len(nodes))):
             raise ArgumentError(
@@ -256,10 +287,6 @@ class StateRunner:
                 f"StateRunner.commit: accepted: expected nodes of the chain forwarded this step "
                 f"(0 .. {self.n_seen - 1}), got {nodes}"
             )
-        if self.n_seen:  # else nothing of this step was forwarded
-            kept = min(len(nodes), self.n_seen)
-            self._crop(self.n_seen - kept)
-            self.n_cached += self.n_pending + kept
         end = self.n_committed + len(nodes)
         if end > self.capacity:
             grown = torch.zeros(max(end, 2 * self.capacity), dtype=torch.long, device=self.device)
@@ -267,6 +294,13 @@ class StateRunner:
             self.committed = grown
         self.committed[self.n_committed : end] = tokens.to(self.device)
         self.n_committed = end
+        if self.n_seen:  # else nothing of this step was forwarded
+            kept = self.n_pending + min(len(nodes), self.n_seen)
+            if self.snapshots:
+                self._keep(self.n_pending + self.n_seen, kept)
+            else:
+                self._crop(self.n_pending + self.n_seen - kept)
+                self.n_cached += kept
         self.n_pending = self.n_seen = 0
 
     def _crop(self, tokens: int) -> None:
@@ -274,6 +308,29 @@ class StateRunner:
         the states recorded for a rollback)."""
         if self.n_pending + self.n_seen:
             self.cache.crop(-tokens)
+
+    def _keep(self, forwarded: int, kept: int) -> None:
+        """Rollback by snapshot: keep the first `kept` of the `forwarded` tokens of this step's
+        forward (pending ones, then the chain's). All kept: nothing to undo. Else the state
+        before the forward is put back and the kept tokens are forwarded again, in one forward;
+        a lone kept root (every draft rejected, nothing pending) is left pending instead, for
+        the next step's forward to carry."""
+        if kept < forwarded:
+            self._restore(forwarded)
+            if kept == 1:
+                return
+            self._run(self.committed[self.n_cached : self.n_cached + kept], n_logits=0)
+        self.n_cached += kept
+
+    def _restore(self, forwarded: int) -> None:
+        """Rollback by snapshot: the state tensors put back as they were before this step's
+        forward, and the attention keys and values of its `forwarded` tokens cut off (a cache
+        that held nothing then is started afresh)."""
+        if self._snapshot is None:
+            self.cache = new_state_cache(self.model)
+            return
+        restore_snapshot(self.cache, self._snapshot)
+        crop_keys(self.cache, forwarded)
 
     def skip_prefill(self) -> None:
         """For timing (`measure_latency`): the committed tokens but the last forwarded now (a
