@@ -230,6 +230,8 @@ CONFIG_VARIANTS = [
         None,
     ),
     ("cohere", {"logit_scale": 0.0625, "use_qk_norm": True}, None),
+    # Llama 4's query scale stepping up every 8 rows (real checkpoints: 8192), on 2 of 4 layers
+    ("llama4_text", {"floor_scale": 8, "attn_temperature_tuning": True}, None),
     # mixtures of experts: router jitter (off in eval), renormalised top-k, one expert per token
     ("mixtral", {"router_jitter_noise": 0.5}, None),
     ("qwen2_moe", {"norm_topk_prob": True, "num_experts_per_tok": 3}, None),
