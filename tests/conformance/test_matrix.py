@@ -262,19 +262,68 @@ def test_config_variants_decode_exactly_or_are_refused(
     the output is `generate`'s, or the build refuses the model naming why."""
     target = tiny_model(model_type, seed=0, **extra)
     _learned_dynamic_mask(target)
+    if refused is not None:
+        with pytest.raises(ConfigError, match=refused):
+            _self_drafting(target)
+        return
+    prompt = _variant_prompt()
+    assert list(_self_drafting(target).generate(prompt).token_ids) == hf_generate(
+        target, prompt, 24
+    )
+
+
+def _self_drafting(target, forward: str = "auto"):
+    """A pipeline of `target` drafting wide deep trees for itself, 24 new tokens in float64."""
     res = Resources(dtype=torch.float64)
     res.add_model("mem:target", target)
     spec = _pipeline("mem:target", "mem:target", 24)
     spec["builder"] = {"name": "layered", "depth": 6, "top_k": 3, "budget": 24}
-    if refused is not None:
-        with pytest.raises(ConfigError, match=refused):
-            load_pipeline(spec, resources=res)
-        return
-    pipe = load_pipeline(spec, resources=res)
+    spec["decoding"]["forward"] = forward
+    return load_pipeline(spec, resources=res)
+
+
+def _variant_prompt() -> torch.Tensor:
+    """100 tokens: a 13-token motif repeated, every fifth token random."""
     rng = torch.Generator().manual_seed(5)
     motif = torch.randint(0, 90, (13,), generator=rng)
     prompt = motif.repeat(8)[:100]
     prompt[::5] = torch.randint(0, 90, (20,), generator=rng)
+    return prompt
+
+
+@pytest.mark.parametrize("forward", ["auto", "lean", "lean-fast", "transformers", "tree"])
+def test_a_llama_of_real_checkpoints_shapes_decodes_exactly_through_every_forward(
+    forward: str,
+) -> None:
+    """One key/value head, a head wider than hidden / heads, biases and an untied output layer:
+    each forward the model allows gives `generate`'s output."""
+    target = tiny_model(
+        "llama",
+        seed=0,
+        num_key_value_heads=1,
+        head_dim=16,
+        attention_bias=True,
+        mlp_bias=True,
+        tie_word_embeddings=False,
+    )
+    pipe = _self_drafting(target, forward)
+    assert pipe.decoder.target.lean == (forward in ("auto", "lean", "lean-fast"))  # on a CPU
+    prompt = _variant_prompt()
+    assert list(pipe.generate(prompt).token_ids) == hf_generate(target, prompt, 24)
+
+
+def test_a_scaled_rope_llama_runs_transformers_forward_or_is_refused_the_lean_one() -> None:
+    """The lean forward computes default RoPE only: a Llama 3 scaling is refused naming its type
+    with `forward: lean`, and `auto` falls back to `transformers`' forward, exactly."""
+    rope_3 = rope("llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
+    target = tiny_model(
+        "llama", seed=0, rope_parameters={**rope_3, "original_max_position_embeddings": 32}
+    )
+    with pytest.raises(ConfigError, match="RoPE type 'llama3' is not 'default'"):
+        _self_drafting(target, "lean")
+    pipe = _self_drafting(target)
+    assert not pipe.decoder.target.lean
+    prompt = _variant_prompt()
     assert list(pipe.generate(prompt).token_ids) == hf_generate(target, prompt, 24)
 
 
