@@ -115,6 +115,11 @@ def _learned_dynamic_mask(model) -> None:
                 param.copy_(torch.randn(param.shape, generator=rng, dtype=param.dtype))
 
 
+def rope(rope_type: str, rope_theta: float = 10000.0, **fields) -> dict:
+    """A `rope_parameters` entry of the given type."""
+    return {"rope_type": rope_type, "rope_theta": rope_theta, **fields}
+
+
 #: (model type, config overrides, words of the build-time refusal; None: must decode exactly)
 CONFIG_VARIANTS = [
     ("qwen2", {"sliding_window": 8, "max_window_layers": 1}, None),
@@ -145,13 +150,109 @@ CONFIG_VARIANTS = [
     ("roformer", {}, None),
     ("xlm-roberta", {}, None),
     ("trocr", {"use_learned_position_embeddings": False}, "SinusoidalPositionalEmbedding computes"),
+    # real checkpoints' RoPE scalings, crossed by the prompt (yarn's and llama3's 32 tokens)
+    (
+        "llama",
+        {
+            "rope_parameters": rope(
+                "llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=32,
+            )
+        },
+        None,
+    ),
+    (
+        "qwen2",
+        {"rope_parameters": rope("yarn", factor=4.0, original_max_position_embeddings=32)},
+        None,
+    ),
+    (
+        "deepseek_v3",
+        {
+            "rope_parameters": rope(
+                "yarn",
+                factor=4.0,
+                original_max_position_embeddings=32,
+                mscale=1.0,
+                mscale_all_dim=1.0,
+            )
+        },
+        None,
+    ),
+    ("gpt_neox", {"rope_parameters": rope("linear", factor=2.0, partial_rotary_factor=0.25)}, None),
+    # dynamic NTK rescales past `max_position_embeddings` only: the context may reach it exactly
+    (
+        "llama",
+        {"rope_parameters": rope("dynamic", factor=4.0), "max_position_embeddings": 124},
+        None,
+    ),
+    # Phi-3's longrope switch reached by the first new token (the prompt is 100 tokens)
+    (
+        "phi3",
+        {
+            "rope_parameters": rope(
+                "longrope",
+                short_factor=[1.0] * 4,
+                long_factor=[4.0, 6.0, 8.0, 16.0],
+                original_max_position_embeddings=100,
+            ),
+            "original_max_position_embeddings": 100,
+            "sliding_window": None,
+        },
+        None,
+    ),
+    # Gemma 3's per-layer-type RoPE: linear x8 on its global layers only
+    (
+        "gemma3_text",
+        {
+            "rope_parameters": {
+                "full_attention": rope("linear", factor=8.0, rope_theta=1e6),
+                "sliding_attention": rope("default"),
+            }
+        },
+        None,
+    ),
+    # attention shapes and output scalings of real checkpoints
+    ("mistral", {"num_key_value_heads": 1, "head_dim": 16, "sliding_window": 40}, None),
+    ("qwen2", {"use_sliding_window": False, "sliding_window": 8}, None),  # no layer slides
+    ("gemma2", {"final_logit_softcapping": 1.0, "query_pre_attn_scalar": 16}, None),
+    (
+        "granite",
+        {
+            "attention_multiplier": 0.5,
+            "logits_scaling": 4.0,
+            "embedding_multiplier": 12.0,
+            "residual_multiplier": 0.22,
+        },
+        None,
+    ),
+    ("cohere", {"logit_scale": 0.0625, "use_qk_norm": True}, None),
+    # Llama 4's query scale stepping up every 8 rows (real checkpoints: 8192), on 2 of 4 layers
+    ("llama4_text", {"floor_scale": 8, "attn_temperature_tuning": True}, None),
+    # mixtures of experts: router jitter (off in eval), renormalised top-k, one expert per token
+    ("mixtral", {"router_jitter_noise": 0.5}, None),
+    ("qwen2_moe", {"norm_topk_prob": True, "num_experts_per_tok": 3}, None),
 ]
+
+
+def _short(value: object) -> str:
+    """A config value in a test id: RoPE parameters by their type (per layer type: each's)."""
+    if isinstance(value, dict) and "rope_type" in value:
+        return str(value["rope_type"])
+    if isinstance(value, dict):
+        return "+".join(f"{k}:{_short(v)}" for k, v in value.items())
+    return str(value)
 
 
 @pytest.mark.parametrize(
     ("model_type", "extra", "refused"),
     CONFIG_VARIANTS,
-    ids=[f"{t}-{'-'.join(f'{k}={v}' for k, v in e.items())}" for t, e, _ in CONFIG_VARIANTS],
+    ids=[
+        f"{t}-{'-'.join(f'{k}={_short(v)}' for k, v in e.items())}" for t, e, _ in CONFIG_VARIANTS
+    ],
 )
 def test_config_variants_decode_exactly_or_are_refused(
     model_type: str, extra: dict, refused: str | None
@@ -161,19 +262,68 @@ def test_config_variants_decode_exactly_or_are_refused(
     the output is `generate`'s, or the build refuses the model naming why."""
     target = tiny_model(model_type, seed=0, **extra)
     _learned_dynamic_mask(target)
+    if refused is not None:
+        with pytest.raises(ConfigError, match=refused):
+            _self_drafting(target)
+        return
+    prompt = _variant_prompt()
+    assert list(_self_drafting(target).generate(prompt).token_ids) == hf_generate(
+        target, prompt, 24
+    )
+
+
+def _self_drafting(target, forward: str = "auto"):
+    """A pipeline of `target` drafting wide deep trees for itself, 24 new tokens in float64."""
     res = Resources(dtype=torch.float64)
     res.add_model("mem:target", target)
     spec = _pipeline("mem:target", "mem:target", 24)
     spec["builder"] = {"name": "layered", "depth": 6, "top_k": 3, "budget": 24}
-    if refused is not None:
-        with pytest.raises(ConfigError, match=refused):
-            load_pipeline(spec, resources=res)
-        return
-    pipe = load_pipeline(spec, resources=res)
+    spec["decoding"]["forward"] = forward
+    return load_pipeline(spec, resources=res)
+
+
+def _variant_prompt() -> torch.Tensor:
+    """100 tokens: a 13-token motif repeated, every fifth token random."""
     rng = torch.Generator().manual_seed(5)
     motif = torch.randint(0, 90, (13,), generator=rng)
     prompt = motif.repeat(8)[:100]
     prompt[::5] = torch.randint(0, 90, (20,), generator=rng)
+    return prompt
+
+
+@pytest.mark.parametrize("forward", ["auto", "lean", "lean-fast", "transformers", "tree"])
+def test_a_llama_of_real_checkpoints_shapes_decodes_exactly_through_every_forward(
+    forward: str,
+) -> None:
+    """One key/value head, a head wider than hidden / heads, biases and an untied output layer:
+    each forward the model allows gives `generate`'s output."""
+    target = tiny_model(
+        "llama",
+        seed=0,
+        num_key_value_heads=1,
+        head_dim=16,
+        attention_bias=True,
+        mlp_bias=True,
+        tie_word_embeddings=False,
+    )
+    pipe = _self_drafting(target, forward)
+    assert pipe.decoder.target.lean == (forward in ("auto", "lean", "lean-fast"))  # on a CPU
+    prompt = _variant_prompt()
+    assert list(pipe.generate(prompt).token_ids) == hf_generate(target, prompt, 24)
+
+
+def test_a_scaled_rope_llama_runs_transformers_forward_or_is_refused_the_lean_one() -> None:
+    """The lean forward computes default RoPE only: a Llama 3 scaling is refused naming its type
+    with `forward: lean`, and `auto` falls back to `transformers`' forward, exactly."""
+    rope_3 = rope("llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
+    target = tiny_model(
+        "llama", seed=0, rope_parameters={**rope_3, "original_max_position_embeddings": 32}
+    )
+    with pytest.raises(ConfigError, match="RoPE type 'llama3' is not 'default'"):
+        _self_drafting(target, "lean")
+    pipe = _self_drafting(target)
+    assert not pipe.decoder.target.lean
+    prompt = _variant_prompt()
     assert list(pipe.generate(prompt).token_ids) == hf_generate(target, prompt, 24)
 
 

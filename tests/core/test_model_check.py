@@ -46,6 +46,27 @@ def test_probe_crosses_short_windows() -> None:
     assert probe_prompt_length(tiny_llama()) == 12
 
 
+@pytest.mark.parametrize("floor_scale", [7, 8, 13, 16, 8192])
+def test_probe_trees_stay_within_a_row_scale_block(floor_scale: int) -> None:
+    """Llama 4's query scale steps up at every `floor_scale` rows, and the decoder's trees stop
+    there: the probe's 7-node tree (rows `n - 1 .. n + 5` from `n` prompt tokens) must not
+    cross one either; the probe moves its prompt to the next multiple where it would."""
+    from treegraft.core.runner.model_check import FIRST_TREE
+
+    model = tiny_model("llama4_text", floor_scale=floor_scale, attn_temperature_tuning=True)
+    plain = probe_prompt_length(tiny_model("llama4_text", attn_temperature_tuning=False))
+    n = probe_prompt_length(model)
+    assert n // floor_scale == (n - 1 + len(FIRST_TREE)) // floor_scale  # one block: n .. n + 6
+    assert n == plain or n % floor_scale == 0  # moved only to the next multiple
+    assert n >= plain
+
+
+def test_probe_passes_a_row_scale_its_decoder_serves() -> None:
+    """Refused before: the probe's tree crossed the step the decoder never lets a tree cross."""
+    model = tiny_model("llama4_text", seed=0, floor_scale=8, attn_temperature_tuning=True)
+    assert probe_model(model) is None
+
+
 def test_probe_refuses_a_broken_attention() -> None:
     model = tiny_llama(seed=4)
     model.config._attn_implementation = "treegraft_test_broken"

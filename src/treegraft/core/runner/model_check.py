@@ -36,7 +36,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from treegraft.core.runner.attention_rules import attention_rules, max_positions, text_config
+from treegraft.core.runner.attention_rules import (
+    RowScale,
+    attention_rules,
+    max_positions,
+    text_config,
+)
 from treegraft.core.runner.causal_lm import CausalLMRunner
 from treegraft.core.runner.forwards import generate_hands_positions
 from treegraft.core.runner.positions import unhanded_positions
@@ -284,7 +289,21 @@ def probe_prompt_length(model: Any) -> int:
     ]
     n = max([BASE_PROMPT, *(2 * s + 3 for s in spans)])
     limit = max_positions(model.config)
-    return n if limit is None else max(2, min(n, limit - 16))
+    n = n if limit is None else max(2, min(n, limit - 16))
+    return _within_row_scale(model, n, limit)
+
+
+def _within_row_scale(model: Any, n: int, limit: int | None) -> int:
+    """`n`, or the next multiple of the model's `RowScale` size where the probe's trees from `n`
+    prompt tokens would cross one (Llama 4's query scale steps up there, read from a node's row:
+    the decoder trims its trees at that multiple, `RowScale.max_nodes`, so the probe's must not
+    cross it either); `n` where no multiple fits in the model's positions."""
+    scale = RowScale.of(model)
+    if scale is None or scale.max_nodes(n) >= len(FIRST_TREE):
+        return n
+    moved = scale.size * (n // scale.size + 1)
+    fits = scale.max_nodes(moved) >= len(FIRST_TREE)
+    return moved if fits and (limit is None or moved <= limit - 16) else n
 
 
 def _random_tree(
