@@ -62,7 +62,9 @@ def _own_mask(model: Any) -> str | None:
         return None
     return (
         f"its forward ({type(base).__name__}.forward) takes no attention mask: it builds its "
-        "own from the token ids and their order, so it cannot take a draft tree's"
+        "own from the token ids and their order, so it cannot take a draft tree's; nor is a "
+        "chain of drafts verified exactly, as its own cached `generate` decodes otherwise "
+        "than its full forward"
     )
 
 
@@ -104,7 +106,7 @@ def _unmasked_window(model: Any) -> str | None:
         f"its config's `sliding_window` ({window}) is not in its attention mask (its forward "
         "attends to every earlier token), while transformers' own `generate` keeps only the "
         f"last {window - 1} keys in its cache, so its output depends on how the sequence is "
-        "split into forwards"
+        "split into forwards (a chain of drafts per forward splits it otherwise too)"
     )
 
 
@@ -116,7 +118,8 @@ def _prediction_streams(cfg: Any) -> str | None:
     return (
         f"its decoder runs {ngram} n-gram prediction streams (`ngram`) beside the main one, "
         "whose attention masks it builds itself from a 2D padding mask; it cannot take a "
-        "draft tree's"
+        "draft tree's, and a chain's drafts in one forward change the logits of the tokens "
+        "before them, while its cached `generate` differs from its full forward"
     )
 
 
@@ -138,7 +141,11 @@ def _noncausal(cfg: Any) -> str | None:
     other one."""
     if getattr(cfg, "causal", None) is not False:
         return None
-    return "its attention is bidirectional (`causal: false`), not causal"
+    return (
+        "its attention is bidirectional (`causal: false`), not causal: every token attends to "
+        "the tokens after it, so neither a draft tree's nor a chain's drafts can be verified "
+        "in one forward without changing the committed tokens' states"
+    )
 
 
 def _repeated_layers(cfg: Any) -> str | None:
