@@ -1,6 +1,6 @@
 """Attention models a draft tree's mask cannot serve, as targets verified one chain per step:
 `SequenceRunner` forwards the whole sequence (OpenAI GPT, Reformer, DeepSeek-V4), `StateRunner`
-the chain through the model's own cache (Kolibri 1.1); the output is the model's own
+the chain through the model's own cache (Kolibri 1.1, Dory); the output is the model's own
 `generate`'s, and a model whose chain forward is not exact is refused by the load-time probe."""
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ CHAIN_TYPES = {
     "reformer": SequenceRunner,
     "deepseek_v4": SequenceRunner,
     "kolibri1_1": StateRunner,
+    "dory": StateRunner,
 }
 #: drafts per step and how many of them are the target's own tokens (the rest are wrong):
 #: partly, none and all accepted, then mixed
@@ -46,7 +47,7 @@ PATTERNS = {
 }
 NEW_TOKENS = 24
 #: seeds of tiny models whose continuations of the test prompt vary (not one token repeated)
-SEEDS = {"reformer": 1, "kolibri1_1": 1}
+SEEDS = {"reformer": 1, "kolibri1_1": 1, "dory": 1}
 
 
 def _tiny(model_type: str):
@@ -237,7 +238,7 @@ def test_the_probe_refuses_a_model_whose_chain_is_not_exact(models, monkeypatch)
         ("xlm", "neither a draft tree's nor a chain's drafts"),
         ("xlnet", "neither a draft tree's forward nor a chain's"),
         ("moshi", "a chain of drafts per forward splits it otherwise too"),
-        ("cpmant", "nor is a chain of drafts verified exactly"),
+        ("cpmant", "nor does a chain of drafts reproduce its own cached `generate`"),
         ("prophetnet", "a chain's drafts in one forward change the logits"),
     ],
 )
@@ -245,3 +246,14 @@ def test_models_a_chain_does_not_serve_stay_refused_saying_why(model_type: str, 
     model = _tiny(model_type)
     assert chain_route(model) is None
     assert says in refusal(model, target=True)
+
+
+def test_a_dory_whose_generate_is_not_its_full_forward_is_refused_by_the_probe() -> None:
+    """Dory's `last_loop` cache mode (loops before the last read the cache without writing it)
+    decodes otherwise than its full forward: routed to the chain path as `per_loop` is, it is
+    refused at load by the probe, naming the logits that differ."""
+    model = tiny_model("dory", seed=1, recurrent_kv_cache_mode="last_loop")
+    assert refusal(model, target=True) is None
+    assert "differ from the model's own forward" in probe_chains(model)
+    with pytest.raises(ConfigError, match=r"pipeline\.target: .*\(DoryForCausalLM\) .*differ"):
+        load_pipeline(_spec(), resources=_resources(model))

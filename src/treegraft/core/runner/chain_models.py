@@ -11,7 +11,11 @@ it stays refused. `chain_route` says which of the two chain runners serves it:
 - `OWN_CACHE` (`state_runner.StateRunner`): the chain is forwarded after the committed tokens
   in the model's own `DynamicCache`, the rejected drafts cropped off at commit, as its assisted
   `generate` does. Kolibri 1.1, whose indexer counts and pools keys by cache slot (a tree's
-  other branches would hold slots; a chain's drafts hold the slots decoding gives them).
+  other branches would hold slots; a chain's drafts hold the slots decoding gives them); Dory,
+  whose recurrent section of layers loops `n_recurrent_loops` times per forward, each loop
+  writing cache layers of its own, which a chain's crop rolls back together (with
+  `recurrent_kv_cache_mode: last_loop` its `generate` is not its full forward: the probe
+  refuses it).
 - `WHOLE_SEQUENCE` (`sequence_runner.SequenceRunner`): the committed tokens and the chain are
   forwarded whole each step, without a cache, as these models' own `generate` forwards the
   whole sequence or as their full forward decodes: OpenAI GPT (no cache at all), Reformer
@@ -26,11 +30,12 @@ tokens that attend to each other both ways), whose committed tokens' states chan
 draft; Moshi (its `generate`'s cache keeps a window its mask lacks: output depends on how the
 sequence is split into forwards, and a chain splits it otherwise); ProphetNet (a token's
 logits change with the tokens after it in the same forward, by 3e-4 on the tiny model, and its
-cached `generate` differs from its full forward: no forward a chain could take matches it); CPM-Ant (its cached
-`generate` differs from its full forward, and a chain's drafts change the mask of the rows
-before them: token 0 counts as padding over the whole sequence); MusicGen (a head per
-codebook); BLT (byte patches); Dory (a layer looped per forward: its own `generate` fails on
-the tiny model, so nothing to verify against); Gemma 4's assistants (another model's keys).
+cached `generate` differs from its full forward); CPM-Ant (its cached `generate` differs from
+its full forward, and chains forwarded over its own cache, the whole sequence handed as its
+forward slices the cached part off itself, decode otherwise than it too); MusicGen (a head per
+codebook); BLT (byte patches); Dory with overlapping input and output sections
+(`n_recurrent_layers` below 0: its own `generate` fails there); Gemma 4's assistants (another
+model's keys).
 
 Whatever the route, the load-time probe (`state_check.probe_chains`) checks every chain node's
 logits against the model's own forward of the sequence up to that node, and
@@ -48,6 +53,7 @@ from treegraft.core.runner.configs import (
     SLOT_INDEX_FIELDS,
     text_config,
 )
+from treegraft.core.runner.model_layouts import hashed_attention, repeated_layers
 
 #: the chain is forwarded after the committed tokens in the model's own cache (`StateRunner`)
 OWN_CACHE = "own cache"
@@ -68,15 +74,11 @@ def chain_route(model: Any) -> str | None:
         return WHOLE_SEQUENCE
     if INDEXED_TYPES & types and any(getattr(cfg, f, None) is not None for f in SLOT_INDEX_FIELDS):
         return OWN_CACHE
-    if _hashed_attention(cfg) or _cacheless(model):
+    if repeated_layers(cfg) is not None and getattr(cfg, "n_recurrent_layers", 0) > 0:
+        return OWN_CACHE  # Dory's loops, each with cache layers of its own (not overlapping)
+    if hashed_attention(cfg) is not None or _cacheless(model):
         return WHOLE_SEQUENCE
     return None
-
-
-def _hashed_attention(cfg: Any) -> bool:
-    """Reformer: LSH-bucketed or chunked local attention (`attn_layers`)."""
-    layers = getattr(cfg, "attn_layers", None)
-    return isinstance(layers, list | tuple) and bool({"lsh", "local"} & set(layers))
 
 
 def _cacheless(model: Any) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 
 def layout_refusal(model: Any, cfg: Any) -> str | None:
     """Why `model` (its text config `cfg`) has a layout a tree forward cannot take, or None."""
-    for rule in (_noncausal, _prediction_streams, _hashed_attention, _repeated_layers):
+    for rule in (_noncausal, _prediction_streams, hashed_attention, repeated_layers):
         if (why := rule(cfg)) is not None:
             return why
     for rule in (_per_codebook_heads, _own_mask, _patched_bytes, _unmasked_window):
@@ -62,9 +62,9 @@ def _own_mask(model: Any) -> str | None:
         return None
     return (
         f"its forward ({type(base).__name__}.forward) takes no attention mask: it builds its "
-        "own from the token ids and their order, so it cannot take a draft tree's; nor is a "
-        "chain of drafts verified exactly, as its own cached `generate` decodes otherwise "
-        "than its full forward"
+        "own from the token ids and their order, so it cannot take a draft tree's; nor does a "
+        "chain of drafts reproduce its own cached `generate`, which decodes otherwise than its "
+        "full forward and than chains forwarded over its cache"
     )
 
 
@@ -123,7 +123,7 @@ def _prediction_streams(cfg: Any) -> str | None:
     )
 
 
-def _hashed_attention(cfg: Any) -> str | None:
+def hashed_attention(cfg: Any) -> str | None:
     """Reformer: LSH-bucketed and chunked local attention (`attn_layers`)."""
     layers = getattr(cfg, "attn_layers", None)
     if not isinstance(layers, list | tuple) or not {"lsh", "local"} & set(layers):
@@ -148,7 +148,7 @@ def _noncausal(cfg: Any) -> str | None:
     )
 
 
-def _repeated_layers(cfg: Any) -> str | None:
+def repeated_layers(cfg: Any) -> str | None:
     """Dory: a recurrent section of layers runs `n_recurrent_loops` times per forward (each
     loop keeping keys of its own), and input and output sections that overlap run a layer
     twice. None where every layer runs once."""
