@@ -18,9 +18,8 @@ it stays refused. `chain_route` says which of the two chain runners serves it:
   refuses it).
 - `WHOLE_SEQUENCE` (`sequence_runner.SequenceRunner`): the committed tokens and the chain are
   forwarded whole each step, without a cache, as these models' own `generate` forwards the
-  whole sequence or as their full forward decodes: OpenAI GPT (no cache at all), Reformer
-  (LSH-bucketed and chunked attention whose cache keeps buckets), DeepSeek-V4 (compressed
-  layers whose pooled cache does not crop back).
+  whole sequence: OpenAI GPT (no cache at all) and DeepSeek-V4 (compressed layers whose
+  pooled cache does not crop back; its full forward decodes as its `generate`).
 
 Causes met in `transformers` 5.25 (tiny float64 models against greedy `generate`, ~70-token
 prompts, chains partly, fully and not accepted) that a chain does not lift, left refused by
@@ -33,7 +32,9 @@ logits change with the tokens after it in the same forward, by 3e-4 on the tiny 
 cached `generate` differs from its full forward); CPM-Ant (its cached `generate` differs from
 its full forward, and chains forwarded over its own cache, the whole sequence handed as its
 forward slices the cached part off itself, decode otherwise than it too); MusicGen (a head per
-codebook); BLT (byte patches); Dory with overlapping input and output sections
+codebook); BLT (byte patches); Reformer (past its LSH chunk length its forward hashes keys
+with random rotations, `hash_seed` unset, so two forwards of the same tokens differ: exact on
+short sequences only, which the probe's would not tell); Dory with overlapping input and output sections
 (`n_recurrent_layers` below 0: its own `generate` fails there); Gemma 4's assistants (another
 model's keys).
 
@@ -53,7 +54,7 @@ from treegraft.core.runner.configs import (
     SLOT_INDEX_FIELDS,
     text_config,
 )
-from treegraft.core.runner.model_layouts import hashed_attention, repeated_layers
+from treegraft.core.runner.model_layouts import repeated_layers
 
 #: the chain is forwarded after the committed tokens in the model's own cache (`StateRunner`)
 OWN_CACHE = "own cache"
@@ -76,7 +77,7 @@ def chain_route(model: Any) -> str | None:
         return OWN_CACHE
     if repeated_layers(cfg) is not None and getattr(cfg, "n_recurrent_layers", 0) > 0:
         return OWN_CACHE  # Dory's loops, each with cache layers of its own (not overlapping)
-    if hashed_attention(cfg) is not None or _cacheless(model):
+    if _cacheless(model):
         return WHOLE_SEQUENCE
     return None
 

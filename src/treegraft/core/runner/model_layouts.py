@@ -17,7 +17,7 @@ from typing import Any
 
 def layout_refusal(model: Any, cfg: Any) -> str | None:
     """Why `model` (its text config `cfg`) has a layout a tree forward cannot take, or None."""
-    for rule in (_noncausal, _prediction_streams, hashed_attention, repeated_layers):
+    for rule in (_noncausal, _prediction_streams, _hashed_attention, repeated_layers):
         if (why := rule(cfg)) is not None:
             return why
     for rule in (_per_codebook_heads, _own_mask, _patched_bytes, _unmasked_window):
@@ -123,16 +123,23 @@ def _prediction_streams(cfg: Any) -> str | None:
     )
 
 
-def hashed_attention(cfg: Any) -> str | None:
+def _hashed_attention(cfg: Any) -> str | None:
     """Reformer: LSH-bucketed and chunked local attention (`attn_layers`)."""
     layers = getattr(cfg, "attn_layers", None)
     if not isinstance(layers, list | tuple) or not {"lsh", "local"} & set(layers):
         return None
     kind = "LSH-bucketed" if "lsh" in layers else "chunked local attention"
+    random = "lsh" in layers and getattr(cfg, "hash_seed", None) is None
+    chain = (
+        "; nor is a chain of drafts verified exactly: past `lsh_attn_chunk_length` tokens it "
+        "hashes keys with random rotations (`hash_seed` unset: two forwards of the same tokens "
+        "differ), and its cache takes one token per forward"
+    )
     return (
         f"its attention is {kind} (`attn_layers`: {list(layers)!r}): keys are sorted into "
         "hash buckets or fixed chunks and masked there by the model itself, and its cache "
         "keeps those buckets (`past_buckets_states`), so it cannot take a draft tree's mask"
+        + (chain if random else "")
     )
 
 

@@ -1,7 +1,7 @@
 """The runner of attention models verified by forwarding the whole sequence: one chain per step.
 
 OpenAI GPT keeps no key/value cache, and its own `generate` forwards the whole sequence at every
-step; Reformer's cache keeps hash buckets, and DeepSeek-V4's pools compressed keys that cannot be cropped back (`chain_models`). None can
+step; DeepSeek-V4's cache pools compressed keys that cannot be cropped back (`chain_models`). None can
 extend a cache by a draft tree, yet each reproduces its own greedy `generate` with a forward of
 the whole sequence: `SequenceRunner` forwards the committed tokens and one draft chain (the
 tree's best path, `decoder.trim_to_chain`: `verifies_trees` False) in one forward per step,
@@ -142,8 +142,8 @@ class SequenceRunner:
 
     def _run(self, ids: Tensor, *, n_logits: int) -> Tensor:
         """One forward of the whole sequence `ids`, without a cache, as `generate`'s first
-        forward runs (no positions handed: the model numbers the tokens 0 .. n - 1 itself;
-        Reformer's padding to its chunk length fails on given ones); the last `n_logits`
+        forward runs (no positions handed: the model numbers the tokens 0 .. n - 1 itself,
+        which the probe checks against the positions `generate` hands); the last `n_logits`
         rows."""
         out = self.model(input_ids=ids[None], **self._kwargs)
         self.forwards += 1
