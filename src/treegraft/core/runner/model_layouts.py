@@ -119,7 +119,8 @@ def _prediction_streams(cfg: Any) -> str | None:
         f"its decoder runs {ngram} n-gram prediction streams (`ngram`) beside the main one, "
         "whose attention masks it builds itself from a 2D padding mask; it cannot take a "
         "draft tree's, and a chain's drafts in one forward change the logits of the tokens "
-        "before them, while its cached `generate` differs from its full forward"
+        "before them, while its cache takes one token per forward and its cached `generate` "
+        "differs from its full forward"
     )
 
 
