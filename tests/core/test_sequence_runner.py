@@ -257,3 +257,31 @@ def test_a_dory_whose_generate_is_not_its_full_forward_is_refused_by_the_probe()
     assert "differ from the model's own forward" in probe_chains(model)
     with pytest.raises(ConfigError, match=r"pipeline\.target: .*\(DoryForCausalLM\) .*differ"):
         load_pipeline(_spec(), resources=_resources(model))
+
+
+def test_pointmass_sampling_through_a_whole_sequence_target_is_its_law(models) -> None:
+    """Sampled tokens through chains verified by `SequenceRunner`: the second token's law is the
+    target's (Pearson's chi-square against the exact law, rare cells pooled)."""
+    from tests.conftest import chi_square_p
+
+    model = models["openai-gpt"]
+    spec = _spec()
+    spec["verifier"] = {"name": "pointmass", "temperature": 0.1}
+    spec["decoding"]["max_new_tokens"] = 2
+    spec["drafters"].pop("strong")  # the n-gram drafter alone: its chains repeat the motif
+    spec["scheduler"] = {"name": "never"}
+    pipe = load_pipeline(spec, resources=_resources(model))
+    prompt = _prompt(6, seed=3).repeat(3)
+    with torch.no_grad():
+        first = (model(prompt[None]).logits[0, -1] / 0.1).softmax(-1)  # [V]
+        rows = torch.cat([prompt.repeat(VOCAB, 1), torch.arange(VOCAB)[:, None]], dim=1)
+        law = first @ (model(rows).logits[:, -1] / 0.1).softmax(-1)  # [V] the second token's
+    counts = torch.zeros(VOCAB, dtype=torch.float64)
+    drafted = 0
+    for seed in range(400):
+        out = pipe.generate(prompt, seed=seed)
+        counts[out.token_ids[-1]] += 1
+        drafted += out.events[0].tree_size > 0  # the motif's continuation, verified
+    assert drafted == 400 and float(law.max()) > 0.3  # a law a wrong sampler would miss
+    stat, dof, p_value = chi_square_p(counts, law)
+    assert p_value > 1e-3, (stat, dof)
