@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -210,17 +211,22 @@ def test_a_base_model_without_an_output_layer_is_refused_at_build(check_model: b
 
 
 @pytest.mark.parametrize(
-    ("model_type", "name"),
-    [("openai-gpt", "OpenAIGPTLMHeadModel"), ("xlnet", "XLNetLMHeadModel")],
+    ("model_type", "name", "role"),
+    [
+        ("openai-gpt", "OpenAIGPTLMHeadModel", "drafters.strong.model"),
+        ("xlnet", "XLNetLMHeadModel", "target"),
+    ],
 )
 @pytest.mark.parametrize("check_model", [True, False])
 def test_a_model_without_a_key_value_cache_is_refused_naming_that(
-    model_type: str, name: str, check_model: bool
+    model_type: str, name: str, role: str, check_model: bool
 ) -> None:
     """OpenAI GPT's forward takes no cache (its `generate` forwards the whole sequence at every
     step): it was refused with torch's "permute(sparse_coo): number of dimensions ..." (the
     tree's mask read as a padding mask), or, with the probe off, failed while decoding; XLNet,
-    whose forward takes none either, with torch's "einsum(): ..."."""
+    whose forward takes none either, with torch's "einsum(): ...". OpenAI GPT is now a target
+    verified one chain per step (`SequenceRunner`), still refused as an LM drafter; XLNet is
+    refused in both roles (its `generate` predicts from a dummy token, `perm_mask`)."""
     import torch
 
     from treegraft.conformance.tiny import tiny_model
@@ -230,13 +236,19 @@ def test_a_model_without_a_key_value_cache_is_refused_naming_that(
 
     res = Resources(dtype=torch.float64)
     res.add_model("mem:gpt", tiny_model(model_type))
+    res.add_model("mem:llama", tiny_model("llama"))
     spec = {
-        "target": "mem:gpt",
+        "target": "mem:gpt" if role == "target" else "mem:llama",
         "drafters": {"weak": {"name": "ngram"}},
         "builder": {"name": "layered", "depth": 2, "top_k": 2, "budget": 4},
         "decoding": {"max_new_tokens": 4, "dtype": "float64", "check_model": check_model},
     }
-    with pytest.raises(ConfigError, match=rf"\({name}\) .* keeps no key/value cache"):
+    if role != "target":
+        spec["drafters"]["strong"] = {"name": "hf_lm", "model": "mem:gpt"}
+        spec |= {"rescorer": {"name": "overwrite"}, "grafter": {"name": "reselect"}}
+        spec["scheduler"] = {"name": "always"}
+    words = rf"pipeline\.{re.escape(role)}: .*\({name}\) .* keeps no key/value cache"
+    with pytest.raises(ConfigError, match=words):
         load_pipeline(spec, resources=res)
     assert refusal(tiny_model("llama")) is None
 

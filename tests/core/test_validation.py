@@ -637,3 +637,25 @@ def test_a_state_target_s_forward_fails_validate_and_load_alike(tmp_path: Path, 
         load_pipeline(bad)
     assert errors[0].split("decoding.forward: ")[1] in str(raised.value), (errors, raised.value)
     assert pipeline_errors(write(tmp_path, "ok.yaml", spec(str(folder))))[1] == []
+
+
+@pytest.mark.parametrize("forward", ["lean", "lean-fast", "tree"])
+def test_a_chain_attention_target_s_forward_fails_validate_and_load_alike(
+    tmp_path: Path, forward
+) -> None:
+    """OpenAI GPT, verified one chain per step through its own forward (`SequenceRunner`), runs
+    only that forward: `validate` and the build refuse the others alike, naming why it verifies
+    chains (not a recurrent state). `auto` validates."""
+    from treegraft.conformance.tiny import VOCAB as TINY_VOCAB
+
+    folder = tmp_path / "gpt"
+    tiny_model("openai-gpt", seed=0, dtype=torch.float32).save_pretrained(folder)
+    word_tokenizer(TINY_VOCAB).save_pretrained(folder)
+    bad = spec(str(folder), decoding={"device": "cpu", "forward": forward})
+    _, errors = pipeline_errors(write(tmp_path, "p.yaml", bad))
+    words = "decoding.forward: OpenAIGPTLMHeadModel takes no draft tree's attention mask"
+    assert len(errors) == 1 and words in errors[0]
+    with pytest.raises(TreegraftError) as raised:
+        load_pipeline(bad)
+    assert errors[0].split("decoding.forward: ")[1] in str(raised.value), (errors, raised.value)
+    assert pipeline_errors(write(tmp_path, "ok.yaml", spec(str(folder))))[1] == []

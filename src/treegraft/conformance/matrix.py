@@ -33,7 +33,7 @@ import torch
 
 from treegraft.conformance.tiny import VOCAB, WINDOW, causal_lm_types, sub_configs, tiny_model
 from treegraft.core.runner.causal_lm import CAUSAL_MIN_ROWS
-from treegraft.core.runner.state_models import has_state_layers
+from treegraft.core.runner.sequence_runner import chain_runner
 
 EXACT, REFUSED, WRONG, SKIPPED = "exact", "refused", "WRONG", "skipped"
 #: tokens generated per output
@@ -198,7 +198,7 @@ def check_architecture(model_type: str, llama: Callable[..., Any]) -> ArchResult
                 refusal_only(llama(2, dtype), target, dtype, failure),
             )
     note = "" if dtype == DTYPES[0] else f"checked in {str(dtype)[6:]} (in float64, {failure})"
-    if has_state_layers(target.config):  # a target only: the tiny Llama drafts for it
+    if chain_runner(target) is not None:  # a target only: the tiny Llama drafts for it
         drafter = llama(1, dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -138,6 +138,9 @@ MODEL_FIELDS: dict[str, dict[str, Any]] = {
     "dots3_note_text": {"head_dim": 24},
     "dots3_note": {"text_config": {"head_dim": 24}},
     "reformer": {"axial_pos_embds_dim": [16, 16]},
+    # sections within the four layers (the defaults' 8 input and 8 output layers overlap there,
+    # and its own `generate` fails on them)
+    "dory": {"n_input_layers": 1, "n_output_layers": 1},
     # one codebook: the decoder takes a prompt of token ids, not a row per codebook
     "musicgen": {"decoder": {"num_codebooks": 1, "decoder_start_token_id": VOCAB - 1}},
     "musicgen_melody": {"decoder": {"num_codebooks": 1, "decoder_start_token_id": VOCAB - 1}},

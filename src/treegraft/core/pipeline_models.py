@@ -12,7 +12,7 @@ import attrs
 from treegraft.core.config import ROOT, ConfigError, PipelineSpec
 from treegraft.core.errors import ArgumentError
 from treegraft.core.resources import DTYPES, ModelRefError, Resources, resolve_device
-from treegraft.core.runner import CausalLMRunner, StateRunner
+from treegraft.core.runner import CausalLMRunner, SequenceRunner, StateRunner
 from treegraft.core.runner.attention_rules import (
     ModelRefused,
     indexed_keys,
@@ -28,7 +28,7 @@ def context_limit(target: CausalLMRunner, drafters: Sequence[Any]) -> int | None
     where its indexed attention keeps fewer keys (`serving_positions`; a drafter's choice past
     it only drafts other tokens, which the target verifies)."""
     runners = [target, *(getattr(d, "runner", None) for d in drafters)]
-    served = (CausalLMRunner, StateRunner)
+    served = (CausalLMRunner, StateRunner, SequenceRunner)
     limits = [
         (serving_positions if r is target else max_positions)(r.model.config)
         for r in runners

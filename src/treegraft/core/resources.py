@@ -42,7 +42,7 @@ from treegraft.core.model_files import (
     own_code_message,
     shape_message,
 )
-from treegraft.core.runner import CausalLMRunner, StateRunner, runner_for
+from treegraft.core.runner import CausalLMRunner, SequenceRunner, StateRunner, runner_for
 from treegraft.core.runner.attention_rules import (
     STATE_DRAFTER,
     ModelRefused,
@@ -52,6 +52,7 @@ from treegraft.core.runner.attention_rules import (
 )
 from treegraft.core.runner.forwards import ForwardPlan, attend, attention_for, plan_forward
 from treegraft.core.runner.placement import load_kwargs, map_problem
+from treegraft.core.runner.sequence_runner import chain_runner
 from treegraft.core.runner.state_models import has_state_layers
 from treegraft.core.tokenizer_files import folder_tokenizer
 from treegraft.kernels.tree_attention.hf import register
@@ -450,9 +451,9 @@ class Resources:
 
     def runner(
         self, ref: str, *, forward: str | None = None, target: bool = False, features: bool = False
-    ) -> CausalLMRunner | StateRunner:
-        """A fresh runner over the model `ref` (`runner_for`: a `StateRunner` for a target with
-        state layers, else a `CausalLMRunner`), forwarding as `forward` says (a runner
+    ) -> CausalLMRunner | StateRunner | SequenceRunner:
+        """A fresh runner over the model `ref` (`runner_for`: a chain runner for a target
+        verified one chain per step, else a `CausalLMRunner`), forwarding as `forward` says (a runner
         forward; default: the target's under `decoding.forward`, `plan_for`), once `check` has
         passed it (as the pipeline's target with `target`; with `features` a drafter reads its
         hidden states: `read_features`, for good)."""
@@ -479,14 +480,15 @@ class Resources:
         keys += [(ref, "generate", attention)] if target and self.check_model else []
         copies: dict = {}  # `model_check.on_wide_copy`: a low-precision model's, for both probes
         model = self.model(ref)
-        if (state := has_state_layers(model.config)) and not target:  # verifies chains only
+        if has_state_layers(model.config) and not target:  # verifies chains only
             raise ModelRefused(refused_message(model, ref, refusal(model) or STATE_DRAFTER))
+        chains = target and chain_runner(model) is not None  # probed a chain per step
         for key in keys:
             if key not in self.checked:
                 why = refusal(model, target=target)
                 if why is None and self.check_model and key[1] == "generate":
                     why = probe_generate(model, copies=copies)
-                elif why is None and self.check_model and state:
+                elif why is None and self.check_model and chains:
                     why = probe_chains(model, forward=key[1], copies=copies)
                 elif why is None and self.check_model:
                     why = probe_model(model, forward=key[1], copies=copies)

@@ -54,7 +54,7 @@ from treegraft.core.registry import Registry, UnknownComponentError, default_reg
 from treegraft.core.resources import ModelRefError, Resources, resolve_model_path
 from treegraft.core.runner.attention_rules import refusal, refused_message
 from treegraft.core.runner.placement import placement_problems
-from treegraft.core.runner.state_models import has_state_layers
+from treegraft.core.runner.sequence_runner import chain_runner
 from treegraft.core.runner.state_runner import setting_problem
 from treegraft.core.vocabularies import check_chat_template, check_vocabularies, pipeline_tokenizer
 
@@ -209,7 +209,8 @@ def pipeline_warnings(spec: PipelineSpec) -> list[str]:
 def architecture_refusal(ref: str, *, target: bool = False, forward: str = "auto") -> str | None:
     """The load-time refusal of the model folder `ref` by an architecture rule
     (`attention_rules.refusal`; as the pipeline's `target` or not; a target with state layers
-    also by `decoding.forward: forward`, `state_runner.setting_problem`), judged from a
+    also by `decoding.forward: forward`, `state_runner.setting_problem`, as one verified a chain
+    per step), judged from a
     meta-device skeleton of its config (None: no rule refuses it, or the config does not build,
     which `model_folder_problems` tells)."""
     folder = resolve_model_path(ref)
@@ -218,7 +219,7 @@ def architecture_refusal(ref: str, *, target: bool = False, forward: str = "auto
     if isinstance(model, str):
         return None
     why = refusal(model, target=target)
-    if why is None and target and has_state_layers(model.config):
+    if why is None and target and chain_runner(model) is not None:
         problem = setting_problem(model, forward)
         why = None if problem is None else f"decoding.forward: {problem}"
     return None if why is None else refused_message(model, ref, why)

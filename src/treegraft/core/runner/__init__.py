@@ -4,6 +4,9 @@
   forwards, KV commit);
 - `state_runner`: `StateRunner`, the target's runner where the model's layers carry a state
   (one chain per step through the model's own cache); `state_models`: which models those are;
+- `sequence_runner`: `SequenceRunner`, the target's runner of attention models that take no
+  draft tree's mask nor a cache it extends (one chain per step, the whole sequence forwarded);
+  `chain_models`: which attention models verify chains, and through which runner;
 - `watchers`: `watch_forwards`, callbacks told the size of every runner forward of a model;
 - `forwards`: the one setting that decides how a forward runs (`decoding.forward`);
 - `lean`: the lean forward (bitwise equal to `transformers`' SDPA forward, without its module
@@ -22,16 +25,25 @@
 from typing import Any
 
 from treegraft.core.runner.causal_lm import CACHE_CHUNK, CausalLMRunner
-from treegraft.core.runner.state_models import has_state_layers
+from treegraft.core.runner.sequence_runner import SequenceRunner, chain_runner
 from treegraft.core.runner.state_runner import StateRunner
 from treegraft.core.runner.watchers import watch_forwards
 
-__all__ = ["CACHE_CHUNK", "CausalLMRunner", "StateRunner", "runner_for", "watch_forwards"]
+__all__ = [
+    "CACHE_CHUNK",
+    "CausalLMRunner",
+    "SequenceRunner",
+    "StateRunner",
+    "runner_for",
+    "watch_forwards",
+]
 
 
 def runner_for(model: Any, *, forward: str = "auto", bitwise: bool = True) -> Any:
-    """The runner of `model` as a target: a `StateRunner` where its layers carry a state
-    (`state_models.has_state_layers`), else a `CausalLMRunner`."""
-    if has_state_layers(model.config):
-        return StateRunner(model, forward=forward)
+    """The runner of `model` as a target: the chain runner `sequence_runner.chain_runner`
+    names (a `StateRunner` where its layers carry a state, a `SequenceRunner` or `StateRunner`
+    for an attention model that takes no draft tree's mask: `chain_models`), else a
+    `CausalLMRunner`."""
+    if (runner := chain_runner(model)) is not None:
+        return runner(model, forward=forward)
     return CausalLMRunner(model, forward=forward, bitwise=bitwise)

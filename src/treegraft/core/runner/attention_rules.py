@@ -29,7 +29,13 @@ import torch
 
 from treegraft.core.errors import TreegraftError
 from treegraft.core.runner.alibi import AlibiBiases, alibi_config
-from treegraft.core.runner.configs import text_config
+from treegraft.core.runner.chain_models import chain_route
+from treegraft.core.runner.configs import (
+    COMPRESSED_TYPES,
+    INDEXED_TYPES,
+    SLOT_INDEX_FIELDS,
+    text_config,
+)
 from treegraft.core.runner.model_layouts import layout_refusal
 from treegraft.core.runner.state_models import has_state_layers, state_refusal
 
@@ -37,12 +43,6 @@ from treegraft.core.runner.state_models import has_state_layers, state_refusal
 FULL_TYPES = frozenset({"full_attention", "attention", "global", "global_attention"})
 SLIDING_TYPES = frozenset({"sliding_attention", "local", "local_attention"})
 CHUNKED_TYPES = frozenset({"chunked_attention"})
-#: layer types whose keys an indexer selects per query (DeepSeek's sparse attention)
-INDEXED_TYPES = frozenset({"indexed_attention"})
-#: layer types that pool keys into compressed entries by window of tokens (DeepSeek-V4's)
-COMPRESSED_TYPES = frozenset({"compressed_sparse_attention", "heavily_compressed_attention"})
-#: config fields of indexers that count, pool or keep keys by cache slot (Kolibri 1.1's)
-SLOT_INDEX_FIELDS = ("index_num_local_tokens", "index_num_sink_tokens", "index_pool_size")
 
 
 class ModelRefused(TreegraftError, ValueError):
@@ -261,7 +261,8 @@ def refusal(model: Any, *, target: bool = False) -> str | None:
     """Why `model` cannot verify or score a tree exactly (None when nothing rules it out);
     with `target`, why it cannot verify drafts as a pipeline's target: a model whose layers
     carry a state then verifies one chain per step (`state_runner.StateRunner`, as far as
-    `state_models.state_refusal` allows), while as an LM drafter it is refused.
+    `state_models.state_refusal` allows), and so does an attention model whose mask or cache
+    alone rules trees out (`chain_models.chain_route`), while as an LM drafter each is refused.
 
     Architectures not ruled out here still pass the load-time probe (`probe_model`, or
     `state_check.probe_chains`) before they decode.
@@ -269,7 +270,11 @@ def refusal(model: Any, *, target: bool = False) -> str | None:
     cfg = text_config(model.config)
     if (why := layout_problem(cfg)) is not None:  # before the rules that read these fields
         return why
-    if (why := _no_output_head(model) or _maskless_attention(model.config)) is not None:
+    if (why := _no_output_head(model)) is not None:
+        return why
+    if target and chain_route(model) is not None:  # a chain through its own forward: probed
+        return None
+    if (why := _maskless_attention(model.config)) is not None:
         return why
     if (why := _cacheless(model)) is not None:
         return why
@@ -364,6 +369,14 @@ def _cacheless(model: Any) -> str | None:
         return None
     if {"cache", "past_key_values", "use_cache", "shared_kv_states"} & set(params):
         return None  # (one reading `shared_kv_states` is `_borrowed_states`' to name)
+    if "perm_mask" in params:  # XLNet
+        return (
+            "it keeps no key/value cache, and its own `generate` predicts each token from a "
+            "dummy token appended to the sequence, hidden from the others by a permutation mask "
+            "(`perm_mask`, `target_mapping`), while the tokens before it attend to each other "
+            "both ways: neither a draft tree's forward nor a chain's (whose drafts would change "
+            "the committed tokens' states) reproduces it"
+        )
     return (
         "it keeps no key/value cache (its forward takes no `cache`, `past_key_values` or "
         "`use_cache` argument), while a tree forward extends the cached keys and values of the "

@@ -43,6 +43,7 @@ from treegraft.core.runner.attention_rules import (
     text_config,
 )
 from treegraft.core.runner.causal_lm import CausalLMRunner
+from treegraft.core.runner.chain_models import chain_route
 from treegraft.core.runner.forwards import generate_hands_positions
 from treegraft.core.runner.positions import unhanded_positions
 from treegraft.core.runner.state_models import has_state_layers
@@ -276,9 +277,9 @@ def _generate_mismatch(steps: Tensor, own: Tensor, dtype: torch.dtype) -> str | 
 
 def probe_prompt_length(model: Any) -> int:
     """Prompt tokens of the probe: past the smallest short window or chunk, within the model's
-    maximum positions (a model with state layers: `state_runner.probe_length`, as its
+    maximum positions (a model verified a chain per step: `state_runner.probe_length`, as its
     attention rules are its own)."""
-    if has_state_layers(model.config):
+    if has_state_layers(model.config) or chain_route(model) is not None:
         return probe_length(model)
     rules = attention_rules(model.config)
     spans = [

@@ -17,7 +17,7 @@ from typing import Any
 
 def layout_refusal(model: Any, cfg: Any) -> str | None:
     """Why `model` (its text config `cfg`) has a layout a tree forward cannot take, or None."""
-    for rule in (_noncausal, _prediction_streams, _hashed_attention, _repeated_layers):
+    for rule in (_noncausal, _prediction_streams, _hashed_attention, repeated_layers):
         if (why := rule(cfg)) is not None:
             return why
     for rule in (_per_codebook_heads, _own_mask, _patched_bytes, _unmasked_window):
@@ -62,7 +62,9 @@ def _own_mask(model: Any) -> str | None:
         return None
     return (
         f"its forward ({type(base).__name__}.forward) takes no attention mask: it builds its "
-        "own from the token ids and their order, so it cannot take a draft tree's"
+        "own from the token ids and their order, so it cannot take a draft tree's; nor does a "
+        "chain of drafts reproduce its own cached `generate`, which decodes otherwise than its "
+        "full forward and than chains forwarded over its cache"
     )
 
 
@@ -104,7 +106,7 @@ def _unmasked_window(model: Any) -> str | None:
         f"its config's `sliding_window` ({window}) is not in its attention mask (its forward "
         "attends to every earlier token), while transformers' own `generate` keeps only the "
         f"last {window - 1} keys in its cache, so its output depends on how the sequence is "
-        "split into forwards"
+        "split into forwards (a chain of drafts per forward splits it otherwise too)"
     )
 
 
@@ -116,7 +118,9 @@ def _prediction_streams(cfg: Any) -> str | None:
     return (
         f"its decoder runs {ngram} n-gram prediction streams (`ngram`) beside the main one, "
         "whose attention masks it builds itself from a 2D padding mask; it cannot take a "
-        "draft tree's"
+        "draft tree's, and a chain's drafts in one forward change the logits of the tokens "
+        "before them, while its cache takes one token per forward and its cached `generate` "
+        "differs from its full forward"
     )
 
 
@@ -126,10 +130,17 @@ def _hashed_attention(cfg: Any) -> str | None:
     if not isinstance(layers, list | tuple) or not {"lsh", "local"} & set(layers):
         return None
     kind = "LSH-bucketed" if "lsh" in layers else "chunked local attention"
+    random = "lsh" in layers and getattr(cfg, "hash_seed", None) is None
+    chain = (
+        "; nor is a chain of drafts verified exactly: past `lsh_attn_chunk_length` tokens it "
+        "hashes keys with random rotations (`hash_seed` unset: two forwards of the same tokens "
+        "differ), and its cache takes one token per forward"
+    )
     return (
         f"its attention is {kind} (`attn_layers`: {list(layers)!r}): keys are sorted into "
         "hash buckets or fixed chunks and masked there by the model itself, and its cache "
         "keeps those buckets (`past_buckets_states`), so it cannot take a draft tree's mask"
+        + (chain if random else "")
     )
 
 
@@ -138,10 +149,14 @@ def _noncausal(cfg: Any) -> str | None:
     other one."""
     if getattr(cfg, "causal", None) is not False:
         return None
-    return "its attention is bidirectional (`causal: false`), not causal"
+    return (
+        "its attention is bidirectional (`causal: false`), not causal: every token attends to "
+        "the tokens after it, so neither a draft tree's nor a chain's drafts can be verified "
+        "in one forward without changing the committed tokens' states"
+    )
 
 
-def _repeated_layers(cfg: Any) -> str | None:
+def repeated_layers(cfg: Any) -> str | None:
     """Dory: a recurrent section of layers runs `n_recurrent_loops` times per forward (each
     loop keeping keys of its own), and input and output sections that overlap run a layer
     twice. None where every layer runs once."""

@@ -41,6 +41,7 @@ from treegraft.core.runner.latency import measure_latency
 from treegraft.core.runner.placement import input_device
 from treegraft.core.runner.state_models import (
     cache_keyword,
+    has_state_layers,
     new_state_cache,
     rollback_by_snapshot,
 )
@@ -53,18 +54,19 @@ STATE_FORWARDS = ("auto", "transformers")
 
 
 def forward_problem(model: Any, forward: str) -> str | None:
-    """Why `model`, whose layers carry a state, cannot run with the runner forward `forward`
+    """Why `model`, verified one chain per step (its layers carry a state, or its attention
+    takes no draft tree's mask: `chain_models`), cannot run with the runner forward `forward`
     (None: it can): it runs its own forward only (`decoding.forward: auto` or `transformers`)."""
     name = type(model).__name__
     if forward not in STATE_FORWARDS:
         return (
-            f"{name} keeps a recurrent state in its layers and runs only its own forward "
+            f"{name} {_chain_cause(model)} and runs only its own forward "
             "(the lean forward, which decoding.forward lean and lean-fast run, serves attention "
             f"layers only); expected one of {', '.join(STATE_FORWARDS)}, got the runner "
             f"forward {forward!r}"
         )
     if getattr(model.config, "_attn_implementation", None) == IMPLEMENTATION:
-        return _tree_problem(name)
+        return _tree_problem(model)
     return None
 
 
@@ -72,16 +74,23 @@ def setting_problem(model: Any, setting: str) -> str | None:
     """`forward_problem` for the setting `decoding.forward: setting` (before the model loads:
     `treegraft validate` reads a skeleton of it)."""
     if setting == "tree":
-        return _tree_problem(type(model).__name__)
+        return _tree_problem(model)
     return forward_problem(model, "lean" if setting in ("lean", "lean-fast") else setting)
 
 
-def _tree_problem(name: str) -> str:
+def _tree_problem(model: Any) -> str:
     return (
-        f"{name} keeps a recurrent state in its layers and verifies one chain per step "
+        f"{type(model).__name__} {_chain_cause(model)} and verifies one chain per step "
         "through its own forward, which the tree-attention kernel does not serve "
         "(decoding.forward: tree): use auto or transformers"
     )
+
+
+def _chain_cause(model: Any) -> str:
+    """Why `model` verifies chains: its layers' state, or its attention (`chain_models`)."""
+    if has_state_layers(model.config):
+        return "keeps a recurrent state in its layers"
+    return "takes no draft tree's attention mask"
 
 
 def chain_problem(tree: DraftTree, start: int = 0) -> str | None:
