@@ -312,15 +312,59 @@ def test_a_llama_of_real_checkpoints_shapes_decodes_exactly_through_every_forwar
     assert list(pipe.generate(prompt).token_ids) == hf_generate(target, prompt, 24)
 
 
-def test_a_scaled_rope_llama_runs_transformers_forward_or_is_refused_the_lean_one() -> None:
-    """The lean forward computes default RoPE only: a Llama 3 scaling is refused naming its type
-    with `forward: lean`, and `auto` falls back to `transformers`' forward, exactly."""
-    rope_3 = rope("llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
-    target = tiny_model(
-        "llama", seed=0, rope_parameters={**rope_3, "original_max_position_embeddings": 32}
-    )
-    with pytest.raises(ConfigError, match="RoPE type 'llama3' is not 'default'"):
-        _self_drafting(target, "lean")
+#: static RoPE scalings the lean forward serves (Llama 3.x's, linear, YaRN with its attention
+#: factor derived from the scaling factor), crossed by the 100-token prompt
+STATIC_ROPES = {
+    "llama3": rope(
+        "llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=32,
+    ),
+    "linear": rope("linear", factor=4.0),
+    "yarn": rope("yarn", factor=4.0, original_max_position_embeddings=128),
+}
+
+
+@pytest.mark.parametrize("forward", ["auto", "lean", "lean-fast"])
+@pytest.mark.parametrize("scaling", STATIC_ROPES)
+def test_a_scaled_rope_llama_decodes_exactly_through_the_lean_forward(
+    scaling: str, forward: str
+) -> None:
+    """Llama 3.x's RoPE, linear and YaRN scalings are static: every lean forward (`auto` on a
+    CPU included) runs them, and the output is `generate`'s."""
+    target = tiny_model("llama", seed=0, rope_parameters=STATIC_ROPES[scaling])
+    pipe = _self_drafting(target, forward)
+    assert pipe.decoder.target.lean
+    prompt = _variant_prompt()
+    assert list(pipe.generate(prompt).token_ids) == hf_generate(target, prompt, 24)
+
+
+DYNAMIC_ROPES = {
+    "dynamic": {"rope_parameters": rope("dynamic", factor=4.0), "max_position_embeddings": 124},
+    "longrope": {
+        "rope_parameters": rope(
+            "longrope",
+            short_factor=[1.0] * 4,
+            long_factor=[4.0, 6.0, 8.0, 16.0],
+            original_max_position_embeddings=110,
+        )
+    },
+}
+
+
+@pytest.mark.parametrize("scaling", DYNAMIC_ROPES)
+def test_a_dynamic_rope_llama_runs_transformers_forward_or_is_refused_the_lean_one(
+    scaling: str,
+) -> None:
+    """Dynamic NTK and longrope change their frequencies with the sequence length: `forward:
+    lean` is refused naming the type, and `auto` falls back to `transformers`' forward, exactly
+    (the prompt and new tokens cross dynamic's 124 positions and longrope's switch at 110)."""
+    target = tiny_model("llama", seed=0, **DYNAMIC_ROPES[scaling])
+    for forward in ("lean", "lean-fast"):
+        with pytest.raises(ConfigError, match=f"RoPE type '{scaling}' is not one whose"):
+            _self_drafting(target, forward)
     pipe = _self_drafting(target)
     assert not pipe.decoder.target.lean
     prompt = _variant_prompt()

@@ -15,12 +15,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from tests.conftest import greedy_reference, memory_resources, tiny_llama
 from tests.core.test_runner import random_tree
 from tests.test_pipelines import VOCAB, in_memory, zoo_stand_ins
+from treegraft.conformance.tiny import tiny_model
 from treegraft.core.config import ConfigError, override, pipeline_spec_from_dict
 from treegraft.core.pipeline import load_pipeline, resolve_pipeline
 from treegraft.core.resources import Resources
 from treegraft.core.runner import CausalLMRunner, causal_lm, watch_forwards
 from treegraft.core.runner import lean as lean_module
-from treegraft.core.runner.lean import LeanForward, lean_support
+from treegraft.core.runner.lean import FusedForward, LeanForward, lean_support
 from treegraft.core.tree import DraftTree
 
 
@@ -143,6 +144,104 @@ def test_lean_forward_stays_bitwise_equal_after_the_model_moves_to_another_dtype
     assert runner.lean and got.dtype == torch.float64 and torch.equal(got, want)
 
 
+def rope(rope_type: str, **fields) -> dict:
+    """A `rope_parameters` entry of the given type (theta 10000)."""
+    return {"rope_type": rope_type, "rope_theta": 10000.0, **fields}
+
+
+#: static RoPE scalings of real checkpoints (the tiny models take 512 positions: yarn's original
+#: 128 is its factor 4 back), each served by the lean forward from the model's rotary embedding
+SCALED_ROPES = {
+    "linear": rope("linear", factor=2.0),
+    "llama3": rope(
+        "llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=32,
+    ),
+    "yarn": rope("yarn", factor=4.0, original_max_position_embeddings=128),
+    "yarn-attention_factor": rope(
+        "yarn", factor=4.0, original_max_position_embeddings=128, attention_factor=0.8
+    ),
+    "yarn-mscale": rope(
+        "yarn", factor=4.0, original_max_position_embeddings=128, mscale=1.0, mscale_all_dim=0.5
+    ),
+    "proportional": rope("proportional", partial_rotary_factor=0.5),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", SCALED_ROPES)
+def test_a_static_rope_scaling_runs_lean_bitwise_equal_to_transformers(name, dtype):
+    """linear, llama3, yarn (its attention factor given, derived from the factor, or from
+    mscale / mscale_all_dim) and proportional RoPE: the lean forward's logits and cache equal
+    `transformers`' bit for bit over a prompt past llama3's original 32 positions and two trees;
+    the fused forward's equal them to rounding."""
+    model = tiny_model("llama", seed=0, dtype=dtype, rope_parameters=SCALED_ROPES[name])
+    assert lean_support(model) is None
+    vocab = model.config.vocab_size
+    rng = torch.Generator().manual_seed(2)
+    seq = torch.randint(0, vocab, (40,), generator=rng).tolist()
+    trees = [(random_tree(rng, seq[-1], 9, vocab), 4), (random_tree(rng, 7, 6, vocab), 2)]
+    run_both(model, seq, trees)
+    fused, plain = (
+        CausalLMRunner(model, forward="fused"),
+        CausalLMRunner(model, forward="transformers"),
+    )
+    assert type(fused._lean) is FusedForward
+    tol = 1e-6 if dtype == torch.float64 else 1e-4  # RMSNorm: float32 in `transformers`
+    for r in (fused, plain):
+        r.begin(torch.tensor(seq), max_len=64)
+    with torch.inference_mode():
+        tree = trees[0][0]
+        torch.testing.assert_close(
+            fused.forward_tree(tree), plain.forward_tree(tree), atol=tol, rtol=tol
+        )
+
+
+@pytest.mark.parametrize("name", SCALED_ROPES)
+def test_a_lean_forward_ignoring_the_rope_scaling_would_differ(name):
+    """The equality above is not the default RoPE's: the same weights under default RoPE give
+    other logits on the same tree (the scaling changes frequencies the positions reach, or
+    scales cosines and sines), so a lean forward recomputing default frequencies from
+    `rope_theta`, or leaving out YaRN's attention factor, fails it."""
+    scaled = tiny_model("llama", seed=0, rope_parameters=SCALED_ROPES[name])
+    default = tiny_model("llama", seed=0)
+    state = default.state_dict()
+    assert all(torch.equal(v, state[k]) for k, v in scaled.state_dict().items())
+    rng = torch.Generator().manual_seed(2)
+    vocab = scaled.config.vocab_size
+    seq = torch.randint(0, vocab, (40,), generator=rng)
+    tree = random_tree(rng, int(seq[-1]), 9, vocab)
+    logits = []
+    for model in (scaled, default):
+        runner = CausalLMRunner(model, forward="lean")
+        runner.begin(seq, max_len=64)
+        with torch.inference_mode():
+            logits.append(runner.forward_tree(tree))
+    assert (logits[0] - logits[1]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["yarn", "yarn-attention_factor", "yarn-mscale"])
+def test_yarn_s_attention_factor_is_applied(name):
+    """YaRN scales cosines and sines by its attention factor: left out (the factor set to 1 on
+    an otherwise equal lean forward), the logits leave `transformers`'."""
+    model = tiny_model("llama", seed=0, rope_parameters=SCALED_ROPES[name])
+    assert model.model.rotary_emb.attention_scaling != 1.0
+    lean, plain = (
+        CausalLMRunner(model, forward="lean"),
+        CausalLMRunner(model, forward="transformers"),
+    )
+    lean._lean.rope_scaling = 1.0
+    seq = torch.arange(3, 40) % model.config.vocab_size
+    tree = random_tree(torch.Generator().manual_seed(4), int(seq[-1]), 6, model.config.vocab_size)
+    for r in (lean, plain):
+        r.begin(seq, max_len=64)
+    with torch.inference_mode():
+        assert (lean.forward_tree(tree) - plain.forward_tree(tree)).abs().max() > 1e-3
+
+
 def eager() -> LlamaForCausalLM:
     model = tiny_llama(seed=0)
     model.set_attn_implementation("eager")
@@ -176,16 +275,34 @@ def offloaded() -> LlamaForCausalLM:
 
 UNSUPPORTED = {
     "eager attention": (eager, "attention implementation 'eager' is not 'sdpa'"),
-    "linear rope": (
+    "dynamic rope": (
         lambda: llama(
             0,
             heads=2,
             kv_heads=1,
             bias=False,
             dtype=torch.float64,
-            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+            rope_parameters=rope("dynamic", factor=2.0),
         ),
-        "RoPE type 'linear' is not 'default'",
+        "RoPE type 'dynamic' is not one whose frequencies are the same for every forward "
+        "(default, linear, llama3, yarn, proportional)",
+    ),
+    "longrope": (
+        lambda: llama(
+            0,
+            heads=2,
+            kv_heads=1,
+            bias=False,
+            dtype=torch.float64,
+            rope_parameters=rope(
+                "longrope",
+                short_factor=[1.0] * 4,
+                long_factor=[4.0, 6.0, 8.0, 16.0],
+                original_max_position_embeddings=64,
+            ),
+        ),
+        "RoPE type 'longrope' is not one whose frequencies are the same for every forward "
+        "(default, linear, llama3, yarn, proportional)",
     ),
     "gelu": (
         lambda: llama(0, heads=2, kv_heads=1, bias=False, dtype=torch.float64, hidden_act="gelu"),

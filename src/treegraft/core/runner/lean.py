@@ -9,9 +9,12 @@ are bitwise equal to the Hugging Face forward's (tested on every zoo model, floa
 so a target that runs it still decodes exactly what `generate` does.
 
 `lean_support(model)` says why a model cannot take this path (None when it can): only plain
-Llama causal LMs qualify (default RoPE, SiLU MLPs, `sdpa` attention, eval mode, no hooks, no
-accelerate offloading, every linear layer a plain `torch.nn.Linear`: not quantised or wrapped by
-an adapter); everything else runs through `transformers` unchanged.
+Llama causal LMs qualify (a static RoPE: one of `STATIC_ROPE_TYPES`, SiLU MLPs, `sdpa` attention,
+eval mode, no hooks, no accelerate offloading, every linear layer a plain `torch.nn.Linear`: not
+quantised or wrapped by an adapter); everything else runs through `transformers` unchanged.
+RoPE frequencies and the factor on cosines and sines (YaRN's attention factor) are the model's
+rotary embedding's own (`inv_freq`, `attention_scaling`), so a scaled RoPE (Llama 3.x's `llama3`,
+`linear`, `yarn`) rotates exactly as `transformers` rotates it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ TRANSPOSED_MAX_BYTES = 512 << 20
 _PROBE_ROWS = (4, 5, 8, 13, 16, 33, 64)
 #: the linear layers' places in a `LeanForward.layers` entry (the others are norms)
 _LINEARS = (1, 2, 3, 4, 6, 7, 8)
+#: RoPE types whose frequencies and cos/sin factor are fixed when the rotary embedding is built,
+#: the same for every forward (the lean forward reads them from it); the others (`dynamic` NTK,
+#: `longrope`) change them with the sequence length inside `transformers`' rotary forward
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
 
 
 def lean_support(model: Any, *, skeleton: bool = False) -> str | None:
@@ -52,9 +59,8 @@ def lean_support(model: Any, *, skeleton: bool = False) -> str | None:
         return (
             f"attention implementation {getattr(cfg, '_attn_implementation', None)!r} is not 'sdpa'"
         )
-    rope = getattr(cfg, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        return f"RoPE type {rope.get('rope_type')!r} is not 'default'"
+    if why := _rope_problem(model):
+        return why
     if cfg.hidden_act != "silu":
         return f"activation {cfg.hidden_act!r} is not 'silu'"
     if getattr(cfg, "pretraining_tp", 1) != 1:
@@ -65,19 +71,31 @@ def lean_support(model: Any, *, skeleton: bool = False) -> str | None:
         return "the model has accelerate hooks (offloading or a device map)"
     if not skeleton and any(p.device.type == "meta" for p in model.parameters()):
         return "the model has parameters on the meta device"
-    rotary = model.model.rotary_emb
-    if getattr(rotary, "rope_type", "default") != "default" or rotary.attention_scaling != 1.0:
-        return "the rotary embedding is not the default one"
     return _module_types(model)
+
+
+def _rope_problem(model: Any) -> str | None:
+    """Why the model's RoPE (as configured, and as its rotary embedding was built) is not one
+    whose frequencies are the same for every forward, or None."""
+    rope = getattr(model.config, "rope_parameters", None) or {}
+    kinds = (rope.get("rope_type", "default"), getattr(model.model.rotary_emb, "rope_type", None))
+    for kind in kinds:
+        if kind not in STATIC_ROPE_TYPES:
+            return (
+                f"RoPE type {kind!r} is not one whose frequencies are the same for every "
+                f"forward ({', '.join(STATIC_ROPE_TYPES)})"
+            )
+    return None
 
 
 def _module_types(model: Any) -> str | None:
     """Why the model's submodules are not the plain ones the lean forward reads, or None."""
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
     base = model.model
     expected: list[tuple[str, Any, type]] = [
         ("embed_tokens", base.embed_tokens, torch.nn.Embedding),
+        ("rotary_emb", base.rotary_emb, LlamaRotaryEmbedding),
         ("norm", base.norm, LlamaRMSNorm),
         ("lm_head", model.lm_head, torch.nn.Linear),
     ]
@@ -125,7 +143,10 @@ class LeanForward:
         base = model.model
         self.embed = base.embed_tokens.weight
         self.padding_idx = base.embed_tokens.padding_idx
+        #: RoPE as the model's rotary embedding built it (static: `STATIC_ROPE_TYPES`): inverse
+        #: frequencies, and the factor on cosines and sines (YaRN's attention factor, else 1)
         self.inv_freq = base.rotary_emb.inv_freq
+        self.rope_scaling = float(base.rotary_emb.attention_scaling)
         self.norm = (base.norm.weight, base.norm.variance_epsilon)
         self.lm_head = (model.lm_head.weight, model.lm_head.bias)
         self.layers = []
@@ -177,9 +198,9 @@ class LeanForward:
         freqs = positions[None, :, None].float() * self.inv_freq.to(
             device=h.device, dtype=torch.float
         )
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = emb.cos().to(dtype)[:, None]  # [1, 1, q, D]; RoPE scaling is 1 (`lean_support`)
-        sin = emb.sin().to(dtype)[:, None]
+        cos, sin = self._scaled(torch.cat((freqs, freqs), dim=-1))
+        cos = cos.to(dtype)[:, None]  # [1, 1, q, D]
+        sin = sin.to(dtype)[:, None]
         mask = None if additive is None else additive[None, None]  # None: every key visible
         shape = (1, q_len, -1, self.head_dim)
         table = self.transposed if q_len >= TRANSPOSED_MIN_ROWS else None  # 1-3 rows: F.linear
@@ -206,6 +227,14 @@ class LeanForward:
         if hidden is not None:
             hidden.copy_(normed[0])
         return self._logits(normed, n_logits, head)
+
+    def _scaled(self, emb: Tensor) -> tuple[Tensor, Tensor]:
+        """Cosines and sines of the float32 angles `emb`, times the rotary embedding's factor
+        (in float32, as `LlamaRotaryEmbedding` scales them; a factor of 1 changes no bit)."""
+        cos, sin = emb.cos(), emb.sin()
+        if self.rope_scaling != 1.0:
+            cos, sin = cos * self.rope_scaling, sin * self.rope_scaling
+        return cos, sin
 
     def _logits(
         self, h: Tensor, n_logits: int, head: tuple[Tensor, Tensor | None] | None
@@ -445,10 +474,9 @@ class FusedForward(LeanForward):
             pos = torch.arange(n_positions, device=like.device, dtype=torch.float)
             freqs = pos[:, None] * self.inv_freq.to(device=like.device, dtype=torch.float)
             half = freqs.shape[-1]
-            emb = torch.cat((freqs, freqs), dim=-1)
-            sin = emb.sin()
+            cos, sin = self._scaled(torch.cat((freqs, freqs), dim=-1))
             sin[:, :half] = -sin[:, :half]  # rotate_half's sign folded in
-            table = (emb.cos().to(like.dtype), sin.to(like.dtype))
+            table = (cos.to(like.dtype), sin.to(like.dtype))
             self._rope = table
         return table
 
