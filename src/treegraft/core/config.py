@@ -113,6 +113,12 @@ class DecodingConfig:
         "logits equal up to rounding, cheaper tree forwards); "
         "docs/pipelines.md#how-a-forward-runs",
     )
+    pad_small_blocks: bool | None = field(
+        None,
+        doc="run forwards of 2-3 tokens padded to 4 rows (float32 on a CPU): true, false, or "
+        "null (measured once per model at load: padded only where clearly faster); pin it where "
+        "two runs must compare; docs/pipelines.md#the-lean-fast-forward",
+    )
     seed: int = field(
         0,
         check=between(0, SEED_MAX),

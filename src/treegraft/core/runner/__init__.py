@@ -29,9 +29,14 @@ from treegraft.core.runner.watchers import watch_forwards
 __all__ = ["CACHE_CHUNK", "CausalLMRunner", "StateRunner", "runner_for", "watch_forwards"]
 
 
-def runner_for(model: Any, *, forward: str = "auto", bitwise: bool = True) -> Any:
+def runner_for(
+    model: Any, *, forward: str = "auto", bitwise: bool = True, pad_small_blocks: bool | None = None
+) -> Any:
     """The runner of `model` as a target: a `StateRunner` where its layers carry a state
-    (`state_models.has_state_layers`), else a `CausalLMRunner`."""
+    (`state_models.has_state_layers`), else a `CausalLMRunner` (`pad_small_blocks`: its
+    attribute)."""
     if has_state_layers(model.config):
         return StateRunner(model, forward=forward)
-    return CausalLMRunner(model, forward=forward, bitwise=bitwise)
+    return CausalLMRunner(
+        model, forward=forward, bitwise=bitwise, pad_small_blocks=pad_small_blocks
+    )
