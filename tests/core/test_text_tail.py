@@ -343,15 +343,21 @@ def test_runs_of_byte_tokens_stream_what_the_whole_text_rules_give(name, sizes, 
         assert "".join(tail[1]) == shown([i for step in steps for i in step])
 
 
+@pytest.mark.parametrize("run", ["high", "ascii"])
 @pytest.mark.parametrize("stops", [(), ("zz",)])
 @pytest.mark.parametrize("name", ["sentencepiece", "zoo"])
-def test_a_long_run_of_bytes_that_is_no_utf8_decodes_a_bounded_tail(name, stops):
+def test_a_long_run_of_bytes_that_is_no_utf8_decodes_a_bounded_tail(name, stops, run):
     """600 byte tokens of no UTF-8 (byte fallback reads the whole run as replacement
-    characters, one per byte, however long it grows): past the first tokens a step decodes a
+    characters, one per byte, however long it grows): bytes of 0x80 and up, or 0x80 and then
+    ASCII bytes (every end of that run is UTF-8). Past the first tokens a step decodes a
     bounded tail, not the whole run; the text streamed is the tokenizer's."""
     tok = tokenizer(name)
     byte_ids = byte_tokens(tok)
-    run = [byte_ids[0x80 + (i * 37) % 128] for i in range(600)]
+    high = [0x80 + (i * 37) % 128 for i in range(600)]
+    run = [
+        byte_ids[b]
+        for b in (high if run == "high" else [0x80] + [0x41 + i % 26 for i in range(599)])
+    ]
     decoded: list[int] = []
 
     def counted(keep):

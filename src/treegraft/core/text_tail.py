@@ -69,6 +69,9 @@ class TailText:
     core: int = 0
     #: `head` less the replacement characters it ends with (what streaming may show of it)
     bare: str = ""
+    #: inside a run of byte tokens that is no UTF-8: the first tokens of `context` that a
+    #: shorter context keeps (`spliced`; 0: none)
+    lead: int = 0
     _blank: dict[int, bool] = attrs.field(factory=dict)
 
     def tail(self, ids: Sequence[int], n: int) -> str:
@@ -102,9 +105,28 @@ class TailText:
             self.context = seen[max(0, len(seen) - back) :]
             self.anchor_text = self.decode(self.context)
             if back >= len(seen) or self.anchors(self.context, self.anchor_text):
-                self.core = len(self.context) if self.anchor_text else 0
+                break
+            if back == CONTEXT and self.spliced(seen):
                 return
             back *= 2
+        self.core = len(self.context) if self.anchor_text else 0
+        no_utf8 = back > CONTEXT and self.anchor_text.endswith(REPLACEMENT)
+        self.lead = len(self.context) - CONTEXT if no_utf8 else 0
+
+    def spliced(self, seen: list[int]) -> bool:
+        """Whether the first `lead` tokens of `seen` and its last `CONTEXT` may stand for it
+        (`anchors`), and if so make them the context: inside a run of byte tokens that is no
+        UTF-8 from a byte among the lead's on (`0x80` then ASCII bytes: every shorter end of
+        the run is UTF-8), its middle may go, the text of the run being one replacement
+        character per byte whatever follows."""
+        if not self.lead or len(seen) <= self.lead + CONTEXT:
+            return False
+        context = [*seen[: self.lead], *seen[-CONTEXT:]]
+        text = self.decode(context)
+        if not (text.endswith(REPLACEMENT) and self.anchors(context, text)):
+            return False
+        self.context, self.anchor_text, self.core = context, text, len(context)
+        return True
 
     def anchors(self, context: list[int], text: str) -> bool:
         """Whether `context`, whose text is `text`, may stand for the settled tokens: its text is
