@@ -22,6 +22,7 @@ greedy outputs are unchanged except at float32 near-ties, as for any tree forwar
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -37,15 +38,21 @@ from treegraft.core.runner.latency import chain_tree, prefill
 #: rows a block of 2 or 3 tokens runs as where padding pays
 PADDED_ROWS = 4
 #: padding is chosen only when its forwards take less than this share of the unpadded ones' time
-#: by more than `SPREADS` times the rounds' spread (the median absolute deviation of their ratios)
+#: by more than `SPREADS` standard errors of the median ratio (`choose_padding`)
 PAYS_BELOW = 0.97
-SPREADS = 4.0
+SPREADS = 3.0
 #: the choice where the two are within the measurement's spread: unpadded (its bits need no pad)
 PAD_DEFAULT = False
 #: timed rounds (each: the 2- and 3-token forwards of both variants, alternating) and the cached
-#: context they run at
+#: context they run at; rounds are added, `PROBE_ROUNDS` at a time up to `MAX_ROUNDS`, while the
+#: two are within the spread
 PROBE_ROUNDS = 7
+MAX_ROUNDS = 21
 PROBE_CONTEXT = 32
+#: standard error of a median of n normal samples, per median absolute deviation, times sqrt(n)
+MEDIAN_ERROR = 1.2533 * 1.4826
+#: the least spread taken: a few rounds can agree by chance closer than the machine's noise
+SPREAD_FLOOR = 0.01
 
 
 @attrs.frozen
@@ -57,7 +64,8 @@ class PaddingChoice:
         how: `measured` (clearly faster or slower), `default` (within the spread: `PAD_DEFAULT`)
             or `pinned` (`pad_small_blocks`).
         ratio: median over the timed rounds of padded / unpadded seconds (None: pinned).
-        spread: median absolute deviation of those ratios (None: pinned).
+        spread: the standard error of that median, from the ratios' median absolute deviation
+            (None: pinned).
     """
 
     padded: bool
@@ -155,12 +163,15 @@ def padding_record() -> list[dict[str, Any]]:
 
 def choose_padding(padded: Sequence[float], unpadded: Sequence[float]) -> PaddingChoice:
     """The choice from paired round times (seconds of the padded and the unpadded forwards in
-    each round): with `ratio` the median of padded / unpadded and `spread` the median absolute
-    deviation of those ratios, padded where `ratio` is below `PAYS_BELOW` by more than `SPREADS`
-    spreads, unpadded where it is above `1 / PAYS_BELOW` by as much, else `PAD_DEFAULT`."""
+    each round): with `ratio` the median of padded / unpadded and `spread` its standard error
+    (`MEDIAN_ERROR` times the ratios' median absolute deviation, over the square root of the
+    rounds; robust to a few rounds another job slowed; at least `SPREAD_FLOOR`), padded where `ratio` is below
+    `PAYS_BELOW` by more than `SPREADS` spreads, unpadded where it is above `1 / PAYS_BELOW` by
+    as much, else `PAD_DEFAULT` (how: `default`)."""
     ratios = [p / u for p, u in zip(padded, unpadded, strict=True)]
     ratio = median(ratios)
-    spread = median(abs(r - ratio) for r in ratios)
+    deviation = median(abs(r - ratio) for r in ratios)
+    spread = max(SPREAD_FLOOR, MEDIAN_ERROR * deviation / math.sqrt(len(ratios)))
     if ratio + SPREADS * spread < PAYS_BELOW:
         return PaddingChoice(True, "measured", ratio, spread)
     if ratio - SPREADS * spread > 1 / PAYS_BELOW:
@@ -171,7 +182,8 @@ def choose_padding(padded: Sequence[float], unpadded: Sequence[float]) -> Paddin
 def measure_padding(padded: Any, unpadded: Any, *, rounds: int = PROBE_ROUNDS) -> PaddingChoice:
     """Time forwards of 2 and 3 new tokens through two runners of one model, one padding its
     small blocks and one not, at `PROBE_CONTEXT` cached tokens, alternating which goes first;
-    after a warm-up round, `rounds` paired round totals decide (`choose_padding`)."""
+    after a warm-up round, the paired round totals decide (`choose_padding`): `rounds` of them,
+    and `rounds` more (up to `MAX_ROUNDS` in all) while the two are within the spread."""
     gen = torch.Generator().manual_seed(0)
     vocab = padded.vocab_size
     prompt = torch.randint(vocab, (PROBE_CONTEXT,), generator=gen).to(padded.device)
@@ -180,8 +192,9 @@ def measure_padding(padded: Any, unpadded: Any, *, rounds: int = PROBE_ROUNDS) -
     for runner in runners.values():
         prefill(runner, prompt, max_len=PROBE_CONTEXT + 2 * PADDED_ROWS)
     trees = [chain_tree(prompt[0], q, vocab, gen) for q in range(2, PADDED_ROWS)]
+    i = 0
     with torch.inference_mode():
-        for i in range(rounds + 1):
+        while True:
             for pad in (i % 2 == 0, i % 2 == 1):
                 start = time.perf_counter()
                 for tree in trees:
@@ -189,4 +202,8 @@ def measure_padding(padded: Any, unpadded: Any, *, rounds: int = PROBE_ROUNDS) -
                     runners[pad].rewind()
                 if i:  # round 0 warms up
                     seconds[pad].append(time.perf_counter() - start)
-    return choose_padding(seconds[True], seconds[False])
+            i += 1
+            if i > rounds and (i - 1) % rounds == 0:
+                choice = choose_padding(seconds[True], seconds[False])
+                if choice.how != "default" or i - 1 >= max(rounds, MAX_ROUNDS):
+                    return choice
