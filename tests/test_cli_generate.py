@@ -90,6 +90,21 @@ def test_forward_flag_names_the_target_products(
     assert "identical: yes" in result.stderr
 
 
+@pytest.mark.parametrize("pin", [True, False])
+def test_the_stats_line_names_the_small_blocks_choice(
+    tmp_path: Path, model_dir: Path, pin: bool
+) -> None:
+    """The padding of 2-3 token blocks (`decoding.pad_small_blocks` pins it) is named beside
+    the target's forward, so that two runs' choices can be compared."""
+    decoding = {"max_new_tokens": 12, "dtype": "float32", "pad_small_blocks": pin}
+    pipeline = pipeline_file(tmp_path, str(model_dir), decoding=decoding)
+    result = invoke("generate", "--pipeline", str(pipeline), "--prompt", PROMPT, "--compare")
+    assert result.exit_code == 0, result.output
+    state = "padded" if pin else "unpadded"
+    assert f"forwards: target lean-fast (2-3 token blocks {state} (pinned))" in result.stderr
+    assert "identical: yes" in result.stderr
+
+
 def test_sampling_flags_switch_to_the_point_mass_verifier_and_the_seed_repeats(
     tmp_path: Path, model_dir: Path
 ) -> None:

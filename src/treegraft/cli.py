@@ -259,8 +259,18 @@ def backend_line(pipe) -> str:
         exact = pipe.resources.dtype == torch.float64 and requested_backend() == "auto"
         kernel = "reference" if exact else choose_backend("tree_attention", probe)
         text += f" (kernel: {kernel})"
-    forwards = ", ".join(f"{name} {_forward_kind(r)}" for name, r in runners)
+    forwards = ", ".join(f"{name} {_forward_kind(r)}{_padding(r)}" for name, r in runners)
     return f"forward {pipe.spec.decoding.forward} · {text} · forwards: {forwards}"
+
+
+def _padding(runner) -> str:
+    """` (2-3 token blocks unpadded (default: padded/unpadded 0.99 +- 0.02))` where the runner
+    may pad its small blocks (`runner.padding.padding_choice`), else nothing."""
+    from treegraft.core.runner import CausalLMRunner
+    from treegraft.core.runner.padding import padding_choice
+
+    choice = padding_choice(runner) if isinstance(runner, CausalLMRunner) else None
+    return f" ({choice.describe()})" if choice else ""
 
 
 def _forward_kind(runner) -> str:

@@ -211,3 +211,21 @@ def test_a_summary_saved_with_a_byte_order_mark_and_windows_line_ends_compares(t
         compare(tmp_path / "a", tmp_path / "a"),
     )
     assert (saved.rows, saved.baselines) == (original.rows, original.baselines)
+
+
+def test_runs_that_padded_small_blocks_differently_are_noted(tmp_path) -> None:
+    """The load-time padding choice moved a pair-ratio from 0.99 to 0.89 between two
+    processes of one source: a comparison says when the two sweeps chose differently."""
+    choice = {"model": "zoo:target", "bitwise": False, "threads": 2, "how": "measured"}
+    for name, padded in (("a", True), ("b", False), ("c", True)):
+        write_summary(tmp_path / name, INTERVALS, prompts="20")
+        write_manifest(tmp_path / name)
+        manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+        manifest["environment"] = {"small_blocks": [{**choice, "padded": padded}]}
+        (tmp_path / name / "manifest.json").write_text(json.dumps(manifest))
+    note = (
+        "A and B padded 2-3 token blocks differently (environment.small_blocks; pin "
+        "decoding.pad_small_blocks to compare the code alone)"
+    )
+    assert note in compare(tmp_path / "a", tmp_path / "b").notes
+    assert note not in compare(tmp_path / "a", tmp_path / "c").notes

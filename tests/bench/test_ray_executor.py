@@ -422,3 +422,96 @@ def test_a_unit_past_its_timeout_is_stopped_and_named_and_the_sweep_goes_on(tmp_
     )
     assert failed.worker["worker"] == failed.error.split(" on ")[1].split(" ")[0] + " (stopped)"
     assert len(result.requests) == 3 * 4 and all(r.exact for r in result.requests)
+
+
+def setup_without_model():
+    raise ValueError("no model at /models/x")
+
+
+def setup_with_bad_pipeline():
+    raise ConfigError("pipeline.builder.budget: expected int >= 1, got -3")
+
+
+def map_with(executor, setup=pid_setup, work=square_with_pid, items=(1, 2), **options):
+    from treegraft.bench.shards import map_items
+
+    workers = {"workers": 1} if executor == "ray" else {}
+    return map_items(setup, work, list(items), executor=executor, **workers, **options)
+
+
+def errors_of(call, error_type):
+    """The error `call(executor)` raises with each executor."""
+    errors = []
+    for executor in ("local", "ray"):
+        with pytest.raises(error_type) as info:
+            call(executor)
+        errors.append(info.value)
+    return errors
+
+
+def test_a_setup_that_raises_is_reported_alike_locally_and_on_ray(cluster):
+    """Locally setup's exception came out bare; on Ray it killed the actor, and the first item
+    was a `ShardError` saying its worker died or did not start, with Ray's whole traceback."""
+    from treegraft.bench.shards import SetupError
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    errors = errors_of(lambda ex: map_with(ex, setup=setup_without_model), SetupError)
+    assert [str(e) for e in errors] == [
+        "setup() raised ValueError: no model at /models/x; no item was mapped"
+    ] * 2
+    assert [type(e.__cause__) for e in errors] == [ValueError] * 2
+    # treegraft's own error (a pipeline that does not load) comes out as it is
+    errors = errors_of(lambda ex: map_with(ex, setup=setup_with_bad_pipeline), ConfigError)
+    assert [str(e) for e in errors] == ["pipeline.builder.budget: expected int >= 1, got -3"] * 2
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"setup": 3}, "setup: expected a function, got 3"),
+        ({"work": None}, "work: expected a function, got None"),
+        ({"on_result": "print"}, "on_result: expected a function or None, got 'print'"),
+        ({"items": None}, "items: expected a sequence of items, got None"),
+    ],
+    ids=["setup", "work", "on_result", "items"],
+)
+def test_what_is_not_a_function_or_items_is_named_alike_locally_and_on_ray(
+    cluster, options, message
+):
+    """Locally Python's TypeError at the first call; on Ray a worker that did not start."""
+    from treegraft.bench.shards import map_items
+
+    def call(executor):
+        args = {"setup": pid_setup, "work": square_with_pid, "items": [1], **options}
+        workers = {"workers": 1} if executor == "ray" else {}
+        return map_items(args.pop("setup"), args.pop("work"), args.pop("items"),
+                         executor=executor, **workers, **args)  # fmt: skip
+
+    assert [str(e) for e in errors_of(call, ArgumentError)] == [message] * 2
+
+
+def test_no_items_call_no_setup_with_either_executor(monkeypatch):
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("a cluster was started"))
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    for executor in ("local", "ray"):
+        assert map_with(executor, setup=setup_without_model, items=()) == []
+
+
+def test_an_address_for_a_local_map_is_refused():
+    """It was ignored: the map ran in the driver, not on the cluster named."""
+    with pytest.raises(ArgumentError) as info:
+        map_with("local", address="ray://head:10001")
+    assert str(info.value) == (
+        "address: expected None with executor='local' (a local map joins no cluster), got "
+        "'ray://head:10001'"
+    )
+
+
+def test_an_item_ray_cannot_pickle_is_refused_naming_it(cluster):
+    """It was Ray's TypeError with the item's whole repr."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    lock = threading.Lock()
+    assert map_with("local", work=lambda pid, item: item, items=[1, lock])[1] is lock
+    what = re.escape("item 1 of items")
+    with pytest.raises(ConfigError, match=UNPICKLABLE.format(what)):
+        map_with("ray", work=lambda pid, item: item, items=[1, lock])

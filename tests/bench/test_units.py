@@ -305,3 +305,18 @@ def test_a_pair_with_its_target_split_over_cpu_and_disk_benchmarks_exactly(tmp_p
     )
     with pytest.raises(ConfigError, match=r"bench\.pairs\[0\]\.device_map: expected"):
         sweep_config(tmp_path, pairs=[{"target": "a", "drafter": "b", "device_map": {"x": 0}}])
+
+
+def test_the_sweeps_small_blocks_choices_are_gathered_once_from_its_workers() -> None:
+    from treegraft.bench.store import UnitRecord
+    from treegraft.bench.units import small_blocks, worker_identity
+
+    assert isinstance(worker_identity("local")["small_blocks"], list)
+    one = {"model": "m", "bitwise": True, "threads": 2, "padded": False, "how": "default"}
+    two = {**one, "threads": 1, "padded": True, "how": "measured"}
+    records = [
+        UnitRecord("p", "s", 0, ("a",), "done", worker={"small_blocks": [one]}),
+        UnitRecord("p", "s", 0, ("b",), "done", worker={"small_blocks": [one, two]}),
+        UnitRecord("p", "s", 0, ("c",), "failed", worker={}),
+    ]
+    assert small_blocks(records) == [one, two]

@@ -283,3 +283,95 @@ def test_a_direct_stop_check_decodes_the_whole_tokens_once():
     ids = [i % 26 for i in range(1, 400)] + [26, 25, 25]
     assert StopStrings(("<|s|>zz", "zz"), shown)(ids) == 402
     assert sum(n > 2 * (CONTEXT + LAG + ADVANCE) + 3 for n in decoded) == 1
+
+
+def byte_tokens(tok) -> list[int]:
+    """The token of each byte: `<0xNN>` (byte fallback) or the byte-level BPE's one-byte token."""
+    if tok.convert_tokens_to_ids("<0x80>") not in (None, tok.unk_token_id):
+        return [tok.convert_tokens_to_ids(f"<0x{b:02X}>") for b in range(256)]
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars = {b: chr(b) for b in printable}
+    chars |= {b: chr(256 + i) for i, b in enumerate(b for b in range(256) if b not in chars)}
+    return [tok.convert_tokens_to_ids(chars[b]) for b in range(256)]
+
+
+#: pieces of byte runs: bytes no character begins with or continues, ASCII, whole and cut
+#: characters, and U+FFFD spelled in bytes (a valid character that looks like a replacement)
+BYTE_PIECES = [b"\x80", b"\xff", b"\xc0", b"A", b"az", "€".encode(), "😀".encode(), b"\xe2\x82",
+               b"\xf0\x9f", "\ufffd".encode(), "é".encode()]  # fmt: skip
+
+
+@st.composite
+def byte_runs(draw, tok, poisoned: bool):
+    """Token ids that are mostly long runs of byte tokens (some no UTF-8, some completed or
+    spoiled late; `poisoned`: each run begins with a byte no character begins with, so is no
+    UTF-8 however it goes on), now and then a word or a special token, cut into steps."""
+    byte_ids, ids = byte_tokens(tok), []
+    specials = list(getattr(tok, "added_tokens_decoder", []))
+    for _ in range(draw(st.integers(1, 4))):
+        pieces = draw(st.lists(st.sampled_from(BYTE_PIECES), min_size=10, max_size=60))
+        ids += [byte_ids[b] for b in b"\x80" * poisoned + b"".join(pieces)]
+        ids += draw(st.sampled_from([[], [], tok.encode(" a", add_special_tokens=False)[:1],
+                                     specials[:1]]))  # fmt: skip
+    cuts = sorted(draw(st.sets(st.integers(1, max(1, len(ids) - 1)), max_size=len(ids) // 3)))
+    steps = [ids[a:b] for a, b in zip([0, *cuts], [*cuts, len(ids)], strict=True) if b > a]
+    stops = draw(st.sampled_from([(), ("zz",), ("\ufffd\ufffd",), ("a",)]))
+    return steps, stops
+
+
+@pytest.mark.parametrize("poisoned", [True, False], ids=["no-utf8", "any"])
+@pytest.mark.parametrize("sizes", list(SIZES))
+@pytest.mark.parametrize("name", ["sentencepiece", "zoo"])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_runs_of_byte_tokens_stream_what_the_whole_text_rules_give(name, sizes, poisoned, data):
+    """Long runs of byte tokens: every step gives what the whole-text rules give; where each
+    run is no UTF-8 from its first byte (nothing shown of it is taken back), the streamed
+    pieces join to the tokenizer's decode of all the tokens, replacement characters included.
+    (Byte fallback reads a run whole: where a run's first bytes were a character, shown, and
+    a later byte makes the run no UTF-8, the text shown cannot be taken back, as with the
+    whole-text rule.)"""
+    tok = tokenizer(name)
+    steps, stops = data.draw(byte_runs(tok, poisoned))
+    shown, kept = texts(tok)
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in zip(("CONTEXT", "LAG", "ADVANCE"), SIZES[sizes], strict=True):
+            patch.setattr(text_tail, key, value)
+        tail = tail_run(steps, stops, shown, kept)
+    assert tail == whole_text_run(steps, stops, shown, kept)
+    if not stops and (poisoned or name == "zoo"):
+        assert "".join(tail[1]) == shown([i for step in steps for i in step])
+
+
+@pytest.mark.parametrize("run", ["high", "ascii"])
+@pytest.mark.parametrize("stops", [(), ("zz",)])
+@pytest.mark.parametrize("name", ["sentencepiece", "zoo"])
+def test_a_long_run_of_bytes_that_is_no_utf8_decodes_a_bounded_tail(name, stops, run):
+    """600 byte tokens of no UTF-8 (byte fallback reads the whole run as replacement
+    characters, one per byte, however long it grows): bytes of 0x80 and up, or 0x80 and then
+    ASCII bytes (every end of that run is UTF-8). Past the first tokens a step decodes a
+    bounded tail, not the whole run; the text streamed is the tokenizer's."""
+    tok = tokenizer(name)
+    byte_ids = byte_tokens(tok)
+    high = [0x80 + (i * 37) % 128 for i in range(600)]
+    run = [
+        byte_ids[b]
+        for b in (high if run == "high" else [0x80] + [0x41 + i % 26 for i in range(599)])
+    ]
+    decoded: list[int] = []
+
+    def counted(keep):
+        def decode(ids):
+            decoded.append(len(ids))
+            return tok.decode(list(ids), skip_special_tokens=not keep)
+
+        return decode
+
+    stream = StreamText.of(StopText(stops, counted(False), counted(True)))
+    pieces = []
+    for i, token in enumerate(run):
+        if i == 100:
+            decoded.clear()
+        pieces.append(stream.add([token], finished=i == len(run) - 1) or "")
+    assert "".join(pieces) == tok.decode(run)
+    assert max(decoded[:-2]) <= 4 * (CONTEXT + LAG + ADVANCE)  # the final text: all of it

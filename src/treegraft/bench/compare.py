@@ -206,7 +206,22 @@ def measured_notes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
             )
     if changes := environment_changes([a, b]):
         notes.append(f"A and B ran on different environments ({first_few(changes)})")
+    padded = [padded_models(m) for m in (a, b)]
+    if None not in padded and padded[0] != padded[1]:
+        notes.append(
+            "A and B padded 2-3 token blocks differently (environment.small_blocks; "
+            "pin decoding.pad_small_blocks to compare the code alone)"
+        )
     return notes
+
+
+def padded_models(manifest: dict[str, Any]) -> set[tuple[str, bool]] | None:
+    """(model, padded) of each padding choice a sweep's workers made (None: not recorded)."""
+    env = manifest.get("environment")
+    choices = env.get("small_blocks") if isinstance(env, dict) else None
+    if not isinstance(choices, list):
+        return None
+    return {(str(c.get("model")), bool(c.get("padded"))) for c in choices if isinstance(c, dict)}
 
 
 def _setting(key: str, a: Any, b: Any) -> str:

@@ -251,7 +251,12 @@ def runner_method(resources: Resources, pair: Pair, forward: str | None = None) 
     model = load_model(resources, pair.target, f"pair {pair.name}: target")
     tokenizer = resources.load_tokenizer(pair.target)
     plan = resources.plan_for(pair.target)
-    runner = runner_for(model, forward=forward or plan.target, bitwise=plan.bitwise)
+    runner = runner_for(
+        model,
+        forward=forward or plan.target,
+        bitwise=plan.bitwise,
+        pad_small_blocks=resources.pad_small_blocks,
+    )
     return RunnerMethod(AR_RUNNER, runner, eos_ids_of(model, tokenizer))
 
 

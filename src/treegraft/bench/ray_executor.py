@@ -115,8 +115,9 @@ def check_fits(
 
 
 def start_actor(actor_class: Any, what: str, *args: Any) -> Any:
-    """`actor_class.remote(*args)`; a `ConfigError` naming `what` (the arguments, in the user's
-    terms) where Ray cannot pickle them, instead of its error holding their whole repr."""
+    """`actor_class.remote(*args)` (or an actor method's: a task); a `ConfigError` naming `what`
+    (the arguments, in the user's terms) where Ray cannot pickle them, instead of its error
+    holding their whole repr."""
     try:
         return actor_class.remote(*args)
     except (TypeError, pickle.PicklingError) as exc:

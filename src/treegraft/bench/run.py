@@ -148,6 +148,7 @@ def run_bench(
         write_environment_changes(out / report.SUMMARY_MD, manifest["segments"])
         seconds = time.perf_counter() - start
         segment.update(finished=_now(), seconds=seconds, executor=config.executor.name)
+        segment["environment"]["small_blocks"] = work.small_blocks(store.records)
         manifest.update(
             finished=segment["finished"],
             seconds=sum(g.get("seconds", 0.0) for g in manifest["segments"]),

@@ -8,7 +8,9 @@ reads no clock (measure costs once on the driver and ship them inside `setup`'s 
 An item that raises (on a Ray worker or in the local loop alike), whose worker dies, or that
 runs past `timeout` seconds on Ray, ends the map with a `ShardError` naming its index (its own
 exception, if any, as the `__cause__`); `on_result` sees each result as it arrives (a progress
-display on the driver).
+display on the driver). What fails before any item runs fails alike with both executors: an
+option, the items or a function that is not one is an `ArgumentError` naming it, and a
+`setup()` that raises is that error where it is treegraft's own, else a `SetupError`.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import attrs
 
-from treegraft.core.errors import ArgumentError, shown
+from treegraft.core.errors import ArgumentError, TreegraftError, shown
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -37,12 +39,53 @@ class ShardError(Exception):
         self.reason = reason
 
 
+class SetupError(TreegraftError, RuntimeError):
+    """`map_items`' `setup()` raised (with either executor) an exception that is not
+    treegraft's own; that exception is the `__cause__`."""
+
+
+def setup_failed(exc: BaseException) -> Exception:
+    """What a map raises for `setup()`'s exception `exc`: `exc` itself where it is a
+    `TreegraftError` (a pipeline that does not load says why, as it would anywhere), else a
+    `SetupError` naming it."""
+    if isinstance(exc, TreegraftError):
+        return exc
+    return SetupError(f"setup() raised {type(exc).__name__}: {exc}; no item was mapped")
+
+
+def run_setup(setup: Callable[[], Any]) -> Any:
+    """`setup()`, its exception as `setup_failed` says."""
+    try:
+        return setup()
+    except Exception as exc:
+        raise_setup_failure(exc)
+
+
+def raise_setup_failure(exc: Exception) -> NoReturn:
+    """Raise `setup_failed(exc)`: `exc` as it is, or the `SetupError` caused by it."""
+    error = setup_failed(exc)
+    if error is exc:
+        raise exc
+    raise error from exc
+
+
 class ShardWorker:
-    """The actor class: holds what `setup()` returned and applies `work` to items."""
+    """The actor class: holds what `setup()` returned (or the exception it raised, which
+    `ready` raises again, so that the driver reports it as a local map does) and applies
+    `work` to items."""
 
     def __init__(self, setup: Callable[[], Any], work: Callable[[Any, Any], Any]) -> None:
-        self.state = setup()
+        self.failed: Exception | None = None
+        try:
+            self.state = setup()
+        except Exception as exc:
+            self.failed = exc
         self.work = work
+
+    def ready(self) -> None:
+        """Raise what `setup()` raised, if it did."""
+        if self.failed is not None:
+            raise self.failed
 
     def run(self, index: int, item: Any) -> tuple[int, Any]:
         return index, self.work(self.state, item)
@@ -72,18 +115,22 @@ def map_items(
     driver's own process cannot stop an item midway. `ray.init(address)` is called unless Ray
     is initialised already (a cluster started here is shut down at the end).
     `on_result(index, result)` is called as each item finishes (in completion order). An option
-    out of range is an `ArgumentError` naming it; more actors (or a bigger request) than the
-    cluster holds is a `ConfigError` (without an `address`: a joined cluster may grow), where
-    the map would wait for them forever.
+    out of range (or an `address` without `ray`), items that are no sequence, or a `setup`,
+    `work` or `on_result` that is not callable is an `ArgumentError` naming it, with either
+    executor; more actors (or a bigger request) than the cluster holds is a `ConfigError`
+    (without an `address`: a joined cluster may grow), where the map would wait for them
+    forever. No items: `setup` is not called. A `setup()` that raises ends the map as
+    `setup_failed` says, with either executor (on Ray, before any item is handed out).
     """
-    check_map_options(executor, workers, num_cpus, num_gpus, timeout)
+    check_map_options(executor, workers, num_cpus, num_gpus, timeout, address)
+    check_functions(setup=setup, work=work, on_result=on_result)
     items = item_list(items)
     report = on_result or (lambda index, result: None)
-    if executor == "local":
-        state = setup()
-        return [_reported(report, i, _local(work, state, i, item)) for i, item in enumerate(items)]
-    if not items:  # nothing to shard: no cluster started or joined
+    if not items:  # nothing to map: no setup, no cluster started or joined
         return []
+    if executor == "local":
+        state = run_setup(setup)
+        return [_reported(report, i, _local(work, state, i, item)) for i, item in enumerate(items)]
     from treegraft.bench.ray_executor import (
         check_fits,
         fit_workers,
@@ -113,10 +160,11 @@ def check_map_options(
     num_cpus: float,
     num_gpus: float,
     timeout: float | None = None,
+    address: str | None = None,
 ) -> None:
     """`ArgumentError` naming the first of `map_items`' options out of its range (it started one
     actor for `workers=0` or `-2`, and left a negative resource request to Ray), or a `timeout`
-    the local executor cannot keep."""
+    or an `address` the local executor cannot use."""
     if executor not in ("local", "ray"):
         raise ArgumentError(f"executor: expected 'local' or 'ray', got {shown(executor)}")
     if workers is not None and (type(workers) is not int or workers < 1):
@@ -124,6 +172,10 @@ def check_map_options(
     for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
         if not is_number(value) or not value >= 0:
             raise ArgumentError(f"{name}: expected a number >= 0, got {shown(value)}")
+    if address is not None and (not isinstance(address, str) or executor != "ray"):
+        want = "a Ray cluster's address" if executor == "ray" else "None with executor='local'"
+        raise ArgumentError(f"address: expected {want} (a local map joins no cluster), got "
+                            f"{shown(address)}")  # fmt: skip
     if timeout is None:
         return
     if not is_number(timeout) or not 0 < timeout < math.inf:
@@ -133,6 +185,16 @@ def check_map_options(
             f"timeout: a time limit per item needs executor='ray', got {shown(executor)}: a "
             "local item runs in the driver's own process, which cannot stop it midway"
         )
+
+
+def check_functions(**functions: Any) -> None:
+    """`ArgumentError` naming the first of `setup`, `work` or `on_result` (None allowed) that is
+    not callable (locally it was Python's TypeError at the first call; on Ray a worker that did
+    not start)."""
+    for name, function in functions.items():
+        if not callable(function) and not (name == "on_result" and function is None):
+            none = " or None" if name == "on_result" else ""
+            raise ArgumentError(f"{name}: expected a function{none}, got {shown(function)}")
 
 
 def is_number(value: Any) -> bool:
@@ -203,11 +265,13 @@ def _map_on_ray(
     results: dict[int, Any] = {}
     running: dict[Any, tuple[Any, int, float]] = {}
     try:
+        check_ready(ray, started)
         idle = list(started)
         while todo or running:
             while idle and todo:
                 actor, (index, item) = idle.pop(), todo.pop()
-                running[actor.run.remote(index, item)] = (actor, index, time.monotonic())
+                task = start_actor(actor.run, f"item {index} of items", index, item)
+                running[task] = (actor, index, time.monotonic())
             ready, _ = ray.wait(list(running), num_returns=1, timeout=actors.wait(running))
             if not ready and actors.wait(running):  # woken before the deadline: wait on
                 continue
@@ -226,6 +290,14 @@ def _map_on_ray(
         for actor in started:
             ray.kill(actor)
     return [results[i] for i in range(len(items))]
+
+
+def check_ready(ray: Any, actors: list[Any]) -> None:
+    """Raise, as a local map does, what `setup()` raised on an actor (`ShardWorker.ready`)."""
+    try:
+        ray.get([actor.ready.remote() for actor in actors])
+    except ray.exceptions.RayTaskError as exc:
+        raise_setup_failure(getattr(exc, "cause", None) or exc)
 
 
 def _result(ray: Any, ref: Any, index: int) -> Any:

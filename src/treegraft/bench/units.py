@@ -12,6 +12,7 @@ one pair load nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -94,8 +95,22 @@ def plan_units(
 
 
 def worker_identity(name: str) -> dict[str, Any]:
-    """Where this process runs: host name, pid and the worker's name."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "worker": name}
+    """Where this process runs: host name, pid, the worker's name, and the padding of 2-3 token
+    blocks measured in it so far (`runner.padding.padding_record`)."""
+    from treegraft.core.runner.padding import padding_record
+
+    where = {"host": socket.gethostname(), "pid": os.getpid(), "worker": name}
+    return {**where, "small_blocks": padding_record()}
+
+
+def small_blocks(records: Any) -> list[dict[str, Any]]:
+    """The padding choices of 2-3 token blocks the sweep's workers measured (each once), from
+    their records (`worker.small_blocks`), so that two sweeps' choices can be compared."""
+    seen: dict[str, dict[str, Any]] = {}
+    for record in records:
+        for choice in record.worker.get("small_blocks") or ():
+            seen.setdefault(json.dumps(choice, sort_keys=True), choice)
+    return list(seen.values())
 
 
 @attrs.frozen

@@ -170,6 +170,7 @@ class Pipeline:
         resources.use_forward(spec.decoding.forward)
         resources.target_ref = spec.target
         resources.check_model = spec.decoding.check_model
+        resources.pad_small_blocks = spec.decoding.pad_small_blocks
         check_vocabularies(spec, resources)
         load_model(resources, spec.target, "pipeline.target")
         features = target_features(spec, registry)  # a drafter reads its hidden states

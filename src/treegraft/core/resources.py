@@ -261,6 +261,8 @@ class Resources:
     #: how runners forward models (`decoding.forward`, `runner.forwards`); set by `use_forward`
     forward: str = "auto"
     check_model: bool = True  # probe models before their first runner (`decoding.check_model`)
+    #: runners' padding of 2-3 token blocks (`decoding.pad_small_blocks`; None: measured)
+    pad_small_blocks: bool | None = None
     #: refusal message (None: servable) per (model reference, forward, attention) already checked
     checked: dict[tuple[str, str, str], str | None] = attrs.field(factory=dict)
     #: per model reference, a device map (`treegraft.core.runner.placement`): the model is placed by
@@ -462,7 +464,10 @@ class Resources:
         self.read_features |= {ref} if features else set()
         attend(self.model(ref), plan := self.plan_for(ref))
         self.check(ref, forward := forward or plan.target, target=target)
-        return runner_for(self.model(ref), forward=forward, bitwise=plan.bitwise)
+        pad = self.pad_small_blocks
+        return runner_for(
+            self.model(ref), forward=forward, bitwise=plan.bitwise, pad_small_blocks=pad
+        )
 
     def check(self, ref: str, forward: str | None = None, *, target: bool = False) -> None:
         """Raise `ModelRefused` unless the model `ref` can be served exactly: no architecture

@@ -9,7 +9,9 @@ before `.`), so the tail is decoded from a few earlier tokens on (the *anchor*),
 follows their own text is new. Tokens whose text no later token changed are *settled*: their
 text is kept, never decoded again. A later token that does change it (the anchor's text no
 longer begins the tail's) starts the text over from the first token, so the results stay those
-of the whole-text rules.
+of the whole-text rules. Text that ends in replacement characters settles only where they last
+(`lasting`: a run of byte tokens that no later byte makes UTF-8), so that such a run, however
+long, is not decoded whole at every step either.
 """
 
 from __future__ import annotations
@@ -26,10 +28,25 @@ CONTEXT = 4
 LAG = 4
 #: tokens a settling moves forward at least (it costs decodes of its own)
 ADVANCE = 8
+#: the bytes of a UTF-8 character a later token may still complete, at most
+OPEN_BYTES = 3
 
 
 class Rewritten(Exception):
     """A token changed the text of settled tokens: the text starts over."""
+
+
+def lasting(text_of: Callable[[int], str], n: int) -> bool:
+    """Whether the replacement characters that the text of the first `n` tokens (`text_of(n)`)
+    ends with stay, whatever tokens follow: each of its last `OPEN_BYTES` tokens adds exactly
+    one character to the text before it. A run of byte tokens that a later byte could still
+    make a character (an incomplete one at its end, the run read whole as byte fallback reads
+    it) has a shorter beginning that is UTF-8, whose text is no replacement characters; so has
+    a run spelling U+FFFD itself."""
+    if n <= OPEN_BYTES:
+        return False
+    text = text_of(n)
+    return all(text_of(n - j) == text[: len(text) - j] for j in range(1, OPEN_BYTES + 1))
 
 
 @attrs.define
@@ -50,6 +67,11 @@ class TailText:
     #: the first tokens of `context` whose text is `anchor_text` (0: the context is tokens of no
     #: text from the first token on); those after them are a run of no text
     core: int = 0
+    #: `head` less the replacement characters it ends with (what streaming may show of it)
+    bare: str = ""
+    #: inside a run of byte tokens that is no UTF-8: the first tokens of `context` that a
+    #: shorter context keeps (`spliced`; 0: none)
+    lead: int = 0
     _blank: dict[int, bool] = attrs.field(factory=dict)
 
     def tail(self, ids: Sequence[int], n: int) -> str:
@@ -71,6 +93,8 @@ class TailText:
         characters). Where `text` is empty, the context stays, the run of no text after its
         `core` cut short (`short_run`) when that leaves its text as it was."""
         seen = [*self.context, *ids[self.settled : s]]  # their text: anchor_text + text
+        if rest := text.rstrip(REPLACEMENT):  # else `bare` stays: no character more
+            self.bare = self.head + rest
         self.head += text
         self.settled = s
         if not text and self.decode(context := self.short_run(seen)) == self.anchor_text:
@@ -80,10 +104,40 @@ class TailText:
         while True:
             self.context = seen[max(0, len(seen) - back) :]
             self.anchor_text = self.decode(self.context)
-            if back >= len(seen) or (self.anchor_text and self.head.endswith(self.anchor_text)):
-                self.core = len(self.context) if self.anchor_text else 0
+            if back >= len(seen) or self.anchors(self.context, self.anchor_text):
+                break
+            if back == CONTEXT and self.spliced(seen):
                 return
             back *= 2
+        self.core = len(self.context) if self.anchor_text else 0
+        no_utf8 = back > CONTEXT and self.anchor_text.endswith(REPLACEMENT)
+        self.lead = len(self.context) - CONTEXT if no_utf8 else 0
+
+    def spliced(self, seen: list[int]) -> bool:
+        """Whether the first `lead` tokens of `seen` and its last `CONTEXT` may stand for it
+        (`anchors`), and if so make them the context: inside a run of byte tokens that is no
+        UTF-8 from a byte among the lead's on (`0x80` then ASCII bytes: every shorter end of
+        the run is UTF-8), its middle may go, the text of the run being one replacement
+        character per byte whatever follows."""
+        if not self.lead or len(seen) <= self.lead + CONTEXT:
+            return False
+        context = [*seen[: self.lead], *seen[-CONTEXT:]]
+        text = self.decode(context)
+        if not (text.endswith(REPLACEMENT) and self.anchors(context, text)):
+            return False
+        self.context, self.anchor_text, self.core = context, text, len(context)
+        return True
+
+    def anchors(self, context: list[int], text: str) -> bool:
+        """Whether `context`, whose text is `text`, may stand for the settled tokens: its text is
+        a non-empty end of `head`, and where that ends in replacement characters (inside a run
+        of byte tokens that is no UTF-8), they last whatever follows (`lasting`): a shorter
+        run could be completed by bytes that leave the whole run no UTF-8."""
+        if not text or not self.head.endswith(text):
+            return False
+        return not text.endswith(REPLACEMENT) or lasting(
+            lambda m: self.decode(context[:m]), len(context)
+        )
 
     def short_run(self, seen: list[int]) -> list[int]:
         """`seen` less the tokens of no text (`is_blank`) between its `core` and its last
@@ -149,20 +203,33 @@ class GeneratedText:
         no stop string may reach back into either text of the settled tokens (what stays
         unsettled keeps `keep_chars` characters, or no stop string begins at the end of the
         settled text: a text of special tokens alone settles too; further back while not);
-        never where a text ends inside a character or is not a beginning of the text of
-        `ids[:n]`. None: none now."""
+        never where a text is not a beginning of the text of `ids[:n]`, nor where it ends
+        inside a character: in replacement characters only where those of `ids[:n]` last
+        (`lasting`: a run of byte tokens that stays no UTF-8, whose text is all replacement
+        characters however long it grows). None: none now."""
         texts = (self.shown, self.kept)
         ends = [text.tail(self.ids, n) for text in texts]
         s = n - LAG
         while s >= self.shown.settled + ADVANCE:
             heads = [text.tail(self.ids, s) for text in texts]
             pairs = list(zip(heads, ends, strict=True))
-            if any(a.endswith(REPLACEMENT) or not end.startswith(a) for a, end in pairs):
+            if any(not end.startswith(a) for a, end in pairs):
+                return None
+            if any(
+                a.endswith(REPLACEMENT) and not self._lasting(texts[i], n)
+                for i, a in enumerate(heads)
+            ):
                 return None
             if all(map(self._closed, texts, heads, ends)):
                 return s, heads
             s -= n - s
         return None
+
+    def _lasting(self, text: TailText, n: int) -> bool:
+        """`lasting` for `text` of `ids[:n]`, decoding its unsettled tail only."""
+        if n - OPEN_BYTES <= text.settled:
+            return False
+        return lasting(lambda m: text.tail(self.ids, m), n)
 
     def _closed(self, text: TailText, head: str, end: str) -> bool:
         """Whether no stop string reaches back into `text`'s settled text and `head` (the
@@ -298,33 +365,42 @@ class StreamText:
         ids, stops = self.text.ids, self.rule.stops
         shown, kept = self.text.shown, self.text.kept
         s_tail = shown.tail(ids, len(ids))
-        complete = s_tail.rstrip(REPLACEMENT)  # the settled text ends with no replacement
+        complete = complete_text(shown, s_tail)
         if not stops:
-            return shown.head + complete
-        reach = self.text.keep_chars - 1
+            return complete
         k_tail = kept.tail(ids, len(ids))
-        k_complete = k_tail.rstrip(REPLACEMENT)
-        upto = len(complete) - held(stops, shown.head_end(reach) + complete)
-        cut = len(k_complete) - held(stops, kept.head_end(reach) + k_complete)
-        until = None if upto < 0 or cut < 0 else self._until(s_tail, k_tail, cut)
+        k_complete = complete_text(kept, k_tail)
+        reach = self.text.keep_chars
+        upto = len(complete) - held(stops, complete[max(0, len(complete) - reach) :])
+        cut = len(k_complete) - held(stops, k_complete[max(0, len(k_complete) - reach) :])
+        until = self._until(s_tail, k_tail, cut)
         if until is None:  # held back into the settled text: the whole-text rule
             return self.rule.so_far(ids)
-        return shown.head + min(complete[:upto], until, key=len)
+        return min(complete[: max(0, upto)], until, key=len)
 
     def _until(self, s_tail: str, k_tail: str, cut: int) -> str | None:
-        """`StopText._until` after the settled shown text (`cut`: after the settled kept
-        text); None where it would end inside the settled shown text."""
+        """`StopText._until`: the shown text up to character `cut` of the kept text; None where
+        that needs the tokens of the settled kept text."""
         ids, shown, kept = self.text.ids, self.text.shown, self.text.kept
         if shown.head + s_tail == kept.head + k_tail:  # no special token: the texts are one
-            end = len(kept.head) + cut - len(shown.head)
-            return None if end < 0 else (kept.head + k_tail)[len(shown.head) :][:end]
+            return (kept.head + k_tail)[: max(0, cut)]
+        cut -= len(kept.head)
+        if cut < 0:
+            return None
         # the most whole tokens whose kept text begins k_tail[:cut] (from the last one back)
         lo = next(w for w in range(len(ids), shown.settled - 1, -1)
                   if k_tail[:cut].startswith(kept.tail(ids, w)))  # fmt: skip
-        head = shown.tail(ids, lo)
-        if lo == len(ids) or shown.tail(ids, lo + 1) == head:  # a special token
+        head = shown.head + shown.tail(ids, lo)
+        if lo == len(ids) or shown.tail(ids, lo + 1) == head[len(shown.head) :]:  # a special token
             return head
         return head + k_tail[len(kept.tail(ids, lo)) : cut]
+
+
+def complete_text(text: TailText, tail: str) -> str:
+    """The text (`head` and `tail` after it) less the replacement characters it ends with (an
+    incomplete character at its end, or a run of bytes that is no UTF-8 yet)."""
+    rest = tail.rstrip(REPLACEMENT)
+    return text.head + rest if rest else text.bare
 
 
 @attrs.frozen

@@ -129,7 +129,7 @@ def read_recipe_data(path: Path, required: tuple[str, ...]) -> Mapping[str, Any]
 
 
 def structure(cls: type, data: Any, source: Path | str, path: str = ROOT) -> Any:
-    """`data` as `cls`, strictly (`core.config.structure_config`), errors naming `source`."""
+    """`data` as `cls`, strictly (`core.config_fields.structure_config`), errors naming `source`."""
     try:
         return _structure_config(cls, data, path)
     except ConfigError as exc:

@@ -39,11 +39,15 @@ __all__ = [
 ]
 
 
-def runner_for(model: Any, *, forward: str = "auto", bitwise: bool = True) -> Any:
+def runner_for(
+    model: Any, *, forward: str = "auto", bitwise: bool = True, pad_small_blocks: bool | None = None
+) -> Any:
     """The runner of `model` as a target: the chain runner `sequence_runner.chain_runner`
     names (a `StateRunner` where its layers carry a state, a `SequenceRunner` or `StateRunner`
     for an attention model that takes no draft tree's mask: `chain_models`), else a
-    `CausalLMRunner`."""
+    `CausalLMRunner` (`pad_small_blocks`: its attribute)."""
     if (runner := chain_runner(model)) is not None:
         return runner(model, forward=forward)
-    return CausalLMRunner(model, forward=forward, bitwise=bitwise)
+    return CausalLMRunner(
+        model, forward=forward, bitwise=bitwise, pad_small_blocks=pad_small_blocks
+    )

@@ -413,13 +413,19 @@ class CausalLMRunner:
         if self.device.type != "cpu" or self.dtype != torch.float32:
             return False
         if self._pad_small is None:
-            eligible = self.forward != "fused" and lean_support(self.model) is None
+            eligible = self.may_pad_small_blocks()
             if not eligible or self.pad_small_blocks is not None:
                 self._pad_small = eligible and self.pad_small_blocks
             else:
                 with unwatched(self.model):  # the measurement's forwards are not the run's
                     self._pad_small = padding_pays(self.model, self.bitwise, self._probe_runner)
         return self._pad_small
+
+    def may_pad_small_blocks(self) -> bool:
+        """Whether padding applies to this runner at all: a float32 Llama model on a CPU, any
+        forward but `fused`."""
+        on_cpu = self.device.type == "cpu" and self.dtype == torch.float32
+        return on_cpu and self.forward != "fused" and lean_support(self.model) is None
 
     def _probe_runner(self, pad: bool) -> CausalLMRunner:
         return CausalLMRunner(
@@ -579,5 +585,10 @@ class CausalLMRunner:
         """Measure this model's `LatencyCurve` (forwards of `queries` tokens after `context`
         cached ones; median of `repeats`), with a separate runner: this one's state is untouched."""
         ref = getattr(self.model, "name_or_path", "") or "target"
-        fresh = CausalLMRunner(self.model, forward=self.forward, bitwise=self.bitwise)
+        fresh = CausalLMRunner(
+            self.model,
+            forward=self.forward,
+            bitwise=self.bitwise,
+            pad_small_blocks=self.pad_small_blocks,
+        )
         return measure_latency(fresh, ref, context=context, queries=queries, repeats=repeats)

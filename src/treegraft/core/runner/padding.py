@@ -8,8 +8,12 @@ AMX, one or two threads) the same padding made it 1.3x slower. So the runner doe
 `padding_pays` times the model's own forwards of 2 and 3 tokens, padded and not, side by side,
 once per model and thread count in a process (so the lean and `transformers`' forwards of a
 model pad alike and keep giving the same bits; `lean-fast` runners decide apart), and the
-runner pads only where padding is measurably faster (`CausalLMRunner.pad_small_blocks` pins the
-choice either way).
+runner pads only where padding is clearly faster: its median time ratio to the unpadded forwards
+below `PAYS_BELOW` by more than the rounds' own spread (`choose_padding`). Where the two are
+within that spread (close kernels, as on an AMD EPYC where two processes of one source chose
+differently) the runner takes the fixed default, unpadded, not a coin flip.
+`CausalLMRunner.pad_small_blocks` (`decoding.pad_small_blocks`) pins the choice either way;
+`padding_choice` says which was made and why (the stats line, the bench's records).
 
 A padded block gives the real rows the same results up to rounding (another kernel sums them):
 greedy outputs are unchanged except at float32 near-ties, as for any tree forward
@@ -18,12 +22,14 @@ greedy outputs are unchanged except at float32 near-ties, as for any tree forwar
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from statistics import median
 from typing import Any
 
+import attrs
 import torch
 from torch import Tensor
 
@@ -31,15 +37,61 @@ from treegraft.core.runner.latency import chain_tree, prefill
 
 #: rows a block of 2 or 3 tokens runs as where padding pays
 PADDED_ROWS = 4
-#: padding is chosen only when its forwards take at most this share of the unpadded ones' time
+#: padding is chosen only when its forwards take less than this share of the unpadded ones' time
+#: by more than `SPREADS` standard errors of the median ratio (`choose_padding`)
 PAYS_BELOW = 0.97
+SPREADS = 3.0
+#: the choice where the two are within the measurement's spread: unpadded (its bits need no pad)
+PAD_DEFAULT = False
 #: timed rounds (each: the 2- and 3-token forwards of both variants, alternating) and the cached
-#: context they run at
+#: context they run at; rounds are added, `PROBE_ROUNDS` at a time up to `MAX_ROUNDS`, while the
+#: two are within the spread
 PROBE_ROUNDS = 7
+MAX_ROUNDS = 21
 PROBE_CONTEXT = 32
+#: standard error of a median of n normal samples, per median absolute deviation, times sqrt(n)
+MEDIAN_ERROR = 1.2533 * 1.4826
+#: the least spread taken: a few rounds can agree by chance closer than the machine's noise
+SPREAD_FLOOR = 0.01
 
-#: per model: (bitwise products?, torch threads) -> whether padding pays
-_DECIDED: weakref.WeakKeyDictionary[Any, dict[tuple[bool, int], bool]] = weakref.WeakKeyDictionary()
+
+@attrs.frozen
+class PaddingChoice:
+    """Whether blocks of 2-3 tokens run padded, and why.
+
+    Attributes:
+        padded: the choice.
+        how: `measured` (clearly faster or slower), `default` (within the spread: `PAD_DEFAULT`)
+            or `pinned` (`pad_small_blocks`).
+        ratio: median over the timed rounds of padded / unpadded seconds (None: pinned).
+        spread: the standard error of that median, from the ratios' median absolute deviation
+            (None: pinned).
+    """
+
+    padded: bool
+    how: str
+    ratio: float | None = None
+    spread: float | None = None
+
+    def describe(self) -> str:
+        """`2-3 token blocks unpadded (default: padded/unpadded 0.99 +- 0.02)`."""
+        state = "padded" if self.padded else "unpadded"
+        if self.ratio is None:
+            return f"2-3 token blocks {state} ({self.how})"
+        return (
+            f"2-3 token blocks {state} ({self.how}: padded/unpadded {self.ratio:.2f} "
+            f"+- {self.spread:.2f})"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The choice as a JSON-ready mapping (the bench's records)."""
+        return attrs.asdict(self)
+
+
+#: per model: (bitwise products?, torch threads) -> the choice made
+_DECIDED: weakref.WeakKeyDictionary[Any, dict[tuple[bool, int], PaddingChoice]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def pad_block(
@@ -85,14 +137,53 @@ def padding_pays(model: Any, bitwise: bool, make_runner: Callable[[bool], Any]) 
     decided = _DECIDED.setdefault(model, {})
     if key not in decided:
         decided[key] = measure_padding(make_runner(True), make_runner(False))
-    return decided[key]
+    return decided[key].padded
 
 
-def measure_padding(padded: Any, unpadded: Any, *, rounds: int = PROBE_ROUNDS) -> bool:
+def padding_choice(runner: Any) -> PaddingChoice | None:
+    """How `runner` (a `CausalLMRunner`) runs blocks of 2-3 tokens and why (settling it first,
+    `pads_small_blocks`); None where it never pads (not a float32 CPU runner, `fused`, ...)."""
+    if not runner.may_pad_small_blocks():
+        return None
+    if runner.pad_small_blocks is not None:
+        return PaddingChoice(runner.pad_small_blocks, "pinned")
+    runner.pads_small_blocks()
+    return _DECIDED.get(runner.model, {}).get((runner.bitwise, torch.get_num_threads()))
+
+
+def padding_record() -> list[dict[str, Any]]:
+    """Every choice measured in this process: model, products, threads and the choice."""
+    return [
+        {"model": getattr(model, "name_or_path", "") or type(model).__name__, "bitwise": bitwise,
+         "threads": threads, **choice.to_json()}
+        for model, choices in list(_DECIDED.items())
+        for (bitwise, threads), choice in choices.items()
+    ]  # fmt: skip
+
+
+def choose_padding(padded: Sequence[float], unpadded: Sequence[float]) -> PaddingChoice:
+    """The choice from paired round times (seconds of the padded and the unpadded forwards in
+    each round): with `ratio` the median of padded / unpadded and `spread` its standard error
+    (`MEDIAN_ERROR` times the ratios' median absolute deviation, over the square root of the
+    rounds; robust to a few rounds another job slowed; at least `SPREAD_FLOOR`), padded where `ratio` is below
+    `PAYS_BELOW` by more than `SPREADS` spreads, unpadded where it is above `1 / PAYS_BELOW` by
+    as much, else `PAD_DEFAULT` (how: `default`)."""
+    ratios = [p / u for p, u in zip(padded, unpadded, strict=True)]
+    ratio = median(ratios)
+    deviation = median(abs(r - ratio) for r in ratios)
+    spread = max(SPREAD_FLOOR, MEDIAN_ERROR * deviation / math.sqrt(len(ratios)))
+    if ratio + SPREADS * spread < PAYS_BELOW:
+        return PaddingChoice(True, "measured", ratio, spread)
+    if ratio - SPREADS * spread > 1 / PAYS_BELOW:
+        return PaddingChoice(False, "measured", ratio, spread)
+    return PaddingChoice(PAD_DEFAULT, "default", ratio, spread)
+
+
+def measure_padding(padded: Any, unpadded: Any, *, rounds: int = PROBE_ROUNDS) -> PaddingChoice:
     """Time forwards of 2 and 3 new tokens through two runners of one model, one padding its
     small blocks and one not, at `PROBE_CONTEXT` cached tokens, alternating which goes first;
-    after a warm-up round, the median of `rounds` round totals of each. True where the padded
-    runner's median is below `PAYS_BELOW` times the unpadded one's."""
+    after a warm-up round, the paired round totals decide (`choose_padding`): `rounds` of them,
+    and `rounds` more (up to `MAX_ROUNDS` in all) while the two are within the spread."""
     gen = torch.Generator().manual_seed(0)
     vocab = padded.vocab_size
     prompt = torch.randint(vocab, (PROBE_CONTEXT,), generator=gen).to(padded.device)
@@ -101,8 +192,9 @@ def measure_padding(padded: Any, unpadded: Any, *, rounds: int = PROBE_ROUNDS) -
     for runner in runners.values():
         prefill(runner, prompt, max_len=PROBE_CONTEXT + 2 * PADDED_ROWS)
     trees = [chain_tree(prompt[0], q, vocab, gen) for q in range(2, PADDED_ROWS)]
+    i = 0
     with torch.inference_mode():
-        for i in range(rounds + 1):
+        while True:
             for pad in (i % 2 == 0, i % 2 == 1):
                 start = time.perf_counter()
                 for tree in trees:
@@ -110,4 +202,8 @@ def measure_padding(padded: Any, unpadded: Any, *, rounds: int = PROBE_ROUNDS) -
                     runners[pad].rewind()
                 if i:  # round 0 warms up
                     seconds[pad].append(time.perf_counter() - start)
-    return median(seconds[True]) < PAYS_BELOW * median(seconds[False])
+            i += 1
+            if i > rounds and (i - 1) % rounds == 0:
+                choice = choose_padding(seconds[True], seconds[False])
+                if choice.how != "default" or i - 1 >= max(rounds, MAX_ROUNDS):
+                    return choice
