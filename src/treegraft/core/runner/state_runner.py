@@ -9,7 +9,7 @@ the tree's best path, `decoder.trim_to_chain`), through the model's **own** cach
 as its own assisted `generate` does: the chain is forwarded after the committed tokens with past
 recording on (`Cache.activate_past_recording`: the layers keep the states of the chain's last
 tokens), and the rejected tail is cropped off at commit (`Cache.crop`). A model whose cache
-cannot crop its state (`state_models.rollback_by_snapshot`: Zamba, ZAYA, MiniMax, RWKV, xLSTM)
+cannot crop its state (`state_models.rollback_by_snapshot`: ZAYA, MiniMax, RWKV, xLSTM)
 is rolled back by snapshot instead: its state tensors are copied before the step's forward
 (`state_snapshot`), and where drafts are rejected they are put back, the attention keys cut
 back by length, and the kept tokens forwarded again (a lone kept root waits for the next

@@ -1,6 +1,6 @@
 """The rollback of a model's state by snapshot, for caches that cannot crop their state.
 
-Some models' caches keep only the state after a forward's last token: Zamba's and ZAYA's
+Some models' caches keep only the state after a forward's last token: ZAYA's
 recurrent layers (a `DynamicCache` whose `crop` then silently restores the state before the
 forward), MiniMax's `MiniMaxCache` (whose `crop` raises), RWKV's `state` tensors, xLSTM's
 `xLSTMCache`. `StateRunner` verifies their chains by copying the **state tensors only** before a
