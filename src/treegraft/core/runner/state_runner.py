@@ -317,7 +317,7 @@ class StateRunner:
         the next step's forward to carry."""
         if kept < forwarded:
             self._restore(forwarded)
-            if kept == 1:
+            if not replay_tokens(forwarded, kept):
                 return
             self._run(self.committed[self.n_cached : self.n_cached + kept], n_logits=0)
         self.n_cached += kept
@@ -361,6 +361,15 @@ class StateRunner:
         ref = getattr(self.model, "name_or_path", "") or "target"
         fresh = StateRunner(self.model, forward=self.forward)
         return measure_latency(fresh, ref, context=context, queries=queries, repeats=repeats)
+
+
+def replay_tokens(forwarded: int, kept: int) -> int:
+    """Tokens a rollback by snapshot forwards again at commit when `kept` of the `forwarded`
+    tokens of a step's forward are kept (`StateRunner._keep`): 0 where all are kept (nothing
+    to undo) or only the root (it waits for the next step's forward), else `kept`. The cost of
+    a partly accepted step that a target rolled back by crop does not pay (the value system
+    adds it: `scheduling.value_costs.CostModel`)."""
+    return kept if 1 < kept < forwarded else 0
 
 
 def _separate_histories(cache: Any) -> None:
