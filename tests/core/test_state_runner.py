@@ -9,6 +9,7 @@ import warnings
 import attrs
 import pytest
 import torch
+from transformers import DynamicCache
 
 from tests.conftest import chi_square_p, hf_generate
 from tests.plugins.test_plain_switch import Never
@@ -273,6 +274,32 @@ def test_a_snapshot_rollback_that_restores_nothing_decodes_other_tokens(
             prompt, StopRule(max_new_tokens=32)
         )
         assert [t for e in events for t in e.tokens] != want[:32]
+
+
+def _crop_beyond_window(cache, tokens: int) -> None:
+    """`crop_keys` as on a cache whose sliding-window layer (window 8) holds 9 tokens' keys."""
+    keys = torch.randn(1, 2, 3, 4)
+    sliding = DynamicCache(ddp_cache_data=[(keys, keys.clone(), torch.tensor(8))])
+    sliding.layers[0].update(torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4))
+    crop_keys(sliding, tokens)
+
+
+def test_a_snapshot_rollback_past_a_sliding_window_is_refused_naming_model_and_window(
+    models, monkeypatch
+) -> None:
+    """No served snapshot model has a sliding-window layer; one that had would lose the keys a
+    rollback goes back to once past its window: a treegraft error naming the model and the
+    window, and a refusal at load (the probe's prompt passes the window)."""
+    model = models["zaya"]
+    monkeypatch.setattr(state_runner, "crop_keys", _crop_beyond_window)
+    runner = StateRunner(model)
+    runner.begin(_prompts()[0], max_len=64)
+    with torch.inference_mode():
+        runner.forward_tree(_chain([int(runner.committed_ids()[-1]), 10, 11, 12]))
+        with pytest.raises(ModelRefused, match=r"ZayaForCausalLM cannot roll .*\(window 8\)"):
+            runner.commit(torch.arange(2), torch.tensor([10, 7]))
+    why = probe_chains(model)
+    assert why is not None and "(window 8)" in why
 
 
 def _built(parents: list[int], scores: list[float]) -> BuildResult:

@@ -330,7 +330,14 @@ class StateRunner:
             self.cache = new_state_cache(self.model)
             return
         restore_snapshot(self.cache, self._snapshot)
-        crop_keys(self.cache, forwarded)
+        try:
+            crop_keys(self.cache, forwarded)
+        except RuntimeError as err:  # a sliding window past which keys are gone
+            from treegraft.core.runner.attention_rules import ModelRefused
+
+            raise ModelRefused(
+                f"{type(self.model).__name__} cannot roll rejected drafts back by snapshot: {err}"
+            ) from err
 
     def skip_prefill(self) -> None:
         """For timing (`measure_latency`): the committed tokens but the last forwarded now (a
