@@ -114,3 +114,4 @@ def test_a_snapshot_replay_target_forwards_the_kept_tokens_of_a_partial_step_aga
     # third only its root (pending then), the fourth both nodes after that pending root
     assert target.replays == [5, 0, 0, 0]
     assert target.queries == [6, 3, 2, 3]
+    assert target.target_seconds() == [CURVE(6) + CURVE(5), CURVE(3), CURVE(2), CURVE(3)]

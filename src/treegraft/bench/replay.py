@@ -202,6 +202,13 @@ class ReplayTarget:
             self.n_cached = self.n_committed - 1  # next forward; else all but the new root
         self.n_seen = 0
 
+    def target_seconds(self) -> list[float]:
+        """Predicted target seconds of each step of the current generation: its forward's,
+        plus, for a snapshot target, the forward of the kept tokens again at its commit."""
+        again = [self.curve(r) if r else 0.0 for r in self.replays]
+        again += [0.0] * (len(self.predicted) - len(again))
+        return [p + r for p, r in zip(self.predicted, again, strict=False)]
+
     def _replay(self, forwarded: int, kept: int) -> None:
         """Record the tokens the real target forwards again at this commit (`kept` of the
         `forwarded` tokens of its step kept; 0 for a crop target), their time on the clock."""
@@ -223,10 +230,11 @@ class ReplayTimes(ForwardTimes):
         super().record_target(seconds)
 
     def step_seconds(self, times: Mapping[str, float]) -> float:
-        """The step's measured seconds with the target's forward replaced by the curve's."""
+        """The step's measured seconds with the target's forwards replaced by the curve's (a
+        snapshot target's forward of the kept tokens at commit included)."""
         seconds = super().step_seconds(times)
         if self.source is not None and self.source.predicted:
-            seconds += self.source.predicted[-1] - times.get("target", 0.0)
+            seconds += self.source.target_seconds()[-1] - times.get("target", 0.0)
         return seconds
 
 
@@ -273,6 +281,7 @@ def replay_pipeline(pipe: Any, curve: LatencyCurve) -> tuple[Any, ReplayTarget]:
         device=pipe.resources.device,
         runner=pipe.decoder.target,
         verifies_trees=getattr(pipe.decoder.target, "verifies_trees", True),
+        snapshots=getattr(pipe.decoder.target, "snapshots", False),
     )
     origins = pipe.decoder.origins
     drafters = pipe.decoder.drafters
