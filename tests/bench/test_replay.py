@@ -92,3 +92,26 @@ def test_measure_latency_times_every_point():
     curve = measure_latency(runner, "mem:x", context=6, queries=(1, 4, 9), repeats=1)
     assert curve.queries == (1, 4, 9) and curve.context == 6
     assert all(s > 0 for s in curve.seconds)
+
+
+def test_a_snapshot_replay_target_forwards_the_kept_tokens_of_a_partial_step_again():
+    """As `StateRunner` rolled back by snapshot: a chain kept in part is forwarded again at
+    commit (its time on the clock), a chain kept whole or not at all is not, and a lone kept
+    root stays pending for the next forward."""
+    target = ReplayTarget(vocab_size=16, curve=CURVE, device=torch.device("cpu"), snapshots=True)
+    target.expect(list(range(5, 17)))
+    target.begin(torch.tensor([1, 2, 3]), max_len=64)
+    steps = (([3, 5, 6, 1], 3), ([7, 8, 9], 3), ([10, 1], 1), ([11, 12], 2))
+    for tokens, kept in steps:
+        chain = tree(tokens, list(range(-1, len(tokens) - 1)))
+        target.forward_tree(chain)
+        bonus = target.continuation[target.n_committed - target.prompt_len + kept - 1]
+        new = torch.tensor([*tokens[1:kept], bonus])
+        offset = target.offset
+        target.commit(torch.arange(kept), new)
+        assert target.offset - offset >= (CURVE(target.replays[-1]) if target.replays[-1] else 0)
+    # the first chain keeps 3 of 4 (2 pending prompt tokens before it), the second all, the
+    # third only its root (pending then), the fourth both nodes after that pending root
+    assert target.replays == [5, 0, 0, 0]
+    assert target.queries == [6, 3, 2, 3]
+    assert target.target_seconds() == [CURVE(6) + CURVE(5), CURVE(3), CURVE(2), CURVE(3)]

@@ -20,6 +20,7 @@ from transformers import (
 from treegraft.conformance.matrix import reference
 from treegraft.conformance.tiny import VOCAB, tiny_model
 from treegraft.core.errors import ArgumentError
+from treegraft.core.runner import state_runner
 from treegraft.core.runner.state_models import (
     has_state_layers,
     new_state_cache,
@@ -27,6 +28,7 @@ from treegraft.core.runner.state_models import (
     state_refusal,
 )
 from treegraft.core.runner.state_runner import StateRunner
+from treegraft.core.runner.state_snapshot import state_tensors, take_snapshot
 from treegraft.core.tree import DraftTree
 
 #: state models a chain verifies exactly (the tiny LFM2 and Zamba2 take their layer patterns
@@ -57,16 +59,18 @@ WORKING = (
     "qwen4_exp_text",
     "rwkv",
     "xlstm",
-    "zamba",
     "zamba2",
     "zaya",
 )
 #: those whose caches cannot crop their state (a forward's last state only, or a cache of the
 #: model's own): rolled back by snapshot
-SNAPSHOT = frozenset({"minimax", "rwkv", "xlstm", "zamba", "zaya"})
+SNAPSHOT = frozenset({"minimax", "rwkv", "xlstm", "zaya"})
 
 #: refused state models and a phrase their reason holds
-REFUSED = {"recurrent_gemma": "take every forward of more than one token for a prompt"}
+REFUSED = {
+    "recurrent_gemma": "take every forward of more than one token for a prompt",
+    "zamba": "scan every forward of more than one token from a zero state",
+}
 
 MAX_CHAIN = 5
 NEW = 16
@@ -135,6 +139,56 @@ def test_chain_with_roll_back_equals_generate(model_type: str, length: int) -> N
     ahead = reference(model, prompt, max_new_tokens=NEW + MAX_CHAIN)
     with torch.inference_mode():
         assert _chain_decode(model, prompt, ahead) == ahead[:NEW]
+
+
+def _greedy_after(model, prompt: torch.Tensor, chain: torch.Tensor, state=None) -> torch.Tensor:
+    """`[n]` greedy tokens after each node of `chain` (its root `prompt`'s last token), forwarded
+    by a `StateRunner` after `prompt`; with `state`, the state tensors the cache holds after the
+    prompt replaced by those (`take_snapshot` of another cache), its attention keys kept."""
+    runner = StateRunner(model)
+    runner.begin(prompt, max_len=prompt.numel() + 16)
+    runner.skip_prefill()
+    for tensor, saved in zip(state_tensors(runner.cache), state or (), strict=bool(state)):
+        tensor.set_(saved.clone())  # in place of it, whatever views it (a copy_ may refuse)
+    tree = DraftTree.from_parents(chain, torch.arange(-1, chain.numel() - 1))
+    return runner.forward_tree(tree).argmax(-1)
+
+
+@pytest.mark.parametrize("length", [9, 70])
+@pytest.mark.parametrize("model_type", WORKING)
+def test_the_tiny_model_decodes_other_tokens_from_another_state(model_type, length) -> None:
+    """The rollback tests can fail only where a state left wrong changes the tokens decoded:
+    the state after another prompt (of the same length and last token; the attention keys
+    stay this prompt's) changes the greedy token after some node of the chain `generate`
+    decodes (a tiny model whose head is tied to its embeddings, or whose weights are too
+    small, repeats tokens whatever its state: `tiny.STATE_FIELDS`)."""
+    model = _model(model_type)
+    prompt = _prompt(length)
+    other = torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(5))
+    other[-1] = prompt[-1]
+    chain = torch.tensor([int(prompt[-1]), *reference(model, prompt, max_new_tokens=8)])
+    with torch.inference_mode():
+        donor = StateRunner(model)
+        donor.begin(other, max_len=length + 16)
+        donor.skip_prefill()
+        state = take_snapshot(donor.cache)
+        own = _greedy_after(model, prompt, chain)
+        swapped = _greedy_after(model, prompt, chain, state)
+    assert own[:-1].tolist() == chain[1:].tolist()  # the chain's own greedy tokens
+    assert (swapped != own).any(), f"{model_type}: the same tokens from another prompt's state"
+
+
+@pytest.mark.parametrize("model_type", WORKING)
+def test_a_rollback_that_keeps_rejected_states_decodes_other_tokens(model_type, monkeypatch):
+    """A rollback missed (crop or snapshot restore skipped: the states of rejected drafts
+    stay) makes the chain decoding differ from `generate`: what the rollback tests assert."""
+    model = _model(model_type)
+    prompt = _prompt(70)
+    ahead = reference(model, prompt, max_new_tokens=NEW + MAX_CHAIN)
+    monkeypatch.setattr(StateRunner, "_crop", lambda self, tokens: None)
+    monkeypatch.setattr(state_runner, "restore_snapshot", lambda cache, snapshot: None)
+    with torch.inference_mode():
+        assert _chain_decode(model, prompt, ahead) != ahead[:NEW]
 
 
 @pytest.mark.parametrize("model_type", sorted(SNAPSHOT))

@@ -9,6 +9,7 @@ import warnings
 import attrs
 import pytest
 import torch
+from transformers import DynamicCache
 
 from tests.conftest import chi_square_p, hf_generate
 from tests.plugins.test_plain_switch import Never
@@ -31,9 +32,9 @@ from treegraft.plugins.verifiers.greedy import GreedyVerifier
 #: Mamba beside attention (Jamba), short convolutions (LFM2), Mamba-2 alone
 STATE_TYPES = ("qwen3_next", "jamba", "lfm2", "mamba2")
 #: the architectures rolled back by snapshot: Mamba layers that store a forward's last state
-#: beside attention (Zamba, ZAYA), lightning attention in a cache of its own (MiniMax), RWKV's
+#: beside attention (ZAYA), lightning attention in a cache of its own (MiniMax), RWKV's
 #: `state` tensors, xLSTM's `xLSTMCache`
-SNAPSHOT_TYPES = ("zamba", "zaya", "minimax", "rwkv", "xlstm")
+SNAPSHOT_TYPES = ("zaya", "minimax", "rwkv", "xlstm")
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +138,7 @@ def _chain(tokens: list[int]) -> DraftTree:
     ("model_type", "forwards"),
     # the prompt, then two forwards a step (one rewound); by snapshot, the kept tokens of the
     # two steps that keep some drafts but not all are forwarded again
-    [("qwen3_next", 9), ("zamba", 11), ("minimax", 11), ("xlstm", 11)],
+    [("qwen3_next", 9), ("zaya", 11), ("minimax", 11), ("xlstm", 11)],
 )
 def test_rollback_and_rewind_leave_the_states_of_the_kept_tokens(
     models, model_type, forwards
@@ -158,7 +159,7 @@ def test_rollback_and_rewind_leave_the_states_of_the_kept_tokens(
             torch.testing.assert_close(logits, first, rtol=0, atol=1e-12)
             ids = torch.cat([runner.committed_ids(), chain.tokens[1:]])
             own = model(ids[None]).logits[0, runner.n_committed - 1 :]
-            torch.testing.assert_close(logits, own, rtol=1e-6, atol=1e-6)  # a wrong state: 1e-2
+            torch.testing.assert_close(logits, own, rtol=1e-5, atol=1e-5)  # wrong state: 1e-2
             tokens = torch.tensor([*chain.tokens[1 : kept + 1].tolist(), 7])
             runner.commit(torch.arange(kept + 1), tokens)
             # all but the last committed (and, by snapshot, a lone root kept: pending)
@@ -260,14 +261,12 @@ def test_the_probe_finds_a_snapshot_rollback_that_restores_nothing(models, model
     assert why is not None and "commit(s) that rolled drafts back" in why
 
 
-#: (MiniMax's and Zamba's tiny states move their logits less than their greedy margins here:
-#: the probe finds those)
-@pytest.mark.parametrize("model_type", ["zaya", "rwkv", "xlstm"])
+@pytest.mark.parametrize("model_type", SNAPSHOT_TYPES)
 def test_a_snapshot_rollback_that_restores_nothing_decodes_other_tokens(
     models, model_type, monkeypatch
 ) -> None:
     model = models[model_type]
-    prompt = _prompts()[1]
+    prompt = _prompts()[0]  # (after the repeated motif, the tiny ZAYA repeats one token)
     want = hf_generate(model, prompt, 40)
     _restore_nothing(monkeypatch)
     with torch.inference_mode():
@@ -275,6 +274,32 @@ def test_a_snapshot_rollback_that_restores_nothing_decodes_other_tokens(
             prompt, StopRule(max_new_tokens=32)
         )
         assert [t for e in events for t in e.tokens] != want[:32]
+
+
+def _crop_beyond_window(cache, tokens: int) -> None:
+    """`crop_keys` as on a cache whose sliding-window layer (window 8) holds 9 tokens' keys."""
+    keys = torch.randn(1, 2, 3, 4)
+    sliding = DynamicCache(ddp_cache_data=[(keys, keys.clone(), torch.tensor(8))])
+    sliding.layers[0].update(torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4))
+    crop_keys(sliding, tokens)
+
+
+def test_a_snapshot_rollback_past_a_sliding_window_is_refused_naming_model_and_window(
+    models, monkeypatch
+) -> None:
+    """No served snapshot model has a sliding-window layer; one that had would lose the keys a
+    rollback goes back to once past its window: a treegraft error naming the model and the
+    window, and a refusal at load (the probe's prompt passes the window)."""
+    model = models["zaya"]
+    monkeypatch.setattr(state_runner, "crop_keys", _crop_beyond_window)
+    runner = StateRunner(model)
+    runner.begin(_prompts()[0], max_len=64)
+    with torch.inference_mode():
+        runner.forward_tree(_chain([int(runner.committed_ids()[-1]), 10, 11, 12]))
+        with pytest.raises(ModelRefused, match=r"ZayaForCausalLM cannot roll .*\(window 8\)"):
+            runner.commit(torch.arange(2), torch.tensor([10, 7]))
+    why = probe_chains(model)
+    assert why is not None and "(window 8)" in why
 
 
 def _built(parents: list[int], scores: list[float]) -> BuildResult:
@@ -385,7 +410,7 @@ MISSED = {"_crop": lambda self, n: None, "_restore": lambda self, n: crop_keys(s
         ("lfm2", "_crop"),
         ("falcon_h1", "_crop"),
         ("granitemoehybrid", "_crop"),
-        ("zamba", "_restore"),
+        ("zaya", "_restore"),
         ("rwkv", "_restore"),
     ],
 )

@@ -68,5 +68,5 @@ def test_a_sliding_layer_is_cut_within_its_window_and_refuses_beyond_it() -> Non
     crop_keys(cache, 2)
     assert cache.layers[0].keys.shape[-2] == 1 and cache.get_seq_length(0) == 1
     cache.layers[0].update(torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4))  # past the window
-    with pytest.raises(RuntimeError, match="sliding window"):
+    with pytest.raises(RuntimeError, match=r"sliding-window attention layer \(window 8\) holding"):
         crop_keys(cache, 2)

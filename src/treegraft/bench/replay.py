@@ -31,6 +31,7 @@ from treegraft.core.runner.latency import (  # noqa: F401 - re-exported: bench's
     measure_latency,
     query_grid,
 )
+from treegraft.core.runner.state_runner import replay_tokens
 from treegraft.core.tree import DraftTree
 
 
@@ -91,6 +92,13 @@ class ReplayTarget:
     #: the real target verifies trees (False: one chain per step, a `StateRunner`'s: the
     #: decoder keeps each tree's best path, `decoder.trim_to_chain`, as it does for the runner)
     verifies_trees: bool = True
+    #: the real target rolls rejected drafts back by snapshot (`StateRunner.snapshots`): a
+    #: partly accepted step forwards its kept tokens again at commit (`replay_tokens`)
+    snapshots: bool = False
+    #: tokens each commit of the current generation forwarded again (0: none)
+    replays: list[int] = attrs.field(factory=list)
+    #: committed tokens forwarded before the chain in this step's forward
+    pending: int = 0
 
     @property
     def model(self) -> Any:
@@ -132,7 +140,7 @@ class ReplayTarget:
         self.committed = [int(t) for t in prompt.tolist()]
         self.prompt_len = len(self.committed)
         self.n_cached = self.n_seen = 0
-        self.predicted, self.queries = [], []
+        self.predicted, self.queries, self.replays = [], [], []
 
     def committed_ids(self) -> Tensor:
         return torch.tensor(self.committed, dtype=torch.long, device=self.device)
@@ -147,6 +155,7 @@ class ReplayTarget:
         n, start = tree.n_nodes, self.n_seen
         pending = self.n_committed - 1 - self.n_cached if start == 0 else 0
         self.queries.append(pending + n - start)
+        self.pending = pending if start == 0 else self.pending
         self.predicted.append(self.curve(self.queries[-1]))
         self.forwards += 1
         nxt = self._next_tokens(tree)[start:]
@@ -185,9 +194,27 @@ class ReplayTarget:
                 f"{expected} (from generated position {done}): replay needs a greedy, exact "
                 "pipeline"
             )
+        forwarded = self.pending + self.n_seen
+        kept = self.pending + min(int(accepted.numel()), self.n_seen)
+        self._replay(forwarded, kept)
         self.committed.extend(new)
-        self.n_cached = self.n_committed - 1  # every committed token but the new root
+        if not (self.snapshots and kept == 1 < forwarded):  # a lone kept root waits for the
+            self.n_cached = self.n_committed - 1  # next forward; else all but the new root
         self.n_seen = 0
+
+    def target_seconds(self) -> list[float]:
+        """Predicted target seconds of each step of the current generation: its forward's,
+        plus, for a snapshot target, the forward of the kept tokens again at its commit."""
+        again = [self.curve(r) if r else 0.0 for r in self.replays]
+        again += [0.0] * (len(self.predicted) - len(again))
+        return [p + r for p, r in zip(self.predicted, again, strict=False)]
+
+    def _replay(self, forwarded: int, kept: int) -> None:
+        """Record the tokens the real target forwards again at this commit (`kept` of the
+        `forwarded` tokens of its step kept; 0 for a crop target), their time on the clock."""
+        replay = replay_tokens(forwarded, kept) if self.snapshots else 0
+        self.replays.append(replay)
+        self.offset += self.curve(replay) if replay else 0.0
 
 
 @attrs.define
@@ -203,10 +230,11 @@ class ReplayTimes(ForwardTimes):
         super().record_target(seconds)
 
     def step_seconds(self, times: Mapping[str, float]) -> float:
-        """The step's measured seconds with the target's forward replaced by the curve's."""
+        """The step's measured seconds with the target's forwards replaced by the curve's (a
+        snapshot target's forward of the kept tokens at commit included)."""
         seconds = super().step_seconds(times)
         if self.source is not None and self.source.predicted:
-            seconds += self.source.predicted[-1] - times.get("target", 0.0)
+            seconds += self.source.target_seconds()[-1] - times.get("target", 0.0)
         return seconds
 
 
@@ -253,6 +281,7 @@ def replay_pipeline(pipe: Any, curve: LatencyCurve) -> tuple[Any, ReplayTarget]:
         device=pipe.resources.device,
         runner=pipe.decoder.target,
         verifies_trees=getattr(pipe.decoder.target, "verifies_trees", True),
+        snapshots=getattr(pipe.decoder.target, "snapshots", False),
     )
     origins = pipe.decoder.origins
     drafters = pipe.decoder.drafters

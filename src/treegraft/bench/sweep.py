@@ -182,12 +182,13 @@ class PairSession:
 
 
 def predicted_run(run: Run, target: ReplayTarget) -> Run:
-    """Swap the replay target's own (tiny) time for the curve's prediction, step by step."""
-    predicted = target.predicted
-    if len(predicted) != run.steps:
+    """Swap the replay target's own (tiny) time for the curve's prediction, step by step (a
+    snapshot target's forward of the kept tokens at commit included)."""
+    if len(target.predicted) != run.steps:
         raise RuntimeError(
-            f"expected one target forward per step, got {len(predicted)} for {run.steps}"
+            f"expected one target forward per step, got {len(target.predicted)} for {run.steps}"
         )
+    predicted = target.target_seconds()
     wall = run.wall_s - run.split["target"] + sum(predicted)
     return attrs.evolve(
         run,

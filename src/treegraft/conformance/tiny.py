@@ -100,12 +100,17 @@ MODEL_FIELDS: dict[str, dict[str, Any]] = {
     "bamba": {"attn_layer_indices": [1, 3]},
     "granitemoehybrid": {"layer_types": ["mamba", "attention", "mamba", "attention"]},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
-    # a shared block used twice; an output head of its own (tied to the embedding, the tiny
-    # Zamba and ZAYA repeat their last input token whatever their state)
-    "zamba": {"attn_layer_period": 1, "attn_layer_offset": 0, "tie_word_embeddings": False},
+    # a shared block used twice (its head: `STATE_FIELDS`)
+    "zamba": {"attn_layer_period": 1, "attn_layer_offset": 0},
     "lfm2": {"layer_types": ["conv", "full_attention", "conv", "full_attention"]},  # its
-    # default has no conv layer; Zamba2's hybrid layer ids stay those of its 54 layers
-    "zamba2": {"layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"]},
+    # default has no conv layer; Zamba2's hybrid layer ids stay those of its 54 layers, and
+    # its chunked scan (a forward of several tokens) clamps the time step at `time_step_min`
+    # where its one-token step does not: below it, its own generate differs from its own
+    # forward of the same tokens (the probe refuses that); at 1e-9 no step falls below
+    "zamba2": {
+        "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"],
+        "time_step_min": 1e-9,
+    },
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"]},
     "gemma3n_text": {"num_kv_shared_layers": 0},
     # fields the modeling code reads that the config class does not default
@@ -121,7 +126,7 @@ MODEL_FIELDS: dict[str, dict[str, Any]] = {
     # validators: NVFP4 keys need 16-wide heads; ZAYA routes to one expert; the assistant
     # drafter of Gemma 4 takes no per-layer inputs
     "kolibri1_1": {"head_dim": 16, "index_num_heads": 2},
-    "zaya": {"num_experts_per_tok": 1, "tie_word_embeddings": False},  # a head as Zamba's
+    "zaya": {"num_experts_per_tok": 1},
     # xLSTM's cache sizes its states by widths rounded up to 64, its layers by unrounded ones:
     # factors that make both 64 (a checkpoint's widths are multiples of 64)
     "xlstm": {"qk_dim_factor": 2.0, "v_dim_factor": 2.0},
@@ -145,6 +150,36 @@ MODEL_FIELDS: dict[str, dict[str, Any]] = {
     "musicgen": {"decoder": {"num_codebooks": 1, "decoder_start_token_id": VOCAB - 1}},
     "musicgen_melody": {"decoder": {"num_codebooks": 1, "decoder_start_token_id": VOCAB - 1}},
 }
+
+#: fields that make a tiny state model's greedy tokens depend on its state: an output head of
+#: its own (tied to the embedding, the head mostly repeats the last input token) and weights at
+#: ten times the default scale (at 0.02 the residual stream carries the token's embedding past
+#: whatever the state adds), so that a rollback that keeps a rejected draft's state changes the
+#: tokens decoded, not only the logits (a test of `tests/core/test_state_models.py` checks each)
+STATE_FIELDS: dict[str, Any] = {"tie_word_embeddings": False, "initializer_range": 0.2}
+#: the state types whose tiny models, with the defaults, decoded the same tokens from another
+#: prompt's state (the others' states move their tokens as they are)
+STATE_SHARPENED = (
+    "falcon_h1",
+    "falcon_mamba",
+    "inkling_text",
+    "inkling2_loop_text",
+    "inkling2_text",
+    "jamba",
+    "lara_mini",
+    "lfm2",
+    "lfm2_moe",
+    "mamba",
+    "minimax",
+    "olmo_hybrid",
+    "qwen4_exp_text",
+    "zamba",
+    "zamba2",
+    "zaya",
+)
+for _kind in STATE_SHARPENED:
+    MODEL_FIELDS[_kind] = {**MODEL_FIELDS.get(_kind, {}), **STATE_FIELDS}
+MODEL_FIELDS["zaya"]["initializer_range"] = 0.1  # at 0.2 its experts saturate: one token
 MODEL_FIELDS["qwen4_exp"] = {"text_config": MODEL_FIELDS["qwen4_exp_text"]}
 
 

@@ -46,10 +46,13 @@ class CostModel:
         strong_queries: Sequence[int],
         strong_calls: int,
         weak_layers: int,
+        replay_queries: int = 0,
     ) -> float:
-        """Modelled seconds of a step with these forwards and layers."""
+        """Modelled seconds of a step with these forwards and layers; `replay_queries`: tokens
+        a target rolled back by snapshot forwards again at commit (`replay_tokens`; 0: none)."""
         return (
             self.target(target_queries)
+            + (self.target(replay_queries) if replay_queries else 0.0)
             + sum(self.strong(q) for q in strong_queries)
             + strong_calls * self.strong_extra_s
             + weak_layers * self.weak_layer_s
@@ -57,7 +60,12 @@ class CostModel:
         )
 
     def calls_seconds(
-        self, calls: Sequence[int], *, target_queries: int, strong_queries: Sequence[int]
+        self,
+        calls: Sequence[int],
+        *,
+        target_queries: int,
+        strong_queries: Sequence[int],
+        replay_queries: int = 0,
     ) -> float:
         """`step_seconds` of a step whose layers went to the drafters `calls` (0: a weak layer,
         else a strong call)."""
@@ -67,6 +75,7 @@ class CostModel:
             strong_queries=strong_queries,
             strong_calls=strong_calls,
             weak_layers=len(calls) - strong_calls,
+            replay_queries=replay_queries,
         )
 
     def call_seconds(
@@ -207,7 +216,10 @@ def revalue(
     out = []
     for o in outcomes:
         seconds = scaled.calls_seconds(
-            o.calls, target_queries=o.target_queries, strong_queries=o.strong_queries
+            o.calls,
+            target_queries=o.target_queries,
+            strong_queries=o.strong_queries,
+            replay_queries=o.replay_queries,
         )
         states = tuple(scale_state(s, scale, strong) for s in o.states)
         out.append(attrs.evolve(o, seconds=seconds, states=states))
@@ -287,6 +299,7 @@ class ModelledTimes(ReplayTimes):
             self._calls,
             target_queries=source.queries[-1],
             strong_queries=tuple(self.counter.queries),
+            replay_queries=source.replays[-1] if source.replays else 0,
         )
 
     def record_step(

@@ -78,6 +78,8 @@ class Outcome:
         accepted: draft tokens accepted (longest path matching the continuation).
         committed: tokens the decoder would emit (accepted + bonus, cut by the stop rule).
         seconds: modelled step time.
+        replay_queries: tokens a target rolled back by snapshot forwards again at commit, a
+            partly accepted chain's kept ones (0: none, and for a target rolled back by crop).
     """
 
     plan: tuple[int, ...]
@@ -89,6 +91,7 @@ class Outcome:
     accepted: int
     committed: int
     seconds: float
+    replay_queries: int = 0
 
     @property
     def value(self) -> float:

@@ -41,6 +41,7 @@ from treegraft.core.interfaces import Scheduler
 from treegraft.core.metrics import Clock
 from treegraft.core.pipeline import Pipeline
 from treegraft.core.runner import runner_for
+from treegraft.core.runner.state_runner import replay_tokens
 from treegraft.core.tree import DraftTree
 from treegraft.kernels import greedy_accept
 from treegraft.scheduling.features import strong_index
@@ -109,6 +110,7 @@ def search_decoder(
         curve=cost.target,
         device=torch.device(decoder.target.device),
         verifies_trees=getattr(decoder.target, "verifies_trees", True),
+        snapshots=getattr(decoder.target, "snapshots", False),
     )
     times = ModelledTimes(
         target_curve=cost.target, source=target, cost=cost, counter=counter, strong=strong
@@ -197,9 +199,14 @@ class StepSearcher:
         new = self.continuation[done : done + accepted + 1].tolist()
         keep, _ = self.stop.cut(self.generated, new)
         target = self.decoder.target
-        target_queries = target.n_committed - 1 - target.n_cached + built.tree.n_nodes
+        pending = target.n_committed - 1 - target.n_cached
+        target_queries = pending + built.tree.n_nodes
+        replay = replay_tokens(target_queries, pending + accepted + 1) if target.snapshots else 0
         seconds = self.cost.calls_seconds(
-            built.calls, target_queries=target_queries, strong_queries=queries
+            built.calls,
+            target_queries=target_queries,
+            strong_queries=queries,
+            replay_queries=replay,
         )
         return Outcome(
             plan=plan,
@@ -211,6 +218,7 @@ class StepSearcher:
             accepted=accepted,
             committed=keep,
             seconds=seconds,
+            replay_queries=replay,
         )
 
     def search(self, plans: Iterable[tuple[int, ...]]) -> list[Outcome]:

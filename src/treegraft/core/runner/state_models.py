@@ -22,11 +22,12 @@ it can). Causes met in `transformers` 5.25 (tiny float64 models against greedy `
   (FalconMamba's must span the forward's tokens only; all ones is no mask for the others).
 - Mamba-2's and Kimi Linear's layers record one recurrent state per token they are asked for
   (`recurrent_states_to_keep`); a forward holds the root and `k` drafts, so `k + 1` are kept.
-- Zamba and ZAYA store only a forward's last state (`crop` would restore the state before the
+- ZAYA stores only a forward's last state (`crop` would restore the state before the
   forward); MiniMax, RWKV and xLSTM keep theirs in caches of their own (RWKV's under `state`):
   all rolled back by snapshot.
 - RecurrentGemma keeps its state on its modules and takes every forward of more than one token
-  for a prompt: refused (`CHAINLESS`).
+  for a prompt; Zamba's Mamba layers start the scan of such a forward from a zero state:
+  refused (`CHAINLESS`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ CHAINLESS = {
         "state of the tokens before (`conv1d_state` is read only by a forward of one token), "
         "so a chain of drafts forwarded after the committed tokens is not computed as its own "
         "`generate` computes those tokens, one forward each"
+    ),
+    "zamba": (
+        "its Mamba layers scan every forward of more than one token from a zero state, as a "
+        "prompt's (the cached recurrent state is read only by a forward of one token), so a "
+        "chain of drafts forwarded after the committed tokens forgets them and is not computed "
+        "as its own `generate` computes those tokens, one forward each"
     ),
 }
 

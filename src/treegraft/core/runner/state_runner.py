@@ -9,7 +9,7 @@ the tree's best path, `decoder.trim_to_chain`), through the model's **own** cach
 as its own assisted `generate` does: the chain is forwarded after the committed tokens with past
 recording on (`Cache.activate_past_recording`: the layers keep the states of the chain's last
 tokens), and the rejected tail is cropped off at commit (`Cache.crop`). A model whose cache
-cannot crop its state (`state_models.rollback_by_snapshot`: Zamba, ZAYA, MiniMax, RWKV, xLSTM)
+cannot crop its state (`state_models.rollback_by_snapshot`: ZAYA, MiniMax, RWKV, xLSTM)
 is rolled back by snapshot instead: its state tensors are copied before the step's forward
 (`state_snapshot`), and where drafts are rejected they are put back, the attention keys cut
 back by length, and the kept tokens forwarded again (a lone kept root waits for the next
@@ -326,7 +326,7 @@ class StateRunner:
         the next step's forward to carry."""
         if kept < forwarded:
             self._restore(forwarded)
-            if kept == 1:
+            if not replay_tokens(forwarded, kept):
                 return
             self._run(self.committed[self.n_cached : self.n_cached + kept], n_logits=0)
         self.n_cached += kept
@@ -339,7 +339,14 @@ class StateRunner:
             self.cache = new_state_cache(self.model)
             return
         restore_snapshot(self.cache, self._snapshot)
-        crop_keys(self.cache, forwarded)
+        try:
+            crop_keys(self.cache, forwarded)
+        except RuntimeError as err:  # a sliding window past which keys are gone
+            from treegraft.core.runner.attention_rules import ModelRefused
+
+            raise ModelRefused(
+                f"{type(self.model).__name__} cannot roll rejected drafts back by snapshot: {err}"
+            ) from err
 
     def skip_prefill(self) -> None:
         """For timing (`measure_latency`): the committed tokens but the last forwarded now (a
@@ -370,6 +377,15 @@ class StateRunner:
         ref = getattr(self.model, "name_or_path", "") or "target"
         fresh = StateRunner(self.model, forward=self.forward)
         return measure_latency(fresh, ref, context=context, queries=queries, repeats=repeats)
+
+
+def replay_tokens(forwarded: int, kept: int) -> int:
+    """Tokens a rollback by snapshot forwards again at commit when `kept` of the `forwarded`
+    tokens of a step's forward are kept (`StateRunner._keep`): 0 where all are kept (nothing
+    to undo) or only the root (it waits for the next step's forward), else `kept`. The cost of
+    a partly accepted step that a target rolled back by crop does not pay (the value system
+    adds it: `scheduling.value_costs.CostModel`)."""
+    return kept if 1 < kept < forwarded else 0
 
 
 def _separate_histories(cache: Any) -> None:

@@ -1,6 +1,6 @@
 """The rollback of a model's state by snapshot, for caches that cannot crop their state.
 
-Some models' caches keep only the state after a forward's last token: Zamba's and ZAYA's
+Some models' caches keep only the state after a forward's last token: ZAYA's
 recurrent layers (a `DynamicCache` whose `crop` then silently restores the state before the
 forward), MiniMax's `MiniMaxCache` (whose `crop` raises), RWKV's `state` tensors, xLSTM's
 `xLSTMCache`. `StateRunner` verifies their chains by copying the **state tensors only** before a
@@ -82,11 +82,20 @@ def restore_snapshot(cache: Any, snapshot: list[Tensor]) -> None:
 def crop_keys(cache: Any, tokens: int) -> None:
     """Drop the attention keys and values of the last `tokens` tokens from `cache`'s layers
     (its state layers' states are `restore_snapshot`'s); a cache without such layers (RWKV's,
-    xLSTM's) has none to drop."""
+    xLSTM's) has none to drop. Raises `RuntimeError` naming the window where a sliding-window
+    layer holds a window's worth of keys: it dropped the older ones, so none can be cut back
+    (no served snapshot model has such a layer in `transformers` 5.25; the load-time probe,
+    whose prompt passes any window of 64 tokens or fewer, refuses one that would)."""
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
     for layer in getattr(cache, "layers", ()):
         if isinstance(layer, DynamicSlidingWindowLayer):  # its own crop: within its window
+            if (held := layer.get_seq_length()) >= (window := layer.sliding_window):
+                raise RuntimeError(
+                    f"a sliding-window attention layer (window {window}) holding {held} "
+                    f"tokens cannot drop its last {tokens}: it keeps no keys beyond its window "
+                    "to go back to"
+                )
             DynamicSlidingWindowLayer.crop(layer, -tokens)
         elif isinstance(layer, DynamicLayer):  # the attention part of a hybrid layer too
             DynamicLayer.crop(layer, -tokens)
