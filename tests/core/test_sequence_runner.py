@@ -285,3 +285,14 @@ def test_pointmass_sampling_through_a_whole_sequence_target_is_its_law(models) -
     assert drafted == 400 and float(law.max()) > 0.3  # a law a wrong sampler would miss
     stat, dof, p_value = chi_square_p(counts, law)
     assert p_value > 1e-3, (stat, dof)
+
+
+def test_a_whole_sequence_target_whose_generate_reads_a_cache_warns_of_its_cost(models) -> None:
+    """DeepSeek-V4's own `generate` reads its cache; verified by whole-sequence forwards, a step
+    costs the whole context: building its runner warns so. OpenAI GPT's `generate` forwards
+    the whole sequence itself: no warning."""
+    with pytest.warns(sequence_runner.WholeSequenceWarning, match="DeepseekV4.*grows with"):
+        SequenceRunner(models["deepseek_v4"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sequence_runner.WholeSequenceWarning)
+        SequenceRunner(models["openai-gpt"])

@@ -658,4 +658,7 @@ def test_a_chain_attention_target_s_forward_fails_validate_and_load_alike(
     with pytest.raises(TreegraftError) as raised:
         load_pipeline(bad)
     assert errors[0].split("decoding.forward: ")[1] in str(raised.value), (errors, raised.value)
+    for message in (errors[0], str(raised.value)):  # the remedy: another forward, not model
+        assert "Set decoding.forward (`--forward`) to auto" in message, message
+        assert "decode it with plain `generate`" not in message, message
     assert pipeline_errors(write(tmp_path, "ok.yaml", spec(str(folder))))[1] == []

@@ -419,11 +419,14 @@ def _ranked_keys(cfg: Any) -> str | None:
 
 
 def refused_message(model: Any, ref: str, why: str) -> str:
-    """The load-time error for a model that cannot be served exactly."""
+    """The load-time error for a model that cannot be served exactly (with `decoding.forward`
+    as set, where `why` names it: then the remedy is another forward, not another model)."""
+    remedy = "Use another model for this role, or decode it with plain `generate`"
+    if "decoding.forward" in why:
+        remedy = "Set decoding.forward (`--forward`) to auto, or use another model for this role"
     return (
         f"model {ref!r} ({type(model).__name__}) cannot be served exactly by treegraft: {why}. "
-        "Use another model for this role, or decode it with plain `generate`; docs/models.md "
-        "lists the supported architectures"
+        f"{remedy}; docs/models.md lists the supported architectures"
     )
 
 

@@ -18,6 +18,7 @@ scores whole trees, such a model stays refused.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,7 +28,12 @@ from torch import Tensor
 
 from treegraft.core.errors import ArgumentError
 from treegraft.core.runner.causal_lm import CACHE_CHUNK
-from treegraft.core.runner.chain_models import OWN_CACHE, WHOLE_SEQUENCE, chain_route
+from treegraft.core.runner.chain_models import (
+    CACHE_ARGUMENTS,
+    OWN_CACHE,
+    WHOLE_SEQUENCE,
+    chain_route,
+)
 from treegraft.core.runner.forwards import quiet_outputs
 from treegraft.core.runner.kv_cache import accepted_nodes, check_prompt, output_rows
 from treegraft.core.runner.latency import measure_latency
@@ -76,6 +82,8 @@ class SequenceRunner:
         self._kwargs = dict(quiet_outputs(self.model))
         if "use_cache" in params:
             self._kwargs["use_cache"] = False
+        if CACHE_ARGUMENTS & set(params):
+            warnings.warn(slower_than_generate(self.model), WholeSequenceWarning, stacklevel=3)
 
     @property
     def device(self) -> torch.device:
@@ -196,6 +204,21 @@ class SequenceRunner:
         ref = getattr(self.model, "name_or_path", "") or "target"
         fresh = SequenceRunner(self.model, forward=self.forward)
         return measure_latency(fresh, ref, context=context, queries=queries, repeats=repeats)
+
+
+class WholeSequenceWarning(UserWarning):
+    """A target whose own `generate` reads a cache, verified here by whole-sequence forwards."""
+
+
+def slower_than_generate(model: Any) -> str:
+    """The warning for a `SequenceRunner` over a model whose own `generate` keeps a cache
+    (DeepSeek-V4): each step re-reads the whole sequence, which its `generate` does not."""
+    return (
+        f"{type(model).__name__} is verified by forwarding the whole sequence at every step (its "
+        "cache cannot roll rejected drafts back), while its own `generate` reads its cache: a "
+        "step's cost grows with the context, so on long prompts or outputs expect the pipeline "
+        "slower than plain `generate` (the output stays exact)"
+    )
 
 
 def chain_runner(model: Any) -> type | None:
