@@ -220,6 +220,23 @@ def test_a_usage_error_is_one_line_naming_the_option_and_value(args, message: st
     assert "╭" not in stderr
 
 
+REPEATED_OPTIONS = {
+    "prompt": (["generate", "-p", "one", "--prompt", "two"], "--prompt/-p: given more than once ('one', 'two')"),
+    "equals": (["generate", "--seed", "1", "--seed=2"], "--seed: given more than once ('1', '2')"),
+    "flag-pair": (["generate", "--chat", "--no-chat"], "--chat/--no-chat: given more than once (--chat --no-chat)"),
+    "subgroup": (["datastore", "build", "--field", "a", "--field", "b"], "--field: given more than once ('a', 'b')"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "message"), REPEATED_OPTIONS.values(), ids=REPEATED_OPTIONS.keys()
+)
+def test_an_option_given_twice_is_refused_naming_it(args, message: str) -> None:
+    """Click keeps the last of two values silently (`-p one -p two` decoded 'two'; `--chat
+    --no-chat` meant no chat): a repeated option is a usage error naming it and its values."""
+    assert_clean(invoke(*args), 2, message, "give it once")
+
+
 def test_a_usage_error_of_the_installed_command(tmp_path: Path) -> None:
     proc = cli("generate", "--max-new-tokens", "ten")
     stderr = assert_clean_process(proc, 2, "'--max-new-tokens': expected a valid integer")

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import click
 import typer
 from rich.markup import escape
 from typer.core import TyperGroup
@@ -57,6 +58,7 @@ class ReportingGroup(TyperGroup):
 
     def invoke(self, ctx: Any) -> Any:
         refuse_empty_paths(self)
+        refuse_repeated_options(self)
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
@@ -137,6 +139,66 @@ def _nonempty_path(process: Callable[..., Any], param: Any) -> Callable[..., Any
         return process(ctx, value)
 
     return checked
+
+
+def refuse_repeated_options(group: Any) -> None:
+    """Every command under `group` refuses an option given more than once (`-p a -p b`,
+    `--chat --no-chat`) naming it, where click would silently keep the last one. Options meant
+    to repeat (`multiple`, counts) are left alone. Patches this call's commands, as
+    `refuse_empty_paths` does."""
+    for command in group.commands.values():
+        if hasattr(command, "commands"):
+            refuse_repeated_options(command)
+        else:
+            command.make_parser = _once_each(command.make_parser)
+
+
+def _once_each(make_parser: Callable[..., Any]) -> Callable[..., Any]:
+    def make(ctx: Any) -> Any:
+        parser = make_parser(ctx)
+        parse = parser.parse_args
+
+        def parse_once(args: list[str]) -> Any:
+            opts, rest, order = parse(args=list(args))
+            if problem := repeated_option(order, args):
+                raise click.UsageError(problem, ctx)
+            return opts, rest, order
+
+        parser.parse_args = parse_once
+        return parser
+
+    return make
+
+
+def repeated_option(order: Sequence[Any], args: Sequence[str]) -> str | None:
+    """What is wrong with the first option that `order` (the parameters in the order the
+    parser met them) holds twice, or None. `args`: the command line, to quote the values."""
+    seen: set[int] = set()
+    for param in order:
+        if getattr(param, "multiple", True) or getattr(param, "count", False):
+            continue  # arguments (`multiple` unset on them), repeatable options, counts
+        if id(param) not in seen:
+            seen.add(id(param))
+            continue
+        names = [*param.opts, *param.secondary_opts]
+        return (
+            f"{'/'.join(names)}: given more than once ({_occurrences(names, args, param.is_flag)}); "
+            "give it once (only the last would count)"
+        )
+    return None
+
+
+def _occurrences(names: list[str], args: Sequence[str], flag: bool) -> str:
+    """How an option of these `names` appears in `args`: its values quoted, or (a flag) the
+    flags themselves (`--chat --no-chat`)."""
+    found = []
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if arg in names:
+            found.append(arg if flag or i + 1 == len(args) else repr(args[i + 1]))
+        elif eq and name in names:
+            found.append(repr(value))
+    return " ".join(found) if flag else ", ".join(found)
 
 
 def path_problem(text: str) -> str | None:

@@ -9,7 +9,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from treegraft.bench.config import load_bench_config_with
+from treegraft.bench.config import check_ray_settings, load_bench_config_with
+from treegraft.bench.run import run_bench
 from treegraft.cli import app
 from treegraft.core.config import ConfigError
 
@@ -119,6 +120,43 @@ def test_a_unit_timeout_on_a_local_run_is_refused(sweep: Path, tmp_path: Path):
         in " ".join(result.output.split())
     )
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("executor", "shown"),
+    [({"workers": 2}, "workers: 2"), ({"name": "local", "num_gpus": 1}, "num_gpus: 1.0"),
+     ({"address": "auto"}, "address: 'auto'")],
+)  # fmt: skip
+def test_ray_settings_of_a_local_sweep_file_are_refused_not_ignored(
+    tmp_path: Path, executor: dict, shown: str
+):
+    """The flags were refused on a local run, the same settings in the sweep file ignored: the
+    sweep ran locally, one unit at a time. `--executor ray` on such a file is what it meant."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({**SWEEP, "executor": executor}))
+    cfg = load_bench_config_with(path)
+    with pytest.raises(ConfigError) as info:
+        check_ray_settings(cfg)
+    text = str(info.value)
+    assert text.startswith(f"{path}: bench.executor.{shown} is a Ray setting, but the executor")
+    assert "'local', which would ignore it; set name: ray (or --executor ray)" in text
+    check_ray_settings(cfg.with_executor(name="ray"))  # what `--executor ray` makes of it
+    with pytest.raises(ConfigError, match="is a Ray setting"):  # before any model loads
+        run_bench(cfg, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_file_setting_refused_under_executor_local_names_the_file_not_a_flag(tmp_path: Path):
+    """A Ray sweep file's `unit_timeout`, refused under `--executor local`, was blamed on
+    `--unit-timeout`, which nobody gave."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({**SWEEP, "executor": {"name": "ray", "unit_timeout": 60}}))
+    args = ["bench", "run", str(path), "--out", str(tmp_path / "o"), "--executor", "local"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert f"{path.name}: bench.executor.unit_timeout: a time limit per unit needs" in text
+    assert "--unit-timeout" not in text
 
 
 FILE_BAD = {

@@ -91,6 +91,16 @@ def test_entries_accept_names_and_mappings():
             {"pairs": [PAIR], "executor": {"name": "ray", "workers": 0}},
             "bench.executor.workers: expected int >= 1, or null, got 0",
         ),
+        (  # these empty values of the wrong type were read as "no pipelines", unnoticed
+            {"pairs": [PAIR], "pipelines": {}},
+            "bench.pipelines: expected a list of pipeline names or entries, got {}",
+        ),
+        ({"pairs": [PAIR], "pipelines": 0}, "bench.pipelines: expected a list of pipeline"),
+        (  # ... and as the default (local) executor
+            {"pairs": [PAIR], "executor": ""},
+            "bench.executor: expected a mapping of ExecutorSettings fields, got ''",
+        ),
+        ({"pairs": [PAIR], "executor": []}, "bench.executor: expected a mapping of Executor"),
     ],
 )
 def test_errors_name_the_path(data, message):

@@ -6,7 +6,7 @@ name is taken as `run`'s, so `treegraft bench CONFIG.yaml --quick` runs the swee
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -67,13 +67,17 @@ RAY_ONLY = {
 EXECUTOR_FLAGS = {"name": "--executor", **RAY_ONLY, "retries": "--retries"}
 
 
-def executor_flag_error(message: str) -> str:
-    """`message` (`bench.executor.KEY: ...`, of a value given on the command line) led by the
-    option that gave it: `--retries (bench.executor.retries): expected int >= 0, got -1`."""
+def executor_flag_error(message: str, given: Iterable[str] | None = None, source: str = "") -> str:
+    """`message` (`bench.executor.KEY: ...`) led by the option that gave the value:
+    `--retries (bench.executor.retries): expected int >= 0, got -1`. `given`: the settings
+    given on the command line (None: all); a setting the sweep file gave (`workers` of a file
+    whose run got `--executor local`) is led by the file, `source`."""
     for key, flag in EXECUTOR_FLAGS.items():
         where = f"bench.executor.{key}"
         if message.startswith(where + ":"):
-            return f"{flag} ({where}){message.removeprefix(where)}"
+            if given is None or key in given:
+                return f"{flag} ({where}){message.removeprefix(where)}"
+            return f"{source}: {message}" if source else message
     return message
 
 
@@ -199,7 +203,11 @@ def run(
     try:
         cfg = cfg.with_executor(**{k: v for k, v in flags.items() if v is not None})
     except ConfigError as exc:
-        _fail(executor_flag_error(str(exc)))
+        _fail(
+            executor_flag_error(
+                str(exc), [k for k, v in flags.items() if v is not None], str(config)
+            )
+        )
     problem = local_only_flags(cfg.executor.name, flags)
     if problem:
         _fail(problem)

@@ -82,6 +82,8 @@ NAME_OR_NULL = Check(
 )
 #: A count that may be left to Hugging Face's default (null).
 COUNT_OR_NULL = Check(">= 1 or null", lambda v: v is None or v >= 1)
+#: The executor settings only Ray reads (`unit_timeout` has its own message).
+RAY_SETTINGS = ("address", "workers", "num_cpus", "num_gpus")
 #: Seconds that may be left unbounded (null).
 SECONDS_OR_NULL = Check("> 0 and finite or null", lambda v: v is None or 0 < v < math.inf)
 
@@ -259,6 +261,28 @@ class ExecutorSettings:
                 "the ray executor or leave the limit out"
             )
 
+    def ray_setting(self) -> str | None:
+        """The first setting only the Ray executor reads that differs from its default."""
+        for f in attrs.fields(ExecutorSettings):
+            if f.name in RAY_SETTINGS and getattr(self, f.name) != f.default:
+                return f.name
+        return None
+
+
+def check_ray_settings(config: BenchConfig) -> None:
+    """A Ray setting (`workers`, `address`, `num_cpus`, `num_gpus`) of a sweep that runs on
+    another executor would be ignored: a `ConfigError` naming it. Checked when the sweep runs,
+    after the command line chose its executor (`--executor ray` on a file's `workers` is fine)."""
+    executor = config.executor
+    if executor.name == "ray" or (key := executor.ray_setting()) is None:
+        return
+    source = "" if config.source == "<dict>" else f"{config.source}: "
+    raise ConfigError(
+        f"{source}{ROOT}.executor.{key}: {getattr(executor, key)!r} is a Ray setting, but the "
+        f"executor is {executor.name!r}, which would ignore it; set name: ray (or --executor "
+        "ray), or leave it out"
+    )
+
 
 @attrs.frozen
 class BenchConfig:
@@ -333,7 +357,7 @@ def bench_config_from_dict(
     settings = structure_config(
         BenchSettings, {k: v for k, v in data.items() if k not in NESTED}, ROOT
     )
-    pipelines = _entries(data.get("pipelines") or [])
+    pipelines = _entries([] if data.get("pipelines") is None else data["pipelines"])
     _check_labels(pipelines, settings)
     return BenchConfig(
         pairs=_pairs(data["pairs"]),
@@ -341,7 +365,7 @@ def bench_config_from_dict(
         settings=settings,
         base_dir=Path(base_dir),
         source=source,
-        executor=structure_config(ExecutorSettings, data.get("executor") or {}, f"{ROOT}.executor"),
+        executor=structure_config(ExecutorSettings, data.get("executor"), f"{ROOT}.executor"),
     )
 
 

@@ -20,7 +20,7 @@ import transformers
 
 from treegraft.bench import plots, report
 from treegraft.bench.aggregate import Row, aggregate
-from treegraft.bench.config import AR, AR_RUNNER, BenchConfig, BenchSettings
+from treegraft.bench.config import AR, AR_RUNNER, BenchConfig, BenchSettings, check_ray_settings
 from treegraft.bench.methods import (
     HF_ASSISTED,
     HF_PROMPT_LOOKUP,
@@ -90,6 +90,7 @@ def run_bench(
     out = Path(out_dir)
     s = config.settings
     check_device(config)
+    check_ray_settings(config)
     prompts = load_suites(s.suites, s.prompts_per_suite, config.base_dir)
     plans = {pair.name: pipeline_plans(config, pair, registry) for pair in config.pairs}
     check_out_dir(out, resume=resume, force=force)
