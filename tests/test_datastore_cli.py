@@ -45,6 +45,20 @@ def test_build_tokenizes_text_and_jsonl_files_with_the_models_tokenizer(
     assert info.exit_code == 0 and "10 tokens, vocabulary 64" in info.stdout
 
 
+def test_build_refuses_a_file_given_twice(tmp_path: Path, model_dir: Path) -> None:
+    """The same file named twice (also through another spelling of its path) doubled the
+    corpus silently: its n-grams counted twice in every lookup."""
+    (tmp_path / "a.txt").write_text("t1 t2 t3 t4 t5")
+    out = tmp_path / "s.npz"
+    again = tmp_path / "." / "a.txt"
+    result = invoke(
+        "datastore", "build", str(tmp_path / "a.txt"), str(again),
+        "--tokenizer", str(model_dir), "--out", str(out),
+    )  # fmt: skip
+    assert_clean(result, 2, "INPUTS:", "is given twice (also as", "give each file once")
+    assert not out.exists()
+
+
 def test_build_and_info_refuse_bad_input_naming_it(tmp_path: Path, model_dir: Path) -> None:
     text = tmp_path / "a.txt"
     text.write_text("t1 t2 t3 t4 t5 t6")

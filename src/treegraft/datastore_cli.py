@@ -47,6 +47,18 @@ def vocab_of(ref: str, tokenizer: object) -> int:
         return int(tokenizer.get_vocab_size(with_added_tokens=True))  # type: ignore[attr-defined]
 
 
+def _repeated_inputs(inputs: list[Path]) -> str:
+    """'A is given twice (also as B)' for the first file named twice in `inputs` (by its
+    resolved path), '' when each is named once."""
+    seen: dict[Path, Path] = {}
+    for path in inputs:
+        key = path.expanduser().resolve()
+        if key in seen:
+            return f"{path} is given twice (also as {seen[key]})"
+        seen[key] = path
+    return ""
+
+
 @app.command("build")
 def build_cmd(
     inputs: Annotated[
@@ -84,6 +96,9 @@ def build_cmd(
     missing = [clipped(str(p)) for p in inputs if not is_file(p.expanduser())]
     if missing:
         fail(f"INPUTS: no such file: {', '.join(missing)}")
+    repeated = _repeated_inputs(inputs)
+    if repeated:
+        fail(f"INPUTS: {repeated}; give each file once (its texts would count twice)")
     if out.suffix != ".npz":
         fail(f"--out: expected a file name ending in .npz, got {str(out)!r}")
     if is_dir(out.expanduser()):  # found before the corpus is tokenized, not after

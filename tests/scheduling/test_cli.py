@@ -521,6 +521,12 @@ COLLECT_EARLY = {
                    "--jitter-spread: expected a finite number >= 1, got nan"),
     "spread-inf": (["--cost-jitter", "1", "--jitter-spread", "inf"],
                    "--jitter-spread: expected a finite number >= 1, got inf"),
+    # both were silently ignored: the costs were reused, no cost was jittered
+    "repeats-with-costs": (["--costs", "{data}", "--repeats", "3"],
+                           "--repeats 3: the costs are reused from --costs"),
+    "spread-without-jitter": (["--jitter-spread", "3"],
+                              "--jitter-spread 3.0: only spreads the cost factors of "
+                              "--cost-jitter N"),
     # both were taken: the suite was collected on, the file ignored
     "suite-and-prompt-file": (["--suite", "qa", "--prompt-file", "{file}"],
                               "--suite and --prompt-file: choose one"),

@@ -77,6 +77,10 @@ def test_a_recipe_not_utf8_names_the_file(tmp_path: Path) -> None:
         ({"teacher": "/no/such/model", "kd_weight": 0.5}, r"recipe.teacher: expected 'zoo:NAME'"),
         ({"kd_weight": 0.5}, r"recipe.kd_weight: 0.5 distils from a teacher, but .* names none"),
         ({"teacher": "zoo:target"}, r"recipe.teacher: 'zoo:target' is not used with kd_weight 0"),
+        (  # silently unused: no teacher's targets to soften
+            {"kd_temperature": 2.0},
+            r"recipe.kd_temperature: 2.0 softens a teacher's targets, which kd_weight 0 leaves",
+        ),
         (
             {"models": {"m": {**TINY_MODEL, "init_from": "zoo:nosuch"}}},
             r"recipe.models.m.init_from: unknown zoo model 'zoo:nosuch'",

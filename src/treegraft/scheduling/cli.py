@@ -79,7 +79,10 @@ def collect(
     ] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda")] = "auto",
     dtype: Annotated[str, typer.Option(help="model precision")] = "float32",
-    repeats: Annotated[int, typer.Option(help="timed forwards per latency point")] = 5,
+    repeats: Annotated[
+        int | None,
+        typer.Option(help="timed forwards per latency point [default: 5; not with --costs]"),
+    ] = None,
     costs: Annotated[
         Path | None, typer.Option(help="reuse the cost model of this dataset (skip measuring)")
     ] = None,
@@ -105,8 +108,12 @@ def collect(
         ),
     ] = 0,
     jitter_spread: Annotated[
-        float, typer.Option(help="each cost-jitter factor lies in [1/SPREAD, SPREAD]")
-    ] = 1.6,
+        float | None,
+        typer.Option(
+            help="each cost-jitter factor lies in [1/SPREAD, SPREAD] [default: 1.6; only with "
+            "--cost-jitter]"
+        ),
+    ] = None,
     threads: Annotated[int | None, typer.Option(help=THREADS_HELP)] = None,
     executor: ExecutorOption = None,
     ray_address: RayAddressOption = None,
@@ -125,6 +132,7 @@ def collect(
     import time
 
     set_threads(threads)
+    repeats, jitter_spread = _unused_options(repeats, costs, jitter_spread, cost_jitter)
     _check_numbers(("--prompts", prompts, 1, MAX_PROMPTS), ("--skip", skip, 0, MAX_PROMPTS),
                    ("--repeats", repeats, 1), ("--max-new-tokens", max_new_tokens, 1,
                    MAX_NEW_TOKENS), ("--seed", seed, 0))  # fmt: skip
@@ -180,6 +188,25 @@ def collect(
     data.save(out_dir)
     out.print(json.dumps(data.meta["summary"], indent=1))
     console.print(f"wrote {data.n_rows} decisions to {out_dir}")
+
+
+def _unused_options(
+    repeats: int | None, costs: Path | None, spread: float | None, jitter: int
+) -> tuple[int, float]:
+    """`--repeats` and `--jitter-spread` with their defaults; refused (exit 2) where nothing
+    would read them: --repeats beside --costs (the recorded costs are reused, none measured),
+    --jitter-spread without --cost-jitter (no cost is jittered)."""
+    if repeats is not None and costs is not None:
+        _fail(
+            f"--repeats {repeats}: the costs are reused from --costs {costs}, none is "
+            "measured; leave --repeats out (or --costs, to measure again)"
+        )
+    if spread is not None and jitter == 0:
+        _fail(
+            f"--jitter-spread {spread}: only spreads the cost factors of --cost-jitter N "
+            "(N >= 1), which is not given; add --cost-jitter N or leave --jitter-spread out"
+        )
+    return (5 if repeats is None else repeats), (1.6 if spread is None else spread)
 
 
 # ---------------------------------------------------------------------------- fit

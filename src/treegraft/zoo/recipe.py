@@ -188,6 +188,12 @@ def check_recipe(recipe: Recipe, source: Path | str) -> None:
             f"{source}: {ROOT}.teacher: {recipe.teacher!r} is not used with kd_weight 0; set "
             "kd_weight (0 < kd_weight <= 1) or leave the teacher out"
         )
+    if recipe.kd_weight == 0 and recipe.kd_temperature != 1.0:
+        raise RecipeError(
+            f"{source}: {ROOT}.kd_temperature: {recipe.kd_temperature} softens a teacher's "
+            "targets, which kd_weight 0 leaves unused; set kd_weight (0 < kd_weight <= 1) with "
+            "a teacher, or leave kd_temperature out"
+        )
     check_reference(recipe.tokenizer, f"{source}: {ROOT}.tokenizer", source, "tokenizer.json")
 
 
