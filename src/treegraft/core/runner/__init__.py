@@ -7,6 +7,9 @@
 - `sequence_runner`: `SequenceRunner`, the target's runner of attention models that take no
   draft tree's mask nor a cache it extends (one chain per step, the whole sequence forwarded);
   `chain_models`: which attention models verify chains, and through which runner;
+- `state_snapshot`: the state a step's forward may have to undo, copied and put back (models
+  whose cache cannot crop it);
+- `chain_tokens`: the committed-token buffer both chain runners keep;
 - `watchers`: `watch_forwards`, callbacks told the size of every runner forward of a model;
 - `forwards`: the one setting that decides how a forward runs (`decoding.forward`);
 - `lean`: the lean forward (bitwise equal to `transformers`' SDPA forward, without its module

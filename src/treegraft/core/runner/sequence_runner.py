@@ -27,15 +27,15 @@ import torch
 from torch import Tensor
 
 from treegraft.core.errors import ArgumentError
-from treegraft.core.runner.causal_lm import CACHE_CHUNK
 from treegraft.core.runner.chain_models import (
     CACHE_ARGUMENTS,
     OWN_CACHE,
     WHOLE_SEQUENCE,
     chain_route,
 )
+from treegraft.core.runner.chain_tokens import append_tokens, begin_tokens
 from treegraft.core.runner.forwards import quiet_outputs
-from treegraft.core.runner.kv_cache import accepted_nodes, check_prompt, output_rows
+from treegraft.core.runner.kv_cache import accepted_nodes, output_rows
 from treegraft.core.runner.latency import measure_latency
 from treegraft.core.runner.placement import input_device
 from treegraft.core.runner.state_models import has_state_layers
@@ -115,18 +115,9 @@ class SequenceRunner:
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         """Start a generation from `prompt` (`[T]` token ids; `max_len`: the longest sequence
         it reaches)."""
-        if not isinstance(prompt, Tensor) or prompt.dtype.is_floating_point:
-            got = prompt.dtype if isinstance(prompt, Tensor) else type(prompt).__name__
-            raise ArgumentError(
-                f"SequenceRunner.begin: prompt: expected a [T] integer tensor of token ids, "
-                f"got {got}"
-            )
-        if isinstance(max_len, bool) or not isinstance(max_len, int):
-            raise ArgumentError(f"SequenceRunner.begin: max_len: expected an int, got {max_len!r}")
-        check_prompt(prompt, max_len)
-        reserve = min(max_len, prompt.numel() + CACHE_CHUNK)  # grown at commit as decoding goes
-        self.committed = torch.zeros(reserve, dtype=torch.long, device=self.device)
-        self.committed[: prompt.numel()] = prompt.to(self.device)
+        self.committed = begin_tokens(
+            prompt, max_len, device=self.device, where="SequenceRunner.begin"
+        )
         self.n_committed, self.n_seen = prompt.numel(), 0
 
     def forward_tree(self, tree: DraftTree) -> Tensor:
@@ -172,13 +163,8 @@ class SequenceRunner:
                 f"SequenceRunner.commit: accepted: expected the first nodes 0 .. {last} of the "
                 f"chain forwarded this step, got {nodes}"
             )
-        end = self.n_committed + len(nodes)
-        if end > self.capacity:
-            grown = torch.zeros(max(end, 2 * self.capacity), dtype=torch.long, device=self.device)
-            grown[: self.n_committed] = self.committed[: self.n_committed]
-            self.committed = grown
-        self.committed[self.n_committed : end] = tokens.to(self.device)
-        self.n_committed, self.n_seen = end, 0
+        self.committed = append_tokens(self.committed, self.n_committed, tokens)
+        self.n_committed, self.n_seen = self.n_committed + len(nodes), 0
 
     def skip_prefill(self) -> None:
         """For timing (`measure_latency`): nothing to skip, every forward reads the sequence."""

@@ -34,9 +34,9 @@ import torch
 from torch import Tensor
 
 from treegraft.core.errors import ArgumentError
-from treegraft.core.runner.causal_lm import CACHE_CHUNK
+from treegraft.core.runner.chain_tokens import append_tokens, begin_tokens
 from treegraft.core.runner.forwards import generate_hands_positions, quiet_outputs
-from treegraft.core.runner.kv_cache import accepted_nodes, check_prompt, output_rows
+from treegraft.core.runner.kv_cache import accepted_nodes, output_rows
 from treegraft.core.runner.latency import measure_latency
 from treegraft.core.runner.placement import input_device
 from treegraft.core.runner.state_models import (
@@ -193,18 +193,10 @@ class StateRunner:
 
     def begin(self, prompt: Tensor, *, max_len: int) -> None:
         """Start a generation with a fresh cache (`max_len`: the longest sequence it reaches)."""
-        if not isinstance(prompt, Tensor) or prompt.dtype.is_floating_point:
-            raise ArgumentError(
-                f"StateRunner.begin: prompt: expected a [T] integer tensor of token ids, got "
-                f"{type(prompt).__name__ if not isinstance(prompt, Tensor) else prompt.dtype}"
-            )
-        if isinstance(max_len, bool) or not isinstance(max_len, int):
-            raise ArgumentError(f"StateRunner.begin: max_len: expected an int, got {max_len!r}")
-        check_prompt(prompt, max_len)
+        self.committed = begin_tokens(
+            prompt, max_len, device=self.device, where="StateRunner.begin"
+        )
         self.cache, self._recorded, self._snapshot = new_state_cache(self.model), 0, None
-        reserve = min(max_len, prompt.numel() + CACHE_CHUNK)  # grown at commit as decoding goes
-        self.committed = torch.zeros(reserve, dtype=torch.long, device=self.device)
-        self.committed[: prompt.numel()] = prompt.to(self.device)
         self.n_committed = prompt.numel()
         self.n_cached = self.n_pending = self.n_seen = 0
 
@@ -296,13 +288,8 @@ class StateRunner:
                 f"StateRunner.commit: accepted: expected nodes of the chain forwarded this step "
                 f"(0 .. {self.n_seen - 1}), got {nodes}"
             )
-        end = self.n_committed + len(nodes)
-        if end > self.capacity:
-            grown = torch.zeros(max(end, 2 * self.capacity), dtype=torch.long, device=self.device)
-            grown[: self.n_committed] = self.committed[: self.n_committed]
-            self.committed = grown
-        self.committed[self.n_committed : end] = tokens.to(self.device)
-        self.n_committed = end
+        self.committed = append_tokens(self.committed, self.n_committed, tokens)
+        self.n_committed += len(nodes)
         if self.n_seen:  # else nothing of this step was forwarded
             kept = self.n_pending + min(len(nodes), self.n_seen)
             if self.snapshots:
