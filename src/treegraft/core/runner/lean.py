@@ -424,12 +424,12 @@ class FusedForward(LeanForward):
     The same model, with fewer and larger operations: the query, key and value projections as one
     linear layer (their weights stacked once, here), gate and up projections as one, RoPE rotating
     queries and keys together with cosines and sines read from a table of every cache position,
-    `torch.nn.functional.rms_norm`, queries' and keys' per-head norms (Qwen3's) as one, and grouped
-    key/value heads handed to SDPA as they are (torch 2.5 and newer). A small drafter's forward is mostly per-operation overhead, so this saves
-    10-40% of it on a CPU (`benchmarks/drafter_forward_cost.py`); the sums run in another order,
-    so the last bits of the logits can differ. Drafts only steer what the target verifies, so a
-    drafter may run it (the `hf_lm` drafter's default); the target never does: its logits decide
-    the output.
+    `torch.nn.functional.rms_norm`, queries' and keys' per-head norms (Qwen3's) as one, and
+    grouped key/value heads handed to SDPA as they are (torch 2.5 and newer). A small drafter's
+    forward is mostly per-operation overhead, so this saves 10-40% of it on a CPU
+    (`benchmarks/drafter_forward_cost.py`); the sums run in another order, so the last bits of
+    the logits can differ. Drafts only steer what the target verifies, so a drafter may run it
+    (the `hf_lm` drafter's default); the target never does: its logits decide the output.
     """
 
     def __init__(self, model: Any) -> None:

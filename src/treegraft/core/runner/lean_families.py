@@ -5,12 +5,11 @@ MLP, rotary attention through SDPA, a SiLU-gated MLP, a final RMSNorm and an out
 `transformers` architectures are that decoder with differences that are data, described once in
 `FAMILIES` or read from the model itself, never branched on by family in the forward:
 
-| class | differs from Llama by | where the lean forward reads it |
+| class | differs from Llama by | the lean forward reads it from |
 |---|---|---|
-| `LlamaForCausalLM` | - | - |
-| `MistralForCausalLM` | `sliding_window` (every layer) | the runner's visibility masks |
-| `Qwen2ForCausalLM` | query/key/value biases; windows on the layers `layer_types` names | the modules' biases; masks by layer type |
-| `Qwen3ForCausalLM` | an RMSNorm per head on queries and keys (`q_norm`, `k_norm`); windows as Qwen2 | `Family.qk_norm`; masks by layer type |
+| `MistralForCausalLM` | `sliding_window` on every layer | the runner's mask |
+| `Qwen2ForCausalLM` | q/k/v biases; windows on some layers | the biases; masks by layer type |
+| `Qwen3ForCausalLM` | an RMSNorm per head on q and k; windows | `Family.qk_norm`; masks by type |
 
 Biases (Llama's `attention_bias` and `mlp_bias`, Qwen2's query/key/value biases) are each linear
 layer's own (None where it has none). A sliding window is applied where `transformers` applies it
