@@ -17,6 +17,7 @@ import torch
 from transformers import CONFIG_MAPPING
 
 from tests.conftest import greedy_reference, hf_generate
+from tests.core.test_lean_families import family_model
 from treegraft.conformance.matrix import (
     EXACT,
     LONG_PROMPT,
@@ -35,6 +36,7 @@ from treegraft.core.config import ConfigError
 from treegraft.core.generation_settings import GenerationConfigWarning
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.resources import Resources
+from treegraft.core.runner.attention_rules import attention_rules
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "architectures.md"
 COMMITTED = read_table(DOCS.read_text())
@@ -308,6 +310,30 @@ def test_a_llama_of_real_checkpoints_shapes_decodes_exactly_through_every_forwar
     )
     pipe = _self_drafting(target, forward)
     assert pipe.decoder.target.lean == (forward in ("auto", "lean", "lean-fast"))  # on a CPU
+    prompt = _variant_prompt()
+    assert list(pipe.generate(prompt).token_ids) == hf_generate(target, prompt, 24)
+
+
+#: Mistral, Qwen2 and Qwen3 with and without their windows (random biases and norm weights)
+FAMILY_SHAPES = ("qwen2", "qwen2-no-window", "qwen3", "qwen3-no-window", "mistral")
+
+
+@pytest.mark.parametrize("forward", ["auto", "lean", "lean-fast", "transformers", "tree"])
+@pytest.mark.parametrize("shape", FAMILY_SHAPES)
+def test_qwen2_qwen3_and_mistral_decode_exactly_through_every_forward(
+    shape: str, forward: str
+) -> None:
+    """Query/key/value biases (Qwen2), per-head query and key norms (Qwen3), sliding windows
+    the 100-token prompt passes (on the upper layers, or on every layer): every lean forward
+    runs them (`auto` on a CPU included) and the output is `generate`'s; the tree kernel,
+    which takes one causal mask, serves those without a window."""
+    target = family_model(shape)
+    if forward == "tree" and not attention_rules(target.config).plain:
+        with pytest.raises(ConfigError, match="sliding window"):
+            _self_drafting(target, forward)
+        return
+    pipe = _self_drafting(target, forward)
+    assert pipe.decoder.target.lean == (forward in ("auto", "lean", "lean-fast"))
     prompt = _variant_prompt()
     assert list(pipe.generate(prompt).token_ids) == hf_generate(target, prompt, 24)
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import greedy_reference
 from tests.core.test_lean import llama
+from tests.core.test_lean_families import SHAPES, family_model, prompt_and_trees
 from tests.core.test_runner import random_tree
 from tests.test_pipelines import VOCAB, in_memory, zoo_stand_ins
 from treegraft.core.pipeline import load_pipeline
@@ -62,6 +63,33 @@ def test_fused_forward_matches_the_lean_forward(seed, groups, bias, dtype, sizes
             for r in (lean, fused):
                 r.commit(path, new)
             root = 7
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_each_family_s_fused_forward_matches_the_lean_forward(shape, dtype):
+    """Mistral, Qwen2 and Qwen3 (biases, per-head norms, windows by layer type or on every
+    layer): over a prompt past the window and two trees with commits, the fused forward's
+    logits and cache equal the (bitwise) lean forward's to rounding."""
+    model = family_model(shape, dtype=dtype)
+    seq, trees = prompt_and_trees(model.config.vocab_size)
+    lean, fused = CausalLMRunner(model, forward="lean"), CausalLMRunner(model, forward="fused")
+    assert type(fused._lean) is FusedForward
+    tol = TOLERANCE[dtype]
+    for r in (lean, fused):
+        r.begin(torch.tensor(seq), max_len=80)
+    with torch.inference_mode():
+        for tree, leaf in trees:
+            got, want = fused.forward_tree(tree), lean.forward_tree(tree)
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+            used = lean.n_cached + lean.n_pending + lean.n_seen
+            torch.testing.assert_close(
+                fused.cache.kv[..., :used, :], lean.cache.kv[..., :used, :], atol=tol, rtol=tol
+            )
+            path = tree.path_to(leaf)
+            new = torch.tensor([*tree.tokens[path[1:]].tolist(), 7])
+            for r in (lean, fused):
+                r.commit(path, new)
 
 
 @pytest.mark.parametrize("name", ["draft-s", "draft-m", "draft-l"])

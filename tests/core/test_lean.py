@@ -346,7 +346,10 @@ def test_non_llama_models_are_not_lean():
         pass
 
     model = Other(tiny_llama(seed=0).config).eval()
-    assert lean_support(model) == "Other is not LlamaForCausalLM"
+    assert lean_support(model) == (
+        "Other is not one of LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+        "Qwen3ForCausalLM"
+    )
 
 
 def test_runner_rejects_an_unknown_forward():

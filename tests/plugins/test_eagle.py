@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import chi_square_p, greedy_reference, memory_resources, tiny_llama
+from tests.conftest import chi_square_p, greedy_reference, hf_generate, memory_resources, tiny_llama
 from tests.core.test_decoder import repetitive_prompt
+from tests.core.test_lean_families import family_model
 from treegraft.bench.replay import LatencyCurve, ReplayTarget, replay_pipeline
 from treegraft.core.pipeline import load_pipeline
 from treegraft.core.runner import CausalLMRunner
@@ -114,6 +115,30 @@ def test_the_target_hands_out_features_without_an_extra_forward(head_dir):
         want = res.models["mem:target"].model(input_ids=ids[None]).last_hidden_state[0]
     torch.testing.assert_close(runner.hidden_states(), want, rtol=1e-9, atol=1e-9)
     assert sum(e.accepted for e in events) >= 0 and runner.hidden_states().shape[0] > 10
+
+
+@pytest.mark.parametrize("shape", ["qwen2", "qwen3", "mistral"])
+def test_a_qwen_or_mistral_target_feeds_the_head_its_own_features(tmp_path, shape):
+    """The lean forward's other families (biases, per-head norms, windows the prompt passes)
+    keep the same features for the head: the output is the target's own `generate`, and the
+    kept features are its final-norm hidden states of the committed tokens."""
+    target = family_model(shape, seed=1)
+    cfg = target.config
+    torch.manual_seed(0)
+    spec_ = HeadSpec(hidden_size=cfg.hidden_size, intermediate_size=24, vocab_size=cfg.vocab_size)
+    head = FeatureHead(spec_).save(tmp_path / "h")
+    pipe = load_pipeline(
+        spec(head, "ngram+eagle", "always"), resources=memory_resources(target=target)
+    )
+    runner = pipe.decoder.target
+    prompt = repetitive_prompt(1, 30)
+    out = pipe.generate(prompt)
+    assert runner.lean and any(e.tree_size > 0 for e in out.events)
+    assert list(out.token_ids) == hf_generate(target, prompt, 24)
+    ids = runner.committed_ids()[: runner.n_cached]
+    with torch.no_grad():
+        want = target.model(input_ids=ids[None]).last_hidden_state[0]
+    torch.testing.assert_close(runner.hidden_states(), want, rtol=1e-9, atol=1e-9)
 
 
 def test_features_follow_the_accepted_path_through_compaction():
@@ -378,17 +403,17 @@ def test_token_counts_of_another_vocabulary_name_the_target(head_dir, tmp_path):
     )
 
 
-@pytest.mark.parametrize("case", ["qwen2-target", "forward-transformers"])
+@pytest.mark.parametrize("case", ["gemma-target", "forward-transformers"])
 def test_a_target_without_the_lean_forward_is_refused_by_validate_and_load_alike(
     head_dir, tmp_path, case
 ):
-    """A Qwen2 target (or decoding.forward 'transformers') gives the eagle drafter no hidden
+    """A Gemma target (or decoding.forward 'transformers') gives the eagle drafter no hidden
     states: the build refused it with a list of possible causes and `validate` passed it; both
     now refuse it in the same words, naming the target and the cause."""
     from treegraft.conformance.tiny import tiny_model
 
     folder = tmp_path / "target"
-    model = tiny_model("qwen2" if case == "qwen2-target" else "llama", seed=0)
+    model = tiny_model("gemma" if case == "gemma-target" else "llama", seed=0)
     model.save_pretrained(folder)
     head = FeatureHead(
         HeadSpec(hidden_size=model.config.hidden_size, intermediate_size=8, vocab_size=96)
@@ -402,10 +427,10 @@ def test_a_target_without_the_lean_forward_is_refused_by_validate_and_load_alike
         "pipeline.drafters.e: the eagle drafter reads the target's hidden states, and hidden "
         "states are kept only on the lean forward"
     )
-    if case == "qwen2-target":
+    if case == "gemma-target":
         assert loaded == (
-            f"{kept}, which the target {str(folder)!r} cannot run: Qwen2ForCausalLM is not "
-            "LlamaForCausalLM"
+            f"{kept}, which the target {str(folder)!r} cannot run: GemmaForCausalLM is not one "
+            "of LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
         )
     else:
         assert loaded.startswith(f"{kept}; decoding.forward 'transformers' forwards the target")

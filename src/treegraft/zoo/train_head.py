@@ -237,8 +237,8 @@ def check_head_target(target: torch.nn.Module, recipe: HeadRecipe, tokens: np.nd
     if why is not None:
         raise RecipeError(
             f"recipe.target: {recipe.target!r} cannot carry a feature head ({why}); expected a "
-            "model the lean forward runs (Llama architecture), the only targets the eagle "
-            "drafter drafts for"
+            "model the lean forward runs (Llama, Mistral, Qwen2 or Qwen3), the only targets "
+            "the eagle drafter drafts for"
         )
 
 

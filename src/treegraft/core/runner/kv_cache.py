@@ -223,7 +223,7 @@ class TreeKVCache(Cache):
 
 def cache_geometry(model: PreTrainedModel) -> tuple[int, int, int]:
     """(n_layers, n_kv_heads, head_dim) of a decoder-only model whose layers share one shape
-    (the lean forward's Llama models)."""
+    (the lean forward's models)."""
     cfg = decoder_config(model)
     n_heads = cfg.num_attention_heads
     n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads

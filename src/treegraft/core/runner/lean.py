@@ -1,17 +1,19 @@
-"""Lean forward: a Llama-family causal LM's forward over the runner's cache, without module calls.
+"""Lean forward: a Llama-shaped causal LM's forward over the runner's cache, without module calls.
 
 A small model's forward in `transformers` spends most of its time outside arithmetic: module
 dispatch, decorators, output records, mask preparation (the zoo's one-layer drafter: about 1.1 ms
 of a 1.7 ms tree forward on 2 CPU threads). `LeanForward` runs the same tensor operations, in the
-same order and on the same weights, as `transformers`' Llama with `sdpa` attention, writing keys
-and values straight into the runner's preallocated cache. Being the same operations, its logits
-are bitwise equal to the Hugging Face forward's (tested on every zoo model, float32 and float64),
-so a target that runs it still decodes exactly what `generate` does.
+same order and on the same weights, as `transformers`' Llama, Mistral, Qwen2 and Qwen3 with `sdpa`
+attention (`lean_families`: what each adds to Llama's layers, as data), writing keys and values
+straight into the runner's preallocated cache. Being the same operations, its logits are bitwise
+equal to the Hugging Face forward's (tested on every zoo model and on each family, float32 and
+float64), so a target that runs it still decodes exactly what `generate` does.
 
-`lean_support(model)` says why a model cannot take this path (None when it can): only plain
-Llama causal LMs qualify (a static RoPE: one of `STATIC_ROPE_TYPES`, SiLU MLPs, `sdpa` attention,
-eval mode, no hooks, no accelerate offloading, every linear layer a plain `torch.nn.Linear`: not
-quantised or wrapped by an adapter); everything else runs through `transformers` unchanged.
+`lean_support(model)` says why a model cannot take this path (None when it can): only those
+families' plain causal LMs qualify (a static RoPE: one of `STATIC_ROPE_TYPES`, SiLU MLPs, `sdpa`
+attention, eval mode, no hooks, no accelerate offloading, every module of the family's own exact
+type and every linear layer a plain `torch.nn.Linear`: not quantised or wrapped by an adapter);
+everything else runs through `transformers` unchanged.
 RoPE frequencies and the factor on cosines and sines (YaRN's attention factor) are the model's
 rotary embedding's own (`inv_freq`, `attention_scaling`), so a scaled RoPE (Llama 3.x's `llama3`,
 `linear`, `yarn`) rotates exactly as `transformers` rotates it.
@@ -20,11 +22,15 @@ rotary embedding's own (`inv_freq`, `attention_scaling`), so a scaled RoPE (Llam
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from treegraft.core.runner.lean_families import STATIC_ROPE_TYPES, lean_support
+
+__all__ = ["FORWARDS", "STATIC_ROPE_TYPES", "FusedForward", "LeanForward", "lean_support"]
 
 FORWARDS = ("auto", "lean", "fused", "transformers")
 #: torch's SDPA takes `enable_gqa` (grouped key/value heads without repeating them) from 2.5 on
@@ -35,95 +41,63 @@ TRANSPOSED_MIN_ROWS = 4
 TRANSPOSED_MAX_BYTES = 512 << 20
 #: row counts the transposed projection is checked at against `F.linear` (`Transposed.probe`)
 _PROBE_ROWS = (4, 5, 8, 13, 16, 33, 64)
-#: the linear layers' places in a `LeanForward.layers` entry (the others are norms)
-_LINEARS = (1, 2, 3, 4, 6, 7, 8)
-#: RoPE types whose frequencies and cos/sin factor are fixed when the rotary embedding is built,
-#: the same for every forward (the lean forward reads them from it); the others (`dynamic` NTK,
-#: `longrope`) change them with the sequence length inside `transformers`' rotary forward
-STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
+#: an additive attention mask `[q, kv_len]`, or one `[1, 1, q, kv_len]` per layer type
+Masks = Tensor | dict[str, Tensor] | None
 
 
-def lean_support(model: Any, *, skeleton: bool = False) -> str | None:
-    """Why `model` cannot run the lean forward, or None when it can (`skeleton`: a model built
-    on the meta device from a config, whose weights are not loaded, judged as if they were)."""
-    try:
-        from transformers import LlamaForCausalLM
-    except ImportError:  # pragma: no cover - transformers always ships Llama
-        return "transformers has no LlamaForCausalLM"
-    if type(model) is not LlamaForCausalLM:
-        return f"{type(model).__name__} is not LlamaForCausalLM"
-    cfg = model.config
-    if model.training:
-        return "the model is in training mode"
-    if getattr(cfg, "_attn_implementation", None) != "sdpa":
-        return (
-            f"attention implementation {getattr(cfg, '_attn_implementation', None)!r} is not 'sdpa'"
-        )
-    if why := _rope_problem(model):
-        return why
-    if cfg.hidden_act != "silu":
-        return f"activation {cfg.hidden_act!r} is not 'silu'"
-    if getattr(cfg, "pretraining_tp", 1) != 1:
-        return "pretraining_tp != 1"
-    if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
-        return "the model has forward hooks"
-    if any(hasattr(m, "_hf_hook") for m in model.modules()):
-        return "the model has accelerate hooks (offloading or a device map)"
-    if not skeleton and any(p.device.type == "meta" for p in model.parameters()):
-        return "the model has parameters on the meta device"
-    return _module_types(model)
+class Layer(NamedTuple):
+    """One decoder layer's weights as the lean forward reads them: norms `(weight, eps)`,
+    linear layers `(weight, bias or None)`; `q_norm` and `k_norm` where queries and keys pass
+    an RMSNorm per head (Qwen3's), else None."""
 
+    input_norm: tuple[Tensor, float]
+    q: tuple[Tensor, Tensor | None]
+    k: tuple[Tensor, Tensor | None]
+    v: tuple[Tensor, Tensor | None]
+    o: tuple[Tensor, Tensor | None]
+    post_norm: tuple[Tensor, float]
+    gate: tuple[Tensor, Tensor | None]
+    up: tuple[Tensor, Tensor | None]
+    down: tuple[Tensor, Tensor | None]
+    q_norm: tuple[Tensor, float] | None = None
+    k_norm: tuple[Tensor, float] | None = None
 
-def _rope_problem(model: Any) -> str | None:
-    """Why the model's RoPE (as configured, and as its rotary embedding was built) is not one
-    whose frequencies are the same for every forward, or None."""
-    rope = getattr(model.config, "rope_parameters", None) or {}
-    kinds = (rope.get("rope_type", "default"), getattr(model.model.rotary_emb, "rope_type", None))
-    for kind in kinds:
-        if kind not in STATIC_ROPE_TYPES:
-            return (
-                f"RoPE type {kind!r} is not one whose frequencies are the same for every "
-                f"forward ({', '.join(STATIC_ROPE_TYPES)})"
-            )
-    return None
-
-
-def _module_types(model: Any) -> str | None:
-    """Why the model's submodules are not the plain ones the lean forward reads, or None."""
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
-
-    base = model.model
-    expected: list[tuple[str, Any, type]] = [
-        ("embed_tokens", base.embed_tokens, torch.nn.Embedding),
-        ("rotary_emb", base.rotary_emb, LlamaRotaryEmbedding),
-        ("norm", base.norm, LlamaRMSNorm),
-        ("lm_head", model.lm_head, torch.nn.Linear),
-    ]
-    for i, layer in enumerate(base.layers):
+    @classmethod
+    def of(cls, layer: Any) -> Layer:
+        """The weights of a `transformers` decoder layer (`lean_families.FAMILIES`)."""
         att, mlp = layer.self_attn, layer.mlp
-        expected += [
-            (f"layers.{i}.input_layernorm", layer.input_layernorm, LlamaRMSNorm),
-            (f"layers.{i}.post_attention_layernorm", layer.post_attention_layernorm, LlamaRMSNorm),
-            *(
-                (f"layers.{i}.self_attn.{n}", getattr(att, n), torch.nn.Linear)
-                for n in ("q_proj", "k_proj", "v_proj", "o_proj")
-            ),
-            *(
-                (f"layers.{i}.mlp.{n}", getattr(mlp, n), torch.nn.Linear)
-                for n in ("gate_proj", "up_proj", "down_proj")
-            ),
-        ]
-    for name, module, kind in expected:
-        if type(module) is not kind:
-            return f"{name} is {type(module).__name__}, not {kind.__name__}"
-    return None
+        q_norm, k_norm = getattr(att, "q_norm", None), getattr(att, "k_norm", None)
+        return cls(
+            _norm(layer.input_layernorm),
+            *(_linear(m) for m in (att.q_proj, att.k_proj, att.v_proj, att.o_proj)),
+            _norm(layer.post_attention_layernorm),
+            *(_linear(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)),
+            None if q_norm is None else _norm(q_norm),
+            None if k_norm is None else _norm(k_norm),
+        )
+
+
+#: the linear layers' places in a `Layer` (the others are norms)
+_LINEARS = (1, 2, 3, 4, 6, 7, 8)
+
+
+def _norm(module: Any) -> tuple[Tensor, float]:
+    return module.weight, module.variance_epsilon
+
+
+def _linear(module: Any) -> tuple[Tensor, Tensor | None]:
+    return module.weight, module.bias
 
 
 class LeanForward:
-    """The forward of one Llama causal LM, bound to its weights (read at construction).
+    """The forward of one causal LM of `lean_families.FAMILIES`, bound to its weights (read at
+    construction).
 
-    Call with `(ids [q], positions [q], additive [q, kv_len], kv, write_start, n_logits)`, where
-    `kv` is the runner's cache `[n_layers, 2, n_kv_heads, max_len, head_dim]` and the block's keys
+    Call with `(ids [q], positions [q], additive, kv, write_start, n_logits)`, where `additive`
+    is the block's attention mask `[q, kv_len]` with the model's attention rules applied (its
+    sliding window), or a dict of `[1, 1, q, kv_len]` masks by layer type (the config's
+    `layer_types`) where layers differ, as the runner builds them (`attention_rules`), `kv` is
+    the runner's cache `[n_layers, 2, n_kv_heads, max_len, head_dim]` and the block's keys
     and values are written at slots `[write_start, write_start + q)`; returns logits
     `[n_logits, V]` of the block's last `n_logits` tokens. `head`: other output rows (weight
     `[K, hidden]`, bias or None) to project onto instead of the model's `lm_head`, giving
@@ -147,27 +121,12 @@ class LeanForward:
         #: frequencies, and the factor on cosines and sines (YaRN's attention factor, else 1)
         self.inv_freq = base.rotary_emb.inv_freq
         self.rope_scaling = float(base.rotary_emb.attention_scaling)
-        self.norm = (base.norm.weight, base.norm.variance_epsilon)
-        self.lm_head = (model.lm_head.weight, model.lm_head.bias)
-        self.layers = []
-        for layer in base.layers[: cfg.num_hidden_layers]:
-            att, mlp = layer.self_attn, layer.mlp
-            self.layers.append(
-                (
-                    (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
-                    (att.q_proj.weight, att.q_proj.bias),
-                    (att.k_proj.weight, att.k_proj.bias),
-                    (att.v_proj.weight, att.v_proj.bias),
-                    (att.o_proj.weight, att.o_proj.bias),
-                    (
-                        layer.post_attention_layernorm.weight,
-                        layer.post_attention_layernorm.variance_epsilon,
-                    ),
-                    (mlp.gate_proj.weight, mlp.gate_proj.bias),
-                    (mlp.up_proj.weight, mlp.up_proj.bias),
-                    (mlp.down_proj.weight, mlp.down_proj.bias),
-                )
-            )
+        self.norm = _norm(base.norm)
+        self.lm_head = _linear(model.lm_head)
+        self.layers = [Layer.of(layer) for layer in base.layers[: cfg.num_hidden_layers]]
+        #: each layer's type, naming its mask where masks come by layer type (None: one mask)
+        kinds = getattr(cfg, "layer_types", None)
+        self.kinds = tuple(kinds[: len(self.layers)]) if kinds else None
         first = base.layers[0].self_attn
         self.head_dim = first.head_dim
         self.groups = first.num_key_value_groups
@@ -178,11 +137,23 @@ class LeanForward:
             Transposed.build(self.layers, self.lm_head, bitwise=bitwise) if transposed else None
         )
 
+    def layer_masks(self, additive: Masks) -> list[Tensor | None]:
+        """Each layer's mask `[1, 1, q, kv_len]` from `additive` (None: every key visible)."""
+        if not isinstance(additive, dict):
+            mask = None if additive is None else additive[None, None]
+            return [mask] * len(self.layers)
+        if self.kinds is None or not set(self.kinds) <= set(additive):
+            raise ValueError(
+                "masks by layer type: expected one for each of the config's layer_types "
+                f"{sorted(set(self.kinds or ()))}, got {sorted(additive)}"
+            )
+        return [additive[kind] for kind in self.kinds]
+
     def __call__(
         self,
         ids: Tensor,
         positions: Tensor,
-        additive: Tensor | None,
+        additive: Masks,
         kv: Tensor,
         write_start: int,
         n_logits: int,
@@ -201,15 +172,15 @@ class LeanForward:
         cos, sin = self._scaled(torch.cat((freqs, freqs), dim=-1))
         cos = cos.to(dtype)[:, None]  # [1, 1, q, D]
         sin = sin.to(dtype)[:, None]
-        mask = None if additive is None else additive[None, None]  # None: every key visible
+        masks = self.layer_masks(additive)
         shape = (1, q_len, -1, self.head_dim)
         table = self.transposed if q_len >= TRANSPOSED_MIN_ROWS else None  # 1-3 rows: F.linear
         linear = table.linear if table is not None else _plain_linear
-        for li, (n1, wq, wk, wv, wo, n2, wg, wu, wd) in enumerate(self.layers):
+        for li, (n1, wq, wk, wv, wo, n2, wg, wu, wd, qn, kn) in enumerate(self.layers):
             residual = h
             x = _rms_norm(h, *n1)
-            q = linear(x, wq).view(shape).transpose(1, 2)
-            k = linear(x, wk).view(shape).transpose(1, 2)
+            q = _heads(linear(x, wq).view(shape), qn)
+            k = _heads(linear(x, wk).view(shape), kn)
             v = linear(x, wv).view(shape).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
@@ -218,7 +189,7 @@ class LeanForward:
             layer[1, :, write_start:end] = v[0]
             keys = layer[0, :, :end].unsqueeze(0)
             values = layer[1, :, :end].unsqueeze(0)
-            att = self._attention(q, keys, values, mask, q_len, causal)
+            att = self._attention(q, keys, values, masks[li], q_len, causal)
             h = residual + linear(att.reshape(1, q_len, -1).contiguous(), wo)
             residual = h
             x = _rms_norm(h, *n2)
@@ -431,6 +402,12 @@ def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * h.to(dtype)
 
 
+def _heads(x: Tensor, norm: tuple[Tensor, float] | None) -> Tensor:
+    """Projected heads `[1, q, heads, D]` as `[1, heads, q, D]`, RMS-normed per head first
+    where the layer has such a norm (`Layer.q_norm`, `Layer.k_norm`)."""
+    return (x if norm is None else _rms_norm(x, *norm)).transpose(1, 2)
+
+
 def _rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -447,12 +424,12 @@ class FusedForward(LeanForward):
     The same model, with fewer and larger operations: the query, key and value projections as one
     linear layer (their weights stacked once, here), gate and up projections as one, RoPE rotating
     queries and keys together with cosines and sines read from a table of every cache position,
-    `torch.nn.functional.rms_norm`, and grouped key/value heads handed to SDPA as they are (torch
-    2.5 and newer). A small drafter's forward is mostly per-operation overhead, so this saves
-    10-40% of it on a CPU (`benchmarks/drafter_forward_cost.py`); the sums run in another order,
-    so the last bits of the logits can differ. Drafts only steer what the target verifies, so a
-    drafter may run it (the `hf_lm` drafter's default); the target never does: its logits decide
-    the output.
+    `torch.nn.functional.rms_norm`, queries' and keys' per-head norms (Qwen3's) as one, and
+    grouped key/value heads handed to SDPA as they are (torch 2.5 and newer). A small drafter's
+    forward is mostly per-operation overhead, so this saves 10-40% of it on a CPU
+    (`benchmarks/drafter_forward_cost.py`); the sums run in another order, so the last bits of
+    the logits can differ. Drafts only steer what the target verifies, so a drafter may run it
+    (the `hf_lm` drafter's default); the target never does: its logits decide the output.
     """
 
     def __init__(self, model: Any) -> None:
@@ -461,9 +438,10 @@ class FusedForward(LeanForward):
         self.hidden = int(cfg.hidden_size)
         self.n_heads = int(cfg.num_attention_heads)
         self.n_kv = int(cfg.num_key_value_heads)
+        nq, nkv = self.n_heads, self.n_kv
         self.fused = [
-            (n1, _stack(wq, wk, wv), wo, n2, _stack(wg, wu), wd)
-            for n1, wq, wk, wv, wo, n2, wg, wu, wd in self.layers
+            (n1, _stack(wq, wk, wv), wo, n2, _stack(wg, wu), wd, _stack_norms(qn, kn, nq, nkv))
+            for n1, wq, wk, wv, wo, n2, wg, wu, wd, qn, kn in self.layers
         ]
         self._rope: tuple[Tensor, Tensor] | None = None  # cos, signed sin: [positions, D]
 
@@ -484,7 +462,7 @@ class FusedForward(LeanForward):
         self,
         ids: Tensor,
         positions: Tensor,
-        additive: Tensor | None,
+        additive: Masks,
         kv: Tensor,
         write_start: int,
         n_logits: int,
@@ -499,15 +477,18 @@ class FusedForward(LeanForward):
         cos_table, sin_table = self._rope_table(kv.shape[3], h)
         cos = cos_table[positions][None, None]  # [1, 1, q, D]
         sin = sin_table[positions][None, None]
-        mask = None if additive is None else additive[None, None]  # None: every key visible
+        masks = self.layer_masks(additive)
         d = self.head_dim
         nq, nkv = self.n_heads, self.n_kv
         half = d // 2
         shape = (self.hidden,)
         gqa = self.groups > 1
-        for li, (n1, wqkv, wo, n2, wgu, wd) in enumerate(self.fused):
+        for li, (n1, wqkv, wo, n2, wgu, wd, qk_norm) in enumerate(self.fused):
             x = F.rms_norm(h, shape, n1[0], n1[1])
-            qkv = F.linear(x, *wqkv).view(1, q_len, nq + 2 * nkv, d).transpose(1, 2)
+            qkv = F.linear(x, *wqkv).view(1, q_len, nq + 2 * nkv, d)
+            if qk_norm is not None:
+                qkv = _normed_heads(qkv, nq + nkv, qk_norm)
+            qkv = qkv.transpose(1, 2)
             qk = qkv[:, : nq + nkv]
             rotated = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)
             qk = qk * cos + rotated * sin
@@ -523,7 +504,7 @@ class FusedForward(LeanForward):
                 q,
                 keys,
                 values,
-                attn_mask=mask,
+                attn_mask=masks[li],
                 scale=self.scaling,
                 is_causal=causal and q_len > 1,
                 **({"enable_gqa": True} if gqa and _SDPA_GQA else {}),
@@ -545,3 +526,25 @@ def _stack(*linears: tuple[Tensor, Tensor | None]) -> tuple[Tensor, Tensor | Non
         return weight, None
     biases = [b if b is not None else w.new_zeros(w.shape[0]) for w, b in linears]
     return weight, torch.cat(biases)
+
+
+def _stack_norms(
+    q_norm: tuple[Tensor, float] | None, k_norm: tuple[Tensor, float] | None, nq: int, nkv: int
+) -> tuple[Tensor, Tensor] | None:
+    """Queries' and keys' per-head norms as one over their `nq + nkv` heads: weights
+    `[nq + nkv, D]` and epsilons `[nq + nkv, 1]` (None where the layer has none)."""
+    if q_norm is None or k_norm is None:
+        return None
+    (wq, eq), (wk, ek) = q_norm, k_norm
+    weight = torch.cat((wq.expand(nq, -1), wk.expand(nkv, -1)))
+    eps = torch.tensor([[eq]] * nq + [[ek]] * nkv, dtype=torch.float32, device=wq.device)
+    return weight, eps
+
+
+def _normed_heads(qkv: Tensor, n: int, norm: tuple[Tensor, Tensor]) -> Tensor:
+    """`qkv` `[1, q, heads, D]` with its first `n` heads (queries, keys) RMS-normed per head,
+    in float32 as `transformers`' RMSNorm computes, by `norm` (`_stack_norms`)."""
+    weight, eps = norm
+    qk = qkv[:, :, :n].float()
+    qk = qk * torch.rsqrt(qk.pow(2).mean(-1, keepdim=True) + eps)
+    return torch.cat((weight * qk.to(qkv.dtype), qkv[:, :, n:]), dim=2)
