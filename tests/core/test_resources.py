@@ -86,8 +86,10 @@ def test_a_second_pipeline_with_another_forward_is_refused() -> None:
         ("mem:t", torch.nn.Linear(3, 3), "add_model: model 'mem:t': expected a transformers "
          "PreTrainedModel with a config (e.g. from AutoModelForCausalLM), got Linear"),
         (5, None, "add_model: ref: expected a non-empty string, got 5"),
+        # was taken, under a name Resources.model then refuses to look up (check_ref)
+        ("   ", None, "add_model: ref: expected a non-empty string, got '   '"),
     ],
-    ids=["str", "linear", "ref-int"],
+    ids=["str", "linear", "ref-int", "ref-blank"],
 )  # fmt: skip
 def test_add_model_refuses_what_is_not_a_model(ref, model, message: str) -> None:
     res = Resources()

@@ -384,7 +384,7 @@ class Resources:
     def add_model(self, ref: str, model: PreTrainedModel, *, tokenizer: Any = None) -> None:
         """Make an in-memory model available under `ref` (moved to this device and dtype), with
         its `tokenizer` (default: none of its own; `load_tokenizer` then gives `tokenizer`)."""
-        if not isinstance(ref, str) or not ref:
+        if not isinstance(ref, str) or not ref.strip():
             raise ArgumentError(f"add_model: ref: expected a non-empty string, got {ref!r}")
         if not isinstance(model, PreTrainedModel) or getattr(model, "config", None) is None:
             raise ArgumentError(
