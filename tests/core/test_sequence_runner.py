@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import hf_generate
+from tests.core.test_state_runner import chain_spec
 from treegraft.conformance.tiny import VOCAB, tiny_model
 from treegraft.core.config import ConfigError
 from treegraft.core.errors import ArgumentError
@@ -107,22 +108,6 @@ def test_chains_partly_none_or_all_accepted_decode_as_generate(
     assert _decode_chains(runner, prompt, want, PATTERNS[pattern]) == want
 
 
-def _spec(target: str = "mem:target", drafter: str = "mem:llama") -> dict:
-    return {
-        "target": target,
-        "drafters": {
-            "weak": {"name": "ngram", "max_ngram": 3, "chain_len": 3},
-            "strong": {"name": "hf_lm", "model": drafter},
-        },
-        "builder": {"name": "layered", "depth": 4, "top_k": 2, "budget": 10},
-        "rescorer": {"name": "overwrite"},
-        "grafter": {"name": "reselect", "lookback": 1},
-        "scheduler": {"name": "always"},
-        "verifier": {"name": "greedy"},
-        "decoding": {"max_new_tokens": NEW_TOKENS, "dtype": "float64", "stop_at_eos": False},
-    }
-
-
 def _resources(model) -> Resources:
     res = Resources(dtype=torch.float64)
     res.add_model("mem:target", model)
@@ -133,7 +118,7 @@ def _resources(model) -> Resources:
 @pytest.mark.parametrize("model_type", list(CHAIN_TYPES))
 def test_a_chain_target_decodes_as_its_own_generate(models, model_type: str) -> None:
     model = models[model_type]
-    pipe = load_pipeline(_spec(), resources=_resources(model))
+    pipe = load_pipeline(chain_spec(), resources=_resources(model))
     assert type(pipe.decoder.target) is CHAIN_TYPES[model_type]
     motif = _prompt(6, seed=3)
     for prompt in (_prompt(), torch.cat([motif.repeat(11), _prompt(4)])):
@@ -151,7 +136,7 @@ def test_a_chain_target_is_refused_as_an_lm_drafter(models, model_type: str) -> 
     why = refusal(model)
     assert why is not None
     with pytest.raises(ConfigError, match=r"drafters\.strong\.model: .*cannot be served exactly"):
-        load_pipeline(_spec("mem:llama", drafter="mem:target"), resources=_resources(model))
+        load_pipeline(chain_spec("mem:llama", drafter="mem:target"), resources=_resources(model))
 
 
 def test_the_sequence_runner_gives_the_full_forward_and_counts_forwards(models) -> None:
@@ -228,7 +213,7 @@ def test_the_probe_refuses_a_model_whose_chain_is_not_exact(models, monkeypatch)
     _force_chain(monkeypatch, WHOLE_SEQUENCE)
     assert refusal(model, target=True) is None  # only the probe stands in the way now
     with pytest.raises(ConfigError, match=r"pipeline\.target: .*a chain forward gives logits"):
-        load_pipeline(_spec(), resources=_resources(model))
+        load_pipeline(chain_spec(), resources=_resources(model))
 
 
 @pytest.mark.parametrize(
@@ -256,7 +241,7 @@ def test_a_dory_whose_generate_is_not_its_full_forward_is_refused_by_the_probe()
     assert refusal(model, target=True) is None
     assert "differ from the model's own forward" in probe_chains(model)
     with pytest.raises(ConfigError, match=r"pipeline\.target: .*\(DoryForCausalLM\) .*differ"):
-        load_pipeline(_spec(), resources=_resources(model))
+        load_pipeline(chain_spec(), resources=_resources(model))
 
 
 def test_pointmass_sampling_through_a_whole_sequence_target_is_its_law(models) -> None:
@@ -265,7 +250,7 @@ def test_pointmass_sampling_through_a_whole_sequence_target_is_its_law(models) -
     from tests.conftest import chi_square_p
 
     model = models["openai-gpt"]
-    spec = _spec()
+    spec = chain_spec()
     spec["verifier"] = {"name": "pointmass", "temperature": 0.1}
     spec["decoding"]["max_new_tokens"] = 2
     spec["drafters"].pop("strong")  # the n-gram drafter alone: its chains repeat the motif

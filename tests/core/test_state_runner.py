@@ -44,7 +44,11 @@ def models() -> dict:
         return {t: tiny_model(t, seed=0) for t in STATE_TYPES + SNAPSHOT_TYPES}
 
 
-def _spec(target: str, drafter: str = "mem:llama", verifier: dict | None = None) -> dict:
+def chain_spec(
+    target: str = "mem:target", drafter: str = "mem:llama", verifier: dict | None = None
+) -> dict:
+    """A pipeline whose target verifies chains: n-gram weak, `drafter` strong, 24 new tokens
+    in float64 (the chain runners' tests share it)."""
     return {
         "target": target,
         "drafters": {
@@ -76,7 +80,7 @@ def _prompts() -> list[torch.Tensor]:
 @pytest.mark.parametrize("model_type", STATE_TYPES + SNAPSHOT_TYPES)
 def test_a_state_target_decodes_as_its_own_generate(models, model_type: str) -> None:
     model = models[model_type]
-    pipe = load_pipeline(_spec("mem:target"), resources=_resources(model))
+    pipe = load_pipeline(chain_spec("mem:target"), resources=_resources(model))
     assert isinstance(pipe.decoder.target, StateRunner)
     assert pipe.decoder.target.snapshots == (model_type in SNAPSHOT_TYPES)
     drafted = []
@@ -95,7 +99,7 @@ def test_pointmass_sampling_through_a_state_target_is_its_law(models, model_type
     """Sampled tokens through chains verified by a state target: the second token's law is the
     target's (Pearson's chi-square against the exact law, rare cells pooled)."""
     model = models[model_type]
-    spec = _spec("mem:target", verifier={"name": "pointmass", "temperature": 0.25})
+    spec = chain_spec("mem:target", verifier={"name": "pointmass", "temperature": 0.25})
     spec["decoding"]["max_new_tokens"] = 2
     spec["drafters"].pop("strong")  # the n-gram drafter alone: its chains repeat the motif
     spec["scheduler"] = {"name": "never"}
@@ -120,7 +124,7 @@ def test_pointmass_sampling_through_a_state_target_is_its_law(models, model_type
 def test_a_state_model_is_refused_as_an_lm_drafter(models) -> None:
     res = _resources(models["jamba"])
     with pytest.raises(ConfigError, match=r"drafters\.strong\.model: .*carry a recurrent state"):
-        load_pipeline(_spec("mem:llama", drafter="mem:target"), resources=res)
+        load_pipeline(chain_spec("mem:llama", drafter="mem:target"), resources=res)
     assert refusal(models["jamba"]) == STATE_DRAFTER
     assert refusal(models["jamba"], target=True) is None
 
@@ -213,7 +217,7 @@ def test_runner_refuses_what_it_cannot_verify(models) -> None:
         runner.commit(torch.arange(2), torch.tensor([4]))
     with pytest.raises(ArgumentError, match=r"runs only its own forward .*; expected one of auto"):
         StateRunner(models["lfm2"], forward="lean")
-    spec = {**_spec("mem:target"), "decoding": {"dtype": "float64", "forward": "lean-fast"}}
+    spec = {**chain_spec("mem:target"), "decoding": {"dtype": "float64", "forward": "lean-fast"}}
     with pytest.raises(ConfigError, match=r"lean and lean-fast run.*got the runner forward 'lean'"):
         load_pipeline(spec, resources=_resources(models["lfm2"]))
     with pytest.raises(ValueError, match="hidden states are kept only on the lean forward"):
